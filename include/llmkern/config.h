@@ -1,0 +1,93 @@
+/* config.h — the two sources of selection besides the built-in defaults: the
+ * environment table (src/config/env.c, every variable read in one place) and the
+ * ops configuration (model.ops_implementation.* in YAML, with per-module overrides). */
+#ifndef LLMKERN_CONFIG_H
+#define LLMKERN_CONFIG_H
+
+#include "registry.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* --- environment --------------------------------------------------------------- */
+
+typedef enum {
+    LK_ENV_BACKEND,             /* llmkern | reference          (alias MODELING_BACKEND: veomni | hf) */
+    LK_ENV_USE_FUSED,           /* 1 | 0                        (alias VEOMNI_USE_LIGER_KERNEL) */
+    LK_ENV_USE_GROUP_GEMM,      /* 1 | 0                        (alias USE_GROUP_GEMM) */
+    LK_ENV_ENABLE_CHUNK_LOSS,   /* 0 | 1                        (alias VEOMNI_ENABLE_CHUNK_LOSS) */
+    LK_ENV_COUNT
+} lk_env_id;
+
+typedef struct {
+    const char *name;                 /* LLMKERN_USE_FUSED */
+    const char *alias;                /* the described system's name, or NULL */
+    const char *def;                  /* default value */
+    const char *const *values;        /* valid values, NULL-terminated */
+    const char *const *value_aliases; /* "veomni", "llmkern", ... pairs, NULL-terminated, or NULL */
+    const char *meaning;
+} lk_env_var;
+
+typedef struct {
+    char value[32];                   /* canonical value in force */
+    char set_by[48];                  /* the variable that set it; "" when it is the default */
+    char raw[32];                     /* its value as written ("veomni" for llmkern, say) */
+} lk_env_value;
+
+const lk_env_var *lk_env_var_get(lk_env_id id);
+/* Reads every variable of the table (the llmkern name first, then its alias).
+ * Strict: a value outside the valid ones is LK_EINVAL naming the variable and the
+ * valid values, and out is left as it was. */
+lk_status lk_env_read(lk_env_value out[LK_ENV_COUNT]);
+/* The values in force: read by lk_init; lk_env_reload reads them again (tests, tools). */
+const lk_env_value *lk_env(lk_env_id id);
+lk_status lk_env_reload(void);
+
+/* --- ops configuration --------------------------------------------------------- */
+
+#define LK_MAX_OVERRIDES 64
+
+typedef struct {
+    char value[64];                   /* "" = not set */
+    char where[192];                  /* "configs/x.yaml:4:28", or "" when set from code */
+} lk_config_value;
+
+typedef struct {
+    char module[96];                  /* "layers.0.input_layernorm" */
+    lk_op op;
+    lk_config_value v;
+} lk_override;
+
+typedef struct lk_ops_config {
+    lk_config_value field[LK_OP_COUNT];
+    lk_override overrides[LK_MAX_OVERRIDES];
+    int n_overrides;
+    lk_device_type device;            /* where the model runs: selection filters by it */
+    /* Written by lk_ops_config_finalize: */
+    int finalized;
+    unsigned bound_mask;              /* bit (1u << op) for each op bound from a field */
+    lk_binding bound[LK_OP_COUNT];
+    lk_binding module_bound[LK_MAX_OVERRIDES];
+} lk_ops_config;
+
+void lk_ops_config_init(lk_ops_config *cfg);
+/* Sets a field ("rms_norm_implementation" or the op name) by code. The value must be a
+ * known name of the op (LK_EINVAL with a did-you-mean otherwise). */
+lk_status lk_ops_config_set(lk_ops_config *cfg, const char *field, const char *value,
+                            const char *where);
+lk_status lk_ops_config_set_override(lk_ops_config *cfg, const char *module, const char *field,
+                                     const char *value, const char *where);
+
+/* Loads a YAML file into cfg. Every error (unreadable file, malformed YAML, an unknown
+ * key, an unknown implementation, a wrong type) is LK_EIO or LK_EINVAL with
+ * file:line:column, the field, and the valid names; cfg is then unchanged. */
+lk_status lk_config_load_yaml(const char *path, lk_ops_config *cfg);
+
+/* The candidate closest to word (edit distance), or NULL if none is close. */
+const char *lk_suggest(const char *word, const char *const *candidates);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

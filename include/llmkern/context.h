@@ -1,0 +1,42 @@
+/* context.h — what every op call gets besides its arguments: the device, the CUDA
+ * stream, the workspace arena, the communicator and the generator; and threads and clocks. */
+#ifndef LLMKERN_CONTEXT_H
+#define LLMKERN_CONTEXT_H
+
+#include "arena.h"
+#include "rng.h"
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a forward keeps for its backward: caller-owned storage of the size the op's
+ * saved_bytes query gives, so the memory an op holds between passes is visible. */
+typedef struct {
+    void *data;
+    size_t bytes;
+} lk_saved;
+
+typedef struct lk_ctx {
+    lk_device device;
+    void *stream;      /* cudaStream_t on CUDA; unused on the CPU */
+    lk_arena *arena;   /* workspace; required by ops whose query asks for one */
+    void *comm;        /* communicator, for distributed ops */
+    lk_rng *rng;
+} lk_ctx;
+
+/* A CPU context over an arena the caller owns. */
+lk_ctx lk_ctx_cpu(lk_arena *arena);
+
+/* OpenMP threads used by CPU kernels. */
+void lk_set_num_threads(int n);
+int lk_get_num_threads(void);
+
+/* Monotonic seconds. */
+double lk_now(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,196 @@
+/* registry.h — the one registry: ops, their implementations and requirements, the
+ * hardware they are checked against, selection with its precedence, and the five
+ * lifecycle stages that bind implementations to a model.
+ *
+ * Precedence, written once (lk_select): a per-module override, then the per-op config
+ * field, then the environment default, then the built-in default. An explicit request
+ * (override or field) that cannot be met is an error; only a default may fall back,
+ * and the fallback is recorded in the binding. */
+#ifndef LLMKERN_REGISTRY_H
+#define LLMKERN_REGISTRY_H
+
+#include <stddef.h>
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    LK_OP_ATTENTION,
+    LK_OP_CROSS_ENTROPY,
+    LK_OP_RMS_NORM,
+    LK_OP_ROPE,
+    LK_OP_SWIGLU_MLP,
+    LK_OP_MOE_EXPERTS,
+    LK_OP_MOE_ROUTER,
+    LK_OP_MOE_DISPATCH,
+    LK_OP_LINEAR,
+    LK_OP_COUNT
+} lk_op;
+
+/* What the project knows of an op, whether or not this build implements it. */
+typedef struct {
+    lk_op op;
+    const char *name;               /* "rms_norm" */
+    const char *field;              /* config field: "rms_norm_implementation" */
+    const char *const *known;       /* every name the design gives it, NULL-terminated */
+    const char *reference;          /* the plain implementation every other is held against */
+    const char *default_fused;      /* built-in default with LLMKERN_USE_FUSED=1 */
+    const char *default_plain;      /* ... with LLMKERN_USE_FUSED=0 or LLMKERN_BACKEND=reference */
+} lk_op_info;
+
+const lk_op_info *lk_op_info_get(lk_op op);
+lk_status lk_op_parse(const char *name, lk_op *out);      /* op name or config field */
+
+/* The machine, probed once per device kind (hw_cpu.c, hw_cuda.c). */
+typedef struct {
+    int cpu_cores;
+    int cpu_avx2, cpu_avx512f;
+    char cpu_model[64];
+    int cuda_devices;               /* 0 when built without CUDA or no GPU is present */
+    int cuda_cc;                    /* compute capability of device 0, e.g. 90 */
+    int has_cudnn, has_mpi, has_nccl;
+} lk_hw;
+
+const lk_hw *lk_hw_get(void);
+
+enum {                               /* lk_requirements.needs */
+    LK_NEED_CUDNN = 1u << 0,
+    LK_NEED_MPI   = 1u << 1,
+    LK_NEED_NCCL  = 1u << 2,
+};
+#define LK_DTYPE_BIT(dt) (1u << (dt))
+
+typedef struct {
+    int min_cc;                     /* CUDA compute capability, 0 = any */
+    unsigned needs;                 /* LK_NEED_* */
+    unsigned dtypes;                /* LK_DTYPE_BIT mask of storage dtypes taken */
+    int sp_aware;                   /* runs under Ulysses sequence parallelism */
+} lk_requirements;
+
+typedef struct lk_impl {
+    lk_op op;
+    const char *name;
+    const char *const *aliases;     /* NULL-terminated, or NULL */
+    lk_device_type device;
+    lk_requirements needs;
+    /* Optional extra hardware condition; fills why (size n) when it says no. */
+    int (*supported)(const lk_hw *hw, char *why, size_t n);
+    const void *vtable;             /* the op's own struct of forward/backward pointers */
+    const char *summary;            /* one line for `llmkern list` */
+} lk_impl;
+
+/* Adds an implementation (a static, const entry the caller keeps alive). lk_init()
+ * registers the built-in ones. A second entry with the same op, name and device is
+ * an error. */
+lk_status lk_impl_register(const lk_impl *impl);
+int lk_impl_count(void);
+const lk_impl *lk_impl_at(int i);
+/* By name or alias for an op and device; NULL when there is none. */
+const lk_impl *lk_impl_find(lk_op op, const char *name, lk_device_type dev);
+/* 1 when impl can run here; otherwise 0 with the unmet requirement in why. */
+int lk_impl_available(const lk_impl *impl, const lk_hw *hw, char *why, size_t n);
+int lk_impl_is_reference(const lk_impl *impl);
+/* 1 when name is a name of op that the design lists or some registered entry carries. */
+int lk_impl_name_known(lk_op op, const char *name);
+
+/* --- bindings ------------------------------------------------------------------ */
+
+typedef enum {
+    LK_SOURCE_DEFAULT,      /* built-in default */
+    LK_SOURCE_ENV,          /* an environment variable */
+    LK_SOURCE_CONFIG,       /* the per-op config field */
+    LK_SOURCE_OVERRIDE      /* a per-module override */
+} lk_source;
+
+typedef enum {
+    LK_STAGE_INIT,              /* lk_init */
+    LK_STAGE_MODEL_REGISTER,    /* lk_model_register */
+    LK_STAGE_CONFIG_FINALIZE,   /* lk_ops_config_finalize */
+    LK_STAGE_MODEL_BUILD,       /* lk_model_build */
+    LK_STAGE_RUNTIME
+} lk_stage;
+
+const char *lk_source_name(lk_source s);
+const char *lk_stage_name(lk_stage s);
+
+/* One op (or one module's op) bound to an implementation, with the story of why. */
+typedef struct {
+    lk_op op;
+    char module[96];            /* "" for the op-wide binding */
+    char requested[64];         /* the value as written */
+    lk_source source;
+    char source_detail[128];    /* "LLMKERN_USE_FUSED=0", "cfg.yaml:4:28", ... */
+    char resolved[96];          /* after aliases and the SP rewrite */
+    const lk_impl *impl;        /* NULL when the op has no implementation in this build */
+    lk_stage stage;
+    char fallback[192];         /* "" unless a default fell back, and why */
+} lk_binding;
+
+/* A request for selection: name NULL means "use the defaults". */
+typedef struct {
+    lk_op op;
+    const char *module;
+    const char *name;
+    lk_source source;
+    const char *source_detail;
+    lk_device_type device;
+} lk_request;
+
+/* Selects an implementation. LK_EUNAVAILABLE or LK_EINVAL for an explicit request
+ * that is unknown or cannot run here (the message names the unmet requirement and
+ * the implementations that would work); a default falls back instead. */
+lk_status lk_select(const lk_request *req, lk_stage stage, lk_binding *out);
+
+/* --- lifecycle ----------------------------------------------------------------- */
+
+struct lk_ops_config;
+
+/* A model family: its modules (patterns such as "layers.*.input_layernorm") and which
+ * fused replacements apply to it. */
+typedef struct {
+    const char *pattern;
+    lk_op op;
+} lk_module_decl;
+
+typedef struct {
+    const char *name;                   /* "qwen3" */
+    const lk_module_decl *modules;      /* terminated by a NULL pattern */
+    unsigned fused_ops;                 /* bit (1u << lk_op) per op with a fused replacement */
+} lk_model_family;
+
+#define LK_MAX_MODULE_BINDINGS 64
+
+/* The bound op table a model runs with: no name lookups after lk_model_build. */
+typedef struct {
+    const lk_model_family *family;
+    lk_device_type device;
+    lk_binding op[LK_OP_COUNT];
+    lk_binding module[LK_MAX_MODULE_BINDINGS];
+    int n_module;
+} lk_op_table;
+
+/* 1. Import time: registers the built-in implementations, reads the environment
+ *    table, registers the attention facade under its SP names, binds the loss slot.
+ *    Idempotent; every other stage calls it. */
+lk_status lk_init(void);
+/* 2. Model registration: declares a family's modules and binds its fused replacements. */
+lk_status lk_model_register(const lk_model_family *family);
+const lk_model_family *lk_model_family_find(const char *name);
+/* 3. Config post-init: validates every name, binds the explicit fields and overrides,
+ *    and (with the llmkern backend) rewrites flash_attention_{2,3,4} / flex_attention
+ *    to llmkern_<name>_with_sp. Changes nothing on error. */
+lk_status lk_ops_config_finalize(struct lk_ops_config *cfg);
+/* 4. Build time: binds the deferred ops (MoE experts) and assembles the op table. */
+lk_status lk_model_build(const struct lk_ops_config *cfg, const char *family, lk_op_table *out);
+/* 5. Runtime: the binding a module runs with (its override, else the op's). */
+const lk_binding *lk_op_table_get(const lk_op_table *t, lk_op op, const char *module);
+
+/* The binding lk_init made for the loss slot. */
+const lk_binding *lk_loss_slot(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

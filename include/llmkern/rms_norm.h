@@ -1,0 +1,49 @@
+/* rms_norm.h — RMSNorm, forward and backward:
+ *   y = x · rstd · (offset + w),   rstd = 1 / sqrt(mean(x²) + eps)   over the last dim.
+ * Implementations: eager (each step its own pass, in the input dtype), eager_fp32 (the
+ * same steps in f32), fused (one pass each way). All share this calling convention. */
+#ifndef LLMKERN_RMS_NORM_H
+#define LLMKERN_RMS_NORM_H
+
+#include "context.h"
+#include "registry.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    lk_tensor x;            /* [..., n], contiguous, f32 or bf16 */
+    lk_tensor weight;       /* [n], dtype of x; data NULL = no weight */
+    lk_tensor y;            /* forward output: shape and dtype of x */
+    lk_tensor dy;           /* backward input: shape and dtype of x */
+    lk_tensor dx;           /* backward output: shape and dtype of x; may be dy (inplace_dx) */
+    lk_tensor dweight;      /* backward output [n], dtype of weight; data NULL = not wanted */
+    lk_saved saved;         /* written by forward, read by backward: lk_rms_norm_saved_bytes */
+    double eps;             /* > 0 */
+    float weight_offset;    /* 0: y = x̂·w;  1: y = x̂·(1 + w), Gemma's convention */
+    int inplace_dx;         /* 1: dx is written over dy, and dx.data must equal dy.data */
+} lk_rms_norm_args;
+
+#define LK_RMS_NORM_VTABLE_VERSION 1
+
+typedef struct {
+    int version;
+    /* Bytes the forward keeps for the backward. */
+    size_t (*saved_bytes)(int64_t rows, int64_t n, lk_dtype dt);
+    /* Scratch bytes a pass needs from ctx->arena (given back when it returns). */
+    size_t (*workspace_bytes)(int64_t rows, int64_t n, lk_dtype dt, int backward);
+    lk_status (*forward)(const lk_rms_norm_args *a, lk_ctx *ctx);
+    lk_status (*backward)(const lk_rms_norm_args *a, lk_ctx *ctx);
+} lk_rms_norm_vtable;
+
+/* The facade: validates every argument before anything is written, reserves the
+ * workspace in ctx->arena, and calls impl. */
+lk_status lk_rms_norm_saved_bytes(const lk_impl *impl, const lk_tensor *x, size_t *bytes);
+lk_status lk_rms_norm_forward(const lk_impl *impl, const lk_rms_norm_args *a, lk_ctx *ctx);
+lk_status lk_rms_norm_backward(const lk_impl *impl, const lk_rms_norm_args *a, lk_ctx *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,63 @@
+/* explain.c — `llmkern explain [--config F]`: runs the lifecycle as a model build
+ * would and prints, per op (and per overridden module), the requested value and its
+ * source, the resolved name, the bound implementation, the stage that bound it and any
+ * fallback. Rows: {op, module, requested, source, resolved, impl, stage, fallback}. */
+#include "cli/cli.h"
+
+static void source_text(const lk_binding *b, char *buf, size_t n) {
+    snprintf(buf, n, "%s%s%s", lk_source_name(b->source), b->source_detail[0] ? " " : "", b->source_detail);
+}
+
+static void print_row(const cli_opts *o, const lk_binding *b, int first) {
+    char src[192], impl[80];
+    const char *op = lk_op_info_get(b->op)->name;
+    source_text(b, src, sizeof src);
+    snprintf(impl, sizeof impl, "%s%s%s", b->impl ? b->impl->name : "-", b->impl ? "/" : "",
+             b->impl ? lk_device_name(b->impl->device) : "");
+    if (o->json) {
+        printf("%s\n  {\"op\": ", first ? "[" : ",");
+        json_str(stdout, op);
+        printf(", \"module\": "); json_str(stdout, b->module);
+        printf(", \"requested\": "); json_str(stdout, b->requested);
+        printf(", \"source\": "); json_str(stdout, src);
+        printf(", \"resolved\": "); json_str(stdout, b->resolved);
+        printf(", \"impl\": "); json_str(stdout, b->impl ? b->impl->name : "");
+        printf(", \"stage\": "); json_str(stdout, lk_stage_name(b->stage));
+        printf(", \"fallback\": "); json_str(stdout, b->fallback);
+        printf("}");
+    } else {
+        char name[140];
+        snprintf(name, sizeof name, "%s%s%s", op, b->module[0] ? " @ " : "", b->module);
+        printf("%-36s %-18s %-32s %-34s %-14s %-16s %s\n", name, b->requested, src, b->resolved, impl,
+               lk_stage_name(b->stage), b->fallback);
+    }
+}
+
+int cli_explain(const cli_opts *o) {
+    lk_ops_config cfg;
+    lk_op_table table;
+    lk_status s;
+    lk_ops_config_init(&cfg);
+    if (o->config && (s = lk_config_load_yaml(o->config, &cfg))) return cli_fail("explain", s);
+    if ((s = lk_ops_config_finalize(&cfg))) return cli_fail("explain", s);
+    if ((s = lk_model_build(&cfg, o->family, &table))) return cli_fail("explain", s);
+
+    if (!o->json) {
+        printf("environment (src/config/env.c):\n");
+        for (int i = 0; i < LK_ENV_COUNT; i++) {
+            const lk_env_var *v = lk_env_var_get((lk_env_id)i);
+            const lk_env_value *e = lk_env((lk_env_id)i);
+            printf("  %-26s = %-10s %s (alias %s)\n", v->name, e->value,
+                   e->set_by[0] ? "set by" : "default", e->set_by[0] ? e->set_by : v->alias);
+        }
+        printf("\nmodel family %s, device %s%s%s\n\n", table.family->name, lk_device_name(table.device),
+               o->config ? ", config " : "", o->config ? o->config : "");
+        printf("%-36s %-18s %-32s %-34s %-14s %-16s %s\n", "OP", "REQUESTED", "SOURCE", "RESOLVED",
+               "IMPL", "STAGE", "FALLBACK");
+    }
+    int first = 1;
+    for (int op = 0; op < LK_OP_COUNT; op++, first = 0) print_row(o, &table.op[op], first);
+    for (int i = 0; i < table.n_module; i++) print_row(o, &table.module[i], 0);
+    if (o->json) printf("\n]\n");
+    return 0;
+}

@@ -1,0 +1,64 @@
+/* list.c — `llmkern list`: every op and implementation, its device and requirements,
+ * whether it runs here and why not; and the names the design lists that this build
+ * does not have. Rows: {op, impl, device, available, reason}. */
+#include <string.h>
+#include "cli/cli.h"
+
+static void requirements(const lk_impl *impl, char *buf, size_t n) {
+    size_t k = 0;
+    buf[0] = '\0';
+    for (int d = 0; d < LK_DTYPE_COUNT; d++)
+        if (impl->needs.dtypes & LK_DTYPE_BIT(d))
+            k += (size_t)snprintf(buf + k, n - k, "%s%s", k ? "|" : "", lk_dtype_name((lk_dtype)d));
+    if (impl->needs.min_cc) k += (size_t)snprintf(buf + k, n - k, " sm_%d", impl->needs.min_cc);
+    if (impl->needs.needs & LK_NEED_CUDNN) k += (size_t)snprintf(buf + k, n - k, " cudnn");
+    if (impl->needs.needs & LK_NEED_MPI) k += (size_t)snprintf(buf + k, n - k, " mpi");
+    if (impl->needs.needs & LK_NEED_NCCL) k += (size_t)snprintf(buf + k, n - k, " nccl");
+    if (impl->needs.sp_aware) snprintf(buf + k, n - k, " sp");
+}
+
+static void row(const cli_opts *o, int *first, const char *op, const char *impl, const char *dev,
+                int avail, const char *reason, const char *needs, const char *summary) {
+    if (o->json) {
+        printf("%s\n  {\"op\": ", *first ? "[" : ",");
+        json_str(stdout, op);
+        printf(", \"impl\": "); json_str(stdout, impl);
+        printf(", \"device\": "); json_str(stdout, dev);
+        printf(", \"available\": %s, \"reason\": ", avail ? "true" : "false");
+        json_str(stdout, reason);
+        printf("}");
+    } else {
+        printf("%-14s %-18s %-5s %-9s %-14s %s%s%s\n", op, impl, dev, avail ? "yes" : "no", needs,
+               summary, reason[0] ? " -- " : "", reason);
+    }
+    *first = 0;
+}
+
+int cli_list(const cli_opts *o) {
+    int sel[LK_OP_COUNT], first = 1;
+    if (!cli_ops(o->op, sel)) return 2;
+    if (!o->json)
+        printf("%-14s %-18s %-5s %-9s %-14s %s\n", "OP", "IMPLEMENTATION", "DEV", "AVAILABLE",
+               "NEEDS", "SUMMARY");
+    for (int op = 0; op < LK_OP_COUNT; op++) {
+        if (!sel[op]) continue;
+        const lk_op_info *info = lk_op_info_get((lk_op)op);
+        for (int i = 0; i < lk_impl_count(); i++) {
+            const lk_impl *impl = lk_impl_at(i);
+            if (impl->op != (lk_op)op) continue;
+            char why[160], needs[96], summary[160];
+            int avail = lk_impl_available(impl, lk_hw_get(), why, sizeof why);
+            requirements(impl, needs, sizeof needs);
+            snprintf(summary, sizeof summary, "%s%s", impl->summary,
+                     lk_impl_is_reference(impl) ? " [reference]" : "");
+            row(o, &first, info->name, impl->name, lk_device_name(impl->device), avail, why, needs, summary);
+        }
+        for (const char *const *k = info->known; *k; k++) {
+            int built = 0;
+            for (int d = 0; d < LK_DEVICE_COUNT; d++) built |= lk_impl_find((lk_op)op, *k, (lk_device_type)d) != NULL;
+            if (!built) row(o, &first, info->name, *k, "-", 0, "not available in this build", "", "");
+        }
+    }
+    if (o->json) printf("%s]\n", first ? "[" : "\n");
+    return 0;
+}

@@ -1,0 +1,79 @@
+/* main.c — the llmkern command.
+ *   llmkern list | explain [--config F] | check [--op N] | bench [--op N] [--size 8192x4096]
+ * Every command takes --json. Exit status: 0 ok, 1 a check failed, 2 bad usage or error. */
+#include <stdlib.h>
+#include <string.h>
+#include "cli/cli.h"
+
+static const char usage[] =
+    "usage: llmkern <command> [options]\n"
+    "  list                    every op and implementation, and whether it runs here\n"
+    "  explain [--config F]    what each op binds, from which source, at which stage\n"
+    "          [--family qwen3|qwen3_moe]\n"
+    "  check   [--op N] [--impl N] [--dtype D] [--seed S]\n"
+    "                          every available implementation against the float64 reference\n"
+    "  bench   [--op N] [--impl N] [--dtype D] [--size AxB]\n"
+    "                          copy bandwidth and GEMM rate, then every implementation's passes\n"
+    "options: --json           rows as JSON\n";
+
+int cli_fail(const char *what, lk_status s) {
+    fprintf(stderr, "llmkern %s: %s (%s)\n", what, lk_last_error(), lk_status_name(s));
+    return 2;
+}
+
+void json_str(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; s && *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+int cli_ops(const char *name, int selected[LK_OP_COUNT]) {
+    lk_op op;
+    for (int i = 0; i < LK_OP_COUNT; i++) selected[i] = name == NULL;
+    if (name == NULL) return 1;
+    if (lk_op_parse(name, &op) != LK_OK) {
+        fprintf(stderr, "llmkern: --op: %s\n", lk_last_error());
+        return 0;
+    }
+    selected[op] = 1;
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0) {
+        fputs(usage, argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    cli_opts o = {.family = "qwen3", .seed = 1234};
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        const char **slot = strcmp(a, "--config") == 0 ? &o.config
+                          : strcmp(a, "--family") == 0 ? &o.family
+                          : strcmp(a, "--op") == 0     ? &o.op
+                          : strcmp(a, "--impl") == 0   ? &o.impl
+                          : strcmp(a, "--dtype") == 0  ? &o.dtype
+                          : strcmp(a, "--size") == 0   ? &o.size : NULL;
+        if (strcmp(a, "--json") == 0) { o.json = 1; continue; }
+        if (strcmp(a, "--seed") == 0 && i + 1 < argc) { o.seed = strtoull(argv[++i], NULL, 10); continue; }
+        if (slot && i + 1 < argc) { *slot = argv[++i]; continue; }
+        fprintf(stderr, "llmkern %s: unknown or incomplete option '%s'\n%s", cmd, a, usage);
+        return 2;
+    }
+    lk_status s = lk_init();
+    if (s) return cli_fail(cmd, s);
+    lk_model_register(&lk_family_qwen3);
+    lk_model_register(&lk_family_qwen3_moe);
+
+    if (strcmp(cmd, "list") == 0) return cli_list(&o);
+    if (strcmp(cmd, "explain") == 0) return cli_explain(&o);
+    if (strcmp(cmd, "check") == 0) return cli_check(&o);
+    if (strcmp(cmd, "bench") == 0) return cli_bench(&o);
+    fprintf(stderr, "llmkern: unknown command '%s'\n%s", cmd, usage);
+    return 2;
+}

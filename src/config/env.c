@@ -1,0 +1,71 @@
+/* env.c — every environment variable llmkern reads, in one table: its name, the
+ * described system's name for it (an alias, so scripts written for VeOmni keep
+ * working), its default, its valid values and what it means. Nothing else calls getenv. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "llmkern/config.h"
+
+#define VALUES(...) (const char *const[]){__VA_ARGS__, NULL}
+
+static const lk_env_var table[LK_ENV_COUNT] = {
+    [LK_ENV_BACKEND] = {
+        .name = "LLMKERN_BACKEND", .alias = "MODELING_BACKEND", .def = "llmkern",
+        .values = VALUES("llmkern", "reference"),
+        .value_aliases = VALUES("veomni", "llmkern", "hf", "reference"),
+        .meaning = "llmkern: fused defaults and the SP-aware attention names; reference: every "
+                   "op's reference implementation, no rewrite",
+    },
+    [LK_ENV_USE_FUSED] = {
+        .name = "LLMKERN_USE_FUSED", .alias = "VEOMNI_USE_LIGER_KERNEL", .def = "1",
+        .values = VALUES("1", "0"),
+        .meaning = "1: fused RMSNorm, RoPE, SwiGLU and cross-entropy by default; 0: eager",
+    },
+    [LK_ENV_USE_GROUP_GEMM] = {
+        .name = "LLMKERN_USE_GROUP_GEMM", .alias = "USE_GROUP_GEMM", .def = "1",
+        .values = VALUES("1", "0"),
+        .meaning = "1: grouped-GEMM MoE experts by default; 0: the per-expert loop",
+    },
+    [LK_ENV_ENABLE_CHUNK_LOSS] = {
+        .name = "LLMKERN_ENABLE_CHUNK_LOSS", .alias = "VEOMNI_ENABLE_CHUNK_LOSS", .def = "0",
+        .values = VALUES("0", "1"),
+        .meaning = "1: chunk_loss cross-entropy when no config field names one",
+    },
+};
+
+const lk_env_var *lk_env_var_get(lk_env_id id) {
+    return (unsigned)id < LK_ENV_COUNT ? &table[id] : NULL;
+}
+
+/* The canonical form of value, or NULL when it is not valid for v. */
+static const char *canonical(const lk_env_var *v, const char *value) {
+    for (const char *const *x = v->values; *x; x++)
+        if (strcmp(*x, value) == 0) return *x;
+    for (const char *const *a = v->value_aliases; a && a[0] && a[1]; a += 2)
+        if (strcmp(a[0], value) == 0) return a[1];
+    return NULL;
+}
+
+lk_status lk_env_read(lk_env_value out[LK_ENV_COUNT]) {
+    lk_env_value read[LK_ENV_COUNT];
+    for (int i = 0; i < LK_ENV_COUNT; i++) {
+        const lk_env_var *v = &table[i];
+        const char *name = v->name, *raw = getenv(name);
+        if (raw == NULL && v->alias) raw = getenv(name = v->alias);
+        const char *value = raw ? canonical(v, raw) : v->def;
+        if (value == NULL) {
+            char valid[128];
+            size_t k = 0;
+            for (const char *const *x = v->values; *x; x++)
+                k += (size_t)snprintf(valid + k, sizeof valid - k, "%s%s", k ? ", " : "", *x);
+            for (const char *const *a = v->value_aliases; a && a[0] && a[1]; a += 2)
+                k += (size_t)snprintf(valid + k, sizeof valid - k, ", %s", a[0]);
+            return lk_error(LK_EINVAL, "environment: %s: expected one of %s, got '%s'", name, valid, raw);
+        }
+        snprintf(read[i].value, sizeof read[i].value, "%s", value);
+        snprintf(read[i].set_by, sizeof read[i].set_by, "%s", raw ? name : "");
+        snprintf(read[i].raw, sizeof read[i].raw, "%s", raw ? raw : "");
+    }
+    memcpy(out, read, sizeof read);
+    return LK_OK;
+}

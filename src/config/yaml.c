@@ -1,0 +1,147 @@
+/* yaml.c — loads model.ops_implementation.* (and model.moe.router/dispatcher) from a
+ * YAML file through libyaml's document API, which keeps every node's line and column:
+ *
+ *   model:
+ *     ops_implementation:
+ *       attn_implementation: flash_attention_2
+ *       rms_norm_implementation: fused
+ *       overrides:
+ *         "layers.0.input_layernorm": { rms_norm_implementation: eager_fp32 }
+ *
+ * Every error names file:line:column; the config changes only when the whole file is good. */
+#include <stdio.h>
+#include <string.h>
+#include <yaml.h>
+#include "llmkern/config.h"
+
+typedef struct {
+    const char *path;
+    yaml_document_t *doc;
+    lk_ops_config *cfg;
+    const char *module;        /* the override being read */
+} loader;
+
+static void where(const loader *l, const yaml_node_t *n, char *buf, size_t size) {
+    snprintf(buf, size, "%s:%zu:%zu", l->path, n->start_mark.line + 1, n->start_mark.column + 1);
+}
+
+static const char *kind_name(const yaml_node_t *n) {
+    return n->type == YAML_SCALAR_NODE ? "a scalar" : n->type == YAML_SEQUENCE_NODE ? "a list" : "a mapping";
+}
+
+static lk_status expect(const loader *l, const yaml_node_t *n, yaml_node_type_t type, const char *what) {
+    if (n->type == type) return LK_OK;
+    char w[192];
+    where(l, n, w, sizeof w);
+    return lk_error(LK_EINVAL, "%s: %s: expected %s, got %s", w, what,
+                    type == YAML_SCALAR_NODE ? "a string" : type == YAML_MAPPING_NODE ? "a mapping" : "a list",
+                    kind_name(n));
+}
+
+static const char *scalar(const yaml_node_t *n) { return (const char *)n->data.scalar.value; }
+
+static lk_status unknown_key(const loader *l, const yaml_node_t *key, const char *section,
+                             const char *const *valid) {
+    char w[192], list[256] = "";
+    size_t k = 0;
+    where(l, key, w, sizeof w);
+    for (const char *const *v = valid; *v && k < sizeof list; v++)
+        k += (size_t)snprintf(list + k, sizeof list - k, "%s%s", k ? ", " : "", *v);
+    const char *hint = lk_suggest(scalar(key), valid);
+    return lk_error(LK_EINVAL, "%s: unknown key '%s' in %s%s%s%s; valid: %s", w, scalar(key), section,
+                    hint ? " (did you mean '" : "", hint ? hint : "", hint ? "'?)" : "", list);
+}
+
+typedef lk_status (*entry_fn)(loader *l, const yaml_node_t *key, const yaml_node_t *value);
+
+/* Calls fn for every key: value of a mapping; keys must be strings. */
+static lk_status each_entry(loader *l, const yaml_node_t *map, const char *what, entry_fn fn) {
+    lk_status s = expect(l, map, YAML_MAPPING_NODE, what);
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start; !s && p < map->data.mapping.pairs.top; p++) {
+        const yaml_node_t *k = yaml_document_get_node(l->doc, p->key);
+        const yaml_node_t *v = yaml_document_get_node(l->doc, p->value);
+        if (!(s = expect(l, k, YAML_SCALAR_NODE, "key"))) s = fn(l, k, v);
+    }
+    return s;
+}
+
+static lk_status set_field(loader *l, const char *field, const yaml_node_t *v, const char *module) {
+    char w[192];
+    lk_status s = expect(l, v, YAML_SCALAR_NODE, field);
+    if (s) return s;
+    where(l, v, w, sizeof w);
+    return module ? lk_ops_config_set_override(l->cfg, module, field, scalar(v), w)
+                  : lk_ops_config_set(l->cfg, field, scalar(v), w);
+}
+
+static lk_status override_field(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
+    return set_field(l, scalar(k), v, l->module);
+}
+
+static lk_status override_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
+    l->module = scalar(k);
+    return each_entry(l, v, scalar(k), override_field);
+}
+
+static const char *const ops_keys[] = {"attn_implementation", "cross_entropy_loss_implementation",
+    "rms_norm_implementation", "rotary_pos_emb_implementation", "swiglu_mlp_implementation",
+    "moe_implementation", "linear_implementation", "overrides", NULL};
+
+static lk_status ops_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
+    if (strcmp(scalar(k), "overrides") == 0) return each_entry(l, v, "overrides", override_entry);
+    for (const char *const *f = ops_keys; *f; f++)
+        if (strcmp(scalar(k), *f) == 0) return set_field(l, *f, v, NULL);
+    return unknown_key(l, k, "model.ops_implementation", ops_keys);
+}
+
+static const char *const moe_keys[] = {"router", "dispatcher", NULL};
+
+static lk_status moe_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
+    if (strcmp(scalar(k), "router") == 0) return set_field(l, "moe.router", v, NULL);
+    if (strcmp(scalar(k), "dispatcher") == 0) return set_field(l, "moe.dispatcher", v, NULL);
+    return unknown_key(l, k, "model.moe", moe_keys);
+}
+
+static const char *const model_keys[] = {"ops_implementation", "moe", NULL};
+
+static lk_status model_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
+    if (strcmp(scalar(k), "ops_implementation") == 0)
+        return each_entry(l, v, "model.ops_implementation", ops_entry);
+    if (strcmp(scalar(k), "moe") == 0) return each_entry(l, v, "model.moe", moe_entry);
+    return unknown_key(l, k, "model", model_keys);
+}
+
+static const char *const top_keys[] = {"model", NULL};
+
+static lk_status top_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
+    if (strcmp(scalar(k), "model") == 0) return each_entry(l, v, "model", model_entry);
+    return unknown_key(l, k, "the top level", top_keys);
+}
+
+lk_status lk_config_load_yaml(const char *path, lk_ops_config *cfg) {
+    FILE *f = path ? fopen(path, "rb") : NULL;
+    if (f == NULL) return lk_error(LK_EIO, "config: %s: cannot open", path ? path : "(null)");
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    yaml_parser_initialize(&parser);
+    yaml_parser_set_input_file(&parser, f);
+    lk_status s = LK_OK;
+    if (!yaml_parser_load(&parser, &doc)) {
+        s = lk_error(LK_EIO, "%s:%zu:%zu: malformed YAML: %s%s%s", path, parser.problem_mark.line + 1,
+                     parser.problem_mark.column + 1, parser.problem ? parser.problem : "parse error",
+                     parser.context ? " " : "", parser.context ? parser.context : "");
+        yaml_parser_delete(&parser);
+        fclose(f);
+        return s;
+    }
+    lk_ops_config next = *cfg;                       /* all or nothing */
+    loader l = {.path = path, .doc = &doc, .cfg = &next};
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (root && !(root->type == YAML_SCALAR_NODE && root->data.scalar.length == 0))
+        s = each_entry(&l, root, "the document", top_entry);
+    if (s == LK_OK) *cfg = next;
+    yaml_document_delete(&doc);
+    yaml_parser_delete(&parser);
+    fclose(f);
+    return s;
+}

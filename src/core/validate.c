@@ -1,0 +1,74 @@
+/* validate.c — argument checks shared by every op facade (see validate.h). */
+#include <stdio.h>
+#include "core/validate.h"
+
+static const char *dtype_list(unsigned mask, char *buf, size_t n) {
+    size_t k = 0;
+    buf[0] = '\0';
+    for (int d = 0; d < LK_DTYPE_COUNT && k < n; d++)
+        if (mask & LK_DTYPE_BIT(d))
+            k += (size_t)snprintf(buf + k, n - k, "%s%s", k ? "|" : "", lk_dtype_name((lk_dtype)d));
+    return buf;
+}
+
+lk_status lk_expect_present(const char *op, const char *arg, const lk_tensor *t) {
+    if (t->data == NULL) return lk_error(LK_EINVAL, "%s: %s: expected a tensor, got NULL data", op, arg);
+    return LK_OK;
+}
+
+lk_status lk_expect_dtype(const char *op, const char *arg, const lk_tensor *t, unsigned dtypes) {
+    char buf[64];
+    if ((unsigned)t->dtype >= LK_DTYPE_COUNT || !(dtypes & LK_DTYPE_BIT(t->dtype)))
+        return lk_error(LK_EDTYPE, "%s: %s: expected dtype %s, got %s", op, arg,
+                        dtype_list(dtypes, buf, sizeof buf), lk_dtype_name(t->dtype));
+    return LK_OK;
+}
+
+lk_status lk_expect_dtype_eq(const char *op, const char *arg, const lk_tensor *t, lk_dtype want) {
+    return lk_expect_dtype(op, arg, t, LK_DTYPE_BIT(want));
+}
+
+lk_status lk_expect_contiguous(const char *op, const char *arg, const lk_tensor *t, int min_ndim) {
+    if (t->ndim < min_ndim || t->ndim > LK_MAX_DIMS)
+        return lk_error(LK_ESHAPE, "%s: %s: expected at least %d dims (at most %d), got %d", op, arg,
+                        min_ndim, LK_MAX_DIMS, t->ndim);
+    for (int i = 0; i < t->ndim; i++)
+        if (t->shape[i] < 0)
+            return lk_error(LK_ESHAPE, "%s: %s: expected sizes >= 0, got %lld in dim %d", op, arg,
+                            (long long)t->shape[i], i);
+    if (!lk_tensor_is_contiguous(t))
+        return lk_error(LK_ESHAPE, "%s: %s: expected a contiguous row-major tensor, got strides "
+                        "that are not", op, arg);
+    return LK_OK;
+}
+
+lk_status lk_expect_shape(const char *op, const char *arg, const lk_tensor *t, int ndim,
+                          const int64_t *shape) {
+    lk_tensor want = lk_tensor_view(NULL, t->dtype, ndim, shape);
+    if (!lk_tensor_same_shape(t, &want)) {
+        char a[96], b[96];
+        return lk_error(LK_ESHAPE, "%s: %s: expected shape %s, got %s", op, arg,
+                        lk_shape_str(&want, a, sizeof a), lk_shape_str(t, b, sizeof b));
+    }
+    return LK_OK;
+}
+
+lk_status lk_expect_like(const char *op, const char *arg, const lk_tensor *t, const lk_tensor *like) {
+    lk_status s = lk_expect_shape(op, arg, t, like->ndim, like->shape);
+    return s ? s : lk_expect_dtype_eq(op, arg, t, like->dtype);
+}
+
+lk_status lk_expect_device(const char *op, const char *arg, const lk_tensor *t, lk_device_type dev) {
+    if (t->device.type != dev)
+        return lk_error(LK_EDEVICE, "%s: %s: expected a %s tensor, got %s", op, arg,
+                        lk_device_name(dev), lk_device_name(t->device.type));
+    return LK_OK;
+}
+
+lk_status lk_expect_impl(const char *op, const lk_impl *impl, lk_op want) {
+    if (impl == NULL) return lk_error(LK_EINVAL, "%s: impl: expected an implementation, got NULL", op);
+    if (impl->op != want)
+        return lk_error(LK_EINVAL, "%s: impl: expected an implementation of %s, got '%s' of %s", op,
+                        lk_op_info_get(want)->name, impl->name, lk_op_info_get(impl->op)->name);
+    return LK_OK;
+}

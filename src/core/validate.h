@@ -1,0 +1,27 @@
+/* validate.h — argument checks shared by every op facade. Each returns LK_OK or sets
+ * an error that names the op, the argument, and expected vs got, e.g.
+ *   "rms_norm: weight: expected shape [4096], got [4095]". */
+#ifndef LLMKERN_VALIDATE_H
+#define LLMKERN_VALIDATE_H
+
+#include "llmkern/llmkern.h"
+
+/* t.data is set. */
+lk_status lk_expect_present(const char *op, const char *arg, const lk_tensor *t);
+/* t.dtype is one of the LK_DTYPE_BIT mask. */
+lk_status lk_expect_dtype(const char *op, const char *arg, const lk_tensor *t, unsigned dtypes);
+/* t.dtype == want. */
+lk_status lk_expect_dtype_eq(const char *op, const char *arg, const lk_tensor *t, lk_dtype want);
+/* t is contiguous, row-major, ndim >= min_ndim. */
+lk_status lk_expect_contiguous(const char *op, const char *arg, const lk_tensor *t, int min_ndim);
+/* t has exactly this shape. */
+lk_status lk_expect_shape(const char *op, const char *arg, const lk_tensor *t, int ndim,
+                          const int64_t *shape);
+/* t has the shape of like (and the same dtype). */
+lk_status lk_expect_like(const char *op, const char *arg, const lk_tensor *t, const lk_tensor *like);
+/* t lives on the device of ctx. */
+lk_status lk_expect_device(const char *op, const char *arg, const lk_tensor *t, lk_device_type dev);
+/* impl is an implementation of op. */
+lk_status lk_expect_impl(const char *op, const lk_impl *impl, lk_op want);
+
+#endif

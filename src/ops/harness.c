@@ -1,0 +1,101 @@
+/* harness.c — the list of op harnesses, and the pieces every harness shares: shapes,
+ * random inputs, poisoning, relative error and timing. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "ops/harness.h"
+
+extern const lk_harness lk_rms_norm_harness;
+
+static const lk_harness *const harnesses[] = {
+    &lk_rms_norm_harness,
+};
+
+const lk_harness *lk_harness_get(lk_op op) {
+    for (size_t i = 0; i < sizeof harnesses / sizeof *harnesses; i++)
+        if (harnesses[i]->op == op) return harnesses[i];
+    return NULL;
+}
+
+const char *lk_shape_format(const lk_shape *s, char *buf, size_t n) {
+    size_t k = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < s->ndim && k < n; i++)
+        k += (size_t)snprintf(buf + k, n - k, i ? "x%lld" : "%lld", (long long)s->d[i]);
+    return buf;
+}
+
+lk_status lk_shape_parse(const char *text, lk_shape *s) {
+    lk_shape out = {0};
+    const char *p = text;
+    while (p && *p) {
+        char *end;
+        long long v = strtoll(p, &end, 10);
+        if (end == p || v <= 0 || out.ndim == LK_MAX_DIMS || (*end && *end != 'x' && *end != ','))
+            return lk_error(LK_EINVAL, "size: expected dims joined by 'x' such as 8192x4096, got '%s'", text);
+        out.d[out.ndim++] = v;
+        p = *end ? end + 1 : end;
+    }
+    if (out.ndim == 0)
+        return lk_error(LK_EINVAL, "size: expected dims joined by 'x' such as 8192x4096, got '%s'",
+                        text ? text : "(null)");
+    *s = out;
+    return LK_OK;
+}
+
+int64_t lk_shape_numel(const lk_shape *s) {
+    int64_t n = 1;
+    for (int i = 0; i < s->ndim; i++) n *= s->d[i];
+    return n;
+}
+
+void *lk_random_tensor(lk_rng *rng, lk_dtype dt, int64_t n, float std, double **ref) {
+    float *f = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    void *out = malloc((size_t)(n > 0 ? n : 1) * lk_dtype_size(dt));
+    if (ref) *ref = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+    if (!f || !out || (ref && !*ref)) {
+        free(f); free(out);
+        if (ref) { free(*ref); *ref = NULL; }
+        return NULL;
+    }
+    lk_rng_normal(rng, f, n, 0.0f, std);
+    lk_convert(f, LK_F32, out, dt, n);
+    for (int64_t i = 0; ref && i < n; i++) (*ref)[i] = lk_load(out, dt, i);
+    free(f);
+    return out;
+}
+
+void lk_poison(void *data, lk_dtype dt, int64_t n) {
+    for (int64_t i = 0; i < n; i++) lk_store(data, dt, i, NAN);
+}
+
+double lk_rel_err(const void *got, lk_dtype dt, const double *ref, int64_t n) {
+    double max_err = 0.0, max_ref = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double g = lk_load(got, dt, i), e = fabs(g - ref[i]);
+        if (isnan(g) || isnan(e)) return INFINITY;
+        if (e > max_err) max_err = e;
+        if (fabs(ref[i]) > max_ref) max_ref = fabs(ref[i]);
+    }
+    return max_err / (max_ref > 1e-300 ? max_ref : 1.0);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double lk_time_ms(void (*fn)(void *), void *arg, double min_seconds) {
+    enum { MAX_REPS = 200 };
+    double t[MAX_REPS], start = lk_now();
+    fn(arg);                                     /* warm-up: first touch, arena growth */
+    int n = 0;
+    while (n < MAX_REPS && (n < 3 || lk_now() - start < min_seconds)) {
+        double t0 = lk_now();
+        fn(arg);
+        t[n++] = (lk_now() - t0) * 1e3;
+    }
+    qsort(t, (size_t)n, sizeof *t, cmp_double);
+    return t[n / 2];
+}

@@ -1,0 +1,36 @@
+/* registry_internal.h — the registry's state, shared by the files of src/registry/
+ * only. This is the one piece of global state in llmkern. */
+#ifndef LLMKERN_REGISTRY_INTERNAL_H
+#define LLMKERN_REGISTRY_INTERNAL_H
+
+#include "llmkern/config.h"
+
+#define LK_MAX_IMPLS 256
+#define LK_MAX_FAMILIES 16
+/* The ops a model family may replace with fused modules at registration. */
+#define LK_FAMILY_OPS 3
+extern const lk_op lk_family_ops[LK_FAMILY_OPS];
+
+typedef struct {
+    const lk_impl *impls[LK_MAX_IMPLS];
+    int n_impls;
+    lk_hw hw;
+    lk_env_value env[LK_ENV_COUNT];
+    lk_binding loss_slot[LK_DEVICE_COUNT];
+    struct {
+        const lk_model_family *family;
+        lk_binding bound[LK_DEVICE_COUNT][LK_FAMILY_OPS];
+    } families[LK_MAX_FAMILIES];
+    int n_families;
+} lk_registry;
+
+extern lk_registry lk_reg;
+
+/* The built-in implementation tables, each ending in a row with a NULL name. */
+extern const lk_impl *const lk_builtin_tables[];
+void lk_hw_probe_cpu(lk_hw *hw);
+/* Binds what the init and model-register stages own, for every device kind. */
+lk_status lk_bind_init_stage(void);
+lk_status lk_bind_family(int index);
+
+#endif

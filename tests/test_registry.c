@@ -1,0 +1,286 @@
+/* test_registry.c — selection and the lifecycle: the precedence table of override,
+ * config field, environment (llmkern names and the described system's aliases) and
+ * built-in default; the stage that binds each op; the SP rewrite; errors for explicit
+ * requests that cannot be met and recorded fallbacks for defaults. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "llmkern/llmkern.h"
+
+static const char *const env_names[] = {
+    "LLMKERN_BACKEND", "MODELING_BACKEND", "LLMKERN_USE_FUSED", "VEOMNI_USE_LIGER_KERNEL",
+    "LLMKERN_USE_GROUP_GEMM", "USE_GROUP_GEMM", "LLMKERN_ENABLE_CHUNK_LOSS", "VEOMNI_ENABLE_CHUNK_LOSS",
+};
+
+/* env: "NAME=value" pairs separated by spaces, or "". */
+static void set_env(const char *env) {
+    for (size_t i = 0; i < sizeof env_names / sizeof *env_names; i++) unsetenv(env_names[i]);
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", env);
+    for (char *tok = strtok(buf, " "); tok; tok = strtok(NULL, " ")) {
+        char *eq = strchr(tok, '=');
+        *eq = '\0';
+        setenv(tok, eq + 1, 1);
+    }
+    assert_int_equal(lk_env_reload(), LK_OK);
+}
+
+static void build(const char *field, const char *override, lk_op_table *t) {
+    lk_ops_config cfg;
+    lk_ops_config_init(&cfg);
+    if (field) assert_int_equal(lk_ops_config_set(&cfg, "rms_norm_implementation", field, NULL), LK_OK);
+    if (override)
+        assert_int_equal(lk_ops_config_set_override(&cfg, "layers.0.input_layernorm",
+                                                    "rms_norm_implementation", override, "test"), LK_OK);
+    assert_int_equal(lk_ops_config_finalize(&cfg), LK_OK);
+    assert_int_equal(lk_model_build(&cfg, "qwen3", t), LK_OK);
+}
+
+typedef struct {
+    const char *env, *field, *override;
+    const char *op_impl; lk_source op_source; const char *op_detail; lk_stage op_stage;
+    const char *module_impl; lk_source module_source;
+} precedence_case;
+
+static void precedence_table(void **state) {
+    (void)state;
+    const precedence_case cases[] = {
+        {"", NULL, NULL, "fused", LK_SOURCE_DEFAULT, "built-in", LK_STAGE_MODEL_REGISTER, "fused", LK_SOURCE_DEFAULT},
+        {"LLMKERN_USE_FUSED=0", NULL, NULL, "eager", LK_SOURCE_ENV, "LLMKERN_USE_FUSED=0",
+         LK_STAGE_MODEL_REGISTER, "eager", LK_SOURCE_ENV},
+        {"VEOMNI_USE_LIGER_KERNEL=0", NULL, NULL, "eager", LK_SOURCE_ENV, "VEOMNI_USE_LIGER_KERNEL=0",
+         LK_STAGE_MODEL_REGISTER, "eager", LK_SOURCE_ENV},
+        /* the llmkern name is read before the alias */
+        {"LLMKERN_USE_FUSED=1 VEOMNI_USE_LIGER_KERNEL=0", NULL, NULL, "fused", LK_SOURCE_ENV,
+         "LLMKERN_USE_FUSED=1", LK_STAGE_MODEL_REGISTER, "fused", LK_SOURCE_ENV},
+        {"LLMKERN_BACKEND=reference", NULL, NULL, "eager", LK_SOURCE_ENV, "LLMKERN_BACKEND=reference",
+         LK_STAGE_MODEL_REGISTER, "eager", LK_SOURCE_ENV},
+        {"MODELING_BACKEND=hf", NULL, NULL, "eager", LK_SOURCE_ENV, "MODELING_BACKEND=hf",
+         LK_STAGE_MODEL_REGISTER, "eager", LK_SOURCE_ENV},
+        /* a config field beats every environment default */
+        {"LLMKERN_USE_FUSED=0", "fused", NULL, "fused", LK_SOURCE_CONFIG, "set from code",
+         LK_STAGE_CONFIG_FINALIZE, "fused", LK_SOURCE_CONFIG},
+        {"VEOMNI_USE_LIGER_KERNEL=0 MODELING_BACKEND=hf", "eager_fp32", NULL, "eager_fp32", LK_SOURCE_CONFIG,
+         "set from code", LK_STAGE_CONFIG_FINALIZE, "eager_fp32", LK_SOURCE_CONFIG},
+        /* a per-module override beats the field, for its module only */
+        {"LLMKERN_USE_FUSED=0", "eager_fp32", "fused", "eager_fp32", LK_SOURCE_CONFIG, "set from code",
+         LK_STAGE_CONFIG_FINALIZE, "fused", LK_SOURCE_OVERRIDE},
+        {"", NULL, "eager", "fused", LK_SOURCE_DEFAULT, "built-in", LK_STAGE_MODEL_REGISTER, "eager",
+         LK_SOURCE_OVERRIDE},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const precedence_case *c = &cases[i];
+        lk_op_table t;
+        set_env(c->env);
+        build(c->field, c->override, &t);
+        const lk_binding *op = lk_op_table_get(&t, LK_OP_RMS_NORM, NULL);
+        const lk_binding *mod = lk_op_table_get(&t, LK_OP_RMS_NORM, "layers.0.input_layernorm");
+        print_message("case %zu: env '%s' field %s override %s -> %s (%s %s), module %s\n", i, c->env,
+                      c->field ? c->field : "-", c->override ? c->override : "-", op->impl->name,
+                      lk_source_name(op->source), op->source_detail, mod->impl->name);
+        assert_string_equal(op->impl->name, c->op_impl);
+        assert_int_equal(op->source, c->op_source);
+        assert_string_equal(op->source_detail, c->op_detail);
+        assert_int_equal(op->stage, c->op_stage);
+        assert_string_equal(op->fallback, "");
+        assert_string_equal(mod->impl->name, c->module_impl);
+        assert_int_equal(mod->source, c->module_source);
+        /* another module of the same op keeps the op-wide binding */
+        assert_ptr_equal(lk_op_table_get(&t, LK_OP_RMS_NORM, "layers.1.input_layernorm"), op);
+    }
+    set_env("");
+}
+
+static void stages_of_the_lifecycle(void **state) {
+    (void)state;
+    lk_op_table t;
+    set_env("LLMKERN_ENABLE_CHUNK_LOSS=1 USE_GROUP_GEMM=0");
+    build(NULL, NULL, &t);
+    assert_int_equal(t.op[LK_OP_CROSS_ENTROPY].stage, LK_STAGE_INIT);           /* the loss slot */
+    assert_string_equal(t.op[LK_OP_CROSS_ENTROPY].requested, "chunk_loss");
+    assert_string_equal(t.op[LK_OP_CROSS_ENTROPY].source_detail, "LLMKERN_ENABLE_CHUNK_LOSS=1");
+    assert_int_equal(t.op[LK_OP_ATTENTION].stage, LK_STAGE_CONFIG_FINALIZE);
+    assert_int_equal(t.op[LK_OP_MOE_EXPERTS].stage, LK_STAGE_MODEL_BUILD);      /* deferred */
+    assert_string_equal(t.op[LK_OP_MOE_EXPERTS].requested, "eager");
+    assert_string_equal(t.op[LK_OP_MOE_EXPERTS].source_detail, "USE_GROUP_GEMM=0");
+    assert_int_equal(t.op[LK_OP_LINEAR].stage, LK_STAGE_MODEL_BUILD);
+    assert_int_equal(t.op[LK_OP_ROPE].stage, LK_STAGE_MODEL_REGISTER);
+    assert_ptr_equal(lk_loss_slot(), lk_loss_slot());
+    set_env("");
+}
+
+static void attention_names_are_rewritten_for_sp(void **state) {
+    (void)state;
+    lk_op_table t;
+    set_env("");
+    build(NULL, NULL, &t);
+    assert_string_equal(t.op[LK_OP_ATTENTION].requested, "flash_attention_2");
+    /* resolved is the SP-aware registry name, or what a fallback bound instead */
+    const lk_binding *b = &t.op[LK_OP_ATTENTION];
+    if (b->fallback[0] == '\0') assert_string_equal(b->resolved, "llmkern_flash_attention_2_with_sp");
+    else assert_non_null(strstr(b->fallback, "flash_attention_2"));
+    set_env("MODELING_BACKEND=hf");      /* the reference backend: no rewrite, reference default */
+    build(NULL, NULL, &t);
+    assert_string_equal(t.op[LK_OP_ATTENTION].requested, "eager");
+    assert_null(strstr(t.op[LK_OP_ATTENTION].resolved, "_with_sp"));
+    set_env("");
+}
+
+/* Every default either binds what it asked for, or records why not and binds the
+ * reference (or nothing, when the op has no implementation in this build). */
+static void defaults_fall_back_and_say_so(void **state) {
+    (void)state;
+    for (int dev = 0; dev < LK_DEVICE_COUNT; dev++)
+        for (int op = 0; op < LK_OP_COUNT; op++) {
+            lk_request r = {.op = (lk_op)op, .device = (lk_device_type)dev};
+            lk_binding b;
+            assert_int_equal(lk_select(&r, LK_STAGE_MODEL_BUILD, &b), LK_OK);
+            const lk_impl *asked = lk_impl_find((lk_op)op, b.requested, (lk_device_type)dev);
+            char why[160];
+            int ok = asked && lk_impl_available(asked, lk_hw_get(), why, sizeof why);
+            if (ok) {
+                assert_ptr_equal(b.impl, asked);
+                assert_string_equal(b.fallback, "");
+            } else {
+                assert_true(b.fallback[0] != '\0');
+                assert_non_null(strstr(b.fallback, b.requested));
+                if (b.impl) assert_int_equal(b.impl->device, dev);
+            }
+        }
+}
+
+static int never(const lk_hw *hw, char *why, size_t n) {
+    (void)hw;
+    snprintf(why, n, "needs a feature no machine has");
+    return 0;
+}
+
+static const int dummy_vtable;
+static const lk_impl needs_nccl = {
+    .op = LK_OP_RMS_NORM, .name = "test_needs_nccl", .device = LK_DEVICE_CPU,
+    .needs = {.needs = LK_NEED_NCCL, .dtypes = LK_DTYPE_BIT(LK_F32)}, .vtable = &dummy_vtable,
+    .summary = "test fixture",
+};
+static const lk_impl never_here = {
+    .op = LK_OP_RMS_NORM, .name = "test_never", .device = LK_DEVICE_CPU, .supported = never,
+    .needs = {.dtypes = LK_DTYPE_BIT(LK_F32)}, .vtable = &dummy_vtable, .summary = "test fixture",
+};
+
+static void explicit_requests_that_cannot_be_met_are_errors(void **state) {
+    (void)state;
+    set_env("");
+    if (!lk_impl_find(LK_OP_RMS_NORM, "test_needs_nccl", LK_DEVICE_CPU)) {
+        assert_int_equal(lk_impl_register(&needs_nccl), LK_OK);
+        assert_int_equal(lk_impl_register(&never_here), LK_OK);
+    }
+    assert_int_equal(lk_impl_register(&needs_nccl), LK_EINVAL);             /* twice: refused */
+    assert_non_null(strstr(lk_last_error(), "already registered"));
+
+    lk_ops_config cfg;
+    lk_ops_config_init(&cfg);
+    if (!lk_hw_get()->has_nccl) {
+        assert_int_equal(lk_ops_config_set(&cfg, "rms_norm_implementation", "test_needs_nccl", "x.yaml:3:5"), LK_OK);
+        assert_int_equal(lk_ops_config_finalize(&cfg), LK_EUNAVAILABLE);
+        assert_non_null(strstr(lk_last_error(), "x.yaml:3:5"));
+        assert_non_null(strstr(lk_last_error(), "needs NCCL"));
+        assert_non_null(strstr(lk_last_error(), "available here: "));
+        assert_non_null(strstr(lk_last_error(), "fused"));
+        assert_int_equal(cfg.finalized, 0);                                  /* changed nothing */
+        assert_int_equal(cfg.bound_mask, 0);
+    }
+    lk_ops_config_init(&cfg);
+    assert_int_equal(lk_ops_config_set_override(&cfg, "norm", "rms_norm", "test_never", NULL), LK_OK);
+    assert_int_equal(lk_ops_config_finalize(&cfg), LK_EUNAVAILABLE);
+    assert_non_null(strstr(lk_last_error(), "no machine has"));
+
+    /* a name the design lists but this build lacks: "not available", not "unknown" */
+    lk_ops_config_init(&cfg);
+    assert_int_equal(lk_ops_config_set(&cfg, "moe_implementation", "fused_quack", NULL), LK_OK);
+    lk_status s = lk_ops_config_finalize(&cfg);
+    if (!lk_impl_find(LK_OP_MOE_EXPERTS, "fused_quack", LK_DEVICE_CPU)) {
+        assert_int_equal(s, LK_EUNAVAILABLE);
+        assert_non_null(strstr(lk_last_error(), "not available in this build"));
+        assert_null(strstr(lk_last_error(), "unknown"));
+    }
+    /* an unknown name is refused when set, with a did-you-mean */
+    assert_int_equal(lk_ops_config_set(&cfg, "rms_norm_implementation", "fusd", NULL), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "did you mean 'fused'"));
+    assert_int_equal(lk_ops_config_set(&cfg, "rms_norm_implementaton", "fused", NULL), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "rms_norm_implementation"));
+    /* the CUDA fused kernel asked for on a CPU model, or absent from the build */
+    lk_request r = {.op = LK_OP_RMS_NORM, .name = "fused", .device = LK_DEVICE_CUDA,
+                    .source = LK_SOURCE_CONFIG};
+    lk_binding b;
+    if (lk_hw_get()->cuda_devices == 0) {
+        assert_int_equal(lk_select(&r, LK_STAGE_CONFIG_FINALIZE, &b), LK_EUNAVAILABLE);
+        assert_non_null(strstr(lk_last_error(), "rms_norm_implementation"));
+    }
+}
+
+static void overrides_are_checked_against_the_family(void **state) {
+    (void)state;
+    set_env("");
+    lk_ops_config cfg;
+    lk_op_table t;
+    lk_ops_config_init(&cfg);
+    assert_int_equal(lk_ops_config_set_override(&cfg, "layers.0.input_layrnorm", "rms_norm_implementation",
+                                                "eager", "f.yaml:9:7"), LK_OK);
+    assert_int_equal(lk_ops_config_finalize(&cfg), LK_OK);
+    assert_int_equal(lk_model_build(&cfg, "qwen3", &t), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "layers.0.input_layrnorm"));
+    assert_non_null(strstr(lk_last_error(), "layers.*.input_layernorm"));
+    assert_non_null(strstr(lk_last_error(), "f.yaml:9:7"));
+    lk_ops_config_init(&cfg);
+    assert_int_equal(lk_ops_config_set_override(&cfg, "layers.3.mlp", "rms_norm_implementation", "eager",
+                                                NULL), LK_OK);
+    assert_int_equal(lk_ops_config_finalize(&cfg), LK_OK);
+    assert_int_equal(lk_model_build(&cfg, "qwen3", &t), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "swiglu_mlp_implementation"));
+    assert_int_equal(lk_model_build(&cfg, "llama", &t), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "qwen3"));
+    lk_ops_config_init(&cfg);
+    assert_int_equal(lk_model_build(&cfg, "qwen3", &t), LK_EINVAL);         /* not finalized */
+    assert_non_null(strstr(lk_last_error(), "lk_ops_config_finalize"));
+}
+
+static void bad_environment_values_are_refused_and_change_nothing(void **state) {
+    (void)state;
+    set_env("LLMKERN_USE_FUSED=0");
+    setenv("LLMKERN_USE_FUSED", "yes", 1);
+    assert_int_equal(lk_env_reload(), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "LLMKERN_USE_FUSED"));
+    assert_non_null(strstr(lk_last_error(), "'yes'"));
+    assert_non_null(strstr(lk_last_error(), "1, 0"));
+    assert_string_equal(lk_env(LK_ENV_USE_FUSED)->value, "0");              /* unchanged */
+    unsetenv("LLMKERN_USE_FUSED");
+    setenv("MODELING_BACKEND", "veomni", 1);                               /* a value alias */
+    assert_int_equal(lk_env_reload(), LK_OK);
+    assert_string_equal(lk_env(LK_ENV_BACKEND)->value, "llmkern");
+    assert_string_equal(lk_env(LK_ENV_BACKEND)->set_by, "MODELING_BACKEND");
+    set_env("");
+}
+
+static int setup(void **state) {
+    (void)state;
+    assert_int_equal(lk_init(), LK_OK);
+    assert_int_equal(lk_model_register(&lk_family_qwen3), LK_OK);
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(precedence_table),
+        cmocka_unit_test(stages_of_the_lifecycle),
+        cmocka_unit_test(attention_names_are_rewritten_for_sp),
+        cmocka_unit_test(defaults_fall_back_and_say_so),
+        cmocka_unit_test(explicit_requests_that_cannot_be_met_are_errors),
+        cmocka_unit_test(overrides_are_checked_against_the_family),
+        cmocka_unit_test(bad_environment_values_are_refused_and_change_nothing),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}

@@ -20,5 +20,9 @@
 #include "config.h"
 #include "model.h"
 #include "rms_norm.h"
+#include "cross_entropy.h"
+#include "swiglu_mlp.h"
+#include "rope.h"
+#include "linear.h"
 
 #endif

@@ -7,9 +7,17 @@
 #include "ops/harness.h"
 
 extern const lk_harness lk_rms_norm_harness;
+extern const lk_harness lk_cross_entropy_harness;
+extern const lk_harness lk_swiglu_mlp_harness;
+extern const lk_harness lk_rope_harness;
+extern const lk_harness lk_linear_harness;
 
 static const lk_harness *const harnesses[] = {
     &lk_rms_norm_harness,
+    &lk_cross_entropy_harness,
+    &lk_swiglu_mlp_harness,
+    &lk_rope_harness,
+    &lk_linear_harness,
 };
 
 const lk_harness *lk_harness_get(lk_op op) {

@@ -1,0 +1,37 @@
+/* impls.c — the registry rows of cross-entropy on the CPU: one row per implementation,
+ * each pointing at the vtable its own file defines. lk_init() registers this table. */
+#include "llmkern/cross_entropy.h"
+
+extern const lk_cross_entropy_vtable lk_cross_entropy_eager_vtable;
+extern const lk_cross_entropy_vtable lk_cross_entropy_fused_vtable;
+extern const lk_cross_entropy_vtable lk_cross_entropy_chunk_loss_vtable;
+
+#define CE_CPU_DTYPES (LK_DTYPE_BIT(LK_F32) | LK_DTYPE_BIT(LK_BF16))
+
+const lk_impl lk_cross_entropy_impls[] = {
+    {
+        .op = LK_OP_CROSS_ENTROPY,
+        .name = "eager",
+        .device = LK_DEVICE_CPU,
+        .needs = {.dtypes = CE_CPU_DTYPES},
+        .vtable = &lk_cross_entropy_eager_vtable,
+        .summary = "autograd of the unfused composition: [T, V] logits, log-softmax and dlogits materialized",
+    },
+    {
+        .op = LK_OP_CROSS_ENTROPY,
+        .name = "fused",
+        .device = LK_DEVICE_CPU,
+        .needs = {.dtypes = CE_CPU_DTYPES},
+        .vtable = &lk_cross_entropy_fused_vtable,
+        .summary = "LM head + CE by chunks (memory budget), gradients made in the forward (Liger-style)",
+    },
+    {
+        .op = LK_OP_CROSS_ENTROPY,
+        .name = "chunk_loss",
+        .device = LK_DEVICE_CPU,
+        .needs = {.dtypes = CE_CPU_DTYPES},
+        .vtable = &lk_cross_entropy_chunk_loss_vtable,
+        .summary = "LM head + CE by chunks, saves the log-sum-exp only, backward recomputes each chunk",
+    },
+    {.name = NULL},
+};

@@ -1,0 +1,161 @@
+/* linear.c — the linear facade (include/llmkern/linear.h): every argument is checked
+ * before anything is written, the implementation's workspace is reserved in ctx->arena
+ * and given back after the call. Implementations (blas.c) may assume well-formed,
+ * non-overlapping arguments and rows >= 1. */
+#include <string.h>
+#include "core/validate.h"
+#include "llmkern/linear.h"
+#include "ops/linear/dense.h"
+
+#define OP "linear"
+
+typedef struct {
+    const lk_linear_vtable *vt;
+    int64_t rows, in, out;
+} dims;
+
+static lk_status check_impl(const lk_impl *impl, const lk_linear_vtable **out) {
+    lk_status s = lk_expect_impl(OP, impl, LK_OP_LINEAR);
+    if (s) return s;
+    const lk_linear_vtable *vt = impl->vtable;
+    if (vt == NULL || vt->version < 1)
+        return lk_error(LK_EINVAL, OP ": impl: expected a vtable of version >= 1 in '%s', got %s",
+                        impl->name, vt ? "version < 1" : "NULL");
+    if (!vt->saved_bytes || !vt->forward || !vt->backward)
+        return lk_error(LK_EINVAL, OP ": impl: expected saved_bytes, forward and backward in '%s', "
+                        "got a NULL member", impl->name);
+    *out = vt;
+    return LK_OK;
+}
+
+/* x and weight fix the dims; their data is needed unless querying. */
+static lk_status check_x_w(const lk_impl *impl, const lk_tensor *x, const lk_tensor *w, int need_data, dims *d) {
+    lk_status s;
+    if ((need_data && (s = lk_expect_present(OP, "x", x))) || (s = lk_expect_device(OP, "x", x, impl->device)) ||
+        (s = lk_expect_contiguous(OP, "x", x, 1)) || (s = lk_expect_dtype(OP, "x", x, impl->needs.dtypes)))
+        return s;
+    d->in = x->shape[x->ndim - 1];
+    if (d->in < 1) return lk_error(LK_ESHAPE, OP ": x: expected a last dim >= 1, got %lld", (long long)d->in);
+    d->rows = lk_tensor_numel(x) / d->in;
+    if ((need_data && (s = lk_expect_present(OP, "weight", w))) ||
+        (s = lk_expect_device(OP, "weight", w, impl->device)) || (s = lk_expect_contiguous(OP, "weight", w, 2)))
+        return s;
+    if (w->ndim != 2 || w->shape[1] != d->in || w->shape[0] < 1) {
+        char buf[96];
+        return lk_error(LK_ESHAPE, OP ": weight: expected shape [O >= 1, %lld] (x's last dim), got %s",
+                        (long long)d->in, lk_shape_str(w, buf, sizeof buf));
+    }
+    d->out = w->shape[0];
+    return lk_expect_dtype_eq(OP, "weight", w, x->dtype);
+}
+
+/* A present tensor of exactly this shape and dtype on the impl's device. */
+static lk_status check_tensor(const lk_impl *impl, const char *arg, const lk_tensor *t, int ndim,
+                              const int64_t *shape, unsigned dtypes) {
+    lk_status s;
+    if ((s = lk_expect_present(OP, arg, t)) || (s = lk_expect_device(OP, arg, t, impl->device)) ||
+        (s = lk_expect_contiguous(OP, arg, t, 1)) || (s = lk_expect_shape(OP, arg, t, ndim, shape)) ||
+        (s = lk_expect_dtype(OP, arg, t, dtypes)))
+        return s;
+    return LK_OK;
+}
+
+/* y's shape: x's leading dims, then O. */
+static void y_shape(const lk_tensor *x, int64_t out, int64_t shape[LK_MAX_DIMS]) {
+    memcpy(shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
+    shape[x->ndim - 1] = out;
+}
+
+static lk_status check_common(const lk_impl *impl, const lk_linear_args *a, const lk_ctx *ctx, dims *d) {
+    lk_status s = check_impl(impl, &d->vt);
+    if (s) return s;
+    if (a == NULL) return lk_error(LK_EINVAL, OP ": args: expected arguments, got NULL");
+    if (ctx == NULL) return lk_error(LK_EINVAL, OP ": ctx: expected a context, got NULL");
+    if (ctx->device.type != impl->device)
+        return lk_error(LK_EDEVICE, OP ": ctx.device: expected %s for '%s', got %s",
+                        lk_device_name(impl->device), impl->name, lk_device_name(ctx->device.type));
+    if ((s = check_x_w(impl, &a->x, &a->weight, 1, d))) return s;
+    if (a->bias.data && (s = check_tensor(impl, "bias", &a->bias, 1, &d->out, LK_DTYPE_BIT(a->x.dtype)))) return s;
+    size_t need = d->vt->saved_bytes(d->rows, d->in, d->out, a->x.dtype);
+    if (need > 0 && (a->saved.data == NULL || a->saved.bytes < need))
+        return lk_error(LK_EINVAL, OP ": saved: expected %zu bytes (lk_linear_saved_bytes), got %zu%s", need,
+                        a->saved.bytes, a->saved.data ? "" : " and NULL data");
+    return LK_OK;
+}
+
+static size_t bytes_of(const lk_tensor *t) { return t->data ? lk_tensor_bytes(t) : 0; }
+
+/* Reserves the workspace, runs one pass, and gives the workspace back. */
+static lk_status run(const dims *d, int backward, const lk_linear_args *a, lk_ctx *ctx) {
+    size_t ws = d->vt->workspace_bytes ? d->vt->workspace_bytes(a, backward) : 0;
+    if (ws > 0 && ctx->arena == NULL)
+        return lk_error(LK_EINVAL, OP ": ctx.arena: expected an arena for %zu bytes of workspace, got NULL", ws);
+    lk_status s;
+    if (ws > 0 && (s = lk_arena_reserve(ctx->arena, ws))) return s;
+    size_t mark = ctx->arena ? ctx->arena->used : 0;
+    s = backward ? d->vt->backward(a, ctx) : d->vt->forward(a, ctx);
+    if (ctx->arena) lk_arena_release(ctx->arena, mark);
+    return s;
+}
+
+lk_status lk_linear_saved_bytes(const lk_impl *impl, const lk_tensor *x, const lk_tensor *weight, size_t *bytes) {
+    dims d;
+    lk_status s = check_impl(impl, &d.vt);
+    if (s) return s;
+    if (x == NULL || weight == NULL)
+        return lk_error(LK_EINVAL, OP ": %s: expected a tensor, got NULL", x ? "weight" : "x");
+    if (bytes == NULL) return lk_error(LK_EINVAL, OP ": bytes: expected somewhere to write, got NULL");
+    if ((s = check_x_w(impl, x, weight, 0, &d))) return s;
+    *bytes = d.vt->saved_bytes(d.rows, d.in, d.out, x->dtype);
+    return LK_OK;
+}
+
+lk_status lk_linear_workspace_bytes(const lk_impl *impl, const lk_linear_args *a, int backward, size_t *bytes) {
+    dims d;
+    lk_status s = check_impl(impl, &d.vt);
+    if (s) return s;
+    if (a == NULL || bytes == NULL)
+        return lk_error(LK_EINVAL, OP ": %s: expected a pointer, got NULL", a ? "bytes" : "args");
+    if ((s = check_x_w(impl, &a->x, &a->weight, 0, &d))) return s;
+    *bytes = d.vt->workspace_bytes ? d.vt->workspace_bytes(a, backward) : 0;
+    return LK_OK;
+}
+
+lk_status lk_linear_forward(const lk_impl *impl, const lk_linear_args *a, lk_ctx *ctx) {
+    dims d;
+    lk_status s = check_common(impl, a, ctx, &d);
+    if (s) return s;
+    int64_t ys[LK_MAX_DIMS];
+    y_shape(&a->x, d.out, ys);
+    if ((s = check_tensor(impl, "y", &a->y, a->x.ndim, ys, LK_DTYPE_BIT(a->x.dtype)))) return s;
+    const lk_region outs[] = {{"y", a->y.data, bytes_of(&a->y)}, {"saved", a->saved.data, a->saved.bytes}};
+    const lk_region ins[] = {{"x", a->x.data, bytes_of(&a->x)}, {"weight", a->weight.data, bytes_of(&a->weight)},
+                             {"bias", a->bias.data, bytes_of(&a->bias)}};
+    if ((s = lk_regions_apart(OP, outs, 2, ins, 3))) return s;
+    if (d.rows == 0) return LK_OK;
+    return run(&d, 0, a, ctx);
+}
+
+lk_status lk_linear_backward(const lk_impl *impl, const lk_linear_args *a, lk_ctx *ctx) {
+    dims d;
+    lk_status s = check_common(impl, a, ctx, &d);
+    if (s) return s;
+    int64_t ys[LK_MAX_DIMS], ws[2] = {d.out, d.in};
+    y_shape(&a->x, d.out, ys);
+    unsigned xdt = LK_DTYPE_BIT(a->x.dtype), gdt = xdt | LK_DTYPE_BIT(LK_F32);
+    if ((s = check_tensor(impl, "dy", &a->dy, a->x.ndim, ys, xdt))) return s;
+    if (a->dx.data && (s = check_tensor(impl, "dx", &a->dx, a->x.ndim, a->x.shape, xdt))) return s;
+    if (a->dweight.data && (s = check_tensor(impl, "dweight", &a->dweight, 2, ws, gdt))) return s;
+    if (a->dbias.data && a->bias.data == NULL)
+        return lk_error(LK_EINVAL, OP ": dbias: expected NULL data without a bias, got a buffer");
+    if (a->dbias.data && (s = check_tensor(impl, "dbias", &a->dbias, 1, &d.out, gdt))) return s;
+    const lk_region outs[] = {{"dx", a->dx.data, bytes_of(&a->dx)},
+                              {"dweight", a->dweight.data, bytes_of(&a->dweight)},
+                              {"dbias", a->dbias.data, bytes_of(&a->dbias)}};
+    const lk_region ins[] = {{"x", a->x.data, bytes_of(&a->x)}, {"weight", a->weight.data, bytes_of(&a->weight)},
+                             {"bias", a->bias.data, bytes_of(&a->bias)}, {"dy", a->dy.data, bytes_of(&a->dy)},
+                             {"saved", a->saved.data, a->saved.bytes}};
+    if ((s = lk_regions_apart(OP, outs, 3, ins, 5))) return s;
+    if (d.rows == 0) return LK_OK;      /* dx is empty and the gradients gain a sum of nothing */
+    return run(&d, 1, a, ctx);
+}

@@ -1,0 +1,31 @@
+/* check.h — one RMSNorm comparison with the float64 reference, with the options the
+ * lk_harness check() leaves at their defaults (no weight, Gemma's offset, dx over dy).
+ * harness.c builds `llmkern check` on it; tests/test_rms_norm.c calls it directly. */
+#ifndef LLMKERN_RMS_NORM_CHECK_H
+#define LLMKERN_RMS_NORM_CHECK_H
+
+#include "ops/harness.h"
+
+typedef struct {
+    int no_weight;          /* weight.data = NULL: y = x̂, no dweight */
+    float weight_offset;    /* 1: Gemma's y = x̂·(1 + w) */
+    int inplace_dx;         /* dx written over dy */
+    double eps;             /* 0: 1e-6 */
+} lk_rms_norm_case;
+
+/* The error of each output: y, dx, dweight (0 without a weight). */
+typedef struct {
+    double y, dx, dweight;
+} lk_rms_norm_errors;
+
+/* Runs impl forward and backward on fresh random inputs of shape (all but the last dim
+ * are rows), outputs poisoned first, and compares with the reference computed from the
+ * same dtype-rounded inputs. Fills row (pass = worst error <= tol) and, if not NULL,
+ * err. Returns the facade's status if a pass fails, LK_ENOMEM if buffers cannot be had. */
+lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, uint64_t seed,
+                                 const lk_rms_norm_case *c, lk_check_row *row, lk_rms_norm_errors *err);
+
+/* The tolerance for impl in dt (see the table in harness.c). */
+double lk_rms_norm_tol(const lk_impl *impl, lk_dtype dt);
+
+#endif

@@ -1,0 +1,196 @@
+/* fused.c — `fused` RMSNorm on the CPU: one pass over memory each way.
+ *
+ * Forward, per row: the sum of squares (f32), rstd saved as f32 [rows], y written while
+ * the row is still in L1. Backward, per row: Σ dy·w·x, then dx and the row's share of
+ * dweight while x and dy are still in cache. Rows are split statically over OpenMP
+ * threads; each thread sums dweight into its own f32 buffer from the arena, and the
+ * buffers are added in thread order at the end, so a run is deterministic for a given
+ * thread count. bf16 is loaded to f32, computed in f32 and rounded once on the store.
+ *
+ * Reached through lk_rms_norm_forward / lk_rms_norm_backward (rms_norm.c), which have
+ * validated every argument and reserved workspace_bytes in ctx->arena.
+ *
+ * Memory-bound: at 8192x4096 it moves the five tensor passes at about the machine's
+ * memcpy rate. Tried and dropped for no measurable gain: software prefetch of the next
+ * row during the second pass, and an f32 copy of off + w for the backward. */
+#include <math.h>
+#include <omp.h>
+#include "llmkern/rms_norm.h"
+#include "simd.h"
+
+/* Outputs larger than this are streamed past the caches: they are evicted before anyone
+ * reads them back, and a streaming store skips the read of each destination line that
+ * an ordinary store costs (five tensor passes instead of seven forward+backward; at
+ * 8192x4096 f32 on a 2-core EPYC, 36 ms -> 23 ms). */
+#define FUSED_NT_BYTES ((size_t)16 << 20)
+/* Fewer elements than this run on one thread: waking the team costs more. */
+#define FUSED_PAR_MIN ((int64_t)1 << 15)
+
+#define INLINE static inline __attribute__((always_inline))
+
+static int64_t round16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+
+static int use_streaming(const void *out, int64_t rows, int64_t n, lk_dtype dt) {
+    size_t row_bytes = (size_t)n * lk_dtype_size(dt);
+    return LK_V16_NATIVE && (size_t)rows * row_bytes >= FUSED_NT_BYTES && row_bytes % 64 == 0 &&
+           (uintptr_t)out % 64 == 0;
+}
+
+/* Σ a·b over a row (b may be a itself), four accumulators to cover the FMA latency. */
+INLINE float row_dot(const void *a, const void *b, lk_dtype dt, int64_t n) {
+    lk_v16 s0 = lk_v16_set1(0), s1 = s0, s2 = s0, s3 = s0;
+    int64_t j = 0;
+    for (; j + 64 <= n; j += 64) {
+        s0 = lk_v16_fma(lk_v16_load(a, dt, j, 16), lk_v16_load(b, dt, j, 16), s0);
+        s1 = lk_v16_fma(lk_v16_load(a, dt, j + 16, 16), lk_v16_load(b, dt, j + 16, 16), s1);
+        s2 = lk_v16_fma(lk_v16_load(a, dt, j + 32, 16), lk_v16_load(b, dt, j + 32, 16), s2);
+        s3 = lk_v16_fma(lk_v16_load(a, dt, j + 48, 16), lk_v16_load(b, dt, j + 48, 16), s3);
+    }
+    for (; j < n; j += 16) {
+        int k = n - j < 16 ? (int)(n - j) : 16;
+        s0 = lk_v16_fma(lk_v16_load(a, dt, j, k), lk_v16_load(b, dt, j, k), s0);
+    }
+    return lk_v16_sum(lk_v16_add(lk_v16_add(s0, s1), lk_v16_add(s2, s3)));
+}
+
+/* Σ dy·(off + w)·x over a row: the backward's one reduction. */
+INLINE float row_dot_weighted(const void *dy, const void *w, float off, const void *x,
+                              lk_dtype dt, int64_t n) {
+    if (w == NULL) return row_dot(dy, x, dt, n);
+    lk_v16 s0 = lk_v16_set1(0), s1 = s0, vo = lk_v16_set1(off);
+    int64_t j = 0;
+    for (; j + 32 <= n; j += 32) {
+        lk_v16 g0 = lk_v16_mul(lk_v16_load(dy, dt, j, 16), lk_v16_add(lk_v16_load(w, dt, j, 16), vo));
+        lk_v16 g1 = lk_v16_mul(lk_v16_load(dy, dt, j + 16, 16), lk_v16_add(lk_v16_load(w, dt, j + 16, 16), vo));
+        s0 = lk_v16_fma(g0, lk_v16_load(x, dt, j, 16), s0);
+        s1 = lk_v16_fma(g1, lk_v16_load(x, dt, j + 16, 16), s1);
+    }
+    for (; j < n; j += 16) {
+        int k = n - j < 16 ? (int)(n - j) : 16;
+        lk_v16 g = lk_v16_mul(lk_v16_load(dy, dt, j, k), lk_v16_add(lk_v16_load(w, dt, j, k), vo));
+        s0 = lk_v16_fma(g, lk_v16_load(x, dt, j, k), s0);
+    }
+    return lk_v16_sum(lk_v16_add(s0, s1));
+}
+
+INLINE void row_forward(const void *x, const void *w, float off, void *y, lk_dtype dt, int64_t n,
+                        float rs, int nt) {
+    lk_v16 vr = lk_v16_set1(rs), vo = lk_v16_set1(off);
+    for (int64_t j = 0; j < n; j += 16) {
+        int k = n - j < 16 ? (int)(n - j) : 16;
+        lk_v16 v = lk_v16_mul(lk_v16_load(x, dt, j, k), vr);
+        if (w) v = lk_v16_mul(v, lk_v16_add(lk_v16_load(w, dt, j, k), vo));
+        lk_v16_store(y, dt, j, v, k, nt);
+    }
+}
+
+/* dx = rs·(g − x̂·m) with g = dy·(off + w), x̂ = x·rs; dwp += dy·x̂. Element j of dy is
+ * read before element j of dx is written, so dx may be dy. */
+INLINE void row_backward(const void *x, const void *w, float off, const void *dy, void *dx,
+                         float *dwp, lk_dtype dt, int64_t n, float rs, float m, int nt) {
+    lk_v16 vr = lk_v16_set1(rs), vm = lk_v16_set1(m), vo = lk_v16_set1(off);
+    for (int64_t j = 0; j < n; j += 16) {
+        int k = n - j < 16 ? (int)(n - j) : 16;
+        lk_v16 d = lk_v16_load(dy, dt, j, k);
+        lk_v16 xh = lk_v16_mul(lk_v16_load(x, dt, j, k), vr);
+        lk_v16 g = w ? lk_v16_mul(d, lk_v16_add(lk_v16_load(w, dt, j, k), vo)) : d;
+        if (dwp) lk_v16_store(dwp, LK_F32, j, lk_v16_fma(d, xh, lk_v16_load(dwp, LK_F32, j, k)), k, 0);
+        lk_v16_store(dx, dt, j, lk_v16_mul(lk_v16_fnma(xh, vm, g), vr), k, nt);
+    }
+}
+
+INLINE void forward_rows(const lk_rms_norm_args *a, lk_dtype dt, int64_t rows, int64_t n) {
+    size_t rb = (size_t)n * lk_dtype_size(dt);
+    const char *x = a->x.data;
+    char *y = a->y.data;
+    const void *w = a->weight.data;
+    float *rstd = a->saved.data, off = a->weight_offset;
+    int nt = use_streaming(y, rows, n, dt);
+    #pragma omp parallel if (rows * n >= FUSED_PAR_MIN)
+    {
+        #pragma omp for schedule(static) nowait
+        for (int64_t r = 0; r < rows; r++) {
+            const char *xr = x + r * rb;
+            float rs = (float)(1.0 / sqrt((double)row_dot(xr, xr, dt, n) / (double)n + a->eps));
+            rstd[r] = rs;
+            row_forward(xr, w, off, y + r * rb, dt, n, rs, nt);
+        }
+        if (nt) lk_v16_fence();
+    }
+}
+
+INLINE void backward_rows(const lk_rms_norm_args *a, lk_dtype dt, int64_t rows, int64_t n,
+                          float *partials, int threads) {
+    size_t rb = (size_t)n * lk_dtype_size(dt);
+    const char *x = a->x.data, *dy = a->dy.data;
+    char *dx = a->dx.data;
+    const void *w = a->weight.data;
+    const float *rstd = a->saved.data;
+    float off = a->weight_offset;
+    int64_t stride = round16(n);
+    int nt = use_streaming(dx, rows, n, dt);
+    #pragma omp parallel num_threads(threads) if (rows * n >= FUSED_PAR_MIN)
+    {
+        int team = omp_get_num_threads();
+        float *dwp = partials ? partials + omp_get_thread_num() * stride : NULL;
+        if (dwp)
+            for (int64_t j = 0; j < n; j++) dwp[j] = 0.0f;
+        #pragma omp for schedule(static) nowait
+        for (int64_t r = 0; r < rows; r++) {
+            const char *xr = x + r * rb, *dyr = dy + r * rb;
+            float rs = rstd[r];
+            float m = rs * row_dot_weighted(dyr, w, off, xr, dt, n) / (float)n;   /* mean(g·x̂) */
+            row_backward(xr, w, off, dyr, dx + r * rb, dwp, dt, n, rs, m, nt);
+        }
+        if (nt) lk_v16_fence();
+        if (partials) {
+            #pragma omp barrier
+            #pragma omp for schedule(static)
+            for (int64_t j = 0; j < n; j += 16) {
+                int k = n - j < 16 ? (int)(n - j) : 16;
+                lk_v16 s = lk_v16_load(partials, LK_F32, j, k);
+                for (int t = 1; t < team; t++) s = lk_v16_add(s, lk_v16_load(partials + t * stride, LK_F32, j, k));
+                lk_v16_store(a->dweight.data, dt, j, s, k, 0);
+            }
+        }
+    }
+}
+
+static size_t fused_saved_bytes(int64_t rows, int64_t n, lk_dtype dt) {
+    return (size_t)rows * sizeof(float);
+}
+
+/* One f32 dweight buffer per thread for the backward; the forward needs nothing. */
+static size_t fused_workspace_bytes(int64_t rows, int64_t n, lk_dtype dt, int backward) {
+    return backward ? (size_t)lk_get_num_threads() * (size_t)round16(n) * sizeof(float) : 0;
+}
+
+static lk_status fused_forward(const lk_rms_norm_args *a, lk_ctx *ctx) {
+    int64_t n = a->x.shape[a->x.ndim - 1], rows = lk_tensor_numel(&a->x) / n;
+    if (a->x.dtype == LK_F32) forward_rows(a, LK_F32, rows, n);
+    else forward_rows(a, LK_BF16, rows, n);
+    return LK_OK;
+}
+
+static lk_status fused_backward(const lk_rms_norm_args *a, lk_ctx *ctx) {
+    int64_t n = a->x.shape[a->x.ndim - 1], rows = lk_tensor_numel(&a->x) / n;
+    int threads = lk_get_num_threads();
+    float *partials = NULL;
+    if (a->weight.data && a->dweight.data) {
+        partials = lk_arena_alloc(ctx->arena, fused_workspace_bytes(rows, n, a->x.dtype, 1));
+        if (partials == NULL)
+            return lk_error(LK_EINTERNAL, "rms_norm: fused: workspace for %d threads was not reserved",
+                            threads);
+    }
+    if (a->x.dtype == LK_F32) backward_rows(a, LK_F32, rows, n, partials, threads);
+    else backward_rows(a, LK_BF16, rows, n, partials, threads);
+    return LK_OK;
+}
+
+const lk_rms_norm_vtable lk_rms_norm_fused_vtable = {
+    .version = LK_RMS_NORM_VTABLE_VERSION,
+    .saved_bytes = fused_saved_bytes,
+    .workspace_bytes = fused_workspace_bytes,
+    .forward = fused_forward,
+    .backward = fused_backward,
+};

@@ -1,0 +1,226 @@
+/* harness.c — RMSNorm for `llmkern check` and `llmkern bench` (lk_rms_norm_harness,
+ * listed in src/ops/harness.c), and the comparison tests/test_rms_norm.c runs
+ * (check.h). check: one implementation against the float64 reference (reference.c) on
+ * fresh random inputs; bench: forward, backward and both, timed, with GB/s counted
+ * from the tensor passes the op cannot avoid. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "check.h"
+#include "reference.h"
+
+/* Tolerances on max|got − ref| / max|ref|, worst of y, dx and dweight.
+ * f32: every implementation computes in f32 with f32 accumulation; its error is a few
+ *   ulps (6e-8) times the growth of a sum over n ≤ ~4k terms, ~1e-6. 1e-5 leaves room
+ *   and still catches a wrong eps, offset or a missing term (errors of 1e-3 and up).
+ * bf16, fused and eager_fp32: f32 math, one rounding of each output, at most 2^-8 =
+ *   3.9e-3 of an element; 1e-2.
+ * bf16, eager: every intermediate is rounded to bf16 (the longest chain is dx: g, g·x,
+ *   Σ, −½·d·r³, /n, 2x·dm, +, six or seven roundings of up to 2^-8 that can add), so
+ *   ~2.7e-2 worst case; 4e-2. A wrong formula still misses by O(1). */
+static const struct {
+    const char *impl;
+    lk_dtype dt;
+    double tol;
+} tols[] = {
+    {"eager", LK_BF16, 4e-2},
+    {NULL, LK_F32, 1e-5},       /* any other implementation */
+    {NULL, LK_BF16, 1e-2},
+};
+
+double lk_rms_norm_tol(const lk_impl *impl, lk_dtype dt) {
+    for (size_t i = 0; i < sizeof tols / sizeof *tols; i++)
+        if (tols[i].dt == dt && (!tols[i].impl || strcmp(tols[i].impl, impl->name) == 0))
+            return tols[i].tol;
+    return 1e-2;
+}
+
+/* dx = rstd·(g − x̂·mean(g·x̂)) is a difference: for a row of one element the two terms
+ * cancel to ~eps, and max|dx| says nothing about how well it was computed. So dx's
+ * error is measured against the size of its first term, max|rstd·g|, as well as
+ * max|dx| (they agree for every row that is not nearly cancelled). NaN gives +inf. */
+static double dx_err(const void *got, lk_dtype dt, const double *ref, const double *rstd,
+                     const double *dy, const double *w, double off, int64_t rows, int64_t n) {
+    double max_err = 0.0, scale = 0.0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < n; j++) {
+            int64_t i = r * n + j;
+            double g = lk_load(got, dt, i), e = fabs(g - ref[i]);
+            if (isnan(e)) return INFINITY;
+            double t = fabs(rstd[r] * dy[i] * (w ? off + w[j] : 1.0));
+            max_err = fmax(max_err, e);
+            scale = fmax(scale, fmax(t, fabs(ref[i])));
+        }
+    return max_err / (scale > 1e-300 ? scale : 1.0);
+}
+
+static void fill_row(lk_check_row *row, const lk_impl *impl, lk_dtype dt, const lk_shape *shape) {
+    memset(row, 0, sizeof *row);
+    snprintf(row->op, sizeof row->op, "rms_norm");
+    snprintf(row->impl, sizeof row->impl, "%s", impl ? impl->name : "(null)");
+    snprintf(row->dtype, sizeof row->dtype, "%s", lk_dtype_name(dt));
+    lk_shape_format(shape, row->shape, sizeof row->shape);
+    row->max_rel_err = INFINITY;
+    row->tol = impl ? lk_rms_norm_tol(impl, dt) : 0.0;
+}
+
+lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, uint64_t seed,
+                                 const lk_rms_norm_case *c, lk_check_row *row, lk_rms_norm_errors *err) {
+    static const lk_rms_norm_case defaults = {0};
+    if (!c) c = &defaults;
+    fill_row(row, impl, dt, shape);
+    int64_t all = lk_shape_numel(shape), n = shape->d[shape->ndim - 1], rows = all / n;
+    size_t esz = lk_dtype_size(dt), saved_bytes = 0;
+    lk_tensor xt = lk_tensor_view(NULL, dt, shape->ndim, shape->d);
+    lk_status s = lk_rms_norm_saved_bytes(impl, &xt, &saved_bytes);
+    if (s) return s;
+
+    lk_rng rng = lk_rng_make(seed);
+    double *xd = NULL, *wd = NULL, *dyd = NULL;
+    void *x = lk_random_tensor(&rng, dt, all, 1.0f, &xd);
+    void *w = lk_random_tensor(&rng, dt, n, 0.2f, &wd);
+    void *dy = lk_random_tensor(&rng, dt, all, 1.0f, &dyd);
+    void *y = malloc((size_t)all * esz), *dx = malloc((size_t)all * esz), *dw = malloc((size_t)n * esz);
+    void *saved = malloc(saved_bytes ? saved_bytes : 1);
+    double *ref = malloc(sizeof(double) * (size_t)(2 * all + n + rows));
+    lk_arena arena = {0};
+    if (!x || !w || !dy || !y || !dx || !dw || !saved || !ref) {
+        s = lk_error(LK_ENOMEM, "rms_norm: check: out of memory for shape %s", row->shape);
+        goto done;
+    }
+    double *yref = ref, *dxref = ref + all, *dwref = ref + 2 * all, *rstd = dwref + n;
+    /* weights around 1, or around 0 when the offset supplies the 1 */
+    for (int64_t j = 0; j < n; j++) {
+        lk_store(w, dt, j, (c->weight_offset != 0.0f ? 0.0 : 1.0) + wd[j]);
+        wd[j] = lk_load(w, dt, j);
+    }
+    const double *wref = c->no_weight ? NULL : wd;
+    double eps = c->eps > 0 ? c->eps : 1e-6;
+    lk_rms_norm_ref_forward(xd, wref, c->weight_offset, eps, rows, n, yref, rstd);
+    lk_rms_norm_ref_backward(xd, wref, c->weight_offset, eps, dyd, rows, n, dxref, dwref);
+
+    lk_poison(y, dt, all);
+    lk_poison(dw, dt, n);
+    memset(saved, 0xff, saved_bytes);       /* NaN in f32 and bf16 alike */
+    if (c->inplace_dx) memcpy(dx, dy, (size_t)all * esz);
+    else lk_poison(dx, dt, all);
+    xt.data = x;
+    lk_rms_norm_args a = {
+        .x = xt, .y = lk_tensor_view(y, dt, shape->ndim, shape->d),
+        .dy = lk_tensor_view(c->inplace_dx ? dx : dy, dt, shape->ndim, shape->d),
+        .dx = lk_tensor_view(dx, dt, shape->ndim, shape->d),
+        .weight = lk_tensor_1d(c->no_weight ? NULL : w, dt, n), .dweight = lk_tensor_1d(dw, dt, n),
+        .saved = {saved, saved_bytes}, .eps = eps, .weight_offset = c->weight_offset,
+        .inplace_dx = c->inplace_dx,
+    };
+    lk_ctx ctx = lk_ctx_cpu(&arena);
+    if ((s = lk_rms_norm_forward(impl, &a, &ctx)) || (s = lk_rms_norm_backward(impl, &a, &ctx))) goto done;
+
+    lk_rms_norm_errors e = {
+        .y = lk_rel_err(y, dt, yref, all),
+        .dx = dx_err(dx, dt, dxref, rstd, dyd, wref, c->weight_offset, rows, n),
+        .dweight = c->no_weight ? 0.0 : lk_rel_err(dw, dt, dwref, n),
+    };
+    row->max_rel_err = fmax(e.y, fmax(e.dx, e.dweight));
+    if (isnan(e.y) || isnan(e.dx) || isnan(e.dweight)) row->max_rel_err = INFINITY;
+    row->pass = row->max_rel_err <= row->tol;
+    if (err) *err = e;
+done:
+    free(x); free(w); free(dy); free(y); free(dx); free(dw); free(saved); free(ref);
+    free(xd); free(wd); free(dyd);
+    lk_arena_free(&arena);
+    return s;
+}
+
+static lk_status check(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, uint64_t seed,
+                       lk_check_row *row) {
+    return lk_rms_norm_check_case(impl, dt, shape, seed, NULL, row, NULL);
+}
+
+/* --- bench ---------------------------------------------------------------------- */
+
+typedef struct {
+    const lk_impl *impl;
+    lk_rms_norm_args a;
+    lk_ctx ctx;
+} bench_job;
+
+static void run_fwd(void *p) { bench_job *j = p; lk_rms_norm_forward(j->impl, &j->a, &j->ctx); }
+static void run_bwd(void *p) { bench_job *j = p; lk_rms_norm_backward(j->impl, &j->a, &j->ctx); }
+static void run_both(void *p) { run_fwd(p); run_bwd(p); }
+
+/* Cache-line aligned, so a kernel may stream its stores. */
+static void *alloc64(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
+
+static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, const lk_ceilings *ceil,
+                       lk_bench_row rows[3]) {
+    int64_t all = lk_shape_numel(shape), n = shape->d[shape->ndim - 1];
+    size_t esz = lk_dtype_size(dt), tb = (size_t)all * esz, saved_bytes = 0;
+    lk_tensor xt = lk_tensor_view(NULL, dt, shape->ndim, shape->d);
+    lk_status s = lk_rms_norm_saved_bytes(impl, &xt, &saved_bytes);
+    if (s) return s;
+    void *x = alloc64(tb), *dy = alloc64(tb), *y = alloc64(tb), *dx = alloc64(tb);
+    void *w = alloc64((size_t)n * esz), *dw = alloc64((size_t)n * esz), *saved = alloc64(saved_bytes);
+    float *tmp = malloc(tb / esz * sizeof(float));
+    lk_arena arena = {0};
+    if (!x || !dy || !y || !dx || !w || !dw || !saved || !tmp) {
+        s = lk_error(LK_ENOMEM, "rms_norm: bench: out of memory for 4 tensors of %zu bytes", tb);
+        goto done;
+    }
+    lk_rng rng = lk_rng_make(1);
+    lk_rng_normal(&rng, tmp, all, 0.0f, 1.0f);
+    lk_convert(tmp, LK_F32, x, dt, all);
+    lk_rng_normal(&rng, tmp, all, 0.0f, 1.0f);
+    lk_convert(tmp, LK_F32, dy, dt, all);
+    lk_rng_normal(&rng, tmp, n, 1.0f, 0.2f);
+    lk_convert(tmp, LK_F32, w, dt, n);
+    memset(y, 0, tb);               /* first touch outside the timing */
+    memset(dx, 0, tb);
+
+    bench_job j = {.impl = impl, .ctx = lk_ctx_cpu(&arena)};
+    j.a = (lk_rms_norm_args){
+        .x = lk_tensor_view(x, dt, shape->ndim, shape->d), .y = lk_tensor_view(y, dt, shape->ndim, shape->d),
+        .dy = lk_tensor_view(dy, dt, shape->ndim, shape->d), .dx = lk_tensor_view(dx, dt, shape->ndim, shape->d),
+        .weight = lk_tensor_1d(w, dt, n), .dweight = lk_tensor_1d(dw, dt, n),
+        .saved = {saved, saved_bytes}, .eps = 1e-6,
+    };
+    if ((s = lk_rms_norm_forward(impl, &j.a, &j.ctx)) || (s = lk_rms_norm_backward(impl, &j.a, &j.ctx)))
+        goto done;
+
+    static const char *const pass[3] = {"fwd", "bwd", "fwd+bwd"};
+    static const int passes[3] = {2, 3, 5};   /* x→y; x,dy→dx; both */
+    void (*fn[3])(void *) = {run_fwd, run_bwd, run_both};
+    for (int k = 0; k < 3; k++) {
+        lk_bench_row *r = &rows[k];
+        memset(r, 0, sizeof *r);
+        r->ms = lk_time_ms(fn[k], &j, 0.5);
+        snprintf(r->op, sizeof r->op, "rms_norm");
+        snprintf(r->impl, sizeof r->impl, "%s", impl->name);
+        snprintf(r->device, sizeof r->device, "cpu");
+        snprintf(r->dtype, sizeof r->dtype, "%s", lk_dtype_name(dt));
+        lk_shape_format(shape, r->shape, sizeof r->shape);
+        snprintf(r->pass, sizeof r->pass, "%s", pass[k]);
+        r->gbps = (double)passes[k] * (double)tb / (r->ms * 1e6);
+        r->ceiling_fraction = ceil && ceil->copy_gbps > 0 ? r->gbps / ceil->copy_gbps : 0.0;
+        r->peak_bytes = saved_bytes + arena.peak;
+    }
+done:
+    free(x); free(dy); free(y); free(dx); free(w); free(dw); free(saved); free(tmp);
+    lk_arena_free(&arena);
+    return s;
+}
+
+static const lk_shape check_shapes[] = {
+    {2, {1, 1}}, {2, {3, 7}}, {2, {17, 4099}}, {2, {64, 1024}}, {3, {2, 5, 33}},
+};
+
+const lk_harness lk_rms_norm_harness = {
+    .op = LK_OP_RMS_NORM,
+    .check = check,
+    .check_shapes = check_shapes,
+    .n_check_shapes = (int)(sizeof check_shapes / sizeof *check_shapes),
+    .bench = bench,
+    .bench_shape = {2, {8192, 4096}},
+    .dtypes = LK_DTYPE_BIT(LK_F32) | LK_DTYPE_BIT(LK_BF16),
+};

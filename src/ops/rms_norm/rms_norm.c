@@ -1,0 +1,177 @@
+/* rms_norm.c — the RMSNorm facade (include/llmkern/rms_norm.h): every argument is
+ * checked before anything is written, the implementation's workspace is reserved in
+ * ctx->arena and given back after the call. Implementations (eager.c, eager_fp32.c,
+ * fused.c) may therefore assume well-formed, non-overlapping arguments and rows >= 1. */
+#include <math.h>
+#include <stdint.h>
+#include "core/validate.h"
+#include "llmkern/rms_norm.h"
+
+#define OP "rms_norm"
+
+typedef struct {
+    const lk_rms_norm_vtable *vt;
+    int64_t rows, n;
+} shape_info;
+
+static lk_status check_impl(const lk_impl *impl, const lk_rms_norm_vtable **out) {
+    lk_status s = lk_expect_impl(OP, impl, LK_OP_RMS_NORM);
+    if (s) return s;
+    const lk_rms_norm_vtable *vt = impl->vtable;
+    if (vt == NULL || vt->version < 1)
+        return lk_error(LK_EINVAL, OP ": impl: expected a vtable of version >= 1 in '%s', got %s",
+                        impl->name, vt ? "version < 1" : "NULL");
+    if (!vt->saved_bytes || !vt->forward || !vt->backward)
+        return lk_error(LK_EINVAL, OP ": impl: expected saved_bytes, forward and backward in '%s', "
+                        "got a NULL member", impl->name);
+    *out = vt;
+    return LK_OK;
+}
+
+/* x is the tensor the others are measured against; its data is needed unless querying. */
+static lk_status check_x(const lk_impl *impl, const lk_tensor *x, int need_data, shape_info *si) {
+    lk_status s;
+    if ((need_data && (s = lk_expect_present(OP, "x", x))) ||
+        (s = lk_expect_device(OP, "x", x, impl->device)) ||
+        (s = lk_expect_contiguous(OP, "x", x, 1)) ||
+        (s = lk_expect_dtype(OP, "x", x, impl->needs.dtypes)))
+        return s;
+    si->n = x->shape[x->ndim - 1];
+    if (si->n < 1)
+        return lk_error(LK_ESHAPE, OP ": x: expected a last dim >= 1, got %lld", (long long)si->n);
+    si->rows = lk_tensor_numel(x) / si->n;
+    return LK_OK;
+}
+
+/* A tensor shaped and typed like x, on x's device. */
+static lk_status check_like_x(const lk_impl *impl, const char *arg, const lk_tensor *t, const lk_tensor *x) {
+    lk_status s;
+    if ((s = lk_expect_present(OP, arg, t)) || (s = lk_expect_device(OP, arg, t, impl->device)) ||
+        (s = lk_expect_contiguous(OP, arg, t, 1)) || (s = lk_expect_like(OP, arg, t, x)))
+        return s;
+    return LK_OK;
+}
+
+/* An [n] vector in the dtype of x (weight, dweight). */
+static lk_status check_vector(const lk_impl *impl, const char *arg, const lk_tensor *t, const lk_tensor *x,
+                              int64_t n) {
+    lk_status s;
+    if ((s = lk_expect_device(OP, arg, t, impl->device)) || (s = lk_expect_contiguous(OP, arg, t, 1)) ||
+        (s = lk_expect_shape(OP, arg, t, 1, &n)) || (s = lk_expect_dtype_eq(OP, arg, t, x->dtype)))
+        return s;
+    return LK_OK;
+}
+
+static int overlap(const void *a, size_t na, const void *b, size_t nb) {
+    uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
+    return a && b && na && nb && pa < pb + nb && pb < pa + na;
+}
+
+/* An output must not share memory with anything else the call reads or writes. */
+static lk_status expect_apart(const char *arg, const void *p, size_t np, const char *other,
+                              const void *q, size_t nq) {
+    if (overlap(p, np, q, nq))
+        return lk_error(LK_EINVAL, OP ": %s: expected memory apart from %s, got an overlap", arg, other);
+    return LK_OK;
+}
+
+static lk_status check_saved(const lk_rms_norm_args *a, const shape_info *si) {
+    size_t need = si->vt->saved_bytes(si->rows, si->n, a->x.dtype);
+    if (need > 0 && a->saved.data == NULL)
+        return lk_error(LK_EINVAL, OP ": saved: expected %zu bytes (lk_rms_norm_saved_bytes), got NULL data",
+                        need);
+    if (a->saved.bytes < need)
+        return lk_error(LK_EINVAL, OP ": saved: expected at least %zu bytes, got %zu", need, a->saved.bytes);
+    return LK_OK;
+}
+
+/* What both passes check: impl, args, ctx, x, weight, eps, saved. */
+static lk_status check_common(const lk_impl *impl, const lk_rms_norm_args *a, const lk_ctx *ctx,
+                              shape_info *si) {
+    lk_status s = check_impl(impl, &si->vt);
+    if (s) return s;
+    if (a == NULL) return lk_error(LK_EINVAL, OP ": args: expected arguments, got NULL");
+    if (ctx == NULL) return lk_error(LK_EINVAL, OP ": ctx: expected a context, got NULL");
+    if (ctx->device.type != impl->device)
+        return lk_error(LK_EDEVICE, OP ": ctx.device: expected %s for '%s', got %s",
+                        lk_device_name(impl->device), impl->name, lk_device_name(ctx->device.type));
+    if ((s = check_x(impl, &a->x, 1, si))) return s;
+    if (a->weight.data && (s = check_vector(impl, "weight", &a->weight, &a->x, si->n))) return s;
+    if (!(a->eps > 0.0) || !isfinite(a->eps))
+        return lk_error(LK_EINVAL, OP ": eps: expected a finite value > 0, got %g", a->eps);
+    if (!isfinite(a->weight_offset))
+        return lk_error(LK_EINVAL, OP ": weight_offset: expected a finite value, got %g",
+                        (double)a->weight_offset);
+    return check_saved(a, si);
+}
+
+/* Reserves the workspace, runs one pass, and gives the workspace back. */
+static lk_status run(const shape_info *si, int backward, const lk_rms_norm_args *a, lk_ctx *ctx) {
+    const lk_rms_norm_vtable *vt = si->vt;
+    size_t ws = vt->workspace_bytes ? vt->workspace_bytes(si->rows, si->n, a->x.dtype, backward) : 0;
+    if (ws > 0 && ctx->arena == NULL)
+        return lk_error(LK_EINVAL, OP ": ctx.arena: expected an arena for %zu bytes of workspace, got NULL",
+                        ws);
+    lk_status s;
+    if (ws > 0 && (s = lk_arena_reserve(ctx->arena, ws))) return s;
+    size_t mark = ctx->arena ? ctx->arena->used : 0;
+    s = backward ? vt->backward(a, ctx) : vt->forward(a, ctx);
+    if (ctx->arena) lk_arena_release(ctx->arena, mark);
+    return s;
+}
+
+lk_status lk_rms_norm_saved_bytes(const lk_impl *impl, const lk_tensor *x, size_t *bytes) {
+    shape_info si;
+    lk_status s = check_impl(impl, &si.vt);
+    if (s) return s;
+    if (x == NULL) return lk_error(LK_EINVAL, OP ": x: expected a tensor, got NULL");
+    if (bytes == NULL) return lk_error(LK_EINVAL, OP ": bytes: expected somewhere to write, got NULL");
+    if ((s = check_x(impl, x, 0, &si))) return s;
+    *bytes = si.vt->saved_bytes(si.rows, si.n, x->dtype);
+    return LK_OK;
+}
+
+lk_status lk_rms_norm_forward(const lk_impl *impl, const lk_rms_norm_args *a, lk_ctx *ctx) {
+    shape_info si;
+    lk_status s = check_common(impl, a, ctx, &si);
+    if (s || (s = check_like_x(impl, "y", &a->y, &a->x))) return s;
+    size_t tb = lk_tensor_bytes(&a->x), wb = a->weight.data ? lk_tensor_bytes(&a->weight) : 0;
+    if ((s = expect_apart("y", a->y.data, tb, "x", a->x.data, tb)) ||
+        (s = expect_apart("y", a->y.data, tb, "weight", a->weight.data, wb)) ||
+        (s = expect_apart("y", a->y.data, tb, "saved", a->saved.data, a->saved.bytes)) ||
+        (s = expect_apart("saved", a->saved.data, a->saved.bytes, "x", a->x.data, tb)) ||
+        (s = expect_apart("saved", a->saved.data, a->saved.bytes, "weight", a->weight.data, wb)))
+        return s;
+    if (si.rows == 0) return LK_OK;
+    return run(&si, 0, a, ctx);
+}
+
+lk_status lk_rms_norm_backward(const lk_impl *impl, const lk_rms_norm_args *a, lk_ctx *ctx) {
+    shape_info si;
+    lk_status s = check_common(impl, a, ctx, &si);
+    if (s || (s = check_like_x(impl, "dy", &a->dy, &a->x)) || (s = check_like_x(impl, "dx", &a->dx, &a->x)))
+        return s;
+    int want_dw = a->weight.data != NULL && a->dweight.data != NULL;
+    if (want_dw && (s = check_vector(impl, "dweight", &a->dweight, &a->x, si.n))) return s;
+    size_t tb = lk_tensor_bytes(&a->x), wb = a->weight.data ? lk_tensor_bytes(&a->weight) : 0;
+    size_t dwb = want_dw ? wb : 0, sb = a->saved.bytes;
+    if (a->inplace_dx && a->dx.data != a->dy.data)
+        return lk_error(LK_EINVAL, OP ": dx: inplace_dx expects dx.data == dy.data, got %p and %p",
+                        a->dx.data, a->dy.data);
+    if ((!a->inplace_dx && (s = expect_apart("dx", a->dx.data, tb, "dy (set inplace_dx to write over it)",
+                                             a->dy.data, tb))) ||
+        (s = expect_apart("dx", a->dx.data, tb, "x", a->x.data, tb)) ||
+        (s = expect_apart("dx", a->dx.data, tb, "weight", a->weight.data, wb)) ||
+        (s = expect_apart("dx", a->dx.data, tb, "saved", a->saved.data, sb)) ||
+        (s = expect_apart("dweight", a->dweight.data, dwb, "x", a->x.data, tb)) ||
+        (s = expect_apart("dweight", a->dweight.data, dwb, "dy", a->dy.data, tb)) ||
+        (s = expect_apart("dweight", a->dweight.data, dwb, "dx", a->dx.data, tb)) ||
+        (s = expect_apart("dweight", a->dweight.data, dwb, "weight", a->weight.data, wb)) ||
+        (s = expect_apart("dweight", a->dweight.data, dwb, "saved", a->saved.data, sb)))
+        return s;
+    if (si.rows == 0) {             /* no rows: dx is empty and dweight a sum of nothing */
+        for (int64_t j = 0; want_dw && j < si.n; j++) lk_store(a->dweight.data, a->dweight.dtype, j, 0.0);
+        return LK_OK;
+    }
+    return run(&si, 1, a, ctx);
+}

@@ -1,0 +1,158 @@
+/* swiglu_mlp.c — the SwiGLU MLP facade (include/llmkern/swiglu_mlp.h): every argument is
+ * checked before anything is written, the implementation's workspace is reserved in
+ * ctx->arena and given back after the call. Implementations (eager.c, fused.c) may
+ * assume well-formed, non-overlapping arguments and T >= 1. */
+#include <math.h>
+#include "core/validate.h"
+#include "llmkern/swiglu_mlp.h"
+#include "ops/linear/dense.h"
+
+#define OP "swiglu_mlp"
+
+typedef struct {
+    const lk_swiglu_mlp_vtable *vt;
+    int64_t tokens, hidden, inter;
+} dims;
+
+static lk_status check_impl(const lk_impl *impl, const lk_swiglu_mlp_vtable **out) {
+    lk_status s = lk_expect_impl(OP, impl, LK_OP_SWIGLU_MLP);
+    if (s) return s;
+    const lk_swiglu_mlp_vtable *vt = impl->vtable;
+    if (vt == NULL || vt->version < 1)
+        return lk_error(LK_EINVAL, OP ": impl: expected a vtable of version >= 1 in '%s', got %s",
+                        impl->name, vt ? "version < 1" : "NULL");
+    if (!vt->saved_bytes || !vt->forward || !vt->backward)
+        return lk_error(LK_EINVAL, OP ": impl: expected saved_bytes, forward and backward in '%s', "
+                        "got a NULL member", impl->name);
+    *out = vt;
+    return LK_OK;
+}
+
+/* x and gate_up_weight fix T, H and I; their data is needed unless querying. */
+static lk_status check_x_gu(const lk_impl *impl, const lk_tensor *x, const lk_tensor *gu, int need_data, dims *d) {
+    lk_status s;
+    if ((need_data && (s = lk_expect_present(OP, "x", x))) || (s = lk_expect_device(OP, "x", x, impl->device)) ||
+        (s = lk_expect_contiguous(OP, "x", x, 1)) || (s = lk_expect_dtype(OP, "x", x, impl->needs.dtypes)))
+        return s;
+    d->hidden = x->shape[x->ndim - 1];
+    if (d->hidden < 1) return lk_error(LK_ESHAPE, OP ": x: expected a last dim H >= 1, got %lld", (long long)d->hidden);
+    d->tokens = lk_tensor_numel(x) / d->hidden;
+    if ((need_data && (s = lk_expect_present(OP, "gate_up_weight", gu))) ||
+        (s = lk_expect_device(OP, "gate_up_weight", gu, impl->device)) ||
+        (s = lk_expect_contiguous(OP, "gate_up_weight", gu, 2)))
+        return s;
+    if (gu->ndim != 2 || gu->shape[1] != d->hidden || gu->shape[0] < 2 || gu->shape[0] % 2) {
+        char buf[96];
+        return lk_error(LK_ESHAPE, OP ": gate_up_weight: expected shape [2I, %lld] (I >= 1, H = x's last dim), "
+                        "got %s", (long long)d->hidden, lk_shape_str(gu, buf, sizeof buf));
+    }
+    d->inter = gu->shape[0] / 2;
+    return lk_expect_dtype_eq(OP, "gate_up_weight", gu, x->dtype);
+}
+
+static lk_status check_tensor(const lk_impl *impl, const char *arg, const lk_tensor *t, int ndim,
+                              const int64_t *shape, unsigned dtypes) {
+    lk_status s;
+    if ((s = lk_expect_present(OP, arg, t)) || (s = lk_expect_device(OP, arg, t, impl->device)) ||
+        (s = lk_expect_contiguous(OP, arg, t, 1)) || (s = lk_expect_shape(OP, arg, t, ndim, shape)) ||
+        (s = lk_expect_dtype(OP, arg, t, dtypes)))
+        return s;
+    return LK_OK;
+}
+
+static lk_status check_common(const lk_impl *impl, const lk_swiglu_mlp_args *a, const lk_ctx *ctx, dims *d) {
+    lk_status s = check_impl(impl, &d->vt);
+    if (s) return s;
+    if (a == NULL) return lk_error(LK_EINVAL, OP ": args: expected arguments, got NULL");
+    if (ctx == NULL) return lk_error(LK_EINVAL, OP ": ctx: expected a context, got NULL");
+    if (ctx->device.type != impl->device)
+        return lk_error(LK_EDEVICE, OP ": ctx.device: expected %s for '%s', got %s",
+                        lk_device_name(impl->device), impl->name, lk_device_name(ctx->device.type));
+    if ((s = check_x_gu(impl, &a->x, &a->gate_up_weight, 1, d))) return s;
+    int64_t dws[2] = {d->hidden, d->inter};
+    if ((s = check_tensor(impl, "down_weight", &a->down_weight, 2, dws, LK_DTYPE_BIT(a->x.dtype)))) return s;
+    if (!(a->swiglu_limit >= 0.0f) || !isfinite(a->swiglu_limit))
+        return lk_error(LK_EINVAL, OP ": swiglu_limit: expected a finite value >= 0 (0 = off), got %g",
+                        (double)a->swiglu_limit);
+    size_t need = d->vt->saved_bytes(d->tokens, d->hidden, d->inter, a->x.dtype);
+    if (need > 0 && (a->saved.data == NULL || a->saved.bytes < need))
+        return lk_error(LK_EINVAL, OP ": saved: expected %zu bytes (lk_swiglu_mlp_saved_bytes), got %zu%s", need,
+                        a->saved.bytes, a->saved.data ? "" : " and NULL data");
+    return LK_OK;
+}
+
+static size_t bytes_of(const lk_tensor *t) { return t->data ? lk_tensor_bytes(t) : 0; }
+
+static lk_status run(const dims *d, int backward, const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
+    size_t ws = d->vt->workspace_bytes ? d->vt->workspace_bytes(a, backward) : 0;
+    if (ws > 0 && ctx->arena == NULL)
+        return lk_error(LK_EINVAL, OP ": ctx.arena: expected an arena for %zu bytes of workspace, got NULL", ws);
+    lk_status s;
+    if (ws > 0 && (s = lk_arena_reserve(ctx->arena, ws))) return s;
+    size_t mark = ctx->arena ? ctx->arena->used : 0;
+    s = backward ? d->vt->backward(a, ctx) : d->vt->forward(a, ctx);
+    if (ctx->arena) lk_arena_release(ctx->arena, mark);
+    return s;
+}
+
+lk_status lk_swiglu_mlp_saved_bytes(const lk_impl *impl, const lk_tensor *x, const lk_tensor *gate_up_weight,
+                                    size_t *bytes) {
+    dims d;
+    lk_status s = check_impl(impl, &d.vt);
+    if (s) return s;
+    if (x == NULL || gate_up_weight == NULL)
+        return lk_error(LK_EINVAL, OP ": %s: expected a tensor, got NULL", x ? "gate_up_weight" : "x");
+    if (bytes == NULL) return lk_error(LK_EINVAL, OP ": bytes: expected somewhere to write, got NULL");
+    if ((s = check_x_gu(impl, x, gate_up_weight, 0, &d))) return s;
+    *bytes = d.vt->saved_bytes(d.tokens, d.hidden, d.inter, x->dtype);
+    return LK_OK;
+}
+
+lk_status lk_swiglu_mlp_workspace_bytes(const lk_impl *impl, const lk_swiglu_mlp_args *a, int backward,
+                                        size_t *bytes) {
+    dims d;
+    lk_status s = check_impl(impl, &d.vt);
+    if (s) return s;
+    if (a == NULL || bytes == NULL)
+        return lk_error(LK_EINVAL, OP ": %s: expected a pointer, got NULL", a ? "bytes" : "args");
+    if ((s = check_x_gu(impl, &a->x, &a->gate_up_weight, 0, &d))) return s;
+    *bytes = d.vt->workspace_bytes ? d.vt->workspace_bytes(a, backward) : 0;
+    return LK_OK;
+}
+
+lk_status lk_swiglu_mlp_forward(const lk_impl *impl, const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
+    dims d;
+    lk_status s = check_common(impl, a, ctx, &d);
+    if (s || (s = check_tensor(impl, "out", &a->out, a->x.ndim, a->x.shape, LK_DTYPE_BIT(a->x.dtype)))) return s;
+    const lk_region outs[] = {{"out", a->out.data, bytes_of(&a->out)}, {"saved", a->saved.data, a->saved.bytes}};
+    const lk_region ins[] = {{"x", a->x.data, bytes_of(&a->x)},
+                             {"gate_up_weight", a->gate_up_weight.data, bytes_of(&a->gate_up_weight)},
+                             {"down_weight", a->down_weight.data, bytes_of(&a->down_weight)}};
+    if ((s = lk_regions_apart(OP, outs, 2, ins, 3))) return s;
+    if (d.tokens == 0) return LK_OK;
+    return run(&d, 0, a, ctx);
+}
+
+lk_status lk_swiglu_mlp_backward(const lk_impl *impl, const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
+    dims d;
+    lk_status s = check_common(impl, a, ctx, &d);
+    if (s) return s;
+    unsigned xdt = LK_DTYPE_BIT(a->x.dtype), gdt = xdt | LK_DTYPE_BIT(LK_F32);
+    int64_t gus[2] = {2 * d.inter, d.hidden}, dws[2] = {d.hidden, d.inter};
+    if ((s = check_tensor(impl, "dout", &a->dout, a->x.ndim, a->x.shape, xdt)) ||
+        (s = check_tensor(impl, "dx", &a->dx, a->x.ndim, a->x.shape, xdt)) ||
+        (a->d_gate_up_weight.data && (s = check_tensor(impl, "d_gate_up_weight", &a->d_gate_up_weight, 2, gus, gdt))) ||
+        (a->d_down_weight.data && (s = check_tensor(impl, "d_down_weight", &a->d_down_weight, 2, dws, gdt))))
+        return s;
+    const lk_region outs[] = {{"dx", a->dx.data, bytes_of(&a->dx)},
+                              {"d_gate_up_weight", a->d_gate_up_weight.data, bytes_of(&a->d_gate_up_weight)},
+                              {"d_down_weight", a->d_down_weight.data, bytes_of(&a->d_down_weight)}};
+    const lk_region ins[] = {{"x", a->x.data, bytes_of(&a->x)},
+                             {"gate_up_weight", a->gate_up_weight.data, bytes_of(&a->gate_up_weight)},
+                             {"down_weight", a->down_weight.data, bytes_of(&a->down_weight)},
+                             {"dout", a->dout.data, bytes_of(&a->dout)},
+                             {"saved", a->saved.data, a->saved.bytes}};
+    if ((s = lk_regions_apart(OP, outs, 3, ins, 5))) return s;
+    if (d.tokens == 0) return LK_OK;
+    return run(&d, 1, a, ctx);
+}

@@ -1,0 +1,483 @@
+/* test_rms_norm.c — RMSNorm: every CPU implementation in f32 and bf16 against the float64
+ * reference (odd widths, 1x1, 4099, 3-D, a size that streams its stores), without a
+ * weight, with Gemma's offset, dx over dy, finite-difference gradients, poisoned outputs,
+ * and bad arguments (each a status, an error naming the argument, outputs untouched).
+ * Run: ctest -R test_rms_norm, or ./build/test_rms_norm. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "llmkern/llmkern.h"
+#include "ops/harness.h"
+#include "ops/rms_norm/check.h"
+#include "ops/rms_norm/reference.h"
+
+static const char *const names[] = {"eager", "eager_fp32", "fused"};
+#define N_NAMES (sizeof names / sizeof *names)
+static const lk_dtype dtypes[] = {LK_F32, LK_BF16};
+
+static const lk_impl *impl_named(const char *name) {
+    const lk_impl *impl = lk_impl_find(LK_OP_RMS_NORM, name, LK_DEVICE_CPU);
+    assert_non_null(impl);
+    return impl;
+}
+
+/* The tolerances of harness.c, restated where they are asserted:
+ *   f32: f32 math throughout, a few ulps of sums over ~4k terms (~1e-6 seen);
+ *   bf16: one rounding of each output, at most 2^-8 = 3.9e-3 of an element;
+ *   bf16 eager: up to seven chained bf16 roundings on the way to dx. */
+static double tol_for(const char *impl, lk_dtype dt) {
+    if (dt == LK_F32) return 1e-5;
+    return strcmp(impl, "eager") == 0 ? 4e-2 : 1e-2;
+}
+
+static lk_shape shape2(int64_t rows, int64_t n) { return (lk_shape){2, {rows, n}}; }
+
+/* One comparison, printed, and asserted against tol_for. */
+static void expect_matches(const char *name, lk_dtype dt, lk_shape shape, const lk_rms_norm_case *c,
+                           uint64_t seed) {
+    lk_check_row row;
+    lk_rms_norm_errors e;
+    lk_status s = lk_rms_norm_check_case(impl_named(name), dt, &shape, seed, c, &row, &e);
+    if (s) print_error("%s\n", lk_last_error());
+    assert_int_equal(s, LK_OK);
+    double tol = tol_for(name, dt);
+    print_message("  %-10s %-4s %-10s y %.2e  dx %.2e  dw %.2e  (tol %.0e)%s%s%s\n", name,
+                  lk_dtype_name(dt), row.shape, e.y, e.dx, e.dweight, tol,
+                  c && c->no_weight ? " no weight" : "", c && c->weight_offset ? " offset 1" : "",
+                  c && c->inplace_dx ? " inplace" : "");
+    assert_true(e.y <= tol);
+    assert_true(e.dx <= tol);
+    assert_true(e.dweight <= tol);
+    assert_true(row.tol == tol);       /* the harness table says the same */
+    assert_true(row.pass);
+}
+
+/* --- against the reference ------------------------------------------------------ */
+
+static void every_impl_matches_reference(void **state) {
+    (void)state;
+    static const lk_shape shapes[] = {
+        {2, {1, 1}}, {2, {3, 7}}, {2, {5, 33}}, {2, {4, 1023}}, {2, {3, 4099}}, {3, {2, 3, 65}},
+        {2, {64, 1024}},
+    };
+    for (size_t i = 0; i < N_NAMES; i++)
+        for (size_t d = 0; d < 2; d++)
+            for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++)
+                expect_matches(names[i], dtypes[d], shapes[k], NULL, 100 + k);
+}
+
+/* Every CPU row of the registry is one of the names above, so none goes untested. */
+static void registry_has_the_three(void **state) {
+    (void)state;
+    int found = 0;
+    for (int i = 0; i < lk_impl_count(); i++) {
+        const lk_impl *impl = lk_impl_at(i);
+        if (impl->op != LK_OP_RMS_NORM || impl->device != LK_DEVICE_CPU) continue;
+        int known = 0;
+        for (size_t k = 0; k < N_NAMES; k++) known |= strcmp(impl->name, names[k]) == 0;
+        assert_true(known);
+        found++;
+    }
+    assert_int_equal(found, (int)N_NAMES);
+}
+
+/* 1024x4096 f32 is 16 MiB an output: fused streams its stores past the cache there. */
+static void large_rows_stream(void **state) {
+    (void)state;
+    lk_rms_norm_case inplace = {.inplace_dx = 1};
+    expect_matches("fused", LK_F32, shape2(1024, 4096), NULL, 7);
+    expect_matches("fused", LK_F32, shape2(1024, 4096), &inplace, 7);
+    expect_matches("fused", LK_BF16, shape2(2048, 4096), NULL, 8);
+}
+
+static void weight_absent(void **state) {
+    (void)state;
+    lk_rms_norm_case c = {.no_weight = 1};
+    for (size_t i = 0; i < N_NAMES; i++)
+        for (size_t d = 0; d < 2; d++) {
+            expect_matches(names[i], dtypes[d], shape2(7, 33), &c, 21);
+            expect_matches(names[i], dtypes[d], shape2(4, 1023), &c, 22);
+        }
+}
+
+static void weight_offset_one(void **state) {
+    (void)state;
+    lk_rms_norm_case c = {.weight_offset = 1.0f};
+    for (size_t i = 0; i < N_NAMES; i++)
+        for (size_t d = 0; d < 2; d++) {
+            expect_matches(names[i], dtypes[d], shape2(7, 33), &c, 31);
+            expect_matches(names[i], dtypes[d], shape2(4, 1023), &c, 32);
+        }
+}
+
+/* --- a fixture of plain buffers for the tests that drive the facade directly ------ */
+
+typedef struct {
+    int64_t rows, n;
+    lk_dtype dt;
+    void *x, *w, *y, *dy, *dx, *dw, *saved;
+    size_t saved_bytes;
+    lk_arena arena;
+    lk_ctx ctx;
+    lk_rms_norm_args a;
+    const lk_impl *impl;
+} fixture;
+
+static void fx_init(fixture *f, const char *name, lk_dtype dt, int64_t rows, int64_t n, uint64_t seed) {
+    memset(f, 0, sizeof *f);
+    f->rows = rows, f->n = n, f->dt = dt, f->impl = impl_named(name);
+    lk_rng rng = lk_rng_make(seed);
+    size_t tb = (size_t)(rows * n) * lk_dtype_size(dt), vb = (size_t)n * lk_dtype_size(dt);
+    f->x = lk_random_tensor(&rng, dt, rows * n, 1.0f, NULL);
+    f->dy = lk_random_tensor(&rng, dt, rows * n, 1.0f, NULL);
+    f->w = lk_random_tensor(&rng, dt, n, 0.2f, NULL);
+    for (int64_t j = 0; j < n; j++) lk_store(f->w, dt, j, 1.0 + lk_load(f->w, dt, j));
+    f->y = malloc(tb ? tb : 1), f->dx = malloc(tb ? tb : 1), f->dw = malloc(vb);
+    lk_tensor xt = lk_tensor_2d(f->x, dt, rows, n);
+    assert_int_equal(lk_rms_norm_saved_bytes(f->impl, &xt, &f->saved_bytes), LK_OK);
+    f->saved = malloc(f->saved_bytes ? f->saved_bytes : 1);
+    f->ctx = lk_ctx_cpu(&f->arena);
+    f->a = (lk_rms_norm_args){
+        .x = xt, .weight = lk_tensor_1d(f->w, dt, n), .y = lk_tensor_2d(f->y, dt, rows, n),
+        .dy = lk_tensor_2d(f->dy, dt, rows, n), .dx = lk_tensor_2d(f->dx, dt, rows, n),
+        .dweight = lk_tensor_1d(f->dw, dt, n), .saved = {f->saved, f->saved_bytes}, .eps = 1e-6,
+    };
+}
+
+static void fx_free(fixture *f) {
+    free(f->x); free(f->w); free(f->y); free(f->dy); free(f->dx); free(f->dw); free(f->saved);
+    lk_arena_free(&f->arena);
+}
+
+static size_t tensor_bytes(const fixture *f) { return (size_t)(f->rows * f->n) * lk_dtype_size(f->dt); }
+
+/* dx over dy gives bit for bit what dx beside dy gives. */
+static void inplace_dx_matches_out_of_place(void **state) {
+    (void)state;
+    for (size_t i = 0; i < N_NAMES; i++)
+        for (size_t d = 0; d < 2; d++) {
+            fixture f;
+            fx_init(&f, names[i], dtypes[d], 9, 1031, 41);
+            size_t tb = tensor_bytes(&f), vb = (size_t)f.n * lk_dtype_size(f.dt);
+            assert_int_equal(lk_rms_norm_forward(f.impl, &f.a, &f.ctx), LK_OK);
+            assert_int_equal(lk_rms_norm_backward(f.impl, &f.a, &f.ctx), LK_OK);
+            void *dx_out = malloc(tb), *dw_out = malloc(vb);
+            memcpy(dx_out, f.dx, tb);
+            memcpy(dw_out, f.dw, vb);
+
+            f.a.dx.data = f.a.dy.data;
+            f.a.inplace_dx = 1;
+            lk_poison(f.dw, f.dt, f.n);
+            assert_int_equal(lk_rms_norm_backward(f.impl, &f.a, &f.ctx), LK_OK);
+            assert_memory_equal(f.dy, dx_out, tb);      /* exact: same arithmetic, same order */
+            assert_memory_equal(f.dw, dw_out, vb);
+            free(dx_out); free(dw_out);
+            fx_free(&f);
+        }
+    lk_rms_norm_case c = {.inplace_dx = 1};
+    for (size_t i = 0; i < N_NAMES; i++) expect_matches(names[i], LK_F32, shape2(5, 257), &c, 42);
+}
+
+/* --- finite differences ----------------------------------------------------------- */
+
+/* L = Σ y·g in double, for the gradient checks: dL/dx = dx and dL/dw = dweight when dy = g. */
+static double loss_ref(const double *x, const double *w, double off, const double *g, int64_t rows,
+                       int64_t n, double *ybuf) {
+    lk_rms_norm_ref_forward(x, w, off, 1e-6, rows, n, ybuf, NULL);
+    double L = 0;
+    for (int64_t i = 0; i < rows * n; i++) L += ybuf[i] * g[i];
+    return L;
+}
+
+/* The oracle itself: its analytic gradients against central differences of its forward. */
+static void reference_gradients_match_finite_differences(void **state) {
+    (void)state;
+    enum { R = 3, N = 7 };
+    for (int offset = 0; offset <= 1; offset++) {
+        double x[R * N], w[N], g[R * N], dx[R * N], dw[N], y[R * N];
+        lk_rng rng = lk_rng_make(51 + offset);
+        float tmp[R * N * 2 + N];
+        lk_rng_normal(&rng, tmp, R * N * 2 + N, 0.0f, 1.0f);
+        for (int i = 0; i < R * N; i++) x[i] = tmp[i], g[i] = tmp[R * N + i];
+        for (int j = 0; j < N; j++) w[j] = (offset ? 0.0 : 1.0) + 0.2 * tmp[2 * R * N + j];
+        lk_rms_norm_ref_backward(x, w, offset, 1e-6, g, R, N, dx, dw);
+        const double h = 1e-5;
+        double worst = 0;
+        for (int i = 0; i < R * N; i++) {
+            double keep = x[i];
+            x[i] = keep + h; double lp = loss_ref(x, w, offset, g, R, N, y);
+            x[i] = keep - h; double lm = loss_ref(x, w, offset, g, R, N, y);
+            x[i] = keep;
+            worst = fmax(worst, fabs((lp - lm) / (2 * h) - dx[i]));
+        }
+        for (int j = 0; j < N; j++) {
+            double keep = w[j];
+            w[j] = keep + h; double lp = loss_ref(x, w, offset, g, R, N, y);
+            w[j] = keep - h; double lm = loss_ref(x, w, offset, g, R, N, y);
+            w[j] = keep;
+            worst = fmax(worst, fabs((lp - lm) / (2 * h) - dw[j]));
+        }
+        print_message("  reference offset %d: worst |fd - analytic| %.2e\n", offset, worst);
+        /* double: h² truncation (1e-10) plus 1e-16/h rounding (1e-11) on O(1) gradients */
+        assert_true(worst < 1e-7);
+    }
+}
+
+/* Each implementation in f32: dx and dweight against central differences of its own
+ * forward, L = Σ y·g accumulated in double. h = 1e-2 trades the f32 rounding of y
+ * (~1e-7·|L| / h) against the h² truncation (~1e-4). */
+static void impl_gradients_match_finite_differences(void **state) {
+    (void)state;
+    for (size_t i = 0; i < N_NAMES; i++)
+        for (int offset = 0; offset <= 1; offset++) {
+            fixture f;
+            fx_init(&f, names[i], LK_F32, 3, 9, 61 + offset);
+            f.a.weight_offset = (float)offset;
+            float *x = f.x, *w = f.w, *g = f.dy, *y = f.y;
+            if (offset)
+                for (int64_t j = 0; j < f.n; j++) w[j] -= 1.0f;
+            assert_int_equal(lk_rms_norm_forward(f.impl, &f.a, &f.ctx), LK_OK);
+            assert_int_equal(lk_rms_norm_backward(f.impl, &f.a, &f.ctx), LK_OK);
+            const float *dx = f.dx, *dw = f.dw;
+            const float h = 1e-2f;
+            double worst = 0, scale = 0;
+            float *params[2] = {x, w};
+            const float *grads[2] = {dx, dw};
+            int64_t counts[2] = {f.rows * f.n, f.n};
+            for (int p = 0; p < 2; p++)
+                for (int64_t k = 0; k < counts[p]; k++) {
+                    float keep = params[p][k];
+                    double L[2];
+                    for (int side = 0; side < 2; side++) {
+                        params[p][k] = keep + (side ? -h : h);
+                        assert_int_equal(lk_rms_norm_forward(f.impl, &f.a, &f.ctx), LK_OK);
+                        L[side] = 0;
+                        for (int64_t e = 0; e < f.rows * f.n; e++) L[side] += (double)y[e] * g[e];
+                    }
+                    params[p][k] = keep;
+                    worst = fmax(worst, fabs((L[0] - L[1]) / (2.0 * h) - grads[p][k]));
+                    scale = fmax(scale, fabs(grads[p][k]));
+                }
+            print_message("  %-10s offset %d: worst |fd - analytic| / max|grad| %.2e\n", names[i], offset,
+                          worst / scale);
+            /* f32, h = 1e-2: ≤ ~1e-4 expected (1e-5 seen); a missing or wrong term costs > 1e-1 */
+            assert_true(worst / scale < 1e-3);
+            fx_free(&f);
+        }
+}
+
+/* --- poisoned outputs -------------------------------------------------------------- */
+
+/* Outputs start as NaN; every element must be written (and nothing else touched). */
+static void poisoned_outputs_are_all_written(void **state) {
+    (void)state;
+    for (size_t i = 0; i < N_NAMES; i++)
+        for (size_t d = 0; d < 2; d++) {
+            fixture f;
+            fx_init(&f, names[i], dtypes[d], 13, 77, 71);
+            int64_t all = f.rows * f.n;
+            lk_poison(f.y, f.dt, all);
+            lk_poison(f.dx, f.dt, all);
+            lk_poison(f.dw, f.dt, f.n);
+            memset(f.saved, 0xff, f.saved_bytes);
+            assert_true(isinf(lk_rel_err(f.y, f.dt, (double[1]){0}, 1)));  /* the detector detects */
+            assert_int_equal(lk_rms_norm_forward(f.impl, &f.a, &f.ctx), LK_OK);
+            assert_int_equal(lk_rms_norm_backward(f.impl, &f.a, &f.ctx), LK_OK);
+            for (int64_t k = 0; k < all; k++) {
+                assert_false(isnan(lk_load(f.y, f.dt, k)));
+                assert_false(isnan(lk_load(f.dx, f.dt, k)));
+            }
+            for (int64_t j = 0; j < f.n; j++) assert_false(isnan(lk_load(f.dw, f.dt, j)));
+            fx_free(&f);
+        }
+}
+
+/* No rows: nothing to normalize, and dweight is a sum of nothing. */
+static void zero_rows(void **state) {
+    (void)state;
+    for (size_t i = 0; i < N_NAMES; i++) {
+        fixture f;
+        fx_init(&f, names[i], LK_F32, 0, 8, 81);
+        lk_poison(f.dw, f.dt, f.n);
+        assert_int_equal(lk_rms_norm_forward(f.impl, &f.a, &f.ctx), LK_OK);
+        assert_int_equal(lk_rms_norm_backward(f.impl, &f.a, &f.ctx), LK_OK);
+        for (int64_t j = 0; j < f.n; j++) assert_true(((float *)f.dw)[j] == 0.0f);
+        fx_free(&f);
+    }
+}
+
+/* fused sums dweight per thread and then in thread order: two runs agree bit for bit. */
+static void fused_dweight_is_deterministic(void **state) {
+    (void)state;
+    fixture f;
+    fx_init(&f, "fused", LK_F32, 257, 1000, 91);
+    assert_int_equal(lk_rms_norm_forward(f.impl, &f.a, &f.ctx), LK_OK);
+    assert_int_equal(lk_rms_norm_backward(f.impl, &f.a, &f.ctx), LK_OK);
+    float first[1000];
+    memcpy(first, f.dw, sizeof first);
+    assert_int_equal(lk_rms_norm_backward(f.impl, &f.a, &f.ctx), LK_OK);
+    assert_memory_equal(first, f.dw, sizeof first);
+    fx_free(&f);
+}
+
+/* --- bad arguments ------------------------------------------------------------------ */
+
+#define SENTINEL 0x5a
+
+static void fill_sentinel(fixture *f) {
+    memset(f->y, SENTINEL, tensor_bytes(f));
+    memset(f->dx, SENTINEL, tensor_bytes(f));
+    memset(f->dw, SENTINEL, (size_t)f->n * lk_dtype_size(f->dt));
+    memset(f->saved, SENTINEL, f->saved_bytes);
+}
+
+static int untouched(const void *p, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (((const unsigned char *)p)[i] != SENTINEL) return 0;
+    return 1;
+}
+
+/* Runs the pass, expects status and an error naming arg, and every output untouched. */
+static void expect_refused(fixture *f, const lk_impl *impl, const lk_rms_norm_args *a, lk_ctx *ctx,
+                           int backward, lk_status want, const char *arg) {
+    fill_sentinel(f);
+    lk_status s = backward ? lk_rms_norm_backward(impl, a, ctx) : lk_rms_norm_forward(impl, a, ctx);
+    print_message("  %s %-3s -> %s: %s\n", impl ? impl->name : "(null)", backward ? "bwd" : "fwd",
+                  lk_status_name(s), lk_last_error());
+    assert_int_equal(s, want);
+    assert_non_null(strstr(lk_last_error(), "rms_norm"));
+    assert_non_null(strstr(lk_last_error(), arg));
+    assert_true(untouched(f->y, tensor_bytes(f)));
+    assert_true(untouched(f->dx, tensor_bytes(f)));
+    assert_true(untouched(f->dw, (size_t)f->n * lk_dtype_size(f->dt)));
+    assert_true(untouched(f->saved, f->saved_bytes));
+}
+
+static void bad_arguments_are_refused(void **state) {
+    (void)state;
+    for (size_t i = 0; i < N_NAMES; i++) {
+        fixture f;
+        fx_init(&f, names[i], LK_F32, 4, 16, 101);
+        const lk_impl *impl = f.impl;
+        lk_rms_norm_args a;
+
+        for (int bwd = 0; bwd <= 1; bwd++) {
+            a = f.a;                                    /* wrong weight shape */
+            a.weight.shape[0] = 15;
+            expect_refused(&f, impl, &a, &f.ctx, bwd, LK_ESHAPE, "weight");
+            a = f.a;                                    /* unsupported dtype */
+            a.x.dtype = a.y.dtype = a.weight.dtype = a.dy.dtype = a.dx.dtype = a.dweight.dtype = LK_I32;
+            expect_refused(&f, impl, &a, &f.ctx, bwd, LK_EDTYPE, "x");
+            a = f.a;                                    /* non-contiguous x */
+            a.x.stride[0] = 32;
+            expect_refused(&f, impl, &a, &f.ctx, bwd, LK_ESHAPE, "x");
+            a = f.a;                                    /* NULL data */
+            a.x.data = NULL;
+            expect_refused(&f, impl, &a, &f.ctx, bwd, LK_EINVAL, "x");
+            a = f.a;                                    /* eps <= 0, and not a number */
+            a.eps = 0.0;
+            expect_refused(&f, impl, &a, &f.ctx, bwd, LK_EINVAL, "eps");
+            a.eps = -1e-6;
+            expect_refused(&f, impl, &a, &f.ctx, bwd, LK_EINVAL, "eps");
+            a.eps = NAN;
+            expect_refused(&f, impl, &a, &f.ctx, bwd, LK_EINVAL, "eps");
+            a = f.a;                                    /* saved too small, or absent */
+            a.saved.bytes = f.saved_bytes - 1;
+            expect_refused(&f, impl, &a, &f.ctx, bwd, LK_EINVAL, "saved");
+            a.saved = (lk_saved){NULL, f.saved_bytes};
+            expect_refused(&f, impl, &a, &f.ctx, bwd, LK_EINVAL, "saved");
+            a = f.a;                                    /* a tensor on another device */
+            a.x.device.type = LK_DEVICE_CUDA;
+            expect_refused(&f, impl, &a, &f.ctx, bwd, LK_EDEVICE, "x");
+        }
+
+        a = f.a;                                        /* dtype mismatch: x f32, y bf16 */
+        a.y.dtype = LK_BF16;
+        expect_refused(&f, impl, &a, &f.ctx, 0, LK_EDTYPE, "y");
+        a = f.a;                                        /* y shaped unlike x */
+        a.y = lk_tensor_2d(f.y, f.dt, f.rows, f.n / 2);
+        expect_refused(&f, impl, &a, &f.ctx, 0, LK_ESHAPE, "y");
+        a = f.a;                                        /* y over x */
+        a.y.data = a.x.data;
+        expect_refused(&f, impl, &a, &f.ctx, 0, LK_EINVAL, "y");
+        a = f.a;                                        /* dy in the wrong dtype */
+        a.dy.dtype = LK_BF16;
+        expect_refused(&f, impl, &a, &f.ctx, 1, LK_EDTYPE, "dy");
+        a = f.a;                                        /* dweight of the wrong length */
+        a.dweight.shape[0] = 17;
+        expect_refused(&f, impl, &a, &f.ctx, 1, LK_ESHAPE, "dweight");
+        a = f.a;                                        /* inplace_dx, but dx is not dy */
+        a.inplace_dx = 1;
+        expect_refused(&f, impl, &a, &f.ctx, 1, LK_EINVAL, "dx");
+        a = f.a;                                        /* dx over dy without inplace_dx */
+        a.dx.data = a.dy.data;
+        memset(f.dy, SENTINEL, tensor_bytes(&f));       /* so that dy is seen untouched too */
+        expect_refused(&f, impl, &a, &f.ctx, 1, LK_EINVAL, "dx");
+        assert_true(untouched(f.dy, tensor_bytes(&f)));
+
+        lk_impl other = *impl;                          /* an implementation of another op */
+        other.op = LK_OP_ROPE;
+        expect_refused(&f, &other, &f.a, &f.ctx, 0, LK_EINVAL, "impl");
+        expect_refused(&f, NULL, &f.a, &f.ctx, 1, LK_EINVAL, "impl");
+        lk_rms_norm_vtable old = *(const lk_rms_norm_vtable *)impl->vtable;   /* a bad vtable */
+        old.version = 0;
+        other = *impl;
+        other.vtable = &old;
+        expect_refused(&f, &other, &f.a, &f.ctx, 0, LK_EINVAL, "impl");
+        expect_refused(&f, impl, &f.a, NULL, 0, LK_EINVAL, "ctx");
+
+        /* no arena where the implementation needs workspace */
+        const lk_rms_norm_vtable *vt = impl->vtable;
+        lk_ctx bare = lk_ctx_cpu(NULL);
+        for (int bwd = 0; bwd <= 1; bwd++)
+            if (vt->workspace_bytes(f.rows, f.n, f.dt, bwd) > 0)
+                expect_refused(&f, impl, &f.a, &bare, bwd, LK_EINVAL, "ctx.arena");
+        fx_free(&f);
+    }
+}
+
+static void saved_bytes_query(void **state) {
+    (void)state;
+    const lk_impl *fused = impl_named("fused");
+    lk_tensor x = lk_tensor_2d(NULL, LK_F32, 8, 64);
+    size_t bytes = 0;
+    assert_int_equal(lk_rms_norm_saved_bytes(fused, &x, &bytes), LK_OK);  /* data not needed */
+    assert_int_equal(bytes, 8 * sizeof(float));                          /* rstd per row */
+    assert_int_equal(lk_rms_norm_saved_bytes(fused, NULL, &bytes), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "x"));
+    assert_int_equal(lk_rms_norm_saved_bytes(fused, &x, NULL), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "bytes"));
+    x.dtype = LK_I64;
+    assert_int_equal(lk_rms_norm_saved_bytes(fused, &x, &bytes), LK_EDTYPE);
+    assert_non_null(strstr(lk_last_error(), "x"));
+}
+
+static int setup(void **state) {
+    (void)state;
+    return lk_init() == LK_OK ? 0 : -1;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(registry_has_the_three),
+        cmocka_unit_test(every_impl_matches_reference),
+        cmocka_unit_test(large_rows_stream),
+        cmocka_unit_test(weight_absent),
+        cmocka_unit_test(weight_offset_one),
+        cmocka_unit_test(inplace_dx_matches_out_of_place),
+        cmocka_unit_test(reference_gradients_match_finite_differences),
+        cmocka_unit_test(impl_gradients_match_finite_differences),
+        cmocka_unit_test(poisoned_outputs_are_all_written),
+        cmocka_unit_test(zero_rows),
+        cmocka_unit_test(fused_dweight_is_deterministic),
+        cmocka_unit_test(bad_arguments_are_refused),
+        cmocka_unit_test(saved_bytes_query),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}

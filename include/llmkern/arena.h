@@ -23,7 +23,8 @@ typedef struct {
 /* Makes sure `bytes` more can be handed out after the current `used`; grows only when
  * needed, and only while nothing is handed out (growing moves the block). */
 lk_status lk_arena_reserve(lk_arena *a, size_t bytes);
-/* A 64-byte aligned piece, or NULL when the reservation was too small. */
+/* A 64-byte aligned piece, or NULL when the reservation was too small. Zero bytes give
+ * a valid pointer that must not be dereferenced, never NULL. */
 void *lk_arena_alloc(lk_arena *a, size_t bytes);
 /* Everything handed out since `mark` (a value of a->used) is given back. */
 void lk_arena_release(lk_arena *a, size_t mark);

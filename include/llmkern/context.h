@@ -26,6 +26,12 @@ typedef struct lk_ctx {
     lk_rng *rng;
 } lk_ctx;
 
+/* For op facades: reserves `bytes` of workspace in ctx->arena for one call (an error
+ * naming op when bytes > 0 and there is no arena) and gives the mark that
+ * lk_ctx_workspace_end releases to after the call. */
+lk_status lk_ctx_workspace_begin(lk_ctx *ctx, const char *op, size_t bytes, size_t *mark);
+void lk_ctx_workspace_end(lk_ctx *ctx, size_t mark);
+
 /* A CPU context over an arena the caller owns. */
 lk_ctx lk_ctx_cpu(lk_arena *arena);
 

@@ -21,6 +21,8 @@ lk_status lk_arena_reserve(lk_arena *a, size_t bytes) {
 }
 
 void *lk_arena_alloc(lk_arena *a, size_t bytes) {
+    static unsigned char nothing[LK_ARENA_ALIGN] __attribute__((aligned(LK_ARENA_ALIGN)));
+    if (bytes == 0) return a->base ? a->base + a->used : nothing;   /* empty, but not "no room" */
     size_t n = round_up(bytes);
     if (a->base == NULL || a->used + n > a->cap) return NULL;
     void *p = a->base + a->used;

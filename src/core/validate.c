@@ -1,4 +1,5 @@
 /* validate.c — argument checks shared by every op facade (see validate.h). */
+#include <stdint.h>
 #include <stdio.h>
 #include "core/validate.h"
 
@@ -67,8 +68,33 @@ lk_status lk_expect_device(const char *op, const char *arg, const lk_tensor *t, 
 
 lk_status lk_expect_impl(const char *op, const lk_impl *impl, lk_op want) {
     if (impl == NULL) return lk_error(LK_EINVAL, "%s: impl: expected an implementation, got NULL", op);
-    if (impl->op != want)
+    if (impl->op != want) {
+        const lk_op_info *got = lk_op_info_get(impl->op);
         return lk_error(LK_EINVAL, "%s: impl: expected an implementation of %s, got '%s' of %s", op,
-                        lk_op_info_get(want)->name, impl->name, lk_op_info_get(impl->op)->name);
+                        lk_op_info_get(want)->name, impl->name ? impl->name : "(unnamed)",
+                        got ? got->name : "no known op");
+    }
+    if (impl->vtable == NULL || *(const int *)impl->vtable < 1)
+        return lk_error(LK_EINVAL, "%s: impl: expected a vtable of version >= 1 in '%s', got %s", op,
+                        impl->name ? impl->name : "(unnamed)", impl->vtable ? "version < 1" : "NULL");
+    return LK_OK;
+}
+
+static int overlap(const lk_region *a, const lk_region *b) {
+    uintptr_t pa = (uintptr_t)a->p, pb = (uintptr_t)b->p;
+    return a->p && b->p && a->bytes && b->bytes && pa < pb + b->bytes && pb < pa + a->bytes;
+}
+
+lk_status lk_expect_apart(const char *op, const lk_region *outs, int n_outs, const lk_region *ins, int n_ins) {
+    for (int i = 0; i < n_outs; i++) {
+        for (int j = i + 1; j < n_outs; j++)
+            if (overlap(&outs[i], &outs[j]))
+                return lk_error(LK_EINVAL, "%s: %s: expected memory apart from %s, got an overlap", op,
+                                outs[i].name, outs[j].name);
+        for (int j = 0; j < n_ins; j++)
+            if (overlap(&outs[i], &ins[j]))
+                return lk_error(LK_EINVAL, "%s: %s: expected memory apart from %s, got an overlap", op,
+                                outs[i].name, ins[j].name);
+    }
     return LK_OK;
 }

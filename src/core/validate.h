@@ -21,7 +21,20 @@ lk_status lk_expect_shape(const char *op, const char *arg, const lk_tensor *t, i
 lk_status lk_expect_like(const char *op, const char *arg, const lk_tensor *t, const lk_tensor *like);
 /* t lives on the device of ctx. */
 lk_status lk_expect_device(const char *op, const char *arg, const lk_tensor *t, lk_device_type dev);
-/* impl is an implementation of op. */
+/* impl is an implementation of op, with a vtable whose first member, the int version
+ * every vtable starts with, is at least 1. The facade checks its own members. */
 lk_status lk_expect_impl(const char *op, const lk_impl *impl, lk_op want);
+
+/* A piece of memory an op reads or writes; p NULL or bytes 0 = absent. */
+typedef struct {
+    const char *name;
+    const void *p;
+    size_t bytes;
+} lk_region;
+
+/* Every output apart from every other output and every input; the error names the
+ * output and what it overlaps. An op that allows one exact alias (dx over dy) leaves
+ * that pair out. */
+lk_status lk_expect_apart(const char *op, const lk_region *outs, int n_outs, const lk_region *ins, int n_ins);
 
 #endif

@@ -94,16 +94,51 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-double lk_time_ms(void (*fn)(void *), void *arg, double min_seconds) {
+double lk_time_ms(lk_status (*fn)(void *), void *arg, double min_seconds, lk_status *err) {
     enum { MAX_REPS = 200 };
     double t[MAX_REPS], start = lk_now();
-    fn(arg);                                     /* warm-up: first touch, arena growth */
+    if ((*err = fn(arg))) return 0.0;            /* warm-up: first touch, arena growth */
     int n = 0;
     while (n < MAX_REPS && (n < 3 || lk_now() - start < min_seconds)) {
         double t0 = lk_now();
-        fn(arg);
+        if ((*err = fn(arg))) return 0.0;
         t[n++] = (lk_now() - t0) * 1e3;
     }
     qsort(t, (size_t)n, sizeof *t, cmp_double);
     return t[n / 2];
+}
+
+static lk_status both(void *p) {
+    const lk_bench_spec *b = p;
+    lk_status s = b->fwd(b->job);
+    return s ? s : b->bwd(b->job);
+}
+
+static lk_status fwd_only(void *p) { const lk_bench_spec *b = p; return b->fwd(b->job); }
+static lk_status bwd_only(void *p) { const lk_bench_spec *b = p; return b->bwd(b->job); }
+
+lk_status lk_bench_passes(const lk_bench_spec *b, const lk_ceilings *ceil, lk_bench_row rows[3]) {
+    static const char *const pass[3] = {"fwd", "bwd", "fwd+bwd"};
+    lk_status (*const fn[3])(void *) = {fwd_only, bwd_only, both};
+    double flops[3] = {b->flops[0], b->flops[1], b->flops[0] + b->flops[1]};
+    double bytes[3] = {b->bytes[0], b->bytes[1], b->bytes[0] + b->bytes[1]};
+    for (int k = 0; k < 3; k++) {
+        lk_status s;
+        lk_bench_row *r = &rows[k];
+        memset(r, 0, sizeof *r);
+        r->ms = lk_time_ms(fn[k], (void *)b, 1.0, &s);
+        if (s) return s;
+        snprintf(r->op, sizeof r->op, "%s", b->op);
+        snprintf(r->impl, sizeof r->impl, "%s", b->impl->name);
+        snprintf(r->device, sizeof r->device, "%s", lk_device_name(b->impl->device));
+        snprintf(r->dtype, sizeof r->dtype, "%s", lk_dtype_name(b->dtype));
+        lk_shape_format(b->shape, r->shape, sizeof r->shape);
+        snprintf(r->pass, sizeof r->pass, "%s", pass[k]);
+        r->gbps = bytes[k] / (r->ms * 1e6);
+        r->gflops = flops[k] / (r->ms * 1e6);
+        if (ceil && flops[k] > 0 && ceil->gemm_gflops > 0) r->ceiling_fraction = r->gflops / ceil->gemm_gflops;
+        else if (ceil && ceil->copy_gbps > 0) r->ceiling_fraction = r->gbps / ceil->copy_gbps;
+        r->peak_bytes = b->extra_bytes + (b->arena ? b->arena->peak : 0);
+    }
+    return LK_OK;
 }

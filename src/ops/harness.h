@@ -64,7 +64,28 @@ void *lk_random_tensor(lk_rng *rng, lk_dtype dt, int64_t n, float std, double **
 void lk_poison(void *data, lk_dtype dt, int64_t n);
 /* max|got - ref| / max|ref| over n elements; a NaN anywhere gives +inf. */
 double lk_rel_err(const void *got, lk_dtype dt, const double *ref, int64_t n);
-/* Median milliseconds of fn(arg) over enough repetitions (after a warm-up). */
-double lk_time_ms(void (*fn)(void *), void *arg, double min_seconds);
+/* Median milliseconds of fn(arg) over at least 3 runs after a warm-up, more while
+ * min_seconds last. The first failing call stops the timing and its status is returned
+ * in *err (a failed call is never timed as a fast one). */
+double lk_time_ms(lk_status (*fn)(void *), void *arg, double min_seconds, lk_status *err);
+
+/* One implementation's passes, timed: forward, backward, and forward+backward. */
+typedef struct {
+    const char *op;
+    const lk_impl *impl;
+    lk_dtype dtype;
+    const lk_shape *shape;
+    lk_status (*fwd)(void *job);
+    lk_status (*bwd)(void *job);
+    void *job;
+    double flops[2];        /* useful FLOPs per forward and per backward; 0 for memory-bound ops */
+    double bytes[2];        /* bytes that must move per forward and per backward */
+    const lk_arena *arena;  /* the op's workspace: its peak is read after the runs */
+    size_t extra_bytes;     /* held besides the arena: what the forward saves, f32 temporaries */
+} lk_bench_spec;
+
+/* Fills rows[0..2] (fwd, bwd, fwd+bwd): time, GB/s, GFLOP/s, the fraction of the GEMM
+ * ceiling (ops with flops) or of the copy ceiling (the others), and peak extra memory. */
+lk_status lk_bench_passes(const lk_bench_spec *b, const lk_ceilings *ceil, lk_bench_row rows[3]);
 
 #endif

@@ -22,9 +22,6 @@ static lk_status check_impl(const lk_impl *impl, const lk_cross_entropy_vtable *
     lk_status s = lk_expect_impl(OP, impl, LK_OP_CROSS_ENTROPY);
     if (s) return s;
     const lk_cross_entropy_vtable *vt = impl->vtable;
-    if (vt == NULL || vt->version < 1)
-        return lk_error(LK_EINVAL, OP ": impl: expected a vtable of version >= 1 in '%s', got %s", impl->name,
-                        vt ? "version < 1" : "NULL");
     if (!vt->saved_bytes || !vt->forward || !vt->backward)
         return lk_error(LK_EINVAL, OP ": impl: expected saved_bytes, forward and backward in '%s', got a NULL "
                         "member", impl->name);
@@ -147,14 +144,9 @@ static lk_status check_common(const lk_impl *impl, const lk_cross_entropy_args *
     return LK_OK;
 }
 
-static int overlap(const void *a, size_t na, const void *b, size_t nb) {
-    uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
-    return a && b && na && nb && pa < pb + nb && pb < pa + na;
-}
-
 /* Output `arg` must not share memory with the inputs, the saved block or another output. */
 static lk_status expect_apart(const char *arg, const lk_tensor *t, const lk_cross_entropy_args *a) {
-    const struct { const char *name; const void *p; size_t n; } others[] = {
+    const lk_region others[] = {
         {"hidden", a->hidden.data, lk_tensor_bytes(&a->hidden)},
         {"weight", a->weight.data, lk_tensor_bytes(&a->weight)},
         {"labels", a->labels.data, lk_tensor_bytes(&a->labels)},
@@ -167,22 +159,21 @@ static lk_status expect_apart(const char *arg, const lk_tensor *t, const lk_cros
         {"d_hidden", a->d_hidden.data, lk_tensor_bytes(&a->d_hidden)},
         {"d_weight", a->d_weight.data, lk_tensor_bytes(&a->d_weight)},
     };
-    for (size_t i = 0; i < sizeof others / sizeof *others; i++)
-        if (strcmp(others[i].name, arg) != 0 && overlap(t->data, lk_tensor_bytes(t), others[i].p, others[i].n))
-            return lk_error(LK_EINVAL, OP ": %s: expected memory apart from %s, got an overlap", arg, others[i].name);
-    return LK_OK;
+    const lk_region out = {arg, t->data, lk_tensor_bytes(t)};
+    lk_status s = LK_OK;
+    for (size_t i = 0; !s && i < sizeof others / sizeof *others; i++)
+        if (strcmp(others[i].name, arg) != 0) s = lk_expect_apart(OP, &out, 1, &others[i], 1);
+    return s;
 }
 
 static lk_status run(const lk_cross_entropy_vtable *vt, const lk_cross_entropy_dims *d, int backward,
                      const lk_cross_entropy_args *a, lk_ctx *ctx) {
     size_t ws = vt->workspace_bytes ? vt->workspace_bytes(d, backward) : 0;
-    if (ws > 0 && ctx->arena == NULL)
-        return lk_error(LK_EINVAL, OP ": ctx.arena: expected an arena for %zu bytes of workspace, got NULL", ws);
-    lk_status s;
-    if (ws > 0 && (s = lk_arena_reserve(ctx->arena, ws))) return s;
-    size_t mark = ctx->arena ? ctx->arena->used : 0;
+    size_t mark;
+    lk_status s = lk_ctx_workspace_begin(ctx, OP, ws, &mark);
+    if (s) return s;
     s = backward ? vt->backward(a, d, ctx) : vt->forward(a, d, ctx);
-    if (ctx->arena) lk_arena_release(ctx->arena, mark);
+    lk_ctx_workspace_end(ctx, mark);
     return s;
 }
 

@@ -200,20 +200,16 @@ typedef struct {
     const lk_impl *impl;
     lk_cross_entropy_args a;
     lk_ctx ctx;
-    lk_status status;       /* the first failure of a timed call: a failed pass is not a fast one */
 } bench_job;
 
-static void run_fwd(void *p) {
+static lk_status run_fwd(void *p) {
     bench_job *j = p;
-    lk_status s = lk_cross_entropy_forward(j->impl, &j->a, &j->ctx);
-    if (!j->status) j->status = s;
+    return lk_cross_entropy_forward(j->impl, &j->a, &j->ctx);
 }
-static void run_bwd(void *p) {
+static lk_status run_bwd(void *p) {
     bench_job *j = p;
-    lk_status s = lk_cross_entropy_backward(j->impl, &j->a, &j->ctx);
-    if (!j->status) j->status = s;
+    return lk_cross_entropy_backward(j->impl, &j->a, &j->ctx);
 }
-static void run_both(void *p) { run_fwd(p); run_bwd(p); }
 
 static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, const lk_ceilings *ceil,
                        lk_bench_row rows[3]) {
@@ -253,24 +249,10 @@ static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, 
     if ((s = lk_cross_entropy_forward(impl, &j.a, &j.ctx)) || (s = lk_cross_entropy_backward(impl, &j.a, &j.ctx)))
         goto done;
 
-    static const char *const pass[3] = {"fwd", "bwd", "fwd+bwd"};
-    static const double flops[3] = {2.0, 4.0, 6.0};
-    void (*fn[3])(void *) = {run_fwd, run_bwd, run_both};
-    for (int k = 0; k < 3; k++) {
-        lk_bench_row *r = &rows[k];
-        memset(r, 0, sizeof *r);
-        r->ms = lk_time_ms(fn[k], &j, 0.5);
-        if ((s = j.status)) goto done;
-        snprintf(r->op, sizeof r->op, "cross_entropy");
-        snprintf(r->impl, sizeof r->impl, "%s", impl->name);
-        snprintf(r->device, sizeof r->device, "cpu");
-        snprintf(r->dtype, sizeof r->dtype, "%s", lk_dtype_name(dt));
-        lk_shape_format(shape, r->shape, sizeof r->shape);
-        snprintf(r->pass, sizeof r->pass, "%s", pass[k]);
-        r->gflops = flops[k] * (double)T * (double)H * (double)V / (r->ms * 1e6);
-        r->ceiling_fraction = ceil && ceil->gemm_gflops > 0 ? r->gflops / ceil->gemm_gflops : 0.0;
-        r->peak_bytes = sb + arena.peak;
-    }
+    double f = 2.0 * (double)T * (double)H * (double)V;      /* one GEMM of the LM head */
+    lk_bench_spec spec = {.op = "cross_entropy", .impl = impl, .dtype = dt, .shape = shape, .fwd = run_fwd,
+                          .bwd = run_bwd, .job = &j, .flops = {f, 2.0 * f}, .arena = &arena, .extra_bytes = sb};
+    s = lk_bench_passes(&spec, ceil, rows);
 done:
     free(h); free(w); free(labels); free(dh); free(dw); free(u); free(saved);
     lk_arena_free(&arena);

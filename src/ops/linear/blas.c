@@ -7,7 +7,7 @@
  * Reached through lk_linear_forward / lk_linear_backward (linear.c), which validated
  * every argument and reserved workspace_bytes in ctx->arena. */
 #include "llmkern/linear.h"
-#include "ops/linear/dense.h"
+#include "ops/dense.h"
 
 typedef struct {
     int64_t rows, in, out;

@@ -8,7 +8,6 @@
 #include "llmkern/linear.h"
 #include "ops/linear/check.h"
 #include "ops/linear/reference.h"
-#include "ops/linear/timing.h"
 
 /* Tolerances on max|got − ref| / max|ref|, worst of y, dx, dweight and dbias.
  * f32: sgemm sums ≤ ~4k products in f32; blocked summation keeps the error near
@@ -125,8 +124,8 @@ typedef struct {
     lk_ctx ctx;
 } bench_job;
 
-static void run_fwd(void *p) { bench_job *j = p; lk_linear_forward(j->impl, &j->a, &j->ctx); }
-static void run_bwd(void *p) { bench_job *j = p; lk_linear_backward(j->impl, &j->a, &j->ctx); }
+static lk_status run_fwd(void *p) { bench_job *j = p; return lk_linear_forward(j->impl, &j->a, &j->ctx); }
+static lk_status run_bwd(void *p) { bench_job *j = p; return lk_linear_backward(j->impl, &j->a, &j->ctx); }
 
 /* The bench shape is T x I x O; no bias (as in the transformer's projections) and f32
  * gradients (the usual master-gradient buffers of mixed precision). */
@@ -156,9 +155,9 @@ static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, 
     };
     if ((s = lk_linear_forward(impl, &j.a, &j.ctx)) || (s = lk_linear_backward(impl, &j.a, &j.ctx))) goto done;
     double f = 2.0 * (double)t * (double)in * (double)out;
-    lk_dense_bench_spec spec = {.op = "linear", .impl = impl, .dt = dt, .shape = shape, .fwd = run_fwd,
-                                .bwd = run_bwd, .job = &j, .flops_fwd = f, .flops_bwd = 2 * f, .arena = &arena};
-    lk_dense_bench(&spec, ceil, rows);
+    lk_bench_spec spec = {.op = "linear", .impl = impl, .dtype = dt, .shape = shape, .fwd = run_fwd,
+                                .bwd = run_bwd, .job = &j, .flops = {f, 2 * f}, .arena = &arena};
+    s = lk_bench_passes(&spec, ceil, rows);
 done:
     free(x); free(w); free(dy); free(y); free(dx); free(dw);
     lk_arena_free(&arena);

@@ -5,7 +5,7 @@
 #include <string.h>
 #include "core/validate.h"
 #include "llmkern/linear.h"
-#include "ops/linear/dense.h"
+#include "ops/dense.h"
 
 #define OP "linear"
 
@@ -18,9 +18,6 @@ static lk_status check_impl(const lk_impl *impl, const lk_linear_vtable **out) {
     lk_status s = lk_expect_impl(OP, impl, LK_OP_LINEAR);
     if (s) return s;
     const lk_linear_vtable *vt = impl->vtable;
-    if (vt == NULL || vt->version < 1)
-        return lk_error(LK_EINVAL, OP ": impl: expected a vtable of version >= 1 in '%s', got %s",
-                        impl->name, vt ? "version < 1" : "NULL");
     if (!vt->saved_bytes || !vt->forward || !vt->backward)
         return lk_error(LK_EINVAL, OP ": impl: expected saved_bytes, forward and backward in '%s', "
                         "got a NULL member", impl->name);
@@ -88,18 +85,16 @@ static size_t bytes_of(const lk_tensor *t) { return t->data ? lk_tensor_bytes(t)
 /* Reserves the workspace, runs one pass, and gives the workspace back. */
 static lk_status run(const dims *d, int backward, const lk_linear_args *a, lk_ctx *ctx) {
     size_t ws = d->vt->workspace_bytes ? d->vt->workspace_bytes(a, backward) : 0;
-    if (ws > 0 && ctx->arena == NULL)
-        return lk_error(LK_EINVAL, OP ": ctx.arena: expected an arena for %zu bytes of workspace, got NULL", ws);
-    lk_status s;
-    if (ws > 0 && (s = lk_arena_reserve(ctx->arena, ws))) return s;
-    size_t mark = ctx->arena ? ctx->arena->used : 0;
+    size_t mark;
+    lk_status s = lk_ctx_workspace_begin(ctx, OP, ws, &mark);
+    if (s) return s;
     s = backward ? d->vt->backward(a, ctx) : d->vt->forward(a, ctx);
-    if (ctx->arena) lk_arena_release(ctx->arena, mark);
+    lk_ctx_workspace_end(ctx, mark);
     return s;
 }
 
 lk_status lk_linear_saved_bytes(const lk_impl *impl, const lk_tensor *x, const lk_tensor *weight, size_t *bytes) {
-    dims d;
+    dims d = {0};
     lk_status s = check_impl(impl, &d.vt);
     if (s) return s;
     if (x == NULL || weight == NULL)
@@ -111,7 +106,7 @@ lk_status lk_linear_saved_bytes(const lk_impl *impl, const lk_tensor *x, const l
 }
 
 lk_status lk_linear_workspace_bytes(const lk_impl *impl, const lk_linear_args *a, int backward, size_t *bytes) {
-    dims d;
+    dims d = {0};
     lk_status s = check_impl(impl, &d.vt);
     if (s) return s;
     if (a == NULL || bytes == NULL)
@@ -122,7 +117,7 @@ lk_status lk_linear_workspace_bytes(const lk_impl *impl, const lk_linear_args *a
 }
 
 lk_status lk_linear_forward(const lk_impl *impl, const lk_linear_args *a, lk_ctx *ctx) {
-    dims d;
+    dims d = {0};
     lk_status s = check_common(impl, a, ctx, &d);
     if (s) return s;
     int64_t ys[LK_MAX_DIMS];
@@ -131,13 +126,13 @@ lk_status lk_linear_forward(const lk_impl *impl, const lk_linear_args *a, lk_ctx
     const lk_region outs[] = {{"y", a->y.data, bytes_of(&a->y)}, {"saved", a->saved.data, a->saved.bytes}};
     const lk_region ins[] = {{"x", a->x.data, bytes_of(&a->x)}, {"weight", a->weight.data, bytes_of(&a->weight)},
                              {"bias", a->bias.data, bytes_of(&a->bias)}};
-    if ((s = lk_regions_apart(OP, outs, 2, ins, 3))) return s;
+    if ((s = lk_expect_apart(OP, outs, 2, ins, 3))) return s;
     if (d.rows == 0) return LK_OK;
     return run(&d, 0, a, ctx);
 }
 
 lk_status lk_linear_backward(const lk_impl *impl, const lk_linear_args *a, lk_ctx *ctx) {
-    dims d;
+    dims d = {0};
     lk_status s = check_common(impl, a, ctx, &d);
     if (s) return s;
     int64_t ys[LK_MAX_DIMS], ws[2] = {d.out, d.in};
@@ -155,7 +150,7 @@ lk_status lk_linear_backward(const lk_impl *impl, const lk_linear_args *a, lk_ct
     const lk_region ins[] = {{"x", a->x.data, bytes_of(&a->x)}, {"weight", a->weight.data, bytes_of(&a->weight)},
                              {"bias", a->bias.data, bytes_of(&a->bias)}, {"dy", a->dy.data, bytes_of(&a->dy)},
                              {"saved", a->saved.data, a->saved.bytes}};
-    if ((s = lk_regions_apart(OP, outs, 3, ins, 5))) return s;
+    if ((s = lk_expect_apart(OP, outs, 3, ins, 5))) return s;
     if (d.rows == 0) return LK_OK;      /* dx is empty and the gradients gain a sum of nothing */
     return run(&d, 1, a, ctx);
 }

@@ -16,7 +16,7 @@
 #include <math.h>
 #include <omp.h>
 #include "llmkern/rms_norm.h"
-#include "simd.h"
+#include "ops/simd.h"
 
 /* Outputs larger than this are streamed past the caches: they are evicted before anyone
  * reads them back, and a streaming store skips the read of each destination line that

@@ -146,9 +146,8 @@ typedef struct {
     lk_ctx ctx;
 } bench_job;
 
-static void run_fwd(void *p) { bench_job *j = p; lk_rms_norm_forward(j->impl, &j->a, &j->ctx); }
-static void run_bwd(void *p) { bench_job *j = p; lk_rms_norm_backward(j->impl, &j->a, &j->ctx); }
-static void run_both(void *p) { run_fwd(p); run_bwd(p); }
+static lk_status run_fwd(void *p) { bench_job *j = p; return lk_rms_norm_forward(j->impl, &j->a, &j->ctx); }
+static lk_status run_bwd(void *p) { bench_job *j = p; return lk_rms_norm_backward(j->impl, &j->a, &j->ctx); }
 
 /* Cache-line aligned, so a kernel may stream its stores. */
 static void *alloc64(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
@@ -188,23 +187,11 @@ static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, 
     if ((s = lk_rms_norm_forward(impl, &j.a, &j.ctx)) || (s = lk_rms_norm_backward(impl, &j.a, &j.ctx)))
         goto done;
 
-    static const char *const pass[3] = {"fwd", "bwd", "fwd+bwd"};
-    static const int passes[3] = {2, 3, 5};   /* x→y; x,dy→dx; both */
-    void (*fn[3])(void *) = {run_fwd, run_bwd, run_both};
-    for (int k = 0; k < 3; k++) {
-        lk_bench_row *r = &rows[k];
-        memset(r, 0, sizeof *r);
-        r->ms = lk_time_ms(fn[k], &j, 0.5);
-        snprintf(r->op, sizeof r->op, "rms_norm");
-        snprintf(r->impl, sizeof r->impl, "%s", impl->name);
-        snprintf(r->device, sizeof r->device, "cpu");
-        snprintf(r->dtype, sizeof r->dtype, "%s", lk_dtype_name(dt));
-        lk_shape_format(shape, r->shape, sizeof r->shape);
-        snprintf(r->pass, sizeof r->pass, "%s", pass[k]);
-        r->gbps = (double)passes[k] * (double)tb / (r->ms * 1e6);
-        r->ceiling_fraction = ceil && ceil->copy_gbps > 0 ? r->gbps / ceil->copy_gbps : 0.0;
-        r->peak_bytes = saved_bytes + arena.peak;
-    }
+    /* tensor passes: x read, y written; then x, dy read, dx written */
+    lk_bench_spec spec = {.op = "rms_norm", .impl = impl, .dtype = dt, .shape = shape, .fwd = run_fwd,
+                          .bwd = run_bwd, .job = &j, .bytes = {2.0 * (double)tb, 3.0 * (double)tb},
+                          .arena = &arena, .extra_bytes = saved_bytes};
+    s = lk_bench_passes(&spec, ceil, rows);
 done:
     free(x); free(dy); free(y); free(dx); free(w); free(dw); free(saved); free(tmp);
     lk_arena_free(&arena);

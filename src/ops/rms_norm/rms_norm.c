@@ -18,9 +18,6 @@ static lk_status check_impl(const lk_impl *impl, const lk_rms_norm_vtable **out)
     lk_status s = lk_expect_impl(OP, impl, LK_OP_RMS_NORM);
     if (s) return s;
     const lk_rms_norm_vtable *vt = impl->vtable;
-    if (vt == NULL || vt->version < 1)
-        return lk_error(LK_EINVAL, OP ": impl: expected a vtable of version >= 1 in '%s', got %s",
-                        impl->name, vt ? "version < 1" : "NULL");
     if (!vt->saved_bytes || !vt->forward || !vt->backward)
         return lk_error(LK_EINVAL, OP ": impl: expected saved_bytes, forward and backward in '%s', "
                         "got a NULL member", impl->name);
@@ -62,19 +59,6 @@ static lk_status check_vector(const lk_impl *impl, const char *arg, const lk_ten
     return LK_OK;
 }
 
-static int overlap(const void *a, size_t na, const void *b, size_t nb) {
-    uintptr_t pa = (uintptr_t)a, pb = (uintptr_t)b;
-    return a && b && na && nb && pa < pb + nb && pb < pa + na;
-}
-
-/* An output must not share memory with anything else the call reads or writes. */
-static lk_status expect_apart(const char *arg, const void *p, size_t np, const char *other,
-                              const void *q, size_t nq) {
-    if (overlap(p, np, q, nq))
-        return lk_error(LK_EINVAL, OP ": %s: expected memory apart from %s, got an overlap", arg, other);
-    return LK_OK;
-}
-
 static lk_status check_saved(const lk_rms_norm_args *a, const shape_info *si) {
     size_t need = si->vt->saved_bytes(si->rows, si->n, a->x.dtype);
     if (need > 0 && a->saved.data == NULL)
@@ -109,14 +93,11 @@ static lk_status check_common(const lk_impl *impl, const lk_rms_norm_args *a, co
 static lk_status run(const shape_info *si, int backward, const lk_rms_norm_args *a, lk_ctx *ctx) {
     const lk_rms_norm_vtable *vt = si->vt;
     size_t ws = vt->workspace_bytes ? vt->workspace_bytes(si->rows, si->n, a->x.dtype, backward) : 0;
-    if (ws > 0 && ctx->arena == NULL)
-        return lk_error(LK_EINVAL, OP ": ctx.arena: expected an arena for %zu bytes of workspace, got NULL",
-                        ws);
-    lk_status s;
-    if (ws > 0 && (s = lk_arena_reserve(ctx->arena, ws))) return s;
-    size_t mark = ctx->arena ? ctx->arena->used : 0;
+    size_t mark;
+    lk_status s = lk_ctx_workspace_begin(ctx, OP, ws, &mark);
+    if (s) return s;
     s = backward ? vt->backward(a, ctx) : vt->forward(a, ctx);
-    if (ctx->arena) lk_arena_release(ctx->arena, mark);
+    lk_ctx_workspace_end(ctx, mark);
     return s;
 }
 
@@ -136,12 +117,9 @@ lk_status lk_rms_norm_forward(const lk_impl *impl, const lk_rms_norm_args *a, lk
     lk_status s = check_common(impl, a, ctx, &si);
     if (s || (s = check_like_x(impl, "y", &a->y, &a->x))) return s;
     size_t tb = lk_tensor_bytes(&a->x), wb = a->weight.data ? lk_tensor_bytes(&a->weight) : 0;
-    if ((s = expect_apart("y", a->y.data, tb, "x", a->x.data, tb)) ||
-        (s = expect_apart("y", a->y.data, tb, "weight", a->weight.data, wb)) ||
-        (s = expect_apart("y", a->y.data, tb, "saved", a->saved.data, a->saved.bytes)) ||
-        (s = expect_apart("saved", a->saved.data, a->saved.bytes, "x", a->x.data, tb)) ||
-        (s = expect_apart("saved", a->saved.data, a->saved.bytes, "weight", a->weight.data, wb)))
-        return s;
+    const lk_region outs[] = {{"y", a->y.data, tb}, {"saved", a->saved.data, a->saved.bytes}};
+    const lk_region ins[] = {{"x", a->x.data, tb}, {"weight", a->weight.data, wb}};
+    if ((s = lk_expect_apart(OP, outs, 2, ins, 2))) return s;
     if (si.rows == 0) return LK_OK;
     return run(&si, 0, a, ctx);
 }
@@ -158,17 +136,16 @@ lk_status lk_rms_norm_backward(const lk_impl *impl, const lk_rms_norm_args *a, l
     if (a->inplace_dx && a->dx.data != a->dy.data)
         return lk_error(LK_EINVAL, OP ": dx: inplace_dx expects dx.data == dy.data, got %p and %p",
                         a->dx.data, a->dy.data);
-    if ((!a->inplace_dx && (s = expect_apart("dx", a->dx.data, tb, "dy (set inplace_dx to write over it)",
-                                             a->dy.data, tb))) ||
-        (s = expect_apart("dx", a->dx.data, tb, "x", a->x.data, tb)) ||
-        (s = expect_apart("dx", a->dx.data, tb, "weight", a->weight.data, wb)) ||
-        (s = expect_apart("dx", a->dx.data, tb, "saved", a->saved.data, sb)) ||
-        (s = expect_apart("dweight", a->dweight.data, dwb, "x", a->x.data, tb)) ||
-        (s = expect_apart("dweight", a->dweight.data, dwb, "dy", a->dy.data, tb)) ||
-        (s = expect_apart("dweight", a->dweight.data, dwb, "dx", a->dx.data, tb)) ||
-        (s = expect_apart("dweight", a->dweight.data, dwb, "weight", a->weight.data, wb)) ||
-        (s = expect_apart("dweight", a->dweight.data, dwb, "saved", a->saved.data, sb)))
-        return s;
+    /* dx may be dy exactly (inplace_dx); otherwise every output stands apart */
+    const lk_region outs[] = {{"dx", a->dx.data, tb}, {"dweight", a->dweight.data, dwb}};
+    const lk_region ins[] = {{a->inplace_dx ? "dy" : "dy (set inplace_dx to write over it)",
+                              a->inplace_dx ? NULL : a->dy.data, tb},
+                             {"x", a->x.data, tb}, {"weight", a->weight.data, wb}, {"saved", a->saved.data, sb}};
+    if ((s = lk_expect_apart(OP, outs, 2, ins, 4))) return s;
+    if (a->inplace_dx) {            /* dy is dx: dweight must still stand apart from it */
+        const lk_region dy[] = {{"dy", a->dy.data, tb}};
+        if ((s = lk_expect_apart(OP, outs + 1, 1, dy, 1))) return s;
+    }
     if (si.rows == 0) {             /* no rows: dx is empty and dweight a sum of nothing */
         for (int64_t j = 0; want_dw && j < si.n; j++) lk_store(a->dweight.data, a->dweight.dtype, j, 0.0);
         return LK_OK;

@@ -12,7 +12,7 @@
  * Reached through lk_rope_forward / lk_rope_backward (rope.c), which have validated
  * every argument, position ids included. */
 #include "internal.h"
-#include "ops/rms_norm/simd.h"
+#include "ops/simd.h"
 
 /* Outputs larger than this are streamed past the caches: nobody reads them back
  * before they are evicted, and a streaming store skips the read of each destination

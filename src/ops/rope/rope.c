@@ -13,9 +13,6 @@ static lk_status check_impl(const lk_impl *impl, const lk_rope_vtable **out) {
     lk_status s = lk_expect_impl(OP, impl, LK_OP_ROPE);
     if (s) return s;
     const lk_rope_vtable *vt = impl->vtable;
-    if (vt == NULL || vt->version < 1)
-        return lk_error(LK_EINVAL, OP ": impl: expected a vtable of version >= 1 in '%s', got %s",
-                        impl->name, vt ? "version < 1" : "NULL");
     if (!vt->saved_bytes || !vt->forward || !vt->backward)
         return lk_error(LK_EINVAL, OP ": impl: expected saved_bytes, forward and backward in '%s', "
                         "got a NULL member", impl->name);
@@ -129,43 +126,27 @@ static lk_status check_common(const lk_impl *impl, const lk_rope_args *a, const 
     return LK_OK;
 }
 
-typedef struct {
-    const char *name;
-    const void *p;
-    size_t n;
-} region;
-
-static region of(const char *name, const lk_tensor *t) {
-    return (region){name, t->data, t->data ? lk_tensor_bytes(t) : 0};
-}
-
-static int overlap(region a, region b) {
-    uintptr_t pa = (uintptr_t)a.p, pb = (uintptr_t)b.p;
-    return a.p && b.p && a.n && b.n && pa < pb + b.n && pb < pa + a.n;
+static lk_region of(const char *name, const lk_tensor *t) {
+    return (lk_region){name, t->data, t->data ? lk_tensor_bytes(t) : 0};
 }
 
 /* Output out may be exactly `self` (in place) or apart from it, and is apart from every
  * other region the call touches. */
-static lk_status expect_out(region out, region self, const region *others, int n_others) {
-    if (out.p != self.p && overlap(out, self))
-        return lk_error(LK_EINVAL, OP ": %s: expected %s itself (in place) or memory apart from it, got a "
-                        "partial overlap", out.name, self.name);
-    for (int i = 0; i < n_others; i++)
-        if (overlap(out, others[i]))
-            return lk_error(LK_EINVAL, OP ": %s: expected memory apart from %s, got an overlap", out.name,
-                            others[i].name);
-    return LK_OK;
+static lk_status expect_out(lk_region out, lk_region self, const lk_region *others, int n_others) {
+    if (out.p == self.p) self.p = NULL;
+    lk_status s = lk_expect_apart(OP, &out, 1, &self, 1);
+    return s ? s : lk_expect_apart(OP, &out, 1, others, n_others);
 }
 
 /* The two outputs of a pass, each against its own input and everything else. */
 static lk_status check_outputs(const lk_rope_args *a, const lk_tensor *in_q, const char *nq,
                                const lk_tensor *in_k, const char *nk, const lk_tensor *out_q,
                                const char *oq, const lk_tensor *out_k, const char *ok) {
-    region rq = of(nq, in_q), rk = of(nk, in_k), roq = of(oq, out_q), rok = of(ok, out_k);
-    region common[] = {of("cos", &a->cos), of("sin", &a->sin), of("position_ids", &a->position_ids),
+    lk_region rq = of(nq, in_q), rk = of(nk, in_k), roq = of(oq, out_q), rok = of(ok, out_k);
+    lk_region common[] = {of("cos", &a->cos), of("sin", &a->sin), of("position_ids", &a->position_ids),
                        {"saved", a->saved.data, a->saved.bytes}};
-    region for_q[] = {rk, rok, common[0], common[1], common[2], common[3]};
-    region for_k[] = {rq, roq, common[0], common[1], common[2], common[3]};
+    lk_region for_q[] = {rk, rok, common[0], common[1], common[2], common[3]};
+    lk_region for_k[] = {rq, roq, common[0], common[1], common[2], common[3]};
     lk_status s;
     if ((s = expect_out(roq, rq, for_q, 6)) || (s = expect_out(rok, rk, for_k, 6))) return s;
     return LK_OK;
@@ -176,13 +157,11 @@ static lk_status run(const call_info *ci, int backward, const lk_rope_args *a, l
     if (ci->d.batch * ci->d.seq == 0) return LK_OK;
     const lk_rope_vtable *vt = ci->vt;
     size_t ws = vt->workspace_bytes ? vt->workspace_bytes(&ci->d, backward) : 0;
-    if (ws > 0 && ctx->arena == NULL)
-        return lk_error(LK_EINVAL, OP ": ctx.arena: expected an arena for %zu bytes of workspace, got NULL", ws);
-    lk_status s;
-    if (ws > 0 && (s = lk_arena_reserve(ctx->arena, ws))) return s;
-    size_t mark = ctx->arena ? ctx->arena->used : 0;
+    size_t mark;
+    lk_status s = lk_ctx_workspace_begin(ctx, OP, ws, &mark);
+    if (s) return s;
     s = backward ? vt->backward(a, ctx) : vt->forward(a, ctx);
-    if (ctx->arena) lk_arena_release(ctx->arena, mark);
+    lk_ctx_workspace_end(ctx, mark);
     return s;
 }
 

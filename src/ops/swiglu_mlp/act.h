@@ -7,7 +7,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#include "ops/linear/dense.h"
+#include "ops/dense.h"
 
 /* exp(x) as 2^n · e^g, n = round(x·log2 e), |g| <= ln2/2, g's Taylor series to degree 6
  * (truncation 1.2e-7). x is clamped to [-87, 88] so 2^n stays a normal float. */

@@ -8,7 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include "llmkern/swiglu_mlp.h"
-#include "ops/linear/timing.h"
 #include "ops/swiglu_mlp/check.h"
 #include "ops/swiglu_mlp/reference.h"
 
@@ -166,8 +165,8 @@ typedef struct {
     lk_ctx ctx;
 } bench_job;
 
-static void run_fwd(void *p) { bench_job *j = p; lk_swiglu_mlp_forward(j->impl, &j->a, &j->ctx); }
-static void run_bwd(void *p) { bench_job *j = p; lk_swiglu_mlp_backward(j->impl, &j->a, &j->ctx); }
+static lk_status run_fwd(void *p) { bench_job *j = p; return lk_swiglu_mlp_forward(j->impl, &j->a, &j->ctx); }
+static lk_status run_bwd(void *p) { bench_job *j = p; return lk_swiglu_mlp_backward(j->impl, &j->a, &j->ctx); }
 
 /* The bench shape is T x H x I; weight gradients in f32 (the master-gradient buffers of
  * mixed precision), so peak_bytes counts what the implementation itself adds. */
@@ -204,10 +203,10 @@ static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, 
     if ((s = lk_swiglu_mlp_forward(impl, &j.a, &j.ctx)) || (s = lk_swiglu_mlp_backward(impl, &j.a, &j.ctx)))
         goto done;
     double f = 2.0 * (double)T * (double)H * (double)(2 * I) + 2.0 * (double)T * (double)I * (double)H;
-    lk_dense_bench_spec spec = {.op = "swiglu_mlp", .impl = impl, .dt = dt, .shape = shape, .fwd = run_fwd,
-                                .bwd = run_bwd, .job = &j, .flops_fwd = f, .flops_bwd = 2 * f, .arena = &arena,
+    lk_bench_spec spec = {.op = "swiglu_mlp", .impl = impl, .dtype = dt, .shape = shape, .fwd = run_fwd,
+                                .bwd = run_bwd, .job = &j, .flops = {f, 2 * f}, .arena = &arena,
                                 .extra_bytes = saved_bytes};
-    lk_dense_bench(&spec, ceil, rows);
+    s = lk_bench_passes(&spec, ceil, rows);
 done:
     free(x); free(wgu); free(wd); free(dout); free(out); free(dx); free(saved); free(dgu); free(dd);
     lk_arena_free(&arena);

@@ -5,7 +5,7 @@
 #include <math.h>
 #include "core/validate.h"
 #include "llmkern/swiglu_mlp.h"
-#include "ops/linear/dense.h"
+#include "ops/dense.h"
 
 #define OP "swiglu_mlp"
 
@@ -18,9 +18,6 @@ static lk_status check_impl(const lk_impl *impl, const lk_swiglu_mlp_vtable **ou
     lk_status s = lk_expect_impl(OP, impl, LK_OP_SWIGLU_MLP);
     if (s) return s;
     const lk_swiglu_mlp_vtable *vt = impl->vtable;
-    if (vt == NULL || vt->version < 1)
-        return lk_error(LK_EINVAL, OP ": impl: expected a vtable of version >= 1 in '%s', got %s",
-                        impl->name, vt ? "version < 1" : "NULL");
     if (!vt->saved_bytes || !vt->forward || !vt->backward)
         return lk_error(LK_EINVAL, OP ": impl: expected saved_bytes, forward and backward in '%s', "
                         "got a NULL member", impl->name);
@@ -85,19 +82,17 @@ static size_t bytes_of(const lk_tensor *t) { return t->data ? lk_tensor_bytes(t)
 
 static lk_status run(const dims *d, int backward, const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
     size_t ws = d->vt->workspace_bytes ? d->vt->workspace_bytes(a, backward) : 0;
-    if (ws > 0 && ctx->arena == NULL)
-        return lk_error(LK_EINVAL, OP ": ctx.arena: expected an arena for %zu bytes of workspace, got NULL", ws);
-    lk_status s;
-    if (ws > 0 && (s = lk_arena_reserve(ctx->arena, ws))) return s;
-    size_t mark = ctx->arena ? ctx->arena->used : 0;
+    size_t mark;
+    lk_status s = lk_ctx_workspace_begin(ctx, OP, ws, &mark);
+    if (s) return s;
     s = backward ? d->vt->backward(a, ctx) : d->vt->forward(a, ctx);
-    if (ctx->arena) lk_arena_release(ctx->arena, mark);
+    lk_ctx_workspace_end(ctx, mark);
     return s;
 }
 
 lk_status lk_swiglu_mlp_saved_bytes(const lk_impl *impl, const lk_tensor *x, const lk_tensor *gate_up_weight,
                                     size_t *bytes) {
-    dims d;
+    dims d = {0};
     lk_status s = check_impl(impl, &d.vt);
     if (s) return s;
     if (x == NULL || gate_up_weight == NULL)
@@ -110,7 +105,7 @@ lk_status lk_swiglu_mlp_saved_bytes(const lk_impl *impl, const lk_tensor *x, con
 
 lk_status lk_swiglu_mlp_workspace_bytes(const lk_impl *impl, const lk_swiglu_mlp_args *a, int backward,
                                         size_t *bytes) {
-    dims d;
+    dims d = {0};
     lk_status s = check_impl(impl, &d.vt);
     if (s) return s;
     if (a == NULL || bytes == NULL)
@@ -121,20 +116,20 @@ lk_status lk_swiglu_mlp_workspace_bytes(const lk_impl *impl, const lk_swiglu_mlp
 }
 
 lk_status lk_swiglu_mlp_forward(const lk_impl *impl, const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
-    dims d;
+    dims d = {0};
     lk_status s = check_common(impl, a, ctx, &d);
     if (s || (s = check_tensor(impl, "out", &a->out, a->x.ndim, a->x.shape, LK_DTYPE_BIT(a->x.dtype)))) return s;
     const lk_region outs[] = {{"out", a->out.data, bytes_of(&a->out)}, {"saved", a->saved.data, a->saved.bytes}};
     const lk_region ins[] = {{"x", a->x.data, bytes_of(&a->x)},
                              {"gate_up_weight", a->gate_up_weight.data, bytes_of(&a->gate_up_weight)},
                              {"down_weight", a->down_weight.data, bytes_of(&a->down_weight)}};
-    if ((s = lk_regions_apart(OP, outs, 2, ins, 3))) return s;
+    if ((s = lk_expect_apart(OP, outs, 2, ins, 3))) return s;
     if (d.tokens == 0) return LK_OK;
     return run(&d, 0, a, ctx);
 }
 
 lk_status lk_swiglu_mlp_backward(const lk_impl *impl, const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
-    dims d;
+    dims d = {0};
     lk_status s = check_common(impl, a, ctx, &d);
     if (s) return s;
     unsigned xdt = LK_DTYPE_BIT(a->x.dtype), gdt = xdt | LK_DTYPE_BIT(LK_F32);
@@ -152,7 +147,7 @@ lk_status lk_swiglu_mlp_backward(const lk_impl *impl, const lk_swiglu_mlp_args *
                              {"down_weight", a->down_weight.data, bytes_of(&a->down_weight)},
                              {"dout", a->dout.data, bytes_of(&a->dout)},
                              {"saved", a->saved.data, a->saved.bytes}};
-    if ((s = lk_regions_apart(OP, outs, 3, ins, 5))) return s;
+    if ((s = lk_expect_apart(OP, outs, 3, ins, 5))) return s;
     if (d.tokens == 0) return LK_OK;
     return run(&d, 1, a, ctx);
 }

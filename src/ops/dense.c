@@ -1,7 +1,7 @@
 /* dense.c — the pieces shared by the GEMM-based CPU ops (see dense.h). */
 #include <omp.h>
 #include <stdint.h>
-#include "ops/linear/dense.h"
+#include "ops/dense.h"
 
 /* Fewer elements than this run on one thread: waking the team costs more. */
 #define DENSE_PAR_MIN ((int64_t)1 << 15)
@@ -91,23 +91,4 @@ void lk_dense_colsum_acc(void *dst, lk_dtype dst_dt, const void *src, lk_dtype s
         for (int64_t c = 0; c < w; c++)
             lk_dense_st(dst, dst_dt, c0 + c, lk_dense_ld(dst, dst_dt, c0 + c) + acc[c]);
     }
-}
-
-static int overlap(const lk_region *a, const lk_region *b) {
-    uintptr_t pa = (uintptr_t)a->p, pb = (uintptr_t)b->p;
-    return a->p && b->p && a->bytes && b->bytes && pa < pb + b->bytes && pb < pa + a->bytes;
-}
-
-lk_status lk_regions_apart(const char *op, const lk_region *outs, int n_outs, const lk_region *ins, int n_ins) {
-    for (int i = 0; i < n_outs; i++) {
-        for (int j = i + 1; j < n_outs; j++)
-            if (overlap(&outs[i], &outs[j]))
-                return lk_error(LK_EINVAL, "%s: %s: expected memory apart from %s, got an overlap", op,
-                                outs[i].name, outs[j].name);
-        for (int j = 0; j < n_ins; j++)
-            if (overlap(&outs[i], &ins[j]))
-                return lk_error(LK_EINVAL, "%s: %s: expected memory apart from %s, got an overlap", op,
-                                outs[i].name, ins[j].name);
-    }
-    return LK_OK;
 }

@@ -1,15 +1,15 @@
 /* simd.h — sixteen floats at a time, loaded from and stored to f32 or bf16 rows, for
- * the fused RMSNorm kernels. With AVX-512 (F, BW, VL: -march=native on this project's
+ * the fused memory-bound kernels (RMSNorm, RoPE, ...). With AVX-512 (F, BW, VL: -march=native on this project's
  * machines) an lk_v16 is a zmm register; elsewhere it is a plain array the compiler
- * vectorizes as it can, so fused.c is written once for both.
+ * vectorizes as it can, so each kernel is written once for both.
  *
  * k is the number of valid lanes (1..16): the tail of a row is a masked load/store, so
  * no element past the row is read or written. nt asks for a non-temporal (streaming)
  * store; it is honoured only for full, aligned vectors and needs lk_v16_fence() before
  * another thread reads the data. The dtype and k arguments are constants at every
  * call site after inlining, so the branches on them fold away. */
-#ifndef LLMKERN_RMS_NORM_SIMD_H
-#define LLMKERN_RMS_NORM_SIMD_H
+#ifndef LLMKERN_OPS_SIMD_H
+#define LLMKERN_OPS_SIMD_H
 
 #include <stdint.h>
 #include "llmkern/tensor.h"

@@ -1,7 +1,7 @@
 /* dense.h — pieces shared by the GEMM-based CPU ops (linear, swiglu_mlp): element
  * load/store in f32 or bf16, rounding an f32 GEMM result into the storage dtype (with
  * an optional bias), gradient accumulation into f32 or bf16 buffers through one f32
- * accumulator rounded once, column sums, and the overlap check of a facade. */
+ * accumulator rounded once, column sums. */
 #ifndef LLMKERN_OPS_DENSE_H
 #define LLMKERN_OPS_DENSE_H
 
@@ -60,16 +60,5 @@ size_t lk_dense_gemm_acc_bytes(int64_t m, int64_t n, int64_t k, lk_dtype a, lk_d
  * result does not depend on the thread count. */
 void lk_dense_colsum_acc(void *dst, lk_dtype dst_dt, const void *src, lk_dtype src_dt, int64_t rows,
                          int64_t cols);
-
-/* A piece of memory an op reads or writes; p NULL or bytes 0 = absent. */
-typedef struct {
-    const char *name;
-    const void *p;
-    size_t bytes;
-} lk_region;
-
-/* Every output apart from every other output and every input; the error names the
- * output and what it overlaps. */
-lk_status lk_regions_apart(const char *op, const lk_region *outs, int n_outs, const lk_region *ins, int n_ins);
 
 #endif

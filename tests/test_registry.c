@@ -131,8 +131,9 @@ static void attention_names_are_rewritten_for_sp(void **state) {
     set_env("");
 }
 
-/* Every default either binds what it asked for, or records why not and binds the
- * reference (or nothing, when the op has no implementation in this build). */
+/* Every default either binds what it asked for (under its SP name, for the attention
+ * names the llmkern backend rewrites), or records why not and binds another
+ * implementation of the same device (or nothing, when the op has none in this build). */
 static void defaults_fall_back_and_say_so(void **state) {
     (void)state;
     for (int dev = 0; dev < LK_DEVICE_COUNT; dev++)
@@ -140,10 +141,13 @@ static void defaults_fall_back_and_say_so(void **state) {
             lk_request r = {.op = (lk_op)op, .device = (lk_device_type)dev};
             lk_binding b;
             assert_int_equal(lk_select(&r, LK_STAGE_MODEL_BUILD, &b), LK_OK);
-            const lk_impl *asked = lk_impl_find((lk_op)op, b.requested, (lk_device_type)dev);
+            char sp[96];
+            snprintf(sp, sizeof sp, "llmkern_%s_with_sp", b.requested);
+            const lk_impl *plain = lk_impl_find((lk_op)op, b.requested, (lk_device_type)dev);
+            const lk_impl *rewritten = lk_impl_find((lk_op)op, sp, (lk_device_type)dev);
+            const lk_impl *asked = strcmp(b.resolved, sp) == 0 ? rewritten : plain;
             char why[160];
-            int ok = asked && lk_impl_available(asked, lk_hw_get(), why, sizeof why);
-            if (ok) {
+            if (asked && lk_impl_available(asked, lk_hw_get(), why, sizeof why)) {
                 assert_ptr_equal(b.impl, asked);
                 assert_string_equal(b.fallback, "");
             } else {

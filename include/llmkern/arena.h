@@ -1,6 +1,12 @@
 /* arena.h — the workspace arena: one growable block handed out in aligned pieces and
  * released all at once. An op's facade reserves what the op's query says it needs
- * (the only allocation, on the first step) and the kernels carve from it. */
+ * (the only allocation, on the first step) and the kernels carve from it.
+ *
+ * A device arena (device = LK_DEVICE_CUDA, set before the first reserve) holds GPU
+ * memory from cudaMalloc: the same calls, pointers only the kernels dereference.
+ * Growing it frees the old block, which waits for work queued on it; reserve before
+ * the first step, as on the CPU. Without CUDA in the build, reserving one fails with
+ * LK_EUNAVAILABLE. */
 #ifndef LLMKERN_ARENA_H
 #define LLMKERN_ARENA_H
 
@@ -16,9 +22,10 @@ typedef struct {
     size_t cap;    /* bytes owned */
     size_t used;   /* bytes handed out since the last reset */
     size_t peak;   /* most bytes ever handed out at once: what bench reports */
+    int device;    /* lk_device_type of the memory: 0 (LK_DEVICE_CPU) or LK_DEVICE_CUDA */
 } lk_arena;
 
-#define LK_ARENA_ALIGN 64
+#define LK_ARENA_ALIGN 64   /* also keeps 16-byte vector loads aligned on the GPU */
 
 /* Makes sure `bytes` more can be handed out after the current `used`; grows only when
  * needed, and only while nothing is handed out (growing moves the block). */

@@ -34,6 +34,10 @@ void lk_ctx_workspace_end(lk_ctx *ctx, size_t mark);
 
 /* A CPU context over an arena the caller owns. */
 lk_ctx lk_ctx_cpu(lk_arena *arena);
+/* A CUDA context: device index, a cudaStream_t (NULL = the default stream) and a device
+ * arena (arena->device = LK_DEVICE_CUDA) the caller owns. Kernels are queued on the
+ * stream and not waited for; errors the launch reports come back as LK_EDEVICE. */
+lk_ctx lk_ctx_cuda(lk_arena *arena, void *stream, int device_index);
 
 /* OpenMP threads used by CPU kernels. */
 void lk_set_num_threads(int n);

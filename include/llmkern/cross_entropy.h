@@ -66,6 +66,7 @@ typedef struct {
     lk_dtype dtype;                  /* storage of hidden and weight */
     lk_dtype dweight_dtype;
     lk_ce_reduction reduction;
+    int fp32_lm_head;                /* the option, for implementations whose buffers depend on it */
 } lk_cross_entropy_dims;
 
 #define LK_CROSS_ENTROPY_VTABLE_VERSION 1

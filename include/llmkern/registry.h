@@ -51,6 +51,12 @@ typedef struct {
     int cuda_devices;               /* 0 when built without CUDA or no GPU is present */
     int cuda_cc;                    /* compute capability of device 0, e.g. 90 */
     int has_cudnn, has_mpi, has_nccl;
+    /* Device 0, filled by hw_cuda.c (cudaGetDeviceProperties) when cuda_devices > 0. */
+    int cuda_sms;                   /* multiprocessors */
+    size_t cuda_smem_per_block;     /* shared memory a block may opt in to, bytes */
+    size_t cuda_l2_bytes;
+    char cuda_name[96];             /* "NVIDIA H200" */
+    char cuda_why[128];             /* why cuda_devices is 0: "built without CUDA", the runtime's error */
 } lk_hw;
 
 const lk_hw *lk_hw_get(void);

@@ -66,7 +66,9 @@ typedef struct {
     lk_tensor dq, dk;           /* backward outputs; may be dq_out, dk_out themselves */
     lk_tensor cos, sin;         /* f32 [max_pos, R/2] from lk_rope_tables */
     lk_tensor position_ids;     /* [B, S], i32 or i64, each in [0, max_pos): packed documents
-                                   restart at 0. data NULL: 0..S-1 for every batch row */
+                                   restart at 0. data NULL: 0..S-1 for every batch row.
+                                   On CUDA the facade cannot read them: a token whose id is
+                                   out of range gets NaN in its rotated dims instead */
     lk_saved saved;             /* what forward keeps for backward: lk_rope_saved_bytes
                                    (eager keeps the gathered cos and sin as autograd does;
                                    fused nothing: it needs only the tables and positions) */

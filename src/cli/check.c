@@ -21,7 +21,8 @@ int cli_check(const cli_opts *o) {
         const lk_impl *impl = lk_impl_at(i);
         const lk_harness *h = lk_harness_get(impl->op);
         char why[160];
-        if (!sel[impl->op] || !h || (o->impl && strcmp(o->impl, impl->name) != 0) ||
+        /* the harnesses hold CPU tensors; CUDA impls: tests/cuda and bench/peers_cuda.py */
+        if (!sel[impl->op] || !h || impl->device != LK_DEVICE_CPU || (o->impl && strcmp(o->impl, impl->name) != 0) ||
             !lk_impl_available(impl, lk_hw_get(), why, sizeof why))
             continue;
         for (int dt = 0; dt < LK_DTYPE_COUNT; dt++) {

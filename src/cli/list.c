@@ -37,6 +37,13 @@ static void row(const cli_opts *o, int *first, const char *op, const char *impl,
 int cli_list(const cli_opts *o) {
     int sel[LK_OP_COUNT], first = 1;
     if (!cli_ops(o->op, sel)) return 2;
+    const lk_hw *hw = lk_hw_get();
+    if (!o->json && hw->cuda_devices > 0)
+        printf("GPU: %s, compute capability %d.%d, %d SMs, L2 %zu MiB (%d device%s)\n", hw->cuda_name,
+               hw->cuda_cc / 10, hw->cuda_cc % 10, hw->cuda_sms, hw->cuda_l2_bytes >> 20, hw->cuda_devices,
+               hw->cuda_devices == 1 ? "" : "s");
+    else if (!o->json)
+        printf("GPU: none (%s)\n", hw->cuda_why);
     if (!o->json)
         printf("%-14s %-18s %-5s %-9s %-14s %s\n", "OP", "IMPLEMENTATION", "DEV", "AVAILABLE",
                "NEEDS", "SUMMARY");

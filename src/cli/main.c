@@ -36,6 +36,10 @@ int cli_ops(const char *name, int selected[LK_OP_COUNT]) {
     lk_op op;
     for (int i = 0; i < LK_OP_COUNT; i++) selected[i] = name == NULL;
     if (name == NULL) return 1;
+    if (strcmp(name, "moe") == 0) {     /* the MoE block: its router and its experts */
+        selected[LK_OP_MOE_ROUTER] = selected[LK_OP_MOE_EXPERTS] = 1;
+        return 1;
+    }
     if (lk_op_parse(name, &op) != LK_OK) {
         fprintf(stderr, "llmkern: --op: %s\n", lk_last_error());
         return 0;

@@ -1,7 +1,38 @@
-/* arena.c — the workspace arena (see arena.h). */
+/* arena.c — the workspace arena (see arena.h): host memory, or device memory from
+ * cudaMalloc when arena->device is LK_DEVICE_CUDA (built with CUDA only). */
 #include <stdlib.h>
 #include <string.h>
 #include "llmkern/arena.h"
+#include "llmkern/tensor.h"
+#ifdef LLMKERN_HAVE_CUDA
+#include "core/cuda_check.h"
+#endif
+
+/* The block for a device arena; the host path stays posix_memalign. */
+static lk_status device_alloc(void **p, size_t bytes) {
+#ifdef LLMKERN_HAVE_CUDA
+    cudaError_t e = cudaMalloc(p, bytes);     /* 256-byte aligned, more than LK_ARENA_ALIGN */
+    if (e != cudaSuccess) {
+        cudaGetLastError();                    /* an allocation failure is not sticky: clear it */
+        return lk_error(e == cudaErrorMemoryAllocation ? LK_ENOMEM : LK_EDEVICE,
+                        "arena: cudaMalloc of %zu bytes: %s", bytes, cudaGetErrorString(e));
+    }
+    return LK_OK;
+#else
+    (void)p;
+    return lk_error(LK_EUNAVAILABLE, "arena: a CUDA arena of %zu bytes: built without CUDA", bytes);
+#endif
+}
+
+static void block_free(lk_arena *a) {
+#ifdef LLMKERN_HAVE_CUDA
+    if (a->device == LK_DEVICE_CUDA) {
+        if (a->base) cudaFree(a->base);
+        return;
+    }
+#endif
+    free(a->base);
+}
 
 static size_t round_up(size_t n) { return (n + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
 
@@ -12,9 +43,13 @@ lk_status lk_arena_reserve(lk_arena *a, size_t bytes) {
         return lk_error(LK_ENOMEM, "arena: cannot grow to %zu bytes while %zu are handed out "
                         "(reserve before the first allocation)", need, a->used);
     void *p = NULL;
-    if (posix_memalign(&p, LK_ARENA_ALIGN, need) != 0)
+    if (a->device == LK_DEVICE_CUDA) {
+        lk_status s = device_alloc(&p, need);
+        if (s) return s;
+    } else if (posix_memalign(&p, LK_ARENA_ALIGN, need) != 0) {
         return lk_error(LK_ENOMEM, "arena: out of memory reserving %zu bytes", need);
-    free(a->base);
+    }
+    block_free(a);
     a->base = p;
     a->cap = need;
     return LK_OK;
@@ -36,6 +71,8 @@ void lk_arena_release(lk_arena *a, size_t mark) {
 }
 
 void lk_arena_free(lk_arena *a) {
-    free(a->base);
+    int device = a->device;
+    block_free(a);
     memset(a, 0, sizeof *a);
+    a->device = device;
 }

@@ -7,6 +7,10 @@ lk_ctx lk_ctx_cpu(lk_arena *arena) {
     return (lk_ctx){.device = {LK_DEVICE_CPU, 0}, .arena = arena};
 }
 
+lk_ctx lk_ctx_cuda(lk_arena *arena, void *stream, int device_index) {
+    return (lk_ctx){.device = {LK_DEVICE_CUDA, device_index}, .stream = stream, .arena = arena};
+}
+
 lk_status lk_ctx_workspace_begin(lk_ctx *ctx, const char *op, size_t bytes, size_t *mark) {
     *mark = ctx->arena ? ctx->arena->used : 0;
     if (bytes == 0) return LK_OK;

@@ -7,6 +7,9 @@
 #include "ops/harness.h"
 
 extern const lk_harness lk_rms_norm_harness;
+extern const lk_harness lk_attention_harness;
+extern const lk_harness lk_moe_router_harness;
+extern const lk_harness lk_moe_experts_harness;
 extern const lk_harness lk_cross_entropy_harness;
 extern const lk_harness lk_swiglu_mlp_harness;
 extern const lk_harness lk_rope_harness;
@@ -14,6 +17,9 @@ extern const lk_harness lk_linear_harness;
 
 static const lk_harness *const harnesses[] = {
     &lk_rms_norm_harness,
+    &lk_attention_harness,
+    &lk_moe_router_harness,
+    &lk_moe_experts_harness,
     &lk_cross_entropy_harness,
     &lk_swiglu_mlp_harness,
     &lk_rope_harness,

@@ -12,6 +12,11 @@ static int registered, env_read;
 lk_status lk_init(void) {
     if (!registered) {
         lk_hw_probe_cpu(&lk_reg.hw);
+#ifdef LLMKERN_HAVE_CUDA
+        lk_hw_probe_cuda(&lk_reg.hw);
+#else
+        snprintf(lk_reg.hw.cuda_why, sizeof lk_reg.hw.cuda_why, "built without CUDA");
+#endif
         for (const lk_impl *const *t = lk_builtin_tables; *t; t++)
             for (const lk_impl *impl = *t; impl->name; impl++) {
                 lk_status s = lk_impl_register(impl);

@@ -39,7 +39,7 @@ static const lk_op_info ops[LK_OP_COUNT] = {
     },
     [LK_OP_MOE_EXPERTS] = {
         .op = LK_OP_MOE_EXPERTS, .name = "moe_experts", .field = "moe_implementation",
-        .known = NAMES("eager", "fused", "fused_sm90", "fused_quack", "fused_cublas"),
+        .known = NAMES("eager", "fused", "fused_triton", "fused_sm90", "fused_quack", "fused_cublas"),
         .reference = "eager", .default_fused = "fused", .default_plain = "eager",
     },
     [LK_OP_MOE_ROUTER] = {

@@ -41,7 +41,7 @@ const lk_impl *lk_impl_find(lk_op op, const char *name, lk_device_type dev) {
 int lk_impl_available(const lk_impl *impl, const lk_hw *hw, char *why, size_t n) {
     const lk_requirements *r = &impl->needs;
     if (impl->device == LK_DEVICE_CUDA && hw->cuda_devices == 0)
-        return snprintf(why, n, "needs a CUDA GPU (none found, or built without CUDA)"), 0;
+        return snprintf(why, n, "needs a CUDA GPU (%s)", hw->cuda_why[0] ? hw->cuda_why : "none found"), 0;
     if (r->min_cc && hw->cuda_cc < r->min_cc)
         return snprintf(why, n, "needs compute capability %d.%d, this GPU has %d.%d",
                         r->min_cc / 10, r->min_cc % 10, hw->cuda_cc / 10, hw->cuda_cc % 10), 0;

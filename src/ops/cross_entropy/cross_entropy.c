@@ -2,7 +2,10 @@
  * argument, option, label value and kept index is checked before anything is written;
  * the implementation's workspace is reserved in ctx->arena and given back after the
  * call. Implementations (eager.c, fused.c, chunk_loss.c) may therefore assume
- * well-formed arguments, labels in [0, V) or ignore_index, and H, V >= 1. */
+ * well-formed arguments, labels in [0, V) or ignore_index, and H, V >= 1.
+ * On CUDA, labels, keep_indices and d_loss are device memory the host does not read:
+ * their values are not checked here; the CUDA kernels make a bad label's or index's
+ * loss and gradient NaN instead, never reading outside the tensors (fused_cuda.c). */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -104,7 +107,7 @@ static lk_status check_shapes(const lk_impl *impl, const lk_cross_entropy_args *
     if (C > K) C = K > 0 ? K : 1;
     *d = (lk_cross_entropy_dims){.tokens = T, .hidden = H, .vocab = V, .kept = K, .chunk = C,
                                  .dtype = a->hidden.dtype, .dweight_dtype = a->d_weight.dtype,
-                                 .reduction = a->reduction};
+                                 .reduction = a->reduction, .fp32_lm_head = a->fp32_lm_head};
     return LK_OK;
 }
 
@@ -120,13 +123,14 @@ static lk_status check_common(const lk_impl *impl, const lk_cross_entropy_args *
                         impl->name, lk_device_name(ctx->device.type));
     if ((s = check_shapes(impl, a, 1, d))) return s;
     const int64_t *idx = a->keep_indices.data;
-    for (int64_t k = 0; idx && k < d->kept; k++)
+    int host = impl->device == LK_DEVICE_CPU;   /* values readable here (see the top) */
+    for (int64_t k = 0; host && idx && k < d->kept; k++)
         if (idx[k] < 0 || idx[k] >= d->tokens || (k > 0 && idx[k] <= idx[k - 1]))
             return lk_error(LK_EINVAL, OP ": keep_indices: expected strictly increasing indices in [0, %lld), got "
                             "%lld at %lld", (long long)d->tokens, (long long)idx[k], (long long)k);
     /* only the scored tokens' labels are used, and checked */
     int64_t S = a->hidden.ndim >= 3 ? a->hidden.shape[a->hidden.ndim - 2] : d->tokens, N = a->logits_to_keep;
-    for (int64_t k = 0; k < d->kept; k++) {
+    for (int64_t k = 0; host && k < d->kept; k++) {
         int64_t t = idx ? idx[k] : N > 0 && !idx ? (k / N) * S + (S - N) + k % N : k;
         int64_t y = a->labels.dtype == LK_I32 ? ((const int32_t *)a->labels.data)[t]
                                               : ((const int64_t *)a->labels.data)[t];
@@ -244,7 +248,7 @@ lk_status lk_cross_entropy_backward(const lk_impl *impl, const lk_cross_entropy_
         (s = expect_apart("d_weight", &a->d_weight, a)))
         return s;
     const float *dl = a->d_loss.data;
-    for (int64_t i = 0; i < per; i++)
+    for (int64_t i = 0; impl->device == LK_DEVICE_CPU && i < per; i++)
         if (!isfinite(dl[i]))
             return lk_error(LK_EINVAL, OP ": d_loss: expected finite values, got %g at %lld", (double)dl[i],
                             (long long)i);

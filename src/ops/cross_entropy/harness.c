@@ -12,6 +12,8 @@
 #include "reference.h"
 #include "llmkern/cross_entropy.h"
 
+extern const lk_cross_entropy_vtable lk_cross_entropy_fused_vtable;
+
 /* Tolerances on the worst of the errors lk_ce_errors describes.
  * f32: all math in f32; lse and the loss are sums of V exp terms and the gradient GEMMs
  *   sum over V (dh) or T (dW) products, ~1e-6 relative; 2e-5 leaves room and still
@@ -249,9 +251,13 @@ static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, 
     if ((s = lk_cross_entropy_forward(impl, &j.a, &j.ctx)) || (s = lk_cross_entropy_backward(impl, &j.a, &j.ctx)))
         goto done;
 
-    double f = 2.0 * (double)T * (double)H * (double)V;      /* one GEMM of the LM head */
+    /* one GEMM of the LM head; fused makes both gradient GEMMs in its forward and the
+     * backward only scales, so its rows carry all three there */
+    double f = 2.0 * (double)T * (double)H * (double)V;
+    int grads_in_forward = impl->vtable == &lk_cross_entropy_fused_vtable;
     lk_bench_spec spec = {.op = "cross_entropy", .impl = impl, .dtype = dt, .shape = shape, .fwd = run_fwd,
-                          .bwd = run_bwd, .job = &j, .flops = {f, 2.0 * f}, .arena = &arena, .extra_bytes = sb};
+                          .bwd = run_bwd, .job = &j, .arena = &arena, .extra_bytes = sb,
+                          .flops = {grads_in_forward ? 3.0 * f : f, grads_in_forward ? 0.0 : 2.0 * f}};
     s = lk_bench_passes(&spec, ceil, rows);
 done:
     free(h); free(w); free(labels); free(dh); free(dw); free(u); free(saved);

@@ -146,7 +146,9 @@ lk_status lk_rms_norm_backward(const lk_impl *impl, const lk_rms_norm_args *a, l
         const lk_region dy[] = {{"dy", a->dy.data, tb}};
         if ((s = lk_expect_apart(OP, outs + 1, 1, dy, 1))) return s;
     }
-    if (si.rows == 0) {             /* no rows: dx is empty and dweight a sum of nothing */
+    /* no rows: dx is empty and dweight a sum of nothing. On the GPU dweight is device
+     * memory the host must not write: the CUDA implementations zero it themselves. */
+    if (si.rows == 0 && impl->device == LK_DEVICE_CPU) {
         for (int64_t j = 0; want_dw && j < si.n; j++) lk_store(a->dweight.data, a->dweight.dtype, j, 0.0);
         return LK_OK;
     }

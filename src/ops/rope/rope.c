@@ -1,8 +1,9 @@
 /* rope.c — the RoPE facade (include/llmkern/rope.h): every argument, each position id
  * included, is checked before anything is written; the implementation's workspace is
  * reserved in ctx->arena and given back after the call. Implementations (eager.c,
- * fused.c) may therefore assume well-formed arguments, positions inside the tables,
- * outputs that are their inputs exactly or apart from them, and B·S >= 1. */
+ * fused.c) may therefore assume well-formed arguments, positions inside the tables (on
+ * the CPU; CUDA kernels check them themselves, see check_positions), outputs that are
+ * their inputs exactly or apart from them, and B·S >= 1. */
 #include <stdint.h>
 #include "core/validate.h"
 #include "internal.h"
@@ -86,6 +87,10 @@ static lk_status check_positions(const lk_impl *impl, const lk_tensor *ids, cons
         (s = lk_expect_dtype(OP, "position_ids", ids, LK_DTYPE_BIT(LK_I32) | LK_DTYPE_BIT(LK_I64))) ||
         (s = lk_expect_shape(OP, "position_ids", ids, 2, shape)))
         return s;
+    /* On the GPU the ids are device memory the host does not read: the CUDA kernels check
+     * each one and write NaN over a token whose id lies outside the tables (never reading
+     * outside them), so a bad id cannot pass for a valid result. */
+    if (impl->device != LK_DEVICE_CPU) return LK_OK;
     for (int64_t b = 0; b < d->batch; b++)
         for (int64_t t = 0; t < d->seq; t++) {
             int64_t p = lk_rope_pos(ids, b, t, d->seq);

@@ -1,0 +1,395 @@
+#!/usr/bin/env python3
+"""peers_cuda.py — llmkern's CUDA kernels beside PyTorch eager, torch.compile and
+Liger-Kernel, in one process on one GPU, on the shapes of ../shared/PEERS-H200.md.
+
+Loads build/libllmkern.so and the C shim beside it (bench/peers_shim.c) through ctypes;
+every call goes through the op's facade on torch's current stream. Timing: CUDA events
+around each call, median of the repeats after warm-up; random bf16 inputs. GB/s counts
+each tensor a pass must read or write once: fwd+bwd adds the forward's bytes to the
+backward's (RMSNorm: x, y | x, dy, dx; silu(a)*b: a, b, c | dc, a, b, da, db). The
+copy ceiling (2 GiB device-to-device, read + write) is measured in the same run.
+
+Run:  python3 bench/peers_cuda.py --build build [--out DIR]   (writes DIR/peers_cuda.md)
+"""
+import argparse
+import ctypes
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+P = argparse.ArgumentParser()
+P.add_argument("--build", default="build")
+P.add_argument("--out", default=os.environ.get("OUT", "."))
+P.add_argument("--reps", type=int, default=50)
+ARGS = P.parse_args()
+
+ctypes.CDLL(os.path.join(ARGS.build, "libllmkern.so"), mode=ctypes.RTLD_GLOBAL)
+LIB = ctypes.CDLL(os.path.join(ARGS.build, "libllmkern_peers_shim.so"))
+vp, i64, ci, cd = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
+LIB.lkp_init.restype = ci
+LIB.lkp_last_error.restype = ctypes.c_char_p
+LIB.lkp_gpu_name.restype = ctypes.c_char_p
+LIB.lkp_rms_norm.argtypes = [ci, ctypes.c_char_p, ci, vp, vp, vp, vp, vp, vp, vp, i64, i64, cd, vp]
+LIB.lkp_rope.argtypes = [ci, ci, vp, vp, vp, vp, vp, vp, i64, i64, i64, i64, i64, i64, vp]
+LIB.lkp_set_rms_threads.argtypes = [ci]
+LIB.lkp_swiglu_act.argtypes = [ci, ci, vp, vp, vp, vp, vp, vp, i64, i64, vp]
+sz = ctypes.c_size_t
+LIB.lkp_cross_entropy_bytes.argtypes = [ci, ci, i64, i64, i64, i64, ctypes.POINTER(sz), ctypes.POINTER(sz)]
+LIB.lkp_cross_entropy.argtypes = [ci, ci, vp, vp, vp, vp, vp, vp, vp, ci, vp, sz, i64, i64, i64, i64, vp]
+BF16 = 1
+
+try:
+    from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    from liger_kernel.ops.rope import LigerRopeFunction
+    from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+    LIGER = True
+except Exception as e:  # noqa: BLE001 - any import failure means "not available here"
+    print(f"liger-kernel not available: {e!r}")
+    LIGER = False
+
+
+def ok(status):
+    if status != 0:
+        raise RuntimeError(f"llmkern: status {status}: {LIB.lkp_last_error().decode()}")
+
+
+def stream():
+    return torch.cuda.current_stream().cuda_stream
+
+
+def ms(fn, reps=None):
+    """Median milliseconds of fn() by CUDA events, after three warm-up calls."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps or ARGS.reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def gbps(nbytes, t_ms):
+    return nbytes / (t_ms * 1e-3) / 1e9
+
+
+ROWS = []
+BAD = []   # outputs that disagreed with torch eager: the run fails
+
+
+def row(op, shape, pas, nbytes, timings, target, goal_ratio, copy_goal):
+    """timings: name -> ms (None = not available). Prints and keeps one table row."""
+    g = {k: (gbps(nbytes, v) if v else None) for k, v in timings.items()}
+    mine = g["llmkern"]
+    peer = g.get(target)
+    ratio = mine / peer if (mine and peer) else None
+    frac = mine / COPY
+    met = (ratio is None or ratio >= goal_ratio) and frac >= copy_goal
+    ROWS.append((op, shape, pas, g, timings["llmkern"], target, goal_ratio, ratio, frac, copy_goal, met))
+    cells = "  ".join(f"{k} {v:7.0f}" if v else f"{k}     n/a" for k, v in g.items())
+    rs = f"{ratio:.2f}x {target}" if ratio else "n/a"
+    print(f"{op:8s} {shape:22s} {pas:8s} {cells}  | llmkern {timings['llmkern']:.3f} ms, {rs} "
+          f"(goal {goal_ratio}x), {100 * frac:.0f}% of copy (goal {100 * copy_goal:.0f}%) {'MET' if met else 'MISSED'}",
+          flush=True)
+
+
+def check_close(name, got, ref, tol):
+    err = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+    print(f"  check {name}: max rel err vs torch eager {err:.2e} (tol {tol})", flush=True)
+    if not err <= tol:
+        print(f"  WARNING {name}: llmkern disagrees with torch eager ({err:.2e} > {tol}); timing anyway", flush=True)
+        BAD.append(name)
+
+
+# ---- the copy ceiling --------------------------------------------------------------
+assert LIB.lkp_init() > 0, "llmkern found no GPU"
+dev = torch.device("cuda")
+print(f"GPU {LIB.lkp_gpu_name().decode()}, torch {torch.__version__}, liger {LIGER}", flush=True)
+src = torch.empty(1 << 30, dtype=torch.bfloat16, device=dev).random_()
+dst = torch.empty_like(src)
+COPY = gbps(2 * src.numel() * 2, ms(lambda: dst.copy_(src)))
+print(f"copy: {COPY:.0f} GB/s (2 GiB, read + write)", flush=True)
+del src, dst
+
+# ---- RMSNorm 65536 x 4096 ----------------------------------------------------------
+EPS = 1e-6
+
+
+def rms_eager(x, w):
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)
+    return w * xf.to(x.dtype)
+
+
+def rms_norm_rows():
+    R, N = 65536, 4096
+    x = torch.randn(R, N, dtype=torch.bfloat16, device=dev)
+    w = torch.randn(N, dtype=torch.bfloat16, device=dev)
+    dy = torch.randn_like(x)
+    y, dx, dw = torch.empty_like(x), torch.empty_like(x), torch.empty_like(w)
+    rstd = torch.empty(R, dtype=torch.float32, device=dev)
+    comp = torch.compile(rms_eager)
+
+    def lk_fwd():
+        ok(LIB.lkp_rms_norm(0, b"fused", BF16, x.data_ptr(), w.data_ptr(), y.data_ptr(), None, None, None,
+                            rstd.data_ptr(), R, N, EPS, stream()))
+
+    def lk_bwd():
+        ok(LIB.lkp_rms_norm(1, b"fused", BF16, x.data_ptr(), w.data_ptr(), None, dy.data_ptr(), dx.data_ptr(),
+                            dw.data_ptr(), rstd.data_ptr(), R, N, EPS, stream()))
+
+    lk_fwd()
+    check_close("rms_norm y", y, rms_eager(x, w), 2e-2)
+    xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+    lk_bwd()
+    ref = torch.autograd.grad(rms_eager(xg, wg), (xg, wg), dy)
+    check_close("rms_norm dx", dx, ref[0], 2e-2)
+    check_close("rms_norm dw", dw, ref[1], 2e-2)
+    del ref
+    liger = (lambda a, b: LigerRMSNormFunction.apply(a, b, EPS)) if LIGER else None
+    t = {"eager": ms(lambda: rms_eager(x, w)), "compile": ms(lambda: comp(x, w)),
+         "liger": ms(lambda: liger(x, w)) if LIGER else None, "llmkern": ms(lk_fwd)}
+    nb = 2 * x.numel() * 2
+    row("RMSNorm", "65536x4096", "fwd", nb, t, "liger", 1.1, 0.85)
+
+    def fb(f):
+        return lambda: torch.autograd.grad(f(xg, wg), (xg, wg), dy)
+
+    t = {"eager": ms(fb(rms_eager)), "compile": ms(fb(comp)), "liger": ms(fb(liger)) if LIGER else None,
+         "llmkern": ms(lambda: (lk_fwd(), lk_bwd()))}
+    row("RMSNorm", "65536x4096", "fwd+bwd", nb + 3 * x.numel() * 2, t, "compile", 1.2, 0.75)
+    for th in (64, 256, 512):            # the threads-per-row knob, for the next default
+        LIB.lkp_set_rms_threads(th)
+        f, fb_ = ms(lk_fwd), ms(lambda: (lk_fwd(), lk_bwd()))
+        print(f"  sweep rms threads/row target {th}: fwd {gbps(nb, f):.0f} GB/s, "
+              f"fwd+bwd {gbps(nb + 3 * x.numel() * 2, fb_):.0f} GB/s", flush=True)
+    LIB.lkp_set_rms_threads(0)
+
+
+# ---- SwiGLU silu(a) * b, 32768 x 14336 ---------------------------------------------
+def silu_mul(a, b):
+    return F.silu(a) * b
+
+
+def swiglu_rows():
+    R, C = 32768, 14336
+    a = torch.randn(R, C, dtype=torch.bfloat16, device=dev)
+    b = torch.randn_like(a)
+    dc = torch.randn_like(a)
+    c, da, db = torch.empty_like(a), torch.empty_like(a), torch.empty_like(a)
+    comp = torch.compile(silu_mul)
+
+    def lk_fwd():
+        ok(LIB.lkp_swiglu_act(0, BF16, a.data_ptr(), b.data_ptr(), c.data_ptr(), None, None, None, R, C, stream()))
+
+    def lk_bwd():
+        ok(LIB.lkp_swiglu_act(1, BF16, a.data_ptr(), b.data_ptr(), None, dc.data_ptr(), da.data_ptr(),
+                              db.data_ptr(), R, C, stream()))
+
+    lk_fwd()
+    check_close("silu*b c", c, silu_mul(a, b), 2e-2)
+    ag, bg = a.detach().requires_grad_(), b.detach().requires_grad_()
+    lk_bwd()
+    ref = torch.autograd.grad(silu_mul(ag, bg), (ag, bg), dc)
+    check_close("silu*b da", da, ref[0], 2e-2)
+    check_close("silu*b db", db, ref[1], 2e-2)
+    del ref
+    liger = (lambda x, y: LigerSiLUMulFunction.apply(x, y)) if LIGER else None
+    n = a.numel() * 2
+    t = {"eager": ms(lambda: silu_mul(a, b)), "compile": ms(lambda: comp(a, b)),
+         "liger": ms(lambda: liger(a, b)) if LIGER else None, "llmkern": ms(lk_fwd)}
+    row("SwiGLU", "32768x14336", "fwd", 3 * n, t, "compile", 1.0, 0.85)
+
+    def fb(f):
+        return lambda: torch.autograd.grad(f(ag, bg), (ag, bg), dc)
+
+    t = {"eager": ms(fb(silu_mul)), "compile": ms(fb(comp)), "liger": ms(fb(liger)) if LIGER else None,
+         "llmkern": ms(lambda: (lk_fwd(), lk_bwd()))}
+    row("SwiGLU", "32768x14336", "fwd+bwd", 8 * n, t, "compile", 1.0, 0.75)
+
+
+# ---- RoPE q 4x32x8192x128, k 8 heads -----------------------------------------------
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def rope_eager(q, k, cos, sin):
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def rope_rows():
+    B, HQ, HK, S, D = 4, 32, 8, 8192, 128
+    q = torch.randn(B, HQ, S, D, dtype=torch.bfloat16, device=dev)
+    k = torch.randn(B, HK, S, D, dtype=torch.bfloat16, device=dev)
+    inv = 1.0 / (1e6 ** (torch.arange(0, D, 2, device=dev, dtype=torch.float64) / D))
+    ang = torch.arange(S, device=dev, dtype=torch.float64)[:, None] * inv[None, :]
+    cos_t, sin_t = ang.cos().float().contiguous(), ang.sin().float().contiguous()       # llmkern: [S, D/2] f32
+    emb = torch.cat((ang, ang), dim=-1)
+    cos = emb.cos().to(torch.bfloat16)[None].expand(B, S, D).contiguous()               # HF: [B, S, D] bf16
+    sin = emb.sin().to(torch.bfloat16)[None].expand(B, S, D).contiguous()
+    qo, ko = torch.empty_like(q), torch.empty_like(k)
+    comp = torch.compile(rope_eager)
+
+    def lk_fwd():
+        ok(LIB.lkp_rope(0, BF16, q.data_ptr(), k.data_ptr(), qo.data_ptr(), ko.data_ptr(), cos_t.data_ptr(),
+                        sin_t.data_ptr(), B, HQ, HK, S, D, S, stream()))
+
+    lk_fwd()
+    rq, rk = rope_eager(q, k, cos, sin)
+    check_close("rope q", qo, rq, 2e-2)
+    check_close("rope k", ko, rk, 2e-2)
+    del rq, rk
+    liger = (lambda a, b: LigerRopeFunction.apply(a, b, cos, sin)) if LIGER else None
+    t = {"eager": ms(lambda: rope_eager(q, k, cos, sin)), "compile": ms(lambda: comp(q, k, cos, sin)),
+         "liger": ms(lambda: liger(q, k)) if LIGER else None, "llmkern": ms(lk_fwd)}
+    row("RoPE", "q 4x32x8192x128 k 8h", "fwd", 2 * (q.numel() + k.numel()) * 2, t, "compile", 1.0, 0.85)
+
+
+# ---- LM head + cross-entropy, 8192 tokens, hidden 4096, vocab 151936 -------------
+CE_ROWS = []
+
+
+def ce_rows():
+    """fwd+bwd ms and extra memory: torch eager (bf16 logits, fp32 CE), Liger fused linear
+    CE, llmkern fused (bf16 logits chunks; its extra = saved + workspace bytes)."""
+    T, H, V = 8192, 4096, 151936
+    h = (torch.randn(T, H, dtype=torch.bfloat16, device=dev)).requires_grad_()
+    w = (torch.randn(V, H, dtype=torch.bfloat16, device=dev) * H ** -0.5).requires_grad_()
+    y = torch.randint(0, V, (T,), device=dev)
+    y[::7] = -100
+    reps = 10
+
+    def eager():
+        h.grad = w.grad = None
+        loss = F.cross_entropy((h @ w.t()).float(), y)
+        loss.backward()
+        return loss
+
+    def peak(fn):
+        """ms, and the most memory fn held beyond what existed before it (MiB)."""
+        t = ms(fn, reps)
+        torch.cuda.synchronize()
+        h.grad = w.grad = None
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
+        torch.cuda.synchronize()
+        extra = (torch.cuda.max_memory_allocated() - base) / 2 ** 20
+        return t, extra
+
+    res = {}
+    ref_loss = eager().item()
+    ref_dh, ref_dw = h.grad.clone(), w.grad.clone()
+    res["torch eager (full logits, fp32 CE)"] = peak(eager)
+    if LIGER:
+        try:
+            from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+            lce = LigerFusedLinearCrossEntropyLoss()
+
+            def liger():
+                h.grad = w.grad = None
+                loss = lce(w, h, y)
+                loss.backward()
+                return loss
+
+            res["Liger fused linear CE"] = peak(liger)
+        except Exception as e:  # noqa: BLE001
+            print(f"  liger fused linear CE failed: {e!r}", flush=True)
+    h.grad = w.grad = None
+    hd, wd = h.detach(), w.detach()
+    loss = torch.empty(1, dtype=torch.float32, device=dev)
+    dl = torch.ones(1, dtype=torch.float32, device=dev)
+    dh, dw = torch.empty_like(hd), torch.zeros_like(wd)
+    for chunk in (4096, 8192, 2048):
+        sb, wb = sz(), sz()
+        ok(LIB.lkp_cross_entropy_bytes(BF16, BF16, T, H, V, chunk, ctypes.byref(sb), ctypes.byref(wb)))
+        saved = torch.empty(sb.value, dtype=torch.uint8, device=dev)
+
+        def lk(backward):
+            ok(LIB.lkp_cross_entropy(backward, BF16, hd.data_ptr(), wd.data_ptr(), y.data_ptr(), loss.data_ptr(),
+                                     dl.data_ptr(), dh.data_ptr(), dw.data_ptr(), BF16, saved.data_ptr(), sb.value,
+                                     T, H, V, chunk, stream()))
+
+        dw.zero_()
+        lk(0), lk(1)
+        torch.cuda.synchronize()
+        if chunk == 4096:
+            err = abs(loss.item() - ref_loss) / abs(ref_loss)
+            print(f"  check ce loss: llmkern {loss.item():.6f} torch {ref_loss:.6f} rel err {err:.2e}", flush=True)
+            if not err <= 1e-3:
+                BAD.append("ce loss")
+            check_close("ce d_hidden", dh, ref_dh, 2e-2)
+            check_close("ce d_weight", dw, ref_dw, 2e-2)
+        t_f = ms(lambda: lk(0), reps)
+        t = ms(lambda: (lk(0), lk(1)), reps)
+        extra = (sb.value + wb.value) / 2 ** 20
+        print(f"  llmkern chunk {chunk}: fwd {t_f:.1f} ms, fwd+bwd {t:.1f} ms, saved {sb.value / 2 ** 20:.0f} MiB "
+              f"+ workspace {wb.value / 2 ** 20:.0f} MiB", flush=True)
+        res[f"llmkern fused (chunk {chunk} tokens)"] = (t, extra)
+        del saved
+        torch.cuda.empty_cache()
+    flops = 3 * 2 * T * H * V
+    eager_ms = res["torch eager (full logits, fp32 CE)"][0]
+    liger_mib = res.get("Liger fused linear CE", (None, None))[1]
+    for name, (t, mib) in res.items():
+        tf = flops / (t * 1e-3) / 1e12
+        print(f"CE {name:38s} fwd+bwd {t:7.1f} ms  {tf:5.0f} TFLOP/s  extra {mib:6.0f} MiB", flush=True)
+        CE_ROWS.append((name, t, tf, mib))
+    t4, m4 = res["llmkern fused (chunk 4096 tokens)"]
+    met = t4 <= eager_ms and (liger_mib is None or m4 <= liger_mib)
+    print(f"CE goal (<= eager's ms, <= Liger's MiB): {t4:.1f} vs {eager_ms:.1f} ms, {m4:.0f} vs "
+          f"{liger_mib if liger_mib is None else round(liger_mib)} MiB: {'MET' if met else 'MISSED'}", flush=True)
+    CE_ROWS.append(("goal met", met, None, None))
+
+
+def write_table():
+    os.makedirs(ARGS.out, exist_ok=True)
+    path = os.path.join(ARGS.out, "peers_cuda.md")
+    with open(path, "w") as f:
+        f.write(f"GPU {LIB.lkp_gpu_name().decode()}, torch {torch.__version__}; copy {COPY:.0f} GB/s. "
+                "GB/s per implementation; goal: llmkern / peer and fraction of copy.\n\n")
+        f.write("| op | shape | pass | torch eager | torch.compile | Liger | llmkern | llmkern ms | vs peer (goal) "
+                "| of copy (goal) | met |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
+        for op, shape, pas, g, t_ms, target, goal, ratio, frac, cgoal, met in ROWS:
+            cell = lambda v: f"{v:.0f}" if v else "n/a"  # noqa: E731
+            rs = f"{ratio:.2f}x {target} ({goal}x)" if ratio else f"n/a ({goal}x {target})"
+            f.write(f"| {op} | {shape} | {pas} | {cell(g['eager'])} | {cell(g['compile'])} | {cell(g['liger'])} | "
+                    f"**{cell(g['llmkern'])}** | {t_ms:.3f} | {rs} | {100 * frac:.0f}% ({100 * cgoal:.0f}%) | "
+                    f"{'yes' if met else 'no'} |\n")
+        if CE_ROWS:
+            f.write("\n## LM head + cross-entropy (T 8192, H 4096, V 151936, bf16, mean)\n\n"
+                    "| impl | fwd+bwd ms | TFLOP/s (3 GEMMs) | extra peak MiB |\n|---|---|---|---|\n")
+            for name, t, tf, mib in CE_ROWS:
+                if tf is None:
+                    f.write(f"\ngoal (no slower than eager, no more memory than Liger): {'met' if t else 'MISSED'}\n")
+                else:
+                    f.write(f"| {name} | {t:.1f} | {tf:.0f} | {mib:.0f} |\n")
+    print(f"wrote {path}")
+
+
+t0 = time.time()
+PARTS = [ce_rows, rms_norm_rows, swiglu_rows, rope_rows]
+if os.environ.get("LK_BENCH_ONLY"):
+    PARTS = [p for p in PARTS if p.__name__ in os.environ["LK_BENCH_ONLY"].split(",")]
+for part in PARTS:
+    try:
+        part()
+    except Exception as e:  # noqa: BLE001 - one op's failure must not lose the others' rows
+        print(f"{part.__name__} FAILED: {e!r}", flush=True)
+    torch.cuda.empty_cache()
+    write_table()
+print(f"bench took {time.time() - t0:.0f} s")
+if BAD:
+    print(f"outputs that disagreed with torch eager: {', '.join(BAD)}")
+ce_ok = all(r[1] for r in CE_ROWS if r[0] == "goal met")
+sys.exit(0 if ROWS and all(r[-1] for r in ROWS) and ce_ok and not BAD else 1)

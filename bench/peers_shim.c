@@ -1,0 +1,113 @@
+/* peers_shim.c — C entry points on raw device pointers for bench/peers_cuda.py (ctypes):
+ * each builds the lk_tensor views and a CUDA context on the caller's stream, and calls
+ * the op's facade with its CUDA implementation, so the bench times exactly what a
+ * caller of the library gets (validation included). dt: 0 = f32, 1 = bf16 (lk_dtype).
+ * Every function returns an lk_status; lkp_last_error() gives the text. Built with CUDA
+ * only, as libllmkern_peers_shim.so beside libllmkern.so. */
+#include <stdint.h>
+#include "llmkern/llmkern.h"
+#include "ops/swiglu_mlp/cuda_act.h"
+
+static lk_arena arena = {.device = LK_DEVICE_CUDA};   /* workspace, grown on first use */
+
+static lk_tensor dev_view(void *p, lk_dtype dt, int ndim, const int64_t *shape) {
+    lk_tensor t = lk_tensor_view(p, dt, ndim, shape);
+    t.device.type = LK_DEVICE_CUDA;
+    return t;
+}
+
+/* The CUDA RMSNorm's threads-per-row target (fused.cu), for the bench's sweep. */
+extern int lk_rms_norm_cuda_target_threads;
+void lkp_set_rms_threads(int t) { lk_rms_norm_cuda_target_threads = t; }
+
+int lkp_init(void) { return lk_init() == LK_OK ? lk_hw_get()->cuda_devices : -1; }
+const char *lkp_last_error(void) { return lk_last_error(); }
+const char *lkp_gpu_name(void) { return lk_hw_get()->cuda_name; }
+
+static const lk_impl *impl_of(lk_op op, const char *name) { return lk_impl_find(op, name, LK_DEVICE_CUDA); }
+
+int lkp_rms_norm(int backward, const char *impl, int dt, void *x, void *w, void *y, void *dy, void *dx, void *dw,
+                 void *rstd, int64_t rows, int64_t n, double eps, void *stream) {
+    int64_t s2[2] = {rows, n};
+    lk_dtype d = (lk_dtype)dt;
+    lk_rms_norm_args a = {
+        .x = dev_view(x, d, 2, s2), .weight = dev_view(w, d, 1, &n), .y = dev_view(y, d, 2, s2),
+        .dy = dev_view(dy, d, 2, s2), .dx = dev_view(dx, d, 2, s2), .dweight = dev_view(dw, d, 1, &n),
+        .saved = {rstd, (size_t)rows * sizeof(float)}, .eps = eps,
+    };
+    lk_ctx ctx = lk_ctx_cuda(&arena, stream, 0);
+    const lk_impl *im = impl_of(LK_OP_RMS_NORM, impl);
+    return backward ? lk_rms_norm_backward(im, &a, &ctx) : lk_rms_norm_forward(im, &a, &ctx);
+}
+
+/* q, k [B, H, S, D]; cos, sin f32 [max_pos, D/2]; positions 0..S-1. Backward: q, k are
+ * the incoming gradients and qo, ko the outgoing ones. */
+int lkp_rope(int backward, int dt, void *q, void *k, void *qo, void *ko, void *cos, void *sin, int64_t b,
+             int64_t hq, int64_t hk, int64_t s, int64_t d, int64_t max_pos, void *stream) {
+    int64_t sq[4] = {b, hq, s, d}, sk[4] = {b, hk, s, d}, st[2] = {max_pos, d / 2};
+    lk_dtype t = (lk_dtype)dt;
+    lk_rope_args a = {
+        .q = dev_view(backward ? NULL : q, t, 4, sq), .k = dev_view(backward ? NULL : k, t, 4, sk),
+        .q_out = dev_view(qo, t, 4, sq), .k_out = dev_view(ko, t, 4, sk),
+        .dq_out = dev_view(q, t, 4, sq), .dk_out = dev_view(k, t, 4, sk),
+        .dq = dev_view(qo, t, 4, sq), .dk = dev_view(ko, t, 4, sk),
+        .cos = dev_view(cos, LK_F32, 2, st), .sin = dev_view(sin, LK_F32, 2, st),
+    };
+    lk_ctx ctx = lk_ctx_cuda(&arena, stream, 0);
+    const lk_impl *im = impl_of(LK_OP_ROPE, "fused");
+    return backward ? lk_rope_backward(im, &a, &ctx) : lk_rope_forward(im, &a, &ctx);
+}
+
+/* c = silu(a)·b and its backward (da, db may be a, b themselves), [rows, cols] each. */
+int lkp_swiglu_act(int backward, int dt, void *a, void *b, void *c, void *dc, void *da, void *db, int64_t rows,
+                   int64_t cols, void *stream) {
+    if (backward)
+        return lk_cuda_swiglu_act_backward((lk_dtype)dt, rows, cols, 0.0f, dc, cols, a, cols, b, cols, da, cols,
+                                           db, cols, NULL, 0, stream);
+    return lk_cuda_swiglu_act_forward((lk_dtype)dt, rows, cols, 0.0f, a, cols, b, cols, c, cols, stream);
+}
+
+/* LM head + cross-entropy `fused` (mean over tokens, labels i64 [T], d_loss f32 [1]):
+ * hidden [T, H], weight [V, H] in dt, d_weight in dw_dt. chunk_tokens sets chunk_bytes.
+ * lkp_cross_entropy_bytes gives the saved block and the larger pass's workspace: the
+ * memory the op holds beyond the caller's tensors. */
+static lk_cross_entropy_args ce_args(int dt, void *h, void *w, void *labels, void *loss, void *d_loss, void *dh,
+                                     void *dw, int dw_dt, void *saved, size_t saved_bytes, int64_t *shape,
+                                     int64_t chunk_tokens) {
+    static int64_t one = 1;
+    lk_cross_entropy_args a = lk_cross_entropy_args_init();
+    int64_t sh[2] = {shape[0], shape[1]}, sw[2] = {shape[2], shape[1]};
+    a.hidden = dev_view(h, (lk_dtype)dt, 2, sh), a.weight = dev_view(w, (lk_dtype)dt, 2, sw);
+    a.labels = dev_view(labels, LK_I64, 1, &shape[0]), a.loss = dev_view(loss, LK_F32, 1, &one);
+    a.d_loss = dev_view(d_loss, LK_F32, 1, &one), a.d_hidden = dev_view(dh, (lk_dtype)dt, 2, sh);
+    a.d_weight = dev_view(dw, (lk_dtype)dw_dt, 2, sw);
+    a.saved = (lk_saved){saved, saved_bytes};
+    a.chunk_bytes = (size_t)chunk_tokens * (size_t)shape[2] * 4;
+    return a;
+}
+
+int lkp_cross_entropy_bytes(int dt, int dw_dt, int64_t t, int64_t h, int64_t v, int64_t chunk_tokens,
+                            size_t *saved, size_t *workspace) {
+    int64_t shape[3] = {t, h, v};
+    lk_cross_entropy_args a = ce_args(dt, NULL, NULL, NULL, NULL, NULL, NULL, NULL, dw_dt, NULL, 0, shape,
+                                      chunk_tokens);
+    const lk_impl *im = impl_of(LK_OP_CROSS_ENTROPY, "fused");
+    size_t f = 0, b = 0;
+    lk_status s;
+    if ((s = lk_cross_entropy_saved_bytes(im, &a, saved)) || (s = lk_cross_entropy_workspace_bytes(im, &a, 0, &f)) ||
+        (s = lk_cross_entropy_workspace_bytes(im, &a, 1, &b)))
+        return s;
+    *workspace = f > b ? f : b;
+    return LK_OK;
+}
+
+int lkp_cross_entropy(int backward, int dt, void *h, void *w, void *labels, void *loss, void *d_loss, void *dh,
+                      void *dw, int dw_dt, void *saved, size_t saved_bytes, int64_t t, int64_t hd, int64_t v,
+                      int64_t chunk_tokens, void *stream) {
+    int64_t shape[3] = {t, hd, v};
+    lk_cross_entropy_args a = ce_args(dt, h, w, labels, loss, d_loss, dh, dw, dw_dt, saved, saved_bytes, shape,
+                                      chunk_tokens);
+    lk_ctx ctx = lk_ctx_cuda(&arena, stream, 0);
+    const lk_impl *im = impl_of(LK_OP_CROSS_ENTROPY, "fused");
+    return backward ? lk_cross_entropy_backward(im, &a, &ctx) : lk_cross_entropy_forward(im, &a, &ctx);
+}

@@ -1,0 +1,105 @@
+/* attention.h — scaled dot-product attention, forward and backward, behind one facade.
+ *
+ * Every registry name of the op (eager, sdpa, flash_attention_2, flex_attention and the
+ * SP-aware llmkern_flash_attention_2_with_sp / llmkern_flex_attention_with_sp the
+ * llmkern backend rewrites to) enters lk_attention_forward / lk_attention_backward. The
+ * facade checks every argument, then resolves the row's adapter (eager, flash, flex)
+ * through its own private dispatch table, never through the registry again. The
+ * adapters' compute functions are replaceable slots (lk_attention_set_backend), so a
+ * test can swap one.
+ *
+ *   out[b, i, h, :] = Σ_j softmax_j(mod(scale · q[b,h,i]·k[b,h/g,j])) · v[b,h/g,j]
+ *
+ * over the keys j that query i sees: all, or causal (bottom-right aligned when Sq <
+ * Skv), within a sliding window, within the query's document (varlen), allowed by a
+ * dense mask (eager) or a BlockMask (flex). g = H_q / H_kv (GQA, MQA: K/V are indexed,
+ * never copied). A row that sees nothing gives 0 and LSE −inf. */
+#ifndef LLMKERN_ATTENTION_H
+#define LLMKERN_ATTENTION_H
+
+#include "block_mask.h"
+#include "context.h"
+#include "registry.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    lk_tensor q;            /* [B, H_q, S_q, D], contiguous, f32 or bf16 */
+    lk_tensor k, v;         /* [B, H_kv, S_kv, D], dtype of q; H_kv divides H_q */
+    lk_tensor out;          /* forward output [B, S_q, H_q, D], dtype of q */
+    lk_tensor dout;         /* backward input, like out */
+    lk_tensor dq, dk, dv;   /* backward outputs, like q, k, v */
+    /* Attention sinks (gpt-oss): one logit per q head [H_q] f32 joining every row's
+     * softmax with no value. data NULL = none. ds_aux [H_q] f32: its gradient (optional). */
+    lk_tensor s_aux, ds_aux;
+    /* Varlen: packed documents. [n_docs + 1] i32, 0 first, non-decreasing, ending at
+     * S_q / S_kv; both or neither; B must be 1. Query document d sees key document d
+     * only (causal and window apply inside it, bottom-right aligned per document).
+     * max_seqlen_*: >= the longest document (what a GPU kernel sizes its grid by). */
+    lk_tensor cu_seqlens_q, cu_seqlens_k;
+    int64_t max_seqlen_q, max_seqlen_k;
+    /* eager only: a dense mask [B or 1, H_q or 1, S_q, S_kv], bool (nonzero = visible)
+     * or f32 (added to the score; -inf hides). data NULL = none. */
+    lk_tensor mask;
+    /* flex_attention: required; eager: optional (its predicate applies per element).
+     * Flex follows the mask alone: causal, window and cu_seqlens beside it are ignored. */
+    const lk_block_mask *block_mask;
+    lk_score_mod score_mod;     /* flex and eager: fn NULL = none */
+    lk_saved saved;             /* the forward's log-sum-exp, f32 [B, H_q, S_q]: lk_attention_saved_bytes */
+    float scale;                /* 0: 1/sqrt(D) */
+    int causal;
+    /* Sliding window, HF's convention, 0 = unbounded: key j is seen from aligned query
+     * position p only when p − j < window_left and j − p < window_right. */
+    int64_t window_left, window_right;
+    float softcap;              /* > 0: score = softcap · tanh(score / softcap); 0 = none */
+} lk_attention_args;
+
+/* The compute functions behind an adapter: the slot the facade dispatches to. */
+#define LK_ATTENTION_VTABLE_VERSION 1
+typedef struct {
+    int version;
+    /* Bytes the forward keeps for the backward (the LSE). */
+    size_t (*saved_bytes)(const lk_attention_args *a);
+    /* Scratch bytes a pass needs from ctx->arena. */
+    size_t (*workspace_bytes)(const lk_attention_args *a, int backward);
+    lk_status (*forward)(const lk_attention_args *a, lk_ctx *ctx);
+    lk_status (*backward)(const lk_attention_args *a, lk_ctx *ctx);
+} lk_attention_vtable;
+
+typedef enum { LK_ATTN_EAGER, LK_ATTN_FLASH, LK_ATTN_FLEX, LK_ATTN_ADAPTER_COUNT } lk_attn_adapter;
+
+/* What a registry row of the op points at: which adapter it enters, and whether it
+ * enters through the sequence-parallel path. */
+#define LK_ATTENTION_ENTRY_VERSION 1
+typedef struct {
+    int version;
+    lk_attn_adapter adapter;
+    int sp;     /* 1: the Ulysses path; on one process (ctx->comm NULL) it is the identity */
+} lk_attention_entry;
+
+/* Bytes of impl's saved state for these inputs (q, k, v shapes read). */
+lk_status lk_attention_saved_bytes(const lk_impl *impl, const lk_attention_args *a, size_t *bytes);
+/* The facade. Errors (nothing written): LK_EINVAL (bad option, missing tensor, missing
+ * BlockMask for flex, a mask the adapter does not take, bad cu_seqlens), LK_ESHAPE,
+ * LK_EDTYPE, LK_EDEVICE, LK_EUNAVAILABLE (the SP path with a communicator: a later issue). */
+lk_status lk_attention_forward(const lk_impl *impl, const lk_attention_args *a, lk_ctx *ctx);
+/* Needs out and saved from the forward of the same arguments. */
+lk_status lk_attention_backward(const lk_impl *impl, const lk_attention_args *a, lk_ctx *ctx);
+
+/* Replaces adapter's compute functions; returns the previous ones. NULL restores the
+ * built-in default. For tests; not thread-safe against running calls. */
+const lk_attention_vtable *lk_attention_set_backend(lk_attn_adapter adapter, const lk_attention_vtable *vt);
+
+/* A rank-2 padding mask [B, S] (bool, i32 or i64; nonzero = token) as varlen metadata:
+ * cu_seqlens[B + 1] (i32), the kept token positions b * S + s in order (indices, room
+ * for B * S), their count and the longest row. The q/k/v rows to pack are those
+ * positions, taken before any sequence-parallel slicing. LK_EINVAL / LK_EDTYPE. */
+lk_status lk_attention_varlen_from_padding(const lk_tensor *mask, int32_t *cu_seqlens, int64_t *indices,
+                                           int64_t *total, int64_t *max_seqlen);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,110 @@
+/* checkpoint.h — safetensors files (read and write) and atomic file writes.
+ *
+ *   lk_st_file *f;
+ *   if (lk_st_open("model.safetensors", &f)) puts(lk_last_error());
+ *   lk_st_read(f, "model.norm.weight", &norm_weight);    // checks shape, converts float dtypes
+ *   lk_st_close(f);
+ *
+ *   lk_st_writer *w;
+ *   lk_st_writer_begin("out/model.safetensors", &w);
+ *   lk_st_writer_add(w, "model.norm.weight", &t);        // t's data must live until commit
+ *   lk_st_writer_commit(w);                              // tmp file, fsync, rename, fsync dir
+ *
+ * Reading trusts nothing: the header length against a limit and the file size, strict
+ * UTF-8 JSON, known dtypes, shapes against byte spans, spans inside the data section,
+ * contiguous and non-overlapping, no duplicate names. Any problem is LK_EIO with a
+ * message naming the file and the problem. Files are written as the reference
+ * `safetensors` library writes them: tensors ordered by dtype (widest first) then name,
+ * the header padded with spaces so the data starts 8-byte aligned, which keeps every
+ * tensor aligned to its element size. Metadata {"format": "pt"} is written unless set
+ * otherwise: transformers refuses safetensors files without it. */
+#ifndef LLMKERN_CHECKPOINT_H
+#define LLMKERN_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "status.h"
+#include "tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The reference implementation's limit on the JSON header (100 MB). */
+#define LK_ST_MAX_HEADER 100000000u
+
+typedef struct {
+    const char *name;
+    lk_dtype dtype;          /* LK_DTYPE_COUNT for a valid dtype llmkern has no type for (F64, U8, ...) */
+    const char *st_dtype;    /* as in the file: "BF16", "F64", ... */
+    int ndim;                /* 0 for a scalar */
+    int64_t shape[LK_MAX_DIMS];
+    const void *data;        /* inside the file's mapping; valid until lk_st_close */
+    size_t nbytes;           /* may be 0 (a dimension of 0) */
+} lk_st_tensor;
+
+typedef struct lk_st_file lk_st_file;
+
+/* Opens, maps (read-only) and validates path. On failure *out is NULL and nothing is
+ * held. Errors: LK_EIO (cannot open, malformed), LK_ENOMEM, LK_EINVAL (NULL args). */
+lk_status lk_st_open(const char *path, lk_st_file **out);
+void lk_st_close(lk_st_file *f);                 /* NULL is fine */
+
+/* Tensors in data order (ascending offsets); i < lk_st_count. */
+size_t lk_st_count(const lk_st_file *f);
+const lk_st_tensor *lk_st_at(const lk_st_file *f, size_t i);
+/* The tensor of that name, or NULL. O(log n). */
+const lk_st_tensor *lk_st_find(const lk_st_file *f, const char *name);
+/* "__metadata__" entries: the value of key or NULL; and by index. */
+const char *lk_st_metadata(const lk_st_file *f, const char *key);
+size_t lk_st_metadata_count(const lk_st_file *f);
+void lk_st_metadata_at(const lk_st_file *f, size_t i, const char **key, const char **value);
+
+/* Copies tensor name into dst (a contiguous CPU tensor of the same shape; a 0-d file
+ * tensor also fills a dst of shape [1]). Float dtypes (f32, bf16, f16) convert to dst's
+ * dtype; other dtypes must match. Errors: LK_EIO (no such tensor), LK_ESHAPE,
+ * LK_EDTYPE, LK_EINVAL (dst not contiguous or NULL data); dst untouched on error. */
+lk_status lk_st_read(const lk_st_file *f, const char *name, const lk_tensor *dst);
+
+/* Safetensors dtype text of an llmkern dtype ("BF16"). */
+const char *lk_st_dtype_name(lk_dtype dt);
+
+typedef struct lk_st_writer lk_st_writer;
+
+/* Starts a file at path; nothing touches the disk before commit. */
+lk_status lk_st_writer_begin(const char *path, lk_st_writer **out);
+/* Adds a contiguous CPU tensor (any ndim 0..6, any lk_dtype) under name, in any order.
+ * The writer keeps a pointer to t->data, not a copy: it must stay valid and unchanged
+ * until commit or abort. Duplicate names are found at commit (LK_EINVAL).
+ * Errors (writer still usable): LK_EINVAL (empty/reserved name, NULL data, not
+ * contiguous, not on the CPU), LK_ENOMEM. */
+lk_status lk_st_writer_add(lk_st_writer *w, const char *name, const lk_tensor *t);
+/* The same, but converts t (a float dtype) to dtype `as` into a copy the writer owns:
+ * f32 master weights saved as bf16, with t free to change afterwards. */
+lk_status lk_st_writer_add_as(lk_st_writer *w, const char *name, const lk_tensor *t, lk_dtype as);
+/* A "__metadata__" entry (string to string); setting a key again replaces it. */
+lk_status lk_st_writer_set_metadata(lk_st_writer *w, const char *key, const char *value);
+/* Writes "<path>.tmp", fsyncs it, renames it over path and fsyncs the directory. On any
+ * error the tmp file is removed and a previous file at path is untouched. Frees w. */
+lk_status lk_st_writer_commit(lk_st_writer *w);
+/* Frees w; nothing was written. NULL is fine. */
+void lk_st_writer_abort(lk_st_writer *w);
+
+/* Atomic replacement of any file (config.json, optimizer state, loss.csv at a
+ * checkpoint): writes go to "<path>.tmp"; commit fsyncs, renames over path and fsyncs
+ * the directory; abort, or a commit that fails, removes the tmp file and leaves path as
+ * it was. Commit and abort free f; after a failed write, commit repeats that error.
+ * One writer per path at a time. Errors: LK_EIO naming the path and the system error,
+ * LK_ENOMEM. */
+typedef struct lk_atomic_file lk_atomic_file;
+lk_status lk_atomic_file_begin(const char *path, lk_atomic_file **out);
+lk_status lk_atomic_file_write(lk_atomic_file *f, const void *data, size_t n);
+lk_status lk_atomic_file_commit(lk_atomic_file *f);
+void lk_atomic_file_abort(lk_atomic_file *f);
+/* All of data as the new content of path, atomically. */
+lk_status lk_write_file_atomic(const char *path, const void *data, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

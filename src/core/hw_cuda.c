@@ -1,0 +1,34 @@
+/* hw_cuda.c — the one place the GPU is probed (cudaGetDeviceProperties): device count,
+ * and for device 0 its name, compute capability, multiprocessors, opt-in shared memory
+ * per block and L2 size. lk_init() calls it once, next to the CPU probe; requirements
+ * (min_cc) and `llmkern list` read the lk_hw it fills. Built only with CUDA; a machine
+ * with no GPU or no driver leaves cuda_devices = 0 and says why in cuda_why. */
+#include <stdio.h>
+#include <cuda_runtime_api.h>
+#include "llmkern/registry.h"
+
+void lk_hw_probe_cuda(lk_hw *hw) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        hw->cuda_devices = 0;
+        snprintf(hw->cuda_why, sizeof hw->cuda_why, "no CUDA GPU: %s",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "no device");
+        cudaGetLastError();               /* a probe that finds nothing leaves no error behind */
+        return;
+    }
+    struct cudaDeviceProp p;
+    if ((e = cudaGetDeviceProperties(&p, 0)) != cudaSuccess) {
+        hw->cuda_devices = 0;
+        snprintf(hw->cuda_why, sizeof hw->cuda_why, "cudaGetDeviceProperties: %s", cudaGetErrorString(e));
+        cudaGetLastError();
+        return;
+    }
+    hw->cuda_devices = n;
+    hw->cuda_cc = p.major * 10 + p.minor;
+    hw->cuda_sms = p.multiProcessorCount;
+    hw->cuda_smem_per_block = p.sharedMemPerBlockOptin;
+    hw->cuda_l2_bytes = (size_t)p.l2CacheSize;
+    snprintf(hw->cuda_name, sizeof hw->cuda_name, "%s", p.name);
+    hw->cuda_why[0] = '\0';
+}

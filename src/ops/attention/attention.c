@@ -1,0 +1,323 @@
+/* attention.c — the attention facade (include/llmkern/attention.h). Every registry row
+ * of the op points at an lk_attention_entry naming its adapter; the facade checks
+ * every argument before anything is written, then resolves the adapter through the
+ * private dispatch table below (never the public registry: no recursion, and each
+ * adapter is testable alone), reserves its workspace and runs it. The table's entries
+ * are slots a test may swap (lk_attention_set_backend).
+ *
+ * The SP-aware rows (llmkern_*_with_sp) enter the same adapters through sp_run: with
+ * no communicator (one process) the Ulysses exchange is the identity; the exchange
+ * itself is not implemented yet, so a communicator is refused rather than ignored. */
+#include <math.h>
+#include "core/validate.h"
+#include "ops/attention/internal.h"
+
+#define OP "attention"
+
+static const lk_attention_vtable *const defaults[LK_ATTN_ADAPTER_COUNT] = {
+    [LK_ATTN_EAGER] = &lk_attention_eager_backend,
+    [LK_ATTN_FLASH] = &lk_attention_flash_backend,
+    [LK_ATTN_FLEX] = &lk_attention_flex_backend,
+};
+static const lk_attention_vtable *slots[LK_ATTN_ADAPTER_COUNT] = {
+    [LK_ATTN_EAGER] = &lk_attention_eager_backend,
+    [LK_ATTN_FLASH] = &lk_attention_flash_backend,
+    [LK_ATTN_FLEX] = &lk_attention_flex_backend,
+};
+static const char *const adapter_names[LK_ATTN_ADAPTER_COUNT] = {"eager", "flash", "flex"};
+
+const lk_attention_vtable *lk_attention_set_backend(lk_attn_adapter adapter, const lk_attention_vtable *vt) {
+    if ((unsigned)adapter >= LK_ATTN_ADAPTER_COUNT) return NULL;
+    const lk_attention_vtable *prev = slots[adapter];
+    slots[adapter] = vt ? vt : defaults[adapter];
+    return prev;
+}
+
+typedef struct {
+    const lk_attention_entry *entry;
+    const lk_attention_vtable *vt;
+    lk_attn_dims d;
+} call;
+
+static lk_status resolve(const lk_impl *impl, call *c) {
+    lk_status s = lk_expect_impl(OP, impl, LK_OP_ATTENTION);
+    if (s) return s;
+    c->entry = impl->vtable;
+    if ((unsigned)c->entry->adapter >= LK_ATTN_ADAPTER_COUNT)
+        return lk_error(LK_EINVAL, OP ": impl: expected an adapter of eager, flash or flex in '%s', got %d",
+                        impl->name, (int)c->entry->adapter);
+    c->vt = slots[c->entry->adapter];
+    if (!c->vt || c->vt->version < 1 || !c->vt->saved_bytes || !c->vt->forward || !c->vt->backward)
+        return lk_error(LK_EINVAL, OP ": impl: the %s adapter's backend lacks saved_bytes, forward or backward",
+                        adapter_names[c->entry->adapter]);
+    return LK_OK;
+}
+
+static lk_status check_qkv(const lk_impl *impl, const lk_attention_args *a, int need_data, call *c) {
+    static const char *const names[3] = {"q", "k", "v"};
+    const lk_tensor *t[3] = {&a->q, &a->k, &a->v};
+    lk_status s;
+    for (int i = 0; i < 3; i++) {
+        if ((need_data && (s = lk_expect_present(OP, names[i], t[i]))) ||
+            (s = lk_expect_device(OP, names[i], t[i], impl->device)) ||
+            (s = lk_expect_contiguous(OP, names[i], t[i], 4)) ||
+            (s = lk_expect_dtype(OP, names[i], t[i], impl->needs.dtypes)))
+            return s;
+        if (t[i]->ndim != 4)
+            return lk_error(LK_ESHAPE, OP ": %s: expected rank 4 [B, H, S, D], got rank %d", names[i], t[i]->ndim);
+        if (i && (s = lk_expect_dtype_eq(OP, names[i], t[i], a->q.dtype))) return s;
+    }
+    const int64_t *q = a->q.shape, *k = a->k.shape;
+    if (q[0] < 1 || q[1] < 1 || q[2] < 1 || q[3] < 1 || k[1] < 1 || k[2] < 1)
+        return lk_error(LK_ESHAPE, OP ": q: expected every dim of q and k >= 1, got q [%lld, %lld, %lld, %lld]",
+                        (long long)q[0], (long long)q[1], (long long)q[2], (long long)q[3]);
+    if (k[0] != q[0] || k[3] != q[3])
+        return lk_error(LK_ESHAPE, OP ": k: expected [B=%lld, H_kv, S_kv, D=%lld], got [%lld, %lld, %lld, %lld]",
+                        (long long)q[0], (long long)q[3], (long long)k[0], (long long)k[1], (long long)k[2],
+                        (long long)k[3]);
+    if (q[1] % k[1] != 0)
+        return lk_error(LK_ESHAPE, OP ": k: expected H_kv dividing H_q = %lld, got H_kv = %lld", (long long)q[1],
+                        (long long)k[1]);
+    if ((s = lk_expect_shape(OP, "v", &a->v, 4, k))) return s;
+    c->d = lk_attn_dims_of(a);
+    return LK_OK;
+}
+
+/* cu_seqlens: i32 [n + 1], 0 first, non-decreasing, ending at len; the longest document
+ * is returned. */
+static lk_status check_cu(const char *arg, const lk_tensor *t, int64_t n, int64_t len, int64_t *longest) {
+    lk_status s;
+    if ((s = lk_expect_present(OP, arg, t)) || (s = lk_expect_device(OP, arg, t, LK_DEVICE_CPU)) ||
+        (s = lk_expect_contiguous(OP, arg, t, 1)) || (s = lk_expect_dtype_eq(OP, arg, t, LK_I32)))
+        return s;
+    if (t->ndim != 1 || t->shape[0] < 2 || (n && t->shape[0] != n))
+        return lk_error(LK_ESHAPE, OP ": %s: expected a 1-D tensor of %s entries, got %lld", arg,
+                        n ? "the same number of" : ">= 2", (long long)t->shape[0]);
+    const int32_t *c = t->data;
+    if (c[0] != 0) return lk_error(LK_EINVAL, OP ": %s: expected 0 first, got %d", arg, c[0]);
+    *longest = 0;
+    for (int64_t i = 1; i < t->shape[0]; i++) {
+        if (c[i] < c[i - 1])
+            return lk_error(LK_EINVAL, OP ": %s: expected non-decreasing offsets, got %d after %d at %lld", arg,
+                            c[i], c[i - 1], (long long)i);
+        if (c[i] - c[i - 1] > *longest) *longest = c[i] - c[i - 1];
+    }
+    if (c[t->shape[0] - 1] != len)
+        return lk_error(LK_EINVAL, OP ": %s: expected the last offset to be the total length %lld, got %d", arg,
+                        (long long)len, c[t->shape[0] - 1]);
+    return LK_OK;
+}
+
+static lk_status check_varlen(const lk_attention_args *a, const call *c) {
+    int hq = a->cu_seqlens_q.data != NULL, hk = a->cu_seqlens_k.data != NULL;
+    if (!hq && !hk) return LK_OK;
+    if (c->entry->adapter == LK_ATTN_FLEX)
+        return lk_error(LK_EINVAL, OP ": cu_seqlens_q: expected none for flex_attention (documents belong in "
+                        "the BlockMask), got varlen metadata");
+    if (hq != hk)
+        return lk_error(LK_EINVAL, OP ": %s: expected cu_seqlens_q and cu_seqlens_k together, got only one",
+                        hq ? "cu_seqlens_k" : "cu_seqlens_q");
+    if (c->d.B != 1)
+        return lk_error(LK_ESHAPE, OP ": cu_seqlens_q: expected B = 1 (documents packed along S), got B = %lld",
+                        (long long)c->d.B);
+    int64_t lq, lk;
+    lk_status s;
+    if ((s = check_cu("cu_seqlens_q", &a->cu_seqlens_q, 0, c->d.Sq, &lq)) ||
+        (s = check_cu("cu_seqlens_k", &a->cu_seqlens_k, a->cu_seqlens_q.shape[0], c->d.Skv, &lk)))
+        return s;
+    if (a->max_seqlen_q < lq || a->max_seqlen_k < lk)
+        return lk_error(LK_EINVAL, OP ": %s: expected >= the longest document, %lld, got %lld",
+                        a->max_seqlen_q < lq ? "max_seqlen_q" : "max_seqlen_k", (long long)(a->max_seqlen_q < lq ? lq : lk),
+                        (long long)(a->max_seqlen_q < lq ? a->max_seqlen_q : a->max_seqlen_k));
+    return LK_OK;
+}
+
+static lk_status check_block_mask(const lk_block_mask *m, const call *c) {
+    const lk_attn_dims *d = &c->d;
+    if (m->mask_mod == NULL || !m->kv_num_blocks || !m->kv_indices || !m->q_num_blocks || !m->q_indices ||
+        (!m->full_kv_num_blocks != !m->full_kv_indices) || (!m->full_q_num_blocks != !m->full_q_indices))
+        return lk_error(LK_EINVAL, OP ": block_mask: expected mask_mod and the kv/q block lists, got NULL members");
+    if ((m->B != 1 && m->B != d->B) || (m->H != 1 && m->H != d->Hq) || m->Q_LEN != d->Sq || m->KV_LEN != d->Skv)
+        return lk_error(LK_ESHAPE, OP ": block_mask: expected [1 or %lld, 1 or %lld, %lld, %lld], got [%lld, %lld, "
+                        "%lld, %lld]", (long long)d->B, (long long)d->Hq, (long long)d->Sq, (long long)d->Skv,
+                        (long long)m->B, (long long)m->H, (long long)m->Q_LEN, (long long)m->KV_LEN);
+    if (m->Q_BLOCK_SIZE < 1 || m->KV_BLOCK_SIZE < 1 ||
+        m->num_q_blocks != (m->Q_LEN + m->Q_BLOCK_SIZE - 1) / m->Q_BLOCK_SIZE ||
+        m->num_kv_blocks != (m->KV_LEN + m->KV_BLOCK_SIZE - 1) / m->KV_BLOCK_SIZE)
+        return lk_error(LK_EINVAL, OP ": block_mask: expected block sizes >= 1 and ceil(len / block) blocks, got "
+                        "%lldx%lld blocks of %lldx%lld", (long long)m->num_q_blocks, (long long)m->num_kv_blocks,
+                        (long long)m->Q_BLOCK_SIZE, (long long)m->KV_BLOCK_SIZE);
+    /* counts and indices in range, so the kernels can trust them */
+    for (int pass = 0; pass < 4; pass++) {
+        const int32_t *num = pass == 0 ? m->kv_num_blocks : pass == 1 ? m->full_kv_num_blocks
+                           : pass == 2 ? m->q_num_blocks : m->full_q_num_blocks;
+        const int32_t *ind = pass == 0 ? m->kv_indices : pass == 1 ? m->full_kv_indices
+                           : pass == 2 ? m->q_indices : m->full_q_indices;
+        int64_t rows = m->B * m->H * (pass < 2 ? m->num_q_blocks : m->num_kv_blocks);
+        int64_t width = pass < 2 ? m->num_kv_blocks : m->num_q_blocks;
+        for (int64_t r = 0; num && r < rows; r++) {
+            if (num[r] < 0 || num[r] > width)
+                return lk_error(LK_EINVAL, OP ": block_mask: expected block counts in [0, %lld], got %d",
+                                (long long)width, num[r]);
+            for (int32_t i = 0; i < num[r]; i++)
+                if (ind[r * width + i] < 0 || ind[r * width + i] >= width)
+                    return lk_error(LK_EINVAL, OP ": block_mask: expected block indices in [0, %lld), got %d",
+                                    (long long)width, ind[r * width + i]);
+        }
+    }
+    return LK_OK;
+}
+
+static lk_status check_masks(const lk_attention_args *a, const call *c) {
+    lk_attn_adapter ad = c->entry->adapter;
+    lk_status s;
+    if (ad == LK_ATTN_FLEX && a->block_mask == NULL)
+        return lk_error(LK_EINVAL, OP ": block_mask: expected a BlockMask for flex_attention, got NULL");
+    if (ad == LK_ATTN_FLASH && a->block_mask)
+        return lk_error(LK_EINVAL, OP ": block_mask: expected NULL for the flash adapter (use flex_attention), got "
+                        "a BlockMask");
+    if (ad == LK_ATTN_FLASH && a->score_mod.fn)
+        return lk_error(LK_EINVAL, OP ": score_mod: expected none for the flash adapter (use flex_attention or "
+                        "softcap), got a function");
+    if (a->block_mask && (s = check_block_mask(a->block_mask, c))) return s;
+    if (!a->mask.data) return LK_OK;
+    if (ad != LK_ATTN_EAGER)
+        return lk_error(LK_EINVAL, OP ": mask: expected no dense mask for the %s adapter (eager takes one; "
+                        "padding becomes cu_seqlens via lk_attention_varlen_from_padding), got one",
+                        adapter_names[ad]);
+    const lk_tensor *m = &a->mask;
+    if ((s = lk_expect_device(OP, "mask", m, LK_DEVICE_CPU)) || (s = lk_expect_contiguous(OP, "mask", m, 4)) ||
+        (s = lk_expect_dtype(OP, "mask", m, LK_DTYPE_BIT(LK_BOOL) | LK_DTYPE_BIT(LK_F32))))
+        return s;
+    if (m->ndim != 4 || (m->shape[0] != 1 && m->shape[0] != c->d.B) || (m->shape[1] != 1 && m->shape[1] != c->d.Hq) ||
+        m->shape[2] != c->d.Sq || m->shape[3] != c->d.Skv)
+        return lk_error(LK_ESHAPE, OP ": mask: expected [1 or %lld, 1 or %lld, %lld, %lld]", (long long)c->d.B,
+                        (long long)c->d.Hq, (long long)c->d.Sq, (long long)c->d.Skv);
+    return LK_OK;
+}
+
+static lk_status check_vec(const lk_impl *impl, const char *arg, const lk_tensor *t, int64_t n) {
+    lk_status s;
+    if ((s = lk_expect_device(OP, arg, t, impl->device)) || (s = lk_expect_contiguous(OP, arg, t, 1)) ||
+        (s = lk_expect_dtype_eq(OP, arg, t, LK_F32)) || (s = lk_expect_shape(OP, arg, t, 1, &n)))
+        return s;
+    return LK_OK;
+}
+
+/* Everything both passes read: impl, ctx, q/k/v, options, masks, varlen, sinks, saved. */
+static lk_status check_common(const lk_impl *impl, const lk_attention_args *a, const lk_ctx *ctx, call *c) {
+    lk_status s = resolve(impl, c);
+    if (s) return s;
+    if (a == NULL) return lk_error(LK_EINVAL, OP ": args: expected arguments, got NULL");
+    if (ctx == NULL) return lk_error(LK_EINVAL, OP ": ctx: expected a context, got NULL");
+    if (ctx->device.type != impl->device)
+        return lk_error(LK_EDEVICE, OP ": ctx.device: expected %s for '%s', got %s", lk_device_name(impl->device),
+                        impl->name, lk_device_name(ctx->device.type));
+    if ((s = check_qkv(impl, a, 1, c))) return s;
+    if (!isfinite(a->scale))
+        return lk_error(LK_EINVAL, OP ": scale: expected a finite value (0 = 1/sqrt(D)), got %g", (double)a->scale);
+    if (!(a->softcap >= 0.0f) || !isfinite(a->softcap))
+        return lk_error(LK_EINVAL, OP ": softcap: expected a finite value >= 0, got %g", (double)a->softcap);
+    if (a->causal != 0 && a->causal != 1)
+        return lk_error(LK_EINVAL, OP ": causal: expected 0 or 1, got %d", a->causal);
+    if (a->window_left < 0 || a->window_right < 0)
+        return lk_error(LK_EINVAL, OP ": %s: expected >= 0 (0 = unbounded), got %lld",
+                        a->window_left < 0 ? "window_left" : "window_right",
+                        (long long)(a->window_left < 0 ? a->window_left : a->window_right));
+    if ((s = check_varlen(a, c)) || (s = check_masks(a, c))) return s;
+    if (a->s_aux.data && (s = check_vec(impl, "s_aux", &a->s_aux, c->d.Hq))) return s;
+    size_t need = c->vt->saved_bytes(a);
+    if (a->saved.data == NULL || a->saved.bytes < need)
+        return lk_error(LK_EINVAL, OP ": saved: expected %zu bytes (lk_attention_saved_bytes), got %zu%s", need,
+                        a->saved.bytes, a->saved.data ? "" : " and NULL data");
+    if (c->entry->sp && ctx->comm != NULL)
+        return lk_error(LK_EUNAVAILABLE, OP ": ctx.comm: the Ulysses exchange of '%s' is not implemented yet; "
+                        "run without a communicator (one process: the identity)", impl->name);
+    return LK_OK;
+}
+
+static lk_status check_out(const lk_impl *impl, const char *arg, const lk_tensor *t, const lk_attention_args *a,
+                           const call *c) {
+    int64_t shape[4] = {c->d.B, c->d.Sq, c->d.Hq, c->d.D};
+    lk_status s;
+    if ((s = lk_expect_present(OP, arg, t)) || (s = lk_expect_device(OP, arg, t, impl->device)) ||
+        (s = lk_expect_contiguous(OP, arg, t, 4)) || (s = lk_expect_shape(OP, arg, t, 4, shape)) ||
+        (s = lk_expect_dtype_eq(OP, arg, t, a->q.dtype)))
+        return s;
+    return LK_OK;
+}
+
+static lk_status check_like(const lk_impl *impl, const char *arg, const lk_tensor *t, const lk_tensor *like) {
+    lk_status s;
+    if ((s = lk_expect_present(OP, arg, t)) || (s = lk_expect_device(OP, arg, t, impl->device)) ||
+        (s = lk_expect_contiguous(OP, arg, t, 4)) || (s = lk_expect_like(OP, arg, t, like)))
+        return s;
+    return LK_OK;
+}
+
+static lk_region region(const char *name, const lk_tensor *t) {
+    return (lk_region){name, t->data, t->data ? lk_tensor_bytes(t) : 0};
+}
+
+/* Reserves the adapter's workspace, runs one pass, gives the workspace back. */
+static lk_status run(const call *c, int backward, const lk_attention_args *a, lk_ctx *ctx) {
+    size_t ws = c->vt->workspace_bytes ? c->vt->workspace_bytes(a, backward) : 0;
+    if (ws > 0 && ctx->arena == NULL)
+        return lk_error(LK_EINVAL, OP ": ctx.arena: expected an arena for %zu bytes of workspace, got NULL", ws);
+    lk_status s;
+    if (ws > 0 && (s = lk_arena_reserve(ctx->arena, ws))) return s;
+    size_t mark = ctx->arena ? ctx->arena->used : 0;
+    s = backward ? c->vt->backward(a, ctx) : c->vt->forward(a, ctx);
+    if (ctx->arena) lk_arena_release(ctx->arena, mark);
+    return s;
+}
+
+/* The SP path: the Ulysses exchange around the adapter. One process: the identity
+ * (check_common refused a communicator). */
+static lk_status sp_run(const call *c, int backward, const lk_attention_args *a, lk_ctx *ctx) {
+    return run(c, backward, a, ctx);
+}
+
+lk_status lk_attention_saved_bytes(const lk_impl *impl, const lk_attention_args *a, size_t *bytes) {
+    call c;
+    lk_status s = resolve(impl, &c);
+    if (s) return s;
+    if (a == NULL || bytes == NULL)
+        return lk_error(LK_EINVAL, OP ": %s: expected a pointer, got NULL", a ? "bytes" : "args");
+    if ((s = check_qkv(impl, a, 0, &c))) return s;
+    *bytes = c.vt->saved_bytes(a);
+    return LK_OK;
+}
+
+lk_status lk_attention_forward(const lk_impl *impl, const lk_attention_args *a, lk_ctx *ctx) {
+    call c;
+    lk_status s = check_common(impl, a, ctx, &c);
+    if (s || (s = check_out(impl, "out", &a->out, a, &c))) return s;
+    lk_region outs[2] = {region("out", &a->out), {"saved", a->saved.data, a->saved.bytes}};
+    lk_region ins[7] = {region("q", &a->q), region("k", &a->k), region("v", &a->v), region("s_aux", &a->s_aux),
+                        region("mask", &a->mask), region("cu_seqlens_q", &a->cu_seqlens_q),
+                        region("cu_seqlens_k", &a->cu_seqlens_k)};
+    if ((s = lk_expect_apart(OP, outs, 2, ins, 7))) return s;
+    return c.entry->sp ? sp_run(&c, 0, a, ctx) : run(&c, 0, a, ctx);
+}
+
+lk_status lk_attention_backward(const lk_impl *impl, const lk_attention_args *a, lk_ctx *ctx) {
+    call c;
+    lk_status s = check_common(impl, a, ctx, &c);
+    if (s || (s = check_out(impl, "out", &a->out, a, &c)) || (s = check_out(impl, "dout", &a->dout, a, &c)) ||
+        (s = check_like(impl, "dq", &a->dq, &a->q)) || (s = check_like(impl, "dk", &a->dk, &a->k)) ||
+        (s = check_like(impl, "dv", &a->dv, &a->v)))
+        return s;
+    if (a->ds_aux.data) {
+        if (!a->s_aux.data)
+            return lk_error(LK_EINVAL, OP ": ds_aux: expected s_aux beside it, got ds_aux without sinks");
+        if ((s = check_vec(impl, "ds_aux", &a->ds_aux, c.d.Hq))) return s;
+    }
+    lk_region outs[4] = {region("dq", &a->dq), region("dk", &a->dk), region("dv", &a->dv), region("ds_aux", &a->ds_aux)};
+    lk_region ins[10] = {region("q", &a->q), region("k", &a->k), region("v", &a->v), region("out", &a->out),
+                        region("dout", &a->dout), region("s_aux", &a->s_aux), region("mask", &a->mask),
+                        {"saved", a->saved.data, a->saved.bytes}, region("cu_seqlens_q", &a->cu_seqlens_q),
+                        region("cu_seqlens_k", &a->cu_seqlens_k)};
+    if ((s = lk_expect_apart(OP, outs, 4, ins, 10))) return s;
+    return c.entry->sp ? sp_run(&c, 1, a, ctx) : run(&c, 1, a, ctx);
+}

@@ -1,0 +1,305 @@
+/* block_mask.c — building BlockMasks (include/llmkern/block_mask.h): the predicate is
+ * evaluated on every element once, each (q block, kv block) classified empty, partial
+ * or full, and the lists and their transposes written into one allocation. Also the
+ * standard predicates, the ready builders (which own a copy of their context) and the
+ * score_mod examples. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "llmkern/block_mask.h"
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+lk_status lk_block_mask_create(lk_mask_fn mask_mod, const void *ctx, int64_t B, int64_t H, int64_t Q_LEN,
+                               int64_t KV_LEN, int64_t q_block, int64_t kv_block, lk_block_mask *out) {
+    if (!mask_mod || !out)
+        return lk_error(LK_EINVAL, "block_mask: %s: expected a pointer, got NULL", out ? "mask_mod" : "out");
+    if (q_block == 0) q_block = LK_BLOCK_MASK_DEFAULT_BLOCK;
+    if (kv_block == 0) kv_block = LK_BLOCK_MASK_DEFAULT_BLOCK;
+    if (B < 1 || H < 1 || Q_LEN < 1 || KV_LEN < 1 || q_block < 1 || kv_block < 1)
+        return lk_error(LK_EINVAL, "block_mask: shape: expected B, H, Q_LEN, KV_LEN and block sizes >= 1, got "
+                        "[%lld, %lld, %lld, %lld] blocks %lldx%lld", (long long)B, (long long)H, (long long)Q_LEN,
+                        (long long)KV_LEN, (long long)q_block, (long long)kv_block);
+    int64_t nq = cdiv(Q_LEN, q_block), nk = cdiv(KV_LEN, kv_block), bh = B * H;
+    size_t cells = (size_t)(bh * nq * nk);
+    int32_t *all = calloc(4 * (size_t)bh * (size_t)(nq + nk) + 4 * cells, sizeof(int32_t));
+    uint8_t *kind = malloc(cells ? cells : 1);          /* 0 empty, 1 partial, 2 full */
+    if (!all || !kind) {
+        free(all); free(kind);
+        return lk_error(LK_ENOMEM, "block_mask: out of memory for %zu blocks", cells);
+    }
+    #pragma omp parallel for collapse(2) schedule(dynamic, 1) if ((double)bh * (double)Q_LEN * (double)KV_LEN >= 65536.0)
+    for (int64_t r = 0; r < bh; r++)
+        for (int64_t qb = 0; qb < nq; qb++)
+            for (int64_t kb = 0; kb < nk; kb++) {
+                int64_t seen = 0, n = 0;
+                for (int64_t i = qb * q_block; i < (qb + 1) * q_block && i < Q_LEN; i++)
+                    for (int64_t j = kb * kv_block; j < (kb + 1) * kv_block && j < KV_LEN; j++, n++)
+                        seen += mask_mod(r / H, r % H, i, j, ctx);
+                kind[(r * nq + qb) * nk + kb] = seen == 0 ? 0 : seen == n ? 2 : 1;
+            }
+    lk_block_mask m = {.B = B, .H = H, .Q_LEN = Q_LEN, .KV_LEN = KV_LEN, .Q_BLOCK_SIZE = q_block,
+                       .KV_BLOCK_SIZE = kv_block, .num_q_blocks = nq, .num_kv_blocks = nk, .mask_mod = mask_mod,
+                       .mask_ctx = ctx};
+    int32_t *p = all;
+    m.kv_num_blocks = p; p += bh * nq;
+    m.full_kv_num_blocks = p; p += bh * nq;
+    m.q_num_blocks = p; p += bh * nk;
+    m.full_q_num_blocks = p; p += bh * nk;
+    m.kv_indices = p; p += cells;
+    m.full_kv_indices = p; p += cells;
+    m.q_indices = p; p += cells;
+    m.full_q_indices = p;
+    for (int64_t r = 0; r < bh; r++)
+        for (int64_t qb = 0; qb < nq; qb++)
+            for (int64_t kb = 0; kb < nk; kb++) {
+                int k = kind[(r * nq + qb) * nk + kb];
+                if (!k) continue;
+                int32_t *kn = k == 2 ? m.full_kv_num_blocks : m.kv_num_blocks, *ki = k == 2 ? m.full_kv_indices : m.kv_indices;
+                int32_t *qn = k == 2 ? m.full_q_num_blocks : m.q_num_blocks, *qi = k == 2 ? m.full_q_indices : m.q_indices;
+                int64_t rq = r * nq + qb, rk = r * nk + kb;
+                ki[rq * nk + kn[rq]++] = (int32_t)kb;
+                qi[rk * nq + qn[rk]++] = (int32_t)qb;
+            }
+    free(kind);
+    *out = m;
+    return LK_OK;
+}
+
+void lk_block_mask_free(lk_block_mask *m) {
+    if (!m) return;
+    free(m->kv_num_blocks);
+    free(m->owned);
+    memset(m, 0, sizeof *m);
+}
+
+double lk_block_mask_density(const lk_block_mask *m) {
+    int64_t nq = m->num_q_blocks, nk = m->num_kv_blocks;
+    double seen = 0.0;
+    for (int64_t r = 0; r < m->B * m->H; r++)
+        for (int64_t qb = 0; qb < nq; qb++) {
+            int64_t rq = r * nq + qb, qn = (qb + 1) * m->Q_BLOCK_SIZE < m->Q_LEN ? m->Q_BLOCK_SIZE : m->Q_LEN - qb * m->Q_BLOCK_SIZE;
+            for (int32_t t = 0; t < m->full_kv_num_blocks[rq]; t++) {
+                int64_t kb = m->full_kv_indices[rq * nk + t];
+                int64_t kn = (kb + 1) * m->KV_BLOCK_SIZE < m->KV_LEN ? m->KV_BLOCK_SIZE : m->KV_LEN - kb * m->KV_BLOCK_SIZE;
+                seen += (double)(qn * kn);
+            }
+            for (int32_t t = 0; t < m->kv_num_blocks[rq]; t++) {
+                int64_t kb = m->kv_indices[rq * nk + t];
+                for (int64_t i = qb * m->Q_BLOCK_SIZE; i < (qb + 1) * m->Q_BLOCK_SIZE && i < m->Q_LEN; i++)
+                    for (int64_t j = kb * m->KV_BLOCK_SIZE; j < (kb + 1) * m->KV_BLOCK_SIZE && j < m->KV_LEN; j++)
+                        seen += m->mask_mod(r / m->H, r % m->H, i, j, m->mask_ctx);
+            }
+        }
+    return seen / ((double)(m->B * m->H) * (double)m->Q_LEN * (double)m->KV_LEN);
+}
+
+/* --- predicates ------------------------------------------------------------------ */
+
+bool lk_mask_causal(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const void *ctx) {
+    const lk_causal_ctx *c = ctx;
+    return kv_idx <= q_idx + (c ? c->offset : 0);
+}
+
+bool lk_mask_sliding_window(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const void *ctx) {
+    const lk_window_ctx *c = ctx;
+    int64_t p = q_idx + c->offset;
+    return kv_idx <= p && kv_idx > p - c->window;
+}
+
+bool lk_mask_prefix_lm(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const void *ctx) {
+    const lk_prefix_lm_ctx *c = ctx;
+    return kv_idx < c->prefix_len[c->n_prefix == 1 ? 0 : b] || kv_idx <= q_idx;
+}
+
+/* Document of position i under cu_seqlens (binary search). */
+static int64_t doc_of(const int32_t *cu, int64_t n_docs, int64_t i) {
+    int64_t lo = 0, hi = n_docs - 1;
+    while (lo < hi) {
+        int64_t mid = (lo + hi + 1) / 2;
+        if (cu[mid] <= i) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+bool lk_mask_document(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const void *ctx) {
+    const lk_document_ctx *c = ctx;
+    if (c->causal && kv_idx > q_idx) return false;
+    if (c->q_doc) {
+        int64_t row = c->per_batch ? b : 0;
+        return c->q_doc[row * c->q_len + q_idx] == c->kv_doc[row * c->kv_len + kv_idx];
+    }
+    return doc_of(c->cu_seqlens, c->n_docs, q_idx) == doc_of(c->cu_seqlens, c->n_docs, kv_idx);
+}
+
+bool lk_mask_and(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const void *ctx) {
+    const lk_mask_pair_ctx *c = ctx;
+    return c->a(b, h, q_idx, kv_idx, c->a_ctx) && c->b(b, h, q_idx, kv_idx, c->b_ctx);
+}
+
+bool lk_mask_or(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const void *ctx) {
+    const lk_mask_pair_ctx *c = ctx;
+    return c->a(b, h, q_idx, kv_idx, c->a_ctx) || c->b(b, h, q_idx, kv_idx, c->b_ctx);
+}
+
+/* --- row forms of the predicates (the builders set them): plain loops that vectorize */
+
+static void row_causal(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint8_t *out, const void *ctx) {
+    int64_t last = q + ((const lk_causal_ctx *)ctx)->offset;
+    for (int64_t j = 0; j < n; j++) out[j] = kv0 + j <= last;
+}
+
+static void row_window(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint8_t *out, const void *ctx) {
+    const lk_window_ctx *c = ctx;
+    int64_t p = q + c->offset;
+    for (int64_t j = 0; j < n; j++) out[j] = kv0 + j <= p && kv0 + j > p - c->window;
+}
+
+static void row_prefix(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint8_t *out, const void *ctx) {
+    const lk_prefix_lm_ctx *c = ctx;
+    int64_t pre = c->prefix_len[c->n_prefix == 1 ? 0 : b];
+    for (int64_t j = 0; j < n; j++) out[j] = kv0 + j < pre || kv0 + j <= q;
+}
+
+/* Builders' documents always come as ids (q_doc set). */
+static void row_document(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint8_t *out, const void *ctx) {
+    const lk_document_ctx *c = ctx;
+    int64_t row = c->per_batch ? b : 0;
+    int32_t dq = c->q_doc[row * c->q_len + q];
+    const int32_t *kd = c->kv_doc + row * c->kv_len + kv0;
+    for (int64_t j = 0; j < n; j++) out[j] = kd[j] == dq && (!c->causal || kv0 + j <= q);
+}
+
+/* AND / OR of two row forms: lk_mask_pair_ctx first, so lk_mask_and/or read it too. */
+typedef struct {
+    lk_mask_pair_ctx pair;
+    lk_mask_row_fn ra, rb;
+} pair_rows;
+
+static void row_combine(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint8_t *out, const pair_rows *c,
+                        int both) {
+    uint8_t other[256];
+    c->ra(b, h, q, kv0, n, out, c->pair.a_ctx);
+    for (int64_t j0 = 0; j0 < n; j0 += 256) {
+        int64_t k = n - j0 < 256 ? n - j0 : 256;
+        c->rb(b, h, q, kv0 + j0, k, other, c->pair.b_ctx);
+        for (int64_t j = 0; j < k; j++) out[j0 + j] = both ? out[j0 + j] && other[j] : out[j0 + j] || other[j];
+    }
+}
+static void row_and(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint8_t *out, const void *ctx) {
+    row_combine(b, h, q, kv0, n, out, ctx, 1);
+}
+static void row_or(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint8_t *out, const void *ctx) {
+    row_combine(b, h, q, kv0, n, out, ctx, 0);
+}
+
+/* --- builders: the context (and any array it points at) lives in m->owned -------- */
+
+static lk_status build_owned(lk_mask_fn fn, lk_mask_row_fn row, void *owned, int64_t B, int64_t H, int64_t Q,
+                             int64_t KV, int64_t qb, int64_t kb, lk_block_mask *out) {
+    if (!owned) return lk_error(LK_ENOMEM, "block_mask: out of memory for the mask's context");
+    lk_status s = lk_block_mask_create(fn, owned, B, H, Q, KV, qb, kb, out);
+    if (s) { free(owned); return s; }
+    out->owned = owned;
+    out->mask_row = row;
+    return LK_OK;
+}
+
+/* A context struct of ctx_bytes followed by extra bytes copied from src. */
+static void *ctx_with(size_t ctx_bytes, const void *src, size_t extra) {
+    char *p = calloc(1, ctx_bytes + extra + 1);
+    if (p && src && extra) memcpy(p + ctx_bytes, src, extra);
+    return p;
+}
+
+lk_status lk_block_mask_causal(int64_t B, int64_t H, int64_t Q_LEN, int64_t KV_LEN, int64_t q_block,
+                               int64_t kv_block, lk_block_mask *out) {
+    lk_causal_ctx *c = ctx_with(sizeof *c, NULL, 0);
+    if (c) c->offset = KV_LEN - Q_LEN;
+    return build_owned(lk_mask_causal, row_causal, c, B, H, Q_LEN, KV_LEN, q_block, kv_block, out);
+}
+
+lk_status lk_block_mask_sliding_window(int64_t window, int64_t B, int64_t H, int64_t Q_LEN, int64_t KV_LEN,
+                                       int64_t q_block, int64_t kv_block, lk_block_mask *out) {
+    if (window < 1) return lk_error(LK_EINVAL, "block_mask: window: expected >= 1, got %lld", (long long)window);
+    lk_window_ctx *c = ctx_with(sizeof *c, NULL, 0);
+    if (c) *c = (lk_window_ctx){.window = window, .offset = KV_LEN - Q_LEN};
+    return build_owned(lk_mask_sliding_window, row_window, c, B, H, Q_LEN, KV_LEN, q_block, kv_block, out);
+}
+
+lk_status lk_block_mask_prefix_lm(const int64_t *prefix_len, int64_t B, int64_t H, int64_t Q_LEN, int64_t KV_LEN,
+                                  int64_t q_block, int64_t kv_block, lk_block_mask *out) {
+    if (!prefix_len || B < 1) return lk_error(LK_EINVAL, "block_mask: prefix_len: expected B >= 1 lengths, got NULL");
+    lk_prefix_lm_ctx *c = ctx_with(sizeof *c, prefix_len, (size_t)B * sizeof(int64_t));
+    if (c) *c = (lk_prefix_lm_ctx){.prefix_len = (const int64_t *)(c + 1), .n_prefix = B};
+    return build_owned(lk_mask_prefix_lm, row_prefix, c, B, H, Q_LEN, KV_LEN, q_block, kv_block, out);
+}
+
+lk_status lk_block_mask_document_cu(const int32_t *cu_seqlens, int64_t n_docs, int causal, int64_t H, int64_t LEN,
+                                    int64_t q_block, int64_t kv_block, lk_block_mask *out) {
+    if (!cu_seqlens || n_docs < 1 || cu_seqlens[0] != 0 || cu_seqlens[n_docs] != LEN)
+        return lk_error(LK_EINVAL, "block_mask: cu_seqlens: expected %s", "n_docs >= 1 offsets from 0 to LEN");
+    for (int64_t i = 0; i < n_docs; i++)
+        if (cu_seqlens[i + 1] < cu_seqlens[i])
+            return lk_error(LK_EINVAL, "block_mask: cu_seqlens: expected non-decreasing offsets, got %d after %d",
+                            cu_seqlens[i + 1], cu_seqlens[i]);
+    /* per-token ids: the predicate, run per element in partial blocks, becomes two loads */
+    lk_document_ctx *c = ctx_with(sizeof *c, NULL, (size_t)LEN * sizeof(int32_t));
+    if (c) {
+        int32_t *ids = (int32_t *)(c + 1);
+        for (int64_t d = 0; d < n_docs; d++)
+            for (int64_t i = cu_seqlens[d]; i < cu_seqlens[d + 1]; i++) ids[i] = (int32_t)d;
+        *c = (lk_document_ctx){.q_doc = ids, .kv_doc = ids, .q_len = LEN, .kv_len = LEN, .causal = causal};
+    }
+    return build_owned(lk_mask_document, row_document, c, 1, H, LEN, LEN, q_block, kv_block, out);
+}
+
+lk_status lk_block_mask_document_ids(const int32_t *doc, int causal, int64_t B, int64_t H, int64_t LEN,
+                                     int64_t q_block, int64_t kv_block, lk_block_mask *out) {
+    if (!doc || B < 1 || LEN < 1) return lk_error(LK_EINVAL, "block_mask: doc: expected B * LEN document ids, got NULL");
+    lk_document_ctx *c = ctx_with(sizeof *c, doc, (size_t)(B * LEN) * sizeof(int32_t));
+    if (c) {
+        const int32_t *ids = (const int32_t *)(c + 1);
+        *c = (lk_document_ctx){.q_doc = ids, .kv_doc = ids, .q_len = LEN, .kv_len = LEN, .per_batch = B > 1,
+                               .causal = causal};
+    }
+    return build_owned(lk_mask_document, row_document, c, B, H, LEN, LEN, q_block, kv_block, out);
+}
+
+static lk_status combine(lk_mask_fn fn, const lk_block_mask *x, const lk_block_mask *y, lk_block_mask *out) {
+    if (!x || !y || !x->mask_mod || !y->mask_mod)
+        return lk_error(LK_EINVAL, "block_mask: %s: expected a built mask, got none", !x || !x->mask_mod ? "x" : "y");
+    if (x->Q_LEN != y->Q_LEN || x->KV_LEN != y->KV_LEN || (x->B != y->B && x->B != 1 && y->B != 1) ||
+        (x->H != y->H && x->H != 1 && y->H != 1))
+        return lk_error(LK_ESHAPE, "block_mask: y: expected the shape of x [%lld, %lld, %lld, %lld], got [%lld, "
+                        "%lld, %lld, %lld]", (long long)x->B, (long long)x->H, (long long)x->Q_LEN,
+                        (long long)x->KV_LEN, (long long)y->B, (long long)y->H, (long long)y->Q_LEN,
+                        (long long)y->KV_LEN);
+    pair_rows *c = ctx_with(sizeof *c, NULL, 0);
+    if (c) *c = (pair_rows){{x->mask_mod, x->mask_ctx, y->mask_mod, y->mask_ctx}, x->mask_row, y->mask_row};
+    lk_mask_row_fn row = x->mask_row && y->mask_row ? (fn == lk_mask_and ? row_and : row_or) : NULL;
+    return build_owned(fn, row, c, x->B > y->B ? x->B : y->B, x->H > y->H ? x->H : y->H, x->Q_LEN, x->KV_LEN,
+                       x->Q_BLOCK_SIZE, x->KV_BLOCK_SIZE, out);
+}
+
+lk_status lk_block_mask_and(const lk_block_mask *x, const lk_block_mask *y, lk_block_mask *out) {
+    return combine(lk_mask_and, x, y, out);
+}
+lk_status lk_block_mask_or(const lk_block_mask *x, const lk_block_mask *y, lk_block_mask *out) {
+    return combine(lk_mask_or, x, y, out);
+}
+
+/* --- score_mod examples --------------------------------------------------------- */
+
+float lk_score_mod_softcap(float score, int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const void *ctx,
+                           float *grad) {
+    float cap = *(const float *)ctx, t = tanhf(score / cap);
+    *grad = 1.0f - t * t;
+    return cap * t;
+}
+
+float lk_score_mod_alibi(float score, int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const void *ctx,
+                         float *grad) {
+    *grad = 1.0f;
+    return score - ((const float *)ctx)[h] * (float)(q_idx - kv_idx);
+}

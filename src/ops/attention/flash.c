@@ -1,0 +1,387 @@
+/* flash.c — the tiled attention engine (FlashAttention-2's loop order, on the CPU) and
+ * the `sdpa` / `flash_attention_2` adapter that drives it with analytic masking.
+ *
+ * Forward, per (b, h, q tile) on OpenMP: for each kv tile the q tile sees, S = Q·Kᵀ
+ * (f32, tiles.c), scale / softcap / score_mod, hide what the tile source says, then the
+ * online softmax: running max m and sum l per row, O rescaled by exp(m_old − m_new) and
+ * O += P·V. Sinks join the sum at the end. The LSE m + log l is saved; S×S is never
+ * materialized: extra memory is a few tiles per thread.
+ *
+ * Backward, per (b, h_kv, kv tile): dK and dV accumulate in the tile over every q head
+ * of the group and every q tile that sees it (P recomputed from the LSE, dS = P ∘
+ * (dO·Vᵀ − delta)). dQ: when there are enough (b, h_kv) groups, each group is one task
+ * and sums its heads' dQ in place (f32) or in one f32 buffer; otherwise kv tiles are
+ * spread over threads, each summing dQ into its own f32 buffer [B, H_q, S_q, D], added
+ * at the end. Extra memory is O(S) either way. GQA/MQA index K/V by h / G.
+ *
+ * The engine asks a tile source (internal.h) which tiles to visit and which are full;
+ * flex.c supplies one from the BlockMask. */
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include "ops/attention/internal.h"
+
+#define FLASH_TILE 64
+/* Calls with fewer multiply-adds than this run on one thread: a parallel region's
+ * wake-up and barrier cost more, and much more on a loaded machine. */
+#define PAR_MIN_WORK ((double)(1 << 22))
+
+static int worth_threads(const lk_attn_dims *d) {
+    return (double)d->B * (double)d->Hq * (double)d->Sq * (double)d->Skv * (double)d->D >= PAR_MIN_WORK;
+}
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static int64_t pad_cols(int64_t tk) { return cdiv(tk, LK_ATTN_COLS) * LK_ATTN_COLS; }
+static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
+
+/* Per-thread scratch, in floats. */
+typedef struct { size_t q, o, kt, vt, kf, sc, dp, g, tr, dk, dv, m, l, idx, full, total; } thread_layout;
+
+static thread_layout layout(const lk_attn_dims *d, int64_t tq, int64_t tk, int backward) {
+    thread_layout t = {0};
+    size_t tkp = (size_t)pad_cols(tk), D = (size_t)d->D, n = 0, nt = (size_t)(cdiv(d->Sq, tq) + cdiv(d->Skv, tk));
+#define TAKE(f, cnt) (t.f = n, n += up64((cnt) * sizeof(float)) / sizeof(float))
+    TAKE(q, tq * D); TAKE(o, tq * D); TAKE(kt, D * tkp); TAKE(vt, D * tkp); TAKE(kf, tkp * D);
+    TAKE(sc, tq * tkp); TAKE(m, tq); TAKE(l, tq); TAKE(idx, nt); TAKE(full, nt);
+    if (backward) { TAKE(dp, tq * tkp); TAKE(g, tq * tkp); TAKE(tr, tkp * tq); TAKE(dk, tk * D); TAKE(dv, tk * D); }
+#undef TAKE
+    t.total = n;
+    return t;
+}
+
+/* dQ buffers of the backward: with at least a few (b, h_kv) groups per thread, or an
+ * exact split, each group is one task and owns its heads' dQ rows, so one shared
+ * buffer does (none for f32: dq itself accumulates). Otherwise the kv tiles of a group
+ * are spread over the threads and each sums dQ into a buffer of its own. */
+static int dq_buffers(const lk_attn_dims *d, int nth) {
+    int64_t groups = d->B * d->Hkv;
+    if (groups >= 4 * nth || groups % nth == 0) return d->dt == LK_F32 ? 0 : 1;
+    return nth;
+}
+
+size_t lk_attn_tiled_workspace(const lk_attention_args *a, int64_t tq, int64_t tk, int backward) {
+    lk_attn_dims d = lk_attn_dims_of(a);
+    size_t per = layout(&d, tq, tk, backward).total * sizeof(float), nth = (size_t)omp_get_max_threads();
+    size_t bytes = nth * per + 64;
+    if (backward) {
+        size_t rows = (size_t)(d.B * d.Hq * d.Sq), nb = (size_t)dq_buffers(&d, (int)nth);
+        bytes += up64(rows * sizeof(float)) + nb * up64(rows * (size_t)d.D * sizeof(float)) + 64 * 3;
+    }
+    return bytes;
+}
+
+/* K rows [k0, k0+nk) of a [S, D] block, transposed into kt[D, tkp] (zero columns past nk). */
+static void load_transposed(const void *src, lk_dtype dt, int64_t nk, int64_t D, float *tmp, float *kt,
+                            int64_t tkp) {
+    if (dt == LK_F32) {
+        lk_attn_transpose(src, D, nk, D, kt, tkp);
+    } else {
+        lk_attn_load_rows(src, dt, D, nk, D, tmp, D);
+        lk_attn_transpose(tmp, D, nk, D, kt, tkp);
+    }
+    for (int64_t c = 0; c < D; c++)
+        for (int64_t j = nk; j < tkp; j++) kt[c * tkp + j] = 0.0f;
+}
+
+/* Scores of one tile after scale, softcap and score_mod, hidden ones -inf. With g set,
+ * g[i, j] = d(score)/d(q·k), what the backward multiplies dS by. */
+static void tile_scores(const lk_attention_args *a, const lk_attn_dims *d, const lk_attn_src *src, int64_t b,
+                        int64_t h, int64_t q0, int64_t nq, int64_t k0, int64_t nk, int full, float *sc,
+                        int64_t ld, float *g) {
+    const float cap = a->softcap, scale = d->scale;
+    const lk_score_mod_fn mod = a->score_mod.fn;
+    for (int64_t i = 0; i < nq; i++) {
+        float *s = sc + i * ld, *gi = g ? g + i * ld : NULL;
+        for (int64_t j = 0; j < nk; j++) s[j] *= scale;
+        if (cap > 0.0f || mod) {
+            for (int64_t j = 0; j < nk; j++) {
+                float f = scale, gm = 1.0f;
+                if (cap > 0.0f) {
+                    float t = tanhf(s[j] / cap);
+                    s[j] = cap * t;
+                    f *= 1.0f - t * t;
+                }
+                if (mod) s[j] = mod(s[j], b, h, q0 + i, k0 + j, a->score_mod.ctx, &gm);
+                if (gi) gi[j] = f * gm;
+            }
+        }
+        for (int64_t j = nk; j < ld; j++) s[j] = -INFINITY;
+    }
+    if (!full) src->mask_tile(src, b, h, q0, nq, k0, nk, sc, ld);
+}
+
+static const void *rows_at(const void *base, lk_dtype dt, int64_t row, int64_t D) {
+    return (const char *)base + (size_t)(row * D) * lk_dtype_size(dt);
+}
+
+static void store_row(void *dst, lk_dtype dt, int64_t off, const float *x, float mul, int64_t D) {
+    if (dt == LK_F32)
+        for (int64_t c = 0; c < D; c++) ((float *)dst)[off + c] = x[c] * mul;
+    else
+        for (int64_t c = 0; c < D; c++) ((uint16_t *)dst)[off + c] = lk_f32_to_bf16(x[c] * mul);
+}
+
+/* One (b, h, q tile) of the forward. */
+static void forward_tile(const lk_attention_args *a, const lk_attn_dims *d, const lk_attn_src *src, int64_t b,
+                         int64_t h, int64_t qt, float *w, const thread_layout *L, float *lse) {
+    const int64_t D = d->D, tk = src->tk, tkp = pad_cols(tk), q0 = qt * src->tq;
+    const int64_t nq = d->Sq - q0 < src->tq ? d->Sq - q0 : src->tq, hk = h / d->G;
+    float *qf = w + L->q, *o = w + L->o, *kt = w + L->kt, *vf = w + L->kf, *sc = w + L->sc, *m = w + L->m,
+          *l = w + L->l, *tmp = w + L->vt;
+    int32_t *idx = (int32_t *)(w + L->idx);
+    uint8_t *full = (uint8_t *)(w + L->full);
+    lk_attn_load_rows(rows_at(a->q.data, d->dt, (b * d->Hq + h) * d->Sq + q0, D), d->dt, D, nq, D, qf, D);
+    memset(o, 0, sizeof(float) * (size_t)(nq * D));
+    for (int64_t i = 0; i < nq; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
+    int64_t nt = src->kv_tiles(src, b, h, qt, idx, full);
+    for (int64_t t = 0; t < nt; t++) {
+        int64_t k0 = (int64_t)idx[t] * tk, nk = d->Skv - k0 < tk ? d->Skv - k0 : tk;
+        int64_t krow = (b * d->Hkv + hk) * d->Skv + k0;
+        load_transposed(rows_at(a->k.data, d->dt, krow, D), d->dt, nk, D, tmp, kt, tkp);
+        const float *vr = vf;
+        if (d->dt == LK_F32) vr = rows_at(a->v.data, d->dt, krow, D);     /* f32 rows are used in place */
+        else lk_attn_load_rows(rows_at(a->v.data, d->dt, krow, D), d->dt, D, nk, D, vf, D);
+        lk_attn_abt(qf, D, nq, kt, tkp, tkp, D, sc, tkp);
+        tile_scores(a, d, src, b, h, q0, nq, k0, nk, full[t], sc, tkp, NULL);
+        int64_t rlo = nq, rhi = 0;      /* rows that see something in this tile: the only ones P·V needs */
+        for (int64_t i = 0; i < nq; i++) {
+            float *s = sc + i * tkp, mx = lk_attn_row_max(s, nk);
+            if (mx != -INFINITY) { rlo = i < rlo ? i : rlo; rhi = i + 1; }
+            float mn = mx > m[i] ? mx : m[i];
+            if (mn == -INFINITY) { memset(s, 0, sizeof(float) * (size_t)nk); continue; }
+            float alpha = expf(m[i] - mn);
+            l[i] = l[i] * alpha + lk_attn_exp_sum(s, nk, mn);
+            m[i] = mn;
+            if (alpha != 1.0f)
+                for (int64_t c = 0; c < D; c++) o[i * D + c] *= alpha;
+        }
+        if (rlo < rhi) lk_attn_acc_ab(sc + rlo * tkp, tkp, rhi - rlo, nk, vr, D, D, o + rlo * D, D);
+    }
+    const float *sink = a->s_aux.data;
+    for (int64_t i = 0; i < nq; i++) {
+        float mi = m[i], li = l[i];
+        if (sink) {
+            float mn = sink[h] > mi ? sink[h] : mi, alpha = expf(mi - mn);
+            li = li * alpha + expf(sink[h] - mn);
+            for (int64_t c = 0; c < D; c++) o[i * D + c] *= alpha;
+            mi = mn;
+        }
+        lse[(b * d->Hq + h) * d->Sq + q0 + i] = li > 0.0f ? mi + logf(li) : -INFINITY;
+        store_row(a->out.data, d->dt, ((b * d->Sq + q0 + i) * d->Hq + h) * D, o + i * D,
+                  li > 0.0f ? 1.0f / li : 0.0f, D);
+    }
+}
+
+static float *thread_scratch(lk_arena *arena, size_t floats, int nth) {
+    return lk_arena_alloc(arena, (size_t)nth * floats * sizeof(float));
+}
+
+lk_status lk_attn_tiled_forward(const lk_attention_args *a, lk_ctx *ctx, const lk_attn_src *src) {
+    lk_attn_dims d = lk_attn_dims_of(a);
+    thread_layout L = layout(&d, src->tq, src->tk, 0);
+    int nth = omp_get_max_threads();
+    float *w = thread_scratch(ctx->arena, L.total, nth), *lse = a->saved.data;
+    if (!w) return lk_error(LK_EINTERNAL, "attention: workspace: expected %zu bytes reserved", L.total * nth * 4);
+    int64_t nqt = cdiv(d.Sq, src->tq), units = d.B * d.Hq * nqt;
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(nth) if (worth_threads(&d))
+    for (int64_t u = 0; u < units; u++) {
+        int64_t qt = u % nqt, bh = u / nqt;
+        forward_tile(a, &d, src, bh / d.Hq, bh % d.Hq, qt, w + (size_t)omp_get_thread_num() * L.total, &L, lse);
+    }
+    return LK_OK;
+}
+
+/* One q tile's contribution to kv tile (b, hk, kt): dK, dV in the tile, dQ rows in dqa. */
+static void backward_pair(const lk_attention_args *a, const lk_attn_dims *d, const lk_attn_src *src, int64_t b,
+                          int64_t h, int64_t q0, int64_t nq, int64_t k0, int64_t nk, int full, float *w,
+                          const thread_layout *L, const float *lse, const float *delta, float *dqa) {
+    const int64_t D = d->D, tq = src->tq, tkp = pad_cols(src->tk);
+    float *sc = w + L->sc, *dp = w + L->dp, *tr = w + L->tr;
+    float *g = a->softcap > 0.0f || a->score_mod.fn ? w + L->g : NULL;  /* else the chain factor is scale */
+    const void *qsrc = rows_at(a->q.data, d->dt, (b * d->Hq + h) * d->Sq + q0, D);
+    const void *dsrc = rows_at(a->dout.data, d->dt, (b * d->Sq + q0) * d->Hq + h, D);
+    const float *qf = qsrc, *dof = dsrc;
+    int64_t ldd = d->Hq * D;                    /* f32 rows are used in place, dout's strided */
+    if (d->dt != LK_F32) {
+        lk_attn_load_rows(qsrc, d->dt, D, nq, D, w + L->q, D);
+        lk_attn_load_rows(dsrc, d->dt, d->Hq * D, nq, D, w + L->o, D);
+        qf = w + L->q;
+        dof = w + L->o;
+        ldd = D;
+    }
+    lk_attn_abt(qf, D, nq, w + L->kt, tkp, tkp, D, sc, tkp);
+    tile_scores(a, d, src, b, h, q0, nq, k0, nk, full, sc, tkp, g);
+    lk_attn_abt(dof, ldd, nq, w + L->vt, tkp, tkp, D, dp, tkp);
+    const float *lr = lse + (b * d->Hq + h) * d->Sq + q0, *dr = delta + (b * d->Hq + h) * d->Sq + q0;
+    int64_t rlo = nq, rhi = 0;          /* rows with a visible key here: the only ones the products need */
+    for (int64_t i = 0; i < nq; i++) {
+        float *s = sc + i * tkp, *p = dp + i * tkp;
+        if (lr[i] == -INFINITY || lk_attn_row_max(s, nk) == -INFINITY) {
+            memset(s, 0, sizeof(float) * (size_t)nk);
+            memset(p, 0, sizeof(float) * (size_t)nk);
+            continue;
+        }
+        rlo = i < rlo ? i : rlo;
+        rhi = i + 1;
+        lk_attn_exp_sum(s, nk, lr[i]);                          /* s becomes P */
+        if (g)                                                  /* dp becomes dS */
+            for (int64_t j = 0; j < nk; j++) p[j] = s[j] * (p[j] - dr[i]) * g[i * tkp + j];
+        else
+            for (int64_t j = 0; j < nk; j++) p[j] = s[j] * (p[j] - dr[i]) * d->scale;
+    }
+    if (rlo >= rhi) return;
+    int64_t nr = rhi - rlo;
+    lk_attn_transpose(sc + rlo * tkp, tkp, nr, nk, tr, tq);
+    lk_attn_acc_ab(tr, tq, nk, nr, dof + rlo * ldd, ldd, D, w + L->dv, D);
+    lk_attn_transpose(dp + rlo * tkp, tkp, nr, nk, tr, tq);
+    lk_attn_acc_ab(tr, tq, nk, nr, qf + rlo * D, D, D, w + L->dk, D);
+    lk_attn_acc_ab(dp + rlo * tkp, tkp, nr, nk, w + L->kf, D, D, dqa + ((b * d->Hq + h) * d->Sq + q0 + rlo) * D, D);
+}
+
+static void backward_kv_tile(const lk_attention_args *a, const lk_attn_dims *d, const lk_attn_src *src,
+                             int64_t b, int64_t hk, int64_t kt, float *w, const thread_layout *L, const float *lse,
+                             const float *delta, float *dqa) {
+    const int64_t D = d->D, tk = src->tk, tkp = pad_cols(tk), k0 = kt * tk, nk = d->Skv - k0 < tk ? d->Skv - k0 : tk;
+    const int64_t krow = (b * d->Hkv + hk) * d->Skv + k0;
+    int32_t *idx = (int32_t *)(w + L->idx);
+    uint8_t *full = (uint8_t *)(w + L->full);
+    lk_attn_load_rows(rows_at(a->k.data, d->dt, krow, D), d->dt, D, nk, D, w + L->kf, D);
+    lk_attn_transpose(w + L->kf, D, nk, D, w + L->kt, tkp);
+    load_transposed(rows_at(a->v.data, d->dt, krow, D), d->dt, nk, D, w + L->dv, w + L->vt, tkp);
+    for (int64_t c = 0; c < D; c++)
+        for (int64_t j = nk; j < tkp; j++) w[L->kt + c * tkp + j] = 0.0f;
+    memset(w + L->dk, 0, sizeof(float) * (size_t)(tk * D));
+    memset(w + L->dv, 0, sizeof(float) * (size_t)(tk * D));
+    for (int64_t h = hk * d->G; h < (hk + 1) * d->G; h++) {
+        int64_t nt = src->q_tiles(src, b, h, kt, idx, full);
+        for (int64_t t = 0; t < nt; t++) {
+            int64_t q0 = (int64_t)idx[t] * src->tq, nq = d->Sq - q0 < src->tq ? d->Sq - q0 : src->tq;
+            backward_pair(a, d, src, b, h, q0, nq, k0, nk, full[t], w, L, lse, delta, dqa);
+        }
+    }
+    for (int64_t j = 0; j < nk; j++) {
+        store_row(a->dk.data, d->dt, (krow + j) * D, w + L->dk + j * D, 1.0f, D);
+        store_row(a->dv.data, d->dt, (krow + j) * D, w + L->dv + j * D, 1.0f, D);
+    }
+}
+
+lk_status lk_attn_tiled_backward(const lk_attention_args *a, lk_ctx *ctx, const lk_attn_src *src) {
+    lk_attn_dims d = lk_attn_dims_of(a);
+    thread_layout L = layout(&d, src->tq, src->tk, 1);
+    int nth = omp_get_max_threads(), nb = dq_buffers(&d, nth);
+    size_t rows = (size_t)(d.B * d.Hq * d.Sq), dq_floats = up64(rows * (size_t)d.D * sizeof(float)) / 4;
+    float *w = thread_scratch(ctx->arena, L.total, nth), *delta = lk_arena_alloc(ctx->arena, rows * 4);
+    float *dqa = nb ? thread_scratch(ctx->arena, dq_floats, nb) : a->dq.data;
+    if (!w || !delta || !dqa) return lk_error(LK_EINTERNAL, "attention: workspace: expected the reserved bytes");
+    const float *lse = a->saved.data;
+    lk_attn_delta(a, &d, delta);
+    memset(dqa, 0, nb ? (size_t)nb * dq_floats * sizeof(float) : rows * (size_t)d.D * sizeof(float));
+    int64_t nkt = cdiv(d.Skv, src->tk), groups = d.B * d.Hkv;
+    int per_group = nb <= 1;            /* one task per (b, h_kv) group, which owns its dQ rows */
+    int64_t units = per_group ? groups : groups * nkt;
+    #pragma omp parallel num_threads(nth) if (worth_threads(&d))
+    {
+        int t = omp_get_thread_num();
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t u = 0; u < units; u++) {
+            int64_t g = per_group ? u : u / nkt;
+            for (int64_t kt = per_group ? 0 : u % nkt; kt < (per_group ? nkt : u % nkt + 1); kt++)
+                backward_kv_tile(a, &d, src, g / d.Hkv, g % d.Hkv, kt, w + (size_t)t * L.total, &L, lse, delta,
+                                 dqa + (per_group ? 0 : (size_t)t * dq_floats));
+        }
+        if (nb > 0) {
+            #pragma omp for schedule(static)
+            for (int64_t r = 0; r < (int64_t)rows; r++) {   /* sum the threads' dQ, in thread order */
+                float *acc = dqa + r * d.D;
+                for (int k = 1; k < nb; k++)
+                    for (int64_t c = 0; c < d.D; c++) acc[c] += dqa[(size_t)k * dq_floats + r * d.D + c];
+                store_row(a->dq.data, d.dt, r * d.D, acc, 1.0f, d.D);
+            }
+        }
+    }
+    lk_attn_sink_grad(a, &d, lse, delta);
+    return LK_OK;
+}
+
+/* --- the flash adapter: tiles from each row's visible interval ------------------- */
+
+typedef struct {
+    const int64_t *lo, *hi;         /* per query row */
+    const int64_t *tmin_lo, *tmax_hi, *tmax_lo, *tmin_hi;   /* per q tile */
+    int64_t nqt, nkt, Skv;
+} flash_src;
+
+static int64_t flash_kv_tiles(const lk_attn_src *s, int64_t b, int64_t h, int64_t qt, int32_t *idx, uint8_t *full) {
+    const flash_src *f = s->self;
+    int64_t n = 0;
+    if (f->tmin_lo[qt] >= f->tmax_hi[qt]) return 0;
+    for (int64_t kt = f->tmin_lo[qt] / s->tk; kt < f->nkt && kt * s->tk < f->tmax_hi[qt]; kt++) {
+        int64_t k0 = kt * s->tk, k1 = k0 + s->tk < f->Skv ? k0 + s->tk : f->Skv;
+        idx[n] = (int32_t)kt;
+        full[n++] = f->tmax_lo[qt] <= k0 && f->tmin_hi[qt] >= k1;
+    }
+    return n;
+}
+
+static int64_t flash_q_tiles(const lk_attn_src *s, int64_t b, int64_t h, int64_t kt, int32_t *idx, uint8_t *full) {
+    const flash_src *f = s->self;
+    int64_t k0 = kt * s->tk, k1 = k0 + s->tk < f->Skv ? k0 + s->tk : f->Skv, n = 0;
+    for (int64_t qt = 0; qt < f->nqt; qt++)
+        if (f->tmin_lo[qt] < k1 && f->tmax_hi[qt] > k0) {
+            idx[n] = (int32_t)qt;
+            full[n++] = f->tmax_lo[qt] <= k0 && f->tmin_hi[qt] >= k1;
+        }
+    return n;
+}
+
+static void flash_mask(const lk_attn_src *s, int64_t b, int64_t h, int64_t q0, int64_t nq, int64_t k0, int64_t nk,
+                       float *sc, int64_t lds) {
+    const flash_src *f = s->self;
+    for (int64_t i = 0; i < nq; i++)
+        for (int64_t j = 0; j < nk; j++)
+            if (k0 + j < f->lo[q0 + i] || k0 + j >= f->hi[q0 + i]) sc[i * lds + j] = -INFINITY;
+}
+
+static size_t flash_meta_bytes(const lk_attention_args *a) {
+    int64_t Sq = a->q.shape[2];
+    return up64((size_t)Sq * 16) + up64((size_t)cdiv(Sq, FLASH_TILE) * 32) + 128;
+}
+
+static lk_status flash_run(const lk_attention_args *a, lk_ctx *ctx, int backward) {
+    lk_attn_dims d = lk_attn_dims_of(a);
+    int64_t nqt = cdiv(d.Sq, FLASH_TILE);
+    int64_t *lo = lk_arena_alloc(ctx->arena, (size_t)d.Sq * 16), *t = lk_arena_alloc(ctx->arena, (size_t)nqt * 32);
+    if (!lo || !t) return lk_error(LK_EINTERNAL, "attention: workspace: expected the reserved bytes");
+    int64_t *hi = lo + d.Sq;
+    lk_attn_row_intervals(a, &d, lo, hi);
+    flash_src f = {.lo = lo, .hi = hi, .tmin_lo = t, .tmax_hi = t + nqt, .tmax_lo = t + 2 * nqt,
+                   .tmin_hi = t + 3 * nqt, .nqt = nqt, .nkt = cdiv(d.Skv, FLASH_TILE), .Skv = d.Skv};
+    for (int64_t qt = 0; qt < nqt; qt++) {
+        int64_t mnl = INT64_MAX, mxh = INT64_MIN, mxl = INT64_MIN, mnh = INT64_MAX;
+        for (int64_t i = qt * FLASH_TILE; i < (qt + 1) * FLASH_TILE && i < d.Sq; i++) {
+            if (lo[i] < hi[i]) { mnl = lo[i] < mnl ? lo[i] : mnl; mxh = hi[i] > mxh ? hi[i] : mxh; }
+            mxl = lo[i] > mxl ? lo[i] : mxl;
+            mnh = hi[i] < mnh ? hi[i] : mnh;
+        }
+        if (mnl == INT64_MAX) { mnl = 0; mxh = 0; }
+        t[qt] = mnl; t[nqt + qt] = mxh; t[2 * nqt + qt] = mxl; t[3 * nqt + qt] = mnh;
+    }
+    lk_attn_src src = {.tq = FLASH_TILE, .tk = FLASH_TILE, .kv_tiles = flash_kv_tiles, .q_tiles = flash_q_tiles,
+                       .mask_tile = flash_mask, .self = &f};
+    return backward ? lk_attn_tiled_backward(a, ctx, &src) : lk_attn_tiled_forward(a, ctx, &src);
+}
+
+static size_t flash_workspace(const lk_attention_args *a, int backward) {
+    return flash_meta_bytes(a) + lk_attn_tiled_workspace(a, FLASH_TILE, FLASH_TILE, backward);
+}
+static size_t flash_saved(const lk_attention_args *a) { return lk_attn_lse_bytes(a); }
+static lk_status flash_forward(const lk_attention_args *a, lk_ctx *ctx) { return flash_run(a, ctx, 0); }
+static lk_status flash_backward(const lk_attention_args *a, lk_ctx *ctx) { return flash_run(a, ctx, 1); }
+
+const lk_attention_vtable lk_attention_flash_backend = {
+    .version = LK_ATTENTION_VTABLE_VERSION,
+    .saved_bytes = flash_saved,
+    .workspace_bytes = flash_workspace,
+    .forward = flash_forward,
+    .backward = flash_backward,
+};

@@ -1,0 +1,48 @@
+/* impls.c — the registry rows of attention on the CPU. Every row points at an
+ * lk_attention_entry: which adapter of the facade (attention.c) it enters, and
+ * whether through the SP path. With LLMKERN_BACKEND=llmkern the registry rewrites
+ * flash_attention_2 and flex_attention to the llmkern_*_with_sp rows, which reach the
+ * same adapters. flash_attention_3 is Hopper-only and has no CPU row. */
+#include "ops/attention/internal.h"
+
+#define CPU_DTYPES (LK_DTYPE_BIT(LK_F32) | LK_DTYPE_BIT(LK_BF16))
+
+static const lk_attention_entry eager = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_EAGER};
+static const lk_attention_entry flash = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLASH};
+static const lk_attention_entry flex = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLEX};
+static const lk_attention_entry flash_sp = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLASH, .sp = 1};
+static const lk_attention_entry flex_sp = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLEX, .sp = 1};
+
+const lk_impl lk_attention_impls[] = {
+    {
+        .op = LK_OP_ATTENTION, .name = "eager", .device = LK_DEVICE_CPU, .needs = {.dtypes = CPU_DTYPES},
+        .vtable = &eager,
+        .summary = "materialized scores per head, any dense mask, softmax, GEMMs through BLAS",
+    },
+    {
+        .op = LK_OP_ATTENTION, .name = "sdpa", .device = LK_DEVICE_CPU, .needs = {.dtypes = CPU_DTYPES},
+        .vtable = &flash,
+        .summary = "the flash adapter: tiled online softmax, O(S) memory, LSE saved",
+    },
+    {
+        .op = LK_OP_ATTENTION, .name = "flash_attention_2", .device = LK_DEVICE_CPU,
+        .needs = {.dtypes = CPU_DTYPES}, .vtable = &flash,
+        .summary = "FA-2 loop order on the CPU: 64x64 tiles, backward recomputes P from the LSE",
+    },
+    {
+        .op = LK_OP_ATTENTION, .name = "flex_attention", .device = LK_DEVICE_CPU, .needs = {.dtypes = CPU_DTYPES},
+        .vtable = &flex,
+        .summary = "block-sparse over a BlockMask: empty blocks skipped, full blocks unmasked",
+    },
+    {
+        .op = LK_OP_ATTENTION, .name = "llmkern_flash_attention_2_with_sp", .device = LK_DEVICE_CPU,
+        .needs = {.dtypes = CPU_DTYPES, .sp_aware = 1}, .vtable = &flash_sp,
+        .summary = "SP-aware facade name for flash_attention_2 (one process: no exchange)",
+    },
+    {
+        .op = LK_OP_ATTENTION, .name = "llmkern_flex_attention_with_sp", .device = LK_DEVICE_CPU,
+        .needs = {.dtypes = CPU_DTYPES, .sp_aware = 1}, .vtable = &flex_sp,
+        .summary = "SP-aware facade name for flex_attention (one process: no exchange)",
+    },
+    {.name = NULL},
+};

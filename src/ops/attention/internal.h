@@ -1,0 +1,79 @@
+/* internal.h — what the attention adapters share behind the facade (attention.c): the
+ * call's dimensions, each query row's visible key interval (causal, window, varlen),
+ * the tiled FA-2 engine (flash.c) with its tile sources (flash.c: analytic; flex.c:
+ * the BlockMask), the small f32 tile products (tiles.c), and the pieces of the
+ * backward every adapter needs (delta, sink gradient). The facade has validated
+ * everything before any of this runs. */
+#ifndef LLMKERN_OPS_ATTENTION_INTERNAL_H
+#define LLMKERN_OPS_ATTENTION_INTERNAL_H
+
+#include <math.h>
+#include <stdint.h>
+#include "llmkern/attention.h"
+
+typedef struct {
+    int64_t B, Hq, Hkv, G, Sq, Skv, D;
+    float scale;
+    lk_dtype dt;
+} lk_attn_dims;
+
+lk_attn_dims lk_attn_dims_of(const lk_attention_args *a);
+
+/* Query row i (of the packed sequence; the same for every batch row) sees keys
+ * [lo[i], hi[i]) under causal / window / varlen; lo == hi when it sees none. */
+void lk_attn_row_intervals(const lk_attention_args *a, const lk_attn_dims *d, int64_t *lo, int64_t *hi);
+
+/* delta[b, h, i] = dout[b, i, h, :] · out[b, i, h, :] (f32 [B, Hq, Sq]). */
+void lk_attn_delta(const lk_attention_args *a, const lk_attn_dims *d, float *delta);
+/* ds_aux[h] = −Σ_{b,i} exp(s_aux[h] − lse[b,h,i]) · delta[b,h,i], when wanted. */
+void lk_attn_sink_grad(const lk_attention_args *a, const lk_attn_dims *d, const float *lse, const float *delta);
+
+/* Row r of a [rows, D] block of q/k/v (f32 or bf16) as f32. */
+void lk_attn_load_rows(const void *src, lk_dtype dt, int64_t row_stride, int64_t rows, int64_t D, float *dst,
+                       int64_t ldd);
+
+/* --- f32 tile products (tiles.c) ----------------------------------------------- */
+
+#define LK_ATTN_COLS 64     /* BT tiles are padded to a multiple of this */
+
+/* C[m, ncols] = A[m, D] · BT[D, ncols]; ncols a multiple of 64, BT rows ldb apart. */
+void lk_attn_abt(const float *A, int64_t lda, int64_t m, const float *BT, int64_t ldb, int64_t ncols, int64_t D,
+                 float *C, int64_t ldc);
+/* C[m, D] += A[m, n] · B[n, D]. */
+void lk_attn_acc_ab(const float *A, int64_t lda, int64_t m, int64_t n, const float *B, int64_t ldb, int64_t D,
+                    float *C, int64_t ldc);
+/* dst[c, r] = src[r, c] for r < rows, c < cols. */
+void lk_attn_transpose(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst, int64_t ldd);
+/* max of x[0..n) (-inf when n is 0). */
+float lk_attn_row_max(const float *x, int64_t n);
+/* x[i] = exp(x[i] - m) over n, returns the sum (vectorized). */
+float lk_attn_exp_sum(float *x, int64_t n, float m);
+
+/* --- the tiled engine (flash.c) ------------------------------------------------ */
+
+typedef struct lk_attn_src lk_attn_src;
+struct lk_attn_src {
+    int64_t tq, tk;     /* tile rows (queries) and columns (keys) */
+    /* The kv tiles q tile qt of (b, h) must visit: idx[n], full[n] (1 = no masking
+     * needed); returns n. */
+    int64_t (*kv_tiles)(const lk_attn_src *s, int64_t b, int64_t h, int64_t qt, int32_t *idx, uint8_t *full);
+    /* The q tiles that visit kv tile kt. */
+    int64_t (*q_tiles)(const lk_attn_src *s, int64_t b, int64_t h, int64_t kt, int32_t *idx, uint8_t *full);
+    /* Sets sc[i * lds + j] to -inf where (q0 + i, k0 + j) is hidden, in a partial tile. */
+    void (*mask_tile)(const lk_attn_src *s, int64_t b, int64_t h, int64_t q0, int64_t nq, int64_t k0, int64_t nk,
+                      float *sc, int64_t lds);
+    const void *self;
+};
+
+size_t lk_attn_tiled_workspace(const lk_attention_args *a, int64_t tq, int64_t tk, int backward);
+lk_status lk_attn_tiled_forward(const lk_attention_args *a, lk_ctx *ctx, const lk_attn_src *src);
+lk_status lk_attn_tiled_backward(const lk_attention_args *a, lk_ctx *ctx, const lk_attn_src *src);
+
+/* LSE bytes: f32 [B, Hq, Sq]. */
+size_t lk_attn_lse_bytes(const lk_attention_args *a);
+
+extern const lk_attention_vtable lk_attention_eager_backend;
+extern const lk_attention_vtable lk_attention_flash_backend;
+extern const lk_attention_vtable lk_attention_flex_backend;
+
+#endif

@@ -1,0 +1,154 @@
+/* experts.c — the MoE experts facade (include/llmkern/moe.h): every argument, the expert
+ * ids included, is checked before anything is written; the implementation's workspace
+ * is reserved in ctx->arena and given back after the call. Implementations (eager.c,
+ * fused.c) may assume well-formed, non-overlapping arguments and T >= 1. */
+#include "core/validate.h"
+#include "ops/moe/internal.h"
+
+#define OP "moe_experts"
+
+static lk_status check_impl(const lk_impl *impl, const lk_moe_experts_vtable **out) {
+    lk_status s = lk_expect_impl(OP, impl, LK_OP_MOE_EXPERTS);
+    if (s) return s;
+    const lk_moe_experts_vtable *vt = impl->vtable;
+    if (!vt->saved_bytes || !vt->forward || !vt->backward)
+        return lk_error(LK_EINVAL, OP ": impl: expected saved_bytes, forward and backward in '%s', got a NULL member",
+                        impl->name);
+    *out = vt;
+    return LK_OK;
+}
+
+static lk_status check_tensor(const lk_impl *impl, const char *arg, const lk_tensor *t, int ndim,
+                              const int64_t *shape, unsigned dtypes) {
+    lk_status s;
+    if ((s = lk_expect_present(OP, arg, t)) || (s = lk_expect_device(OP, arg, t, impl->device)) ||
+        (s = lk_expect_contiguous(OP, arg, t, 1)) || (s = lk_expect_shape(OP, arg, t, ndim, shape)) ||
+        (s = lk_expect_dtype(OP, arg, t, dtypes)))
+        return s;
+    return LK_OK;
+}
+
+static size_t bytes_of(const lk_tensor *t) { return t->data ? lk_tensor_bytes(t) : 0; }
+
+/* hidden and the two weights fix T, H, E, I; topk_ids fixes k; ids must lie in [0, E). */
+static lk_status check_common(const lk_impl *impl, const lk_moe_experts_args *a, const lk_ctx *ctx,
+                              const lk_moe_experts_vtable **vt, lk_moe_dims *d) {
+    lk_status s = check_impl(impl, vt);
+    if (s) return s;
+    if (a == NULL) return lk_error(LK_EINVAL, OP ": args: expected arguments, got NULL");
+    if (ctx == NULL) return lk_error(LK_EINVAL, OP ": ctx: expected a context, got NULL");
+    if (ctx->device.type != impl->device)
+        return lk_error(LK_EDEVICE, OP ": ctx.device: expected %s for '%s', got %s", lk_device_name(impl->device),
+                        impl->name, lk_device_name(ctx->device.type));
+    const lk_tensor *x = &a->hidden, *gu = &a->gate_up_weight;
+    char buf[96];
+    if ((s = lk_expect_present(OP, "hidden", x)) || (s = lk_expect_device(OP, "hidden", x, impl->device)) ||
+        (s = lk_expect_contiguous(OP, "hidden", x, 2)) || (s = lk_expect_dtype(OP, "hidden", x, impl->needs.dtypes)))
+        return s;
+    if (x->ndim != 2 || x->shape[1] < 1)
+        return lk_error(LK_ESHAPE, OP ": hidden: expected shape [T, H] with H >= 1, got %s",
+                        lk_shape_str(x, buf, sizeof buf));
+    if ((s = lk_expect_present(OP, "gate_up_weight", gu)) || (s = lk_expect_device(OP, "gate_up_weight", gu, impl->device)) ||
+        (s = lk_expect_contiguous(OP, "gate_up_weight", gu, 3)))
+        return s;
+    if (gu->ndim != 3 || gu->shape[0] < 1 || gu->shape[1] < 2 || gu->shape[1] % 2 || gu->shape[2] != x->shape[1])
+        return lk_error(LK_ESHAPE, OP ": gate_up_weight: expected shape [E, 2I, %lld] (E, I >= 1, H = hidden's), got %s",
+                        (long long)x->shape[1], lk_shape_str(gu, buf, sizeof buf));
+    if ((s = lk_expect_dtype_eq(OP, "gate_up_weight", gu, x->dtype))) return s;
+    const lk_tensor *ids = &a->topk_ids;
+    if ((s = lk_expect_present(OP, "topk_ids", ids)) || (s = lk_expect_device(OP, "topk_ids", ids, impl->device)) ||
+        (s = lk_expect_contiguous(OP, "topk_ids", ids, 2)) || (s = lk_expect_dtype_eq(OP, "topk_ids", ids, LK_I32)))
+        return s;
+    if (ids->ndim != 2 || ids->shape[0] != x->shape[0] || ids->shape[1] < 1)
+        return lk_error(LK_ESHAPE, OP ": topk_ids: expected shape [%lld, k] (k >= 1), got %s",
+                        (long long)x->shape[0], lk_shape_str(ids, buf, sizeof buf));
+    *d = lk_moe_dims_of(a);
+    if (d->k > d->e)
+        return lk_error(LK_ESHAPE, OP ": topk_ids: expected k <= E = %lld routes per token, got k = %lld",
+                        (long long)d->e, (long long)d->k);
+    int64_t dws[3] = {d->e, d->h, d->i}, tk[2] = {d->t, d->k};
+    if ((s = check_tensor(impl, "down_weight", &a->down_weight, 3, dws, LK_DTYPE_BIT(x->dtype))) ||
+        (s = check_tensor(impl, "topk_weights", &a->topk_weights, 2, tk, LK_DTYPE_BIT(LK_F32))))
+        return s;
+    const int32_t *id = ids->data;
+    for (int64_t r = 0; r < d->r; r++)
+        if (id[r] < 0 || id[r] >= d->e)
+            return lk_error(LK_EINVAL, OP ": topk_ids: expected expert ids in [0, %lld), got %d at [%lld, %lld]",
+                            (long long)d->e, id[r], (long long)(r / d->k), (long long)(r % d->k));
+    size_t need = (*vt)->saved_bytes(d->t, d->k, d->e, d->h, d->i, d->dt);
+    if (need > 0 && (a->saved.data == NULL || a->saved.bytes < need))
+        return lk_error(LK_EINVAL, OP ": saved: expected %zu bytes (lk_moe_experts_saved_bytes), got %zu%s", need,
+                        a->saved.bytes, a->saved.data ? "" : " and NULL data");
+    return LK_OK;
+}
+
+static lk_status run(const lk_moe_experts_vtable *vt, int backward, const lk_moe_experts_args *a, lk_ctx *ctx) {
+    size_t ws = vt->workspace_bytes ? vt->workspace_bytes(a, backward) : 0;
+    if (ws > 0 && ctx->arena == NULL)
+        return lk_error(LK_EINVAL, OP ": ctx.arena: expected an arena for %zu bytes of workspace, got NULL", ws);
+    lk_status s;
+    if (ws > 0 && (s = lk_arena_reserve(ctx->arena, ws))) return s;
+    size_t mark = ctx->arena ? ctx->arena->used : 0;
+    s = backward ? vt->backward(a, ctx) : vt->forward(a, ctx);
+    if (ctx->arena) lk_arena_release(ctx->arena, mark);
+    return s;
+}
+
+lk_status lk_moe_experts_saved_bytes(const lk_impl *impl, int64_t tokens, int64_t top_k, int64_t experts,
+                                     int64_t hidden, int64_t inter, lk_dtype dt, size_t *bytes) {
+    const lk_moe_experts_vtable *vt = NULL;
+    lk_status s = check_impl(impl, &vt);
+    if (s) return s;
+    if (bytes == NULL) return lk_error(LK_EINVAL, OP ": bytes: expected somewhere to write, got NULL");
+    if (tokens < 0 || top_k < 1 || experts < top_k || hidden < 1 || inter < 1)
+        return lk_error(LK_EINVAL, OP ": sizes: expected T >= 0, 1 <= k <= E, H, I >= 1, got T %lld k %lld E %lld "
+                        "H %lld I %lld", (long long)tokens, (long long)top_k, (long long)experts, (long long)hidden,
+                        (long long)inter);
+    *bytes = vt->saved_bytes(tokens, top_k, experts, hidden, inter, dt);
+    return LK_OK;
+}
+
+lk_status lk_moe_experts_forward(const lk_impl *impl, const lk_moe_experts_args *a, lk_ctx *ctx) {
+    const lk_moe_experts_vtable *vt = NULL;
+    lk_moe_dims d;
+    lk_status s = check_common(impl, a, ctx, &vt, &d);
+    if (s || (s = check_tensor(impl, "out", &a->out, 2, a->hidden.shape, LK_DTYPE_BIT(d.dt)))) return s;
+    const lk_region outs[] = {{"out", a->out.data, bytes_of(&a->out)}, {"saved", a->saved.data, a->saved.bytes}};
+    const lk_region ins[] = {{"hidden", a->hidden.data, bytes_of(&a->hidden)},
+                             {"topk_ids", a->topk_ids.data, bytes_of(&a->topk_ids)},
+                             {"topk_weights", a->topk_weights.data, bytes_of(&a->topk_weights)},
+                             {"gate_up_weight", a->gate_up_weight.data, bytes_of(&a->gate_up_weight)},
+                             {"down_weight", a->down_weight.data, bytes_of(&a->down_weight)}};
+    if ((s = lk_expect_apart(OP, outs, 2, ins, 5))) return s;
+    if (d.t == 0) return LK_OK;
+    return run(vt, 0, a, ctx);
+}
+
+lk_status lk_moe_experts_backward(const lk_impl *impl, const lk_moe_experts_args *a, lk_ctx *ctx) {
+    const lk_moe_experts_vtable *vt = NULL;
+    lk_moe_dims d;
+    lk_status s = check_common(impl, a, ctx, &vt, &d);
+    if (s) return s;
+    unsigned xdt = LK_DTYPE_BIT(d.dt), gdt = xdt | LK_DTYPE_BIT(LK_F32);
+    int64_t gus[3] = {d.e, 2 * d.i, d.h}, dws[3] = {d.e, d.h, d.i}, tk[2] = {d.t, d.k};
+    if ((s = check_tensor(impl, "dout", &a->dout, 2, a->hidden.shape, xdt)) ||
+        (s = check_tensor(impl, "d_hidden", &a->d_hidden, 2, a->hidden.shape, xdt)) ||
+        (a->d_topk_weights.data && (s = check_tensor(impl, "d_topk_weights", &a->d_topk_weights, 2, tk, LK_DTYPE_BIT(LK_F32)))) ||
+        (a->d_gate_up_weight.data && (s = check_tensor(impl, "d_gate_up_weight", &a->d_gate_up_weight, 3, gus, gdt))) ||
+        (a->d_down_weight.data && (s = check_tensor(impl, "d_down_weight", &a->d_down_weight, 3, dws, gdt))))
+        return s;
+    const lk_region outs[] = {{"d_hidden", a->d_hidden.data, bytes_of(&a->d_hidden)},
+                              {"d_topk_weights", a->d_topk_weights.data, bytes_of(&a->d_topk_weights)},
+                              {"d_gate_up_weight", a->d_gate_up_weight.data, bytes_of(&a->d_gate_up_weight)},
+                              {"d_down_weight", a->d_down_weight.data, bytes_of(&a->d_down_weight)}};
+    const lk_region ins[] = {{"hidden", a->hidden.data, bytes_of(&a->hidden)},
+                             {"topk_ids", a->topk_ids.data, bytes_of(&a->topk_ids)},
+                             {"topk_weights", a->topk_weights.data, bytes_of(&a->topk_weights)},
+                             {"gate_up_weight", a->gate_up_weight.data, bytes_of(&a->gate_up_weight)},
+                             {"down_weight", a->down_weight.data, bytes_of(&a->down_weight)},
+                             {"dout", a->dout.data, bytes_of(&a->dout)},
+                             {"saved", a->saved.data, a->saved.bytes}};
+    if ((s = lk_expect_apart(OP, outs, 4, ins, 7))) return s;
+    if (d.t == 0) return LK_OK;
+    return run(vt, 1, a, ctx);
+}

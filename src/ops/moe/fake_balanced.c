@@ -1,0 +1,97 @@
+/* fake_balanced.c — `fake_balanced`, the benchmark gate of the described system
+ * (NeMo AutoModel's FakeBalancedGate): routing without a learned weight, so expert
+ * load is a knob rather than an accident of training.
+ *   noise 0:  token t takes experts (t·k + j) mod E, weight 1/k: every expert gets
+ *             T·k/E routes (±1).
+ *   noise > 0: a generator seeded by a hash of the whole hidden tensor draws, per token,
+ *             uniform scores plus a per-expert bias N(0, 1)·0.1·noise (a few experts
+ *             systematically hot) and takes the top k (never one expert twice); weights
+ *             (1 - noise)/k + noise·r_j/Σr with r uniform. The same input — the forward
+ *             and an activation-checkpointing recompute — always routes the same way;
+ *             another input (another step) routes differently.
+ * The weights do not depend on hidden: d_hidden is zero and no gate gradient exists.
+ * aux_loss = E · Σ_e f_e² with f_e the routing fraction: 1 when balanced.
+ * Reached through lk_moe_router_forward / _backward (router.c). */
+#include <math.h>
+#include <string.h>
+#include "ops/moe/router_core.h"
+
+static size_t saved_bytes(int64_t t, int64_t e, int64_t k) { return 0; }
+
+static size_t workspace_bytes(const lk_moe_router_args *a, int backward) {
+    return 2 * lk_dense_piece(sizeof(double) * (size_t)lk_router_experts(a));
+}
+
+/* 64-bit mix of every byte of hidden: the seed. */
+static uint64_t content_hash(const lk_tensor *x) {
+    const unsigned char *p = x->data;
+    size_t n = lk_tensor_bytes(x), w = n / 8;
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
+    for (size_t i = 0; i < w; i++) {
+        uint64_t v;
+        memcpy(&v, p + 8 * i, 8);
+        h = (h ^ v) * 0x100000001b3ull;
+        h ^= h >> 29;
+    }
+    for (size_t i = 8 * w; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static float uniform(uint64_t seed, uint64_t ctr) { return (float)(lk_rng_bits(seed, ctr) >> 40) * 0x1p-24f; }
+
+static lk_status forward(const lk_moe_router_args *a, lk_ctx *ctx) {
+    int64_t t = a->hidden.shape[0], e = lk_router_experts(a);
+    int k = a->top_k;
+    int32_t *ids = a->topk_ids.data;
+    float *w = a->topk_weights.data, sc = a->route_scale > 0 ? a->route_scale : 1.0f, noise = a->noise;
+    if (noise == 0.0f) {
+        #pragma omp parallel for schedule(static) if (t * k >= LK_MOE_PAR_MIN)
+        for (int64_t r = 0; r < t * k; r++) {
+            ids[r] = (int32_t)(r % e);
+            w[r] = sc / (float)k;
+        }
+    } else {
+        uint64_t seed = content_hash(&a->hidden);
+        float *bias = lk_arena_alloc(ctx->arena, sizeof(double) * (size_t)e);
+        if (!bias) return LK_MOE_NOMEM("moe_router");
+        for (int64_t x = 0; x < e; x++) {   /* Box-Muller */
+            float u1 = uniform(seed, 2 * (uint64_t)x) + 0x1p-25f, u2 = uniform(seed, 2 * (uint64_t)x + 1);
+            bias[x] = sqrtf(-2.0f * logf(u1)) * cosf(6.28318531f * u2) * 0.1f * noise;
+        }
+        uint64_t score0 = 2 * (uint64_t)e, weight0 = score0 + (uint64_t)(t * e);
+        #pragma omp parallel if (t * e >= LK_MOE_PAR_MIN)
+        {
+            float s[e];
+            #pragma omp for schedule(static)
+            for (int64_t tok = 0; tok < t; tok++) {
+                for (int64_t x = 0; x < e; x++) s[x] = uniform(seed, score0 + (uint64_t)(tok * e + x)) + bias[x];
+                lk_router_topk(s, NULL, e, k, ids + tok * k);
+                float r[k], sum = 0.0f;
+                for (int j = 0; j < k; j++) sum += r[j] = uniform(seed, weight0 + (uint64_t)(tok * k + j)) + 0x1p-24f;
+                for (int j = 0; j < k; j++) w[tok * k + j] = sc * ((1.0f - noise) / (float)k + noise * r[j] / sum);
+            }
+        }
+    }
+    if (a->aux_loss.data) {
+        double *f = lk_arena_alloc(ctx->arena, sizeof(double) * (size_t)e), aux = 0.0;
+        if (!f) return LK_MOE_NOMEM("moe_router");
+        memset(f, 0, sizeof(double) * (size_t)e);
+        for (int64_t r = 0; r < t * k; r++) f[ids[r]] += 1.0 / ((double)t * k);
+        for (int64_t x = 0; x < e; x++) aux += f[x] * f[x];
+        *(float *)a->aux_loss.data = (float)(aux * (double)e);
+    }
+    return LK_OK;
+}
+
+static lk_status backward(const lk_moe_router_args *a, lk_ctx *ctx) {
+    memset(a->d_hidden.data, 0, lk_tensor_bytes(&a->d_hidden));
+    return LK_OK;
+}
+
+const lk_moe_router_vtable lk_moe_router_fake_balanced_vtable = {
+    .version = LK_MOE_ROUTER_VTABLE_VERSION,
+    .saved_bytes = saved_bytes,
+    .workspace_bytes = workspace_bytes,
+    .forward = forward,
+    .backward = backward,
+};

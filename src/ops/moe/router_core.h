@@ -1,0 +1,28 @@
+/* router_core.h — the pieces the learned routers (softmax_topk.c, sigmoid_bias.c)
+ * share: the logits GEMM, top-k selection, the weights and aux loss of a choice, and the
+ * whole backward from the saved value scores. Saved layout: v [T, E] f32 (softmax p or
+ * sigmoid s), then ids [T, k] i32. Not installed. */
+#ifndef LLMKERN_MOE_ROUTER_CORE_H
+#define LLMKERN_MOE_ROUTER_CORE_H
+
+#include "ops/moe/internal.h"
+
+typedef enum { LK_ROUTER_SOFTMAX, LK_ROUTER_SIGMOID } lk_router_kind;
+
+int64_t lk_router_experts(const lk_moe_router_args *a);
+size_t lk_router_saved_bytes(int64_t t, int64_t e, int64_t k);
+size_t lk_router_workspace_bytes(const lk_moe_router_args *a, int backward);
+float *lk_router_saved_v(const lk_moe_router_args *a);
+int32_t *lk_router_saved_ids(const lk_moe_router_args *a);
+
+/* z [T, E] f32 = hidden · gate_weightᵀ, rounded through hidden's dtype unless gate_f32. */
+lk_status lk_router_logits(const lk_moe_router_args *a, lk_arena *ar, float *z);
+/* ids[0..k) = the k largest of s[0..e) where allowed (mask NULL = all), ties to the lower index. */
+void lk_router_topk(const float *s, const unsigned char *allowed, int64_t e, int k, int32_t *ids);
+/* From the saved v and ids: topk_weights, topk_ids and aux_loss (if wanted);
+ * p_scratch holds E doubles. */
+void lk_router_finish(const lk_moe_router_args *a, double *p_scratch);
+/* The whole backward of a learned router. */
+lk_status lk_router_backward(const lk_moe_router_args *a, lk_ctx *ctx, lk_router_kind kind);
+
+#endif

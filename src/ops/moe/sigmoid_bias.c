@@ -1,0 +1,75 @@
+/* sigmoid_bias.c — `sigmoid_bias` router (DeepSeek-V3): s = sigmoid(logits); the
+ * choice ranks s + e_bias (the load-balancing correction bias: it moves which experts
+ * win, never the weights), limited to the topk_group groups (of n_group) whose two best
+ * biased scores sum highest; weights s of the chosen (renormalized with
+ * norm_topk_prob) times route_scale. Reached through lk_moe_router_forward / _backward. */
+#include <string.h>
+#include "ops/moe/router_core.h"
+#include "ops/swiglu_mlp/act.h"
+
+/* Group-limited choice for one token; sel and allowed are scratch of e entries. */
+static void choose(const lk_moe_router_args *a, const float *s, int64_t e, float *sel, unsigned char *allowed,
+                   int32_t *ids) {
+    const float *bias = a->e_bias.data;
+    for (int64_t x = 0; x < e; x++) sel[x] = s[x] + (bias ? bias[x] : 0.0f);
+    if (a->n_group <= 1) {
+        lk_router_topk(sel, NULL, e, a->top_k, ids);
+        return;
+    }
+    int ng = a->n_group;
+    int64_t gs = e / ng;
+    float gscore[ng];
+    unsigned char keep[ng];
+    for (int g = 0; g < ng; g++) {
+        int32_t two[2];
+        int m = gs > 1 ? 2 : 1;
+        lk_router_topk(sel + g * gs, NULL, gs, m, two);
+        gscore[g] = sel[g * gs + two[0]] + (m > 1 ? sel[g * gs + two[1]] : 0.0f);
+        keep[g] = 0;
+    }
+    for (int n = 0; n < a->topk_group; n++) {
+        int best = -1;
+        for (int g = 0; g < ng; g++)
+            if (!keep[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
+        keep[best] = 1;
+    }
+    for (int64_t x = 0; x < e; x++) allowed[x] = keep[x / gs];
+    lk_router_topk(sel, allowed, e, a->top_k, ids);
+}
+
+static lk_status forward(const lk_moe_router_args *a, lk_ctx *ctx) {
+    int64_t t = a->hidden.shape[0], e = lk_router_experts(a);
+    int k = a->top_k;
+    float *z = lk_arena_alloc(ctx->arena, sizeof(float) * (size_t)(t * e));
+    double *p = lk_arena_alloc(ctx->arena, sizeof(double) * (size_t)e);
+    if (!z || !p) return LK_MOE_NOMEM("moe_router");
+    lk_status s = lk_router_logits(a, ctx->arena, z);
+    if (s) return s;
+    float *v = lk_router_saved_v(a);
+    int32_t *ids = lk_router_saved_ids(a);
+    #pragma omp parallel if (t * e >= LK_MOE_PAR_MIN)
+    {
+        float sel[e];
+        unsigned char allowed[e];
+        #pragma omp for schedule(static)
+        for (int64_t tok = 0; tok < t; tok++) {
+            float *vr = v + tok * e;
+            for (int64_t x = 0; x < e; x++) vr[x] = lk_act_sigmoid(z[tok * e + x]);
+            choose(a, vr, e, sel, allowed, ids + tok * k);
+        }
+    }
+    lk_router_finish(a, p);
+    return LK_OK;
+}
+
+static lk_status backward(const lk_moe_router_args *a, lk_ctx *ctx) {
+    return lk_router_backward(a, ctx, LK_ROUTER_SIGMOID);
+}
+
+const lk_moe_router_vtable lk_moe_router_sigmoid_bias_vtable = {
+    .version = LK_MOE_ROUTER_VTABLE_VERSION,
+    .saved_bytes = lk_router_saved_bytes,
+    .workspace_bytes = lk_router_workspace_bytes,
+    .forward = forward,
+    .backward = backward,
+};

@@ -1,0 +1,355 @@
+/* fused.cu — `fused` RMSNorm on CUDA: one pass over memory each way, f32 math, f32 or
+ * bf16 storage.
+ *
+ * Both passes run as many blocks as fit on the GPU at once, each walking rows with the
+ * row held in registers as loaded (16-byte accesses), the NEXT row's loads issued before
+ * this row's block reduction and the row after that asked into L2 (one bulk prefetch on
+ * Hopper), so every block always has bytes on the way in. On the H200 at 65536x4096
+ * bf16: one short-lived block per row moved 74% of the copy rate forward and 66%
+ * forward+backward; with the next row in registers 80% and 84%; with the L2 prefetch
+ * too 84-87% and 89-90%.
+ * Forward: the row's sum of squares, y from the registers; rstd saved as f32 [rows].
+ * Backward: Σ g·x reduced over the block, then dx written and the thread's columns of
+ * dy·x̂ added into registers; each block leaves one f32 partial row of dweight in the
+ * workspace, and a column sum (cuda_common.cuh) adds the parts in a fixed order and
+ * rounds once, so a run is deterministic. Rows too long for registers (or unaligned, or
+ * of odd length) take the looped kernels, which read the row twice (the second time
+ * from cache).
+ *
+ * Reached through lk_rms_norm_forward / _backward (rms_norm.c), which validated every
+ * argument; the workspace comes from ctx->arena (a device arena). */
+#include "cuda_common.cuh"
+#include "llmkern/registry.h"
+
+#define MAX_VPT 8           /* 16-byte groups per thread held in registers */
+/* Threads a row aims at. At 65536x4096 bf16 on the H200 (one run, the same binary):
+ * 64: fwd 3662 GB/s, fwd+bwd 3266; 128: 3547, 3798; 256: 3664, 3751; 512: 3506, 3536. */
+#define TARGET_THREADS 256
+
+/* Threads a row aims at (rounded by plan_of); a knob for bench/peers_cuda.py's sweep,
+ * not part of the API. */
+extern "C" int lk_rms_norm_cuda_target_threads;
+int lk_rms_norm_cuda_target_threads = TARGET_THREADS;
+#define BWD_BLOCKS_PER_SM 8
+#define LOOP_THREADS 256
+
+typedef struct {
+    int w;          /* elements per access: lk_vec<T>::N, or 1 */
+    int vpt;        /* accesses per thread held in registers; 0 = looped kernels */
+    int threads;
+} plan;
+
+static int round32(int64_t v) { return (int)((v + 31) / 32 * 32); }
+
+/* Threads a block of the register kernels may have: deeper rows per thread need more
+ * registers, and the register file caps threads x registers (8 deep: 255 registers). */
+#define REG_THREADS(vpt) ((vpt) >= 8 ? 256 : (vpt) >= 4 ? 512 : 1024)
+
+/* The register path when the row fits in REG_THREADS x MAX_VPT accesses; 16-byte
+ * accesses when the row length and every pointer allow them. */
+static plan plan_of(int64_t n, lk_dtype dt, const void *const *ptrs, int nptr) {
+    int vw = dt == LK_F32 ? 4 : 8, aligned = n % vw == 0;
+    for (int i = 0; i < nptr; i++) aligned &= ptrs[i] == NULL || lk_aligned16(ptrs[i]);
+    plan p = {aligned ? vw : 1, 0, LOOP_THREADS};
+    int64_t units = n / p.w;
+    if (p.w == 1) {                               /* odd rows: one width, MAX_VPT deep */
+        if (units <= REG_THREADS(MAX_VPT) * MAX_VPT) p.vpt = MAX_VPT, p.threads = round32(lk_cdiv(units, MAX_VPT));
+        return p;
+    }
+    int vpt = 1;
+    int target = lk_rms_norm_cuda_target_threads > 0 ? lk_rms_norm_cuda_target_threads : TARGET_THREADS;
+    while (vpt < MAX_VPT && units > (int64_t)target * vpt) vpt *= 2;
+    if (lk_cdiv(units, vpt) <= REG_THREADS(vpt)) p.vpt = vpt, p.threads = round32(lk_cdiv(units, vpt));
+    return p;
+}
+
+/* Grid: as many blocks as fit on the GPU at once (at most cap); each walks rows. */
+template <typename K>
+static lk_status fit_grid(K kernel, int threads, int64_t cap, int64_t *grid) {
+    int per_sm = 0;
+    LK_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+    int64_t fit = (int64_t)(per_sm > 0 ? per_sm : 1) * (lk_hw_get()->cuda_sms > 0 ? lk_hw_get()->cuda_sms : 1);
+    *grid = fit < cap ? fit : cap;
+    return LK_OK;
+}
+
+/* Row r of src into registers, as loaded: unit u = threadIdx.x + k·blockDim.x. */
+template <typename T, int W, int VPT>
+static __device__ __forceinline__ void load_row(const T *src, int units, lk_pack<T, W> *v) {
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+        int u = threadIdx.x + k * blockDim.x;
+        if (u < units) lk_ldp<T, W>(src + u * W, v[k]);
+    }
+}
+
+/* Row `row` of src brought toward L2 two rows ahead of its loads (16-byte path only). */
+template <typename T, int W, int VPT>
+static __device__ __forceinline__ void prefetch_row(const T *src, int n, int units) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (W == lk_vec<T>::N && threadIdx.x == 0) lk_prefetch_l2_bulk(src, (unsigned)(n * sizeof(T)));
+#else
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+        int u = threadIdx.x + k * blockDim.x;
+        if (W == lk_vec<T>::N && u < units && (u * W * sizeof(T)) % 128 == 0) lk_prefetch_l2(src + u * W);
+    }
+#endif
+}
+
+/* ---- forward ------------------------------------------------------------------ */
+
+/* Blocks walk rows r = blockIdx.x, + gridDim.x, ...; the next row's loads are issued
+ * before this row's reduction, so every block always has a row on its way in. */
+template <typename T, int W, int VPT>
+__global__ void __launch_bounds__(REG_THREADS(VPT)) fwd_reg(const T *__restrict__ x, const T *__restrict__ w,
+                                                           T *__restrict__ y, float *__restrict__ rstd,
+                                                           int64_t rows, int n, float eps, float off) {
+    __shared__ float scratch[32];
+    const int units = n / W;
+    lk_pack<T, W> cur[VPT], nxt[VPT];
+    load_row<T, W, VPT>(x + (int64_t)blockIdx.x * n, units, cur);
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        if (row + gridDim.x < rows) load_row<T, W, VPT>(x + (row + gridDim.x) * n, units, nxt);
+        if (row + 2 * gridDim.x < rows) prefetch_row<T, W, VPT>(x + (row + 2 * gridDim.x) * n, n, units);
+        float ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < VPT; k++)
+            if (threadIdx.x + k * blockDim.x < units)
+#pragma unroll
+                for (int j = 0; j < W; j++) ss = fmaf(cur[k].f(j), cur[k].f(j), ss);
+        const float rs = rsqrtf(lk_block_sum(ss, scratch) / (float)n + eps);
+        if (threadIdx.x == 0) rstd[row] = rs;
+        T *yr = y + row * n;
+#pragma unroll
+        for (int k = 0; k < VPT; k++) {
+            int u = threadIdx.x + k * blockDim.x;
+            if (u < units) {
+                float o[W], wv[W];
+                if (w) lk_ldw<T, W>(w + u * W, wv, false);
+#pragma unroll
+                for (int j = 0; j < W; j++) o[j] = cur[k].f(j) * rs * (w ? wv[j] + off : 1.0f);
+                lk_stw<T, W>(yr + u * W, o);
+            }
+            cur[k] = nxt[k];
+        }
+    }
+}
+
+/* Any row length: the row is read twice, the second time from L1/L2. */
+template <typename T>
+__global__ void fwd_loop(const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y,
+                         float *__restrict__ rstd, int64_t rows, int n, float eps, float off) {
+    __shared__ float scratch[32];
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        const T *xr = x + row * n;
+        float ss = 0.0f;
+        for (int c = threadIdx.x; c < n; c += blockDim.x) {
+            float v = lk_to_f32(xr[c]);
+            ss = fmaf(v, v, ss);
+        }
+        const float rs = rsqrtf(lk_block_sum(ss, scratch) / (float)n + eps);
+        if (threadIdx.x == 0) rstd[row] = rs;
+        for (int c = threadIdx.x; c < n; c += blockDim.x)
+            y[row * n + c] = lk_from_f32<T>(lk_to_f32(xr[c]) * rs * (w ? lk_to_f32(w[c]) + off : 1.0f));
+    }
+}
+
+template <typename T, int W>
+static lk_status launch_fwd(const plan *p, const lk_rms_norm_args *a, int64_t rows, int n, cudaStream_t st) {
+    void (*k)(const T *, const T *, T *, float *, int64_t, int, float, float);
+    switch (p->vpt) {
+    case 1: k = fwd_reg<T, W, 1>; break;
+    case 2: k = fwd_reg<T, W, 2>; break;
+    case 4: k = fwd_reg<T, W, 4>; break;
+    case 8: k = fwd_reg<T, W, 8>; break;
+    default: k = fwd_loop<T>; break;
+    }
+    int64_t grid;
+    lk_status s = fit_grid(k, p->threads, rows, &grid);
+    if (s) return s;
+    k<<<(unsigned)grid, p->threads, 0, st>>>((const T *)a->x.data, (const T *)a->weight.data, (T *)a->y.data,
+                                             (float *)a->saved.data, rows, n, (float)a->eps, a->weight_offset);
+    LK_CUDA_LAUNCHED("rms_norm: fused (cuda) forward");
+    return LK_OK;
+}
+
+/* ---- backward ----------------------------------------------------------------- */
+
+/* dx = rs·(g − x̂·m), g = dy·(off + w), x̂ = x·rs, m = mean(g·x̂); partial[block] = Σ dy·x̂
+ * over the block's rows, in registers until the end. Rows are walked as in the forward,
+ * the next row's x and dy loaded before this row's reduction. Element j of dy is read
+ * before dx's element j is written by the same thread, so dx may be dy. */
+template <typename T, int W, int VPT>
+__global__ void __launch_bounds__(REG_THREADS(VPT)) bwd_reg(const T *__restrict__ x, const T *__restrict__ w,
+                                                           const T *dy,
+                                                           T *dx, const float *__restrict__ rstd,
+                                                           float *__restrict__ partial, int64_t rows, int n,
+                                                           float off) {
+    __shared__ float scratch[32];
+    const int units = n / W;
+    float acc[VPT][W];
+#pragma unroll
+    for (int k = 0; k < VPT; k++)
+#pragma unroll
+        for (int j = 0; j < W; j++) acc[k][j] = 0.0f;
+    lk_pack<T, W> xc[VPT], dc[VPT], xn[VPT], dn[VPT];
+    load_row<T, W, VPT>(x + (int64_t)blockIdx.x * n, units, xc);
+    load_row<T, W, VPT>(dy + (int64_t)blockIdx.x * n, units, dc);
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        if (row + gridDim.x < rows) {
+            load_row<T, W, VPT>(x + (row + gridDim.x) * n, units, xn);
+            load_row<T, W, VPT>(dy + (row + gridDim.x) * n, units, dn);
+        }
+        if (row + 2 * gridDim.x < rows) {
+            prefetch_row<T, W, VPT>(x + (row + 2 * gridDim.x) * n, n, units);
+            prefetch_row<T, W, VPT>(dy + (row + 2 * gridDim.x) * n, n, units);
+        }
+        float dot = 0.0f;
+#pragma unroll
+        for (int k = 0; k < VPT; k++) {
+            int u = threadIdx.x + k * blockDim.x;
+            if (u < units) {
+                float wv[W];
+                if (w) lk_ldw<T, W>(w + u * W, wv, false);
+#pragma unroll
+                for (int j = 0; j < W; j++) dot = fmaf(dc[k].f(j) * (w ? wv[j] + off : 1.0f), xc[k].f(j), dot);
+            }
+        }
+        const float rs = rstd[row];
+        const float m = lk_block_sum(dot, scratch) * rs / (float)n;
+        T *dxr = dx + row * n;
+#pragma unroll
+        for (int k = 0; k < VPT; k++) {
+            int u = threadIdx.x + k * blockDim.x;
+            if (u < units) {
+                float wv[W], o[W];
+                if (w) lk_ldw<T, W>(w + u * W, wv, false);
+#pragma unroll
+                for (int j = 0; j < W; j++) {
+                    float d = dc[k].f(j), xh = xc[k].f(j) * rs, g = d * (w ? wv[j] + off : 1.0f);
+                    acc[k][j] = fmaf(d, xh, acc[k][j]);
+                    o[j] = rs * (g - xh * m);
+                }
+                lk_stw<T, W>(dxr + u * W, o);
+            }
+            xc[k] = xn[k];
+            dc[k] = dn[k];
+        }
+    }
+    if (partial == NULL) return;
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+        int u = threadIdx.x + k * blockDim.x;
+        if (u < units)
+#pragma unroll
+            for (int j = 0; j < W; j++) partial[(int64_t)blockIdx.x * n + u * W + j] = acc[k][j];
+    }
+}
+
+/* Any row length: each thread owns columns c ≡ threadIdx.x and adds into its block's
+ * partial row in place. */
+template <typename T>
+__global__ void bwd_loop(const T *__restrict__ x, const T *__restrict__ w, const T *dy, T *dx,
+                         const float *__restrict__ rstd, float *__restrict__ partial, int64_t rows, int n,
+                         float off) {
+    __shared__ float scratch[32];
+    float *pp = partial ? partial + (int64_t)blockIdx.x * n : NULL;
+    if (pp)
+        for (int c = threadIdx.x; c < n; c += blockDim.x) pp[c] = 0.0f;
+    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        const T *xr = x + row * n, *dyr = dy + row * n;
+        float dot = 0.0f;
+        for (int c = threadIdx.x; c < n; c += blockDim.x)
+            dot = fmaf(lk_to_f32(dyr[c]) * (w ? lk_to_f32(w[c]) + off : 1.0f), lk_to_f32(xr[c]), dot);
+        const float rs = rstd[row];
+        const float m = lk_block_sum(dot, scratch) * rs / (float)n;
+        for (int c = threadIdx.x; c < n; c += blockDim.x) {
+            float d = lk_to_f32(dyr[c]), xh = lk_to_f32(xr[c]) * rs;
+            float g = d * (w ? lk_to_f32(w[c]) + off : 1.0f);
+            if (pp) pp[c] = fmaf(d, xh, pp[c]);
+            dx[row * n + c] = lk_from_f32<T>(rs * (g - xh * m));
+        }
+    }
+}
+
+/* Launches the backward on as many blocks as fit on the GPU at once (at most max_parts,
+ * what the workspace holds) and says how many in *parts. */
+template <typename T, int W>
+static lk_status launch_bwd(const plan *p, const lk_rms_norm_args *a, float *partial, int64_t max_parts,
+                            int64_t rows, int n, cudaStream_t st, int64_t *parts) {
+    void (*k)(const T *, const T *, const T *, T *, const float *, float *, int64_t, int, float);
+    switch (p->vpt) {
+    case 1: k = bwd_reg<T, W, 1>; break;
+    case 2: k = bwd_reg<T, W, 2>; break;
+    case 4: k = bwd_reg<T, W, 4>; break;
+    case 8: k = bwd_reg<T, W, 8>; break;
+    default: k = bwd_loop<T>; break;
+    }
+    lk_status s = fit_grid(k, p->threads, max_parts, parts);
+    if (s) return s;
+    k<<<(unsigned)*parts, p->threads, 0, st>>>((const T *)a->x.data, (const T *)a->weight.data,
+                                              (const T *)a->dy.data, (T *)a->dx.data, (const float *)a->saved.data,
+                                              partial, rows, n, a->weight_offset);
+    LK_CUDA_LAUNCHED("rms_norm: fused (cuda) backward");
+    return LK_OK;
+}
+
+/* ---- the vtable --------------------------------------------------------------- */
+
+/* The most blocks of the backward grid, hence f32 partial rows of dweight the workspace
+ * holds; launch_bwd runs as many of them as fit on the GPU at once. */
+static int64_t bwd_parts(int64_t rows) {
+    int sms = lk_hw_get()->cuda_sms > 0 ? lk_hw_get()->cuda_sms : 1;
+    int64_t p = (int64_t)sms * BWD_BLOCKS_PER_SM;
+    return rows < p ? (rows > 0 ? rows : 1) : p;
+}
+
+static size_t saved_bytes(int64_t rows, int64_t n, lk_dtype dt) { return (size_t)rows * sizeof(float); }
+
+static size_t workspace_bytes(int64_t rows, int64_t n, lk_dtype dt, int backward) {
+    return backward ? (size_t)bwd_parts(rows) * (size_t)n * sizeof(float) : 0;
+}
+
+static lk_status forward(const lk_rms_norm_args *a, lk_ctx *ctx) {
+    int64_t n = a->x.shape[a->x.ndim - 1], rows = lk_tensor_numel(&a->x) / n;
+    cudaStream_t st = (cudaStream_t)ctx->stream;
+    if (n > INT32_MAX / 2 || rows > INT32_MAX)
+        return lk_error(LK_ESHAPE, "rms_norm: fused (cuda): x: expected rows and n below 2^31, got %lld x %lld",
+                        (long long)rows, (long long)n);
+    const void *ptrs[] = {a->x.data, a->weight.data, a->y.data};
+    plan p = plan_of(n, a->x.dtype, ptrs, 3);
+    if (a->x.dtype == LK_F32)
+        return p.w == 1 ? launch_fwd<float, 1>(&p, a, rows, (int)n, st) : launch_fwd<float, 4>(&p, a, rows, (int)n, st);
+    return p.w == 1 ? launch_fwd<lk_bf16_t, 1>(&p, a, rows, (int)n, st)
+                    : launch_fwd<lk_bf16_t, 8>(&p, a, rows, (int)n, st);
+}
+
+static lk_status backward(const lk_rms_norm_args *a, lk_ctx *ctx) {
+    int64_t n = a->x.shape[a->x.ndim - 1], rows = lk_tensor_numel(&a->x) / n;
+    cudaStream_t st = (cudaStream_t)ctx->stream;
+    if (rows == 0) return lk_rms_dw_zero(a, st);
+    if (n > INT32_MAX / 2)
+        return lk_error(LK_ESHAPE, "rms_norm: fused (cuda): x: expected n below 2^30, got %lld", (long long)n);
+    int want_dw = a->weight.data && a->dweight.data;
+    int64_t parts = 0;
+    float *partial = NULL;
+    if (want_dw && (partial = (float *)lk_arena_alloc(ctx->arena, workspace_bytes(rows, n, a->x.dtype, 1))) == NULL)
+        return lk_error(LK_EINTERNAL, "rms_norm: fused (cuda): the dweight workspace was not reserved");
+    const void *ptrs[] = {a->x.data, a->weight.data, a->dy.data, a->dx.data};
+    plan p = plan_of(n, a->x.dtype, ptrs, 4);
+    int64_t mp = bwd_parts(rows);
+    lk_status s;
+    if (a->x.dtype == LK_F32)
+        s = p.w == 1 ? launch_bwd<float, 1>(&p, a, partial, mp, rows, (int)n, st, &parts)
+                     : launch_bwd<float, 4>(&p, a, partial, mp, rows, (int)n, st, &parts);
+    else
+        s = p.w == 1 ? launch_bwd<lk_bf16_t, 1>(&p, a, partial, mp, rows, (int)n, st, &parts)
+                     : launch_bwd<lk_bf16_t, 8>(&p, a, partial, mp, rows, (int)n, st, &parts);
+    if (s) return s;
+    return want_dw ? lk_rms_dw_finish(partial, parts, (int)n, a->dweight.data, a->dweight.dtype, st) : LK_OK;
+}
+
+extern "C" const lk_rms_norm_vtable lk_rms_norm_cuda_fused_vtable = {
+    LK_RMS_NORM_VTABLE_VERSION, saved_bytes, workspace_bytes, forward, backward,
+};

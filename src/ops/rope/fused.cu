@@ -1,0 +1,154 @@
+/* fused.cu — `fused` RoPE on CUDA: one pass over q and k each way, f32 math, f32 or
+ * bf16 storage. A thread owns one token and one group of W dims in the first half of
+ * the rotary dims (with its partner group R/2 further on), reads that token's cos and
+ * sin once, and walks every q head and then every k head of the token, HB heads at a
+ * time so that their loads are in flight together. Dims past rotary_dim are copied
+ * (nothing to do in place). The backward is the same kernel rotating by −angle.
+ *
+ * Position ids are device memory the facade does not read: a token whose id lies
+ * outside [0, max_pos) gets NaN in its rotated dims instead of a read outside the tables.
+ * Reached through lk_rope_forward / _backward (rope.c), which validated every argument. */
+#include <math.h>
+#include "core/cuda_check.h"
+#include "internal.h"
+#include "ops/cuda_util.cuh"
+
+#define THREADS 256
+/* Heads whose loads are issued before the first store: the stores may alias the loads
+ * (in place), so nothing later is hoisted above them. 4 heads held as f32 (115
+ * registers, 2 blocks an SM) moved 77% of the copy rate on the H200; 8 held as loaded
+ * (bf16 packed) keep twice the bytes in flight in about the same registers: 79%.
+ * Asking the next 8 heads into L2 while these load (prefetch.global.L2) did not help
+ * (77%, within the run-to-run spread) and cost 15 registers, so it is not done. */
+#define HB 8
+
+/* W floats of a table row (W >= 4: 16-byte loads; the caller checked alignment). */
+template <int W>
+static __device__ __forceinline__ void load_table(const float *p, float *f) {
+    if (W % 4 == 0) {
+#pragma unroll
+        for (int j = 0; j < W; j += 4) {
+            float4 v = __ldg(reinterpret_cast<const float4 *>(p + j));
+            f[j] = v.x, f[j + 1] = v.y, f[j + 2] = v.z, f[j + 3] = v.w;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < W; j++) f[j] = __ldg(p + j);
+    }
+}
+
+typedef struct {
+    const void *pos;      /* [B, S] i32 or i64, or NULL: s */
+    int pos64;
+    int64_t tokens;       /* B·S */
+    int seq, dim, rot, max_pos;
+    float sgn;            /* +1 forward, −1 backward */
+} rope_geom;
+
+/* Rotates (or copies) one group of W dims for the H heads of one tensor. */
+template <typename T, int W>
+static __device__ __forceinline__ void heads(const T *in, T *out, int H, int64_t b, int s, int i, int half,
+                                             const float *c, const float *sn, const rope_geom &g, bool rotate) {
+    for (int h0 = 0; h0 < H; h0 += HB) {
+        lk_pack<T, W> x1[HB], x2[HB];
+#pragma unroll
+        for (int j = 0; j < HB; j++) {
+            if (h0 + j >= H) break;
+            int64_t base = ((b * H + h0 + j) * g.seq + s) * g.dim + i;
+            lk_ldp<T, W>(in + base, x1[j]);
+            if (rotate) lk_ldp<T, W>(in + base + half, x2[j]);
+        }
+#pragma unroll
+        for (int j = 0; j < HB; j++) {
+            if (h0 + j >= H) break;
+            int64_t base = ((b * H + h0 + j) * g.seq + s) * g.dim + i;
+            float o1[W], o2[W];
+            if (!rotate) {
+#pragma unroll
+                for (int e = 0; e < W; e++) o1[e] = x1[j].f(e);
+                lk_stw<T, W>(out + base, o1);
+                continue;
+            }
+#pragma unroll
+            for (int e = 0; e < W; e++) {
+                float a = x1[j].f(e), bb = x2[j].f(e);
+                o1[e] = a * c[e] - g.sgn * bb * sn[e];
+                o2[e] = bb * c[e] + g.sgn * a * sn[e];
+            }
+            lk_stw<T, W>(out + base, o1);
+            lk_stw<T, W>(out + base + half, o2);
+        }
+    }
+}
+
+template <typename T, int W>
+__global__ void __launch_bounds__(THREADS) rope_kernel(const T *q, T *qo, int hq, const T *k, T *ko, int hk,
+                                                      const float *cos_t, const float *sin_t, rope_geom g) {
+    const int half = g.rot / 2, rot_units = half / W, units = rot_units + (g.dim - g.rot) / W;
+    int64_t gid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (gid >= g.tokens * units) return;
+    int64_t t = gid / units;
+    int u = (int)(gid - t * units);
+    int64_t b = t / g.seq;
+    int s = (int)(t - b * g.seq);
+    if (u < rot_units) {
+        int i = u * W;
+        int64_t p = g.pos == NULL ? s : g.pos64 ? ((const int64_t *)g.pos)[t] : ((const int32_t *)g.pos)[t];
+        float c[W], sn[W];
+        if (p >= 0 && p < g.max_pos) {
+            load_table<W>(cos_t + p * half + i, c);
+            load_table<W>(sin_t + p * half + i, sn);
+        } else {
+#pragma unroll
+            for (int e = 0; e < W; e++) c[e] = sn[e] = __int_as_float(0x7fc00000);   /* NaN */
+        }
+        heads<T, W>(q, qo, hq, b, s, i, half, c, sn, g, true);
+        heads<T, W>(k, ko, hk, b, s, i, half, c, sn, g, true);
+    } else {
+        int i = g.rot + (u - rot_units) * W;
+        if (q != qo) heads<T, W>(q, qo, hq, b, s, i, half, NULL, NULL, g, false);
+        if (k != ko) heads<T, W>(k, ko, hk, b, s, i, half, NULL, NULL, g, false);
+    }
+}
+
+template <typename T, int W>
+static void launch(const lk_rope_dims *d, const lk_tensor *in_q, const lk_tensor *out_q, const lk_tensor *in_k,
+                   const lk_tensor *out_k, const lk_rope_args *a, const rope_geom *g, cudaStream_t st) {
+    int64_t units = d->rotary_dim / 2 / W + (d->head_dim - d->rotary_dim) / W;
+    unsigned blocks = (unsigned)lk_cdiv(g->tokens * units, THREADS);
+    rope_kernel<T, W><<<blocks, THREADS, 0, st>>>((const T *)in_q->data, (T *)out_q->data, (int)d->q_heads,
+                                                  (const T *)in_k->data, (T *)out_k->data, (int)d->k_heads,
+                                                  (const float *)a->cos.data, (const float *)a->sin.data, *g);
+}
+
+static lk_status pass(const lk_rope_args *a, lk_ctx *ctx, int backward) {
+    lk_rope_dims d = lk_rope_dims_of(a);
+    const lk_tensor *iq = backward ? &a->dq_out : &a->q, *ik = backward ? &a->dk_out : &a->k;
+    const lk_tensor *oq = backward ? &a->dq : &a->q_out, *ok = backward ? &a->dk : &a->k_out;
+    if (d.seq > INT32_MAX || d.head_dim > INT32_MAX || d.q_heads > INT32_MAX || a->cos.shape[0] > INT32_MAX)
+        return lk_error(LK_ESHAPE, "rope: fused (cuda): q: expected S, D, Hq and max_pos below 2^31");
+    rope_geom g = {a->position_ids.data, a->position_ids.dtype == LK_I64, d.batch * d.seq, (int)d.seq,
+                   (int)d.head_dim, (int)d.rotary_dim, (int)a->cos.shape[0], backward ? -1.0f : 1.0f};
+    int vw = d.dtype == LK_F32 ? 4 : 8;
+    int vec = (d.rotary_dim / 2) % vw == 0 && d.head_dim % vw == 0;
+    const void *ptrs[] = {iq->data, ik->data, oq->data, ok->data, a->cos.data, a->sin.data};
+    for (int i = 0; i < 6; i++) vec &= lk_aligned16(ptrs[i]);
+    cudaStream_t st = (cudaStream_t)ctx->stream;
+    if (d.dtype == LK_F32) {
+        if (vec) launch<float, 4>(&d, iq, oq, ik, ok, a, &g, st);
+        else launch<float, 1>(&d, iq, oq, ik, ok, a, &g, st);
+    } else {
+        if (vec) launch<lk_bf16_t, 8>(&d, iq, oq, ik, ok, a, &g, st);
+        else launch<lk_bf16_t, 1>(&d, iq, oq, ik, ok, a, &g, st);
+    }
+    LK_CUDA_LAUNCHED(backward ? "rope: fused (cuda) backward" : "rope: fused (cuda) forward");
+    return LK_OK;
+}
+
+static size_t saved_bytes(const lk_rope_dims *d) { return 0; }
+static lk_status forward(const lk_rope_args *a, lk_ctx *ctx) { return pass(a, ctx, 0); }
+static lk_status backward(const lk_rope_args *a, lk_ctx *ctx) { return pass(a, ctx, 1); }
+
+extern "C" const lk_rope_vtable lk_rope_cuda_fused_vtable = {
+    LK_ROPE_VTABLE_VERSION, saved_bytes, NULL, forward, backward,
+};

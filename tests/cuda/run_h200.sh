@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# run_h200.sh — everything GPU in one go, for the H200 machine (the device tool's `run`):
+# builds llmkern with CUDA, prints `llmkern list`'s GPU line, runs the GPU tests (ctest -R
+# cuda_) and bench/peers_cuda.py, and leaves the logs and the bench's table in $OUT.
+#
+# That machine has nvcc, CMake and PyTorch but not necessarily libyaml, cmocka, OpenBLAS
+# or pkg-config: carry their .debs in .carry/debs (apt-get download libyaml-0-2 libyaml-dev
+# libcmocka0 libcmocka-dev libopenblas0-pthread libopenblas-pthread-dev libopenblas-dev
+# libgfortran5 pkgconf pkgconf-bin libpkgconf3), and Liger-Kernel's wheel in .carry/whl;
+# both are unpacked into .carry/ there, never into /.
+#   run: bash tests/cuda/run_h200.sh            (carry: [".carry"])
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+BUILD=${BUILD:-build-h200}
+exec > >(tee "$OUT/run_h200.log") 2>&1
+
+PFX=$PWD/.carry/prefix
+LIB=$PFX/usr/lib/x86_64-linux-gnu
+if ls .carry/debs/*.deb >/dev/null 2>&1; then
+  mkdir -p "$PFX"
+  for f in .carry/debs/*.deb; do dpkg -x "$f" "$PFX"; done
+  sed -i "s|^prefix=/usr|prefix=$PFX/usr|" "$LIB"/pkgconfig/*.pc
+  ln -sf openblas-pthread/libopenblas.so.0 "$LIB/libopenblas.so"      # what FindBLAS looks for
+  export PKG_CONFIG_PATH=$LIB/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+  export LD_LIBRARY_PATH=$LIB:$LIB/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  command -v pkg-config >/dev/null || export PKG_CONFIG=$PFX/usr/bin/pkgconf
+  CARRIED=(-DCMAKE_LIBRARY_PATH="$LIB" -DCBLAS_INCLUDE_DIR="$PFX/usr/include/x86_64-linux-gnu/openblas-pthread")
+else
+  CARRIED=()
+fi
+if ls .carry/whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    .carry/whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
+echo "== build"
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLLMKERN_CUDA=ON "${CARRIED[@]}" >"$OUT/cmake.log" 2>&1 ||
+  { tail -30 "$OUT/cmake.log"; exit 1; }
+cmake --build "$BUILD" -j "$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
+"$BUILD/llmkern" list | grep -E "^GPU|cuda " | head -12
+echo "== GPU tests"
+ctest --test-dir "$BUILD" -R cuda_ --output-on-failure -j 3 2>&1 | tee "$OUT/ctest_cuda.log" | tail -15
+tests_rc=${PIPESTATUS[0]}
+echo "== bench"
+PYTHONUNBUFFERED=1 python3 bench/peers_cuda.py --build "$BUILD" --out "$OUT" 2>&1 | grep -v "^W[0-9]" 
+bench_rc=${PIPESTATUS[0]}
+echo "== tests rc $tests_rc, bench rc $bench_rc"
+cat "$OUT/peers_cuda.md" 2>/dev/null
+exit $(( tests_rc != 0 ? 1 : 0 ))

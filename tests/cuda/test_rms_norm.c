@@ -1,0 +1,159 @@
+/* test_rms_norm.c (GPU) — the CUDA RMSNorm implementations (fused, eager_fp32) against the
+ * float64 reference: f32 and bf16, shapes that take each kernel path (16-byte register
+ * path, odd lengths on the scalar register path, rows too long for registers on the
+ * looped path, an unaligned pointer), with and without weight, Gemma's offset, dx
+ * written over dy, zero rows, outputs poisoned with NaN first. Tolerances, as the CPU
+ * harness states them: f32 math and one rounding of each output, so f32 1e-5 (dweight
+ * sums up to 4099 rows in f32: 2e-5) and bf16 1e-2 (2^-9 of an element at most).
+ * Skipped (77) where there is no GPU. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <string.h>
+#include <cuda_runtime_api.h>
+#include "cuda_util.h"
+#include "ops/rms_norm/reference.h"
+
+typedef struct {
+    int64_t rows, n;
+    int weight, inplace, misalign;
+    float offset;
+} rcase;
+
+static double tol(lk_dtype dt, int dw) { return dt == LK_F32 ? (dw ? 2e-5 : 1e-5) : 1e-2; }
+
+static void run_case(const lk_impl *impl, lk_dtype dt, const rcase *c, uint32_t seed) {
+    int64_t rows = c->rows, n = c->n, tn = rows * n, s2[2] = {rows, n};
+    size_t es = lk_dtype_size(dt);
+    double *x = lkt_alloc(tn + 1), *w = lkt_alloc(n), *dy = lkt_alloc(tn + 1);
+    lkt_randn(x, tn + 1, &seed, 1.0);
+    lkt_randn(w, n, &seed, 0.5);
+    lkt_randn(dy, tn + 1, &seed, 1.0);
+    /* misalign: views start one element into their buffers (no 16-byte accesses) */
+    int m = c->misalign;
+    char *dx_ = lkt_upload(x, tn + 1, dt), *ddy = lkt_upload(dy, tn + 1, dt);
+    void *dw_ = lkt_upload(w, n, dt);
+    char *dyv = lkt_dev((size_t)(tn + 1) * es), *ddx = c->inplace ? ddy : lkt_dev((size_t)(tn + 1) * es);
+    void *ddw = lkt_dev((size_t)n * es);
+    lkt_poison(dyv, (size_t)(tn + 1) * es);
+    lkt_poison(ddw, (size_t)n * es);
+    if (!c->inplace) lkt_poison(ddx, (size_t)(tn + 1) * es);
+    size_t saved = 0;
+    lk_tensor xt = lkt_view(dx_ + m * es, dt, 2, s2);
+    assert_int_equal(lk_rms_norm_saved_bytes(impl, &xt, &saved), LK_OK);
+    lk_rms_norm_args a = {
+        .x = xt, .weight = lkt_view(c->weight ? dw_ : NULL, dt, 1, &n), .y = lkt_view(dyv + m * es, dt, 2, s2),
+        .dy = lkt_view(ddy + m * es, dt, 2, s2), .dx = lkt_view(ddx + m * es, dt, 2, s2),
+        .dweight = lkt_view(c->weight ? ddw : NULL, dt, 1, &n), .saved = {lkt_dev(saved), saved},
+        .eps = 1e-6, .weight_offset = c->offset, .inplace_dx = c->inplace,
+    };
+    lk_arena arena = {.device = LK_DEVICE_CUDA};
+    lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
+    assert_int_equal(lk_rms_norm_forward(impl, &a, &ctx), LK_OK);
+    assert_int_equal(lk_rms_norm_backward(impl, &a, &ctx), LK_OK);
+
+    double *ry = lkt_alloc(tn), *rdx = lkt_alloc(tn), *rdw = lkt_alloc(n), *out = lkt_alloc(tn);
+    const double *wr = c->weight ? w : NULL;
+    lk_rms_norm_ref_forward(x + m, wr, c->offset, 1e-6, rows, n, ry, NULL);
+    lk_rms_norm_ref_backward(x + m, wr, c->offset, 1e-6, dy + m, rows, n, rdx, c->weight ? rdw : NULL);
+    double e;
+    lkt_download(dyv + m * es, tn, dt, out);
+    e = lkt_rel_err(out, ry, tn);
+    print_message("  %-10s %-4s %5lldx%-6lld w%d off%.0f inplace%d mis%d: y %.2e", impl->name, lk_dtype_name(dt),
+                  (long long)rows, (long long)n, c->weight, (double)c->offset, c->inplace, m, e);
+    assert_true(e <= tol(dt, 0));
+    lkt_download(ddx + m * es, tn, dt, out);
+    e = lkt_rel_err(out, rdx, tn);
+    print_message(" dx %.2e", e);
+    assert_true(e <= tol(dt, 0));
+    if (c->weight) {
+        lkt_download(ddw, n, dt, out);
+        e = lkt_rel_err(out, rdw, n);
+        print_message(" dw %.2e", e);
+        assert_true(e <= tol(dt, 1));
+    }
+    print_message("\n");
+    lk_arena_free(&arena);
+}
+
+static const rcase cases[] = {
+    {64, 4096, 1, 0, 0, 0.0f},      /* register path, 16-byte accesses */
+    {33, 4096, 1, 1, 0, 1.0f},      /* dx over dy, Gemma's offset */
+    {4099, 1024, 1, 0, 0, 0.0f},    /* more rows than the backward grid: blocks walk rows */
+    {17, 8, 0, 0, 0, 0.0f},         /* one access per row, no weight */
+    {29, 4097, 1, 0, 0, 0.0f},      /* odd length: scalar, looped (too long for registers) */
+    {31, 1000, 1, 0, 1, 0.0f},      /* unaligned views: scalar register path */
+    {7, 13, 1, 0, 0, 0.0f},
+    {3, 40000, 1, 0, 0, 0.0f},      /* too long for registers even with 16-byte accesses */
+    {5, 16384, 1, 0, 0, 0.0f},      /* the longest register row in bf16 */
+};
+
+static void every_impl_dtype_shape(void **state) {
+    (void)state;
+    const char *names[] = {"fused", "eager_fp32"};
+    for (int k = 0; k < 2; k++) {
+        const lk_impl *impl = lk_impl_find(LK_OP_RMS_NORM, names[k], LK_DEVICE_CUDA);
+        assert_non_null(impl);
+        for (int d = 0; d < 2; d++)
+            for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+                run_case(impl, d ? LK_BF16 : LK_F32, &cases[i], 1234u + (uint32_t)i);
+                lkt_free_all();
+            }
+    }
+}
+
+/* No rows: the facade hands the call to the implementation, which zeroes dweight. */
+static void zero_rows_zero_dweight(void **state) {
+    (void)state;
+    const lk_impl *impl = lk_impl_find(LK_OP_RMS_NORM, "fused", LK_DEVICE_CUDA);
+    int64_t n = 64, s2[2] = {0, n};
+    double *w = lkt_alloc(n), *out = lkt_alloc(n);
+    uint32_t seed = 5;
+    lkt_randn(w, n, &seed, 1.0);
+    void *dw = lkt_dev(n * 4), *wd = lkt_upload(w, n, LK_F32), *nothing = lkt_dev(64);
+    lkt_poison(dw, n * 4);
+    lk_rms_norm_args a = {
+        .x = lkt_view(nothing, LK_F32, 2, s2), .weight = lkt_view(wd, LK_F32, 1, &n),
+        .dy = lkt_view(nothing, LK_F32, 2, s2), .dx = lkt_view((char *)nothing + 32, LK_F32, 2, s2),
+        .dweight = lkt_view(dw, LK_F32, 1, &n), .eps = 1e-6,
+    };
+    lk_arena arena = {.device = LK_DEVICE_CUDA};
+    lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
+    assert_int_equal(lk_rms_norm_backward(impl, &a, &ctx), LK_OK);
+    lkt_download(dw, n, LK_F32, out);
+    for (int64_t j = 0; j < n; j++) assert_true(out[j] == 0.0);
+    lk_arena_free(&arena);
+    lkt_free_all();
+}
+
+/* A CPU tensor, or a CPU context, handed to a CUDA implementation is refused by name. */
+static void device_mismatch_refused(void **state) {
+    (void)state;
+    const lk_impl *impl = lk_impl_find(LK_OP_RMS_NORM, "fused", LK_DEVICE_CUDA);
+    int64_t s2[2] = {4, 8}, n = 8;
+    void *d = lkt_dev(4 * 8 * 4 * 3);
+    float rstd[4];
+    lk_rms_norm_args a = {.x = lkt_view(d, LK_F32, 2, s2), .y = lkt_view((char *)d + 128, LK_F32, 2, s2),
+                          .saved = {rstd, sizeof rstd}, .eps = 1e-6};
+    a.weight = lkt_view(NULL, LK_F32, 1, &n);
+    lk_arena arena = {.device = LK_DEVICE_CUDA};
+    lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0), cpu = lk_ctx_cpu(&arena);
+    assert_int_equal(lk_rms_norm_forward(impl, &a, &cpu), LK_EDEVICE);
+    assert_non_null(strstr(lk_last_error(), "ctx.device"));
+    a.y.device.type = LK_DEVICE_CPU;
+    assert_int_equal(lk_rms_norm_forward(impl, &a, &ctx), LK_EDEVICE);
+    assert_non_null(strstr(lk_last_error(), "y"));
+    lkt_free_all();
+}
+
+int main(void) {
+    if (!lkt_have_gpu("cuda_test_rms_norm")) return LKT_SKIP;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(every_impl_dtype_shape),
+        cmocka_unit_test(zero_rows_zero_dweight),
+        cmocka_unit_test(device_mismatch_refused),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

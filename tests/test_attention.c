@@ -475,12 +475,17 @@ static void wrong_impl_and_sp_comm(void **state) {
     const lk_impl *rms = lk_impl_find(LK_OP_RMS_NORM, "fused", LK_DEVICE_CPU);
     assert_int_equal(lk_attention_forward(rms, &pb.a, &ctx), LK_EINVAL);
     assert_non_null(strstr(lk_last_error(), "impl"));
-    int comm = 1;
-    ctx.comm = &comm;
+    lk_comm bogus = {0};     /* version 0: not a communicator */
+    ctx.comm = &bogus;
     assert_int_equal(lk_attention_forward(impl_named("llmkern_flash_attention_2_with_sp"), &pb.a, &ctx),
-                     LK_EUNAVAILABLE);
-    assert_non_null(strstr(lk_last_error(), "comm"));
+                     LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "ctx.comm"));
     assert_int_equal(lk_attention_forward(impl_named("sdpa"), &pb.a, &ctx), LK_OK);   /* not SP: no exchange */
+    lk_comm *one;            /* a group of one: the identity (tests/dist runs P > 1) */
+    assert_int_equal(lk_comm_single(&one), LK_OK);
+    ctx.comm = one;
+    assert_int_equal(lk_attention_forward(impl_named("llmkern_flash_attention_2_with_sp"), &pb.a, &ctx), LK_OK);
+    lk_comm_destroy(one);
     lk_attention_problem_free(&pb);
     lk_arena_free(&arena);
 }

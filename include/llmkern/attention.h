@@ -54,6 +54,9 @@ typedef struct {
      * position p only when p − j < window_left and j − p < window_right. */
     int64_t window_left, window_right;
     float softcap;              /* > 0: score = softcap · tanh(score / softcap); 0 = none */
+    /* SP rows only: 1 runs this call on the local tensors without the Ulysses exchange
+     * (a module that must not take part in the SP group's attention). */
+    int skip_ulysses;
 } lk_attention_args;
 
 /* The compute functions behind an adapter: the slot the facade dispatches to. */
@@ -76,14 +79,25 @@ typedef enum { LK_ATTN_EAGER, LK_ATTN_FLASH, LK_ATTN_FLEX, LK_ATTN_ADAPTER_COUNT
 typedef struct {
     int version;
     lk_attn_adapter adapter;
-    int sp;     /* 1: the Ulysses path; on one process (ctx->comm NULL) it is the identity */
+    int sp;     /* 1: the Ulysses path over ctx->comm (the SP group); with no group, a group of
+                 * one, or skip_ulysses it is the identity */
 } lk_attention_entry;
 
 /* Bytes of impl's saved state for these inputs (q, k, v shapes read). */
 lk_status lk_attention_saved_bytes(const lk_impl *impl, const lk_attention_args *a, size_t *bytes);
 /* The facade. Errors (nothing written): LK_EINVAL (bad option, missing tensor, missing
  * BlockMask for flex, a mask the adapter does not take, bad cu_seqlens), LK_ESHAPE,
- * LK_EDTYPE, LK_EDEVICE, LK_EUNAVAILABLE (the SP path with a communicator: a later issue). */
+ * LK_EDTYPE, LK_EDEVICE, LK_ECOMM (the SP group failed, or its ranks called with different shapes).
+ *
+ * Ulysses (SP rows, ctx->comm a group of P > 1): q/k/v are this rank's S/P positions of
+ * every head ([B, H, S/P, D]; every rank the same S/P: the caller pads the sequence to a
+ * multiple of P, padding as a document of its own or masked out of the loss), out
+ * [B, S/P, H, D] and saved (the LSE [B, H, S/P]) the same; cu_seqlens, max_seqlen, a
+ * BlockMask (head-broadcast, H = 1) and a dense mask ([., 1, S, S_kv]) describe the FULL
+ * sequence, taken before slicing. H_q % P == 0; H_kv % P == 0 or P % H_kv == 0 (the KV
+ * heads repeated so each rank holds one). s_aux is the global [H_q]; ds_aux comes back
+ * as this rank's heads' share (zeros elsewhere): summed over the SP group it is the
+ * gradient, like every parameter gradient under SP. Every SP rank makes the same call. */
 lk_status lk_attention_forward(const lk_impl *impl, const lk_attention_args *a, lk_ctx *ctx);
 /* Needs out and saved from the forward of the same arguments. */
 lk_status lk_attention_backward(const lk_impl *impl, const lk_attention_args *a, lk_ctx *ctx);

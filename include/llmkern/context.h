@@ -18,11 +18,15 @@ typedef struct {
     size_t bytes;
 } lk_saved;
 
+struct lk_comm;  /* comm.h */
+
 typedef struct lk_ctx {
     lk_device device;
     void *stream;      /* cudaStream_t on CUDA; unused on the CPU */
     lk_arena *arena;   /* workspace; required by ops whose query asks for one */
-    void *comm;        /* communicator, for distributed ops */
+    /* The group a distributed op runs over (comm.h): attention's SP rows take the
+     * sequence-parallel group, moe_dispatch the expert-parallel one. NULL = one process. */
+    struct lk_comm *comm;
     lk_rng *rng;
 } lk_ctx;
 

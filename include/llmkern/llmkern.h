@@ -20,6 +20,8 @@
 #include "config.h"
 #include "model.h"
 #include "rms_norm.h"
+#include "moe_dispatch.h"
+#include "comm.h"
 #include "data.h"
 #include "attention.h"
 #include "moe.h"

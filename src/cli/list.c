@@ -45,6 +45,9 @@ int cli_list(const cli_opts *o) {
     else if (!o->json)
         printf("GPU: none (%s)\n", hw->cuda_why);
     if (!o->json)
+        printf("MPI: %s\n", hw->has_mpi ? "built in (lk_comm_mpi_world; run under mpirun)"
+                                        : "not built (CMake found no MPI; the multi-process communicator is absent)");
+    if (!o->json)
         printf("%-14s %-18s %-5s %-9s %-14s %s\n", "OP", "IMPLEMENTATION", "DEV", "AVAILABLE",
                "NEEDS", "SUMMARY");
     for (int op = 0; op < LK_OP_COUNT; op++) {

@@ -7,6 +7,9 @@
 
 void lk_hw_probe_cpu(lk_hw *hw) {
     hw->cpu_cores = omp_get_num_procs();
+#ifdef LLMKERN_HAVE_MPI
+    hw->has_mpi = 1;    /* the MPI communicator is built in (src/dist/comm_mpi.c) */
+#endif
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     hw->cpu_avx2 = __builtin_cpu_supports("avx2") != 0;

@@ -3,6 +3,7 @@
 #include "registry/registry_internal.h"
 
 extern const lk_impl lk_rms_norm_impls[];
+extern const lk_impl lk_moe_dispatch_impls[];
 extern const lk_impl lk_attention_impls[];
 extern const lk_impl lk_moe_router_impls[];
 extern const lk_impl lk_moe_experts_impls[];
@@ -13,6 +14,7 @@ extern const lk_impl lk_linear_impls[];
 
 const lk_impl *const lk_builtin_tables[] = {
     lk_rms_norm_impls,
+    lk_moe_dispatch_impls,
     lk_attention_impls,
     lk_moe_router_impls,
     lk_moe_experts_impls,

@@ -6,11 +6,12 @@
  * are slots a test may swap (lk_attention_set_backend).
  *
  * The SP-aware rows (llmkern_*_with_sp) enter the same adapters through sp_run: with
- * no communicator (one process) the Ulysses exchange is the identity; the exchange
- * itself is not implemented yet, so a communicator is refused rather than ignored. */
+ * no communicator, a group of one or skip_ulysses it is the identity; otherwise the
+ * Ulysses exchange (ulysses.c) surrounds the adapter, and masks and cu_seqlens are
+ * checked against the full sequence the adapter sees. */
 #include <math.h>
 #include "core/validate.h"
-#include "ops/attention/internal.h"
+#include "ops/attention/ulysses.h"
 
 #define OP "attention"
 
@@ -36,7 +37,8 @@ const lk_attention_vtable *lk_attention_set_backend(lk_attn_adapter adapter, con
 typedef struct {
     const lk_attention_entry *entry;
     const lk_attention_vtable *vt;
-    lk_attn_dims d;
+    lk_attn_dims d;     /* the caller's tensors */
+    lk_ulysses u;       /* u.in: what the adapter sees (= d without the exchange) */
 } call;
 
 static lk_status resolve(const lk_impl *impl, call *c) {
@@ -122,8 +124,8 @@ static lk_status check_varlen(const lk_attention_args *a, const call *c) {
                         (long long)c->d.B);
     int64_t lq, lk;
     lk_status s;
-    if ((s = check_cu("cu_seqlens_q", &a->cu_seqlens_q, 0, c->d.Sq, &lq)) ||
-        (s = check_cu("cu_seqlens_k", &a->cu_seqlens_k, a->cu_seqlens_q.shape[0], c->d.Skv, &lk)))
+    if ((s = check_cu("cu_seqlens_q", &a->cu_seqlens_q, 0, c->u.in.Sq, &lq)) ||
+        (s = check_cu("cu_seqlens_k", &a->cu_seqlens_k, a->cu_seqlens_q.shape[0], c->u.in.Skv, &lk)))
         return s;
     if (a->max_seqlen_q < lq || a->max_seqlen_k < lk)
         return lk_error(LK_EINVAL, OP ": %s: expected >= the longest document, %lld, got %lld",
@@ -133,7 +135,7 @@ static lk_status check_varlen(const lk_attention_args *a, const call *c) {
 }
 
 static lk_status check_block_mask(const lk_block_mask *m, const call *c) {
-    const lk_attn_dims *d = &c->d;
+    const lk_attn_dims *d = &c->u.in;
     if (m->mask_mod == NULL || !m->kv_num_blocks || !m->kv_indices || !m->q_num_blocks || !m->q_indices ||
         (!m->full_kv_num_blocks != !m->full_kv_indices) || (!m->full_q_num_blocks != !m->full_q_indices))
         return lk_error(LK_EINVAL, OP ": block_mask: expected mask_mod and the kv/q block lists, got NULL members");
@@ -189,10 +191,11 @@ static lk_status check_masks(const lk_attention_args *a, const call *c) {
     if ((s = lk_expect_device(OP, "mask", m, LK_DEVICE_CPU)) || (s = lk_expect_contiguous(OP, "mask", m, 4)) ||
         (s = lk_expect_dtype(OP, "mask", m, LK_DTYPE_BIT(LK_BOOL) | LK_DTYPE_BIT(LK_F32))))
         return s;
-    if (m->ndim != 4 || (m->shape[0] != 1 && m->shape[0] != c->d.B) || (m->shape[1] != 1 && m->shape[1] != c->d.Hq) ||
-        m->shape[2] != c->d.Sq || m->shape[3] != c->d.Skv)
-        return lk_error(LK_ESHAPE, OP ": mask: expected [1 or %lld, 1 or %lld, %lld, %lld]", (long long)c->d.B,
-                        (long long)c->d.Hq, (long long)c->d.Sq, (long long)c->d.Skv);
+    const lk_attn_dims *d = &c->u.in;
+    if (m->ndim != 4 || (m->shape[0] != 1 && m->shape[0] != d->B) || (m->shape[1] != 1 && m->shape[1] != d->Hq) ||
+        m->shape[2] != d->Sq || m->shape[3] != d->Skv)
+        return lk_error(LK_ESHAPE, OP ": mask: expected [1 or %lld, 1 or %lld, %lld, %lld]", (long long)d->B,
+                        (long long)d->Hq, (long long)d->Sq, (long long)d->Skv);
     return LK_OK;
 }
 
@@ -224,15 +227,15 @@ static lk_status check_common(const lk_impl *impl, const lk_attention_args *a, c
         return lk_error(LK_EINVAL, OP ": %s: expected >= 0 (0 = unbounded), got %lld",
                         a->window_left < 0 ? "window_left" : "window_right",
                         (long long)(a->window_left < 0 ? a->window_left : a->window_right));
+    if (a->skip_ulysses != 0 && a->skip_ulysses != 1)
+        return lk_error(LK_EINVAL, OP ": skip_ulysses: expected 0 or 1, got %d", a->skip_ulysses);
+    if ((s = lk_ulysses_plan(a, c->entry->sp ? ctx->comm : NULL, &c->d, &c->u))) return s;
     if ((s = check_varlen(a, c)) || (s = check_masks(a, c))) return s;
     if (a->s_aux.data && (s = check_vec(impl, "s_aux", &a->s_aux, c->d.Hq))) return s;
     size_t need = c->vt->saved_bytes(a);
     if (a->saved.data == NULL || a->saved.bytes < need)
         return lk_error(LK_EINVAL, OP ": saved: expected %zu bytes (lk_attention_saved_bytes), got %zu%s", need,
                         a->saved.bytes, a->saved.data ? "" : " and NULL data");
-    if (c->entry->sp && ctx->comm != NULL)
-        return lk_error(LK_EUNAVAILABLE, OP ": ctx.comm: the Ulysses exchange of '%s' is not implemented yet; "
-                        "run without a communicator (one process: the identity)", impl->name);
     return LK_OK;
 }
 
@@ -272,10 +275,16 @@ static lk_status run(const call *c, int backward, const lk_attention_args *a, lk
     return s;
 }
 
-/* The SP path: the Ulysses exchange around the adapter. One process: the identity
- * (check_common refused a communicator). */
-static lk_status sp_run(const call *c, int backward, const lk_attention_args *a, lk_ctx *ctx) {
-    return run(c, backward, a, ctx);
+/* The SP path: the Ulysses exchange around the adapter, or the identity when the plan
+ * has no group to exchange over. */
+static lk_status sp_run(call *c, int backward, const lk_attention_args *a, lk_ctx *ctx) {
+    if (c->u.comm == NULL) return run(c, backward, a, ctx);
+    size_t mark;
+    lk_status s = lk_ctx_workspace_begin(ctx, OP, lk_ulysses_workspace(&c->u, c->vt, a, backward), &mark);
+    if (s) return s;
+    s = lk_ulysses_run(&c->u, c->vt, backward, a, ctx);
+    lk_ctx_workspace_end(ctx, mark);
+    return s;
 }
 
 lk_status lk_attention_saved_bytes(const lk_impl *impl, const lk_attention_args *a, size_t *bytes) {

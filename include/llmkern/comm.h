@@ -1,0 +1,123 @@
+/* comm.h — the communicator: one struct of function pointers (SQLite-VFS style, a version
+ * first) that every distributed piece talks through, whatever carries the bytes.
+ *
+ * Backends: single process (size 1, every collective the identity; always built), MPI
+ * (lk_comm_mpi_world; built when CMake finds MPI, else it returns LK_EUNAVAILABLE) and
+ * NCCL (not built yet: see the report of issue 7). Sub-groups come from lk_comm_split
+ * (MPI_Comm_split semantics) and form the DP x SP x EP mesh of lk_mesh_create.
+ *
+ * Callers use the lk_comm_* wrappers, not the pointers: the wrappers check arguments,
+ * and count the calls and bytes of each collective in comm->stats (what bench/NOTES.md
+ * reports for the Ulysses all-to-all). Every collective is called by every rank of the
+ * group in the same order. Errors: LK_EINVAL (bad argument), LK_ECOMM (the transport
+ * failed or the ranks disagree), lk_last_error() says which. */
+#ifndef LLMKERN_COMM_H
+#define LLMKERN_COMM_H
+
+#include <stdint.h>
+#include "status.h"
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    LK_COLL_ALL_REDUCE,
+    LK_COLL_ALL_GATHER,
+    LK_COLL_REDUCE_SCATTER,
+    LK_COLL_ALL_TO_ALL,
+    LK_COLL_BROADCAST,
+    LK_COLL_BARRIER,
+    LK_COLL_COUNT
+} lk_coll;
+
+/* Per collective: calls, bytes this rank handed to the collective (its whole send
+ * buffer, its own slice included) and bytes it sent to other ranks (the wire). */
+typedef struct {
+    uint64_t calls[LK_COLL_COUNT];
+    uint64_t bytes_in[LK_COLL_COUNT];
+    uint64_t bytes_wire[LK_COLL_COUNT];
+} lk_comm_stats;
+
+/* What all_reduce and reduce_scatter sum (lk_dtype has no f64). */
+typedef enum { LK_COMM_F32, LK_COMM_F64, LK_COMM_I64, LK_COMM_TYPE_COUNT } lk_comm_type;
+size_t lk_comm_type_size(lk_comm_type t);
+
+#define LK_COMM_VERSION 1
+
+typedef struct lk_comm lk_comm;
+struct lk_comm {
+    int version;                /* LK_COMM_VERSION */
+    const char *backend;        /* "single", "mpi", "nccl" */
+    int rank, size;
+    void *state;                /* the backend's own */
+    lk_comm_stats stats;
+    /* Element-wise sum in place over count elements of dt. */
+    lk_status (*all_reduce)(lk_comm *c, void *buf, int64_t count, lk_comm_type dt);
+    /* recv[r * bytes .. ] = rank r's send (bytes each). */
+    lk_status (*all_gather)(lk_comm *c, const void *send, void *recv, size_t bytes);
+    /* recv (count elements) = Σ_r rank r's send[rank * count ..]: sum. */
+    lk_status (*reduce_scatter)(lk_comm *c, const void *send, void *recv, int64_t count, lk_comm_type dt);
+    /* Variable splits in bytes: send[sdispl[r] .. + scount[r]] goes to rank r and lands
+     * at its recv[rdispl[me] ..]; rcount[r] must equal what r sends here. */
+    lk_status (*all_to_all)(lk_comm *c, const void *send, const int64_t *scount, const int64_t *sdispl, void *recv,
+                            const int64_t *rcount, const int64_t *rdispl);
+    lk_status (*broadcast)(lk_comm *c, void *buf, size_t bytes, int root);
+    lk_status (*barrier)(lk_comm *c);
+    /* A new communicator of the ranks with the same color, ordered by key (then rank). */
+    lk_status (*split)(lk_comm *c, int color, int key, lk_comm **out);
+    void (*destroy)(lk_comm *c);
+};
+
+/* The single-process communicator (rank 0 of 1). */
+lk_status lk_comm_single(lk_comm **out);
+/* A process-wide single-process communicator for callers given none (never destroy it). */
+lk_comm *lk_comm_self(void);
+/* MPI_COMM_WORLD (MPI initialized here when the caller has not). LK_EUNAVAILABLE in a
+ * build without MPI. */
+lk_status lk_comm_mpi_world(lk_comm **out);
+/* MPI_Finalize when lk_comm_mpi_world initialized MPI; a no-op otherwise. */
+void lk_comm_mpi_finalize(void);
+
+/* The wrappers: argument checks, stats, then the backend. */
+lk_status lk_comm_all_reduce(lk_comm *c, void *buf, int64_t count, lk_comm_type dt);
+lk_status lk_comm_all_gather(lk_comm *c, const void *send, void *recv, size_t bytes);
+lk_status lk_comm_reduce_scatter(lk_comm *c, const void *send, void *recv, int64_t count, lk_comm_type dt);
+lk_status lk_comm_all_to_all(lk_comm *c, const void *send, const int64_t *scount, const int64_t *sdispl,
+                             void *recv, const int64_t *rcount, const int64_t *rdispl);
+lk_status lk_comm_broadcast(lk_comm *c, void *buf, size_t bytes, int root);
+lk_status lk_comm_barrier(lk_comm *c);
+lk_status lk_comm_split(lk_comm *c, int color, int key, lk_comm **out);
+void lk_comm_destroy(lk_comm *c);
+void lk_comm_reset_stats(lk_comm *c);
+/* LK_OK when c is a communicator this version understands (names arg in the error). */
+lk_status lk_comm_check(const char *op, const char *arg, const lk_comm *c);
+
+/* --- the DP x SP x EP mesh ------------------------------------------------------- */
+
+/* World rank = (dp_rank · ep + ep_rank) · sp + sp_rank: SP innermost (its all-to-alls
+ * are the heaviest traffic), then EP, then DP. Each group is its own communicator. */
+typedef struct {
+    lk_comm *world, *dp, *sp, *ep;      /* world is borrowed; the groups are owned */
+    int dp_size, sp_size, ep_size;
+    int dp_rank, sp_rank, ep_rank;
+} lk_mesh;
+
+/* dp · sp · ep must equal world->size; dp 0 = world->size / (sp · ep). LK_EINVAL with
+ * the sizes when they do not divide the world, before any collective runs. */
+lk_status lk_mesh_create(lk_comm *world, int dp, int sp, int ep, lk_mesh *out);
+void lk_mesh_destroy(lk_mesh *m);
+
+/* --- the loss across sequence-parallel ranks ------------------------------------ */
+
+/* Each SP rank holds the loss summed over its valid tokens (local_sum) and their count.
+ * mean = Σ sums / Σ counts over the group; grad_scale = 1 / Σ counts, the factor each
+ * rank's d_logits takes. No valid token anywhere: mean 0 and grad_scale 0 (no NaN).
+ * sp NULL = one process. */
+lk_status lk_sp_loss_reduce(lk_comm *sp, double local_sum, int64_t local_valid, double *mean, double *grad_scale);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

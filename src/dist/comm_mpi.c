@@ -1,0 +1,150 @@
+/* comm_mpi.c — the MPI backend of lk_comm (include/llmkern/comm.h), built only when
+ * CMake finds MPI (the _mpi.c suffix). One MPI_Comm per lk_comm; split is
+ * MPI_Comm_split. Byte counts above INT_MAX are refused (MPI's int counts) rather than
+ * truncated. Errors come back as LK_ECOMM with MPI's own text. */
+#include <limits.h>
+#include <stdlib.h>
+#include <mpi.h>
+#include "llmkern/comm.h"
+
+static int we_initialized;
+
+typedef struct {
+    MPI_Comm comm;
+    int *sc, *sd, *rc, *rd;     /* int copies of all_to_all's counts, size entries each */
+} mpi_state;
+
+static lk_status mpi_fail(int rc, const char *what) {
+    char msg[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    MPI_Error_string(rc, msg, &len);
+    return lk_error(LK_ECOMM, "comm: mpi: %s failed: %.*s", what, len, msg);
+}
+
+#define MPI_TRY(call, what)                       \
+    do {                                          \
+        int rc_ = (call);                         \
+        if (rc_ != MPI_SUCCESS) return mpi_fail(rc_, what); \
+    } while (0)
+
+static MPI_Comm comm_of(lk_comm *c) { return ((mpi_state *)c->state)->comm; }
+
+static MPI_Datatype mpi_type(lk_comm_type t) {
+    return t == LK_COMM_F32 ? MPI_FLOAT : t == LK_COMM_F64 ? MPI_DOUBLE : MPI_INT64_T;
+}
+
+static lk_status too_big(const char *what, uint64_t n) {
+    return lk_error(LK_ECOMM, "comm: mpi: %s: expected at most %d elements per call, got %llu", what, INT_MAX,
+                    (unsigned long long)n);
+}
+
+static lk_status m_all_reduce(lk_comm *c, void *buf, int64_t n, lk_comm_type dt) {
+    if (n > INT_MAX) return too_big("all_reduce", (uint64_t)n);
+    MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(dt), MPI_SUM, comm_of(c)), "MPI_Allreduce");
+    return LK_OK;
+}
+
+static lk_status m_all_gather(lk_comm *c, const void *send, void *recv, size_t bytes) {
+    if (bytes > INT_MAX) return too_big("all_gather", bytes);
+    MPI_TRY(MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, comm_of(c)), "MPI_Allgather");
+    return LK_OK;
+}
+
+static lk_status m_reduce_scatter(lk_comm *c, const void *send, void *recv, int64_t n, lk_comm_type dt) {
+    if (n > INT_MAX) return too_big("reduce_scatter", (uint64_t)n);
+    MPI_TRY(MPI_Reduce_scatter_block(send, recv, (int)n, mpi_type(dt), MPI_SUM, comm_of(c)),
+            "MPI_Reduce_scatter_block");
+    return LK_OK;
+}
+
+static lk_status m_all_to_all(lk_comm *c, const void *send, const int64_t *sc, const int64_t *sd, void *recv,
+                              const int64_t *rc, const int64_t *rd) {
+    mpi_state *st = c->state;
+    for (int r = 0; r < c->size; r++) {
+        if (sc[r] + sd[r] > INT_MAX || rc[r] + rd[r] > INT_MAX)
+            return too_big("all_to_all", (uint64_t)(sc[r] + sd[r] > rc[r] + rd[r] ? sc[r] + sd[r] : rc[r] + rd[r]));
+        st->sc[r] = (int)sc[r], st->sd[r] = (int)sd[r], st->rc[r] = (int)rc[r], st->rd[r] = (int)rd[r];
+    }
+    MPI_TRY(MPI_Alltoallv(send, st->sc, st->sd, MPI_BYTE, recv, st->rc, st->rd, MPI_BYTE, st->comm),
+            "MPI_Alltoallv");
+    return LK_OK;
+}
+
+static lk_status m_broadcast(lk_comm *c, void *buf, size_t bytes, int root) {
+    if (bytes > INT_MAX) return too_big("broadcast", bytes);
+    MPI_TRY(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, comm_of(c)), "MPI_Bcast");
+    return LK_OK;
+}
+
+static lk_status m_barrier(lk_comm *c) {
+    MPI_TRY(MPI_Barrier(comm_of(c)), "MPI_Barrier");
+    return LK_OK;
+}
+
+static void m_destroy(lk_comm *c) {
+    mpi_state *st = c->state;
+    if (st) {
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (!finalized && st->comm != MPI_COMM_NULL) MPI_Comm_free(&st->comm);
+        free(st->sc);
+    }
+    free(st);
+    free(c);
+}
+
+static lk_status wrap(MPI_Comm mc, lk_comm **out);
+
+static lk_status m_split(lk_comm *c, int color, int key, lk_comm **out) {
+    MPI_Comm nc;
+    MPI_TRY(MPI_Comm_split(comm_of(c), color, key, &nc), "MPI_Comm_split");
+    lk_status s = wrap(nc, out);
+    if (s) MPI_Comm_free(&nc);
+    return s;
+}
+
+static lk_status wrap(MPI_Comm mc, lk_comm **out) {
+    lk_comm *c = calloc(1, sizeof *c);
+    mpi_state *st = calloc(1, sizeof *st);
+    int rank, size;
+    MPI_Comm_rank(mc, &rank);
+    MPI_Comm_size(mc, &size);
+    int *counts = calloc(4 * (size_t)size, sizeof(int));
+    if (!c || !st || !counts) {
+        free(c), free(st), free(counts);
+        return lk_error(LK_ENOMEM, "comm: mpi: out of memory");
+    }
+    /* errors come back as codes, not aborts */
+    MPI_Comm_set_errhandler(mc, MPI_ERRORS_RETURN);
+    *st = (mpi_state){.comm = mc, .sc = counts, .sd = counts + size, .rc = counts + 2 * size, .rd = counts + 3 * size};
+    *c = (lk_comm){
+        .version = LK_COMM_VERSION, .backend = "mpi", .rank = rank, .size = size, .state = st,
+        .all_reduce = m_all_reduce, .all_gather = m_all_gather, .reduce_scatter = m_reduce_scatter,
+        .all_to_all = m_all_to_all, .broadcast = m_broadcast, .barrier = m_barrier, .split = m_split,
+        .destroy = m_destroy,
+    };
+    *out = c;
+    return LK_OK;
+}
+
+lk_status lk_comm_mpi_world(lk_comm **out) {
+    if (!out) return lk_error(LK_EINVAL, "comm: out: expected a pointer, got NULL");
+    int init = 0;
+    MPI_Initialized(&init);
+    if (!init) {
+        int provided;
+        MPI_TRY(MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+        we_initialized = 1;
+    }
+    MPI_Comm dup;
+    MPI_TRY(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "MPI_Comm_dup");
+    lk_status s = wrap(dup, out);
+    if (s) MPI_Comm_free(&dup);
+    return s;
+}
+
+void lk_comm_mpi_finalize(void) {
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (we_initialized && !fin) MPI_Finalize();
+}

@@ -1,0 +1,165 @@
+/* moe_dispatch.c — the expert-parallel dispatch facade (include/llmkern/moe_dispatch.h):
+ * every argument checked before any collective or write, then the implementation; and
+ * the pieces the dispatchers share (common sizes, workspace layout, the local experts
+ * over received rows). */
+#include <string.h>
+#include "core/validate.h"
+#include "ops/moe_dispatch/internal.h"
+
+#define OP "moe_dispatch"
+
+static lk_status check_t(const char *arg, const lk_tensor *t, int ndim, const int64_t *shape, unsigned dtypes) {
+    lk_status s;
+    if ((s = lk_expect_present(OP, arg, t)) || (s = lk_expect_device(OP, arg, t, LK_DEVICE_CPU)) ||
+        (s = lk_expect_contiguous(OP, arg, t, ndim)) || (s = lk_expect_dtype(OP, arg, t, dtypes)) ||
+        (s = lk_expect_shape(OP, arg, t, ndim, shape)))
+        return s;
+    return LK_OK;
+}
+
+lk_status lk_ep_call_of(const lk_moe_dispatch_args *a, lk_ctx *ctx, lk_ep_call *c) {
+    memset(c, 0, sizeof *c);
+    c->a = a, c->ctx = ctx;
+    c->comm = ctx->comm ? ctx->comm : lk_comm_self();
+    c->P = c->comm->size, c->r = c->comm->rank;
+    c->experts = a->experts ? a->experts : lk_impl_find(LK_OP_MOE_EXPERTS, "fused", LK_DEVICE_CPU);
+    c->T = a->hidden.shape[0], c->H = a->hidden.shape[1], c->k = a->topk_ids.shape[1];
+    c->E = a->n_experts, c->El = a->gate_up_weight.shape[0], c->I = a->gate_up_weight.shape[1] / 2;
+    c->dt = a->hidden.dtype, c->es = lk_dtype_size(c->dt);
+    return LK_OK;
+}
+
+static lk_status check(const lk_impl *impl, const lk_moe_dispatch_args *a, lk_ctx *ctx, int backward,
+                       const lk_moe_dispatch_vtable **vt) {
+    lk_status s = lk_expect_impl(OP, impl, LK_OP_MOE_DISPATCH);
+    if (s) return s;
+    *vt = impl->vtable;
+    if (!(*vt)->forward || !(*vt)->backward)
+        return lk_error(LK_EINVAL, OP ": impl: expected forward and backward in '%s', got NULL", impl->name);
+    if (!a || !ctx) return lk_error(LK_EINVAL, OP ": %s: expected a pointer, got NULL", a ? "ctx" : "args");
+    if (ctx->device.type != LK_DEVICE_CPU)
+        return lk_error(LK_EDEVICE, OP ": ctx.device: expected cpu, got %s", lk_device_name(ctx->device.type));
+    if (ctx->comm && (s = lk_comm_check(OP, "ctx.comm", ctx->comm))) return s;
+    int P = ctx->comm ? ctx->comm->size : 1;
+    if (P > LK_EP_MAX_RANKS)
+        return lk_error(LK_EINVAL, OP ": ctx.comm: expected at most %d ranks, got %d", LK_EP_MAX_RANKS, P);
+    if (P > 1 && strcmp(impl->name, "local") == 0)
+        return lk_error(LK_EINVAL, OP ": ctx.comm: 'local' runs on one process, got a group of %d (use alltoall "
+                        "or allgather)", P);
+    const lk_impl *ex = a->experts ? a->experts : lk_impl_find(LK_OP_MOE_EXPERTS, "fused", LK_DEVICE_CPU);
+    if ((s = lk_expect_impl(OP, ex, LK_OP_MOE_EXPERTS)))
+        return lk_error(s, OP ": experts: expected a moe_experts implementation, got %s", ex ? ex->name : "NULL");
+    const unsigned fl = LK_DTYPE_BIT(LK_F32) | LK_DTYPE_BIT(LK_BF16);
+    const lk_tensor *x = &a->hidden;
+    if ((s = lk_expect_present(OP, "hidden", x)) || (s = lk_expect_contiguous(OP, "hidden", x, 2)) ||
+        (s = lk_expect_dtype(OP, "hidden", x, impl->needs.dtypes & fl)))
+        return s;
+    if (x->ndim != 2 || x->shape[0] < 1 || x->shape[1] < 1)
+        return lk_error(LK_ESHAPE, OP ": hidden: expected [T, H] with T, H >= 1, got rank %d", x->ndim);
+    int64_t T = x->shape[0], H = x->shape[1];
+    if (a->topk_ids.ndim != 2 || a->topk_ids.shape[1] < 1)
+        return lk_error(LK_ESHAPE, OP ": topk_ids: expected [%lld, k] with k >= 1", (long long)T);
+    int64_t tk[2] = {T, a->topk_ids.shape[1]};
+    if ((s = check_t("topk_ids", &a->topk_ids, 2, tk, LK_DTYPE_BIT(LK_I32))) ||
+        (s = check_t("topk_weights", &a->topk_weights, 2, tk, LK_DTYPE_BIT(LK_F32))))
+        return s;
+    if (a->n_experts < 1 || a->n_experts % P)
+        return lk_error(LK_EINVAL, OP ": n_experts: expected a multiple >= 1 of the group size %d, got %d", P,
+                        a->n_experts);
+    const int32_t *ids = a->topk_ids.data;
+    for (int64_t i = 0; i < T * tk[1]; i++)
+        if (ids[i] < 0 || ids[i] >= a->n_experts)
+            return lk_error(LK_EINVAL, OP ": topk_ids: expected ids in [0, %d), got %d at %lld", a->n_experts, ids[i],
+                            (long long)i);
+    const lk_tensor *gu = &a->gate_up_weight;
+    int64_t El = a->n_experts / P;
+    if (gu->ndim != 3 || gu->shape[1] < 2 || gu->shape[1] % 2)
+        return lk_error(LK_ESHAPE, OP ": gate_up_weight: expected [%lld, 2I, %lld]", (long long)El, (long long)H);
+    int64_t I = gu->shape[1] / 2, gus[3] = {El, 2 * I, H}, dws[3] = {El, H, I};
+    unsigned xdt = LK_DTYPE_BIT(x->dtype), gdt = xdt | LK_DTYPE_BIT(LK_F32);
+    if ((s = check_t("gate_up_weight", gu, 3, gus, xdt)) || (s = check_t("down_weight", &a->down_weight, 3, dws, xdt)))
+        return s;
+    if (!backward) return check_t("out", &a->out, 2, x->shape, xdt);
+    if ((s = check_t("dout", &a->dout, 2, x->shape, xdt)) || (s = check_t("d_hidden", &a->d_hidden, 2, x->shape, xdt)) ||
+        (a->d_topk_weights.data && (s = check_t("d_topk_weights", &a->d_topk_weights, 2, tk, LK_DTYPE_BIT(LK_F32)))) ||
+        (a->d_gate_up_weight.data && (s = check_t("d_gate_up_weight", &a->d_gate_up_weight, 3, gus, gdt))) ||
+        (a->d_down_weight.data && (s = check_t("d_down_weight", &a->d_down_weight, 3, dws, gdt))))
+        return s;
+    lk_region outs[4] = {{"d_hidden", a->d_hidden.data, lk_tensor_bytes(&a->d_hidden)},
+                         {"d_topk_weights", a->d_topk_weights.data, a->d_topk_weights.data ? lk_tensor_bytes(&a->d_topk_weights) : 0},
+                         {"d_gate_up_weight", a->d_gate_up_weight.data, a->d_gate_up_weight.data ? lk_tensor_bytes(&a->d_gate_up_weight) : 0},
+                         {"d_down_weight", a->d_down_weight.data, a->d_down_weight.data ? lk_tensor_bytes(&a->d_down_weight) : 0}};
+    lk_region ins[3] = {{"hidden", x->data, lk_tensor_bytes(x)}, {"dout", a->dout.data, lk_tensor_bytes(&a->dout)},
+                        {"gate_up_weight", gu->data, lk_tensor_bytes(gu)}};
+    return lk_expect_apart(OP, outs, 4, ins, 3);
+}
+
+lk_status lk_moe_dispatch_forward(const lk_impl *impl, const lk_moe_dispatch_args *a, lk_ctx *ctx) {
+    const lk_moe_dispatch_vtable *vt;
+    lk_status s = check(impl, a, ctx, 0, &vt);
+    if (s) return s;
+    lk_region outs[1] = {{"out", a->out.data, lk_tensor_bytes(&a->out)}};
+    lk_region ins[3] = {{"hidden", a->hidden.data, lk_tensor_bytes(&a->hidden)},
+                        {"topk_weights", a->topk_weights.data, lk_tensor_bytes(&a->topk_weights)},
+                        {"gate_up_weight", a->gate_up_weight.data, lk_tensor_bytes(&a->gate_up_weight)}};
+    if ((s = lk_expect_apart(OP, outs, 1, ins, 3))) return s;
+    return vt->forward(a, ctx);
+}
+
+lk_status lk_moe_dispatch_backward(const lk_impl *impl, const lk_moe_dispatch_args *a, lk_ctx *ctx) {
+    const lk_moe_dispatch_vtable *vt;
+    lk_status s = check(impl, a, ctx, 1, &vt);
+    return s ? s : vt->backward(a, ctx);
+}
+
+/* --- shared by the dispatchers ----------------------------------------------------- */
+
+void *lk_ep_take(lk_ep_bump *b, size_t bytes) {
+    if (!b->carve) {
+        b->total += (bytes + LK_ARENA_ALIGN - 1) / LK_ARENA_ALIGN * LK_ARENA_ALIGN;
+        return NULL;
+    }
+    void *p = lk_arena_alloc(b->ar, bytes);
+    if (!p) b->short_ = 1;
+    return p;
+}
+
+lk_status lk_ep_reserve(const lk_ep_call *c, lk_ep_bump *b, size_t extra, size_t *mark) {
+    lk_status s = lk_ctx_workspace_begin(c->ctx, OP, b->total + extra, mark);
+    b->ar = c->ctx->arena, b->carve = 1;
+    return s;
+}
+
+static lk_moe_experts_args experts_args(const lk_ep_call *c, int64_t rows) {
+    lk_moe_experts_args e = {0};
+    e.hidden = e.out = e.dout = e.d_hidden = lk_tensor_2d(NULL, c->dt, rows, c->H);
+    e.topk_ids = lk_tensor_2d(NULL, LK_I32, rows, 1);
+    e.topk_weights = lk_tensor_2d(NULL, LK_F32, rows, 1);
+    e.gate_up_weight = c->a->gate_up_weight, e.down_weight = c->a->down_weight;
+    e.d_gate_up_weight = c->a->d_gate_up_weight, e.d_down_weight = c->a->d_down_weight;
+    return e;
+}
+
+size_t lk_ep_experts_bytes(const lk_ep_call *c, int64_t rows) {
+    const lk_moe_experts_vtable *vt = c->experts->vtable;
+    lk_moe_experts_args e = experts_args(c, rows);
+    size_t saved = vt->saved_bytes(rows, 1, c->El, c->H, c->I, c->dt);
+    size_t f = vt->workspace_bytes ? vt->workspace_bytes(&e, 0) : 0, bw = vt->workspace_bytes ? vt->workspace_bytes(&e, 1) : 0;
+    return saved + (f > bw ? f : bw) + 2 * LK_ARENA_ALIGN;
+}
+
+lk_status lk_ep_experts(const lk_ep_call *c, lk_ep_bump *b, int64_t rows, void *x, int32_t *ids, float *w, void *y,
+                        const void *dy, void *dx, float *dw) {
+    if (rows == 0) return LK_OK;    /* no route here: nothing to run, gradients untouched */
+    lk_moe_experts_args e = experts_args(c, rows);
+    e.hidden.data = x, e.topk_ids.data = ids, e.topk_weights.data = w, e.out.data = y;
+    e.saved.bytes = ((const lk_moe_experts_vtable *)c->experts->vtable)->saved_bytes(rows, 1, c->El, c->H, c->I, c->dt);
+    e.saved.data = lk_ep_take(b, e.saved.bytes);
+    if (!e.saved.data) return lk_error(LK_ENOMEM, OP ": arena: expected the reserved workspace, got too little");
+    e.dout.data = NULL, e.d_hidden.data = NULL;
+    lk_status s = lk_moe_experts_forward(c->experts, &e, c->ctx);
+    if (s || !dy) return s;
+    e.dout.data = (void *)dy, e.d_hidden.data = dx;
+    if (dw) e.d_topk_weights = lk_tensor_2d(dw, LK_F32, rows, 1);
+    return lk_moe_experts_backward(c->experts, &e, c->ctx);
+}

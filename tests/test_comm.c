@@ -1,0 +1,168 @@
+/* test_comm.c — the communicator layer on one process: the single-process backend's
+ * collectives, the wrappers' checks and byte counts, the mesh (sizes that do not divide
+ * the world refused), the SP loss reduction, and the EP dispatchers over the
+ * single-process communicator held against `local`. tests/dist runs P > 1 under mpirun. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "llmkern/llmkern.h"
+#include "ops/harness.h"
+
+static void single_collectives(void **state) {
+    (void)state;
+    lk_comm *c;
+    assert_int_equal(lk_comm_single(&c), LK_OK);
+    assert_int_equal(c->size, 1);
+    assert_int_equal(c->rank, 0);
+    double v[2] = {1.5, 2.5};
+    assert_int_equal(lk_comm_all_reduce(c, v, 2, LK_COMM_F64), LK_OK);
+    assert_true(v[0] == 1.5 && v[1] == 2.5);
+    float s[3] = {1, 2, 3}, r[3] = {0};
+    assert_int_equal(lk_comm_all_gather(c, s, r, sizeof s), LK_OK);
+    assert_memory_equal(s, r, sizeof s);
+    memset(r, 0, sizeof r);
+    assert_int_equal(lk_comm_reduce_scatter(c, s, r, 3, LK_COMM_F32), LK_OK);
+    assert_memory_equal(s, r, sizeof s);
+    int64_t cnt[1] = {8}, dsp[1] = {4}, rd[1] = {0};
+    memset(r, 0, sizeof r);
+    assert_int_equal(lk_comm_all_to_all(c, s, cnt, dsp, r, cnt, rd), LK_OK);   /* s[1..2] -> r[0..1] */
+    assert_true(r[0] == 2 && r[1] == 3 && r[2] == 0);
+    assert_int_equal(c->stats.calls[LK_COLL_ALL_TO_ALL], 1);
+    assert_int_equal(c->stats.bytes_in[LK_COLL_ALL_TO_ALL], 8);
+    assert_int_equal(c->stats.bytes_wire[LK_COLL_ALL_TO_ALL], 0);    /* nothing leaves one process */
+    assert_int_equal(lk_comm_broadcast(c, s, sizeof s, 0), LK_OK);
+    assert_int_equal(lk_comm_barrier(c), LK_OK);
+    /* bad arguments */
+    assert_int_equal(lk_comm_all_reduce(c, v, 2, LK_COMM_TYPE_COUNT), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "all_reduce"));
+    assert_int_equal(lk_comm_broadcast(c, s, sizeof s, 1), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "root"));
+    int64_t neg[1] = {-1};
+    assert_int_equal(lk_comm_all_to_all(c, s, neg, dsp, r, cnt, rd), LK_EINVAL);
+    int64_t other[1] = {4};
+    assert_int_equal(lk_comm_all_to_all(c, s, cnt, dsp, r, other, rd), LK_ECOMM);
+    lk_comm bogus = {0};
+    assert_int_equal(lk_comm_barrier(&bogus), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "barrier"));
+    assert_int_equal(lk_comm_barrier(NULL), LK_EINVAL);
+    lk_comm *sub;
+    assert_int_equal(lk_comm_split(c, 0, 0, &sub), LK_OK);
+    assert_int_equal(sub->size, 1);
+    lk_comm_destroy(sub);
+    lk_comm_reset_stats(c);
+    assert_int_equal(c->stats.calls[LK_COLL_ALL_TO_ALL], 0);
+    lk_comm_destroy(c);
+    lk_comm *w;
+#ifdef LLMKERN_HAVE_MPI
+    (void)w;    /* initializing MPI here would tie this test to mpirun; tests/dist covers it */
+#else
+    assert_int_equal(lk_comm_mpi_world(&w), LK_EUNAVAILABLE);
+#endif
+}
+
+static void mesh(void **state) {
+    (void)state;
+    lk_comm *c;
+    assert_int_equal(lk_comm_single(&c), LK_OK);
+    lk_mesh m;
+    assert_int_equal(lk_mesh_create(c, 0, 1, 1, &m), LK_OK);
+    assert_true(m.dp_size == 1 && m.sp->size == 1 && m.ep->size == 1 && m.dp->size == 1);
+    assert_true(m.dp_rank == 0 && m.sp_rank == 0 && m.ep_rank == 0);
+    lk_mesh_destroy(&m);
+    assert_int_equal(lk_mesh_create(c, 0, 2, 1, &m), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "does not divide the world size 1"));
+    assert_int_equal(lk_mesh_create(c, 2, 1, 1, &m), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "does not match"));
+    assert_int_equal(lk_mesh_create(c, 1, 0, 1, &m), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "sp >= 1"));
+    lk_comm_destroy(c);
+}
+
+static void sp_loss(void **state) {
+    (void)state;
+    double mean, scale;
+    assert_int_equal(lk_sp_loss_reduce(NULL, 6.0, 3, &mean, &scale), LK_OK);
+    assert_true(mean == 2.0 && scale == 1.0 / 3.0);
+    assert_int_equal(lk_sp_loss_reduce(lk_comm_self(), 0.0, 0, &mean, &scale), LK_OK);
+    assert_true(mean == 0.0 && scale == 0.0 && !isnan(mean));
+    assert_int_equal(lk_sp_loss_reduce(NULL, 1.0, -1, &mean, &scale), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "local_valid"));
+}
+
+/* alltoall and allgather over the single-process communicator equal local. */
+static void dispatch_single(void **state) {
+    (void)state;
+    const int64_t T = 9, k = 2, E = 4, H = 8, I = 4;
+    lk_rng rng = lk_rng_make(5);
+    float *x = lk_random_tensor(&rng, LK_F32, T * H, 1.0f, NULL), *dout = lk_random_tensor(&rng, LK_F32, T * H, 1.0f, NULL);
+    float *gu = lk_random_tensor(&rng, LK_F32, E * 2 * I * H, 0.3f, NULL), *dn = lk_random_tensor(&rng, LK_F32, E * H * I, 0.3f, NULL);
+    float w[T * k];
+    int32_t ids[T * k];
+    lk_rng_uniform(&rng, w, T * k, 0.1f, 1.0f);
+    for (int64_t i = 0; i < T * k; i++) ids[i] = (int32_t)((i * 7 + 3) % E);
+    int64_t gs[3] = {E, 2 * I, H}, ds[3] = {E, H, I};
+    float out[3][T * H], dx[3][T * H], dw[3][T * k];
+    float *dgu[3], *ddn[3];
+    const char *names[3] = {"local", "alltoall", "allgather"};
+    lk_arena arena = {0};
+    lk_ctx ctx = lk_ctx_cpu(&arena);
+    for (int n = 0; n < 3; n++) {
+        dgu[n] = calloc((size_t)(E * 2 * I * H), 4), ddn[n] = calloc((size_t)(E * H * I), 4);
+        lk_moe_dispatch_args a = {
+            .hidden = lk_tensor_2d(x, LK_F32, T, H), .topk_ids = lk_tensor_2d(ids, LK_I32, T, k),
+            .topk_weights = lk_tensor_2d(w, LK_F32, T, k), .gate_up_weight = lk_tensor_view(gu, LK_F32, 3, gs),
+            .down_weight = lk_tensor_view(dn, LK_F32, 3, ds), .out = lk_tensor_2d(out[n], LK_F32, T, H),
+            .dout = lk_tensor_2d(dout, LK_F32, T, H), .d_hidden = lk_tensor_2d(dx[n], LK_F32, T, H),
+            .d_topk_weights = lk_tensor_2d(dw[n], LK_F32, T, k), .d_gate_up_weight = lk_tensor_view(dgu[n], LK_F32, 3, gs),
+            .d_down_weight = lk_tensor_view(ddn[n], LK_F32, 3, ds), .n_experts = (int)E,
+        };
+        const lk_impl *impl = lk_impl_find(LK_OP_MOE_DISPATCH, names[n], LK_DEVICE_CPU);
+        assert_non_null(impl);
+        assert_int_equal(lk_moe_dispatch_forward(impl, &a, &ctx), LK_OK);
+        assert_int_equal(lk_moe_dispatch_backward(impl, &a, &ctx), LK_OK);
+        if (n == 2) {   /* bad inputs: an id out of range, a wrong weight shape; out untouched */
+            float sentinel = out[n][0];
+            ids[3] = (int32_t)E;
+            assert_int_equal(lk_moe_dispatch_forward(impl, &a, &ctx), LK_EINVAL);
+            assert_non_null(strstr(lk_last_error(), "topk_ids"));
+            ids[3] = (int32_t)((3 * 7 + 3) % E);
+            a.down_weight.shape[2] = I + 1;
+            assert_int_equal(lk_moe_dispatch_forward(impl, &a, &ctx), LK_ESHAPE);
+            assert_non_null(strstr(lk_last_error(), "down_weight"));
+            assert_true(out[n][0] == sentinel);
+        }
+    }
+    /* f32: the same per-route GEMMs; the k-way sums reorder */
+    for (int n = 1; n < 3; n++) {
+        for (int64_t i = 0; i < T * H; i++) {
+            assert_float_equal(out[n][i], out[0][i], 1e-5 * (1 + fabsf(out[0][i])));
+            assert_float_equal(dx[n][i], dx[0][i], 1e-5 * (1 + fabsf(dx[0][i])));
+        }
+        for (int64_t i = 0; i < T * k; i++) assert_float_equal(dw[n][i], dw[0][i], 1e-5 * (1 + fabsf(dw[0][i])));
+        for (int64_t i = 0; i < E * 2 * I * H; i++) assert_float_equal(dgu[n][i], dgu[0][i], 1e-5 * (1 + fabsf(dgu[0][i])));
+        for (int64_t i = 0; i < E * H * I; i++) assert_float_equal(ddn[n][i], ddn[0][i], 1e-5 * (1 + fabsf(ddn[0][i])));
+    }
+    for (int n = 0; n < 3; n++) free(dgu[n]), free(ddn[n]);
+    free(x), free(dout), free(gu), free(dn);
+    lk_arena_free(&arena);
+}
+
+static int setup(void **state) {
+    (void)state;
+    return lk_init() == LK_OK ? 0 : -1;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(single_collectives),
+        cmocka_unit_test(mesh),
+        cmocka_unit_test(sp_loss),
+        cmocka_unit_test(dispatch_single),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}

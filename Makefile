@@ -16,11 +16,11 @@ build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The main job. Until the trainer lands it is explain, check, then bench on the defaults.
+# The main job: what each op binds for the tiny Qwen3-MoE, then its training on the
+# embedded corpus (config.json, model.safetensors, loss.csv, loss.png in out/tiny-moe).
 run: build
-	./$(BUILD)/llmkern explain
-	./$(BUILD)/llmkern check
-	./$(BUILD)/llmkern bench
+	./$(BUILD)/llmkern explain --config configs/tiny-moe.yaml
+	./$(BUILD)/llmkern train --config configs/tiny-moe.yaml --out out/tiny-moe
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)

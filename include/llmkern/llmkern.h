@@ -23,6 +23,7 @@
 #include "moe_dispatch.h"
 #include "comm.h"
 #include "data.h"
+#include "train.h"
 #include "attention.h"
 #include "moe.h"
 #include "cross_entropy.h"

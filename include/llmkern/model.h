@@ -3,6 +3,8 @@
 #ifndef LLMKERN_MODEL_H
 #define LLMKERN_MODEL_H
 
+#include "data.h"
+#include "hf_config.h"
 #include "registry.h"
 
 #ifdef __cplusplus
@@ -11,6 +13,67 @@ extern "C" {
 
 extern const lk_model_family lk_family_qwen3;       /* dense Qwen3 */
 extern const lk_model_family lk_family_qwen3_moe;   /* Qwen3-MoE */
+
+
+/* --- the Qwen3 / Qwen3-MoE model (src/model/qwen3.c) ------------------------------
+ *
+ *   lk_model *m;
+ *   lk_model_create(&cfg, &table, seed, 0, &m);      // table from lk_model_build
+ *   lk_model_zero_grad(m);
+ *   lk_model_forward_backward(m, &batch, 1.0f, &st);  // grads += d(loss)
+ *   for (int i = 0; i < lk_model_param_count(m); i++) lk_model_param(m, i)->grad ...
+ *
+ * f32 on the CPU. Attention runs over the batch's B*S tokens as one varlen row (B = 1)
+ * with its cu_seqlens: causal within each packed document. The loss is the mean
+ * cross-entropy over the labels that are not -100, plus router_aux_loss_coef times the
+ * MoE aux loss (the mean over MoE layers of the router op's per-layer loss, 1 at
+ * perfect balance). Parameters are the tensors of the published checkpoints, in the
+ * order of lk_qwen3_tensor_list; gate/up projections (and a MoE layer's experts) are
+ * views into the fused buffers the ops take. */
+
+
+typedef struct {                 /* one trainable tensor, f32 master copy on the CPU */
+    char name[128];              /* the Hugging Face tensor name, e.g. "model.layers.0.mlp.gate_proj.weight" */
+    lk_tensor value;             /* f32, contiguous */
+    lk_tensor grad;              /* f32, same shape; accumulated by lk_model_forward_backward */
+} lk_param;
+
+typedef struct {
+    double loss;                 /* mean cross-entropy over the batch's valid tokens (not including aux) */
+    double aux_loss;             /* MoE load-balancing loss (0 for dense) */
+    int64_t n_tokens;            /* valid (non-ignored) label tokens */
+} lk_step_stats;
+
+typedef struct lk_model lk_model;   /* opaque */
+
+/* Builds a model for cfg whose modules call the implementations bound in ops
+ * (lk_model_build's table for family "qwen3" or "qwen3_moe" as cfg->moe says: a module
+ * with an override uses its own binding). Weights initialised from seed (normal, std
+ * cfg->initializer_range; norms at 1). recompute: 1 = recompute each layer's
+ * activations in the backward instead of keeping them. Errors: LK_EINVAL (a bad
+ * config, a table of the other family), LK_EUNAVAILABLE (a module whose op has no
+ * implementation in this build, or one the model cannot drive), LK_ENOMEM. */
+lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, uint64_t seed,
+                          int recompute, lk_model **out);
+void lk_model_free(lk_model *m);
+int lk_model_param_count(const lk_model *m);
+lk_param *lk_model_param(lk_model *m, int i);
+/* Forward and backward of one micro-batch: ADDS d(loss * loss_scale) to every param's
+ * grad (gradient accumulation is several calls with loss_scale = 1/n_micro), fills
+ * stats. The first batch of a new B*S allocates the activation buffers. */
+lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float loss_scale,
+                                    lk_step_stats *stats);
+/* Forward only: the loss (for evaluation and finite differences). */
+lk_status lk_model_loss(lk_model *m, const lk_batch *batch, lk_step_stats *stats);
+void lk_model_zero_grad(lk_model *m);
+/* Bytes of activations the last forward kept for its backward (accounted memory). */
+size_t lk_model_activation_bytes(const lk_model *m);
+/* Checkpoint I/O: config.json + model.safetensors (bf16 or f32 as cfg->torch_dtype
+ * says) in dir (created if missing), each written atomically; loading reads a
+ * published-format checkpoint's tensors into m (names and shapes checked before any
+ * weight changes). */
+lk_status lk_model_save(const lk_model *m, const char *dir);
+lk_status lk_model_load_weights(lk_model *m, const char *dir);
 
 #ifdef __cplusplus
 }

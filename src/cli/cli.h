@@ -10,18 +10,22 @@
 typedef struct {
     int json;
     const char *config;     /* --config FILE */
-    const char *family;     /* --family qwen3 */
+    const char *family;     /* --family qwen3 (NULL: the config's model, else qwen3) */
     const char *op;         /* --op NAME */
     const char *impl;       /* --impl NAME */
     const char *dtype;      /* --dtype f32 */
     const char *size;       /* --size 8192x4096 */
     unsigned long long seed;
+    const char *out;        /* train --out DIR */
+    const char *resume;     /* train --resume DIR */
+    long long steps;        /* train --steps N (0: the config's) */
 } cli_opts;
 
 int cli_list(const cli_opts *o);
 int cli_explain(const cli_opts *o);
 int cli_check(const cli_opts *o);
 int cli_bench(const cli_opts *o);
+int cli_train(const cli_opts *o);
 
 /* Prints the error of a failed call and returns the exit status 2. */
 int cli_fail(const char *what, lk_status s);

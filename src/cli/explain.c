@@ -1,8 +1,10 @@
 /* explain.c — `llmkern explain [--config F]`: runs the lifecycle as a model build
- * would and prints, per op (and per overridden module), the requested value and its
- * source, the resolved name, the bound implementation, the stage that bound it and any
+ * would (for the family --family names, else the config's model, else qwen3) and
+ * prints, per op (and per overridden module), the requested value and its source, the
+ * resolved name, the bound implementation, the stage that bound it and any
  * fallback. Rows: {op, module, requested, source, resolved, impl, stage, fallback}. */
 #include "cli/cli.h"
+#include "llmkern/train.h"
 
 static void source_text(const lk_binding *b, char *buf, size_t n) {
     snprintf(buf, n, "%s%s%s", lk_source_name(b->source), b->source_detail[0] ? " " : "", b->source_detail);
@@ -37,10 +39,13 @@ int cli_explain(const cli_opts *o) {
     lk_ops_config cfg;
     lk_op_table table;
     lk_status s;
+    static lk_train_config tc;   /* a training config names its model, and so the family */
     lk_ops_config_init(&cfg);
-    if (o->config && (s = lk_config_load_yaml(o->config, &cfg))) return cli_fail("explain", s);
+    lk_train_config_init(&tc);
+    if (o->config && (s = lk_train_config_load_yaml(o->config, &tc, &cfg))) return cli_fail("explain", s);
     if ((s = lk_ops_config_finalize(&cfg))) return cli_fail("explain", s);
-    if ((s = lk_model_build(&cfg, o->family, &table))) return cli_fail("explain", s);
+    const char *family = o->family ? o->family : tc.has_model && tc.model.moe ? "qwen3_moe" : "qwen3";
+    if ((s = lk_model_build(&cfg, family, &table))) return cli_fail("explain", s);
 
     if (!o->json) {
         printf("environment (src/config/env.c):\n");

@@ -1,5 +1,6 @@
 /* main.c — the llmkern command.
  *   llmkern list | explain [--config F] | check [--op N] | bench [--op N] [--size 8192x4096]
+ *         | train --config F [--steps N] [--out DIR] [--resume DIR]
  * Every command takes --json. Exit status: 0 ok, 1 a check failed, 2 bad usage or error. */
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,8 @@ static const char usage[] =
     "                          every available implementation against the float64 reference\n"
     "  bench   [--op N] [--impl N] [--dtype D] [--size AxB]\n"
     "                          copy bandwidth and GEMM rate, then every implementation's passes\n"
+    "  train   --config F [--steps N] [--out DIR] [--resume DIR]\n"
+    "                          train the config's model, checkpoints and loss plot in DIR\n"
     "options: --json           rows as JSON\n";
 
 int cli_fail(const char *what, lk_status s) {
@@ -54,7 +57,7 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     const char *cmd = argv[1];
-    cli_opts o = {.family = "qwen3", .seed = 1234};
+    cli_opts o = {.seed = 1234};   /* family NULL: explain takes the config's */
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         const char **slot = strcmp(a, "--config") == 0 ? &o.config
@@ -62,9 +65,12 @@ int main(int argc, char **argv) {
                           : strcmp(a, "--op") == 0     ? &o.op
                           : strcmp(a, "--impl") == 0   ? &o.impl
                           : strcmp(a, "--dtype") == 0  ? &o.dtype
-                          : strcmp(a, "--size") == 0   ? &o.size : NULL;
+                          : strcmp(a, "--size") == 0   ? &o.size
+                          : strcmp(a, "--out") == 0    ? &o.out
+                          : strcmp(a, "--resume") == 0 ? &o.resume : NULL;
         if (strcmp(a, "--json") == 0) { o.json = 1; continue; }
         if (strcmp(a, "--seed") == 0 && i + 1 < argc) { o.seed = strtoull(argv[++i], NULL, 10); continue; }
+        if (strcmp(a, "--steps") == 0 && i + 1 < argc && (o.steps = atoll(argv[i + 1])) > 0) { i++; continue; }
         if (slot && i + 1 < argc) { *slot = argv[++i]; continue; }
         fprintf(stderr, "llmkern %s: unknown or incomplete option '%s'\n%s", cmd, a, usage);
         return 2;
@@ -78,6 +84,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "explain") == 0) return cli_explain(&o);
     if (strcmp(cmd, "check") == 0) return cli_check(&o);
     if (strcmp(cmd, "bench") == 0) return cli_bench(&o);
+    if (strcmp(cmd, "train") == 0) return cli_train(&o);
     fprintf(stderr, "llmkern: unknown command '%s'\n%s", cmd, usage);
     return 2;
 }

@@ -1,5 +1,7 @@
 /* yaml.c — loads model.ops_implementation.* (and model.moe.router/dispatcher) from a
- * YAML file through libyaml's document API, which keeps every node's line and column:
+ * YAML file through libyaml's document API, which keeps every node's line and column,
+ * and for training (train.h) the architecture keys of model: and the train: and data:
+ * sections (src/config/train_yaml.c), which lk_config_load_yaml checks but does not keep:
  *
  *   model:
  *     ops_implementation:
@@ -10,26 +12,21 @@
  *
  * Every error names file:line:column; the config changes only when the whole file is good. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <yaml.h>
 #include "llmkern/config.h"
+#include "config/yaml_loader.h"
 
-typedef struct {
-    const char *path;
-    yaml_document_t *doc;
-    lk_ops_config *cfg;
-    const char *module;        /* the override being read */
-} loader;
-
-static void where(const loader *l, const yaml_node_t *n, char *buf, size_t size) {
+void where(const loader *l, const yaml_node_t *n, char *buf, size_t size) {
     snprintf(buf, size, "%s:%zu:%zu", l->path, n->start_mark.line + 1, n->start_mark.column + 1);
 }
 
-static const char *kind_name(const yaml_node_t *n) {
+const char *kind_name(const yaml_node_t *n) {
     return n->type == YAML_SCALAR_NODE ? "a scalar" : n->type == YAML_SEQUENCE_NODE ? "a list" : "a mapping";
 }
 
-static lk_status expect(const loader *l, const yaml_node_t *n, yaml_node_type_t type, const char *what) {
+lk_status expect(const loader *l, const yaml_node_t *n, yaml_node_type_t type, const char *what) {
     if (n->type == type) return LK_OK;
     char w[192];
     where(l, n, w, sizeof w);
@@ -38,9 +35,9 @@ static lk_status expect(const loader *l, const yaml_node_t *n, yaml_node_type_t 
                     kind_name(n));
 }
 
-static const char *scalar(const yaml_node_t *n) { return (const char *)n->data.scalar.value; }
+const char *scalar(const yaml_node_t *n) { return (const char *)n->data.scalar.value; }
 
-static lk_status unknown_key(const loader *l, const yaml_node_t *key, const char *section,
+lk_status unknown_key(const loader *l, const yaml_node_t *key, const char *section,
                              const char *const *valid) {
     char w[192], list[256] = "";
     size_t k = 0;
@@ -52,10 +49,8 @@ static lk_status unknown_key(const loader *l, const yaml_node_t *key, const char
                     hint ? " (did you mean '" : "", hint ? hint : "", hint ? "'?)" : "", list);
 }
 
-typedef lk_status (*entry_fn)(loader *l, const yaml_node_t *key, const yaml_node_t *value);
-
 /* Calls fn for every key: value of a mapping; keys must be strings. */
-static lk_status each_entry(loader *l, const yaml_node_t *map, const char *what, entry_fn fn) {
+lk_status each_entry(loader *l, const yaml_node_t *map, const char *what, entry_fn fn) {
     lk_status s = expect(l, map, YAML_MAPPING_NODE, what);
     for (yaml_node_pair_t *p = map->data.mapping.pairs.start; !s && p < map->data.mapping.pairs.top; p++) {
         const yaml_node_t *k = yaml_document_get_node(l->doc, p->key);
@@ -102,23 +97,25 @@ static lk_status moe_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v
     return unknown_key(l, k, "model.moe", moe_keys);
 }
 
-static const char *const model_keys[] = {"ops_implementation", "moe", NULL};
-
 static lk_status model_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
     if (strcmp(scalar(k), "ops_implementation") == 0)
         return each_entry(l, v, "model.ops_implementation", ops_entry);
     if (strcmp(scalar(k), "moe") == 0) return each_entry(l, v, "model.moe", moe_entry);
-    return unknown_key(l, k, "model", model_keys);
+    return lk_yaml_model_arch_entry(l, k, v);
 }
 
-static const char *const top_keys[] = {"model", NULL};
+static const char *const top_keys[] = {"model", "train", "data", NULL};
 
 static lk_status top_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
-    if (strcmp(scalar(k), "model") == 0) return each_entry(l, v, "model", model_entry);
+    lk_status s;
+    if (strcmp(scalar(k), "model") == 0)
+        return (s = lk_yaml_model_begin(l, v)) ? s : each_entry(l, v, "model", model_entry);
+    if (strcmp(scalar(k), "train") == 0) return each_entry(l, v, "train", lk_yaml_train_entry);
+    if (strcmp(scalar(k), "data") == 0) return each_entry(l, v, "data", lk_yaml_data_entry);
     return unknown_key(l, k, "the top level", top_keys);
 }
 
-lk_status lk_config_load_yaml(const char *path, lk_ops_config *cfg) {
+lk_status lk_yaml_load(const char *path, lk_ops_config *cfg, lk_train_config *tc) {
     FILE *f = path ? fopen(path, "rb") : NULL;
     if (f == NULL) return lk_error(LK_EIO, "config: %s: cannot open", path ? path : "(null)");
     yaml_parser_t parser;
@@ -135,13 +132,29 @@ lk_status lk_config_load_yaml(const char *path, lk_ops_config *cfg) {
         return s;
     }
     lk_ops_config next = *cfg;                       /* all or nothing */
-    loader l = {.path = path, .doc = &doc, .cfg = &next};
+    lk_train_config *tnext = malloc(sizeof *tnext);
+    if (tnext == NULL) s = lk_error(LK_ENOMEM, "config: %s", path);
+    else if (tc) *tnext = *tc;
+    else lk_train_config_init(tnext);
+    loader l = {.path = path, .doc = &doc, .cfg = &next, .train = tnext};
     yaml_node_t *root = yaml_document_get_root_node(&doc);
-    if (root && !(root->type == YAML_SCALAR_NODE && root->data.scalar.length == 0))
+    if (!s && root && !(root->type == YAML_SCALAR_NODE && root->data.scalar.length == 0))
         s = each_entry(&l, root, "the document", top_entry);
-    if (s == LK_OK) *cfg = next;
+    if (!s) s = lk_yaml_finish(&l);
+    if (s == LK_OK) {
+        *cfg = next;
+        if (tc) *tc = *tnext;
+    }
+    free(tnext);
     yaml_document_delete(&doc);
     yaml_parser_delete(&parser);
     fclose(f);
     return s;
+}
+
+lk_status lk_config_load_yaml(const char *path, lk_ops_config *cfg) { return lk_yaml_load(path, cfg, NULL); }
+
+lk_status lk_train_config_load_yaml(const char *path, lk_train_config *tc, lk_ops_config *ops) {
+    if (tc == NULL || ops == NULL) return lk_error(LK_EINVAL, "config: expected a train config and an ops config");
+    return lk_yaml_load(path, ops, tc);
 }

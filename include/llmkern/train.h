@@ -1,0 +1,124 @@
+/* train.h — training: the AdamW optimizer, the learning-rate schedule, gradient
+ * clipping, the training configuration (the model:/train:/data: sections of a YAML
+ * file) and the training loop behind `llmkern train`.
+ *
+ *   lk_train_config tc;  lk_ops_config ops;
+ *   lk_train_config_init(&tc);  lk_ops_config_init(&ops);
+ *   if (lk_train_config_load_yaml("configs/tiny-moe.yaml", &tc, &ops)) puts(lk_last_error());
+ *   lk_train_run(&tc, &ops, NULL, NULL, &result);       // or a resume dir
+ *
+ * Everything here is deterministic for a seed, whatever the thread count: the update
+ * is elementwise and every reduction runs over fixed chunks summed in a fixed order. */
+#ifndef LLMKERN_TRAIN_H
+#define LLMKERN_TRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "status.h"
+#include "hf_config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* --- AdamW (decoupled weight decay, as torch.optim.AdamW) -------------------------------
+ * For step t >= 1 (the number of updates including this one):
+ *   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+ *   p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
+ * State m and v are f32, zero before the first step. */
+typedef struct {
+    double beta1, beta2, eps, weight_decay;
+} lk_adamw_hparams;
+
+void lk_adamw_update(float *p, const float *g, float *m, float *v, int64_t n,
+                     const lk_adamw_hparams *h, double lr, int64_t t);
+
+/* Linear warmup over warmup steps to lr, then cosine decay to min_lr at total steps.
+ * step counts from 0: lr_at(0) = lr / warmup (lr when warmup is 0), lr_at(warmup) = lr,
+ * lr_at(total - 1) = min_lr. */
+double lk_lr_schedule(int64_t step, int64_t warmup, int64_t total, double lr, double min_lr);
+
+/* The global L2 norm of n_bufs gradient buffers (buf i holds len[i] floats), summed in
+ * f64 over fixed chunks; with max_norm > 0 and the norm above it, every buffer is
+ * scaled by max_norm / (norm + 1e-6) (torch.nn.utils.clip_grad_norm_). Returns the
+ * norm before clipping (NaN or Inf passes through; nothing is scaled then). */
+double lk_clip_grad_norm(float *const *bufs, const int64_t *len, int n_bufs, double max_norm);
+
+/* --- PNG ------------------------------------------------------------------------------- */
+/* Writes an 8-bit RGB image (rgb: h rows of w*3 bytes) as a PNG file (zlib stored
+ * blocks), atomically. LK_EINVAL for bad sizes, LK_EIO naming the path. */
+lk_status lk_png_write(const char *path, const uint8_t *rgb, int w, int h);
+/* Plots y[0..n) against x[0..n) (a line with axes, ticks and a light grid, on white)
+ * into a w x h PNG at path. n may be 0 (axes only). */
+lk_status lk_plot_png(const char *path, const float *x, const float *y, int64_t n, int w, int h);
+
+/* --- configuration ----------------------------------------------------------------------- */
+typedef enum { LK_DATA_BUILTIN, LK_DATA_TEXT, LK_DATA_TOKENS } lk_data_kind;
+
+typedef struct {
+    lk_qwen3_config model;       /* model: config_json or inline keys */
+    int has_model;               /* 1 once the file named an architecture */
+    /* train: */
+    int64_t steps, warmup_steps, batch_size, seq_len, grad_accum, save_every;
+    double lr, min_lr, weight_decay, beta1, beta2, eps, grad_clip;
+    uint64_t seed;
+    int recompute;
+    char out[512];
+    /* data: */
+    lk_data_kind data;
+    char data_path[512];         /* text or tokens file */
+    int64_t corpus_docs;         /* builtin: documents to generate */
+    int64_t eos_id;              /* tokens: the id ending a document (-1: one document) */
+} lk_train_config;
+
+/* Defaults: steps 100, lr 1e-3, min_lr 1e-4, warmup 10, weight_decay 0.1, betas
+ * (0.9, 0.95), eps 1e-8, grad_clip 1.0, batch 4 x 128, grad_accum 1, seed 1234,
+ * save_every 0 (only at the end), out "out", the builtin corpus; no model. */
+void lk_train_config_init(lk_train_config *tc);
+
+/* Loads a YAML file: model.ops_implementation / model.moe into ops (as
+ * lk_config_load_yaml), the architecture keys of model: and the train: and data:
+ * sections into tc. Relative paths (config_json, data files) are taken from the YAML
+ * file's directory. Errors as lk_config_load_yaml (file:line:column, the key, the
+ * valid ones); tc and ops change only when the whole file is good. */
+struct lk_ops_config;
+lk_status lk_train_config_load_yaml(const char *path, lk_train_config *tc, struct lk_ops_config *ops);
+
+/* --- the training loop ------------------------------------------------------------------- */
+struct lk_model;
+typedef struct {
+    int quiet;                   /* no progress output */
+    /* Called before each step's first forward (tests inject faults through it). */
+    void (*before_step)(void *user, int64_t step, struct lk_model *m);
+    /* Called with each step's loss before it is checked (tests turn it into NaN). */
+    void (*after_loss)(void *user, int64_t step, double *loss);
+    void *user;
+    float *loss_log;             /* loss_log[step] = that step's loss, for step < loss_log_cap */
+    int64_t loss_log_cap;
+    int64_t stop_at;             /* > 0: stop before step stop_at as a killed process would (no
+                                  * final checkpoint or model): tests of --resume */
+} lk_train_opts;
+
+typedef struct {
+    int64_t first_step, steps_done;   /* the run covered [first_step, steps_done) */
+    double first_loss, last_loss;
+    double tail_loss;                 /* mean loss of the last (up to) 10 steps run or resumed */
+    double seconds, tokens_per_s;
+    char last_checkpoint[600];        /* "" when none was written */
+} lk_train_result;
+
+/* Trains tc.model with ops on tc's data for tc.steps steps, writing into tc.out:
+ * loss.csv, loss.png, checkpoint-<step>/ every save_every steps and at the end
+ * (config.json, model.safetensors, optimizer.safetensors), the file `latest` naming
+ * the last complete checkpoint, and the final config.json + model.safetensors.
+ * resume: a checkpoint directory, or an output directory with a `latest` file; the run
+ * then continues bit-identically to one that was never stopped. A NaN or Inf loss
+ * stops the run with LK_EINVAL and a message naming the step and the last good
+ * checkpoint, which is kept. opts and result may be NULL. */
+lk_status lk_train_run(const lk_train_config *tc, const struct lk_ops_config *ops, const char *resume,
+                       const lk_train_opts *opts, lk_train_result *result);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

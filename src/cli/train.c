@@ -1,0 +1,37 @@
+/* train.c — `llmkern train --config FILE [--steps N] [--out DIR] [--resume DIR]`: loads
+ * the YAML config (model, train, data and ops sections), applies the command-line
+ * overrides and runs the training loop (train.h). Exit status 2 on any error, with the
+ * message (a NaN loss names the step and the last good checkpoint). */
+#include <string.h>
+#include "cli/cli.h"
+#include "llmkern/train.h"
+
+int cli_train(const cli_opts *o) {
+    if (o->config == NULL) {
+        fprintf(stderr, "llmkern train: --config FILE is required (e.g. configs/tiny-moe.yaml)\n");
+        return 2;
+    }
+    static lk_train_config tc;   /* large (the model config's lists): not on the stack */
+    static lk_ops_config ops;
+    lk_train_config_init(&tc);
+    lk_ops_config_init(&ops);
+    lk_status s = lk_train_config_load_yaml(o->config, &tc, &ops);
+    if (s) return cli_fail("train", s);
+    if (o->steps > 0) tc.steps = o->steps;
+    if (o->out) snprintf(tc.out, sizeof tc.out, "%s", o->out);
+    if (tc.warmup_steps > tc.steps) tc.warmup_steps = tc.steps;
+    printf("training %s (%lld layers, hidden %lld, %lld experts) for %lld steps of %lld x %lld tokens",
+           tc.model.moe ? "Qwen3-MoE" : "Qwen3", (long long)tc.model.num_hidden_layers, (long long)tc.model.hidden_size,
+           (long long)(tc.model.moe ? tc.model.num_experts : 0), (long long)tc.steps, (long long)tc.batch_size,
+           (long long)tc.seq_len);
+    if (tc.grad_accum > 1) printf(" x %lld micro-batches", (long long)tc.grad_accum);
+    printf(" into %s%s%s\n", tc.out, o->resume ? ", resuming from " : "", o->resume ? o->resume : "");
+    lk_train_result r;
+    s = lk_train_run(&tc, &ops, o->resume, NULL, &r);
+    if (s) return cli_fail("train", s);
+    printf("done: steps %lld..%lld, loss %.4f -> %.4f (mean of the last %lld steps %.4f), %.1f s, %.0f tokens/s;\n"
+           "checkpoint %s; model, loss.csv, loss.png in %s\n", (long long)r.first_step + 1, (long long)r.steps_done,
+           r.first_loss, r.last_loss, (long long)(r.steps_done < 10 ? r.steps_done : 10), r.tail_loss, r.seconds,
+           r.tokens_per_s, r.last_checkpoint, tc.out);
+    return 0;
+}

@@ -1,0 +1,72 @@
+/* moe_block.c — the Qwen3-MoE sparse block of one layer: the router op picks each
+ * token's top-k experts and weights (and the load-balancing aux loss), the experts op
+ * runs and sums them. Backward: experts first (d_hidden and d_topk_weights), then the
+ * router from d_topk_weights and the aux coefficient; the two d_hidden are summed. */
+#include "model/qwen3_internal.h"
+
+static lk_tensor t2(const void *p, lk_dtype dt, int64_t r, int64_t c) { return lk_tensor_2d((void *)p, dt, r, c); }
+static lk_tensor t3(const float *p, int64_t a, int64_t b, int64_t c) {
+    return lk_tensor_view((void *)p, LK_F32, 3, (int64_t[]){a, b, c});
+}
+
+static lk_moe_router_args router_args(lk_model *m, int l, const lk_layer_acts *a) {
+    const lk_layer *L = &m->layers[l];
+    return (lk_moe_router_args){
+        .hidden = t2(a->h2, LK_F32, m->T, m->H), .gate_weight = t2(m->w + L->router, LK_F32, m->E, m->H),
+        .topk_ids = t2(a->ids, LK_I32, m->T, m->K), .topk_weights = t2(a->tw, LK_F32, m->T, m->K),
+        .saved = {a->s[S_ROUTER], L->saved[S_ROUTER]},
+        .n_experts = (int)m->E, .top_k = (int)m->K, .norm_topk_prob = m->cfg.norm_topk_prob,
+    };
+}
+
+static lk_moe_experts_args experts_args(lk_model *m, int l, const lk_layer_acts *a, const float *weights,
+                                        float *out) {
+    const lk_layer *L = &m->layers[l];
+    return (lk_moe_experts_args){
+        .hidden = t2(a->h2, LK_F32, m->T, m->H), .topk_ids = t2(a->ids, LK_I32, m->T, m->K),
+        .topk_weights = t2(a->tw, LK_F32, m->T, m->K),
+        .gate_up_weight = t3(weights + L->gate_up, m->E, 2 * m->Ie, m->H),
+        .down_weight = t3(weights + L->down, m->E, m->H, m->Ie),
+        .out = t2(out, LK_F32, m->T, m->H), .saved = {a->s[S_EXPERTS], L->saved[S_EXPERTS]},
+    };
+}
+
+lk_status lk_qwen3_moe_saved(const lk_model *m, int l, int64_t T, size_t *router, size_t *experts) {
+    const lk_layer *L = &m->layers[l];
+    lk_status s = lk_moe_router_saved_bytes(L->ops.router, T, m->E, m->K, router);
+    return s ? s : lk_moe_experts_saved_bytes(L->ops.experts, T, m->K, m->E, m->H, m->Ie, LK_F32, experts);
+}
+
+lk_status lk_qwen3_moe_forward(lk_model *m, int l, const lk_layer_acts *a, float *out, float *aux) {
+    lk_moe_router_args r = router_args(m, l, a);
+    r.aux_loss = lk_tensor_1d(&m->aux_layer, LK_F32, 1);
+    lk_status s = lk_moe_router_forward(m->layers[l].ops.router, &r, &m->ctx);
+    if (s) return s;
+    if (aux) *aux = m->aux_layer;
+    lk_moe_experts_args e = experts_args(m, l, a, m->w, out);
+    return lk_moe_experts_forward(m->layers[l].ops.experts, &e, &m->ctx);
+}
+
+lk_status lk_qwen3_moe_backward(lk_model *m, int l, const lk_layer_acts *a, const float *dout, float *dx,
+                                float d_aux) {
+    const lk_layer *L = &m->layers[l];
+    lk_moe_experts_args e = experts_args(m, l, a, m->w, m->sc.tmp);
+    e.out.data = NULL;   /* the backward reads saved, not the output */
+    e.dout = t2(dout, LK_F32, m->T, m->H);
+    e.d_hidden = t2(dx, LK_F32, m->T, m->H);
+    e.d_topk_weights = t2(m->sc.dtw, LK_F32, m->T, m->K);
+    e.d_gate_up_weight = t3(m->g + L->gate_up, m->E, 2 * m->Ie, m->H);
+    e.d_down_weight = t3(m->g + L->down, m->E, m->H, m->Ie);
+    lk_status s = lk_moe_experts_backward(L->ops.experts, &e, &m->ctx);
+    if (s) return s;
+    lk_moe_router_args r = router_args(m, l, a);
+    r.d_topk_weights = e.d_topk_weights;
+    r.d_aux_loss = d_aux;
+    r.d_hidden = t2(m->sc.dh2, LK_F32, m->T, m->H);
+    r.d_gate_weight = t2(m->g + L->router, LK_F32, m->E, m->H);
+    if ((s = lk_moe_router_backward(L->ops.router, &r, &m->ctx))) return s;
+    int64_t n = m->T * m->H;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) dx[i] += m->sc.dh2[i];
+    return LK_OK;
+}

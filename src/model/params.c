@@ -1,0 +1,170 @@
+/* params.c — the Qwen3 model's parameters: their layout in one flat f32 buffer (views
+ * named as in the Hugging Face checkpoints, fused where the ops want them fused), their
+ * initialization, and checkpoint save / load through checkpoint.h and hf_config.h. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include "llmkern/checkpoint.h"
+#include "model/qwen3_internal.h"
+
+static int64_t align16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+
+/* Lays out every tensor of the checkpoint's list: offsets into m->w, and m->params. */
+static lk_status layout(lk_model *m) {
+    const lk_qwen3_config *c = &m->cfg;
+    size_t n;
+    lk_status s = lk_qwen3_tensor_list(c, NULL, 0, &n);
+    if (s) return s;
+    lk_qwen3_tensor_ref *refs = malloc(n * sizeof *refs);
+    m->params = calloc(n, sizeof *m->params);
+    if (!refs || !m->params) { free(refs); return lk_error(LK_ENOMEM, "model: params: out of memory"); }
+    lk_qwen3_tensor_list(c, refs, n, &n);
+    int64_t cur = 0, gu = 0, dn = 0;
+    for (size_t i = 0; i < n && !s; i++) {
+        lk_qwen3_tensor_ref r = refs[i];
+        lk_param *p = &m->params[i];
+        int ndim;
+        int64_t shape[2];
+        if ((s = lk_qwen3_tensor_shape(c, r.kind, &ndim, shape)) ||
+            (s = lk_qwen3_tensor_name(r.kind, r.layer, r.expert, p->name, sizeof p->name)))
+            break;
+        int64_t numel = ndim == 2 ? shape[0] * shape[1] : shape[0], off;
+        lk_layer *L = r.layer >= 0 ? &m->layers[r.layer] : NULL;
+        switch (r.kind) {
+        case LK_QW_MLP_UP_PROJ:        /* right after gate_proj: the pair is gate_up [2I, H] */
+            off = cur; cur += numel; break;
+        case LK_QW_EXPERT_GATE_PROJ: off = gu + r.expert * 2 * numel; break;
+        case LK_QW_EXPERT_UP_PROJ:   off = gu + (2 * r.expert + 1) * numel; break;
+        case LK_QW_EXPERT_DOWN_PROJ: off = dn + r.expert * numel; break;
+        default: off = cur = align16(cur); cur += numel; break;
+        }
+        switch (r.kind) {
+        case LK_QW_EMBED: m->embed = off; break;
+        case LK_QW_FINAL_NORM: m->final_norm = off; break;
+        case LK_QW_LM_HEAD: m->lm_head = off; break;
+        case LK_QW_INPUT_NORM: L->in = off; break;
+        case LK_QW_Q_PROJ: L->q = off; break;
+        case LK_QW_K_PROJ: L->k = off; break;
+        case LK_QW_V_PROJ: L->v = off; break;
+        case LK_QW_O_PROJ: L->o = off; break;
+        case LK_QW_Q_NORM: L->qn = off; break;
+        case LK_QW_K_NORM: L->kn = off; break;
+        case LK_QW_POST_ATTN_NORM: L->post = off; break;
+        case LK_QW_MLP_GATE_PROJ: L->gate_up = off; break;
+        case LK_QW_MLP_DOWN_PROJ: L->down = off; break;
+        case LK_QW_ROUTER:   /* the experts' stacks follow the router */
+            L->router = off;
+            L->gate_up = gu = cur = align16(cur);
+            cur += m->E * 2 * m->Ie * m->H;
+            L->down = dn = cur = align16(cur);
+            cur += m->E * m->H * m->Ie;
+            break;
+        default: break;
+        }
+        p->value.ndim = ndim;   /* data filled once the buffers exist */
+        p->value.shape[0] = shape[0];
+        p->value.shape[1] = shape[1];
+        p->value.stride[0] = off;   /* parked here until then */
+    }
+    free(refs);
+    if (s) return s;
+    if (c->tie_word_embeddings) m->lm_head = m->embed;
+    m->n_params = (int)n;
+    m->n_floats = align16(cur);
+    m->w = aligned_alloc(64, (size_t)m->n_floats * sizeof(float));
+    m->g = aligned_alloc(64, (size_t)m->n_floats * sizeof(float));
+    if (!m->w || !m->g) return lk_error(LK_ENOMEM, "model: %lld parameters: out of memory", (long long)m->n_floats);
+    memset(m->w, 0, (size_t)m->n_floats * sizeof(float));
+    memset(m->g, 0, (size_t)m->n_floats * sizeof(float));
+    for (int i = 0; i < m->n_params; i++) {
+        lk_param *p = &m->params[i];
+        int64_t off = p->value.stride[0], shape[2] = {p->value.shape[0], p->value.shape[1]};
+        p->value = lk_tensor_view(m->w + off, LK_F32, p->value.ndim, shape);
+        p->grad = lk_tensor_view(m->g + off, LK_F32, p->value.ndim, shape);
+    }
+    return LK_OK;
+}
+
+lk_status lk_qwen3_params_init(lk_model *m, uint64_t seed) {
+    lk_status s = layout(m);
+    if (s) return s;
+    lk_rng rng = lk_rng_make(seed);
+    for (int i = 0; i < m->n_params; i++) {
+        lk_param *p = &m->params[i];
+        int64_t n = lk_tensor_numel(&p->value);
+        if (p->value.ndim == 1) {       /* norm weights start at 1 */
+            for (int64_t j = 0; j < n; j++) ((float *)p->value.data)[j] = 1.0f;
+        } else {
+            lk_rng_normal(&rng, p->value.data, n, 0.0f, (float)m->cfg.initializer_range);
+        }
+    }
+    return LK_OK;
+}
+
+int lk_model_param_count(const lk_model *m) { return m ? m->n_params : 0; }
+
+lk_param *lk_model_param(lk_model *m, int i) {
+    return m && i >= 0 && i < m->n_params ? &m->params[i] : NULL;
+}
+
+void lk_model_zero_grad(lk_model *m) {
+    if (m) memset(m->g, 0, (size_t)m->n_floats * sizeof(float));
+}
+
+static lk_status join(char *buf, size_t n, const char *dir, const char *file) {
+    if ((size_t)snprintf(buf, n, "%s/%s", dir, file) >= n)
+        return lk_error(LK_EINVAL, "model: dir: path too long: '%s'", dir);
+    return LK_OK;
+}
+
+lk_status lk_model_save(const lk_model *m, const char *dir) {
+    if (!m || !dir || !dir[0]) return lk_error(LK_EINVAL, "model_save: expected a model and a directory");
+    lk_dtype as;
+    if (strcmp(m->cfg.torch_dtype, "bfloat16") == 0) as = LK_BF16;
+    else if (strcmp(m->cfg.torch_dtype, "float32") == 0) as = LK_F32;
+    else return lk_error(LK_EINVAL, "model_save: torch_dtype: expected bfloat16 or float32, got '%s'", m->cfg.torch_dtype);
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return lk_error(LK_EIO, "model_save: %s: %s", dir, strerror(errno));
+    char path[4096];
+    lk_status s = join(path, sizeof path, dir, "model.safetensors");
+    lk_st_writer *w = NULL;
+    if (s || (s = lk_st_writer_begin(path, &w))) return s;
+    for (int i = 0; i < m->n_params && !s; i++)
+        s = as == LK_F32 ? lk_st_writer_add(w, m->params[i].name, &m->params[i].value)
+                         : lk_st_writer_add_as(w, m->params[i].name, &m->params[i].value, as);
+    if (s) { lk_st_writer_abort(w); return s; }
+    /* the weights first: a config.json beside them says they are complete */
+    if ((s = lk_st_writer_commit(w))) return s;
+    if ((s = join(path, sizeof path, dir, "config.json"))) return s;
+    return lk_qwen3_config_write(path, &m->cfg);
+}
+
+lk_status lk_model_load_weights(lk_model *m, const char *dir) {
+    if (!m || !dir) return lk_error(LK_EINVAL, "model_load_weights: expected a model and a directory");
+    char path[4096];
+    lk_st_file *f = NULL;
+    lk_status s = join(path, sizeof path, dir, "model.safetensors");
+    if (s || (s = lk_st_open(path, &f))) return s;
+    /* every tensor checked before any is read, so a bad file leaves m as it was */
+    for (int i = 0; i < m->n_params && !s; i++) {
+        const lk_param *p = &m->params[i];
+        const lk_st_tensor *t = lk_st_find(f, p->name);
+        char want[64];
+        if (!t) {
+            s = lk_error(LK_EIO, "model_load_weights: %s: no tensor '%s'", path, p->name);
+        } else if (t->ndim != p->value.ndim || t->shape[0] != p->value.shape[0] ||
+                   (t->ndim == 2 && t->shape[1] != p->value.shape[1])) {
+            s = lk_error(LK_ESHAPE, "model_load_weights: %s: '%s': expected shape %s, got a %d-d tensor [%lld%s...]",
+                         path, p->name, lk_shape_str(&p->value, want, sizeof want), t->ndim,
+                         (long long)(t->ndim ? t->shape[0] : 0), t->ndim > 1 ? ", " : "");
+        } else if (t->dtype != LK_F32 && t->dtype != LK_BF16 && t->dtype != LK_F16) {
+            s = lk_error(LK_EDTYPE, "model_load_weights: %s: '%s': expected a float dtype, got %s", path, p->name,
+                         t->st_dtype);
+        }
+    }
+    for (int i = 0; i < m->n_params && !s; i++) s = lk_st_read(f, m->params[i].name, &m->params[i].value);
+    lk_st_close(f);
+    return s;
+}

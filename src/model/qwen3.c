@@ -1,0 +1,341 @@
+/* qwen3.c — the Qwen3 / Qwen3-MoE decoder for training on the CPU in f32 (model.h):
+ * create (config checks, every module's implementation resolved once from the op
+ * table), the activation buffers for a token count, and the step: embedding gather,
+ * the layers (layer.c), final norm, LM head + loss through the cross_entropy op, then
+ * the backward in reverse, optionally recomputing each layer from its input. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "model/qwen3_internal.h"
+
+/* The implementation bound to module (op-wide unless an override names it). */
+static lk_status bind(const lk_op_table *t, lk_op op, const char *module, const lk_impl **out) {
+    const lk_binding *b = lk_op_table_get(t, op, module);
+    const char *name = lk_op_info_get(op)->name;
+    if (!b || !b->impl)
+        return lk_error(LK_EUNAVAILABLE, "model: %s: op %s has no implementation in this build%s%s%s", module, name,
+                        b && b->fallback[0] ? " (" : "", b ? b->fallback : "", b && b->fallback[0] ? ")" : "");
+    if (b->impl->device != LK_DEVICE_CPU)
+        return lk_error(LK_EUNAVAILABLE, "model: %s: %s '%s' runs on %s; the model runs on the CPU", module, name,
+                        b->impl->name, lk_device_name(b->impl->device));
+    *out = b->impl;
+    return LK_OK;
+}
+
+static lk_status bind_layer(lk_model *m, const lk_op_table *t, int l) {
+    lk_layer_ops *o = &m->layers[l].ops;
+    struct { lk_op op; const char *suffix; const lk_impl **slot; } want[] = {
+        {LK_OP_RMS_NORM, "input_layernorm", &o->in_norm},
+        {LK_OP_RMS_NORM, "self_attn.q_norm", &o->q_norm},
+        {LK_OP_RMS_NORM, "self_attn.k_norm", &o->k_norm},
+        {LK_OP_RMS_NORM, "post_attention_layernorm", &o->post_norm},
+        {LK_OP_ROPE, "self_attn.rotary_emb", &o->rope},
+        {LK_OP_ATTENTION, "self_attn", &o->attn},
+        {LK_OP_LINEAR, "self_attn.q_proj", &o->q_proj},
+        {LK_OP_LINEAR, "self_attn.k_proj", &o->k_proj},
+        {LK_OP_LINEAR, "self_attn.v_proj", &o->v_proj},
+        {LK_OP_LINEAR, "self_attn.o_proj", &o->o_proj},
+        {LK_OP_SWIGLU_MLP, "mlp", &o->mlp},
+        {LK_OP_MOE_ROUTER, "mlp.gate", &o->router},
+        {LK_OP_MOE_EXPERTS, "mlp.experts", &o->experts},
+    };
+    int moe = m->layers[l].moe;
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        lk_op op = want[i].op;
+        if ((op == LK_OP_SWIGLU_MLP && moe) || ((op == LK_OP_MOE_ROUTER || op == LK_OP_MOE_EXPERTS) && !moe)) continue;
+        char module[96];
+        snprintf(module, sizeof module, "layers.%d.%s", l, want[i].suffix);
+        lk_status s = bind(t, op, module, want[i].slot);
+        if (s) return s;
+    }
+    const lk_attention_entry *e = o->attn->vtable;
+    if (e && e->adapter == LK_ATTN_FLEX)
+        return lk_error(LK_EUNAVAILABLE, "model: layers.%d.self_attn: %s needs a BlockMask, which the model does not "
+                        "build; use eager, sdpa or flash_attention_2 (packed documents go through cu_seqlens)",
+                        l, o->attn->name);
+    return LK_OK;
+}
+
+static lk_status make_rope(lk_model *m) {
+    const lk_qwen3_config *c = &m->cfg;
+    lk_rope_scaling sc = {0}, *scp = NULL;
+    if (c->has_rope_scaling && strcmp(c->rope_scaling_type, "default") != 0) {
+        lk_status s = lk_rope_scaling_parse(c->rope_scaling_type, &sc.type);
+        if (s) return s;
+        if (sc.type != LK_ROPE_SCALING_YARN && sc.type != LK_ROPE_SCALING_NONE)
+            return lk_error(LK_EUNAVAILABLE, "model: rope_scaling: '%s' needs parameters config.json does not carry "
+                            "here; expected default or yarn", c->rope_scaling_type);
+        sc.factor = c->rope_scaling_factor;
+        sc.original_max_position_embeddings = c->rope_scaling_original_max_position_embeddings;
+        scp = &sc;
+    }
+    m->max_pos = c->max_position_embeddings;
+    int64_t n = m->max_pos * (m->D / 2);
+    m->rope_cos = malloc((size_t)n * 4);
+    m->rope_sin = malloc((size_t)n * 4);
+    if (!m->rope_cos || !m->rope_sin) return lk_error(LK_ENOMEM, "model: rope tables: out of memory");
+    lk_tensor cs = lk_tensor_2d(m->rope_cos, LK_F32, m->max_pos, m->D / 2);
+    lk_tensor sn = lk_tensor_2d(m->rope_sin, LK_F32, m->max_pos, m->D / 2);
+    return lk_rope_tables(c->rope_theta, m->D, scp, &cs, &sn);
+}
+
+lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, uint64_t seed, int recompute,
+                          lk_model **out) {
+    if (!cfg || !ops || !out) return lk_error(LK_EINVAL, "model_create: expected a config, an op table and an output");
+    *out = NULL;
+    lk_status s = lk_qwen3_config_validate(cfg, "model_create: cfg");
+    if (s) return s;
+    if (cfg->head_dim % 2 || cfg->max_position_embeddings < 1)
+        return lk_error(LK_EINVAL, "model_create: cfg: head_dim: expected even (RoPE) and max_position_embeddings >= 1, "
+                        "got %lld and %lld", (long long)cfg->head_dim, (long long)cfg->max_position_embeddings);
+    if (ops->device != LK_DEVICE_CPU)
+        return lk_error(LK_EUNAVAILABLE, "model_create: ops: expected a CPU op table, got %s",
+                        lk_device_name(ops->device));
+    const char *fam = cfg->moe ? "qwen3_moe" : "qwen3";
+    if (ops->family && strcmp(ops->family->name, fam) != 0)
+        return lk_error(LK_EINVAL, "model_create: ops: expected a table built for family '%s' (model_type %s), got '%s'",
+                        fam, cfg->model_type, ops->family->name);
+    lk_model *m = calloc(1, sizeof *m);
+    if (!m) return lk_error(LK_ENOMEM, "model_create: out of memory");
+    m->cfg = *cfg;
+    m->recompute = recompute ? 1 : 0;
+    m->H = cfg->hidden_size; m->Hq = cfg->num_attention_heads; m->Hk = cfg->num_key_value_heads;
+    m->D = cfg->head_dim; m->I = cfg->intermediate_size; m->V = cfg->vocab_size;
+    m->E = cfg->moe ? cfg->num_experts : 0; m->K = cfg->moe ? cfg->num_experts_per_tok : 0;
+    m->Ie = cfg->moe ? cfg->moe_intermediate_size : 0;
+    int N = (int)cfg->num_hidden_layers;
+    m->layers = calloc((size_t)N, sizeof *m->layers);
+    m->ctx = lk_ctx_cpu(&m->arena);
+    if (!m->layers) s = lk_error(LK_ENOMEM, "model_create: out of memory");
+    for (int l = 0; l < N && !s; l++) {
+        m->layers[l].moe = cfg->moe && lk_qwen3_layer_is_moe(cfg, l);
+        m->n_moe_layers += m->layers[l].moe;
+        s = bind_layer(m, ops, l);
+    }
+    if (!s) s = bind(ops, LK_OP_RMS_NORM, "norm", &m->final_norm_impl);
+    if (!s) s = bind(ops, LK_OP_CROSS_ENTROPY, "lm_head", &m->ce_impl);
+    if (!s) s = make_rope(m);
+    if (!s) s = lk_qwen3_params_init(m, seed);
+    if (s) { lk_model_free(m); return s; }
+    *out = m;
+    return LK_OK;
+}
+
+static void free_acts(lk_model *m) {
+    free(m->act_block); free(m->scratch_block); free(m->acts); free(m->inputs);
+    m->act_block = m->scratch_block = NULL;
+    m->acts = NULL;
+    m->inputs = NULL;
+    m->T = 0;
+}
+
+void lk_model_free(lk_model *m) {
+    if (!m) return;
+    free_acts(m);
+    free(m->w); free(m->g); free(m->params); free(m->layers); free(m->rope_cos); free(m->rope_sin);
+    lk_arena_free(&m->arena);
+    free(m);
+}
+
+static lk_cross_entropy_args ce_args(lk_model *m, const lk_batch *b, float *loss, int64_t *n_valid) {
+    lk_cross_entropy_args a = lk_cross_entropy_args_init();
+    a.hidden = lk_tensor_2d(m->hf, LK_F32, m->T, m->H);
+    a.weight = lk_tensor_2d(m->w + m->lm_head, LK_F32, m->V, m->H);
+    a.labels = lk_tensor_1d(b ? b->labels : NULL, LK_I64, m->T);
+    a.loss = lk_tensor_1d(loss, LK_F32, 1);
+    a.n_valid = lk_tensor_1d(n_valid, LK_I64, 1);
+    a.saved = (lk_saved){m->s_ce, m->s_ce_bytes};
+    a.reduction = LK_CE_MEAN;
+    return a;
+}
+
+/* Every op's saved bytes for T tokens (a layer's attention and rope queries read the
+ * q/k/v shapes only), then one block for what the backward keeps and one for scratch. */
+static lk_status alloc_acts(lk_model *m, int64_t T) {
+    free_acts(m);
+    m->T = T;
+    int N = (int)m->cfg.num_hidden_layers;
+    lk_status s = LK_OK;
+    for (int l = 0; l < N && !s; l++) {
+        lk_layer *L = &m->layers[l];
+        lk_tensor x = lk_tensor_2d(NULL, LK_F32, T, m->H), q = lk_tensor_2d(NULL, LK_F32, m->Hq * T, m->D),
+                  k = lk_tensor_2d(NULL, LK_F32, m->Hk * T, m->D);
+        lk_rope_args r = {.q = lk_tensor_view(NULL, LK_F32, 4, (int64_t[]){1, m->Hq, T, m->D}),
+                          .k = lk_tensor_view(NULL, LK_F32, 4, (int64_t[]){1, m->Hk, T, m->D})};
+        lk_attention_args at = {.q = r.q, .k = r.k, .v = r.k};
+        memset(L->saved, 0, sizeof L->saved);
+        if ((s = lk_rms_norm_saved_bytes(L->ops.in_norm, &x, &L->saved[S_IN])) ||
+            (s = lk_rms_norm_saved_bytes(L->ops.q_norm, &q, &L->saved[S_QN])) ||
+            (s = lk_rms_norm_saved_bytes(L->ops.k_norm, &k, &L->saved[S_KN])) ||
+            (s = lk_rms_norm_saved_bytes(L->ops.post_norm, &x, &L->saved[S_POST])) ||
+            (s = lk_rope_saved_bytes(L->ops.rope, &r, &L->saved[S_ROPE])) ||
+            (s = lk_attention_saved_bytes(L->ops.attn, &at, &L->saved[S_ATTN])))
+            break;
+        if (L->moe) {
+            s = lk_qwen3_moe_saved(m, l, T, &L->saved[S_ROUTER], &L->saved[S_EXPERTS]);
+        } else {
+            lk_tensor gu = lk_tensor_2d(NULL, LK_F32, 2 * m->I, m->H);
+            s = lk_swiglu_mlp_saved_bytes(L->ops.mlp, &x, &gu, &L->saved[S_MLP]);
+        }
+    }
+    lk_tensor hx = lk_tensor_2d(NULL, LK_F32, T, m->H);
+    if (!s) s = lk_rms_norm_saved_bytes(m->final_norm_impl, &hx, &m->s_final_bytes);
+    lk_cross_entropy_args ce = ce_args(m, NULL, NULL, NULL);
+    if (!s) s = lk_cross_entropy_saved_bytes(m->ce_impl, &ce, &m->s_ce_bytes);
+    if (s) { free_acts(m); return s; }
+
+    /* kept: layer inputs, per-layer blocks (one shared block with recompute), final */
+    size_t TH = (size_t)(T * m->H * 4), layer_max = 0, layers_sum = 0, kept = 0;
+    for (int l = 0; l < N; l++) {
+        size_t b = lk_qwen3_layer_carve(m, l, NULL, NULL);
+        layers_sum += b;
+        if (b > layer_max) layer_max = b;
+    }
+    size_t n_blocks = m->recompute ? layer_max : layers_sum;
+    kept = (size_t)(N + 1) * lk_align64(TH) + lk_align64(TH) + lk_align64(m->s_final_bytes) + lk_align64(m->s_ce_bytes);
+    m->acts = calloc((size_t)N, sizeof *m->acts);
+    m->inputs = calloc((size_t)N + 1, sizeof *m->inputs);
+    m->act_block = aligned_alloc(64, lk_align64(kept + n_blocks));
+    if (!m->acts || !m->inputs || !m->act_block) { free_acts(m); return lk_error(LK_ENOMEM, "model: activations: out of memory"); }
+    unsigned char *base = m->act_block;
+    size_t u = 0;
+    for (int l = 0; l <= N; l++) m->inputs[l] = lk_carve(base, &u, TH);
+    m->hf = lk_carve(base, &u, TH);
+    m->s_final = lk_carve(base, &u, m->s_final_bytes);
+    m->s_ce = lk_carve(base, &u, m->s_ce_bytes);
+    u = lk_align64(u);
+    m->shared = base + u;
+    for (int l = 0; l < N; l++) {
+        size_t b = lk_qwen3_layer_carve(m, l, base + u, &m->acts[l]);
+        m->acts[l].x = m->inputs[l];
+        if (!m->recompute) u += b;
+    }
+    m->activation_bytes = kept + (m->recompute ? 0 : layers_sum);
+
+    /* scratch */
+    int64_t Q = T * m->Hq * m->D, Kv = T * m->Hk * m->D, Tk = T * (m->K ? m->K : 1);
+    int64_t nw = m->H > m->D ? m->H : m->D;
+    size_t su = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        unsigned char *sb = pass ? m->scratch_block : NULL;
+        su = 0;
+        lk_scratch *c = &m->sc;
+        c->q = lk_carve(sb, &su, Q * 4); c->k = lk_carve(sb, &su, Kv * 4); c->v = lk_carve(sb, &su, Kv * 4);
+        c->tmp = lk_carve(sb, &su, TH); c->dres = lk_carve(sb, &su, TH);
+        c->dh = lk_carve(sb, &su, TH); c->dh2 = lk_carve(sb, &su, TH);
+        c->dao = lk_carve(sb, &su, Q * 4);
+        c->dqr = lk_carve(sb, &su, Q * 4); c->dkr = lk_carve(sb, &su, Kv * 4); c->dvt = lk_carve(sb, &su, Kv * 4);
+        c->dqt = lk_carve(sb, &su, Q * 4); c->dkt = lk_carve(sb, &su, Kv * 4);
+        c->dtw = lk_carve(sb, &su, Tk * 4);
+        c->dw = lk_carve(sb, &su, nw * 4);
+        if (!pass && !(m->scratch_block = aligned_alloc(64, lk_align64(su)))) {
+            free_acts(m);
+            return lk_error(LK_ENOMEM, "model: scratch: out of memory");
+        }
+    }
+    return LK_OK;
+}
+
+static lk_status check_batch(const lk_model *m, const lk_batch *b) {
+    if (!b || b->B < 1 || b->S < 1 || !b->input_ids || !b->labels || !b->position_ids || !b->cu_seqlens)
+        return lk_error(LK_EINVAL, "model: batch: expected B, S >= 1 and input_ids, labels, position_ids, cu_seqlens");
+    int64_t T = b->B * b->S;
+    if (b->n_segs < 1 || b->cu_seqlens[0] != 0 || b->cu_seqlens[b->n_segs] != T)
+        return lk_error(LK_EINVAL, "model: batch: cu_seqlens: expected 0 .. %lld over n_segs %lld", (long long)T,
+                        (long long)b->n_segs);
+    for (int64_t t = 0; t < T; t++)
+        if (b->input_ids[t] < 0 || b->input_ids[t] >= m->V)
+            return lk_error(LK_EINVAL, "model: batch: input_ids[%lld]: expected 0 <= id < %lld, got %lld", (long long)t,
+                            (long long)m->V, (long long)b->input_ids[t]);
+    return LK_OK;
+}
+
+/* The forward of the whole model; stats filled. */
+static lk_status forward(lk_model *m, const lk_batch *b, lk_step_stats *st) {
+    lk_status s = check_batch(m, b);
+    if (s) return s;
+    int64_t T = b->B * b->S, H = m->H;
+    if (T != m->T && (s = alloc_acts(m, T))) return s;
+    float *x0 = m->inputs[0];
+    const float *emb = m->w + m->embed;
+    #pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++) memcpy(x0 + t * H, emb + b->input_ids[t] * H, (size_t)H * 4);
+    int N = (int)m->cfg.num_hidden_layers;
+    double aux = 0;
+    for (int l = 0; l < N; l++) {
+        float a = 0;
+        if (m->recompute) lk_qwen3_layer_carve(m, l, m->shared, &m->acts[l]);   /* layouts differ per layer */
+        m->acts[l].x = m->inputs[l];
+        if ((s = lk_qwen3_layer_forward(m, l, &m->acts[l], b, m->inputs[l + 1], &a))) return s;
+        aux += a;
+    }
+    lk_rms_norm_args n = {.x = lk_tensor_2d(m->inputs[N], LK_F32, T, H), .weight = lk_tensor_1d(m->w + m->final_norm, LK_F32, H),
+                          .y = lk_tensor_2d(m->hf, LK_F32, T, H), .saved = {m->s_final, m->s_final_bytes},
+                          .eps = m->cfg.rms_norm_eps};
+    if ((s = lk_rms_norm_forward(m->final_norm_impl, &n, &m->ctx))) return s;
+    float loss = 0;
+    int64_t nv = 0;
+    lk_cross_entropy_args ce = ce_args(m, b, &loss, &nv);
+    if ((s = lk_cross_entropy_forward(m->ce_impl, &ce, &m->ctx))) return s;
+    st->loss = loss;
+    st->aux_loss = m->n_moe_layers ? aux / m->n_moe_layers : 0.0;
+    st->n_tokens = nv;
+    return LK_OK;
+}
+
+lk_status lk_model_loss(lk_model *m, const lk_batch *batch, lk_step_stats *stats) {
+    if (!m || !stats) return lk_error(LK_EINVAL, "model_loss: expected a model and stats");
+    lk_step_stats st;
+    lk_status s = forward(m, batch, &st);
+    if (!s) *stats = st;
+    return s;
+}
+
+/* The recompute block for layer l: the shared one, carved for l's layout. */
+static const lk_layer_acts *acts_for_backward(lk_model *m, int l, const lk_batch *b, lk_status *s) {
+    if (!m->recompute) return &m->acts[l];
+    lk_qwen3_layer_carve(m, l, m->shared, &m->acts[l]);
+    m->acts[l].x = m->inputs[l];
+    *s = lk_qwen3_layer_forward(m, l, &m->acts[l], b, NULL, NULL);
+    return &m->acts[l];
+}
+
+lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float loss_scale, lk_step_stats *stats) {
+    if (!m || !stats) return lk_error(LK_EINVAL, "model_forward_backward: expected a model and stats");
+    if (!(loss_scale == loss_scale) || loss_scale > 1e30f || loss_scale < -1e30f)
+        return lk_error(LK_EINVAL, "model_forward_backward: loss_scale: expected a finite value, got %g", (double)loss_scale);
+    lk_step_stats st;
+    lk_status s = forward(m, batch, &st);
+    if (s) return s;
+    int N = (int)m->cfg.num_hidden_layers;
+    int64_t T = m->T, H = m->H;
+    float dl = loss_scale, zero = 0;
+    lk_cross_entropy_args ce = ce_args(m, batch, &zero, NULL);
+    ce.d_loss = lk_tensor_1d(&dl, LK_F32, 1);
+    ce.d_hidden = lk_tensor_2d(m->sc.dh, LK_F32, T, H);
+    ce.d_weight = lk_tensor_2d(m->g + m->lm_head, LK_F32, m->V, H);
+    if ((s = lk_cross_entropy_backward(m->ce_impl, &ce, &m->ctx))) return s;
+    lk_rms_norm_args n = {.x = lk_tensor_2d(m->inputs[N], LK_F32, T, H), .weight = lk_tensor_1d(m->w + m->final_norm, LK_F32, H),
+                          .y = lk_tensor_2d(m->hf, LK_F32, T, H), .saved = {m->s_final, m->s_final_bytes},
+                          .eps = m->cfg.rms_norm_eps, .dy = lk_tensor_2d(m->sc.dh, LK_F32, T, H),
+                          .dx = lk_tensor_2d(m->sc.dres, LK_F32, T, H), .dweight = lk_tensor_1d(m->sc.dw, LK_F32, H)};
+    if ((s = lk_rms_norm_backward(m->final_norm_impl, &n, &m->ctx))) return s;
+    for (int64_t j = 0; j < H; j++) m->g[m->final_norm + j] += m->sc.dw[j];
+    /* the aux loss is the mean over MoE layers, scaled by its coefficient */
+    float d_aux = m->n_moe_layers ? (float)(m->cfg.router_aux_loss_coef * loss_scale / m->n_moe_layers) : 0.0f;
+    for (int l = N - 1; l >= 0; l--) {
+        const lk_layer_acts *a = acts_for_backward(m, l, batch, &s);
+        if (s || (s = lk_qwen3_layer_backward(m, l, a, batch, d_aux))) return s;
+    }
+    /* embedding: scatter-add by token; serial so repeated ids add in one fixed order */
+    float *ge = m->g + m->embed;
+    for (int64_t t = 0; t < T; t++) {
+        float *row = ge + batch->input_ids[t] * H;
+        const float *d = m->sc.dres + t * H;
+        for (int64_t j = 0; j < H; j++) row[j] += d[j];
+    }
+    *stats = st;
+    return LK_OK;
+}
+
+size_t lk_model_activation_bytes(const lk_model *m) { return m ? m->activation_bytes : 0; }

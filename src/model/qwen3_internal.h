@@ -1,0 +1,127 @@
+/* qwen3_internal.h — the Qwen3 / Qwen3-MoE model's private layout, shared by qwen3.c
+ * (create, the step), params.c (parameters, init, checkpoints), layer.c (one decoder
+ * layer's forward and backward) and moe_block.c (the MoE block). Tests include it to
+ * see which implementation each module was bound to.
+ *
+ * Layout choices:
+ *   - Parameters live in one flat f32 buffer (and grads in a twin at the same offsets);
+ *     each lk_param is a view with its Hugging Face name. gate_proj/up_proj of a layer
+ *     are adjacent, so together they are the swiglu_mlp op's gate_up [2I, H]; a MoE
+ *     layer's experts are stacked [E, 2I, H] and [E, H, I] for the experts op, and the
+ *     per-expert HF tensors are views into those stacks.
+ *   - Attention runs over the flattened B*S tokens as one row (B = 1) with the batch's
+ *     cu_seqlens, so packed documents never see each other; q/k/v are transposed from
+ *     the projections' token-major [T, H*D] into the op's [1, H, T, D].
+ *   - The embedding is a gather (its backward a scatter-add) in plain C: the family's
+ *     "embed_tokens" module is declared for completeness but no op runs it. */
+#ifndef LLMKERN_MODEL_QWEN3_INTERNAL_H
+#define LLMKERN_MODEL_QWEN3_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "llmkern/llmkern.h"
+#include "llmkern/hf_config.h"
+#include "llmkern/model.h"
+
+/* The implementations one layer calls, resolved from the op table once at create. */
+typedef struct {
+    const lk_impl *in_norm, *q_norm, *k_norm, *post_norm, *rope, *attn;
+    const lk_impl *q_proj, *k_proj, *v_proj, *o_proj;
+    const lk_impl *mlp;                 /* dense layers */
+    const lk_impl *router, *experts;    /* MoE layers */
+} lk_layer_ops;
+
+enum { S_IN, S_QN, S_KN, S_ROPE, S_ATTN, S_POST, S_MLP, S_ROUTER, S_EXPERTS, S_COUNT };
+
+typedef struct {
+    int moe;
+    /* offsets (in floats) into the model's value and grad buffers */
+    int64_t in, q, k, v, o, qn, kn, post;
+    int64_t gate_up, down;   /* dense: [2I, H], [H, I]; MoE: [E, 2I, H], [E, H, I] */
+    int64_t router;          /* MoE: [E, H] */
+    lk_layer_ops ops;
+    size_t saved[S_COUNT];   /* each op's saved bytes for the current token count */
+} lk_layer;
+
+/* One layer's activations: what its backward reads (x is the layer input, kept apart
+ * in the model's inputs array). */
+typedef struct {
+    float *x, *h1, *qt, *kt, *vt, *qr, *kr, *ao, *x2, *h2;
+    int32_t *ids;
+    float *tw;
+    void *s[S_COUNT];
+} lk_layer_acts;
+
+/* Per-step buffers that are not kept between the passes. */
+typedef struct {
+    float *q, *k, *v;            /* token-major projections (forward), their grads (backward) */
+    float *tmp;                  /* [T, H]: o_proj / MLP output, then dx pieces */
+    float *dres, *dh, *dh2;      /* [T, H] */
+    float *dao;                  /* [T, Hq*D] */
+    float *dqr, *dkr, *dvt;      /* head-major grads */
+    float *dqt, *dkt;
+    float *dtw;                  /* [T, k] */
+    float *dw;                   /* [max(H, D)]: a norm's written dweight before it is added */
+} lk_scratch;
+
+struct lk_model {
+    lk_qwen3_config cfg;
+    int recompute;
+    int64_t H, Hq, Hk, D, I, V, E, K, Ie;    /* sizes; K = experts per token, Ie = moe_intermediate */
+    int n_moe_layers;
+
+    float *w, *g;                 /* all parameter values and grads */
+    int64_t n_floats;
+    int64_t embed, final_norm, lm_head;      /* offsets; lm_head = embed when tied */
+    lk_param *params;
+    int n_params;
+
+    lk_layer *layers;
+    const lk_impl *final_norm_impl, *ce_impl;
+
+    float *rope_cos, *rope_sin;   /* [max_pos, D/2] */
+    int64_t max_pos;
+
+    /* activations for the current token count T */
+    int64_t T;
+    void *act_block, *scratch_block;
+    lk_layer_acts *acts;          /* per layer; with recompute all share one block */
+    float **inputs;               /* [N + 1]: layer inputs, inputs[N] the last layer's output */
+    float *hf;                    /* final norm output */
+    void *s_final, *s_ce;
+    size_t s_final_bytes, s_ce_bytes;
+    unsigned char *shared;        /* with recompute: the one layer block every layer uses */
+    lk_scratch sc;
+    float aux_layer;              /* scratch for one router's aux loss */
+    size_t activation_bytes;
+
+    lk_arena arena;
+    lk_ctx ctx;
+};
+
+/* params.c */
+lk_status lk_qwen3_params_init(lk_model *m, uint64_t seed);
+/* layer.c: the pass of layer l over acts a (carved for l); out NULL skips the residual
+ * write (a recompute); aux gets the router's aux loss of a MoE layer. */
+lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, const lk_batch *b, float *out,
+                                 float *aux);
+/* dres in: d(layer output); out: d(layer input). */
+lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, const lk_batch *b, float d_aux);
+/* Bytes of layer l's activation block; carves it into a when base is not NULL. */
+size_t lk_qwen3_layer_carve(const lk_model *m, int l, void *base, lk_layer_acts *a);
+/* moe_block.c */
+lk_status lk_qwen3_moe_forward(lk_model *m, int l, const lk_layer_acts *a, float *out, float *aux);
+lk_status lk_qwen3_moe_backward(lk_model *m, int l, const lk_layer_acts *a, const float *dout, float *dx,
+                                float d_aux);
+/* The saved-bytes queries of a MoE block for T tokens. */
+lk_status lk_qwen3_moe_saved(const lk_model *m, int l, int64_t T, size_t *router, size_t *experts);
+
+static inline size_t lk_align64(size_t n) { return (n + 63) & ~(size_t)63; }
+/* Hands out 64-byte aligned pieces of base (or only counts them when base is NULL). */
+static inline void *lk_carve(unsigned char *base, size_t *used, size_t bytes) {
+    size_t off = lk_align64(*used);
+    *used = off + bytes;
+    return base ? base + off : NULL;
+}
+
+#endif

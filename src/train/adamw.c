@@ -1,0 +1,69 @@
+/* adamw.c — the optimizer pieces of the training loop (train.h): the AdamW update,
+ * the warmup + cosine schedule and clipping by the global gradient norm. The update is
+ * elementwise and the norm is summed over fixed chunks in a fixed order, so results do
+ * not depend on the thread count (resume and eager-vs-fused comparisons rely on it). */
+#include <math.h>
+#include <stdlib.h>
+#include "llmkern/train.h"
+
+void lk_adamw_update(float *p, const float *g, float *m, float *v, int64_t n,
+                     const lk_adamw_hparams *h, double lr, int64_t t) {
+    const float b1 = (float)h->beta1, b2 = (float)h->beta2, eps = (float)h->eps;
+    /* Bias corrections folded into two scalars, computed once in f64. */
+    const float step = (float)(lr / (1.0 - pow(h->beta1, (double)t)));
+    const float vcorr = (float)(1.0 / sqrt(1.0 - pow(h->beta2, (double)t)));
+    const float decay = (float)(1.0 - lr * h->weight_decay);
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) {
+        float gi = g[i];
+        float mi = b1 * m[i] + (1.0f - b1) * gi;
+        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = p[i] * decay - step * mi / (sqrtf(vi) * vcorr + eps);
+    }
+}
+
+double lk_lr_schedule(int64_t step, int64_t warmup, int64_t total, double lr, double min_lr) {
+    if (step < warmup) return lr * (double)(step + 1) / (double)warmup;
+    int64_t span = total - warmup;
+    if (span <= 1) return lr;
+    double progress = (double)(step - warmup) / (double)(span - 1);
+    if (progress > 1.0) progress = 1.0;
+    return min_lr + 0.5 * (lr - min_lr) * (1.0 + cos(M_PI * progress));
+}
+
+/* Chunk of the fixed-order norm: partial sums never depend on how threads split work. */
+#define NORM_CHUNK 4096
+
+static double sum_squares(const float *x, int64_t n) {
+    int64_t n_chunks = (n + NORM_CHUNK - 1) / NORM_CHUNK;
+    double stack[64], *part = n_chunks <= 64 ? stack : malloc((size_t)n_chunks * sizeof *part);
+    if (part == NULL) return NAN;
+#pragma omp parallel for schedule(static) if (n_chunks > 8)
+    for (int64_t c = 0; c < n_chunks; c++) {
+        int64_t lo = c * NORM_CHUNK, hi = lo + NORM_CHUNK < n ? lo + NORM_CHUNK : n;
+        double s = 0.0;
+        for (int64_t i = lo; i < hi; i++) s += (double)x[i] * (double)x[i];
+        part[c] = s;
+    }
+    double total = 0.0;
+    for (int64_t c = 0; c < n_chunks; c++) total += part[c];
+    if (part != stack) free(part);
+    return total;
+}
+
+double lk_clip_grad_norm(float *const *bufs, const int64_t *len, int n_bufs, double max_norm) {
+    double ss = 0.0;
+    for (int b = 0; b < n_bufs; b++) ss += sum_squares(bufs[b], len[b]);
+    double norm = sqrt(ss);
+    if (!isfinite(norm) || max_norm <= 0.0 || norm <= max_norm) return norm;
+    const float scale = (float)(max_norm / (norm + 1e-6));
+    for (int b = 0; b < n_bufs; b++) {
+        float *x = bufs[b];
+        int64_t n = len[b];
+#pragma omp parallel for schedule(static) if (n > 65536)
+        for (int64_t i = 0; i < n; i++) x[i] *= scale;
+    }
+    return norm;
+}

@@ -1,0 +1,245 @@
+/* trainer.c — the training loop behind `llmkern train` (train.h: lk_train_run): per
+ * step, gradient accumulation over grad_accum micro-batches, clipping by the global
+ * norm, one AdamW update; a progress line, loss.csv and loss.png in the output
+ * directory; checkpoints through train_state.c. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "llmkern/config.h"
+#include "train/trainer.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static lk_status check_config(const lk_train_config *tc) {
+    if (!tc->has_model) return lk_error(LK_EINVAL, "train: config: expected a model (model.config_json or inline keys)");
+    if (tc->steps < 1 || tc->batch_size < 1 || tc->seq_len < 2 || tc->grad_accum < 1 || tc->save_every < 0 ||
+        tc->warmup_steps < 0)
+        return lk_error(LK_EINVAL, "train: config: expected steps, batch_size, grad_accum >= 1, seq_len >= 2, "
+                        "save_every and warmup_steps >= 0");
+    if (!(tc->lr >= 0) || !(tc->min_lr >= 0) || !(tc->beta1 >= 0 && tc->beta1 < 1) || !(tc->beta2 >= 0 && tc->beta2 < 1))
+        return lk_error(LK_EINVAL, "train: config: expected lr, min_lr >= 0 and betas in [0, 1)");
+    if (tc->model.vocab_size < LK_TOK_VOCAB && tc->data != LK_DATA_TOKENS)
+        return lk_error(LK_EINVAL, "train: model.vocab_size: expected at least %d (the byte tokenizer), got %lld",
+                        LK_TOK_VOCAB, (long long)tc->model.vocab_size);
+    return LK_OK;
+}
+
+static lk_status load_data(const lk_train_config *tc, lk_dataset *ds) {
+    switch (tc->data) {
+    case LK_DATA_TEXT: return lk_dataset_load_text(tc->data_path, ds);
+    case LK_DATA_TOKENS: return lk_dataset_load_tokens(tc->data_path, tc->model.vocab_size, tc->eos_id, ds);
+    default: return lk_corpus_generate(tc->seed, tc->corpus_docs, ds);
+    }
+}
+
+static lk_status build_model(const lk_train_config *tc, const lk_ops_config *ops, lk_model **out) {
+    const lk_model_family *fam = tc->model.moe ? &lk_family_qwen3_moe : &lk_family_qwen3;
+    lk_status s = lk_model_family_find(fam->name) ? LK_OK : lk_model_register(fam);
+    lk_ops_config *cfg = malloc(sizeof *cfg);
+    lk_op_table *table = malloc(sizeof *table);
+    if (cfg == NULL || table == NULL) s = lk_error(LK_ENOMEM, "train: op table");
+    if (!s) {
+        *cfg = *ops;
+        if (!cfg->finalized) s = lk_ops_config_finalize(cfg);
+    }
+    if (!s) s = lk_model_build(cfg, fam->name, table);
+    if (!s) s = lk_model_create(&tc->model, table, tc->seed, tc->recompute, out);
+    free(cfg);
+    free(table);
+    return s;
+}
+
+static void trainer_free(trainer *t) {
+    for (int i = 0; t->m && i < t->n_params; i++) { free(t->m[i]); free(t->v[i]); }
+    free(t->m); free(t->v); free(t->grads); free(t->lens); free(t->hist);
+    lk_batch_free(&t->batch);
+    lk_data_iter_free(&t->it);
+    lk_dataset_free(&t->ds);
+    if (t->model) lk_model_free(t->model);
+}
+
+static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_ops_config *ops) {
+    memset(t, 0, sizeof *t);
+    t->tc = tc;
+    lk_status s = check_config(tc);
+    if (!s) s = lk_mkdirs(tc->out);
+    if (!s) s = load_data(tc, &t->ds);
+    if (!s) s = lk_data_iter_init(&t->it, &t->ds, tc->batch_size, tc->seq_len, tc->seed);
+    if (!s) s = lk_batch_alloc(&t->batch, tc->batch_size, tc->seq_len);
+    if (!s) s = build_model(tc, ops, &t->model);
+    if (s) return s;
+    int n = t->n_params = lk_model_param_count(t->model);
+    t->m = calloc((size_t)n, sizeof *t->m);
+    t->v = calloc((size_t)n, sizeof *t->v);
+    t->grads = calloc((size_t)n, sizeof *t->grads);
+    t->lens = calloc((size_t)n, sizeof *t->lens);
+    t->hist = calloc((size_t)tc->steps * LK_HIST_COLS, sizeof *t->hist);
+    if (!t->m || !t->v || !t->grads || !t->lens || !t->hist) return lk_error(LK_ENOMEM, "train: optimizer state");
+    for (int i = 0; i < n; i++) {
+        lk_param *p = lk_model_param(t->model, i);
+        int64_t len = 1;
+        for (int d = 0; d < p->value.ndim; d++) len *= p->value.shape[d];
+        t->lens[i] = len;
+        t->grads[i] = p->grad.data;
+        t->m[i] = calloc((size_t)len, sizeof(float));
+        t->v[i] = calloc((size_t)len, sizeof(float));
+        if (!t->m[i] || !t->v[i]) return lk_error(LK_ENOMEM, "train: optimizer state of %s", p->name);
+    }
+    return LK_OK;
+}
+
+/* loss.csv is rewritten from the history at start (so a resumed run's file holds every
+ * step) and then appended to, one flushed line per step. */
+static FILE *open_csv(const trainer *t) {
+    char path[1100];
+    snprintf(path, sizeof path, "%s/loss.csv", t->tc->out);
+    FILE *f = fopen(path, "w");
+    if (f == NULL) { lk_error(LK_EIO, "train: %s: cannot write", path); return NULL; }
+    fprintf(f, "step,loss,lr,grad_norm,tokens_per_s\n");
+    for (int64_t i = 0; i < t->step; i++) {
+        const float *r = t->hist + i * LK_HIST_COLS;
+        fprintf(f, "%lld,%.7g,%.7g,%.7g,%.1f\n", (long long)r[0], r[1], r[2], r[3], r[4]);
+    }
+    fflush(f);
+    return f;
+}
+
+static lk_status write_plot(const trainer *t) {
+    char path[1100];
+    snprintf(path, sizeof path, "%s/loss.png", t->tc->out);
+    float *x = malloc(((size_t)t->step + 1) * 2 * sizeof *x), *y = x ? x + t->step + 1 : NULL;
+    if (x == NULL) return lk_error(LK_ENOMEM, "train: plot");
+    for (int64_t i = 0; i < t->step; i++) {
+        x[i] = t->hist[i * LK_HIST_COLS + LK_HIST_STEP];
+        y[i] = t->hist[i * LK_HIST_COLS + LK_HIST_LOSS];
+    }
+    lk_status s = lk_plot_png(path, x, y, t->step, 640, 400);
+    free(x);
+    return s;
+}
+
+static void progress(const trainer *t, const float *row, double tokens_per_s, double eta_s, int tty, int last) {
+    char line[200];
+    int eta = (int)(eta_s + 0.5);
+    snprintf(line, sizeof line, "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s | ETA %dm%02ds",
+             (long long)row[LK_HIST_STEP], (long long)t->tc->steps, row[LK_HIST_LOSS], row[LK_HIST_LR],
+             row[LK_HIST_GRAD_NORM], tokens_per_s, eta / 60, eta % 60);
+    if (tty) printf("\r%s\033[K%s", line, last ? "\n" : "");
+    else printf("%s\n", line);
+    fflush(stdout);
+}
+
+/* One optimizer step; *loss gets the mean of the micro-batch losses. */
+static lk_status train_step(trainer *t, const lk_train_opts *o, double *loss, double *grad_norm, int64_t *tokens) {
+    const lk_train_config *tc = t->tc;
+    lk_model_zero_grad(t->model);
+    double sum = 0.0;
+    *tokens = 0;
+    for (int64_t k = 0; k < tc->grad_accum; k++) {
+        lk_step_stats st;
+        lk_status s = lk_data_iter_next(&t->it, &t->batch);
+        if (!s) s = lk_model_forward_backward(t->model, &t->batch, (float)(1.0 / (double)tc->grad_accum), &st);
+        if (s) return s;
+        sum += st.loss;
+        *tokens += t->batch.B * t->batch.S;
+    }
+    *loss = sum / (double)tc->grad_accum;
+    if (o->after_loss) o->after_loss(o->user, t->step, loss);
+    if (!isfinite(*loss)) return LK_OK;   /* the caller stops before touching the weights */
+    *grad_norm = lk_clip_grad_norm(t->grads, t->lens, t->n_params, tc->grad_clip);
+    if (!isfinite(*grad_norm)) return LK_OK;
+    double lr = lk_lr_schedule(t->step, tc->warmup_steps, tc->steps, tc->lr, tc->min_lr);
+    for (int i = 0; i < t->n_params; i++) {
+        lk_param *p = lk_model_param(t->model, i);
+        /* Decay matrices only: norms' gains decaying toward 0 would fight the model. */
+        lk_adamw_hparams h = {tc->beta1, tc->beta2, tc->eps, p->value.ndim >= 2 ? tc->weight_decay : 0.0};
+        lk_adamw_update(p->value.data, t->grads[i], t->m[i], t->v[i], t->lens[i], &h, lr, t->step + 1);
+    }
+    float *row = t->hist + t->step * LK_HIST_COLS;
+    row[LK_HIST_LR] = (float)lr;
+    return LK_OK;
+}
+
+static lk_status run_loop(trainer *t, const lk_train_opts *o, lk_train_result *r) {
+    const lk_train_config *tc = t->tc;
+    int tty = !o->quiet && isatty(STDOUT_FILENO);
+    FILE *csv = open_csv(t);
+    if (csv == NULL) return LK_EIO;
+    lk_status s = LK_OK;
+    double t0 = now_s(), tokens_total = 0.0;
+    while (t->step < tc->steps && !(o->stop_at > 0 && t->step >= o->stop_at)) {
+        if (o->before_step) o->before_step(o->user, t->step, t->model);
+        double ts = now_s(), loss = NAN, norm = NAN;
+        int64_t tokens;
+        if ((s = train_step(t, o, &loss, &norm, &tokens))) break;
+        if (!isfinite(loss) || !isfinite(norm)) {
+            s = lk_error(LK_EINVAL, "train: step %lld: %s is %s: training stopped, the weights of this step not "
+                         "updated; %s%s", (long long)t->step + 1, isfinite(loss) ? "gradient norm" : "loss",
+                         isfinite(loss) ? (isnan(norm) ? "NaN" : "Inf") : (isnan(loss) ? "NaN" : "Inf"),
+                         t->last_ckpt[0] ? "last good checkpoint: " : "no checkpoint was written yet", t->last_ckpt);
+            break;
+        }
+        double dt = now_s() - ts;
+        tokens_total += (double)tokens;
+        float *row = t->hist + t->step * LK_HIST_COLS;
+        row[LK_HIST_STEP] = (float)(t->step + 1);   /* updates done, as the progress line counts */
+        row[LK_HIST_LOSS] = (float)loss;
+        row[LK_HIST_GRAD_NORM] = (float)norm;
+        row[LK_HIST_TOKENS_PER_S] = (float)((double)tokens / (dt > 0 ? dt : 1e-9));
+        fprintf(csv, "%lld,%.7g,%.7g,%.7g,%.1f\n", (long long)row[0], row[1], row[2], row[3], row[4]);
+        fflush(csv);
+        if (o->loss_log && t->step < o->loss_log_cap) o->loss_log[t->step] = (float)loss;
+        if (t->step == t->start_step) r->first_loss = loss;
+        r->last_loss = loss;
+        t->step++;
+        double elapsed = now_s() - t0, per_step = elapsed / (double)(t->step - t->start_step);
+        if (!o->quiet)   /* the run's average rate: steady where one step's is noisy */
+            progress(t, row, tokens_total / elapsed, per_step * (double)(tc->steps - t->step), tty, t->step == tc->steps);
+        if (tc->save_every > 0 && t->step % tc->save_every == 0 && t->step < tc->steps) {
+            if ((s = lk_trainer_save(t)) || (s = write_plot(t))) break;
+        }
+    }
+    fclose(csv);
+    if (tty && s) printf("\n");   /* end the in-place line before the error is printed */
+    r->seconds = now_s() - t0;
+    r->tokens_per_s = tokens_total / (r->seconds > 0 ? r->seconds : 1e-9);
+    r->steps_done = t->step;
+    return s;
+}
+
+lk_status lk_train_run(const lk_train_config *tc, const lk_ops_config *ops, const char *resume,
+                       const lk_train_opts *opts, lk_train_result *result) {
+    static const lk_train_opts none = {0};
+    lk_train_result r = {0};
+    if (tc == NULL || ops == NULL) return lk_error(LK_EINVAL, "train: expected a train config and an ops config");
+    const lk_train_opts *o = opts ? opts : &none;
+    trainer t;
+    lk_status s = trainer_init(&t, tc, ops);
+    if (!s && resume) s = lk_trainer_resume(&t, resume);
+    r.first_step = t.step;
+    if (!s && t.step < tc->steps) s = run_loop(&t, o, &r);
+    int finished = t.step == tc->steps;
+    if (!s && finished) s = lk_trainer_save(&t);
+    if (!s && finished) s = lk_model_save(t.model, tc->out);   /* the final model: the output dir loads as one */
+    if (!s || t.step > 0) {                          /* a stopped run still plots what it did */
+        char why[512];
+        snprintf(why, sizeof why, "%s", lk_last_error());
+        lk_status ps = write_plot(&t);
+        if (!s) s = ps;
+        else lk_error(s, "%s", why);                 /* the plot must not hide why the run stopped */
+    }
+    snprintf(r.last_checkpoint, sizeof r.last_checkpoint, "%s", t.last_ckpt);
+    int64_t tail = t.step < 10 ? t.step : 10;
+    for (int64_t i = t.step - tail; i < t.step; i++) r.tail_loss += t.hist[i * LK_HIST_COLS + LK_HIST_LOSS] / (double)tail;
+    r.steps_done = t.step;
+    trainer_free(&t);
+    if (result) *result = r;
+    return s;
+}

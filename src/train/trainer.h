@@ -1,0 +1,37 @@
+/* trainer.h — internal to src/train: the training loop's state, shared by trainer.c
+ * (the loop, progress, loss.csv and plot) and train_state.c (checkpoints and resume). */
+#ifndef LLMKERN_TRAIN_TRAINER_H
+#define LLMKERN_TRAIN_TRAINER_H
+
+#include "llmkern/data.h"
+#include "llmkern/model.h"
+#include "llmkern/train.h"
+
+/* Columns of the loss history (one row per step, step counted from 1), as in loss.csv. */
+enum { LK_HIST_STEP, LK_HIST_LOSS, LK_HIST_LR, LK_HIST_GRAD_NORM, LK_HIST_TOKENS_PER_S, LK_HIST_COLS };
+
+typedef struct {
+    const lk_train_config *tc;
+    lk_model *model;
+    int n_params;
+    float **m, **v;           /* AdamW state per param (f32, the param's shape) */
+    float **grads;            /* each param's grad data, for the global norm */
+    int64_t *lens;            /* each param's element count */
+    lk_dataset ds;
+    lk_data_iter it;
+    lk_batch batch;
+    float *hist;              /* [tc->steps][LK_HIST_COLS] */
+    int64_t step, start_step; /* the next step to run; the first step of this run */
+    char last_ckpt[1100];     /* the last checkpoint written or resumed from, "" if none */
+} trainer;
+
+#pragma GCC visibility push(hidden)
+lk_status lk_mkdirs(const char *path);
+/* Writes out/checkpoint-<step>/ and then out/latest. */
+lk_status lk_trainer_save(trainer *t);
+/* Loads weights, optimizer state, history and the data iterator from a checkpoint (or
+ * an output directory's latest); sets step and start_step. */
+lk_status lk_trainer_resume(trainer *t, const char *resume);
+#pragma GCC visibility pop
+
+#endif

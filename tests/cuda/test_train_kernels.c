@@ -1,0 +1,271 @@
+/* test_train_kernels.c (GPU) — the training-step kernels of cuda_train.h against float64
+ * references: the embedding forward (exact: a gather), its backward (sorted segment sums;
+ * repeated ids, a padding-like frequent id, odd widths, i32/i64 ids, f32/bf16 dout and
+ * dweight, accumulation into existing values, bit-identical on a second run), bad ids
+ * (LK_EINVAL naming the token, dweight untouched), multi-tensor AdamW over three steps
+ * (f32 params in place, bf16 params through f32 masters, no_decay, odd sizes), and the
+ * global norm + clipping (mixed dtypes, odd sizes, deterministic, NaN passes through).
+ * Outputs are poisoned with NaN first. Tolerances at each assertion. Skipped (77)
+ * without a GPU. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <string.h>
+#include <cuda_runtime_api.h>
+#include "cuda_util.h"
+#include "llmkern/cuda_train.h"
+
+static lk_ctx ctx_of(lk_arena *a) {
+    *a = (lk_arena){.device = LK_DEVICE_CUDA};
+    return lk_ctx_cuda(a, NULL, 0);
+}
+
+/* T ids in [0, V), about a third of them the same id (2), like padding. */
+static void make_ids(double *ids, int64_t T, int64_t V, uint32_t *seed) {
+    for (int64_t t = 0; t < T; t++) {
+        uint32_t s = *seed;
+        s ^= s << 13, s ^= s >> 17, s ^= s << 5;
+        *seed = s;
+        ids[t] = s % 3 == 0 ? 2 % V : (double)(s % (uint32_t)V);
+    }
+}
+
+typedef struct {
+    int64_t T, V, H;
+    lk_dtype wdt, gdt, idt;   /* table/out, dout, ids */
+} ecase;
+
+static void embedding_case(const ecase *c, uint32_t seed) {
+    lk_arena ar;
+    lk_ctx ctx = ctx_of(&ar);
+    int64_t T = c->T, V = c->V, H = c->H, sw[2] = {V, H}, so[3] = {1, T, H}, si[2] = {1, T};
+    double *w = lkt_alloc(V * H), *ids = lkt_alloc(T), *g = lkt_alloc(T * H), *dw = lkt_alloc(V * H);
+    double *ref = lkt_alloc(V * H), *out = lkt_alloc(T > V ? T * H : V * H);
+    lkt_randn(w, V * H, &seed, 1.0), lkt_randn(g, T * H, &seed, 1.0), lkt_randn(dw, V * H, &seed, 1.0);
+    make_ids(ids, T, V, &seed);
+    void *dW = lkt_upload(w, V * H, c->wdt), *dI = lkt_upload(ids, T, c->idt), *dG = lkt_upload(g, T * H, c->gdt);
+    void *dO = lkt_dev((size_t)(T * H) * lk_dtype_size(c->wdt));
+    lkt_poison(dO, (size_t)(T * H) * lk_dtype_size(c->wdt));
+    lk_tensor tw = lkt_view(dW, c->wdt, 2, sw), ti = lkt_view(dI, c->idt, 2, si), to = lkt_view(dO, c->wdt, 3, so);
+    assert_int_equal(lk_cuda_embedding_forward(&tw, &ti, &to, &ctx), LK_OK);
+    lkt_download(dO, T * H, c->wdt, out);
+    for (int64_t t = 0; t < T; t++)   /* a gather: exact */
+        for (int64_t j = 0; j < H; j++) assert_true(out[t * H + j] == w[(int64_t)ids[t] * H + j]);
+
+    /* backward into dweight = dw (accumulates); reference in f64 */
+    void *dD = lkt_upload(dw, V * H, c->wdt);
+    memcpy(ref, dw, sizeof(double) * (size_t)(V * H));
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t j = 0; j < H; j++) ref[(int64_t)ids[t] * H + j] += g[t * H + j];
+    lk_tensor tg = lkt_view(dG, c->gdt, 3, so), td = lkt_view(dD, c->wdt, 2, sw);
+    assert_int_equal(lk_cuda_embedding_backward(&tg, &ti, &td, &ctx), LK_OK);
+    lkt_download(dD, V * H, c->wdt, out);
+    double e = lkt_rel_err(out, ref, V * H);
+    print_message("  embedding T %lld V %lld H %lld w %s dout %s ids %s: bwd %.2e\n", (long long)T, (long long)V,
+                  (long long)H, lk_dtype_name(c->wdt), lk_dtype_name(c->gdt), lk_dtype_name(c->idt), e);
+    /* f32: sums of up to ~T/3 terms in f32, 1e-5 of the largest; bf16 dweight: one
+     * rounding of the f32 sum (2^-8 relative) on top, 1e-2 */
+    assert_true(e <= (c->wdt == LK_F32 ? 1e-5 : 1e-2));
+    /* deterministic: the same start gives the same bits */
+    double *again = lkt_alloc(V * H);
+    void *dD2 = lkt_upload(dw, V * H, c->wdt);
+    td.data = dD2;
+    assert_int_equal(lk_cuda_embedding_backward(&tg, &ti, &td, &ctx), LK_OK);
+    lkt_download(dD2, V * H, c->wdt, again);
+    assert_memory_equal(out, again, sizeof(double) * (size_t)(V * H));
+    lk_arena_free(&ar);
+    lkt_free_all();
+}
+
+static void embedding_matches_reference(void **state) {
+    (void)state;
+    static const ecase cases[] = {
+        {100, 37, 64, LK_F32, LK_F32, LK_I32},      /* 16-byte path */
+        {100, 37, 64, LK_BF16, LK_BF16, LK_I64},
+        {257, 11, 33, LK_F32, LK_BF16, LK_I64},     /* odd width: scalar path */
+        {61, 1000, 24, LK_BF16, LK_F32, LK_I32},    /* mixed: f32 dout into bf16 dweight */
+        {3000, 5, 8, LK_F32, LK_F32, LK_I32},       /* long runs of one id */
+        {1, 1, 1, LK_BF16, LK_BF16, LK_I32},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) embedding_case(&cases[i], 7u + (uint32_t)i);
+}
+
+static void embedding_bad_id(void **state) {
+    (void)state;
+    lk_arena ar;
+    lk_ctx ctx = ctx_of(&ar);
+    int64_t V = 6, H = 8, T = 5, sw[2] = {V, H}, so[2] = {T, H};
+    double w[48], ids[5] = {0, 5, 6, 1, -1}, g[40], out[48], keep[48];
+    uint32_t seed = 5;
+    lkt_randn(w, 48, &seed, 1.0), lkt_randn(g, 40, &seed, 1.0);
+    void *dW = lkt_upload(w, 48, LK_F32), *dI = lkt_upload(ids, T, LK_I64), *dG = lkt_upload(g, 40, LK_F32);
+    void *dO = lkt_dev(40 * 4);
+    lk_tensor tw = lkt_view(dW, LK_F32, 2, sw), ti = lk_tensor_1d(dI, LK_I64, T), to = lkt_view(dO, LK_F32, 2, so);
+    ti.device.type = LK_DEVICE_CUDA;
+    assert_int_equal(lk_cuda_embedding_forward(&tw, &ti, &to, &ctx), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "token 2 has id 6"));
+    lkt_download(dO, 40, LK_F32, out);
+    for (int64_t t = 0; t < T; t++)   /* bad rows NaN, good rows gathered */
+        for (int j = 0; j < H; j++)
+            assert_true(t == 2 || t == 4 ? isnan(out[t * H + j]) : out[t * H + j] == w[(int64_t)ids[t] * H + j]);
+    lk_tensor tg = lkt_view(dG, LK_F32, 2, so), td = tw;
+    assert_int_equal(lk_cuda_embedding_backward(&tg, &ti, &td, &ctx), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "ids"));
+    lkt_download(dW, 48, LK_F32, keep);
+    assert_memory_equal(keep, w, sizeof w);   /* untouched */
+    /* host-side checks: wrong out dtype, wrong row count */
+    lk_tensor bad = to;
+    bad.dtype = LK_BF16;
+    assert_int_equal(lk_cuda_embedding_forward(&tw, &ti, &bad, &ctx), LK_EDTYPE);
+    assert_non_null(strstr(lk_last_error(), "out"));
+    bad = to, bad.shape[0] = T + 1;
+    assert_int_equal(lk_cuda_embedding_forward(&tw, &ti, &bad, &ctx), LK_ESHAPE);
+    assert_non_null(strstr(lk_last_error(), "out"));
+    lk_arena_free(&ar);
+    lkt_free_all();
+}
+
+/* --- AdamW ----------------------------------------------------------------------------------- */
+
+static void adamw_ref(double *p, const double *g, double *m, double *v, int64_t n, const lk_cuda_adamw_hparams *h,
+                      int decay) {
+    double wd = decay ? h->weight_decay : 0.0, t = (double)h->step;
+    for (int64_t i = 0; i < n; i++) {
+        m[i] = h->beta1 * m[i] + (1 - h->beta1) * g[i];
+        v[i] = h->beta2 * v[i] + (1 - h->beta2) * g[i] * g[i];
+        double mh = m[i] / (1 - pow(h->beta1, t)), vh = v[i] / (1 - pow(h->beta2, t));
+        p[i] = p[i] * (1 - h->lr * wd) - h->lr * mh / (sqrt(vh) + h->eps);
+    }
+}
+
+#define NT 4
+static void adamw_matches_reference(void **state) {
+    (void)state;
+    lk_arena ar;
+    lk_ctx ctx = ctx_of(&ar);
+    const int64_t n[NT] = {4097, 1, 100003, 33};
+    const lk_dtype pdt[NT] = {LK_BF16, LK_F32, LK_BF16, LK_F32}, gdt[NT] = {LK_BF16, LK_F32, LK_F32, LK_BF16};
+    lk_cuda_adamw_tensor t[NT];
+    double *p[NT], *m[NT], *v[NT], *g[NT];
+    uint32_t seed = 11;
+    for (int i = 0; i < NT; i++) {
+        p[i] = lkt_alloc(n[i]), m[i] = lkt_alloc(n[i]), v[i] = lkt_alloc(n[i]), g[i] = lkt_alloc(n[i]);
+        lkt_randn(p[i], n[i], &seed, 1.0);
+        void *dp = lkt_upload(p[i], n[i], pdt[i]);   /* p now holds the rounded values */
+        t[i] = (lk_cuda_adamw_tensor){.param = dp, .m = lkt_dev((size_t)n[i] * 4),
+                                      .v = lkt_dev((size_t)n[i] * 4), .n = n[i], .param_dtype = pdt[i],
+                                      .grad_dtype = gdt[i], .no_decay = i == 3};
+        assert_int_equal(cudaMemset(t[i].m, 0, (size_t)n[i] * 4), 0);
+        assert_int_equal(cudaMemset(t[i].v, 0, (size_t)n[i] * 4), 0);
+        if (pdt[i] == LK_BF16) t[i].master = lkt_upload(p[i], n[i], LK_F32);
+    }
+    lk_cuda_adamw_hparams hp = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    for (int step = 1; step <= 3; step++) {
+        hp.step = step;
+        for (int i = 0; i < NT; i++) {
+            lkt_randn(g[i], n[i], &seed, 0.5);
+            void *dg = lkt_upload(g[i], n[i], gdt[i]);   /* g rounded as the GPU sees it */
+            t[i].grad = dg;
+            adamw_ref(p[i], g[i], m[i], v[i], n[i], &hp, i != 3);
+        }
+        assert_int_equal(lk_cuda_adamw_step(t, NT, &hp, &ctx), LK_OK);
+    }
+    for (int i = 0; i < NT; i++) {
+        double *out = lkt_alloc(n[i]), *pb = lkt_alloc(n[i]), e[3];
+        lkt_download(t[i].m, n[i], LK_F32, out), e[0] = lkt_rel_err(out, m[i], n[i]);
+        lkt_download(t[i].v, n[i], LK_F32, out), e[1] = lkt_rel_err(out, v[i], n[i]);
+        lkt_download(pdt[i] == LK_BF16 ? t[i].master : t[i].param, n[i], LK_F32, out);
+        e[2] = lkt_rel_err(out, p[i], n[i]);
+        print_message("  adamw n %lld param %s grad %s: m %.2e v %.2e p %.2e\n", (long long)n[i],
+                      lk_dtype_name(pdt[i]), lk_dtype_name(gdt[i]), e[0], e[1], e[2]);
+        /* f32 math over 3 steps against f64: a few ulp of the largest value; the update
+         * divides m by sqrt(v) (|m|/sqrt(v) <= ~3), 1e-5 covers both */
+        for (int k = 0; k < 3; k++) assert_true(e[k] <= 1e-5);
+        if (pdt[i] == LK_BF16) {   /* param = master rounded to nearest even, exactly */
+            lkt_download(t[i].param, n[i], LK_BF16, pb);
+            for (int64_t j = 0; j < n[i]; j++) assert_true(pb[j] == lk_bf16_to_f32(lk_f32_to_bf16((float)out[j])));
+        }
+    }
+    /* bad inputs: nothing queued, the field named */
+    t[0].master = NULL;
+    assert_int_equal(lk_cuda_adamw_step(t, NT, &hp, &ctx), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "tensors[0].master"));
+    hp.step = 0;
+    assert_int_equal(lk_cuda_adamw_step(t, NT, &hp, &ctx), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "step"));
+    lk_arena_free(&ar);
+    lkt_free_all();
+}
+
+/* --- global norm and clipping ----------------------------------------------------------------- */
+
+static void grad_norm_and_clip(void **state) {
+    (void)state;
+    lk_arena ar;
+    lk_ctx ctx = ctx_of(&ar);
+    const int64_t n[NT] = {1, 4097, 300001, 3};
+    const lk_dtype dt[NT] = {LK_F32, LK_BF16, LK_F32, LK_BF16};
+    lk_cuda_buf b[NT];
+    double *x[NT], ss = 0.0;
+    uint32_t seed = 21;
+    for (int i = 0; i < NT; i++) {
+        x[i] = lkt_alloc(n[i]);
+        lkt_randn(x[i], n[i], &seed, 0.01);
+        b[i] = (lk_cuda_buf){lkt_upload(x[i], n[i], dt[i]), n[i], dt[i]};
+        for (int64_t j = 0; j < n[i]; j++) ss += x[i][j] * x[i][j];
+    }
+    double ref = sqrt(ss), nrm = -1.0, nrm2 = -2.0;
+    assert_int_equal(lk_cuda_grad_norm(b, NT, &nrm, &ctx), LK_OK);
+    assert_int_equal(lk_cuda_grad_norm(b, NT, &nrm2, &ctx), LK_OK);
+    print_message("  grad norm %.10g ref %.10g rel %.2e\n", nrm, ref, fabs(nrm - ref) / ref);
+    assert_true(fabs(nrm - ref) <= 1e-12 * ref);   /* f64 sums of exactly the stored values */
+    assert_memory_equal(&nrm, &nrm2, sizeof nrm);   /* deterministic */
+
+    /* max_norm above the norm: nothing changes */
+    assert_int_equal(lk_cuda_clip_grad_norm(b, NT, ref * 2, &nrm, &ctx), LK_OK);
+    for (int i = 0; i < NT; i++) {
+        double *o = lkt_alloc(n[i]);
+        lkt_download(b[i].data, n[i], dt[i], o);
+        assert_memory_equal(o, x[i], sizeof(double) * (size_t)n[i]);
+    }
+    /* max_norm below: scaled by max/(norm + 1e-6), f32 math, bf16 rounded once (2^-8) */
+    double max = ref / 3, scale = max / (ref + 1e-6);
+    assert_int_equal(lk_cuda_clip_grad_norm(b, NT, max, &nrm, &ctx), LK_OK);
+    assert_true(fabs(nrm - ref) <= 1e-12 * ref);
+    for (int i = 0; i < NT; i++) {
+        double *o = lkt_alloc(n[i]), *r = lkt_alloc(n[i]);
+        for (int64_t j = 0; j < n[i]; j++) r[j] = x[i][j] * scale;
+        lkt_download(b[i].data, n[i], dt[i], o);
+        assert_true(lkt_rel_err(o, r, n[i]) <= (dt[i] == LK_F32 ? 1e-6 : 8e-3));
+    }
+    /* a NaN gradient: NaN norm, nothing scaled */
+    double nan1 = NAN;
+    void *dn = lkt_upload(&nan1, 1, LK_F32);
+    lk_cuda_buf bn[2] = {b[2], {dn, 1, LK_F32}};
+    double *before = lkt_alloc(n[2]), *after = lkt_alloc(n[2]);
+    lkt_download(b[2].data, n[2], LK_F32, before);
+    assert_int_equal(lk_cuda_clip_grad_norm(bn, 2, 1e-9, &nrm, &ctx), LK_OK);
+    assert_true(isnan(nrm));
+    lkt_download(b[2].data, n[2], LK_F32, after);
+    assert_memory_equal(before, after, sizeof(double) * (size_t)n[2]);
+    /* a bad dtype is named */
+    lk_cuda_buf bi = {dn, 1, LK_I32};
+    assert_int_equal(lk_cuda_grad_norm(&bi, 1, &nrm, &ctx), LK_EDTYPE);
+    assert_non_null(strstr(lk_last_error(), "bufs[0].dtype"));
+    lk_arena_free(&ar);
+    lkt_free_all();
+}
+
+int main(void) {
+    if (!lkt_have_gpu("test_train_kernels")) return LKT_SKIP;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(embedding_matches_reference),
+        cmocka_unit_test(embedding_bad_id),
+        cmocka_unit_test(adamw_matches_reference),
+        cmocka_unit_test(grad_norm_and_clip),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

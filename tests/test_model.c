@@ -1,0 +1,448 @@
+/* test_model.c — the Qwen3 / Qwen3-MoE model (model.h) on tiny configs: whole-model
+ * finite-difference gradients, eager-everything vs fused-everything op tables,
+ * recompute on/off, gradient accumulation, save -> load round trips (f32 exact, bf16
+ * rounded), per-module overrides reaching their module only, and bad configs, tables
+ * and batches rejected. Run: ctest -R test_model, or ./build/test_model. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "llmkern/checkpoint.h"
+#include "llmkern/config.h"
+#include "llmkern/llmkern.h"
+#include "model/qwen3_internal.h"
+
+static lk_qwen3_config tiny(int moe) {
+    lk_qwen3_config c;
+    lk_qwen3_config_init(&c, moe);
+    c.hidden_size = 32;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 8;
+    c.intermediate_size = 48;
+    c.vocab_size = 320;
+    c.max_position_embeddings = 64;
+    c.initializer_range = 0.1;   /* larger than 0.02 so gradients stand above f32 noise */
+    c.torch_dtype[0] = 0;
+    strcpy(c.torch_dtype, "float32");
+    if (moe) {
+        c.num_experts = 4;
+        c.num_experts_per_tok = 2;
+        c.moe_intermediate_size = 16;
+        c.norm_topk_prob = 1;
+        c.router_aux_loss_coef = 0.1;   /* large enough that its gradient shows in the check */
+        c.mlp_only_layers[c.n_mlp_only_layers++] = 1;   /* layer 1 dense: both kinds of block */
+    }
+    return c;
+}
+
+/* mode "eager", "fused" or NULL (defaults); an override of layers.0.input_layernorm. */
+static void table(int moe, const char *mode, const char *override, lk_op_table *t) {
+    lk_ops_config cfg;
+    lk_ops_config_init(&cfg);
+    if (mode) {
+        int fused = strcmp(mode, "fused") == 0;
+        const char *f[][2] = {{"rms_norm", fused ? "fused" : "eager"},      {"rope", fused ? "fused" : "eager"},
+                              {"swiglu_mlp", fused ? "fused" : "eager"},    {"cross_entropy", fused ? "fused" : "eager"},
+                              {"attention", fused ? "flash_attention_2" : "eager"},
+                              {"moe_experts", fused ? "fused" : "eager"}};
+        for (size_t i = 0; i < sizeof f / sizeof *f; i++)
+            assert_int_equal(lk_ops_config_set(&cfg, f[i][0], f[i][1], "test"), LK_OK);
+    }
+    if (override)
+        assert_int_equal(lk_ops_config_set_override(&cfg, "layers.0.input_layernorm", "rms_norm_implementation",
+                                                    override, "test"), LK_OK);
+    assert_int_equal(lk_ops_config_finalize(&cfg), LK_OK);
+    assert_int_equal(lk_model_build(&cfg, moe ? "qwen3_moe" : "qwen3", t), LK_OK);
+}
+
+/* B = 2 rows of S = 12: row 0 packs documents of 7 and 5 tokens, row 1 one of 12; the
+ * last token of each segment has no label. */
+static void make_batch(lk_batch *b, uint64_t seed) {
+    assert_int_equal(lk_batch_alloc(b, 2, 12), LK_OK);
+    static const int32_t cu[] = {0, 7, 12, 24};
+    b->n_segs = 3;
+    b->max_seqlen = 12;
+    uint64_t x = seed * 6364136223846793005ull + 1442695040888963407ull;
+    for (int d = 0; d < 3; d++)
+        for (int t = cu[d]; t < cu[d + 1]; t++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            b->input_ids[t] = (int64_t)((x >> 33) % 300);
+            b->position_ids[t] = t - cu[d];
+            b->doc_ids[t] = d;
+        }
+    b->n_labels = 0;
+    for (int d = 0; d < 3; d++)
+        for (int t = cu[d]; t < cu[d + 1]; t++) {
+            b->labels[t] = t + 1 < cu[d + 1] ? b->input_ids[t + 1] : LK_LABEL_IGNORE;
+            b->n_labels += b->labels[t] != LK_LABEL_IGNORE;
+        }
+    memcpy(b->cu_seqlens, cu, sizeof cu);
+}
+
+static lk_model *create(int moe, const char *mode, int recompute, uint64_t seed) {
+    lk_qwen3_config c = tiny(moe);
+    lk_op_table t;
+    table(moe, mode, NULL, &t);
+    lk_model *m = NULL;
+    lk_status s = lk_model_create(&c, &t, seed, recompute, &m);
+    if (s) print_error("%s\n", lk_last_error());
+    assert_int_equal(s, LK_OK);
+    return m;
+}
+
+static double total_loss(lk_model *m, const lk_batch *b) {
+    lk_step_stats st;
+    lk_status s = lk_model_loss(m, b, &st);
+    if (s) print_error("%s\n", lk_last_error());
+    assert_int_equal(s, LK_OK);
+    return st.loss + m->cfg.router_aux_loss_coef * st.aux_loss;
+}
+
+static void fwd_bwd(lk_model *m, const lk_batch *b, float scale, lk_step_stats *st) {
+    lk_status s = lk_model_forward_backward(m, b, scale, st);
+    if (s) print_error("%s\n", lk_last_error());
+    assert_int_equal(s, LK_OK);
+}
+
+static int setup(void **state) {
+    (void)state;
+    if (lk_init() || lk_model_register(&lk_family_qwen3) || lk_model_register(&lk_family_qwen3_moe)) return -1;
+    return 0;
+}
+
+/* Central differences on a sample of each parameter (its largest-gradient element and
+ * two others), the model in f32 and the loss read as double. With h = 1e-2 on weights
+ * of std 0.1 the truncation error is O(h²) ~ 1e-4 of the slope and the f32 rounding of
+ * a ~6.0 loss (~1e-6) becomes ~1e-4 in the difference quotient, so the tolerance is
+ * 3e-4 absolute + 1% relative. MoE: top-k routing is a step function, so an element
+ * whose ±h changes some token's choice (the loss jumps) has no derivative to check
+ * there; the next element is taken instead (flips are counted and bounded). */
+/* Copies every MoE layer's routing of the last forward into ids (NULL: compares). */
+static int routing_same(const lk_model *m, int32_t *ids, int save) {
+    int64_t n = m->T * m->K, k = 0;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++) {
+        if (!m->layers[l].moe) continue;
+        if (save) memcpy(ids + k, m->acts[l].ids, (size_t)n * 4);
+        else if (memcmp(ids + k, m->acts[l].ids, (size_t)n * 4) != 0) return 0;
+        k += n;
+    }
+    return 1;
+}
+
+static void grad_check(int moe, const char *mode) {
+    lk_model *m = create(moe, mode, 0, 7);
+    lk_batch b;
+    make_batch(&b, 3);
+    lk_step_stats st;
+    lk_model_zero_grad(m);
+    fwd_bwd(m, &b, 1.0f, &st);
+    assert_int_equal(st.n_tokens, b.n_labels);
+    assert_true(fabs(st.loss - log(320.0)) < 1.0);    /* near uniform at init */
+    if (moe) assert_true(st.aux_loss > 0.5 && st.aux_loss < 2.0);
+    const double h = 1e-2;
+    double worst = 0;
+    int checked = 0, flips = 0;
+    int32_t *ids = malloc((size_t)(m->T * (m->K + 1) * m->cfg.num_hidden_layers) * 4);
+    routing_same(m, ids, 1);
+    for (int i = 0; i < lk_model_param_count(m); i++) {
+        lk_param *p = lk_model_param(m, i);
+        float *w = p->value.data;
+        const float *g = p->grad.data;
+        int64_t n = lk_tensor_numel(&p->value), big = 0;
+        for (int64_t j = 1; j < n; j++)
+            if (fabsf(g[j]) > fabsf(g[big])) big = j;
+        int64_t picks[3] = {big, (i * 7919 + 13) % n, (i * 104729 + n / 2) % n};
+        for (int k = 0; k < 3; k++) {
+            int64_t j = picks[k];
+            float keep;
+            double lp, lm;
+            for (;;) {
+                keep = w[j];
+                w[j] = keep + (float)h;
+                lp = total_loss(m, &b);
+                int same = routing_same(m, ids, 0);
+                w[j] = keep - (float)h;
+                lm = total_loss(m, &b);
+                same = same && routing_same(m, ids, 0);
+                w[j] = keep;
+                if (same) break;
+                flips++;
+                j = (j + 1) % n;
+            }
+            double fd = (lp - lm) / (2 * h), an = g[j], err = fabs(fd - an), tol = 3e-4 + 1e-2 * fabs(an);
+            if (err / tol > worst) worst = err / tol;
+            if (err > tol)
+                print_error("%s[%lld]: analytic %.6e, finite difference %.6e\n", p->name, (long long)j, an, fd);
+            assert_true(err <= tol);
+            checked++;
+        }
+    }
+    print_message("  %s %s: %d gradients checked, worst error %.2f of tolerance, %d routing flips stepped over\n",
+                  moe ? "moe" : "dense", mode ? mode : "default", checked, worst, flips);
+    assert_true(flips <= checked / 4);
+    free(ids);
+    lk_batch_free(&b);
+    lk_model_free(m);
+}
+
+static void grad_check_dense(void **state) { (void)state; grad_check(0, "eager"); grad_check(0, "fused"); }
+static void grad_check_moe(void **state) { (void)state; grad_check(1, "eager"); grad_check(1, "fused"); }
+
+/* Max |a - b| over every grad, and the largest |grad| for scale. */
+static double grad_diff(lk_model *a, lk_model *b, double *scale) {
+    double d = 0, mx = 0;
+    for (int i = 0; i < lk_model_param_count(a); i++) {
+        const float *ga = lk_model_param(a, i)->grad.data, *gb = lk_model_param(b, i)->grad.data;
+        for (int64_t j = 0; j < lk_tensor_numel(&lk_model_param(a, i)->grad); j++) {
+            d = fmax(d, fabs((double)ga[j] - gb[j]));
+            mx = fmax(mx, fabs(ga[j]));
+        }
+    }
+    *scale = mx;
+    return d;
+}
+
+/* Eager and fused tables differ in summation order only: the loss agrees to f32
+ * rounding (1e-5 relative) and every gradient to 1e-4 of the largest. */
+static void eager_matches_fused(void **state) {
+    (void)state;
+    for (int moe = 0; moe <= 1; moe++) {
+        lk_model *e = create(moe, "eager", 0, 11), *f = create(moe, "fused", 0, 11);
+        lk_batch b;
+        make_batch(&b, 5);
+        lk_step_stats se, sf;
+        fwd_bwd(e, &b, 1.0f, &se);
+        fwd_bwd(f, &b, 1.0f, &sf);
+        double scale, d = grad_diff(e, f, &scale);
+        print_message("  %s: loss eager %.7f fused %.7f, aux %.6f / %.6f, grad diff %.2e of %.2e\n",
+                      moe ? "moe" : "dense", se.loss, sf.loss, se.aux_loss, sf.aux_loss, d, scale);
+        assert_true(fabs(se.loss - sf.loss) <= 1e-5 * fabs(se.loss));
+        assert_true(fabs(se.aux_loss - sf.aux_loss) <= 1e-5);
+        assert_int_equal(se.n_tokens, sf.n_tokens);
+        assert_true(d <= 1e-4 * scale);
+        lk_batch_free(&b);
+        lk_model_free(e);
+        lk_model_free(f);
+    }
+}
+
+/* Recompute reruns the same deterministic kernels on the same inputs: bit-identical. */
+static void recompute_identical(void **state) {
+    (void)state;
+    for (int moe = 0; moe <= 1; moe++) {
+        lk_model *a = create(moe, NULL, 0, 13), *r = create(moe, NULL, 1, 13);
+        lk_batch b;
+        make_batch(&b, 9);
+        lk_step_stats sa, sr;
+        fwd_bwd(a, &b, 1.0f, &sa);
+        fwd_bwd(r, &b, 1.0f, &sr);
+        assert_true(sa.loss == sr.loss);
+        assert_true(sa.aux_loss == sr.aux_loss);
+        assert_true(memcmp(a->g, r->g, (size_t)a->n_floats * 4) == 0);
+        size_t ka = lk_model_activation_bytes(a), kr = lk_model_activation_bytes(r);
+        print_message("  %s: activations kept %zu bytes, %zu with recompute\n", moe ? "moe" : "dense", ka, kr);
+        assert_true(kr > 0 && kr < ka);
+        lk_batch_free(&b);
+        lk_model_free(a);
+        lk_model_free(r);
+    }
+}
+
+/* Two micro-batches at scale 1/2 add up to one at scale 1 (to f32 rounding). */
+static void accumulation_adds(void **state) {
+    (void)state;
+    lk_model *a = create(1, NULL, 0, 17), *c = create(1, NULL, 0, 17);
+    lk_batch b;
+    make_batch(&b, 2);
+    lk_step_stats st;
+    fwd_bwd(a, &b, 1.0f, &st);
+    fwd_bwd(c, &b, 0.5f, &st);
+    fwd_bwd(c, &b, 0.5f, &st);
+    double scale, d = grad_diff(a, c, &scale);
+    assert_true(d <= 1e-6 * scale);
+    lk_model_zero_grad(c);
+    for (int64_t i = 0; i < c->n_floats; i++) assert_true(c->g[i] == 0.0f);
+    lk_batch_free(&b);
+    lk_model_free(a);
+    lk_model_free(c);
+}
+
+static void save_load_round_trip(void **state) {
+    (void)state;
+    char dir[] = "/tmp/lk_test_model_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char sub[64];
+    snprintf(sub, sizeof sub, "%s/ckpt", dir);
+    lk_batch b;
+    make_batch(&b, 4);
+    for (int moe = 0; moe <= 1; moe++) {
+        lk_model *a = create(moe, NULL, 0, 19), *c = create(moe, NULL, 0, 23);
+        double la = total_loss(a, &b);
+        assert_true(total_loss(c, &b) != la);
+        assert_int_equal(lk_model_save(a, sub), LK_OK);
+        assert_int_equal(lk_model_load_weights(c, sub), LK_OK);
+        assert_true(total_loss(c, &b) == la);                         /* f32: exact */
+        lk_qwen3_config rc;
+        char path[128];
+        snprintf(path, sizeof path, "%s/config.json", sub);
+        assert_int_equal(lk_qwen3_config_read(path, &rc), LK_OK);
+        assert_int_equal(rc.moe, moe);
+        assert_int_equal(rc.hidden_size, 32);
+        /* bf16 on disk: the loaded weights are the originals rounded once */
+        strcpy(a->cfg.torch_dtype, "bfloat16");
+        assert_int_equal(lk_model_save(a, sub), LK_OK);
+        assert_int_equal(lk_model_load_weights(c, sub), LK_OK);
+        for (int64_t i = 0; i < a->n_floats; i++)
+            assert_true(c->w[i] == lk_bf16_to_f32(lk_f32_to_bf16(a->w[i])));
+        lk_model_free(a);
+        lk_model_free(c);
+    }
+    /* a checkpoint of another shape is refused before any weight changes */
+    lk_model *d = create(0, NULL, 0, 29);
+    float *before = malloc((size_t)d->n_floats * 4);
+    memcpy(before, d->w, (size_t)d->n_floats * 4);
+    lk_qwen3_config wide = tiny(0);
+    wide.intermediate_size = 64;
+    lk_op_table t;
+    table(0, NULL, NULL, &t);
+    lk_model *w = NULL;
+    assert_int_equal(lk_model_create(&wide, &t, 1, 0, &w), LK_OK);
+    assert_int_equal(lk_model_save(w, sub), LK_OK);
+    assert_int_equal(lk_model_load_weights(d, sub), LK_ESHAPE);
+    assert_non_null(strstr(lk_last_error(), "mlp"));
+    assert_memory_equal(before, d->w, (size_t)d->n_floats * 4);
+    assert_int_equal(lk_model_load_weights(d, "/nonexistent/dir"), LK_EIO);
+    free(before);
+    lk_model_free(w);
+    lk_model_free(d);
+    lk_batch_free(&b);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* An override on layers.0.input_layernorm binds that module only. */
+static void override_reaches_module(void **state) {
+    (void)state;
+    lk_qwen3_config c = tiny(0);
+    lk_op_table t;
+    table(0, "fused", "eager", &t);
+    lk_model *m = NULL;
+    assert_int_equal(lk_model_create(&c, &t, 3, 0, &m), LK_OK);
+    assert_string_equal(m->layers[0].ops.in_norm->name, "eager");
+    assert_string_equal(m->layers[1].ops.in_norm->name, "fused");
+    assert_string_equal(m->layers[0].ops.post_norm->name, "fused");
+    assert_string_equal(m->layers[0].ops.q_norm->name, "fused");
+    assert_string_equal(m->final_norm_impl->name, "fused");
+    lk_model *f = create(0, "fused", 0, 3);
+    lk_batch b;
+    make_batch(&b, 6);
+    double lo = total_loss(m, &b), lf = total_loss(f, &b);
+    assert_true(fabs(lo - lf) <= 1e-5 * lf);    /* same model, another kernel for one norm */
+    lk_batch_free(&b);
+    lk_model_free(m);
+    lk_model_free(f);
+}
+
+static void bad_configs_rejected(void **state) {
+    (void)state;
+    lk_op_table t;
+    table(0, NULL, NULL, &t);
+    lk_model *m = (lk_model *)&t;   /* must be set to NULL on failure */
+    lk_qwen3_config c = tiny(0);
+    c.num_key_value_heads = 3;
+    assert_int_equal(lk_model_create(&c, &t, 1, 0, &m), LK_EINVAL);
+    assert_null(m);
+    assert_non_null(strstr(lk_last_error(), "num_key_value_heads"));
+    c = tiny(0);
+    c.head_dim = 7;
+    assert_int_equal(lk_model_create(&c, &t, 1, 0, &m), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "head_dim"));
+    /* an op not in this build */
+    c = tiny(0);
+    lk_op_table missing = t;
+    missing.op[LK_OP_ATTENTION].impl = NULL;
+    assert_int_equal(lk_model_create(&c, &missing, 1, 0, &m), LK_EUNAVAILABLE);
+    assert_non_null(strstr(lk_last_error(), "self_attn"));
+    assert_non_null(strstr(lk_last_error(), "attention"));
+    /* a table of the other family */
+    lk_op_table moe_t;
+    table(1, NULL, NULL, &moe_t);
+    assert_int_equal(lk_model_create(&c, &moe_t, 1, 0, &m), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "family"));
+    /* flex attention needs a BlockMask the model does not build */
+    lk_ops_config cfg;
+    lk_ops_config_init(&cfg);
+    assert_int_equal(lk_ops_config_set(&cfg, "attention", "flex_attention", "test"), LK_OK);
+    assert_int_equal(lk_ops_config_finalize(&cfg), LK_OK);
+    assert_int_equal(lk_model_build(&cfg, "qwen3", &t), LK_OK);
+    assert_int_equal(lk_model_create(&c, &t, 1, 0, &m), LK_EUNAVAILABLE);
+    assert_non_null(strstr(lk_last_error(), "BlockMask"));
+    assert_int_equal(lk_model_create(NULL, &t, 1, 0, &m), LK_EINVAL);
+}
+
+/* A bad batch is refused before any gradient changes. */
+static void bad_batch_rejected(void **state) {
+    (void)state;
+    lk_model *m = create(0, NULL, 0, 5);
+    lk_batch b;
+    make_batch(&b, 8);
+    lk_step_stats st = {.loss = -1};
+    b.input_ids[3] = 320;
+    assert_int_equal(lk_model_forward_backward(m, &b, 1.0f, &st), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "input_ids"));
+    b.input_ids[3] = 1;
+    b.labels[4] = 999;
+    assert_int_equal(lk_model_forward_backward(m, &b, 1.0f, &st), LK_EINVAL);
+    b.labels[4] = 1;
+    b.position_ids[5] = 64;     /* beyond max_position_embeddings */
+    assert_int_equal(lk_model_forward_backward(m, &b, 1.0f, &st), LK_EINVAL);
+    b.position_ids[5] = 0;
+    b.cu_seqlens[3] = 23;
+    assert_int_equal(lk_model_forward_backward(m, &b, 1.0f, &st), LK_EINVAL);
+    assert_true(st.loss == -1);
+    for (int64_t i = 0; i < m->n_floats; i++) assert_true(m->g[i] == 0.0f);
+    lk_batch_free(&b);
+    lk_model_free(m);
+}
+
+/* Not an assertion: tokens/s of one forward_backward, printed for bench/NOTES.md. */
+static void throughput(void **state) {
+    (void)state;
+    const char *modes[] = {NULL, "eager"};
+    for (int moe = 0; moe <= 1; moe++)
+        for (int k = 0; k < 2; k++) {
+            lk_model *m = create(moe, modes[k], 0, 1);
+            lk_batch b;
+            make_batch(&b, 1);
+            lk_step_stats st;
+            fwd_bwd(m, &b, 1.0f, &st);
+            int reps = 20;
+            double t0 = lk_now();
+            for (int r = 0; r < reps; r++) fwd_bwd(m, &b, 1.0f, &st);
+            double dt = (lk_now() - t0) / reps;
+            print_message("  %s %-7s: %.0f tokens/s (%lld tokens, %.3f ms per forward_backward)\n",
+                          moe ? "moe  " : "dense", modes[k] ? modes[k] : "default", (double)(b.B * b.S) / dt,
+                          (long long)(b.B * b.S), dt * 1e3);
+            lk_batch_free(&b);
+            lk_model_free(m);
+        }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(grad_check_dense),       cmocka_unit_test(grad_check_moe),
+        cmocka_unit_test(eager_matches_fused),    cmocka_unit_test(recompute_identical),
+        cmocka_unit_test(accumulation_adds),      cmocka_unit_test(save_load_round_trip),
+        cmocka_unit_test(override_reaches_module), cmocka_unit_test(bad_configs_rejected),
+        cmocka_unit_test(bad_batch_rejected),     cmocka_unit_test(throughput),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}

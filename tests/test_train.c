@@ -1,0 +1,352 @@
+/* test_train.c — the trainer's pieces (train.h): AdamW against a float64 reference
+ * step, the warmup + cosine schedule, clipping by the global norm, the PNG writer (its
+ * chunks and CRCs, and its stored zlib stream decoded back to the pixels), and the
+ * training sections of the YAML config with their file:line:column errors. The loop
+ * itself (resume, NaN stop, failed checkpoints, eager vs fused) is in test_train_loop.c. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "llmkern/llmkern.h"
+#include "llmkern/data.h"
+#include "llmkern/train.h"
+
+/* --- AdamW ------------------------------------------------------------------------------- */
+static void adamw_matches_f64_reference(void **state) {
+    (void)state;
+    enum { N = 37, STEPS = 5 };
+    float p[N], g[N], m[N] = {0}, v[N] = {0};
+    double rp[N], rm[N] = {0}, rv[N] = {0};
+    const lk_adamw_hparams h = {0.9, 0.95, 1e-8, 0.1};
+    for (int i = 0; i < N; i++) rp[i] = p[i] = (float)sin(i * 0.7) * 0.5f;
+    for (int t = 1; t <= STEPS; t++) {
+        double lr = 1e-2 * t;
+        for (int i = 0; i < N; i++) g[i] = (float)(cos(i * 1.3 + t) * (i % 5 == 0 ? 1e-3 : 2.0));
+        lk_adamw_update(p, g, m, v, N, &h, lr, t);
+        for (int i = 0; i < N; i++) {   /* torch.optim.AdamW, in float64 */
+            rp[i] *= 1.0 - lr * h.weight_decay;
+            rm[i] = h.beta1 * rm[i] + (1 - h.beta1) * g[i];
+            rv[i] = h.beta2 * rv[i] + (1 - h.beta2) * (double)g[i] * g[i];
+            double mh = rm[i] / (1 - pow(h.beta1, t)), vh = rv[i] / (1 - pow(h.beta2, t));
+            rp[i] -= lr * mh / (sqrt(vh) + h.eps);
+        }
+    }
+    for (int i = 0; i < N; i++) {
+        /* f32 state over 5 steps: a few ulps of the moments and of p (|p| <= ~0.6). */
+        assert_true(fabs(p[i] - rp[i]) <= 2e-6);
+        /* m sums terms of both signs up to |g| = 2: absolute f32 rounding of that scale. */
+        assert_true(fabs(m[i] - rm[i]) <= 1e-6);
+        assert_true(fabs(v[i] - rv[i]) <= 1e-6 * (fabs(rv[i]) + 1e-12));
+    }
+}
+
+static void adamw_zero_lr_and_decay_only(void **state) {
+    (void)state;
+    float p[3] = {1, -2, 3}, g[3] = {0, 0, 0}, m[3] = {0}, v[3] = {0};
+    const lk_adamw_hparams h = {0.9, 0.999, 1e-8, 0.5};
+    lk_adamw_update(p, g, m, v, 3, &h, 0.0, 1);
+    assert_true(p[0] == 1 && p[1] == -2 && p[2] == 3);
+    lk_adamw_update(p, g, m, v, 3, &h, 0.1, 2);       /* zero gradient: only the decay */
+    assert_true(fabsf(p[0] - 0.95f) < 1e-7f && fabsf(p[1] + 1.9f) < 1e-6f && fabsf(p[2] - 2.85f) < 1e-6f);
+}
+
+/* --- schedule ------------------------------------------------------------------------------ */
+static void schedule_warmup_then_cosine(void **state) {
+    (void)state;
+    const double lr = 1e-3, min_lr = 1e-4;
+    assert_true(fabs(lk_lr_schedule(0, 10, 100, lr, min_lr) - 1e-4) < 1e-15);
+    assert_true(fabs(lk_lr_schedule(4, 10, 100, lr, min_lr) - 5e-4) < 1e-15);
+    assert_true(fabs(lk_lr_schedule(9, 10, 100, lr, min_lr) - lr) < 1e-15);
+    assert_true(fabs(lk_lr_schedule(10, 10, 100, lr, min_lr) - lr) < 1e-15);
+    assert_true(fabs(lk_lr_schedule(99, 10, 100, lr, min_lr) - min_lr) < 1e-15);
+    /* Halfway through the decay the cosine is at the mean of lr and min_lr. */
+    double mid = lk_lr_schedule(10 + 89 / 2, 10, 100, lr, min_lr);
+    double want = min_lr + 0.5 * (lr - min_lr) * (1 + cos(M_PI * (89 / 2) / 89.0));
+    assert_true(fabs(mid - want) < 1e-15 && fabs(mid - 5.5e-4) < 1e-5);
+    double prev = 1.0;
+    for (int s = 10; s < 100; s++) {   /* non-increasing after warmup */
+        double x = lk_lr_schedule(s, 10, 100, lr, min_lr);
+        assert_true(x <= prev + 1e-18 && x >= min_lr - 1e-18);
+        prev = x;
+    }
+    assert_true(lk_lr_schedule(0, 0, 1, lr, min_lr) == lr);   /* no warmup, one step */
+    assert_true(fabs(lk_lr_schedule(200, 10, 100, lr, min_lr) - min_lr) < 1e-15);
+}
+
+/* --- clipping ------------------------------------------------------------------------------ */
+static void clip_by_global_norm(void **state) {
+    (void)state;
+    enum { A = 10001, B = 3 };   /* A spans several norm chunks */
+    float *a = malloc(A * sizeof *a), b[B] = {3, 0, 4};
+    double ss = 25;
+    for (int i = 0; i < A; i++) { a[i] = (float)((i % 7) - 3) * 0.01f; ss += (double)a[i] * a[i]; }
+    float *bufs[2] = {a, b};
+    int64_t len[2] = {A, B};
+    double norm = lk_clip_grad_norm(bufs, len, 2, 0.0);   /* 0: report only */
+    assert_true(fabs(norm - sqrt(ss)) < 1e-9 * sqrt(ss));
+    assert_true(b[0] == 3 && b[2] == 4);
+    assert_true(lk_clip_grad_norm(bufs, len, 2, 1e6) == norm && b[0] == 3);   /* below the limit */
+    double before = lk_clip_grad_norm(bufs, len, 2, 1.0);
+    assert_true(before == norm);
+    double after = lk_clip_grad_norm(bufs, len, 2, 0.0);
+    assert_true(fabs(after - 1.0) < 1e-5);   /* max_norm / (norm + 1e-6) */
+    b[1] = NAN;
+    assert_true(isnan(lk_clip_grad_norm(bufs, len, 2, 1.0)));
+    assert_true(b[0] == b[0] && fabsf(b[2] / b[0] - 4.0f / 3.0f) < 1e-6f);   /* nothing scaled by NaN */
+    free(a);
+}
+
+/* --- PNG ----------------------------------------------------------------------------------- */
+static uint32_t be32(const uint8_t *p) { return (uint32_t)p[0] << 24 | p[1] << 16 | p[2] << 8 | p[3]; }
+
+static uint32_t crc32_ref(const uint8_t *p, size_t n) {   /* bitwise, independent of png.c's table */
+    uint32_t c = 0xffffffffu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0xEDB88320u & -(c & 1));
+    }
+    return ~c;
+}
+
+static uint8_t *read_all(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    *n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc(*n);
+    assert_int_equal(fread(b, 1, *n, f), *n);
+    fclose(f);
+    return b;
+}
+
+/* Checks the chunk structure and CRCs, then undoes the stored-block zlib stream and
+ * returns the raw scanlines (filter byte + RGB) in a malloc'ed buffer. */
+static uint8_t *png_check(const char *path, int *w, int *h) {
+    size_t n, raw_n = 0, idat_n = 0;
+    uint8_t *f = read_all(path, &n), *idat = malloc(n), *raw = NULL;
+    assert_memory_equal(f, "\x89PNG\r\n\x1a\n", 8);
+    size_t o = 8;
+    int saw_end = 0, k = 0;
+    while (o + 12 <= n && !saw_end) {
+        uint32_t len = be32(f + o);
+        assert_true(o + 12 + len <= n);
+        assert_int_equal(be32(f + o + 8 + len), crc32_ref(f + o + 4, len + 4));
+        if (k++ == 0) {
+            assert_memory_equal(f + o + 4, "IHDR", 4);
+            assert_int_equal(len, 13);
+            *w = (int)be32(f + o + 8);
+            *h = (int)be32(f + o + 12);
+            assert_memory_equal(f + o + 16, "\x08\x02\x00\x00\x00", 5);
+        }
+        if (memcmp(f + o + 4, "IDAT", 4) == 0) { memcpy(idat + idat_n, f + o + 8, len); idat_n += len; }
+        saw_end = memcmp(f + o + 4, "IEND", 4) == 0;
+        o += 12 + len;
+    }
+    assert_true(saw_end && o == n);
+    size_t want = (size_t)*h * ((size_t)*w * 3 + 1), i = 2;
+    raw = malloc(want + 65535);
+    assert_int_equal((idat[0] * 256 + idat[1]) % 31, 0);   /* zlib header check bits */
+    for (int last = 0; !last;) {
+        last = idat[i] & 1;
+        assert_int_equal(idat[i] >> 1 & 3, 0);              /* stored */
+        size_t len = idat[i + 1] | idat[i + 2] << 8;
+        assert_int_equal(len ^ 0xffff, idat[i + 3] | idat[i + 4] << 8);
+        memcpy(raw + raw_n, idat + i + 5, len);
+        raw_n += len;
+        i += 5 + len;
+    }
+    assert_int_equal(raw_n, want);
+    uint32_t a = 1, b = 0;
+    for (size_t j = 0; j < raw_n; j++) { a = (a + raw[j]) % 65521; b = (b + a) % 65521; }
+    assert_int_equal(be32(idat + i), b << 16 | a);
+    assert_int_equal(i + 4, idat_n);
+    free(f);
+    free(idat);
+    return raw;
+}
+
+static void png_round_trips_pixels(void **state) {
+    (void)state;
+    enum { W = 150, H = 160 };   /* > 65535 raw bytes: several stored blocks */
+    uint8_t *rgb = malloc(W * H * 3);
+    for (int i = 0; i < W * H * 3; i++) rgb[i] = (uint8_t)(i * 7 + i / 13);
+    char path[] = "/tmp/llmkern_png_XXXXXX";
+    close(mkstemp(path));
+    assert_int_equal(lk_png_write(path, rgb, W, H), LK_OK);
+    int w, h;
+    uint8_t *raw = png_check(path, &w, &h);
+    assert_int_equal(w, W);
+    assert_int_equal(h, H);
+    for (int y = 0; y < H; y++) {
+        assert_int_equal(raw[y * (W * 3 + 1)], 0);
+        assert_memory_equal(raw + y * (W * 3 + 1) + 1, rgb + y * W * 3, W * 3);
+    }
+    assert_int_equal(lk_png_write(path, rgb, 0, H), LK_EINVAL);
+    free(raw);
+    free(rgb);
+    unlink(path);
+}
+
+static void plot_is_a_valid_png_with_a_curve(void **state) {
+    (void)state;
+    float x[50], y[50];
+    for (int i = 0; i < 50; i++) { x[i] = (float)i; y[i] = 5.8f * expf(-i / 15.0f) + 1.0f; }
+    y[20] = NAN;   /* a gap, not a failure */
+    char path[] = "/tmp/llmkern_plot_XXXXXX";
+    close(mkstemp(path));
+    assert_int_equal(lk_plot_png(path, x, y, 50, 640, 400), LK_OK);
+    int w, h;
+    uint8_t *raw = png_check(path, &w, &h);
+    assert_int_equal(w, 640);
+    assert_int_equal(h, 400);
+    size_t white = 0, curve = 0, dark = 0;
+    for (int r = 0; r < h; r++)
+        for (int c = 0; c < w; c++) {
+            const uint8_t *p = raw + (size_t)r * (w * 3 + 1) + 1 + c * 3;
+            white += p[0] == 255 && p[1] == 255 && p[2] == 255;
+            curve += p[0] == 31 && p[1] == 119 && p[2] == 180;
+            dark += p[0] == 0 && p[1] == 0 && p[2] == 0;
+        }
+    assert_true(white > (size_t)w * h / 2);   /* a white background */
+    assert_true(curve > 300);                 /* the loss line */
+    assert_true(dark > 600);                  /* the axes */
+    free(raw);
+    assert_int_equal(lk_plot_png(path, x, y, 0, 640, 400), LK_OK);   /* no points yet: axes only */
+    assert_int_equal(lk_plot_png(path, x, y, 5, 10, 400), LK_EINVAL);
+    unlink(path);
+}
+
+/* --- YAML ---------------------------------------------------------------------------------- */
+static char ypath[64];
+
+static const char *write_yaml(const char *text) {
+    snprintf(ypath, sizeof ypath, "/tmp/llmkern_ty_XXXXXX");
+    int fd = mkstemp(ypath);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    return ypath;
+}
+
+static void yaml_train_sections_load(void **state) {
+    (void)state;
+    static lk_train_config tc;
+    lk_ops_config ops;
+    lk_train_config_init(&tc);
+    lk_ops_config_init(&ops);
+    const char *p = write_yaml(
+        "model:\n"
+        "  ops_implementation: { rms_norm_implementation: eager }\n"
+        "  hidden_size: 32\n  num_hidden_layers: 2\n  num_attention_heads: 4\n  num_key_value_heads: 2\n"
+        "  head_dim: 8\n  intermediate_size: 64\n  vocab_size: 320\n  num_experts: 4\n"
+        "  num_experts_per_tok: 2\n  moe_intermediate_size: 16\n  tie_word_embeddings: true\n"
+        "  rope_theta: 10000\n  torch_dtype: float32\n"
+        "train:\n  steps: 7\n  lr: 3e-3\n  min_lr: 1e-4\n  betas: [0.8, 0.99]\n  batch_size: 2\n"
+        "  seq_len: 64\n  grad_accum: 3\n  seed: 9\n  save_every: 2\n  out: /tmp/x\n  recompute: true\n"
+        "data:\n  text: corpus.txt\n");
+    assert_int_equal(lk_train_config_load_yaml(p, &tc, &ops), LK_OK);
+    assert_true(tc.has_model && tc.model.moe && tc.model.num_experts == 4 && tc.model.hidden_size == 32);
+    assert_string_equal(tc.model.model_type, "qwen3_moe");
+    assert_string_equal(tc.model.torch_dtype, "float32");
+    assert_true(tc.model.tie_word_embeddings == 1);
+    assert_true(tc.steps == 7 && tc.lr == 3e-3 && tc.beta1 == 0.8 && tc.beta2 == 0.99 && tc.grad_accum == 3);
+    assert_true(tc.seed == 9 && tc.save_every == 2 && tc.recompute == 1 && tc.batch_size == 2 && tc.seq_len == 64);
+    assert_string_equal(tc.out, "/tmp/x");
+    assert_int_equal(tc.data, LK_DATA_TEXT);
+    assert_string_equal(tc.data_path, "/tmp/corpus.txt");   /* next to the YAML file */
+    assert_string_equal(ops.field[LK_OP_RMS_NORM].value, "eager");
+    /* The ops-only loader accepts the same file and keeps only the ops. */
+    lk_ops_config only;
+    lk_ops_config_init(&only);
+    assert_int_equal(lk_config_load_yaml(p, &only), LK_OK);
+    assert_string_equal(only.field[LK_OP_RMS_NORM].value, "eager");
+    unlink(p);
+}
+
+static void yaml_train_errors_name_the_place(void **state) {
+    (void)state;
+    static const struct { const char *yaml, *where, *want; } cases[] = {
+        {"train:\n  stpes: 3\n", ":2:3", "unknown key 'stpes' in train (did you mean 'steps'?)"},
+        {"train:\n  lr: fast\n", ":2:7", "train.lr: expected a finite number >= 0, got 'fast'"},
+        {"train:\n  steps: 0\n", ":2:10", "train.steps: expected an integer >= 1"},
+        {"train:\n  betas: [0.9]\n", ":2:10", "train.betas: expected a list of two numbers"},
+        {"train:\n  betas: [0.9, 1.5]\n", ":2:16", "train.betas: expected a number below 1"},
+        {"train:\n  recompute: maybe\n", ":2:14", "train.recompute: expected true or false"},
+        {"train: [1]\n", ":1:8", "train: expected a mapping"},
+        {"data:\n  corpus: builtin\n  text: a.txt\n", ":3:3", "expected one source"},
+        {"data:\n  corpus: web\n", ":2:11", "data.corpus: expected builtin"},
+        {"model:\n  hidden_sise: 3\n", ":2:3", "did you mean 'hidden_size'?"},
+        {"model:\n  hidden_size: [3]\n", ":2:16", "model.hidden_size: expected an integer"},
+        {"model:\n  config_json: /nonexistent/c.json\n", ":2:16", "/nonexistent/c.json"},
+        {"model:\n  hidden_size: 30\n  num_hidden_layers: 1\n", "", "model:"},
+        {"trian: {}\n", ":1:1", "did you mean 'train'?"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        static lk_train_config tc, before;
+        lk_ops_config ops;
+        lk_train_config_init(&tc);
+        lk_ops_config_init(&ops);
+        before = tc;
+        const char *p = write_yaml(cases[i].yaml);
+        lk_status s = lk_train_config_load_yaml(p, &tc, &ops);
+        if (s == LK_OK || !strstr(lk_last_error(), cases[i].want) || !strstr(lk_last_error(), cases[i].where) ||
+            !strstr(lk_last_error(), p))
+            fprintf(stderr, "case %zu: status %d, error: %s\n", i, s, lk_last_error());
+        assert_int_not_equal(s, LK_OK);
+        assert_non_null(strstr(lk_last_error(), cases[i].want));
+        assert_non_null(strstr(lk_last_error(), cases[i].where));
+        assert_non_null(strstr(lk_last_error(), p));
+        assert_memory_equal(&tc, &before, sizeof tc);   /* all or nothing */
+        lk_ops_config plain;
+        lk_ops_config_init(&plain);
+        assert_int_not_equal(lk_config_load_yaml(p, &plain), LK_OK);   /* explain rejects it too */
+        unlink(p);
+    }
+}
+
+static void example_configs_load(void **state) {
+    (void)state;
+    const char *dir = getenv("LLMKERN_SOURCE_DIR");
+    const char *names[] = {"configs/tiny-moe.yaml", "configs/tiny-dense.yaml"};
+    for (int i = 0; i < 2; i++) {
+        char p[512];
+        static lk_train_config tc;
+        lk_ops_config ops;
+        snprintf(p, sizeof p, "%s/%s", dir ? dir : ".", names[i]);
+        lk_train_config_init(&tc);
+        lk_ops_config_init(&ops);
+        assert_int_equal(lk_train_config_load_yaml(p, &tc, &ops), LK_OK);
+        assert_true(tc.has_model);
+        assert_int_equal(tc.model.moe, i == 0);
+        assert_int_equal(tc.data, LK_DATA_BUILTIN);
+        assert_true(tc.model.vocab_size >= LK_TOK_VOCAB);
+    }
+}
+
+static int setup(void **state) {
+    (void)state;
+    assert_int_equal(lk_init(), LK_OK);
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(adamw_matches_f64_reference),
+        cmocka_unit_test(adamw_zero_lr_and_decay_only),
+        cmocka_unit_test(schedule_warmup_then_cosine),
+        cmocka_unit_test(clip_by_global_norm),
+        cmocka_unit_test(png_round_trips_pixels),
+        cmocka_unit_test(plot_is_a_valid_png_with_a_curve),
+        cmocka_unit_test(yaml_train_sections_load),
+        cmocka_unit_test(yaml_train_errors_name_the_place),
+        cmocka_unit_test(example_configs_load),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}

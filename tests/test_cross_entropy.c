@@ -214,6 +214,30 @@ static void test_finite_differences(void **state) {
     }
 }
 
+/* A NaN in the hidden state (a diverged step) gives a NaN loss, never a crash or
+ * undefined behaviour in the kernels (UBSan runs this in CI): the trainer then stops. */
+static void test_nan_hidden_gives_nan_loss(void **state) {
+    (void)state;
+    for (int i = 0; i < N_IMPLS; i++) {
+        const lk_impl *im = impl_of(impls[i]);
+        fd_problem p;
+        memset(&p, 0, sizeof p);
+        lk_rng rng = lk_rng_make(7);
+        lk_rng_normal(&rng, p.h, FT * FH, 0.0f, 1.0f);
+        lk_rng_normal(&rng, p.w, FV * FH, 0.0f, 0.6f);
+        for (int t = 0; t < FT; t++) p.labels[t] = t % FV;
+        p.h[1] = NAN;
+        lk_arena arena = {0};
+        lk_ctx ctx = lk_ctx_cpu(&arena);
+        float dl = 1.0f;
+        lk_cross_entropy_args a = fd_args(&p, &dl);
+        assert_int_equal(lk_cross_entropy_forward(im, &a, &ctx), LK_OK);
+        assert_true(isnan(p.loss));
+        assert_int_equal(lk_cross_entropy_backward(im, &a, &ctx), LK_OK);
+        lk_arena_free(&arena);
+    }
+}
+
 /* --- bad inputs ------------------------------------------------------------------- */
 
 enum { BT = 6, BH = 4, BV = 9 };
@@ -354,6 +378,7 @@ int main(void) {
         cmocka_unit_test(test_logits_to_keep),
         cmocka_unit_test(test_fp32_lm_head),
         cmocka_unit_test(test_finite_differences),
+        cmocka_unit_test(test_nan_hidden_gives_nan_loss),
         cmocka_unit_test(test_bad_inputs),
     };
     return cmocka_run_group_tests(tests, setup, NULL);

@@ -41,12 +41,18 @@ static inline int64_t ce_label(const ce_plan *p, int64_t t) {
  * the sums it feeds). Inputs below −87 give ~0 instead of denormals. */
 static inline float ce_exp(float x) {
     x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;                                  /* 2^n stays a normal float */
     float t = x * 1.44269504089f;
-    float n = (t + 12582912.0f) - 12582912.0f;                 /* round to nearest */
+    float big = t + 12582912.0f;                                /* n sits in big's low bits */
+    float n = big - 12582912.0f;                                /* round to nearest */
     float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
     float q = 1.0f + r * (1.0f + r * (0.5f + r * (0.16666667f + r * (0.041666667f +
               r * (0.0083333333f + r * 0.0013888889f)))));
-    int32_t bits = ((int32_t)n + 127) << 23;
+    /* 2^n from big's bits, never a float-to-int conversion: a NaN input (a NaN weight or
+     * hidden state) gives garbage here, but q is NaN and so is the result, with no UB */
+    uint32_t nb;
+    memcpy(&nb, &big, 4);
+    uint32_t bits = (nb - 0x4B400000u + 127u) << 23;
     float s;
     memcpy(&s, &bits, 4);
     return q * s;

@@ -27,7 +27,9 @@ P.add_argument("--out", default=os.environ.get("OUT", "."))
 P.add_argument("--reps", type=int, default=50)
 ARGS = P.parse_args()
 
-ctypes.CDLL(os.path.join(ARGS.build, "libllmkern.so"), mode=ctypes.RTLD_GLOBAL)
+# The shim pulls libllmkern in through its own dependency, local to it: loaded with
+# RTLD_GLOBAL, llmkern's CUDA runtime pieces (CUB's caches) met torch's copies and the
+# process aborted in free().
 LIB = ctypes.CDLL(os.path.join(ARGS.build, "libllmkern_peers_shim.so"))
 vp, i64, ci, cd = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
 LIB.lkp_init.restype = ci

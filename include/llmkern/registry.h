@@ -41,6 +41,9 @@ typedef struct {
 } lk_op_info;
 
 const lk_op_info *lk_op_info_get(lk_op op);
+/* What a name of op needs that a build or machine may lack ("a Hopper GPU (sm_90) and
+ * CUDA"), or NULL when it needs nothing special. */
+const char *lk_op_name_needs(lk_op op, const char *name);
 lk_status lk_op_parse(const char *name, lk_op *out);      /* op name or config field */
 
 /* The machine, probed once per device kind (hw_cpu.c, hw_cuda.c). */

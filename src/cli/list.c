@@ -66,7 +66,10 @@ int cli_list(const cli_opts *o) {
         for (const char *const *k = info->known; *k; k++) {
             int built = 0;
             for (int d = 0; d < LK_DEVICE_COUNT; d++) built |= lk_impl_find((lk_op)op, *k, (lk_device_type)d) != NULL;
-            if (!built) row(o, &first, info->name, *k, "-", 0, "not available in this build", "", "");
+            if (!built) {
+                const char *needs = lk_op_name_needs((lk_op)op, *k);
+                row(o, &first, info->name, *k, "-", 0, "not available in this build", needs ? needs : "", "");
+            }
         }
     }
     if (o->json) printf("%s]\n", first ? "[" : "\n");

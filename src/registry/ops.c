@@ -59,6 +59,25 @@ static const lk_op_info ops[LK_OP_COUNT] = {
     },
 };
 
+/* What the names this build may lack need, so a request for one can say so. */
+static const struct { lk_op op; const char *name, *needs; } requirements[] = {
+    {LK_OP_ATTENTION, "flash_attention_3", "a Hopper GPU (sm_90) and CUDA"},
+    {LK_OP_ATTENTION, "llmkern_flash_attention_3_with_sp", "a Hopper GPU (sm_90) and CUDA"},
+    {LK_OP_ATTENTION, "flash_attention_4", "a Blackwell GPU (sm_100) and CUDA"},
+    {LK_OP_ATTENTION, "llmkern_flash_attention_4_with_sp", "a Blackwell GPU (sm_100) and CUDA"},
+    {LK_OP_ATTENTION, "cudnn", "cuDNN and a CUDA GPU"},
+    {LK_OP_MOE_EXPERTS, "fused_sm90", "a Hopper GPU (sm_90) and CUDA"},
+    {LK_OP_MOE_EXPERTS, "fused_quack", "a Hopper GPU (sm_90) and CUDA"},
+    {LK_OP_MOE_EXPERTS, "fused_cublas", "a CUDA GPU and cuBLAS"},
+    {LK_OP_LINEAR, "cublaslt", "a CUDA GPU and cuBLASLt"},
+};
+
+const char *lk_op_name_needs(lk_op op, const char *name) {
+    for (size_t i = 0; name && i < sizeof requirements / sizeof *requirements; i++)
+        if (requirements[i].op == op && strcmp(requirements[i].name, name) == 0) return requirements[i].needs;
+    return NULL;
+}
+
 const lk_op_info *lk_op_info_get(lk_op op) {
     return (unsigned)op < LK_OP_COUNT ? &ops[op] : NULL;
 }

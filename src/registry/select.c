@@ -96,6 +96,8 @@ static lk_status explicit_error(const lk_request *req, const lk_op_info *info, c
         if (lk_impl_find(req->op, name, other))
             snprintf(why, sizeof why, "it runs on %s, the model runs on %s", lk_device_name(other),
                      lk_device_name(req->device));
+        else if (lk_op_name_needs(req->op, name))
+            snprintf(why, sizeof why, "not available in this build (it needs %s)", lk_op_name_needs(req->op, name));
         else
             snprintf(why, sizeof why, "not available in this build");
     }

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include "status.h"
 #include "hf_config.h"
+#include "comm.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -69,9 +70,12 @@ typedef struct {
     char data_path[512];         /* text or tokens file */
     int64_t corpus_docs;         /* builtin: documents to generate */
     int64_t eos_id;              /* tokens: the id ending a document (-1: one document) */
+    /* parallel: the DP x SP x EP mesh under mpirun. dp 0 = the whole world; the trainer
+     * takes sp = ep = 1 only (SP and EP run in the ops, not yet in the training loop). */
+    int64_t dp, sp, ep;
 } lk_train_config;
 
-/* Defaults: steps 100, lr 1e-3, min_lr 1e-4, warmup 10, weight_decay 0.1, betas
+/* Defaults: dp 0 (the world), sp 1, ep 1; steps 100, lr 1e-3, min_lr 1e-4, warmup 10, weight_decay 0.1, betas
  * (0.9, 0.95), eps 1e-8, grad_clip 1.0, batch 4 x 128, grad_accum 1, seed 1234,
  * save_every 0 (only at the end), out "out", the builtin corpus; no model. */
 void lk_train_config_init(lk_train_config *tc);
@@ -97,6 +101,11 @@ typedef struct {
     int64_t loss_log_cap;
     int64_t stop_at;             /* > 0: stop before step stop_at as a killed process would (no
                                   * final checkpoint or model): tests of --resume */
+    /* Data parallelism: the DP group (NULL or size 1: one process, the path unchanged).
+     * Rank r of P takes every P-th batch from r; after each step's micro-batches the
+     * gradients are summed over the group in 4 MiB buckets and divided by P; the loss is
+     * the group's mean; only rank 0 writes (out, loss.csv, plot, checkpoints, progress). */
+    lk_comm *dp_comm;
 } lk_train_opts;
 
 typedef struct {
@@ -117,6 +126,11 @@ typedef struct {
  * checkpoint, which is kept. opts and result may be NULL. */
 lk_status lk_train_run(const lk_train_config *tc, const struct lk_ops_config *ops, const char *resume,
                        const lk_train_opts *opts, lk_train_result *result);
+
+/* The mesh of `mpirun ... llmkern train`: lk_mesh_create(world, tc->dp, 1, 1) after
+ * rejecting sp or ep other than 1; LK_EINVAL naming parallel.dp and the world size when
+ * the mesh does not divide it (before any collective). */
+lk_status lk_train_mesh(const lk_train_config *tc, lk_comm *world, lk_mesh *out);
 
 #ifdef __cplusplus
 }

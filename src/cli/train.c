@@ -1,10 +1,23 @@
 /* train.c — `llmkern train --config FILE [--steps N] [--out DIR] [--resume DIR]`: loads
  * the YAML config (model, train, data and ops sections), applies the command-line
  * overrides and runs the training loop (train.h). Exit status 2 on any error, with the
- * message (a NaN loss names the step and the last good checkpoint). */
+ * message (a NaN loss names the step and the last good checkpoint).
+ *
+ * Under mpirun (`mpirun -np N llmkern train ...`, an MPI build) the config's parallel:
+ * mesh is built over the world before any work (one that does not divide N: exit 2) and
+ * the run is data-parallel over it; rank 0 prints and writes. */
+#include <stdlib.h>
 #include <string.h>
 #include "cli/cli.h"
 #include "llmkern/train.h"
+
+/* Launched by mpirun (OpenMPI, or a PMI launcher): only then is MPI initialized, so a
+ * plain run stays the single-process path. */
+static int under_mpirun(void) {
+    return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
+}
+
+static int run(const cli_opts *o, const lk_train_config *tc, lk_ops_config *ops, lk_comm *dp);
 
 int cli_train(const cli_opts *o) {
     if (o->config == NULL) {
@@ -20,18 +33,39 @@ int cli_train(const cli_opts *o) {
     if (o->steps > 0) tc.steps = o->steps;
     if (o->out) snprintf(tc.out, sizeof tc.out, "%s", o->out);
     if (tc.warmup_steps > tc.steps) tc.warmup_steps = tc.steps;
-    printf("training %s (%lld layers, hidden %lld, %lld experts) for %lld steps of %lld x %lld tokens",
-           tc.model.moe ? "Qwen3-MoE" : "Qwen3", (long long)tc.model.num_hidden_layers, (long long)tc.model.hidden_size,
-           (long long)(tc.model.moe ? tc.model.num_experts : 0), (long long)tc.steps, (long long)tc.batch_size,
-           (long long)tc.seq_len);
-    if (tc.grad_accum > 1) printf(" x %lld micro-batches", (long long)tc.grad_accum);
-    printf(" into %s%s%s\n", tc.out, o->resume ? ", resuming from " : "", o->resume ? o->resume : "");
+    lk_comm *world = NULL;
+    if (!under_mpirun() || lk_comm_mpi_world(&world) != LK_OK || world->size == 1) {
+        if (world) { lk_comm_destroy(world); lk_comm_mpi_finalize(); }
+        return run(o, &tc, &ops, NULL);
+    }
+    lk_mesh mesh;
+    int rc;
+    if ((s = lk_train_mesh(&tc, world, &mesh))) rc = cli_fail("train", s);
+    else {
+        rc = run(o, &tc, &ops, mesh.dp);
+        lk_mesh_destroy(&mesh);
+    }
+    lk_comm_destroy(world);
+    lk_comm_mpi_finalize();
+    return rc;
+}
+
+static int run(const cli_opts *o, const lk_train_config *tc, lk_ops_config *ops, lk_comm *dp) {
+    int rank0 = dp == NULL || dp->rank == 0;
+    if (rank0) printf("training %s (%lld layers, hidden %lld, %lld experts) for %lld steps of %lld x %lld tokens",
+           tc->model.moe ? "Qwen3-MoE" : "Qwen3", (long long)tc->model.num_hidden_layers, (long long)tc->model.hidden_size,
+           (long long)(tc->model.moe ? tc->model.num_experts : 0), (long long)tc->steps, (long long)tc->batch_size,
+           (long long)tc->seq_len);
+    if (rank0 && tc->grad_accum > 1) printf(" x %lld micro-batches", (long long)tc->grad_accum);
+    if (rank0 && dp) printf(" on each of %d data-parallel ranks", dp->size);
+    if (rank0) printf(" into %s%s%s\n", tc->out, o->resume ? ", resuming from " : "", o->resume ? o->resume : "");
     lk_train_result r;
-    s = lk_train_run(&tc, &ops, o->resume, NULL, &r);
+    lk_train_opts opts = {.dp_comm = dp};
+    lk_status s = lk_train_run(tc, ops, o->resume, dp ? &opts : NULL, &r);
     if (s) return cli_fail("train", s);
-    printf("done: steps %lld..%lld, loss %.4f -> %.4f (mean of the last %lld steps %.4f), %.1f s, %.0f tokens/s;\n"
+    if (rank0) printf("done: steps %lld..%lld, loss %.4f -> %.4f (mean of the last %lld steps %.4f), %.1f s, %.0f tokens/s;\n"
            "checkpoint %s; model, loss.csv, loss.png in %s\n", (long long)r.first_step + 1, (long long)r.steps_done,
            r.first_loss, r.last_loss, (long long)(r.steps_done < 10 ? r.steps_done : 10), r.tail_loss, r.seconds,
-           r.tokens_per_s, r.last_checkpoint, tc.out);
+           r.tokens_per_s, r.last_checkpoint, tc->out);
     return 0;
 }

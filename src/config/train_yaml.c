@@ -7,6 +7,7 @@
  *     num_experts: 8                # > 0 makes it Qwen3-MoE
  *   train: { steps: 200, lr: 3e-3, betas: [0.9, 0.95], batch_size: 4, seq_len: 128 }
  *   data:  { corpus: builtin }      # or text: file.txt, or tokens: file.lktok
+ *   parallel: { dp: 2, sp: 1, ep: 1 }   # under mpirun; dp 0 (the default) = every rank
  */
 #include <errno.h>
 #include <math.h>
@@ -29,6 +30,7 @@ void lk_train_config_init(lk_train_config *tc) {
     tc->data = LK_DATA_BUILTIN;
     tc->corpus_docs = LK_CORPUS_DEFAULT_DOCS;
     tc->eos_id = -1;
+    tc->dp = 0; tc->sp = 1; tc->ep = 1;
 }
 
 /* --- typed scalars ------------------------------------------------------------------ */
@@ -217,6 +219,28 @@ lk_status lk_yaml_data_entry(loader *l, const yaml_node_t *k, const yaml_node_t 
     }
     t->data = is_text ? LK_DATA_TEXT : LK_DATA_TOKENS;
     return get_path(l, v, is_text ? "data.text" : "data.tokens", t->data_path, sizeof t->data_path);
+}
+
+/* --- parallel: ---------------------------------------------------------------------- */
+static const char *const parallel_keys[] = {"dp", "sp", "ep", NULL};
+
+lk_status lk_yaml_parallel_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
+    lk_train_config *t = l->train;
+    const char *n = scalar(k);
+    if (strcmp(n, "dp") == 0) return get_i64(l, v, "parallel.dp", 0, &t->dp);
+    int is_sp = strcmp(n, "sp") == 0;
+    if (!is_sp && strcmp(n, "ep") != 0) return unknown_key(l, k, "parallel", parallel_keys);
+    int64_t x;
+    lk_status s = get_i64(l, v, is_sp ? "parallel.sp" : "parallel.ep", 1, &x);
+    if (s) return s;
+    if (x != 1) {   /* the ops take SP and EP; the training loop does not drive them yet */
+        char w[192];
+        where(l, v, w, sizeof w);
+        return lk_error(LK_EINVAL, "%s: parallel.%s: %lld is not yet supported in the trainer (expected 1; "
+                        "data parallelism only)", w, n, (long long)x);
+    }
+    *(is_sp ? &t->sp : &t->ep) = 1;
+    return LK_OK;
 }
 
 lk_status lk_yaml_finish(loader *l) {

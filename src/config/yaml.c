@@ -104,7 +104,7 @@ static lk_status model_entry(loader *l, const yaml_node_t *k, const yaml_node_t 
     return lk_yaml_model_arch_entry(l, k, v);
 }
 
-static const char *const top_keys[] = {"model", "train", "data", NULL};
+static const char *const top_keys[] = {"model", "train", "data", "parallel", NULL};
 
 static lk_status top_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
     lk_status s;
@@ -112,6 +112,7 @@ static lk_status top_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v
         return (s = lk_yaml_model_begin(l, v)) ? s : each_entry(l, v, "model", model_entry);
     if (strcmp(scalar(k), "train") == 0) return each_entry(l, v, "train", lk_yaml_train_entry);
     if (strcmp(scalar(k), "data") == 0) return each_entry(l, v, "data", lk_yaml_data_entry);
+    if (strcmp(scalar(k), "parallel") == 0) return each_entry(l, v, "parallel", lk_yaml_parallel_entry);
     return unknown_key(l, k, "the top level", top_keys);
 }
 

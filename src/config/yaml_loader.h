@@ -33,11 +33,12 @@ lk_status each_entry(loader *l, const yaml_node_t *map, const char *what, entry_
 lk_status lk_yaml_load(const char *path, lk_ops_config *cfg, lk_train_config *tc);
 
 /* train_yaml.c: model: (config_json is read first, inline keys then override it),
- * train:, data:, and the checks once the whole file is read. */
+ * train:, data:, parallel:, and the checks once the whole file is read. */
 lk_status lk_yaml_model_begin(loader *l, const yaml_node_t *model);
 lk_status lk_yaml_model_arch_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v);
 lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v);
 lk_status lk_yaml_data_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v);
+lk_status lk_yaml_parallel_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v);
 lk_status lk_yaml_finish(loader *l);
 
 #pragma GCC visibility pop

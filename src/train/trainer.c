@@ -1,7 +1,9 @@
 /* trainer.c — the training loop behind `llmkern train` (train.h: lk_train_run): per
  * step, gradient accumulation over grad_accum micro-batches, clipping by the global
  * norm, one AdamW update; a progress line, loss.csv and loss.png in the output
- * directory; checkpoints through train_state.c. */
+ * directory; checkpoints through train_state.c. Data parallelism (opts->dp_comm): each
+ * rank reads its shard, the gradients are all-reduced in buckets before clipping, and
+ * rank 0 alone writes. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +27,9 @@ static lk_status check_config(const lk_train_config *tc) {
                         "save_every and warmup_steps >= 0");
     if (!(tc->lr >= 0) || !(tc->min_lr >= 0) || !(tc->beta1 >= 0 && tc->beta1 < 1) || !(tc->beta2 >= 0 && tc->beta2 < 1))
         return lk_error(LK_EINVAL, "train: config: expected lr, min_lr >= 0 and betas in [0, 1)");
+    if (tc->sp != 1 || tc->ep != 1)
+        return lk_error(LK_EINVAL, "train: parallel: sp %lld, ep %lld: not yet supported in the trainer (expected 1)",
+                        (long long)tc->sp, (long long)tc->ep);
     if (tc->model.vocab_size < LK_TOK_VOCAB && tc->data != LK_DATA_TOKENS)
         return lk_error(LK_EINVAL, "train: model.vocab_size: expected at least %d (the byte tokenizer), got %lld",
                         LK_TOK_VOCAB, (long long)tc->model.vocab_size);
@@ -60,16 +65,31 @@ static void trainer_free(trainer *t) {
     for (int i = 0; t->m && i < t->n_params; i++) { free(t->m[i]); free(t->v[i]); }
     free(t->m); free(t->v); free(t->grads); free(t->lens); free(t->hist);
     lk_batch_free(&t->batch);
+    lk_batch_free(&t->skip);
+    free(t->bucket);
     lk_data_iter_free(&t->it);
     lk_dataset_free(&t->ds);
     if (t->model) lk_model_free(t->model);
 }
 
-static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_ops_config *ops) {
+#define DP_BUCKET_FLOATS ((int64_t)1 << 20)   /* 4 MiB of f32 per all-reduce */
+
+static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_ops_config *ops, lk_comm *dp) {
     memset(t, 0, sizeof *t);
     t->tc = tc;
+    t->writer = 1;
     lk_status s = check_config(tc);
-    if (!s) s = lk_mkdirs(tc->out);
+    if (!s && dp && dp->size > 1) {
+        t->dp = dp;
+        t->writer = dp->rank == 0;
+        if (tc->dp != 0 && tc->dp != dp->size)
+            s = lk_error(LK_EINVAL, "train: parallel.dp: expected %d (the DP group's size), got %lld", dp->size,
+                         (long long)tc->dp);
+        if (!s) s = lk_batch_alloc(&t->skip, tc->batch_size, tc->seq_len);
+        if (!s && (t->bucket = malloc((size_t)DP_BUCKET_FLOATS * sizeof(float))) == NULL)
+            s = lk_error(LK_ENOMEM, "train: DP bucket");
+    }
+    if (!s && t->writer) s = lk_mkdirs(tc->out);
     if (!s) s = load_data(tc, &t->ds);
     if (!s) s = lk_data_iter_init(&t->it, &t->ds, tc->batch_size, tc->seq_len, tc->seed);
     if (!s) s = lk_batch_alloc(&t->batch, tc->batch_size, tc->seq_len);
@@ -136,7 +156,57 @@ static void progress(const trainer *t, const float *row, double tokens_per_s, do
     fflush(stdout);
 }
 
-/* One optimizer step; *loss gets the mean of the micro-batch losses. */
+/* DP: every rank learns whether any rank failed, so none waits in a collective forever. */
+static lk_status dp_agree(trainer *t, lk_status s) {
+    if (t->dp == NULL) return s;
+    int64_t bad = s != LK_OK;
+    char why[512];
+    snprintf(why, sizeof why, "%s", lk_last_error());
+    lk_status cs = lk_comm_all_reduce(t->dp, &bad, 1, LK_COMM_I64);
+    if (cs) return cs;
+    if (s) return lk_error(s, "%s", why);
+    return bad ? lk_error(LK_ECOMM, "train: another rank of the DP group failed (its message says why)") : LK_OK;
+}
+
+/* The next micro-batch: rank r of P takes batches r, r + P, ...; every rank advances the
+ * iterator alike, so its state (what checkpoints keep) is the same on all of them. */
+static lk_status next_batch(trainer *t) {
+    if (t->dp == NULL) return lk_data_iter_next(&t->it, &t->batch);
+    lk_status s = LK_OK;
+    for (int j = 0; !s && j < t->dp->size; j++) s = lk_data_iter_next(&t->it, j == t->dp->rank ? &t->batch : &t->skip);
+    return s;
+}
+
+/* The flat gradient [start, start + n) (params back to back) to or from buf; from buf
+ * it is scaled. */
+static void flat_copy(trainer *t, int64_t start, int64_t n, float *buf, int to_buf, float scale) {
+    for (int i = 0; i < t->n_params && n > 0; i++) {
+        int64_t len = t->lens[i];
+        if (start >= len) { start -= len; continue; }
+        int64_t m = len - start < n ? len - start : n;
+        float *g = t->grads[i] + start;
+        if (to_buf) memcpy(buf, g, (size_t)m * sizeof *g);
+        else for (int64_t j = 0; j < m; j++) g[j] = buf[j] * scale;
+        buf += m, n -= m, start = 0;
+    }
+}
+
+/* DP: grads = (sum over the group) / P, one all-reduce per 4 MiB bucket. */
+static lk_status dp_reduce_grads(trainer *t) {
+    int64_t total = 0;
+    for (int i = 0; i < t->n_params; i++) total += t->lens[i];
+    float scale = (float)(1.0 / (double)t->dp->size);
+    for (int64_t b = 0; b < total; b += DP_BUCKET_FLOATS) {
+        int64_t n = total - b < DP_BUCKET_FLOATS ? total - b : DP_BUCKET_FLOATS;
+        flat_copy(t, b, n, t->bucket, 1, 1.0f);
+        lk_status s = lk_comm_all_reduce(t->dp, t->bucket, n, LK_COMM_F32);
+        if (s) return s;
+        flat_copy(t, b, n, t->bucket, 0, scale);
+    }
+    return LK_OK;
+}
+
+/* One optimizer step; *loss gets the mean of the micro-batch losses (over the DP group). */
 static lk_status train_step(trainer *t, const lk_train_opts *o, double *loss, double *grad_norm, int64_t *tokens) {
     const lk_train_config *tc = t->tc;
     lk_model_zero_grad(t->model);
@@ -144,13 +214,22 @@ static lk_status train_step(trainer *t, const lk_train_opts *o, double *loss, do
     *tokens = 0;
     for (int64_t k = 0; k < tc->grad_accum; k++) {
         lk_step_stats st;
-        lk_status s = lk_data_iter_next(&t->it, &t->batch);
+        lk_status s = next_batch(t);
         if (!s) s = lk_model_forward_backward(t->model, &t->batch, (float)(1.0 / (double)tc->grad_accum), &st);
-        if (s) return s;
+        if (s) return t->dp ? dp_agree(t, s) : s;
         sum += st.loss;
         *tokens += t->batch.B * t->batch.S;
     }
     *loss = sum / (double)tc->grad_accum;
+    if (t->dp) {
+        lk_status s = dp_agree(t, LK_OK);
+        double red[2] = {sum, (double)*tokens};
+        if (!s) s = lk_comm_all_reduce(t->dp, red, 2, LK_COMM_F64);
+        if (!s) s = dp_reduce_grads(t);
+        if (s) return s;
+        *loss = red[0] / (double)(tc->grad_accum * t->dp->size);
+        *tokens = (int64_t)red[1];
+    }
     if (o->after_loss) o->after_loss(o->user, t->step, loss);
     if (!isfinite(*loss)) return LK_OK;   /* the caller stops before touching the weights */
     *grad_norm = lk_clip_grad_norm(t->grads, t->lens, t->n_params, tc->grad_clip);
@@ -169,9 +248,11 @@ static lk_status train_step(trainer *t, const lk_train_opts *o, double *loss, do
 
 static lk_status run_loop(trainer *t, const lk_train_opts *o, lk_train_result *r) {
     const lk_train_config *tc = t->tc;
-    int tty = !o->quiet && isatty(STDOUT_FILENO);
-    FILE *csv = open_csv(t);
-    if (csv == NULL) return LK_EIO;
+    lk_status s0;
+    int quiet = o->quiet || !t->writer, tty = !quiet && isatty(STDOUT_FILENO);
+    FILE *csv = t->writer ? open_csv(t) : NULL;
+    if (t->writer && csv == NULL) return dp_agree(t, LK_EIO);
+    if ((s0 = dp_agree(t, LK_OK))) return s0;
     lk_status s = LK_OK;
     double t0 = now_s(), tokens_total = 0.0;
     while (t->step < tc->steps && !(o->stop_at > 0 && t->step >= o->stop_at)) {
@@ -193,20 +274,23 @@ static lk_status run_loop(trainer *t, const lk_train_opts *o, lk_train_result *r
         row[LK_HIST_LOSS] = (float)loss;
         row[LK_HIST_GRAD_NORM] = (float)norm;
         row[LK_HIST_TOKENS_PER_S] = (float)((double)tokens / (dt > 0 ? dt : 1e-9));
-        fprintf(csv, "%lld,%.7g,%.7g,%.7g,%.1f\n", (long long)row[0], row[1], row[2], row[3], row[4]);
-        fflush(csv);
+        if (csv) {
+            fprintf(csv, "%lld,%.7g,%.7g,%.7g,%.1f\n", (long long)row[0], row[1], row[2], row[3], row[4]);
+            fflush(csv);
+        }
         if (o->loss_log && t->step < o->loss_log_cap) o->loss_log[t->step] = (float)loss;
         if (t->step == t->start_step) r->first_loss = loss;
         r->last_loss = loss;
         t->step++;
         double elapsed = now_s() - t0, per_step = elapsed / (double)(t->step - t->start_step);
-        if (!o->quiet)   /* the run's average rate: steady where one step's is noisy */
+        if (!quiet)   /* the run's average rate: steady where one step's is noisy */
             progress(t, row, tokens_total / elapsed, per_step * (double)(tc->steps - t->step), tty, t->step == tc->steps);
         if (tc->save_every > 0 && t->step % tc->save_every == 0 && t->step < tc->steps) {
-            if ((s = lk_trainer_save(t)) || (s = write_plot(t))) break;
+            if (t->writer && ((s = lk_trainer_save(t)) || (s = write_plot(t)))) {}
+            if ((s = dp_agree(t, s))) break;
         }
     }
-    fclose(csv);
+    if (csv) fclose(csv);
     if (tty && s) printf("\n");   /* end the in-place line before the error is printed */
     r->seconds = now_s() - t0;
     r->tokens_per_s = tokens_total / (r->seconds > 0 ? r->seconds : 1e-9);
@@ -221,14 +305,16 @@ lk_status lk_train_run(const lk_train_config *tc, const lk_ops_config *ops, cons
     if (tc == NULL || ops == NULL) return lk_error(LK_EINVAL, "train: expected a train config and an ops config");
     const lk_train_opts *o = opts ? opts : &none;
     trainer t;
-    lk_status s = trainer_init(&t, tc, ops);
+    lk_status s = trainer_init(&t, tc, ops, o->dp_comm);
     if (!s && resume) s = lk_trainer_resume(&t, resume);
+    if (o->dp_comm && o->dp_comm->size > 1) s = dp_agree(&t, s);
     r.first_step = t.step;
     if (!s && t.step < tc->steps) s = run_loop(&t, o, &r);
     int finished = t.step == tc->steps;
-    if (!s && finished) s = lk_trainer_save(&t);
-    if (!s && finished) s = lk_model_save(t.model, tc->out);   /* the final model: the output dir loads as one */
-    if (!s || t.step > 0) {                          /* a stopped run still plots what it did */
+    if (!s && finished && t.writer) s = lk_trainer_save(&t);
+    if (!s && finished && t.writer) s = lk_model_save(t.model, tc->out);   /* the final model: the output dir loads as one */
+    if (finished) s = dp_agree(&t, s);
+    if (t.writer && (!s || t.step > 0)) {                          /* a stopped run still plots what it did */
         char why[512];
         snprintf(why, sizeof why, "%s", lk_last_error());
         lk_status ps = write_plot(&t);
@@ -242,4 +328,22 @@ lk_status lk_train_run(const lk_train_config *tc, const lk_ops_config *ops, cons
     trainer_free(&t);
     if (result) *result = r;
     return s;
+}
+
+lk_status lk_train_mesh(const lk_train_config *tc, lk_comm *world, lk_mesh *out) {
+    if (tc == NULL || out == NULL) return lk_error(LK_EINVAL, "train: mesh: expected a train config and a mesh");
+    lk_status s = lk_comm_check("train: mesh", "world", world);
+    if (s) return s;
+    if (tc->sp != 1 || tc->ep != 1)
+        return lk_error(LK_EINVAL, "train: parallel: sp %lld, ep %lld: not yet supported in the trainer (expected 1)",
+                        (long long)tc->sp, (long long)tc->ep);
+    if (tc->dp < 0 || tc->dp > world->size || (tc->dp > 0 && world->size % tc->dp))
+        return lk_error(LK_EINVAL, "train: parallel.dp: %lld does not divide the world size %d (mpirun -np)",
+                        (long long)tc->dp, world->size);
+    if ((s = lk_mesh_create(world, (int)tc->dp, 1, 1, out))) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", lk_last_error());
+        return lk_error(s, "train: parallel.dp %lld, world size %d: %s", (long long)tc->dp, world->size, why);
+    }
+    return LK_OK;
 }

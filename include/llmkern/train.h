@@ -98,6 +98,7 @@ typedef struct {
     void (*after_loss)(void *user, int64_t step, double *loss);
     void *user;
     float *loss_log;             /* loss_log[step] = that step's loss, for step < loss_log_cap */
+    float *grad_norm_log;        /* optional: the step's gradient norm (before clipping), likewise */
     int64_t loss_log_cap;
     int64_t stop_at;             /* > 0: stop before step stop_at as a killed process would (no
                                   * final checkpoint or model): tests of --resume */

@@ -279,6 +279,7 @@ static lk_status run_loop(trainer *t, const lk_train_opts *o, lk_train_result *r
             fflush(csv);
         }
         if (o->loss_log && t->step < o->loss_log_cap) o->loss_log[t->step] = (float)loss;
+        if (o->grad_norm_log && t->step < o->loss_log_cap) o->grad_norm_log[t->step] = (float)norm;
         if (t->step == t->start_step) r->first_loss = loss;
         r->last_loss = loss;
         t->step++;

@@ -39,13 +39,15 @@ static void rm_rf(const char *d) {
 static void dp_matches_grad_accum(void) {
     int P = dist_world->size, r = dist_world->rank;
     char dir[64] = "/tmp/llmkern_dist_train_XXXXXX";
-    float ref[STEPS] = {0}, dp[STEPS] = {0};
+    /* grad norms too: AdamW is nearly blind to a gradient's scale, so a DP average taken
+     * over the wrong count would barely move the loss; the norm shows it at once */
+    float ref[STEPS] = {0}, dp[STEPS] = {0}, ref_norm[STEPS] = {0}, dp_norm[STEPS] = {0};
     if (r == 0) {
         DIST_CHECK(mkdtemp(dir) != NULL, "mkdtemp");
         char single[128];
         snprintf(single, sizeof single, "%s/single", dir);
         tiny_dense(single, P);
-        lk_train_opts o = {.quiet = 1, .loss_log = ref, .loss_log_cap = STEPS};
+        lk_train_opts o = {.quiet = 1, .loss_log = ref, .grad_norm_log = ref_norm, .loss_log_cap = STEPS};
         DIST_CHECK(lk_train_run(&tc, &ops, NULL, &o, NULL) == LK_OK, "single-process run");
     }
     DIST_CHECK(lk_comm_broadcast(dist_world, dir, sizeof dir, 0) == LK_OK, "broadcast dir");
@@ -54,13 +56,17 @@ static void dp_matches_grad_accum(void) {
     tiny_dense(out, 1);
     lk_mesh mesh;
     DIST_CHECK(lk_train_mesh(&tc, dist_world, &mesh) == LK_OK && mesh.dp_size == P, "mesh of dp %d", P);
-    lk_train_opts o = {.quiet = 1, .loss_log = dp, .loss_log_cap = STEPS, .dp_comm = mesh.dp};
+    lk_train_opts o = {.quiet = 1, .loss_log = dp, .grad_norm_log = dp_norm, .loss_log_cap = STEPS,
+                       .dp_comm = mesh.dp};
     DIST_CHECK(lk_train_run(&tc, &ops, NULL, &o, NULL) == LK_OK, "dp run");
     lk_mesh_destroy(&mesh);
     if (r == 0) {
         for (int i = 0; i < STEPS; i++) {
             double e = dist_rel_err(&dp[i], &ref[i], 1);
             DIST_CHECK(e <= TOL, "step %d: dp loss %.9g vs single %.9g (relative %.3g)", i + 1, dp[i], ref[i], e);
+            double en = dist_rel_err(&dp_norm[i], &ref_norm[i], 1);
+            DIST_CHECK(en <= TOL, "step %d: dp grad norm %.9g vs single %.9g (relative %.3g)", i + 1, dp_norm[i],
+                       ref_norm[i], en);
         }
         DIST_CHECK(ref[STEPS - 1] < ref[0], "the loss falls: %g -> %g", ref[0], ref[STEPS - 1]);
         char path[200];

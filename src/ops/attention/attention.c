@@ -265,13 +265,11 @@ static lk_region region(const char *name, const lk_tensor *t) {
 /* Reserves the adapter's workspace, runs one pass, gives the workspace back. */
 static lk_status run(const call *c, int backward, const lk_attention_args *a, lk_ctx *ctx) {
     size_t ws = c->vt->workspace_bytes ? c->vt->workspace_bytes(a, backward) : 0;
-    if (ws > 0 && ctx->arena == NULL)
-        return lk_error(LK_EINVAL, OP ": ctx.arena: expected an arena for %zu bytes of workspace, got NULL", ws);
-    lk_status s;
-    if (ws > 0 && (s = lk_arena_reserve(ctx->arena, ws))) return s;
-    size_t mark = ctx->arena ? ctx->arena->used : 0;
+    size_t mark;
+    lk_status s = lk_ctx_workspace_begin(ctx, OP, ws, &mark);
+    if (s) return s;
     s = backward ? c->vt->backward(a, ctx) : c->vt->forward(a, ctx);
-    if (ctx->arena) lk_arena_release(ctx->arena, mark);
+    lk_ctx_workspace_end(ctx, mark);
     return s;
 }
 

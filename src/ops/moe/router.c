@@ -100,13 +100,11 @@ static lk_status check_common(const lk_impl *impl, const lk_moe_router_args *a, 
 
 static lk_status run(const lk_moe_router_vtable *vt, int backward, const lk_moe_router_args *a, lk_ctx *ctx) {
     size_t ws = vt->workspace_bytes ? vt->workspace_bytes(a, backward) : 0;
-    if (ws > 0 && ctx->arena == NULL)
-        return lk_error(LK_EINVAL, OP ": ctx.arena: expected an arena for %zu bytes of workspace, got NULL", ws);
-    lk_status s;
-    if (ws > 0 && (s = lk_arena_reserve(ctx->arena, ws))) return s;
-    size_t mark = ctx->arena ? ctx->arena->used : 0;
+    size_t mark;
+    lk_status s = lk_ctx_workspace_begin(ctx, OP, ws, &mark);
+    if (s) return s;
     s = backward ? vt->backward(a, ctx) : vt->forward(a, ctx);
-    if (ctx->arena) lk_arena_release(ctx->arena, mark);
+    lk_ctx_workspace_end(ctx, mark);
     return s;
 }
 

@@ -96,16 +96,20 @@ lk_status lk_comm_check(const char *op, const char *arg, const lk_comm *c);
 
 /* --- the DP x SP x EP mesh ------------------------------------------------------- */
 
-/* World rank = (dp_rank · ep + ep_rank) · sp + sp_rank: SP innermost (its all-to-alls
- * are the heaviest traffic), then EP, then DP. Each group is its own communicator. */
+/* The mesh as VeOmni lays it out. world = dp x sp, SP innermost (its all-to-alls are the
+ * heaviest traffic): world rank = dp_rank * sp + sp_rank. Expert parallelism folds over
+ * the same ranks: ep divides the world size and an EP group is ep consecutive ranks
+ * (ep_rank = rank % ep), so each rank runs the experts of its ep_rank for the tokens of
+ * its EP group, whatever their SP or DP coordinates. sp = ep = 2, dp = 2 is 4 ranks.
+ * Each group is its own communicator. */
 typedef struct {
     lk_comm *world, *dp, *sp, *ep;      /* world is borrowed; the groups are owned */
     int dp_size, sp_size, ep_size;
     int dp_rank, sp_rank, ep_rank;
 } lk_mesh;
 
-/* dp · sp · ep must equal world->size; dp 0 = world->size / (sp · ep). LK_EINVAL with
- * the sizes when they do not divide the world, before any collective runs. */
+/* dp x sp must equal world->size (dp 0 = world->size / sp) and ep must divide it.
+ * LK_EINVAL with the sizes when they do not, before any collective runs. */
 lk_status lk_mesh_create(lk_comm *world, int dp, int sp, int ep, lk_mesh *out);
 void lk_mesh_destroy(lk_mesh *m);
 

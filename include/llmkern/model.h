@@ -56,6 +56,23 @@ typedef struct lk_model lk_model;   /* opaque */
 lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, uint64_t seed,
                           int recompute, lk_model **out);
 void lk_model_free(lk_model *m);
+/* Sequence and expert parallelism; call before the first step (NULL or a group of one:
+ * none). Every rank of both groups is handed the same calls.
+ *   sp: the SP group. Its ranks are handed the same whole batch; rank r runs tokens
+ *       [r·T/P, (r+1)·T/P) of the B*S (B*S a multiple of P) through Ulysses attention (the
+ *       attention binding must be an SP row: flash_attention_2 or flex_attention under
+ *       the llmkern backend), the loss is the group's mean over its valid tokens and the
+ *       MoE aux loss the group's (moe.h).
+ *   ep: the EP group. A MoE layer's experts run through the moe_dispatch binding
+ *       (alltoall or allgather; a defaulted `local` becomes alltoall), rank r running
+ *       experts [r·E/P, (r+1)·E/P) for the routes of every rank of the group.
+ * Parameters stay whole on every rank; a step's gradients are then this rank's share
+ * (its tokens, its experts), which the caller sums over all ranks (the trainer's
+ * all-reduce). Errors (the model unchanged): LK_EINVAL (heads or experts not divisible
+ * by the group, an attention binding without an SP path, an explicit `local`
+ * dispatcher, a dense model with ep > 1). */
+struct lk_comm;
+lk_status lk_model_set_parallel(lk_model *m, struct lk_comm *sp, struct lk_comm *ep);
 int lk_model_param_count(const lk_model *m);
 lk_param *lk_model_param(lk_model *m, int i);
 /* Forward and backward of one micro-batch: ADDS d(loss * loss_scale) to every param's

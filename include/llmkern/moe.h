@@ -20,7 +20,10 @@
  *   aux_loss = E/(T·k) · Σ_e count_e · P_e, count_e = routes to e, P_e = the mean over
  *   tokens of the per-token normalized scores (softmax p; s/Σs for sigmoid; the routing
  *   fractions for fake_balanced). 1 at perfect balance. The caller scales it (its
- *   coefficient goes into d_aux_loss).
+ *   coefficient goes into d_aux_loss). T, count_e and P_e are over the tokens of every
+ *   rank of ctx->comm (the sequence-parallel group, whose ranks hold slices of the same
+ *   sequences; NULL = this call's tokens), so an SP rank's aux loss and gradient are the
+ *   single-process ones; every rank of the group makes the same call.
  * Backward: from d_topk_weights (and d_aux_loss) through the selected weights and the
  *   softmax / sigmoid to the logits, then d_hidden is WRITTEN and d_gate_weight is
  *   ACCUMULATED. The choice itself has no gradient; fake_balanced writes d_hidden = 0.

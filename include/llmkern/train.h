@@ -70,8 +70,8 @@ typedef struct {
     char data_path[512];         /* text or tokens file */
     int64_t corpus_docs;         /* builtin: documents to generate */
     int64_t eos_id;              /* tokens: the id ending a document (-1: one document) */
-    /* parallel: the DP x SP x EP mesh under mpirun. dp 0 = the whole world; the trainer
-     * takes sp = ep = 1 only (SP and EP run in the ops, not yet in the training loop). */
+    /* parallel: the mesh under mpirun (comm.h: world = dp x sp, ep folded over them).
+     * dp 0 = world / sp; sp must divide batch_size x seq_len. */
     int64_t dp, sp, ep;
 } lk_train_config;
 
@@ -102,11 +102,14 @@ typedef struct {
     int64_t loss_log_cap;
     int64_t stop_at;             /* > 0: stop before step stop_at as a killed process would (no
                                   * final checkpoint or model): tests of --resume */
-    /* Data parallelism: the DP group (NULL or size 1: one process, the path unchanged).
-     * Rank r of P takes every P-th batch from r; after each step's micro-batches the
-     * gradients are summed over the group in 4 MiB buckets and divided by P; the loss is
-     * the group's mean; only rank 0 writes (out, loss.csv, plot, checkpoints, progress). */
-    lk_comm *dp_comm;
+    /* The mesh (lk_train_mesh; NULL or a world of one: one process, the path unchanged).
+     * DP replica r of P takes every P-th batch from r; its SP ranks split that batch's
+     * tokens and the EP ranks the experts (lk_model_set_parallel). After each step's
+     * micro-batches the gradients are summed over the world in 4 MiB buckets and divided
+     * by P; the loss is the mean over the replicas; every rank holds the whole model and
+     * takes the same step; only rank 0 writes (out, loss.csv, plot, checkpoints,
+     * progress). The config's parallel: section must match the mesh. */
+    const lk_mesh *mesh;
 } lk_train_opts;
 
 typedef struct {
@@ -128,9 +131,9 @@ typedef struct {
 lk_status lk_train_run(const lk_train_config *tc, const struct lk_ops_config *ops, const char *resume,
                        const lk_train_opts *opts, lk_train_result *result);
 
-/* The mesh of `mpirun ... llmkern train`: lk_mesh_create(world, tc->dp, 1, 1) after
- * rejecting sp or ep other than 1; LK_EINVAL naming parallel.dp and the world size when
- * the mesh does not divide it (before any collective). */
+/* The mesh of `mpirun ... llmkern train`: lk_mesh_create(world, tc->dp, tc->sp, tc->ep);
+ * LK_EINVAL naming parallel and the world size when the mesh does not divide it (before
+ * any collective). */
 lk_status lk_train_mesh(const lk_train_config *tc, lk_comm *world, lk_mesh *out);
 
 #ifdef __cplusplus

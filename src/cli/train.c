@@ -5,7 +5,7 @@
  *
  * Under mpirun (`mpirun -np N llmkern train ...`, an MPI build) the config's parallel:
  * mesh is built over the world before any work (one that does not divide N: exit 2) and
- * the run is data-parallel over it; rank 0 prints and writes. */
+ * the run is data-, sequence- and expert-parallel over it; rank 0 prints and writes. */
 #include <stdlib.h>
 #include <string.h>
 #include "cli/cli.h"
@@ -17,7 +17,7 @@ static int under_mpirun(void) {
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
 }
 
-static int run(const cli_opts *o, const lk_train_config *tc, lk_ops_config *ops, lk_comm *dp);
+static int run(const cli_opts *o, const lk_train_config *tc, lk_ops_config *ops, const lk_mesh *mesh);
 
 int cli_train(const cli_opts *o) {
     if (o->config == NULL) {
@@ -42,7 +42,7 @@ int cli_train(const cli_opts *o) {
     int rc;
     if ((s = lk_train_mesh(&tc, world, &mesh))) rc = cli_fail("train", s);
     else {
-        rc = run(o, &tc, &ops, mesh.dp);
+        rc = run(o, &tc, &ops, &mesh);
         lk_mesh_destroy(&mesh);
     }
     lk_comm_destroy(world);
@@ -50,18 +50,19 @@ int cli_train(const cli_opts *o) {
     return rc;
 }
 
-static int run(const cli_opts *o, const lk_train_config *tc, lk_ops_config *ops, lk_comm *dp) {
-    int rank0 = dp == NULL || dp->rank == 0;
+static int run(const cli_opts *o, const lk_train_config *tc, lk_ops_config *ops, const lk_mesh *mesh) {
+    int rank0 = mesh == NULL || mesh->world->rank == 0;
     if (rank0) printf("training %s (%lld layers, hidden %lld, %lld experts) for %lld steps of %lld x %lld tokens",
            tc->model.moe ? "Qwen3-MoE" : "Qwen3", (long long)tc->model.num_hidden_layers, (long long)tc->model.hidden_size,
            (long long)(tc->model.moe ? tc->model.num_experts : 0), (long long)tc->steps, (long long)tc->batch_size,
            (long long)tc->seq_len);
     if (rank0 && tc->grad_accum > 1) printf(" x %lld micro-batches", (long long)tc->grad_accum);
-    if (rank0 && dp) printf(" on each of %d data-parallel ranks", dp->size);
+    if (rank0 && mesh)
+        printf(" on %d ranks (dp %d x sp %d, ep %d)", mesh->world->size, mesh->dp_size, mesh->sp_size, mesh->ep_size);
     if (rank0) printf(" into %s%s%s\n", tc->out, o->resume ? ", resuming from " : "", o->resume ? o->resume : "");
     lk_train_result r;
-    lk_train_opts opts = {.dp_comm = dp};
-    lk_status s = lk_train_run(tc, ops, o->resume, dp ? &opts : NULL, &r);
+    lk_train_opts opts = {.mesh = mesh};
+    lk_status s = lk_train_run(tc, ops, o->resume, &opts, &r);
     if (s) return cli_fail("train", s);
     if (rank0) printf("done: steps %lld..%lld, loss %.4f -> %.4f (mean of the last %lld steps %.4f), %.1f s, %.0f tokens/s;\n"
            "checkpoint %s; model, loss.csv, loss.png in %s\n", (long long)r.first_step + 1, (long long)r.steps_done,

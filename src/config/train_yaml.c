@@ -230,17 +230,7 @@ lk_status lk_yaml_parallel_entry(loader *l, const yaml_node_t *k, const yaml_nod
     if (strcmp(n, "dp") == 0) return get_i64(l, v, "parallel.dp", 0, &t->dp);
     int is_sp = strcmp(n, "sp") == 0;
     if (!is_sp && strcmp(n, "ep") != 0) return unknown_key(l, k, "parallel", parallel_keys);
-    int64_t x;
-    lk_status s = get_i64(l, v, is_sp ? "parallel.sp" : "parallel.ep", 1, &x);
-    if (s) return s;
-    if (x != 1) {   /* the ops take SP and EP; the training loop does not drive them yet */
-        char w[192];
-        where(l, v, w, sizeof w);
-        return lk_error(LK_EINVAL, "%s: parallel.%s: %lld is not yet supported in the trainer (expected 1; "
-                        "data parallelism only)", w, n, (long long)x);
-    }
-    *(is_sp ? &t->sp : &t->ep) = 1;
-    return LK_OK;
+    return get_i64(l, v, is_sp ? "parallel.sp" : "parallel.ep", 1, is_sp ? &t->sp : &t->ep);
 }
 
 lk_status lk_yaml_finish(loader *l) {

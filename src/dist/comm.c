@@ -173,24 +173,21 @@ lk_status lk_mesh_create(lk_comm *world, int dp, int sp, int ep, lk_mesh *out) {
     if (sp < 1 || ep < 1 || dp < 0)
         return lk_error(LK_EINVAL, "mesh: expected dp >= 0 (0 = the rest), sp >= 1, ep >= 1, got dp %d sp %d ep %d",
                         dp, sp, ep);
-    if (dp == 0) {
-        if (n % (sp * ep))
-            return lk_error(LK_EINVAL, "mesh: sp %d x ep %d = %d does not divide the world size %d", sp, ep,
-                            sp * ep, n);
-        dp = n / (sp * ep);
-    }
-    if ((int64_t)dp * sp * ep != n)
-        return lk_error(LK_EINVAL, "mesh: dp %d x sp %d x ep %d = %lld does not match the world size %d", dp, sp,
-                        ep, (long long)dp * sp * ep, n);
+    if (n % sp) return lk_error(LK_EINVAL, "mesh: sp %d does not divide the world size %d", sp, n);
+    if (n % ep) return lk_error(LK_EINVAL, "mesh: ep %d does not divide the world size %d", ep, n);
+    if (dp == 0) dp = n / sp;
+    if ((int64_t)dp * sp != n)
+        return lk_error(LK_EINVAL, "mesh: dp %d x sp %d = %lld does not match the world size %d", dp, sp,
+                        (long long)dp * sp, n);
     memset(out, 0, sizeof *out);
     int r = world->rank;
     out->world = world;
     out->dp_size = dp, out->sp_size = sp, out->ep_size = ep;
-    out->sp_rank = r % sp, out->ep_rank = (r / sp) % ep, out->dp_rank = r / (sp * ep);
+    out->sp_rank = r % sp, out->dp_rank = r / sp, out->ep_rank = r % ep;
     /* colors: the coordinates the group does not vary over */
-    if ((s = lk_comm_split(world, out->dp_rank * ep + out->ep_rank, out->sp_rank, &out->sp)) ||
-        (s = lk_comm_split(world, out->dp_rank * sp + out->sp_rank, out->ep_rank, &out->ep)) ||
-        (s = lk_comm_split(world, out->ep_rank * sp + out->sp_rank, out->dp_rank, &out->dp))) {
+    if ((s = lk_comm_split(world, out->dp_rank, out->sp_rank, &out->sp)) ||
+        (s = lk_comm_split(world, r / ep, out->ep_rank, &out->ep)) ||
+        (s = lk_comm_split(world, out->sp_rank, out->dp_rank, &out->dp))) {
         lk_mesh_destroy(out);
         return s;
     }

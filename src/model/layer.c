@@ -124,7 +124,10 @@ lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, con
     lk_rope_args r = rope_args(m, l, a, b);
     if ((s = lk_rope_forward(op->rope, &r, ctx))) return s;
     lk_attention_args at = attn_args(m, a, b, L->saved[S_ATTN]);
-    if ((s = lk_attention_forward(op->attn, &at, ctx))) return s;
+    ctx->comm = m->sp;   /* Ulysses over the SP group (NULL: one process) */
+    s = lk_attention_forward(op->attn, &at, ctx);
+    ctx->comm = NULL;
+    if (s) return s;
     lk_linear_args po = lin(a->ao, T, Q, W(L->o), H, sc->tmp);
     if ((s = lk_linear_forward(op->o_proj, &po, ctx))) return s;
     add_into(a->x2, a->x, sc->tmp, T * H);
@@ -181,7 +184,10 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
     at.dq = t4(sc->dqr, m->Hq, T, m->D);
     at.dk = t4(sc->dkr, m->Hk, T, m->D);
     at.dv = t4(sc->dvt, m->Hk, T, m->D);
-    if ((s = lk_attention_backward(op->attn, &at, ctx))) return s;
+    ctx->comm = m->sp;
+    s = lk_attention_backward(op->attn, &at, ctx);
+    ctx->comm = NULL;
+    if (s) return s;
     lk_rope_args r = rope_args(m, l, a, b);
     r.dq_out = r.dq = at.dq;                                      /* rotated back in place */
     r.dk_out = r.dk = at.dk;

@@ -1,7 +1,9 @@
 /* moe_block.c — the Qwen3-MoE sparse block of one layer: the router op picks each
- * token's top-k experts and weights (and the load-balancing aux loss), the experts op
- * runs and sums them. Backward: experts first (d_hidden and d_topk_weights), then the
- * router from d_topk_weights and the aux coefficient; the two d_hidden are summed. */
+ * token's top-k experts and weights (and the load-balancing aux loss, over the SP
+ * group's tokens), the experts op runs and sums them — under expert parallelism through
+ * the moe_dispatch op over the EP group, on this rank's slice of the expert stacks.
+ * Backward: experts first (d_hidden and d_topk_weights), then the router from
+ * d_topk_weights and the aux coefficient; the two d_hidden are summed. */
 #include "model/qwen3_internal.h"
 
 static lk_tensor t2(const void *p, lk_dtype dt, int64_t r, int64_t c) { return lk_tensor_2d((void *)p, dt, r, c); }
@@ -31,18 +33,43 @@ static lk_moe_experts_args experts_args(lk_model *m, int l, const lk_layer_acts 
     };
 }
 
+/* Under EP: this rank's experts [e0, e0 + n) of the stacks in buf (values or grads). */
+static lk_moe_dispatch_args dispatch_args(lk_model *m, int l, const lk_layer_acts *a, float *buf) {
+    const lk_layer *L = &m->layers[l];
+    int64_t n = m->E / m->ep->size, e0 = m->ep->rank * n;
+    lk_moe_dispatch_args d = {
+        .hidden = t2(a->h2, LK_F32, m->T, m->H), .topk_ids = t2(a->ids, LK_I32, m->T, m->K),
+        .topk_weights = t2(a->tw, LK_F32, m->T, m->K),
+        .gate_up_weight = t3(buf + L->gate_up + e0 * 2 * m->Ie * m->H, n, 2 * m->Ie, m->H),
+        .down_weight = t3(buf + L->down + e0 * m->H * m->Ie, n, m->H, m->Ie),
+        .n_experts = (int)m->E, .experts = L->ops.experts,
+    };
+    return d;
+}
+
 lk_status lk_qwen3_moe_saved(const lk_model *m, int l, int64_t T, size_t *router, size_t *experts) {
     const lk_layer *L = &m->layers[l];
     lk_status s = lk_moe_router_saved_bytes(L->ops.router, T, m->E, m->K, router);
-    return s ? s : lk_moe_experts_saved_bytes(L->ops.experts, T, m->K, m->E, m->H, m->Ie, LK_F32, experts);
+    *experts = 0;   /* the dispatcher keeps nothing: its backward redoes the exchange */
+    return s || m->ep ? s : lk_moe_experts_saved_bytes(L->ops.experts, T, m->K, m->E, m->H, m->Ie, LK_F32, experts);
 }
 
 lk_status lk_qwen3_moe_forward(lk_model *m, int l, const lk_layer_acts *a, float *out, float *aux) {
     lk_moe_router_args r = router_args(m, l, a);
     r.aux_loss = lk_tensor_1d(&m->aux_layer, LK_F32, 1);
+    m->ctx.comm = m->sp;   /* the aux loss over the SP group's tokens */
     lk_status s = lk_moe_router_forward(m->layers[l].ops.router, &r, &m->ctx);
+    m->ctx.comm = NULL;
     if (s) return s;
     if (aux) *aux = m->aux_layer;
+    if (m->ep) {
+        lk_moe_dispatch_args d = dispatch_args(m, l, a, m->w);
+        d.out = t2(out, LK_F32, m->T, m->H);
+        m->ctx.comm = m->ep;
+        s = lk_moe_dispatch_forward(m->dispatch, &d, &m->ctx);
+        m->ctx.comm = NULL;
+        return s;
+    }
     lk_moe_experts_args e = experts_args(m, l, a, m->w, out);
     return lk_moe_experts_forward(m->layers[l].ops.experts, &e, &m->ctx);
 }
@@ -50,21 +77,38 @@ lk_status lk_qwen3_moe_forward(lk_model *m, int l, const lk_layer_acts *a, float
 lk_status lk_qwen3_moe_backward(lk_model *m, int l, const lk_layer_acts *a, const float *dout, float *dx,
                                 float d_aux) {
     const lk_layer *L = &m->layers[l];
-    lk_moe_experts_args e = experts_args(m, l, a, m->w, m->sc.tmp);
-    e.out.data = NULL;   /* the backward reads saved, not the output */
-    e.dout = t2(dout, LK_F32, m->T, m->H);
-    e.d_hidden = t2(dx, LK_F32, m->T, m->H);
-    e.d_topk_weights = t2(m->sc.dtw, LK_F32, m->T, m->K);
-    e.d_gate_up_weight = t3(m->g + L->gate_up, m->E, 2 * m->Ie, m->H);
-    e.d_down_weight = t3(m->g + L->down, m->E, m->H, m->Ie);
-    lk_status s = lk_moe_experts_backward(L->ops.experts, &e, &m->ctx);
+    lk_tensor dtw = t2(m->sc.dtw, LK_F32, m->T, m->K);
+    lk_status s;
+    if (m->ep) {
+        lk_moe_dispatch_args d = dispatch_args(m, l, a, m->w), g = dispatch_args(m, l, a, m->g);
+        d.dout = t2(dout, LK_F32, m->T, m->H);
+        d.d_hidden = t2(dx, LK_F32, m->T, m->H);
+        d.d_topk_weights = dtw;
+        d.d_gate_up_weight = g.gate_up_weight;
+        d.d_down_weight = g.down_weight;
+        m->ctx.comm = m->ep;
+        s = lk_moe_dispatch_backward(m->dispatch, &d, &m->ctx);
+        m->ctx.comm = NULL;
+    } else {
+        lk_moe_experts_args e = experts_args(m, l, a, m->w, m->sc.tmp);
+        e.out.data = NULL;   /* the backward reads saved, not the output */
+        e.dout = t2(dout, LK_F32, m->T, m->H);
+        e.d_hidden = t2(dx, LK_F32, m->T, m->H);
+        e.d_topk_weights = dtw;
+        e.d_gate_up_weight = t3(m->g + L->gate_up, m->E, 2 * m->Ie, m->H);
+        e.d_down_weight = t3(m->g + L->down, m->E, m->H, m->Ie);
+        s = lk_moe_experts_backward(L->ops.experts, &e, &m->ctx);
+    }
     if (s) return s;
     lk_moe_router_args r = router_args(m, l, a);
-    r.d_topk_weights = e.d_topk_weights;
+    r.d_topk_weights = dtw;
     r.d_aux_loss = d_aux;
     r.d_hidden = t2(m->sc.dh2, LK_F32, m->T, m->H);
     r.d_gate_weight = t2(m->g + L->router, LK_F32, m->E, m->H);
-    if ((s = lk_moe_router_backward(L->ops.router, &r, &m->ctx))) return s;
+    m->ctx.comm = m->sp;
+    s = lk_moe_router_backward(L->ops.router, &r, &m->ctx);
+    m->ctx.comm = NULL;
+    if (s) return s;
     int64_t n = m->T * m->H;
     #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; i++) dx[i] += m->sc.dh2[i];

@@ -3,6 +3,7 @@
  * table), the activation buffers for a token count, and the step: embedding gather,
  * the layers (layer.c), final norm, LM head + loss through the cross_entropy op, then
  * the backward in reverse, optionally recomputing each layer from its input. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,12 +113,59 @@ lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, ui
         m->n_moe_layers += m->layers[l].moe;
         s = bind_layer(m, ops, l);
     }
+    if (!s && cfg->moe) {
+        const lk_binding *d = lk_op_table_get(ops, LK_OP_MOE_DISPATCH, "mlp.experts");
+        m->dispatch = d ? d->impl : NULL;
+        /* a dispatcher nobody chose is `local`; under EP the all-to-all one is meant */
+        if (m->dispatch && d->source == LK_SOURCE_DEFAULT && strcmp(m->dispatch->name, "local") == 0)
+            m->dispatch = lk_impl_find(LK_OP_MOE_DISPATCH, "alltoall", LK_DEVICE_CPU);
+    }
     if (!s) s = bind(ops, LK_OP_RMS_NORM, "norm", &m->final_norm_impl);
     if (!s) s = bind(ops, LK_OP_CROSS_ENTROPY, "lm_head", &m->ce_impl);
     if (!s) s = make_rope(m);
     if (!s) s = lk_qwen3_params_init(m, seed);
     if (s) { lk_model_free(m); return s; }
     *out = m;
+    return LK_OK;
+}
+
+static int group_size(const lk_comm *c) { return c ? c->size : 1; }
+static void free_acts(lk_model *m);
+
+lk_status lk_model_set_parallel(lk_model *m, lk_comm *sp, lk_comm *ep) {
+    if (!m) return lk_error(LK_EINVAL, "model_set_parallel: expected a model");
+    lk_status s;
+    if ((sp && (s = lk_comm_check("model_set_parallel", "sp", sp))) ||
+        (ep && (s = lk_comm_check("model_set_parallel", "ep", ep))))
+        return s;
+    int P = group_size(sp), Q = group_size(ep);
+    if (P > 1) {
+        if (m->Hq % P || (m->Hk % P && P % m->Hk))
+            return lk_error(LK_EINVAL, "model_set_parallel: sp %d: expected it to divide num_attention_heads %lld and "
+                            "num_key_value_heads %lld to divide it or be divisible by it", P, (long long)m->Hq,
+                            (long long)m->Hk);
+        for (int l = 0; l < (int)m->cfg.num_hidden_layers; l++) {
+            const lk_attention_entry *e = m->layers[l].ops.attn->vtable;
+            if (!e || !e->sp)
+                return lk_error(LK_EINVAL, "model_set_parallel: sp %d: layers.%d.self_attn: '%s' has no sequence-"
+                                "parallel path; expected flash_attention_2 or flex_attention under the "
+                                "llmkern backend (they enter llmkern_*_with_sp)", P, l,
+                                m->layers[l].ops.attn->name);
+        }
+    }
+    if (Q > 1) {
+        if (!m->cfg.moe)
+            return lk_error(LK_EINVAL, "model_set_parallel: ep %d: expected a MoE model, got a dense one", Q);
+        if (m->E % Q)
+            return lk_error(LK_EINVAL, "model_set_parallel: ep %d: expected it to divide num_experts %lld", Q,
+                            (long long)m->E);
+        if (!m->dispatch || strcmp(m->dispatch->name, "local") == 0)
+            return lk_error(LK_EINVAL, "model_set_parallel: ep %d: moe.dispatcher '%s' runs every expert on one "
+                            "process; expected alltoall or allgather", Q, m->dispatch ? m->dispatch->name : "(none)");
+    }
+    free_acts(m);   /* the token count and the saved sizes change */
+    m->sp = P > 1 ? sp : NULL;
+    m->ep = Q > 1 ? ep : NULL;
     return LK_OK;
 }
 
@@ -145,7 +193,7 @@ static lk_cross_entropy_args ce_args(lk_model *m, const lk_batch *b, float *loss
     a.loss = lk_tensor_1d(loss, LK_F32, 1);
     a.n_valid = lk_tensor_1d(n_valid, LK_I64, 1);
     a.saved = (lk_saved){m->s_ce, m->s_ce_bytes};
-    a.reduction = LK_CE_MEAN;
+    a.reduction = m->sp ? LK_CE_SUM : LK_CE_MEAN;   /* under SP the mean is over the group */
     return a;
 }
 
@@ -250,11 +298,26 @@ static lk_status check_batch(const lk_model *m, const lk_batch *b) {
     return LK_OK;
 }
 
-/* The forward of the whole model; stats filled. */
-static lk_status forward(lk_model *m, const lk_batch *b, lk_step_stats *st) {
-    lk_status s = check_batch(m, b);
-    if (s) return s;
-    int64_t T = b->B * b->S, H = m->H;
+/* This rank's slice of the batch (all of it without SP) into m->local. */
+static lk_status slice_batch(lk_model *m, const lk_batch *b) {
+    int64_t all = b->B * b->S, P = group_size(m->sp);
+    if (all % P)
+        return lk_error(LK_EINVAL, "model: batch: B*S = %lld tokens: expected a multiple of the SP size %lld",
+                        (long long)all, (long long)P);
+    int64_t T = all / P, off = m->sp ? m->sp->rank * T : 0;
+    m->local = *b;
+    m->local.input_ids += off;
+    m->local.labels += off;
+    m->local.position_ids += off;
+    return LK_OK;
+}
+
+/* The forward of the whole model; stats filled. b is m->local (slice_batch). */
+static lk_status forward(lk_model *m, const lk_batch *whole, lk_step_stats *st) {
+    lk_status s = check_batch(m, whole);
+    if (s || (s = slice_batch(m, whole))) return s;
+    const lk_batch *b = &m->local;
+    int64_t T = b->B * b->S / group_size(m->sp), H = m->H;
     if (T != m->T && (s = alloc_acts(m, T))) return s;
     float *x0 = m->inputs[0];
     const float *emb = m->w + m->embed;
@@ -278,8 +341,13 @@ static lk_status forward(lk_model *m, const lk_batch *b, lk_step_stats *st) {
     lk_cross_entropy_args ce = ce_args(m, b, &loss, &nv);
     if ((s = lk_cross_entropy_forward(m->ce_impl, &ce, &m->ctx))) return s;
     st->loss = loss;
-    st->aux_loss = m->n_moe_layers ? aux / m->n_moe_layers : 0.0;
     st->n_tokens = nv;
+    m->d_loss_unit = 1.0;
+    if (m->sp) {   /* this rank's sum -> the group's mean; its gradient 1 / the group's count */
+        if ((s = lk_sp_loss_reduce(m->sp, loss, nv, &st->loss, &m->d_loss_unit))) return s;
+        st->n_tokens = m->d_loss_unit > 0 ? llround(1.0 / m->d_loss_unit) : 0;
+    }
+    st->aux_loss = m->n_moe_layers ? aux / m->n_moe_layers : 0.0;
     return LK_OK;
 }
 
@@ -309,8 +377,9 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
     if (s) return s;
     int N = (int)m->cfg.num_hidden_layers;
     int64_t T = m->T, H = m->H;
-    float dl = loss_scale, zero = 0;
-    lk_cross_entropy_args ce = ce_args(m, batch, &zero, NULL);
+    const lk_batch *b = &m->local;   /* this rank's slice, set by the forward */
+    float dl = (float)(loss_scale * m->d_loss_unit), zero = 0;
+    lk_cross_entropy_args ce = ce_args(m, b, &zero, NULL);
     ce.d_loss = lk_tensor_1d(&dl, LK_F32, 1);
     ce.d_hidden = lk_tensor_2d(m->sc.dh, LK_F32, T, H);
     ce.d_weight = lk_tensor_2d(m->g + m->lm_head, LK_F32, m->V, H);
@@ -324,13 +393,13 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
     /* the aux loss is the mean over MoE layers, scaled by its coefficient */
     float d_aux = m->n_moe_layers ? (float)(m->cfg.router_aux_loss_coef * loss_scale / m->n_moe_layers) : 0.0f;
     for (int l = N - 1; l >= 0; l--) {
-        const lk_layer_acts *a = acts_for_backward(m, l, batch, &s);
-        if (s || (s = lk_qwen3_layer_backward(m, l, a, batch, d_aux))) return s;
+        const lk_layer_acts *a = acts_for_backward(m, l, b, &s);
+        if (s || (s = lk_qwen3_layer_backward(m, l, a, b, d_aux))) return s;
     }
     /* embedding: scatter-add by token; serial so repeated ids add in one fixed order */
     float *ge = m->g + m->embed;
     for (int64_t t = 0; t < T; t++) {
-        float *row = ge + batch->input_ids[t] * H;
+        float *row = ge + b->input_ids[t] * H;
         const float *d = m->sc.dres + t * H;
         for (int64_t j = 0; j < H; j++) row[j] += d[j];
     }

@@ -78,6 +78,14 @@ struct lk_model {
 
     lk_layer *layers;
     const lk_impl *final_norm_impl, *ce_impl;
+    const lk_impl *dispatch;      /* moe_dispatch: runs the experts when ep > 1 */
+
+    /* Sequence and expert parallelism (lk_model_set_parallel; NULL = one process). The
+     * model is handed the whole batch; an SP rank runs the tokens [sp_rank·T, +T) of it
+     * (local: the batch with its per-token arrays moved there; cu_seqlens stay whole). */
+    lk_comm *sp, *ep;
+    lk_batch local;
+    double d_loss_unit;           /* d(the loss) / d(the CE op's loss): 1, or 1 / the SP group's count */
 
     float *rope_cos, *rope_sin;   /* [max_pos, D/2] */
     int64_t max_pos;

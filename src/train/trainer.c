@@ -1,9 +1,10 @@
 /* trainer.c — the training loop behind `llmkern train` (train.h: lk_train_run): per
  * step, gradient accumulation over grad_accum micro-batches, clipping by the global
  * norm, one AdamW update; a progress line, loss.csv and loss.png in the output
- * directory; checkpoints through train_state.c. Data parallelism (opts->dp_comm): each
- * rank reads its shard, the gradients are all-reduced in buckets before clipping, and
- * rank 0 alone writes. */
+ * directory; checkpoints through train_state.c. Under a mesh (opts->mesh): each DP
+ * replica reads its shard, its SP ranks split the batch's tokens and EP ranks the
+ * experts (lk_model_set_parallel); every rank's gradient share is summed over the world
+ * in buckets before clipping, so all ranks take the same step; rank 0 alone writes. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,8 +28,9 @@ static lk_status check_config(const lk_train_config *tc) {
                         "save_every and warmup_steps >= 0");
     if (!(tc->lr >= 0) || !(tc->min_lr >= 0) || !(tc->beta1 >= 0 && tc->beta1 < 1) || !(tc->beta2 >= 0 && tc->beta2 < 1))
         return lk_error(LK_EINVAL, "train: config: expected lr, min_lr >= 0 and betas in [0, 1)");
-    if (tc->sp != 1 || tc->ep != 1)
-        return lk_error(LK_EINVAL, "train: parallel: sp %lld, ep %lld: not yet supported in the trainer (expected 1)",
+    if (tc->sp < 1 || tc->ep < 1 || (tc->batch_size * tc->seq_len) % tc->sp)
+        return lk_error(LK_EINVAL, "train: parallel: expected sp, ep >= 1 and sp dividing batch_size x seq_len "
+                        "(%lld tokens), got sp %lld, ep %lld", (long long)(tc->batch_size * tc->seq_len),
                         (long long)tc->sp, (long long)tc->ep);
     if (tc->model.vocab_size < LK_TOK_VOCAB && tc->data != LK_DATA_TOKENS)
         return lk_error(LK_EINVAL, "train: model.vocab_size: expected at least %d (the byte tokenizer), got %lld",
@@ -74,26 +76,37 @@ static void trainer_free(trainer *t) {
 
 #define DP_BUCKET_FLOATS ((int64_t)1 << 20)   /* 4 MiB of f32 per all-reduce */
 
-static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_ops_config *ops, lk_comm *dp) {
+/* The config's parallel: section must describe the mesh the run is handed. */
+static lk_status check_mesh(const lk_train_config *tc, const lk_mesh *m) {
+    int sp = m ? m->sp_size : 1, ep = m ? m->ep_size : 1, dp = m ? m->dp_size : 1;
+    if ((tc->dp != 0 && tc->dp != dp) || tc->sp != sp || tc->ep != ep)
+        return lk_error(LK_EINVAL, "train: parallel: the config says dp %lld, sp %lld, ep %lld; the mesh is dp %d, "
+                        "sp %d, ep %d (dp 0 = the rest)", (long long)tc->dp, (long long)tc->sp, (long long)tc->ep,
+                        dp, sp, ep);
+    return LK_OK;
+}
+
+static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_ops_config *ops, const lk_mesh *mesh) {
     memset(t, 0, sizeof *t);
     t->tc = tc;
     t->writer = 1;
+    if (mesh && mesh->world->size == 1) mesh = NULL;
     lk_status s = check_config(tc);
-    if (!s && dp && dp->size > 1) {
-        t->dp = dp;
-        t->writer = dp->rank == 0;
-        if (tc->dp != 0 && tc->dp != dp->size)
-            s = lk_error(LK_EINVAL, "train: parallel.dp: expected %d (the DP group's size), got %lld", dp->size,
-                         (long long)tc->dp);
+    if (!s) s = check_mesh(tc, mesh);
+    if (!s && mesh) {
+        t->mesh = mesh;
+        t->world = mesh->world;
+        t->writer = t->world->rank == 0;
         if (!s) s = lk_batch_alloc(&t->skip, tc->batch_size, tc->seq_len);
         if (!s && (t->bucket = malloc((size_t)DP_BUCKET_FLOATS * sizeof(float))) == NULL)
-            s = lk_error(LK_ENOMEM, "train: DP bucket");
+            s = lk_error(LK_ENOMEM, "train: gradient bucket");
     }
     if (!s && t->writer) s = lk_mkdirs(tc->out);
     if (!s) s = load_data(tc, &t->ds);
     if (!s) s = lk_data_iter_init(&t->it, &t->ds, tc->batch_size, tc->seq_len, tc->seed);
     if (!s) s = lk_batch_alloc(&t->batch, tc->batch_size, tc->seq_len);
     if (!s) s = build_model(tc, ops, &t->model);
+    if (!s && mesh) s = lk_model_set_parallel(t->model, mesh->sp, mesh->ep);
     if (s) return s;
     int n = t->n_params = lk_model_param_count(t->model);
     t->m = calloc((size_t)n, sizeof *t->m);
@@ -156,24 +169,26 @@ static void progress(const trainer *t, const float *row, double tokens_per_s, do
     fflush(stdout);
 }
 
-/* DP: every rank learns whether any rank failed, so none waits in a collective forever. */
+/* Every rank learns whether any rank failed, so none waits in a collective forever. */
 static lk_status dp_agree(trainer *t, lk_status s) {
-    if (t->dp == NULL) return s;
+    if (t->world == NULL) return s;
     int64_t bad = s != LK_OK;
     char why[512];
     snprintf(why, sizeof why, "%s", lk_last_error());
-    lk_status cs = lk_comm_all_reduce(t->dp, &bad, 1, LK_COMM_I64);
+    lk_status cs = lk_comm_all_reduce(t->world, &bad, 1, LK_COMM_I64);
     if (cs) return cs;
     if (s) return lk_error(s, "%s", why);
-    return bad ? lk_error(LK_ECOMM, "train: another rank of the DP group failed (its message says why)") : LK_OK;
+    return bad ? lk_error(LK_ECOMM, "train: another rank failed (its message says why)") : LK_OK;
 }
 
-/* The next micro-batch: rank r of P takes batches r, r + P, ...; every rank advances the
- * iterator alike, so its state (what checkpoints keep) is the same on all of them. */
+/* The next micro-batch: DP replica r of P takes batches r, r + P, ... (its SP ranks the
+ * same one); every rank advances the iterator alike, so its state (what checkpoints
+ * keep) is the same on all of them. */
 static lk_status next_batch(trainer *t) {
-    if (t->dp == NULL) return lk_data_iter_next(&t->it, &t->batch);
+    if (t->mesh == NULL) return lk_data_iter_next(&t->it, &t->batch);
     lk_status s = LK_OK;
-    for (int j = 0; !s && j < t->dp->size; j++) s = lk_data_iter_next(&t->it, j == t->dp->rank ? &t->batch : &t->skip);
+    for (int j = 0; !s && j < t->mesh->dp_size; j++)
+        s = lk_data_iter_next(&t->it, j == t->mesh->dp_rank ? &t->batch : &t->skip);
     return s;
 }
 
@@ -191,15 +206,17 @@ static void flat_copy(trainer *t, int64_t start, int64_t n, float *buf, int to_b
     }
 }
 
-/* DP: grads = (sum over the group) / P, one all-reduce per 4 MiB bucket. */
+/* grads = (sum over the world) / dp, one all-reduce per 4 MiB bucket: an SP rank holds
+ * the share of its tokens and an EP rank that of its experts, so the world's sum is
+ * each replica's gradient summed over the replicas. */
 static lk_status dp_reduce_grads(trainer *t) {
     int64_t total = 0;
     for (int i = 0; i < t->n_params; i++) total += t->lens[i];
-    float scale = (float)(1.0 / (double)t->dp->size);
+    float scale = (float)(1.0 / (double)t->mesh->dp_size);
     for (int64_t b = 0; b < total; b += DP_BUCKET_FLOATS) {
         int64_t n = total - b < DP_BUCKET_FLOATS ? total - b : DP_BUCKET_FLOATS;
         flat_copy(t, b, n, t->bucket, 1, 1.0f);
-        lk_status s = lk_comm_all_reduce(t->dp, t->bucket, n, LK_COMM_F32);
+        lk_status s = lk_comm_all_reduce(t->world, t->bucket, n, LK_COMM_F32);
         if (s) return s;
         flat_copy(t, b, n, t->bucket, 0, scale);
     }
@@ -216,18 +233,18 @@ static lk_status train_step(trainer *t, const lk_train_opts *o, double *loss, do
         lk_step_stats st;
         lk_status s = next_batch(t);
         if (!s) s = lk_model_forward_backward(t->model, &t->batch, (float)(1.0 / (double)tc->grad_accum), &st);
-        if (s) return t->dp ? dp_agree(t, s) : s;
-        sum += st.loss;
-        *tokens += t->batch.B * t->batch.S;
+        if (s) return dp_agree(t, s);
+        sum += st.loss;                                     /* the same on the SP ranks of a replica */
+        *tokens += t->batch.B * t->batch.S / tc->sp;        /* the tokens this rank ran */
     }
     *loss = sum / (double)tc->grad_accum;
-    if (t->dp) {
+    if (t->world) {
         lk_status s = dp_agree(t, LK_OK);
         double red[2] = {sum, (double)*tokens};
-        if (!s) s = lk_comm_all_reduce(t->dp, red, 2, LK_COMM_F64);
+        if (!s) s = lk_comm_all_reduce(t->world, red, 2, LK_COMM_F64);
         if (!s) s = dp_reduce_grads(t);
         if (s) return s;
-        *loss = red[0] / (double)(tc->grad_accum * t->dp->size);
+        *loss = red[0] / (double)(tc->grad_accum * t->world->size);
         *tokens = (int64_t)red[1];
     }
     if (o->after_loss) o->after_loss(o->user, t->step, loss);
@@ -306,9 +323,9 @@ lk_status lk_train_run(const lk_train_config *tc, const lk_ops_config *ops, cons
     if (tc == NULL || ops == NULL) return lk_error(LK_EINVAL, "train: expected a train config and an ops config");
     const lk_train_opts *o = opts ? opts : &none;
     trainer t;
-    lk_status s = trainer_init(&t, tc, ops, o->dp_comm);
+    lk_status s = trainer_init(&t, tc, ops, o->mesh);
     if (!s && resume) s = lk_trainer_resume(&t, resume);
-    if (o->dp_comm && o->dp_comm->size > 1) s = dp_agree(&t, s);
+    if (t.world) s = dp_agree(&t, s);
     r.first_step = t.step;
     if (!s && t.step < tc->steps) s = run_loop(&t, o, &r);
     int finished = t.step == tc->steps;
@@ -335,16 +352,17 @@ lk_status lk_train_mesh(const lk_train_config *tc, lk_comm *world, lk_mesh *out)
     if (tc == NULL || out == NULL) return lk_error(LK_EINVAL, "train: mesh: expected a train config and a mesh");
     lk_status s = lk_comm_check("train: mesh", "world", world);
     if (s) return s;
-    if (tc->sp != 1 || tc->ep != 1)
-        return lk_error(LK_EINVAL, "train: parallel: sp %lld, ep %lld: not yet supported in the trainer (expected 1)",
-                        (long long)tc->sp, (long long)tc->ep);
     if (tc->dp < 0 || tc->dp > world->size || (tc->dp > 0 && world->size % tc->dp))
         return lk_error(LK_EINVAL, "train: parallel.dp: %lld does not divide the world size %d (mpirun -np)",
                         (long long)tc->dp, world->size);
-    if ((s = lk_mesh_create(world, (int)tc->dp, 1, 1, out))) {
+    if (tc->sp < 1 || tc->ep < 1 || tc->sp > INT32_MAX || tc->ep > INT32_MAX)
+        return lk_error(LK_EINVAL, "train: parallel: expected sp, ep >= 1, got %lld, %lld", (long long)tc->sp,
+                        (long long)tc->ep);
+    if ((s = lk_mesh_create(world, (int)tc->dp, (int)tc->sp, (int)tc->ep, out))) {
         char why[512];
         snprintf(why, sizeof why, "%s", lk_last_error());
-        return lk_error(s, "train: parallel.dp %lld, world size %d: %s", (long long)tc->dp, world->size, why);
+        return lk_error(s, "train: parallel: dp %lld, sp %lld, ep %lld on world size %d (mpirun -np): %s",
+                        (long long)tc->dp, (long long)tc->sp, (long long)tc->ep, world->size, why);
     }
     return LK_OK;
 }

@@ -23,10 +23,11 @@ typedef struct {
     float *hist;              /* [tc->steps][LK_HIST_COLS] */
     int64_t step, start_step; /* the next step to run; the first step of this run */
     char last_ckpt[1100];     /* the last checkpoint written or resumed from, "" if none */
-    lk_comm *dp;              /* the DP group; NULL for one process */
+    const lk_mesh *mesh;      /* the DP x SP (x EP) mesh; NULL for one process */
+    lk_comm *world;           /* mesh->world; NULL for one process */
     int writer;               /* 1 on the rank that writes files and progress (rank 0) */
-    lk_batch skip;            /* DP: the other ranks' batches, read past */
-    float *bucket;            /* DP: the gradient all-reduce's staging buffer */
+    lk_batch skip;            /* DP: the other replicas' batches, read past */
+    float *bucket;            /* the gradient all-reduce's staging buffer */
 } trainer;
 
 #pragma GCC visibility push(hidden)

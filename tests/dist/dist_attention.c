@@ -123,12 +123,19 @@ static void mesh_and_loss(void) {
     DIST_CHECK(s == LK_EINVAL && strstr(lk_last_error(), "does not divide"), "mesh sp 3 on %d ranks", P);
     s = lk_mesh_create(dist_world, P, 2, 1, &m);
     DIST_CHECK(s == LK_EINVAL && strstr(lk_last_error(), "does not match"), "mesh dp %d sp 2 ep 1", P);
-    s = lk_mesh_create(dist_world, 0, 2, P / 2, &m);    /* dp 1 x sp 2 x ep P/2 */
-    DIST_CHECK(s == LK_OK && m.dp_size == 1 && m.sp->size == 2 && m.ep->size == P / 2, "mesh 1x2x%d", P / 2);
+    s = lk_mesh_create(dist_world, 0, 2, 3, &m);
+    DIST_CHECK(s == LK_EINVAL && strstr(lk_last_error(), "ep 3 does not divide"), "mesh ep 3 on %d ranks", P);
+    s = lk_mesh_create(dist_world, 0, 2, P / 2, &m);    /* dp P/2 x sp 2, ep P/2 folded over them */
+    DIST_CHECK(s == LK_OK && m.dp_size == P / 2 && m.sp->size == 2 && m.ep->size == P / 2 && m.dp->size == P / 2,
+               "mesh %dx2 ep %d", P / 2, P / 2);
     if (s == LK_OK) {
         int64_t v = dist_world->rank;       /* SP innermost: the SP partners are 2i and 2i+1 */
         DIST_CHECK(lk_comm_all_reduce(m.sp, &v, 1, LK_COMM_I64) == LK_OK && v == 4 * (dist_world->rank / 2) + 1,
                    "sp group sum %lld", (long long)v);
+        int e = P / 2, base = dist_world->rank / e * e;   /* EP groups: e consecutive ranks */
+        v = dist_world->rank;
+        DIST_CHECK(lk_comm_all_reduce(m.ep, &v, 1, LK_COMM_I64) == LK_OK && v == (int64_t)e * base + e * (e - 1) / 2 &&
+                   m.ep_rank == dist_world->rank % e, "ep group sum %lld", (long long)v);
         lk_mesh_destroy(&m);
     }
     /* the loss over SP ranks, rank 0 with no valid token */

@@ -1,30 +1,47 @@
-/* dist_train.c — data-parallel training over the MPI world (train.h: lk_train_run with
- * opts.dp_comm, lk_train_mesh): 10 steps of a tiny dense Qwen3 with dp = P, each rank a
- * batch of B, against one process running the same P shards as P micro-batches of B
- * (grad_accum P) on rank 0: the same gradients up to summation order, so the losses
- * agree within 1e-5 relative. Also the rejections: a mesh that does not divide the
- * world, sp or ep other than 1 (in the mesh and in the YAML parallel: section).
+/* dist_train.c — training over the MPI world (train.h: lk_train_run with opts.mesh,
+ * lk_train_mesh; model.h: lk_model_set_parallel), each run against one process running
+ * the same data as micro-batches (grad_accum = the DP size) on rank 0: the same
+ * gradients up to summation order, so losses and gradient norms agree within f32
+ * tolerance.
+ *   - dense Qwen3, dp = P: 10 steps, 1e-5.
+ *   - tiny Qwen3-MoE, sp = 2, ep = 2, dp = P/2 (at -np 4 the issue's dp 2 x sp 2, ep 2):
+ *     20 steps; each SP rank runs half of every sequence through Ulysses attention,
+ *     each EP rank half of the experts through the all-to-all dispatcher, and the aux
+ *     loss spans the SP group.
+ * Also the rejections: meshes that do not divide the world, a config that does not
+ * match the mesh, heads or experts the groups do not divide, an attention without an SP
+ * path, an explicit local dispatcher under EP, bad parallel: YAML.
  * Run: mpirun -np 2|4 ./dist_train. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include "util.h"
 
-#define STEPS 10
-#define TOL 1e-5   /* f32: the P micro-batch gradients summed in another order */
+#define STEPS_DP 10
+#define STEPS_MOE 20
+#define TOL_DP 1e-5    /* f32: the P micro-batch gradients summed in another order */
+/* f32 over 20 AdamW steps: SP sums each loss and aux statistic over two halves, EP sums
+ * each token's expert outputs in another order; the differences grow a little with each
+ * step (measured ~1e-6 .. 1e-5), far below what a wrong scale or a lost gradient moves */
+#define TOL_MOE 1e-4
 
 static lk_train_config tc;
 static lk_ops_config ops;
 
-static void tiny_dense(const char *out, int64_t grad_accum) {
+static void tiny(const char *out, int moe, int64_t steps, int64_t grad_accum) {
     lk_train_config_init(&tc);
     lk_qwen3_config *c = &tc.model;
-    lk_qwen3_config_init(c, 0);
+    lk_qwen3_config_init(c, moe);
     c->hidden_size = 32; c->num_hidden_layers = 2; c->num_attention_heads = 4; c->num_key_value_heads = 2;
     c->head_dim = 8; c->intermediate_size = 64; c->vocab_size = 320; c->tie_word_embeddings = 1;
+    if (moe) {
+        c->moe = 1; c->num_experts = 4; c->num_experts_per_tok = 2; c->moe_intermediate_size = 32;
+        c->decoder_sparse_step = 1; c->router_aux_loss_coef = 0.01;
+        snprintf(c->model_type, sizeof c->model_type, "qwen3_moe");
+    }
     snprintf(c->torch_dtype, sizeof c->torch_dtype, "float32");
     tc.has_model = 1;
-    tc.steps = STEPS; tc.warmup_steps = 2; tc.batch_size = 2; tc.seq_len = 32; tc.grad_accum = grad_accum;
+    tc.steps = steps; tc.warmup_steps = 2; tc.batch_size = 2; tc.seq_len = 32; tc.grad_accum = grad_accum;
     tc.lr = 3e-3; tc.min_lr = 3e-4; tc.corpus_docs = 64;
     snprintf(tc.out, sizeof tc.out, "%s", out);
     lk_ops_config_init(&ops);
@@ -36,69 +53,143 @@ static void rm_rf(const char *d) {
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", d);
 }
 
-static void dp_matches_grad_accum(void) {
-    int P = dist_world->size, r = dist_world->rank;
+/* The run of (dp, sp, ep) over the world against one process with grad_accum dp. */
+static void matches_single(int moe, int64_t steps, int dp, int sp, int ep, double tol) {
+    int r = dist_world->rank;
     char dir[64] = "/tmp/llmkern_dist_train_XXXXXX";
     /* grad norms too: AdamW is nearly blind to a gradient's scale, so a DP average taken
      * over the wrong count would barely move the loss; the norm shows it at once */
-    float ref[STEPS] = {0}, dp[STEPS] = {0}, ref_norm[STEPS] = {0}, dp_norm[STEPS] = {0};
+    float ref[STEPS_MOE] = {0}, got[STEPS_MOE] = {0}, ref_norm[STEPS_MOE] = {0}, got_norm[STEPS_MOE] = {0};
     if (r == 0) {
         DIST_CHECK(mkdtemp(dir) != NULL, "mkdtemp");
         char single[128];
         snprintf(single, sizeof single, "%s/single", dir);
-        tiny_dense(single, P);
-        lk_train_opts o = {.quiet = 1, .loss_log = ref, .grad_norm_log = ref_norm, .loss_log_cap = STEPS};
+        tiny(single, moe, steps, dp);
+        lk_train_opts o = {.quiet = 1, .loss_log = ref, .grad_norm_log = ref_norm, .loss_log_cap = steps};
         DIST_CHECK(lk_train_run(&tc, &ops, NULL, &o, NULL) == LK_OK, "single-process run");
     }
     DIST_CHECK(lk_comm_broadcast(dist_world, dir, sizeof dir, 0) == LK_OK, "broadcast dir");
     char out[128];
-    snprintf(out, sizeof out, "%s/dp", dir);
-    tiny_dense(out, 1);
+    snprintf(out, sizeof out, "%s/mesh", dir);
+    tiny(out, moe, steps, 1);
+    tc.dp = dp, tc.sp = sp, tc.ep = ep;
+    if (moe) lk_ops_config_set(&ops, "moe.dispatcher", "alltoall", "test");
     lk_mesh mesh;
-    DIST_CHECK(lk_train_mesh(&tc, dist_world, &mesh) == LK_OK && mesh.dp_size == P, "mesh of dp %d", P);
-    lk_train_opts o = {.quiet = 1, .loss_log = dp, .grad_norm_log = dp_norm, .loss_log_cap = STEPS,
-                       .dp_comm = mesh.dp};
-    DIST_CHECK(lk_train_run(&tc, &ops, NULL, &o, NULL) == LK_OK, "dp run");
+    DIST_CHECK(lk_train_mesh(&tc, dist_world, &mesh) == LK_OK && mesh.dp_size == dp && mesh.sp_size == sp &&
+               mesh.ep_size == ep, "mesh dp %d sp %d ep %d", dp, sp, ep);
+    lk_train_opts o = {.quiet = 1, .loss_log = got, .grad_norm_log = got_norm, .loss_log_cap = steps, .mesh = &mesh};
+    DIST_CHECK(lk_train_run(&tc, &ops, NULL, &o, NULL) == LK_OK, "mesh run dp %d sp %d ep %d", dp, sp, ep);
     lk_mesh_destroy(&mesh);
     if (r == 0) {
-        for (int i = 0; i < STEPS; i++) {
-            double e = dist_rel_err(&dp[i], &ref[i], 1);
-            DIST_CHECK(e <= TOL, "step %d: dp loss %.9g vs single %.9g (relative %.3g)", i + 1, dp[i], ref[i], e);
-            double en = dist_rel_err(&dp_norm[i], &ref_norm[i], 1);
-            DIST_CHECK(en <= TOL, "step %d: dp grad norm %.9g vs single %.9g (relative %.3g)", i + 1, dp_norm[i],
-                       ref_norm[i], en);
+        double worst = 0;
+        for (int i = 0; i < steps; i++) {
+            double e = dist_rel_err(&got[i], &ref[i], 1), en = dist_rel_err(&got_norm[i], &ref_norm[i], 1);
+            worst = e > worst ? e : en > worst ? en : worst;
+            DIST_CHECK(e <= tol, "dp %d sp %d ep %d step %d: loss %.9g vs single %.9g (relative %.3g)", dp, sp, ep,
+                       i + 1, got[i], ref[i], e);
+            DIST_CHECK(en <= tol, "dp %d sp %d ep %d step %d: grad norm %.9g vs single %.9g (relative %.3g)", dp, sp,
+                       ep, i + 1, got_norm[i], ref_norm[i], en);
         }
-        DIST_CHECK(ref[STEPS - 1] < ref[0], "the loss falls: %g -> %g", ref[0], ref[STEPS - 1]);
+        printf("dist_train: dp %d sp %d ep %d %s, %lld steps: loss %.5f -> %.5f, worst relative difference from one "
+               "process %.2g (loss or grad norm)\n", dp, sp, ep, moe ? "MoE" : "dense", (long long)steps, got[0],
+               got[steps - 1], worst);
+        DIST_CHECK(ref[steps - 1] < ref[0], "the loss falls: %g -> %g", ref[0], ref[steps - 1]);
         char path[200];
         snprintf(path, sizeof path, "%s/loss.csv", out);
         DIST_CHECK(access(path, F_OK) == 0, "rank 0 wrote %s", path);
     }
-    /* every rank reports the same (group-mean) loss */
-    float r0[STEPS];
-    memcpy(r0, dp, sizeof r0);
+    /* every rank reports the same (world-mean) loss */
+    float r0[STEPS_MOE];
+    memcpy(r0, got, sizeof r0);
     DIST_CHECK(lk_comm_broadcast(dist_world, r0, sizeof r0, 0) == LK_OK, "broadcast losses");
-    DIST_CHECK(memcmp(r0, dp, sizeof r0) == 0, "rank %d's losses equal rank 0's", r);
+    DIST_CHECK(memcmp(r0, got, sizeof r0) == 0, "rank %d's losses equal rank 0's", r);
     DIST_CHECK(lk_comm_barrier(dist_world) == LK_OK, "barrier");
     if (r == 0) rm_rf(dir);
+}
+
+/* lk_model_set_parallel's rejections, in groups of g consecutive ranks (the model is
+ * left unchanged: it still runs a step on its own). */
+static void model_rejections(void) {
+    int P = dist_world->size, r = dist_world->rank;
+    lk_comm *pair;
+    DIST_CHECK(lk_comm_split(dist_world, r / 2, r, &pair) == LK_OK, "pairs");
+    const lk_model_family *fams[2] = {&lk_family_qwen3, &lk_family_qwen3_moe};
+    for (int moe = 0; moe < 2; moe++) {
+        for (int variant = 0; variant < 2; variant++) {
+            tiny("/tmp/unused", moe, 1, 1);
+            if (variant == 1)
+                lk_ops_config_set(&ops, moe ? "moe.dispatcher" : "attn_implementation", moe ? "local" : "eager", "test");
+            lk_op_table table;
+            lk_model *m = NULL;
+            if (!lk_model_family_find(fams[moe]->name)) lk_model_register(fams[moe]);
+            lk_status s = lk_ops_config_finalize(&ops);
+            if (!s) s = lk_model_build(&ops, fams[moe]->name, &table);
+            if (!s) s = lk_model_create(&tc.model, &table, 1, 0, &m);
+            DIST_CHECK(s == LK_OK, "model %d/%d: %s", moe, variant, lk_status_name(s));
+            if (s) continue;
+            if (!moe) {   /* a dense model under EP; eager attention under SP */
+                s = lk_model_set_parallel(m, NULL, pair);
+                DIST_CHECK(s == LK_EINVAL && strstr(lk_last_error(), "dense"), "dense ep: %s", lk_status_name(s));
+                s = lk_model_set_parallel(m, pair, NULL);
+                DIST_CHECK(variant == 0 ? s == LK_OK : s == LK_EINVAL && strstr(lk_last_error(), "eager"),
+                           "sp with attention %d: %s", variant, lk_status_name(s));
+            } else if (variant == 1) {   /* local, set explicitly, under EP */
+                s = lk_model_set_parallel(m, NULL, pair);
+                DIST_CHECK(s == LK_EINVAL && strstr(lk_last_error(), "local"), "local ep: %s", lk_status_name(s));
+            }
+            lk_model_free(m);
+        }
+    }
+    lk_comm_destroy(pair);
+    if (P == 4) {   /* a group of 3 divides neither 4 heads nor 4 experts */
+        lk_comm *three;
+        DIST_CHECK(lk_comm_split(dist_world, r < 3 ? 0 : 1, r, &three) == LK_OK, "three");
+        tiny("/tmp/unused", 1, 1, 1);
+        lk_ops_config_set(&ops, "moe.dispatcher", "alltoall", "test");
+        lk_op_table table;
+        lk_model *m = NULL;
+        lk_status s = lk_ops_config_finalize(&ops);
+        if (!s) s = lk_model_build(&ops, "qwen3_moe", &table);
+        if (!s) s = lk_model_create(&tc.model, &table, 1, 0, &m);
+        if (!s && r < 3) {
+            s = lk_model_set_parallel(m, three, NULL);
+            DIST_CHECK(s == LK_EINVAL && strstr(lk_last_error(), "num_attention_heads"), "sp 3: %s", lk_status_name(s));
+            s = lk_model_set_parallel(m, NULL, three);
+            DIST_CHECK(s == LK_EINVAL && strstr(lk_last_error(), "num_experts"), "ep 3: %s", lk_status_name(s));
+        }
+        lk_model_free(m);
+        lk_comm_destroy(three);
+    }
 }
 
 static void rejections(void) {
     int P = dist_world->size;
     lk_mesh mesh;
-    tiny_dense("/tmp/unused", 1);
+    tiny("/tmp/unused", 0, 1, 1);
     tc.dp = P + 1;   /* does not divide the world: refused before any collective */
     lk_status s = lk_train_mesh(&tc, dist_world, &mesh);
     DIST_CHECK(s == LK_EINVAL && strstr(lk_last_error(), "parallel.dp"), "dp %d of %d: %s", P + 1, P, lk_status_name(s));
     tc.dp = 1;       /* divides it, but dp x 1 x 1 is not the world */
     s = lk_train_mesh(&tc, dist_world, &mesh);
     DIST_CHECK(s == LK_EINVAL && strstr(lk_last_error(), "world size"), "dp 1 of %d: %s", P, lk_status_name(s));
-    tc.dp = 0, tc.sp = 2;
+    tc.dp = 0, tc.sp = 3;
     s = lk_train_mesh(&tc, dist_world, &mesh);
-    DIST_CHECK(s == LK_EINVAL && strstr(lk_last_error(), "not yet supported"), "sp 2: %s", lk_status_name(s));
-    /* the YAML section: sp, ep other than 1 and unknown keys, with file:line:column */
-    const char *bad[3] = {"parallel: {dp: 2, sp: 2}\n", "parallel:\n  ep: 4\n", "parallel: {dp: 2, tp: 2}\n"};
+    DIST_CHECK(s == LK_EINVAL && strstr(lk_last_error(), "sp 3 does not divide"), "sp 3: %s", lk_status_name(s));
+    tc.sp = 1, tc.ep = 3;
+    s = lk_train_mesh(&tc, dist_world, &mesh);
+    DIST_CHECK(s == LK_EINVAL && strstr(lk_last_error(), "ep 3 does not divide"), "ep 3: %s", lk_status_name(s));
+    /* a config that does not describe the mesh it runs on */
+    tc.ep = 1;
+    DIST_CHECK(lk_train_mesh(&tc, dist_world, &mesh) == LK_OK, "mesh dp %d", P);
+    tc.sp = 2;
+    lk_train_opts o = {.quiet = 1, .mesh = &mesh};
+    s = lk_train_run(&tc, &ops, NULL, &o, NULL);
+    DIST_CHECK(s == LK_EINVAL && strstr(lk_last_error(), "the mesh is dp"), "config sp 2 on sp 1: %s", lk_status_name(s));
+    lk_mesh_destroy(&mesh);
+    /* the YAML section: sizes below 1 and unknown keys, with file:line:column */
+    const char *bad[3] = {"parallel: {dp: 2, sp: 0}\n", "parallel:\n  ep: -1\n", "parallel: {dp: 2, tp: 2}\n"};
     const char *want[3] = {":1:", ":2:", ":1:"};
-    const char *what[3] = {"not yet supported", "not yet supported", "tp"};
+    const char *what[3] = {"parallel.sp", "parallel.ep", "tp"};
     for (int i = 0; i < 3; i++) {
         char path[64];
         snprintf(path, sizeof path, "/tmp/llmkern_dist_train_%d_%d.yaml", (int)getpid(), i);
@@ -119,18 +210,21 @@ static void rejections(void) {
     FILE *f = fopen(path, "w");
     DIST_CHECK(f != NULL, "%s", path);
     if (f) {
-        fputs("parallel: {dp: 3, sp: 1, ep: 1}\n", f);
+        fputs("parallel: {dp: 3, sp: 2, ep: 4}\n", f);
         fclose(f);
         lk_train_config_init(&tc);
         s = lk_train_config_load_yaml(path, &tc, &ops);
-        DIST_CHECK(s == LK_OK && tc.dp == 3 && tc.sp == 1 && tc.ep == 1, "good yaml: %s", lk_status_name(s));
+        DIST_CHECK(s == LK_OK && tc.dp == 3 && tc.sp == 2 && tc.ep == 4, "good yaml: %s", lk_status_name(s));
         remove(path);
     }
 }
 
 int main(void) {
     dist_begin();
+    int P = dist_world->size;
     rejections();
-    dp_matches_grad_accum();
+    model_rejections();
+    matches_single(0, STEPS_DP, P, 1, 1, TOL_DP);
+    matches_single(1, STEPS_MOE, P / 2, 2, 2, TOL_MOE);
     return dist_end("dist_train");
 }

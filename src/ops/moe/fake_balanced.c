@@ -19,7 +19,7 @@
 static size_t saved_bytes(int64_t t, int64_t e, int64_t k) { return 0; }
 
 static size_t workspace_bytes(const lk_moe_router_args *a, int backward) {
-    return 2 * lk_dense_piece(sizeof(double) * (size_t)lk_router_experts(a));
+    return 2 * lk_dense_piece(sizeof(double) * (size_t)(lk_router_experts(a) + 1));
 }
 
 /* 64-bit mix of every byte of hidden: the seed. */
@@ -72,13 +72,16 @@ static lk_status forward(const lk_moe_router_args *a, lk_ctx *ctx) {
             }
         }
     }
-    if (a->aux_loss.data) {
-        double *f = lk_arena_alloc(ctx->arena, sizeof(double) * (size_t)e), aux = 0.0;
-        if (!f) return LK_MOE_NOMEM("moe_router");
-        memset(f, 0, sizeof(double) * (size_t)e);
-        for (int64_t r = 0; r < t * k; r++) f[ids[r]] += 1.0 / ((double)t * k);
-        for (int64_t x = 0; x < e; x++) aux += f[x] * f[x];
-        *(float *)a->aux_loss.data = (float)(aux * (double)e);
+    if (a->aux_loss.data) {   /* the routing fractions over the group's tokens (moe.h) */
+        double *c = lk_arena_alloc(ctx->arena, sizeof(double) * (size_t)(e + 1)), aux = 0.0;
+        if (!c) return LK_MOE_NOMEM("moe_router");
+        memset(c, 0, sizeof(double) * (size_t)e);
+        for (int64_t r = 0; r < t * k; r++) c[ids[r]] += 1.0;
+        c[e] = (double)t;
+        lk_status s = lk_router_group_sum(ctx, c, e + 1);
+        if (s) return s;
+        for (int64_t x = 0; x < e; x++) aux += c[x] * c[x];
+        *(float *)a->aux_loss.data = c[e] > 0 ? (float)(aux * (double)e / (c[e] * k * c[e] * k)) : 0.0f;
     }
     return LK_OK;
 }

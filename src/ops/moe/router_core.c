@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 #include "ops/moe/router_core.h"
+#include "llmkern/comm.h"
 #include "ops/swiglu_mlp/act.h"
 
 int64_t lk_router_experts(const lk_moe_router_args *a) {
@@ -25,8 +26,9 @@ size_t lk_router_workspace_bytes(const lk_moe_router_args *a, int backward) {
     int64_t t = a->hidden.shape[0], h = a->hidden.shape[1], e = lk_router_experts(a);
     size_t z = lk_dense_piece(sizeof(float) * (size_t)(t * e));
     size_t g = lk_gemm_workspace_bytes(t, e, h, a->hidden.dtype, a->gate_weight.dtype) + 2 * LK_ARENA_ALIGN;
-    if (!backward) return z + g + lk_dense_piece(sizeof(double) * (size_t)e);
-    size_t dx = lk_dense_piece(sizeof(float) * (size_t)(t * h)) + lk_dense_piece(sizeof(float) * (size_t)e);
+    if (!backward) return z + g + lk_dense_piece(sizeof(double) * (size_t)(2 * e + 1));
+    size_t dx = lk_dense_piece(sizeof(float) * (size_t)(t * h)) + lk_dense_piece(sizeof(double) * (size_t)(e + 1)) +
+                lk_dense_piece(sizeof(float) * (size_t)e);
     size_t acc = a->d_gate_weight.data ? lk_dense_gemm_acc_bytes(e, h, t, LK_F32, a->hidden.dtype, a->d_gate_weight.dtype) : 0;
     return z + dx + lk_dense_max(g, acc);
 }
@@ -56,7 +58,12 @@ void lk_router_topk(const float *s, const unsigned char *allowed, int64_t e, int
 static float scale_of(const lk_moe_router_args *a) { return a->route_scale > 0 ? a->route_scale : 1.0f; }
 static int normed(const lk_moe_router_args *a) { return a->norm_topk_prob || a->softmax_after_topk; }
 
-void lk_router_finish(const lk_moe_router_args *a, double *p_scratch) {
+lk_status lk_router_group_sum(lk_ctx *ctx, double *v, int64_t n) {
+    struct lk_comm *c = ctx->comm;
+    return c && c->size > 1 ? lk_comm_all_reduce(c, v, n, LK_COMM_F64) : LK_OK;
+}
+
+lk_status lk_router_finish(const lk_moe_router_args *a, lk_ctx *ctx, double *p_scratch) {
     int64_t t = a->hidden.shape[0], e = lk_router_experts(a);
     int k = a->top_k;
     const float *v = lk_router_saved_v(a);
@@ -70,18 +77,24 @@ void lk_router_finish(const lk_moe_router_args *a, double *p_scratch) {
         float m = normed(a) ? sc / S : sc;
         for (int j = 0; j < k; j++) w[tok * k + j] = v[tok * e + ids[tok * k + j]] * m;
     }
-    if (!a->aux_loss.data) return;
-    /* aux = E/(T²k) · Σ_e count_e · Σ_t q[t, e], q = v / Σ v; P in the caller's scratch */
-    double *P = p_scratch;
-    memset(P, 0, sizeof(double) * (size_t)e);
+    if (!a->aux_loss.data) return LK_OK;
+    /* aux = E/(T²k) · Σ_e count_e · Σ_t q[t, e], q = v / Σ v, over the group's tokens:
+     * P, count and T in the caller's scratch, summed over the group */
+    double *P = p_scratch, *C = P + e;
+    memset(P, 0, sizeof(double) * (size_t)(2 * e));
     for (int64_t tok = 0; tok < t; tok++) {
         double V = 0.0;
         for (int64_t y = 0; y < e; y++) V += v[tok * e + y];
         for (int64_t y = 0; y < e; y++) P[y] += v[tok * e + y] / V;
     }
-    double aux = 0.0;
-    for (int64_t r = 0; r < t * k; r++) aux += P[ids[r]];
-    *(float *)a->aux_loss.data = (float)(aux * (double)e / ((double)t * (double)t * k));
+    for (int64_t r = 0; r < t * k; r++) C[ids[r]] += 1.0;
+    C[e] = (double)t;
+    lk_status s = lk_router_group_sum(ctx, P, 2 * e + 1);
+    if (s) return s;
+    double aux = 0.0, T = C[e];
+    for (int64_t x = 0; x < e; x++) aux += C[x] * P[x];
+    *(float *)a->aux_loss.data = T > 0 ? (float)(aux * (double)e / (T * T * k)) : 0.0f;
+    return LK_OK;
 }
 
 lk_status lk_router_backward(const lk_moe_router_args *a, lk_ctx *ctx, lk_router_kind kind) {
@@ -91,12 +104,19 @@ lk_status lk_router_backward(const lk_moe_router_args *a, lk_ctx *ctx, lk_router
     const float *v = lk_router_saved_v(a), *dw = a->d_topk_weights.data;
     const int32_t *ids = lk_router_saved_ids(a);
     float *dz = lk_arena_alloc(ar, sizeof(float) * (size_t)(t * e));
-    float *dx = lk_arena_alloc(ar, sizeof(float) * (size_t)(t * h)), *ca = lk_arena_alloc(ar, sizeof(float) * (size_t)e);
-    if (!dz || !dx || !ca) return LK_MOE_NOMEM("moe_router");
-    /* ca[e] = d aux / d q[t, e], the same for every token */
-    memset(ca, 0, sizeof(float) * (size_t)e);
-    for (int64_t r = 0; r < t * k; r++) ca[ids[r]] += 1.0f;
-    for (int64_t x = 0; x < e; x++) ca[x] = (float)((double)a->d_aux_loss * (double)ca[x] * (double)e / ((double)t * t * k));
+    float *dx = lk_arena_alloc(ar, sizeof(float) * (size_t)(t * h));
+    double *cnt = lk_arena_alloc(ar, sizeof(double) * (size_t)(e + 1));
+    if (!dz || !dx || !cnt) return LK_MOE_NOMEM("moe_router");
+    /* ca[e] = d aux / d q[t, e], the same for every token: the group's counts and T */
+    memset(cnt, 0, sizeof(double) * (size_t)(e + 1));
+    for (int64_t r = 0; r < t * k; r++) cnt[ids[r]] += 1.0;
+    cnt[e] = (double)t;
+    lk_status s = a->d_aux_loss != 0.0f ? lk_router_group_sum(ctx, cnt, e + 1) : LK_OK;
+    if (s) return s;
+    float *ca = lk_arena_alloc(ar, sizeof(float) * (size_t)e);
+    if (!ca) return LK_MOE_NOMEM("moe_router");
+    double T = cnt[e];
+    for (int64_t x = 0; x < e; x++) ca[x] = T > 0 ? (float)((double)a->d_aux_loss * cnt[x] * (double)e / (T * T * k)) : 0.0f;
     float sc = scale_of(a);
     #pragma omp parallel for schedule(static) if (t * e >= LK_MOE_PAR_MIN)
     for (int64_t tok = 0; tok < t; tok++) {
@@ -117,7 +137,7 @@ lk_status lk_router_backward(const lk_moe_router_args *a, lk_ctx *ctx, lk_router
         for (int64_t x = 0; x < e; x++)
             d[x] = kind == LK_ROUTER_SOFTMAX ? vr[x] * (d[x] - dot) : d[x] * vr[x] * (1.0f - vr[x]);
     }
-    lk_status s = lk_gemm(t, h, e, 1.0f, lk_dense_opnd(dz, LK_F32, e, 0),
+    s = lk_gemm(t, h, e, 1.0f, lk_dense_opnd(dz, LK_F32, e, 0),
                           lk_dense_opnd(a->gate_weight.data, a->gate_weight.dtype, h, 0), 0.0f, dx, h, ar);
     if (s) return s;
     lk_dense_store(a->d_hidden.data, a->hidden.dtype, dx, t, h, NULL);

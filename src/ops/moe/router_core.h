@@ -20,8 +20,10 @@ lk_status lk_router_logits(const lk_moe_router_args *a, lk_arena *ar, float *z);
 /* ids[0..k) = the k largest of s[0..e) where allowed (mask NULL = all), ties to the lower index. */
 void lk_router_topk(const float *s, const unsigned char *allowed, int64_t e, int k, int32_t *ids);
 /* From the saved v and ids: topk_weights, topk_ids and aux_loss (if wanted);
- * p_scratch holds E doubles. */
-void lk_router_finish(const lk_moe_router_args *a, double *p_scratch);
+ * p_scratch holds 2E + 1 doubles. */
+lk_status lk_router_finish(const lk_moe_router_args *a, lk_ctx *ctx, double *p_scratch);
+/* Sums n doubles over ctx->comm, the group the aux loss spans (no group: unchanged). */
+lk_status lk_router_group_sum(lk_ctx *ctx, double *v, int64_t n);
 /* The whole backward of a learned router. */
 lk_status lk_router_backward(const lk_moe_router_args *a, lk_ctx *ctx, lk_router_kind kind);
 

@@ -9,7 +9,7 @@ static lk_status forward(const lk_moe_router_args *a, lk_ctx *ctx) {
     int64_t t = a->hidden.shape[0], e = lk_router_experts(a);
     int k = a->top_k;
     float *z = lk_arena_alloc(ctx->arena, sizeof(float) * (size_t)(t * e));
-    double *p = lk_arena_alloc(ctx->arena, sizeof(double) * (size_t)e);
+    double *p = lk_arena_alloc(ctx->arena, sizeof(double) * (size_t)(2 * e + 1));
     if (!z || !p) return LK_MOE_NOMEM("moe_router");
     lk_status s = lk_router_logits(a, ctx->arena, z);
     if (s) return s;
@@ -24,8 +24,7 @@ static lk_status forward(const lk_moe_router_args *a, lk_ctx *ctx) {
         for (int64_t x = 0; x < e; x++) vr[x] /= sum;
         lk_router_topk(vr, NULL, e, k, ids + tok * k);
     }
-    lk_router_finish(a, p);
-    return LK_OK;
+    return lk_router_finish(a, ctx, p);
 }
 
 static lk_status backward(const lk_moe_router_args *a, lk_ctx *ctx) {

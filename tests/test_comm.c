@@ -1,7 +1,9 @@
 /* test_comm.c — the communicator layer on one process: the single-process backend's
  * collectives, the wrappers' checks and byte counts, the mesh (sizes that do not divide
  * the world refused), the SP loss reduction, and the EP dispatchers over the
- * single-process communicator held against `local`. tests/dist runs P > 1 under mpirun. */
+ * single-process communicator held against `local`; the non-blocking all-reduce (several
+ * requests in flight, bad arguments, the blocking fallback of a version 1 communicator).
+ * tests/dist runs P > 1 under mpirun; tests/cuda/test_comm_nccl.c the NCCL backend. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -10,6 +12,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "llmkern/llmkern.h"
 #include "ops/harness.h"
 
@@ -63,6 +66,114 @@ static void single_collectives(void **state) {
 #else
     assert_int_equal(lk_comm_mpi_world(&w), LK_EUNAVAILABLE);
 #endif
+#ifndef LLMKERN_HAVE_NCCL
+    assert_int_equal(lk_comm_nccl_create(lk_comm_self(), 0, &w), LK_EUNAVAILABLE);
+    assert_non_null(strstr(lk_last_error(), "not available in this build"));
+#endif
+}
+
+/* The request API on one process: several buckets in flight, then waited in another
+ * order; values are the identity's (exact); stats counted at the start. */
+static void requests_single(void **state) {
+    (void)state;
+    lk_comm *c;
+    assert_int_equal(lk_comm_single(&c), LK_OK);
+    assert_int_equal(c->version, 2);
+    lk_rng rng = lk_rng_make(0x5eed ^ (uint64_t)time(NULL));
+    enum { NB = 4 };
+    const int64_t n[NB] = {1, 7, 1023, 0};
+    float *buf[NB], *want[NB];
+    lk_comm_request req[NB];
+    uint64_t bytes = 0;
+    for (int b = 0; b < NB; b++) {
+        buf[b] = malloc((size_t)(n[b] ? n[b] : 1) * 4), want[b] = malloc((size_t)(n[b] ? n[b] : 1) * 4);
+        lk_rng_uniform(&rng, buf[b], n[b], -4.0f, 4.0f);
+        memcpy(want[b], buf[b], (size_t)n[b] * 4);
+        assert_int_equal(lk_comm_all_reduce_start(c, buf[b], n[b], LK_COMM_F32, &req[b]), LK_OK);
+        assert_ptr_equal(req[b].comm, c);
+        assert_int_equal(req[b].bytes, (uint64_t)n[b] * 4);
+        bytes += (uint64_t)n[b] * 4;
+    }
+    assert_int_equal(c->stats.calls[LK_COLL_ALL_REDUCE], NB);
+    assert_int_equal(c->stats.bytes_in[LK_COLL_ALL_REDUCE], bytes);
+    assert_int_equal(c->stats.bytes_wire[LK_COLL_ALL_REDUCE], 0);
+    int done = -1;
+    assert_int_equal(lk_comm_test(c, &req[1], &done), LK_OK);
+    assert_int_equal(done, 1);
+    assert_int_equal(req[1].pending, 0);
+    for (int b = NB - 1; b >= 0; b--) {
+        assert_int_equal(lk_comm_wait(c, &req[b]), LK_OK);
+        assert_int_equal(req[b].pending, 0);
+        assert_memory_equal(buf[b], want[b], (size_t)n[b] * 4);
+    }
+    assert_int_equal(lk_comm_wait(c, &req[0]), LK_OK);     /* a second wait is harmless */
+    /* bad arguments: LK_EINVAL naming the argument, req untouched */
+    lk_comm_request poison, r;
+    memset(&poison, 0xa5, sizeof poison);
+    r = poison;
+    assert_int_equal(lk_comm_all_reduce_start(c, buf[1], 7, LK_COMM_TYPE_COUNT, &r), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "all_reduce_start"));
+    assert_int_equal(lk_comm_all_reduce_start(c, buf[1], -1, LK_COMM_F32, &r), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "count"));
+    assert_int_equal(lk_comm_all_reduce_start(c, NULL, 7, LK_COMM_F32, &r), LK_EINVAL);
+    assert_memory_equal(&r, &poison, sizeof r);
+    assert_int_equal(lk_comm_all_reduce_start(c, buf[1], 7, LK_COMM_F32, NULL), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "req"));
+    assert_int_equal(lk_comm_all_reduce_start(NULL, buf[1], 7, LK_COMM_F32, &r), LK_EINVAL);
+    assert_int_equal(c->stats.calls[LK_COLL_ALL_REDUCE], NB);      /* refused calls are not counted */
+    assert_int_equal(lk_comm_wait(c, NULL), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "req"));
+    assert_int_equal(lk_comm_all_reduce_start(lk_comm_self(), buf[1], 7, LK_COMM_F32, &r), LK_OK);
+    assert_int_equal(lk_comm_wait(c, &r), LK_EINVAL);                 /* started on another comm */
+    assert_non_null(strstr(lk_last_error(), "another communicator"));
+    assert_int_equal(lk_comm_wait(lk_comm_self(), &r), LK_OK);
+    assert_int_equal(lk_comm_test(c, &req[0], NULL), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "done"));
+    for (int b = 0; b < NB; b++) free(buf[b]), free(want[b]);
+    lk_comm_destroy(c);
+}
+
+/* A stand-in whose blocking all-reduce doubles, so the fallback is seen to run it. */
+static int blocking_calls, async_calls;
+static lk_status doubling_all_reduce(lk_comm *c, void *buf, int64_t n, lk_comm_type dt) {
+    for (int64_t i = 0; i < n; i++) ((double *)buf)[i] *= 2;
+    blocking_calls++;
+    return LK_OK;
+}
+static lk_status counting_start(lk_comm *c, void *buf, int64_t n, lk_comm_type dt, lk_comm_request *req) {
+    async_calls++;
+    return LK_OK;
+}
+
+/* Version 1 communicators, and version 2 ones without the members, block in start. */
+static void requests_fallback(void **state) {
+    (void)state;
+    for (int k = 0; k < 2; k++) {
+        lk_comm old = *lk_comm_self();
+        lk_comm_reset_stats(&old);
+        old.all_reduce = doubling_all_reduce;
+        old.all_reduce_start = counting_start;      /* must not run in either case */
+        if (k == 0) old.version = 1;
+        else old.wait = NULL;
+        assert_int_equal(lk_comm_check("test", "old", &old), LK_OK);
+        blocking_calls = async_calls = 0;
+        double v[3] = {1.5, -2.0, 3.25};
+        lk_comm_request r;
+        assert_int_equal(lk_comm_all_reduce_start(&old, v, 3, LK_COMM_F64, &r), LK_OK);
+        assert_int_equal(r.pending, 0);             /* complete on return */
+        assert_true(v[0] == 3.0 && v[1] == -4.0 && v[2] == 6.5);
+        int done = 0;
+        assert_int_equal(lk_comm_test(&old, &r, &done), LK_OK);
+        assert_int_equal(done, 1);
+        assert_int_equal(lk_comm_wait(&old, &r), LK_OK);
+        assert_true(blocking_calls == 1 && async_calls == 0);
+        assert_int_equal(old.stats.calls[LK_COLL_ALL_REDUCE], 1);
+        assert_int_equal(old.stats.bytes_in[LK_COLL_ALL_REDUCE], 24);
+    }
+    lk_comm future = *lk_comm_self();
+    future.version = LK_COMM_VERSION + 1;
+    assert_int_equal(lk_comm_check("test", "future", &future), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "future"));
 }
 
 static void mesh(void **state) {
@@ -160,6 +271,8 @@ static int setup(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(single_collectives),
+        cmocka_unit_test(requests_single),
+        cmocka_unit_test(requests_fallback),
         cmocka_unit_test(mesh),
         cmocka_unit_test(sp_loss),
         cmocka_unit_test(dispatch_single),

@@ -3,8 +3,12 @@
  *
  * Backends: single process (size 1, every collective the identity; always built), MPI
  * (lk_comm_mpi_world; built when CMake finds MPI, else it returns LK_EUNAVAILABLE) and
- * NCCL (not built yet: see the report of issue 7). Sub-groups come from lk_comm_split
+ * NCCL (lk_comm_nccl_create, on device buffers; built when CUDA is on and CMake finds
+ * nccl.h and libnccl, else LK_EUNAVAILABLE). Sub-groups come from lk_comm_split
  * (MPI_Comm_split semantics) and form the DP x SP x EP mesh of lk_mesh_create.
+ *
+ * The all-reduce also comes non-blocking (lk_comm_all_reduce_start, then lk_comm_wait),
+ * so the data-parallel gradient buckets travel while the backward still runs.
  *
  * Callers use the lk_comm_* wrappers, not the pointers: the wrappers check arguments,
  * and count the calls and bytes of each collective in comm->stats (what bench/NOTES.md
@@ -44,9 +48,23 @@ typedef struct {
 typedef enum { LK_COMM_F32, LK_COMM_F64, LK_COMM_I64, LK_COMM_TYPE_COUNT } lk_comm_type;
 size_t lk_comm_type_size(lk_comm_type t);
 
-#define LK_COMM_VERSION 1
+/* Version 2 appended the non-blocking all-reduce; a version 1 communicator stays valid
+ * (the wrappers run its blocking all_reduce instead). */
+#define LK_COMM_VERSION 2
 
 typedef struct lk_comm lk_comm;
+
+/* One all-reduce in flight, from lk_comm_all_reduce_start until lk_comm_wait (or
+ * lk_comm_test saying done). The caller owns the struct and keeps it in place meanwhile;
+ * the backend owns what handle points to. Complete every request before destroying its
+ * communicator. */
+typedef struct {
+    lk_comm *comm;              /* the communicator that started it */
+    void *handle;               /* the backend's: an MPI_Request, a pooled cudaEvent_t */
+    uint64_t bytes;             /* the buffer's size, as counted in stats at the start */
+    int pending;                /* 1 until a wait or a test has completed it */
+} lk_comm_request;
+
 struct lk_comm {
     int version;                /* LK_COMM_VERSION */
     const char *backend;        /* "single", "mpi", "nccl" */
@@ -68,6 +86,14 @@ struct lk_comm {
     /* A new communicator of the ranks with the same color, ordered by key (then rank). */
     lk_status (*split)(lk_comm *c, int color, int key, lk_comm **out);
     void (*destroy)(lk_comm *c);
+    /* --- version 2; each optional (NULL: the wrappers block in all_reduce instead) --- */
+    /* Starts all_reduce's sum and returns; sets req->handle. buf stays the collective's
+     * until wait (or test) completes it. */
+    lk_status (*all_reduce_start)(lk_comm *c, void *buf, int64_t count, lk_comm_type dt, lk_comm_request *req);
+    /* Blocks until req is complete and releases its handle. */
+    lk_status (*wait)(lk_comm *c, lk_comm_request *req);
+    /* *done = 1 (handle released) when req is complete, else 0; never blocks. NULL: wait. */
+    lk_status (*test)(lk_comm *c, lk_comm_request *req, int *done);
 };
 
 /* The single-process communicator (rank 0 of 1). */
@@ -79,9 +105,31 @@ lk_comm *lk_comm_self(void);
 lk_status lk_comm_mpi_world(lk_comm **out);
 /* MPI_Finalize when lk_comm_mpi_world initialized MPI; a no-op otherwise. */
 void lk_comm_mpi_finalize(void);
+/* An NCCL communicator of bootstrap's ranks, on CUDA device `device` (each rank its own):
+ * rank 0 makes the ncclUniqueId and broadcasts it over bootstrap (single or MPI), then
+ * every rank joins. Buffers passed to its collectives are DEVICE pointers; they run on
+ * the comm's own non-blocking stream, and the blocking ones synchronize it before they
+ * return (buffers ready, as with MPI). It orders itself after the legacy default stream;
+ * work on other streams must be done (synchronized) before a collective reads it. It
+ * leaves `device` current on the calling thread: call its collectives with it current.
+ * bootstrap stays the caller's. LK_EINVAL (bootstrap, device, out), LK_EUNAVAILABLE in a
+ * build without NCCL or on a machine without a GPU (the message says why), LK_ECOMM with
+ * NCCL's or CUDA's text. */
+lk_status lk_comm_nccl_create(lk_comm *bootstrap, int device, lk_comm **out);
 
 /* The wrappers: argument checks, stats, then the backend. */
 lk_status lk_comm_all_reduce(lk_comm *c, void *buf, int64_t count, lk_comm_type dt);
+/* The non-blocking all-reduce: checks and counts like lk_comm_all_reduce, then starts it
+ * and fills *req (left untouched on LK_EINVAL). Several may be outstanding; every rank
+ * starts them in the same order. A communicator without a non-blocking path (version 1,
+ * or NULL members) runs the blocking one here, and req comes back already complete. */
+lk_status lk_comm_all_reduce_start(lk_comm *c, void *buf, int64_t count, lk_comm_type dt, lk_comm_request *req);
+/* Blocks until req is complete: buf then holds the sum. A complete req returns LK_OK at
+ * once (waiting twice is harmless). LK_EINVAL when req was started on another comm. */
+lk_status lk_comm_wait(lk_comm *c, lk_comm_request *req);
+/* *done = 1 when req is complete (as after wait), else 0; it also drives the transport
+ * (MPI progresses a request only inside MPI calls). */
+lk_status lk_comm_test(lk_comm *c, lk_comm_request *req, int *done);
 lk_status lk_comm_all_gather(lk_comm *c, const void *send, void *recv, size_t bytes);
 lk_status lk_comm_reduce_scatter(lk_comm *c, const void *send, void *recv, int64_t count, lk_comm_type dt);
 lk_status lk_comm_all_to_all(lk_comm *c, const void *send, const int64_t *scount, const int64_t *sdispl,

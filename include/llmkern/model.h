@@ -83,6 +83,15 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
 /* Forward only: the loss (for evaluation and finite differences). */
 lk_status lk_model_loss(lk_model *m, const lk_batch *batch, lk_step_stats *stats);
 void lk_model_zero_grad(lk_model *m);
+/* Every parameter's gradient lies in one flat f32 buffer of *n floats (each lk_param's
+ * grad a view into it, alignment padding zero): what a data-parallel all-reduce sums. */
+float *lk_model_grads(lk_model *m, int64_t *n);
+/* Called by lk_model_forward_backward as the backward goes: fn(user, first) says that
+ * the flat gradients [first, n) are final for this call (after the loss head, after
+ * each layer from the last, and with first = 0 at the end), so a data-parallel
+ * all-reduce of that range can start while the rest of the backward runs. fn NULL
+ * removes it. */
+void lk_model_on_grads_ready(lk_model *m, void (*fn)(void *user, int64_t first), void *user);
 /* Bytes of activations the last forward kept for its backward (accounted memory). */
 size_t lk_model_activation_bytes(const lk_model *m);
 /* Checkpoint I/O: config.json + model.safetensors (bf16 or f32 as cfg->torch_dtype

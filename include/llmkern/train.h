@@ -110,6 +110,7 @@ typedef struct {
      * takes the same step; only rank 0 writes (out, loss.csv, plot, checkpoints,
      * progress). The config's parallel: section must match the mesh. */
     const lk_mesh *mesh;
+    int64_t bucket_bytes;        /* the all-reduce bucket (torch DDP's bucket_cap_mb); 0 = 4 MiB */
 } lk_train_opts;
 
 typedef struct {
@@ -118,6 +119,8 @@ typedef struct {
     double tail_loss;                 /* mean loss of the last (up to) 10 steps run or resumed */
     double seconds, tokens_per_s;
     char last_checkpoint[600];        /* "" when none was written */
+    int64_t buckets, buckets_early;   /* gradient all-reduces run, and those started while the
+                                       * backward was still running (overlapped) */
 } lk_train_result;
 
 /* Trains tc.model with ops on tc's data for tc.steps steps, writing into tc.out:

@@ -48,6 +48,9 @@ int cli_list(const cli_opts *o) {
         printf("MPI: %s\n", hw->has_mpi ? "built in (lk_comm_mpi_world; run under mpirun)"
                                         : "not built (CMake found no MPI; the multi-process communicator is absent)");
     if (!o->json)
+        printf("NCCL: %s\n", hw->has_nccl ? "built in (lk_comm_nccl_create; device buffers)"
+                                          : "not built (needs CUDA and CMake finding nccl.h and libnccl)");
+    if (!o->json)
         printf("%-14s %-18s %-5s %-9s %-14s %s\n", "OP", "IMPLEMENTATION", "DEV", "AVAILABLE",
                "NEEDS", "SUMMARY");
     for (int op = 0; op < LK_OP_COUNT; op++) {

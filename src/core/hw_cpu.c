@@ -10,6 +10,9 @@ void lk_hw_probe_cpu(lk_hw *hw) {
 #ifdef LLMKERN_HAVE_MPI
     hw->has_mpi = 1;    /* the MPI communicator is built in (src/dist/comm_mpi.c) */
 #endif
+#ifdef LLMKERN_HAVE_NCCL
+    hw->has_nccl = 1;   /* the NCCL communicator is built in (src/dist/comm_nccl.c) */
+#endif
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     hw->cpu_avx2 = __builtin_cpu_supports("avx2") != 0;

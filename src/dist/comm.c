@@ -1,6 +1,7 @@
 /* comm.c — the communicator wrappers every caller goes through (argument checks and the
  * per-collective byte counts), the single-process backend, and the SP loss reduction.
- * The MPI backend is comm_mpi.c, built only when CMake finds MPI. */
+ * The MPI backend is comm_mpi.c, built only when CMake finds MPI; the NCCL one is
+ * comm_nccl.c, built only with CUDA and NCCL. */
 #include <stdlib.h>
 #include <string.h>
 #include "llmkern/comm.h"
@@ -32,15 +33,74 @@ static void count(lk_comm *c, lk_coll k, uint64_t in, uint64_t wire) {
     c->stats.bytes_wire[k] += wire;
 }
 
-lk_status lk_comm_all_reduce(lk_comm *c, void *buf, int64_t n, lk_comm_type dt) {
-    CHECK_COMM("all_reduce");
+/* The checks and counts the blocking and the non-blocking all-reduce share. */
+static lk_status all_reduce_begin(lk_comm *c, const char *op, const void *buf, int64_t n, lk_comm_type dt,
+                                  uint64_t *bytes) {
+    CHECK_COMM(op);
     if (!reducible(dt) || n < 0 || (n > 0 && !buf))
-        return lk_error(LK_EINVAL, "comm: all_reduce: expected f32, f64 or i64, count >= 0 and a buffer, got type %d, "
-                        "count %lld", (int)dt, (long long)n);
+        return lk_error(LK_EINVAL, "comm: %s: expected f32, f64 or i64, count >= 0 and a buffer, got type %d, "
+                        "count %lld", op, (int)dt, (long long)n);
     uint64_t b = (uint64_t)n * lk_comm_type_size(dt);
     /* a ring all-reduce sends 2 (P-1)/P of the buffer */
     count(c, LK_COLL_ALL_REDUCE, b, c->size > 1 ? 2 * b * (uint64_t)(c->size - 1) / (uint64_t)c->size : 0);
+    *bytes = b;
+    return LK_OK;
+}
+
+lk_status lk_comm_all_reduce(lk_comm *c, void *buf, int64_t n, lk_comm_type dt) {
+    uint64_t b = 0;
+    lk_status s = all_reduce_begin(c, "all_reduce", buf, n, dt, &b);
+    if (s) return s;
     return n ? c->all_reduce(c, buf, n, dt) : LK_OK;
+}
+
+/* Members past version 1 exist only in a version 2 struct: read them after the check. */
+static int has_async(const lk_comm *c) { return c->version >= 2 && c->all_reduce_start && c->wait; }
+
+lk_status lk_comm_all_reduce_start(lk_comm *c, void *buf, int64_t n, lk_comm_type dt, lk_comm_request *req) {
+    if (!req) return lk_error(LK_EINVAL, "comm: all_reduce_start: req: expected a request, got NULL");
+    uint64_t b = 0;
+    lk_status s = all_reduce_begin(c, "all_reduce_start", buf, n, dt, &b);
+    if (s) return s;
+    *req = (lk_comm_request){.comm = c, .bytes = b};
+    if (n == 0) return LK_OK;
+    if (!has_async(c)) return c->all_reduce(c, buf, n, dt);
+    if ((s = c->all_reduce_start(c, buf, n, dt, req))) return s;
+    req->pending = 1;
+    return LK_OK;
+}
+
+static lk_status request_check(lk_comm *c, const char *op, const lk_comm_request *req) {
+    CHECK_COMM(op);
+    if (!req) return lk_error(LK_EINVAL, "comm: %s: req: expected a request, got NULL", op);
+    if (req->comm != c)
+        return lk_error(LK_EINVAL, "comm: %s: req: started on another communicator (%p), not this one (%p)", op,
+                        (void *)req->comm, (void *)c);
+    return LK_OK;
+}
+
+lk_status lk_comm_wait(lk_comm *c, lk_comm_request *req) {
+    lk_status s = request_check(c, "wait", req);
+    if (s || !req->pending) return s;
+    /* complete or failed, the backend has released the handle: never wait on it again */
+    s = c->wait(c, req);
+    req->pending = 0;
+    return s;
+}
+
+lk_status lk_comm_test(lk_comm *c, lk_comm_request *req, int *done) {
+    lk_status s = request_check(c, "test", req);
+    if (s) return s;
+    if (!done) return lk_error(LK_EINVAL, "comm: test: done: expected a pointer, got NULL");
+    if (!req->pending) return *done = 1, LK_OK;
+    int d = 1;
+    if (!c->test) {
+        s = lk_comm_wait(c, req);
+    } else if ((s = c->test(c, req, &d)) || d) {
+        req->pending = 0;   /* as in wait: the backend has released the handle */
+    }
+    if (!s) *done = d;
+    return s;
 }
 
 lk_status lk_comm_all_gather(lk_comm *c, const void *send, void *recv, size_t bytes) {
@@ -114,6 +174,12 @@ void lk_comm_reset_stats(lk_comm *c) {
 /* --- single process: every collective is a copy or nothing ------------------------ */
 
 static lk_status single_all_reduce(lk_comm *c, void *buf, int64_t n, lk_comm_type dt) { return LK_OK; }
+/* the sum over one rank is done when it starts */
+static lk_status single_all_reduce_start(lk_comm *c, void *buf, int64_t n, lk_comm_type dt, lk_comm_request *req) {
+    return LK_OK;
+}
+static lk_status single_wait(lk_comm *c, lk_comm_request *req) { return LK_OK; }
+static lk_status single_test(lk_comm *c, lk_comm_request *req, int *done) { return *done = 1, LK_OK; }
 static lk_status single_all_gather(lk_comm *c, const void *send, void *recv, size_t bytes) {
     if (bytes && send != recv) memmove(recv, send, bytes);
     return LK_OK;
@@ -144,7 +210,8 @@ lk_status lk_comm_single(lk_comm **out) {
         .all_reduce = single_all_reduce, .all_gather = single_all_gather,
         .reduce_scatter = single_reduce_scatter, .all_to_all = single_all_to_all,
         .broadcast = single_broadcast, .barrier = single_barrier, .split = single_split,
-        .destroy = single_destroy,
+        .destroy = single_destroy, .all_reduce_start = single_all_reduce_start, .wait = single_wait,
+        .test = single_test,
     };
     *out = c;
     return LK_OK;
@@ -158,6 +225,7 @@ lk_comm *lk_comm_self(void) {
             .all_reduce = single_all_reduce, .all_gather = single_all_gather,
             .reduce_scatter = single_reduce_scatter, .all_to_all = single_all_to_all,
             .broadcast = single_broadcast, .barrier = single_barrier, .split = single_split,
+            .all_reduce_start = single_all_reduce_start, .wait = single_wait, .test = single_test,
         };
     }
     return &self;
@@ -221,4 +289,16 @@ lk_status lk_comm_mpi_world(lk_comm **out) {
                     "libopenmpi-dev and reconfigure)");
 }
 void lk_comm_mpi_finalize(void) {}
+#endif
+
+#ifndef LLMKERN_HAVE_NCCL
+lk_status lk_comm_nccl_create(lk_comm *bootstrap, int device, lk_comm **out) {
+#ifdef LLMKERN_HAVE_CUDA
+    return lk_error(LK_EUNAVAILABLE, "comm: nccl: not available in this build (CMake found no nccl.h and libnccl; "
+                    "set NCCL_ROOT to where they are and reconfigure)");
+#else
+    return lk_error(LK_EUNAVAILABLE, "comm: nccl: not available in this build (CUDA is off: LLMKERN_CUDA=OFF, a "
+                    "sanitizer build, or no nvcc found)");
+#endif
+}
 #endif

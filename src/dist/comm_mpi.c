@@ -1,7 +1,8 @@
 /* comm_mpi.c — the MPI backend of lk_comm (include/llmkern/comm.h), built only when
  * CMake finds MPI (the _mpi.c suffix). One MPI_Comm per lk_comm; split is
- * MPI_Comm_split. Byte counts above INT_MAX are refused (MPI's int counts) rather than
- * truncated. Errors come back as LK_ECOMM with MPI's own text. */
+ * MPI_Comm_split; the non-blocking all-reduce is MPI_Iallreduce / MPI_Wait / MPI_Test.
+ * Byte counts above INT_MAX are refused (MPI's int counts) rather than truncated.
+ * Errors come back as LK_ECOMM with MPI's own text. */
 #include <limits.h>
 #include <stdlib.h>
 #include <mpi.h>
@@ -41,6 +42,29 @@ static lk_status too_big(const char *what, uint64_t n) {
 static lk_status m_all_reduce(lk_comm *c, void *buf, int64_t n, lk_comm_type dt) {
     if (n > INT_MAX) return too_big("all_reduce", (uint64_t)n);
     MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(dt), MPI_SUM, comm_of(c)), "MPI_Allreduce");
+    return LK_OK;
+}
+
+/* The request lives in req->handle itself: no allocation per bucket on the hot path. */
+_Static_assert(sizeof(MPI_Request) <= sizeof(void *), "an MPI_Request must fit in lk_comm_request.handle");
+
+static MPI_Request *request_of(lk_comm_request *req) { return (MPI_Request *)&req->handle; }
+
+static lk_status m_all_reduce_start(lk_comm *c, void *buf, int64_t n, lk_comm_type dt, lk_comm_request *req) {
+    if (n > INT_MAX) return too_big("all_reduce_start", (uint64_t)n);
+    MPI_Request r;
+    MPI_TRY(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(dt), MPI_SUM, comm_of(c), &r), "MPI_Iallreduce");
+    *request_of(req) = r;
+    return LK_OK;
+}
+
+static lk_status m_wait(lk_comm *c, lk_comm_request *req) {
+    MPI_TRY(MPI_Wait(request_of(req), MPI_STATUS_IGNORE), "MPI_Wait");
+    return LK_OK;
+}
+
+static lk_status m_test(lk_comm *c, lk_comm_request *req, int *done) {
+    MPI_TRY(MPI_Test(request_of(req), done, MPI_STATUS_IGNORE), "MPI_Test");
     return LK_OK;
 }
 
@@ -121,7 +145,7 @@ static lk_status wrap(MPI_Comm mc, lk_comm **out) {
         .version = LK_COMM_VERSION, .backend = "mpi", .rank = rank, .size = size, .state = st,
         .all_reduce = m_all_reduce, .all_gather = m_all_gather, .reduce_scatter = m_reduce_scatter,
         .all_to_all = m_all_to_all, .broadcast = m_broadcast, .barrier = m_barrier, .split = m_split,
-        .destroy = m_destroy,
+        .destroy = m_destroy, .all_reduce_start = m_all_reduce_start, .wait = m_wait, .test = m_test,
     };
     *out = c;
     return LK_OK;

@@ -63,6 +63,7 @@ static lk_status layout(lk_model *m) {
             break;
         default: break;
         }
+        if (L && (L->first == 0 || off < L->first)) L->first = off;   /* 0 is the embedding's, never a layer's */
         p->value.ndim = ndim;   /* data filled once the buffers exist */
         p->value.shape[0] = shape[0];
         p->value.shape[1] = shape[1];
@@ -104,6 +105,11 @@ lk_status lk_qwen3_params_init(lk_model *m, uint64_t seed) {
 }
 
 int lk_model_param_count(const lk_model *m) { return m ? m->n_params : 0; }
+
+float *lk_model_grads(lk_model *m, int64_t *n) {
+    if (n) *n = m ? m->n_floats : 0;
+    return m ? m->g : NULL;
+}
 
 lk_param *lk_model_param(lk_model *m, int i) {
     return m && i >= 0 && i < m->n_params ? &m->params[i] : NULL;

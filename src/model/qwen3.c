@@ -368,6 +368,14 @@ static const lk_layer_acts *acts_for_backward(lk_model *m, int l, const lk_batch
     return &m->acts[l];
 }
 
+void lk_model_on_grads_ready(lk_model *m, void (*fn)(void *user, int64_t first), void *user) {
+    if (m) m->grads_ready = fn, m->grads_ready_user = user;
+}
+
+static void grads_ready(lk_model *m, int64_t first) {
+    if (m->grads_ready) m->grads_ready(m->grads_ready_user, first);
+}
+
 lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float loss_scale, lk_step_stats *stats) {
     if (!m || !stats) return lk_error(LK_EINVAL, "model_forward_backward: expected a model and stats");
     if (!(loss_scale == loss_scale) || loss_scale > 1e30f || loss_scale < -1e30f)
@@ -390,11 +398,13 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
                           .dx = lk_tensor_2d(m->sc.dres, LK_F32, T, H), .dweight = lk_tensor_1d(m->sc.dw, LK_F32, H)};
     if ((s = lk_rms_norm_backward(m->final_norm_impl, &n, &m->ctx))) return s;
     for (int64_t j = 0; j < H; j++) m->g[m->final_norm + j] += m->sc.dw[j];
+    grads_ready(m, m->final_norm);   /* the final norm and an untied lm_head follow the layers */
     /* the aux loss is the mean over MoE layers, scaled by its coefficient */
     float d_aux = m->n_moe_layers ? (float)(m->cfg.router_aux_loss_coef * loss_scale / m->n_moe_layers) : 0.0f;
     for (int l = N - 1; l >= 0; l--) {
         const lk_layer_acts *a = acts_for_backward(m, l, b, &s);
         if (s || (s = lk_qwen3_layer_backward(m, l, a, b, d_aux))) return s;
+        grads_ready(m, m->layers[l].first);
     }
     /* embedding: scatter-add by token; serial so repeated ids add in one fixed order */
     float *ge = m->g + m->embed;
@@ -403,6 +413,7 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
         const float *d = m->sc.dres + t * H;
         for (int64_t j = 0; j < H; j++) row[j] += d[j];
     }
+    grads_ready(m, 0);
     *stats = st;
     return LK_OK;
 }

@@ -37,6 +37,7 @@ typedef struct {
     int moe;
     /* offsets (in floats) into the model's value and grad buffers */
     int64_t in, q, k, v, o, qn, kn, post;
+    int64_t first;           /* the lowest offset of the layer's tensors */
     int64_t gate_up, down;   /* dense: [2I, H], [H, I]; MoE: [E, 2I, H], [E, H, I] */
     int64_t router;          /* MoE: [E, H] */
     lk_layer_ops ops;
@@ -86,6 +87,8 @@ struct lk_model {
     lk_comm *sp, *ep;
     lk_batch local;
     double d_loss_unit;           /* d(the loss) / d(the CE op's loss): 1, or 1 / the SP group's count */
+    void (*grads_ready)(void *user, int64_t first);   /* lk_model_on_grads_ready */
+    void *grads_ready_user;
 
     float *rope_cos, *rope_sin;   /* [max_pos, D/2] */
     int64_t max_pos;

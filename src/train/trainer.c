@@ -4,7 +4,8 @@
  * directory; checkpoints through train_state.c. Under a mesh (opts->mesh): each DP
  * replica reads its shard, its SP ranks split the batch's tokens and EP ranks the
  * experts (lk_model_set_parallel); every rank's gradient share is summed over the world
- * in buckets before clipping, so all ranks take the same step; rank 0 alone writes. */
+ * in buckets that travel while the backward still runs, before clipping, so all ranks
+ * take the same step; rank 0 alone writes. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,13 +69,13 @@ static void trainer_free(trainer *t) {
     free(t->m); free(t->v); free(t->grads); free(t->lens); free(t->hist);
     lk_batch_free(&t->batch);
     lk_batch_free(&t->skip);
-    free(t->bucket);
+    free(t->reqs);
     lk_data_iter_free(&t->it);
     lk_dataset_free(&t->ds);
     if (t->model) lk_model_free(t->model);
 }
 
-#define DP_BUCKET_FLOATS ((int64_t)1 << 20)   /* 4 MiB of f32 per all-reduce */
+#define BUCKET_FLOATS ((int64_t)1 << 20)   /* 4 MiB of f32 per all-reduce, by default */
 
 /* The config's parallel: section must describe the mesh the run is handed. */
 static lk_status check_mesh(const lk_train_config *tc, const lk_mesh *m) {
@@ -86,7 +87,8 @@ static lk_status check_mesh(const lk_train_config *tc, const lk_mesh *m) {
     return LK_OK;
 }
 
-static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_ops_config *ops, const lk_mesh *mesh) {
+static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_ops_config *ops, const lk_mesh *mesh,
+                              int64_t bucket_bytes) {
     memset(t, 0, sizeof *t);
     t->tc = tc;
     t->writer = 1;
@@ -98,8 +100,6 @@ static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_op
         t->world = mesh->world;
         t->writer = t->world->rank == 0;
         if (!s) s = lk_batch_alloc(&t->skip, tc->batch_size, tc->seq_len);
-        if (!s && (t->bucket = malloc((size_t)DP_BUCKET_FLOATS * sizeof(float))) == NULL)
-            s = lk_error(LK_ENOMEM, "train: gradient bucket");
     }
     if (!s && t->writer) s = lk_mkdirs(tc->out);
     if (!s) s = load_data(tc, &t->ds);
@@ -108,6 +108,13 @@ static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_op
     if (!s) s = build_model(tc, ops, &t->model);
     if (!s && mesh) s = lk_model_set_parallel(t->model, mesh->sp, mesh->ep);
     if (s) return s;
+    if (mesh) {
+        t->flat = lk_model_grads(t->model, &t->n_flat);
+        t->bucket = bucket_bytes > 0 ? (bucket_bytes + 3) / 4 : BUCKET_FLOATS;
+        t->n_buckets = (t->n_flat + t->bucket - 1) / t->bucket;
+        if (!(t->reqs = calloc((size_t)t->n_buckets, sizeof *t->reqs)))
+            return lk_error(LK_ENOMEM, "train: all-reduce requests");
+    }
     int n = t->n_params = lk_model_param_count(t->model);
     t->m = calloc((size_t)n, sizeof *t->m);
     t->v = calloc((size_t)n, sizeof *t->v);
@@ -192,35 +199,44 @@ static lk_status next_batch(trainer *t) {
     return s;
 }
 
-/* The flat gradient [start, start + n) (params back to back) to or from buf; from buf
- * it is scaled. */
-static void flat_copy(trainer *t, int64_t start, int64_t n, float *buf, int to_buf, float scale) {
-    for (int i = 0; i < t->n_params && n > 0; i++) {
-        int64_t len = t->lens[i];
-        if (start >= len) { start -= len; continue; }
-        int64_t m = len - start < n ? len - start : n;
-        float *g = t->grads[i] + start;
-        if (to_buf) memcpy(buf, g, (size_t)m * sizeof *g);
-        else for (int64_t j = 0; j < m; j++) g[j] = buf[j] * scale;
-        buf += m, n -= m, start = 0;
+/* The gradient all-reduce, overlapped with the backward. The flat gradients are cut
+ * into a fixed grid of 4 MiB buckets, and bucket k starts (from the last) once the model
+ * says [k·B, n) is final (lk_model_on_grads_ready): the grid, not the moments the model
+ * reports, fixes which all-reduces run in which order, so every rank starts the same
+ * ones in the same order, a rank whose backward stopped early included (it starts the
+ * rest at once). */
+static void start_ready(void *user, int64_t first) {
+    trainer *t = user;
+    while (t->n_started < t->n_buckets && !t->start_error) {
+        int64_t b0 = (t->n_buckets - 1 - t->n_started) * t->bucket;
+        if (b0 < first) break;
+        int64_t n = t->n_flat - b0 < t->bucket ? t->n_flat - b0 : t->bucket;
+        t->start_error = lk_comm_all_reduce_start(t->world, t->flat + b0, n, LK_COMM_F32, &t->reqs[t->n_started]);
+        if (t->start_error) break;
+        t->n_started++;
+        t->buckets++;
+        t->buckets_early += first > 0;   /* first 0 is the end of the backward */
+    }
+    /* MPI moves a request along only inside MPI calls: give the ones in flight a turn */
+    for (int64_t i = 0; i < t->n_started && !t->start_error; i++) {
+        int done;
+        t->start_error = lk_comm_test(t->world, &t->reqs[i], &done);
     }
 }
 
-/* grads = (sum over the world) / dp, one all-reduce per 4 MiB bucket: an SP rank holds
- * the share of its tokens and an EP rank that of its experts, so the world's sum is
- * each replica's gradient summed over the replicas. */
-static lk_status dp_reduce_grads(trainer *t) {
-    int64_t total = 0;
-    for (int i = 0; i < t->n_params; i++) total += t->lens[i];
-    float scale = (float)(1.0 / (double)t->mesh->dp_size);
-    for (int64_t b = 0; b < total; b += DP_BUCKET_FLOATS) {
-        int64_t n = total - b < DP_BUCKET_FLOATS ? total - b : DP_BUCKET_FLOATS;
-        flat_copy(t, b, n, t->bucket, 1, 1.0f);
-        lk_status s = lk_comm_all_reduce(t->world, t->bucket, n, LK_COMM_F32);
-        if (s) return s;
-        flat_copy(t, b, n, t->bucket, 0, scale);
+/* Starts what is left, waits for all, and divides the world's sum by dp: an SP rank
+ * holds the share of its tokens and an EP rank that of its experts, so the world's sum
+ * is each replica's gradient summed over the replicas. */
+static lk_status finish_grads(trainer *t) {
+    start_ready(t, 0);
+    lk_status s = t->start_error;
+    for (int64_t i = 0; i < t->n_started; i++) {
+        lk_status w = lk_comm_wait(t->world, &t->reqs[i]);
+        if (!s) s = w;
     }
-    return LK_OK;
+    float scale = (float)(1.0 / (double)t->mesh->dp_size);
+    for (int64_t i = 0; i < t->n_flat; i++) t->flat[i] *= scale;
+    return s;
 }
 
 /* One optimizer step; *loss gets the mean of the micro-batch losses (over the DP group). */
@@ -231,8 +247,21 @@ static lk_status train_step(trainer *t, const lk_train_opts *o, double *loss, do
     *tokens = 0;
     for (int64_t k = 0; k < tc->grad_accum; k++) {
         lk_step_stats st;
+        int last = k == tc->grad_accum - 1 && t->world;
+        if (last) {   /* the last micro-batch's backward sends the buckets as they are done */
+            t->n_started = 0, t->start_error = LK_OK;
+            lk_model_on_grads_ready(t->model, start_ready, t);
+        }
         lk_status s = next_batch(t);
         if (!s) s = lk_model_forward_backward(t->model, &t->batch, (float)(1.0 / (double)tc->grad_accum), &st);
+        if (last) {
+            lk_model_on_grads_ready(t->model, NULL, NULL);
+            lk_status f = finish_grads(t);
+            if (!s) s = f;
+        } else if (s && t->world) {   /* the others reach the all-reduces later: meet them there */
+            t->n_started = 0, t->start_error = LK_OK;
+            finish_grads(t);
+        }
         if (s) return dp_agree(t, s);
         sum += st.loss;                                     /* the same on the SP ranks of a replica */
         *tokens += t->batch.B * t->batch.S / tc->sp;        /* the tokens this rank ran */
@@ -242,7 +271,6 @@ static lk_status train_step(trainer *t, const lk_train_opts *o, double *loss, do
         lk_status s = dp_agree(t, LK_OK);
         double red[2] = {sum, (double)*tokens};
         if (!s) s = lk_comm_all_reduce(t->world, red, 2, LK_COMM_F64);
-        if (!s) s = dp_reduce_grads(t);
         if (s) return s;
         *loss = red[0] / (double)(tc->grad_accum * t->world->size);
         *tokens = (int64_t)red[1];
@@ -323,7 +351,7 @@ lk_status lk_train_run(const lk_train_config *tc, const lk_ops_config *ops, cons
     if (tc == NULL || ops == NULL) return lk_error(LK_EINVAL, "train: expected a train config and an ops config");
     const lk_train_opts *o = opts ? opts : &none;
     trainer t;
-    lk_status s = trainer_init(&t, tc, ops, o->mesh);
+    lk_status s = trainer_init(&t, tc, ops, o->mesh, o->bucket_bytes);
     if (!s && resume) s = lk_trainer_resume(&t, resume);
     if (t.world) s = dp_agree(&t, s);
     r.first_step = t.step;
@@ -343,6 +371,7 @@ lk_status lk_train_run(const lk_train_config *tc, const lk_ops_config *ops, cons
     int64_t tail = t.step < 10 ? t.step : 10;
     for (int64_t i = t.step - tail; i < t.step; i++) r.tail_loss += t.hist[i * LK_HIST_COLS + LK_HIST_LOSS] / (double)tail;
     r.steps_done = t.step;
+    r.buckets = t.buckets, r.buckets_early = t.buckets_early;
     trainer_free(&t);
     if (result) *result = r;
     return s;

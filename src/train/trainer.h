@@ -27,7 +27,12 @@ typedef struct {
     lk_comm *world;           /* mesh->world; NULL for one process */
     int writer;               /* 1 on the rank that writes files and progress (rank 0) */
     lk_batch skip;            /* DP: the other replicas' batches, read past */
-    float *bucket;            /* the gradient all-reduce's staging buffer */
+    /* the gradient all-reduce, overlapped with the backward (trainer.c: start_ready) */
+    float *flat;              /* the model's flat gradients, n_flat floats */
+    int64_t n_flat, bucket, n_buckets, n_started;
+    int64_t buckets, buckets_early;   /* totals for lk_train_result */
+    lk_comm_request *reqs;    /* [n_buckets] */
+    lk_status start_error;
 } trainer;
 
 #pragma GCC visibility push(hidden)

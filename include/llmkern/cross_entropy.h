@@ -55,7 +55,15 @@ typedef struct {
                                (and their gradient) are rounded to bf16 as a bf16 framework
                                would. No effect on f32. */
     size_t chunk_bytes;     /* fused/chunk_loss memory budget for a chunk's f32 logits;
-                               0 = LK_CE_DEFAULT_CHUNK_BYTES. At least one token per chunk. */
+                               0 = LK_CE_DEFAULT_CHUNK_BYTES. At least one token per chunk.
+                               CUDA fused: the budget also picks the algorithm. When the f32
+                               [V, H] dW accumulator fits it (V·H·4 <= chunk_bytes, i.e. the
+                               chunk is at least H tokens) dW is accumulated over token chunks
+                               in the forward (3 GEMMs, saved holds it); otherwise the lean
+                               path runs: the forward saves dh and the lse, the backward
+                               recomputes the logits per vocab block for all kept tokens and
+                               adds dW into d_weight directly (4 GEMMs, nothing of size V·H).
+                               Same results and contract either way (see fused_cuda.c). */
 } lk_cross_entropy_args;
 
 /* The sizes an implementation is asked about, worked out by the facade. */

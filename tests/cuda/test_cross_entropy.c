@@ -3,6 +3,11 @@
  * and none; label smoothing, z-loss, softcap; ignored labels; logits_to_keep; several
  * chunks; fp32_lm_head; d_weight f32 or bf16 holding values before (accumulated); odd
  * vocab and hidden sizes (the scalar kernel path); d_hidden poisoned with NaN first.
+ * Each case runs on both of the op's algorithms, picked by the budget (chunk >= H: dW
+ * accumulated in f32 over chunks; chunk < H: the lean path, dW per vocab block in the
+ * backward), and the test checks from the saved size which one ran: the lean cases have
+ * vocab blocks that do not divide the vocab, blocks of one column, ignored labels, gathered
+ * rows (logits_to_keep) and every reduction.
  * Tolerances: f32 2e-5 (as the CPU harness: f32 math, sums of V exp terms); bf16 1e-2
  * (the reference rounds logits and dlogits to bf16 like the kernel; what is left is the
  * bf16 rounding of d_hidden and d_weight, and an odd logit rounded the other way);
@@ -25,6 +30,7 @@ typedef struct {
     double eps, zs, cap;
     int64_t keep, chunk_tokens;
     int fp32_head, grad_f32;
+    int lean;   /* the path the budget must pick: 1 lean (chunk < H), 0 accumulating */
 } ccase;
 
 static void run_case(lk_dtype dt, const ccase *c, uint32_t seed) {
@@ -62,7 +68,15 @@ static void run_case(lk_dtype dt, const ccase *c, uint32_t seed) {
     a.chunk_bytes = (size_t)(c->chunk_tokens * V * 4);
     size_t sb = 0;
     assert_int_equal(lk_cross_entropy_saved_bytes(impl, &a, &sb), LK_OK);
+    /* which path: accumulating saves dh [K, H] and dW [V, H] f32 (mean/sum) or nothing but
+     * the head (none); lean saves dh and the lse [K], never V·H (V·H·4 >= 1280 here, more
+     * than the lse and the alignment) */
+    int64_t K = c->keep ? c->b * c->keep : T;
+    size_t both = (size_t)((V + K) * H * 4);
+    if (none) assert_true(c->lean ? sb > 64 : sb == 64);
+    else assert_true(c->lean ? sb < both : sb >= both);
     a.saved = (lk_saved){lkt_dev(sb), sb};
+    lkt_poison(a.saved.data, sb);
     lk_arena arena = {.device = LK_DEVICE_CUDA};
     lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
     assert_int_equal(lk_cross_entropy_forward(impl, &a, &ctx), LK_OK);
@@ -82,8 +96,9 @@ static void run_case(lk_dtype dt, const ccase *c, uint32_t seed) {
     lkt_download(gh, T * H, dt, got), e[2] = lkt_rel_err(got, rdh, T * H);
     lkt_download(dgw, V * H, gdt, got), e[3] = lkt_rel_err(got, rdw, V * H);
     lkt_download(nv, 1, LK_I64, got), e[4] = got[0] == (double)rnv ? 0.0 : INFINITY;
-    print_message("  %-4s B %lld S %lld H %lld V %lld red %d eps %g zs %g cap %g keep %lld chunk %lld fp32 %d dW %s: "
-                  "loss %.2e z %.2e dh %.2e dW %.2e nv %g\n", lk_dtype_name(dt), (long long)c->b, (long long)c->s,
+    print_message("  %-4s %s B %lld S %lld H %lld V %lld red %d eps %g zs %g cap %g keep %lld chunk %lld fp32 %d dW %s: "
+                  "loss %.2e z %.2e dh %.2e dW %.2e nv %g\n", lk_dtype_name(dt), c->lean ? "lean" : "accu",
+                  (long long)c->b, (long long)c->s,
                   (long long)H, (long long)V, (int)c->red, c->eps, c->zs, c->cap, (long long)c->keep,
                   (long long)c->chunk_tokens, c->fp32_head, lk_dtype_name(gdt), e[0], e[1], e[2], e[3], e[4]);
     double tol = dt == LK_F32 ? 2e-5 : c->fp32_head ? 2e-2 : 1e-2;
@@ -92,19 +107,37 @@ static void run_case(lk_dtype dt, const ccase *c, uint32_t seed) {
     lkt_free_all();
 }
 
-static void every_dtype_option(void **state) {
+/* chunk >= H and K >= H: the f32 dW accumulator fits the budget. */
+static void accumulating_path(void **state) {
     (void)state;
     const ccase cases[] = {
-        {2, 24, 64, 512, LK_CE_MEAN, 0.0, 0.0, 0.0, 0, 64, 0, 1},
-        {1, 40, 96, 1000, LK_CE_SUM, 0.1, 1e-3, 30.0, 0, 16, 0, 0},      /* 3 chunks, all options */
-        {3, 9, 33, 257, LK_CE_MEAN, 0.05, 1e-4, 0.0, 4, 5, 0, 1},        /* odd sizes, logits_to_keep */
-        {2, 17, 64, 384, LK_CE_NONE, 0.1, 1e-3, 20.0, 0, 8, 0, 0},       /* none: backward recomputes */
-        {1, 33, 48, 301, LK_CE_NONE, 0.0, 0.0, 0.0, 7, 3, 0, 1},
-        {2, 16, 64, 640, LK_CE_MEAN, 0.0, 1e-3, 0.0, 0, 12, 1, 1},       /* fp32_lm_head */
+        {2, 24, 16, 512, LK_CE_MEAN, 0.0, 0.0, 0.0, 0, 20, 0, 1, 0},     /* 3 chunks */
+        {1, 40, 32, 1000, LK_CE_SUM, 0.1, 1e-3, 30.0, 0, 32, 0, 0, 0},   /* chunk = H: fits exactly */
+        {3, 9, 9, 257, LK_CE_MEAN, 0.05, 1e-4, 0.0, 4, 10, 0, 1, 0},     /* odd sizes, logits_to_keep */
+        {2, 17, 16, 384, LK_CE_NONE, 0.1, 1e-3, 20.0, 0, 16, 0, 0, 0},   /* none: backward recomputes */
+        {2, 16, 24, 640, LK_CE_MEAN, 0.0, 1e-3, 0.0, 0, 24, 1, 1, 0},    /* fp32_lm_head */
     };
     for (int d = 0; d < 2; d++)
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
             run_case(d ? LK_BF16 : LK_F32, &cases[i], 5u + (uint32_t)i);
+}
+
+/* chunk < H: the lean path, forced by a small budget. */
+static void lean_path(void **state) {
+    (void)state;
+    const ccase cases[] = {
+        {2, 24, 64, 512, LK_CE_MEAN, 0.0, 0.0, 0.0, 0, 64, 0, 1, 1},      /* K < H: one vocab block */
+        {1, 40, 96, 1000, LK_CE_SUM, 0.1, 1e-3, 30.0, 0, 16, 0, 0, 1},    /* blocks 384, 384, 232 */
+        {3, 9, 33, 257, LK_CE_MEAN, 0.05, 1e-4, 0.0, 4, 5, 0, 1, 1},      /* odd sizes, gathered rows */
+        {2, 17, 64, 384, LK_CE_NONE, 0.1, 1e-3, 20.0, 0, 8, 0, 0, 1},     /* none; blocks of 77 (scalar) */
+        {1, 33, 48, 301, LK_CE_NONE, 0.0, 0.0, 0.0, 7, 3, 0, 1, 1},       /* none, logits_to_keep */
+        {2, 16, 64, 640, LK_CE_MEAN, 0.0, 1e-3, 0.0, 0, 12, 1, 1, 1},     /* fp32_lm_head */
+        {2, 30, 64, 1001, LK_CE_MEAN, 0.1, 0.0, 0.0, 0, 7, 0, 0, 1},      /* 8 blocks of 112 + one of 105 */
+        {1, 40, 64, 5, LK_CE_SUM, 0.0, 1e-3, 0.0, 0, 1, 0, 1, 1},         /* blocks of one column */
+    };
+    for (int d = 0; d < 2; d++)
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+            run_case(d ? LK_BF16 : LK_F32, &cases[i], 25u + (uint32_t)i);
 }
 
 /* A label outside [0, V) is not read on the host: the kernel makes that loss NaN. */
@@ -141,7 +174,8 @@ static void bad_label_is_nan(void **state) {
 int main(void) {
     if (!lkt_have_gpu("cuda_test_cross_entropy")) return LKT_SKIP;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(every_dtype_option),
+        cmocka_unit_test(accumulating_path),
+        cmocka_unit_test(lean_path),
         cmocka_unit_test(bad_label_is_nan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,7 +1,8 @@
 /* test_rms_norm.c (GPU) — the CUDA RMSNorm implementations (fused, eager_fp32) against the
  * float64 reference: f32 and bf16, shapes that take each kernel path (16-byte register
  * path, odd lengths on the scalar register path, rows too long for registers on the
- * looped path, an unaligned pointer), with and without weight, Gemma's offset, dx
+ * looped path, an unaligned pointer; the forward's warp-a-row kernel on and off, rows
+ * not a multiple of its rows per block, idle lanes, odd lengths), with and without weight, Gemma's offset, dx
  * written over dy, zero rows, outputs poisoned with NaN first. Tolerances, as the CPU
  * harness states them: f32 math and one rounding of each output, so f32 1e-5 (dweight
  * sums up to 4099 rows in f32: 2e-5) and bf16 1e-2 (2^-9 of an element at most).
@@ -88,7 +89,14 @@ static const rcase cases[] = {
     {7, 13, 1, 0, 0, 0.0f},
     {3, 40000, 1, 0, 0, 0.0f},      /* too long for registers even with 16-byte accesses */
     {5, 16384, 1, 0, 0, 0.0f},      /* the longest register row in bf16 */
+    {7, 4096, 1, 0, 0, 0.0f},       /* forward a warp a row: 16 accesses a lane, rows not a multiple of 4 */
+    {6, 2048, 0, 0, 0, 0.0f},       /* warp a row, no weight (f32: 16 accesses, bf16: 8) */
+    {5, 520, 1, 1, 0, 1.0f},        /* warp a row with idle lanes on the last access */
+    {9, 301, 1, 0, 0, 0.0f},        /* odd length: the warp kernel's scalar path */
 };
+
+/* fused.cu's forward takes one warp per row when a row fits; 0 forces its block kernels. */
+extern int lk_rms_norm_cuda_fwd_warp;
 
 static void every_impl_dtype_shape(void **state) {
     (void)state;
@@ -96,12 +104,17 @@ static void every_impl_dtype_shape(void **state) {
     for (int k = 0; k < 2; k++) {
         const lk_impl *impl = lk_impl_find(LK_OP_RMS_NORM, names[k], LK_DEVICE_CUDA);
         assert_non_null(impl);
-        for (int d = 0; d < 2; d++)
-            for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-                run_case(impl, d ? LK_BF16 : LK_F32, &cases[i], 1234u + (uint32_t)i);
-                lkt_free_all();
-            }
+        for (int warp = 1; warp >= (k == 0 ? 0 : 1); warp--) {   /* the knob only matters to fused */
+            lk_rms_norm_cuda_fwd_warp = warp;
+            print_message("  fused forward a warp a row: %d\n", warp);
+            for (int d = 0; d < 2; d++)
+                for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+                    run_case(impl, d ? LK_BF16 : LK_F32, &cases[i], 1234u + (uint32_t)i);
+                    lkt_free_all();
+                }
+        }
     }
+    lk_rms_norm_cuda_fwd_warp = 1;
 }
 
 /* No rows: the facade hands the call to the implementation, which zeroes dweight. */

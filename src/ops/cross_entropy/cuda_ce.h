@@ -29,13 +29,20 @@ lk_status lk_ce_cuda_gather(const lk_ce_cuda_plan *p, lk_dtype dt, const void *h
                             int64_t n, void *out, void *stream);
 /* One block per row i < n of the logits chunk z [n, V] (zt: f32 or bf16): softcap, online
  * softmax, loss and z-loss of kept row k0 + i, into loss[j] / zl[j] (j = k, or the token
- * when by_token; zl may be NULL). With dz, the gradient wrt the raw logits at weight
- * g = (d_loss ? d_loss[token] : 1) / (mean ? *n_valid : 1) into dz [n, V] (gt), which may
- * be z itself (same dtype): each element is read before it is written, by one thread.
+ * when by_token; zl may be NULL), and its log-sum-exp into lse[k] (lse may be NULL). With
+ * dz, the gradient wrt the raw logits at weight g = (d_loss ? d_loss[token] : 1) /
+ * (mean ? *n_valid : 1) into dz [n, V] (gt), which may be z itself (same dtype): each
+ * element is read before it is written, by one thread.
  * A label outside [0, V) that is not ignore_index gives NaN loss and gradient. */
 lk_status lk_ce_cuda_rows(const lk_ce_cuda_plan *p, lk_dtype zt, const void *z, lk_dtype gt, void *dz, int64_t k0,
                           int64_t n, const int64_t *n_valid, const float *d_loss, float *loss, float *zl,
-                          int by_token, void *stream);
+                          float *lse, int by_token, void *stream);
+/* The lean path's second pass: z [K, wb] holds the raw logits of vocab columns v0 .. v0+wb
+ * for every kept row (ld wb); dz [K, wb] (may be z, same dtype) gets their gradient with
+ * the saved lse [K], weighted as lk_ce_cuda_rows weights it. */
+lk_status lk_ce_cuda_block_grad(const lk_ce_cuda_plan *p, lk_dtype zt, const void *z, lk_dtype gt, void *dz,
+                                int64_t v0, int64_t wb, const float *lse, const int64_t *n_valid,
+                                const float *d_loss, void *stream);
 /* loss_out[0] = Σ loss[k] (/ *n_valid for mean), z_out likewise (may be NULL), summed in
  * double in a fixed order; nv_out[0] = *n_valid when nv_out is not NULL. */
 lk_status lk_ce_cuda_finish(const lk_ce_cuda_plan *p, const float *loss, const float *zl, const int64_t *n_valid,

@@ -4,6 +4,8 @@
  * loss, z-loss and label smoothing, then the gradient written over the logits in place.
  * It reads the row twice (the second pass mostly from L2) and writes it once: at 8192 x
  * 151936 bf16 about 7.5 GB, ~2 ms at the H200's copy rate, against ~39 ms of GEMMs.
+ * The lean path (fused_cuda.c) adds ce_block: a block of vocab columns for every kept
+ * token, turned into its gradient with the saved lse (the same per-element arithmetic).
  * The rest are small: counting valid labels, gathering kept rows, the final reduction
  * (double, fixed order: deterministic), and the backward's scatter and axpy. */
 #include <math.h>
@@ -13,6 +15,7 @@
 
 #define ROW_THREADS 512
 #define RED_THREADS 1024
+#define BLOCK_THREADS 256
 
 static __device__ __forceinline__ int64_t token_of(const lk_ce_cuda_plan &p, int64_t k) {
     if (p.idx) return p.idx[k];
@@ -51,10 +54,41 @@ static __device__ __forceinline__ void merge(float &m, float &s, float m2, float
     m = M;
 }
 
+/* What the gradient of kept row k needs besides its logits: the weight g of the row
+ * (d_loss, per token for none, / n_valid for mean; 0 when ignored; NaN for a bad label)
+ * and the coefficients of ∂loss/∂v = a·softmax(v) − b − gy·[col = y]. */
+typedef struct {
+    float g, a, b, gy, inv;
+    int64_t y;
+} grad_coef;
+
+static __device__ __forceinline__ grad_coef coef_of(const lk_ce_cuda_plan &p, int64_t k, float lse,
+                                                    const int64_t *nv, const float *d_loss) {
+    const int64_t tok = token_of(p, k), y = label_of(p, tok);
+    const bool ignored = y == p.ignore, bad = !ignored && (y < 0 || y >= p.V);
+    float g = 0.0f;
+    if (!ignored) {
+        g = d_loss ? d_loss[tok < 0 || tok >= p.T ? 0 : (p.reduction == 2 ? tok : 0)] : 1.0f;
+        if (p.reduction == 0) g = *nv > 0 ? g / (float)*nv : 0.0f;
+        if (bad) g = NAN;
+    }
+    grad_coef c = {g, g * (1.0f + 2.0f * p.zs * lse), g * p.eps / (float)p.V, g * (1.0f - p.eps),
+                   p.cap > 0.0f ? 1.0f / p.cap : 0.0f, y};
+    return c;
+}
+
+/* The gradient wrt the raw logit `raw` in column col (softcap's derivative included). */
+static __device__ __forceinline__ float grad_at(const grad_coef &c, float raw, int64_t col, float lse, float cap) {
+    float v = softcap(raw, cap), d = c.a * __expf(v - lse) - c.b;
+    if (col == c.y) d -= c.gy;
+    if (cap > 0.0f) d *= 1.0f - (v * c.inv) * (v * c.inv);
+    return c.g == 0.0f ? 0.0f : d;
+}
+
 template <typename TZ, typename TG, int W>
 __global__ void __launch_bounds__(ROW_THREADS) ce_rows(lk_ce_cuda_plan p, const TZ *z, TG *dz, int64_t k0,
                                                        const int64_t *nv, const float *d_loss, float *loss,
-                                                       float *zl, int by_token) {
+                                                       float *zl, float *lse_out, int by_token) {
     __shared__ float sm[32], ss[32], ssz[32], res[2];
     const int64_t V = p.V, k = k0 + blockIdx.x, tok = token_of(p, k), y = label_of(p, tok);
     const bool ignored = y == p.ignore, bad = !ignored && (y < 0 || y >= V);
@@ -103,32 +137,43 @@ __global__ void __launch_bounds__(ROW_THREADS) ce_rows(lk_ce_cuda_plan p, const 
                 loss[j] = l;
                 if (zl) zl[j] = zlv;
             }
+            if (lse_out) lse_out[k] = lse;
             res[0] = lse;
         }
     }
     if (dz == NULL) return;
     __syncthreads();
     const float lse = res[0];
-    float g = 0.0f;
-    if (!ignored) {
-        g = d_loss ? d_loss[tok < 0 || tok >= p.T ? 0 : (p.reduction == 2 ? tok : 0)] : 1.0f;
-        if (p.reduction == 0) g = *nv > 0 ? g / (float)*nv : 0.0f;
-        if (bad) g = NAN;
-    }
-    const float a = g * (1.0f + 2.0f * p.zs * lse), b = g * p.eps / (float)V, gy = g * (1.0f - p.eps);
-    const float inv = p.cap > 0.0f ? 1.0f / p.cap : 0.0f;
+    const grad_coef gc = coef_of(p, k, lse, nv, d_loss);
     TG *dr = dz + (int64_t)blockIdx.x * V;
     for (int u = threadIdx.x; u < units; u += blockDim.x) {
         float f[W];
         lk_ldw<TZ, W>(zr + (int64_t)u * W, f, false);
 #pragma unroll
-        for (int j = 0; j < W; j++) {
-            float v = softcap(f[j], p.cap), d = a * __expf(v - lse) - b;
-            if ((int64_t)u * W + j == y) d -= gy;
-            if (p.cap > 0.0f) d *= 1.0f - (v * inv) * (v * inv);
-            f[j] = g == 0.0f ? 0.0f : d;
-        }
+        for (int j = 0; j < W; j++) f[j] = grad_at(gc, f[j], (int64_t)u * W + j, lse, p.cap);
         lk_stw<TG, W>(dr + (int64_t)u * W, f, false);
+    }
+}
+
+/* The lean path's second pass: one block per kept row k of a block of raw logits z [K, wb]
+ * (vocab columns v0 .. v0+wb), turned into the gradient with the row's saved lse. The
+ * same arithmetic as ce_rows' second half (coef_of, grad_at), so both paths agree. */
+template <typename TZ, typename TG, int W>
+__global__ void __launch_bounds__(BLOCK_THREADS) ce_block(lk_ce_cuda_plan p, const TZ *z, TG *dz, int64_t v0,
+                                                          int64_t wb, const float *__restrict__ lse_in,
+                                                          const int64_t *nv, const float *d_loss) {
+    const int64_t k = blockIdx.x;
+    const float lse = lse_in[k];
+    const grad_coef gc = coef_of(p, k, lse, nv, d_loss);
+    const TZ *zr = z + k * wb;
+    TG *dr = dz + k * wb;
+    const int units = (int)(wb / W);
+    for (int u = threadIdx.x; u < units; u += blockDim.x) {
+        float f[W];
+        lk_ldw<TZ, W>(zr + (int64_t)u * W, f);
+#pragma unroll
+        for (int j = 0; j < W; j++) f[j] = grad_at(gc, f[j], v0 + (int64_t)u * W + j, lse, p.cap);
+        lk_stw<TG, W>(dr + (int64_t)u * W, f, false);   /* read back at once by the dW GEMM */
     }
 }
 
@@ -210,34 +255,68 @@ extern "C" lk_status lk_ce_cuda_gather(const lk_ce_cuda_plan *p, lk_dtype dt, co
 
 template <typename TZ, typename TG>
 static void rows_launch(const lk_ce_cuda_plan &p, const void *z, void *dz, int64_t k0, int64_t n, const int64_t *nv,
-                        const float *d_loss, float *loss, float *zl, int by_token, cudaStream_t st) {
+                        const float *d_loss, float *loss, float *zl, float *lse, int by_token, cudaStream_t st) {
     const int w = lk_vec<TZ>::N;
     bool vec = p.V % w == 0 && lk_aligned16(z) && (dz == NULL || lk_aligned16(dz)) &&
                (sizeof(TG) == sizeof(TZ) || p.V % lk_vec<TG>::N == 0);
     if (vec)
         ce_rows<TZ, TG, lk_vec<TZ>::N><<<(unsigned)n, ROW_THREADS, 0, st>>>(p, (const TZ *)z, (TG *)dz, k0, nv, d_loss,
-                                                                          loss, zl, by_token);
+                                                                          loss, zl, lse, by_token);
     else
         ce_rows<TZ, TG, 1><<<(unsigned)n, ROW_THREADS, 0, st>>>(p, (const TZ *)z, (TG *)dz, k0, nv, d_loss, loss, zl,
-                                                              by_token);
+                                                              lse, by_token);
 }
 
 extern "C" lk_status lk_ce_cuda_rows(const lk_ce_cuda_plan *p, lk_dtype zt, const void *z, lk_dtype gt, void *dz,
                                      int64_t k0, int64_t n, const int64_t *n_valid, const float *d_loss, float *loss,
-                                     float *zl, int by_token, void *stream) {
+                                     float *zl, float *lse, int by_token, void *stream) {
     if (n == 0) return LK_OK;
     if (p->V > INT32_MAX) return lk_error(LK_ESHAPE, "cross_entropy: fused (cuda): vocab above 2^31");
     cudaStream_t st = (cudaStream_t)stream;
     if (zt == LK_BF16 && gt == LK_BF16)
-        rows_launch<lk_bf16_t, lk_bf16_t>(*p, z, dz, k0, n, n_valid, d_loss, loss, zl, by_token, st);
+        rows_launch<lk_bf16_t, lk_bf16_t>(*p, z, dz, k0, n, n_valid, d_loss, loss, zl, lse, by_token, st);
     else if (zt == LK_F32 && gt == LK_BF16)
-        rows_launch<float, lk_bf16_t>(*p, z, dz, k0, n, n_valid, d_loss, loss, zl, by_token, st);
+        rows_launch<float, lk_bf16_t>(*p, z, dz, k0, n, n_valid, d_loss, loss, zl, lse, by_token, st);
     else if (zt == LK_F32 && gt == LK_F32)
-        rows_launch<float, float>(*p, z, dz, k0, n, n_valid, d_loss, loss, zl, by_token, st);
+        rows_launch<float, float>(*p, z, dz, k0, n, n_valid, d_loss, loss, zl, lse, by_token, st);
     else
         return lk_error(LK_EDTYPE, "cross_entropy: fused (cuda): logits %s with gradient %s not built",
                         lk_dtype_name(zt), lk_dtype_name(gt));
     LK_CUDA_LAUNCHED("cross_entropy: fused (cuda): softmax + loss + gradient rows");
+    return LK_OK;
+}
+
+template <typename TZ, typename TG>
+static void block_launch(const lk_ce_cuda_plan &p, const void *z, void *dz, int64_t v0, int64_t wb, const float *lse,
+                         const int64_t *nv, const float *d_loss, cudaStream_t st) {
+    const int w = lk_vec<TZ>::N;
+    bool vec = wb % w == 0 && lk_aligned16(z) && lk_aligned16(dz) &&
+               (sizeof(TG) == sizeof(TZ) || wb % lk_vec<TG>::N == 0);
+    if (vec)
+        ce_block<TZ, TG, lk_vec<TZ>::N><<<(unsigned)p.K, BLOCK_THREADS, 0, st>>>(p, (const TZ *)z, (TG *)dz, v0, wb,
+                                                                               lse, nv, d_loss);
+    else
+        ce_block<TZ, TG, 1><<<(unsigned)p.K, BLOCK_THREADS, 0, st>>>(p, (const TZ *)z, (TG *)dz, v0, wb, lse, nv,
+                                                                   d_loss);
+}
+
+extern "C" lk_status lk_ce_cuda_block_grad(const lk_ce_cuda_plan *p, lk_dtype zt, const void *z, lk_dtype gt,
+                                           void *dz, int64_t v0, int64_t wb, const float *lse,
+                                           const int64_t *n_valid, const float *d_loss, void *stream) {
+    if (p->K == 0 || wb == 0) return LK_OK;
+    if (wb > INT32_MAX || p->K > INT32_MAX)
+        return lk_error(LK_ESHAPE, "cross_entropy: fused (cuda): vocab block or kept tokens above 2^31");
+    cudaStream_t st = (cudaStream_t)stream;
+    if (zt == LK_BF16 && gt == LK_BF16)
+        block_launch<lk_bf16_t, lk_bf16_t>(*p, z, dz, v0, wb, lse, n_valid, d_loss, st);
+    else if (zt == LK_F32 && gt == LK_BF16)
+        block_launch<float, lk_bf16_t>(*p, z, dz, v0, wb, lse, n_valid, d_loss, st);
+    else if (zt == LK_F32 && gt == LK_F32)
+        block_launch<float, float>(*p, z, dz, v0, wb, lse, n_valid, d_loss, st);
+    else
+        return lk_error(LK_EDTYPE, "cross_entropy: fused (cuda): logits %s with gradient %s not built",
+                        lk_dtype_name(zt), lk_dtype_name(gt));
+    LK_CUDA_LAUNCHED("cross_entropy: fused (cuda): gradient of a vocab block");
     return LK_OK;
 }
 

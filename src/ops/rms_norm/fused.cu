@@ -7,7 +7,10 @@
  * Hopper), so every block always has bytes on the way in. On the H200 at 65536x4096
  * bf16: one short-lived block per row moved 74% of the copy rate forward and 66%
  * forward+backward; with the next row in registers 80% and 84%; with the L2 prefetch
- * too 84-87% and 89-90%.
+ * too 84-87% and 89-90% (runs 3-5: forward 82-84% at the 256-thread default).
+ * The forward now takes one warp per row (fwd_warp) when a row fits 16 accesses a lane
+ * (4096 bf16, 2048 f32): no block barrier, many short-lived warps in flight; the block
+ * kernels remain for longer rows and for the backward.
  * Forward: the row's sum of squares, y from the registers; rstd saved as f32 [rows].
  * Backward: Σ g·x reduced over the block, then dx written and the thread's columns of
  * dy·x̂ added into registers; each block leaves one f32 partial row of dweight in the
@@ -30,6 +33,12 @@
  * not part of the API. */
 extern "C" int lk_rms_norm_cuda_target_threads;
 int lk_rms_norm_cuda_target_threads = TARGET_THREADS;
+/* 1: the forward takes fwd_warp when a row fits one warp's registers; 0: the block kernels
+ * (the sweep's other arm). Not part of the API. */
+extern "C" int lk_rms_norm_cuda_fwd_warp;
+int lk_rms_norm_cuda_fwd_warp = 1;
+#define WARP_ROWS 4          /* rows (warps) per block of fwd_warp */
+#define WARP_VPT 16          /* the most accesses a lane holds: 4096 bf16 (8 KiB) a row */
 #define BWD_BLOCKS_PER_SM 8
 #define LOOP_THREADS 256
 
@@ -134,6 +143,64 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) fwd_reg(const T *__restrict_
             cur[k] = nxt[k];
         }
     }
+}
+
+/* One warp per row, WARP_ROWS rows a block, one row a warp and then it exits: the row is
+ * loaded whole (VPT 16-byte accesses a lane, all in flight at once), summed with shuffles
+ * alone (no shared memory, no barrier), and y written from the registers. Latency is
+ * hidden by the many short-lived warps an SM holds (at ~90 registers, ~20 rows of 8 KiB
+ * in flight an SM), the way the SwiGLU kernel's one-group threads reach the copy rate,
+ * instead of by the block kernels' next-row double buffer. Rows need not fill a block. */
+template <typename T, int W, int VPT>
+__global__ void __launch_bounds__(WARP_ROWS * 32) fwd_warp(const T *__restrict__ x, const T *__restrict__ w,
+                                                          T *__restrict__ y, float *__restrict__ rstd, int64_t rows,
+                                                          int n, float eps, float off) {
+    const int lane = threadIdx.x & 31, units = n / W;
+    const int64_t row = (int64_t)blockIdx.x * WARP_ROWS + (threadIdx.x >> 5);
+    if (row >= rows) return;   /* the whole warp: the shuffles below see every lane */
+    const T *xr = x + row * n;
+    lk_pack<T, W> v[VPT];
+#pragma unroll
+    for (int k = 0; k < VPT; k++)
+        if (lane + 32 * k < units) lk_ldp<T, W>(xr + (lane + 32 * k) * W, v[k]);
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < VPT; k++)
+        if (lane + 32 * k < units)
+#pragma unroll
+            for (int j = 0; j < W; j++) ss = fmaf(v[k].f(j), v[k].f(j), ss);
+    const float rs = rsqrtf(lk_warp_sum(ss) / (float)n + eps);
+    if (lane == 0) rstd[row] = rs;
+    T *yr = y + row * n;
+#pragma unroll
+    for (int k = 0; k < VPT; k++) {
+        int u = lane + 32 * k;
+        if (u < units) {
+            float o[W], wv[W];
+            if (w) lk_ldw<T, W>(w + u * W, wv, false);
+#pragma unroll
+            for (int j = 0; j < W; j++) o[j] = v[k].f(j) * rs * (w ? wv[j] + off : 1.0f);
+            lk_stw<T, W>(yr + u * W, o);
+        }
+    }
+}
+
+/* fwd_warp when the knob allows it and a row is 2 .. WARP_VPT accesses a lane; *taken says
+ * whether it ran. */
+template <typename T, int W>
+static lk_status launch_fwd_warp(const lk_rms_norm_args *a, int64_t rows, int n, cudaStream_t st, int *taken) {
+    int units = n / W, per = (int)lk_cdiv(units, 32), vpt = 2;
+    *taken = 0;
+    if (!lk_rms_norm_cuda_fwd_warp || per < 2 || per > WARP_VPT || rows == 0) return LK_OK;
+    while (vpt < per) vpt *= 2;
+    void (*k)(const T *, const T *, T *, float *, int64_t, int, float, float) =
+        vpt == 2 ? fwd_warp<T, W, 2> : vpt == 4 ? fwd_warp<T, W, 4> : vpt == 8 ? fwd_warp<T, W, 8> : fwd_warp<T, W, 16>;
+    k<<<(unsigned)lk_cdiv(rows, WARP_ROWS), WARP_ROWS * 32, 0, st>>>((const T *)a->x.data, (const T *)a->weight.data,
+                                                                   (T *)a->y.data, (float *)a->saved.data, rows, n,
+                                                                   (float)a->eps, a->weight_offset);
+    LK_CUDA_LAUNCHED("rms_norm: fused (cuda) forward, a warp a row");
+    *taken = 1;
+    return LK_OK;
 }
 
 /* Any row length: the row is read twice, the second time from L1/L2. */
@@ -319,6 +386,15 @@ static lk_status forward(const lk_rms_norm_args *a, lk_ctx *ctx) {
                         (long long)rows, (long long)n);
     const void *ptrs[] = {a->x.data, a->weight.data, a->y.data};
     plan p = plan_of(n, a->x.dtype, ptrs, 3);
+    int taken = 0;
+    lk_status s;
+    if (a->x.dtype == LK_F32)
+        s = p.w == 1 ? launch_fwd_warp<float, 1>(a, rows, (int)n, st, &taken)
+                     : launch_fwd_warp<float, 4>(a, rows, (int)n, st, &taken);
+    else
+        s = p.w == 1 ? launch_fwd_warp<lk_bf16_t, 1>(a, rows, (int)n, st, &taken)
+                     : launch_fwd_warp<lk_bf16_t, 8>(a, rows, (int)n, st, &taken);
+    if (s || taken) return s;
     if (a->x.dtype == LK_F32)
         return p.w == 1 ? launch_fwd<float, 1>(&p, a, rows, (int)n, st) : launch_fwd<float, 4>(&p, a, rows, (int)n, st);
     return p.w == 1 ? launch_fwd<lk_bf16_t, 1>(&p, a, rows, (int)n, st)

@@ -1,9 +1,17 @@
 /* fused.cu — `fused` RoPE on CUDA: one pass over q and k each way, f32 math, f32 or
  * bf16 storage. A thread owns one token and one group of W dims in the first half of
- * the rotary dims (with its partner group R/2 further on), reads that token's cos and
- * sin once, and walks every q head and then every k head of the token, HB heads at a
- * time so that their loads are in flight together. Dims past rotary_dim are copied
- * (nothing to do in place). The backward is the same kernel rotating by −angle.
+ * the rotary dims (with its partner group R/2 further on, so both halves of each
+ * rotate-half pair are in one thread), reads that token's cos and sin once (16-byte
+ * loads), and rotates HB heads of q or of k with them, all HB heads' loads in flight
+ * together. Dims past rotary_dim are copied (nothing to do in place). The backward is
+ * the same kernel rotating by −angle.
+ *
+ * Two ways to cover the heads, a runtime knob (lk_rope_cuda_heads_per_thread) so one
+ * H200 run can compare them: HB heads a thread and a grid row (blockIdx.y) per group of
+ * HB heads, so a thread loads once and exits and the GPU streams through a few heads at a
+ * time (the shape of the SwiGLU kernel that reaches 95-98% of copy; the table is then
+ * read once per HB heads, from L2: 64 B per HB·64 B of q); or 0: one thread walks every
+ * q and k head of its token, 8 at a time (runs 2-5: 79% of copy).
  *
  * Position ids are device memory the facade does not read: a token whose id lies
  * outside [0, max_pos) gets NaN in its rotated dims instead of a read outside the tables.
@@ -14,13 +22,18 @@
 #include "ops/cuda_util.cuh"
 
 #define THREADS 256
-/* Heads whose loads are issued before the first store: the stores may alias the loads
+/* The most heads whose loads are issued before the first store (the walking kernel's
+ * batch, the largest group): the stores may alias the loads
  * (in place), so nothing later is hoisted above them. 4 heads held as f32 (115
  * registers, 2 blocks an SM) moved 77% of the copy rate on the H200; 8 held as loaded
  * (bf16 packed) keep twice the bytes in flight in about the same registers: 79%.
  * Asking the next 8 heads into L2 while these load (prefetch.global.L2) did not help
  * (77%, within the run-to-run spread) and cost 15 registers, so it is not done. */
 #define HB 8
+/* Heads a thread rotates (1, 2, 4 or 8: grid rows per group), or 0: every head, walked
+ * HB at a time. A knob for bench/peers_cuda.py's sweep, not part of the API. */
+extern "C" int lk_rope_cuda_heads_per_thread;
+int lk_rope_cuda_heads_per_thread = 4;
 
 /* W floats of a table row (W >= 4: 16-byte loads; the caller checked alignment). */
 template <int W>
@@ -45,22 +58,24 @@ typedef struct {
     float sgn;            /* +1 forward, −1 backward */
 } rope_geom;
 
-/* Rotates (or copies) one group of W dims for the H heads of one tensor. */
-template <typename T, int W>
-static __device__ __forceinline__ void heads(const T *in, T *out, int H, int64_t b, int s, int i, int half,
-                                             const float *c, const float *sn, const rope_geom &g, bool rotate) {
-    for (int h0 = 0; h0 < H; h0 += HB) {
-        lk_pack<T, W> x1[HB], x2[HB];
+/* Rotates (or copies) one group of W dims for heads [h_begin, h_end) of one tensor with
+ * H heads, NB at a time. */
+template <typename T, int W, int NB>
+static __device__ __forceinline__ void heads(const T *in, T *out, int H, int h_begin, int h_end, int64_t b, int s,
+                                             int i, int half, const float *c, const float *sn, const rope_geom &g,
+                                             bool rotate) {
+    for (int h0 = h_begin; h0 < h_end; h0 += NB) {
+        lk_pack<T, W> x1[NB], x2[NB];
 #pragma unroll
-        for (int j = 0; j < HB; j++) {
-            if (h0 + j >= H) break;
+        for (int j = 0; j < NB; j++) {
+            if (h0 + j >= h_end) break;
             int64_t base = ((b * H + h0 + j) * g.seq + s) * g.dim + i;
             lk_ldp<T, W>(in + base, x1[j]);
             if (rotate) lk_ldp<T, W>(in + base + half, x2[j]);
         }
 #pragma unroll
-        for (int j = 0; j < HB; j++) {
-            if (h0 + j >= H) break;
+        for (int j = 0; j < NB; j++) {
+            if (h0 + j >= h_end) break;
             int64_t base = ((b * H + h0 + j) * g.seq + s) * g.dim + i;
             float o1[W], o2[W];
             if (!rotate) {
@@ -81,9 +96,12 @@ static __device__ __forceinline__ void heads(const T *in, T *out, int H, int64_t
     }
 }
 
-template <typename T, int W>
+/* walk: every head of both tensors in this thread (gridDim.y 1); otherwise blockIdx.y
+ * picks NB heads: groups 0 .. ceil(hq/NB)−1 of q, then those of k. */
+template <typename T, int W, int NB>
 __global__ void __launch_bounds__(THREADS) rope_kernel(const T *q, T *qo, int hq, const T *k, T *ko, int hk,
-                                                      const float *cos_t, const float *sin_t, rope_geom g) {
+                                                      const float *cos_t, const float *sin_t, rope_geom g,
+                                                      int walk) {
     const int half = g.rot / 2, rot_units = half / W, units = rot_units + (g.dim - g.rot) / W;
     int64_t gid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (gid >= g.tokens * units) return;
@@ -91,6 +109,12 @@ __global__ void __launch_bounds__(THREADS) rope_kernel(const T *q, T *qo, int hq
     int u = (int)(gid - t * units);
     int64_t b = t / g.seq;
     int s = (int)(t - b * g.seq);
+    int q0 = 0, q1 = hq, k0 = 0, k1 = hk;
+    if (!walk) {
+        int grp = (int)blockIdx.y, nq = (hq + NB - 1) / NB;
+        if (grp < nq) q0 = grp * NB, q1 = min(hq, q0 + NB), k1 = 0;
+        else k0 = (grp - nq) * NB, k1 = min(hk, k0 + NB), q1 = 0;
+    }
     if (u < rot_units) {
         int i = u * W;
         int64_t p = g.pos == NULL ? s : g.pos64 ? ((const int64_t *)g.pos)[t] : ((const int32_t *)g.pos)[t];
@@ -102,12 +126,12 @@ __global__ void __launch_bounds__(THREADS) rope_kernel(const T *q, T *qo, int hq
 #pragma unroll
             for (int e = 0; e < W; e++) c[e] = sn[e] = __int_as_float(0x7fc00000);   /* NaN */
         }
-        heads<T, W>(q, qo, hq, b, s, i, half, c, sn, g, true);
-        heads<T, W>(k, ko, hk, b, s, i, half, c, sn, g, true);
+        heads<T, W, NB>(q, qo, hq, q0, q1, b, s, i, half, c, sn, g, true);
+        heads<T, W, NB>(k, ko, hk, k0, k1, b, s, i, half, c, sn, g, true);
     } else {
         int i = g.rot + (u - rot_units) * W;
-        if (q != qo) heads<T, W>(q, qo, hq, b, s, i, half, NULL, NULL, g, false);
-        if (k != ko) heads<T, W>(k, ko, hk, b, s, i, half, NULL, NULL, g, false);
+        if (q != qo) heads<T, W, NB>(q, qo, hq, q0, q1, b, s, i, half, NULL, NULL, g, false);
+        if (k != ko) heads<T, W, NB>(k, ko, hk, k0, k1, b, s, i, half, NULL, NULL, g, false);
     }
 }
 
@@ -115,10 +139,16 @@ template <typename T, int W>
 static void launch(const lk_rope_dims *d, const lk_tensor *in_q, const lk_tensor *out_q, const lk_tensor *in_k,
                    const lk_tensor *out_k, const lk_rope_args *a, const rope_geom *g, cudaStream_t st) {
     int64_t units = d->rotary_dim / 2 / W + (d->head_dim - d->rotary_dim) / W;
-    unsigned blocks = (unsigned)lk_cdiv(g->tokens * units, THREADS);
-    rope_kernel<T, W><<<blocks, THREADS, 0, st>>>((const T *)in_q->data, (T *)out_q->data, (int)d->q_heads,
-                                                  (const T *)in_k->data, (T *)out_k->data, (int)d->k_heads,
-                                                  (const float *)a->cos.data, (const float *)a->sin.data, *g);
+    int nb = lk_rope_cuda_heads_per_thread, hq = (int)d->q_heads, hk = (int)d->k_heads;
+    nb = nb <= 0 ? 0 : nb >= 8 ? 8 : nb >= 4 ? 4 : nb >= 2 ? 2 : 1;
+    dim3 grid((unsigned)lk_cdiv(g->tokens * units, THREADS),
+              nb && hq + hk > 0 ? (unsigned)(lk_cdiv(hq, nb) + lk_cdiv(hk, nb)) : 1u);
+    void (*kern)(const T *, T *, int, const T *, T *, int, const float *, const float *, rope_geom, int) =
+        nb == 0 || nb == HB ? rope_kernel<T, W, HB> : nb == 4 ? rope_kernel<T, W, 4>
+                                                    : nb == 2 ? rope_kernel<T, W, 2> : rope_kernel<T, W, 1>;
+    kern<<<grid, THREADS, 0, st>>>((const T *)in_q->data, (T *)out_q->data, hq, (const T *)in_k->data,
+                                   (T *)out_k->data, hk, (const float *)a->cos.data, (const float *)a->sin.data, *g,
+                                   nb == 0);
 }
 
 static lk_status pass(const lk_rope_args *a, lk_ctx *ctx, int backward) {

@@ -79,6 +79,21 @@ static void test_all_options_together(void **state) {
     run_case("9x6x1001", &c, 8);
 }
 
+/* fused evens its chunks out (fused.c, chunk_rows): a budget of 10 tokens over 33 runs
+ * as 9, 9, 9, 6 there (10, 10, 10, 3 in chunk_loss), and 6 kept tokens at a budget of 4
+ * as 3, 3, each chunk gathered from scattered rows. */
+static void test_balanced_chunks(void **state) {
+    (void)state;
+    lk_ce_case c = {.ignore_frac = 0.2, .label_smoothing = 0.1, .z_loss_scale = 1e-3, .chunk_bytes = 10 * 1001 * 4};
+    run_case("33x16x1001", &c, 16);
+    c.reduction = LK_CE_SUM;
+    c.softcap = 3.0;
+    run_case("33x16x1001", &c, 17);
+    static const int64_t idx[] = {1, 2, 5, 6, 11, 12};
+    lk_ce_case ci = {.keep_indices = idx, .n_keep = 6, .ignore_frac = 0.1, .chunk_bytes = 4 * 257 * 4};
+    run_case("13x8x257", &ci, 18);
+}
+
 static void test_every_label_ignored(void **state) {
     (void)state;
     lk_shape sh;
@@ -374,6 +389,7 @@ int main(void) {
         cmocka_unit_test(test_plain_mean),
         cmocka_unit_test(test_reductions),
         cmocka_unit_test(test_all_options_together),
+        cmocka_unit_test(test_balanced_chunks),
         cmocka_unit_test(test_every_label_ignored),
         cmocka_unit_test(test_logits_to_keep),
         cmocka_unit_test(test_fp32_lm_head),

@@ -64,12 +64,13 @@ static lk_status forward(const lk_cross_entropy_args *a, const lk_cross_entropy_
     #pragma omp parallel for schedule(static)
     for (int64_t k = 0; k < K; k++) {                      /* log_softmax */
         const float *zr = z + k * V;
-        float m = -INFINITY, sum = 0.0f;
+        float m = -INFINITY;
+        double sum = 0.0;   /* the row sums in f64: V terms, vectorized or not (an -O0 build) */
         #pragma omp simd reduction(max : m)
         for (int64_t v = 0; v < V; v++) m = zr[v] > m ? zr[v] : m;
         #pragma omp simd reduction(+ : sum)
         for (int64_t v = 0; v < V; v++) sum += ce_exp(zr[v] - m);
-        lse[k] = m + logf(sum);
+        lse[k] = m + (float)log(sum);
         float *lp = logp + k * V;
         #pragma omp simd
         for (int64_t v = 0; v < V; v++) lp[v] = zr[v] - lse[k];
@@ -80,11 +81,11 @@ static lk_status forward(const lk_cross_entropy_args *a, const lk_cross_entropy_
     for (int64_t k = 0; k < K; k++) {                      /* nll with smoothing, z-loss */
         int64_t y = ce_label(&p, ce_token(&p, k));
         const float *lp = logp + k * V;
-        float sum = 0.0f;
+        double sum = 0.0;
         #pragma omp simd reduction(+ : sum)
         for (int64_t v = 0; v < V; v++) sum += lp[v];
         zl[k] = y < 0 ? 0.0f : p.zs * lse[k] * lse[k];
-        loss[k] = y < 0 ? 0.0f : -(1.0f - p.eps) * lp[y] - p.eps * sum / (float)V + zl[k];
+        loss[k] = y < 0 ? 0.0f : -(1.0f - p.eps) * lp[y] - p.eps * (float)(sum / (double)V) + zl[k];
     }
     head->n_valid = ce_count_valid(&p);
     ce_write_outputs(&p, loss, zl, head->n_valid);
@@ -120,11 +121,13 @@ static lk_status backward(const lk_cross_entropy_args *a, const lk_cross_entropy
     for (int64_t k = 0; k < K; k++) {                      /* log_softmax and z-loss backward */
         int64_t y = ce_label(&p, ce_token(&p, k));
         const float *Gr = G + k * V, *lp = logp + k * V;
-        float *Dr = D + k * V, sum = 0.0f, zt = y < 0 ? 0.0f : 2.0f * p.zs * lse[k] * g[k];
+        float *Dr = D + k * V, zt = y < 0 ? 0.0f : 2.0f * p.zs * lse[k] * g[k];
+        double sum = 0.0;
         #pragma omp simd reduction(+ : sum)
         for (int64_t v = 0; v < V; v++) sum += Gr[v];
+        float c = zt - (float)sum;
         #pragma omp simd
-        for (int64_t v = 0; v < V; v++) Dr[v] = Gr[v] + (zt - sum) * ce_exp(lp[v]);
+        for (int64_t v = 0; v < V; v++) Dr[v] = Gr[v] + c * ce_exp(lp[v]);
         if (p.cap > 0.0f) {                                /* tanh backward: 1 − (z/cap)² */
             #pragma omp simd
             for (int64_t v = 0; v < V; v++) {

@@ -37,9 +37,6 @@ LIB.lkp_last_error.restype = ctypes.c_char_p
 LIB.lkp_gpu_name.restype = ctypes.c_char_p
 LIB.lkp_rms_norm.argtypes = [ci, ctypes.c_char_p, ci, vp, vp, vp, vp, vp, vp, vp, i64, i64, cd, vp]
 LIB.lkp_rope.argtypes = [ci, ci, vp, vp, vp, vp, vp, vp, i64, i64, i64, i64, i64, i64, vp]
-LIB.lkp_set_rms_threads.argtypes = [ci]
-LIB.lkp_set_rms_fwd_warp.argtypes = [ci]
-LIB.lkp_set_rope_heads.argtypes = [ci]
 LIB.lkp_swiglu_act.argtypes = [ci, ci, vp, vp, vp, vp, vp, vp, i64, i64, vp]
 sz = ctypes.c_size_t
 LIB.lkp_cross_entropy_bytes.argtypes = [ci, ci, i64, i64, i64, i64, ctypes.POINTER(sz), ctypes.POINTER(sz)]
@@ -170,17 +167,6 @@ def rms_norm_rows():
     t = {"eager": ms(fb(rms_eager)), "compile": ms(fb(comp)), "liger": ms(fb(liger)) if LIGER else None,
          "llmkern": ms(lambda: (lk_fwd(), lk_bwd()))}
     row("RMSNorm", "65536x4096", "fwd+bwd", nb + 3 * x.numel() * 2, t, "compile", 1.2, 0.75)
-    # the knobs, for the next default: the forward's warp-a-row kernel (the default) against
-    # the block kernels, and the block kernels' threads-per-row target (also the backward's)
-    for warp, th in ((1, 256), (0, 64), (0, 256), (0, 512), (1, 64), (1, 512)):
-        LIB.lkp_set_rms_fwd_warp(warp)
-        LIB.lkp_set_rms_threads(th)
-        f, fb_ = ms(lk_fwd), ms(lambda: (lk_fwd(), lk_bwd()))
-        print(f"  sweep rms fwd warp/row {warp}, threads/row target {th}: fwd {gbps(nb, f):.0f} GB/s "
-              f"({100 * gbps(nb, f) / COPY:.1f}% of copy), fwd+bwd {gbps(nb + 3 * x.numel() * 2, fb_):.0f} GB/s",
-              flush=True)
-    LIB.lkp_set_rms_fwd_warp(1)
-    LIB.lkp_set_rms_threads(0)
 
 
 # ---- SwiGLU silu(a) * b, 32768 x 14336 ---------------------------------------------
@@ -263,14 +249,6 @@ def rope_rows():
          "liger": ms(lambda: liger(q, k)) if LIGER else None, "llmkern": ms(lk_fwd)}
     nb = 2 * (q.numel() + k.numel()) * 2
     row("RoPE", "q 4x32x8192x128 k 8h", "fwd", nb, t, "compile", 1.0, 0.85)
-    for hpt in (0, 1, 2, 4, 8):          # heads per thread (0: one thread walks all heads), for the default
-        LIB.lkp_set_rope_heads(hpt)
-        lk_fwd()
-        check_close(f"rope q (heads/thread {hpt})", qo, rope_eager(q, k, cos, sin)[0], 2e-2)
-        f = ms(lk_fwd)
-        print(f"  sweep rope heads/thread {hpt}: fwd {gbps(nb, f):.0f} GB/s ({100 * gbps(nb, f) / COPY:.1f}% of copy)",
-              flush=True)
-    LIB.lkp_set_rope_heads(4)
 
 
 # ---- LM head + cross-entropy, 8192 tokens, hidden 4096, vocab 151936 -------------

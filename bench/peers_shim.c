@@ -16,15 +16,6 @@ static lk_tensor dev_view(void *p, lk_dtype dt, int ndim, const int64_t *shape) 
     return t;
 }
 
-/* The CUDA RMSNorm's threads-per-row target (fused.cu), for the bench's sweep. */
-extern int lk_rms_norm_cuda_target_threads;
-void lkp_set_rms_threads(int t) { lk_rms_norm_cuda_target_threads = t; }
-/* The CUDA RMSNorm forward's warp-a-row kernel on (1) or off (0), for the sweep. */
-extern int lk_rms_norm_cuda_fwd_warp;
-void lkp_set_rms_fwd_warp(int on) { lk_rms_norm_cuda_fwd_warp = on; }
-/* The CUDA RoPE's heads per thread (rope/fused.cu), for the sweep. */
-extern int lk_rope_cuda_heads_per_thread;
-void lkp_set_rope_heads(int h) { lk_rope_cuda_heads_per_thread = h; }
 
 int lkp_init(void) { return lk_init() == LK_OK ? lk_hw_get()->cuda_devices : -1; }
 const char *lkp_last_error(void) { return lk_last_error(); }

@@ -24,8 +24,13 @@ extern "C" {
 typedef enum { LK_CE_MEAN = 0, LK_CE_SUM, LK_CE_NONE, LK_CE_REDUCTION_COUNT } lk_ce_reduction;
 
 #define LK_CE_IGNORE_INDEX (-100)
-/* fused / chunk_loss: bytes of f32 logits one chunk of tokens may take (chunk_bytes 0). */
+/* fused / chunk_loss: bytes of f32 logits one chunk of tokens may take (chunk_bytes 0).
+ * On the CPU 32 MiB (1/8 of eager's extra memory at 4096 x 1024 x 32000 with room to
+ * spare). On a GPU 4 GiB: room for the three-GEMM path at large vocabularies (V 151936,
+ * H 4096: chunks of 7067 tokens, the fast side of bench/NOTES.md's runs); a smaller
+ * budget chooses the lean path (chunk_bytes below). */
 #define LK_CE_DEFAULT_CHUNK_BYTES ((size_t)32 << 20)
+#define LK_CE_DEFAULT_CHUNK_BYTES_CUDA ((size_t)4 << 30)
 
 typedef struct {
     /* forward inputs */
@@ -55,7 +60,8 @@ typedef struct {
                                (and their gradient) are rounded to bf16 as a bf16 framework
                                would. No effect on f32. */
     size_t chunk_bytes;     /* fused/chunk_loss memory budget for a chunk's f32 logits;
-                               0 = LK_CE_DEFAULT_CHUNK_BYTES. At least one token per chunk.
+                               0 = LK_CE_DEFAULT_CHUNK_BYTES (_CUDA on a GPU). At least one
+                               token per chunk.
                                CUDA fused: the budget also picks the algorithm. When the f32
                                [V, H] dW accumulator fits it (V·H·4 <= chunk_bytes, i.e. the
                                chunk is at least H tokens) dW is accumulated over token chunks

@@ -171,12 +171,32 @@ static void bad_label_is_nan(void **state) {
     lkt_free_all();
 }
 
+/* chunk_bytes 0 on the GPU is LK_CE_DEFAULT_CHUNK_BYTES_CUDA: at the LM head of the
+ * bench (T 8192, H 4096, V 151936) the three-GEMM path, whose saved state holds the f32
+ * dW; the CPU's 32 MiB would give chunks of 55 tokens and the lean path. A size query:
+ * nothing is allocated or read. */
+static void default_budget_is_the_gpus(void **state) {
+    (void)state;
+    const lk_impl *impl = lk_impl_find(LK_OP_CROSS_ENTROPY, "fused", LK_DEVICE_CUDA);
+    int64_t T = 8192, H = 4096, V = 151936, sh[2] = {T, H}, sw[2] = {V, H}, one = 1;
+    lk_cross_entropy_args a = lk_cross_entropy_args_init();
+    a.hidden = lkt_view(NULL, LK_BF16, 2, sh), a.weight = lkt_view(NULL, LK_BF16, 2, sw);
+    a.labels = lkt_view(NULL, LK_I64, 1, &T), a.loss = lkt_view(NULL, LK_F32, 1, &one);
+    size_t sb = 0;
+    assert_int_equal(lk_cross_entropy_saved_bytes(impl, &a, &sb), LK_OK);
+    assert_true(sb >= (size_t)(V * H * 4));
+    a.chunk_bytes = LK_CE_DEFAULT_CHUNK_BYTES;   /* the CPU's: lean */
+    assert_int_equal(lk_cross_entropy_saved_bytes(impl, &a, &sb), LK_OK);
+    assert_true(sb < (size_t)(V * H * 4));
+}
+
 int main(void) {
     if (!lkt_have_gpu("cuda_test_cross_entropy")) return LKT_SKIP;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(accumulating_path),
         cmocka_unit_test(lean_path),
         cmocka_unit_test(bad_label_is_nan),
+        cmocka_unit_test(default_budget_is_the_gpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -95,26 +95,21 @@ static const rcase cases[] = {
     {9, 301, 1, 0, 0, 0.0f},        /* odd length: the warp kernel's scalar path */
 };
 
-/* fused.cu's forward takes one warp per row when a row fits; 0 forces its block kernels. */
-extern int lk_rms_norm_cuda_fwd_warp;
-
+/* The cases reach every kernel of fused.cu: the forward's warp a row (rows of 2-16
+ * accesses a lane), the block register kernels (shorter and longer rows: 8, 16384) and
+ * the looped ones (40000; 4097 with scalar accesses). */
 static void every_impl_dtype_shape(void **state) {
     (void)state;
     const char *names[] = {"fused", "eager_fp32"};
     for (int k = 0; k < 2; k++) {
         const lk_impl *impl = lk_impl_find(LK_OP_RMS_NORM, names[k], LK_DEVICE_CUDA);
         assert_non_null(impl);
-        for (int warp = 1; warp >= (k == 0 ? 0 : 1); warp--) {   /* the knob only matters to fused */
-            lk_rms_norm_cuda_fwd_warp = warp;
-            print_message("  fused forward a warp a row: %d\n", warp);
-            for (int d = 0; d < 2; d++)
-                for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
-                    run_case(impl, d ? LK_BF16 : LK_F32, &cases[i], 1234u + (uint32_t)i);
-                    lkt_free_all();
-                }
-        }
+        for (int d = 0; d < 2; d++)
+            for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+                run_case(impl, d ? LK_BF16 : LK_F32, &cases[i], 1234u + (uint32_t)i);
+                lkt_free_all();
+            }
     }
-    lk_rms_norm_cuda_fwd_warp = 1;
 }
 
 /* No rows: the facade hands the call to the implementation, which zeroes dweight. */

@@ -88,24 +88,14 @@ static const pcase cases[] = {
     {2, 6, 3, 7, 64, 0, 2, 1},       /* i64 ids, in place */
     {1, 3, 1, 9, 18, 10, 0, 0},      /* odd dims: scalar path, pass-through copy */
     {3, 5, 5, 11, 6, 0, 1, 1},       /* six dims, in place */
-    {1, 15, 5, 37, 128, 96, 0, 1},   /* head counts not multiples of 2, 4 or 8 (GQA 3:1), in place */
+    {1, 15, 5, 37, 128, 96, 0, 1},   /* head counts not multiples of the 4-head groups, in place */
 };
-
-/* fused.cu's heads per thread: 0 walks every head in one thread, 1/2/4/8 a grid row per
- * group of heads (the sweep's arms; 4 is the default). */
-extern int lk_rope_cuda_heads_per_thread;
 
 static void every_dtype_shape(void **state) {
     (void)state;
-    const int groups[] = {4, 0, 1, 2, 8};
-    for (size_t g = 0; g < sizeof groups / sizeof *groups; g++) {
-        lk_rope_cuda_heads_per_thread = groups[g];
-        print_message("  heads per thread %d\n", groups[g]);
-        for (int d = 0; d < 2; d++)
-            for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
-                run_case(d ? LK_BF16 : LK_F32, &cases[i], 99u + (uint32_t)i);
-    }
-    lk_rope_cuda_heads_per_thread = 4;
+    for (int d = 0; d < 2; d++)
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+            run_case(d ? LK_BF16 : LK_F32, &cases[i], 99u + (uint32_t)i);
 }
 
 /* A position id outside the tables: NaN over that token's rotated dims, the others right. */

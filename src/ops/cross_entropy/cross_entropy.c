@@ -101,7 +101,9 @@ static lk_status check_shapes(const lk_impl *impl, const lk_cross_entropy_args *
         K = (S > 0 ? T / S : 0) * a->logits_to_keep;
     }
     int64_t V = a->weight.shape[0];
-    size_t budget = a->chunk_bytes ? a->chunk_bytes : LK_CE_DEFAULT_CHUNK_BYTES;
+    size_t budget = a->chunk_bytes                         ? a->chunk_bytes
+                    : impl->device == LK_DEVICE_CUDA ? LK_CE_DEFAULT_CHUNK_BYTES_CUDA
+                                                     : LK_CE_DEFAULT_CHUNK_BYTES;
     int64_t C = (int64_t)(budget / ((size_t)V * sizeof(float)));
     if (C < 1) C = 1;
     if (C > K) C = K > 0 ? K : 1;

@@ -21,7 +21,7 @@
  * workspace = cuBLASLt's + the chunk's logits C·V·(2 or 4) (+ its gradient for
  * fp32_lm_head, + gathered rows when logits_to_keep / keep_indices) + 2·K·4. The chunk C
  * comes from chunk_bytes (a budget in f32 logits, so bf16 logits use half of it): on the
- * GPU pass a large one (e.g. 4096 tokens' worth); the 32 MiB default is a CPU-sized chunk.
+ * GPU the default is LK_CE_DEFAULT_CHUNK_BYTES_CUDA (4 GiB: the three-GEMM path below).
  *
  * The LEAN path, chosen by the budget: when the f32 dW accumulator (V·H·4) does not fit
  * the budget (C·V·4, i.e. when C < H), nothing of size V·H is kept. Pass 1, in the

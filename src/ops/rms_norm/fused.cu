@@ -25,18 +25,11 @@
 #include "llmkern/registry.h"
 
 #define MAX_VPT 8           /* 16-byte groups per thread held in registers */
-/* Threads a row aims at. At 65536x4096 bf16 on the H200 (one run, the same binary):
- * 64: fwd 3662 GB/s, fwd+bwd 3266; 128: 3547, 3798; 256: 3664, 3751; 512: 3506, 3536. */
+/* Threads a row of the block kernels aims at (rounded by plan_of). At 65536x4096 bf16 on
+ * the H200 (one run, the same binary): 64: fwd 3662 GB/s, fwd+bwd 3266; 128: 3547, 3798;
+ * 256: 3664, 3751; 512: 3506, 3536. The forward of such rows now takes fwd_warp, one warp
+ * a row: 88.6-88.9% of copy against the block kernels' 83.0-84.0% (run 6). */
 #define TARGET_THREADS 256
-
-/* Threads a row aims at (rounded by plan_of); a knob for bench/peers_cuda.py's sweep,
- * not part of the API. */
-extern "C" int lk_rms_norm_cuda_target_threads;
-int lk_rms_norm_cuda_target_threads = TARGET_THREADS;
-/* 1: the forward takes fwd_warp when a row fits one warp's registers; 0: the block kernels
- * (the sweep's other arm). Not part of the API. */
-extern "C" int lk_rms_norm_cuda_fwd_warp;
-int lk_rms_norm_cuda_fwd_warp = 1;
 #define WARP_ROWS 4          /* rows (warps) per block of fwd_warp */
 #define WARP_VPT 16          /* the most accesses a lane holds: 4096 bf16 (8 KiB) a row */
 #define BWD_BLOCKS_PER_SM 8
@@ -66,8 +59,7 @@ static plan plan_of(int64_t n, lk_dtype dt, const void *const *ptrs, int nptr) {
         return p;
     }
     int vpt = 1;
-    int target = lk_rms_norm_cuda_target_threads > 0 ? lk_rms_norm_cuda_target_threads : TARGET_THREADS;
-    while (vpt < MAX_VPT && units > (int64_t)target * vpt) vpt *= 2;
+    while (vpt < MAX_VPT && units > (int64_t)TARGET_THREADS * vpt) vpt *= 2;
     if (lk_cdiv(units, vpt) <= REG_THREADS(vpt)) p.vpt = vpt, p.threads = round32(lk_cdiv(units, vpt));
     return p;
 }
@@ -185,13 +177,12 @@ __global__ void __launch_bounds__(WARP_ROWS * 32) fwd_warp(const T *__restrict__
     }
 }
 
-/* fwd_warp when the knob allows it and a row is 2 .. WARP_VPT accesses a lane; *taken says
- * whether it ran. */
+/* fwd_warp when a row is 2 .. WARP_VPT accesses a lane; *taken says whether it ran. */
 template <typename T, int W>
 static lk_status launch_fwd_warp(const lk_rms_norm_args *a, int64_t rows, int n, cudaStream_t st, int *taken) {
     int units = n / W, per = (int)lk_cdiv(units, 32), vpt = 2;
     *taken = 0;
-    if (!lk_rms_norm_cuda_fwd_warp || per < 2 || per > WARP_VPT || rows == 0) return LK_OK;
+    if (per < 2 || per > WARP_VPT || rows == 0) return LK_OK;
     while (vpt < per) vpt *= 2;
     void (*k)(const T *, const T *, T *, float *, int64_t, int, float, float) =
         vpt == 2 ? fwd_warp<T, W, 2> : vpt == 4 ? fwd_warp<T, W, 4> : vpt == 8 ? fwd_warp<T, W, 8> : fwd_warp<T, W, 16>;

@@ -3,15 +3,15 @@
  * the rotary dims (with its partner group R/2 further on, so both halves of each
  * rotate-half pair are in one thread), reads that token's cos and sin once (16-byte
  * loads), and rotates HB heads of q or of k with them, all HB heads' loads in flight
- * together. Dims past rotary_dim are copied (nothing to do in place). The backward is
- * the same kernel rotating by −angle.
+ * together: a grid row (blockIdx.y) per group of HB heads, so a thread loads once and
+ * exits and the GPU streams through a few heads at a time (the shape of the SwiGLU kernel
+ * that reaches 95-98% of copy; the table is read once per HB heads, from L2). Dims past
+ * rotary_dim are copied (nothing to do in place). The backward is the same kernel
+ * rotating by −angle.
  *
- * Two ways to cover the heads, a runtime knob (lk_rope_cuda_heads_per_thread) so one
- * H200 run can compare them: HB heads a thread and a grid row (blockIdx.y) per group of
- * HB heads, so a thread loads once and exits and the GPU streams through a few heads at a
- * time (the shape of the SwiGLU kernel that reaches 95-98% of copy; the table is then
- * read once per HB heads, from L2: 64 B per HB·64 B of q); or 0: one thread walks every
- * q and k head of its token, 8 at a time (runs 2-5: 79% of copy).
+ * Measured on the H200 (bench/NOTES.md run 6, fwd, % of copy): HB 4: 86.6%, 2: 86.4%,
+ * 8: 85.9%, 1: 80.5%; one thread walking all of its token's heads 8 at a time (runs
+ * 2-5): 79-83%. What matters is the bytes a thread has in flight before its first use.
  *
  * Position ids are device memory the facade does not read: a token whose id lies
  * outside [0, max_pos) gets NaN in its rotated dims instead of a read outside the tables.
@@ -22,18 +22,9 @@
 #include "ops/cuda_util.cuh"
 
 #define THREADS 256
-/* The most heads whose loads are issued before the first store (the walking kernel's
- * batch, the largest group): the stores may alias the loads
- * (in place), so nothing later is hoisted above them. 4 heads held as f32 (115
- * registers, 2 blocks an SM) moved 77% of the copy rate on the H200; 8 held as loaded
- * (bf16 packed) keep twice the bytes in flight in about the same registers: 79%.
- * Asking the next 8 heads into L2 while these load (prefetch.global.L2) did not help
- * (77%, within the run-to-run spread) and cost 15 registers, so it is not done. */
-#define HB 8
-/* Heads a thread rotates (1, 2, 4 or 8: grid rows per group), or 0: every head, walked
- * HB at a time. A knob for bench/peers_cuda.py's sweep, not part of the API. */
-extern "C" int lk_rope_cuda_heads_per_thread;
-int lk_rope_cuda_heads_per_thread = 4;
+/* Heads a thread rotates, all their loads issued before the first store (the stores may
+ * alias the loads when in place, so nothing later is hoisted above them). */
+#define HB 4
 
 /* W floats of a table row (W >= 4: 16-byte loads; the caller checked alignment). */
 template <int W>
@@ -58,50 +49,46 @@ typedef struct {
     float sgn;            /* +1 forward, −1 backward */
 } rope_geom;
 
-/* Rotates (or copies) one group of W dims for heads [h_begin, h_end) of one tensor with
- * H heads, NB at a time. */
-template <typename T, int W, int NB>
-static __device__ __forceinline__ void heads(const T *in, T *out, int H, int h_begin, int h_end, int64_t b, int s,
+/* Rotates (or copies) one group of W dims for heads [h0, h_end) of one tensor with H
+ * heads, h_end - h0 <= HB. */
+template <typename T, int W>
+static __device__ __forceinline__ void heads(const T *in, T *out, int H, int h0, int h_end, int64_t b, int s,
                                              int i, int half, const float *c, const float *sn, const rope_geom &g,
                                              bool rotate) {
-    for (int h0 = h_begin; h0 < h_end; h0 += NB) {
-        lk_pack<T, W> x1[NB], x2[NB];
+    lk_pack<T, W> x1[HB], x2[HB];
 #pragma unroll
-        for (int j = 0; j < NB; j++) {
-            if (h0 + j >= h_end) break;
-            int64_t base = ((b * H + h0 + j) * g.seq + s) * g.dim + i;
-            lk_ldp<T, W>(in + base, x1[j]);
-            if (rotate) lk_ldp<T, W>(in + base + half, x2[j]);
-        }
+    for (int j = 0; j < HB; j++) {
+        if (h0 + j >= h_end) break;
+        int64_t base = ((b * H + h0 + j) * g.seq + s) * g.dim + i;
+        lk_ldp<T, W>(in + base, x1[j]);
+        if (rotate) lk_ldp<T, W>(in + base + half, x2[j]);
+    }
 #pragma unroll
-        for (int j = 0; j < NB; j++) {
-            if (h0 + j >= h_end) break;
-            int64_t base = ((b * H + h0 + j) * g.seq + s) * g.dim + i;
-            float o1[W], o2[W];
-            if (!rotate) {
+    for (int j = 0; j < HB; j++) {
+        if (h0 + j >= h_end) break;
+        int64_t base = ((b * H + h0 + j) * g.seq + s) * g.dim + i;
+        float o1[W], o2[W];
+        if (!rotate) {
 #pragma unroll
-                for (int e = 0; e < W; e++) o1[e] = x1[j].f(e);
-                lk_stw<T, W>(out + base, o1);
-                continue;
-            }
-#pragma unroll
-            for (int e = 0; e < W; e++) {
-                float a = x1[j].f(e), bb = x2[j].f(e);
-                o1[e] = a * c[e] - g.sgn * bb * sn[e];
-                o2[e] = bb * c[e] + g.sgn * a * sn[e];
-            }
+            for (int e = 0; e < W; e++) o1[e] = x1[j].f(e);
             lk_stw<T, W>(out + base, o1);
-            lk_stw<T, W>(out + base + half, o2);
+            continue;
         }
+#pragma unroll
+        for (int e = 0; e < W; e++) {
+            float a = x1[j].f(e), bb = x2[j].f(e);
+            o1[e] = a * c[e] - g.sgn * bb * sn[e];
+            o2[e] = bb * c[e] + g.sgn * a * sn[e];
+        }
+        lk_stw<T, W>(out + base, o1);
+        lk_stw<T, W>(out + base + half, o2);
     }
 }
 
-/* walk: every head of both tensors in this thread (gridDim.y 1); otherwise blockIdx.y
- * picks NB heads: groups 0 .. ceil(hq/NB)−1 of q, then those of k. */
-template <typename T, int W, int NB>
+/* blockIdx.y picks HB heads: groups 0 .. ceil(hq/HB)−1 of q, then those of k. */
+template <typename T, int W>
 __global__ void __launch_bounds__(THREADS) rope_kernel(const T *q, T *qo, int hq, const T *k, T *ko, int hk,
-                                                      const float *cos_t, const float *sin_t, rope_geom g,
-                                                      int walk) {
+                                                      const float *cos_t, const float *sin_t, rope_geom g) {
     const int half = g.rot / 2, rot_units = half / W, units = rot_units + (g.dim - g.rot) / W;
     int64_t gid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (gid >= g.tokens * units) return;
@@ -109,12 +96,9 @@ __global__ void __launch_bounds__(THREADS) rope_kernel(const T *q, T *qo, int hq
     int u = (int)(gid - t * units);
     int64_t b = t / g.seq;
     int s = (int)(t - b * g.seq);
-    int q0 = 0, q1 = hq, k0 = 0, k1 = hk;
-    if (!walk) {
-        int grp = (int)blockIdx.y, nq = (hq + NB - 1) / NB;
-        if (grp < nq) q0 = grp * NB, q1 = min(hq, q0 + NB), k1 = 0;
-        else k0 = (grp - nq) * NB, k1 = min(hk, k0 + NB), q1 = 0;
-    }
+    int q0 = 0, q1 = 0, k0 = 0, k1 = 0, grp = (int)blockIdx.y, nq = (hq + HB - 1) / HB;
+    if (grp < nq) q0 = grp * HB, q1 = min(hq, q0 + HB);
+    else k0 = (grp - nq) * HB, k1 = min(hk, k0 + HB);
     if (u < rot_units) {
         int i = u * W;
         int64_t p = g.pos == NULL ? s : g.pos64 ? ((const int64_t *)g.pos)[t] : ((const int32_t *)g.pos)[t];
@@ -126,12 +110,12 @@ __global__ void __launch_bounds__(THREADS) rope_kernel(const T *q, T *qo, int hq
 #pragma unroll
             for (int e = 0; e < W; e++) c[e] = sn[e] = __int_as_float(0x7fc00000);   /* NaN */
         }
-        heads<T, W, NB>(q, qo, hq, q0, q1, b, s, i, half, c, sn, g, true);
-        heads<T, W, NB>(k, ko, hk, k0, k1, b, s, i, half, c, sn, g, true);
+        heads<T, W>(q, qo, hq, q0, q1, b, s, i, half, c, sn, g, true);
+        heads<T, W>(k, ko, hk, k0, k1, b, s, i, half, c, sn, g, true);
     } else {
         int i = g.rot + (u - rot_units) * W;
-        if (q != qo) heads<T, W, NB>(q, qo, hq, q0, q1, b, s, i, half, NULL, NULL, g, false);
-        if (k != ko) heads<T, W, NB>(k, ko, hk, k0, k1, b, s, i, half, NULL, NULL, g, false);
+        if (q != qo) heads<T, W>(q, qo, hq, q0, q1, b, s, i, half, NULL, NULL, g, false);
+        if (k != ko) heads<T, W>(k, ko, hk, k0, k1, b, s, i, half, NULL, NULL, g, false);
     }
 }
 
@@ -139,16 +123,12 @@ template <typename T, int W>
 static void launch(const lk_rope_dims *d, const lk_tensor *in_q, const lk_tensor *out_q, const lk_tensor *in_k,
                    const lk_tensor *out_k, const lk_rope_args *a, const rope_geom *g, cudaStream_t st) {
     int64_t units = d->rotary_dim / 2 / W + (d->head_dim - d->rotary_dim) / W;
-    int nb = lk_rope_cuda_heads_per_thread, hq = (int)d->q_heads, hk = (int)d->k_heads;
-    nb = nb <= 0 ? 0 : nb >= 8 ? 8 : nb >= 4 ? 4 : nb >= 2 ? 2 : 1;
-    dim3 grid((unsigned)lk_cdiv(g->tokens * units, THREADS),
-              nb && hq + hk > 0 ? (unsigned)(lk_cdiv(hq, nb) + lk_cdiv(hk, nb)) : 1u);
-    void (*kern)(const T *, T *, int, const T *, T *, int, const float *, const float *, rope_geom, int) =
-        nb == 0 || nb == HB ? rope_kernel<T, W, HB> : nb == 4 ? rope_kernel<T, W, 4>
-                                                    : nb == 2 ? rope_kernel<T, W, 2> : rope_kernel<T, W, 1>;
-    kern<<<grid, THREADS, 0, st>>>((const T *)in_q->data, (T *)out_q->data, hq, (const T *)in_k->data,
-                                   (T *)out_k->data, hk, (const float *)a->cos.data, (const float *)a->sin.data, *g,
-                                   nb == 0);
+    int hq = (int)d->q_heads, hk = (int)d->k_heads;
+    if (g->tokens * units == 0 || hq + hk == 0) return;
+    dim3 grid((unsigned)lk_cdiv(g->tokens * units, THREADS), (unsigned)(lk_cdiv(hq, HB) + lk_cdiv(hk, HB)));
+    rope_kernel<T, W><<<grid, THREADS, 0, st>>>((const T *)in_q->data, (T *)out_q->data, hq, (const T *)in_k->data,
+                                                (T *)out_k->data, hk, (const float *)a->cos.data,
+                                                (const float *)a->sin.data, *g);
 }
 
 static lk_status pass(const lk_rope_args *a, lk_ctx *ctx, int backward) {

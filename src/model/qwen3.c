@@ -129,8 +129,15 @@ lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, ui
     return LK_OK;
 }
 
+static void free_acts(lk_model *m) {
+    free(m->act_block); free(m->scratch_block); free(m->acts); free(m->inputs);
+    m->act_block = m->scratch_block = NULL;
+    m->acts = NULL;
+    m->inputs = NULL;
+    m->T = 0;
+}
+
 static int group_size(const lk_comm *c) { return c ? c->size : 1; }
-static void free_acts(lk_model *m);
 
 lk_status lk_model_set_parallel(lk_model *m, lk_comm *sp, lk_comm *ep) {
     if (!m) return lk_error(LK_EINVAL, "model_set_parallel: expected a model");
@@ -167,14 +174,6 @@ lk_status lk_model_set_parallel(lk_model *m, lk_comm *sp, lk_comm *ep) {
     m->sp = P > 1 ? sp : NULL;
     m->ep = Q > 1 ? ep : NULL;
     return LK_OK;
-}
-
-static void free_acts(lk_model *m) {
-    free(m->act_block); free(m->scratch_block); free(m->acts); free(m->inputs);
-    m->act_block = m->scratch_block = NULL;
-    m->acts = NULL;
-    m->inputs = NULL;
-    m->T = 0;
 }
 
 void lk_model_free(lk_model *m) {

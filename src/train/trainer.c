@@ -99,7 +99,7 @@ static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_op
         t->mesh = mesh;
         t->world = mesh->world;
         t->writer = t->world->rank == 0;
-        if (!s) s = lk_batch_alloc(&t->skip, tc->batch_size, tc->seq_len);
+        s = lk_batch_alloc(&t->skip, tc->batch_size, tc->seq_len);
     }
     if (!s && t->writer) s = lk_mkdirs(tc->out);
     if (!s) s = load_data(tc, &t->ds);

@@ -66,6 +66,12 @@ lk_status lk_expect_device(const char *op, const char *arg, const lk_tensor *t, 
     return LK_OK;
 }
 
+lk_status lk_expect_saved(const char *op, const char *query, const lk_saved *saved, size_t need) {
+    if (need == 0 || (saved->data != NULL && saved->bytes >= need)) return LK_OK;
+    return lk_error(LK_EINVAL, "%s: saved: expected %zu bytes (%s), got %zu%s", op, need, query, saved->bytes,
+                    saved->data ? "" : " and NULL data");
+}
+
 lk_status lk_expect_impl(const char *op, const lk_impl *impl, lk_op want) {
     if (impl == NULL) return lk_error(LK_EINVAL, "%s: impl: expected an implementation, got NULL", op);
     if (impl->op != want) {

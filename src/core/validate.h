@@ -21,6 +21,9 @@ lk_status lk_expect_shape(const char *op, const char *arg, const lk_tensor *t, i
 lk_status lk_expect_like(const char *op, const char *arg, const lk_tensor *t, const lk_tensor *like);
 /* t lives on the device of ctx. */
 lk_status lk_expect_device(const char *op, const char *arg, const lk_tensor *t, lk_device_type dev);
+/* The caller's saved storage holds the `need` bytes the op's size query (named by query,
+ * e.g. "lk_rms_norm_saved_bytes") asked for; nothing is needed when need is 0. */
+lk_status lk_expect_saved(const char *op, const char *query, const lk_saved *saved, size_t need);
 /* impl is an implementation of op, with a vtable whose first member, the int version
  * every vtable starts with, is at least 1. The facade checks its own members. */
 lk_status lk_expect_impl(const char *op, const lk_impl *impl, lk_op want);

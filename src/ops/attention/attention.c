@@ -232,11 +232,7 @@ static lk_status check_common(const lk_impl *impl, const lk_attention_args *a, c
     if ((s = lk_ulysses_plan(a, c->entry->sp ? ctx->comm : NULL, &c->d, &c->u))) return s;
     if ((s = check_varlen(a, c)) || (s = check_masks(a, c))) return s;
     if (a->s_aux.data && (s = check_vec(impl, "s_aux", &a->s_aux, c->d.Hq))) return s;
-    size_t need = c->vt->saved_bytes(a);
-    if (a->saved.data == NULL || a->saved.bytes < need)
-        return lk_error(LK_EINVAL, OP ": saved: expected %zu bytes (lk_attention_saved_bytes), got %zu%s", need,
-                        a->saved.bytes, a->saved.data ? "" : " and NULL data");
-    return LK_OK;
+    return lk_expect_saved(OP, "lk_attention_saved_bytes", &a->saved, c->vt->saved_bytes(a));
 }
 
 static lk_status check_out(const lk_impl *impl, const char *arg, const lk_tensor *t, const lk_attention_args *a,

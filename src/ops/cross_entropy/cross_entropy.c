@@ -141,13 +141,7 @@ static lk_status check_common(const lk_impl *impl, const lk_cross_entropy_args *
                             "at token %lld", (long long)d->vocab, (long long)a->ignore_index, (long long)y,
                             (long long)t);
     }
-    size_t need = (*vt)->saved_bytes(d);
-    if (need > 0 && a->saved.data == NULL)
-        return lk_error(LK_EINVAL, OP ": saved: expected %zu bytes (lk_cross_entropy_saved_bytes), got NULL data",
-                        need);
-    if (a->saved.bytes < need)
-        return lk_error(LK_EINVAL, OP ": saved: expected at least %zu bytes, got %zu", need, a->saved.bytes);
-    return LK_OK;
+    return lk_expect_saved(OP, "lk_cross_entropy_saved_bytes", &a->saved, (*vt)->saved_bytes(d));
 }
 
 /* Output `arg` must not share memory with the inputs, the saved block or another output. */

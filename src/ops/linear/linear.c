@@ -73,11 +73,8 @@ static lk_status check_common(const lk_impl *impl, const lk_linear_args *a, cons
                         lk_device_name(impl->device), impl->name, lk_device_name(ctx->device.type));
     if ((s = check_x_w(impl, &a->x, &a->weight, 1, d))) return s;
     if (a->bias.data && (s = check_tensor(impl, "bias", &a->bias, 1, &d->out, LK_DTYPE_BIT(a->x.dtype)))) return s;
-    size_t need = d->vt->saved_bytes(d->rows, d->in, d->out, a->x.dtype);
-    if (need > 0 && (a->saved.data == NULL || a->saved.bytes < need))
-        return lk_error(LK_EINVAL, OP ": saved: expected %zu bytes (lk_linear_saved_bytes), got %zu%s", need,
-                        a->saved.bytes, a->saved.data ? "" : " and NULL data");
-    return LK_OK;
+    return lk_expect_saved(OP, "lk_linear_saved_bytes", &a->saved,
+                           d->vt->saved_bytes(d->rows, d->in, d->out, a->x.dtype));
 }
 
 static size_t bytes_of(const lk_tensor *t) { return t->data ? lk_tensor_bytes(t) : 0; }

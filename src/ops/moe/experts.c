@@ -75,11 +75,8 @@ static lk_status check_common(const lk_impl *impl, const lk_moe_experts_args *a,
         if (id[r] < 0 || id[r] >= d->e)
             return lk_error(LK_EINVAL, OP ": topk_ids: expected expert ids in [0, %lld), got %d at [%lld, %lld]",
                             (long long)d->e, id[r], (long long)(r / d->k), (long long)(r % d->k));
-    size_t need = (*vt)->saved_bytes(d->t, d->k, d->e, d->h, d->i, d->dt);
-    if (need > 0 && (a->saved.data == NULL || a->saved.bytes < need))
-        return lk_error(LK_EINVAL, OP ": saved: expected %zu bytes (lk_moe_experts_saved_bytes), got %zu%s", need,
-                        a->saved.bytes, a->saved.data ? "" : " and NULL data");
-    return LK_OK;
+    return lk_expect_saved(OP, "lk_moe_experts_saved_bytes", &a->saved,
+                           (*vt)->saved_bytes(d->t, d->k, d->e, d->h, d->i, d->dt));
 }
 
 static lk_status run(const lk_moe_experts_vtable *vt, int backward, const lk_moe_experts_args *a, lk_ctx *ctx) {

@@ -91,11 +91,7 @@ static lk_status check_common(const lk_impl *impl, const lk_moe_router_args *a, 
         int64_t es[1] = {*E};
         if ((s = check_tensor(impl, "e_bias", &a->e_bias, 1, es, LK_DTYPE_BIT(LK_F32)))) return s;
     }
-    size_t need = (*vt)->saved_bytes(*T, *E, a->top_k);
-    if (need > 0 && (a->saved.data == NULL || a->saved.bytes < need))
-        return lk_error(LK_EINVAL, OP ": saved: expected %zu bytes (lk_moe_router_saved_bytes), got %zu%s", need,
-                        a->saved.bytes, a->saved.data ? "" : " and NULL data");
-    return LK_OK;
+    return lk_expect_saved(OP, "lk_moe_router_saved_bytes", &a->saved, (*vt)->saved_bytes(*T, *E, a->top_k));
 }
 
 static lk_status run(const lk_moe_router_vtable *vt, int backward, const lk_moe_router_args *a, lk_ctx *ctx) {

@@ -60,13 +60,7 @@ static lk_status check_vector(const lk_impl *impl, const char *arg, const lk_ten
 }
 
 static lk_status check_saved(const lk_rms_norm_args *a, const shape_info *si) {
-    size_t need = si->vt->saved_bytes(si->rows, si->n, a->x.dtype);
-    if (need > 0 && a->saved.data == NULL)
-        return lk_error(LK_EINVAL, OP ": saved: expected %zu bytes (lk_rms_norm_saved_bytes), got NULL data",
-                        need);
-    if (a->saved.bytes < need)
-        return lk_error(LK_EINVAL, OP ": saved: expected at least %zu bytes, got %zu", need, a->saved.bytes);
-    return LK_OK;
+    return lk_expect_saved(OP, "lk_rms_norm_saved_bytes", &a->saved, si->vt->saved_bytes(si->rows, si->n, a->x.dtype));
 }
 
 /* What both passes check: impl, args, ctx, x, weight, eps, saved. */

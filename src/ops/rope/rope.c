@@ -123,12 +123,7 @@ static lk_status check_common(const lk_impl *impl, const lk_rope_args *a, const 
         return lk_error(LK_ESHAPE, OP ": sin: expected %lld rows like cos, got %lld", (long long)a->cos.shape[0],
                         (long long)a->sin.shape[0]);
     if ((s = check_positions(impl, &a->position_ids, &ci->d, a->cos.shape[0]))) return s;
-    size_t need = ci->vt->saved_bytes(&ci->d);
-    if (need > 0 && a->saved.data == NULL)
-        return lk_error(LK_EINVAL, OP ": saved: expected %zu bytes (lk_rope_saved_bytes), got NULL data", need);
-    if (a->saved.bytes < need)
-        return lk_error(LK_EINVAL, OP ": saved: expected at least %zu bytes, got %zu", need, a->saved.bytes);
-    return LK_OK;
+    return lk_expect_saved(OP, "lk_rope_saved_bytes", &a->saved, ci->vt->saved_bytes(&ci->d));
 }
 
 static lk_region of(const char *name, const lk_tensor *t) {

@@ -71,11 +71,8 @@ static lk_status check_common(const lk_impl *impl, const lk_swiglu_mlp_args *a, 
     if (!(a->swiglu_limit >= 0.0f) || !isfinite(a->swiglu_limit))
         return lk_error(LK_EINVAL, OP ": swiglu_limit: expected a finite value >= 0 (0 = off), got %g",
                         (double)a->swiglu_limit);
-    size_t need = d->vt->saved_bytes(d->tokens, d->hidden, d->inter, a->x.dtype);
-    if (need > 0 && (a->saved.data == NULL || a->saved.bytes < need))
-        return lk_error(LK_EINVAL, OP ": saved: expected %zu bytes (lk_swiglu_mlp_saved_bytes), got %zu%s", need,
-                        a->saved.bytes, a->saved.data ? "" : " and NULL data");
-    return LK_OK;
+    return lk_expect_saved(OP, "lk_swiglu_mlp_saved_bytes", &a->saved,
+                           d->vt->saved_bytes(d->tokens, d->hidden, d->inter, a->x.dtype));
 }
 
 static size_t bytes_of(const lk_tensor *t) { return t->data ? lk_tensor_bytes(t) : 0; }

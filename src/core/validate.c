@@ -66,6 +66,15 @@ lk_status lk_expect_device(const char *op, const char *arg, const lk_tensor *t, 
     return LK_OK;
 }
 
+lk_status lk_expect_tensor(const char *op, lk_device_type dev, const char *arg, const lk_tensor *t, int ndim,
+                           const int64_t *shape, unsigned dtypes) {
+    lk_status s;
+    if ((s = lk_expect_present(op, arg, t)) || (s = lk_expect_device(op, arg, t, dev)) ||
+        (s = lk_expect_contiguous(op, arg, t, 1)) || (s = lk_expect_shape(op, arg, t, ndim, shape)))
+        return s;
+    return lk_expect_dtype(op, arg, t, dtypes);
+}
+
 lk_status lk_expect_saved(const char *op, const char *query, const lk_saved *saved, size_t need) {
     if (need == 0 || (saved->data != NULL && saved->bytes >= need)) return LK_OK;
     return lk_error(LK_EINVAL, "%s: saved: expected %zu bytes (%s), got %zu%s", op, need, query, saved->bytes,

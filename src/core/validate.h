@@ -21,6 +21,10 @@ lk_status lk_expect_shape(const char *op, const char *arg, const lk_tensor *t, i
 lk_status lk_expect_like(const char *op, const char *arg, const lk_tensor *t, const lk_tensor *like);
 /* t lives on the device of ctx. */
 lk_status lk_expect_device(const char *op, const char *arg, const lk_tensor *t, lk_device_type dev);
+/* present, on dev, contiguous, of exactly this shape and one of the dtypes: the checks
+ * most tensor arguments take, in this order. */
+lk_status lk_expect_tensor(const char *op, lk_device_type dev, const char *arg, const lk_tensor *t, int ndim,
+                           const int64_t *shape, unsigned dtypes);
 /* The caller's saved storage holds the `need` bytes the op's size query (named by query,
  * e.g. "lk_rms_norm_saved_bytes") asked for; nothing is needed when need is 0. */
 lk_status lk_expect_saved(const char *op, const char *query, const lk_saved *saved, size_t need);

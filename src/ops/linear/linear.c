@@ -9,6 +9,11 @@
 
 #define OP "linear"
 
+static lk_status check_tensor(const lk_impl *impl, const char *arg, const lk_tensor *t, int ndim,
+                              const int64_t *shape, unsigned dtypes) {
+    return lk_expect_tensor(OP, impl->device, arg, t, ndim, shape, dtypes);
+}
+
 typedef struct {
     const lk_linear_vtable *vt;
     int64_t rows, in, out;
@@ -47,15 +52,6 @@ static lk_status check_x_w(const lk_impl *impl, const lk_tensor *x, const lk_ten
 }
 
 /* A present tensor of exactly this shape and dtype on the impl's device. */
-static lk_status check_tensor(const lk_impl *impl, const char *arg, const lk_tensor *t, int ndim,
-                              const int64_t *shape, unsigned dtypes) {
-    lk_status s;
-    if ((s = lk_expect_present(OP, arg, t)) || (s = lk_expect_device(OP, arg, t, impl->device)) ||
-        (s = lk_expect_contiguous(OP, arg, t, 1)) || (s = lk_expect_shape(OP, arg, t, ndim, shape)) ||
-        (s = lk_expect_dtype(OP, arg, t, dtypes)))
-        return s;
-    return LK_OK;
-}
 
 /* y's shape: x's leading dims, then O. */
 static void y_shape(const lk_tensor *x, int64_t out, int64_t shape[LK_MAX_DIMS]) {

@@ -7,6 +7,11 @@
 
 #define OP "moe_experts"
 
+static lk_status check_tensor(const lk_impl *impl, const char *arg, const lk_tensor *t, int ndim,
+                              const int64_t *shape, unsigned dtypes) {
+    return lk_expect_tensor(OP, impl->device, arg, t, ndim, shape, dtypes);
+}
+
 static lk_status check_impl(const lk_impl *impl, const lk_moe_experts_vtable **out) {
     lk_status s = lk_expect_impl(OP, impl, LK_OP_MOE_EXPERTS);
     if (s) return s;
@@ -18,15 +23,6 @@ static lk_status check_impl(const lk_impl *impl, const lk_moe_experts_vtable **o
     return LK_OK;
 }
 
-static lk_status check_tensor(const lk_impl *impl, const char *arg, const lk_tensor *t, int ndim,
-                              const int64_t *shape, unsigned dtypes) {
-    lk_status s;
-    if ((s = lk_expect_present(OP, arg, t)) || (s = lk_expect_device(OP, arg, t, impl->device)) ||
-        (s = lk_expect_contiguous(OP, arg, t, 1)) || (s = lk_expect_shape(OP, arg, t, ndim, shape)) ||
-        (s = lk_expect_dtype(OP, arg, t, dtypes)))
-        return s;
-    return LK_OK;
-}
 
 static size_t bytes_of(const lk_tensor *t) { return t->data ? lk_tensor_bytes(t) : 0; }
 

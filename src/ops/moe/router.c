@@ -9,6 +9,11 @@
 
 #define OP "moe_router"
 
+static lk_status check_tensor(const lk_impl *impl, const char *arg, const lk_tensor *t, int ndim,
+                              const int64_t *shape, unsigned dtypes) {
+    return lk_expect_tensor(OP, impl->device, arg, t, ndim, shape, dtypes);
+}
+
 static lk_status check_impl(const lk_impl *impl, const lk_moe_router_vtable **out) {
     lk_status s = lk_expect_impl(OP, impl, LK_OP_MOE_ROUTER);
     if (s) return s;
@@ -22,15 +27,6 @@ static lk_status check_impl(const lk_impl *impl, const lk_moe_router_vtable **ou
 
 static int is_fake(const lk_impl *impl) { return strcmp(impl->name, "fake_balanced") == 0; }
 
-static lk_status check_tensor(const lk_impl *impl, const char *arg, const lk_tensor *t, int ndim,
-                              const int64_t *shape, unsigned dtypes) {
-    lk_status s;
-    if ((s = lk_expect_present(OP, arg, t)) || (s = lk_expect_device(OP, arg, t, impl->device)) ||
-        (s = lk_expect_contiguous(OP, arg, t, 1)) || (s = lk_expect_shape(OP, arg, t, ndim, shape)) ||
-        (s = lk_expect_dtype(OP, arg, t, dtypes)))
-        return s;
-    return LK_OK;
-}
 
 static size_t bytes_of(const lk_tensor *t) { return t->data ? lk_tensor_bytes(t) : 0; }
 

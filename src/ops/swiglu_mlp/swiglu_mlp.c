@@ -9,6 +9,11 @@
 
 #define OP "swiglu_mlp"
 
+static lk_status check_tensor(const lk_impl *impl, const char *arg, const lk_tensor *t, int ndim,
+                              const int64_t *shape, unsigned dtypes) {
+    return lk_expect_tensor(OP, impl->device, arg, t, ndim, shape, dtypes);
+}
+
 typedef struct {
     const lk_swiglu_mlp_vtable *vt;
     int64_t tokens, hidden, inter;
@@ -47,15 +52,6 @@ static lk_status check_x_gu(const lk_impl *impl, const lk_tensor *x, const lk_te
     return lk_expect_dtype_eq(OP, "gate_up_weight", gu, x->dtype);
 }
 
-static lk_status check_tensor(const lk_impl *impl, const char *arg, const lk_tensor *t, int ndim,
-                              const int64_t *shape, unsigned dtypes) {
-    lk_status s;
-    if ((s = lk_expect_present(OP, arg, t)) || (s = lk_expect_device(OP, arg, t, impl->device)) ||
-        (s = lk_expect_contiguous(OP, arg, t, 1)) || (s = lk_expect_shape(OP, arg, t, ndim, shape)) ||
-        (s = lk_expect_dtype(OP, arg, t, dtypes)))
-        return s;
-    return LK_OK;
-}
 
 static lk_status check_common(const lk_impl *impl, const lk_swiglu_mlp_args *a, const lk_ctx *ctx, dims *d) {
     lk_status s = check_impl(impl, &d->vt);

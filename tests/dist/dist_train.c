@@ -6,8 +6,8 @@
  *   - dense Qwen3, dp = P: 10 steps, 1e-5.
  *   - tiny Qwen3-MoE, sp = 2, ep = 2, dp = P/2 (at -np 4 the issue's dp 2 x sp 2, ep 2):
  *     20 steps; each SP rank runs half of every sequence through Ulysses attention,
- *     each EP rank half of the experts through the all-to-all dispatcher, and the aux
- *     loss spans the SP group.
+ *     each EP rank half of the experts through the all-to-all dispatcher (and again
+ *     through the all-gather one), and the aux loss spans the SP group.
  * Also the rejections: meshes that do not divide the world, a config that does not
  * match the mesh, heads or experts the groups do not divide, an attention without an SP
  * path, an explicit local dispatcher under EP, bad parallel: YAML.
@@ -53,8 +53,9 @@ static void rm_rf(const char *d) {
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", d);
 }
 
-/* The run of (dp, sp, ep) over the world against one process with grad_accum dp. */
-static void matches_single(int moe, int64_t steps, int dp, int sp, int ep, double tol) {
+/* The run of (dp, sp, ep) over the world, experts through `dispatcher`, against one
+ * process with grad_accum dp. */
+static void matches_single(int moe, const char *dispatcher, int64_t steps, int dp, int sp, int ep, double tol) {
     int r = dist_world->rank;
     char dir[64] = "/tmp/llmkern_dist_train_XXXXXX";
     /* grad norms too: AdamW is nearly blind to a gradient's scale, so a DP average taken
@@ -73,7 +74,7 @@ static void matches_single(int moe, int64_t steps, int dp, int sp, int ep, doubl
     snprintf(out, sizeof out, "%s/mesh", dir);
     tiny(out, moe, steps, 1);
     tc.dp = dp, tc.sp = sp, tc.ep = ep;
-    if (moe) lk_ops_config_set(&ops, "moe.dispatcher", "alltoall", "test");
+    if (moe) lk_ops_config_set(&ops, "moe.dispatcher", dispatcher, "test");
     lk_mesh mesh;
     DIST_CHECK(lk_train_mesh(&tc, dist_world, &mesh) == LK_OK && mesh.dp_size == dp && mesh.sp_size == sp &&
                mesh.ep_size == ep, "mesh dp %d sp %d ep %d", dp, sp, ep);
@@ -96,10 +97,10 @@ static void matches_single(int moe, int64_t steps, int dp, int sp, int ep, doubl
             DIST_CHECK(en <= tol, "dp %d sp %d ep %d step %d: grad norm %.9g vs single %.9g (relative %.3g)", dp, sp,
                        ep, i + 1, got_norm[i], ref_norm[i], en);
         }
-        printf("dist_train: dp %d sp %d ep %d %s, %lld steps: loss %.5f -> %.5f, worst relative difference from one "
-               "process %.2g (loss or grad norm); %lld all-reduce buckets, %lld started during the backward\n", dp, sp, ep,
-               moe ? "MoE" : "dense", (long long)steps, got[0], got[steps - 1], worst, (long long)res.buckets,
-               (long long)res.buckets_early);
+        printf("dist_train: dp %d sp %d ep %d %s%s, %lld steps: loss %.5f -> %.5f, worst relative difference from "
+               "one process %.2g (loss or grad norm); %lld all-reduce buckets, %lld started during the backward\n", dp,
+               sp, ep, moe ? "MoE " : "dense", moe ? dispatcher : "", (long long)steps, got[0], got[steps - 1], worst,
+               (long long)res.buckets, (long long)res.buckets_early);
         DIST_CHECK(ref[steps - 1] < ref[0], "the loss falls: %g -> %g", ref[0], ref[steps - 1]);
         char path[200];
         snprintf(path, sizeof path, "%s/loss.csv", out);
@@ -231,7 +232,8 @@ int main(void) {
     int P = dist_world->size;
     rejections();
     model_rejections();
-    matches_single(0, STEPS_DP, P, 1, 1, TOL_DP);
-    matches_single(1, STEPS_MOE, P / 2, 2, 2, TOL_MOE);
+    matches_single(0, NULL, STEPS_DP, P, 1, 1, TOL_DP);
+    matches_single(1, "alltoall", STEPS_MOE, P / 2, 2, 2, TOL_MOE);
+    matches_single(1, "allgather", STEPS_MOE, P / 2, 2, 2, TOL_MOE);
     return dist_end("dist_train");
 }

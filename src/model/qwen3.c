@@ -155,8 +155,8 @@ lk_status lk_model_set_parallel(lk_model *m, lk_comm *sp, lk_comm *ep) {
             const lk_attention_entry *e = m->layers[l].ops.attn->vtable;
             if (!e || !e->sp)
                 return lk_error(LK_EINVAL, "model_set_parallel: sp %d: layers.%d.self_attn: '%s' has no sequence-"
-                                "parallel path; expected flash_attention_2 or flex_attention under the "
-                                "llmkern backend (they enter llmkern_*_with_sp)", P, l,
+                                "parallel path; expected flash_attention_2 under the llmkern backend "
+                                "(it enters llmkern_flash_attention_2_with_sp)", P, l,
                                 m->layers[l].ops.attn->name);
         }
     }

@@ -60,9 +60,9 @@ void lk_model_free(lk_model *m);
  * none). Every rank of both groups is handed the same calls.
  *   sp: the SP group. Its ranks are handed the same whole batch; rank r runs tokens
  *       [r·T/P, (r+1)·T/P) of the B*S (B*S a multiple of P) through Ulysses attention (the
- *       attention binding must be an SP row: flash_attention_2, which the llmkern
- *       backend turns into llmkern_flash_attention_2_with_sp), the loss is the group's
- *       mean over its valid tokens and the MoE aux loss the group's (moe.h).
+ *       attention binding must be an SP row: flash_attention_2 or flex_attention, which
+ *       the llmkern backend turns into llmkern_*_with_sp), the loss is the group's mean
+ *       over its valid tokens and the MoE aux loss the group's (moe.h).
  *   ep: the EP group. A MoE layer's experts run through the moe_dispatch binding
  *       (alltoall or allgather; a defaulted `local` becomes alltoall), rank r running
  *       experts [r·E/P, (r+1)·E/P) for the routes of every rank of the group.

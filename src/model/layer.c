@@ -87,15 +87,24 @@ static lk_rope_args rope_args(const lk_model *m, int l, const lk_layer_acts *a, 
     return r;
 }
 
-static lk_attention_args attn_args(const lk_model *m, const lk_layer_acts *a, const lk_batch *b, size_t saved) {
+/* flex (impl's adapter) follows the batch's document BlockMask alone; the others the
+ * cu_seqlens, causally. */
+static lk_attention_args attn_args(const lk_model *m, const lk_impl *impl, const lk_layer_acts *a, const lk_batch *b,
+                                   size_t saved) {
+    const lk_attention_entry *e = impl->vtable;
     int64_t T = m->T;
-    lk_tensor cu = lk_tensor_1d(b->cu_seqlens, LK_I32, b->n_segs + 1);
-    return (lk_attention_args){
+    lk_attention_args at = {
         .q = t4(a->qr, m->Hq, T, m->D), .k = t4(a->kr, m->Hk, T, m->D), .v = t4(a->vt, m->Hk, T, m->D),
-        .out = lk_tensor_view(a->ao, LK_F32, 4, (int64_t[]){1, T, m->Hq, m->D}),
-        .cu_seqlens_q = cu, .cu_seqlens_k = cu, .max_seqlen_q = b->max_seqlen, .max_seqlen_k = b->max_seqlen,
-        .saved = sv(a->s[S_ATTN], saved), .causal = 1,
+        .out = lk_tensor_view(a->ao, LK_F32, 4, (int64_t[]){1, T, m->Hq, m->D}), .saved = sv(a->s[S_ATTN], saved),
     };
+    if (e->adapter == LK_ATTN_FLEX) {
+        at.block_mask = &m->doc_mask;
+    } else {
+        at.cu_seqlens_q = at.cu_seqlens_k = lk_tensor_1d(b->cu_seqlens, LK_I32, b->n_segs + 1);
+        at.max_seqlen_q = at.max_seqlen_k = b->max_seqlen;
+        at.causal = 1;
+    }
+    return at;
 }
 
 lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, const lk_batch *b, float *out,
@@ -123,7 +132,7 @@ lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, con
         return s;
     lk_rope_args r = rope_args(m, l, a, b);
     if ((s = lk_rope_forward(op->rope, &r, ctx))) return s;
-    lk_attention_args at = attn_args(m, a, b, L->saved[S_ATTN]);
+    lk_attention_args at = attn_args(m, op->attn, a, b, L->saved[S_ATTN]);
     ctx->comm = m->sp;   /* Ulysses over the SP group (NULL: one process) */
     s = lk_attention_forward(op->attn, &at, ctx);
     ctx->comm = NULL;
@@ -179,7 +188,7 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
     /* attention */
     lk_linear_args po = lin(a->ao, T, Q, W(L->o), H, sc->tmp);
     if ((s = lin_backward(m, op->o_proj, po, sc->dres, L->o, sc->dao))) return s;
-    lk_attention_args at = attn_args(m, a, b, L->saved[S_ATTN]);
+    lk_attention_args at = attn_args(m, op->attn, a, b, L->saved[S_ATTN]);
     at.dout = lk_tensor_view(sc->dao, LK_F32, 4, (int64_t[]){1, T, m->Hq, m->D});
     at.dq = t4(sc->dqr, m->Hq, T, m->D);
     at.dk = t4(sc->dkr, m->Hk, T, m->D);

@@ -50,10 +50,7 @@ static lk_status bind_layer(lk_model *m, const lk_op_table *t, int l) {
         if (s) return s;
     }
     const lk_attention_entry *e = o->attn->vtable;
-    if (e && e->adapter == LK_ATTN_FLEX)
-        return lk_error(LK_EUNAVAILABLE, "model: layers.%d.self_attn: %s needs a BlockMask, which the model does not "
-                        "build; use eager, sdpa or flash_attention_2 (packed documents go through cu_seqlens)",
-                        l, o->attn->name);
+    m->flex |= e && e->adapter == LK_ATTN_FLEX;   /* then every batch gets its document BlockMask */
     return LK_OK;
 }
 
@@ -155,8 +152,8 @@ lk_status lk_model_set_parallel(lk_model *m, lk_comm *sp, lk_comm *ep) {
             const lk_attention_entry *e = m->layers[l].ops.attn->vtable;
             if (!e || !e->sp)
                 return lk_error(LK_EINVAL, "model_set_parallel: sp %d: layers.%d.self_attn: '%s' has no sequence-"
-                                "parallel path; expected flash_attention_2 under the llmkern backend "
-                                "(it enters llmkern_flash_attention_2_with_sp)", P, l,
+                                "parallel path; expected flash_attention_2 or flex_attention under the "
+                                "llmkern backend (they enter llmkern_*_with_sp)", P, l,
                                 m->layers[l].ops.attn->name);
         }
     }
@@ -180,6 +177,7 @@ void lk_model_free(lk_model *m) {
     if (!m) return;
     free_acts(m);
     free(m->w); free(m->g); free(m->params); free(m->layers); free(m->rope_cos); free(m->rope_sin);
+    lk_block_mask_free(&m->doc_mask);
     lk_arena_free(&m->arena);
     free(m);
 }
@@ -318,6 +316,12 @@ static lk_status forward(lk_model *m, const lk_batch *whole, lk_step_stats *st) 
     const lk_batch *b = &m->local;
     int64_t T = b->B * b->S / group_size(m->sp), H = m->H;
     if (T != m->T && (s = alloc_acts(m, T))) return s;
+    if (m->flex) {   /* flex follows its BlockMask alone: causal within each packed document */
+        lk_block_mask_free(&m->doc_mask);
+        if ((s = lk_block_mask_document_cu(whole->cu_seqlens, whole->n_segs, 1, 1, whole->B * whole->S, 0, 0,
+                                           &m->doc_mask)))
+            return s;
+    }
     float *x0 = m->inputs[0];
     const float *emb = m->w + m->embed;
     #pragma omp parallel for schedule(static)

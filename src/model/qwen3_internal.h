@@ -10,8 +10,9 @@
  *     layer's experts are stacked [E, 2I, H] and [E, H, I] for the experts op, and the
  *     per-expert HF tensors are views into those stacks.
  *   - Attention runs over the flattened B*S tokens as one row (B = 1) with the batch's
- *     cu_seqlens, so packed documents never see each other; q/k/v are transposed from
- *     the projections' token-major [T, H*D] into the op's [1, H, T, D].
+ *     cu_seqlens (flex_attention: a document BlockMask built from them per batch), so
+ *     packed documents never see each other; q/k/v are transposed from the
+ *     projections' token-major [T, H*D] into the op's [1, H, T, D].
  *   - The embedding is a gather (its backward a scatter-add) in plain C: the family's
  *     "embed_tokens" module is declared for completeness but no op runs it. */
 #ifndef LLMKERN_MODEL_QWEN3_INTERNAL_H
@@ -86,6 +87,8 @@ struct lk_model {
      * (local: the batch with its per-token arrays moved there; cu_seqlens stay whole). */
     lk_comm *sp, *ep;
     lk_batch local;
+    int flex;                     /* an attention binding is flex_attention: doc_mask serves it */
+    lk_block_mask doc_mask;       /* the current batch's documents, causal, over all B*S tokens */
     double d_loss_unit;           /* d(the loss) / d(the CE op's loss): 1, or 1 / the SP group's count */
     void (*grads_ready)(void *user, int64_t first);   /* lk_model_on_grads_ready */
     void *grads_ready_user;

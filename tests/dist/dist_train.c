@@ -7,7 +7,8 @@
  *   - tiny Qwen3-MoE, sp = 2, ep = 2, dp = P/2 (at -np 4 the issue's dp 2 x sp 2, ep 2):
  *     20 steps; each SP rank runs half of every sequence through Ulysses attention,
  *     each EP rank half of the experts through the all-to-all dispatcher (and again
- *     through the all-gather one), and the aux loss spans the SP group.
+ *     through the all-gather one, and with flex_attention on the model's document
+ *     BlockMask), and the aux loss spans the SP group.
  * Also the rejections: meshes that do not divide the world, a config that does not
  * match the mesh, heads or experts the groups do not divide, an attention without an SP
  * path, an explicit local dispatcher under EP, bad parallel: YAML.
@@ -53,9 +54,11 @@ static void rm_rf(const char *d) {
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", d);
 }
 
-/* The run of (dp, sp, ep) over the world, experts through `dispatcher`, against one
- * process with grad_accum dp. */
-static void matches_single(int moe, const char *dispatcher, int64_t steps, int dp, int sp, int ep, double tol) {
+/* The run of (dp, sp, ep) over the world, experts through `dispatcher` and attention
+ * through `attn` (NULL: the default, flash_attention_2), against one process with
+ * grad_accum dp and the default attention. */
+static void matches_single(int moe, const char *dispatcher, const char *attn, int64_t steps, int dp, int sp, int ep,
+                           double tol) {
     int r = dist_world->rank;
     char dir[64] = "/tmp/llmkern_dist_train_XXXXXX";
     /* grad norms too: AdamW is nearly blind to a gradient's scale, so a DP average taken
@@ -75,6 +78,7 @@ static void matches_single(int moe, const char *dispatcher, int64_t steps, int d
     tiny(out, moe, steps, 1);
     tc.dp = dp, tc.sp = sp, tc.ep = ep;
     if (moe) lk_ops_config_set(&ops, "moe.dispatcher", dispatcher, "test");
+    if (attn) lk_ops_config_set(&ops, "attention", attn, "test");
     lk_mesh mesh;
     DIST_CHECK(lk_train_mesh(&tc, dist_world, &mesh) == LK_OK && mesh.dp_size == dp && mesh.sp_size == sp &&
                mesh.ep_size == ep, "mesh dp %d sp %d ep %d", dp, sp, ep);
@@ -97,10 +101,11 @@ static void matches_single(int moe, const char *dispatcher, int64_t steps, int d
             DIST_CHECK(en <= tol, "dp %d sp %d ep %d step %d: grad norm %.9g vs single %.9g (relative %.3g)", dp, sp,
                        ep, i + 1, got_norm[i], ref_norm[i], en);
         }
-        printf("dist_train: dp %d sp %d ep %d %s%s, %lld steps: loss %.5f -> %.5f, worst relative difference from "
-               "one process %.2g (loss or grad norm); %lld all-reduce buckets, %lld started during the backward\n", dp,
-               sp, ep, moe ? "MoE " : "dense", moe ? dispatcher : "", (long long)steps, got[0], got[steps - 1], worst,
-               (long long)res.buckets, (long long)res.buckets_early);
+        printf("dist_train: dp %d sp %d ep %d %s%s%s%s, %lld steps: loss %.5f -> %.5f, worst relative difference "
+               "from one process %.2g (loss or grad norm); %lld all-reduce buckets, %lld started during the "
+               "backward\n", dp, sp, ep, moe ? "MoE " : "dense", moe ? dispatcher : "", attn ? " " : "",
+               attn ? attn : "", (long long)steps, got[0], got[steps - 1], worst, (long long)res.buckets,
+               (long long)res.buckets_early);
         DIST_CHECK(ref[steps - 1] < ref[0], "the loss falls: %g -> %g", ref[0], ref[steps - 1]);
         char path[200];
         snprintf(path, sizeof path, "%s/loss.csv", out);
@@ -232,8 +237,9 @@ int main(void) {
     int P = dist_world->size;
     rejections();
     model_rejections();
-    matches_single(0, NULL, STEPS_DP, P, 1, 1, TOL_DP);
-    matches_single(1, "alltoall", STEPS_MOE, P / 2, 2, 2, TOL_MOE);
-    matches_single(1, "allgather", STEPS_MOE, P / 2, 2, 2, TOL_MOE);
+    matches_single(0, NULL, NULL, STEPS_DP, P, 1, 1, TOL_DP);
+    matches_single(1, "alltoall", NULL, STEPS_MOE, P / 2, 2, 2, TOL_MOE);
+    matches_single(1, "allgather", NULL, STEPS_MOE, P / 2, 2, 2, TOL_MOE);
+    matches_single(1, "alltoall", "flex_attention", STEPS_MOE, P / 2, 2, 2, TOL_MOE);   /* the document BlockMask */
     return dist_end("dist_train");
 }

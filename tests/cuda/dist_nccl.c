@@ -8,25 +8,13 @@
  * for bench/NOTES.md). Skipped (77) with fewer GPUs than ranks: NCCL puts one rank on a
  * GPU. ctest: cuda_dist_nccl_np2 / _np4 (tests/cuda/run_h200.sh runs them on a machine
  * with the GPUs; elsewhere they skip). */
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <cuda_runtime_api.h>
-#include "llmkern/llmkern.h"
+#include "util.h"
 
-static int failures;
-static lk_comm *mpi, *nccl;
-
-#define CHECK(cond, ...)                                                                            \
-    do {                                                                                            \
-        if (!(cond)) {                                                                              \
-            failures++;                                                                             \
-            fprintf(stderr, "[rank %d] %s:%d: FAILED %s: ", mpi->rank, __FILE__, __LINE__, #cond);  \
-            fprintf(stderr, __VA_ARGS__);                                                           \
-            fprintf(stderr, " (last error: %s)\n", lk_last_error());                                \
-        }                                                                                           \
-    } while (0)
+static lk_comm *nccl;
 
 static void *dev(size_t bytes) {
     void *p = NULL;
@@ -80,12 +68,12 @@ static void reductions(void) {
             char *buf = dev((size_t)(n * P) * es), *out = dev((size_t)n * es);
             fill(h, (lk_comm_type)t, r, n * P);
             put(buf, h, (size_t)(n * P) * es);
-            CHECK(lk_comm_reduce_scatter(nccl, buf, out, n, (lk_comm_type)t) == LK_OK, "reduce_scatter");
+            DIST_CHECK(lk_comm_reduce_scatter(nccl, buf, out, n, (lk_comm_type)t) == LK_OK, "reduce_scatter");
             sum_of_ranks(want, (lk_comm_type)t, P, (int64_t)r * n, n);
-            CHECK(same(out, want, (size_t)n * es), "reduce_scatter type %d n %lld", t, (long long)n);
-            CHECK(lk_comm_all_reduce(nccl, buf, n * P, (lk_comm_type)t) == LK_OK, "all_reduce");
+            DIST_CHECK(same(out, want, (size_t)n * es), "reduce_scatter type %d n %lld", t, (long long)n);
+            DIST_CHECK(lk_comm_all_reduce(nccl, buf, n * P, (lk_comm_type)t) == LK_OK, "all_reduce");
             sum_of_ranks(want, (lk_comm_type)t, P, 0, n * P);
-            CHECK(same(buf, want, (size_t)(n * P) * es), "all_reduce type %d n %lld", t, (long long)n * P);
+            DIST_CHECK(same(buf, want, (size_t)(n * P) * es), "all_reduce type %d n %lld", t, (long long)n * P);
             cudaFree(buf), cudaFree(out), free(h), free(want);
         }
 }
@@ -99,9 +87,9 @@ static void movement(void) {
     memcpy(h, want + (size_t)r * nb, nb);
     char *src = dev(nb), *all = dev(nb * (size_t)P);
     put(src, h, nb);
-    CHECK(lk_comm_all_gather(nccl, src, all, nb) == LK_OK && same(all, want, nb * (size_t)P), "all_gather");
+    DIST_CHECK(lk_comm_all_gather(nccl, src, all, nb) == LK_OK && same(all, want, nb * (size_t)P), "all_gather");
     put(src, h, nb);   /* every rank's own bytes; the last rank's reach everyone */
-    CHECK(lk_comm_broadcast(nccl, src, nb, P - 1) == LK_OK && same(src, want + (size_t)(P - 1) * nb, nb),
+    DIST_CHECK(lk_comm_broadcast(nccl, src, nb, P - 1) == LK_OK && same(src, want + (size_t)(P - 1) * nb, nb),
           "broadcast from %d", P - 1);
     /* all_to_all: rank s sends (s + 1) * (d + 1) * 13 bytes of value s*16+d to rank d */
     int64_t sc[8], sd[8], rc[8], rd[8], so = 0, ro = 0;
@@ -114,8 +102,8 @@ static void movement(void) {
     for (int q = 0; q < P; q++) memset(hw + rd[q], q * 16 + r, (size_t)rc[q]);
     char *ds = dev((size_t)so), *dr = dev((size_t)ro);
     put(ds, hs, (size_t)so);
-    CHECK(lk_comm_all_to_all(nccl, ds, sc, sd, dr, rc, rd) == LK_OK && same(dr, hw, (size_t)ro), "all_to_all");
-    CHECK(lk_comm_barrier(nccl) == LK_OK, "barrier");
+    DIST_CHECK(lk_comm_all_to_all(nccl, ds, sc, sd, dr, rc, rd) == LK_OK && same(dr, hw, (size_t)ro), "all_to_all");
+    DIST_CHECK(lk_comm_barrier(nccl) == LK_OK, "barrier");
     cudaFree(src), cudaFree(all), cudaFree(ds), cudaFree(dr), free(h), free(want), free(hs), free(hw);
 }
 
@@ -123,13 +111,13 @@ static void movement(void) {
 static void groups_and_requests(void) {
     int r = nccl->rank;
     lk_comm *pair = NULL;
-    CHECK(lk_comm_split(nccl, r / 2, r, &pair) == LK_OK && pair->size == (nccl->size > 1 ? 2 : 1), "split");
+    DIST_CHECK(lk_comm_split(nccl, r / 2, r, &pair) == LK_OK && pair->size == (nccl->size > 1 ? 2 : 1), "split");
     if (pair) {
         int64_t h = r, *d = dev(8);
         put(d, &h, 8);
-        CHECK(lk_comm_all_reduce(pair, d, 1, LK_COMM_I64) == LK_OK, "pair all_reduce");
+        DIST_CHECK(lk_comm_all_reduce(pair, d, 1, LK_COMM_I64) == LK_OK, "pair all_reduce");
         int64_t want = pair->size == 2 ? 4 * (r / 2) + 1 : r;
-        CHECK(same(d, &want, 8), "pair sum");
+        DIST_CHECK(same(d, &want, 8), "pair sum");
         cudaFree(d);
         lk_comm_destroy(pair);
     }
@@ -149,10 +137,10 @@ static void groups_and_requests(void) {
         b[i] = dev((size_t)n[i] * 4);
         put(b[i], h, (size_t)n[i] * 4);
         free(h);
-        CHECK(lk_comm_all_reduce_start(nccl, b[i], n[i], LK_COMM_F32, &req[i]) == LK_OK, "start %d", i);
+        DIST_CHECK(lk_comm_all_reduce_start(nccl, b[i], n[i], LK_COMM_F32, &req[i]) == LK_OK, "start %d", i);
     }
     for (int i = NB - 1; i >= 0; i--) {
-        CHECK(lk_comm_wait(nccl, &req[i]) == LK_OK && same(b[i], want[i], (size_t)n[i] * 4), "bucket %d", i);
+        DIST_CHECK(lk_comm_wait(nccl, &req[i]) == LK_OK && same(b[i], want[i], (size_t)n[i] * 4), "bucket %d", i);
         cudaFree(b[i]), free(want[i]);
     }
 }
@@ -180,21 +168,19 @@ static void bandwidth(void) {
 }
 
 int main(void) {
-    if (lk_init() != LK_OK || lk_comm_mpi_world(&mpi) != LK_OK) {
-        fprintf(stderr, "dist_nccl: set-up failed: %s\n", lk_last_error());
-        return 1;
-    }
+    dist_begin();
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess) ndev = 0;
-    if (ndev < mpi->size || mpi->size > 8) {
-        if (mpi->rank == 0)
-            printf("dist_nccl: SKIPPED, %d ranks need %d GPUs (one each), found %d\n", mpi->size, mpi->size, ndev);
-        lk_comm_destroy(mpi);
+    if (ndev < dist_world->size || dist_world->size > 8) {
+        if (dist_world->rank == 0)
+            printf("dist_nccl: SKIPPED, %d ranks need %d GPUs (one each), found %d\n", dist_world->size,
+                   dist_world->size, ndev);
+        lk_comm_destroy(dist_world);
         lk_comm_mpi_finalize();
         return 77;
     }
-    CHECK(lk_comm_nccl_create(mpi, mpi->rank, &nccl) == LK_OK && nccl->size == mpi->size &&
-          nccl->rank == mpi->rank, "nccl world");
+    DIST_CHECK(lk_comm_nccl_create(dist_world, dist_world->rank, &nccl) == LK_OK && nccl->size == dist_world->size &&
+          nccl->rank == dist_world->rank, "nccl world");
     if (nccl) {
         reductions();
         movement();
@@ -202,11 +188,5 @@ int main(void) {
         bandwidth();
         lk_comm_destroy(nccl);
     }
-    int64_t f = failures;
-    lk_comm_all_reduce(mpi, &f, 1, LK_COMM_I64);
-    if (mpi->rank == 0) printf("dist_nccl on %d GPUs: %s (%lld failed checks)\n", mpi->size, f ? "FAILED" : "ok",
-                               (long long)f);
-    lk_comm_destroy(mpi);
-    lk_comm_mpi_finalize();
-    return f ? 1 : 0;
+    return dist_end("dist_nccl");
 }

@@ -120,52 +120,52 @@ static void matches_single(int moe, const char *dispatcher, const char *attn, in
     if (r == 0) rm_rf(dir);
 }
 
-/* lk_model_set_parallel's rejections, in groups of g consecutive ranks (the model is
- * left unchanged: it still runs a step on its own). */
+/* A tiny model (dense or MoE) with ops.moe.dispatcher or attention set to value (NULL:
+ * the defaults); NULL after a failure, which is counted. */
+static lk_model *tiny_model(int moe, const char *field, const char *value) {
+    const lk_model_family *fam = moe ? &lk_family_qwen3_moe : &lk_family_qwen3;
+    tiny("/tmp/unused", moe, 1, 1);
+    lk_status s = value ? lk_ops_config_set(&ops, field, value, "test") : LK_OK;
+    if (!s && !lk_model_family_find(fam->name)) s = lk_model_register(fam);
+    if (!s) s = lk_ops_config_finalize(&ops);
+    lk_op_table table;
+    lk_model *m = NULL;
+    if (!s) s = lk_model_build(&ops, fam->name, &table);
+    if (!s) s = lk_model_create(&tc.model, &table, 1, 0, &m);
+    DIST_CHECK(s == LK_OK, "model moe %d %s %s: %s", moe, field ? field : "", value ? value : "", lk_status_name(s));
+    return s ? NULL : m;
+}
+
+/* lk_model_set_parallel's rejections, in pairs of consecutive ranks (and, at 4 ranks, a
+ * group of 3). */
 static void model_rejections(void) {
     int P = dist_world->size, r = dist_world->rank;
     lk_comm *pair;
     DIST_CHECK(lk_comm_split(dist_world, r / 2, r, &pair) == LK_OK, "pairs");
-    const lk_model_family *fams[2] = {&lk_family_qwen3, &lk_family_qwen3_moe};
-    for (int moe = 0; moe < 2; moe++) {
-        for (int variant = 0; variant < 2; variant++) {
-            tiny("/tmp/unused", moe, 1, 1);
-            if (variant == 1)
-                lk_ops_config_set(&ops, moe ? "moe.dispatcher" : "attn_implementation", moe ? "local" : "eager", "test");
-            lk_op_table table;
-            lk_model *m = NULL;
-            if (!lk_model_family_find(fams[moe]->name)) lk_model_register(fams[moe]);
-            lk_status s = lk_ops_config_finalize(&ops);
-            if (!s) s = lk_model_build(&ops, fams[moe]->name, &table);
-            if (!s) s = lk_model_create(&tc.model, &table, 1, 0, &m);
-            DIST_CHECK(s == LK_OK, "model %d/%d: %s", moe, variant, lk_status_name(s));
-            if (s) continue;
-            if (!moe) {   /* a dense model under EP; eager attention under SP */
-                s = lk_model_set_parallel(m, NULL, pair);
-                DIST_CHECK(s == LK_EINVAL && strstr(lk_last_error(), "dense"), "dense ep: %s", lk_status_name(s));
-                s = lk_model_set_parallel(m, pair, NULL);
-                DIST_CHECK(variant == 0 ? s == LK_OK : s == LK_EINVAL && strstr(lk_last_error(), "eager"),
-                           "sp with attention %d: %s", variant, lk_status_name(s));
-            } else if (variant == 1) {   /* local, set explicitly, under EP */
-                s = lk_model_set_parallel(m, NULL, pair);
-                DIST_CHECK(s == LK_EINVAL && strstr(lk_last_error(), "local"), "local ep: %s", lk_status_name(s));
-            }
-            lk_model_free(m);
-        }
+    lk_model *m = tiny_model(0, NULL, NULL);   /* a dense model under EP; its attention under SP */
+    if (m) {
+        lk_status s = lk_model_set_parallel(m, NULL, pair);
+        DIST_CHECK(s == LK_EINVAL && strstr(lk_last_error(), "dense"), "dense ep: %s", lk_status_name(s));
+        s = lk_model_set_parallel(m, pair, NULL);
+        DIST_CHECK(s == LK_OK, "sp with flash_attention_2: %s", lk_status_name(s));
+        lk_model_free(m);
+    }
+    if ((m = tiny_model(0, "attn_implementation", "eager"))) {   /* eager has no SP path */
+        lk_status s = lk_model_set_parallel(m, pair, NULL);
+        DIST_CHECK(s == LK_EINVAL && strstr(lk_last_error(), "eager"), "sp with eager: %s", lk_status_name(s));
+        lk_model_free(m);
+    }
+    if ((m = tiny_model(1, "moe.dispatcher", "local"))) {        /* local, set explicitly, under EP */
+        lk_status s = lk_model_set_parallel(m, NULL, pair);
+        DIST_CHECK(s == LK_EINVAL && strstr(lk_last_error(), "local"), "local ep: %s", lk_status_name(s));
+        lk_model_free(m);
     }
     lk_comm_destroy(pair);
     if (P == 4) {   /* a group of 3 divides neither 4 heads nor 4 experts */
         lk_comm *three;
         DIST_CHECK(lk_comm_split(dist_world, r < 3 ? 0 : 1, r, &three) == LK_OK, "three");
-        tiny("/tmp/unused", 1, 1, 1);
-        lk_ops_config_set(&ops, "moe.dispatcher", "alltoall", "test");
-        lk_op_table table;
-        lk_model *m = NULL;
-        lk_status s = lk_ops_config_finalize(&ops);
-        if (!s) s = lk_model_build(&ops, "qwen3_moe", &table);
-        if (!s) s = lk_model_create(&tc.model, &table, 1, 0, &m);
-        if (!s && r < 3) {
-            s = lk_model_set_parallel(m, three, NULL);
+        if ((m = tiny_model(1, "moe.dispatcher", "alltoall")) && r < 3) {
+            lk_status s = lk_model_set_parallel(m, three, NULL);
             DIST_CHECK(s == LK_EINVAL && strstr(lk_last_error(), "num_attention_heads"), "sp 3: %s", lk_status_name(s));
             s = lk_model_set_parallel(m, NULL, three);
             DIST_CHECK(s == LK_EINVAL && strstr(lk_last_error(), "num_experts"), "ep 3: %s", lk_status_name(s));

@@ -12,6 +12,7 @@
  * Measured on the H200 (bench/NOTES.md run 6, fwd, % of copy): HB 4: 86.6%, 2: 86.4%,
  * 8: 85.9%, 1: 80.5%; one thread walking all of its token's heads 8 at a time (runs
  * 2-5): 79-83%. What matters is the bytes a thread has in flight before its first use.
+ * The kernel alone (CUPTI, run 15): 172.3 us with HB 4, 176.1-176.4 with HB 8.
  *
  * Position ids are device memory the facade does not read: a token whose id lies
  * outside [0, max_pos) gets NaN in its rotated dims instead of a read outside the tables.
@@ -85,17 +86,18 @@ static __device__ __forceinline__ void heads(const T *in, T *out, int H, int h0,
     }
 }
 
-/* blockIdx.y picks HB heads: groups 0 .. ceil(hq/HB)−1 of q, then those of k. */
+/* blockIdx.y picks HB heads: groups 0 .. ceil(hq/HB)−1 of q, then those of k;
+ * blockIdx.z the sequence (b0 + z), blockIdx.x a run of its (token, unit) pairs: one 32-bit
+ * division a thread (64-bit ones are emulated, and cost this memory-bound kernel ~4%). */
 template <typename T, int W>
 __global__ void __launch_bounds__(THREADS) rope_kernel(const T *q, T *qo, int hq, const T *k, T *ko, int hk,
-                                                      const float *cos_t, const float *sin_t, rope_geom g) {
+                                                      const float *cos_t, const float *sin_t, rope_geom g,
+                                                      int64_t b0) {
     const int half = g.rot / 2, rot_units = half / W, units = rot_units + (g.dim - g.rot) / W;
-    int64_t gid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
-    if (gid >= g.tokens * units) return;
-    int64_t t = gid / units;
-    int u = (int)(gid - t * units);
-    int64_t b = t / g.seq;
-    int s = (int)(t - b * g.seq);
+    int gid = blockIdx.x * blockDim.x + threadIdx.x;
+    if (gid >= g.seq * units) return;
+    int s = gid / units, u = gid - s * units;
+    int64_t b = b0 + blockIdx.z, t = b * g.seq + s;
     int q0 = 0, q1 = 0, k0 = 0, k1 = 0, grp = (int)blockIdx.y, nq = (hq + HB - 1) / HB;
     if (grp < nq) q0 = grp * HB, q1 = min(hq, q0 + HB);
     else k0 = (grp - nq) * HB, k1 = min(hk, k0 + HB);
@@ -125,18 +127,21 @@ static void launch(const lk_rope_dims *d, const lk_tensor *in_q, const lk_tensor
     int64_t units = d->rotary_dim / 2 / W + (d->head_dim - d->rotary_dim) / W;
     int hq = (int)d->q_heads, hk = (int)d->k_heads;
     if (g->tokens * units == 0 || hq + hk == 0) return;
-    dim3 grid((unsigned)lk_cdiv(g->tokens * units, THREADS), (unsigned)(lk_cdiv(hq, HB) + lk_cdiv(hk, HB)));
-    rope_kernel<T, W><<<grid, THREADS, 0, st>>>((const T *)in_q->data, (T *)out_q->data, hq, (const T *)in_k->data,
-                                                (T *)out_k->data, hk, (const float *)a->cos.data,
-                                                (const float *)a->sin.data, *g);
+    for (int64_t b0 = 0; b0 < d->batch; b0 += 65535) {   /* gridDim.z's limit */
+        unsigned nb = (unsigned)(d->batch - b0 < 65535 ? d->batch - b0 : 65535);
+        dim3 grid((unsigned)lk_cdiv(g->seq * units, THREADS), (unsigned)(lk_cdiv(hq, HB) + lk_cdiv(hk, HB)), nb);
+        rope_kernel<T, W><<<grid, THREADS, 0, st>>>((const T *)in_q->data, (T *)out_q->data, hq,
+                                                    (const T *)in_k->data, (T *)out_k->data, hk,
+                                                    (const float *)a->cos.data, (const float *)a->sin.data, *g, b0);
+    }
 }
 
 static lk_status pass(const lk_rope_args *a, lk_ctx *ctx, int backward) {
     lk_rope_dims d = lk_rope_dims_of(a);
     const lk_tensor *iq = backward ? &a->dq_out : &a->q, *ik = backward ? &a->dk_out : &a->k;
     const lk_tensor *oq = backward ? &a->dq : &a->q_out, *ok = backward ? &a->dk : &a->k_out;
-    if (d.seq > INT32_MAX || d.head_dim > INT32_MAX || d.q_heads > INT32_MAX || a->cos.shape[0] > INT32_MAX)
-        return lk_error(LK_ESHAPE, "rope: fused (cuda): q: expected S, D, Hq and max_pos below 2^31");
+    if (d.seq * d.head_dim > INT32_MAX || d.q_heads > INT32_MAX || a->cos.shape[0] > INT32_MAX)
+        return lk_error(LK_ESHAPE, "rope: fused (cuda): q: expected S·D, Hq and max_pos below 2^31");
     rope_geom g = {a->position_ids.data, a->position_ids.dtype == LK_I64, d.batch * d.seq, (int)d.seq,
                    (int)d.head_dim, (int)d.rotary_dim, (int)a->cos.shape[0], backward ? -1.0f : 1.0f};
     int vw = d.dtype == LK_F32 ? 4 : 8;

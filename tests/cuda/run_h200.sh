@@ -15,6 +15,8 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 BUILD=${BUILD:-build-h200}
 exec > >(tee "$OUT/run_h200.log") 2>&1
+# NVLink multicast off, whatever the caller's environment (multi-GPU hosts are shared).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
 PFX=$PWD/.carry/prefix
 LIB=$PFX/usr/lib/x86_64-linux-gnu

@@ -430,6 +430,8 @@ static void bad_arguments_are_refused(void **state) {
         other = *impl;
         other.vtable = &old;
         expect_refused(&f, &other, &f.a, &f.ctx, 0, LK_EINVAL, "impl");
+        old.version = 1, old.backward = NULL;           /* a vtable missing a member */
+        expect_refused(&f, &other, &f.a, &f.ctx, 1, LK_EINVAL, "NULL member");
         expect_refused(&f, impl, &f.a, NULL, 0, LK_EINVAL, "ctx");
 
         /* no arena where the implementation needs workspace */

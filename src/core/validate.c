@@ -95,6 +95,12 @@ lk_status lk_expect_impl(const char *op, const lk_impl *impl, lk_op want) {
     return LK_OK;
 }
 
+lk_status lk_expect_members(const char *op, const lk_impl *impl, int present) {
+    if (present) return LK_OK;
+    return lk_error(LK_EINVAL, "%s: impl: expected saved_bytes, forward and backward in '%s', got a NULL member", op,
+                    impl->name ? impl->name : "(unnamed)");
+}
+
 static int overlap(const lk_region *a, const lk_region *b) {
     uintptr_t pa = (uintptr_t)a->p, pb = (uintptr_t)b->p;
     return a->p && b->p && a->bytes && b->bytes && pa < pb + b->bytes && pb < pa + a->bytes;

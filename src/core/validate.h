@@ -31,6 +31,9 @@ lk_status lk_expect_saved(const char *op, const char *query, const lk_saved *sav
 /* impl is an implementation of op, with a vtable whose first member, the int version
  * every vtable starts with, is at least 1. The facade checks its own members. */
 lk_status lk_expect_impl(const char *op, const lk_impl *impl, lk_op want);
+/* After lk_expect_impl: present says whether the vtable has the members every op's
+ * vtable needs (saved_bytes, forward, backward), which only the facade can look at. */
+lk_status lk_expect_members(const char *op, const lk_impl *impl, int present);
 
 /* A piece of memory an op reads or writes; p NULL or bytes 0 = absent. */
 typedef struct {

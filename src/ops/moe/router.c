@@ -17,12 +17,8 @@ static lk_status check_tensor(const lk_impl *impl, const char *arg, const lk_ten
 static lk_status check_impl(const lk_impl *impl, const lk_moe_router_vtable **out) {
     lk_status s = lk_expect_impl(OP, impl, LK_OP_MOE_ROUTER);
     if (s) return s;
-    const lk_moe_router_vtable *vt = impl->vtable;
-    if (!vt->saved_bytes || !vt->forward || !vt->backward)
-        return lk_error(LK_EINVAL, OP ": impl: expected saved_bytes, forward and backward in '%s', got a NULL member",
-                        impl->name);
-    *out = vt;
-    return LK_OK;
+    const lk_moe_router_vtable *vt = *out = impl->vtable;
+    return lk_expect_members(OP, impl, vt->saved_bytes && vt->forward && vt->backward);
 }
 
 static int is_fake(const lk_impl *impl) { return strcmp(impl->name, "fake_balanced") == 0; }

@@ -17,12 +17,8 @@ typedef struct {
 static lk_status check_impl(const lk_impl *impl, const lk_rms_norm_vtable **out) {
     lk_status s = lk_expect_impl(OP, impl, LK_OP_RMS_NORM);
     if (s) return s;
-    const lk_rms_norm_vtable *vt = impl->vtable;
-    if (!vt->saved_bytes || !vt->forward || !vt->backward)
-        return lk_error(LK_EINVAL, OP ": impl: expected saved_bytes, forward and backward in '%s', "
-                        "got a NULL member", impl->name);
-    *out = vt;
-    return LK_OK;
+    const lk_rms_norm_vtable *vt = *out = impl->vtable;
+    return lk_expect_members(OP, impl, vt->saved_bytes && vt->forward && vt->backward);
 }
 
 /* x is the tensor the others are measured against; its data is needed unless querying. */

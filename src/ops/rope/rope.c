@@ -13,12 +13,8 @@
 static lk_status check_impl(const lk_impl *impl, const lk_rope_vtable **out) {
     lk_status s = lk_expect_impl(OP, impl, LK_OP_ROPE);
     if (s) return s;
-    const lk_rope_vtable *vt = impl->vtable;
-    if (!vt->saved_bytes || !vt->forward || !vt->backward)
-        return lk_error(LK_EINVAL, OP ": impl: expected saved_bytes, forward and backward in '%s', "
-                        "got a NULL member", impl->name);
-    *out = vt;
-    return LK_OK;
+    const lk_rope_vtable *vt = *out = impl->vtable;
+    return lk_expect_members(OP, impl, vt->saved_bytes && vt->forward && vt->backward);
 }
 
 /* q and k shapes, dtype and rotary_dim: all the queries need. Data is not looked at. */

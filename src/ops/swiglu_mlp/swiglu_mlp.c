@@ -22,12 +22,8 @@ typedef struct {
 static lk_status check_impl(const lk_impl *impl, const lk_swiglu_mlp_vtable **out) {
     lk_status s = lk_expect_impl(OP, impl, LK_OP_SWIGLU_MLP);
     if (s) return s;
-    const lk_swiglu_mlp_vtable *vt = impl->vtable;
-    if (!vt->saved_bytes || !vt->forward || !vt->backward)
-        return lk_error(LK_EINVAL, OP ": impl: expected saved_bytes, forward and backward in '%s', "
-                        "got a NULL member", impl->name);
-    *out = vt;
-    return LK_OK;
+    const lk_swiglu_mlp_vtable *vt = *out = impl->vtable;
+    return lk_expect_members(OP, impl, vt->saved_bytes && vt->forward && vt->backward);
 }
 
 /* x and gate_up_weight fix T, H and I; their data is needed unless querying. */

@@ -1,4 +1,5 @@
-/* impls.c — the registry rows of attention on the CPU. Every row points at an
+/* impls.c — the registry rows of attention on the CPU, and on CUDA when built with it
+ * (the flash adapter's rows: flash.cu). Every row points at an
  * lk_attention_entry: which adapter of the facade (attention.c) it enters, and
  * whether through the SP path. With LLMKERN_BACKEND=llmkern the registry rewrites
  * flash_attention_2 and flex_attention to the llmkern_*_with_sp rows, which reach the
@@ -44,5 +45,17 @@ const lk_impl lk_attention_impls[] = {
         .needs = {.dtypes = CPU_DTYPES, .sp_aware = 1}, .vtable = &flex_sp,
         .summary = "SP-aware facade name for flex_attention (one process: no exchange)",
     },
+#ifdef LLMKERN_HAVE_CUDA
+    {
+        .op = LK_OP_ATTENTION, .name = "sdpa", .device = LK_DEVICE_CUDA,
+        .needs = {.min_cc = 80, .dtypes = CPU_DTYPES}, .vtable = &flash,
+        .summary = "the flash adapter: online softmax, LSE saved; a warp per row on CUDA cores (no tensor cores yet)",
+    },
+    {
+        .op = LK_OP_ATTENTION, .name = "flash_attention_2", .device = LK_DEVICE_CUDA,
+        .needs = {.min_cc = 80, .dtypes = CPU_DTYPES}, .vtable = &flash,
+        .summary = "FA-2's algorithm, a warp per row on CUDA cores (no tensor cores yet), deterministic backward",
+    },
+#endif
     {.name = NULL},
 };

@@ -11,6 +11,10 @@
 #include <stdint.h>
 #include "llmkern/attention.h"
 
+#ifdef __cplusplus
+extern "C" {   /* flash.cu uses the host pieces */
+#endif
+
 typedef struct {
     int64_t B, Hq, Hkv, G, Sq, Skv, D;
     float scale;
@@ -75,5 +79,11 @@ size_t lk_attn_lse_bytes(const lk_attention_args *a);
 extern const lk_attention_vtable lk_attention_eager_backend;
 extern const lk_attention_vtable lk_attention_flash_backend;
 extern const lk_attention_vtable lk_attention_flex_backend;
+#ifdef LLMKERN_HAVE_CUDA
+extern const lk_attention_vtable lk_attention_flash_cuda_backend;   /* flash.cu */
+#endif
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -485,6 +485,12 @@ static void wrong_impl_and_sp_comm(void **state) {
     assert_int_equal(lk_comm_single(&one), LK_OK);
     ctx.comm = one;
     assert_int_equal(lk_attention_forward(impl_named("llmkern_flash_attention_2_with_sp"), &pb.a, &ctx), LK_OK);
+    lk_comm posing = *one;   /* a group of two whose buffers are device memory: not for CPU tensors */
+    posing.backend = "nccl", posing.size = 2;
+    ctx.comm = &posing;
+    assert_int_equal(lk_attention_forward(impl_named("llmkern_flash_attention_2_with_sp"), &pb.a, &ctx),
+                     LK_EDEVICE);
+    assert_non_null(strstr(lk_last_error(), "host-memory communicator"));
     lk_comm_destroy(one);
     lk_attention_problem_free(&pb);
     lk_arena_free(&arena);

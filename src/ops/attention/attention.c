@@ -243,7 +243,7 @@ static lk_status check_common(const lk_impl *impl, const lk_attention_args *a, c
                         (long long)(a->window_left < 0 ? a->window_left : a->window_right));
     if (a->skip_ulysses != 0 && a->skip_ulysses != 1)
         return lk_error(LK_EINVAL, OP ": skip_ulysses: expected 0 or 1, got %d", a->skip_ulysses);
-    if ((s = lk_ulysses_plan(a, c->entry->sp ? ctx->comm : NULL, &c->d, &c->u))) return s;
+    if ((s = lk_ulysses_plan(a, c->entry->sp ? ctx->comm : NULL, impl->device, &c->d, &c->u))) return s;
     if ((s = check_varlen(a, c)) || (s = check_masks(a, c))) return s;
     if (a->s_aux.data && (s = check_vec(impl, "s_aux", &a->s_aux, c->d.Hq))) return s;
     return lk_expect_saved(OP, "lk_attention_saved_bytes", &a->saved, c->vt->saved_bytes(a));

@@ -56,6 +56,11 @@ const lk_impl lk_attention_impls[] = {
         .needs = {.min_cc = 80, .dtypes = CPU_DTYPES}, .vtable = &flash,
         .summary = "FA-2's algorithm, a warp per row on CUDA cores (no tensor cores yet), deterministic backward",
     },
+    {
+        .op = LK_OP_ATTENTION, .name = "llmkern_flash_attention_2_with_sp", .device = LK_DEVICE_CUDA,
+        .needs = {.min_cc = 80, .dtypes = CPU_DTYPES, .sp_aware = 1}, .vtable = &flash_sp,
+        .summary = "SP-aware flash_attention_2: Ulysses over an NCCL group around the CUDA flash backend",
+    },
 #endif
     {.name = NULL},
 };

@@ -14,7 +14,12 @@
  * Every tensor moved is a 4-D box: all of dim 0, a range of dims 1 and 2, all of dim 3
  * (dims 2-3 contiguous), so one pack/unpack pair covers q/k/v ([B, H, S, D]), out/dout
  * ([B, S, H, D]) and the LSE ([B, H, S, 1]). Packed order (b, i1, i2, i3) is the same on
- * both sides, so a chunk needs no reordering in flight. */
+ * both sides, so a chunk needs no reordering in flight.
+ *
+ * CUDA tensors take the same path with device moves (ulysses_cuda.cu: strided copies, the
+ * KV-repeat sum as a kernel) over an NCCL group, whose collectives take device buffers;
+ * the small host metadata (split sizes, the shape agreement) stays on the host. */
+#include <stdlib.h>
 #include <string.h>
 #include "ops/attention/ulysses.h"
 
@@ -33,9 +38,14 @@ static size_t box_bytes(const box_view *v, size_t es) { return (size_t)(v->n[0] 
 
 /* pack = 1: the box of peer p into buf; 0: buf into the box (acc: added to f32 acc
  * of the tensor's shape instead). */
-static void box_move(const lk_ulysses *u, const box_view *v, int p, char *buf, size_t es, int pack, float *acc,
-                     lk_dtype dt) {
+static lk_status box_move(const lk_ulysses *u, const box_view *v, int p, char *buf, size_t es, int pack, float *acc,
+                          lk_dtype dt) {
     int64_t o1 = start1(u, v, p), o2 = p * v->s2, run = v->m2 * v->n[3];
+#ifdef LLMKERN_HAVE_CUDA
+    if (u->dev)
+        return acc ? lk_ulysses_cuda_acc(acc, v->n, o1, o2, v->m1, v->m2, buf, dt, u->stream)
+                   : lk_ulysses_cuda_box(v->base, v->n, o1, o2, v->m1, v->m2, buf, es, pack, u->stream);
+#endif
     for (int64_t i0 = 0; i0 < v->n[0]; i0++)
         for (int64_t i1 = 0; i1 < v->m1; i1++) {
             int64_t off = ((i0 * v->n[1] + o1 + i1) * v->n[2] + o2) * v->n[3];
@@ -49,23 +59,40 @@ static void box_move(const lk_ulysses *u, const box_view *v, int p, char *buf, s
                 memcpy(v->base + (size_t)off * es, b, (size_t)run * es);
             }
         }
+    return LK_OK;
+}
+
+static lk_status zero(const lk_ulysses *u, void *p, size_t bytes) {
+#ifdef LLMKERN_HAVE_CUDA
+    if (u->dev) return lk_ulysses_cuda_zero(p, bytes, u->stream);
+#endif
+    memset(p, 0, bytes);
+    return LK_OK;
 }
 
 /* src boxes go to their peers and arrive in dst's boxes; acc_dst: summed (KV repeat). */
 static lk_status exchange(const lk_ulysses *u, const box_view *src, const box_view *dst, lk_dtype dt, int acc_dst) {
     size_t es = dt == LK_F32 ? 4 : 2, chunk = box_bytes(src, es);
     int P = u->P;
+    lk_status s;
     for (int p = 0; p < P; p++) {
         u->cnt[p] = (int64_t)chunk;
         u->dsp[p] = (int64_t)chunk * p;
-        box_move(u, src, p, u->send + chunk * p, es, 1, NULL, dt);
+        if ((s = box_move(u, src, p, u->send + chunk * p, es, 1, NULL, dt))) return s;
     }
-    lk_status s = lk_comm_all_to_all(u->comm, u->send, u->cnt, u->dsp, u->recv, u->cnt, u->dsp);
-    if (s) return s;
+#ifdef LLMKERN_HAVE_CUDA
+    if (u->dev && (s = lk_ulysses_cuda_sync(u->stream))) return s;   /* the collective runs on its own stream */
+#endif
+    if ((s = lk_comm_all_to_all(u->comm, u->send, u->cnt, u->dsp, u->recv, u->cnt, u->dsp))) return s;
     int64_t n = dst->n[0] * dst->n[1] * dst->n[2] * dst->n[3];
-    if (acc_dst) memset(u->acc, 0, sizeof(float) * (size_t)n);
-    for (int p = 0; p < P; p++) box_move(u, dst, p, u->recv + chunk * p, es, 0, acc_dst ? u->acc : NULL, dt);
-    if (acc_dst) lk_convert(u->acc, LK_F32, dst->base, dt, n);
+    if (acc_dst && (s = zero(u, u->acc, sizeof(float) * (size_t)n))) return s;
+    for (int p = 0; p < P; p++)
+        if ((s = box_move(u, dst, p, u->recv + chunk * p, es, 0, acc_dst ? u->acc : NULL, dt))) return s;
+    if (!acc_dst) return LK_OK;
+#ifdef LLMKERN_HAVE_CUDA
+    if (u->dev) return lk_ulysses_cuda_convert(u->acc, dst->base, dt, n, u->stream);
+#endif
+    lk_convert(u->acc, LK_F32, dst->base, dt, n);
     return LK_OK;
 }
 
@@ -84,7 +111,8 @@ static box_view seq_inner(void *t, int64_t B, int64_t Sl, int64_t P, int64_t Hl,
     return (box_view){t, {B, Sl * P, Hl, D}, Sl, Hl, Sl, 0, 0};
 }
 
-lk_status lk_ulysses_plan(const lk_attention_args *a, lk_comm *comm, const lk_attn_dims *loc, lk_ulysses *u) {
+lk_status lk_ulysses_plan(const lk_attention_args *a, lk_comm *comm, lk_device_type dev, const lk_attn_dims *loc,
+                          lk_ulysses *u) {
     memset(u, 0, sizeof *u);
     u->P = 1;
     u->loc = u->in = *loc;
@@ -92,6 +120,13 @@ lk_status lk_ulysses_plan(const lk_attention_args *a, lk_comm *comm, const lk_at
     lk_status s = lk_comm_check("attention", "ctx.comm", comm);
     if (s) return s;
     if (comm->size == 1) return LK_OK;
+    int nccl = comm->backend && strcmp(comm->backend, "nccl") == 0;
+    if (nccl != (dev == LK_DEVICE_CUDA))
+        return lk_error(LK_EDEVICE, "attention: ctx.comm: expected %s for %s tensors (the exchange hands it their "
+                        "memory), got a '%s' communicator", dev == LK_DEVICE_CUDA ? "an NCCL communicator" :
+                        "a host-memory communicator (mpi, single)", lk_device_name(dev),
+                        comm->backend ? comm->backend : "?");
+    u->dev = dev == LK_DEVICE_CUDA;
     int P = comm->size;
     u->comm = comm, u->P = P, u->r = comm->rank;
     if (loc->Hq % P)
@@ -142,7 +177,7 @@ size_t lk_ulysses_workspace(const lk_ulysses *u, const lk_attention_vtable *vt, 
     if (lse > stage) stage = lse;
     size_t acc = u->repeat && backward ? (size_t)(u->loc.B * u->loc.Hkv * u->loc.Skv * u->loc.D) * sizeof(float) : 0;
     size_t tensors = (q + 2 * k + q) * (backward ? 2 : 1) + lse;
-    size_t meta = 2 * sizeof(int64_t) * (size_t)u->P + (size_t)u->P * 8 * sizeof(int64_t) + (size_t)u->P * sizeof(int64_t);
+    size_t meta = (size_t)(u->P + 1) * 8 * sizeof(int64_t);
     (void)es;
     return tensors + 2 * stage + acc + meta + 16 * SLACK + (vt->workspace_bytes ? vt->workspace_bytes(&ia, backward) : 0);
 }
@@ -150,10 +185,22 @@ size_t lk_ulysses_workspace(const lk_ulysses *u, const lk_attention_vtable *vt, 
 /* Every rank must run the same call: a mismatch would otherwise hang or mix garbage. */
 static lk_status agree(lk_ulysses *u, int backward, lk_arena *ar) {
     int64_t mine[8] = {u->loc.B, u->loc.Hq, u->loc.Hkv, u->loc.Sq, u->loc.Skv, u->loc.D, u->loc.dt, backward};
-    int64_t *all = lk_arena_alloc(ar, sizeof mine * (size_t)u->P);
-    if (!all) return lk_error(LK_ENOMEM, "attention: arena: expected the reserved workspace, got too little");
-    lk_status s = lk_comm_all_gather(u->comm, mine, all, sizeof mine);
-    if (s) return s;
+    int64_t *buf = lk_arena_alloc(ar, sizeof mine * (size_t)(u->P + 1)), *all = buf;
+    if (!buf) return lk_error(LK_ENOMEM, "attention: arena: expected the reserved workspace, got too little");
+    lk_status s;
+#ifdef LLMKERN_HAVE_CUDA
+    int64_t host[8 * 64];   /* through the device: an NCCL group takes device buffers */
+    if (u->dev) {
+        if (u->P > 64) return lk_error(LK_EINVAL, "attention: ctx.comm: expected an SP group of at most 64 GPUs, "
+                                       "got %d", u->P);
+        all = host;
+        if ((s = lk_ulysses_cuda_copy(buf + 8 * u->P, mine, sizeof mine, 1, u->stream)) ||
+            (s = lk_comm_all_gather(u->comm, buf + 8 * u->P, buf, sizeof mine)) ||
+            (s = lk_ulysses_cuda_copy(host, buf, sizeof mine * (size_t)u->P, 0, u->stream)))
+            return s;
+    } else
+#endif
+    if ((s = lk_comm_all_gather(u->comm, mine, all, sizeof mine))) return s;
     for (int p = 0; p < u->P; p++)
         if (memcmp(all + 8 * p, mine, sizeof mine))
             return lk_error(LK_ECOMM, "attention: ctx.comm: expected every SP rank to call with the same shapes "
@@ -165,8 +212,23 @@ static lk_status agree(lk_ulysses *u, int backward, lk_arena *ar) {
     return LK_OK;
 }
 
+static lk_status run(lk_ulysses *u, const lk_attention_vtable *vt, int backward, const lk_attention_args *a,
+                     lk_ctx *ctx);
+
 lk_status lk_ulysses_run(lk_ulysses *u, const lk_attention_vtable *vt, int backward, const lk_attention_args *a,
                          lk_ctx *ctx) {
+    int64_t *meta = malloc(sizeof(int64_t) * 3 * (size_t)u->P);
+    if (meta == NULL) return lk_error(LK_ENOMEM, "attention: ulysses: no room for %d ranks' split sizes", u->P);
+    u->kv0 = meta, u->cnt = meta + u->P, u->dsp = meta + 2 * u->P;
+    u->stream = ctx->stream;
+    lk_status s = run(u, vt, backward, a, ctx);
+    free(meta);
+    u->kv0 = u->cnt = u->dsp = NULL;
+    return s;
+}
+
+static lk_status run(lk_ulysses *u, const lk_attention_vtable *vt, int backward, const lk_attention_args *a,
+                     lk_ctx *ctx) {
     lk_arena *ar = ctx->arena;
     lk_status s = agree(u, backward, ar);
     if (s) return s;
@@ -174,9 +236,6 @@ lk_status lk_ulysses_run(lk_ulysses *u, const lk_attention_vtable *vt, int backw
     int64_t B = L->B, H = L->Hq, Hkv = L->Hkv, Sl = L->Sq, Skl = L->Skv, D = L->D, P = u->P, Hl = u->Hl, Hkl = u->Hkvl;
     lk_dtype dt = L->dt;
     lk_attention_args ia = inner_args(u, a, backward);
-    u->kv0 = lk_arena_alloc(ar, sizeof(int64_t) * (size_t)P);
-    u->cnt = lk_arena_alloc(ar, sizeof(int64_t) * (size_t)P);
-    u->dsp = lk_arena_alloc(ar, sizeof(int64_t) * (size_t)P);
     size_t q = lk_tensor_bytes(&ia.q), k = lk_tensor_bytes(&ia.k), stage = q > k ? q : k;
     if (ia.saved.bytes > stage) stage = ia.saved.bytes;
     u->send = lk_arena_alloc(ar, stage);
@@ -193,7 +252,7 @@ lk_status lk_ulysses_run(lk_ulysses *u, const lk_attention_vtable *vt, int backw
         ia.dv.data = lk_arena_alloc(ar, k);
         u->acc = u->repeat ? lk_arena_alloc(ar, (size_t)(B * Hkv * Skl * D) * sizeof(float)) : NULL;
     }
-    if (!u->kv0 || !u->cnt || !u->dsp || !u->send || !u->recv || !ia.q.data || !ia.k.data || !ia.v.data ||
+    if (!u->send || !u->recv || !ia.q.data || !ia.k.data || !ia.v.data ||
         !ia.out.data || !ia.saved.data || (backward && (!ia.dout.data || !ia.dq.data || !ia.dk.data || !ia.dv.data ||
                                                          (u->repeat && !u->acc))))
         return lk_error(LK_ENOMEM, "attention: arena: expected the reserved workspace, got too little");
@@ -231,8 +290,9 @@ lk_status lk_ulysses_run(lk_ulysses *u, const lk_attention_vtable *vt, int backw
      * the SP group (as every parameter gradient is) it is the full gradient */
     if (a->ds_aux.data) {
         float *ds = a->ds_aux.data;
-        for (int64_t h = 0; h < H; h++)
-            if (h / Hl != u->r) ds[h] = 0.0f;
+        if ((s = zero(u, ds, sizeof(float) * (size_t)(u->r * Hl))) ||
+            (s = zero(u, ds + (u->r + 1) * Hl, sizeof(float) * (size_t)(H - (u->r + 1) * Hl))))
+            return s;
     }
     return LK_OK;
 }

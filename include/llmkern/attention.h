@@ -35,7 +35,8 @@ typedef struct {
      * softmax with no value. data NULL = none. ds_aux [H_q] f32: its gradient (optional). */
     lk_tensor s_aux, ds_aux;
     /* Varlen: packed documents. [n_docs + 1] i32, 0 first, non-decreasing, ending at
-     * S_q / S_kv; both or neither; B must be 1. Query document d sees key document d
+     * S_q / S_kv; both or neither; B must be 1. Host memory for every implementation,
+     * the CUDA ones included (the facade reads them; a kernel gets what it needs). Query document d sees key document d
      * only (causal and window apply inside it, bottom-right aligned per document).
      * max_seqlen_*: >= the longest document (what a GPU kernel sizes its grid by). */
     lk_tensor cu_seqlens_q, cu_seqlens_k;

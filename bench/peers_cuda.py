@@ -43,6 +43,7 @@ LIB.lkp_swiglu_act.argtypes = [ci, ci, vp, vp, vp, vp, vp, vp, i64, i64, vp]
 sz = ctypes.c_size_t
 LIB.lkp_cross_entropy_bytes.argtypes = [ci, ci, i64, i64, i64, i64, ctypes.POINTER(sz), ctypes.POINTER(sz)]
 LIB.lkp_cross_entropy.argtypes = [ci, ci, vp, vp, vp, vp, vp, vp, vp, ci, vp, sz, i64, i64, i64, i64, vp]
+LIB.lkp_attention.argtypes = [ci, ci, vp, vp, vp, vp, vp, vp, vp, vp, vp, i64, i64, i64, i64, i64, ci, vp]
 BF16 = 1
 
 try:
@@ -427,6 +428,50 @@ def ce_rows():
     CE_ROWS.append(("goal met", any(goal.values()), None, None, None, None))
 
 
+# ---- attention B 2, H 32, S 8192, D 128 (PEERS-H200.md's shape) --------------------
+ATT_ROWS = []
+
+
+def attention_rows():
+    """TFLOP/s of llmkern's CUDA flash_attention_2 beside torch SDPA (its default backend
+    choice) at the peers' shape; no goal yet (llmkern's kernel runs on CUDA cores).
+    FLOPs: 4·B·H·S²·D forward (half of it causal), 2.5x that for the backward."""
+    B, H, S, D = 2, 32, 8192, 128
+    q, k, v = (torch.randn(B, H, S, D, dtype=torch.bfloat16, device=dev) for _ in range(3))
+    dout = torch.randn(B, S, H, D, dtype=torch.bfloat16, device=dev)
+    out = torch.empty_like(dout)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    lse = torch.empty(B, H, S, dtype=torch.float32, device=dev)
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    for causal in (0, 1):
+        args = (BF16, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(), dq.data_ptr(),
+                dk.data_ptr(), dv.data_ptr(), lse.data_ptr(), B, H, H, S, D, causal, stream())
+        lk_f, lk_b = bound(LIB.lkp_attention, 0, *args), bound(LIB.lkp_attention, 1, *args)
+        lk_f()
+        ref = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal)).transpose(1, 2)
+        check_close(f"attention out (causal {causal})", out, ref, 2e-2)
+        del ref
+        t0 = time.time()
+        lk_f(), lk_b()
+        torch.cuda.synchronize()
+        one = time.time() - t0
+        reps = 3 if one < 5 else 1
+        fl = 4 * B * H * S * S * D / (2 if causal else 1)
+
+        def sdpa_fb():
+            o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=bool(causal))
+            torch.autograd.grad(o, (qg, kg, vg), dout.transpose(1, 2))
+
+        t = {"llmkern fwd": ms(lk_f, reps), "sdpa fwd": ms(lambda: F.scaled_dot_product_attention(
+             q, k, v, is_causal=bool(causal)), 10), "llmkern fwd+bwd": ms(lambda: (lk_f(), lk_b()), reps),
+             "sdpa fwd+bwd": ms(sdpa_fb, 10)}
+        for name, tm in t.items():
+            tf = (fl if name.endswith("fwd") else 3.5 * fl) / (tm * 1e-3) / 1e12
+            print(f"attention {'causal' if causal else 'full  '} {name:16s} {tm:9.2f} ms {tf:7.1f} TFLOP/s",
+                  flush=True)
+            ATT_ROWS.append((causal, name, tm, tf))
+
+
 def write_table():
     os.makedirs(ARGS.out, exist_ok=True)
     path = os.path.join(ARGS.out, "peers_cuda.md")
@@ -441,6 +486,11 @@ def write_table():
             f.write(f"| {op} | {shape} | {pas} | {cell(g['eager'])} | {cell(g['compile'])} | {cell(g['liger'])} | "
                     f"**{cell(g['llmkern'])}** | {t_ms:.3f} | {rs} | {100 * frac:.0f}% ({100 * cgoal:.0f}%) | "
                     f"{'yes' if met else 'no'} |\n")
+        if ATT_ROWS:
+            f.write("\n## Attention (B 2, H 32, S 8192, D 128, bf16), no goal yet\n\n| mask | impl, pass | ms | "
+                    "TFLOP/s |\n|---|---|---|---|\n")
+            for causal, name, tm, tf in ATT_ROWS:
+                f.write(f"| {'causal' if causal else 'none'} | {name} | {tm:.2f} | {tf:.1f} |\n")
         if CE_ROWS:
             f.write("\n## LM head + cross-entropy (T 8192, H 4096, V 151936, bf16, mean)\n\n"
                     "| impl | fwd+bwd ms | TFLOP/s (3 GEMMs) | extra peak MiB | eager ms / ms | MiB / Liger's |\n"
@@ -455,7 +505,7 @@ def write_table():
 
 
 t0 = time.time()
-PARTS = [ce_rows, rms_norm_rows, swiglu_rows, rope_rows]
+PARTS = [ce_rows, rms_norm_rows, swiglu_rows, rope_rows, attention_rows]
 if os.environ.get("LK_BENCH_ONLY"):
     PARTS = [p for p in PARTS if p.__name__ in os.environ["LK_BENCH_ONLY"].split(",")]
 for part in PARTS:

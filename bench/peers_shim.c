@@ -108,3 +108,24 @@ int lkp_cross_entropy(int backward, int dt, void *h, void *w, void *labels, void
     const lk_impl *im = impl_of(LK_OP_CROSS_ENTROPY, "fused");
     return backward ? lk_cross_entropy_backward(im, &a, &ctx) : lk_cross_entropy_forward(im, &a, &ctx);
 }
+
+/* Attention `flash_attention_2` on the GPU: q [B, Hq, S, D], k, v [B, Hkv, S, D], out
+ * and dout [B, S, Hq, D], lse f32 [B, Hq, S]; the backward writes dq, dk, dv. */
+int lkp_attention(int backward, int dt, void *q, void *k, void *v, void *out, void *dout, void *dq, void *dk,
+                  void *dv, void *lse, int64_t b, int64_t hq, int64_t hkv, int64_t s, int64_t d, int causal,
+                  void *stream) {
+    lk_dtype t = (lk_dtype)dt;
+    int64_t sq[4] = {b, hq, s, d}, sk[4] = {b, hkv, s, d}, so[4] = {b, s, hq, d};
+    lk_attention_args a = {
+        .q = dev_view(q, t, 4, sq), .k = dev_view(k, t, 4, sk), .v = dev_view(v, t, 4, sk),
+        .out = dev_view(out, t, 4, so), .causal = causal,
+        .saved = {lse, (size_t)(b * hq * s) * sizeof(float)},
+    };
+    if (backward) {
+        a.dout = dev_view(dout, t, 4, so), a.dq = dev_view(dq, t, 4, sq);
+        a.dk = dev_view(dk, t, 4, sk), a.dv = dev_view(dv, t, 4, sk);
+    }
+    lk_ctx ctx = lk_ctx_cuda(&arena, stream, 0);
+    const lk_impl *im = impl_of(LK_OP_ATTENTION, "flash_attention_2");
+    return backward ? lk_attention_backward(im, &a, &ctx) : lk_attention_forward(im, &a, &ctx);
+}

@@ -1,20 +1,21 @@
-/* flash.cu — the flash adapter of attention on CUDA (the `sdpa` and `flash_attention_2`
- * rows on a GPU): the FA-2 algorithm — online softmax over the visible keys, only the
- * LSE kept, the backward recomputing P from it — with one warp per row, on CUDA cores in
- * f32 (bf16 or f32 storage). Correct for every option the flash adapter takes (causal,
- * sliding window, varlen documents, GQA, softcap, sinks, any D up to 256), not yet fast:
- * each warp reads its keys from L2, no tensor cores; the tiled tensor-core kernel is
- * still to come and will take these rows over.
+/* flash.cu — the flash adapter of attention on CUDA (the `sdpa`, `flash_attention_2` and
+ * SP rows on a GPU): the FA-2 algorithm — online softmax over the visible keys, only the
+ * LSE kept, the backward recomputing P from it — on CUDA cores in f32 (bf16 or f32
+ * storage). Correct for every option the flash adapter takes (causal, sliding window,
+ * varlen documents, GQA, softcap, sinks, any D up to 256), not yet fast: ~5 TFLOP/s at
+ * B 2, H 32, S 8192, D 128 against SDPA's ~650 (bench/NOTES.md run 19); the tensor-core
+ * kernel is still to write and will take these rows over.
  *
- *   forward   warp per query row (b, h, i): lanes take 32 keys at a time, each a full
- *             q·k dot; running max and sum over the warp; each lane owns D/32 columns
- *             of the output and accumulates p·v for the 32 keys.
- *   backward  dq_rows, warp per query row: delta = dout·out, then dS over the row's keys
- *             and dq = Σ dS·k, as the forward walks them. dkv_rows, warp per key row
- *             (b, h_kv, j): the query rows of every q head of the group that see key j,
- *             32 at a time, dv = Σ P·dout, dk = Σ dS·q. No atomics: the same bits on
- *             every run. Sinks: each row's share −exp(sink − lse)·delta, summed per head
- *             in a fixed order.
+ *   fwd_tiles  a block takes 16 query rows of one (b, h), a warp 4; tiles of 32 keys
+ *              (K, V as f32 in shared memory) staged once for the block; lane j scores
+ *              key j of the tile for each of its warp's rows, running max and sum over
+ *              the warp, each lane owning D/32 columns of the output.
+ *   dq_tiles   the same walk: delta = dout·out, dS = P·(dout·v − delta), dq = Σ dS·k.
+ *   dkv_tiles  a block takes 16 key rows of one (b, h_kv); for each q head of the group,
+ *              tiles of 32 query rows (q, dout, LSE, delta) among the rows that may see
+ *              the keys; dv = Σ P·dout, dk = Σ dS·q. No atomics: the same bits on every
+ *              run. Sinks: each row's share −exp(sink − lse)·delta, summed per head in a
+ *              fixed order.
  *
  * Visibility is the CPU's (lk_attn_row_intervals, on the host from the host cu_seqlens):
  * query row i sees keys [lo_i, hi_i); the backward's per-key row range comes from the
@@ -26,7 +27,10 @@
 #include "ops/attention/internal.h"
 #include "ops/cuda_util.cuh"
 
-#define WARPS 4               /* warps (rows) a block */
+#define WARPS 4               /* warps a block */
+#define RW 4                  /* rows a warp owns (query rows; key rows in dkv_tiles) */
+#define RB (WARPS * RW)       /* rows a block owns */
+#define TK 32                 /* rows of a staged tile: keys (forward, dq) or queries (dkv) */
 #define MAXD 256
 #define PER (MAXD / 32)       /* columns of a row a lane owns */
 #define FULL 0xffffffffu
@@ -51,10 +55,10 @@ static __device__ __forceinline__ float warp_sum(float x) {
 }
 
 /* x (f32, shared) · row (D elements of T). */
-template <typename T>
-static __device__ __forceinline__ float dot(const float *x, const T *row, int D) {
+/* x · y over D floats, both in shared memory. */
+static __device__ __forceinline__ float dot(const float *x, const float *y, int D) {
     float s = 0.0f;
-    for (int d = 0; d < D; d++) s += x[d] * lk_to_f32(row[d]);
+    for (int d = 0; d < D; d++) s += x[d] * y[d];
     return s;
 }
 
@@ -70,13 +74,12 @@ static __device__ __forceinline__ float score(float qk, const geom &g, float *gf
     return s;
 }
 
-/* acc[c] += w · row[lane + 32c] over the lane's columns. */
-template <typename T>
-static __device__ __forceinline__ void axpy_row(float *acc, float w, const T *row, int lane, int D) {
+/* acc[c] += w · row[lane + 32c] over the lane's columns (row in shared memory). */
+static __device__ __forceinline__ void axpy_row(float *acc, float w, const float *row, int lane, int D) {
 #pragma unroll
     for (int c = 0; c < PER; c++) {
         int d = lane + 32 * c;
-        if (d < D) acc[c] += w * lk_to_f32(row[d]);
+        if (d < D) acc[c] += w * row[d];
     }
 }
 
@@ -89,110 +92,202 @@ static __device__ __forceinline__ void store_row(T *row, const float *acc, float
     }
 }
 
+/* n rows of D elements (row stride `stride` elements) into shared f32 rows `ld` apart,
+ * by the whole block; rows past n are zero. */
 template <typename T>
-__global__ void __launch_bounds__(WARPS * 32) fwd_rows(const T *q, const T *k, const T *v, T *out, float *lse,
-                                                      geom g) {
-    __shared__ float qs[WARPS][MAXD];
-    const int w = threadIdx.x / 32, lane = threadIdx.x % 32, D = g.D;
-    const int64_t row = (int64_t)blockIdx.x * WARPS + w;   /* (b, h, i), the LSE's order */
-    if (row >= g.B * g.Hq * g.Sq) return;                  /* whole warps: no block barrier below */
-    const int64_t i = row % g.Sq, h = row / g.Sq % g.Hq, b = row / (g.Sq * g.Hq);
+static __device__ __forceinline__ void stage(float *dst, int ld, const T *src, int64_t stride, int n, int rows,
+                                             int D) {
+    for (int e = threadIdx.x; e < rows * D; e += blockDim.x) {
+        int r = e / D, d = e - r * D;
+        dst[r * ld + d] = r < n ? lk_to_f32(src[r * stride + d]) : 0.0f;
+    }
+}
+
+/* Forward: a block takes RB query rows of one (b, h), a warp RW of them. Key tiles of
+ * TK rows (K padded to D + 1 floats a row: lane j reading key j's row meets no bank
+ * conflict) are staged once for the block; in a tile lane j scores key j for each of the
+ * warp's rows, then every lane adds the tile's p·v to its D/32 output columns. */
+template <typename T>
+__global__ void __launch_bounds__(WARPS * 32) fwd_tiles(const T *q, const T *k, const T *v, T *out, float *lse,
+                                                       geom g) {
+    extern __shared__ float sm[];
+    const int D = g.D, w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float *qs = sm, *ks = qs + RB * D, *vs = ks + TK * (D + 1);
+    const int64_t nrb = (g.Sq + RB - 1) / RB, bh = blockIdx.x / nrb, h = bh % g.Hq, b = bh / g.Hq;
+    const int i0 = (int)(blockIdx.x % nrb) * RB, n = (int)min((int64_t)RB, g.Sq - i0);
     const int64_t kv = (b * g.Hkv + h / g.G) * g.Skv;
-    for (int d = lane; d < D; d += 32) qs[w][d] = lk_to_f32(q[row * D + d]);
-    __syncwarp();
-    float m = -INFINITY, l = 0.0f, o[PER] = {0};
-    const int lo = g.lo[i], hi = g.hi[i];
-    for (int j0 = lo; j0 < hi; j0 += 32) {
-        const int j = j0 + lane, n = min(32, hi - j0);
-        float gf, s = j < hi ? score(dot(qs[w], k + (kv + j) * D, D), g, &gf) : -INFINITY;
-        const float mn = fmaxf(m, warp_max(s)), alpha = expf(m - mn), p = j < hi ? expf(s - mn) : 0.0f;
-        l = l * alpha + warp_sum(p);
+    stage(qs, D, q + (bh * g.Sq + i0) * D, D, n, RB, D);
+    int klo = INT32_MAX, khi = 0;
+    for (int r = 0; r < n; r++) klo = min(klo, g.lo[i0 + r]), khi = max(khi, g.hi[i0 + r]);
+    float m[RW], l[RW], o[RW][PER];
+    int lo[RW], hi[RW];
 #pragma unroll
-        for (int c = 0; c < PER; c++) o[c] *= alpha;
-        for (int kk = 0; kk < n; kk++) axpy_row(o, __shfl_sync(FULL, p, kk), v + (kv + j0 + kk) * D, lane, D);
-        m = mn;
-    }
-    if (g.sink) {   /* one more logit in the softmax, with no value */
-        const float sk = g.sink[h], mn = fmaxf(m, sk), alpha = expf(m - mn);
-        l = l * alpha + expf(sk - mn);
+    for (int r = 0; r < RW; r++) {
+        const int i = w * RW + r;
+        m[r] = -INFINITY, l[r] = 0.0f, lo[r] = i < n ? g.lo[i0 + i] : 0, hi[r] = i < n ? g.hi[i0 + i] : 0;
 #pragma unroll
-        for (int c = 0; c < PER; c++) o[c] *= alpha;
-        m = mn;
+        for (int c = 0; c < PER; c++) o[r][c] = 0.0f;
     }
-    store_row(out + ((b * g.Sq + i) * g.Hq + h) * D, o, l > 0.0f ? 1.0f / l : 0.0f, lane, D);
-    if (lane == 0) lse[row] = l > 0.0f ? m + logf(l) : -INFINITY;
-}
-
-template <typename T>
-__global__ void __launch_bounds__(WARPS * 32) dq_rows(const T *q, const T *k, const T *v, const T *out,
-                                                     const T *dout, const float *lse, T *dq, float *delta,
-                                                     float *sink_part, geom g) {
-    __shared__ float qs[WARPS][MAXD], gs[WARPS][MAXD];
-    const int w = threadIdx.x / 32, lane = threadIdx.x % 32, D = g.D;
-    const int64_t row = (int64_t)blockIdx.x * WARPS + w;
-    if (row >= g.B * g.Hq * g.Sq) return;
-    const int64_t i = row % g.Sq, h = row / g.Sq % g.Hq, b = row / (g.Sq * g.Hq);
-    const int64_t kv = (b * g.Hkv + h / g.G) * g.Skv, orow = ((b * g.Sq + i) * g.Hq + h) * D;
-    float part = 0.0f;
-    for (int d = lane; d < D; d += 32) {
-        const float x = lk_to_f32(dout[orow + d]);
-        gs[w][d] = x;
-        qs[w][d] = lk_to_f32(q[row * D + d]);
-        part += x * lk_to_f32(out[orow + d]);
-    }
-    const float dl = warp_sum(part), L = lse[row];
-    __syncwarp();
-    if (lane == 0) {
-        delta[row] = dl;
-        if (sink_part) sink_part[row] = L > -INFINITY ? -expf(g.sink[h] - L) * dl : 0.0f;
-    }
-    float acc[PER] = {0};
-    const int lo = g.lo[i], hi = g.hi[i];
-    for (int j0 = lo; j0 < hi; j0 += 32) {
-        const int j = j0 + lane, n = min(32, hi - j0);
-        float ds = 0.0f;
-        if (j < hi) {
-            float gf, s = score(dot(qs[w], k + (kv + j) * D, D), g, &gf);
-            ds = expf(s - L) * (dot(gs[w], v + (kv + j) * D, D) - dl) * gf;
+    for (int t0 = klo; t0 < khi; t0 += TK) {
+        const int nt = min(TK, khi - t0);
+        __syncthreads();   /* the previous tile is read by every warp */
+        stage(ks, D + 1, k + (kv + t0) * D, D, nt, TK, D);
+        stage(vs, D, v + (kv + t0) * D, D, nt, TK, D);
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            if (t0 >= hi[r] || t0 + nt <= lo[r]) continue;   /* the same for the whole warp */
+            const int j = t0 + lane;
+            const bool vis = lane < nt && j >= lo[r] && j < hi[r];
+            float gf, s = vis ? score(dot(qs + (w * RW + r) * D, ks + lane * (D + 1), D), g, &gf) : -INFINITY;
+            const float mn = fmaxf(m[r], warp_max(s)), alpha = expf(m[r] - mn), p = vis ? expf(s - mn) : 0.0f;
+            l[r] = l[r] * alpha + warp_sum(p);
+#pragma unroll
+            for (int c = 0; c < PER; c++) o[r][c] *= alpha;
+            for (int kk = 0; kk < nt; kk++) axpy_row(o[r], __shfl_sync(FULL, p, kk), vs + kk * D, lane, D);
+            m[r] = mn;
         }
-        for (int kk = 0; kk < n; kk++) axpy_row(acc, __shfl_sync(FULL, ds, kk), k + (kv + j0 + kk) * D, lane, D);
     }
-    store_row(dq + row * D, acc, 1.0f, lane, D);
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+        const int i = w * RW + r;
+        if (i >= n) continue;
+        float mr = m[r], lr = l[r];
+        if (g.sink) {   /* one more logit in the softmax, with no value */
+            const float sk = g.sink[h], mn = fmaxf(mr, sk), alpha = expf(mr - mn);
+            lr = lr * alpha + expf(sk - mn);
+#pragma unroll
+            for (int c = 0; c < PER; c++) o[r][c] *= alpha;
+            mr = mn;
+        }
+        store_row(out + ((b * g.Sq + i0 + i) * g.Hq + h) * D, o[r], lr > 0.0f ? 1.0f / lr : 0.0f, lane, D);
+        if (lane == 0) lse[bh * g.Sq + i0 + i] = lr > 0.0f ? mr + logf(lr) : -INFINITY;
+    }
 }
 
+/* dq, as the forward walks keys: per tile, lane j forms dS for key j of each of the
+ * warp's rows (P from the LSE, dP = dout·v), then dq += Σ dS·k over the tile. delta =
+ * dout·out and the sinks' share are written per row for dkv_tiles and sink_sum. */
 template <typename T>
-__global__ void __launch_bounds__(WARPS * 32) dkv_rows(const T *q, const T *k, const T *v, const T *dout,
-                                                      const float *lse, const float *delta, T *dk, T *dv,
-                                                      geom g) {
-    __shared__ float ks[WARPS][MAXD], vs[WARPS][MAXD];
-    const int w = threadIdx.x / 32, lane = threadIdx.x % 32, D = g.D;
-    const int64_t krow = (int64_t)blockIdx.x * WARPS + w;   /* (b, h_kv, j) */
-    if (krow >= g.B * g.Hkv * g.Skv) return;
-    const int64_t j = krow % g.Skv, hk = krow / g.Skv % g.Hkv, b = krow / (g.Skv * g.Hkv);
-    for (int d = lane; d < D; d += 32) ks[w][d] = lk_to_f32(k[krow * D + d]), vs[w][d] = lk_to_f32(v[krow * D + d]);
-    __syncwarp();
-    float adk[PER] = {0}, adv[PER] = {0};
-    const int qlo = g.qlo[j], qhi = g.qhi[j];
+__global__ void __launch_bounds__(WARPS * 32) dq_tiles(const T *q, const T *k, const T *v, const T *out,
+                                                      const T *dout, const float *lse, T *dq, float *delta,
+                                                      float *sink_part, geom g) {
+    extern __shared__ float sm[];
+    const int D = g.D, w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float *qs = sm, *gs = qs + RB * D, *ks = gs + RB * D, *vs = ks + TK * (D + 1);
+    const int64_t nrb = (g.Sq + RB - 1) / RB, bh = blockIdx.x / nrb, h = bh % g.Hq, b = bh / g.Hq;
+    const int i0 = (int)(blockIdx.x % nrb) * RB, n = (int)min((int64_t)RB, g.Sq - i0);
+    const int64_t kv = (b * g.Hkv + h / g.G) * g.Skv;
+    stage(qs, D, q + (bh * g.Sq + i0) * D, D, n, RB, D);
+    stage(gs, D, dout + ((b * g.Sq + i0) * g.Hq + h) * D, g.Hq * D, n, RB, D);
+    int klo = INT32_MAX, khi = 0;
+    for (int r = 0; r < n; r++) klo = min(klo, g.lo[i0 + r]), khi = max(khi, g.hi[i0 + r]);
+    __syncthreads();
+    float L[RW], dl[RW], acc[RW][PER];
+    int lo[RW], hi[RW];
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+        const int i = w * RW + r;
+        float part = 0.0f;
+        if (i < n) {
+            const T *orow = out + ((b * g.Sq + i0 + i) * g.Hq + h) * D;
+            for (int d = lane; d < D; d += 32) part += gs[i * D + d] * lk_to_f32(orow[d]);
+        }
+        dl[r] = warp_sum(part);
+        L[r] = i < n ? lse[bh * g.Sq + i0 + i] : -INFINITY;
+        lo[r] = i < n ? g.lo[i0 + i] : 0, hi[r] = i < n ? g.hi[i0 + i] : 0;
+        if (i < n && lane == 0) {
+            delta[bh * g.Sq + i0 + i] = dl[r];
+            if (sink_part) sink_part[bh * g.Sq + i0 + i] = L[r] > -INFINITY ? -expf(g.sink[h] - L[r]) * dl[r] : 0.0f;
+        }
+#pragma unroll
+        for (int c = 0; c < PER; c++) acc[r][c] = 0.0f;
+    }
+    for (int t0 = klo; t0 < khi; t0 += TK) {
+        const int nt = min(TK, khi - t0);
+        __syncthreads();
+        stage(ks, D + 1, k + (kv + t0) * D, D, nt, TK, D);
+        stage(vs, D + 1, v + (kv + t0) * D, D, nt, TK, D);
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+            if (t0 >= hi[r] || t0 + nt <= lo[r]) continue;
+            const int j = t0 + lane, i = w * RW + r;
+            float ds = 0.0f;
+            if (lane < nt && j >= lo[r] && j < hi[r]) {
+                float gf, s = score(dot(qs + i * D, ks + lane * (D + 1), D), g, &gf);
+                ds = expf(s - L[r]) * (dot(gs + i * D, vs + lane * (D + 1), D) - dl[r]) * gf;
+            }
+            for (int kk = 0; kk < nt; kk++) axpy_row(acc[r], __shfl_sync(FULL, ds, kk), ks + kk * (D + 1), lane, D);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < RW; r++)
+        if (w * RW + r < n) store_row(dq + (bh * g.Sq + i0 + w * RW + r) * D, acc[r], 1.0f, lane, D);
+}
+
+/* dk, dv: a block takes RB key rows of one (b, h_kv), a warp RW of them; for every q
+ * head of the group, tiles of TQ query rows (q and dout padded like K above, their LSE
+ * and delta) within the rows that may see the block's keys; lane i forms P and dS of
+ * row i for each of the warp's keys, then dv += Σ P·dout, dk += Σ dS·q over the tile. */
+template <typename T>
+__global__ void __launch_bounds__(WARPS * 32) dkv_tiles(const T *q, const T *k, const T *v, const T *dout,
+                                                       const float *lse, const float *delta, T *dk, T *dv, geom g) {
+    extern __shared__ float sm[];
+    const int D = g.D, w = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float *ks = sm, *vs = ks + RB * D, *qs = vs + RB * D, *gs = qs + TK * (D + 1), *ls = gs + TK * (D + 1),
+          *ds_ = ls + TK;
+    const int64_t nkb = (g.Skv + RB - 1) / RB, bhk = blockIdx.x / nkb, hk = bhk % g.Hkv, b = bhk / g.Hkv;
+    const int j0 = (int)(blockIdx.x % nkb) * RB, n = (int)min((int64_t)RB, g.Skv - j0);
+    stage(ks, D, k + (bhk * g.Skv + j0) * D, D, n, RB, D);
+    stage(vs, D, v + (bhk * g.Skv + j0) * D, D, n, RB, D);
+    int qlo = INT32_MAX, qhi = 0;
+    for (int r = 0; r < n; r++) qlo = min(qlo, g.qlo[j0 + r]), qhi = max(qhi, g.qhi[j0 + r]);
+    float adk[RW][PER], adv[RW][PER];
+#pragma unroll
+    for (int r = 0; r < RW; r++)
+#pragma unroll
+        for (int c = 0; c < PER; c++) adk[r][c] = adv[r][c] = 0.0f;
     for (int64_t h = hk * g.G; h < (hk + 1) * g.G; h++) {
         const int64_t rows = (b * g.Hq + h) * g.Sq;
-        for (int i0 = qlo; i0 < qhi; i0 += 32) {
-            const int i = i0 + lane, n = min(32, qhi - i0);
-            float p = 0.0f, ds = 0.0f;
-            if (i < qhi && g.lo[i] <= j && j < g.hi[i]) {
-                float gf, s = score(dot(ks[w], q + (rows + i) * D, D), g, &gf);
-                p = expf(s - lse[rows + i]);
-                ds = p * (dot(vs[w], dout + ((b * g.Sq + i) * g.Hq + h) * D, D) - delta[rows + i]) * gf;
+        for (int t0 = qlo; t0 < qhi; t0 += TK) {
+            const int nt = min(TK, qhi - t0);
+            __syncthreads();
+            stage(qs, D + 1, q + (rows + t0) * D, D, nt, TK, D);
+            stage(gs, D + 1, dout + ((b * g.Sq + t0) * g.Hq + h) * D, g.Hq * D, nt, TK, D);
+            for (int e = threadIdx.x; e < TK; e += blockDim.x) {
+                ls[e] = e < nt ? lse[rows + t0 + e] : 0.0f;
+                ds_[e] = e < nt ? delta[rows + t0 + e] : 0.0f;
             }
-            for (int kk = 0; kk < n; kk++) {
-                const float pk = __shfl_sync(FULL, p, kk), dsk = __shfl_sync(FULL, ds, kk);
-                if (pk == 0.0f && dsk == 0.0f) continue;   /* the same for every lane */
-                axpy_row(adv, pk, dout + ((b * g.Sq + i0 + kk) * g.Hq + h) * D, lane, D);
-                axpy_row(adk, dsk, q + (rows + i0 + kk) * D, lane, D);
+            __syncthreads();
+            const int i = t0 + lane;
+            const int rlo = lane < nt ? g.lo[i] : 0, rhi = lane < nt ? g.hi[i] : 0;
+#pragma unroll
+            for (int r = 0; r < RW; r++) {
+                const int kr = w * RW + r, j = j0 + kr;
+                if (kr >= n) continue;
+                float p = 0.0f, ds = 0.0f;
+                if (lane < nt && rlo <= j && j < rhi) {
+                    float gf, s = score(dot(ks + kr * D, qs + lane * (D + 1), D), g, &gf);
+                    p = expf(s - ls[lane]);
+                    ds = p * (dot(vs + kr * D, gs + lane * (D + 1), D) - ds_[lane]) * gf;
+                }
+                for (int ii = 0; ii < nt; ii++) {
+                    const float pk = __shfl_sync(FULL, p, ii), dsk = __shfl_sync(FULL, ds, ii);
+                    if (pk == 0.0f && dsk == 0.0f) continue;   /* the same for every lane */
+                    axpy_row(adv[r], pk, gs + ii * (D + 1), lane, D);
+                    axpy_row(adk[r], dsk, qs + ii * (D + 1), lane, D);
+                }
             }
         }
     }
-    store_row(dk + krow * D, adk, 1.0f, lane, D);
-    store_row(dv + krow * D, adv, 1.0f, lane, D);
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+        const int kr = w * RW + r;
+        if (kr >= n) continue;
+        store_row(dk + (bhk * g.Skv + j0 + kr) * D, adk[r], 1.0f, lane, D);
+        store_row(dv + (bhk * g.Skv + j0 + kr) * D, adv[r], 1.0f, lane, D);
+    }
 }
 
 /* ds_aux[h] = Σ_{b, i} part[b, h, i], a block per head, in a fixed order. */
@@ -282,7 +377,21 @@ static geom geom_of(const lk_attention_args *a, const lk_attn_dims *d) {
     return g;
 }
 
-static unsigned blocks(int64_t rows) { return (unsigned)((rows + WARPS - 1) / WARPS); }
+/* Blocks for `groups` sequences of `len` rows each, RB rows a block. */
+static unsigned blocks(int64_t groups, int64_t len) { return (unsigned)(groups * ((len + RB - 1) / RB)); }
+
+/* Shared bytes of each kernel (f32 rows; staged tiles padded to D + 1). */
+static size_t fwd_smem(int D) { return sizeof(float) * (size_t)(RB * D + TK * (D + 1) + TK * D); }
+static size_t dq_smem(int D) { return sizeof(float) * (size_t)(2 * RB * D + 2 * TK * (D + 1)); }
+static size_t dkv_smem(int D) { return sizeof(float) * (size_t)(2 * RB * D + 2 * TK * (D + 1) + 2 * TK); }
+
+/* Past 48 KiB a kernel must ask for its shared memory (D 256: up to 98 KiB). */
+template <typename K>
+static lk_status allow_smem(K kernel, size_t bytes) {
+    if (bytes > (48u << 10))
+        LK_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    return LK_OK;
+}
 
 static lk_status forward(const lk_attention_args *a, lk_ctx *ctx) {
     lk_attn_dims d = lk_attn_dims_of(a);
@@ -290,29 +399,37 @@ static lk_status forward(const lk_attention_args *a, lk_ctx *ctx) {
     geom g = geom_of(a, &d);
     if (s || (s = intervals(a, &d, ctx->arena, (cudaStream_t)ctx->stream, 0, &g))) return s;
     cudaStream_t st = (cudaStream_t)ctx->stream;
-    unsigned nb = blocks(d.B * d.Hq * d.Sq);
-    if (d.dt == LK_F32)
-        fwd_rows<float><<<nb, WARPS * 32, 0, st>>>((const float *)a->q.data, (const float *)a->k.data,
-                                                   (const float *)a->v.data, (float *)a->out.data,
-                                                   (float *)a->saved.data, g);
-    else
-        fwd_rows<lk_bf16_t><<<nb, WARPS * 32, 0, st>>>((const lk_bf16_t *)a->q.data, (const lk_bf16_t *)a->k.data,
-                                                       (const lk_bf16_t *)a->v.data, (lk_bf16_t *)a->out.data,
-                                                       (float *)a->saved.data, g);
+    unsigned nb = blocks(d.B * d.Hq, d.Sq);
+    size_t sh = fwd_smem(g.D);
+    if (d.dt == LK_F32) {
+        if ((s = allow_smem(fwd_tiles<float>, sh))) return s;
+        fwd_tiles<float><<<nb, WARPS * 32, sh, st>>>((const float *)a->q.data, (const float *)a->k.data,
+                                                     (const float *)a->v.data, (float *)a->out.data,
+                                                     (float *)a->saved.data, g);
+    } else {
+        if ((s = allow_smem(fwd_tiles<lk_bf16_t>, sh))) return s;
+        fwd_tiles<lk_bf16_t><<<nb, WARPS * 32, sh, st>>>((const lk_bf16_t *)a->q.data, (const lk_bf16_t *)a->k.data,
+                                                         (const lk_bf16_t *)a->v.data, (lk_bf16_t *)a->out.data,
+                                                         (float *)a->saved.data, g);
+    }
     LK_CUDA_LAUNCHED("attention: flash (cuda) forward");
     return LK_OK;
 }
 
 template <typename T>
-static void backward_kernels(const lk_attention_args *a, const lk_attn_dims *d, const geom &g, float *delta,
-                             float *part, cudaStream_t st) {
+static lk_status backward_kernels(const lk_attention_args *a, const lk_attn_dims *d, const geom &g, float *delta,
+                                  float *part, cudaStream_t st) {
     const T *q = (const T *)a->q.data, *k = (const T *)a->k.data, *v = (const T *)a->v.data;
     const T *out = (const T *)a->out.data, *dout = (const T *)a->dout.data;
     const float *lse = (const float *)a->saved.data;
-    dq_rows<T><<<blocks(d->B * d->Hq * d->Sq), WARPS * 32, 0, st>>>(q, k, v, out, dout, lse, (T *)a->dq.data,
-                                                                      delta, part, g);
-    dkv_rows<T><<<blocks(d->B * d->Hkv * d->Skv), WARPS * 32, 0, st>>>(q, k, v, dout, lse, delta, (T *)a->dk.data,
-                                                                        (T *)a->dv.data, g);
+    size_t sq = dq_smem(g.D), skv = dkv_smem(g.D);
+    lk_status s;
+    if ((s = allow_smem(dq_tiles<T>, sq)) || (s = allow_smem(dkv_tiles<T>, skv))) return s;
+    dq_tiles<T><<<blocks(d->B * d->Hq, d->Sq), WARPS * 32, sq, st>>>(q, k, v, out, dout, lse, (T *)a->dq.data, delta,
+                                                                      part, g);
+    dkv_tiles<T><<<blocks(d->B * d->Hkv, d->Skv), WARPS * 32, skv, st>>>(q, k, v, dout, lse, delta, (T *)a->dk.data,
+                                                                          (T *)a->dv.data, g);
+    return LK_OK;
 }
 
 static lk_status backward(const lk_attention_args *a, lk_ctx *ctx) {
@@ -325,8 +442,9 @@ static lk_status backward(const lk_attention_args *a, lk_ctx *ctx) {
     if (!delta || !part) return lk_error(LK_ENOMEM, "attention: flash (cuda): no room for delta");
     int sinks = a->s_aux.data && a->ds_aux.data;
     cudaStream_t st = (cudaStream_t)ctx->stream;
-    if (d.dt == LK_F32) backward_kernels<float>(a, &d, g, delta, sinks ? part : NULL, st);
-    else backward_kernels<lk_bf16_t>(a, &d, g, delta, sinks ? part : NULL, st);
+    s = d.dt == LK_F32 ? backward_kernels<float>(a, &d, g, delta, sinks ? part : NULL, st)
+                       : backward_kernels<lk_bf16_t>(a, &d, g, delta, sinks ? part : NULL, st);
+    if (s) return s;
     if (sinks) sink_sum<<<(unsigned)d.Hq, 256, 0, st>>>(part, (float *)a->ds_aux.data, d.B, d.Hq, d.Sq);
     LK_CUDA_LAUNCHED("attention: flash (cuda) backward");
     return LK_OK;

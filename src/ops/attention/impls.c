@@ -49,12 +49,12 @@ const lk_impl lk_attention_impls[] = {
     {
         .op = LK_OP_ATTENTION, .name = "sdpa", .device = LK_DEVICE_CUDA,
         .needs = {.min_cc = 80, .dtypes = CPU_DTYPES}, .vtable = &flash,
-        .summary = "the flash adapter: online softmax, LSE saved; a warp per row on CUDA cores (no tensor cores yet)",
+        .summary = "the flash adapter: online softmax, LSE saved; tiles on CUDA cores (no tensor cores yet)",
     },
     {
         .op = LK_OP_ATTENTION, .name = "flash_attention_2", .device = LK_DEVICE_CUDA,
         .needs = {.min_cc = 80, .dtypes = CPU_DTYPES}, .vtable = &flash,
-        .summary = "FA-2's algorithm, a warp per row on CUDA cores (no tensor cores yet), deterministic backward",
+        .summary = "FA-2's algorithm in tiles on CUDA cores (no tensor cores yet), deterministic backward",
     },
     {
         .op = LK_OP_ATTENTION, .name = "llmkern_flash_attention_2_with_sp", .device = LK_DEVICE_CUDA,

@@ -343,26 +343,21 @@ def ce_rows():
     if LIGER:
         try:
             from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
-            lce = LigerFusedLinearCrossEntropyLoss()
 
-            def liger():
-                h.grad = w.grad = None
-                loss = lce(w, h, y)
-                loss.backward()
-                return loss
+            def liger_step(**kw):
+                lce = LigerFusedLinearCrossEntropyLoss(**kw)
 
-            res["Liger fused linear CE"] = peak(liger)
+                def step():
+                    h.grad = w.grad = None
+                    loss = lce(w, h, y)
+                    loss.backward()
+                    return loss
+                return step
+
+            res["Liger fused linear CE"] = peak(liger_step())
             # The same op with W's gradient accumulated in f32, llmkern's contract.
-            lce32 = LigerFusedLinearCrossEntropyLoss(accum_dtype=torch.float32)
-
-            def liger32():
-                h.grad = w.grad = None
-                loss = lce32(w, h, y)
-                loss.backward()
-                return loss
-
-            res["Liger fused linear CE, f32 dW (accum_dtype)"] = peak(liger32)
-            anatomy("ce liger fwd+bwd", liger, 3)
+            res["Liger fused linear CE, f32 dW (accum_dtype)"] = peak(liger_step(accum_dtype=torch.float32))
+            anatomy("ce liger fwd+bwd", liger_step(), 3)
         except Exception as e:  # noqa: BLE001
             print(f"  liger fused linear CE failed: {e!r}", flush=True)
     h.grad = w.grad = None

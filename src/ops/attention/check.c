@@ -111,7 +111,7 @@ lk_status lk_attention_case_mask(const lk_attention_case *c, uint64_t seed, lk_b
 }
 
 /* LSE: the same −inf rows, and |got − ref| / max(1, max|ref|) elsewhere. */
-static double lse_err(const float *got, const double *ref, int64_t n) {
+double lk_attention_lse_err(const float *got, const double *ref, int64_t n) {
     double e = 0.0, scale = 1.0;
     for (int64_t i = 0; i < n; i++) {
         if (isinf(ref[i]) || isinf(got[i])) {
@@ -253,7 +253,7 @@ lk_status lk_attention_check_case(const lk_impl *impl, lk_dtype dt, const lk_att
     lk_ctx ctx = lk_ctx_cpu(&arena);
     if ((s = lk_attention_forward(impl, &pb.a, &ctx)) || (s = lk_attention_backward(impl, &pb.a, &ctx))) goto done;
     lk_attention_errors e = {
-        .out = lk_rel_err(pb.out, dt, oref, nq), .lse = lse_err(pb.lse, lref, nl),
+        .out = lk_rel_err(pb.out, dt, oref, nq), .lse = lk_attention_lse_err(pb.lse, lref, nl),
         .dq = lk_rel_err(pb.dq, dt, dqr, nq), .dk = lk_rel_err(pb.dk, dt, dkr, nk),
         .dv = lk_rel_err(pb.dv, dt, dvr, nk), .ds_aux = c->sinks ? lk_rel_err(pb.dsink, LK_F32, dsr, Hq) : 0.0,
     };

@@ -70,5 +70,8 @@ lk_status lk_attention_problem_make(const lk_impl *impl, lk_dtype dt, const lk_a
 void lk_attention_problem_free(lk_attention_problem *pb);
 
 double lk_attention_tol(const lk_impl *impl, lk_dtype dt);
+/* The LSE's error: the same −inf rows (rows that see no key), and |got − ref| /
+ * max(1, max|ref|) elsewhere; NaN or a mismatched −inf is infinite. */
+double lk_attention_lse_err(const float *got, const double *ref, int64_t n);
 
 #endif

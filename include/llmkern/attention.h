@@ -103,8 +103,9 @@ lk_status lk_attention_forward(const lk_impl *impl, const lk_attention_args *a, 
 /* Needs out and saved from the forward of the same arguments. */
 lk_status lk_attention_backward(const lk_impl *impl, const lk_attention_args *a, lk_ctx *ctx);
 
-/* Replaces adapter's compute functions; returns the previous ones. NULL restores the
- * built-in default. For tests; not thread-safe against running calls. */
+/* Replaces adapter's compute functions on the CPU (a GPU row always enters its built-in
+ * CUDA backend); returns the previous ones. NULL restores the built-in default. For
+ * tests; not thread-safe against running calls. */
 const lk_attention_vtable *lk_attention_set_backend(lk_attn_adapter adapter, const lk_attention_vtable *vt);
 
 /* A rank-2 padding mask [B, S] (bool, i32 or i64; nonzero = token) as varlen metadata:

@@ -189,14 +189,11 @@ static lk_status agree(lk_ulysses *u, int backward, lk_arena *ar) {
     if (!buf) return lk_error(LK_ENOMEM, "attention: arena: expected the reserved workspace, got too little");
     lk_status s;
 #ifdef LLMKERN_HAVE_CUDA
-    int64_t host[8 * 64];   /* through the device: an NCCL group takes device buffers */
-    if (u->dev) {
-        if (u->P > 64) return lk_error(LK_EINVAL, "attention: ctx.comm: expected an SP group of at most 64 GPUs, "
-                                       "got %d", u->P);
-        all = host;
+    if (u->dev) {   /* through the device: an NCCL group takes device buffers */
+        all = u->seen;
         if ((s = lk_ulysses_cuda_copy(buf + 8 * u->P, mine, sizeof mine, 1, u->stream)) ||
             (s = lk_comm_all_gather(u->comm, buf + 8 * u->P, buf, sizeof mine)) ||
-            (s = lk_ulysses_cuda_copy(host, buf, sizeof mine * (size_t)u->P, 0, u->stream)))
+            (s = lk_ulysses_cuda_copy(all, buf, sizeof mine * (size_t)u->P, 0, u->stream)))
             return s;
     } else
 #endif
@@ -217,13 +214,13 @@ static lk_status run(lk_ulysses *u, const lk_attention_vtable *vt, int backward,
 
 lk_status lk_ulysses_run(lk_ulysses *u, const lk_attention_vtable *vt, int backward, const lk_attention_args *a,
                          lk_ctx *ctx) {
-    int64_t *meta = malloc(sizeof(int64_t) * 3 * (size_t)u->P);
+    int64_t *meta = malloc(sizeof(int64_t) * 11 * (size_t)u->P);
     if (meta == NULL) return lk_error(LK_ENOMEM, "attention: ulysses: no room for %d ranks' split sizes", u->P);
-    u->kv0 = meta, u->cnt = meta + u->P, u->dsp = meta + 2 * u->P;
+    u->kv0 = meta, u->cnt = meta + u->P, u->dsp = meta + 2 * u->P, u->seen = meta + 3 * u->P;
     u->stream = ctx->stream;
     lk_status s = run(u, vt, backward, a, ctx);
     free(meta);
-    u->kv0 = u->cnt = u->dsp = NULL;
+    u->kv0 = u->cnt = u->dsp = u->seen = NULL;
     return s;
 }
 

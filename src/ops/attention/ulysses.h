@@ -19,6 +19,7 @@ typedef struct {
     int repeat;             /* H_kv < P: each rank receives one KV head */
     lk_attn_dims loc, in;   /* the caller's dims and the adapter's (full sequence, local heads) */
     int64_t *kv0, *cnt, *dsp; /* host, P each: lk_ulysses_run's */
+    int64_t *seen;            /* host, 8·P: every rank's shapes (the agreement check) */
     /* carved from the arena by lk_ulysses_run */
     char *send, *recv;
     float *acc;

@@ -62,8 +62,10 @@ static lk_status check_common(const lk_impl *impl, const lk_moe_experts_args *a,
     if ((s = check_tensor(impl, "down_weight", &a->down_weight, 3, dws, LK_DTYPE_BIT(x->dtype))) ||
         (s = check_tensor(impl, "topk_weights", &a->topk_weights, 2, tk, LK_DTYPE_BIT(LK_F32))))
         return s;
+    /* On a GPU the ids are device memory the facade does not read: the CUDA experts bring
+     * them to the host, check them and refuse before writing anything. */
     const int32_t *id = ids->data;
-    for (int64_t r = 0; r < d->r; r++)
+    for (int64_t r = 0; impl->device == LK_DEVICE_CPU && r < d->r; r++)
         if (id[r] < 0 || id[r] >= d->e)
             return lk_error(LK_EINVAL, OP ": topk_ids: expected expert ids in [0, %lld), got %d at [%lld, %lld]",
                             (long long)d->e, id[r], (long long)(r / d->k), (long long)(r % d->k));

@@ -1,7 +1,8 @@
-/* impls.c — the registry rows of the MoE router and experts on the CPU, one per
- * implementation, each pointing at the vtable its own file defines. lk_init() registers
- * both tables. The CUDA experts (fused_sm90 alias fused_quack, fused_cublas) are rows of
- * the CUDA build, not of this one: asked for here, they are "not available in this build". */
+/* impls.c — the registry rows of the MoE router and experts on the CPU, and the CUDA
+ * `fused` experts in a CUDA build, one per implementation, each pointing at the vtable
+ * its own file defines. lk_init() registers both tables. The design's other CUDA experts
+ * (fused_sm90 alias fused_quack, fused_cublas) do not exist yet: asked for, they are "not
+ * available in this build". */
 #include "llmkern/moe.h"
 
 extern const lk_moe_router_vtable lk_moe_router_softmax_topk_vtable;
@@ -9,6 +10,9 @@ extern const lk_moe_router_vtable lk_moe_router_sigmoid_bias_vtable;
 extern const lk_moe_router_vtable lk_moe_router_fake_balanced_vtable;
 extern const lk_moe_experts_vtable lk_moe_experts_eager_vtable;
 extern const lk_moe_experts_vtable lk_moe_experts_fused_vtable;
+#ifdef LLMKERN_HAVE_CUDA
+extern const lk_moe_experts_vtable lk_moe_experts_cuda_fused_vtable;   /* fused.cu */
+#endif
 
 #define MOE_CPU_DTYPES (LK_DTYPE_BIT(LK_F32) | LK_DTYPE_BIT(LK_BF16))
 
@@ -42,5 +46,12 @@ const lk_impl lk_moe_experts_impls[] = {
         .device = LK_DEVICE_CPU, .needs = {.dtypes = MOE_CPU_DTYPES}, .vtable = &lk_moe_experts_fused_vtable,
         .summary = "one counting-sort permutation, grouped GEMMs over expert-sorted rows, f32 un-permute",
     },
+#ifdef LLMKERN_HAVE_CUDA
+    {
+        .op = LK_OP_MOE_EXPERTS, .name = "fused", .device = LK_DEVICE_CUDA,
+        .needs = {.min_cc = 80, .dtypes = MOE_CPU_DTYPES}, .vtable = &lk_moe_experts_cuda_fused_vtable,
+        .summary = "the CPU fused layout on the GPU: one permutation, a cuBLASLt GEMM per expert, f32 un-permute",
+    },
+#endif
     {.name = NULL},
 };

@@ -6,22 +6,10 @@
 
 #include "llmkern/moe.h"
 #include "ops/dense.h"
+#include "ops/moe/permute.h"
 
 /* Fewer elements than this run on one thread. */
 #define LK_MOE_PAR_MIN ((int64_t)1 << 15)
-
-typedef struct {
-    int64_t t, k, e, h, i, r;   /* tokens, routes per token, experts, hidden, expert FFN, routes t·k */
-    lk_dtype dt;
-} lk_moe_dims;
-
-lk_moe_dims lk_moe_dims_of(const lk_moe_experts_args *a);
-
-/* The routes r = t·k + j sorted by expert, stable (token order within an expert):
- * order[p] is the route at position p, pos[r] the position of route r, offs[e] ..
- * offs[e+1] the positions of expert e. One counting sort, O(R + E). */
-void lk_moe_permute(const int32_t *ids, int64_t routes, int64_t experts, int64_t *offs, int32_t *order,
-                    int32_t *pos);
 
 /* dst[p, :] (f32) = src[order[p] / k, :] widened from dt, for p in [0, n). */
 void lk_moe_gather_rows(float *dst, const void *src, lk_dtype dt, int64_t h, const int32_t *order, int64_t n,

@@ -22,33 +22,6 @@
 
 #define OP "moe_experts"
 
-typedef struct {
-    int64_t *offs;
-    int32_t *order, *pos;
-    void *gu;
-} saved_view;
-
-static size_t al(size_t b) { return (b + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
-
-static size_t saved_bytes(int64_t t, int64_t k, int64_t e, int64_t h, int64_t i, lk_dtype dt) {
-    int64_t r = t * k;
-    return al(sizeof(int64_t) * (size_t)(e + 1)) + 2 * al(sizeof(int32_t) * (size_t)r) +
-           (size_t)r * (size_t)(2 * i) * lk_dtype_size(dt);
-}
-
-static saved_view view_of(const lk_moe_experts_args *a, const lk_moe_dims *d) {
-    char *p = a->saved.data;
-    saved_view v;
-    v.offs = (int64_t *)p;
-    p += al(sizeof(int64_t) * (size_t)(d->e + 1));
-    v.order = (int32_t *)p;
-    p += al(sizeof(int32_t) * (size_t)d->r);
-    v.pos = (int32_t *)p;
-    p += al(sizeof(int32_t) * (size_t)d->r);
-    v.gu = p;
-    return v;
-}
-
 static size_t f32s(int64_t n) { return lk_dense_piece((size_t)n * sizeof(float)); }
 
 /* Per expert GEMM scratch: one bf16 weight slice widened by lk_gemm. */
@@ -75,7 +48,7 @@ static lk_status forward(const lk_moe_experts_args *a, lk_ctx *ctx) {
     lk_moe_dims d = lk_moe_dims_of(a);
     int64_t H = d.h, I = d.i;
     lk_arena *ar = ctx->arena;
-    saved_view sv = view_of(a, &d);
+    lk_moe_fused_saved sv = lk_moe_fused_saved_view(a->saved.data, &d);
     float *rows = f32_alloc(ar, d.r * H), *h = f32_alloc(ar, d.r * I);
     float *gu = d.dt == LK_F32 ? sv.gu : f32_alloc(ar, d.r * 2 * I);
     if (!rows || !h || !gu) return LK_MOE_NOMEM(OP);
@@ -113,7 +86,7 @@ static lk_status forward(const lk_moe_experts_args *a, lk_ctx *ctx) {
 
 /* The one pass of the backward over the sorted rows: from dh' (unweighted, in hb) and
  * the saved pre-activations, d_topk_weights, d_gate_up (into dgu) and w·h (over hb). */
-static void act_backward(const lk_moe_experts_args *a, const lk_moe_dims *d, const saved_view *sv, float *hb,
+static void act_backward(const lk_moe_experts_args *a, const lk_moe_dims *d, const lk_moe_fused_saved *sv, float *hb,
                          float *dgu) {
     int64_t I = d->i;
     const float *w = a->topk_weights.data;
@@ -138,7 +111,7 @@ static lk_status backward(const lk_moe_experts_args *a, lk_ctx *ctx) {
     lk_moe_dims d = lk_moe_dims_of(a);
     int64_t H = d.h, I = d.i;
     lk_arena *ar = ctx->arena;
-    saved_view sv = view_of(a, &d);
+    lk_moe_fused_saved sv = lk_moe_fused_saved_view(a->saved.data, &d);
     lk_grad_acc agu = {0}, ad = {0};
     int want_gu = a->d_gate_up_weight.data != NULL, want_d = a->d_down_weight.data != NULL;
     lk_status st;
@@ -180,7 +153,7 @@ static lk_status backward(const lk_moe_experts_args *a, lk_ctx *ctx) {
 
 const lk_moe_experts_vtable lk_moe_experts_fused_vtable = {
     .version = LK_MOE_EXPERTS_VTABLE_VERSION,
-    .saved_bytes = saved_bytes,
+    .saved_bytes = lk_moe_fused_saved_bytes,
     .workspace_bytes = workspace_bytes,
     .forward = forward,
     .backward = backward,

@@ -89,32 +89,6 @@ __global__ void act_backward(const T *gu, const float *hb, T *wh, T *dgu, const 
 static size_t al(size_t b) { return (b + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
 static unsigned grid(int64_t n) { return (unsigned)((n + 255) / 256); }
 
-/* The CPU's layout: offs [E + 1] i64, order [R] i32, pos [R] i32, gate_up [R, 2I] (dt). */
-static size_t saved_bytes(int64_t t, int64_t k, int64_t e, int64_t h, int64_t i, lk_dtype dt) {
-    int64_t r = t * k;
-    return al(sizeof(int64_t) * (size_t)(e + 1)) + 2 * al(sizeof(int32_t) * (size_t)r) +
-           (size_t)r * (size_t)(2 * i) * lk_dtype_size(dt);
-}
-
-typedef struct {
-    int64_t *offs;
-    int32_t *order, *pos;
-    void *gu;
-} saved_view;
-
-static saved_view view_of(const lk_moe_experts_args *a, const lk_moe_dims *d) {
-    char *p = (char *)a->saved.data;
-    saved_view v;
-    v.offs = (int64_t *)p;
-    p += al(sizeof(int64_t) * (size_t)(d->e + 1));
-    v.order = (int32_t *)p;
-    p += al(sizeof(int32_t) * (size_t)d->r);
-    v.pos = (int32_t *)p;
-    p += al(sizeof(int32_t) * (size_t)d->r);
-    v.gu = p;
-    return v;
-}
-
 static size_t workspace_bytes(const lk_moe_experts_args *a, int backward) {
     lk_moe_dims d = lk_moe_dims_of(a);
     size_t es = lk_dtype_size(d.dt), R = (size_t)d.r, H = (size_t)d.h, I = (size_t)d.i;
@@ -145,7 +119,7 @@ static lk_status forward(const lk_moe_experts_args *a, lk_ctx *ctx) {
     int64_t H = d.h, I = d.i, R = d.r, E = d.e;
     size_t es = lk_dtype_size(d.dt);
     cudaStream_t st = (cudaStream_t)ctx->stream;
-    saved_view sv = view_of(a, &d);
+    lk_moe_fused_saved sv = lk_moe_fused_saved_view(a->saved.data, &d);
     /* the routes to the host, checked, sorted by expert */
     int32_t *ids = (int32_t *)malloc(sizeof(int32_t) * (size_t)(3 * R + 1));
     int64_t *offs = (int64_t *)malloc(sizeof(int64_t) * (size_t)(E + 1));
@@ -218,7 +192,7 @@ static lk_status forward(const lk_moe_experts_args *a, lk_ctx *ctx) {
 }
 
 template <typename T>
-static void backward_kernels(const lk_moe_experts_args *a, const lk_moe_dims *d, const saved_view *sv, void *drows,
+static void backward_kernels(const lk_moe_experts_args *a, const lk_moe_dims *d, const lk_moe_fused_saved *sv, void *drows,
                              void *xrows, const float *hb, void *wh, void *dgu, cudaStream_t st, int pass) {
     int64_t R = d->r, H = d->h;
     if (pass == 0) {
@@ -237,7 +211,7 @@ static lk_status backward(const lk_moe_experts_args *a, lk_ctx *ctx) {
     int64_t H = d.h, I = d.i, R = d.r, E = d.e;
     size_t es = lk_dtype_size(d.dt);
     cudaStream_t st = (cudaStream_t)ctx->stream;
-    saved_view sv = view_of(a, &d);
+    lk_moe_fused_saved sv = lk_moe_fused_saved_view(a->saved.data, &d);
     int want_gu = a->d_gate_up_weight.data != NULL, want_d = a->d_down_weight.data != NULL;
     lk_arena *ar = ctx->arena;
     gemm_ctx g = {ctx->device.index, ctx->stream, lk_arena_alloc(ar, LK_LT_WORKSPACE_BYTES)};
@@ -295,5 +269,5 @@ static lk_status backward(const lk_moe_experts_args *a, lk_ctx *ctx) {
 }
 
 extern "C" const lk_moe_experts_vtable lk_moe_experts_cuda_fused_vtable = {
-    LK_MOE_EXPERTS_VTABLE_VERSION, saved_bytes, workspace_bytes, forward, backward,
+    LK_MOE_EXPERTS_VTABLE_VERSION, lk_moe_fused_saved_bytes, workspace_bytes, forward, backward,
 };

@@ -23,6 +23,18 @@ lk_moe_dims lk_moe_dims_of(const lk_moe_experts_args *a);
 void lk_moe_permute(const int32_t *ids, int64_t routes, int64_t experts, int64_t *offs, int32_t *order,
                     int32_t *pos);
 
+/* The fused experts' saved block, the same on the CPU and on CUDA: offs [E + 1] i64,
+ * order [R] i32, pos [R] i32 (each piece arena-aligned), then the [R, 2I] pre-activations
+ * in the storage dtype. */
+typedef struct {
+    int64_t *offs;
+    int32_t *order, *pos;
+    void *gu;
+} lk_moe_fused_saved;
+
+size_t lk_moe_fused_saved_bytes(int64_t t, int64_t k, int64_t e, int64_t h, int64_t i, lk_dtype dt);
+lk_moe_fused_saved lk_moe_fused_saved_view(void *saved, const lk_moe_dims *d);
+
 #ifdef __cplusplus
 }
 #endif

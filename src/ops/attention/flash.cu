@@ -332,13 +332,13 @@ static lk_status check_dims(const lk_attn_dims *d) {
 static lk_status intervals(const lk_attention_args *a, const lk_attn_dims *d, lk_arena *ar, cudaStream_t st,
                            int backward, geom *g) {
     int64_t Sq = d->Sq, Skv = d->Skv, n = Sq + (backward ? Skv : 0);
-    int32_t *dev = (int32_t *)lk_arena_alloc(ar, up((size_t)Sq * 4));
+    int32_t *dev_lo = (int32_t *)lk_arena_alloc(ar, up((size_t)Sq * 4));
     int32_t *dev_hi = (int32_t *)lk_arena_alloc(ar, up((size_t)Sq * 4));
     int32_t *dev_q = backward ? (int32_t *)lk_arena_alloc(ar, up((size_t)Skv * 4)) : NULL;
     int32_t *dev_qhi = backward ? (int32_t *)lk_arena_alloc(ar, up((size_t)Skv * 4)) : NULL;
     int64_t *lo = (int64_t *)malloc((size_t)Sq * 16);
     int32_t *h32 = (int32_t *)malloc((size_t)n * 8);
-    if (!dev || !dev_hi || (backward && (!dev_q || !dev_qhi)) || !lo || !h32) {
+    if (!dev_lo || !dev_hi || (backward && (!dev_q || !dev_qhi)) || !lo || !h32) {
         free(lo), free(h32);
         return lk_error(LK_ENOMEM, "attention: flash (cuda): no room for the row intervals");
     }
@@ -360,14 +360,15 @@ static lk_status intervals(const lk_attention_args *a, const lk_attn_dims *d, lk
         }
     }
     /* In stream order (the arena's bytes may still be read by earlier work); from pageable
-     * memory the copy is staged before the call returns, so the host arrays can go. */
-    cudaError_t e = cudaMemcpyAsync(dev, l32, (size_t)Sq * 4, cudaMemcpyHostToDevice, st);
+     * memory the copy is staged before the call returns, so the host arrays can go (and
+     * the host waits for the stream: a pinned staging buffer would let it run ahead). */
+    cudaError_t e = cudaMemcpyAsync(dev_lo, l32, (size_t)Sq * 4, cudaMemcpyHostToDevice, st);
     if (e == cudaSuccess) e = cudaMemcpyAsync(dev_hi, u32, (size_t)Sq * 4, cudaMemcpyHostToDevice, st);
     if (e == cudaSuccess && backward) e = cudaMemcpyAsync(dev_q, ql, (size_t)Skv * 4, cudaMemcpyHostToDevice, st);
     if (e == cudaSuccess && backward) e = cudaMemcpyAsync(dev_qhi, qh, (size_t)Skv * 4, cudaMemcpyHostToDevice, st);
     free(lo), free(h32);
     if (e != cudaSuccess) return lk_cuda_fail(e, "attention: flash (cuda): row intervals", __FILE__, __LINE__);
-    g->lo = dev, g->hi = dev_hi, g->qlo = dev_q, g->qhi = dev_qhi;
+    g->lo = dev_lo, g->hi = dev_hi, g->qlo = dev_q, g->qhi = dev_qhi;
     return LK_OK;
 }
 

@@ -1,4 +1,5 @@
-/* moe.h — the mixture-of-experts block of Qwen3-MoE / DeepSeek-V3 on the CPU: the
+/* moe.h — the mixture-of-experts block of Qwen3-MoE / DeepSeek-V3 (the router on the CPU,
+ * the experts on the CPU and CUDA): the
  * router (which experts each token takes, with what weight, and the auxiliary
  * load-balancing loss) and the experts (a SwiGLU MLP per expert, each token's k outputs
  * summed with the routing weights).
@@ -126,7 +127,9 @@ typedef struct {
 } lk_moe_experts_vtable;
 
 /* Facade: validates every argument (expert ids in range included) before anything is
- * written. Errors LK_EINVAL, LK_ESHAPE, LK_EDTYPE, LK_EDEVICE. */
+ * written. Errors LK_EINVAL, LK_ESHAPE, LK_EDTYPE, LK_EDEVICE. On a GPU topk_ids is device
+ * memory the facade does not read: the CUDA `fused` forward brings it to the host and
+ * refuses a bad id there, still before writing anything. */
 lk_status lk_moe_experts_saved_bytes(const lk_impl *impl, int64_t tokens, int64_t top_k, int64_t experts,
                                      int64_t hidden, int64_t inter, lk_dtype dt, size_t *bytes);
 lk_status lk_moe_experts_forward(const lk_impl *impl, const lk_moe_experts_args *a, lk_ctx *ctx);

@@ -101,6 +101,19 @@ lk_status lk_expect_members(const char *op, const lk_impl *impl, int present) {
                     impl->name ? impl->name : "(unnamed)");
 }
 
+lk_status lk_expect_call(const char *op, const lk_impl *impl, const void *args, const lk_ctx *ctx) {
+    if (args == NULL) return lk_error(LK_EINVAL, "%s: args: expected arguments, got NULL", op);
+    if (ctx == NULL) return lk_error(LK_EINVAL, "%s: ctx: expected a context, got NULL", op);
+    if (ctx->device.type != impl->device)
+        return lk_error(LK_EDEVICE, "%s: ctx.device: expected %s for '%s', got %s", op, lk_device_name(impl->device),
+                        impl->name, lk_device_name(ctx->device.type));
+    return LK_OK;
+}
+
+lk_region lk_tensor_region(const char *name, const lk_tensor *t) {
+    return (lk_region){name, t->data, t->data ? lk_tensor_bytes(t) : 0};
+}
+
 static int overlap(const lk_region *a, const lk_region *b) {
     uintptr_t pa = (uintptr_t)a->p, pb = (uintptr_t)b->p;
     return a->p && b->p && a->bytes && b->bytes && pa < pb + b->bytes && pb < pa + a->bytes;

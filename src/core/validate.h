@@ -34,6 +34,8 @@ lk_status lk_expect_impl(const char *op, const lk_impl *impl, lk_op want);
 /* After lk_expect_impl: present says whether the vtable has the members every op's
  * vtable needs (saved_bytes, forward, backward), which only the facade can look at. */
 lk_status lk_expect_members(const char *op, const lk_impl *impl, int present);
+/* The call's args and ctx are given, and ctx is on impl's device. */
+lk_status lk_expect_call(const char *op, const lk_impl *impl, const void *args, const lk_ctx *ctx);
 
 /* A piece of memory an op reads or writes; p NULL or bytes 0 = absent. */
 typedef struct {
@@ -41,6 +43,9 @@ typedef struct {
     const void *p;
     size_t bytes;
 } lk_region;
+
+/* t's bytes as a region named name (absent when t has no data). */
+lk_region lk_tensor_region(const char *name, const lk_tensor *t);
 
 /* Every output apart from every other output and every input; the error names the
  * output and what it overlaps. An op that allows one exact alias (dx over dy) leaves

@@ -225,11 +225,7 @@ static lk_status check_vec(const lk_impl *impl, const char *arg, const lk_tensor
 static lk_status check_common(const lk_impl *impl, const lk_attention_args *a, const lk_ctx *ctx, call *c) {
     lk_status s = resolve(impl, c);
     if (s) return s;
-    if (a == NULL) return lk_error(LK_EINVAL, OP ": args: expected arguments, got NULL");
-    if (ctx == NULL) return lk_error(LK_EINVAL, OP ": ctx: expected a context, got NULL");
-    if (ctx->device.type != impl->device)
-        return lk_error(LK_EDEVICE, OP ": ctx.device: expected %s for '%s', got %s", lk_device_name(impl->device),
-                        impl->name, lk_device_name(ctx->device.type));
+    if ((s = lk_expect_call(OP, impl, a, ctx))) return s;
     if ((s = check_qkv(impl, a, 1, c))) return s;
     if (!isfinite(a->scale))
         return lk_error(LK_EINVAL, OP ": scale: expected a finite value (0 = 1/sqrt(D)), got %g", (double)a->scale);
@@ -266,10 +262,6 @@ static lk_status check_like(const lk_impl *impl, const char *arg, const lk_tenso
         (s = lk_expect_contiguous(OP, arg, t, 4)) || (s = lk_expect_like(OP, arg, t, like)))
         return s;
     return LK_OK;
-}
-
-static lk_region region(const char *name, const lk_tensor *t) {
-    return (lk_region){name, t->data, t->data ? lk_tensor_bytes(t) : 0};
 }
 
 /* Reserves the adapter's workspace, runs one pass, gives the workspace back. */
@@ -310,10 +302,11 @@ lk_status lk_attention_forward(const lk_impl *impl, const lk_attention_args *a, 
     call c;
     lk_status s = check_common(impl, a, ctx, &c);
     if (s || (s = check_out(impl, "out", &a->out, a, &c))) return s;
-    lk_region outs[2] = {region("out", &a->out), {"saved", a->saved.data, a->saved.bytes}};
-    lk_region ins[7] = {region("q", &a->q), region("k", &a->k), region("v", &a->v), region("s_aux", &a->s_aux),
-                        region("mask", &a->mask), region("cu_seqlens_q", &a->cu_seqlens_q),
-                        region("cu_seqlens_k", &a->cu_seqlens_k)};
+    lk_region outs[2] = {lk_tensor_region("out", &a->out), {"saved", a->saved.data, a->saved.bytes}};
+    lk_region ins[7] = {lk_tensor_region("q", &a->q), lk_tensor_region("k", &a->k), lk_tensor_region("v", &a->v),
+                        lk_tensor_region("s_aux", &a->s_aux), lk_tensor_region("mask", &a->mask),
+                        lk_tensor_region("cu_seqlens_q", &a->cu_seqlens_q),
+                        lk_tensor_region("cu_seqlens_k", &a->cu_seqlens_k)};
     if ((s = lk_expect_apart(OP, outs, 2, ins, 7))) return s;
     return c.entry->sp ? sp_run(&c, 0, a, ctx) : run(&c, 0, a, ctx);
 }
@@ -330,11 +323,13 @@ lk_status lk_attention_backward(const lk_impl *impl, const lk_attention_args *a,
             return lk_error(LK_EINVAL, OP ": ds_aux: expected s_aux beside it, got ds_aux without sinks");
         if ((s = check_vec(impl, "ds_aux", &a->ds_aux, c.d.Hq))) return s;
     }
-    lk_region outs[4] = {region("dq", &a->dq), region("dk", &a->dk), region("dv", &a->dv), region("ds_aux", &a->ds_aux)};
-    lk_region ins[10] = {region("q", &a->q), region("k", &a->k), region("v", &a->v), region("out", &a->out),
-                        region("dout", &a->dout), region("s_aux", &a->s_aux), region("mask", &a->mask),
-                        {"saved", a->saved.data, a->saved.bytes}, region("cu_seqlens_q", &a->cu_seqlens_q),
-                        region("cu_seqlens_k", &a->cu_seqlens_k)};
+    lk_region outs[4] = {lk_tensor_region("dq", &a->dq), lk_tensor_region("dk", &a->dk), lk_tensor_region("dv", &a->dv),
+                         lk_tensor_region("ds_aux", &a->ds_aux)};
+    lk_region ins[10] = {lk_tensor_region("q", &a->q), lk_tensor_region("k", &a->k), lk_tensor_region("v", &a->v),
+                         lk_tensor_region("out", &a->out), lk_tensor_region("dout", &a->dout),
+                         lk_tensor_region("s_aux", &a->s_aux), lk_tensor_region("mask", &a->mask),
+                         {"saved", a->saved.data, a->saved.bytes}, lk_tensor_region("cu_seqlens_q", &a->cu_seqlens_q),
+                         lk_tensor_region("cu_seqlens_k", &a->cu_seqlens_k)};
     if ((s = lk_expect_apart(OP, outs, 4, ins, 10))) return s;
     return c.entry->sp ? sp_run(&c, 1, a, ctx) : run(&c, 1, a, ctx);
 }

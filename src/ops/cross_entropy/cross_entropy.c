@@ -118,11 +118,7 @@ static lk_status check_common(const lk_impl *impl, const lk_cross_entropy_args *
                               const lk_cross_entropy_vtable **vt, lk_cross_entropy_dims *d) {
     lk_status s = check_impl(impl, vt);
     if (s) return s;
-    if (a == NULL) return lk_error(LK_EINVAL, OP ": args: expected arguments, got NULL");
-    if (ctx == NULL) return lk_error(LK_EINVAL, OP ": ctx: expected a context, got NULL");
-    if (ctx->device.type != impl->device)
-        return lk_error(LK_EDEVICE, OP ": ctx.device: expected %s for '%s', got %s", lk_device_name(impl->device),
-                        impl->name, lk_device_name(ctx->device.type));
+    if ((s = lk_expect_call(OP, impl, a, ctx))) return s;
     if ((s = check_shapes(impl, a, 1, d))) return s;
     const int64_t *idx = a->keep_indices.data;
     int host = impl->device == LK_DEVICE_CPU;   /* values readable here (see the top) */

@@ -58,18 +58,13 @@ static void y_shape(const lk_tensor *x, int64_t out, int64_t shape[LK_MAX_DIMS])
 static lk_status check_common(const lk_impl *impl, const lk_linear_args *a, const lk_ctx *ctx, dims *d) {
     lk_status s = check_impl(impl, &d->vt);
     if (s) return s;
-    if (a == NULL) return lk_error(LK_EINVAL, OP ": args: expected arguments, got NULL");
-    if (ctx == NULL) return lk_error(LK_EINVAL, OP ": ctx: expected a context, got NULL");
-    if (ctx->device.type != impl->device)
-        return lk_error(LK_EDEVICE, OP ": ctx.device: expected %s for '%s', got %s",
-                        lk_device_name(impl->device), impl->name, lk_device_name(ctx->device.type));
+    if ((s = lk_expect_call(OP, impl, a, ctx))) return s;
     if ((s = check_x_w(impl, &a->x, &a->weight, 1, d))) return s;
     if (a->bias.data && (s = check_tensor(impl, "bias", &a->bias, 1, &d->out, LK_DTYPE_BIT(a->x.dtype)))) return s;
     return lk_expect_saved(OP, "lk_linear_saved_bytes", &a->saved,
                            d->vt->saved_bytes(d->rows, d->in, d->out, a->x.dtype));
 }
 
-static size_t bytes_of(const lk_tensor *t) { return t->data ? lk_tensor_bytes(t) : 0; }
 
 /* Reserves the workspace, runs one pass, and gives the workspace back. */
 static lk_status run(const dims *d, int backward, const lk_linear_args *a, lk_ctx *ctx) {
@@ -112,9 +107,9 @@ lk_status lk_linear_forward(const lk_impl *impl, const lk_linear_args *a, lk_ctx
     int64_t ys[LK_MAX_DIMS];
     y_shape(&a->x, d.out, ys);
     if ((s = check_tensor(impl, "y", &a->y, a->x.ndim, ys, LK_DTYPE_BIT(a->x.dtype)))) return s;
-    const lk_region outs[] = {{"y", a->y.data, bytes_of(&a->y)}, {"saved", a->saved.data, a->saved.bytes}};
-    const lk_region ins[] = {{"x", a->x.data, bytes_of(&a->x)}, {"weight", a->weight.data, bytes_of(&a->weight)},
-                             {"bias", a->bias.data, bytes_of(&a->bias)}};
+    const lk_region outs[] = {lk_tensor_region("y", &a->y), {"saved", a->saved.data, a->saved.bytes}};
+    const lk_region ins[] = {lk_tensor_region("x", &a->x), lk_tensor_region("weight", &a->weight),
+                             lk_tensor_region("bias", &a->bias)};
     if ((s = lk_expect_apart(OP, outs, 2, ins, 3))) return s;
     if (d.rows == 0) return LK_OK;
     return run(&d, 0, a, ctx);
@@ -133,11 +128,11 @@ lk_status lk_linear_backward(const lk_impl *impl, const lk_linear_args *a, lk_ct
     if (a->dbias.data && a->bias.data == NULL)
         return lk_error(LK_EINVAL, OP ": dbias: expected NULL data without a bias, got a buffer");
     if (a->dbias.data && (s = check_tensor(impl, "dbias", &a->dbias, 1, &d.out, gdt))) return s;
-    const lk_region outs[] = {{"dx", a->dx.data, bytes_of(&a->dx)},
-                              {"dweight", a->dweight.data, bytes_of(&a->dweight)},
-                              {"dbias", a->dbias.data, bytes_of(&a->dbias)}};
-    const lk_region ins[] = {{"x", a->x.data, bytes_of(&a->x)}, {"weight", a->weight.data, bytes_of(&a->weight)},
-                             {"bias", a->bias.data, bytes_of(&a->bias)}, {"dy", a->dy.data, bytes_of(&a->dy)},
+    const lk_region outs[] = {lk_tensor_region("dx", &a->dx),
+                              lk_tensor_region("dweight", &a->dweight),
+                              lk_tensor_region("dbias", &a->dbias)};
+    const lk_region ins[] = {lk_tensor_region("x", &a->x), lk_tensor_region("weight", &a->weight),
+                             lk_tensor_region("bias", &a->bias), lk_tensor_region("dy", &a->dy),
                              {"saved", a->saved.data, a->saved.bytes}};
     if ((s = lk_expect_apart(OP, outs, 3, ins, 5))) return s;
     if (d.rows == 0) return LK_OK;      /* dx is empty and the gradients gain a sum of nothing */

@@ -20,18 +20,13 @@ static lk_status check_impl(const lk_impl *impl, const lk_moe_experts_vtable **o
 }
 
 
-static size_t bytes_of(const lk_tensor *t) { return t->data ? lk_tensor_bytes(t) : 0; }
 
 /* hidden and the two weights fix T, H, E, I; topk_ids fixes k; ids must lie in [0, E). */
 static lk_status check_common(const lk_impl *impl, const lk_moe_experts_args *a, const lk_ctx *ctx,
                               const lk_moe_experts_vtable **vt, lk_moe_dims *d) {
     lk_status s = check_impl(impl, vt);
     if (s) return s;
-    if (a == NULL) return lk_error(LK_EINVAL, OP ": args: expected arguments, got NULL");
-    if (ctx == NULL) return lk_error(LK_EINVAL, OP ": ctx: expected a context, got NULL");
-    if (ctx->device.type != impl->device)
-        return lk_error(LK_EDEVICE, OP ": ctx.device: expected %s for '%s', got %s", lk_device_name(impl->device),
-                        impl->name, lk_device_name(ctx->device.type));
+    if ((s = lk_expect_call(OP, impl, a, ctx))) return s;
     const lk_tensor *x = &a->hidden, *gu = &a->gate_up_weight;
     char buf[96];
     if ((s = lk_expect_present(OP, "hidden", x)) || (s = lk_expect_device(OP, "hidden", x, impl->device)) ||
@@ -102,12 +97,12 @@ lk_status lk_moe_experts_forward(const lk_impl *impl, const lk_moe_experts_args 
     lk_moe_dims d;
     lk_status s = check_common(impl, a, ctx, &vt, &d);
     if (s || (s = check_tensor(impl, "out", &a->out, 2, a->hidden.shape, LK_DTYPE_BIT(d.dt)))) return s;
-    const lk_region outs[] = {{"out", a->out.data, bytes_of(&a->out)}, {"saved", a->saved.data, a->saved.bytes}};
-    const lk_region ins[] = {{"hidden", a->hidden.data, bytes_of(&a->hidden)},
-                             {"topk_ids", a->topk_ids.data, bytes_of(&a->topk_ids)},
-                             {"topk_weights", a->topk_weights.data, bytes_of(&a->topk_weights)},
-                             {"gate_up_weight", a->gate_up_weight.data, bytes_of(&a->gate_up_weight)},
-                             {"down_weight", a->down_weight.data, bytes_of(&a->down_weight)}};
+    const lk_region outs[] = {lk_tensor_region("out", &a->out), {"saved", a->saved.data, a->saved.bytes}};
+    const lk_region ins[] = {lk_tensor_region("hidden", &a->hidden),
+                             lk_tensor_region("topk_ids", &a->topk_ids),
+                             lk_tensor_region("topk_weights", &a->topk_weights),
+                             lk_tensor_region("gate_up_weight", &a->gate_up_weight),
+                             lk_tensor_region("down_weight", &a->down_weight)};
     if ((s = lk_expect_apart(OP, outs, 2, ins, 5))) return s;
     if (d.t == 0) return LK_OK;
     return run(vt, 0, a, ctx);
@@ -126,16 +121,16 @@ lk_status lk_moe_experts_backward(const lk_impl *impl, const lk_moe_experts_args
         (a->d_gate_up_weight.data && (s = check_tensor(impl, "d_gate_up_weight", &a->d_gate_up_weight, 3, gus, gdt))) ||
         (a->d_down_weight.data && (s = check_tensor(impl, "d_down_weight", &a->d_down_weight, 3, dws, gdt))))
         return s;
-    const lk_region outs[] = {{"d_hidden", a->d_hidden.data, bytes_of(&a->d_hidden)},
-                              {"d_topk_weights", a->d_topk_weights.data, bytes_of(&a->d_topk_weights)},
-                              {"d_gate_up_weight", a->d_gate_up_weight.data, bytes_of(&a->d_gate_up_weight)},
-                              {"d_down_weight", a->d_down_weight.data, bytes_of(&a->d_down_weight)}};
-    const lk_region ins[] = {{"hidden", a->hidden.data, bytes_of(&a->hidden)},
-                             {"topk_ids", a->topk_ids.data, bytes_of(&a->topk_ids)},
-                             {"topk_weights", a->topk_weights.data, bytes_of(&a->topk_weights)},
-                             {"gate_up_weight", a->gate_up_weight.data, bytes_of(&a->gate_up_weight)},
-                             {"down_weight", a->down_weight.data, bytes_of(&a->down_weight)},
-                             {"dout", a->dout.data, bytes_of(&a->dout)},
+    const lk_region outs[] = {lk_tensor_region("d_hidden", &a->d_hidden),
+                              lk_tensor_region("d_topk_weights", &a->d_topk_weights),
+                              lk_tensor_region("d_gate_up_weight", &a->d_gate_up_weight),
+                              lk_tensor_region("d_down_weight", &a->d_down_weight)};
+    const lk_region ins[] = {lk_tensor_region("hidden", &a->hidden),
+                             lk_tensor_region("topk_ids", &a->topk_ids),
+                             lk_tensor_region("topk_weights", &a->topk_weights),
+                             lk_tensor_region("gate_up_weight", &a->gate_up_weight),
+                             lk_tensor_region("down_weight", &a->down_weight),
+                             lk_tensor_region("dout", &a->dout),
                              {"saved", a->saved.data, a->saved.bytes}};
     if ((s = lk_expect_apart(OP, outs, 4, ins, 7))) return s;
     if (d.t == 0) return LK_OK;

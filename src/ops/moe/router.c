@@ -24,17 +24,12 @@ static lk_status check_impl(const lk_impl *impl, const lk_moe_router_vtable **ou
 static int is_fake(const lk_impl *impl) { return strcmp(impl->name, "fake_balanced") == 0; }
 
 
-static size_t bytes_of(const lk_tensor *t) { return t->data ? lk_tensor_bytes(t) : 0; }
 
 static lk_status check_common(const lk_impl *impl, const lk_moe_router_args *a, const lk_ctx *ctx,
                               const lk_moe_router_vtable **vt, int64_t *T, int64_t *E) {
     lk_status s = check_impl(impl, vt);
     if (s) return s;
-    if (a == NULL) return lk_error(LK_EINVAL, OP ": args: expected arguments, got NULL");
-    if (ctx == NULL) return lk_error(LK_EINVAL, OP ": ctx: expected a context, got NULL");
-    if (ctx->device.type != impl->device)
-        return lk_error(LK_EDEVICE, OP ": ctx.device: expected %s for '%s', got %s", lk_device_name(impl->device),
-                        impl->name, lk_device_name(ctx->device.type));
+    if ((s = lk_expect_call(OP, impl, a, ctx))) return s;
     const lk_tensor *x = &a->hidden, *g = &a->gate_weight;
     char buf[96];
     if ((s = lk_expect_present(OP, "hidden", x)) || (s = lk_expect_device(OP, "hidden", x, impl->device)) ||
@@ -119,13 +114,13 @@ lk_status lk_moe_router_forward(const lk_impl *impl, const lk_moe_router_args *a
         (s = check_tensor(impl, "topk_weights", &a->topk_weights, 2, tk, LK_DTYPE_BIT(LK_F32))) ||
         (a->aux_loss.data && (s = check_tensor(impl, "aux_loss", &a->aux_loss, 1, one, LK_DTYPE_BIT(LK_F32)))))
         return s;
-    const lk_region outs[] = {{"topk_ids", a->topk_ids.data, bytes_of(&a->topk_ids)},
-                              {"topk_weights", a->topk_weights.data, bytes_of(&a->topk_weights)},
-                              {"aux_loss", a->aux_loss.data, bytes_of(&a->aux_loss)},
+    const lk_region outs[] = {lk_tensor_region("topk_ids", &a->topk_ids),
+                              lk_tensor_region("topk_weights", &a->topk_weights),
+                              lk_tensor_region("aux_loss", &a->aux_loss),
                               {"saved", a->saved.data, a->saved.bytes}};
-    const lk_region ins[] = {{"hidden", a->hidden.data, bytes_of(&a->hidden)},
-                             {"gate_weight", a->gate_weight.data, bytes_of(&a->gate_weight)},
-                             {"e_bias", a->e_bias.data, bytes_of(&a->e_bias)}};
+    const lk_region ins[] = {lk_tensor_region("hidden", &a->hidden),
+                             lk_tensor_region("gate_weight", &a->gate_weight),
+                             lk_tensor_region("e_bias", &a->e_bias)};
     if ((s = lk_expect_apart(OP, outs, 4, ins, 3))) return s;
     if (T == 0) {
         if (a->aux_loss.data) *(float *)a->aux_loss.data = 0.0f;
@@ -148,11 +143,11 @@ lk_status lk_moe_router_backward(const lk_impl *impl, const lk_moe_router_args *
         return s;
     if (!isfinite(a->d_aux_loss))
         return lk_error(LK_EINVAL, OP ": d_aux_loss: expected a finite value, got %g", (double)a->d_aux_loss);
-    const lk_region outs[] = {{"d_hidden", a->d_hidden.data, bytes_of(&a->d_hidden)},
-                              {"d_gate_weight", a->d_gate_weight.data, bytes_of(&a->d_gate_weight)}};
-    const lk_region ins[] = {{"hidden", a->hidden.data, bytes_of(&a->hidden)},
-                             {"gate_weight", a->gate_weight.data, bytes_of(&a->gate_weight)},
-                             {"d_topk_weights", a->d_topk_weights.data, bytes_of(&a->d_topk_weights)},
+    const lk_region outs[] = {lk_tensor_region("d_hidden", &a->d_hidden),
+                              lk_tensor_region("d_gate_weight", &a->d_gate_weight)};
+    const lk_region ins[] = {lk_tensor_region("hidden", &a->hidden),
+                             lk_tensor_region("gate_weight", &a->gate_weight),
+                             lk_tensor_region("d_topk_weights", &a->d_topk_weights),
                              {"saved", a->saved.data, a->saved.bytes}};
     if ((s = lk_expect_apart(OP, outs, 2, ins, 4))) return s;
     if (T == 0) return LK_OK;

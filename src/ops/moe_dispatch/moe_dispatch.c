@@ -86,9 +86,9 @@ static lk_status check(const lk_impl *impl, const lk_moe_dispatch_args *a, lk_ct
         (a->d_down_weight.data && (s = check_t("d_down_weight", &a->d_down_weight, 3, dws, gdt))))
         return s;
     lk_region outs[4] = {{"d_hidden", a->d_hidden.data, lk_tensor_bytes(&a->d_hidden)},
-                         {"d_topk_weights", a->d_topk_weights.data, a->d_topk_weights.data ? lk_tensor_bytes(&a->d_topk_weights) : 0},
-                         {"d_gate_up_weight", a->d_gate_up_weight.data, a->d_gate_up_weight.data ? lk_tensor_bytes(&a->d_gate_up_weight) : 0},
-                         {"d_down_weight", a->d_down_weight.data, a->d_down_weight.data ? lk_tensor_bytes(&a->d_down_weight) : 0}};
+                         lk_tensor_region("d_topk_weights", &a->d_topk_weights),
+                         lk_tensor_region("d_gate_up_weight", &a->d_gate_up_weight),
+                         lk_tensor_region("d_down_weight", &a->d_down_weight)};
     lk_region ins[3] = {{"hidden", x->data, lk_tensor_bytes(x)}, {"dout", a->dout.data, lk_tensor_bytes(&a->dout)},
                         {"gate_up_weight", gu->data, lk_tensor_bytes(gu)}};
     return lk_expect_apart(OP, outs, 4, ins, 3);

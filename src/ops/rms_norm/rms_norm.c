@@ -64,11 +64,7 @@ static lk_status check_common(const lk_impl *impl, const lk_rms_norm_args *a, co
                               shape_info *si) {
     lk_status s = check_impl(impl, &si->vt);
     if (s) return s;
-    if (a == NULL) return lk_error(LK_EINVAL, OP ": args: expected arguments, got NULL");
-    if (ctx == NULL) return lk_error(LK_EINVAL, OP ": ctx: expected a context, got NULL");
-    if (ctx->device.type != impl->device)
-        return lk_error(LK_EDEVICE, OP ": ctx.device: expected %s for '%s', got %s",
-                        lk_device_name(impl->device), impl->name, lk_device_name(ctx->device.type));
+    if ((s = lk_expect_call(OP, impl, a, ctx))) return s;
     if ((s = check_x(impl, &a->x, 1, si))) return s;
     if (a->weight.data && (s = check_vector(impl, "weight", &a->weight, &a->x, si->n))) return s;
     if (!(a->eps > 0.0) || !isfinite(a->eps))

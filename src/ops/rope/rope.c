@@ -106,11 +106,7 @@ typedef struct {
 static lk_status check_common(const lk_impl *impl, const lk_rope_args *a, const lk_ctx *ctx, call_info *ci) {
     lk_status s = check_impl(impl, &ci->vt);
     if (s) return s;
-    if (a == NULL) return lk_error(LK_EINVAL, OP ": args: expected arguments, got NULL");
-    if (ctx == NULL) return lk_error(LK_EINVAL, OP ": ctx: expected a context, got NULL");
-    if (ctx->device.type != impl->device)
-        return lk_error(LK_EDEVICE, OP ": ctx.device: expected %s for '%s', got %s",
-                        lk_device_name(impl->device), impl->name, lk_device_name(ctx->device.type));
+    if ((s = lk_expect_call(OP, impl, a, ctx))) return s;
     if ((s = check_dims(impl, a, &ci->d))) return s;
     int64_t half = ci->d.rotary_dim / 2;
     if ((s = check_table(impl, "cos", &a->cos, half)) || (s = check_table(impl, "sin", &a->sin, half)))
@@ -120,10 +116,6 @@ static lk_status check_common(const lk_impl *impl, const lk_rope_args *a, const 
                         (long long)a->sin.shape[0]);
     if ((s = check_positions(impl, &a->position_ids, &ci->d, a->cos.shape[0]))) return s;
     return lk_expect_saved(OP, "lk_rope_saved_bytes", &a->saved, ci->vt->saved_bytes(&ci->d));
-}
-
-static lk_region of(const char *name, const lk_tensor *t) {
-    return (lk_region){name, t->data, t->data ? lk_tensor_bytes(t) : 0};
 }
 
 /* Output out may be exactly `self` (in place) or apart from it, and is apart from every
@@ -138,9 +130,10 @@ static lk_status expect_out(lk_region out, lk_region self, const lk_region *othe
 static lk_status check_outputs(const lk_rope_args *a, const lk_tensor *in_q, const char *nq,
                                const lk_tensor *in_k, const char *nk, const lk_tensor *out_q,
                                const char *oq, const lk_tensor *out_k, const char *ok) {
-    lk_region rq = of(nq, in_q), rk = of(nk, in_k), roq = of(oq, out_q), rok = of(ok, out_k);
-    lk_region common[] = {of("cos", &a->cos), of("sin", &a->sin), of("position_ids", &a->position_ids),
-                       {"saved", a->saved.data, a->saved.bytes}};
+    lk_region rq = lk_tensor_region(nq, in_q), rk = lk_tensor_region(nk, in_k);
+    lk_region roq = lk_tensor_region(oq, out_q), rok = lk_tensor_region(ok, out_k);
+    lk_region common[] = {lk_tensor_region("cos", &a->cos), lk_tensor_region("sin", &a->sin),
+                          lk_tensor_region("position_ids", &a->position_ids), {"saved", a->saved.data, a->saved.bytes}};
     lk_region for_q[] = {rk, rok, common[0], common[1], common[2], common[3]};
     lk_region for_k[] = {rq, roq, common[0], common[1], common[2], common[3]};
     lk_status s;

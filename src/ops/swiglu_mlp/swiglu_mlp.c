@@ -52,11 +52,7 @@ static lk_status check_x_gu(const lk_impl *impl, const lk_tensor *x, const lk_te
 static lk_status check_common(const lk_impl *impl, const lk_swiglu_mlp_args *a, const lk_ctx *ctx, dims *d) {
     lk_status s = check_impl(impl, &d->vt);
     if (s) return s;
-    if (a == NULL) return lk_error(LK_EINVAL, OP ": args: expected arguments, got NULL");
-    if (ctx == NULL) return lk_error(LK_EINVAL, OP ": ctx: expected a context, got NULL");
-    if (ctx->device.type != impl->device)
-        return lk_error(LK_EDEVICE, OP ": ctx.device: expected %s for '%s', got %s",
-                        lk_device_name(impl->device), impl->name, lk_device_name(ctx->device.type));
+    if ((s = lk_expect_call(OP, impl, a, ctx))) return s;
     if ((s = check_x_gu(impl, &a->x, &a->gate_up_weight, 1, d))) return s;
     int64_t dws[2] = {d->hidden, d->inter};
     if ((s = check_tensor(impl, "down_weight", &a->down_weight, 2, dws, LK_DTYPE_BIT(a->x.dtype)))) return s;
@@ -67,7 +63,6 @@ static lk_status check_common(const lk_impl *impl, const lk_swiglu_mlp_args *a, 
                            d->vt->saved_bytes(d->tokens, d->hidden, d->inter, a->x.dtype));
 }
 
-static size_t bytes_of(const lk_tensor *t) { return t->data ? lk_tensor_bytes(t) : 0; }
 
 static lk_status run(const dims *d, int backward, const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
     size_t ws = d->vt->workspace_bytes ? d->vt->workspace_bytes(a, backward) : 0;
@@ -108,10 +103,10 @@ lk_status lk_swiglu_mlp_forward(const lk_impl *impl, const lk_swiglu_mlp_args *a
     dims d = {0};
     lk_status s = check_common(impl, a, ctx, &d);
     if (s || (s = check_tensor(impl, "out", &a->out, a->x.ndim, a->x.shape, LK_DTYPE_BIT(a->x.dtype)))) return s;
-    const lk_region outs[] = {{"out", a->out.data, bytes_of(&a->out)}, {"saved", a->saved.data, a->saved.bytes}};
-    const lk_region ins[] = {{"x", a->x.data, bytes_of(&a->x)},
-                             {"gate_up_weight", a->gate_up_weight.data, bytes_of(&a->gate_up_weight)},
-                             {"down_weight", a->down_weight.data, bytes_of(&a->down_weight)}};
+    const lk_region outs[] = {lk_tensor_region("out", &a->out), {"saved", a->saved.data, a->saved.bytes}};
+    const lk_region ins[] = {lk_tensor_region("x", &a->x),
+                             lk_tensor_region("gate_up_weight", &a->gate_up_weight),
+                             lk_tensor_region("down_weight", &a->down_weight)};
     if ((s = lk_expect_apart(OP, outs, 2, ins, 3))) return s;
     if (d.tokens == 0) return LK_OK;
     return run(&d, 0, a, ctx);
@@ -128,13 +123,13 @@ lk_status lk_swiglu_mlp_backward(const lk_impl *impl, const lk_swiglu_mlp_args *
         (a->d_gate_up_weight.data && (s = check_tensor(impl, "d_gate_up_weight", &a->d_gate_up_weight, 2, gus, gdt))) ||
         (a->d_down_weight.data && (s = check_tensor(impl, "d_down_weight", &a->d_down_weight, 2, dws, gdt))))
         return s;
-    const lk_region outs[] = {{"dx", a->dx.data, bytes_of(&a->dx)},
-                              {"d_gate_up_weight", a->d_gate_up_weight.data, bytes_of(&a->d_gate_up_weight)},
-                              {"d_down_weight", a->d_down_weight.data, bytes_of(&a->d_down_weight)}};
-    const lk_region ins[] = {{"x", a->x.data, bytes_of(&a->x)},
-                             {"gate_up_weight", a->gate_up_weight.data, bytes_of(&a->gate_up_weight)},
-                             {"down_weight", a->down_weight.data, bytes_of(&a->down_weight)},
-                             {"dout", a->dout.data, bytes_of(&a->dout)},
+    const lk_region outs[] = {lk_tensor_region("dx", &a->dx),
+                              lk_tensor_region("d_gate_up_weight", &a->d_gate_up_weight),
+                              lk_tensor_region("d_down_weight", &a->d_down_weight)};
+    const lk_region ins[] = {lk_tensor_region("x", &a->x),
+                             lk_tensor_region("gate_up_weight", &a->gate_up_weight),
+                             lk_tensor_region("down_weight", &a->down_weight),
+                             lk_tensor_region("dout", &a->dout),
                              {"saved", a->saved.data, a->saved.bytes}};
     if ((s = lk_expect_apart(OP, outs, 3, ins, 5))) return s;
     if (d.tokens == 0) return LK_OK;

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "status.h"
+#include "tensor.h"
 #include "hf_config.h"
 #include "comm.h"
 
@@ -64,6 +65,8 @@ typedef struct {
     double lr, min_lr, weight_decay, beta1, beta2, eps, grad_clip;
     uint64_t seed;
     int recompute;
+    lk_device_type device;       /* where the model and the optimizer run: cpu (default) or cuda
+                                  * (one GPU per rank; the ops are selected for it) */
     char out[512];
     /* data: */
     lk_data_kind data;

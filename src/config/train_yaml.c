@@ -152,7 +152,7 @@ lk_status lk_yaml_model_arch_entry(loader *l, const yaml_node_t *k, const yaml_n
 
 /* --- train: ------------------------------------------------------------------------- */
 static const char *const train_keys[] = {"steps", "lr", "min_lr", "warmup_steps", "weight_decay", "betas",
-    "eps", "grad_clip", "batch_size", "seq_len", "grad_accum", "seed", "save_every", "out", "recompute", NULL};
+    "eps", "grad_clip", "batch_size", "seq_len", "grad_accum", "seed", "save_every", "out", "recompute", "device", NULL};
 
 lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
     lk_train_config *t = l->train;
@@ -174,6 +174,12 @@ lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t
         lk_status s = get_i64(l, v, "train.seed", 0, &seed);
         if (!s) t->seed = (uint64_t)seed;
         return s;
+    }
+    if (strcmp(n, "device") == 0) {
+        const char *d = v->type == YAML_SCALAR_NODE ? scalar(v) : "";
+        if (strcmp(d, "cpu") != 0 && strcmp(d, "cuda") != 0) return bad_value(l, v, "train.device", "cpu or cuda");
+        t->device = strcmp(d, "cuda") == 0 ? LK_DEVICE_CUDA : LK_DEVICE_CPU;
+        return LK_OK;
     }
     if (strcmp(n, "out") == 0) {
         if (v->type != YAML_SCALAR_NODE || scalar(v)[0] == '\0' || strlen(scalar(v)) >= sizeof t->out)

@@ -3,15 +3,16 @@
  *   h1 = rms(x); q, k, v = h1·Wᵀ; q, k = rope(rms_q(q), rms_k(k)) per head;
  *   x2 = x + o_proj(attention(q, k, v, varlen causal)); out = x2 + mlp(rms(x2))
  * The MLP is the swiglu_mlp op or the MoE block (moe_block.c). */
-#include <string.h>
 #include "model/qwen3_internal.h"
 
 #define W(off) (m->w + (off))
 #define G(off) (m->g + (off))
 
-static lk_tensor t2(const float *p, int64_t r, int64_t c) { return lk_tensor_2d((void *)p, LK_F32, r, c); }
-static lk_tensor t4(const float *p, int64_t h, int64_t s, int64_t d) {
-    return lk_tensor_view((void *)p, LK_F32, 4, (int64_t[]){1, h, s, d});
+static lk_tensor t2(const lk_model *m, const float *p, int64_t r, int64_t c) {
+    return lk_on(m, lk_tensor_2d((void *)p, LK_F32, r, c));
+}
+static lk_tensor t4(const lk_model *m, const float *p, int64_t h, int64_t s, int64_t d) {
+    return lk_on(m, lk_tensor_view((void *)p, LK_F32, 4, (int64_t[]){1, h, s, d}));
 }
 static lk_saved sv(void *p, size_t n) { return (lk_saved){p, n}; }
 
@@ -37,51 +38,44 @@ size_t lk_qwen3_layer_carve(const lk_model *m, int l, void *base, lk_layer_acts 
     return lk_align64(u);
 }
 
-/* [T, H, D] <-> [H, T, D] */
-static void to_heads(const float *src, float *dst, int64_t T, int64_t H, int64_t D) {
-    #pragma omp parallel for schedule(static)
-    for (int64_t h = 0; h < H; h++)
-        for (int64_t t = 0; t < T; t++) memcpy(dst + (h * T + t) * D, src + (t * H + h) * D, (size_t)D * 4);
+/* The model's own moves, on its device (device.h): [T, H, D] <-> [H, T, D], dst = a + b. */
+static lk_status to_heads(lk_model *m, const float *src, float *dst, int64_t H) {
+    return m->dev->heads(src, dst, m->T, H, m->D, 0, &m->ctx);
 }
-static void from_heads(const float *src, float *dst, int64_t T, int64_t H, int64_t D) {
-    #pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t h = 0; h < H; h++) memcpy(dst + (t * H + h) * D, src + (h * T + t) * D, (size_t)D * 4);
+static lk_status from_heads(lk_model *m, const float *src, float *dst, int64_t H) {
+    return m->dev->heads(src, dst, m->T, H, m->D, 1, &m->ctx);
 }
-static void add_into(float *dst, const float *a, const float *b, int64_t n) {
-    #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) dst[i] = a[i] + b[i];
+static lk_status add_into(lk_model *m, float *dst, const float *a, const float *b, int64_t n) {
+    return m->dev->add(dst, a, b, n, &m->ctx);
 }
 
 static lk_rms_norm_args norm_args(const lk_model *m, const float *x, int64_t rows, int64_t n, const float *w,
                                   float *y, void *saved, size_t saved_bytes) {
-    return (lk_rms_norm_args){.x = t2(x, rows, n), .weight = lk_tensor_1d((void *)w, LK_F32, n),
-                              .y = t2(y, rows, n), .saved = sv(saved, saved_bytes), .eps = m->cfg.rms_norm_eps};
+    return (lk_rms_norm_args){.x = t2(m, x, rows, n), .weight = lk_on(m, lk_tensor_1d((void *)w, LK_F32, n)),
+                              .y = t2(m, y, rows, n), .saved = sv(saved, saved_bytes), .eps = m->cfg.rms_norm_eps};
 }
 
 static lk_status norm_backward(lk_model *m, const lk_impl *impl, lk_rms_norm_args a, const float *dy, float *dx,
                                int64_t w_off) {
     int64_t rows = a.x.shape[0], n = a.x.shape[1];
-    a.dy = t2(dy, rows, n);
-    a.dx = t2(dx, rows, n);
-    a.dweight = lk_tensor_1d(m->sc.dw, LK_F32, n);   /* the op writes it; grads accumulate */
+    a.dy = t2(m, dy, rows, n);
+    a.dx = t2(m, dx, rows, n);
+    a.dweight = lk_on(m, lk_tensor_1d(m->sc.dw, LK_F32, n));   /* the op writes it; grads accumulate */
     lk_status s = lk_rms_norm_backward(impl, &a, &m->ctx);
-    if (s) return s;
-    for (int64_t j = 0; j < n; j++) G(w_off)[j] += m->sc.dw[j];
-    return LK_OK;
+    return s ? s : add_into(m, G(w_off), G(w_off), m->sc.dw, n);
 }
 
-static lk_linear_args lin(const float *x, int64_t T, int64_t in, const float *w, int64_t out, float *y) {
-    return (lk_linear_args){.x = t2(x, T, in), .weight = t2(w, out, in), .y = t2(y, T, out)};
+static lk_linear_args lin(const lk_model *m, const float *x, int64_t T, int64_t in, const float *w, int64_t out, float *y) {
+    return (lk_linear_args){.x = t2(m, x, T, in), .weight = t2(m, w, out, in), .y = t2(m, y, T, out)};
 }
 
-static lk_rope_args rope_args(const lk_model *m, int l, const lk_layer_acts *a, const lk_batch *b) {
+static lk_rope_args rope_args(const lk_model *m, int l, const lk_layer_acts *a) {
     int64_t T = m->T;
     lk_rope_args r = {
-        .q = t4(a->qr, m->Hq, T, m->D), .k = t4(a->kr, m->Hk, T, m->D),
-        .q_out = t4(a->qr, m->Hq, T, m->D), .k_out = t4(a->kr, m->Hk, T, m->D),
-        .cos = t2(m->rope_cos, m->max_pos, m->D / 2), .sin = t2(m->rope_sin, m->max_pos, m->D / 2),
-        .position_ids = lk_tensor_2d(b->position_ids, LK_I64, 1, T),
+        .q = t4(m, a->qr, m->Hq, T, m->D), .k = t4(m, a->kr, m->Hk, T, m->D),
+        .q_out = t4(m, a->qr, m->Hq, T, m->D), .k_out = t4(m, a->kr, m->Hk, T, m->D),
+        .cos = t2(m, m->rope_cos, m->max_pos, m->D / 2), .sin = t2(m, m->rope_sin, m->max_pos, m->D / 2),
+        .position_ids = lk_on(m, lk_tensor_2d((void *)m->pos, LK_I64, 1, T)),
         .saved = sv(a->s[S_ROPE], m->layers[l].saved[S_ROPE]), .rotary_dim = 0,
     };
     return r;
@@ -94,8 +88,8 @@ static lk_attention_args attn_args(const lk_model *m, const lk_impl *impl, const
     const lk_attention_entry *e = impl->vtable;
     int64_t T = m->T;
     lk_attention_args at = {
-        .q = t4(a->qr, m->Hq, T, m->D), .k = t4(a->kr, m->Hk, T, m->D), .v = t4(a->vt, m->Hk, T, m->D),
-        .out = lk_tensor_view(a->ao, LK_F32, 4, (int64_t[]){1, T, m->Hq, m->D}), .saved = sv(a->s[S_ATTN], saved),
+        .q = t4(m, a->qr, m->Hq, T, m->D), .k = t4(m, a->kr, m->Hk, T, m->D), .v = t4(m, a->vt, m->Hk, T, m->D),
+        .out = lk_on(m, lk_tensor_view(a->ao, LK_F32, 4, (int64_t[]){1, T, m->Hq, m->D})), .saved = sv(a->s[S_ATTN], saved),
     };
     if (e->adapter == LK_ATTN_FLEX) {
         at.block_mask = &m->doc_mask;
@@ -117,49 +111,48 @@ lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, con
     lk_status s;
     lk_rms_norm_args n = norm_args(m, a->x, T, H, W(L->in), a->h1, a->s[S_IN], L->saved[S_IN]);
     if ((s = lk_rms_norm_forward(op->in_norm, &n, ctx))) return s;
-    lk_linear_args pq = lin(a->h1, T, H, W(L->q), Q, sc->q), pk = lin(a->h1, T, H, W(L->k), K, sc->k),
-                   pv = lin(a->h1, T, H, W(L->v), K, sc->v);
+    lk_linear_args pq = lin(m, a->h1, T, H, W(L->q), Q, sc->q), pk = lin(m, a->h1, T, H, W(L->k), K, sc->k),
+                   pv = lin(m, a->h1, T, H, W(L->v), K, sc->v);
     if ((s = lk_linear_forward(op->q_proj, &pq, ctx)) || (s = lk_linear_forward(op->k_proj, &pk, ctx)) ||
         (s = lk_linear_forward(op->v_proj, &pv, ctx)))
         return s;
-    to_heads(sc->q, a->qt, T, m->Hq, m->D);
-    to_heads(sc->k, a->kt, T, m->Hk, m->D);
-    to_heads(sc->v, a->vt, T, m->Hk, m->D);
+    if ((s = to_heads(m, sc->q, a->qt, m->Hq)) || (s = to_heads(m, sc->k, a->kt, m->Hk)) ||
+        (s = to_heads(m, sc->v, a->vt, m->Hk)))
+        return s;
     /* q_norm / k_norm over the head dim, written where RoPE then rotates in place */
     lk_rms_norm_args nq = norm_args(m, a->qt, m->Hq * T, m->D, W(L->qn), a->qr, a->s[S_QN], L->saved[S_QN]);
     lk_rms_norm_args nk = norm_args(m, a->kt, m->Hk * T, m->D, W(L->kn), a->kr, a->s[S_KN], L->saved[S_KN]);
     if ((s = lk_rms_norm_forward(op->q_norm, &nq, ctx)) || (s = lk_rms_norm_forward(op->k_norm, &nk, ctx)))
         return s;
-    lk_rope_args r = rope_args(m, l, a, b);
+    lk_rope_args r = rope_args(m, l, a);
     if ((s = lk_rope_forward(op->rope, &r, ctx))) return s;
     lk_attention_args at = attn_args(m, op->attn, a, b, L->saved[S_ATTN]);
     ctx->comm = m->sp;   /* Ulysses over the SP group (NULL: one process) */
     s = lk_attention_forward(op->attn, &at, ctx);
     ctx->comm = NULL;
     if (s) return s;
-    lk_linear_args po = lin(a->ao, T, Q, W(L->o), H, sc->tmp);
+    lk_linear_args po = lin(m, a->ao, T, Q, W(L->o), H, sc->tmp);
     if ((s = lk_linear_forward(op->o_proj, &po, ctx))) return s;
-    add_into(a->x2, a->x, sc->tmp, T * H);
+    if ((s = add_into(m, a->x2, a->x, sc->tmp, T * H))) return s;
     lk_rms_norm_args np = norm_args(m, a->x2, T, H, W(L->post), a->h2, a->s[S_POST], L->saved[S_POST]);
     if ((s = lk_rms_norm_forward(op->post_norm, &np, ctx))) return s;
     if (L->moe) {
         if ((s = lk_qwen3_moe_forward(m, l, a, sc->tmp, aux))) return s;
     } else {
-        lk_swiglu_mlp_args f = {.x = t2(a->h2, T, H), .gate_up_weight = t2(W(L->gate_up), 2 * m->I, H),
-                                .down_weight = t2(W(L->down), H, m->I), .out = t2(sc->tmp, T, H),
+        lk_swiglu_mlp_args f = {.x = t2(m, a->h2, T, H), .gate_up_weight = t2(m, W(L->gate_up), 2 * m->I, H),
+                                .down_weight = t2(m, W(L->down), H, m->I), .out = t2(m, sc->tmp, T, H),
                                 .saved = sv(a->s[S_MLP], L->saved[S_MLP])};
         if ((s = lk_swiglu_mlp_forward(op->mlp, &f, ctx))) return s;
     }
-    if (out) add_into(out, a->x2, sc->tmp, T * H);
-    return LK_OK;
+    return out ? add_into(m, out, a->x2, sc->tmp, T * H) : LK_OK;
 }
 
 /* A projection's backward: dx written, the weight's gradient accumulated into the grads. */
 static lk_status lin_backward(lk_model *m, const lk_impl *impl, lk_linear_args p, const float *dy, int64_t w_off,
                               float *dx) {
-    p.dy = t2(dy, p.y.shape[0], p.y.shape[1]);
-    p.dx = t2(dx, p.x.shape[0], p.x.shape[1]);
-    p.dweight = t2(G(w_off), p.weight.shape[0], p.weight.shape[1]);
+    p.dy = t2(m, dy, p.y.shape[0], p.y.shape[1]);
+    p.dx = t2(m, dx, p.x.shape[0], p.x.shape[1]);
+    p.dweight = t2(m, G(w_off), p.weight.shape[0], p.weight.shape[1]);
     return lk_linear_backward(impl, &p, &m->ctx);
 }
 
@@ -174,30 +167,30 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
     if (L->moe) {
         if ((s = lk_qwen3_moe_backward(m, l, a, sc->dres, sc->dh, d_aux))) return s;
     } else {
-        lk_swiglu_mlp_args f = {.x = t2(a->h2, T, H), .gate_up_weight = t2(W(L->gate_up), 2 * m->I, H),
-                                .down_weight = t2(W(L->down), H, m->I), .out = t2(sc->tmp, T, H),
-                                .dout = t2(sc->dres, T, H), .dx = t2(sc->dh, T, H),
-                                .d_gate_up_weight = t2(G(L->gate_up), 2 * m->I, H),
-                                .d_down_weight = t2(G(L->down), H, m->I),
+        lk_swiglu_mlp_args f = {.x = t2(m, a->h2, T, H), .gate_up_weight = t2(m, W(L->gate_up), 2 * m->I, H),
+                                .down_weight = t2(m, W(L->down), H, m->I), .out = t2(m, sc->tmp, T, H),
+                                .dout = t2(m, sc->dres, T, H), .dx = t2(m, sc->dh, T, H),
+                                .d_gate_up_weight = t2(m, G(L->gate_up), 2 * m->I, H),
+                                .d_down_weight = t2(m, G(L->down), H, m->I),
                                 .saved = sv(a->s[S_MLP], L->saved[S_MLP])};
         if ((s = lk_swiglu_mlp_backward(op->mlp, &f, ctx))) return s;
     }
     lk_rms_norm_args np = norm_args(m, a->x2, T, H, W(L->post), a->h2, a->s[S_POST], L->saved[S_POST]);
     if ((s = norm_backward(m, op->post_norm, np, sc->dh, sc->tmp, L->post))) return s;
-    add_into(sc->dres, sc->dres, sc->tmp, T * H);                 /* d(x2) */
+    if ((s = add_into(m, sc->dres, sc->dres, sc->tmp, T * H))) return s;   /* d(x2) */
     /* attention */
-    lk_linear_args po = lin(a->ao, T, Q, W(L->o), H, sc->tmp);
+    lk_linear_args po = lin(m, a->ao, T, Q, W(L->o), H, sc->tmp);
     if ((s = lin_backward(m, op->o_proj, po, sc->dres, L->o, sc->dao))) return s;
     lk_attention_args at = attn_args(m, op->attn, a, b, L->saved[S_ATTN]);
-    at.dout = lk_tensor_view(sc->dao, LK_F32, 4, (int64_t[]){1, T, m->Hq, m->D});
-    at.dq = t4(sc->dqr, m->Hq, T, m->D);
-    at.dk = t4(sc->dkr, m->Hk, T, m->D);
-    at.dv = t4(sc->dvt, m->Hk, T, m->D);
+    at.dout = lk_on(m, lk_tensor_view(sc->dao, LK_F32, 4, (int64_t[]){1, T, m->Hq, m->D}));
+    at.dq = t4(m, sc->dqr, m->Hq, T, m->D);
+    at.dk = t4(m, sc->dkr, m->Hk, T, m->D);
+    at.dv = t4(m, sc->dvt, m->Hk, T, m->D);
     ctx->comm = m->sp;
     s = lk_attention_backward(op->attn, &at, ctx);
     ctx->comm = NULL;
     if (s) return s;
-    lk_rope_args r = rope_args(m, l, a, b);
+    lk_rope_args r = rope_args(m, l, a);
     r.dq_out = r.dq = at.dq;                                      /* rotated back in place */
     r.dk_out = r.dk = at.dk;
     if ((s = lk_rope_backward(op->rope, &r, ctx))) return s;
@@ -206,18 +199,16 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
     if ((s = norm_backward(m, op->q_norm, nq, sc->dqr, sc->dqt, L->qn)) ||
         (s = norm_backward(m, op->k_norm, nk, sc->dkr, sc->dkt, L->kn)))
         return s;
-    from_heads(sc->dqt, sc->q, T, m->Hq, m->D);
-    from_heads(sc->dkt, sc->k, T, m->Hk, m->D);
-    from_heads(sc->dvt, sc->v, T, m->Hk, m->D);
-    lk_linear_args pq = lin(a->h1, T, H, W(L->q), Q, NULL), pk = lin(a->h1, T, H, W(L->k), K, NULL),
-                   pv = lin(a->h1, T, H, W(L->v), K, NULL);
+    if ((s = from_heads(m, sc->dqt, sc->q, m->Hq)) || (s = from_heads(m, sc->dkt, sc->k, m->Hk)) ||
+        (s = from_heads(m, sc->dvt, sc->v, m->Hk)))
+        return s;
+    lk_linear_args pq = lin(m, a->h1, T, H, W(L->q), Q, NULL), pk = lin(m, a->h1, T, H, W(L->k), K, NULL),
+                   pv = lin(m, a->h1, T, H, W(L->v), K, NULL);
     if ((s = lin_backward(m, op->q_proj, pq, sc->q, L->q, sc->dh))) return s;
-    if ((s = lin_backward(m, op->k_proj, pk, sc->k, L->k, sc->dh2))) return s;
-    add_into(sc->dh, sc->dh, sc->dh2, T * H);
-    if ((s = lin_backward(m, op->v_proj, pv, sc->v, L->v, sc->dh2))) return s;
-    add_into(sc->dh, sc->dh, sc->dh2, T * H);
+    if ((s = lin_backward(m, op->k_proj, pk, sc->k, L->k, sc->dh2)) || (s = add_into(m, sc->dh, sc->dh, sc->dh2, T * H)) ||
+        (s = lin_backward(m, op->v_proj, pv, sc->v, L->v, sc->dh2)) || (s = add_into(m, sc->dh, sc->dh, sc->dh2, T * H)))
+        return s;
     lk_rms_norm_args n = norm_args(m, a->x, T, H, W(L->in), a->h1, a->s[S_IN], L->saved[S_IN]);
     if ((s = norm_backward(m, op->in_norm, n, sc->dh, sc->tmp, L->in))) return s;
-    add_into(sc->dres, sc->dres, sc->tmp, T * H);                 /* d(x) */
-    return LK_OK;
+    return add_into(m, sc->dres, sc->dres, sc->tmp, T * H);       /* d(x) */
 }

@@ -6,16 +6,18 @@
  * d_topk_weights and the aux coefficient; the two d_hidden are summed. */
 #include "model/qwen3_internal.h"
 
-static lk_tensor t2(const void *p, lk_dtype dt, int64_t r, int64_t c) { return lk_tensor_2d((void *)p, dt, r, c); }
-static lk_tensor t3(const float *p, int64_t a, int64_t b, int64_t c) {
-    return lk_tensor_view((void *)p, LK_F32, 3, (int64_t[]){a, b, c});
+static lk_tensor t2(const lk_model *m, const void *p, lk_dtype dt, int64_t r, int64_t c) {
+    return lk_on(m, lk_tensor_2d((void *)p, dt, r, c));
+}
+static lk_tensor t3(const lk_model *m, const float *p, int64_t a, int64_t b, int64_t c) {
+    return lk_on(m, lk_tensor_view((void *)p, LK_F32, 3, (int64_t[]){a, b, c}));
 }
 
 static lk_moe_router_args router_args(lk_model *m, int l, const lk_layer_acts *a) {
     const lk_layer *L = &m->layers[l];
     return (lk_moe_router_args){
-        .hidden = t2(a->h2, LK_F32, m->T, m->H), .gate_weight = t2(m->w + L->router, LK_F32, m->E, m->H),
-        .topk_ids = t2(a->ids, LK_I32, m->T, m->K), .topk_weights = t2(a->tw, LK_F32, m->T, m->K),
+        .hidden = t2(m, a->h2, LK_F32, m->T, m->H), .gate_weight = t2(m, m->w + L->router, LK_F32, m->E, m->H),
+        .topk_ids = t2(m, a->ids, LK_I32, m->T, m->K), .topk_weights = t2(m, a->tw, LK_F32, m->T, m->K),
         .saved = {a->s[S_ROUTER], L->saved[S_ROUTER]},
         .n_experts = (int)m->E, .top_k = (int)m->K, .norm_topk_prob = m->cfg.norm_topk_prob,
     };
@@ -25,11 +27,11 @@ static lk_moe_experts_args experts_args(lk_model *m, int l, const lk_layer_acts 
                                         float *out) {
     const lk_layer *L = &m->layers[l];
     return (lk_moe_experts_args){
-        .hidden = t2(a->h2, LK_F32, m->T, m->H), .topk_ids = t2(a->ids, LK_I32, m->T, m->K),
-        .topk_weights = t2(a->tw, LK_F32, m->T, m->K),
-        .gate_up_weight = t3(weights + L->gate_up, m->E, 2 * m->Ie, m->H),
-        .down_weight = t3(weights + L->down, m->E, m->H, m->Ie),
-        .out = t2(out, LK_F32, m->T, m->H), .saved = {a->s[S_EXPERTS], L->saved[S_EXPERTS]},
+        .hidden = t2(m, a->h2, LK_F32, m->T, m->H), .topk_ids = t2(m, a->ids, LK_I32, m->T, m->K),
+        .topk_weights = t2(m, a->tw, LK_F32, m->T, m->K),
+        .gate_up_weight = t3(m, weights + L->gate_up, m->E, 2 * m->Ie, m->H),
+        .down_weight = t3(m, weights + L->down, m->E, m->H, m->Ie),
+        .out = t2(m, out, LK_F32, m->T, m->H), .saved = {a->s[S_EXPERTS], L->saved[S_EXPERTS]},
     };
 }
 
@@ -38,10 +40,10 @@ static lk_moe_dispatch_args dispatch_args(lk_model *m, int l, const lk_layer_act
     const lk_layer *L = &m->layers[l];
     int64_t n = m->E / m->ep->size, e0 = m->ep->rank * n;
     lk_moe_dispatch_args d = {
-        .hidden = t2(a->h2, LK_F32, m->T, m->H), .topk_ids = t2(a->ids, LK_I32, m->T, m->K),
-        .topk_weights = t2(a->tw, LK_F32, m->T, m->K),
-        .gate_up_weight = t3(buf + L->gate_up + e0 * 2 * m->Ie * m->H, n, 2 * m->Ie, m->H),
-        .down_weight = t3(buf + L->down + e0 * m->H * m->Ie, n, m->H, m->Ie),
+        .hidden = t2(m, a->h2, LK_F32, m->T, m->H), .topk_ids = t2(m, a->ids, LK_I32, m->T, m->K),
+        .topk_weights = t2(m, a->tw, LK_F32, m->T, m->K),
+        .gate_up_weight = t3(m, buf + L->gate_up + e0 * 2 * m->Ie * m->H, n, 2 * m->Ie, m->H),
+        .down_weight = t3(m, buf + L->down + e0 * m->H * m->Ie, n, m->H, m->Ie),
         .n_experts = (int)m->E, .experts = L->ops.experts,
     };
     return d;
@@ -56,15 +58,14 @@ lk_status lk_qwen3_moe_saved(const lk_model *m, int l, int64_t T, size_t *router
 
 lk_status lk_qwen3_moe_forward(lk_model *m, int l, const lk_layer_acts *a, float *out, float *aux) {
     lk_moe_router_args r = router_args(m, l, a);
-    r.aux_loss = lk_tensor_1d(&m->aux_layer, LK_F32, 1);
+    r.aux_loss = lk_on(m, lk_tensor_1d(m->scal + 2, LK_F32, 1));
     m->ctx.comm = m->sp;   /* the aux loss over the SP group's tokens */
     lk_status s = lk_moe_router_forward(m->layers[l].ops.router, &r, &m->ctx);
     m->ctx.comm = NULL;
-    if (s) return s;
-    if (aux) *aux = m->aux_layer;
+    if (s || (aux && (s = m->dev->get(aux, m->scal + 2, sizeof *aux)))) return s;
     if (m->ep) {
         lk_moe_dispatch_args d = dispatch_args(m, l, a, m->w);
-        d.out = t2(out, LK_F32, m->T, m->H);
+        d.out = t2(m, out, LK_F32, m->T, m->H);
         m->ctx.comm = m->ep;
         s = lk_moe_dispatch_forward(m->dispatch, &d, &m->ctx);
         m->ctx.comm = NULL;
@@ -77,12 +78,12 @@ lk_status lk_qwen3_moe_forward(lk_model *m, int l, const lk_layer_acts *a, float
 lk_status lk_qwen3_moe_backward(lk_model *m, int l, const lk_layer_acts *a, const float *dout, float *dx,
                                 float d_aux) {
     const lk_layer *L = &m->layers[l];
-    lk_tensor dtw = t2(m->sc.dtw, LK_F32, m->T, m->K);
+    lk_tensor dtw = t2(m, m->sc.dtw, LK_F32, m->T, m->K);
     lk_status s;
     if (m->ep) {
         lk_moe_dispatch_args d = dispatch_args(m, l, a, m->w), g = dispatch_args(m, l, a, m->g);
-        d.dout = t2(dout, LK_F32, m->T, m->H);
-        d.d_hidden = t2(dx, LK_F32, m->T, m->H);
+        d.dout = t2(m, dout, LK_F32, m->T, m->H);
+        d.d_hidden = t2(m, dx, LK_F32, m->T, m->H);
         d.d_topk_weights = dtw;
         d.d_gate_up_weight = g.gate_up_weight;
         d.d_down_weight = g.down_weight;
@@ -92,25 +93,21 @@ lk_status lk_qwen3_moe_backward(lk_model *m, int l, const lk_layer_acts *a, cons
     } else {
         lk_moe_experts_args e = experts_args(m, l, a, m->w, m->sc.tmp);
         e.out.data = NULL;   /* the backward reads saved, not the output */
-        e.dout = t2(dout, LK_F32, m->T, m->H);
-        e.d_hidden = t2(dx, LK_F32, m->T, m->H);
+        e.dout = t2(m, dout, LK_F32, m->T, m->H);
+        e.d_hidden = t2(m, dx, LK_F32, m->T, m->H);
         e.d_topk_weights = dtw;
-        e.d_gate_up_weight = t3(m->g + L->gate_up, m->E, 2 * m->Ie, m->H);
-        e.d_down_weight = t3(m->g + L->down, m->E, m->H, m->Ie);
+        e.d_gate_up_weight = t3(m, m->g + L->gate_up, m->E, 2 * m->Ie, m->H);
+        e.d_down_weight = t3(m, m->g + L->down, m->E, m->H, m->Ie);
         s = lk_moe_experts_backward(L->ops.experts, &e, &m->ctx);
     }
     if (s) return s;
     lk_moe_router_args r = router_args(m, l, a);
     r.d_topk_weights = dtw;
     r.d_aux_loss = d_aux;
-    r.d_hidden = t2(m->sc.dh2, LK_F32, m->T, m->H);
-    r.d_gate_weight = t2(m->g + L->router, LK_F32, m->E, m->H);
+    r.d_hidden = t2(m, m->sc.dh2, LK_F32, m->T, m->H);
+    r.d_gate_weight = t2(m, m->g + L->router, LK_F32, m->E, m->H);
     m->ctx.comm = m->sp;
     s = lk_moe_router_backward(L->ops.router, &r, &m->ctx);
     m->ctx.comm = NULL;
-    if (s) return s;
-    int64_t n = m->T * m->H;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) dx[i] += m->sc.dh2[i];
-    return LK_OK;
+    return s ? s : m->dev->add(dx, dx, m->sc.dh2, m->T * m->H, &m->ctx);
 }

@@ -1,6 +1,7 @@
-/* params.c — the Qwen3 model's parameters: their layout in one flat f32 buffer (views
- * named as in the Hugging Face checkpoints, fused where the ops want them fused), their
- * initialization, and checkpoint save / load through checkpoint.h and hf_config.h. */
+/* params.c — the Qwen3 model's parameters: their layout in one flat f32 buffer on the
+ * model's device (views named as in the Hugging Face checkpoints, fused where the ops
+ * want them fused), their initialization, and checkpoint save / load through
+ * checkpoint.h and hf_config.h (on a GPU through a host copy of the whole buffer). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,34 +75,58 @@ static lk_status layout(lk_model *m) {
     if (c->tie_word_embeddings) m->lm_head = m->embed;
     m->n_params = (int)n;
     m->n_floats = align16(cur);
-    m->w = aligned_alloc(64, (size_t)m->n_floats * sizeof(float));
-    m->g = aligned_alloc(64, (size_t)m->n_floats * sizeof(float));
+    m->w = m->dev->alloc((size_t)m->n_floats * sizeof(float));   /* zeroed */
+    m->g = m->dev->alloc((size_t)m->n_floats * sizeof(float));
     if (!m->w || !m->g) return lk_error(LK_ENOMEM, "model: %lld parameters: out of memory", (long long)m->n_floats);
-    memset(m->w, 0, (size_t)m->n_floats * sizeof(float));
-    memset(m->g, 0, (size_t)m->n_floats * sizeof(float));
     for (int i = 0; i < m->n_params; i++) {
         lk_param *p = &m->params[i];
         int64_t off = p->value.stride[0], shape[2] = {p->value.shape[0], p->value.shape[1]};
-        p->value = lk_tensor_view(m->w + off, LK_F32, p->value.ndim, shape);
-        p->grad = lk_tensor_view(m->g + off, LK_F32, p->value.ndim, shape);
+        p->value = lk_on(m, lk_tensor_view(m->w + off, LK_F32, p->value.ndim, shape));
+        p->grad = lk_on(m, lk_tensor_view(m->g + off, LK_F32, p->value.ndim, shape));
     }
+    return LK_OK;
+}
+
+/* Parameter i viewed in host memory: the values themselves on the CPU, else its place in
+ * host, a host copy of the whole buffer. */
+static lk_tensor host_view(const lk_model *m, int i, float *host) {
+    lk_tensor t = m->params[i].value;
+    if (host) t.data = host + ((const float *)t.data - m->w);
+    t.device = (lk_device){LK_DEVICE_CPU, 0};
+    return t;
+}
+
+/* A host copy of the parameter buffer (NULL on the CPU, where none is needed). */
+static lk_status host_copy(const lk_model *m, int fetch, float **out) {
+    *out = NULL;
+    if (m->dev->type == LK_DEVICE_CPU) return LK_OK;
+    size_t bytes = (size_t)m->n_floats * sizeof(float);
+    float *h = calloc(1, bytes);
+    if (!h) return lk_error(LK_ENOMEM, "model: a host copy of %lld parameters: out of memory", (long long)m->n_floats);
+    lk_status s = fetch ? m->dev->get(h, m->w, bytes) : LK_OK;
+    if (s) { free(h); return s; }
+    *out = h;
     return LK_OK;
 }
 
 lk_status lk_qwen3_params_init(lk_model *m, uint64_t seed) {
     lk_status s = layout(m);
     if (s) return s;
-    lk_rng rng = lk_rng_make(seed);
+    float *host;
+    if ((s = host_copy(m, 0, &host))) return s;
+    lk_rng rng = lk_rng_make(seed);   /* drawn on the host: the same weights on every device */
     for (int i = 0; i < m->n_params; i++) {
-        lk_param *p = &m->params[i];
-        int64_t n = lk_tensor_numel(&p->value);
-        if (p->value.ndim == 1) {       /* norm weights start at 1 */
-            for (int64_t j = 0; j < n; j++) ((float *)p->value.data)[j] = 1.0f;
+        lk_tensor v = host_view(m, i, host);
+        int64_t n = lk_tensor_numel(&v);
+        if (v.ndim == 1) {       /* norm weights start at 1 */
+            for (int64_t j = 0; j < n; j++) ((float *)v.data)[j] = 1.0f;
         } else {
-            lk_rng_normal(&rng, p->value.data, n, 0.0f, (float)m->cfg.initializer_range);
+            lk_rng_normal(&rng, v.data, n, 0.0f, (float)m->cfg.initializer_range);
         }
     }
-    return LK_OK;
+    if (host) s = m->dev->put(m->w, host, (size_t)m->n_floats * sizeof(float));
+    free(host);
+    return s;
 }
 
 int lk_model_param_count(const lk_model *m) { return m ? m->n_params : 0; }
@@ -116,7 +141,7 @@ lk_param *lk_model_param(lk_model *m, int i) {
 }
 
 void lk_model_zero_grad(lk_model *m) {
-    if (m) memset(m->g, 0, (size_t)m->n_floats * sizeof(float));
+    if (m) m->dev->zero(m->g, (size_t)m->n_floats * sizeof(float), &m->ctx);
 }
 
 static lk_status join(char *buf, size_t n, const char *dir, const char *file) {
@@ -134,15 +159,20 @@ lk_status lk_model_save(const lk_model *m, const char *dir) {
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return lk_error(LK_EIO, "model_save: %s: %s", dir, strerror(errno));
     char path[4096];
+    float *host;
     lk_status s = join(path, sizeof path, dir, "model.safetensors");
     lk_st_writer *w = NULL;
-    if (s || (s = lk_st_writer_begin(path, &w))) return s;
-    for (int i = 0; i < m->n_params && !s; i++)
-        s = as == LK_F32 ? lk_st_writer_add(w, m->params[i].name, &m->params[i].value)
-                         : lk_st_writer_add_as(w, m->params[i].name, &m->params[i].value, as);
-    if (s) { lk_st_writer_abort(w); return s; }
+    if (s || (s = host_copy(m, 1, &host))) return s;
+    if ((s = lk_st_writer_begin(path, &w))) { free(host); return s; }
+    for (int i = 0; i < m->n_params && !s; i++) {
+        lk_tensor v = host_view(m, i, host);
+        s = as == LK_F32 ? lk_st_writer_add(w, m->params[i].name, &v) : lk_st_writer_add_as(w, m->params[i].name, &v, as);
+    }
+    if (s) lk_st_writer_abort(w);
+    else s = lk_st_writer_commit(w);   /* it reads the views: host lives until here */
+    free(host);
+    if (s) return s;
     /* the weights first: a config.json beside them says they are complete */
-    if ((s = lk_st_writer_commit(w))) return s;
     if ((s = join(path, sizeof path, dir, "config.json"))) return s;
     return lk_qwen3_config_write(path, &m->cfg);
 }
@@ -170,7 +200,14 @@ lk_status lk_model_load_weights(lk_model *m, const char *dir) {
                          t->st_dtype);
         }
     }
-    for (int i = 0; i < m->n_params && !s; i++) s = lk_st_read(f, m->params[i].name, &m->params[i].value);
+    float *host = NULL;
+    if (!s) s = host_copy(m, 1, &host);   /* untied pieces of the buffer keep their values */
+    for (int i = 0; i < m->n_params && !s; i++) {
+        lk_tensor v = host_view(m, i, host);
+        s = lk_st_read(f, m->params[i].name, &v);
+    }
     lk_st_close(f);
+    if (!s && host) s = m->dev->put(m->w, host, (size_t)m->n_floats * sizeof(float));
+    free(host);
     return s;
 }

@@ -1,8 +1,10 @@
-/* qwen3.c — the Qwen3 / Qwen3-MoE decoder for training on the CPU in f32 (model.h):
- * create (config checks, every module's implementation resolved once from the op
- * table), the activation buffers for a token count, and the step: embedding gather,
- * the layers (layer.c), final norm, LM head + loss through the cross_entropy op, then
- * the backward in reverse, optionally recomputing each layer from its input. */
+/* qwen3.c — the Qwen3 / Qwen3-MoE decoder for training in f32 (model.h), on the CPU or,
+ * from a CUDA op table, on the current GPU: create (config checks, every module's
+ * implementation resolved once from the op table), the activation buffers for a token
+ * count, and the step: embedding gather, the layers (layer.c), final norm, LM head +
+ * loss through the cross_entropy op, then the backward in reverse, optionally
+ * recomputing each layer from its input. Buffers and the model's own moves go through
+ * device.h; the batch stays on the host and its per-token arrays are copied over. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,14 +13,15 @@
 
 /* The implementation bound to module (op-wide unless an override names it). */
 static lk_status bind(const lk_op_table *t, lk_op op, const char *module, const lk_impl **out) {
+    lk_device_type dev = t->device;
     const lk_binding *b = lk_op_table_get(t, op, module);
     const char *name = lk_op_info_get(op)->name;
     if (!b || !b->impl)
         return lk_error(LK_EUNAVAILABLE, "model: %s: op %s has no implementation in this build%s%s%s", module, name,
                         b && b->fallback[0] ? " (" : "", b ? b->fallback : "", b && b->fallback[0] ? ")" : "");
-    if (b->impl->device != LK_DEVICE_CPU)
-        return lk_error(LK_EUNAVAILABLE, "model: %s: %s '%s' runs on %s; the model runs on the CPU", module, name,
-                        b->impl->name, lk_device_name(b->impl->device));
+    if (b->impl->device != dev)
+        return lk_error(LK_EUNAVAILABLE, "model: %s: %s '%s' runs on %s; the model runs on %s", module, name,
+                        b->impl->name, lk_device_name(b->impl->device), lk_device_name(dev));
     *out = b->impl;
     return LK_OK;
 }
@@ -68,13 +71,18 @@ static lk_status make_rope(lk_model *m) {
         scp = &sc;
     }
     m->max_pos = c->max_position_embeddings;
-    int64_t n = m->max_pos * (m->D / 2);
-    m->rope_cos = malloc((size_t)n * 4);
-    m->rope_sin = malloc((size_t)n * 4);
-    if (!m->rope_cos || !m->rope_sin) return lk_error(LK_ENOMEM, "model: rope tables: out of memory");
-    lk_tensor cs = lk_tensor_2d(m->rope_cos, LK_F32, m->max_pos, m->D / 2);
-    lk_tensor sn = lk_tensor_2d(m->rope_sin, LK_F32, m->max_pos, m->D / 2);
-    return lk_rope_tables(c->rope_theta, m->D, scp, &cs, &sn);
+    size_t n = (size_t)(m->max_pos * (m->D / 2));
+    float *host = malloc(2 * n * 4);   /* built on the host, then placed */
+    m->rope_cos = m->dev->alloc(n * 4);
+    m->rope_sin = m->dev->alloc(n * 4);
+    lk_status s = LK_OK;
+    if (!host || !m->rope_cos || !m->rope_sin) s = lk_error(LK_ENOMEM, "model: rope tables: out of memory");
+    lk_tensor cs = lk_tensor_2d(host, LK_F32, m->max_pos, m->D / 2), sn = lk_tensor_2d(host + n, LK_F32, m->max_pos, m->D / 2);
+    if (!s) s = lk_rope_tables(c->rope_theta, m->D, scp, &cs, &sn);
+    if (!s) s = m->dev->put(m->rope_cos, host, n * 4);
+    if (!s) s = m->dev->put(m->rope_sin, host + n, n * 4);
+    free(host);
+    return s;
 }
 
 lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, uint64_t seed, int recompute,
@@ -86,8 +94,17 @@ lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, ui
     if (cfg->head_dim % 2 || cfg->max_position_embeddings < 1)
         return lk_error(LK_EINVAL, "model_create: cfg: head_dim: expected even (RoPE) and max_position_embeddings >= 1, "
                         "got %lld and %lld", (long long)cfg->head_dim, (long long)cfg->max_position_embeddings);
-    if (ops->device != LK_DEVICE_CPU)
-        return lk_error(LK_EUNAVAILABLE, "model_create: ops: expected a CPU op table, got %s",
+    const lk_model_device *dev = ops->device == LK_DEVICE_CPU ? &lk_model_device_cpu : NULL;
+#ifdef LLMKERN_HAVE_CUDA
+    if (ops->device == LK_DEVICE_CUDA) dev = &lk_model_device_cuda;
+#endif
+    if (!dev)
+        return lk_error(LK_EUNAVAILABLE, "model_create: ops: expected a CPU%s op table, got %s",
+#ifdef LLMKERN_HAVE_CUDA
+                        " or CUDA",
+#else
+                        " (this build has no CUDA)",
+#endif
                         lk_device_name(ops->device));
     const char *fam = cfg->moe ? "qwen3_moe" : "qwen3";
     if (ops->family && strcmp(ops->family->name, fam) != 0)
@@ -103,7 +120,11 @@ lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, ui
     m->Ie = cfg->moe ? cfg->moe_intermediate_size : 0;
     int N = (int)cfg->num_hidden_layers;
     m->layers = calloc((size_t)N, sizeof *m->layers);
-    m->ctx = lk_ctx_cpu(&m->arena);
+    m->dev = dev;
+    m->arena.device = dev->type;
+    m->ctx = dev->type == LK_DEVICE_CPU ? lk_ctx_cpu(&m->arena) : lk_ctx_cuda(&m->arena, NULL, dev->current());
+    m->scal = dev->alloc(64);
+    if (!m->scal) s = lk_error(LK_ENOMEM, "model_create: out of memory");
     if (!m->layers) s = lk_error(LK_ENOMEM, "model_create: out of memory");
     for (int l = 0; l < N && !s; l++) {
         m->layers[l].moe = cfg->moe && lk_qwen3_layer_is_moe(cfg, l);
@@ -115,7 +136,7 @@ lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, ui
         m->dispatch = d ? d->impl : NULL;
         /* a dispatcher nobody chose is `local`; under EP the all-to-all one is meant */
         if (m->dispatch && d->source == LK_SOURCE_DEFAULT && strcmp(m->dispatch->name, "local") == 0)
-            m->dispatch = lk_impl_find(LK_OP_MOE_DISPATCH, "alltoall", LK_DEVICE_CPU);
+            m->dispatch = lk_impl_find(LK_OP_MOE_DISPATCH, "alltoall", dev->type);
     }
     if (!s) s = bind(ops, LK_OP_RMS_NORM, "norm", &m->final_norm_impl);
     if (!s) s = bind(ops, LK_OP_CROSS_ENTROPY, "lm_head", &m->ce_impl);
@@ -127,8 +148,10 @@ lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, ui
 }
 
 static void free_acts(lk_model *m) {
-    free(m->act_block); free(m->scratch_block); free(m->acts); free(m->inputs);
+    m->dev->free(m->act_block); m->dev->free(m->scratch_block); m->dev->free(m->dev_tokens);
+    free(m->acts); free(m->inputs);
     m->act_block = m->scratch_block = NULL;
+    m->dev_tokens = NULL;
     m->acts = NULL;
     m->inputs = NULL;
     m->T = 0;
@@ -157,6 +180,9 @@ lk_status lk_model_set_parallel(lk_model *m, lk_comm *sp, lk_comm *ep) {
                                 m->layers[l].ops.attn->name);
         }
     }
+    if (P > 1 && m->dev->type != LK_DEVICE_CPU)   /* lk_sp_loss_reduce moves host scalars */
+        return lk_error(LK_EUNAVAILABLE, "model_set_parallel: sp %d: sequence parallelism runs on CPU models only "
+                        "so far (the loss is reduced over the group in host memory)", P);
     if (Q > 1) {
         if (!m->cfg.moe)
             return lk_error(LK_EINVAL, "model_set_parallel: ep %d: expected a MoE model, got a dense one", Q);
@@ -175,20 +201,25 @@ lk_status lk_model_set_parallel(lk_model *m, lk_comm *sp, lk_comm *ep) {
 
 void lk_model_free(lk_model *m) {
     if (!m) return;
-    free_acts(m);
-    free(m->w); free(m->g); free(m->params); free(m->layers); free(m->rope_cos); free(m->rope_sin);
+    if (m->dev) {
+        free_acts(m);
+        m->dev->free(m->w); m->dev->free(m->g); m->dev->free(m->rope_cos); m->dev->free(m->rope_sin);
+        m->dev->free(m->scal);
+    }
+    free(m->params); free(m->layers);
     lk_block_mask_free(&m->doc_mask);
     lk_arena_free(&m->arena);
     free(m);
 }
 
-static lk_cross_entropy_args ce_args(lk_model *m, const lk_batch *b, float *loss, int64_t *n_valid) {
+/* The loss op's arguments; loss and n_valid are the device scalars scal[0] and scal[4]. */
+static lk_cross_entropy_args ce_args(lk_model *m) {
     lk_cross_entropy_args a = lk_cross_entropy_args_init();
-    a.hidden = lk_tensor_2d(m->hf, LK_F32, m->T, m->H);
-    a.weight = lk_tensor_2d(m->w + m->lm_head, LK_F32, m->V, m->H);
-    a.labels = lk_tensor_1d(b ? b->labels : NULL, LK_I64, m->T);
-    a.loss = lk_tensor_1d(loss, LK_F32, 1);
-    a.n_valid = lk_tensor_1d(n_valid, LK_I64, 1);
+    a.hidden = lk_on(m, lk_tensor_2d(m->hf, LK_F32, m->T, m->H));
+    a.weight = lk_on(m, lk_tensor_2d(m->w + m->lm_head, LK_F32, m->V, m->H));
+    a.labels = lk_on(m, lk_tensor_1d((void *)m->labels, LK_I64, m->T));
+    a.loss = lk_on(m, lk_tensor_1d(m->scal, LK_F32, 1));
+    a.n_valid = lk_on(m, lk_tensor_1d(m->scal + 4, LK_I64, 1));
     a.saved = (lk_saved){m->s_ce, m->s_ce_bytes};
     a.reduction = m->sp ? LK_CE_SUM : LK_CE_MEAN;   /* under SP the mean is over the group */
     return a;
@@ -225,7 +256,7 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
     }
     lk_tensor hx = lk_tensor_2d(NULL, LK_F32, T, m->H);
     if (!s) s = lk_rms_norm_saved_bytes(m->final_norm_impl, &hx, &m->s_final_bytes);
-    lk_cross_entropy_args ce = ce_args(m, NULL, NULL, NULL);
+    lk_cross_entropy_args ce = ce_args(m);
     if (!s) s = lk_cross_entropy_saved_bytes(m->ce_impl, &ce, &m->s_ce_bytes);
     if (s) { free_acts(m); return s; }
 
@@ -240,7 +271,7 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
     kept = (size_t)(N + 1) * lk_align64(TH) + lk_align64(TH) + lk_align64(m->s_final_bytes) + lk_align64(m->s_ce_bytes);
     m->acts = calloc((size_t)N, sizeof *m->acts);
     m->inputs = calloc((size_t)N + 1, sizeof *m->inputs);
-    m->act_block = aligned_alloc(64, lk_align64(kept + n_blocks));
+    m->act_block = m->dev->alloc(lk_align64(kept + n_blocks));
     if (!m->acts || !m->inputs || !m->act_block) { free_acts(m); return lk_error(LK_ENOMEM, "model: activations: out of memory"); }
     unsigned char *base = m->act_block;
     size_t u = 0;
@@ -273,10 +304,14 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
         c->dqt = lk_carve(sb, &su, Q * 4); c->dkt = lk_carve(sb, &su, Kv * 4);
         c->dtw = lk_carve(sb, &su, Tk * 4);
         c->dw = lk_carve(sb, &su, nw * 4);
-        if (!pass && !(m->scratch_block = aligned_alloc(64, lk_align64(su)))) {
+        if (!pass && !(m->scratch_block = m->dev->alloc(lk_align64(su)))) {
             free_acts(m);
             return lk_error(LK_ENOMEM, "model: scratch: out of memory");
         }
+    }
+    if (m->dev->type != LK_DEVICE_CPU && !(m->dev_tokens = m->dev->alloc((size_t)(3 * T) * 8))) {
+        free_acts(m);
+        return lk_error(LK_ENOMEM, "model: token arrays: out of device memory");
     }
     return LK_OK;
 }
@@ -309,23 +344,42 @@ static lk_status slice_batch(lk_model *m, const lk_batch *b) {
     return LK_OK;
 }
 
+/* Where the ops read this rank's ids, labels and positions: on a GPU, copies. */
+static lk_status place_tokens(lk_model *m) {
+    const lk_batch *b = &m->local;
+    m->ids = b->input_ids, m->labels = b->labels, m->pos = b->position_ids;
+    if (!m->dev_tokens) return LK_OK;
+    int64_t T = m->T, *d = m->dev_tokens;
+    lk_status s;
+    if ((s = m->dev->put(d, b->input_ids, (size_t)T * 8)) || (s = m->dev->put(d + T, b->labels, (size_t)T * 8)) ||
+        (s = m->dev->put(d + 2 * T, b->position_ids, (size_t)T * 8)))
+        return s;
+    m->ids = d, m->labels = d + T, m->pos = d + 2 * T;
+    return LK_OK;
+}
+
+static lk_rms_norm_args final_norm_args(lk_model *m) {
+    int64_t T = m->T, H = m->H, N = (int64_t)m->cfg.num_hidden_layers;
+    return (lk_rms_norm_args){.x = lk_on(m, lk_tensor_2d(m->inputs[N], LK_F32, T, H)),
+                              .weight = lk_on(m, lk_tensor_1d(m->w + m->final_norm, LK_F32, H)),
+                              .y = lk_on(m, lk_tensor_2d(m->hf, LK_F32, T, H)), .saved = {m->s_final, m->s_final_bytes},
+                              .eps = m->cfg.rms_norm_eps};
+}
+
 /* The forward of the whole model; stats filled. b is m->local (slice_batch). */
 static lk_status forward(lk_model *m, const lk_batch *whole, lk_step_stats *st) {
     lk_status s = check_batch(m, whole);
     if (s || (s = slice_batch(m, whole))) return s;
     const lk_batch *b = &m->local;
     int64_t T = b->B * b->S / group_size(m->sp), H = m->H;
-    if (T != m->T && (s = alloc_acts(m, T))) return s;
+    if ((T != m->T && (s = alloc_acts(m, T))) || (s = place_tokens(m))) return s;
     if (m->flex) {   /* flex follows its BlockMask alone: causal within each packed document */
         lk_block_mask_free(&m->doc_mask);
         if ((s = lk_block_mask_document_cu(whole->cu_seqlens, whole->n_segs, 1, 1, whole->B * whole->S, 0, 0,
                                            &m->doc_mask)))
             return s;
     }
-    float *x0 = m->inputs[0];
-    const float *emb = m->w + m->embed;
-    #pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; t++) memcpy(x0 + t * H, emb + b->input_ids[t] * H, (size_t)H * 4);
+    if ((s = m->dev->embed(m->w + m->embed, m->ids, m->inputs[0], T, H, m->V, &m->ctx))) return s;
     int N = (int)m->cfg.num_hidden_layers;
     double aux = 0;
     for (int l = 0; l < N; l++) {
@@ -335,14 +389,14 @@ static lk_status forward(lk_model *m, const lk_batch *whole, lk_step_stats *st) 
         if ((s = lk_qwen3_layer_forward(m, l, &m->acts[l], b, m->inputs[l + 1], &a))) return s;
         aux += a;
     }
-    lk_rms_norm_args n = {.x = lk_tensor_2d(m->inputs[N], LK_F32, T, H), .weight = lk_tensor_1d(m->w + m->final_norm, LK_F32, H),
-                          .y = lk_tensor_2d(m->hf, LK_F32, T, H), .saved = {m->s_final, m->s_final_bytes},
-                          .eps = m->cfg.rms_norm_eps};
+    lk_rms_norm_args n = final_norm_args(m);
     if ((s = lk_rms_norm_forward(m->final_norm_impl, &n, &m->ctx))) return s;
     float loss = 0;
     int64_t nv = 0;
-    lk_cross_entropy_args ce = ce_args(m, b, &loss, &nv);
-    if ((s = lk_cross_entropy_forward(m->ce_impl, &ce, &m->ctx))) return s;
+    lk_cross_entropy_args ce = ce_args(m);
+    if ((s = lk_cross_entropy_forward(m->ce_impl, &ce, &m->ctx)) || (s = m->dev->get(&loss, m->scal, 4)) ||
+        (s = m->dev->get(&nv, m->scal + 4, 8)))
+        return s;
     st->loss = loss;
     st->n_tokens = nv;
     m->d_loss_unit = 1.0;
@@ -389,18 +443,19 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
     int N = (int)m->cfg.num_hidden_layers;
     int64_t T = m->T, H = m->H;
     const lk_batch *b = &m->local;   /* this rank's slice, set by the forward */
-    float dl = (float)(loss_scale * m->d_loss_unit), zero = 0;
-    lk_cross_entropy_args ce = ce_args(m, b, &zero, NULL);
-    ce.d_loss = lk_tensor_1d(&dl, LK_F32, 1);
-    ce.d_hidden = lk_tensor_2d(m->sc.dh, LK_F32, T, H);
-    ce.d_weight = lk_tensor_2d(m->g + m->lm_head, LK_F32, m->V, H);
-    if ((s = lk_cross_entropy_backward(m->ce_impl, &ce, &m->ctx))) return s;
-    lk_rms_norm_args n = {.x = lk_tensor_2d(m->inputs[N], LK_F32, T, H), .weight = lk_tensor_1d(m->w + m->final_norm, LK_F32, H),
-                          .y = lk_tensor_2d(m->hf, LK_F32, T, H), .saved = {m->s_final, m->s_final_bytes},
-                          .eps = m->cfg.rms_norm_eps, .dy = lk_tensor_2d(m->sc.dh, LK_F32, T, H),
-                          .dx = lk_tensor_2d(m->sc.dres, LK_F32, T, H), .dweight = lk_tensor_1d(m->sc.dw, LK_F32, H)};
-    if ((s = lk_rms_norm_backward(m->final_norm_impl, &n, &m->ctx))) return s;
-    for (int64_t j = 0; j < H; j++) m->g[m->final_norm + j] += m->sc.dw[j];
+    float dl = (float)(loss_scale * m->d_loss_unit);
+    lk_cross_entropy_args ce = ce_args(m);
+    ce.d_loss = lk_on(m, lk_tensor_1d(m->scal + 1, LK_F32, 1));
+    ce.d_hidden = lk_on(m, lk_tensor_2d(m->sc.dh, LK_F32, T, H));
+    ce.d_weight = lk_on(m, lk_tensor_2d(m->g + m->lm_head, LK_F32, m->V, H));
+    if ((s = m->dev->put(m->scal + 1, &dl, 4)) || (s = lk_cross_entropy_backward(m->ce_impl, &ce, &m->ctx))) return s;
+    lk_rms_norm_args n = final_norm_args(m);
+    n.dy = lk_on(m, lk_tensor_2d(m->sc.dh, LK_F32, T, H));
+    n.dx = lk_on(m, lk_tensor_2d(m->sc.dres, LK_F32, T, H));
+    n.dweight = lk_on(m, lk_tensor_1d(m->sc.dw, LK_F32, H));
+    float *gn = m->g + m->final_norm;
+    if ((s = lk_rms_norm_backward(m->final_norm_impl, &n, &m->ctx)) || (s = m->dev->add(gn, gn, m->sc.dw, H, &m->ctx)))
+        return s;
     grads_ready(m, m->final_norm);   /* the final norm and an untied lm_head follow the layers */
     /* the aux loss is the mean over MoE layers, scaled by its coefficient */
     float d_aux = m->n_moe_layers ? (float)(m->cfg.router_aux_loss_coef * loss_scale / m->n_moe_layers) : 0.0f;
@@ -409,13 +464,8 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
         if (s || (s = lk_qwen3_layer_backward(m, l, a, b, d_aux))) return s;
         grads_ready(m, m->layers[l].first);
     }
-    /* embedding: scatter-add by token; serial so repeated ids add in one fixed order */
-    float *ge = m->g + m->embed;
-    for (int64_t t = 0; t < T; t++) {
-        float *row = ge + b->input_ids[t] * H;
-        const float *d = m->sc.dres + t * H;
-        for (int64_t j = 0; j < H; j++) row[j] += d[j];
-    }
+    /* embedding: scatter-add by token, repeated ids in one fixed order */
+    if ((s = m->dev->embed_backward(m->g + m->embed, m->ids, m->sc.dres, T, H, m->V, &m->ctx))) return s;
     grads_ready(m, 0);
     *stats = st;
     return LK_OK;

@@ -23,6 +23,7 @@
 #include "llmkern/llmkern.h"
 #include "llmkern/hf_config.h"
 #include "llmkern/model.h"
+#include "model/device.h"
 
 /* The implementations one layer calls, resolved from the op table once at create. */
 typedef struct {
@@ -72,6 +73,7 @@ struct lk_model {
     int64_t H, Hq, Hk, D, I, V, E, K, Ie;    /* sizes; K = experts per token, Ie = moe_intermediate */
     int n_moe_layers;
 
+    const lk_model_device *dev;   /* where w, g, the tables and the activations live (device.h) */
     float *w, *g;                 /* all parameter values and grads */
     int64_t n_floats;
     int64_t embed, final_norm, lm_head;      /* offsets; lm_head = embed when tied */
@@ -87,6 +89,11 @@ struct lk_model {
      * (local: the batch with its per-token arrays moved there; cu_seqlens stay whole). */
     lk_comm *sp, *ep;
     lk_batch local;
+    /* The step's per-token arrays where the ops read them: m->local's own on the CPU, on
+     * a GPU their copies in dev_tokens ([3, T] i64: ids, labels, positions). */
+    const int64_t *ids, *labels, *pos;
+    int64_t *dev_tokens;
+    float *scal;                  /* device scalars: loss, d_loss, aux loss (f32), then n_valid (i64) */
     int flex;                     /* an attention binding is flex_attention: doc_mask serves it */
     lk_block_mask doc_mask;       /* the current batch's documents, causal, over all B*S tokens */
     double d_loss_unit;           /* d(the loss) / d(the CE op's loss): 1, or 1 / the SP group's count */
@@ -106,7 +113,6 @@ struct lk_model {
     size_t s_final_bytes, s_ce_bytes;
     unsigned char *shared;        /* with recompute: the one layer block every layer uses */
     lk_scratch sc;
-    float aux_layer;              /* scratch for one router's aux loss */
     size_t activation_bytes;
 
     lk_arena arena;
@@ -129,6 +135,12 @@ lk_status lk_qwen3_moe_backward(lk_model *m, int l, const lk_layer_acts *a, cons
                                 float d_aux);
 /* The saved-bytes queries of a MoE block for T tokens. */
 lk_status lk_qwen3_moe_saved(const lk_model *m, int l, int64_t T, size_t *router, size_t *experts);
+
+/* t placed on the model's device (the ops check where their tensors live). */
+static inline lk_tensor lk_on(const lk_model *m, lk_tensor t) {
+    t.device = m->ctx.device;
+    return t;
+}
 
 static inline size_t lk_align64(size_t n) { return (n + 63) & ~(size_t)63; }
 /* Hands out 64-byte aligned pieces of base (or only counts them when base is NULL). */

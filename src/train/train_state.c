@@ -33,19 +33,29 @@ lk_status lk_mkdirs(const char *path) {
 /* Names of the optimizer file's tensors: "<kind>/<param name>". */
 static void key(char *buf, size_t n, const char *kind, const char *name) { snprintf(buf, n, "%s/%s", kind, name); }
 
+/* One tensor of the optimizer file; a GPU's through a host copy the writer keeps. */
+static lk_status add_tensor(lk_st_writer *w, trainer *t, const char *kind, const char *name, lk_tensor x) {
+    char k[200];
+    key(k, sizeof k, kind, name);
+    if (x.device.type == LK_DEVICE_CPU) return lk_st_writer_add(w, k, &x);
+    size_t bytes = lk_tensor_bytes(&x);
+    void *h = malloc(bytes ? bytes : 1);
+    if (!h) return lk_error(LK_ENOMEM, "train: checkpoint: %s: out of memory", k);
+    lk_status s = t->dev->get(h, x.data, bytes);
+    x.data = h, x.device = (lk_device){LK_DEVICE_CPU, 0};
+    if (!s) s = lk_st_writer_add_as(w, k, &x, x.dtype);   /* a copy of its own */
+    free(h);
+    return s;
+}
+
 static lk_status add_param_state(lk_st_writer *w, trainer *t, int i) {
     lk_param *p = lk_model_param(t->model, i);
     lk_tensor m = p->value, v = p->value;
     m.data = t->m[i];
     v.data = t->v[i];
-    char k[200];
     lk_status s;
-    key(k, sizeof k, "param", p->name);
-    if ((s = lk_st_writer_add(w, k, &p->value))) return s;
-    key(k, sizeof k, "exp_avg", p->name);
-    if ((s = lk_st_writer_add(w, k, &m))) return s;
-    key(k, sizeof k, "exp_avg_sq", p->name);
-    return lk_st_writer_add(w, k, &v);
+    if ((s = add_tensor(w, t, "param", p->name, p->value)) || (s = add_tensor(w, t, "exp_avg", p->name, m))) return s;
+    return add_tensor(w, t, "exp_avg_sq", p->name, v);
 }
 
 static lk_status write_optimizer(trainer *t, const char *path) {
@@ -149,19 +159,29 @@ static lk_status resolve(const char *resume, char *dir, size_t n) {
     return LK_OK;
 }
 
+/* One tensor of the optimizer file into x; a GPU's through a host copy. */
+static lk_status read_tensor(trainer *t, lk_st_file *f, const char *kind, const char *name, lk_tensor x) {
+    char k[200];
+    key(k, sizeof k, kind, name);
+    if (x.device.type == LK_DEVICE_CPU) return lk_st_read(f, k, &x);
+    size_t bytes = lk_tensor_bytes(&x);
+    void *dst = x.data, *h = malloc(bytes ? bytes : 1);
+    if (!h) return lk_error(LK_ENOMEM, "train: resume: %s: out of memory", k);
+    x.data = h, x.device = (lk_device){LK_DEVICE_CPU, 0};
+    lk_status s = lk_st_read(f, k, &x);
+    if (!s) s = t->dev->put(dst, h, bytes);
+    free(h);
+    return s;
+}
+
 static lk_status read_param_state(trainer *t, lk_st_file *f, int i) {
     lk_param *p = lk_model_param(t->model, i);
     lk_tensor m = p->value, v = p->value;
     m.data = t->m[i];
     v.data = t->v[i];
-    char k[200];
     lk_status s;
-    key(k, sizeof k, "param", p->name);
-    if ((s = lk_st_read(f, k, &p->value))) return s;
-    key(k, sizeof k, "exp_avg", p->name);
-    if ((s = lk_st_read(f, k, &m))) return s;
-    key(k, sizeof k, "exp_avg_sq", p->name);
-    return lk_st_read(f, k, &v);
+    if ((s = read_tensor(t, f, "param", p->name, p->value)) || (s = read_tensor(t, f, "exp_avg", p->name, m))) return s;
+    return read_tensor(t, f, "exp_avg_sq", p->name, v);
 }
 
 static lk_status resume_error(lk_status s, const char *resume) {

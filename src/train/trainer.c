@@ -5,7 +5,9 @@
  * replica reads its shard, its SP ranks split the batch's tokens and EP ranks the
  * experts (lk_model_set_parallel); every rank's gradient share is summed over the world
  * in buckets that travel while the backward still runs, before clipping, so all ranks
- * take the same step; rank 0 alone writes. */
+ * take the same step; rank 0 alone writes. The model and the optimizer run where
+ * train.device says (the CPU here; a GPU per rank through trainer_cuda.c, the buckets
+ * then summed over NCCL). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,9 +55,10 @@ static lk_status build_model(const lk_train_config *tc, const lk_ops_config *ops
     lk_ops_config *cfg = malloc(sizeof *cfg);
     lk_op_table *table = malloc(sizeof *table);
     if (cfg == NULL || table == NULL) s = lk_error(LK_ENOMEM, "train: op table");
-    if (!s) {
+    if (!s) {   /* selected for the run's device */
         *cfg = *ops;
-        if (!cfg->finalized) s = lk_ops_config_finalize(cfg);
+        cfg->device = tc->device;
+        if (!cfg->finalized || ops->device != tc->device) s = lk_ops_config_finalize(cfg);
     }
     if (!s) s = lk_model_build(cfg, fam->name, table);
     if (!s) s = lk_model_create(&tc->model, table, tc->seed, tc->recompute, out);
@@ -64,8 +67,68 @@ static lk_status build_model(const lk_train_config *tc, const lk_ops_config *ops
     return s;
 }
 
-static void trainer_free(trainer *t) {
+/* --- the optimizer on the CPU ---------------------------------------------------------- */
+
+static lk_status cpu_pick(const lk_comm *world) { (void)world; return LK_OK; }
+
+static lk_status cpu_state_alloc(trainer *t) {
+    for (int i = 0; i < t->n_params; i++)
+        if (!(t->m[i] = calloc((size_t)t->lens[i], sizeof(float))) || !(t->v[i] = calloc((size_t)t->lens[i], sizeof(float))))
+            return lk_error(LK_ENOMEM, "train: optimizer state of %s", lk_model_param(t->model, i)->name);
+    return LK_OK;
+}
+
+static void cpu_state_free(trainer *t) {
     for (int i = 0; t->m && i < t->n_params; i++) { free(t->m[i]); free(t->v[i]); }
+}
+
+static lk_status cpu_copy(void *dst, const void *src, size_t bytes) {
+    memcpy(dst, src, bytes);
+    return LK_OK;
+}
+
+static lk_status cpu_grads_comm(lk_comm *world, lk_comm **out) {
+    *out = world;
+    return LK_OK;
+}
+
+static lk_status cpu_scale(trainer *t, float *x, int64_t n, float scale) {
+    (void)t;
+    for (int64_t i = 0; i < n; i++) x[i] *= scale;
+    return LK_OK;
+}
+
+static lk_status cpu_update(trainer *t, double lr, double *norm) {
+    const lk_train_config *tc = t->tc;
+    *norm = lk_clip_grad_norm(t->grads, t->lens, t->n_params, tc->grad_clip);
+    if (!isfinite(*norm)) return LK_OK;
+    for (int i = 0; i < t->n_params; i++) {
+        lk_param *p = lk_model_param(t->model, i);
+        /* Decay matrices only: norms' gains decaying toward 0 would fight the model. */
+        lk_adamw_hparams h = {tc->beta1, tc->beta2, tc->eps, p->value.ndim >= 2 ? tc->weight_decay : 0.0};
+        lk_adamw_update(p->value.data, t->grads[i], t->m[i], t->v[i], t->lens[i], &h, lr, t->step + 1);
+    }
+    return LK_OK;
+}
+
+const lk_train_device lk_train_device_cpu = {
+    .type = LK_DEVICE_CPU, .pick = cpu_pick, .state_alloc = cpu_state_alloc, .state_free = cpu_state_free,
+    .put = cpu_copy, .get = cpu_copy, .grads_comm = cpu_grads_comm, .scale = cpu_scale, .update = cpu_update,
+};
+
+static const lk_train_device *device_of(lk_device_type d) {
+#ifdef LLMKERN_HAVE_CUDA
+    if (d == LK_DEVICE_CUDA) return &lk_train_device_cuda;
+#endif
+    return d == LK_DEVICE_CPU ? &lk_train_device_cpu : NULL;
+}
+
+/* --- the loop ------------------------------------------------------------------------- */
+
+static void trainer_free(trainer *t) {
+    if (t->dev) t->dev->state_free(t);
+    if (t->gcomm && t->gcomm != t->world) lk_comm_destroy(t->gcomm);
+    lk_arena_free(&t->arena);
     free(t->m); free(t->v); free(t->grads); free(t->lens); free(t->hist);
     lk_batch_free(&t->batch);
     lk_batch_free(&t->skip);
@@ -95,6 +158,10 @@ static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_op
     if (mesh && mesh->world->size == 1) mesh = NULL;
     lk_status s = check_config(tc);
     if (!s) s = check_mesh(tc, mesh);
+    if (!s && !(t->dev = device_of(tc->device)))
+        s = lk_error(LK_EUNAVAILABLE, "train: device: %s: this build cannot train there (no CUDA)",
+                     lk_device_name(tc->device));
+    t->arena.device = t->dev ? t->dev->type : LK_DEVICE_CPU;
     if (!s && mesh) {
         t->mesh = mesh;
         t->world = mesh->world;
@@ -105,9 +172,13 @@ static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_op
     if (!s) s = load_data(tc, &t->ds);
     if (!s) s = lk_data_iter_init(&t->it, &t->ds, tc->batch_size, tc->seq_len, tc->seed);
     if (!s) s = lk_batch_alloc(&t->batch, tc->batch_size, tc->seq_len);
+    if (!s) s = t->dev->pick(t->world);
     if (!s) s = build_model(tc, ops, &t->model);
     if (!s && mesh) s = lk_model_set_parallel(t->model, mesh->sp, mesh->ep);
+    if (!s && mesh) s = t->dev->grads_comm(t->world, &t->gcomm);
     if (s) return s;
+    int index = lk_model_param(t->model, 0)->value.device.index;   /* the GPU pick chose */
+    t->ctx = t->dev->type == LK_DEVICE_CPU ? lk_ctx_cpu(&t->arena) : lk_ctx_cuda(&t->arena, NULL, index);
     if (mesh) {
         t->flat = lk_model_grads(t->model, &t->n_flat);
         t->bucket = bucket_bytes > 0 ? (bucket_bytes + 3) / 4 : BUCKET_FLOATS;
@@ -124,15 +195,10 @@ static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_op
     if (!t->m || !t->v || !t->grads || !t->lens || !t->hist) return lk_error(LK_ENOMEM, "train: optimizer state");
     for (int i = 0; i < n; i++) {
         lk_param *p = lk_model_param(t->model, i);
-        int64_t len = 1;
-        for (int d = 0; d < p->value.ndim; d++) len *= p->value.shape[d];
-        t->lens[i] = len;
+        t->lens[i] = lk_tensor_numel(&p->value);
         t->grads[i] = p->grad.data;
-        t->m[i] = calloc((size_t)len, sizeof(float));
-        t->v[i] = calloc((size_t)len, sizeof(float));
-        if (!t->m[i] || !t->v[i]) return lk_error(LK_ENOMEM, "train: optimizer state of %s", p->name);
     }
-    return LK_OK;
+    return t->dev->state_alloc(t);
 }
 
 /* loss.csv is rewritten from the history at start (so a resumed run's file holds every
@@ -211,7 +277,7 @@ static void start_ready(void *user, int64_t first) {
         int64_t b0 = (t->n_buckets - 1 - t->n_started) * t->bucket;
         if (b0 < first) break;
         int64_t n = t->n_flat - b0 < t->bucket ? t->n_flat - b0 : t->bucket;
-        t->start_error = lk_comm_all_reduce_start(t->world, t->flat + b0, n, LK_COMM_F32, &t->reqs[t->n_started]);
+        t->start_error = lk_comm_all_reduce_start(t->gcomm, t->flat + b0, n, LK_COMM_F32, &t->reqs[t->n_started]);
         if (t->start_error) break;
         t->n_started++;
         t->buckets++;
@@ -220,7 +286,7 @@ static void start_ready(void *user, int64_t first) {
     /* MPI moves a request along only inside MPI calls: give the ones in flight a turn */
     for (int64_t i = 0; i < t->n_started && !t->start_error; i++) {
         int done;
-        t->start_error = lk_comm_test(t->world, &t->reqs[i], &done);
+        t->start_error = lk_comm_test(t->gcomm, &t->reqs[i], &done);
     }
 }
 
@@ -231,12 +297,11 @@ static lk_status finish_grads(trainer *t) {
     start_ready(t, 0);
     lk_status s = t->start_error;
     for (int64_t i = 0; i < t->n_started; i++) {
-        lk_status w = lk_comm_wait(t->world, &t->reqs[i]);
+        lk_status w = lk_comm_wait(t->gcomm, &t->reqs[i]);
         if (!s) s = w;
     }
-    float scale = (float)(1.0 / (double)t->mesh->dp_size);
-    for (int64_t i = 0; i < t->n_flat; i++) t->flat[i] *= scale;
-    return s;
+    lk_status c = t->dev->scale(t, t->flat, t->n_flat, (float)(1.0 / (double)t->mesh->dp_size));
+    return s ? s : c;
 }
 
 /* One optimizer step; *loss gets the mean of the micro-batch losses (over the DP group). */
@@ -277,15 +342,9 @@ static lk_status train_step(trainer *t, const lk_train_opts *o, double *loss, do
     }
     if (o->after_loss) o->after_loss(o->user, t->step, loss);
     if (!isfinite(*loss)) return LK_OK;   /* the caller stops before touching the weights */
-    *grad_norm = lk_clip_grad_norm(t->grads, t->lens, t->n_params, tc->grad_clip);
-    if (!isfinite(*grad_norm)) return LK_OK;
     double lr = lk_lr_schedule(t->step, tc->warmup_steps, tc->steps, tc->lr, tc->min_lr);
-    for (int i = 0; i < t->n_params; i++) {
-        lk_param *p = lk_model_param(t->model, i);
-        /* Decay matrices only: norms' gains decaying toward 0 would fight the model. */
-        lk_adamw_hparams h = {tc->beta1, tc->beta2, tc->eps, p->value.ndim >= 2 ? tc->weight_decay : 0.0};
-        lk_adamw_update(p->value.data, t->grads[i], t->m[i], t->v[i], t->lens[i], &h, lr, t->step + 1);
-    }
+    lk_status s = t->dev->update(t, lr, grad_norm);
+    if (s || !isfinite(*grad_norm)) return s;
     float *row = t->hist + t->step * LK_HIST_COLS;
     row[LK_HIST_LR] = (float)lr;
     return LK_OK;

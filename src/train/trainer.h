@@ -3,6 +3,7 @@
 #ifndef LLMKERN_TRAIN_TRAINER_H
 #define LLMKERN_TRAIN_TRAINER_H
 
+#include "llmkern/context.h"
 #include "llmkern/data.h"
 #include "llmkern/model.h"
 #include "llmkern/train.h"
@@ -10,8 +11,33 @@
 /* Columns of the loss history (one row per step, step counted from 1), as in loss.csv. */
 enum { LK_HIST_STEP, LK_HIST_LOSS, LK_HIST_LR, LK_HIST_GRAD_NORM, LK_HIST_TOKENS_PER_S, LK_HIST_COLS };
 
+struct trainer;
+
+/* Where the optimizer runs: the model's device, one struct per device (trainer.c holds
+ * the CPU's; trainer_cuda.c the GPU's, built with CUDA only). */
 typedef struct {
+    lk_device_type type;
+    /* Before the model exists: the device this rank uses (one GPU per rank of world, which
+     * may be NULL for one process). */
+    lk_status (*pick)(const lk_comm *world);
+    /* The optimizer state: t->m[i], t->v[i] of t->lens[i] floats, zeroed; and freed. */
+    lk_status (*state_alloc)(struct trainer *t);
+    void (*state_free)(struct trainer *t);
+    /* Synchronous copies between host memory and the device's (checkpoints). */
+    lk_status (*put)(void *dst, const void *host_src, size_t bytes);
+    lk_status (*get)(void *host_dst, const void *src, size_t bytes);
+    /* The communicator the gradient buckets are summed over: world itself, or on a GPU an
+     * NCCL communicator of world's ranks (device buffers). */
+    lk_status (*grads_comm)(lk_comm *world, lk_comm **out);
+    lk_status (*scale)(struct trainer *t, float *x, int64_t n, float s);
+    /* *norm = the global gradient norm, grads clipped to grad_clip, then one AdamW step at
+     * lr for update number t->step + 1. */
+    lk_status (*update)(struct trainer *t, double lr, double *norm);
+} lk_train_device;
+
+typedef struct trainer {
     const lk_train_config *tc;
+    const lk_train_device *dev;
     lk_model *model;
     int n_params;
     float **m, **v;           /* AdamW state per param (f32, the param's shape) */
@@ -25,6 +51,9 @@ typedef struct {
     char last_ckpt[1100];     /* the last checkpoint written or resumed from, "" if none */
     const lk_mesh *mesh;      /* the DP x SP (x EP) mesh; NULL for one process */
     lk_comm *world;           /* mesh->world; NULL for one process */
+    lk_comm *gcomm;           /* the gradients' all-reduce: world, or NCCL over it on a GPU */
+    lk_arena arena;           /* the GPU optimizer's workspace */
+    lk_ctx ctx;
     int writer;               /* 1 on the rank that writes files and progress (rank 0) */
     lk_batch skip;            /* DP: the other replicas' batches, read past */
     /* the gradient all-reduce, overlapped with the backward (trainer.c: start_ready) */
@@ -36,6 +65,10 @@ typedef struct {
 } trainer;
 
 #pragma GCC visibility push(hidden)
+extern const lk_train_device lk_train_device_cpu;
+#ifdef LLMKERN_HAVE_CUDA
+extern const lk_train_device lk_train_device_cuda;
+#endif
 lk_status lk_mkdirs(const char *path);
 /* Writes out/checkpoint-<step>/ and then out/latest. */
 lk_status lk_trainer_save(trainer *t);

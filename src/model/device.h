@@ -1,0 +1,51 @@
+/* device.h — where the model's buffers live, and the few moves the model makes itself
+ * (everything else is an op call): allocation, copies to and from the host, the head
+ * transposes, residual adds, the embedding gather and its scatter-add. One struct of
+ * function pointers per device, picked once at lk_model_create from the op table's
+ * device: device_cpu.c (plain C, OpenMP) and, in CUDA builds, device_cuda.c with its
+ * kernels in glue.cu. On CUDA every pointer but the host side of put / get is device
+ * memory and the work goes on ctx->stream (the model uses the legacy default stream,
+ * which the NCCL communicator orders itself after). */
+#ifndef LLMKERN_MODEL_DEVICE_H
+#define LLMKERN_MODEL_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "llmkern/context.h"
+#include "llmkern/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    lk_device_type type;
+    /* The calling thread's device index (CUDA: cudaGetDevice; CPU 0). */
+    int (*current)(void);
+    /* bytes of zeroed memory, 64-byte aligned or better; NULL when out of memory. */
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p);
+    /* Synchronous copies between host memory and this device's. */
+    lk_status (*put)(void *dst, const void *host_src, size_t bytes);
+    lk_status (*get)(void *host_dst, const void *src, size_t bytes);
+    lk_status (*zero)(void *p, size_t bytes, lk_ctx *ctx);
+    /* [T, H, D] -> [H, T, D]; back: [H, T, D] -> [T, H, D]. */
+    lk_status (*heads)(const float *src, float *dst, int64_t T, int64_t H, int64_t D, int back, lk_ctx *ctx);
+    /* dst[i] = a[i] + b[i]; dst may be a or b. */
+    lk_status (*add)(float *dst, const float *a, const float *b, int64_t n, lk_ctx *ctx);
+    /* x[t] = table[ids[t]] for t < T (ids in [0, V), checked by the caller). */
+    lk_status (*embed)(const float *table, const int64_t *ids, float *x, int64_t T, int64_t H, int64_t V, lk_ctx *ctx);
+    /* dtable[ids[t]] += dx[t], repeated ids summed in token order (deterministic). */
+    lk_status (*embed_backward)(float *dtable, const int64_t *ids, const float *dx, int64_t T, int64_t H, int64_t V,
+                                lk_ctx *ctx);
+} lk_model_device;
+
+extern const lk_model_device lk_model_device_cpu;
+#ifdef LLMKERN_HAVE_CUDA
+extern const lk_model_device lk_model_device_cuda;
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif

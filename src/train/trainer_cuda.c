@@ -1,0 +1,108 @@
+/* trainer_cuda.c — the training loop's optimizer on a GPU (trainer.h: lk_train_device):
+ * one GPU per rank (the node-local rank's, modulo the GPUs there), the AdamW moments in
+ * device memory, the gradient buckets summed over an NCCL communicator of the world's
+ * ranks, and each step's clipping and update as the multi-tensor kernels of
+ * cuda_train.h (a deterministic norm, one AdamW launch over every parameter). Built with
+ * CUDA only. The math is the CPU optimizer's (trainer.c), so a GPU run follows a CPU run's
+ * loss curve to f32 rounding. */
+#include <math.h>
+#include <stdlib.h>
+#include <cuda_runtime_api.h>
+#include "core/cuda_check.h"
+#include "llmkern/cuda_train.h"
+#include "train/trainer.h"
+
+/* The rank's index among the processes on its node, as the launchers export it. */
+static int local_rank(const lk_comm *world) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "LOCAL_RANK"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) return atoi(v);
+    }
+    return world ? world->rank : 0;
+}
+
+static lk_status pick(const lk_comm *world) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0)
+        return lk_error(LK_EUNAVAILABLE, "train: device cuda: no GPU here (%s)",
+                        e != cudaSuccess ? cudaGetErrorString(e) : "none found");
+    LK_CUDA_TRY(cudaSetDevice(local_rank(world) % n));
+    return LK_OK;
+}
+
+static lk_status state_alloc(trainer *t) {
+    for (int i = 0; i < t->n_params; i++) {
+        size_t bytes = (size_t)t->lens[i] * sizeof(float);
+        void *m = NULL, *v = NULL;
+        if (cudaMalloc(&m, bytes) != cudaSuccess || cudaMalloc(&v, bytes) != cudaSuccess) {
+            cudaGetLastError();
+            cudaFree(m);
+            return lk_error(LK_ENOMEM, "train: optimizer state of %s: out of device memory",
+                            lk_model_param(t->model, i)->name);
+        }
+        t->m[i] = m, t->v[i] = v;
+        LK_CUDA_TRY(cudaMemset(m, 0, bytes));
+        LK_CUDA_TRY(cudaMemset(v, 0, bytes));
+    }
+    return LK_OK;
+}
+
+static void state_free(trainer *t) {
+    for (int i = 0; t->m && i < t->n_params; i++) {
+        if (t->m[i]) cudaFree(t->m[i]);
+        if (t->v[i]) cudaFree(t->v[i]);
+    }
+}
+
+static lk_status put(void *dst, const void *src, size_t bytes) {
+    if (bytes) LK_CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    return LK_OK;
+}
+
+static lk_status get(void *dst, const void *src, size_t bytes) {
+    if (bytes) LK_CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    return LK_OK;
+}
+
+static lk_status grads_comm(lk_comm *world, lk_comm **out) {
+    int dev = 0;
+    LK_CUDA_TRY(cudaGetDevice(&dev));
+    return lk_comm_nccl_create(world, dev, out);
+}
+
+static lk_status scale(trainer *t, float *x, int64_t n, float s) {
+    lk_cuda_buf b = {x, n, LK_F32};
+    return lk_cuda_scale_bufs(&b, 1, s, &t->ctx);
+}
+
+static lk_status update(trainer *t, double lr, double *norm) {
+    const lk_train_config *tc = t->tc;
+    int n = t->n_params;
+    lk_cuda_buf *g = calloc((size_t)n, sizeof *g);
+    lk_cuda_adamw_tensor *p = calloc((size_t)n, sizeof *p);
+    lk_status s = g && p ? LK_OK : lk_error(LK_ENOMEM, "train: optimizer step: out of memory");
+    for (int i = 0; !s && i < n; i++) {
+        const lk_param *q = lk_model_param(t->model, i);
+        g[i] = (lk_cuda_buf){t->grads[i], t->lens[i], LK_F32};
+        /* Decay matrices only, as on the CPU. */
+        p[i] = (lk_cuda_adamw_tensor){.param = q->value.data, .grad = t->grads[i], .m = t->m[i], .v = t->v[i],
+                                      .n = t->lens[i], .param_dtype = LK_F32, .grad_dtype = LK_F32,
+                                      .no_decay = q->value.ndim < 2};
+    }
+    if (!s) s = lk_cuda_clip_grad_norm(g, n, tc->grad_clip, norm, &t->ctx);
+    if (!s && isfinite(*norm)) {
+        lk_cuda_adamw_hparams h = {.lr = lr, .beta1 = tc->beta1, .beta2 = tc->beta2, .eps = tc->eps,
+                                   .weight_decay = tc->weight_decay, .step = t->step + 1};
+        s = lk_cuda_adamw_step(p, n, &h, &t->ctx);
+    }
+    free(g);
+    free(p);
+    return s;
+}
+
+const lk_train_device lk_train_device_cuda = {
+    .type = LK_DEVICE_CUDA, .pick = pick, .state_alloc = state_alloc, .state_free = state_free, .put = put,
+    .get = get, .grads_comm = grads_comm, .scale = scale, .update = update,
+};

@@ -234,10 +234,11 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
     lk_status s = LK_OK;
     for (int l = 0; l < N && !s; l++) {
         lk_layer *L = &m->layers[l];
-        lk_tensor x = lk_tensor_2d(NULL, LK_F32, T, m->H), q = lk_tensor_2d(NULL, LK_F32, m->Hq * T, m->D),
-                  k = lk_tensor_2d(NULL, LK_F32, m->Hk * T, m->D);
-        lk_rope_args r = {.q = lk_tensor_view(NULL, LK_F32, 4, (int64_t[]){1, m->Hq, T, m->D}),
-                          .k = lk_tensor_view(NULL, LK_F32, 4, (int64_t[]){1, m->Hk, T, m->D})};
+        lk_tensor x = lk_on(m, lk_tensor_2d(NULL, LK_F32, T, m->H)),
+                  q = lk_on(m, lk_tensor_2d(NULL, LK_F32, m->Hq * T, m->D)),
+                  k = lk_on(m, lk_tensor_2d(NULL, LK_F32, m->Hk * T, m->D));
+        lk_rope_args r = {.q = lk_on(m, lk_tensor_view(NULL, LK_F32, 4, (int64_t[]){1, m->Hq, T, m->D})),
+                          .k = lk_on(m, lk_tensor_view(NULL, LK_F32, 4, (int64_t[]){1, m->Hk, T, m->D}))};
         lk_attention_args at = {.q = r.q, .k = r.k, .v = r.k};
         memset(L->saved, 0, sizeof L->saved);
         if ((s = lk_rms_norm_saved_bytes(L->ops.in_norm, &x, &L->saved[S_IN])) ||
@@ -250,11 +251,11 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
         if (L->moe) {
             s = lk_qwen3_moe_saved(m, l, T, &L->saved[S_ROUTER], &L->saved[S_EXPERTS]);
         } else {
-            lk_tensor gu = lk_tensor_2d(NULL, LK_F32, 2 * m->I, m->H);
+            lk_tensor gu = lk_on(m, lk_tensor_2d(NULL, LK_F32, 2 * m->I, m->H));
             s = lk_swiglu_mlp_saved_bytes(L->ops.mlp, &x, &gu, &L->saved[S_MLP]);
         }
     }
-    lk_tensor hx = lk_tensor_2d(NULL, LK_F32, T, m->H);
+    lk_tensor hx = lk_on(m, lk_tensor_2d(NULL, LK_F32, T, m->H));
     if (!s) s = lk_rms_norm_saved_bytes(m->final_norm_impl, &hx, &m->s_final_bytes);
     lk_cross_entropy_args ce = ce_args(m);
     if (!s) s = lk_cross_entropy_saved_bytes(m->ce_impl, &ce, &m->s_ce_bytes);

@@ -3,7 +3,8 @@
  * same seed gives the same weights (drawn on the host), and one forward + backward on a
  * batch of packed documents gives the same loss to 1e-5 relative and every gradient to
  * 1e-4 of the largest (both f32 throughout, only the summation orders differ — the
- * CPU tables' eager-vs-fused tolerance in tests/test_model.c). Recompute on the GPU gives
+ * CPU tables' eager-vs-fused tolerance in tests/test_model.c), dense and MoE (the CUDA
+ * router and experts; the routing must come out the same). Recompute on the GPU gives
  * the very same bits (its kernels are deterministic); a checkpoint saved from the GPU
  * loads back exactly; bad batches and a CPU-only module are refused with clear errors.
  * Skipped (77) where there is no GPU.
@@ -23,9 +24,9 @@
 #include "llmkern/config.h"
 #include "model/qwen3_internal.h"
 
-static lk_qwen3_config tiny(void) {
+static lk_qwen3_config tiny(int moe) {
     lk_qwen3_config c;
-    lk_qwen3_config_init(&c, 0);
+    lk_qwen3_config_init(&c, moe);
     c.hidden_size = 64;
     c.num_hidden_layers = 2;
     c.num_attention_heads = 4;
@@ -36,23 +37,31 @@ static lk_qwen3_config tiny(void) {
     c.max_position_embeddings = 64;
     c.initializer_range = 0.1;
     strcpy(c.torch_dtype, "float32");
+    if (moe) {   /* layer 0 sparse, layer 1 dense: both kinds of block */
+        c.num_experts = 8;
+        c.num_experts_per_tok = 2;
+        c.moe_intermediate_size = 32;
+        c.norm_topk_prob = 1;
+        c.router_aux_loss_coef = 0.1;
+        c.mlp_only_layers[c.n_mlp_only_layers++] = 1;
+    }
     return c;
 }
 
 /* The defaults of the device's table, or one field set (NULL: none). */
-static lk_status table(lk_device_type dev, const char *field, const char *impl, lk_op_table *t) {
+static lk_status table(int moe, lk_device_type dev, const char *field, const char *impl, lk_op_table *t) {
     lk_ops_config cfg;
     lk_ops_config_init(&cfg);
     cfg.device = dev;
     if (field) assert_int_equal(lk_ops_config_set(&cfg, field, impl, "test"), LK_OK);
     lk_status s = lk_ops_config_finalize(&cfg);
-    return s ? s : lk_model_build(&cfg, "qwen3", t);
+    return s ? s : lk_model_build(&cfg, moe ? "qwen3_moe" : "qwen3", t);
 }
 
-static lk_model *create(lk_device_type dev, uint64_t seed, int recompute) {
-    lk_qwen3_config c = tiny();
+static lk_model *create(int moe, lk_device_type dev, uint64_t seed, int recompute) {
+    lk_qwen3_config c = tiny(moe);
     lk_op_table t;
-    lk_status s = table(dev, dev == LK_DEVICE_CPU ? "attention" : NULL, "flash_attention_2", &t);
+    lk_status s = table(moe, dev, dev == LK_DEVICE_CPU ? "attention" : NULL, "flash_attention_2", &t);
     lk_model *m = NULL;
     if (!s) s = lk_model_create(&c, &t, seed, recompute, &m);
     if (s) print_error("%s\n", lk_last_error());
@@ -102,9 +111,18 @@ static void step(lk_model *m, const lk_batch *b, lk_step_stats *st) {
     assert_int_equal(s, LK_OK);
 }
 
-static void gpu_matches_cpu(void **state) {
-    (void)state;
-    lk_model *c = create(LK_DEVICE_CPU, 5, 0), *g = create(LK_DEVICE_CUDA, 5, 0);
+/* Layer 0's routing (MoE): the same experts on both, else the comparison means nothing. */
+static void same_routing(lk_model *c, lk_model *g) {
+    size_t n = (size_t)(c->T * c->K) * 4;
+    int32_t *ids = malloc(n);
+    assert_non_null(ids);
+    assert_int_equal(cudaMemcpy(ids, g->acts[0].ids, n, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_memory_equal(ids, c->acts[0].ids, n);
+    free(ids);
+}
+
+static void matches_cpu(int moe) {
+    lk_model *c = create(moe, LK_DEVICE_CPU, 5, 0), *g = create(moe, LK_DEVICE_CUDA, 5, 0);
     assert_int_equal(g->dev->type, LK_DEVICE_CUDA);
     float *wc = fetch(c, 1), *wg = fetch(g, 1);
     assert_memory_equal(wc, wg, (size_t)c->n_floats * 4);   /* the same draws */
@@ -114,6 +132,7 @@ static void gpu_matches_cpu(void **state) {
     for (int rep = 0; rep < 2; rep++) {   /* twice: the grads accumulate on both */
         step(c, &b, &sc);
         step(g, &b, &sg);
+        if (moe) same_routing(c, g);
     }
     float *gc = fetch(c, 0), *gg = fetch(g, 0);
     double d = 0, mx = 0;
@@ -122,10 +141,11 @@ static void gpu_matches_cpu(void **state) {
         mx = fmax(mx, fabs(gc[i]));
         if (isnan(gg[i])) d = INFINITY;
     }
-    print_message("  loss cpu %.7f gpu %.7f (%lld tokens), grad diff %.2e of %.2e\n", sc.loss, sg.loss,
-                  (long long)sg.n_tokens, d, mx);
+    print_message("  %s: loss cpu %.7f gpu %.7f (%lld tokens), aux %.6f / %.6f, grad diff %.2e of %.2e\n",
+                  moe ? "moe" : "dense", sc.loss, sg.loss, (long long)sg.n_tokens, sc.aux_loss, sg.aux_loss, d, mx);
     assert_int_equal(sg.n_tokens, b.n_labels);
     assert_true(fabs(sc.loss - sg.loss) <= 1e-5 * fabs(sc.loss));   /* f32, summation order */
+    assert_true(fabs(sc.aux_loss - sg.aux_loss) <= 1e-5);
     assert_true(mx > 0 && d <= 1e-4 * mx);
     free(wc), free(wg), free(gc), free(gg);
     lk_batch_free(&b);
@@ -133,10 +153,16 @@ static void gpu_matches_cpu(void **state) {
     lk_model_free(g);
 }
 
+static void gpu_matches_cpu(void **state) {
+    (void)state;
+    matches_cpu(0);
+    matches_cpu(1);
+}
+
 /* Recomputing each layer from its input runs the same deterministic kernels again. */
 static void recompute_identical(void **state) {
     (void)state;
-    lk_model *a = create(LK_DEVICE_CUDA, 9, 0), *r = create(LK_DEVICE_CUDA, 9, 1);
+    lk_model *a = create(0, LK_DEVICE_CUDA, 9, 0), *r = create(0, LK_DEVICE_CUDA, 9, 1);
     lk_batch b;
     make_batch(&b, 4);
     lk_step_stats sa, sr;
@@ -153,9 +179,9 @@ static void recompute_identical(void **state) {
 
 static void save_load_round_trip(void **state) {
     (void)state;
-    char dir[] = "/tmp/lk_cuda_model_XXXXXX";
+    char dir[64] = "/tmp/lk_cuda_model_XXXXXX";
     assert_non_null(mkdtemp(dir));
-    lk_model *a = create(LK_DEVICE_CUDA, 19, 0), *c = create(LK_DEVICE_CUDA, 23, 0);
+    lk_model *a = create(0, LK_DEVICE_CUDA, 19, 0), *c = create(0, LK_DEVICE_CUDA, 23, 0);
     assert_int_equal(lk_model_save(a, dir), LK_OK);
     float *before = fetch(c, 1);
     strcpy(dir + strlen(dir), "/none");   /* a missing checkpoint changes nothing */
@@ -173,7 +199,7 @@ static void save_load_round_trip(void **state) {
 
 static void bad_input_refused(void **state) {
     (void)state;
-    lk_model *m = create(LK_DEVICE_CUDA, 1, 0);
+    lk_model *m = create(0, LK_DEVICE_CUDA, 1, 0);
     lk_batch b;
     make_batch(&b, 2);
     lk_step_stats st;
@@ -187,9 +213,9 @@ static void bad_input_refused(void **state) {
     lk_model_free(m);
     /* a module bound to a CPU-only implementation: refused at create, saying which */
     lk_op_table t;
-    lk_status ts = table(LK_DEVICE_CUDA, "attention", "flex_attention", &t);
+    lk_status ts = table(0, LK_DEVICE_CUDA, "attention", "flex_attention", &t);
     if (ts == LK_OK) {
-        lk_qwen3_config c = tiny();
+        lk_qwen3_config c = tiny(0);
         lk_model *f = NULL;
         assert_int_equal(lk_model_create(&c, &t, 1, 0, &f), LK_EUNAVAILABLE);
         print_message("  flex_attention on a GPU: %s\n", lk_last_error());
@@ -202,7 +228,7 @@ static void bad_input_refused(void **state) {
 
 int main(void) {
     if (!lkt_have_gpu("cuda_test_model")) return LKT_SKIP;
-    if (lk_model_register(&lk_family_qwen3)) return 1;
+    if (lk_model_register(&lk_family_qwen3) || lk_model_register(&lk_family_qwen3_moe)) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(gpu_matches_cpu),
         cmocka_unit_test(recompute_identical),

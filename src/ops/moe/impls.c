@@ -1,7 +1,8 @@
 /* impls.c — the registry rows of the MoE router and experts on the CPU, and the CUDA
- * `fused` experts in a CUDA build, one per implementation, each pointing at the vtable
- * its own file defines. lk_init() registers both tables. The design's other CUDA experts
- * (fused_sm90 alias fused_quack, fused_cublas) do not exist yet: asked for, they are "not
+ * `softmax_topk` router and `fused` experts in a CUDA build, one per implementation, each
+ * pointing at the vtable its own file defines. lk_init() registers both tables. The
+ * design's other CUDA experts (fused_sm90 alias fused_quack, fused_cublas) and CUDA
+ * routers (sigmoid_bias, fake_balanced) do not exist yet: asked for, they are "not
  * available in this build". */
 #include "llmkern/moe.h"
 
@@ -11,6 +12,7 @@ extern const lk_moe_router_vtable lk_moe_router_fake_balanced_vtable;
 extern const lk_moe_experts_vtable lk_moe_experts_eager_vtable;
 extern const lk_moe_experts_vtable lk_moe_experts_fused_vtable;
 #ifdef LLMKERN_HAVE_CUDA
+extern const lk_moe_router_vtable lk_moe_router_cuda_softmax_topk_vtable;   /* router_cuda.c */
 extern const lk_moe_experts_vtable lk_moe_experts_cuda_fused_vtable;   /* fused.cu */
 #endif
 
@@ -32,6 +34,13 @@ const lk_impl lk_moe_router_impls[] = {
         .needs = {.dtypes = MOE_CPU_DTYPES}, .vtable = &lk_moe_router_fake_balanced_vtable,
         .summary = "benchmark gate: (t*k+j) mod E, or content-seeded noisy routing",
     },
+#ifdef LLMKERN_HAVE_CUDA
+    {
+        .op = LK_OP_MOE_ROUTER, .name = "softmax_topk", .device = LK_DEVICE_CUDA,
+        .needs = {.min_cc = 80, .dtypes = MOE_CPU_DTYPES}, .vtable = &lk_moe_router_cuda_softmax_topk_vtable,
+        .summary = "the CPU softmax_topk on the GPU: cuBLASLt logits, a warp a token, deterministic aux loss",
+    },
+#endif
     {.name = NULL},
 };
 

@@ -122,6 +122,9 @@ lk_status lk_moe_router_forward(const lk_impl *impl, const lk_moe_router_args *a
                              lk_tensor_region("gate_weight", &a->gate_weight),
                              lk_tensor_region("e_bias", &a->e_bias)};
     if ((s = lk_expect_apart(OP, outs, 4, ins, 3))) return s;
+    if (T == 0 && impl->device != LK_DEVICE_CPU && a->aux_loss.data)   /* device memory: not ours to write */
+        return lk_error(LK_EINVAL, OP ": hidden: no tokens on %s with an aux_loss to write; expected T >= 1",
+                        lk_device_name(impl->device));
     if (T == 0) {
         if (a->aux_loss.data) *(float *)a->aux_loss.data = 0.0f;
         return LK_OK;

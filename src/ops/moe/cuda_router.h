@@ -1,0 +1,54 @@
+/* cuda_router.h — the kernels of the `softmax_topk` MoE router on CUDA (router.cu), as C
+ * launchers on raw device pointers, queued on stream (a cudaStream_t) between the
+ * cuBLASLt GEMMs of router_cuda.c. f32 math; LK_EDEVICE when a launch fails. Built only
+ * with CUDA. Not installed. */
+#ifndef LLMKERN_MOE_CUDA_ROUTER_H
+#define LLMKERN_MOE_CUDA_ROUTER_H
+
+#include <stdint.h>
+#include "llmkern/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int64_t t, e;       /* tokens, experts */
+    int k;              /* routes per token */
+    int norm;           /* weights over their sum (norm_topk_prob or softmax_after_topk) */
+    int round_bf16;     /* logits rounded to bf16 before the softmax (bf16 storage, no gate_f32) */
+    float scale;        /* route_scale, 1 for 0 */
+} lk_router_cuda_dims;
+
+/* Per token, from the f32 logits z [T, E]: p = softmax(z) into v [T, E], the k largest p
+ * (in descending order, ties to the lower index, as lk_router_topk) into saved_ids and
+ * topk_ids [T, k], their weights into w [T, k], and, unless vsum is NULL, vsum[T] = Σ_e p
+ * (the aux loss divides by it, as the CPU does). */
+lk_status lk_router_cuda_softmax_topk(const lk_router_cuda_dims *d, const float *z, float *v, int32_t *saved_ids,
+                                      int32_t *topk_ids, float *w, float *vsum, void *stream);
+
+/* Doubles of scratch lk_router_cuda_aux takes for T tokens and E experts. */
+int64_t lk_router_cuda_aux_scratch(int64_t t, int64_t e);
+/* *aux (f32, device) = E/(T²k) · Σ_e counts_e · Σ_t v[t, e] / vsum[t], summed in f64 in
+ * an order fixed by T and E alone (per-block partials, then one block): no atomics. */
+lk_status lk_router_cuda_aux(const lk_router_cuda_dims *d, const float *v, const float *vsum, const int32_t *counts,
+                             double *scratch, float *aux, void *stream);
+
+/* counts[E] (i32) = how many of the routes ids[0..n) go to each expert. */
+lk_status lk_router_cuda_count(const int32_t *ids, int64_t n, int64_t e, int32_t *counts, void *stream);
+
+/* dz [T, E] (f32) = d loss / d logits from the saved v and ids, d_topk_weights dw [T, k]
+ * and the aux loss's gradient: d aux / d q[t, e] = aux_coef · counts[e] (counts NULL:
+ * none), aux_coef = d_aux_loss · E / (T²k). The softmax_topk.c backward, a warp a token. */
+lk_status lk_router_cuda_d_logits(const lk_router_cuda_dims *d, const float *v, const int32_t *ids, const float *dw,
+                                  const int32_t *counts, double aux_coef, float *dz, void *stream);
+
+/* dst[0..n) = src rounded to dst_dt, or with add, dst + src rounded once; src_dt and
+ * dst_dt f32 or bf16. */
+lk_status lk_router_cuda_convert(int64_t n, lk_dtype src_dt, const void *src, lk_dtype dst_dt, void *dst, int add,
+                                 void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

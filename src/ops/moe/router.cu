@@ -1,0 +1,287 @@
+/* router.cu — the kernels of the `softmax_topk` MoE router on CUDA (cuda_router.h),
+ * launched by router_cuda.c around its GEMMs. The per-token kernels give each token a
+ * warp: the softmax and the k picks are warp reductions, and a row of up to 512 experts
+ * stays in registers (16 a lane); longer rows are read back from the saved scores. The
+ * aux loss and the expert counts are summed in an order that depends on T and E only
+ * (integer atomics for the counts, per-block f64 partials for the scores), so a run
+ * repeats bit for bit. */
+#include <limits.h>
+#include "core/cuda_check.h"
+#include "ops/cuda_util.cuh"
+#include "ops/moe/cuda_router.h"
+
+#define FULL 0xffffffffu
+#define WARPS 4             /* tokens a block of the per-token kernels */
+#define AUX_TOKENS 256      /* tokens one partial of the aux loss covers */
+#define AUX_LANES 8         /* token lanes of a partial's block (x 32 experts) */
+#define AUX_THREADS 256     /* the final sum's block */
+#define HIST_MAX 8192       /* experts a shared-memory histogram holds */
+
+/* (a, ai) ranks before (b, bi): the larger score first, the lower index on a tie, as
+ * lk_router_topk picks. NaN ranks below every number, so an all-NaN row (NaN or infinite
+ * logits) is taken in index order like the CPU's; -2 marks "no candidate". */
+static __device__ __forceinline__ bool before(float a, int ai, float b, int bi) {
+    a = a != a ? -1.0f : a;
+    b = b != b ? -1.0f : b;
+    return a > b || (a == b && ai < bi);
+}
+
+static __device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
+    return v;
+}
+
+/* Every lane ends with the warp's first-ranked (v, i): `before` is a strict total order. */
+static __device__ __forceinline__ void warp_best(float &v, int &i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(FULL, v, o);
+        int oi = __shfl_xor_sync(FULL, i, o);
+        if (before(ov, oi, v, i)) v = ov, i = oi;
+    }
+}
+
+static __device__ __forceinline__ float logit(const float *z, int x, int round_bf16) {
+    float q = z[x];
+    return round_bf16 ? __bfloat162float(__float2bfloat16_rn(q)) : q;
+}
+
+/* p = softmax of the token's logits into vr, and into r when N > 0; returns Σ p. Lane
+ * elements are x = lane + 32m; with N = 0 each lane reads back only what it wrote. */
+template <int N>
+static __device__ __forceinline__ float softmax_row(const lk_router_cuda_dims &d, const float *zr, float *vr,
+                                                    float *r, int lane) {
+    const int M = N > 0 ? N : (int)((d.e + 31) / 32), E = (int)d.e;
+    float mx = -INFINITY, sum = 0.0f, vs = 0.0f;
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        int x = lane + 32 * m;
+        if (x >= E) continue;
+        float q = logit(zr, x, d.round_bf16);
+        if (N > 0) r[m] = q;
+        mx = fmaxf(mx, q);
+    }
+    mx = warp_max(mx);
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        int x = lane + 32 * m;
+        if (x >= E) continue;
+        float q = expf((N > 0 ? r[m] : logit(zr, x, d.round_bf16)) - mx);
+        if (N > 0) r[m] = q;
+        else vr[x] = q;
+        sum += q;
+    }
+    sum = lk_warp_sum(sum);
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        int x = lane + 32 * m;
+        if (x >= E) continue;
+        float q = (N > 0 ? r[m] : vr[x]) / sum;   /* a division, as on the CPU */
+        if (N > 0) r[m] = q;
+        vr[x] = q;
+        vs += q;
+    }
+    return lk_warp_sum(vs);
+}
+
+/* The lane's first-ranked element among those ranked after the previous pick (pv, pi). */
+template <int N>
+static __device__ __forceinline__ void lane_next(const lk_router_cuda_dims &d, const float *vr, const float *r,
+                                                 int lane, float pv, int pi, float &bv, int &bi) {
+    const int M = N > 0 ? N : (int)((d.e + 31) / 32), E = (int)d.e;
+    bv = -2.0f, bi = INT_MAX;
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        int x = lane + 32 * m;
+        if (x >= E) continue;
+        float q = N > 0 ? r[m] : vr[x];
+        if (before(pv, pi, q, x) && before(q, x, bv, bi)) bv = q, bi = x;
+    }
+}
+
+/* A warp a token: softmax, then k picks, each the best ranked after the one before (no
+ * marking, so the row is only read); the weights' sum in pick order, as on the CPU. */
+template <int N>
+__global__ void __launch_bounds__(WARPS * 32) softmax_topk(lk_router_cuda_dims d, const float *z, float *v,
+                                                           int32_t *sids, int32_t *ids, float *w, float *vsum) {
+    int64_t t = blockIdx.x * (int64_t)WARPS + threadIdx.x / 32;
+    if (t >= d.t) return;   /* the whole warp: t is the warp's */
+    int lane = threadIdx.x & 31;
+    float *vr = v + t * d.e, r[N > 0 ? N : 1];
+    float vs = softmax_row<N>(d, z + t * d.e, vr, r, lane);
+    if (vsum && lane == 0) vsum[t] = vs;
+    int32_t *si = sids + t * d.k, *oi = ids + t * d.k;
+    float *wr = w + t * d.k, pv = INFINITY, S = 0.0f;
+    int pi = -1;
+    for (int j = 0; j < d.k; j++) {
+        float bv;
+        int bi;
+        lane_next<N>(d, vr, r, lane, pv, pi, bv, bi);
+        warp_best(bv, bi);
+        if (lane == 0) si[j] = bi, oi[j] = bi, wr[j] = bv;
+        S += bv, pv = bv, pi = bi;
+    }
+    __syncwarp();   /* lane 0's weights, read by every lane */
+    float mul = d.norm ? d.scale / S : d.scale;
+    for (int j = lane; j < d.k; j += 32) wr[j] *= mul;
+}
+
+/* partial[b, e] = Σ v[t, e] / vsum[t] over the tokens of block b, in f64: AUX_LANES token
+ * lanes a column, summed in lane order. Blocks: x = token block, y = 32 experts. */
+__global__ void aux_partials(int64_t T, int64_t E, const float *v, const float *vsum, double *partial) {
+    __shared__ double sh[AUX_LANES][32];
+    int64_t e = blockIdx.y * 32 + threadIdx.x, b = blockIdx.x, t0 = b * AUX_TOKENS;
+    int64_t t1 = t0 + AUX_TOKENS < T ? t0 + AUX_TOKENS : T;
+    double s = 0.0;
+    for (int64_t t = t0 + threadIdx.y; e < E && t < t1; t += AUX_LANES) s += (double)v[t * E + e] / (double)vsum[t];
+    sh[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    if (threadIdx.y || e >= E) return;
+    for (int y = 1; y < AUX_LANES; y++) s += sh[y][threadIdx.x];
+    partial[b * E + e] = s;
+}
+
+/* *aux = scale · Σ_e counts_e · Σ_b partial[b, e]: one block, a fixed tree. */
+__global__ void __launch_bounds__(AUX_THREADS) aux_final(int64_t nb, int64_t E, double scale, const double *partial,
+                                                         const int32_t *counts, float *aux) {
+    __shared__ double sh[AUX_THREADS];
+    double s = 0.0;
+    for (int64_t e = threadIdx.x; e < E; e += AUX_THREADS) {
+        double P = 0.0;
+        for (int64_t b = 0; b < nb; b++) P += partial[b * E + e];
+        s += (double)counts[e] * P;
+    }
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int o = AUX_THREADS / 2; o > 0; o >>= 1) {
+        if (threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) *aux = (float)(sh[0] * scale);
+}
+
+/* Integer counts (exact in any order). Up to HIST_MAX experts a block counts in shared
+ * memory first, so the global atomics are one per block and expert. */
+__global__ void count_routes(const int32_t *ids, int64_t n, int64_t e, int32_t *counts) {
+    extern __shared__ int32_t hist[];
+    bool shared = e <= HIST_MAX;
+    for (int64_t x = threadIdx.x; shared && x < e; x += blockDim.x) hist[x] = 0;
+    __syncthreads();
+    for (int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; r < n; r += (int64_t)gridDim.x * blockDim.x)
+        atomicAdd(shared ? hist + ids[r] : counts + ids[r], 1);
+    __syncthreads();
+    for (int64_t x = threadIdx.x; shared && x < e; x += blockDim.x)
+        if (hist[x]) atomicAdd(counts + x, hist[x]);
+}
+
+/* A warp a token: the CPU lk_router_backward's softmax case, row in dz. The k chosen
+ * experts are distinct, so their lanes add into dz without a race. */
+__global__ void __launch_bounds__(WARPS * 32) d_logits(lk_router_cuda_dims d, const float *v, const int32_t *ids,
+                                                       const float *dw, const int32_t *counts, double coef,
+                                                       float *dz) {
+    int64_t t = blockIdx.x * (int64_t)WARPS + threadIdx.x / 32;
+    if (t >= d.t) return;
+    int lane = threadIdx.x & 31, E = (int)d.e;
+    const float *vr = v + t * d.e, *dwr = dw + t * d.k;
+    const int32_t *ir = ids + t * d.k;
+    float *g = dz + t * d.e, S = 0.0f, sdw = 0.0f, V = 0.0f, gq = 0.0f, dot = 0.0f;
+    for (int j = lane; j < d.k; j += 32) {
+        float p = vr[ir[j]];
+        S += p, sdw += dwr[j] * p;
+    }
+    for (int x = lane; x < E; x += 32) V += vr[x];
+    S = lk_warp_sum(S), sdw = lk_warp_sum(sdw), V = lk_warp_sum(V);
+    for (int x = lane; counts && x < E; x += 32) gq += (float)(coef * counts[x]) * vr[x] / V;
+    gq = lk_warp_sum(gq);
+    for (int x = lane; x < E; x += 32) g[x] = ((counts ? (float)(coef * counts[x]) : 0.0f) - gq) / V;
+    __syncwarp();
+    for (int j = lane; j < d.k; j += 32) {
+        float gj = dwr[j] * d.scale;
+        g[ir[j]] += d.norm ? gj / S - sdw * d.scale / (S * S) : gj;
+    }
+    __syncwarp();
+    for (int x = lane; x < E; x += 32) dot += g[x] * vr[x];
+    dot = lk_warp_sum(dot);
+    for (int x = lane; x < E; x += 32) g[x] = vr[x] * (g[x] - dot);
+}
+
+template <typename S, typename D>
+__global__ void convert(int64_t n, const S *src, D *dst, int add) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        float f = lk_to_f32(src[i]);
+        dst[i] = lk_from_f32<D>(add ? lk_to_f32(dst[i]) + f : f);
+    }
+}
+
+/* --- launchers ------------------------------------------------------------------------ */
+
+static unsigned token_blocks(int64_t t) { return (unsigned)lk_cdiv(t, WARPS); }
+static unsigned flat_blocks(int64_t n) { return (unsigned)(n < ((int64_t)1 << 20) * 256 ? lk_cdiv(n, 256) : 1 << 20); }
+
+extern "C" lk_status lk_router_cuda_softmax_topk(const lk_router_cuda_dims *d, const float *z, float *v,
+                                                 int32_t *saved_ids, int32_t *topk_ids, float *w, float *vsum,
+                                                 void *stream) {
+    cudaStream_t st = (cudaStream_t)stream;
+    int64_t m = lk_cdiv(d->e, 32);
+    unsigned g = token_blocks(d->t), b = WARPS * 32;
+#define LK_ROUTER_FWD(N) softmax_topk<N><<<g, b, 0, st>>>(*d, z, v, saved_ids, topk_ids, w, vsum)
+    if (m <= 1) LK_ROUTER_FWD(1);
+    else if (m <= 2) LK_ROUTER_FWD(2);
+    else if (m <= 4) LK_ROUTER_FWD(4);
+    else if (m <= 8) LK_ROUTER_FWD(8);
+    else if (m <= 16) LK_ROUTER_FWD(16);
+    else LK_ROUTER_FWD(0);
+#undef LK_ROUTER_FWD
+    LK_CUDA_LAUNCHED("moe_router: softmax_topk (cuda): softmax and top-k");
+    return LK_OK;
+}
+
+extern "C" int64_t lk_router_cuda_aux_scratch(int64_t t, int64_t e) { return lk_cdiv(t, AUX_TOKENS) * e; }
+
+extern "C" lk_status lk_router_cuda_aux(const lk_router_cuda_dims *d, const float *v, const float *vsum,
+                                        const int32_t *counts, double *scratch, float *aux, void *stream) {
+    cudaStream_t st = (cudaStream_t)stream;
+    int64_t nb = lk_cdiv(d->t, AUX_TOKENS);
+    aux_partials<<<dim3((unsigned)nb, (unsigned)lk_cdiv(d->e, 32)), dim3(32, AUX_LANES), 0, st>>>(d->t, d->e, v, vsum,
+                                                                                               scratch);
+    double T = (double)d->t;
+    aux_final<<<1, AUX_THREADS, 0, st>>>(nb, d->e, (double)d->e / (T * T * d->k), scratch, counts, aux);
+    LK_CUDA_LAUNCHED("moe_router: softmax_topk (cuda): aux loss");
+    return LK_OK;
+}
+
+extern "C" lk_status lk_router_cuda_count(const int32_t *ids, int64_t n, int64_t e, int32_t *counts, void *stream) {
+    cudaStream_t st = (cudaStream_t)stream;
+    LK_CUDA_TRY(cudaMemsetAsync(counts, 0, sizeof(int32_t) * (size_t)e, st));
+    int64_t per = 16 * 256;   /* routes a block: enough to pay for its histogram */
+    unsigned g = (unsigned)(lk_cdiv(n, per) < (1 << 16) ? lk_cdiv(n, per) : 1 << 16);
+    size_t smem = e <= HIST_MAX ? sizeof(int32_t) * (size_t)e : 0;
+    count_routes<<<g, 256, smem, st>>>(ids, n, e, counts);
+    LK_CUDA_LAUNCHED("moe_router: softmax_topk (cuda): expert counts");
+    return LK_OK;
+}
+
+extern "C" lk_status lk_router_cuda_d_logits(const lk_router_cuda_dims *d, const float *v, const int32_t *ids,
+                                             const float *dw, const int32_t *counts, double aux_coef, float *dz,
+                                             void *stream) {
+    d_logits<<<token_blocks(d->t), WARPS * 32, 0, (cudaStream_t)stream>>>(*d, v, ids, dw, counts, aux_coef, dz);
+    LK_CUDA_LAUNCHED("moe_router: softmax_topk (cuda): d_logits");
+    return LK_OK;
+}
+
+extern "C" lk_status lk_router_cuda_convert(int64_t n, lk_dtype src_dt, const void *src, lk_dtype dst_dt, void *dst,
+                                            int add, void *stream) {
+    cudaStream_t st = (cudaStream_t)stream;
+    unsigned g = flat_blocks(n);
+    if (src_dt == LK_F32 && dst_dt == LK_F32)
+        convert<float, float><<<g, 256, 0, st>>>(n, (const float *)src, (float *)dst, add);
+    else if (src_dt == LK_F32)
+        convert<float, lk_bf16_t><<<g, 256, 0, st>>>(n, (const float *)src, (lk_bf16_t *)dst, add);
+    else if (dst_dt == LK_F32)
+        convert<lk_bf16_t, float><<<g, 256, 0, st>>>(n, (const lk_bf16_t *)src, (float *)dst, add);
+    else
+        convert<lk_bf16_t, lk_bf16_t><<<g, 256, 0, st>>>(n, (const lk_bf16_t *)src, (lk_bf16_t *)dst, add);
+    LK_CUDA_LAUNCHED("moe_router: softmax_topk (cuda): conversion");
+    return LK_OK;
+}

@@ -1,0 +1,190 @@
+/* router_cuda.c — `softmax_topk` MoE router on CUDA (Qwen3-MoE): the CPU softmax_topk.c's
+ * math and saved layout (router_core.h: p [T, E] f32, then ids [T, k] i32), with the
+ * GEMMs on cuBLASLt (f32 accumulation) and the rest in router.cu's kernels.
+ *
+ *   forward   z [T, E] f32 = hidden · gate_weightᵀ (rounded to bf16 in the next kernel
+ *             unless gate_f32, as the CPU rounds); a warp a token: softmax, top-k (ties
+ *             to the lower index), weights; the aux loss from integer expert counts and
+ *             per-block f64 partials, no float atomics, so it repeats bit for bit.
+ *   backward  a warp a token: d_logits dz [T, E] f32 from the saved p and ids;
+ *             d_gate_weight += dzᵀ · hidden (beta 1 into f32; into bf16 through an f32
+ *             product added and rounded once); d_hidden = dz · gate_weight, written.
+ *
+ * Precision: f32 math throughout, as on the CPU. cuBLASLt takes one operand dtype, so a
+ * bf16 operand meeting an f32 one (bf16 hidden with an f32 gate, and every backward GEMM
+ * of bf16 storage, dz being f32) is widened to f32 in the workspace first: exact, and
+ * the router's GEMMs are small (N or K is E).
+ *
+ * Not yet: ctx->comm must be NULL. Over a sequence-parallel group the aux loss sums the
+ * expert counts and scores of every rank (router_core.c's lk_router_group_sum), which is
+ * not done on the GPU yet, so a call with a group is refused rather than answered for
+ * this rank's tokens alone. sigmoid_bias and fake_balanced have no CUDA rows.
+ * Reached through lk_moe_router_forward / _backward (router.c), which validated every
+ * argument; workspace from ctx->arena (a device arena). */
+#include "core/cublaslt_util.h"
+#include "llmkern/comm.h"
+#include "ops/moe/cuda_router.h"
+#include "ops/moe/router_core.h"
+
+#define WHO "moe_router: softmax_topk (cuda)"
+
+static size_t al(size_t b) { return (b + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
+
+static lk_router_cuda_dims dims_of(const lk_moe_router_args *a) {
+    return (lk_router_cuda_dims){
+        .t = a->hidden.shape[0], .e = lk_router_experts(a), .k = a->top_k,
+        .norm = a->norm_topk_prob || a->softmax_after_topk,
+        .round_bf16 = !a->gate_f32 && a->hidden.dtype != LK_F32,
+        .scale = a->route_scale > 0 ? a->route_scale : 1.0f,
+    };
+}
+
+static int mixed(const lk_moe_router_args *a) { return a->hidden.dtype != a->gate_weight.dtype; }
+static int want_dgw(const lk_moe_router_args *a) { return a->d_gate_weight.data != NULL; }
+
+/* forward: z, hidden widened (mixed dtypes), and for the aux loss p's row sums, the
+ * counts and the partials. backward: dz, counts (d_aux_loss != 0), an f32 [T, H] buffer
+ * for bf16 hidden (hidden widened, then d_hidden before rounding), the gate weight
+ * widened (bf16) and the f32 weight-gradient product (bf16 d_gate_weight). */
+static size_t workspace_bytes(const lk_moe_router_args *a, int backward) {
+    lk_router_cuda_dims d = dims_of(a);
+    size_t T = (size_t)d.t, E = (size_t)d.e, H = (size_t)a->hidden.shape[1], n = LK_LT_WORKSPACE_BYTES;
+    n += al(T * E * 4) + al(E * 4);
+    if (!backward) {
+        if (mixed(a)) n += al(T * H * 4);
+        if (a->aux_loss.data) n += al(T * 4) + al(sizeof(double) * (size_t)lk_router_cuda_aux_scratch(d.t, d.e));
+        return n;
+    }
+    if (a->hidden.dtype != LK_F32) n += al(T * H * 4);
+    if (a->gate_weight.dtype != LK_F32) n += al(E * H * 4);
+    if (want_dgw(a) && a->d_gate_weight.dtype != LK_F32) n += al(E * H * 4);
+    return n;
+}
+
+static lk_status refuse_group(const lk_ctx *ctx) {
+    if (ctx->comm == NULL) return LK_OK;
+    return lk_error(LK_EINVAL, WHO ": ctx.comm: expected NULL (the aux loss's sums over a sequence-parallel group "
+                    "are not done on the GPU yet), got a group of %d rank(s)", ctx->comm->size);
+}
+
+static lk_status nomem(void) {
+    return lk_error(LK_ENOMEM, WHO ": arena: expected the reserved workspace, got too little");
+}
+
+typedef struct {
+    int dev;
+    void *stream, *ws;
+} gemm_ctx;
+
+/* C[m, n] (c_dt) = beta·C + op(A)·op(B), row-major, packed, operands in dt. */
+static lk_status gemm(const gemm_ctx *g, int ta, int tb, int64_t m, int64_t n, int64_t k, lk_dtype dt, const void *a,
+                      const void *b, float beta, lk_dtype c_dt, void *c) {
+    lk_lt_gemm_args x = {.trans_a = ta, .trans_b = tb, .m = m, .n = n, .k = k, .ab_dt = dt, .a = a,
+                         .lda = ta ? m : k, .b = b, .ldb = tb ? k : n, .alpha = 1.0f, .beta = beta,
+                         .c_dt = c_dt, .c = c, .ldc = n};
+    return lk_lt_gemm(g->dev, g->stream, g->ws, LK_LT_WORKSPACE_BYTES, &x);
+}
+
+/* z = hidden · gate_weightᵀ in f32; a bf16 hidden meeting an f32 gate is widened first. */
+static lk_status logits(const lk_moe_router_args *a, const gemm_ctx *g, float *z, float *x32) {
+    int64_t T = a->hidden.shape[0], H = a->hidden.shape[1], E = lk_router_experts(a);
+    const void *x = a->hidden.data;
+    lk_dtype dt = a->gate_weight.dtype;
+    if (mixed(a)) {
+        lk_status s = lk_router_cuda_convert(T * H, a->hidden.dtype, x, LK_F32, x32, 0, g->stream);
+        if (s) return s;
+        x = x32;
+    }
+    return gemm(g, 0, 1, T, E, H, dt, x, a->gate_weight.data, 0.0f, LK_F32, z);
+}
+
+static lk_status forward(const lk_moe_router_args *a, lk_ctx *ctx) {
+    lk_status s = refuse_group(ctx);
+    if (s) return s;
+    lk_router_cuda_dims d = dims_of(a);
+    int64_t H = a->hidden.shape[1];
+    lk_arena *ar = ctx->arena;
+    gemm_ctx g = {ctx->device.index, ctx->stream, lk_arena_alloc(ar, LK_LT_WORKSPACE_BYTES)};
+    float *z = lk_arena_alloc(ar, sizeof(float) * (size_t)(d.t * d.e));
+    int32_t *counts = lk_arena_alloc(ar, sizeof(int32_t) * (size_t)d.e);
+    float *x32 = mixed(a) ? lk_arena_alloc(ar, sizeof(float) * (size_t)(d.t * H)) : NULL;
+    int aux = a->aux_loss.data != NULL;
+    float *vsum = aux ? lk_arena_alloc(ar, sizeof(float) * (size_t)d.t) : NULL;
+    double *part = aux ? lk_arena_alloc(ar, sizeof(double) * (size_t)lk_router_cuda_aux_scratch(d.t, d.e)) : NULL;
+    if (!g.ws || !z || !counts || (mixed(a) && !x32) || (aux && (!vsum || !part))) return nomem();
+    float *v = lk_router_saved_v(a);
+    int32_t *ids = lk_router_saved_ids(a);
+    if ((s = logits(a, &g, z, x32)) ||
+        (s = lk_router_cuda_softmax_topk(&d, z, v, ids, a->topk_ids.data, a->topk_weights.data, vsum, ctx->stream)))
+        return s;
+    if (!aux) return LK_OK;
+    if ((s = lk_router_cuda_count(ids, d.t * d.k, d.e, counts, ctx->stream))) return s;
+    return lk_router_cuda_aux(&d, v, vsum, counts, part, a->aux_loss.data, ctx->stream);
+}
+
+/* d_gate_weight += dzᵀ · hidden: hidden widened into x32 when bf16; a bf16 gradient gets
+ * the f32 product in acc, added and rounded once. */
+static lk_status d_gate_weight(const lk_moe_router_args *a, const gemm_ctx *g, const float *dz, float *x32,
+                               float *acc) {
+    int64_t T = a->hidden.shape[0], H = a->hidden.shape[1], E = lk_router_experts(a);
+    const void *x = a->hidden.data;
+    lk_status s;
+    if (a->hidden.dtype != LK_F32) {
+        if ((s = lk_router_cuda_convert(T * H, a->hidden.dtype, x, LK_F32, x32, 0, g->stream))) return s;
+        x = x32;
+    }
+    lk_dtype gdt = a->d_gate_weight.dtype;
+    if (gdt == LK_F32) return gemm(g, 1, 0, E, H, T, LK_F32, dz, x, 1.0f, LK_F32, a->d_gate_weight.data);
+    if ((s = gemm(g, 1, 0, E, H, T, LK_F32, dz, x, 0.0f, LK_F32, acc))) return s;
+    return lk_router_cuda_convert(E * H, LK_F32, acc, gdt, a->d_gate_weight.data, 1, g->stream);
+}
+
+/* d_hidden = dz · gate_weight: the gate widened when bf16, the product through x32 when
+ * d_hidden is bf16. Runs after d_gate_weight, whose widened hidden x32 it overwrites. */
+static lk_status d_hidden(const lk_moe_router_args *a, const gemm_ctx *g, const float *dz, float *x32, float *w32) {
+    int64_t T = a->hidden.shape[0], H = a->hidden.shape[1], E = lk_router_experts(a);
+    const void *w = a->gate_weight.data;
+    lk_status s;
+    if (a->gate_weight.dtype != LK_F32) {
+        if ((s = lk_router_cuda_convert(E * H, a->gate_weight.dtype, w, LK_F32, w32, 0, g->stream))) return s;
+        w = w32;
+    }
+    lk_dtype xdt = a->hidden.dtype;
+    if (xdt == LK_F32) return gemm(g, 0, 0, T, H, E, LK_F32, dz, w, 0.0f, LK_F32, a->d_hidden.data);
+    if ((s = gemm(g, 0, 0, T, H, E, LK_F32, dz, w, 0.0f, LK_F32, x32))) return s;
+    return lk_router_cuda_convert(T * H, LK_F32, x32, xdt, a->d_hidden.data, 0, g->stream);
+}
+
+static lk_status backward(const lk_moe_router_args *a, lk_ctx *ctx) {
+    lk_status s = refuse_group(ctx);
+    if (s) return s;
+    lk_router_cuda_dims d = dims_of(a);
+    size_t TH = (size_t)(d.t * a->hidden.shape[1]), EH = (size_t)(d.e * a->hidden.shape[1]);
+    int bf_x = a->hidden.dtype != LK_F32, bf_w = a->gate_weight.dtype != LK_F32;
+    int bf_g = want_dgw(a) && a->d_gate_weight.dtype != LK_F32;
+    lk_arena *ar = ctx->arena;
+    gemm_ctx g = {ctx->device.index, ctx->stream, lk_arena_alloc(ar, LK_LT_WORKSPACE_BYTES)};
+    float *dz = lk_arena_alloc(ar, sizeof(float) * (size_t)(d.t * d.e));
+    int32_t *counts = lk_arena_alloc(ar, sizeof(int32_t) * (size_t)d.e);
+    float *x32 = bf_x ? lk_arena_alloc(ar, sizeof(float) * TH) : NULL;
+    float *w32 = bf_w ? lk_arena_alloc(ar, sizeof(float) * EH) : NULL;
+    float *acc = bf_g ? lk_arena_alloc(ar, sizeof(float) * EH) : NULL;
+    if (!g.ws || !dz || !counts || (bf_x && !x32) || (bf_w && !w32) || (bf_g && !acc)) return nomem();
+    const int32_t *ids = lk_router_saved_ids(a);
+    int aux = a->d_aux_loss != 0.0f;
+    double T = (double)d.t, coef = (double)a->d_aux_loss * (double)d.e / (T * T * d.k);
+    if (aux && (s = lk_router_cuda_count(ids, d.t * d.k, d.e, counts, ctx->stream))) return s;
+    if ((s = lk_router_cuda_d_logits(&d, lk_router_saved_v(a), ids, a->d_topk_weights.data, aux ? counts : NULL,
+                                     coef, dz, ctx->stream)))
+        return s;
+    if (want_dgw(a) && (s = d_gate_weight(a, &g, dz, x32, acc))) return s;
+    return d_hidden(a, &g, dz, x32, w32);
+}
+
+const lk_moe_router_vtable lk_moe_router_cuda_softmax_topk_vtable = {
+    .version = LK_MOE_ROUTER_VTABLE_VERSION,
+    .saved_bytes = lk_router_saved_bytes,
+    .workspace_bytes = workspace_bytes,
+    .forward = forward,
+    .backward = backward,
+};

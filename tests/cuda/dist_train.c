@@ -1,0 +1,189 @@
+/* dist_train.c (GPUs) — data-parallel training on GPUs (train.device: cuda, one GPU per
+ * rank, the gradient buckets summed over NCCL while the backward runs) against one GPU
+ * running the same batches as micro-batches (grad_accum = the DP size) on rank 0, as
+ * tests/dist/dist_train.c does on CPUs: the same gradients up to summation order, so the
+ * loss curve and the gradient norms agree within f32 tolerance. The one-GPU run is also
+ * held against the CPU trainer (same seed, same data, same math): the device changes the
+ * summation orders only. Then the overlap, by timing: a larger dense model trained with
+ * 4 MiB buckets (most start during the backward) and with one bucket (it starts when the
+ * backward is over), the median step time of each printed (not asserted: speed belongs
+ * to benchmarks; bench/NOTES.md keeps the numbers). Skipped (77) with fewer GPUs than
+ * ranks. Run: mpirun -np 2|4 -x NCCL_NVLS_ENABLE=0 build/cuda_dist_train. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <cuda_runtime_api.h>
+#include "util.h"
+
+#define STEPS 12
+/* f32 on GPUs: the P micro-batch gradients summed in another order (NCCL's ring), grown
+ * a little by each AdamW step; a wrong scale or a lost bucket moves the norm by >= 1/P */
+#define TOL_DP 1e-4
+/* the CPU's GEMMs and attention sum in other orders than the GPU's, over 12 steps */
+#define TOL_CPU 1e-3
+
+static lk_train_config tc;
+static lk_ops_config ops;
+
+static void tiny(const char *out, lk_device_type dev, int64_t grad_accum) {
+    lk_train_config_init(&tc);
+    lk_qwen3_config *c = &tc.model;
+    lk_qwen3_config_init(c, 0);
+    c->hidden_size = 64; c->num_hidden_layers = 2; c->num_attention_heads = 4; c->num_key_value_heads = 2;
+    c->head_dim = 16; c->intermediate_size = 128; c->vocab_size = 320; c->tie_word_embeddings = 1;
+    snprintf(c->torch_dtype, sizeof c->torch_dtype, "float32");
+    tc.has_model = 1;
+    tc.steps = STEPS; tc.warmup_steps = 2; tc.batch_size = 2; tc.seq_len = 48; tc.grad_accum = grad_accum;
+    tc.lr = 3e-3; tc.min_lr = 3e-4; tc.corpus_docs = 64;
+    tc.device = dev;
+    snprintf(tc.out, sizeof tc.out, "%s", out);
+    lk_ops_config_init(&ops);
+}
+
+static void rm_rf(const char *d) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", d);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", d);
+}
+
+static double worst_of(const float *a, const float *b, const float *an, const float *bn, int n) {
+    double w = 0;
+    for (int i = 0; i < n; i++) {
+        double e = dist_rel_err(&a[i], &b[i], 1), en = dist_rel_err(&an[i], &bn[i], 1);
+        w = fmax(w, fmax(e, en));
+        if (isnan(e) || isnan(en)) w = INFINITY;
+    }
+    return w;
+}
+
+static void matches_one_gpu(void) {
+    int r = dist_world->rank, P = dist_world->size;
+    char dir[64] = "/tmp/llmkern_cuda_dist_train_XXXXXX";
+    float ref[STEPS] = {0}, ref_norm[STEPS] = {0}, cpu[STEPS] = {0}, cpu_norm[STEPS] = {0};
+    float got[STEPS] = {0}, got_norm[STEPS] = {0};
+    if (r == 0) {
+        DIST_CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+        char path[128];
+        snprintf(path, sizeof path, "%s/one_gpu", dir);
+        tiny(path, LK_DEVICE_CUDA, P);
+        lk_train_opts o = {.quiet = 1, .loss_log = ref, .grad_norm_log = ref_norm, .loss_log_cap = STEPS};
+        DIST_CHECK(lk_train_run(&tc, &ops, NULL, &o, NULL) == LK_OK, "one-GPU run");
+        snprintf(path, sizeof path, "%s/cpu", dir);
+        tiny(path, LK_DEVICE_CPU, P);
+        o.loss_log = cpu, o.grad_norm_log = cpu_norm;
+        DIST_CHECK(lk_train_run(&tc, &ops, NULL, &o, NULL) == LK_OK, "CPU run");
+    }
+    DIST_CHECK(lk_comm_broadcast(dist_world, dir, sizeof dir, 0) == LK_OK, "broadcast dir");
+    char out[128];
+    snprintf(out, sizeof out, "%s/dp", dir);
+    tiny(out, LK_DEVICE_CUDA, 1);
+    tc.dp = P;
+    lk_mesh mesh;
+    DIST_CHECK(lk_train_mesh(&tc, dist_world, &mesh) == LK_OK && mesh.dp_size == P, "mesh dp %d", P);
+    /* 8 KiB buckets: the tiny model's gradients travel in many, most while its backward runs */
+    lk_train_opts o = {.quiet = 1, .loss_log = got, .grad_norm_log = got_norm, .loss_log_cap = STEPS,
+                       .mesh = &mesh, .bucket_bytes = 8 << 10};
+    lk_train_result res = {0};
+    DIST_CHECK(lk_train_run(&tc, &ops, NULL, &o, &res) == LK_OK, "dp %d on GPUs", P);
+    DIST_CHECK(res.buckets > STEPS && res.buckets_early * 2 >= res.buckets, "buckets %lld, %lld during the backward",
+               (long long)res.buckets, (long long)res.buckets_early);
+    lk_mesh_destroy(&mesh);
+    if (r == 0) {
+        double w = worst_of(got, ref, got_norm, ref_norm, STEPS), wc = worst_of(ref, cpu, ref_norm, cpu_norm, STEPS);
+        for (int i = 0; i < STEPS; i++)
+            printf("  step %2d: loss dp %.7f one GPU %.7f CPU %.7f | grad norm dp %.6f one GPU %.6f CPU %.6f\n", i + 1,
+                   got[i], ref[i], cpu[i], got_norm[i], ref_norm[i], cpu_norm[i]);
+        printf("dist_train (cuda): dp %d on GPUs vs one GPU, %d steps: worst relative difference %.2g (loss or grad "
+               "norm; tolerance %.0e); one GPU vs CPU %.2g (tolerance %.0e); %lld all-reduce buckets, %lld started "
+               "during the backward\n", P, STEPS, w, TOL_DP, wc, TOL_CPU, (long long)res.buckets,
+               (long long)res.buckets_early);
+        DIST_CHECK(w <= TOL_DP, "dp vs one GPU: %.3g", w);
+        DIST_CHECK(wc <= TOL_CPU, "one GPU vs CPU: %.3g", wc);
+        DIST_CHECK(ref[STEPS - 1] < ref[0] - 0.5, "the loss falls: %g -> %g", ref[0], ref[STEPS - 1]);
+        char path[200];
+        snprintf(path, sizeof path, "%s/loss.csv", out);
+        DIST_CHECK(access(path, F_OK) == 0, "rank 0 wrote %s", path);
+        snprintf(path, sizeof path, "%s/model.safetensors", out);
+        DIST_CHECK(access(path, F_OK) == 0, "rank 0 wrote %s (from the GPU)", path);
+    }
+    float r0[STEPS];
+    memcpy(r0, got, sizeof r0);
+    DIST_CHECK(lk_comm_broadcast(dist_world, r0, sizeof r0, 0) == LK_OK, "broadcast losses");
+    DIST_CHECK(memcmp(r0, got, sizeof r0) == 0, "rank %d's losses equal rank 0's", r);
+    DIST_CHECK(lk_comm_barrier(dist_world) == LK_OK, "barrier");
+    if (r == 0) rm_rf(dir);
+}
+
+/* --- the overlap, by timing ------------------------------------------------------------ */
+
+static double stamps[64];
+static void stamp(void *user, int64_t step, struct lk_model *m) {
+    (void)user, (void)m;
+    if (step < 64) stamps[step] = lk_now();
+}
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The median step time (s) of a run with the given bucket size: the intervals between
+ * the starts of steps 1 .. steps-1 (step 0 warms up). */
+static double median_step(int64_t bucket_bytes, int64_t steps, lk_train_result *res) {
+    int r = dist_world->rank;
+    char dir[64] = "/tmp/llmkern_cuda_dp_time_XXXXXX";
+    if (r == 0) DIST_CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    DIST_CHECK(lk_comm_broadcast(dist_world, dir, sizeof dir, 0) == LK_OK, "broadcast dir");
+    tiny(dir, LK_DEVICE_CUDA, 1);
+    lk_qwen3_config *c = &tc.model;
+    c->hidden_size = 2048; c->num_hidden_layers = 8; c->num_attention_heads = 16; c->num_key_value_heads = 4;
+    c->head_dim = 128; c->intermediate_size = 5632; c->vocab_size = 32000; c->max_position_embeddings = 1024;
+    c->tie_word_embeddings = 0;
+    tc.steps = steps + 1; tc.batch_size = 4; tc.seq_len = 512; tc.corpus_docs = 512; tc.dp = dist_world->size;
+    lk_mesh mesh;
+    DIST_CHECK(lk_train_mesh(&tc, dist_world, &mesh) == LK_OK, "mesh");
+    /* stop_at: no checkpoint or model written at the end (gigabytes, and not the point) */
+    lk_train_opts o = {.quiet = 1, .mesh = &mesh, .bucket_bytes = bucket_bytes, .before_step = stamp, .stop_at = steps};
+    DIST_CHECK(lk_train_run(&tc, &ops, NULL, &o, res) == LK_OK, "timing run");
+    lk_mesh_destroy(&mesh);
+    double d[64];
+    int n = 0;
+    for (int64_t i = 1; i + 1 < steps && i < 63; i++) d[n++] = stamps[i + 1] - stamps[i];
+    qsort(d, (size_t)n, sizeof *d, cmp);
+    DIST_CHECK(lk_comm_barrier(dist_world) == LK_OK, "barrier");
+    if (r == 0) rm_rf(dir);
+    return n ? d[n / 2] : 0;
+}
+
+static void overlap_timing(void) {
+    const int64_t steps = 8;
+    lk_train_result a = {0}, b = {0};
+    double over = median_step(4 << 20, steps, &a), whole = median_step((int64_t)1 << 40, steps, &b);
+    if (dist_world->rank == 0)
+        printf("dist_train (cuda): overlap, dense hidden 2048 x 8 layers, vocab 32000 (%.0f M parameters, f32), "
+               "4 x 512 tokens a rank, dp %d: median step %.1f ms with 4 MiB buckets (%lld of %lld started during "
+               "the backward) vs %.1f ms with one bucket after it (%lld of %lld): %.1f ms saved\n",
+               (8.0 * (2 * 2048.0 * 2048 + 2 * 2048.0 * 512 + 3 * 2048.0 * 5632) + 2 * 32000.0 * 2048) / 1e6,
+               dist_world->size, over * 1e3, (long long)a.buckets_early, (long long)a.buckets, whole * 1e3,
+               (long long)b.buckets_early, (long long)b.buckets, (whole - over) * 1e3);
+    DIST_CHECK(a.buckets_early * 2 >= a.buckets && b.buckets_early == 0, "buckets early %lld/%lld, %lld/%lld",
+               (long long)a.buckets_early, (long long)a.buckets, (long long)b.buckets_early, (long long)b.buckets);
+}
+
+int main(void) {
+    dist_begin();
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess) ndev = 0;
+    if (ndev < dist_world->size) {
+        if (dist_world->rank == 0)
+            printf("dist_train (cuda): SKIPPED, %d ranks need %d GPUs (one each), found %d\n", dist_world->size,
+                   dist_world->size, ndev);
+        lk_comm_destroy(dist_world);
+        lk_comm_mpi_finalize();
+        return 77;
+    }
+    matches_one_gpu();
+    overlap_timing();
+    return dist_end("dist_train (cuda)");
+}

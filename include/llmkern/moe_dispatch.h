@@ -20,7 +20,14 @@
  * redoes the forward exchange and the local experts' forward (for their saved state):
  * nothing is held between the passes (saved_bytes is 0), at the price of one more
  * exchange and expert forward. Workspace depends on the routing and is reserved in
- * ctx->arena after the counts are known; every rank of the group makes the same call. */
+ * ctx->arena after the counts are known; every rank of the group makes the same call.
+ *
+ * Each comes as a CPU and a CUDA row. The CUDA rows take CUDA tensors, a device arena
+ * and the CUDA experts (`fused` by default); across ranks the group must be NCCL (its
+ * collectives take device memory: a host-memory group is refused with LK_EDEVICE, and
+ * so is NCCL with CPU tensors), with one rank any comm or NULL. The routing plan is made
+ * on the host: the [T, k] ids come down once a call (and once more in the facade, which
+ * checks them before anything is written), so a call synchronizes with the host. */
 #ifndef LLMKERN_MOE_DISPATCH_H
 #define LLMKERN_MOE_DISPATCH_H
 
@@ -56,7 +63,8 @@ typedef struct {
 } lk_moe_dispatch_vtable;
 
 /* Facade: every argument checked (expert ids in range, E divisible by the group size,
- * the weights' expert count E/P) before any collective or write. Errors LK_EINVAL,
+ * the weights' expert count E/P, every tensor, the arena, the experts and the group on
+ * the implementation's device) before any collective or write. Errors LK_EINVAL,
  * LK_ESHAPE, LK_EDTYPE, LK_EDEVICE, LK_ECOMM. */
 lk_status lk_moe_dispatch_forward(const lk_impl *impl, const lk_moe_dispatch_args *a, lk_ctx *ctx);
 lk_status lk_moe_dispatch_backward(const lk_impl *impl, const lk_moe_dispatch_args *a, lk_ctx *ctx);

@@ -1,6 +1,6 @@
 /* main.c — the llmkern command.
  *   llmkern list | explain [--config F] | check [--op N] | bench [--op N] [--size 8192x4096]
- *         | train --config F [--steps N] [--out DIR] [--resume DIR]
+ *         | train --config F [--steps N] [--out DIR] [--resume DIR] [--device cpu|cuda]
  * Every command takes --json. Exit status: 0 ok, 1 a check failed, 2 bad usage or error. */
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +15,7 @@ static const char usage[] =
     "                          every available implementation against the float64 reference\n"
     "  bench   [--op N] [--impl N] [--dtype D] [--size AxB]\n"
     "                          copy bandwidth and GEMM rate, then every implementation's passes\n"
-    "  train   --config F [--steps N] [--out DIR] [--resume DIR]\n"
+    "  train   --config F [--steps N] [--out DIR] [--resume DIR] [--device cpu|cuda]\n"
     "                          train the config's model, checkpoints and loss plot in DIR\n"
     "options: --json           rows as JSON\n";
 
@@ -67,7 +67,8 @@ int main(int argc, char **argv) {
                           : strcmp(a, "--dtype") == 0  ? &o.dtype
                           : strcmp(a, "--size") == 0   ? &o.size
                           : strcmp(a, "--out") == 0    ? &o.out
-                          : strcmp(a, "--resume") == 0 ? &o.resume : NULL;
+                          : strcmp(a, "--resume") == 0 ? &o.resume
+                          : strcmp(a, "--device") == 0 ? &o.device : NULL;
         if (strcmp(a, "--json") == 0) { o.json = 1; continue; }
         if (strcmp(a, "--seed") == 0 && i + 1 < argc) { o.seed = strtoull(argv[++i], NULL, 10); continue; }
         if (strcmp(a, "--steps") == 0 && i + 1 < argc && (o.steps = atoll(argv[i + 1])) > 0) { i++; continue; }

@@ -1,4 +1,5 @@
-/* train.c — `llmkern train --config FILE [--steps N] [--out DIR] [--resume DIR]`: loads
+/* train.c — `llmkern train --config FILE [--steps N] [--out DIR] [--resume DIR]
+ * [--device cpu|cuda]`: loads
  * the YAML config (model, train, data and ops sections), applies the command-line
  * overrides and runs the training loop (train.h). Exit status 2 on any error, with the
  * message (a NaN loss names the step and the last good checkpoint).
@@ -32,6 +33,11 @@ int cli_train(const cli_opts *o) {
     if (s) return cli_fail("train", s);
     if (o->steps > 0) tc.steps = o->steps;
     if (o->out) snprintf(tc.out, sizeof tc.out, "%s", o->out);
+    if (o->device && strcmp(o->device, "cpu") != 0 && strcmp(o->device, "cuda") != 0) {
+        fprintf(stderr, "llmkern train: --device: expected cpu or cuda, got '%s'\n", o->device);
+        return 2;
+    }
+    if (o->device) tc.device = strcmp(o->device, "cuda") == 0 ? LK_DEVICE_CUDA : LK_DEVICE_CPU;
     if (tc.warmup_steps > tc.steps) tc.warmup_steps = tc.steps;
     lk_comm *world = NULL;
     if (!under_mpirun() || lk_comm_mpi_world(&world) != LK_OK || world->size == 1) {
@@ -52,10 +58,10 @@ int cli_train(const cli_opts *o) {
 
 static int run(const cli_opts *o, const lk_train_config *tc, lk_ops_config *ops, const lk_mesh *mesh) {
     int rank0 = mesh == NULL || mesh->world->rank == 0;
-    if (rank0) printf("training %s (%lld layers, hidden %lld, %lld experts) for %lld steps of %lld x %lld tokens",
+    if (rank0) printf("training %s (%lld layers, hidden %lld, %lld experts) on %s for %lld steps of %lld x %lld tokens",
            tc->model.moe ? "Qwen3-MoE" : "Qwen3", (long long)tc->model.num_hidden_layers, (long long)tc->model.hidden_size,
-           (long long)(tc->model.moe ? tc->model.num_experts : 0), (long long)tc->steps, (long long)tc->batch_size,
-           (long long)tc->seq_len);
+           (long long)(tc->model.moe ? tc->model.num_experts : 0), lk_device_name(tc->device), (long long)tc->steps,
+           (long long)tc->batch_size, (long long)tc->seq_len);
     if (rank0 && tc->grad_accum > 1) printf(" x %lld micro-batches", (long long)tc->grad_accum);
     if (rank0 && mesh)
         printf(" on %d ranks (dp %d x sp %d, ep %d)", mesh->world->size, mesh->dp_size, mesh->sp_size, mesh->ep_size);

@@ -1,5 +1,6 @@
-/* dist_train.c (GPUs) — data-parallel training on GPUs (train.device: cuda, one GPU per
- * rank, the gradient buckets summed over NCCL while the backward runs) against one GPU
+/* dist_train.c (GPUs) — data-parallel training of the tiny configs (configs/tiny-dense
+ * and tiny-moe.yaml, 20 steps) on GPUs (train.device: cuda, one GPU per rank, the
+ * gradient buckets summed over NCCL while the backward runs) against one GPU
  * running the same batches as micro-batches (grad_accum = the DP size) on rank 0, as
  * tests/dist/dist_train.c does on CPUs: the same gradients up to summation order, so the
  * loss curve and the gradient norms agree within f32 tolerance. The one-GPU run is also
@@ -16,7 +17,7 @@
 #include <cuda_runtime_api.h>
 #include "util.h"
 
-#define STEPS 12
+#define STEPS 20
 /* f32 on GPUs: the P micro-batch gradients summed in another order (NCCL's ring), grown
  * a little by each AdamW step; a wrong scale or a lost bucket moves the norm by >= 1/P */
 #define TOL_DP 1e-4
@@ -26,19 +27,18 @@
 static lk_train_config tc;
 static lk_ops_config ops;
 
-static void tiny(const char *out, lk_device_type dev, int64_t grad_accum) {
+/* configs/<name>.yaml, STEPS steps of it, on dev, grad_accum micro-batches a step, into out. */
+static void tiny(const char *name, const char *out, lk_device_type dev, int64_t grad_accum) {
+    const char *src = getenv("LLMKERN_SOURCE_DIR");
+    char path[600];
+    snprintf(path, sizeof path, "%s/configs/%s.yaml", src ? src : "..", name);
     lk_train_config_init(&tc);
-    lk_qwen3_config *c = &tc.model;
-    lk_qwen3_config_init(c, 0);
-    c->hidden_size = 64; c->num_hidden_layers = 2; c->num_attention_heads = 4; c->num_key_value_heads = 2;
-    c->head_dim = 16; c->intermediate_size = 128; c->vocab_size = 320; c->tie_word_embeddings = 1;
-    snprintf(c->torch_dtype, sizeof c->torch_dtype, "float32");
-    tc.has_model = 1;
-    tc.steps = STEPS; tc.warmup_steps = 2; tc.batch_size = 2; tc.seq_len = 48; tc.grad_accum = grad_accum;
-    tc.lr = 3e-3; tc.min_lr = 3e-4; tc.corpus_docs = 64;
+    lk_ops_config_init(&ops);
+    lk_status s = lk_train_config_load_yaml(path, &tc, &ops);
+    DIST_CHECK(s == LK_OK, "%s", path);
+    tc.steps = STEPS; tc.grad_accum = grad_accum;
     tc.device = dev;
     snprintf(tc.out, sizeof tc.out, "%s", out);
-    lk_ops_config_init(&ops);
 }
 
 static void rm_rf(const char *d) {
@@ -57,7 +57,7 @@ static double worst_of(const float *a, const float *b, const float *an, const fl
     return w;
 }
 
-static void matches_one_gpu(void) {
+static void matches_one_gpu(const char *name) {
     int r = dist_world->rank, P = dist_world->size;
     char dir[64] = "/tmp/llmkern_cuda_dist_train_XXXXXX";
     float ref[STEPS] = {0}, ref_norm[STEPS] = {0}, cpu[STEPS] = {0}, cpu_norm[STEPS] = {0};
@@ -66,18 +66,18 @@ static void matches_one_gpu(void) {
         DIST_CHECK(mkdtemp(dir) != NULL, "mkdtemp");
         char path[128];
         snprintf(path, sizeof path, "%s/one_gpu", dir);
-        tiny(path, LK_DEVICE_CUDA, P);
+        tiny(name, path, LK_DEVICE_CUDA, P);
         lk_train_opts o = {.quiet = 1, .loss_log = ref, .grad_norm_log = ref_norm, .loss_log_cap = STEPS};
         DIST_CHECK(lk_train_run(&tc, &ops, NULL, &o, NULL) == LK_OK, "one-GPU run");
         snprintf(path, sizeof path, "%s/cpu", dir);
-        tiny(path, LK_DEVICE_CPU, P);
+        tiny(name, path, LK_DEVICE_CPU, P);
         o.loss_log = cpu, o.grad_norm_log = cpu_norm;
         DIST_CHECK(lk_train_run(&tc, &ops, NULL, &o, NULL) == LK_OK, "CPU run");
     }
     DIST_CHECK(lk_comm_broadcast(dist_world, dir, sizeof dir, 0) == LK_OK, "broadcast dir");
     char out[128];
     snprintf(out, sizeof out, "%s/dp", dir);
-    tiny(out, LK_DEVICE_CUDA, 1);
+    tiny(name, out, LK_DEVICE_CUDA, 1);
     tc.dp = P;
     lk_mesh mesh;
     DIST_CHECK(lk_train_mesh(&tc, dist_world, &mesh) == LK_OK && mesh.dp_size == P, "mesh dp %d", P);
@@ -94,10 +94,10 @@ static void matches_one_gpu(void) {
         for (int i = 0; i < STEPS; i++)
             printf("  step %2d: loss dp %.7f one GPU %.7f CPU %.7f | grad norm dp %.6f one GPU %.6f CPU %.6f\n", i + 1,
                    got[i], ref[i], cpu[i], got_norm[i], ref_norm[i], cpu_norm[i]);
-        printf("dist_train (cuda): dp %d on GPUs vs one GPU, %d steps: worst relative difference %.2g (loss or grad "
-               "norm; tolerance %.0e); one GPU vs CPU %.2g (tolerance %.0e); %lld all-reduce buckets, %lld started "
-               "during the backward\n", P, STEPS, w, TOL_DP, wc, TOL_CPU, (long long)res.buckets,
-               (long long)res.buckets_early);
+        printf("dist_train (cuda): %s, dp %d on GPUs vs one GPU, %d steps (loss %.4f -> %.4f): worst relative "
+               "difference %.2g (loss or grad norm; tolerance %.0e); one GPU vs CPU %.2g (tolerance %.0e); %lld "
+               "all-reduce buckets, %lld started during the backward\n", name, P, STEPS, got[0], got[STEPS - 1], w,
+               TOL_DP, wc, TOL_CPU, (long long)res.buckets, (long long)res.buckets_early);
         DIST_CHECK(w <= TOL_DP, "dp vs one GPU: %.3g", w);
         DIST_CHECK(wc <= TOL_CPU, "one GPU vs CPU: %.3g", wc);
         DIST_CHECK(ref[STEPS - 1] < ref[0] - 0.5, "the loss falls: %g -> %g", ref[0], ref[STEPS - 1]);
@@ -135,7 +135,7 @@ static double median_step(int64_t bucket_bytes, int64_t steps, lk_train_result *
     char dir[64] = "/tmp/llmkern_cuda_dp_time_XXXXXX";
     if (r == 0) DIST_CHECK(mkdtemp(dir) != NULL, "mkdtemp");
     DIST_CHECK(lk_comm_broadcast(dist_world, dir, sizeof dir, 0) == LK_OK, "broadcast dir");
-    tiny(dir, LK_DEVICE_CUDA, 1);
+    tiny("tiny-dense", dir, LK_DEVICE_CUDA, 1);
     lk_qwen3_config *c = &tc.model;
     c->hidden_size = 2048; c->num_hidden_layers = 8; c->num_attention_heads = 16; c->num_key_value_heads = 4;
     c->head_dim = 128; c->intermediate_size = 5632; c->vocab_size = 32000; c->max_position_embeddings = 1024;
@@ -183,7 +183,8 @@ int main(void) {
         lk_comm_mpi_finalize();
         return 77;
     }
-    matches_one_gpu();
+    matches_one_gpu("tiny-dense");
+    matches_one_gpu("tiny-moe");
     overlap_timing();
     return dist_end("dist_train (cuda)");
 }

@@ -1,5 +1,6 @@
 /* local.c — the local dispatcher (moe_dispatch.h): one process owns every expert, so
- * dispatch is the experts op itself. The reference the other dispatchers are held to. */
+ * dispatch is the experts op itself (the CPU or the CUDA experts, by the call's device).
+ * The reference the other dispatchers are held to. */
 #include "ops/moe_dispatch/internal.h"
 
 static lk_status run(const lk_moe_dispatch_args *a, lk_ctx *ctx, int backward) {

@@ -1,20 +1,29 @@
 /* moe_dispatch.c — the expert-parallel dispatch facade (include/llmkern/moe_dispatch.h):
  * every argument checked before any collective or write, then the implementation; and
  * the pieces the dispatchers share (common sizes, workspace layout, the local experts
- * over received rows). */
+ * over received rows). CUDA tensors: the ids come to the host to be checked, and the
+ * group must take device memory (NCCL) when it has more than one rank. */
+#include <stdlib.h>
 #include <string.h>
 #include "core/validate.h"
 #include "ops/moe_dispatch/internal.h"
 
 #define OP "moe_dispatch"
 
-static lk_status check_t(const char *arg, const lk_tensor *t, int ndim, const int64_t *shape, unsigned dtypes) {
+static lk_status check_t(lk_device_type dev, const char *arg, const lk_tensor *t, int ndim, const int64_t *shape,
+                         unsigned dtypes) {
     lk_status s;
-    if ((s = lk_expect_present(OP, arg, t)) || (s = lk_expect_device(OP, arg, t, LK_DEVICE_CPU)) ||
+    if ((s = lk_expect_present(OP, arg, t)) || (s = lk_expect_device(OP, arg, t, dev)) ||
         (s = lk_expect_contiguous(OP, arg, t, ndim)) || (s = lk_expect_dtype(OP, arg, t, dtypes)) ||
         (s = lk_expect_shape(OP, arg, t, ndim, shape)))
         return s;
     return LK_OK;
+}
+
+int lk_ep_comm_on_device(const lk_comm *comm) { return comm->backend && strcmp(comm->backend, "nccl") == 0; }
+
+static const lk_impl *experts_of(const lk_moe_dispatch_args *a, lk_device_type dev) {
+    return a->experts ? a->experts : lk_impl_find(LK_OP_MOE_EXPERTS, "fused", dev);
 }
 
 lk_status lk_ep_call_of(const lk_moe_dispatch_args *a, lk_ctx *ctx, lk_ep_call *c) {
@@ -22,10 +31,96 @@ lk_status lk_ep_call_of(const lk_moe_dispatch_args *a, lk_ctx *ctx, lk_ep_call *
     c->a = a, c->ctx = ctx;
     c->comm = ctx->comm ? ctx->comm : lk_comm_self();
     c->P = c->comm->size, c->r = c->comm->rank;
-    c->experts = a->experts ? a->experts : lk_impl_find(LK_OP_MOE_EXPERTS, "fused", LK_DEVICE_CPU);
+    c->dev = ctx->device.type == LK_DEVICE_CUDA;
+    c->direct = lk_ep_comm_on_device(c->comm) != c->dev;   /* the facade allows it for P = 1 only */
+    c->experts = experts_of(a, ctx->device.type);
     c->T = a->hidden.shape[0], c->H = a->hidden.shape[1], c->k = a->topk_ids.shape[1];
     c->E = a->n_experts, c->El = a->gate_up_weight.shape[0], c->I = a->gate_up_weight.shape[1] / 2;
     c->dt = a->hidden.dtype, c->es = lk_dtype_size(c->dt);
+    return LK_OK;
+}
+
+/* The group, the workspace and the experts must take the tensors' memory. */
+static lk_status check_place(const lk_impl *impl, const lk_moe_dispatch_args *a, const lk_ctx *ctx) {
+    lk_device_type dev = impl->device;
+    lk_status s;
+    if (ctx->comm && (s = lk_comm_check(OP, "ctx.comm", ctx->comm))) return s;
+    int P = ctx->comm ? ctx->comm->size : 1;
+    if (P > LK_EP_MAX_RANKS)
+        return lk_error(LK_EINVAL, OP ": ctx.comm: expected at most %d ranks, got %d", LK_EP_MAX_RANKS, P);
+    if (P > 1 && lk_ep_comm_on_device(ctx->comm) != (dev == LK_DEVICE_CUDA))
+        return lk_error(LK_EDEVICE, OP ": ctx.comm: expected %s for %s tensors (the exchange hands it their memory), "
+                        "got a '%s' communicator", dev == LK_DEVICE_CUDA ? "an NCCL communicator" :
+                        "a host-memory communicator (mpi, single)", lk_device_name(dev),
+                        ctx->comm->backend ? ctx->comm->backend : "?");
+    if (P > 1 && strcmp(impl->name, "local") == 0)
+        return lk_error(LK_EINVAL, OP ": ctx.comm: 'local' runs on one process, got a group of %d (use alltoall "
+                        "or allgather)", P);
+    if (ctx->arena && ctx->arena->device != (int)dev)
+        return lk_error(LK_EDEVICE, OP ": ctx.arena: expected %s memory for a %s call, got %s", lk_device_name(dev),
+                        lk_device_name(dev), lk_device_name((lk_device_type)ctx->arena->device));
+    const lk_impl *ex = experts_of(a, dev);
+    if ((s = lk_expect_impl(OP, ex, LK_OP_MOE_EXPERTS)))
+        return lk_error(s, OP ": experts: expected a moe_experts implementation, got %s", ex ? ex->name : "NULL");
+    if (ex->device != dev)
+        return lk_error(LK_EDEVICE, OP ": experts: expected a %s implementation, got '%s' on %s", lk_device_name(dev),
+                        ex->name, lk_device_name(ex->device));
+    return LK_OK;
+}
+
+/* Every id in [0, E), read on the host (a CUDA call's ids come down first). */
+static lk_status check_ids(const lk_moe_dispatch_args *a, lk_ctx *ctx) {
+    lk_ep_call c;
+    lk_ep_call_of(a, ctx, &c);
+    const void *h;
+    void *own;
+    lk_status s = lk_ep_host(&c, a->topk_ids.data, lk_tensor_bytes(&a->topk_ids), &h, &own);
+    const int32_t *ids = h;
+    for (int64_t i = 0; !s && i < c.T * c.k; i++)
+        if (ids[i] < 0 || ids[i] >= a->n_experts)
+            s = lk_error(LK_EINVAL, OP ": topk_ids: expected ids in [0, %d), got %d at %lld", a->n_experts, ids[i],
+                         (long long)i);
+    free(own);
+    return s;
+}
+
+/* Shapes, dtypes and devices of every tensor; P is the group size. */
+static lk_status check_tensors(lk_device_type dev, unsigned dtypes, const lk_moe_dispatch_args *a, int P,
+                               int backward) {
+    lk_status s;
+    const lk_tensor *x = &a->hidden;
+    if ((s = lk_expect_present(OP, "hidden", x)) || (s = lk_expect_device(OP, "hidden", x, dev)) ||
+        (s = lk_expect_contiguous(OP, "hidden", x, 2)) || (s = lk_expect_dtype(OP, "hidden", x, dtypes)))
+        return s;
+    if (x->ndim != 2 || x->shape[0] < 1 || x->shape[1] < 1)
+        return lk_error(LK_ESHAPE, OP ": hidden: expected [T, H] with T, H >= 1, got rank %d", x->ndim);
+    int64_t T = x->shape[0], H = x->shape[1];
+    if (a->topk_ids.ndim != 2 || a->topk_ids.shape[1] < 1)
+        return lk_error(LK_ESHAPE, OP ": topk_ids: expected [%lld, k] with k >= 1", (long long)T);
+    int64_t tk[2] = {T, a->topk_ids.shape[1]};
+    if ((s = check_t(dev, "topk_ids", &a->topk_ids, 2, tk, LK_DTYPE_BIT(LK_I32))) ||
+        (s = check_t(dev, "topk_weights", &a->topk_weights, 2, tk, LK_DTYPE_BIT(LK_F32))))
+        return s;
+    if (a->n_experts < 1 || a->n_experts % P)
+        return lk_error(LK_EINVAL, OP ": n_experts: expected a multiple >= 1 of the group size %d, got %d", P,
+                        a->n_experts);
+    const lk_tensor *gu = &a->gate_up_weight;
+    int64_t El = a->n_experts / P;
+    if (gu->ndim != 3 || gu->shape[1] < 2 || gu->shape[1] % 2)
+        return lk_error(LK_ESHAPE, OP ": gate_up_weight: expected [%lld, 2I, %lld]", (long long)El, (long long)H);
+    int64_t I = gu->shape[1] / 2, gus[3] = {El, 2 * I, H}, dws[3] = {El, H, I};
+    unsigned xdt = LK_DTYPE_BIT(x->dtype), gdt = xdt | LK_DTYPE_BIT(LK_F32);
+    if ((s = check_t(dev, "gate_up_weight", gu, 3, gus, xdt)) ||
+        (s = check_t(dev, "down_weight", &a->down_weight, 3, dws, xdt)))
+        return s;
+    if (!backward) return check_t(dev, "out", &a->out, 2, x->shape, xdt);
+    if ((s = check_t(dev, "dout", &a->dout, 2, x->shape, xdt)) ||
+        (s = check_t(dev, "d_hidden", &a->d_hidden, 2, x->shape, xdt)) ||
+        (a->d_topk_weights.data &&
+         (s = check_t(dev, "d_topk_weights", &a->d_topk_weights, 2, tk, LK_DTYPE_BIT(LK_F32)))) ||
+        (a->d_gate_up_weight.data && (s = check_t(dev, "d_gate_up_weight", &a->d_gate_up_weight, 3, gus, gdt))) ||
+        (a->d_down_weight.data && (s = check_t(dev, "d_down_weight", &a->d_down_weight, 3, dws, gdt))))
+        return s;
     return LK_OK;
 }
 
@@ -36,61 +131,17 @@ static lk_status check(const lk_impl *impl, const lk_moe_dispatch_args *a, lk_ct
     *vt = impl->vtable;
     if (!(*vt)->forward || !(*vt)->backward)
         return lk_error(LK_EINVAL, OP ": impl: expected forward and backward in '%s', got NULL", impl->name);
-    if (!a || !ctx) return lk_error(LK_EINVAL, OP ": %s: expected a pointer, got NULL", a ? "ctx" : "args");
-    if (ctx->device.type != LK_DEVICE_CPU)
-        return lk_error(LK_EDEVICE, OP ": ctx.device: expected cpu, got %s", lk_device_name(ctx->device.type));
-    if (ctx->comm && (s = lk_comm_check(OP, "ctx.comm", ctx->comm))) return s;
-    int P = ctx->comm ? ctx->comm->size : 1;
-    if (P > LK_EP_MAX_RANKS)
-        return lk_error(LK_EINVAL, OP ": ctx.comm: expected at most %d ranks, got %d", LK_EP_MAX_RANKS, P);
-    if (P > 1 && strcmp(impl->name, "local") == 0)
-        return lk_error(LK_EINVAL, OP ": ctx.comm: 'local' runs on one process, got a group of %d (use alltoall "
-                        "or allgather)", P);
-    const lk_impl *ex = a->experts ? a->experts : lk_impl_find(LK_OP_MOE_EXPERTS, "fused", LK_DEVICE_CPU);
-    if ((s = lk_expect_impl(OP, ex, LK_OP_MOE_EXPERTS)))
-        return lk_error(s, OP ": experts: expected a moe_experts implementation, got %s", ex ? ex->name : "NULL");
+    if ((s = lk_expect_call(OP, impl, a, ctx)) || (s = check_place(impl, a, ctx))) return s;
     const unsigned fl = LK_DTYPE_BIT(LK_F32) | LK_DTYPE_BIT(LK_BF16);
-    const lk_tensor *x = &a->hidden;
-    if ((s = lk_expect_present(OP, "hidden", x)) || (s = lk_expect_contiguous(OP, "hidden", x, 2)) ||
-        (s = lk_expect_dtype(OP, "hidden", x, impl->needs.dtypes & fl)))
-        return s;
-    if (x->ndim != 2 || x->shape[0] < 1 || x->shape[1] < 1)
-        return lk_error(LK_ESHAPE, OP ": hidden: expected [T, H] with T, H >= 1, got rank %d", x->ndim);
-    int64_t T = x->shape[0], H = x->shape[1];
-    if (a->topk_ids.ndim != 2 || a->topk_ids.shape[1] < 1)
-        return lk_error(LK_ESHAPE, OP ": topk_ids: expected [%lld, k] with k >= 1", (long long)T);
-    int64_t tk[2] = {T, a->topk_ids.shape[1]};
-    if ((s = check_t("topk_ids", &a->topk_ids, 2, tk, LK_DTYPE_BIT(LK_I32))) ||
-        (s = check_t("topk_weights", &a->topk_weights, 2, tk, LK_DTYPE_BIT(LK_F32))))
-        return s;
-    if (a->n_experts < 1 || a->n_experts % P)
-        return lk_error(LK_EINVAL, OP ": n_experts: expected a multiple >= 1 of the group size %d, got %d", P,
-                        a->n_experts);
-    const int32_t *ids = a->topk_ids.data;
-    for (int64_t i = 0; i < T * tk[1]; i++)
-        if (ids[i] < 0 || ids[i] >= a->n_experts)
-            return lk_error(LK_EINVAL, OP ": topk_ids: expected ids in [0, %d), got %d at %lld", a->n_experts, ids[i],
-                            (long long)i);
-    const lk_tensor *gu = &a->gate_up_weight;
-    int64_t El = a->n_experts / P;
-    if (gu->ndim != 3 || gu->shape[1] < 2 || gu->shape[1] % 2)
-        return lk_error(LK_ESHAPE, OP ": gate_up_weight: expected [%lld, 2I, %lld]", (long long)El, (long long)H);
-    int64_t I = gu->shape[1] / 2, gus[3] = {El, 2 * I, H}, dws[3] = {El, H, I};
-    unsigned xdt = LK_DTYPE_BIT(x->dtype), gdt = xdt | LK_DTYPE_BIT(LK_F32);
-    if ((s = check_t("gate_up_weight", gu, 3, gus, xdt)) || (s = check_t("down_weight", &a->down_weight, 3, dws, xdt)))
-        return s;
-    if (!backward) return check_t("out", &a->out, 2, x->shape, xdt);
-    if ((s = check_t("dout", &a->dout, 2, x->shape, xdt)) || (s = check_t("d_hidden", &a->d_hidden, 2, x->shape, xdt)) ||
-        (a->d_topk_weights.data && (s = check_t("d_topk_weights", &a->d_topk_weights, 2, tk, LK_DTYPE_BIT(LK_F32)))) ||
-        (a->d_gate_up_weight.data && (s = check_t("d_gate_up_weight", &a->d_gate_up_weight, 3, gus, gdt))) ||
-        (a->d_down_weight.data && (s = check_t("d_down_weight", &a->d_down_weight, 3, dws, gdt))))
+    if ((s = check_tensors(impl->device, impl->needs.dtypes & fl, a, ctx->comm ? ctx->comm->size : 1, backward)) ||
+        (s = check_ids(a, ctx)) || !backward)
         return s;
     lk_region outs[4] = {{"d_hidden", a->d_hidden.data, lk_tensor_bytes(&a->d_hidden)},
                          lk_tensor_region("d_topk_weights", &a->d_topk_weights),
                          lk_tensor_region("d_gate_up_weight", &a->d_gate_up_weight),
                          lk_tensor_region("d_down_weight", &a->d_down_weight)};
-    lk_region ins[3] = {{"hidden", x->data, lk_tensor_bytes(x)}, {"dout", a->dout.data, lk_tensor_bytes(&a->dout)},
-                        {"gate_up_weight", gu->data, lk_tensor_bytes(gu)}};
+    lk_region ins[3] = {lk_tensor_region("hidden", &a->hidden), lk_tensor_region("dout", &a->dout),
+                        lk_tensor_region("gate_up_weight", &a->gate_up_weight)};
     return lk_expect_apart(OP, outs, 4, ins, 3);
 }
 
@@ -130,11 +181,18 @@ lk_status lk_ep_reserve(const lk_ep_call *c, lk_ep_bump *b, size_t extra, size_t
     return s;
 }
 
+/* A [rows, cols] workspace view on the call's device. */
+static lk_tensor rows_view(const lk_ep_call *c, void *data, lk_dtype dt, int64_t rows, int64_t cols) {
+    lk_tensor t = lk_tensor_2d(data, dt, rows, cols);
+    t.device = c->a->hidden.device;
+    return t;
+}
+
 static lk_moe_experts_args experts_args(const lk_ep_call *c, int64_t rows) {
     lk_moe_experts_args e = {0};
-    e.hidden = e.out = e.dout = e.d_hidden = lk_tensor_2d(NULL, c->dt, rows, c->H);
-    e.topk_ids = lk_tensor_2d(NULL, LK_I32, rows, 1);
-    e.topk_weights = lk_tensor_2d(NULL, LK_F32, rows, 1);
+    e.hidden = e.out = e.dout = e.d_hidden = rows_view(c, NULL, c->dt, rows, c->H);
+    e.topk_ids = rows_view(c, NULL, LK_I32, rows, 1);
+    e.topk_weights = rows_view(c, NULL, LK_F32, rows, 1);
     e.gate_up_weight = c->a->gate_up_weight, e.down_weight = c->a->down_weight;
     e.d_gate_up_weight = c->a->d_gate_up_weight, e.d_down_weight = c->a->d_down_weight;
     return e;
@@ -160,6 +218,6 @@ lk_status lk_ep_experts(const lk_ep_call *c, lk_ep_bump *b, int64_t rows, void *
     lk_status s = lk_moe_experts_forward(c->experts, &e, c->ctx);
     if (s || !dy) return s;
     e.dout.data = (void *)dy, e.d_hidden.data = dx;
-    if (dw) e.d_topk_weights = lk_tensor_2d(dw, LK_F32, rows, 1);
+    if (dw) e.d_topk_weights = rows_view(c, dw, LK_F32, rows, 1);
     return lk_moe_experts_backward(c->experts, &e, c->ctx);
 }

@@ -68,11 +68,14 @@ static void matches_one_gpu(const char *name) {
         snprintf(path, sizeof path, "%s/one_gpu", dir);
         tiny(name, path, LK_DEVICE_CUDA, P);
         lk_train_opts o = {.quiet = 1, .loss_log = ref, .grad_norm_log = ref_norm, .loss_log_cap = STEPS};
+        double t0 = lk_now();
         DIST_CHECK(lk_train_run(&tc, &ops, NULL, &o, NULL) == LK_OK, "one-GPU run");
+        double t1 = lk_now();
         snprintf(path, sizeof path, "%s/cpu", dir);
         tiny(name, path, LK_DEVICE_CPU, P);
         o.loss_log = cpu, o.grad_norm_log = cpu_norm;
         DIST_CHECK(lk_train_run(&tc, &ops, NULL, &o, NULL) == LK_OK, "CPU run");
+        printf("  %s: one GPU %.1f s, CPU %.1f s\n", name, t1 - t0, lk_now() - t1);
     }
     DIST_CHECK(lk_comm_broadcast(dist_world, dir, sizeof dir, 0) == LK_OK, "broadcast dir");
     char out[128];

@@ -44,6 +44,12 @@ typedef struct {   /* the device side of one case */
 
 static const lk_impl *impl_cuda(void) { return lk_impl_find(LK_OP_MOE_ROUTER, "softmax_topk", LK_DEVICE_CUDA); }
 
+static double amax(const double *x, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) m = fmax(m, isnan(x[i]) ? INFINITY : fabs(x[i]));
+    return m;
+}
+
 static void down(void *host, const void *dev, size_t bytes) {
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
     assert_int_equal(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -169,6 +175,12 @@ static void run_case(lk_dtype dt, const rcase *c, uint32_t seed) {
     lkt_download(r.a.d_hidden.data, T * H, dt, dxg);
     lkt_download(r.a.d_gate_weight.data, E * H, r.a.d_gate_weight.dtype, dgg);
     double edx = lkt_rel_err(dxg, dxr, T * H), edg = lkt_rel_err(dgg, dgw, E * H);
+    if (amax(dxr, T * H) < 1e-12) {
+        /* a gradient that is zero in exact math (k 1 after top-k: every weight is 1, and no
+         * aux term): the GPU's f32 residue measured against the scale of what it multiplies */
+        double scale = amax(dw, T * K) * amax(wg, E * H);
+        edx = amax(dxg, T * H) / (scale > 0 ? scale : 1);
+    }
     print_message("  %s%s T %lld H %lld E %lld k %d%s scale %g d_aux %g%s: gap %.1e, %lld/%lld ranked exactly, "
                   "w %.1e aux %.1e dx %.1e dgw(%s) %.1e (tol %.0e)\n",
                   lk_dtype_name(dt), c->gw32 && dt == LK_BF16 ? "/f32 gate" : "", (long long)T, (long long)H,

@@ -184,7 +184,11 @@ lk_status lk_lt_gemm(int device, void *stream, void *workspace, size_t ws_bytes,
     if (g->m == 0 || g->n == 0) return LK_OK;
     if (g->k == 0)   /* cuBLASLt refuses K = 0: C = beta·C (+ bias) is left to the caller */
         return lk_error(LK_ESHAPE, "cublasLt: gemm: expected K >= 1, got 0");
-    if (workspace == NULL) ws_bytes = 0;
+    /* cuBLASLt wants a 256-byte aligned workspace (CUBLAS_STATUS_INVALID_VALUE otherwise);
+     * arena pieces are 64-byte aligned, so start at the next 256 and offer what is left */
+    uintptr_t at = (uintptr_t)workspace, up = (at + 255) & ~(uintptr_t)255;
+    if (workspace == NULL || ws_bytes < up - at) ws_bytes = 0, workspace = NULL;
+    else ws_bytes -= up - at, workspace = (void *)up;
     pthread_mutex_lock(&lock);
     lk_status s = gemm_locked(device, stream, workspace, ws_bytes, g);
     pthread_mutex_unlock(&lock);

@@ -108,12 +108,13 @@ typedef struct {
     /* The mesh (lk_train_mesh; NULL or a world of one: one process, the path unchanged).
      * DP replica r of P takes every P-th batch from r; its SP ranks split that batch's
      * tokens and the EP ranks the experts (lk_model_set_parallel). After each step's
-     * micro-batches the gradients are summed over the world in 4 MiB buckets and divided
+     * micro-batches the gradients are summed over the world in buckets and divided
      * by P; the loss is the mean over the replicas; every rank holds the whole model and
      * takes the same step; only rank 0 writes (out, loss.csv, plot, checkpoints,
      * progress). The config's parallel: section must match the mesh. */
     const lk_mesh *mesh;
-    int64_t bucket_bytes;        /* the all-reduce bucket (torch DDP's bucket_cap_mb); 0 = 4 MiB */
+    int64_t bucket_bytes;        /* the all-reduce bucket (torch DDP's bucket_cap_mb); 0 = the
+                                  * device's: 4 MiB on CPUs, 128 MiB on GPUs (bench/NOTES.md) */
 } lk_train_opts;
 
 typedef struct {

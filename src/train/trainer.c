@@ -112,7 +112,7 @@ static lk_status cpu_update(trainer *t, double lr, double *norm) {
 }
 
 const lk_train_device lk_train_device_cpu = {
-    .type = LK_DEVICE_CPU, .pick = cpu_pick, .state_alloc = cpu_state_alloc, .state_free = cpu_state_free,
+    .type = LK_DEVICE_CPU, .bucket_bytes = 4 << 20, .pick = cpu_pick, .state_alloc = cpu_state_alloc, .state_free = cpu_state_free,
     .put = cpu_copy, .get = cpu_copy, .grads_comm = cpu_grads_comm, .scale = cpu_scale, .update = cpu_update,
 };
 
@@ -138,7 +138,6 @@ static void trainer_free(trainer *t) {
     if (t->model) lk_model_free(t->model);
 }
 
-#define BUCKET_FLOATS ((int64_t)1 << 20)   /* 4 MiB of f32 per all-reduce, by default */
 
 /* The config's parallel: section must describe the mesh the run is handed. */
 static lk_status check_mesh(const lk_train_config *tc, const lk_mesh *m) {
@@ -181,7 +180,7 @@ static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_op
     t->ctx = t->dev->type == LK_DEVICE_CPU ? lk_ctx_cpu(&t->arena) : lk_ctx_cuda(&t->arena, NULL, index);
     if (mesh) {
         t->flat = lk_model_grads(t->model, &t->n_flat);
-        t->bucket = bucket_bytes > 0 ? (bucket_bytes + 3) / 4 : BUCKET_FLOATS;
+        t->bucket = ((bucket_bytes > 0 ? bucket_bytes : t->dev->bucket_bytes) + 3) / 4;
         t->n_buckets = (t->n_flat + t->bucket - 1) / t->bucket;
         if (!(t->reqs = calloc((size_t)t->n_buckets, sizeof *t->reqs)))
             return lk_error(LK_ENOMEM, "train: all-reduce requests");
@@ -266,8 +265,8 @@ static lk_status next_batch(trainer *t) {
 }
 
 /* The gradient all-reduce, overlapped with the backward. The flat gradients are cut
- * into a fixed grid of 4 MiB buckets, and bucket k starts (from the last) once the model
- * says [k·B, n) is final (lk_model_on_grads_ready): the grid, not the moments the model
+ * into a fixed grid of buckets (4 MiB on CPUs, 128 MiB on GPUs), and bucket k starts
+ * (from the last) once the model says [k·B, n) is final (lk_model_on_grads_ready): the grid, not the moments the model
  * reports, fixes which all-reduces run in which order, so every rank starts the same
  * ones in the same order, a rank whose backward stopped early included (it starts the
  * rest at once). */

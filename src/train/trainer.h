@@ -17,6 +17,7 @@ struct trainer;
  * the CPU's; trainer_cuda.c the GPU's, built with CUDA only). */
 typedef struct {
     lk_device_type type;
+    int64_t bucket_bytes;   /* the gradient all-reduce's default bucket (bench/NOTES.md, run 26) */
     /* Before the model exists: the device this rank uses (one GPU per rank of world, which
      * may be NULL for one process). */
     lk_status (*pick)(const lk_comm *world);

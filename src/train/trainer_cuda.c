@@ -103,6 +103,9 @@ static lk_status update(trainer *t, double lr, double *norm) {
 }
 
 const lk_train_device lk_train_device_cuda = {
-    .type = LK_DEVICE_CUDA, .pick = pick, .state_alloc = state_alloc, .state_free = state_free, .put = put,
+    /* 128 MiB: on two NVLink H200s, 4 MiB buckets made the step slower than one bucket
+     * after the backward (per-call cost and SMs taken from the backward's GEMMs), 128 MiB
+     * hid 40% of the exposed all-reduce (bench/NOTES.md, run 26) */
+    .type = LK_DEVICE_CUDA, .bucket_bytes = (int64_t)128 << 20, .pick = pick, .state_alloc = state_alloc, .state_free = state_free, .put = put,
     .get = get, .grads_comm = grads_comm, .scale = scale, .update = update,
 };

@@ -7,7 +7,7 @@
  * held against the CPU trainer (same seed, same data, same math): the device changes the
  * summation orders only. Then the overlap, by timing: a larger dense model trained with
  * no communication (each rank alone), with one bucket (summed when the backward is over)
- * and with buckets of LK_DP_BUCKETS_MIB (default 4,32; most start during the backward),
+ * and with buckets of LK_DP_BUCKETS_MIB (default 128; most start during the backward),
  * the median step time of each printed (not asserted: speed belongs to benchmarks;
  * bench/NOTES.md keeps the numbers). LK_DIST_TRAIN_ONLY=timing runs that part alone.
  * Skipped (77) with fewer GPUs than ranks.
@@ -165,8 +165,8 @@ static double median_step(int64_t bucket_bytes, int64_t steps, lk_train_result *
 }
 
 /* The step alone (no communication), with one bucket summed after the backward, and with
- * the buckets of LK_DP_BUCKETS_MIB (a comma list; default 4,32) started as the backward
- * makes them final. */
+ * the buckets of LK_DP_BUCKETS_MIB (a comma list; default 128, the GPU trainer's default)
+ * started as the backward makes them final. */
 static void overlap_timing(void) {
     const int64_t steps = 10;
     lk_train_result a = {0}, w = {0};
@@ -181,7 +181,7 @@ static void overlap_timing(void) {
     DIST_CHECK(w.buckets_early == 0, "one bucket: %lld started early", (long long)w.buckets_early);
     const char *list = getenv("LK_DP_BUCKETS_MIB");
     char buf[128];
-    snprintf(buf, sizeof buf, "%s", list && *list ? list : "4,32");
+    snprintf(buf, sizeof buf, "%s", list && *list ? list : "128");
     for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
         int64_t mib = atoll(tok);
         if (mib < 1) continue;

@@ -45,5 +45,19 @@ out=$("$bin" train --config "$tmp/bad.yaml" 2>&1); rc=$?
 [ $rc -eq 2 ] && ok || fail "bad config: exit $rc"
 expect "bad config names the place" "$out" "bad.yaml:2:7: train.lr: expected a finite number"
 
+out=$("$bin" train --config "$tmp/tiny.yaml" --out "$tmp/dev" --device tpu 2>&1); rc=$?
+[ $rc -eq 2 ] && ok || fail "--device tpu: exit $rc"
+expect "--device tpu" "$out" "--device: expected cpu or cuda, got 'tpu'"
+printf 'train:\n  device: gpu\n' >"$tmp/dev.yaml"
+out=$("$bin" train --config "$tmp/dev.yaml" 2>&1); rc=$?
+[ $rc -eq 2 ] && ok || fail "train.device gpu: exit $rc"
+expect "train.device names the place" "$out" "dev.yaml:2:11: train.device: expected cpu or cuda"
+if ! "$bin" list 2>/dev/null | grep -q '^GPU: NVIDIA'; then   # no GPU here: --device cuda says why, writes nothing
+  out=$("$bin" train --config "$tmp/tiny.yaml" --out "$tmp/dev" --device cuda 2>&1); rc=$?
+  [ $rc -eq 2 ] && ok || fail "--device cuda without a GPU: exit $rc"
+  expect "--device cuda without a GPU" "$out" "train: device:? cuda: (no GPU here|this build cannot train there)"
+  [ ! -e "$tmp/dev" ] && ok || fail "--device cuda without a GPU wrote $tmp/dev"
+fi
+
 echo "cli_train: $passes passed, $fails failed"
 [ $fails -eq 0 ]

@@ -167,11 +167,11 @@ static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_op
         t->writer = t->world->rank == 0;
         s = lk_batch_alloc(&t->skip, tc->batch_size, tc->seq_len);
     }
+    if (!s) s = t->dev->pick(t->world);   /* before anything is written */
     if (!s && t->writer) s = lk_mkdirs(tc->out);
     if (!s) s = load_data(tc, &t->ds);
     if (!s) s = lk_data_iter_init(&t->it, &t->ds, tc->batch_size, tc->seq_len, tc->seed);
     if (!s) s = lk_batch_alloc(&t->batch, tc->batch_size, tc->seq_len);
-    if (!s) s = t->dev->pick(t->world);
     if (!s) s = build_model(tc, ops, &t->model);
     if (!s && mesh) s = lk_model_set_parallel(t->model, mesh->sp, mesh->ep);
     if (!s && mesh) s = t->dev->grads_comm(t->world, &t->gcomm);

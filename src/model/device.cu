@@ -56,7 +56,8 @@ __global__ void heads_k(const U *src, U *dst, int64_t T, int64_t H, int64_t Dw, 
 static lk_status heads(const float *src, float *dst, int64_t T, int64_t H, int64_t D, int back, lk_ctx *ctx) {
     cudaStream_t st = (cudaStream_t)ctx->stream;
     if (D % 4 == 0) {
-        heads_k<float4><<<blocks(T * H * D / 4), THREADS, 0, st>>>((const float4 *)src, (float4 *)dst, T, H, D / 4, back);
+        heads_k<float4><<<blocks(T * H * D / 4), THREADS, 0, st>>>((const float4 *)src, (float4 *)dst, T, H, D / 4,
+                                                                  back);
     } else {
         heads_k<float><<<blocks(T * H * D), THREADS, 0, st>>>(src, dst, T, H, D, back);
     }

@@ -40,6 +40,10 @@ typedef struct {
                                 lk_ctx *ctx);
 } lk_model_device;
 
+struct lk_model;
+/* The device m's buffers live on (the trainer keeps its optimizer state there too). */
+const lk_model_device *lk_model_device_of(const struct lk_model *m);
+
 extern const lk_model_device lk_model_device_cpu;
 #ifdef LLMKERN_HAVE_CUDA
 extern const lk_model_device lk_model_device_cuda;

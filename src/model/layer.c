@@ -65,7 +65,8 @@ static lk_status norm_backward(lk_model *m, const lk_impl *impl, lk_rms_norm_arg
     return s ? s : add_into(m, G(w_off), G(w_off), m->sc.dw, n);
 }
 
-static lk_linear_args lin(const lk_model *m, const float *x, int64_t T, int64_t in, const float *w, int64_t out, float *y) {
+static lk_linear_args lin(const lk_model *m, const float *x, int64_t T, int64_t in, const float *w, int64_t out,
+                          float *y) {
     return (lk_linear_args){.x = t2(m, x, T, in), .weight = t2(m, w, out, in), .y = t2(m, y, T, out)};
 }
 
@@ -89,7 +90,8 @@ static lk_attention_args attn_args(const lk_model *m, const lk_impl *impl, const
     int64_t T = m->T;
     lk_attention_args at = {
         .q = t4(m, a->qr, m->Hq, T, m->D), .k = t4(m, a->kr, m->Hk, T, m->D), .v = t4(m, a->vt, m->Hk, T, m->D),
-        .out = lk_on(m, lk_tensor_view(a->ao, LK_F32, 4, (int64_t[]){1, T, m->Hq, m->D})), .saved = sv(a->s[S_ATTN], saved),
+        .out = lk_on(m, lk_tensor_view(a->ao, LK_F32, 4, (int64_t[]){1, T, m->Hq, m->D})),
+        .saved = sv(a->s[S_ATTN], saved),
     };
     if (e->adapter == LK_ATTN_FLEX) {
         at.block_mask = &m->doc_mask;
@@ -205,8 +207,10 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
     lk_linear_args pq = lin(m, a->h1, T, H, W(L->q), Q, NULL), pk = lin(m, a->h1, T, H, W(L->k), K, NULL),
                    pv = lin(m, a->h1, T, H, W(L->v), K, NULL);
     if ((s = lin_backward(m, op->q_proj, pq, sc->q, L->q, sc->dh))) return s;
-    if ((s = lin_backward(m, op->k_proj, pk, sc->k, L->k, sc->dh2)) || (s = add_into(m, sc->dh, sc->dh, sc->dh2, T * H)) ||
-        (s = lin_backward(m, op->v_proj, pv, sc->v, L->v, sc->dh2)) || (s = add_into(m, sc->dh, sc->dh, sc->dh2, T * H)))
+    if ((s = lin_backward(m, op->k_proj, pk, sc->k, L->k, sc->dh2)) ||
+        (s = add_into(m, sc->dh, sc->dh, sc->dh2, T * H)) ||
+        (s = lin_backward(m, op->v_proj, pv, sc->v, L->v, sc->dh2)) ||
+        (s = add_into(m, sc->dh, sc->dh, sc->dh2, T * H)))
         return s;
     lk_rms_norm_args n = norm_args(m, a->x, T, H, W(L->in), a->h1, a->s[S_IN], L->saved[S_IN]);
     if ((s = norm_backward(m, op->in_norm, n, sc->dh, sc->tmp, L->in))) return s;

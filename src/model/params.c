@@ -166,7 +166,8 @@ lk_status lk_model_save(const lk_model *m, const char *dir) {
     if ((s = lk_st_writer_begin(path, &w))) { free(host); return s; }
     for (int i = 0; i < m->n_params && !s; i++) {
         lk_tensor v = host_view(m, i, host);
-        s = as == LK_F32 ? lk_st_writer_add(w, m->params[i].name, &v) : lk_st_writer_add_as(w, m->params[i].name, &v, as);
+        const char *name = m->params[i].name;
+        s = as == LK_F32 ? lk_st_writer_add(w, name, &v) : lk_st_writer_add_as(w, name, &v, as);
     }
     if (s) lk_st_writer_abort(w);
     else s = lk_st_writer_commit(w);   /* it reads the views: host lives until here */

@@ -77,7 +77,8 @@ static lk_status make_rope(lk_model *m) {
     m->rope_sin = m->dev->alloc(n * 4);
     lk_status s = LK_OK;
     if (!host || !m->rope_cos || !m->rope_sin) s = lk_error(LK_ENOMEM, "model: rope tables: out of memory");
-    lk_tensor cs = lk_tensor_2d(host, LK_F32, m->max_pos, m->D / 2), sn = lk_tensor_2d(host + n, LK_F32, m->max_pos, m->D / 2);
+    lk_tensor cs = lk_tensor_2d(host, LK_F32, m->max_pos, m->D / 2);
+    lk_tensor sn = lk_tensor_2d(host ? host + n : NULL, LK_F32, m->max_pos, m->D / 2);
     if (!s) s = lk_rope_tables(c->rope_theta, m->D, scp, &cs, &sn);
     if (!s) s = m->dev->put(m->rope_cos, host, n * 4);
     if (!s) s = m->dev->put(m->rope_sin, host + n, n * 4);
@@ -183,6 +184,9 @@ lk_status lk_model_set_parallel(lk_model *m, lk_comm *sp, lk_comm *ep) {
     if (P > 1 && m->dev->type != LK_DEVICE_CPU)   /* lk_sp_loss_reduce moves host scalars */
         return lk_error(LK_EUNAVAILABLE, "model_set_parallel: sp %d: sequence parallelism runs on CPU models only "
                         "so far (the loss is reduced over the group in host memory)", P);
+    if (Q > 1 && m->dev->type != LK_DEVICE_CPU && strcmp(ep->backend, "nccl") != 0)   /* the rows are device memory */
+        return lk_error(LK_EUNAVAILABLE, "model_set_parallel: ep %d: a GPU model exchanges device memory; expected an "
+                        "NCCL group, got '%s'", Q, ep->backend);
     if (Q > 1) {
         if (!m->cfg.moe)
             return lk_error(LK_EINVAL, "model_set_parallel: ep %d: expected a MoE model, got a dense one", Q);
@@ -473,3 +477,5 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
 }
 
 size_t lk_model_activation_bytes(const lk_model *m) { return m ? m->activation_bytes : 0; }
+
+const lk_model_device *lk_model_device_of(const lk_model *m) { return m->dev; }

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "llmkern/checkpoint.h"
+#include "model/device.h"
 #include "train/trainer.h"
 
 lk_status lk_mkdirs(const char *path) {
@@ -41,7 +42,7 @@ static lk_status add_tensor(lk_st_writer *w, trainer *t, const char *kind, const
     size_t bytes = lk_tensor_bytes(&x);
     void *h = malloc(bytes ? bytes : 1);
     if (!h) return lk_error(LK_ENOMEM, "train: checkpoint: %s: out of memory", k);
-    lk_status s = t->dev->get(h, x.data, bytes);
+    lk_status s = lk_model_device_of(t->model)->get(h, x.data, bytes);
     x.data = h, x.device = (lk_device){LK_DEVICE_CPU, 0};
     if (!s) s = lk_st_writer_add_as(w, k, &x, x.dtype);   /* a copy of its own */
     free(h);
@@ -169,7 +170,7 @@ static lk_status read_tensor(trainer *t, lk_st_file *f, const char *kind, const 
     if (!h) return lk_error(LK_ENOMEM, "train: resume: %s: out of memory", k);
     x.data = h, x.device = (lk_device){LK_DEVICE_CPU, 0};
     lk_status s = lk_st_read(f, k, &x);
-    if (!s) s = t->dev->put(dst, h, bytes);
+    if (!s) s = lk_model_device_of(t->model)->put(dst, h, bytes);
     free(h);
     return s;
 }

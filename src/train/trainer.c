@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "llmkern/config.h"
+#include "model/device.h"
 #include "train/trainer.h"
 
 static double now_s(void) {
@@ -71,22 +72,6 @@ static lk_status build_model(const lk_train_config *tc, const lk_ops_config *ops
 
 static lk_status cpu_pick(const lk_comm *world) { (void)world; return LK_OK; }
 
-static lk_status cpu_state_alloc(trainer *t) {
-    for (int i = 0; i < t->n_params; i++)
-        if (!(t->m[i] = calloc((size_t)t->lens[i], sizeof(float))) || !(t->v[i] = calloc((size_t)t->lens[i], sizeof(float))))
-            return lk_error(LK_ENOMEM, "train: optimizer state of %s", lk_model_param(t->model, i)->name);
-    return LK_OK;
-}
-
-static void cpu_state_free(trainer *t) {
-    for (int i = 0; t->m && i < t->n_params; i++) { free(t->m[i]); free(t->v[i]); }
-}
-
-static lk_status cpu_copy(void *dst, const void *src, size_t bytes) {
-    memcpy(dst, src, bytes);
-    return LK_OK;
-}
-
 static lk_status cpu_grads_comm(lk_comm *world, lk_comm **out) {
     *out = world;
     return LK_OK;
@@ -112,8 +97,8 @@ static lk_status cpu_update(trainer *t, double lr, double *norm) {
 }
 
 const lk_train_device lk_train_device_cpu = {
-    .type = LK_DEVICE_CPU, .bucket_bytes = 4 << 20, .pick = cpu_pick, .state_alloc = cpu_state_alloc, .state_free = cpu_state_free,
-    .put = cpu_copy, .get = cpu_copy, .grads_comm = cpu_grads_comm, .scale = cpu_scale, .update = cpu_update,
+    .type = LK_DEVICE_CPU, .bucket_bytes = 4 << 20, .pick = cpu_pick, .grads_comm = cpu_grads_comm,
+    .scale = cpu_scale, .update = cpu_update,
 };
 
 static const lk_train_device *device_of(lk_device_type d) {
@@ -125,8 +110,25 @@ static const lk_train_device *device_of(lk_device_type d) {
 
 /* --- the loop ------------------------------------------------------------------------- */
 
+/* The AdamW moments, zeroed, where the model's weights are. */
+static lk_status state_alloc(trainer *t) {
+    const lk_model_device *md = lk_model_device_of(t->model);
+    for (int i = 0; i < t->n_params; i++) {
+        size_t bytes = (size_t)t->lens[i] * sizeof(float);
+        if (!(t->m[i] = md->alloc(bytes)) || !(t->v[i] = md->alloc(bytes)))
+            return lk_error(LK_ENOMEM, "train: optimizer state of %s: out of %s memory",
+                            lk_model_param(t->model, i)->name, lk_device_name(md->type));
+    }
+    return LK_OK;
+}
+
+static void state_free(trainer *t) {
+    const lk_model_device *md = t->model ? lk_model_device_of(t->model) : NULL;
+    for (int i = 0; md && t->m && i < t->n_params; i++) md->free(t->m[i]), md->free(t->v[i]);
+}
+
 static void trainer_free(trainer *t) {
-    if (t->dev) t->dev->state_free(t);
+    state_free(t);
     if (t->gcomm && t->gcomm != t->world) lk_comm_destroy(t->gcomm);
     lk_arena_free(&t->arena);
     free(t->m); free(t->v); free(t->grads); free(t->lens); free(t->hist);
@@ -197,7 +199,7 @@ static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_op
         t->lens[i] = lk_tensor_numel(&p->value);
         t->grads[i] = p->grad.data;
     }
-    return t->dev->state_alloc(t);
+    return state_alloc(t);
 }
 
 /* loss.csv is rewritten from the history at start (so a resumed run's file holds every

@@ -14,19 +14,14 @@ enum { LK_HIST_STEP, LK_HIST_LOSS, LK_HIST_LR, LK_HIST_GRAD_NORM, LK_HIST_TOKENS
 struct trainer;
 
 /* Where the optimizer runs: the model's device, one struct per device (trainer.c holds
- * the CPU's; trainer_cuda.c the GPU's, built with CUDA only). */
+ * the CPU's; trainer_cuda.c the GPU's, built with CUDA only). The AdamW moments live in
+ * the model's memory (model/device.h: allocated, freed and copied for checkpoints by it). */
 typedef struct {
     lk_device_type type;
     int64_t bucket_bytes;   /* the gradient all-reduce's default bucket (bench/NOTES.md, run 26) */
     /* Before the model exists: the device this rank uses (one GPU per rank of world, which
      * may be NULL for one process). */
     lk_status (*pick)(const lk_comm *world);
-    /* The optimizer state: t->m[i], t->v[i] of t->lens[i] floats, zeroed; and freed. */
-    lk_status (*state_alloc)(struct trainer *t);
-    void (*state_free)(struct trainer *t);
-    /* Synchronous copies between host memory and the device's (checkpoints). */
-    lk_status (*put)(void *dst, const void *host_src, size_t bytes);
-    lk_status (*get)(void *host_dst, const void *src, size_t bytes);
     /* The communicator the gradient buckets are summed over: world itself, or on a GPU an
      * NCCL communicator of world's ranks (device buffers). */
     lk_status (*grads_comm)(lk_comm *world, lk_comm **out);

@@ -1,10 +1,9 @@
 /* trainer_cuda.c — the training loop's optimizer on a GPU (trainer.h: lk_train_device):
- * one GPU per rank (the node-local rank's, modulo the GPUs there), the AdamW moments in
- * device memory, the gradient buckets summed over an NCCL communicator of the world's
- * ranks, and each step's clipping and update as the multi-tensor kernels of
- * cuda_train.h (a deterministic norm, one AdamW launch over every parameter). Built with
- * CUDA only. The math is the CPU optimizer's (trainer.c), so a GPU run follows a CPU run's
- * loss curve to f32 rounding. */
+ * one GPU per rank (the node-local rank's, modulo the GPUs there), the gradient buckets
+ * summed over an NCCL communicator of the world's ranks, and each step's clipping and
+ * update as the multi-tensor kernels of cuda_train.h (a deterministic norm, one AdamW
+ * launch over every parameter). Built with CUDA only. The math is the CPU optimizer's
+ * (trainer.c), so a GPU run follows a CPU run's loss curve to f32 rounding. */
 #include <math.h>
 #include <stdlib.h>
 #include <cuda_runtime_api.h>
@@ -29,40 +28,6 @@ static lk_status pick(const lk_comm *world) {
         return lk_error(LK_EUNAVAILABLE, "train: device cuda: no GPU here (%s)",
                         e != cudaSuccess ? cudaGetErrorString(e) : "none found");
     LK_CUDA_TRY(cudaSetDevice(local_rank(world) % n));
-    return LK_OK;
-}
-
-static lk_status state_alloc(trainer *t) {
-    for (int i = 0; i < t->n_params; i++) {
-        size_t bytes = (size_t)t->lens[i] * sizeof(float);
-        void *m = NULL, *v = NULL;
-        if (cudaMalloc(&m, bytes) != cudaSuccess || cudaMalloc(&v, bytes) != cudaSuccess) {
-            cudaGetLastError();
-            cudaFree(m);
-            return lk_error(LK_ENOMEM, "train: optimizer state of %s: out of device memory",
-                            lk_model_param(t->model, i)->name);
-        }
-        t->m[i] = m, t->v[i] = v;
-        LK_CUDA_TRY(cudaMemset(m, 0, bytes));
-        LK_CUDA_TRY(cudaMemset(v, 0, bytes));
-    }
-    return LK_OK;
-}
-
-static void state_free(trainer *t) {
-    for (int i = 0; t->m && i < t->n_params; i++) {
-        if (t->m[i]) cudaFree(t->m[i]);
-        if (t->v[i]) cudaFree(t->v[i]);
-    }
-}
-
-static lk_status put(void *dst, const void *src, size_t bytes) {
-    if (bytes) LK_CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-    return LK_OK;
-}
-
-static lk_status get(void *dst, const void *src, size_t bytes) {
-    if (bytes) LK_CUDA_TRY(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
     return LK_OK;
 }
 
@@ -106,6 +71,6 @@ const lk_train_device lk_train_device_cuda = {
     /* 128 MiB: on two NVLink H200s, 4 MiB buckets made the step slower than one bucket
      * after the backward (per-call cost and SMs taken from the backward's GEMMs), 128 MiB
      * hid 40% of the exposed all-reduce (bench/NOTES.md, run 26) */
-    .type = LK_DEVICE_CUDA, .bucket_bytes = (int64_t)128 << 20, .pick = pick, .state_alloc = state_alloc, .state_free = state_free, .put = put,
-    .get = get, .grads_comm = grads_comm, .scale = scale, .update = update,
+    .type = LK_DEVICE_CUDA, .bucket_bytes = (int64_t)128 << 20, .pick = pick, .grads_comm = grads_comm,
+    .scale = scale, .update = update,
 };

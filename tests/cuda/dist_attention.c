@@ -12,43 +12,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cuda_runtime_api.h>
+#include "dist_gpu.h"
 #include "util.h"
 #include "ops/attention/check.h"
 
 static lk_comm *nccl;
-
-static void *dev_copy(const void *h, size_t n) {
-    void *d = NULL;
-    if (cudaMalloc(&d, n ? n : 1) != cudaSuccess) exit(1);
-    if (h) cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
-    else cudaMemset(d, 0xff, n);   /* NaN poison */
-    return d;
-}
-
-static void *host_copy(const void *d, size_t n) {
-    void *h = malloc(n ? n : 1);
-    cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost);
-    return h;
-}
-
-static double at(const void *p, lk_dtype dt, int64_t i) {
-    return dt == LK_F32 ? ((const float *)p)[i] : lk_bf16_to_f32(((const uint16_t *)p)[i]);
-}
-
-/* max |got − want| / max |want| (NaN: infinite). */
-static double rel_err(const void *got, const void *want, lk_dtype dt, int64_t n) {
-    double e = 0.0, m = 1e-30;
-    for (int64_t i = 0; i < n; i++) {
-        double g = at(got, dt, i), w = at(want, dt, i);
-        if (isnan(g)) return INFINITY;
-        if (isinf(w) || isinf(g)) {
-            if (g != w) return INFINITY;
-            continue;
-        }
-        e = fmax(e, fabs(g - w)), m = fmax(m, fabs(w));
-    }
-    return e / m;
-}
 
 typedef struct {
     void *q, *k, *v, *out, *dout, *dq, *dk, *dv, *lse, *s_aux, *ds;
@@ -132,14 +100,14 @@ static void run_case(const char *label, lk_dtype dt, const lk_attention_case *c,
         void *want = malloc((size_t)cmp[i].count * tes);
         if (cmp[i].seq_major) dist_box(full, n, r * Sl, Sl, 0, n[2], want, tes);
         else dist_box(full, n, 0, n[1], r * Sl, Sl, want, tes);
-        double e = rel_err(got, want, cmp[i].t, cmp[i].count);
+        double e = dist_rel_err_dt(got, want, cmp[i].t, cmp[i].count);
         DIST_CHECK(e <= tol, "%s %s: %s relative error %.3g > %g", label, lk_dtype_name(dt), cmp[i].name, e, tol);
         free(full), free(got), free(want);
     }
     if (lb.ds) {   /* each rank's share of the sinks' gradient, summed over the SP group */
         DIST_CHECK(lk_comm_all_reduce(nccl, lb.ds, H, LK_COMM_F32) == LK_OK, "%s: ds_aux sum", label);
         void *got = host_copy(lb.ds, (size_t)H * 4), *want = host_copy(fb.ds, (size_t)H * 4);
-        double e = rel_err(got, want, LK_F32, H);
+        double e = dist_rel_err_dt(got, want, LK_F32, H);
         DIST_CHECK(e <= tol, "%s %s: ds_aux relative error %.3g > %g", label, lk_dtype_name(dt), e, tol);
         free(got), free(want);
     }

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cuda_runtime_api.h>
+#include "dist_gpu.h"
 #include "util.h"
 
 #define MAXP 8
@@ -88,21 +89,6 @@ static void free_problem(problem *pb) {
     free(pb->x), free(pb->dout), free(pb->gu), free(pb->dn), free(pb->ggu), free(pb->gdn), free(pb->w), free(pb->ids);
 }
 
-/* n bytes of h on the GPU; h NULL: NaN poison. */
-static void *dev_copy(const void *h, size_t n) {
-    void *d = NULL;
-    if (cudaMalloc(&d, n ? n : 1) != cudaSuccess) exit(1);
-    if (h) cudaMemcpy(d, h, n, cudaMemcpyHostToDevice);
-    else cudaMemset(d, 0xff, n);
-    return d;
-}
-
-static void *host_copy(const void *d, size_t n) {
-    void *h = malloc(n ? n : 1);
-    cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost);
-    return h;
-}
-
 static lk_tensor on_gpu(void *p, lk_dtype dt, int ndim, const int64_t *shape) {
     lk_tensor t = lk_tensor_view(p, dt, ndim, shape);
     t.device = (lk_device){LK_DEVICE_CUDA, nccl->rank};
@@ -138,21 +124,6 @@ static void dev_free(dev_bufs *b) {
     for (int i = 0; i < 11; i++) cudaFree(b->p[i]);
 }
 
-static double at(const void *p, lk_dtype dt, int64_t i) {
-    return dt == LK_F32 ? ((const float *)p)[i] : lk_bf16_to_f32(((const uint16_t *)p)[i]);
-}
-
-/* max |got − want| / max |want| (NaN: infinite). */
-static double rel_err(const void *got, const void *want, lk_dtype dt, int64_t n) {
-    double e = 0.0, m = 1e-30;
-    for (int64_t i = 0; i < n; i++) {
-        double g = at(got, dt, i), w = at(want, dt, i);
-        if (isnan(g) || isinf(g)) return INFINITY;
-        e = fmax(e, fabs(g - w)), m = fmax(m, fabs(w));
-    }
-    return e / m;
-}
-
 /* This rank's part of the reference (ref, the whole problem's buffers) against got. */
 static void compare(const char *label, const problem *pb, const lk_moe_dispatch_args *ref,
                     const lk_moe_dispatch_args *got) {
@@ -169,7 +140,7 @@ static void compare(const char *label, const problem *pb, const lk_moe_dispatch_
         size_t es = lk_dtype_size(dt), n = (size_t)lk_tensor_numel(cmp[i].mine);
         char *full = host_copy(cmp[i].full->data, lk_tensor_bytes(cmp[i].full));
         void *mine = host_copy(cmp[i].mine->data, n * es);
-        double e = rel_err(mine, full + (size_t)cmp[i].off * es, dt, (int64_t)n);
+        double e = dist_rel_err_dt(mine, full + (size_t)cmp[i].off * es, dt, (int64_t)n);
         DIST_CHECK(e <= tol, "%s %s: %s relative error %.3g > %g", label, lk_dtype_name(pb->dt), cmp[i].name, e, tol);
         free(full), free(mine);
     }

@@ -43,12 +43,6 @@ static void tiny(const char *name, const char *out, lk_device_type dev, int64_t 
     snprintf(tc.out, sizeof tc.out, "%s", out);
 }
 
-static void rm_rf(const char *d) {
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", d);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", d);
-}
-
 static double worst_of(const float *a, const float *b, const float *an, const float *bn, int n) {
     double w = 0;
     for (int i = 0; i < n; i++) {
@@ -117,7 +111,7 @@ static void matches_one_gpu(const char *name) {
     DIST_CHECK(lk_comm_broadcast(dist_world, r0, sizeof r0, 0) == LK_OK, "broadcast losses");
     DIST_CHECK(memcmp(r0, got, sizeof r0) == 0, "rank %d's losses equal rank 0's", r);
     DIST_CHECK(lk_comm_barrier(dist_world) == LK_OK, "barrier");
-    if (r == 0) rm_rf(dir);
+    if (r == 0) dist_rm_rf(dir);
 }
 
 /* --- the overlap, by timing ------------------------------------------------------------ */
@@ -160,7 +154,7 @@ static double median_step(int64_t bucket_bytes, int64_t steps, lk_train_result *
     for (int64_t i = 1; i + 1 < steps && i < 63; i++) d[n++] = stamps[i + 1] - stamps[i];
     qsort(d, (size_t)n, sizeof *d, cmp);
     DIST_CHECK(lk_comm_barrier(dist_world) == LK_OK, "barrier");
-    if (r == 0 || !bucket_bytes) rm_rf(dir);
+    if (r == 0 || !bucket_bytes) dist_rm_rf(dir);
     return n ? d[n / 2] : 0;
 }
 

@@ -48,12 +48,6 @@ static void tiny(const char *out, int moe, int64_t steps, int64_t grad_accum) {
     lk_ops_config_init(&ops);
 }
 
-static void rm_rf(const char *d) {
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", d);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", d);
-}
-
 /* The run of (dp, sp, ep) over the world, experts through `dispatcher` and attention
  * through `attn` (NULL: the default, flash_attention_2), against one process with
  * grad_accum dp and the default attention. */
@@ -117,7 +111,7 @@ static void matches_single(int moe, const char *dispatcher, const char *attn, in
     DIST_CHECK(lk_comm_broadcast(dist_world, r0, sizeof r0, 0) == LK_OK, "broadcast losses");
     DIST_CHECK(memcmp(r0, got, sizeof r0) == 0, "rank %d's losses equal rank 0's", r);
     DIST_CHECK(lk_comm_barrier(dist_world) == LK_OK, "barrier");
-    if (r == 0) rm_rf(dir);
+    if (r == 0) dist_rm_rf(dir);
 }
 
 /* A tiny model (dense or MoE) with ops.moe.dispatcher or attention set to value (NULL:

@@ -34,6 +34,30 @@ double dist_rel_err(const float *a, const float *b, int64_t n) {
     return d / m;
 }
 
+static double at(const void *p, lk_dtype dt, int64_t i) {
+    return dt == LK_F32 ? ((const float *)p)[i] : lk_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+double dist_rel_err_dt(const void *got, const void *want, lk_dtype dt, int64_t n) {
+    double e = 0.0, m = 1e-30;
+    for (int64_t i = 0; i < n; i++) {
+        double g = at(got, dt, i), w = at(want, dt, i);
+        if (isnan(g)) return INFINITY;
+        if (isinf(w) || isinf(g)) {
+            if (g != w) return INFINITY;
+            continue;
+        }
+        e = fmax(e, fabs(g - w)), m = fmax(m, fabs(w));
+    }
+    return e / m;
+}
+
+void dist_rm_rf(const char *dir) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
 void dist_box(const void *src, const int64_t n[4], int64_t o1, int64_t m1, int64_t o2, int64_t m2, void *dst,
               size_t es) {
     size_t run = (size_t)(m2 * n[3]) * es;

@@ -28,6 +28,11 @@ int dist_end(const char *program);
 
 /* max |a - b| / max(max |b|, 1e-30) over n f32. */
 double dist_rel_err(const float *a, const float *b, int64_t n);
+/* The same over n elements of dt (f32 or bf16), got against want: a NaN in got, or an
+ * infinity want does not have, is infinitely wrong. */
+double dist_rel_err_dt(const void *got, const void *want, lk_dtype dt, int64_t n);
+/* rm -rf dir (a test's scratch directory); a failure is printed, not fatal. */
+void dist_rm_rf(const char *dir);
 
 /* dst (contiguous [n0, m1, m2, n3]) = src[:, o1:o1+m1, o2:o2+m2, :] of src [n0, n1, n2, n3]. */
 void dist_box(const void *src, const int64_t n[4], int64_t o1, int64_t m1, int64_t o2, int64_t m2, void *dst,

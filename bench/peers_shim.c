@@ -1,14 +1,50 @@
-/* peers_shim.c — C entry points on raw device pointers for bench/peers_cuda.py (ctypes):
- * each builds the lk_tensor views and a CUDA context on the caller's stream, and calls
- * the op's facade with its CUDA implementation, so the bench times exactly what a
- * caller of the library gets (validation included). dt: 0 = f32, 1 = bf16 (lk_dtype).
- * Every function returns an lk_status; lkp_last_error() gives the text. Built with CUDA
- * only, as libllmkern_peers_shim.so beside libllmkern.so. */
+/* peers_shim.c — C entry points on raw device pointers for bench/peers_cuda.py (ctypes).
+ * Each lkp_<op>(...) prepares one call: it builds the lk_tensor views and a CUDA context
+ * on the caller's stream and returns them as a handle (NULL when out of memory);
+ * lkp_run(handle) then calls the op's facade with its CUDA implementation, checks
+ * included, as a C caller of the library does. Timed calls are lkp_run, one argument:
+ * converting a dozen Python ints per call through ctypes cost ~8 us a call, longer than
+ * the library's own host path, and is the harness's time, not llmkern's (bench/NOTES.md
+ * run 28). dt: 0 = f32, 1 = bf16 (lk_dtype). lkp_run returns an lk_status;
+ * lkp_last_error() gives the text. Built with CUDA only, as libllmkern_peers_shim.so
+ * beside libllmkern.so. */
 #include <stdint.h>
+#include <stdlib.h>
 #include "llmkern/llmkern.h"
 #include "ops/swiglu_mlp/cuda_act.h"
 
 static lk_arena arena = {.device = LK_DEVICE_CUDA};   /* workspace, grown on first use */
+
+/* silu(a)·b's kernels take raw pointers, not a facade's args. */
+typedef struct {
+    lk_dtype dt;
+    void *a, *b, *c, *dc, *da, *db;
+    int64_t rows, cols;
+    void *stream;
+} act_args;
+
+typedef struct lkp_call lkp_call;
+struct lkp_call {
+    lk_status (*run)(const lkp_call *c);
+    int backward;
+    const lk_impl *impl;
+    lk_ctx ctx;
+    union {
+        lk_rms_norm_args rms_norm;
+        lk_rope_args rope;
+        lk_cross_entropy_args cross_entropy;
+        lk_attention_args attention;
+        act_args act;
+    } u;
+};
+
+static lkp_call *keep(lkp_call c) {
+    lkp_call *p = malloc(sizeof *p);
+    if (p) *p = c;
+    return p;
+}
+
+int lkp_run(const lkp_call *c) { return c->run(c); }
 
 static lk_tensor dev_view(void *p, lk_dtype dt, int ndim, const int64_t *shape) {
     lk_tensor t = lk_tensor_view(p, dt, ndim, shape);
@@ -23,8 +59,14 @@ const char *lkp_gpu_name(void) { return lk_hw_get()->cuda_name; }
 
 static const lk_impl *impl_of(lk_op op, const char *name) { return lk_impl_find(op, name, LK_DEVICE_CUDA); }
 
-int lkp_rms_norm(int backward, const char *impl, int dt, void *x, void *w, void *y, void *dy, void *dx, void *dw,
-                 void *rstd, int64_t rows, int64_t n, double eps, void *stream) {
+static lk_status run_rms_norm(const lkp_call *c) {
+    lk_ctx ctx = c->ctx;
+    return c->backward ? lk_rms_norm_backward(c->impl, &c->u.rms_norm, &ctx)
+                       : lk_rms_norm_forward(c->impl, &c->u.rms_norm, &ctx);
+}
+
+lkp_call *lkp_rms_norm(int backward, const char *impl, int dt, void *x, void *w, void *y, void *dy, void *dx,
+                       void *dw, void *rstd, int64_t rows, int64_t n, double eps, void *stream) {
     int64_t s2[2] = {rows, n};
     lk_dtype d = (lk_dtype)dt;
     lk_rms_norm_args a = {
@@ -32,15 +74,19 @@ int lkp_rms_norm(int backward, const char *impl, int dt, void *x, void *w, void 
         .dy = dev_view(dy, d, 2, s2), .dx = dev_view(dx, d, 2, s2), .dweight = dev_view(dw, d, 1, &n),
         .saved = {rstd, (size_t)rows * sizeof(float)}, .eps = eps,
     };
-    lk_ctx ctx = lk_ctx_cuda(&arena, stream, 0);
-    const lk_impl *im = impl_of(LK_OP_RMS_NORM, impl);
-    return backward ? lk_rms_norm_backward(im, &a, &ctx) : lk_rms_norm_forward(im, &a, &ctx);
+    return keep((lkp_call){run_rms_norm, backward, impl_of(LK_OP_RMS_NORM, impl), lk_ctx_cuda(&arena, stream, 0),
+                           .u.rms_norm = a});
 }
 
 /* q, k [B, H, S, D]; cos, sin f32 [max_pos, D/2]; positions 0..S-1. Backward: q, k are
  * the incoming gradients and qo, ko the outgoing ones. */
-int lkp_rope(int backward, int dt, void *q, void *k, void *qo, void *ko, void *cos, void *sin, int64_t b,
-             int64_t hq, int64_t hk, int64_t s, int64_t d, int64_t max_pos, void *stream) {
+static lk_status run_rope(const lkp_call *c) {
+    lk_ctx ctx = c->ctx;
+    return c->backward ? lk_rope_backward(c->impl, &c->u.rope, &ctx) : lk_rope_forward(c->impl, &c->u.rope, &ctx);
+}
+
+lkp_call *lkp_rope(int backward, int dt, void *q, void *k, void *qo, void *ko, void *cos, void *sin, int64_t b,
+                   int64_t hq, int64_t hk, int64_t s, int64_t d, int64_t max_pos, void *stream) {
     int64_t sq[4] = {b, hq, s, d}, sk[4] = {b, hk, s, d}, st[2] = {max_pos, d / 2};
     lk_dtype t = (lk_dtype)dt;
     lk_rope_args a = {
@@ -50,18 +96,24 @@ int lkp_rope(int backward, int dt, void *q, void *k, void *qo, void *ko, void *c
         .dq = dev_view(qo, t, 4, sq), .dk = dev_view(ko, t, 4, sk),
         .cos = dev_view(cos, LK_F32, 2, st), .sin = dev_view(sin, LK_F32, 2, st),
     };
-    lk_ctx ctx = lk_ctx_cuda(&arena, stream, 0);
-    const lk_impl *im = impl_of(LK_OP_ROPE, "fused");
-    return backward ? lk_rope_backward(im, &a, &ctx) : lk_rope_forward(im, &a, &ctx);
+    return keep((lkp_call){run_rope, backward, impl_of(LK_OP_ROPE, "fused"), lk_ctx_cuda(&arena, stream, 0),
+                           .u.rope = a});
 }
 
 /* c = silu(a)·b and its backward (da, db may be a, b themselves), [rows, cols] each. */
-int lkp_swiglu_act(int backward, int dt, void *a, void *b, void *c, void *dc, void *da, void *db, int64_t rows,
-                   int64_t cols, void *stream) {
-    if (backward)
-        return lk_cuda_swiglu_act_backward((lk_dtype)dt, rows, cols, 0.0f, dc, cols, a, cols, b, cols, da, cols,
-                                           db, cols, NULL, 0, stream);
-    return lk_cuda_swiglu_act_forward((lk_dtype)dt, rows, cols, 0.0f, a, cols, b, cols, c, cols, stream);
+static lk_status run_swiglu_act(const lkp_call *c) {
+    const act_args *x = &c->u.act;
+    int64_t n = x->cols;
+    if (c->backward)
+        return lk_cuda_swiglu_act_backward(x->dt, x->rows, n, 0.0f, x->dc, n, x->a, n, x->b, n, x->da, n, x->db, n,
+                                           NULL, 0, x->stream);
+    return lk_cuda_swiglu_act_forward(x->dt, x->rows, n, 0.0f, x->a, n, x->b, n, x->c, n, x->stream);
+}
+
+lkp_call *lkp_swiglu_act(int backward, int dt, void *a, void *b, void *c, void *dc, void *da, void *db,
+                         int64_t rows, int64_t cols, void *stream) {
+    act_args x = {(lk_dtype)dt, a, b, c, dc, da, db, rows, cols, stream};
+    return keep((lkp_call){run_swiglu_act, backward, .u.act = x});
 }
 
 /* LM head + cross-entropy `fused` (mean over tokens, labels i64 [T], d_loss f32 [1]):
@@ -98,22 +150,33 @@ int lkp_cross_entropy_bytes(int dt, int dw_dt, int64_t t, int64_t h, int64_t v, 
     return LK_OK;
 }
 
-int lkp_cross_entropy(int backward, int dt, void *h, void *w, void *labels, void *loss, void *d_loss, void *dh,
-                      void *dw, int dw_dt, void *saved, size_t saved_bytes, int64_t t, int64_t hd, int64_t v,
-                      int64_t chunk_tokens, void *stream) {
+static lk_status run_cross_entropy(const lkp_call *c) {
+    lk_ctx ctx = c->ctx;
+    return c->backward ? lk_cross_entropy_backward(c->impl, &c->u.cross_entropy, &ctx)
+                       : lk_cross_entropy_forward(c->impl, &c->u.cross_entropy, &ctx);
+}
+
+lkp_call *lkp_cross_entropy(int backward, int dt, void *h, void *w, void *labels, void *loss, void *d_loss,
+                            void *dh, void *dw, int dw_dt, void *saved, size_t saved_bytes, int64_t t, int64_t hd,
+                            int64_t v, int64_t chunk_tokens, void *stream) {
     int64_t shape[3] = {t, hd, v};
     lk_cross_entropy_args a = ce_args(dt, h, w, labels, loss, d_loss, dh, dw, dw_dt, saved, saved_bytes, shape,
                                       chunk_tokens);
-    lk_ctx ctx = lk_ctx_cuda(&arena, stream, 0);
-    const lk_impl *im = impl_of(LK_OP_CROSS_ENTROPY, "fused");
-    return backward ? lk_cross_entropy_backward(im, &a, &ctx) : lk_cross_entropy_forward(im, &a, &ctx);
+    return keep((lkp_call){run_cross_entropy, backward, impl_of(LK_OP_CROSS_ENTROPY, "fused"),
+                           lk_ctx_cuda(&arena, stream, 0), .u.cross_entropy = a});
 }
 
 /* Attention `flash_attention_2` on the GPU: q [B, Hq, S, D], k, v [B, Hkv, S, D], out
  * and dout [B, S, Hq, D], lse f32 [B, Hq, S]; the backward writes dq, dk, dv. */
-int lkp_attention(int backward, int dt, void *q, void *k, void *v, void *out, void *dout, void *dq, void *dk,
-                  void *dv, void *lse, int64_t b, int64_t hq, int64_t hkv, int64_t s, int64_t d, int causal,
-                  void *stream) {
+static lk_status run_attention(const lkp_call *c) {
+    lk_ctx ctx = c->ctx;
+    return c->backward ? lk_attention_backward(c->impl, &c->u.attention, &ctx)
+                       : lk_attention_forward(c->impl, &c->u.attention, &ctx);
+}
+
+lkp_call *lkp_attention(int backward, int dt, void *q, void *k, void *v, void *out, void *dout, void *dq,
+                        void *dk, void *dv, void *lse, int64_t b, int64_t hq, int64_t hkv, int64_t s, int64_t d,
+                        int causal, void *stream) {
     lk_dtype t = (lk_dtype)dt;
     int64_t sq[4] = {b, hq, s, d}, sk[4] = {b, hkv, s, d}, so[4] = {b, s, hq, d};
     lk_attention_args a = {
@@ -125,7 +188,6 @@ int lkp_attention(int backward, int dt, void *q, void *k, void *v, void *out, vo
         a.dout = dev_view(dout, t, 4, so), a.dq = dev_view(dq, t, 4, sq);
         a.dk = dev_view(dk, t, 4, sk), a.dv = dev_view(dv, t, 4, sk);
     }
-    lk_ctx ctx = lk_ctx_cuda(&arena, stream, 0);
-    const lk_impl *im = impl_of(LK_OP_ATTENTION, "flash_attention_2");
-    return backward ? lk_attention_backward(im, &a, &ctx) : lk_attention_forward(im, &a, &ctx);
+    return keep((lkp_call){run_attention, backward, impl_of(LK_OP_ATTENTION, "flash_attention_2"),
+                           lk_ctx_cuda(&arena, stream, 0), .u.attention = a});
 }

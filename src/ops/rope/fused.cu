@@ -9,10 +9,12 @@
  * rotary_dim are copied (nothing to do in place). The backward is the same kernel
  * rotating by −angle.
  *
- * Measured on the H200 (bench/NOTES.md run 6, fwd, % of copy): HB 4: 86.6%, 2: 86.4%,
- * 8: 85.9%, 1: 80.5%; one thread walking all of its token's heads 8 at a time (runs
- * 2-5): 79-83%. What matters is the bytes a thread has in flight before its first use.
- * The kernel alone (CUPTI, run 15): 172.3 us with HB 4, 176.1-176.4 with HB 8.
+ * Measured on the H200 at the peers' shape (bench/NOTES.md): per call, run 6: HB 4 86.6%
+ * of copy, 2: 86.4%, 8: 85.9%, 1: 80.5%; one thread walking all of its token's heads 8 at
+ * a time (runs 2-5): 79-83%. Kernel against kernel (run 28, a stripped copy of this
+ * kernel launched from C): HB 2 171.1 us, 4: 173.8, 8: 177.4; a block walking all heads
+ * with the table in registers 179-182; one head a thread, the table read per row, 176.5.
+ * HB 2 keeps 40 registers (six blocks an SM), HB 4 74.
  *
  * Position ids are device memory the facade does not read: a token whose id lies
  * outside [0, max_pos) gets NaN in its rotated dims instead of a read outside the tables.
@@ -25,7 +27,7 @@
 #define THREADS 256
 /* Heads a thread rotates, all their loads issued before the first store (the stores may
  * alias the loads when in place, so nothing later is hoisted above them). */
-#define HB 4
+#define HB 2
 
 /* W floats of a table row (W >= 4: 16-byte loads; the caller checked alignment). */
 template <int W>

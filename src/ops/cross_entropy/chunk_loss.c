@@ -23,7 +23,7 @@ size_t lk_ce_chunked_workspace_bytes(const lk_cross_entropy_dims *d, int backwar
     size_t f = sizeof(float), C = (size_t)d->chunk, V = (size_t)d->vocab, H = (size_t)d->hidden;
     size_t w = d->dtype == LK_F32 ? 0 : ce_piece(V * H * f);
     size_t per_tok = ce_piece((size_t)d->kept * f);
-    size_t chunk = ce_piece(C * V * f) + ce_piece(C * H * f);
+    size_t chunk = ce_piece(C * V * f) + ce_piece(C * H * f) + ce_xpack_bytes((int64_t)C, (int64_t)H);
     if (!backward) return w + 2 * per_tok + chunk;
     size_t dw = d->dweight_dtype == LK_F32 ? 0 : ce_piece(V * H * f);
     return w + per_tok + chunk + ce_piece(C * H * f) + dw;
@@ -36,6 +36,8 @@ lk_status lk_ce_chunked_forward(const lk_cross_entropy_args *a, const lk_cross_e
     float *wbuf = p.dt == LK_F32 ? NULL : take(&tk, (size_t)(p.V * p.H) * sizeof(float));
     float *loss = take(&tk, (size_t)p.K * sizeof(float)), *zl = take(&tk, (size_t)p.K * sizeof(float));
     float *logits = take(&tk, (size_t)(p.C * p.V) * sizeof(float)), *rbuf = take(&tk, (size_t)(p.C * p.H) * sizeof(float));
+    size_t xb = ce_xpack_bytes(p.C, p.H);
+    if (xb) p.xpack = take(&tk, xb);
     if (tk.status) return tk.status;
     float *lse = (float *)((char *)a->saved.data + CE_HEAD_BYTES);
     const float *w = ce_weight_f32(&p, wbuf);
@@ -60,6 +62,8 @@ lk_status lk_ce_chunked_backward(const lk_cross_entropy_args *a, const lk_cross_
     float *wbuf = p.dt == LK_F32 ? NULL : take(&tk, (size_t)(p.V * p.H) * f);
     float *g = take(&tk, (size_t)p.K * f);
     float *logits = take(&tk, (size_t)(p.C * p.V) * f), *rbuf = take(&tk, (size_t)(p.C * p.H) * f);
+    size_t xb = ce_xpack_bytes(p.C, p.H);
+    if (xb) p.xpack = take(&tk, xb);
     float *dh = take(&tk, (size_t)(p.C * p.H) * f);
     float *dw = a->d_weight.dtype == LK_F32 ? a->d_weight.data : take(&tk, (size_t)(p.V * p.H) * f);
     if (tk.status) return tk.status;

@@ -58,11 +58,23 @@ static lk_gemm_operand op(const float *data, int64_t ld, int trans) {
     return (lk_gemm_operand){.data = data, .dtype = LK_F32, .ld = ld, .trans = trans};
 }
 
+size_t ce_xpack_bytes(int64_t C, int64_t H) {
+    return lk_gemm_wide_wins(C) ? ce_piece(lk_gemm_wide_scratch_bytes(C, H)) : 0;
+}
+
 lk_status ce_gemm_logits(const ce_plan *p, const float *rows, const float *w, int64_t n, float *logits) {
+    if (p->xpack) {
+        lk_gemm_wide_xwt(n, p->V, p->H, rows, p->H, w, p->H, logits, p->V, p->xpack);
+        return LK_OK;
+    }
     return lk_gemm(n, p->V, p->H, 1.0f, op(rows, p->H, 0), op(w, p->H, 1), 0.0f, logits, p->V, NULL);
 }
 
 lk_status ce_gemm_dh(const ce_plan *p, const float *dz, const float *w, int64_t n, float *dh) {
+    if (p->xpack) {
+        lk_gemm_wide_gw(n, p->H, p->V, dz, p->V, w, p->H, dh, p->H);
+        return LK_OK;
+    }
     return lk_gemm(n, p->H, p->V, 1.0f, op(dz, p->V, 0), op(w, p->H, 0), 0.0f, dh, p->H, NULL);
 }
 

@@ -18,6 +18,7 @@ typedef struct {
     lk_dtype dt;
     int round_bf16;                /* bf16 storage without fp32_lm_head: logits and dlogits rounded */
     float cap, eps, zs;
+    float *xpack;                  /* set: the chunk's GEMMs run lk_gemm_wide (ce_xpack_bytes) */
 } ce_plan;
 
 void ce_plan_make(const lk_cross_entropy_args *a, const lk_cross_entropy_dims *d, ce_plan *p);
@@ -74,10 +75,14 @@ int ce_rows_direct(const ce_plan *p, int64_t k0, int64_t n);
 const float *ce_weight_f32(const ce_plan *p, float *buf);
 
 /* logits[n, V] = rows[n, H] · Wᵀ; dh[n, H] = dz[n, V] · W (ldc = H);
- * dW[V, H] = beta·dW + dzᵀ · rows. */
+ * dW[V, H] = beta·dW + dzᵀ · rows. With p->xpack the first two read W in place
+ * (lk_gemm_wide), otherwise all three are lk_gemm. */
 lk_status ce_gemm_logits(const ce_plan *p, const float *rows, const float *w, int64_t n, float *logits);
 lk_status ce_gemm_dh(const ce_plan *p, const float *dz, const float *w, int64_t n, float *dh);
 lk_status ce_gemm_dw(const ce_plan *p, const float *dz, const float *rows, int64_t n, float beta, float *dw);
+/* The workspace p->xpack needs for chunks of C rows; 0 where BLAS is the faster
+ * (lk_gemm_wide_wins), and then p->xpack stays NULL. */
+size_t ce_xpack_bytes(int64_t C, int64_t H);
 
 /* One logits row z (raw GEMM output), in place: rounded to bf16 if the plan says so,
  * then soft-capped. Returns through the pointers lse, and the loss and z-loss of the

@@ -3,7 +3,8 @@
  * CPU). For each chunk of tokens: the logits chunk by one GEMM, then per row (OpenMP)
  * softcap, softmax, loss, z-loss and the dlogits in place, at d_loss = 1; then the two
  * gradient GEMMs of the chunk, dh rows into the saved block and dW accumulated in the
- * saved f32 [V, H]. All of it happens in the FORWARD; the backward only scales by the
+ * saved f32 [V, H]. At chunks of up to 1024 tokens the logits and dh GEMMs read W where
+ * it lies (lk_gemm_wide), instead of BLAS packing all of W twice a chunk. All of it happens in the FORWARD; the backward only scales by the
  * scalar d_loss: d_hidden = d_loss·dh, d_weight += d_loss·dW.
  *
  * Reduction none is the exception: per-token d_loss weighs each token's dlogits before
@@ -17,9 +18,9 @@
 static int liger(const lk_cross_entropy_dims *d) { return d->reduction != LK_CE_NONE; }
 
 /* Tokens per chunk: the fewest chunks the budget (d->chunk) allows, made equal. Every
- * chunk costs the GEMMs a fixed 35-60 ms of CPU at V 32000, H 1024 (packing W twice,
- * reading and writing the f32 dW once), so the count matters and a short last chunk
- * buys nothing: 4096 tokens at a budget of 376 run as 11 chunks of 373. */
+ * chunk costs the GEMMs a fixed cost (reading and writing the f32 dW once; with BLAS,
+ * packing W twice), so the count matters and a short last chunk buys nothing: 4096
+ * tokens at a budget of 376 run as 11 chunks of 373. */
 static int64_t chunk_rows(const lk_cross_entropy_dims *d) {
     int64_t n = (d->kept + d->chunk - 1) / d->chunk;
     return n > 1 ? (d->kept + n - 1) / n : d->chunk;
@@ -38,7 +39,8 @@ static size_t workspace_bytes(const lk_cross_entropy_dims *d, int backward) {
     if (backward) return 0;
     size_t f = sizeof(float), C = (size_t)chunk_rows(d), V = (size_t)d->vocab, H = (size_t)d->hidden;
     size_t w = d->dtype == LK_F32 ? 0 : ce_piece(V * H * f);
-    return w + 3 * ce_piece((size_t)d->kept * f) + ce_piece(C * V * f) + ce_piece(C * H * f);
+    return w + 3 * ce_piece((size_t)d->kept * f) + ce_piece(C * V * f) + ce_piece(C * H * f) +
+           ce_xpack_bytes((int64_t)C, (int64_t)H);
 }
 
 static lk_status forward(const lk_cross_entropy_args *a, const lk_cross_entropy_dims *d, lk_ctx *ctx) {
@@ -53,6 +55,8 @@ static lk_status forward(const lk_cross_entropy_args *a, const lk_cross_entropy_
     float *loss = ce_take(ar, (size_t)p.K * f, &s), *zl = ce_take(ar, (size_t)p.K * f, &s);
     float *g = ce_take(ar, (size_t)p.K * f, &s);
     float *logits = ce_take(ar, (size_t)(p.C * p.V) * f, &s), *rbuf = ce_take(ar, (size_t)(p.C * p.H) * f, &s);
+    size_t xb = ce_xpack_bytes(p.C, p.H);
+    if (xb) p.xpack = ce_take(ar, xb, &s);
     if (s) return s;
     ce_saved_head *head = a->saved.data;
     float *dh = (float *)((char *)a->saved.data + CE_HEAD_BYTES);

@@ -52,34 +52,45 @@ size_t lk_gemm_wide_scratch_bytes(int64_t m, int64_t k) {
     return (size_t)((m + NR_L - 1) / NR_L * NR_L) * (size_t)k * sizeof(float);
 }
 
-/* C[n0 .. n0+nv, v0 .. v0+mr) = X Wᵀ for one tile; xp holds the tile's tokens, [k][NR_L]. */
-static void logits_tile(const float *w, int64_t ldw, int64_t v0, int mr, const float *xp, int64_t k, int64_t n0,
-                        int nv, float *c, int64_t ldc) {
+/* C[n0 .. n0+nv, v0 .. v0+mr) = X Wᵀ for one tile of NV zmm of tokens (NV is a constant
+ * at each call, so acc stays in registers); xp holds the tile's tokens, [k][NR_L]. */
+static inline __attribute__((always_inline)) void logits_tile(const int NV, const float *w, int64_t ldw, int64_t v0,
+                                                              int mr, const float *xp, int64_t k, int64_t n0, int nv,
+                                                              float *c, int64_t ldc) {
     __m512 acc[MR_L][NV_L];
     const float *row[MR_L];
     for (int i = 0; i < MR_L; i++) {
-        for (int j = 0; j < NV_L; j++) acc[i][j] = _mm512_setzero_ps();
+        for (int j = 0; j < NV; j++) acc[i][j] = _mm512_setzero_ps();
         row[i] = w + (v0 + (i < mr ? i : 0)) * ldw;       /* past the edge: a valid row, result dropped */
     }
     for (int64_t q = 0; q < k; q++, xp += NR_L) {
         __m512 b[NV_L];
 #pragma GCC unroll 4
-        for (int j = 0; j < NV_L; j++) b[j] = _mm512_load_ps(xp + 16 * j);
+        for (int j = 0; j < NV; j++) b[j] = _mm512_load_ps(xp + 16 * j);
 #pragma GCC unroll 8
         for (int i = 0; i < MR_L; i++) {
             __m512 a = _mm512_set1_ps(row[i][q]);
 #pragma GCC unroll 4
-            for (int j = 0; j < NV_L; j++) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
+            for (int j = 0; j < NV; j++) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
         }
     }
     /* acc holds Cᵀ: out through a small buffer, one token row of mr values at a time. */
     float t[MR_L][NR_L] __attribute__((aligned(64)));
     for (int i = 0; i < MR_L; i++)
-        for (int j = 0; j < NV_L; j++) _mm512_store_ps(t[i] + 16 * j, acc[i][j]);
+        for (int j = 0; j < NV; j++) _mm512_store_ps(t[i] + 16 * j, acc[i][j]);
     for (int n = 0; n < nv; n++) {
         float *o = c + (n0 + n) * ldc + v0;
         for (int i = 0; i < mr; i++) o[i] = t[i][n];
     }
+}
+
+/* The last tile of a chunk may hold fewer tokens: as many zmm as it needs (at 256 tokens
+ * a full-width last tile of 16 wasted a ninth of the GEMM). */
+static void logits_tiles(const float *w, int64_t ldw, int64_t v0, int mr, const float *xp, int64_t k, int64_t n0,
+                         int nv, float *c, int64_t ldc) {
+    if (nv > 32) logits_tile(3, w, ldw, v0, mr, xp, k, n0, nv, c, ldc);
+    else if (nv > 16) logits_tile(2, w, ldw, v0, mr, xp, k, n0, nv, c, ldc);
+    else logits_tile(1, w, ldw, v0, mr, xp, k, n0, nv, c, ldc);
 }
 
 static void xwt(int64_t m, int64_t n, int64_t k, const float *x, int64_t ldx, const float *w, int64_t ldw, float *c,
@@ -98,8 +109,8 @@ static void xwt(int64_t m, int64_t n, int64_t k, const float *x, int64_t ldx, co
         for (int64_t t = 0; t < tiles; t++) {
             int nv = m - t * NR_L < NR_L ? (int)(m - t * NR_L) : NR_L;
             for (int64_t v0 = vb; v0 < ve; v0 += MR_L)
-                logits_tile(w, ldw, v0, ve - v0 < MR_L ? (int)(ve - v0) : MR_L, scratch + t * k * NR_L, k,
-                            t * NR_L, nv, c, ldc);
+                logits_tiles(w, ldw, v0, ve - v0 < MR_L ? (int)(ve - v0) : MR_L, scratch + t * k * NR_L, k,
+                             t * NR_L, nv, c, ldc);
         }
     }
 }

@@ -13,9 +13,10 @@
  * reduced over blocks of VC rows of W; each thread copies the slices of JB column tiles
  * of a block into wp once, and every token tile reuses them from L2.
  *
- * Measured (bench/NOTES.md run 29; 2 threads, best of 5): at 373 tokens x 32000 x 1024,
- * logits 209-213 GF/s against OpenBLAS's 176-184 and dX 194-197 against 186-189; at 4096
- * tokens OpenBLAS is the faster (logits 204 against 188-191), hence lk_gemm_wide_wins.
+ * Measured (bench/NOTES.md, issue 3's fourth look; 2 threads, FMA peak 216 GF/s): at 256
+ * tokens x 32000 x 1024, logits 212-215 GF/s against OpenBLAS's 164-183, dX 194-197
+ * against 186-189 (at 373 tokens); at 4096 tokens OpenBLAS is the faster (logits 204
+ * against 188-191), hence lk_gemm_wide_wins.
  * Without AVX-512 the same calls go to CBLAS. */
 #include <cblas.h>
 #include <omp.h>

@@ -43,6 +43,7 @@ int lk_gemm_wide_wins(int64_t m) {
 #define MR_D 6           /* tokens a dX tile */
 #define NV_D 4           /* zmm of W's columns a dX tile: NR_D = 64 */
 #define NR_D (16 * NV_D)
+#define NV_MAX 4
 #define VC 256           /* rows of W a dX block */
 #define JB 2             /* column tiles a dX pass: wp is JB·VC·NR_D floats, 128 KiB */
 #define VB (MR_L * 8)    /* rows of W a logits block, kept in L2 across the token tiles */
@@ -53,28 +54,37 @@ size_t lk_gemm_wide_scratch_bytes(int64_t m, int64_t k) {
     return (size_t)((m + NR_L - 1) / NR_L * NR_L) * (size_t)k * sizeof(float);
 }
 
+/* The register tile both GEMMs run: acc[i][j] += Σ_s a[i][s] · b[s·NRB + 16j .. +16] for
+ * s < steps; a's MR rows are read as broadcasts, b (packed, 64-byte aligned) as NV zmm a
+ * step. MR, NV and NRB are constants at each call, so acc lives in registers. */
+static inline __attribute__((always_inline)) void tile_fma(const int MR, const int NV, const int NRB,
+                                                           __m512 acc[][NV_MAX], const float *const *a,
+                                                           const float *b, int64_t steps) {
+    for (int64_t q = 0; q < steps; q++, b += NRB) {
+        __m512 bv[NV_MAX];
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; j++) bv[j] = _mm512_load_ps(b + 16 * j);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) {
+            __m512 av = _mm512_set1_ps(a[i][q]);
+#pragma GCC unroll 4
+            for (int j = 0; j < NV; j++) acc[i][j] = _mm512_fmadd_ps(av, bv[j], acc[i][j]);
+        }
+    }
+}
+
 /* C[n0 .. n0+nv, v0 .. v0+mr) = X Wᵀ for one tile of NV zmm of tokens (NV is a constant
  * at each call, so acc stays in registers); xp holds the tile's tokens, [k][NR_L]. */
 static inline __attribute__((always_inline)) void logits_tile(const int NV, const float *w, int64_t ldw, int64_t v0,
                                                               int mr, const float *xp, int64_t k, int64_t n0, int nv,
                                                               float *c, int64_t ldc) {
-    __m512 acc[MR_L][NV_L];
+    __m512 acc[MR_L][NV_MAX];
     const float *row[MR_L];
     for (int i = 0; i < MR_L; i++) {
         for (int j = 0; j < NV; j++) acc[i][j] = _mm512_setzero_ps();
         row[i] = w + (v0 + (i < mr ? i : 0)) * ldw;       /* past the edge: a valid row, result dropped */
     }
-    for (int64_t q = 0; q < k; q++, xp += NR_L) {
-        __m512 b[NV_L];
-#pragma GCC unroll 4
-        for (int j = 0; j < NV; j++) b[j] = _mm512_load_ps(xp + 16 * j);
-#pragma GCC unroll 8
-        for (int i = 0; i < MR_L; i++) {
-            __m512 a = _mm512_set1_ps(row[i][q]);
-#pragma GCC unroll 4
-            for (int j = 0; j < NV; j++) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
-        }
-    }
+    tile_fma(MR_L, NV, NR_L, acc, row, xp, k);
     /* acc holds Cᵀ: out through a small buffer, one token row of mr values at a time. */
     float t[MR_L][NR_L] __attribute__((aligned(64)));
     for (int i = 0; i < MR_L; i++)
@@ -119,7 +129,7 @@ static void xwt(int64_t m, int64_t n, int64_t k, const float *x, int64_t ldx, co
 /* C[r0 .. r0+mr, j0 .. j0+NR_D) (+)= G[rows, v0 .. v0+vc) · wp, wp = W's slice [vc][NR_D]. */
 static void dx_tile(const float *g, int64_t ldg, int64_t v0, int vc, const float *wp, int64_t r0, int mr,
                     int64_t j0, int64_t cols, float *c, int64_t ldc, int first) {
-    __m512 acc[MR_D][NV_D];
+    __m512 acc[MR_D][NV_MAX];
     const float *grow[MR_D];
     __mmask16 mk[NV_D];
     for (int j = 0; j < NV_D; j++) mk[j] = lanes(cols - 16 * j);
@@ -129,17 +139,7 @@ static void dx_tile(const float *g, int64_t ldg, int64_t v0, int vc, const float
         for (int j = 0; j < NV_D; j++)
             acc[i][j] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mk[j], c + r * ldc + j0 + 16 * j);
     }
-    for (int v = 0; v < vc; v++, wp += NR_D) {
-        __m512 b[NV_D];
-#pragma GCC unroll 4
-        for (int j = 0; j < NV_D; j++) b[j] = _mm512_load_ps(wp + 16 * j);
-#pragma GCC unroll 6
-        for (int i = 0; i < MR_D; i++) {
-            __m512 a = _mm512_set1_ps(grow[i][v]);
-#pragma GCC unroll 4
-            for (int j = 0; j < NV_D; j++) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
-        }
-    }
+    tile_fma(MR_D, NV_D, NR_D, acc, grow, wp, vc);
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < NV_D; j++) _mm512_mask_storeu_ps(c + (r0 + i) * ldc + j0 + 16 * j, mk[j], acc[i][j]);
 }

@@ -36,8 +36,7 @@ lk_status lk_ce_chunked_forward(const lk_cross_entropy_args *a, const lk_cross_e
     float *wbuf = p.dt == LK_F32 ? NULL : take(&tk, (size_t)(p.V * p.H) * sizeof(float));
     float *loss = take(&tk, (size_t)p.K * sizeof(float)), *zl = take(&tk, (size_t)p.K * sizeof(float));
     float *logits = take(&tk, (size_t)(p.C * p.V) * sizeof(float)), *rbuf = take(&tk, (size_t)(p.C * p.H) * sizeof(float));
-    size_t xb = ce_xpack_bytes(p.C, p.H);
-    if (xb) p.xpack = take(&tk, xb);
+    ce_take_xpack(&p, tk.arena, &tk.status);
     if (tk.status) return tk.status;
     float *lse = (float *)((char *)a->saved.data + CE_HEAD_BYTES);
     const float *w = ce_weight_f32(&p, wbuf);
@@ -62,8 +61,7 @@ lk_status lk_ce_chunked_backward(const lk_cross_entropy_args *a, const lk_cross_
     float *wbuf = p.dt == LK_F32 ? NULL : take(&tk, (size_t)(p.V * p.H) * f);
     float *g = take(&tk, (size_t)p.K * f);
     float *logits = take(&tk, (size_t)(p.C * p.V) * f), *rbuf = take(&tk, (size_t)(p.C * p.H) * f);
-    size_t xb = ce_xpack_bytes(p.C, p.H);
-    if (xb) p.xpack = take(&tk, xb);
+    ce_take_xpack(&p, tk.arena, &tk.status);
     float *dh = take(&tk, (size_t)(p.C * p.H) * f);
     float *dw = a->d_weight.dtype == LK_F32 ? a->d_weight.data : take(&tk, (size_t)(p.V * p.H) * f);
     if (tk.status) return tk.status;

@@ -62,6 +62,11 @@ size_t ce_xpack_bytes(int64_t C, int64_t H) {
     return lk_gemm_wide_wins(C) ? ce_piece(lk_gemm_wide_scratch_bytes(C, H)) : 0;
 }
 
+void ce_take_xpack(ce_plan *p, lk_arena *arena, lk_status *st) {
+    size_t bytes = ce_xpack_bytes(p->C, p->H);
+    if (bytes) p->xpack = ce_take(arena, bytes, st);
+}
+
 lk_status ce_gemm_logits(const ce_plan *p, const float *rows, const float *w, int64_t n, float *logits) {
     if (p->xpack) {
         lk_gemm_wide_xwt(n, p->V, p->H, rows, p->H, w, p->H, logits, p->V, p->xpack);

@@ -81,8 +81,10 @@ lk_status ce_gemm_logits(const ce_plan *p, const float *rows, const float *w, in
 lk_status ce_gemm_dh(const ce_plan *p, const float *dz, const float *w, int64_t n, float *dh);
 lk_status ce_gemm_dw(const ce_plan *p, const float *dz, const float *rows, int64_t n, float beta, float *dw);
 /* The workspace p->xpack needs for chunks of C rows; 0 where BLAS is the faster
- * (lk_gemm_wide_wins), and then p->xpack stays NULL. */
+ * (lk_gemm_wide_wins), and then p->xpack stays NULL; ce_take_xpack sets it from the
+ * reserved workspace (ce_take). */
 size_t ce_xpack_bytes(int64_t C, int64_t H);
+void ce_take_xpack(ce_plan *p, lk_arena *arena, lk_status *st);
 
 /* One logits row z (raw GEMM output), in place: rounded to bf16 if the plan says so,
  * then soft-capped. Returns through the pointers lse, and the loss and z-loss of the

@@ -3,9 +3,10 @@
  * CPU). For each chunk of tokens: the logits chunk by one GEMM, then per row (OpenMP)
  * softcap, softmax, loss, z-loss and the dlogits in place, at d_loss = 1; then the two
  * gradient GEMMs of the chunk, dh rows into the saved block and dW accumulated in the
- * saved f32 [V, H]. At chunks of up to 1024 tokens the logits and dh GEMMs read W where
- * it lies (lk_gemm_wide), instead of BLAS packing all of W twice a chunk. All of it happens in the FORWARD; the backward only scales by the
- * scalar d_loss: d_hidden = d_loss·dh, d_weight += d_loss·dW.
+ * saved f32 [V, H]. All of it happens in the FORWARD; the backward only scales by the
+ * scalar d_loss: d_hidden = d_loss·dh, d_weight += d_loss·dW. At chunks of up to 1024
+ * tokens the logits and dh GEMMs read W where it lies (lk_gemm_wide) instead of BLAS
+ * packing all of W twice a chunk.
  *
  * Reduction none is the exception: per-token d_loss weighs each token's dlogits before
  * they are summed into dW, so gradients made at d_loss = 1 cannot be rescaled into the
@@ -55,8 +56,7 @@ static lk_status forward(const lk_cross_entropy_args *a, const lk_cross_entropy_
     float *loss = ce_take(ar, (size_t)p.K * f, &s), *zl = ce_take(ar, (size_t)p.K * f, &s);
     float *g = ce_take(ar, (size_t)p.K * f, &s);
     float *logits = ce_take(ar, (size_t)(p.C * p.V) * f, &s), *rbuf = ce_take(ar, (size_t)(p.C * p.H) * f, &s);
-    size_t xb = ce_xpack_bytes(p.C, p.H);
-    if (xb) p.xpack = ce_take(ar, xb, &s);
+    ce_take_xpack(&p, ar, &s);
     if (s) return s;
     ce_saved_head *head = a->saved.data;
     float *dh = (float *)((char *)a->saved.data + CE_HEAD_BYTES);

@@ -94,6 +94,19 @@ static void test_balanced_chunks(void **state) {
     run_case("13x8x257", &ci, 18);
 }
 
+/* A hidden size the wide GEMMs take (lk_gemm_wide_wins: chunks up to 1024 rows, hidden
+ * from 256) in fused and chunk_loss: vocab 1001 ends on a partial 8-row tile of W, 53
+ * tokens in chunks of 18 on partial token tiles, hidden 320 on a partial column tile of
+ * dh; the same with every option and reduction none (recomputed per chunk). */
+static void test_wide_gemm_shapes(void **state) {
+    (void)state;
+    lk_ce_case c = {.ignore_frac = 0.2, .chunk_bytes = 18 * 1001 * 4};
+    run_case("53x320x1001", &c, 21);
+    c = (lk_ce_case){.label_smoothing = 0.1, .z_loss_scale = 1e-3, .softcap = 2.0, .ignore_frac = 0.1,
+                     .reduction = LK_CE_NONE, .chunk_bytes = 18 * 1001 * 4};
+    run_case("53x320x1001", &c, 22);
+}
+
 static void test_every_label_ignored(void **state) {
     (void)state;
     lk_shape sh;
@@ -390,6 +403,7 @@ int main(void) {
         cmocka_unit_test(test_reductions),
         cmocka_unit_test(test_all_options_together),
         cmocka_unit_test(test_balanced_chunks),
+        cmocka_unit_test(test_wide_gemm_shapes),
         cmocka_unit_test(test_every_label_ignored),
         cmocka_unit_test(test_logits_to_keep),
         cmocka_unit_test(test_fp32_lm_head),

@@ -118,13 +118,15 @@ static void test_empty(void **state) {
     for (int i = 0; i < 6; i++) assert_true(isnan(c[i]));
 }
 
-/* Where the wide GEMMs are used: chunks of 1 .. 1024 rows with AVX-512, never with 0. */
+/* Where the wide GEMMs are used: chunks of 1 .. 1024 rows, hidden sizes from 256, with
+ * AVX-512. */
 static void test_wins(void **state) {
     (void)state;
-    assert_false(lk_gemm_wide_wins(0));
-    assert_false(lk_gemm_wide_wins(4096));
+    assert_false(lk_gemm_wide_wins(0, 1024));
+    assert_false(lk_gemm_wide_wins(4096, 1024));
+    assert_false(lk_gemm_wide_wins(373, 64));
 #if defined(__AVX512F__)
-    assert_true(lk_gemm_wide_wins(1) && lk_gemm_wide_wins(373) && lk_gemm_wide_wins(1024));
+    assert_true(lk_gemm_wide_wins(1, 256) && lk_gemm_wide_wins(373, 1024) && lk_gemm_wide_wins(1024, 4096));
 #endif
 }
 

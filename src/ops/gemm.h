@@ -21,12 +21,12 @@ size_t lk_gemm_workspace_bytes(int64_t m, int64_t n, int64_t k, lk_dtype a, lk_d
 
 /* The chunked LM head's two GEMMs against a wide f32 weight W read where it lies, never
  * packed as a whole (gemm_wide.c says why): for m rows (tokens), n or k in the tens of
- * thousands (vocab). Use them where lk_gemm_wide_wins(m) says they beat lk_gemm.
+ * thousands (vocab). Use them where lk_gemm_wide_wins(m, hidden) says they beat lk_gemm.
  *   xwt: C[m, n] = X[m, k] · W[n, k]ᵀ    (logits; scratch: lk_gemm_wide_scratch_bytes(m, k),
  *                                        64-byte aligned, for Xᵀ packed)
  *   gw:  C[m, n] = G[m, k] · W[k, n]     (d_hidden; W's rows are the vocab)
  * C is written, not accumulated. */
-int lk_gemm_wide_wins(int64_t m);
+int lk_gemm_wide_wins(int64_t m, int64_t hidden);
 size_t lk_gemm_wide_scratch_bytes(int64_t m, int64_t k);
 void lk_gemm_wide_xwt(int64_t m, int64_t n, int64_t k, const float *x, int64_t ldx, const float *w, int64_t ldw,
                       float *c, int64_t ldc, float *scratch);

@@ -23,13 +23,18 @@
 #include <string.h>
 #include "ops/gemm.h"
 
-#define WIDE_MAX_ROWS 1024   /* measured crossover: OpenBLAS wins at 4096 tokens */
+/* Measured crossovers (2 threads): OpenBLAS wins at 4096 tokens, and at a hidden size of
+ * 64, where dX has one column tile for two threads (dX 99-100 GF/s against 101-128); at
+ * 256 and up the wide GEMMs are as fast or faster (H 256: logits 163-175 against 166, dX
+ * 186 against 170; H 2048-4096: 207-211 against 168-173, 178 against 171-176). */
+#define WIDE_MAX_ROWS 1024
+#define WIDE_MIN_HIDDEN 256
 
-int lk_gemm_wide_wins(int64_t m) {
+int lk_gemm_wide_wins(int64_t m, int64_t hidden) {
 #if defined(__AVX512F__)
-    return m >= 1 && m <= WIDE_MAX_ROWS;
+    return m >= 1 && m <= WIDE_MAX_ROWS && hidden >= WIDE_MIN_HIDDEN;
 #else
-    (void)m;
+    (void)m, (void)hidden;
     return 0;
 #endif
 }

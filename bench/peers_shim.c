@@ -1,6 +1,7 @@
 /* peers_shim.c — C entry points on raw device pointers for bench/peers_cuda.py (ctypes).
  * Each lkp_<op>(...) prepares one call: it builds the lk_tensor views and a CUDA context
- * on the caller's stream and returns them as a handle (NULL when out of memory);
+ * on the caller's stream and returns them as a handle (NULL when out of memory; kept
+ * for the life of the process, a bench makes a few dozen);
  * lkp_run(handle) then calls the op's facade with its CUDA implementation, checks
  * included, as a C caller of the library does. Timed calls are lkp_run, one argument:
  * converting a dozen Python ints per call through ctypes cost ~8 us a call, longer than

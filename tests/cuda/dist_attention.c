@@ -125,16 +125,7 @@ static void run_case(const char *label, lk_dtype dt, const lk_attention_case *c,
 
 int main(void) {
     dist_begin();
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess) ndev = 0;
-    if (ndev < dist_world->size) {
-        if (dist_world->rank == 0)
-            printf("dist_attention (cuda): SKIPPED, %d ranks need %d GPUs (one each), found %d\n",
-                   dist_world->size, dist_world->size, ndev);
-        lk_comm_destroy(dist_world);
-        lk_comm_mpi_finalize();
-        return 77;
-    }
+    if (!dist_gpus_enough("dist_attention (cuda)", INT_MAX)) return 77;
     DIST_CHECK(lk_comm_nccl_create(dist_world, dist_world->rank, &nccl) == LK_OK, "nccl world");
     if (nccl) {
         const lk_attention_case cases[] = {

@@ -214,16 +214,7 @@ static void run_case(const mcase *c, lk_dtype dt, lk_dtype gdt, uint64_t seed) {
 
 int main(void) {
     dist_begin();
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess) ndev = 0;
-    if (ndev < dist_world->size || dist_world->size > MAXP) {
-        if (dist_world->rank == 0)
-            printf("dist_moe (cuda): SKIPPED, %d ranks need %d GPUs (one each, at most %d), found %d\n",
-                   dist_world->size, dist_world->size, MAXP, ndev);
-        lk_comm_destroy(dist_world);
-        lk_comm_mpi_finalize();
-        return 77;
-    }
+    if (!dist_gpus_enough("dist_moe (cuda)", MAXP)) return 77;
     DIST_CHECK(lk_comm_nccl_create(dist_world, dist_world->rank, &nccl) == LK_OK, "nccl world");
     if (nccl) {
         const mcase cases[] = {

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 #include <cuda_runtime_api.h>
+#include "dist_gpu.h"
 #include "util.h"
 
 static lk_comm *nccl;
@@ -320,16 +321,7 @@ static void bandwidth(void) {
 
 int main(void) {
     dist_begin();
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess) ndev = 0;
-    if (ndev < dist_world->size || dist_world->size > 8) {
-        if (dist_world->rank == 0)
-            printf("dist_nccl: SKIPPED, %d ranks need %d GPUs (one each), found %d\n", dist_world->size,
-                   dist_world->size, ndev);
-        lk_comm_destroy(dist_world);
-        lk_comm_mpi_finalize();
-        return 77;
-    }
+    if (!dist_gpus_enough("dist_nccl", 8)) return 77;
     DIST_CHECK(lk_comm_nccl_create(dist_world, dist_world->rank, &nccl) == LK_OK && nccl->size == dist_world->size &&
           nccl->rank == dist_world->rank, "nccl world");
     if (nccl) {

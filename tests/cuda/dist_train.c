@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 #include <cuda_runtime_api.h>
+#include "dist_gpu.h"
 #include "util.h"
 
 #define STEPS 20
@@ -192,16 +193,7 @@ static void overlap_timing(void) {
 
 int main(void) {
     dist_begin();
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess) ndev = 0;
-    if (ndev < dist_world->size) {
-        if (dist_world->rank == 0)
-            printf("dist_train (cuda): SKIPPED, %d ranks need %d GPUs (one each), found %d\n", dist_world->size,
-                   dist_world->size, ndev);
-        lk_comm_destroy(dist_world);
-        lk_comm_mpi_finalize();
-        return 77;
-    }
+    if (!dist_gpus_enough("dist_train (cuda)", INT_MAX)) return 77;
     const char *only = getenv("LK_DIST_TRAIN_ONLY");   /* "timing": the overlap alone (experiments) */
     if (!only || strcmp(only, "timing") != 0) {
         matches_one_gpu("tiny-dense");

@@ -17,8 +17,7 @@
  * tokens x 32000 x 1024, logits 212-215 GF/s against OpenBLAS's 164-183, dX 194-197
  * against 186-189 (at 373 tokens); at 4096 tokens OpenBLAS is the faster (logits 204
  * against 188-191), hence lk_gemm_wide_wins.
- * Without AVX-512 the same calls go to CBLAS. */
-#include <cblas.h>
+ * Without AVX-512 the same calls go to lk_gemm. */
 #include <omp.h>
 #include <string.h>
 #include "ops/gemm.h"
@@ -184,21 +183,23 @@ static void gw(int64_t m, int64_t n, int64_t k, const float *g, int64_t ldg, con
     }
 }
 
-#else /* no AVX-512: lk_gemm_wide_wins says no, and the calls are plain CBLAS */
+#else /* no AVX-512: lk_gemm_wide_wins says no, and the calls are lk_gemm's */
 
 size_t lk_gemm_wide_scratch_bytes(int64_t m, int64_t k) { (void)m, (void)k; return 0; }
+
+static lk_gemm_operand f32(const float *p, int64_t ld, int trans) {
+    return (lk_gemm_operand){.data = p, .dtype = LK_F32, .ld = ld, .trans = trans};
+}
 
 static void xwt(int64_t m, int64_t n, int64_t k, const float *x, int64_t ldx, const float *w, int64_t ldw, float *c,
                 int64_t ldc, float *scratch) {
     (void)scratch;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)m, (int)n, (int)k, 1.0f, x, (int)ldx, w, (int)ldw, 0.0f,
-                c, (int)ldc);
+    lk_gemm(m, n, k, 1.0f, f32(x, ldx, 0), f32(w, ldw, 1), 0.0f, c, ldc, NULL);   /* f32: cannot fail */
 }
 
 static void gw(int64_t m, int64_t n, int64_t k, const float *g, int64_t ldg, const float *w, int64_t ldw, float *c,
                int64_t ldc) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, g, (int)ldg, w, (int)ldw,
-                0.0f, c, (int)ldc);
+    lk_gemm(m, n, k, 1.0f, f32(g, ldg, 0), f32(w, ldw, 0), 0.0f, c, ldc, NULL);
 }
 #endif
 

@@ -43,7 +43,10 @@ LIB.lkp_swiglu_act.argtypes = [ci, ci, vp, vp, vp, vp, vp, vp, i64, i64, vp]
 sz = ctypes.c_size_t
 LIB.lkp_cross_entropy_bytes.argtypes = [ci, ci, i64, i64, i64, i64, ctypes.POINTER(sz), ctypes.POINTER(sz)]
 LIB.lkp_cross_entropy.argtypes = [ci, ci, vp, vp, vp, vp, vp, vp, vp, ci, vp, sz, i64, i64, i64, i64, vp]
-LIB.lkp_attention.argtypes = [ci, ci, vp, vp, vp, vp, vp, vp, vp, vp, vp, i64, i64, i64, i64, i64, ci, vp]
+LIB.lkp_attention.argtypes = [ctypes.c_char_p, ci, ci, vp, vp, vp, vp, vp, vp, vp, vp, vp, i64, i64, i64, i64, i64,
+                              ci, vp]
+LIB.lkp_has_attention.argtypes = [ctypes.c_char_p]
+LIB.lkp_has_attention.restype = ci
 for f in (LIB.lkp_rms_norm, LIB.lkp_rope, LIB.lkp_swiglu_act, LIB.lkp_cross_entropy, LIB.lkp_attention):
     f.restype = vp                          # a prepared call (bench/peers_shim.c)
 LIB.lkp_run.argtypes = [vp]
@@ -440,48 +443,109 @@ def ce_rows():
     CE_ROWS.append(("goal met", any(goal.values()), None, None, None, None))
 
 
-# ---- attention B 2, H 32, S 8192, D 128 (PEERS-H200.md's shape) --------------------
+# ---- attention: PEERS-H200.md's shape and cuDNN's GQA training shape ---------------
 ATT_ROWS = []
+ATT_SHAPES = [(2, 32, 32, 8192, 128), (1, 64, 8, 4096, 128)]     # B, Hq, Hkv, S, D
+# The issue-16 goals: each row against a peer in every cell (TFLOP/s ratio).
+ATT_GOALS = {"flash_attention_3": ("sdpa cudnn", 1.05), "cudnn": ("sdpa cudnn", 0.97),
+             "flash_attention_2": ("sdpa flash", 1.00)}
 
 
 def attention_rows():
-    """TFLOP/s of llmkern's CUDA flash_attention_2 beside torch SDPA (its default backend
-    choice) at the peers' shape; no goal yet (llmkern's kernel runs on CUDA cores).
-    FLOPs: 4·B·H·S²·D forward (half of it causal), 2.5x that for the backward."""
-    B, H, S, D = 2, 32, 8192, 128
-    q, k, v = (torch.randn(B, H, S, D, dtype=torch.bfloat16, device=dev) for _ in range(3))
-    dout = torch.randn(B, S, H, D, dtype=torch.bfloat16, device=dev)
-    out = torch.empty_like(dout)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    lse = torch.empty(B, H, S, dtype=torch.float32, device=dev)
-    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
-    for causal in (0, 1):
-        args = (BF16, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(), dq.data_ptr(),
-                dk.data_ptr(), dv.data_ptr(), lse.data_ptr(), B, H, H, S, D, causal, stream())
-        lk_f, lk_b = bound(LIB.lkp_attention, 0, *args), bound(LIB.lkp_attention, 1, *args)
-        lk_f()
-        ref = F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal)).transpose(1, 2)
-        check_close(f"attention out (causal {causal})", out, ref, 2e-2)
-        del ref
-        t0 = time.time()
-        lk_f(), lk_b()
-        torch.cuda.synchronize()
-        one = time.time() - t0
-        reps = 3 if one < 5 else 1
-        fl = 4 * B * H * S * S * D / (2 if causal else 1)
+    """TFLOP/s of llmkern's CUDA attention rows (LK_ATT_IMPLS, default every one this build
+    has) beside torch SDPA's cuDNN and flash backends, in one process, at each shape of
+    ATT_SHAPES, causal and not, fwd and fwd+bwd. FLOPs: 4·B·Hq·S²·D forward (half of it
+    causal), 3.5x that for fwd+bwd. Each row's out and gradients are checked against SDPA's
+    (its default backend) before timing."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    names = [n for n in os.environ.get("LK_ATT_IMPLS", ",".join(ATT_GOALS)).split(",") if n]
+    have = [n for n in names if LIB.lkp_has_attention(n.encode())]
+    for n in names:
+        if n not in have:
+            print(f"attention: this build has no CUDA row {n}", flush=True)
+    peers = {"sdpa cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa flash": SDPBackend.FLASH_ATTENTION}
+    for B, Hq, Hkv, S, D in ATT_SHAPES:
+        shape = f"B{B} Hq{Hq} Hkv{Hkv} S{S} D{D}"
+        q = torch.randn(B, Hq, S, D, dtype=torch.bfloat16, device=dev)
+        k, v = (torch.randn(B, Hkv, S, D, dtype=torch.bfloat16, device=dev) for _ in range(2))
+        dout = torch.randn(B, S, Hq, D, dtype=torch.bfloat16, device=dev)
+        out = torch.empty_like(dout)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        lse = torch.empty(B, Hq, S, dtype=torch.float32, device=dev)
+        qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+        gqa = Hq != Hkv
+        for causal in (0, 1):
+            fl = 4 * B * Hq * S * S * D / (2 if causal else 1)
+            cells = {}
 
-        def sdpa_fb():
-            o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=bool(causal))
-            torch.autograd.grad(o, (qg, kg, vg), dout.transpose(1, 2))
+            def sdpa(qq, kk, vv):
+                return F.scaled_dot_product_attention(qq, kk, vv, is_causal=bool(causal), enable_gqa=gqa)
 
-        t = {"llmkern fwd": ms(lk_f, reps), "sdpa fwd": ms(lambda: F.scaled_dot_product_attention(
-             q, k, v, is_causal=bool(causal)), 10), "llmkern fwd+bwd": ms(lambda: (lk_f(), lk_b()), reps),
-             "sdpa fwd+bwd": ms(sdpa_fb, 10)}
-        for name, tm in t.items():
-            tf = (fl if name.endswith("fwd") else 3.5 * fl) / (tm * 1e-3) / 1e12
-            print(f"attention {'causal' if causal else 'full  '} {name:16s} {tm:9.2f} ms {tf:7.1f} TFLOP/s",
-                  flush=True)
-            ATT_ROWS.append((causal, name, tm, tf))
+            o = sdpa(qg, kg, vg)
+            ref_o = o.detach().transpose(1, 2)
+            ref_g = torch.autograd.grad(o, (qg, kg, vg), dout.transpose(1, 2))
+            del o
+            for pname, be in peers.items():
+                def f(be=be):
+                    with sdpa_kernel(be):
+                        return sdpa(q, k, v)
+
+                def fb(be=be):
+                    with sdpa_kernel(be):
+                        torch.autograd.grad(sdpa(qg, kg, vg), (qg, kg, vg), dout.transpose(1, 2))
+                try:
+                    cells[(pname, "fwd")], cells[(pname, "fwd+bwd")] = ms(f, 10), ms(fb, 10)
+                except Exception as e:  # noqa: BLE001 - a backend torch cannot run here is reported, not fatal
+                    print(f"attention {shape} causal {causal}: {pname} failed: {str(e)[:160]}", flush=True)
+                    if gqa:     # some backends take no enable_gqa: time them on K/V repeated to Hq heads
+                        kr, vr = (t.repeat_interleave(Hq // Hkv, 1) for t in (k, v))
+                        krg, vrg = (t.detach().requires_grad_() for t in (kr, vr))
+
+                        def fr(be=be):
+                            with sdpa_kernel(be):
+                                return F.scaled_dot_product_attention(q, kr, vr, is_causal=bool(causal))
+
+                        def fbr(be=be):
+                            with sdpa_kernel(be):
+                                o = F.scaled_dot_product_attention(qg, krg, vrg, is_causal=bool(causal))
+                                torch.autograd.grad(o, (qg, krg, vrg), dout.transpose(1, 2))
+                        try:
+                            cells[(pname, "fwd")], cells[(pname, "fwd+bwd")] = ms(fr, 10), ms(fbr, 10)
+                            print(f"  {pname}: timed on K/V repeated to {Hq} heads", flush=True)
+                        except Exception as e2:  # noqa: BLE001
+                            print(f"  {pname} failed again: {str(e2)[:160]}", flush=True)
+                        del kr, vr, krg, vrg
+            for name in have:
+                args = (BF16, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(),
+                        dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), lse.data_ptr(), B, Hq, Hkv, S, D, causal,
+                        stream())
+                try:
+                    lk_f = bound(LIB.lkp_attention, name.encode(), 0, *args)
+                    lk_b = bound(LIB.lkp_attention, name.encode(), 1, *args)
+                    lk_f(), lk_b()
+                except Exception as e:  # noqa: BLE001 - one row's refusal must not lose the others
+                    print(f"attention {shape} causal {causal}: {name} FAILED: {e}", flush=True)
+                    BAD.append(f"attention {name}")
+                    continue
+                tag = f"attention {name} {shape} causal {causal}"
+                check_close(f"{tag} out", out, ref_o, 2e-2)
+                for gn, got, want in zip(("dq", "dk", "dv"), (dq, dk, dv), ref_g):
+                    check_close(f"{tag} {gn}", got, want, 3e-2)
+                cells[(name, "fwd")] = ms(lk_f, 10)
+                cells[(name, "fwd+bwd")] = ms(lambda: (lk_f(), lk_b()), 10)
+            for (name, pas), tm in cells.items():
+                tf = (fl if pas == "fwd" else 3.5 * fl) / (tm * 1e-3) / 1e12
+                peer, goal = ATT_GOALS.get(name, (None, None))
+                ratio = None
+                if peer and (peer, pas) in cells:
+                    ptm = cells[(peer, pas)]
+                    ratio = ptm / tm
+                met = None if ratio is None else ratio >= goal
+                gs = f"  {ratio:.3f}x {peer} (goal {goal}x) {'met' if met else 'MISSED'}" if ratio else ""
+                print(f"attention {shape} {'causal' if causal else 'full  '} {name:18s} {pas:7s} {tm:8.2f} ms "
+                      f"{tf:6.1f} TFLOP/s{gs}", flush=True)
+                ATT_ROWS.append((shape, causal, name, pas, tm, tf, peer, goal, ratio, met))
+        del q, k, v, dout, out, dq, dk, dv, lse, qg, kg, vg, ref_o, ref_g
 
 
 def write_table():
@@ -499,10 +563,12 @@ def write_table():
                     f"**{cell(g['llmkern'])}** | {t_ms:.3f} | {rs} | {100 * frac:.0f}% ({100 * cgoal:.0f}%) | "
                     f"{'yes' if met else 'no'} |\n")
         if ATT_ROWS:
-            f.write("\n## Attention (B 2, H 32, S 8192, D 128, bf16), no goal yet\n\n| mask | impl, pass | ms | "
-                    "TFLOP/s |\n|---|---|---|---|\n")
-            for causal, name, tm, tf in ATT_ROWS:
-                f.write(f"| {'causal' if causal else 'none'} | {name} | {tm:.2f} | {tf:.1f} |\n")
+            f.write("\n## Attention (bf16; TFLOP/s; goal: TFLOP/s / the peer's)\n\n| shape | mask | impl | pass | "
+                    "ms | TFLOP/s | vs peer (goal) | met |\n|---|---|---|---|---|---|---|---|\n")
+            for shape, causal, name, pas, tm, tf, peer, goal, ratio, met in ATT_ROWS:
+                vs = f"{ratio:.3f}x {peer} ({goal}x)" if ratio else ""
+                f.write(f"| {shape} | {'causal' if causal else 'none'} | {name} | {pas} | {tm:.2f} | {tf:.1f} | {vs} | "
+                        f"{'' if met is None else 'yes' if met else 'no'} |\n")
         if CE_ROWS:
             f.write("\n## LM head + cross-entropy (T 8192, H 4096, V 151936, bf16, mean)\n\n"
                     "| impl | fwd+bwd ms | TFLOP/s (3 GEMMs) | extra peak MiB | eager ms / ms | MiB / Liger's |\n"

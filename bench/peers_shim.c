@@ -167,17 +167,20 @@ lkp_call *lkp_cross_entropy(int backward, int dt, void *h, void *w, void *labels
                            lk_ctx_cuda(&arena, stream, 0), .u.cross_entropy = a});
 }
 
-/* Attention `flash_attention_2` on the GPU: q [B, Hq, S, D], k, v [B, Hkv, S, D], out
- * and dout [B, S, Hq, D], lse f32 [B, Hq, S]; the backward writes dq, dk, dv. */
+/* Attention on the GPU through the CUDA row `impl` (flash_attention_2, cudnn, ...): q [B,
+ * Hq, S, D], k, v [B, Hkv, S, D], out and dout [B, S, Hq, D], lse f32 [B, Hq, S]; the
+ * backward writes dq, dk, dv. NULL when this build has no such row (lkp_last_error says). */
 static lk_status run_attention(const lkp_call *c) {
     lk_ctx ctx = c->ctx;
     return c->backward ? lk_attention_backward(c->impl, &c->u.attention, &ctx)
                        : lk_attention_forward(c->impl, &c->u.attention, &ctx);
 }
 
-lkp_call *lkp_attention(int backward, int dt, void *q, void *k, void *v, void *out, void *dout, void *dq,
-                        void *dk, void *dv, void *lse, int64_t b, int64_t hq, int64_t hkv, int64_t s, int64_t d,
-                        int causal, void *stream) {
+int lkp_has_attention(const char *impl) { return impl_of(LK_OP_ATTENTION, impl) != NULL; }
+
+lkp_call *lkp_attention(const char *impl, int backward, int dt, void *q, void *k, void *v, void *out, void *dout,
+                        void *dq, void *dk, void *dv, void *lse, int64_t b, int64_t hq, int64_t hkv, int64_t s,
+                        int64_t d, int causal, void *stream) {
     lk_dtype t = (lk_dtype)dt;
     int64_t sq[4] = {b, hq, s, d}, sk[4] = {b, hkv, s, d}, so[4] = {b, s, hq, d};
     lk_attention_args a = {
@@ -189,6 +192,6 @@ lkp_call *lkp_attention(int backward, int dt, void *q, void *k, void *v, void *o
         a.dout = dev_view(dout, t, 4, so), a.dq = dev_view(dq, t, 4, sq);
         a.dk = dev_view(dk, t, 4, sk), a.dv = dev_view(dv, t, 4, sk);
     }
-    return keep((lkp_call){run_attention, backward, impl_of(LK_OP_ATTENTION, "flash_attention_2"),
-                           lk_ctx_cuda(&arena, stream, 0), .u.attention = a});
+    return keep((lkp_call){run_attention, backward, impl_of(LK_OP_ATTENTION, impl), lk_ctx_cuda(&arena, stream, 0),
+                           .u.attention = a});
 }

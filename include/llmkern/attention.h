@@ -58,10 +58,14 @@ typedef struct {
     /* SP rows only: 1 runs this call on the local tensors without the Ulysses exchange
      * (a module that must not take part in the SP group's attention). */
     int skip_ulysses;
+    /* Backward: 1 = the same bits on every run. The CPU rows always are; a GPU row that
+     * sums dq with atomics by default takes a slower ordered path (`llmkern list` says
+     * which rows are deterministic by default). */
+    int deterministic;
 } lk_attention_args;
 
 /* The compute functions behind an adapter: the slot the facade dispatches to. */
-#define LK_ATTENTION_VTABLE_VERSION 1
+#define LK_ATTENTION_VTABLE_VERSION 2
 typedef struct {
     int version;
     /* Bytes the forward keeps for the backward (the LSE). */
@@ -70,18 +74,25 @@ typedef struct {
     size_t (*workspace_bytes)(const lk_attention_args *a, int backward);
     lk_status (*forward)(const lk_attention_args *a, lk_ctx *ctx);
     lk_status (*backward)(const lk_attention_args *a, lk_ctx *ctx);
+    /* Version 2, optional (NULL: every option the adapter takes): called after the
+     * facade's checks, before anything is written; LK_EUNAVAILABLE with an error naming
+     * the option (and what would run it) when this backend cannot run these arguments. */
+    lk_status (*supports)(const lk_attention_args *a, int backward);
 } lk_attention_vtable;
 
 typedef enum { LK_ATTN_EAGER, LK_ATTN_FLASH, LK_ATTN_FLEX, LK_ATTN_ADAPTER_COUNT } lk_attn_adapter;
 
 /* What a registry row of the op points at: which adapter it enters, and whether it
  * enters through the sequence-parallel path. */
-#define LK_ATTENTION_ENTRY_VERSION 1
+#define LK_ATTENTION_ENTRY_VERSION 2
 typedef struct {
     int version;
     lk_attn_adapter adapter;
     int sp;     /* 1: the Ulysses path over ctx->comm (the SP group); with no group, a group of
                  * one, or skip_ulysses it is the identity */
+    /* Version 2: a GPU row's own backend (flash_attention_2's tensor-core kernel, cudnn);
+     * NULL: the adapter's CUDA backend. Ignored on the CPU, where the adapter's slot runs. */
+    const lk_attention_vtable *cuda;
 } lk_attention_entry;
 
 /* Bytes of impl's saved state for these inputs (q, k, v shapes read). */

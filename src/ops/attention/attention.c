@@ -59,7 +59,8 @@ static lk_status resolve(const lk_impl *impl, call *c) {
     if ((unsigned)c->entry->adapter >= LK_ATTN_ADAPTER_COUNT)
         return lk_error(LK_EINVAL, OP ": impl: expected an adapter of eager, flash or flex in '%s', got %d",
                         impl->name, (int)c->entry->adapter);
-    c->vt = impl->device == LK_DEVICE_CUDA ? cuda_backends[c->entry->adapter] : slots[c->entry->adapter];
+    c->vt = impl->device != LK_DEVICE_CUDA ? slots[c->entry->adapter]
+          : c->entry->version >= 2 && c->entry->cuda ? c->entry->cuda : cuda_backends[c->entry->adapter];
     if (!c->vt)
         return lk_error(LK_EUNAVAILABLE, OP ": impl: the %s adapter has no %s backend ('%s')",
                         adapter_names[c->entry->adapter], lk_device_name(impl->device), impl->name);
@@ -239,10 +240,17 @@ static lk_status check_common(const lk_impl *impl, const lk_attention_args *a, c
                         (long long)(a->window_left < 0 ? a->window_left : a->window_right));
     if (a->skip_ulysses != 0 && a->skip_ulysses != 1)
         return lk_error(LK_EINVAL, OP ": skip_ulysses: expected 0 or 1, got %d", a->skip_ulysses);
+    if (a->deterministic != 0 && a->deterministic != 1)
+        return lk_error(LK_EINVAL, OP ": deterministic: expected 0 or 1, got %d", a->deterministic);
     if ((s = lk_ulysses_plan(a, c->entry->sp ? ctx->comm : NULL, impl->device, &c->d, &c->u))) return s;
     if ((s = check_varlen(a, c)) || (s = check_masks(a, c))) return s;
     if (a->s_aux.data && (s = check_vec(impl, "s_aux", &a->s_aux, c->d.Hq))) return s;
     return lk_expect_saved(OP, "lk_attention_saved_bytes", &a->saved, c->vt->saved_bytes(a));
+}
+
+/* The backend's own limits (an option it does not take), after every generic check. */
+static lk_status check_supported(const call *c, const lk_attention_args *a, int backward) {
+    return c->vt->version >= 2 && c->vt->supports ? c->vt->supports(a, backward) : LK_OK;
 }
 
 static lk_status check_out(const lk_impl *impl, const char *arg, const lk_tensor *t, const lk_attention_args *a,
@@ -307,7 +315,7 @@ lk_status lk_attention_forward(const lk_impl *impl, const lk_attention_args *a, 
                         lk_tensor_region("s_aux", &a->s_aux), lk_tensor_region("mask", &a->mask),
                         lk_tensor_region("cu_seqlens_q", &a->cu_seqlens_q),
                         lk_tensor_region("cu_seqlens_k", &a->cu_seqlens_k)};
-    if ((s = lk_expect_apart(OP, outs, 2, ins, 7))) return s;
+    if ((s = lk_expect_apart(OP, outs, 2, ins, 7)) || (s = check_supported(&c, a, 0))) return s;
     return c.entry->sp ? sp_run(&c, 0, a, ctx) : run(&c, 0, a, ctx);
 }
 
@@ -330,6 +338,6 @@ lk_status lk_attention_backward(const lk_impl *impl, const lk_attention_args *a,
                          lk_tensor_region("s_aux", &a->s_aux), lk_tensor_region("mask", &a->mask),
                          {"saved", a->saved.data, a->saved.bytes}, lk_tensor_region("cu_seqlens_q", &a->cu_seqlens_q),
                          lk_tensor_region("cu_seqlens_k", &a->cu_seqlens_k)};
-    if ((s = lk_expect_apart(OP, outs, 4, ins, 10))) return s;
+    if ((s = lk_expect_apart(OP, outs, 4, ins, 10)) || (s = check_supported(&c, a, 1))) return s;
     return c.entry->sp ? sp_run(&c, 1, a, ctx) : run(&c, 1, a, ctx);
 }

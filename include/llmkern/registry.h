@@ -29,6 +29,13 @@ typedef enum {
     LK_OP_COUNT
 } lk_op;
 
+/* A built-in default on a GPU: asked for where the probed device has compute capability
+ * >= min_cc. */
+typedef struct {
+    int min_cc;
+    const char *name;
+} lk_gpu_default;
+
 /* What the project knows of an op, whether or not this build implements it. */
 typedef struct {
     lk_op op;
@@ -38,6 +45,9 @@ typedef struct {
     const char *reference;          /* the plain implementation every other is held against */
     const char *default_fused;      /* built-in default with LLMKERN_USE_FUSED=1 */
     const char *default_plain;      /* ... with LLMKERN_USE_FUSED=0 or LLMKERN_BACKEND=reference */
+    /* The built-in default on a GPU, most capable first, {0, NULL} last (NULL: default_fused):
+     * the first the GPU meets is asked for, the later ones it meets are its fallbacks. */
+    const lk_gpu_default *gpu_defaults;
 } lk_op_info;
 
 const lk_op_info *lk_op_info_get(lk_op op);
@@ -60,6 +70,7 @@ typedef struct {
     size_t cuda_l2_bytes;
     char cuda_name[96];             /* "NVIDIA H200" */
     char cuda_why[128];             /* why cuda_devices is 0: "built without CUDA", the runtime's error */
+    size_t cpu_mem_bytes;           /* physical memory (0: unknown); what cannot fit is refused before it is allocated */
 } lk_hw;
 
 const lk_hw *lk_hw_get(void);

@@ -1,8 +1,10 @@
-/* explain.c — `llmkern explain [--config F]`: runs the lifecycle as a model build
- * would (for the family --family names, else the config's model, else qwen3) and
+/* explain.c — `llmkern explain [--config F] [--device cpu|cuda]`: runs the lifecycle as a
+ * model build would (for the family --family names, else the config's model, else qwen3;
+ * on the device --device names, else the config's train.device, else the CPU) and
  * prints, per op (and per overridden module), the requested value and its source, the
  * resolved name, the bound implementation, the stage that bound it and any
  * fallback. Rows: {op, module, requested, source, resolved, impl, stage, fallback}. */
+#include <string.h>
 #include "cli/cli.h"
 #include "llmkern/train.h"
 
@@ -43,6 +45,11 @@ int cli_explain(const cli_opts *o) {
     lk_ops_config_init(&cfg);
     lk_train_config_init(&tc);
     if (o->config && (s = lk_train_config_load_yaml(o->config, &tc, &cfg))) return cli_fail("explain", s);
+    if (o->device && strcmp(o->device, "cpu") != 0 && strcmp(o->device, "cuda") != 0) {
+        fprintf(stderr, "llmkern explain: --device: expected cpu or cuda, got '%s'\n", o->device);
+        return 2;
+    }
+    cfg.device = o->device ? (strcmp(o->device, "cuda") == 0 ? LK_DEVICE_CUDA : LK_DEVICE_CPU) : tc.device;
     if ((s = lk_ops_config_finalize(&cfg))) return cli_fail("explain", s);
     const char *family = o->family ? o->family : tc.has_model && tc.model.moe ? "qwen3_moe" : "qwen3";
     if ((s = lk_model_build(&cfg, family, &table))) return cli_fail("explain", s);

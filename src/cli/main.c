@@ -1,5 +1,5 @@
 /* main.c — the llmkern command.
- *   llmkern list | explain [--config F] | check [--op N] | bench [--op N] [--size 8192x4096]
+ *   llmkern list | explain [--config F] [--device cpu|cuda] | check [--op N] | bench [--op N] [--size 8192x4096]
  *         | train --config F [--steps N] [--out DIR] [--resume DIR] [--device cpu|cuda]
  * Every command takes --json. Exit status: 0 ok, 1 a check failed, 2 bad usage or error. */
 #include <stdlib.h>
@@ -10,7 +10,7 @@ static const char usage[] =
     "usage: llmkern <command> [options]\n"
     "  list                    every op and implementation, and whether it runs here\n"
     "  explain [--config F]    what each op binds, from which source, at which stage\n"
-    "          [--family qwen3|qwen3_moe]\n"
+    "          [--family qwen3|qwen3_moe] [--device cpu|cuda]\n"
     "  check   [--op N] [--impl N] [--dtype D] [--seed S]\n"
     "                          every available implementation against the float64 reference\n"
     "  bench   [--op N] [--impl N] [--dtype D] [--size AxB]\n"

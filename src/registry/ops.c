@@ -15,6 +15,7 @@ static const lk_op_info ops[LK_OP_COUNT] = {
                        "llmkern_flash_attention_2_with_sp", "llmkern_flash_attention_3_with_sp",
                        "llmkern_flash_attention_4_with_sp", "llmkern_flex_attention_with_sp"),
         .reference = "eager", .default_fused = "flash_attention_2", .default_plain = "flash_attention_2",
+        .gpu_defaults = (const lk_gpu_default[]){{90, "flash_attention_3"}, {80, "flash_attention_2"}, {0, NULL}},
     },
     [LK_OP_CROSS_ENTROPY] = {
         .op = LK_OP_CROSS_ENTROPY, .name = "cross_entropy",

@@ -28,8 +28,17 @@ static void list_available(lk_op op, lk_device_type dev, char *buf, size_t n) {
     if (k == 0) snprintf(buf, n, "none in this build");
 }
 
+/* The GPU default the probed device meets first (index into info->gpu_defaults), or -1. */
+static int gpu_default(const lk_op_info *info, lk_device_type dev) {
+    if (dev != LK_DEVICE_CUDA || !info->gpu_defaults || lk_reg.hw.cuda_devices == 0) return -1;
+    for (int i = 0; info->gpu_defaults[i].name; i++)
+        if (lk_reg.hw.cuda_cc >= info->gpu_defaults[i].min_cc) return i;
+    return -1;
+}
+
 /* The value the environment or the built-in defaults ask for, and where it came from. */
-static const char *default_name(const lk_op_info *info, lk_source *src, char *detail, size_t n) {
+static const char *default_name(const lk_op_info *info, lk_device_type dev, lk_source *src, char *detail,
+                                size_t n) {
     const lk_env_value *backend = &lk_reg.env[LK_ENV_BACKEND];
     const lk_env_value *fused = &lk_reg.env[LK_ENV_USE_FUSED];
     const lk_env_value *chunk = &lk_reg.env[LK_ENV_ENABLE_CHUNK_LOSS];
@@ -53,11 +62,16 @@ static const char *default_name(const lk_op_info *info, lk_source *src, char *de
     if (by && by->set_by[0]) {
         *src = LK_SOURCE_ENV;
         snprintf(detail, n, "%s=%s", by->set_by, by->raw);
-    } else {
-        *src = LK_SOURCE_DEFAULT;
-        snprintf(detail, n, "built-in");
+        return name;
     }
-    return name;
+    *src = LK_SOURCE_DEFAULT;
+    int g = by == backend ? -1 : gpu_default(info, dev);
+    if (g < 0) {
+        snprintf(detail, n, "built-in");
+        return name;
+    }
+    snprintf(detail, n, "built-in for sm_%d (%s)", lk_reg.hw.cuda_cc, lk_reg.hw.cuda_name);
+    return info->gpu_defaults[g].name;
 }
 
 /* With the llmkern backend, the flash and flex names enter the SP-aware attention
@@ -125,16 +139,24 @@ lk_status lk_select(const lk_request *req, lk_stage stage, lk_binding *out) {
             return explicit_error(req, info, name);
         b.impl = impl;
     } else {                                      /* a default: may fall back, recorded */
-        name = default_name(info, &b.source, b.source_detail, sizeof b.source_detail);
+        name = default_name(info, req->device, &b.source, b.source_detail, sizeof b.source_detail);
         const lk_impl *impl = lk_impl_find(req->op, sp_rewrite(req->op, name, buf, sizeof buf),
                                            req->device);
         if (impl && lk_impl_available(impl, &lk_reg.hw, why, sizeof why)) {
             b.impl = impl;
         } else {
             if (!impl) snprintf(why, sizeof why, "not available in this build");
-            /* the reference first, then the catalog's order */
-            const lk_impl *alt = lk_impl_find(req->op, info->reference, req->device);
-            char w2[160];
+            /* the GPU's later defaults (under their SP names), then the reference, then the
+             * catalog's order */
+            const lk_impl *alt = NULL;
+            char w2[160], b2[96];
+            int g = b.source == LK_SOURCE_DEFAULT ? gpu_default(info, req->device) : -1;
+            for (int i = g + 1; g >= 0 && !alt && info->gpu_defaults[i].name; i++) {
+                alt = lk_impl_find(req->op, sp_rewrite(req->op, info->gpu_defaults[i].name, b2, sizeof b2),
+                                   req->device);
+                if (alt && !lk_impl_available(alt, &lk_reg.hw, w2, sizeof w2)) alt = NULL;
+            }
+            if (!alt) alt = lk_impl_find(req->op, info->reference, req->device);
             if (alt && !lk_impl_available(alt, &lk_reg.hw, w2, sizeof w2)) alt = NULL;
             for (const char *const *k = info->known; !alt && *k; k++) {
                 const lk_impl *c = lk_impl_find(req->op, *k, req->device);

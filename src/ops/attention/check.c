@@ -162,6 +162,7 @@ lk_status lk_attention_problem_make(const lk_impl *impl, lk_dtype dt, const lk_a
         .dk = lk_tensor_view(pb->dk, dt, 4, shape_k), .dv = lk_tensor_view(pb->dv, dt, 4, shape_k),
         .saved = {pb->lse, (size_t)pb->nlse * 4}, .scale = c->scale, .causal = c->causal,
         .window_left = c->window_left, .window_right = c->window_right, .softcap = c->softcap,
+        .deterministic = c->deterministic,
     };
     lk_attn_ref *p = &pb->ref;
     *p = (lk_attn_ref){.B = B, .Hq = Hq, .Hkv = Hkv, .Sq = Sq, .Skv = Skv, .D = D,

@@ -31,6 +31,7 @@ typedef struct {
     int64_t block;          /* BlockMask block size, 0 = 128 */
     int dense;              /* eager: 1 bool mask, 2 additive f32 mask */
     int score_mod;          /* 1 softcap 2.0, 2 ALiBi */
+    int deterministic;      /* args.deterministic: a GPU row's ordered backward */
 } lk_attention_case;
 
 typedef struct {

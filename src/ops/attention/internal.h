@@ -81,6 +81,7 @@ extern const lk_attention_vtable lk_attention_flash_backend;
 extern const lk_attention_vtable lk_attention_flex_backend;
 #ifdef LLMKERN_HAVE_CUDA
 extern const lk_attention_vtable lk_attention_flash_cuda_backend;   /* flash.cu */
+extern const lk_attention_vtable lk_attention_fa2_cuda_backend;     /* fa2.cu: bf16 on tensor cores */
 #endif
 
 #ifdef __cplusplus

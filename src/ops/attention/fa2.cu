@@ -1,0 +1,810 @@
+/* fa2.cu — flash_attention_2 (and sdpa) on a GPU: FlashAttention-2's algorithm on tensor
+ * cores for bf16, forward and backward, every option of the flash adapter (causal,
+ * sliding window, varlen documents, GQA/MQA, softcap, sinks, S_q != S_kv, any D <= 256).
+ * f32 inputs go to the CUDA-core kernel (flash.cu, lk_attention_flash_cuda_backend),
+ * which this file's vtable calls for them; f16 is not taken (the row's dtypes are f32
+ * and bf16).
+ *
+ * Tensor cores through mma.sync.m16n8k16 (bf16 in, f32 accumulate), operands from
+ * shared memory by ldmatrix (.trans where the reduction runs along the rows, as for V),
+ * tiles staged by cp.async into XOR-swizzled rows (16-byte chunk c of row r lives at
+ * chunk c ^ (r & 7): the 8 row addresses of an ldmatrix hit 8 different bank groups).
+ * The head dim is padded to DP in {64, 128, 256} (the one template parameter): padded
+ * columns load as zeros and are never stored, so any D <= 256 is exact.
+ *
+ *   fwd     a block takes BM = 128 query rows of one (b, h) (4 warps of 2 m16 tiles for
+ *           DP <= 128; 8 warps of one for DP 256, whose output tile needs the
+ *           registers); K/V tiles of BN = 64 keys, double-buffered (tile t + 1 loads
+ *           while tile t computes). S = QK^T and O += PV in registers, online softmax in
+ *           the log2 domain (scores scaled by scale·log2e inside one FFMA before ex2),
+ *           the LSE (natural log) saved per row.
+ *   prep    delta = rowsum(dout ∘ out) per row, and each row's sink share
+ *           -exp(sink - lse)·delta, summed per head by fa2_sink_sum in a fixed order.
+ *   dkv     a block takes BNk keys of one (b, h_kv) (8 warps of 16 keys; DP 256: 4 key
+ *           groups × 2 halves of D) and walks every q head of its group and the query
+ *           tiles (BMq = 64, double-buffered) that may see them: S^T = K Q^T and
+ *           dP^T = V dO^T with keys as the M dimension, so P^T and dS^T are already the A
+ *           operands of dV += P^T dO and dK += dS^T Q (no shared-memory round trip).
+ *           GQA sums its G heads in registers: no atomics on dk/dv. By default dS^T also
+ *           goes to shared memory and dQ += dS K is added into an f32 workspace with
+ *           atomics (then fa2_dq_cvt rounds it to bf16): fast, not bit-reproducible.
+ *   dq      a->deterministic: a second walk per query block (like the forward)
+ *           recomputing P and dS and keeping dQ in registers; the dkv pass skips its dQ.
+ *           Every sum then has a fixed order: the same bits on every run.
+ *
+ * Masking: query row i sees keys [lo_i, hi_i), the CPU's rule (lk_attn_row_intervals)
+ * computed here per row from the document bounds (cu_seqlens copied to the device:
+ * n_docs + 1 ints each, nothing else prepared on the host). lo and hi never decrease
+ * with i (causal, window and documents are all bottom-right aligned and documents
+ * ascend), so a query tile's key range is [lo_first, hi_last), a key tile is fully seen
+ * by every row when it lies within [lo_last, hi_first) — those tiles skip the per-element
+ * test — and a key block's query rows are found by binary search. Rows that see no key
+ * give 0 and LSE -inf (with sinks: 0 and LSE = the sink). */
+#include <math.h>
+#include <stdint.h>
+#include "core/cuda_check.h"
+#include "ops/attention/internal.h"
+#include "ops/attention/visible.cuh"
+#include "ops/cuda_util.cuh"
+
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+#define BN 64      /* keys a forward / dq tile (64: S and P of 2 m-tiles fit beside O) */
+#define BMQ 64     /* query rows a dkv step takes */
+#define MAXD 256
+
+typedef struct {
+    const lk_bf16_t *q, *k, *v, *out, *dout;
+    lk_bf16_t *o, *dq, *dk, *dv;
+    float *lse;              /* forward: written; backward: read */
+    float *delta, *sink_part, *dq_acc;
+    const float *sink;       /* [Hq] or NULL */
+    lk_attn_vis vis;         /* which keys each row sees (visible.cuh) */
+    int B, Hq, Hkv, G, Sq, Skv, D;
+    float scale, cap;
+    int vec;                 /* D % 8 == 0 and 16-byte aligned: cp.async of whole chunks */
+} fa_args;
+
+/* --- PTX ------------------------------------------------------------------------------ */
+
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* 16 bytes global → shared, zero-filled when !ok (no bytes read). */
+static __device__ __forceinline__ void cp16(void *dst, const void *src, bool ok) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(ok ? 16 : 0));
+}
+static __device__ __forceinline__ void cp4(void *dst, const void *src, bool ok) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(ok ? 4 : 0));
+}
+static __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> static __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+static __device__ __forceinline__ void ldsm4(uint32_t *r, const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+static __device__ __forceinline__ void ldsm4t(uint32_t *r, const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(p)));
+}
+
+/* c += a (16x16, row) · b (16x8, col). */
+static __device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+static __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* The A fragment of keys/queries 16kk..16kk+15 from two m16n8 accumulators (the C
+ * layout of n-tiles 2kk and 2kk+1 is the A layout of one k16 step). */
+static __device__ __forceinline__ void c_to_a(uint32_t *a, const float *c0, const float *c1) {
+    a[0] = pack2(c0[0], c0[1]), a[1] = pack2(c0[2], c0[3]), a[2] = pack2(c1[0], c1[1]), a[3] = pack2(c1[2], c1[3]);
+}
+
+/* --- tiles ---------------------------------------------------------------------------- */
+
+/* Element offset of 16-byte chunk c of row r in a swizzled tile of W columns. */
+template <int W> static __device__ __forceinline__ int sw(int r, int c) { return r * W + ((c ^ (r & 7)) << 3); }
+
+/* Lane addresses of ldmatrix.x4 for a 16x16 block at (r0, chunk c0):
+ *  A-like (A fragment, or B via .trans): matrices (rows 0-7 | 8-15) × (chunk 0 | 1) in
+ *  the order r0-7c0, r8-15c0, r0-7c1, r8-15c1;
+ *  B-like (B fragment of 2 n8 tiles, or A via .trans): r0-7c0, r0-7c1, r8-15c0, r8-15c1. */
+template <int W> static __device__ __forceinline__ int at_a(int r0, int c0, int lane) {
+    return sw<W>(r0 + (lane & 15), c0 + (lane >> 4));
+}
+template <int W> static __device__ __forceinline__ int at_b(int r0, int c0, int lane) {
+    return sw<W>(r0 + (lane & 7) + ((lane >> 4) << 3), c0 + ((lane >> 3) & 1));
+}
+
+/* ROWS × DP elements from global rows `stride` apart into a swizzled tile; rows >= n and
+ * columns >= D are zero. Whole chunks by cp.async when vec (a thread keeps one chunk
+ * column, so its shared offsets are constants apart), else element by element
+ * (synchronous; odd D). */
+template <int DP, int NT, int ROWS>
+static __device__ __forceinline__ void load_tile(lk_bf16_t *s, const lk_bf16_t *g, int64_t stride, int n, int D,
+                                                 int vec) {
+    constexpr int CH = DP / 8, RS = NT / CH;
+    static_assert(NT % CH == 0 && ROWS % RS == 0, "tile rows split evenly over the threads");
+    if (vec) {
+        const int c = threadIdx.x % CH, r0 = threadIdx.x / CH;
+        const bool col_ok = c * 8 < D;
+        const lk_bf16_t *src = g + r0 * stride + c * 8;
+#pragma unroll
+        for (int i = 0; i < ROWS / RS; i++) {
+            const int r = r0 + i * RS;
+            const bool ok = col_ok && r < n;
+            cp16(s + sw<DP>(r, c), ok ? src + i * RS * stride : g, ok);
+        }
+    } else {
+        for (int e = threadIdx.x; e < ROWS * DP; e += NT) {
+            const int r = e / DP, d = e % DP;
+            s[sw<DP>(r, d >> 3) + (d & 7)] = r < n && d < D ? g[r * stride + d] : __float2bfloat16_rn(0.0f);
+        }
+    }
+}
+
+/* Two adjacent columns of a row of D, rounded to bf16. */
+static __device__ __forceinline__ void store2(lk_bf16_t *row, int col, int D, float x0, float x1, int vec) {
+    if (vec) {
+        if (col < D) *reinterpret_cast<__nv_bfloat162 *>(row + col) = __floats2bfloat162_rn(x0, x1);
+    } else {
+        if (col < D) row[col] = __float2bfloat16_rn(x0);
+        if (col + 1 < D) row[col + 1] = __float2bfloat16_rn(x1);
+    }
+}
+
+/* Query row i sees keys [lo, hi). */
+static __device__ __forceinline__ void row_iv(const fa_args &p, int i, int &lo, int &hi) { lk_attn_row_iv(p.vis, i, lo, hi); }
+
+/* The first row i in [0, Sq] with hi_i > j (want_hi) or lo_i >= j (else); hi and lo
+ * grow with i. */
+static __device__ int first_row(const fa_args &p, int j, int want_hi) {
+    int a = 0, b = p.Sq;
+    while (a < b) {
+        const int mid = (a + b) >> 1;
+        int l, h;
+        row_iv(p, mid, l, h);
+        if (want_hi ? h > j : l >= j) b = mid;
+        else a = mid + 1;
+    }
+    return a;
+}
+
+/* score → the value the softmax exponentiates, before the log2e·scale factor: the raw
+ * q·k, or cap·tanh(scale·q·k / cap) with softcap (its factor is then log2e alone). */
+static __device__ __forceinline__ float capped(float x, const fa_args &p, float *dfac) {
+    /* tanh through one ex2 (tanhf's polynomial costs the forward its registers): absolute
+     * error ~1e-7 of cap; |y| <= 15 keeps e finite where tanh is 1 in f32 anyway */
+    const float y = fminf(fmaxf(x * p.scale / p.cap, -15.0f), 15.0f), e = ex2(y * (2.0f * LOG2E));
+    const float t = 1.0f - __fdividef(2.0f, e + 1.0f);
+    *dfac = 1.0f - t * t;
+    return p.cap * t;
+}
+
+/* --- forward -------------------------------------------------------------------------- */
+
+template <int DP, int WARPS, int MT, bool CAP>
+static __global__ void __launch_bounds__(WARPS * 32, 1) fa2_fwd(const fa_args p) {
+    constexpr int BM = 16 * MT * WARPS, NT = WARPS * 32, NS = BN / 8, ND = DP / 8;
+    extern __shared__ uint4 smem_[];
+    lk_bf16_t *qs = (lk_bf16_t *)smem_, *ks = qs + BM * DP, *vs = ks + 2 * BN * DP;
+    int *lo_s = (int *)(vs + 2 * BN * DP), *hi_s = lo_s + BM;
+    const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t4 = lane & 3, rw = (tid >> 5) * 16 * MT;
+    const int bh = blockIdx.x, h = bh % p.Hq, b = bh / p.Hq;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * BM, nq = min(BM, p.Sq - q0);   /* causal: longest rows first */
+    const lk_bf16_t *kg = p.k + ((int64_t)b * p.Hkv + h / p.G) * p.Skv * p.D;
+    const lk_bf16_t *vg = p.v + ((int64_t)b * p.Hkv + h / p.G) * p.Skv * p.D;
+    load_tile<DP, NT, BM>(qs, p.q + ((int64_t)bh * p.Sq + q0) * p.D, p.D, nq, p.D, p.vec);
+    cp_commit();
+    for (int r = tid; r < BM; r += NT) {
+        int l = 0, u = 0;
+        if (r < nq) row_iv(p, q0 + r, l, u);
+        lo_s[r] = l, hi_s[r] = u;
+    }
+    int klo, minhi, maxlo, khi;
+    row_iv(p, q0, klo, minhi);
+    row_iv(p, q0 + nq - 1, maxlo, khi);
+    const int ntiles = khi > klo ? (khi - klo + BN - 1) / BN : 0;
+    if (ntiles > 0) {
+        load_tile<DP, NT, BN>(ks, kg + (int64_t)klo * p.D, p.D, min(BN, p.Skv - klo), p.D, p.vec);
+        load_tile<DP, NT, BN>(vs, vg + (int64_t)klo * p.D, p.D, min(BN, p.Skv - klo), p.D, p.vec);
+    }
+    cp_commit();
+    const float c2 = p.cap > 0.0f ? LOG2E : p.scale * LOG2E;
+    float o[MT][ND][4], m[MT][2], l[MT][2];
+#pragma unroll
+    for (int i = 0; i < MT; i++) {
+        m[i][0] = m[i][1] = -INFINITY, l[i][0] = l[i][1] = 0.0f;
+#pragma unroll
+        for (int n = 0; n < ND; n++) o[i][n][0] = o[i][n][1] = o[i][n][2] = o[i][n][3] = 0.0f;
+    }
+    for (int t = 0; t < ntiles; t++) {
+        const int k0 = klo + t * BN;
+        if (t + 1 < ntiles) {   /* stage (t+1)&1 was last read in tile t-1, before its closing barrier */
+            const int k1 = k0 + BN, st = (t + 1) & 1;
+            load_tile<DP, NT, BN>(ks + st * BN * DP, kg + (int64_t)k1 * p.D, p.D, min(BN, p.Skv - k1), p.D, p.vec);
+            load_tile<DP, NT, BN>(vs + st * BN * DP, vg + (int64_t)k1 * p.D, p.D, min(BN, p.Skv - k1), p.D, p.vec);
+        }
+        cp_commit();
+        cp_wait<1>();   /* everything but tile t+1: Q and tile t are in */
+        __syncthreads();
+        const lk_bf16_t *kt = ks + (t & 1) * BN * DP, *vt = vs + (t & 1) * BN * DP;
+        float s[MT][NS][4];
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int n = 0; n < NS; n++) s[i][n][0] = s[i][n][1] = s[i][n][2] = s[i][n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < DP / 16; kk++) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int i = 0; i < MT; i++) ldsm4(a[i], qs + at_a<DP>(rw + 16 * i, 2 * kk, lane));
+#pragma unroll
+            for (int np = 0; np < NS / 2; np++) {
+                uint32_t bb[4];
+                ldsm4(bb, kt + at_b<DP>(16 * np, 2 * kk, lane));
+#pragma unroll
+                for (int i = 0; i < MT; i++) mma(s[i][2 * np], a[i], bb[0], bb[1]), mma(s[i][2 * np + 1], a[i], bb[2], bb[3]);
+            }
+        }
+        const bool full = k0 >= maxlo && k0 + BN <= minhi;
+        if (CAP)
+#pragma unroll
+            for (int i = 0; i < MT; i++)
+#pragma unroll
+                for (int n = 0; n < NS; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        float f;
+                        s[i][n][e] = capped(s[i][n][e], p, &f);
+                    }
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int r = rw + 16 * i + g + 8 * hh;
+                int rlo = 0, rhi = 0;
+                if (!full) rlo = lo_s[r] - k0 - 2 * t4, rhi = hi_s[r] - k0 - 2 * t4;   /* against n*8 + (e&1) */
+                float mx = -INFINITY;
+#pragma unroll
+                for (int n = 0; n < NS; n++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        float x = s[i][n][2 * hh + e];
+                        if (!full && (n * 8 + e < rlo || n * 8 + e >= rhi)) x = -INFINITY;
+                        s[i][n][2 * hh + e] = x;
+                        mx = fmaxf(mx, x);
+                    }
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                const float mn = fmaxf(m[i][hh], mx * c2), base = mn == -INFINITY ? 0.0f : mn;
+                const float alpha = ex2(m[i][hh] - base);
+                m[i][hh] = mn;
+                float sum = 0.0f;
+#pragma unroll
+                for (int n = 0; n < NS; n++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const float pv = ex2(fmaf(s[i][n][2 * hh + e], c2, -base));
+                        s[i][n][2 * hh + e] = pv;
+                        sum += pv;
+                    }
+                l[i][hh] = l[i][hh] * alpha + sum;
+#pragma unroll
+                for (int n = 0; n < ND; n++) o[i][n][2 * hh] *= alpha, o[i][n][2 * hh + 1] *= alpha;
+            }
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            uint32_t a[MT][4];
+#pragma unroll
+            for (int i = 0; i < MT; i++) c_to_a(a[i], s[i][2 * kk], s[i][2 * kk + 1]);
+#pragma unroll
+            for (int dp = 0; dp < DP / 16; dp++) {
+                uint32_t bb[4];
+                ldsm4t(bb, vt + at_a<DP>(16 * kk, 2 * dp, lane));
+#pragma unroll
+                for (int i = 0; i < MT; i++) mma(o[i][2 * dp], a[i], bb[0], bb[1]), mma(o[i][2 * dp + 1], a[i], bb[2], bb[3]);
+            }
+        }
+        __syncthreads();   /* tile t's stage is refilled by the next iteration */
+    }
+    cp_wait<0>();
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            float sum = l[i][hh], mr = m[i][hh];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            float mul = 1.0f;
+            if (p.sink) {   /* one more logit in the softmax, with no value */
+                const float sk = p.sink[h] * LOG2E, mn = fmaxf(mr, sk), alpha = ex2(mr - mn);
+                sum = sum * alpha + ex2(sk - mn), mul = alpha, mr = mn;
+            }
+            mul = sum > 0.0f ? mul / sum : 0.0f;
+            const int row = q0 + rw + 16 * i + g + 8 * hh;
+            if (row >= p.Sq) continue;
+            lk_bf16_t *orow = p.o + (((int64_t)b * p.Sq + row) * p.Hq + h) * p.D;
+#pragma unroll
+            for (int n = 0; n < ND; n++) store2(orow, n * 8 + 2 * t4, p.D, o[i][n][2 * hh] * mul, o[i][n][2 * hh + 1] * mul, p.vec);
+            if (t4 == 0) p.lse[(int64_t)bh * p.Sq + row] = sum > 0.0f ? mr * LN2 + logf(sum) : -INFINITY;
+        }
+}
+
+/* --- backward ------------------------------------------------------------------------- */
+
+/* delta[r] = dout·out of row r = (b, h, i) (a warp a row); the sink share of the row. */
+static __global__ void fa2_prep(const fa_args p) {
+    const int64_t rows = (int64_t)p.B * p.Hq * p.Sq, r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (r >= rows) return;
+    const int lane = threadIdx.x & 31, i = (int)(r % p.Sq), h = (int)((r / p.Sq) % p.Hq);
+    const int64_t b = r / ((int64_t)p.Sq * p.Hq), off = ((b * p.Sq + i) * p.Hq + h) * p.D;
+    float s = 0.0f;
+    for (int d = lane; d < p.D; d += 32) s += __bfloat162float(p.dout[off + d]) * __bfloat162float(p.out[off + d]);
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) {
+        p.delta[r] = s;
+        if (p.sink_part) p.sink_part[r] = p.lse[r] > -INFINITY ? -expf(p.sink[h] - p.lse[r]) * s : 0.0f;
+    }
+}
+
+/* ds_aux[h] = Σ_{b, i} part[b, h, i], a block per head, in a fixed order. */
+static __global__ void fa2_sink_sum(const float *part, float *ds, int64_t B, int64_t Hq, int64_t Sq) {
+    __shared__ double red[256];
+    const int64_t h = blockIdx.x;
+    double s = 0.0;
+    for (int64_t r = threadIdx.x; r < B * Sq; r += blockDim.x) s += part[((r / Sq) * Hq + h) * Sq + r % Sq];
+    red[threadIdx.x] = s;
+    __syncthreads();
+    for (int o = blockDim.x / 2; o > 0; o >>= 1) {
+        if ((int)threadIdx.x < o) red[threadIdx.x] += red[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) ds[h] = (float)red[0];
+}
+
+static __global__ void fa2_dq_cvt(const float *acc, lk_bf16_t *dq, int64_t n, float scale) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        dq[i] = __float2bfloat16_rn(acc[i] * scale);
+}
+
+/* Issues query tile `it` of a dkv block into stage st (Q, dO, LSE, delta by cp.async;
+ * lo/hi computed). */
+template <int DP, int NT>
+static __device__ __forceinline__ void dkv_issue(const fa_args &p, int it, int nqt, int qa, int b, int hk,
+                                                 lk_bf16_t *qs, lk_bf16_t *gs, float *ls, float *ds, int *los,
+                                                 int *his) {
+    const int hh = hk * p.G + it / nqt, q0 = qa + (it % nqt) * BMQ, nq = min(BMQ, p.Sq - q0);
+    const int64_t bh = (int64_t)b * p.Hq + hh;
+    load_tile<DP, NT, BMQ>(qs, p.q + (bh * p.Sq + q0) * p.D, p.D, nq, p.D, p.vec);
+    load_tile<DP, NT, BMQ>(gs, p.dout + (((int64_t)b * p.Sq + q0) * p.Hq + hh) * p.D, (int64_t)p.Hq * p.D, nq, p.D,
+                      p.vec);
+    for (int r = threadIdx.x; r < BMQ; r += NT) {
+        const bool ok = r < nq;
+        cp4(ls + r, p.lse + bh * p.Sq + (ok ? q0 + r : 0), ok);
+        cp4(ds + r, p.delta + bh * p.Sq + (ok ? q0 + r : 0), ok);
+        int l = 0, u = 0;
+        if (ok) row_iv(p, q0 + r, l, u);
+        los[r] = l, his[r] = u;
+    }
+}
+
+/* dK, dV of BNk keys of one (b, h_kv); with dq_atomic also dQ += dS K into p.dq_acc. */
+template <int DP, int DW, bool CAP>
+static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq_atomic) {
+    constexpr int NT = 256, KW = 8 / DW, BNK = 16 * KW, DH = DP / DW, NQ = BMQ / 8;
+    extern __shared__ uint4 smem_[];
+    lk_bf16_t *ks = (lk_bf16_t *)smem_, *vs = ks + BNK * DP, *qs = vs + BNK * DP, *gs = qs + 2 * BMQ * DP;
+    lk_bf16_t *dss = gs + 2 * BMQ * DP;   /* dS^T [BNK keys][BMQ queries], swizzled */
+    float *ls = (float *)(dss + BNK * BMQ), *dl = ls + 2 * BMQ;
+    int *los = (int *)(dl + 2 * BMQ), *his = los + 2 * BMQ;
+    const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+    const int kw = w % KW, dw = w / KW, kr0 = 16 * kw;
+    const int bhk = blockIdx.x, hk = bhk % p.Hkv, b = bhk / p.Hkv;
+    const int k0 = blockIdx.y * BNK, nk = min(BNK, p.Skv - k0);
+    const int64_t kvoff = ((int64_t)bhk * p.Skv + k0) * p.D;
+    load_tile<DP, NT, BNK>(ks, p.k + kvoff, p.D, nk, p.D, p.vec);
+    load_tile<DP, NT, BNK>(vs, p.v + kvoff, p.D, nk, p.D, p.vec);
+    cp_commit();
+    const int qa = first_row(p, k0, 1), qb = max(qa, first_row(p, k0 + nk, 0));
+    const int nqt = (qb - qa + BMQ - 1) / BMQ, n = p.G * nqt;
+    if (n > 0) dkv_issue<DP, NT>(p, 0, nqt, qa, b, hk, qs, gs, ls, dl, los, his);
+    cp_commit();
+    const float c2 = p.cap > 0.0f ? LOG2E : p.scale * LOG2E;
+    float dk[DH / 8][4], dv[DH / 8][4];
+#pragma unroll
+    for (int i = 0; i < DH / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) dk[i][e] = dv[i][e] = 0.0f;
+    for (int it = 0; it < n; it++) {
+        const int st = it & 1, q0 = qa + (it % nqt) * BMQ;
+        if (it + 1 < n) {
+            const int s1 = (it + 1) & 1;
+            dkv_issue<DP, NT>(p, it + 1, nqt, qa, b, hk, qs + s1 * BMQ * DP, gs + s1 * BMQ * DP, ls + s1 * BMQ,
+                              dl + s1 * BMQ, los + s1 * BMQ, his + s1 * BMQ);
+        }
+        cp_commit();
+        cp_wait<1>();
+        __syncthreads();
+        const lk_bf16_t *qt = qs + st * BMQ * DP, *gt = gs + st * BMQ * DP;
+        const float *lt = ls + st * BMQ, *dt = dl + st * BMQ;
+        const int *lot = los + st * BMQ, *hit = his + st * BMQ;
+        /* S^T = K Q^T, dP^T = V dO^T: this warp's 16 keys against the tile's 64 queries */
+        float s[NQ][4], dp[NQ][4];
+#pragma unroll
+        for (int j = 0; j < NQ; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < DP / 16; kk++) {
+            uint32_t ak[4], av[4];
+            ldsm4(ak, ks + at_a<DP>(kr0, 2 * kk, lane));
+            ldsm4(av, vs + at_a<DP>(kr0, 2 * kk, lane));
+#pragma unroll
+            for (int np = 0; np < NQ / 2; np++) {
+                uint32_t bb[4];
+                ldsm4(bb, qt + at_b<DP>(16 * np, 2 * kk, lane));
+                mma(s[2 * np], ak, bb[0], bb[1]), mma(s[2 * np + 1], ak, bb[2], bb[3]);
+                ldsm4(bb, gt + at_b<DP>(16 * np, 2 * kk, lane));
+                mma(dp[2 * np], av, bb[0], bb[1]), mma(dp[2 * np + 1], av, bb[2], bb[3]);
+            }
+        }
+        /* P^T = exp(score - lse), dS^T = P^T (dP^T - delta) (· the softcap's slope) */
+        const bool full = q0 + BMQ <= p.Sq && lot[BMQ - 1] <= k0 && hit[0] >= k0 + BNK;
+#pragma unroll
+        for (int j = 0; j < NQ; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int c = 8 * j + 2 * t4 + (e & 1), key = k0 + kr0 + g + 8 * (e >> 1);
+                const float L = lt[c], L2 = L == -INFINITY ? INFINITY : L * LOG2E;
+                float x = s[j][e], f = 1.0f;
+                if (CAP) x = capped(x, p, &f);
+                float pv = ex2(fmaf(x, c2, -L2));
+                if (!full && (key < lot[c] || key >= hit[c])) pv = 0.0f;
+                s[j][e] = pv;
+                dp[j][e] = pv * (dp[j][e] - dt[c]) * f;
+            }
+        /* dV += P^T dO, dK += dS^T Q over this warp's DH columns */
+#pragma unroll
+        for (int kk = 0; kk < BMQ / 16; kk++) {
+            uint32_t ap[4], ad[4];
+            c_to_a(ap, s[2 * kk], s[2 * kk + 1]);
+            c_to_a(ad, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+            for (int dn = 0; dn < DH / 16; dn++) {
+                uint32_t bb[4];
+                ldsm4t(bb, gt + at_a<DP>(16 * kk, dw * (DH / 8) + 2 * dn, lane));
+                mma(dv[2 * dn], ap, bb[0], bb[1]), mma(dv[2 * dn + 1], ap, bb[2], bb[3]);
+                ldsm4t(bb, qt + at_a<DP>(16 * kk, dw * (DH / 8) + 2 * dn, lane));
+                mma(dk[2 * dn], ad, bb[0], bb[1]), mma(dk[2 * dn + 1], ad, bb[2], bb[3]);
+            }
+        }
+        if (dq_atomic) {
+            if (dw == 0)
+#pragma unroll
+                for (int j = 0; j < NQ; j++)
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        const int r = kr0 + g + 8 * hh;
+                        *reinterpret_cast<uint32_t *>(dss + sw<BMQ>(r, j) + 2 * t4) =
+                            pack2(dp[j][2 * hh], dp[j][2 * hh + 1]);
+                    }
+            __syncthreads();
+            /* dQ[q0 + 16mq.., half dh of D] += dS K, added into the f32 workspace */
+            constexpr int CW = DP / 2 < 64 ? DP / 2 : 64;
+            const int mq = w & 3, dh = w >> 2;
+            const int64_t bh = (int64_t)b * p.Hq + hk * p.G + it / nqt;
+#pragma unroll
+            for (int cc = 0; cc < DP / 2 / CW; cc++) {
+                const int d0 = dh * (DP / 2) + cc * CW;
+                float acc[CW / 8][4];
+#pragma unroll
+                for (int i = 0; i < CW / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+#pragma unroll
+                for (int kk = 0; kk < BNK / 16; kk++) {
+                    uint32_t a[4];
+                    ldsm4t(a, dss + at_b<BMQ>(16 * kk, 2 * mq, lane));
+#pragma unroll
+                    for (int dn = 0; dn < CW / 16; dn++) {
+                        uint32_t bb[4];
+                        ldsm4t(bb, ks + at_a<DP>(16 * kk, d0 / 8 + 2 * dn, lane));
+                        mma(acc[2 * dn], a, bb[0], bb[1]), mma(acc[2 * dn + 1], a, bb[2], bb[3]);
+                    }
+                }
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    const int row = q0 + 16 * mq + g + 8 * hh;
+                    if (row >= p.Sq) continue;
+                    float *dst = p.dq_acc + (bh * p.Sq + row) * p.D;
+#pragma unroll
+                    for (int i = 0; i < CW / 8; i++) {
+                        const int col = d0 + 8 * i + 2 * t4;
+                        if (col >= p.D) continue;
+#if __CUDA_ARCH__ >= 900
+                        if (p.vec) {
+                            atomicAdd(reinterpret_cast<float2 *>(dst + col), make_float2(acc[i][2 * hh], acc[i][2 * hh + 1]));
+                            continue;
+                        }
+#endif
+                        atomicAdd(dst + col, acc[i][2 * hh]);
+                        if (col + 1 < p.D) atomicAdd(dst + col + 1, acc[i][2 * hh + 1]);
+                    }
+                }
+            }
+        }
+        __syncthreads();   /* the stage and dS^T are refilled next */
+    }
+    cp_wait<0>();
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int key = k0 + kr0 + g + 8 * hh;
+        if (key >= p.Skv) continue;
+        lk_bf16_t *krow = p.dk + ((int64_t)bhk * p.Skv + key) * p.D, *vrow = p.dv + ((int64_t)bhk * p.Skv + key) * p.D;
+#pragma unroll
+        for (int i = 0; i < DH / 8; i++) {
+            const int col = dw * DH + 8 * i + 2 * t4;
+            store2(krow, col, p.D, dk[i][2 * hh] * p.scale, dk[i][2 * hh + 1] * p.scale, p.vec);
+            store2(vrow, col, p.D, dv[i][2 * hh], dv[i][2 * hh + 1], p.vec);
+        }
+    }
+}
+
+/* Deterministic dQ: a block takes 64 query rows of one (b, h) (4 warps of 16), walks
+ * their keys in BN tiles like the forward and keeps dQ in registers. */
+template <int DP>
+static __global__ void __launch_bounds__(128, 1) fa2_dq(const fa_args p) {
+    constexpr int NT = 128, NS = BN / 8, ND = DP / 8;
+    extern __shared__ uint4 smem_[];
+    lk_bf16_t *qs = (lk_bf16_t *)smem_, *gs = qs + BMQ * DP, *ks = gs + BMQ * DP, *vs = ks + 2 * BN * DP;
+    const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t4 = lane & 3, rw = (tid >> 5) * 16;
+    const int bh = blockIdx.x, h = bh % p.Hq, b = bh / p.Hq;
+    const int q0 = (gridDim.y - 1 - blockIdx.y) * BMQ, nq = min(BMQ, p.Sq - q0);
+    const lk_bf16_t *kg = p.k + ((int64_t)b * p.Hkv + h / p.G) * p.Skv * p.D;
+    const lk_bf16_t *vg = p.v + ((int64_t)b * p.Hkv + h / p.G) * p.Skv * p.D;
+    load_tile<DP, NT, BMQ>(qs, p.q + ((int64_t)bh * p.Sq + q0) * p.D, p.D, nq, p.D, p.vec);
+    load_tile<DP, NT, BMQ>(gs, p.dout + (((int64_t)b * p.Sq + q0) * p.Hq + h) * p.D, (int64_t)p.Hq * p.D, nq, p.D,
+                      p.vec);
+    cp_commit();
+    int lo[2], hi[2];
+    float L2[2], dl[2];
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int r = rw + g + 8 * hh;
+        lo[hh] = hi[hh] = 0, L2[hh] = INFINITY, dl[hh] = 0.0f;
+        if (r < nq) {
+            row_iv(p, q0 + r, lo[hh], hi[hh]);
+            const float L = p.lse[(int64_t)bh * p.Sq + q0 + r];
+            L2[hh] = L == -INFINITY ? INFINITY : L * LOG2E;
+            dl[hh] = p.delta[(int64_t)bh * p.Sq + q0 + r];
+        }
+    }
+    int klo, minhi, maxlo, khi;
+    row_iv(p, q0, klo, minhi);
+    row_iv(p, q0 + nq - 1, maxlo, khi);
+    const int ntiles = khi > klo ? (khi - klo + BN - 1) / BN : 0;
+    if (ntiles > 0) {
+        load_tile<DP, NT, BN>(ks, kg + (int64_t)klo * p.D, p.D, min(BN, p.Skv - klo), p.D, p.vec);
+        load_tile<DP, NT, BN>(vs, vg + (int64_t)klo * p.D, p.D, min(BN, p.Skv - klo), p.D, p.vec);
+    }
+    cp_commit();
+    const float c2 = p.cap > 0.0f ? LOG2E : p.scale * LOG2E;
+    float acc[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    for (int t = 0; t < ntiles; t++) {
+        const int k0 = klo + t * BN;
+        if (t + 1 < ntiles) {
+            const int k1 = k0 + BN, st = (t + 1) & 1;
+            load_tile<DP, NT, BN>(ks + st * BN * DP, kg + (int64_t)k1 * p.D, p.D, min(BN, p.Skv - k1), p.D, p.vec);
+            load_tile<DP, NT, BN>(vs + st * BN * DP, vg + (int64_t)k1 * p.D, p.D, min(BN, p.Skv - k1), p.D, p.vec);
+        }
+        cp_commit();
+        cp_wait<1>();
+        __syncthreads();
+        const lk_bf16_t *kt = ks + (t & 1) * BN * DP, *vt = vs + (t & 1) * BN * DP;
+        float s[NS][4], dp[NS][4];
+#pragma unroll
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < DP / 16; kk++) {
+            uint32_t aq[4], ag[4];
+            ldsm4(aq, qs + at_a<DP>(rw, 2 * kk, lane));
+            ldsm4(ag, gs + at_a<DP>(rw, 2 * kk, lane));
+#pragma unroll
+            for (int np = 0; np < NS / 2; np++) {
+                uint32_t bb[4];
+                ldsm4(bb, kt + at_b<DP>(16 * np, 2 * kk, lane));
+                mma(s[2 * np], aq, bb[0], bb[1]), mma(s[2 * np + 1], aq, bb[2], bb[3]);
+                ldsm4(bb, vt + at_b<DP>(16 * np, 2 * kk, lane));
+                mma(dp[2 * np], ag, bb[0], bb[1]), mma(dp[2 * np + 1], ag, bb[2], bb[3]);
+            }
+        }
+        const bool full = k0 >= maxlo && k0 + BN <= minhi;
+#pragma unroll
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int hh = e >> 1, key = k0 + 8 * n + 2 * t4 + (e & 1);
+                float x = s[n][e], f = 1.0f;
+                if (p.cap > 0.0f) x = capped(x, p, &f);
+                float pv = ex2(fmaf(x, c2, -L2[hh]));
+                if (!full && (key < lo[hh] || key >= hi[hh])) pv = 0.0f;
+                dp[n][e] = pv * (dp[n][e] - dl[hh]) * f;
+            }
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            uint32_t a[4];
+            c_to_a(a, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+            for (int dn = 0; dn < DP / 16; dn++) {
+                uint32_t bb[4];
+                ldsm4t(bb, kt + at_a<DP>(16 * kk, 2 * dn, lane));
+                mma(acc[2 * dn], a, bb[0], bb[1]), mma(acc[2 * dn + 1], a, bb[2], bb[3]);
+            }
+        }
+        __syncthreads();
+    }
+    cp_wait<0>();
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+        const int row = q0 + rw + g + 8 * hh;
+        if (row >= p.Sq) continue;
+        lk_bf16_t *dst = p.dq + ((int64_t)bh * p.Sq + row) * p.D;
+#pragma unroll
+        for (int n = 0; n < ND; n++)
+            store2(dst, 8 * n + 2 * t4, p.D, acc[n][2 * hh] * p.scale, acc[n][2 * hh + 1] * p.scale, p.vec);
+    }
+}
+
+/* --- host ----------------------------------------------------------------------------- */
+
+static size_t up(size_t b) { return (b + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
+
+
+static size_t dq_acc_bytes(const lk_attention_args *a) {
+    return up((size_t)a->q.shape[0] * (size_t)a->q.shape[1] * (size_t)a->q.shape[2] * (size_t)a->q.shape[3] * 4);
+}
+
+static size_t saved_bytes(const lk_attention_args *a) { return lk_attn_lse_bytes(a); }
+
+static size_t workspace_bytes(const lk_attention_args *a, int backward) {
+    if (a->q.dtype != LK_BF16) return lk_attention_flash_cuda_backend.workspace_bytes(a, backward);
+    size_t n = lk_attn_vis_bytes(a);
+    if (backward) n += 2 * up(lk_attn_lse_bytes(a)) + (a->deterministic ? 0 : dq_acc_bytes(a));
+    return n;
+}
+
+static int aligned16(const void *x) { return ((uintptr_t)x & 15) == 0; }
+
+/* The kernels' arguments (cu_seqlens copied into the arena by lk_attn_vis_make). */
+static lk_status args_of(const lk_attention_args *a, lk_ctx *ctx, fa_args *p) {
+    lk_attn_dims d = lk_attn_dims_of(a);
+    if (d.D > MAXD)
+        return lk_error(LK_ESHAPE, "attention: q: expected head dim D <= %d on CUDA, got %lld", MAXD, (long long)d.D);
+    if (d.Sq >= INT32_MAX || d.Skv >= INT32_MAX || d.B * d.Hq >= INT32_MAX)
+        return lk_error(LK_ESHAPE, "attention: q: expected S_q, S_kv and B·H_q below 2^31 on CUDA, got %lld, %lld "
+                        "and %lld", (long long)d.Sq, (long long)d.Skv, (long long)(d.B * d.Hq));
+    fa_args z = {0};
+    *p = z;
+    p->q = (const lk_bf16_t *)a->q.data, p->k = (const lk_bf16_t *)a->k.data, p->v = (const lk_bf16_t *)a->v.data;
+    p->out = (const lk_bf16_t *)a->out.data, p->o = (lk_bf16_t *)a->out.data;
+    p->dout = (const lk_bf16_t *)a->dout.data;
+    p->dq = (lk_bf16_t *)a->dq.data, p->dk = (lk_bf16_t *)a->dk.data, p->dv = (lk_bf16_t *)a->dv.data;
+    p->lse = (float *)a->saved.data;
+    p->sink = (const float *)a->s_aux.data;
+    p->B = (int)d.B, p->Hq = (int)d.Hq, p->Hkv = (int)d.Hkv, p->G = (int)d.G, p->Sq = (int)d.Sq;
+    p->Skv = (int)d.Skv, p->D = (int)d.D;
+    p->scale = d.scale, p->cap = a->softcap > 0.0f ? a->softcap : 0.0f;
+    p->vec = d.D % 8 == 0 && aligned16(a->q.data) && aligned16(a->k.data) && aligned16(a->v.data) &&
+             aligned16(a->out.data) && (!a->dout.data || aligned16(a->dout.data)) &&
+             (!a->dq.data || aligned16(a->dq.data)) && (!a->dk.data || aligned16(a->dk.data)) &&
+             (!a->dv.data || aligned16(a->dv.data));
+    return lk_attn_vis_make(a, ctx->arena, (cudaStream_t)ctx->stream, &p->vis);
+}
+
+template <typename K>
+static lk_status allow_smem(K kernel, size_t bytes) {
+    if (bytes > (48u << 10))
+        LK_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    return LK_OK;
+}
+
+/* Softcap is a template flag of the forward and dkv kernels: its tanh, inlined into the
+ * tile loop, cost them spills (ptxas -v) even on calls without it. */
+template <int DP, int WARPS, int MT>
+static lk_status launch_fwd(const fa_args &p, cudaStream_t st) {
+    constexpr int BM = 16 * MT * WARPS;
+    const size_t sh = (size_t)(BM + 4 * BN) * DP * 2 + 2 * BM * sizeof(int);
+    void (*kern)(const fa_args) = p.cap > 0.0f ? fa2_fwd<DP, WARPS, MT, true> : fa2_fwd<DP, WARPS, MT, false>;
+    lk_status s = allow_smem(kern, sh);
+    if (s) return s;
+    dim3 grid((unsigned)(p.B * p.Hq), (unsigned)((p.Sq + BM - 1) / BM));
+    kern<<<grid, WARPS * 32, sh, st>>>(p);
+    LK_CUDA_LAUNCHED("attention: flash_attention_2 (cuda) forward");
+    return LK_OK;
+}
+
+static lk_status forward(const lk_attention_args *a, lk_ctx *ctx) {
+    if (a->q.dtype != LK_BF16) return lk_attention_flash_cuda_backend.forward(a, ctx);
+    fa_args p;
+    lk_status s = args_of(a, ctx, &p);
+    if (s || p.Sq == 0 || p.B * p.Hq == 0) return s;
+    cudaStream_t st = (cudaStream_t)ctx->stream;
+    return p.D <= 64 ? launch_fwd<64, 4, 2>(p, st) : p.D <= 128 ? launch_fwd<128, 4, 2>(p, st)
+                                                                 : launch_fwd<256, 8, 1>(p, st);
+}
+
+template <int DP, int DW>
+static lk_status launch_bwd(const fa_args &p, int det, cudaStream_t st) {
+    constexpr int BNK = 16 * 8 / DW;
+    const size_t sh = (size_t)(2 * BNK * DP + 4 * BMQ * DP + BNK * BMQ) * 2 + 8 * BMQ * 4;
+    void (*kern)(const fa_args, int) = p.cap > 0.0f ? fa2_dkv<DP, DW, true> : fa2_dkv<DP, DW, false>;
+    lk_status s = allow_smem(kern, sh);
+    if (s) return s;
+    if (p.Skv > 0) {
+        dim3 grid((unsigned)(p.B * p.Hkv), (unsigned)((p.Skv + BNK - 1) / BNK));
+        kern<<<grid, 256, sh, st>>>(p, !det);
+        LK_CUDA_LAUNCHED("attention: flash_attention_2 (cuda) dk/dv");
+    }
+    if (det) {
+        const size_t shq = (size_t)(2 * BMQ + 4 * BN) * DP * 2;
+        if ((s = allow_smem(fa2_dq<DP>, shq))) return s;
+        dim3 grid((unsigned)(p.B * p.Hq), (unsigned)((p.Sq + BMQ - 1) / BMQ));
+        fa2_dq<DP><<<grid, 128, shq, st>>>(p);
+        LK_CUDA_LAUNCHED("attention: flash_attention_2 (cuda) dq");
+    } else {
+        const int64_t n = (int64_t)p.B * p.Hq * p.Sq * p.D;
+        fa2_dq_cvt<<<(unsigned)((n + 1023) / 1024 < 4096 ? (n + 1023) / 1024 : 4096), 256, 0, st>>>(p.dq_acc, p.dq, n,
+                                                                                               p.scale);
+        LK_CUDA_LAUNCHED("attention: flash_attention_2 (cuda) dq convert");
+    }
+    return LK_OK;
+}
+
+static lk_status backward(const lk_attention_args *a, lk_ctx *ctx) {
+    if (a->q.dtype != LK_BF16) return lk_attention_flash_cuda_backend.backward(a, ctx);
+    fa_args p;
+    lk_status s = args_of(a, ctx, &p);
+    if (s || p.Sq == 0 || p.B * p.Hq == 0) return s;
+    cudaStream_t st = (cudaStream_t)ctx->stream;
+    const int det = a->deterministic, sinks = a->s_aux.data && a->ds_aux.data;
+    const size_t rows = lk_attn_lse_bytes(a);
+    p.delta = (float *)lk_arena_alloc(ctx->arena, up(rows));
+    p.sink_part = sinks ? (float *)lk_arena_alloc(ctx->arena, up(rows)) : NULL;
+    p.dq_acc = det ? NULL : (float *)lk_arena_alloc(ctx->arena, dq_acc_bytes(a));
+    if (!p.delta || (sinks && !p.sink_part) || (!det && !p.dq_acc))
+        return lk_error(LK_ENOMEM, "attention: flash_attention_2 (cuda): no room for delta and the dq sums");
+    const int64_t nrows = (int64_t)p.B * p.Hq * p.Sq;
+    fa2_prep<<<(unsigned)((nrows + 7) / 8), 256, 0, st>>>(p);
+    LK_CUDA_LAUNCHED("attention: flash_attention_2 (cuda) delta");
+    if (!det) LK_CUDA_TRY(cudaMemsetAsync(p.dq_acc, 0, (size_t)nrows * p.D * 4, st));
+    s = p.D <= 64 ? launch_bwd<64, 1>(p, det, st) : p.D <= 128 ? launch_bwd<128, 1>(p, det, st)
+                                                                : launch_bwd<256, 2>(p, det, st);
+    if (s) return s;
+    if (sinks) {
+        fa2_sink_sum<<<(unsigned)p.Hq, 256, 0, st>>>(p.sink_part, (float *)a->ds_aux.data, p.B, p.Hq, p.Sq);
+        LK_CUDA_LAUNCHED("attention: flash_attention_2 (cuda) sink gradient");
+    }
+    return LK_OK;
+}
+
+extern "C" const lk_attention_vtable lk_attention_fa2_cuda_backend = {
+    LK_ATTENTION_VTABLE_VERSION, saved_bytes, workspace_bytes, forward, backward, NULL,
+};

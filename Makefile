@@ -1,11 +1,14 @@
 # llmkern — the two commands a new user needs (see README):
 #   make run    install what is missing, build, and run the main job
 #   make test   the same set-up, the whole suite, then the suite again under ASan + UBSan
+#               (and, with clang installed, each fuzz target of tests/fuzz for 20 s)
+#   make fuzz   each fuzz target for FUZZ_SECONDS (600)
 JOBS ?= $(shell nproc)
 BUILD ?= build
 ASAN_BUILD ?= build-asan
 
-.PHONY: all deps build run test test-asan clean
+.PHONY: all deps build run test test-asan fuzz clean
+FUZZ_SECONDS ?= 600
 
 all: build
 
@@ -25,6 +28,7 @@ run: build
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 	$(MAKE) test-asan
+	@if command -v clang >/dev/null; then bash scripts/fuzz.sh 20; else echo "fuzz: clang not installed, the 20 s fuzz runs skipped"; fi
 
 test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLLMKERN_SANITIZE=ON
@@ -32,5 +36,9 @@ test-asan: deps
 	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
 
+# Each libFuzzer target of tests/fuzz for FUZZ_SECONDS (600) with clang: scripts/fuzz.sh.
+fuzz: deps
+	bash scripts/fuzz.sh $(FUZZ_SECONDS)
+
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD)
+	rm -rf $(BUILD) $(ASAN_BUILD) build-fuzz

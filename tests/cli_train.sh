@@ -59,5 +59,78 @@ if ! "$bin" list 2>/dev/null | grep -q '^GPU: NVIDIA'; then   # no GPU here: --d
   [ ! -e "$tmp/dev" ] && ok || fail "--device cuda without a GPU wrote $tmp/dev"
 fi
 
+# --- issue 20: refusals name their cause, exit 2, and leave the output directory as it was
+snap() { [ -e "$1" ] || { echo absent; return; }; (cd "$1" && find . -printf '%p %y %s %T@\n' | sort && find . -type f -exec md5sum {} + | sort); }
+refuse() {   # refuse NAME DIR REGEX cmd...: exit 2, the message matches, DIR unchanged (or still absent)
+  local name=$1 dir=$2 re=$3; shift 3
+  local before; before=$(snap "$dir")
+  local out; out=$("$@" 2>&1); local rc=$?
+  [ $rc -eq 2 ] && ok || fail "$name: exit $rc, expected 2"
+  expect "$name" "$out" "$re"
+  [ "$(grep -c 'llmkern' <<<"$out")" -le 1 ] && ok || fail "$name: the refusal is not one line: $out"
+  [ "$before" = "$(snap "$dir")" ] && ok || fail "$name: $dir changed"
+}
+# item 1: sizes that wrapped (steps x 5 history columns to 4 elements: a heap overflow)
+refuse "--steps 2^64/5" "$tmp/run" 'train\.steps \(the loss history\): 3689348814741910324 x 5 does not fit in 64 bits' \
+  "$bin" train --config "$tmp/tiny.yaml" --out "$tmp/run" --steps 3689348814741910324
+sed 's/steps: 4,/steps: 3689348814741910324,/' "$tmp/tiny.yaml" >"$tmp/wrap.yaml"
+refuse "train.steps 2^64/5" "$tmp/wrap" 'train\.steps \(the loss history\): 3689348814741910324 x 5' \
+  "$bin" train --config "$tmp/wrap.yaml" --out "$tmp/wrap"
+# item 3
+for v in -1 0 abc 12x; do
+  refuse "--steps $v" "$tmp/run" "--steps: expected a positive integer .*got '$v'" \
+    "$bin" train --config "$tmp/tiny.yaml" --out "$tmp/run" --steps "$v"
+done
+sed 's/steps: 4,/steps: 1000000000000,/' "$tmp/tiny.yaml" >"$tmp/long.yaml"
+refuse "train.steps 10^12" "$tmp/run" 'train\.steps 1000000000000: the loss history needs .* more than this machine' \
+  "$bin" train --config "$tmp/long.yaml" --out "$tmp/run"
+cat >"$tmp/huge.yaml" <<'YAML'
+model: { hidden_size: 65536, num_hidden_layers: 64, num_attention_heads: 64, num_key_value_heads: 8, head_dim: 128,
+         intermediate_size: 262144, vocab_size: 320, torch_dtype: float32 }
+train: { steps: 2, batch_size: 1, seq_len: 8 }
+YAML
+refuse "a model that cannot fit" "$tmp/run" 'model \(hidden_size 65536, num_hidden_layers 64.* parameters need .* more than this machine' \
+  "$bin" train --config "$tmp/huge.yaml" --out "$tmp/run"
+refuse "a model that cannot fit, new out" "$tmp/huge-out" 'model \(hidden_size 65536' \
+  "$bin" train --config "$tmp/huge.yaml" --out "$tmp/huge-out"
+sed 's|data: { corpus: builtin, docs: 32 }|data: { text: missing.txt }|' "$tmp/tiny.yaml" >"$tmp/nodata.yaml"
+refuse "a failure after the config is read" "$tmp/nodata-out" "text file: cannot open '.*missing\.txt'" \
+  "$bin" train --config "$tmp/nodata.yaml" --out "$tmp/nodata-out"
+printf 'train:\n  steps: 4\n  lr: 0.1\n  steps: 5\n' >"$tmp/dup.yaml"
+refuse "duplicate YAML key" "$tmp/run" "dup\.yaml:4:3: duplicate key 'steps' in train \(first at line 2, column 3\)" \
+  "$bin" train --config "$tmp/dup.yaml" --out "$tmp/run"
+printf 'model: { hidden_size: 32, hidden_size: 64 }\n' >"$tmp/dup2.yaml"
+refuse "duplicate model key" "$tmp/run" "dup2\.yaml:1:27: duplicate key 'hidden_size' in model \(first at line 1, column 10\)" \
+  "$bin" train --config "$tmp/dup2.yaml" --out "$tmp/run"
+echo "a file" >"$tmp/plain"
+refuse "train.out a regular file" "$tmp" "train\.out '$tmp/plain': '$tmp/plain' exists and is not a directory" \
+  "$bin" train --config "$tmp/tiny.yaml" --out "$tmp/plain"
+refuse "train.out under a regular file" "$tmp" "train\.out '$tmp/plain/sub': '$tmp/plain' exists and is not a directory" \
+  "$bin" train --config "$tmp/tiny.yaml" --out "$tmp/plain/sub"
+mkdir -p "$tmp/nockpt"; echo "step,loss" >"$tmp/nockpt/loss.csv"
+refuse "--resume without a checkpoint" "$tmp/nockpt" "--resume $tmp/nockpt: no checkpoint there" \
+  "$bin" train --config "$tmp/tiny.yaml" --out "$tmp/nockpt" --resume "$tmp/nockpt"
+cp -r "$tmp/run" "$tmp/gone"; latest=$(cat "$tmp/gone/latest"); rm -rf "$tmp/gone/$latest"
+refuse "latest names a missing checkpoint" "$tmp/gone" "latest names $latest, which does not exist" \
+  "$bin" train --config "$tmp/tiny.yaml" --out "$tmp/gone" --resume "$tmp/gone"
+out=$("$bin" train --config "$tmp/tiny.yaml" --out "$tmp/gone" --resume "$tmp/gone" 2>&1)
+! grep -q '\.old' <<<"$out" && ok || fail "latest names a missing checkpoint: the message names .old: $out"
+
+# item 4: --resume verifies every file of the checkpoint before any step, naming the damaged one
+latest=$(cat "$tmp/run/latest")
+for f in config.json model.safetensors optimizer.safetensors; do
+  for cut in half end; do
+    d="$tmp/trunc-$f-$cut"; rm -rf "$d"; cp -r "$tmp/run" "$d"
+    size=$(stat -c %s "$d/$latest/$f")
+    if [ $cut = half ]; then truncate -s $((size / 2)) "$d/$latest/$f"; else truncate -s $((size - 2)) "$d/$latest/$f"; fi
+    refuse "--resume, $f truncated ($cut)" "$d" "$d/$latest/$f" \
+      "$bin" train --config "$tmp/tiny.yaml" --out "$d" --resume "$d" --steps 6
+  done
+done
+d="$tmp/other-model"; rm -rf "$d"; cp -r "$tmp/run" "$d"
+sed 's/hidden_size: 32/hidden_size: 48/' "$tmp/tiny.yaml" >"$tmp/wider.yaml"
+refuse "--resume of another model's checkpoint" "$d" "$d/$latest/config.json: hidden_size is 32, the run's model has 48" \
+  "$bin" train --config "$tmp/wider.yaml" --out "$d" --resume "$d" --steps 6
+
 echo "cli_train: $passes passed, $fails failed"
 [ $fails -eq 0 ]

@@ -193,12 +193,60 @@ static void bad_arguments(void **state) {
     lk_block_mask_free(NULL);
 }
 
+/* Issue 20, item 2: sizes whose products overflow int64 (UBSan) or wrapped the buffer
+ * to 64 bytes and built for ever are LK_EINVAL naming the product; ones that fit in 64
+ * bits but not in this machine are LK_ENOMEM before anything is allocated. The inputs
+ * are the fuzzer's (tests/fuzz/fuzz_block_mask.c) and replayed here on every build. */
+static void impossible_sizes(void **state) {
+    (void)state;
+    lk_block_mask m;
+    memset(&m, 0x33, sizeof m);
+    lk_block_mask keep = m;
+    const int64_t big = (int64_t)1 << 32, huge = (int64_t)1 << 62;
+    assert_int_equal(lk_block_mask_causal(big, big, 1, 1, 1, 1, &m), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "B x H: 4294967296 x 4294967296 does not fit in 64 bits"));
+    assert_int_equal(lk_block_mask_create(pattern, NULL, 1, 1, huge, 8, 0, 0, &m), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "Q_LEN: 4611686018427387904 / 128"));
+    assert_int_equal(lk_block_mask_create(pattern, NULL, 1, 1, 8, INT64_MAX, 1 << 20, 0, &m), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "KV_LEN"));
+    /* cdiv and the last block's bound (nq * q_block) past INT64_MAX */
+    assert_int_equal(lk_block_mask_create(pattern, NULL, 1, 1, INT64_MAX, 1, huge, 1, &m), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "num_q_blocks x Q_BLOCK_SIZE"));
+    /* 2^31 blocks a side: each fits in int32 ... the product of all four does not */
+    assert_int_equal(lk_block_mask_causal(big, 4, (int64_t)INT32_MAX * 128, (int64_t)INT32_MAX * 128, 0, 0, &m),
+                     LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "B x H x num_q_blocks x num_kv_blocks"));
+    /* a few blocks of more elements than 64 bits count: the build could never finish */
+    assert_int_equal(lk_block_mask_create(pattern, NULL, 1, 1, huge, 1 << 10, huge, 0, &m), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "B x H x Q_LEN x KV_LEN"));
+    /* fits in 64 bits, not in memory: refused before the allocation */
+    assert_int_equal(lk_block_mask_causal(1 << 20, 1 << 20, 128, 128, 0, 0, &m), LK_ENOMEM);
+    assert_non_null(strstr(lk_last_error(), "more than this machine's"));
+    /* the builders that copy B-sized input check before they copy */
+    int64_t prefix[1] = {4};
+    assert_int_equal(lk_block_mask_prefix_lm(prefix, huge, 1, 8, 8, 4, 4, &m), LK_EINVAL);
+    int32_t ids[1] = {0};
+    assert_int_equal(lk_block_mask_document_ids(ids, 1, big, 1, big, 0, 0, &m), LK_EINVAL);
+    assert_memory_equal(&m, &keep, sizeof m);   /* nothing written on failure */
+    /* tests/fuzz found: the builders took KV_LEN - Q_LEN before the sizes were checked */
+    assert_int_equal(lk_block_mask_sliding_window(-((int64_t)1 << 40), 1, 1, INT64_MIN, 65536, 0, 0, &m), LK_EINVAL);
+    assert_int_equal(lk_block_mask_sliding_window(5, 1, 1, INT64_MIN, 65536, 0, 0, &m), LK_EINVAL);
+    assert_int_equal(lk_block_mask_causal(1, 1, 2, INT64_MIN, 0, 0, &m), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "shape"));
+    /* a window of INT64_MAX with Q_LEN > KV_LEN: p - window once overflowed */
+    assert_int_equal(lk_block_mask_sliding_window(INT64_MAX, 1, 1, 9, 5, 4, 4, &m), LK_OK);
+    expect_consistent(&m);
+    expect_row_agrees(&m);
+    lk_block_mask_free(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(blocks_match_brute_force),
         cmocka_unit_test(builders_follow_their_rules),
         cmocka_unit_test(score_mods),
         cmocka_unit_test(bad_arguments),
+        cmocka_unit_test(impossible_sizes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -268,6 +268,32 @@ static int setup(void **state) {
     return lk_init() == LK_OK ? 0 : -1;
 }
 
+/* The collective watchdog (issue 20): armed and disarmed at will, refusing a bad timeout,
+ * silent on collectives that complete (a group of one is never watched); that a stopped
+ * rank ends the job is tests/dist/stop_rank.sh, under mpirun. */
+static void never_fired(void *arg) { (void)arg; abort(); }
+
+static void watchdog_arms(void **state) {
+    (void)state;
+    assert_int_equal(lk_comm_watchdog_arm(-1, 0), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "timeout_s"));
+    assert_int_equal(lk_comm_watchdog_arm(NAN, 0), LK_EINVAL);
+    assert_int_equal(lk_comm_watchdog_arm(0.05, 0), LK_OK);
+    assert_int_equal(lk_comm_watchdog_arm(0.05, 0), LK_OK);   /* re-arming keeps one thread */
+    lk_comm_watchdog_step(3);
+    int64_t x = 5;
+    for (int i = 0; i < 20; i++) assert_int_equal(lk_comm_all_reduce(lk_comm_self(), &x, 1, LK_COMM_I64), LK_OK);
+    struct timespec ts = {0, 200 * 1000 * 1000};
+    nanosleep(&ts, NULL);                                      /* idle for 4 timeouts: nothing in flight */
+    assert_int_equal(x, 5);
+    static int hook;
+    assert_int_equal(lk_comm_watchdog_on_fire(never_fired, &hook, 1), LK_OK);
+    assert_int_equal(lk_comm_watchdog_on_fire(never_fired, &hook, 0), LK_OK);
+    lk_comm_watchdog_step(-1);
+    assert_int_equal(lk_comm_watchdog_arm(0, 0), LK_OK);
+    assert_int_equal(lk_comm_watchdog_arm(0, 0), LK_OK);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(single_collectives),
@@ -276,6 +302,7 @@ int main(void) {
         cmocka_unit_test(mesh),
         cmocka_unit_test(sp_loss),
         cmocka_unit_test(dispatch_single),
+        cmocka_unit_test(watchdog_arms),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

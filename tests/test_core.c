@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "llmkern/llmkern.h"
+#include "core/checked.h"
 
 static float from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
@@ -155,6 +156,40 @@ static void errors_are_per_thread(void **state) {
     assert_string_equal(lk_status_name(LK_EUNAVAILABLE), "LK_EUNAVAILABLE");
 }
 
+/* core/checked.h: products of user sizes that do not fit are LK_EINVAL naming them,
+ * and nothing is written to the output (issue 20). */
+static void checked_sizes_refuse_what_wraps(void **state) {
+    (void)state;
+    int64_t out = 7;
+    size_t bytes = 7;
+    assert_int_equal(lk_checked_mul("t: steps", 3689348814741910324LL, 5, &out), LK_EINVAL);
+    assert_string_equal(lk_last_error(), "t: steps: 3689348814741910324 x 5 does not fit in 64 bits");
+    assert_int_equal(out, 7);
+    assert_int_equal(lk_checked_mul("t", -1, 5, &out), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "non-negative"));
+    assert_int_equal(lk_checked_mul("t", INT64_MAX, 1, &out), LK_OK);
+    assert_true(out == INT64_MAX);
+    assert_int_equal(lk_checked_mul("t", 0, INT64_MAX, &out), LK_OK);
+    assert_true(out == 0);
+    int64_t f[4] = {(int64_t)1 << 32, (int64_t)1 << 32, 1, 1};
+    assert_int_equal(lk_checked_prod("mask: B x H x nq x nk", f, 4, &out), LK_EINVAL);
+    assert_string_equal(lk_last_error(), "mask: B x H x nq x nk: 4294967296 x 4294967296 x 1 x 1 does not fit in 64 bits");
+    assert_int_equal(lk_checked_prod("empty", f, 0, &out), LK_OK);
+    assert_true(out == 1);
+    assert_int_equal(lk_checked_add("t", INT64_MAX, 1, &out), LK_EINVAL);
+    assert_int_equal(lk_checked_add("t", 2, 3, &out), LK_OK);
+    assert_true(out == 5);
+    assert_int_equal(lk_checked_bytes("t: buf", (int64_t)1 << 62, 4, &bytes), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "t: buf: 4611686018427387904 x 4 bytes does not fit"));
+    assert_true(bytes == 7);
+    assert_int_equal(lk_checked_bytes("t", 1000, 8, &bytes), LK_OK);
+    assert_true(bytes == 8000);
+    assert_int_equal(lk_check_fits_memory("t: huge", (uint64_t)1 << 62), LK_ENOMEM);
+    assert_non_null(strstr(lk_last_error(), "t: huge: needs 4.0 EiB, more than this machine's"));
+    assert_int_equal(lk_check_fits_memory("t: small", 4096), LK_OK);
+    assert_true(lk_hw_get()->cpu_mem_bytes > 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(bf16_rounds_to_nearest_even),
@@ -165,6 +200,7 @@ int main(void) {
         cmocka_unit_test(arena_aligns_tracks_peak_and_refuses_overflow),
         cmocka_unit_test(rng_is_the_same_whatever_the_thread_count),
         cmocka_unit_test(errors_are_per_thread),
+        cmocka_unit_test(checked_sizes_refuse_what_wraps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

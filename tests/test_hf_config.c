@@ -279,6 +279,51 @@ static void test_tensor_names(void **state) {
     assert_int_equal(n, 1 + 3 * 11 + (8 + 1 + 8 * 3) + 2);
 }
 
+/* lk_qwen3_param_count is the sum over the tensor list, and sizes whose products do not
+ * fit in 64 bits are refused by the config's validation naming the keys (issue 20). */
+static void test_param_count(void **state) {
+    (void)state;
+    for (int moe = 0; moe < 2; moe++) {
+        lk_qwen3_config c = tiny(moe);
+        size_t n;
+        assert_int_equal(lk_qwen3_tensor_list(&c, NULL, 0, &n), LK_OK);
+        lk_qwen3_tensor_ref *refs = calloc(n, sizeof *refs);
+        assert_int_equal(lk_qwen3_tensor_list(&c, refs, n, &n), LK_OK);
+        int64_t sum = 0, params, tensors;
+        for (size_t i = 0; i < n; i++) {
+            int nd;
+            int64_t sh[2];
+            assert_int_equal(lk_qwen3_tensor_shape(&c, refs[i].kind, &nd, sh), LK_OK);
+            sum += nd == 2 ? sh[0] * sh[1] : sh[0];
+        }
+        free(refs);
+        assert_int_equal(lk_qwen3_param_count(&c, "tiny", &params, &tensors), LK_OK);
+        assert_int_equal(params, sum);
+        assert_int_equal(tensors, (int64_t)n);
+    }
+    lk_qwen3_config c = tiny(0);
+    c.hidden_size = (int64_t)1 << 40; c.vocab_size = (int64_t)1 << 40;
+    assert_int_equal(lk_qwen3_config_validate(&c, "big.json"), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "big.json: vocab_size x hidden_size: 1099511627776 x 1099511627776 does not fit"));
+    c = tiny(0);
+    c.num_attention_heads = (int64_t)1 << 62; c.num_key_value_heads = 1; c.head_dim = 16;
+    assert_int_equal(lk_qwen3_config_validate(&c, "heads.json"), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "num_attention_heads x head_dim"));
+    c = tiny(1);
+    c.num_experts = (int64_t)1 << 40; c.moe_intermediate_size = (int64_t)1 << 30;
+    assert_int_equal(lk_qwen3_config_validate(&c, "experts.json"), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "num_experts x 3 x moe_intermediate_size x hidden_size"));
+    c = tiny(1);
+    c.num_experts = (int64_t)1 << 32; c.moe_intermediate_size = 1; c.hidden_size = 1; c.num_attention_heads = 1;
+    c.num_key_value_heads = 1;
+    assert_int_equal(lk_qwen3_config_validate(&c, "many.json"), LK_EINVAL);   /* the loop would run for ever */
+    assert_non_null(strstr(lk_last_error(), "tensors, more than 2^31 - 1"));
+    c = tiny(0);
+    c.num_hidden_layers = (int64_t)1 << 40;
+    assert_int_equal(lk_qwen3_config_validate(&c, "deep.json"), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "num_hidden_layers"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_published_dense),
@@ -288,6 +333,7 @@ int main(void) {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_atomic_config),
         cmocka_unit_test(test_tensor_names),
+        cmocka_unit_test(test_param_count),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -142,6 +142,23 @@ void lk_comm_reset_stats(lk_comm *c);
 /* LK_OK when c is a communicator this version understands (names arg in the error). */
 lk_status lk_comm_check(const char *op, const char *arg, const lk_comm *c);
 
+/* --- the collective watchdog -------------------------------------------------------
+ * A stopped rank (SIGSTOP, a debugger, a wedged GPU) would leave every other rank blocked
+ * in its next collective for ever. Armed, every blocking wrapper above (the collectives,
+ * lk_comm_wait, lk_comm_split) on a group of two or more is timed by one thread; a call
+ * still in flight after timeout_s seconds writes one line to stderr naming the call, the
+ * world rank and the step, e.g.
+ *   llmkern: rank 0: wait (step 12) did not complete within 300 s (train.comm_timeout_s) ...
+ * runs the abort hooks (an NCCL communicator registers ncclCommAbort), and ends the
+ * process with exit status 3, so mpirun ends the job. lk_train_run arms it with
+ * train.comm_timeout_s. timeout_s 0 disarms (and stops the thread). LK_EINVAL for a
+ * negative or NaN timeout. Process-wide; call from the thread that runs the collectives. */
+lk_status lk_comm_watchdog_arm(double timeout_s, int rank);
+/* The step the message names (-1: none). */
+void lk_comm_watchdog_step(int64_t step);
+/* Adds (add 1) or removes (add 0) fn(arg), run when the watchdog fires, before the exit. */
+lk_status lk_comm_watchdog_on_fire(void (*fn)(void *), void *arg, int add);
+
 /* --- the DP x SP x EP mesh ------------------------------------------------------- */
 
 /* The mesh as VeOmni lays it out. world = dp x sp, SP innermost (its all-to-alls are the

@@ -40,6 +40,12 @@ const lk_env_var *lk_env_var_get(lk_env_id id);
  * Strict: a value outside the valid ones is LK_EINVAL naming the variable and the
  * valid values, and out is left as it was. */
 lk_status lk_env_read(lk_env_value out[LK_ENV_COUNT]);
+/* OpenMP's own variables (libgomp reads them once, as it loads): when neither
+ * OMP_WAIT_POLICY nor GOMP_SPINCOUNT is set, sets OMP_WAIT_POLICY=passive and returns 1,
+ * so a program that wants it (the llmkern command) starts itself again; 0 when the user
+ * chose. Spinning barriers on a 2-core machine with another process busy ran training
+ * 70-90x slower than sleeping ones (bench/NOTES.md, "OpenMP under load"). */
+int lk_env_openmp_defaults(void);
 /* The values in force: read by lk_init; lk_env_reload reads them again (tests, tools). */
 const lk_env_value *lk_env(lk_env_id id);
 lk_status lk_env_reload(void);

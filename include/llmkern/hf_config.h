@@ -107,6 +107,12 @@ lk_status lk_qwen3_tensor_shape(const lk_qwen3_config *c, lk_qwen3_tensor_kind k
 typedef struct { lk_qwen3_tensor_kind kind; int64_t layer, expert; } lk_qwen3_tensor_ref;
 /* How many (refs NULL), or fills up to cap refs; *n gets the total either way. */
 lk_status lk_qwen3_tensor_list(const lk_qwen3_config *c, lk_qwen3_tensor_ref *refs, size_t cap, size_t *n);
+/* The parameters (elements) and tensors a checkpoint of c holds, every product checked:
+ * LK_EINVAL naming the keys (and `what`, the source) when a tensor's or the total's
+ * element count does not fit in 64 bits or the tensors number more than 2^31 - 1.
+ * lk_qwen3_config_validate calls it, so a validated config sizes no buffer that wraps.
+ * Either output may be NULL. */
+lk_status lk_qwen3_param_count(const lk_qwen3_config *c, const char *what, int64_t *n_params, int64_t *n_tensors);
 
 #ifdef __cplusplus
 }

@@ -76,6 +76,10 @@ typedef struct {
     /* parallel: the mesh under mpirun (comm.h: world = dp x sp, ep folded over them).
      * dp 0 = world / sp; sp must divide batch_size x seq_len. */
     int64_t dp, sp, ep;
+    /* train.comm_timeout_s: a collective that has not completed after this many seconds
+     * ends the job with a message naming it, the rank and the step (comm.h: the
+     * watchdog); 0 = wait for ever. Default 300. */
+    double comm_timeout_s;
 } lk_train_config;
 
 /* Defaults: dp 0 (the world), sp 1, ep 1; steps 100, lr 1e-3, min_lr 1e-4, warmup 10, weight_decay 0.1, betas
@@ -137,6 +141,18 @@ typedef struct {
  * checkpoint, which is kept. opts and result may be NULL. */
 lk_status lk_train_run(const lk_train_config *tc, const struct lk_ops_config *ops, const char *resume,
                        const lk_train_opts *opts, lk_train_result *result);
+
+/* What a run of tc needs in host memory, estimated before anything is allocated (the
+ * refusal of lk_train_run names the term that does not fit). Every product is checked:
+ * LK_EINVAL naming the field when one does not fit in 64 bits. */
+typedef struct {
+    int64_t params;              /* the model's parameters */
+    uint64_t state_bytes;        /* weights, gradients, AdamW m and v: 16 bytes a parameter */
+    uint64_t activation_bytes;   /* one micro-batch's forward kept for its backward (a lower bound) */
+    uint64_t history_bytes;      /* the loss history: steps x 5 floats */
+    uint64_t total_bytes;
+} lk_train_memory;
+lk_status lk_train_memory_estimate(const lk_train_config *tc, lk_train_memory *out);
 
 /* The mesh of `mpirun ... llmkern train`: lk_mesh_create(world, tc->dp, tc->sp, tc->ep);
  * LK_EINVAL naming parallel and the world size when the mesh does not divide it (before

@@ -2,8 +2,11 @@
  *   llmkern list | explain [--config F] [--device cpu|cuda] | check [--op N] | bench [--op N] [--size 8192x4096]
  *         | train --config F [--steps N] [--out DIR] [--resume DIR] [--device cpu|cuda]
  * Every command takes --json. Exit status: 0 ok, 1 a check failed, 2 bad usage or error. */
+#include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "cli/cli.h"
 
 static const char usage[] =
@@ -52,6 +55,10 @@ int cli_ops(const char *name, int selected[LK_OP_COUNT]) {
 }
 
 int main(int argc, char **argv) {
+    /* OpenMP read its environment when it loaded, before main: with none set, start again
+     * with passive barriers (lk_env_openmp_defaults; bench/NOTES.md, "OpenMP under load").
+     * Should the exec fail, the run goes on as it is. */
+    if (lk_env_openmp_defaults()) execv("/proc/self/exe", argv);
     if (argc < 2 || strcmp(argv[1], "help") == 0 || strcmp(argv[1], "--help") == 0) {
         fputs(usage, argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
@@ -71,7 +78,18 @@ int main(int argc, char **argv) {
                           : strcmp(a, "--device") == 0 ? &o.device : NULL;
         if (strcmp(a, "--json") == 0) { o.json = 1; continue; }
         if (strcmp(a, "--seed") == 0 && i + 1 < argc) { o.seed = strtoull(argv[++i], NULL, 10); continue; }
-        if (strcmp(a, "--steps") == 0 && i + 1 < argc && (o.steps = atoll(argv[i + 1])) > 0) { i++; continue; }
+        if (strcmp(a, "--steps") == 0 && i + 1 < argc) {   /* strict: -1, 0, abc and 1e3 are refused by name */
+            char *end;
+            errno = 0;
+            long long v = strtoll(argv[++i], &end, 10);
+            if (end == argv[i] || *end || errno || v < 1) {
+                fprintf(stderr, "llmkern %s: --steps: expected a positive integer (at most %lld), got '%s'\n", cmd,
+                        (long long)INT64_MAX, argv[i]);
+                return 2;
+            }
+            o.steps = v;
+            continue;
+        }
         if (slot && i + 1 < argc) { *slot = argv[++i]; continue; }
         fprintf(stderr, "llmkern %s: unknown or incomplete option '%s'\n%s", cmd, a, usage);
         return 2;

@@ -69,3 +69,8 @@ lk_status lk_env_read(lk_env_value out[LK_ENV_COUNT]) {
     memcpy(out, read, sizeof read);
     return LK_OK;
 }
+
+int lk_env_openmp_defaults(void) {
+    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return 0;
+    return setenv("OMP_WAIT_POLICY", "passive", 0) == 0;
+}

@@ -8,6 +8,7 @@
  *   train: { steps: 200, lr: 3e-3, betas: [0.9, 0.95], batch_size: 4, seq_len: 128 }
  *   data:  { corpus: builtin }      # or text: file.txt, or tokens: file.lktok
  *   parallel: { dp: 2, sp: 1, ep: 1 }   # under mpirun; dp 0 (the default) = every rank
+ *   # train.comm_timeout_s: 300 (the default): a collective stuck longer ends the job
  */
 #include <errno.h>
 #include <math.h>
@@ -31,6 +32,7 @@ void lk_train_config_init(lk_train_config *tc) {
     tc->corpus_docs = LK_CORPUS_DEFAULT_DOCS;
     tc->eos_id = -1;
     tc->dp = 0; tc->sp = 1; tc->ep = 1;
+    tc->comm_timeout_s = 300;
 }
 
 /* --- typed scalars ------------------------------------------------------------------ */
@@ -152,7 +154,7 @@ lk_status lk_yaml_model_arch_entry(loader *l, const yaml_node_t *k, const yaml_n
 
 /* --- train: ------------------------------------------------------------------------- */
 static const char *const train_keys[] = {"steps", "lr", "min_lr", "warmup_steps", "weight_decay", "betas",
-    "eps", "grad_clip", "batch_size", "seq_len", "grad_accum", "seed", "save_every", "out", "recompute", "device", NULL};
+    "eps", "grad_clip", "batch_size", "seq_len", "grad_accum", "seed", "save_every", "out", "recompute", "device", "comm_timeout_s", NULL};
 
 lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
     lk_train_config *t = l->train;
@@ -169,6 +171,7 @@ lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t
     if (strcmp(n, "grad_accum") == 0) return get_i64(l, v, "train.grad_accum", 1, &t->grad_accum);
     if (strcmp(n, "save_every") == 0) return get_i64(l, v, "train.save_every", 0, &t->save_every);
     if (strcmp(n, "recompute") == 0) return get_bool(l, v, "train.recompute", &t->recompute);
+    if (strcmp(n, "comm_timeout_s") == 0) return get_f64(l, v, "train.comm_timeout_s", 0, &t->comm_timeout_s);
     if (strcmp(n, "seed") == 0) {
         int64_t seed;
         lk_status s = get_i64(l, v, "train.seed", 0, &seed);

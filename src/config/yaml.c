@@ -49,13 +49,28 @@ lk_status unknown_key(const loader *l, const yaml_node_t *key, const char *secti
                     hint ? " (did you mean '" : "", hint ? hint : "", hint ? "'?)" : "", list);
 }
 
-/* Calls fn for every key: value of a mapping; keys must be strings. */
+/* A key given twice in one mapping is an error naming both places: libyaml keeps both
+ * pairs and the last would silently win. */
+static lk_status duplicate_key(const loader *l, const yaml_node_t *map, const yaml_node_pair_t *at,
+                               const yaml_node_t *k, const char *what) {
+    for (const yaml_node_pair_t *p = map->data.mapping.pairs.start; p < at; p++) {
+        const yaml_node_t *e = yaml_document_get_node(l->doc, p->key);
+        if (e->type != YAML_SCALAR_NODE || strcmp(scalar(e), scalar(k)) != 0) continue;
+        char w[192];
+        where(l, k, w, sizeof w);
+        return lk_error(LK_EINVAL, "%s: duplicate key '%s' in %s (first at line %zu, column %zu)", w, scalar(k), what,
+                        e->start_mark.line + 1, e->start_mark.column + 1);
+    }
+    return LK_OK;
+}
+
+/* Calls fn for every key: value of a mapping; keys must be strings, each given once. */
 lk_status each_entry(loader *l, const yaml_node_t *map, const char *what, entry_fn fn) {
     lk_status s = expect(l, map, YAML_MAPPING_NODE, what);
     for (yaml_node_pair_t *p = map->data.mapping.pairs.start; !s && p < map->data.mapping.pairs.top; p++) {
         const yaml_node_t *k = yaml_document_get_node(l->doc, p->key);
         const yaml_node_t *v = yaml_document_get_node(l->doc, p->value);
-        if (!(s = expect(l, k, YAML_SCALAR_NODE, "key"))) s = fn(l, k, v);
+        if (!(s = expect(l, k, YAML_SCALAR_NODE, "key")) && !(s = duplicate_key(l, map, p, k, what))) s = fn(l, k, v);
     }
     return s;
 }

@@ -1,12 +1,15 @@
-/* hw_cpu.c — the one place the CPU is probed: cores, vector extensions, model name.
+/* hw_cpu.c — the one place the CPU is probed: cores, memory, vector extensions, model name.
  * Kernels read the lk_hw struct the registry fills; nothing else calls cpuid. */
 #include <stdio.h>
 #include <string.h>
 #include <omp.h>
+#include <unistd.h>
 #include "llmkern/registry.h"
 
 void lk_hw_probe_cpu(lk_hw *hw) {
     hw->cpu_cores = omp_get_num_procs();
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    hw->cpu_mem_bytes = pages > 0 && page > 0 ? (size_t)pages * (size_t)page : 0;
 #ifdef LLMKERN_HAVE_MPI
     hw->has_mpi = 1;    /* the MPI communicator is built in (src/dist/comm_mpi.c) */
 #endif

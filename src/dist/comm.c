@@ -5,6 +5,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include "llmkern/comm.h"
+#include "dist/watchdog.h"
+
+/* A blocking backend call, timed by the watchdog (watchdog.c) when it is armed. */
+#define WATCHED(c, what, call)                                   \
+    do {                                                         \
+        int w_ = lk_watch_begin(c, what);                        \
+        lk_status r_ = (call);                                   \
+        lk_watch_end(w_);                                        \
+        return r_;                                               \
+    } while (0)
 
 static int reducible(lk_comm_type dt) { return (unsigned)dt < LK_COMM_TYPE_COUNT; }
 
@@ -51,7 +61,8 @@ lk_status lk_comm_all_reduce(lk_comm *c, void *buf, int64_t n, lk_comm_type dt) 
     uint64_t b = 0;
     lk_status s = all_reduce_begin(c, "all_reduce", buf, n, dt, &b);
     if (s) return s;
-    return n ? c->all_reduce(c, buf, n, dt) : LK_OK;
+    if (!n) return LK_OK;
+    WATCHED(c, "all_reduce", c->all_reduce(c, buf, n, dt));
 }
 
 /* Members past version 1 exist only in a version 2 struct: read them after the check. */
@@ -64,7 +75,7 @@ lk_status lk_comm_all_reduce_start(lk_comm *c, void *buf, int64_t n, lk_comm_typ
     if (s) return s;
     *req = (lk_comm_request){.comm = c, .bytes = b};
     if (n == 0) return LK_OK;
-    if (!has_async(c)) return c->all_reduce(c, buf, n, dt);
+    if (!has_async(c)) WATCHED(c, "all_reduce", c->all_reduce(c, buf, n, dt));
     if ((s = c->all_reduce_start(c, buf, n, dt, req))) return s;
     req->pending = 1;
     return LK_OK;
@@ -83,7 +94,9 @@ lk_status lk_comm_wait(lk_comm *c, lk_comm_request *req) {
     lk_status s = request_check(c, "wait", req);
     if (s || !req->pending) return s;
     /* complete or failed, the backend has released the handle: never wait on it again */
+    int w = lk_watch_begin(c, "wait (a non-blocking all_reduce)");
     s = c->wait(c, req);
+    lk_watch_end(w);
     req->pending = 0;
     return s;
 }
@@ -108,7 +121,7 @@ lk_status lk_comm_all_gather(lk_comm *c, const void *send, void *recv, size_t by
     if (bytes && (!send || !recv))
         return lk_error(LK_EINVAL, "comm: all_gather: expected send and recv buffers, got NULL");
     count(c, LK_COLL_ALL_GATHER, bytes, (uint64_t)bytes * (uint64_t)(c->size - 1));
-    return c->all_gather(c, send, recv, bytes);
+    WATCHED(c, "all_gather", c->all_gather(c, send, recv, bytes));
 }
 
 lk_status lk_comm_reduce_scatter(lk_comm *c, const void *send, void *recv, int64_t n, lk_comm_type dt) {
@@ -118,7 +131,7 @@ lk_status lk_comm_reduce_scatter(lk_comm *c, const void *send, void *recv, int64
                         "type %d, count %lld", (int)dt, (long long)n);
     uint64_t b = (uint64_t)n * lk_comm_type_size(dt);
     count(c, LK_COLL_REDUCE_SCATTER, b * (uint64_t)c->size, b * (uint64_t)(c->size - 1));
-    return c->reduce_scatter(c, send, recv, n, dt);
+    WATCHED(c, "reduce_scatter", c->reduce_scatter(c, send, recv, n, dt));
 }
 
 lk_status lk_comm_all_to_all(lk_comm *c, const void *send, const int64_t *scount, const int64_t *sdispl,
@@ -137,7 +150,7 @@ lk_status lk_comm_all_to_all(lk_comm *c, const void *send, const int64_t *scount
         if (r != c->rank) wire += (uint64_t)scount[r];
     }
     count(c, LK_COLL_ALL_TO_ALL, in, wire);
-    return c->all_to_all(c, send, scount, sdispl, recv, rcount, rdispl);
+    WATCHED(c, "all_to_all", c->all_to_all(c, send, scount, sdispl, recv, rcount, rdispl));
 }
 
 lk_status lk_comm_broadcast(lk_comm *c, void *buf, size_t bytes, int root) {
@@ -146,13 +159,13 @@ lk_status lk_comm_broadcast(lk_comm *c, void *buf, size_t bytes, int root) {
         return lk_error(LK_EINVAL, "comm: broadcast: expected root in [0, %d) and a buffer, got root %d", c->size,
                         root);
     count(c, LK_COLL_BROADCAST, bytes, c->rank == root ? (uint64_t)bytes * (uint64_t)(c->size - 1) : 0);
-    return c->broadcast(c, buf, bytes, root);
+    WATCHED(c, "broadcast", c->broadcast(c, buf, bytes, root));
 }
 
 lk_status lk_comm_barrier(lk_comm *c) {
     CHECK_COMM("barrier");
     count(c, LK_COLL_BARRIER, 0, 0);
-    return c->barrier(c);
+    WATCHED(c, "barrier", c->barrier(c));
 }
 
 lk_status lk_comm_split(lk_comm *c, int color, int key, lk_comm **out) {
@@ -160,7 +173,7 @@ lk_status lk_comm_split(lk_comm *c, int color, int key, lk_comm **out) {
     if (!out || color < 0)
         return lk_error(LK_EINVAL, "comm: split: expected color >= 0 and an output pointer, got color %d", color);
     *out = NULL;
-    return c->split(c, color, key, out);
+    WATCHED(c, "split", c->split(c, color, key, out));
 }
 
 void lk_comm_destroy(lk_comm *c) {

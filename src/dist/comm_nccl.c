@@ -174,9 +174,17 @@ static lk_status n_test(lk_comm *c, lk_comm_request *req, int *done) {
 
 /* --- lifetime ------------------------------------------------------------------------ */
 
+/* The collective watchdog's hook (comm.h): a collective stuck past train.comm_timeout_s
+ * aborts the communicator, so its kernels stop before the process ends. */
+static void n_abort(void *arg) {
+    nccl_state *st = arg;
+    if (st->comm) ncclCommAbort(st->comm);
+}
+
 static void n_destroy(lk_comm *c) {
     nccl_state *st = c->state;
     if (st) {
+        lk_comm_watchdog_on_fire(n_abort, st, 0);
         if (st->comm) ncclCommDestroy(st->comm);    /* finishes what is still queued */
         for (int i = 0; i < st->n_pool; i++) cudaEventDestroy(st->pool[i]);
         if (st->ready) cudaEventDestroy(st->ready);
@@ -221,6 +229,7 @@ static lk_status wrap(ncclComm_t nc, int device, lk_comm **out) {
         n_destroy(c);
         return cuda_fail(e, what);
     }
+    lk_comm_watchdog_on_fire(n_abort, st, 1);   /* at most 8 communicators are aborted by name */
     *out = c;
     return LK_OK;
 }

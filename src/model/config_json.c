@@ -248,7 +248,7 @@ lk_status lk_qwen3_config_validate(const lk_qwen3_config *c, const char *what) {
          "key 'torch_dtype': expected float32, bfloat16 or float16, got '%s'", c->torch_dtype);
     NEED(!c->has_rope_scaling || c->rope_scaling_factor > 0, "key 'rope_scaling': factor must be > 0");
     NEED(c->n_mlp_only_layers >= 0 && c->n_mlp_only_layers <= LK_QWEN3_MAX_LIST, "key 'mlp_only_layers': bad count");
-    if (!c->moe) return LK_OK;
+    if (!c->moe) return lk_qwen3_param_count(c, what, NULL, NULL);
     NEED(c->num_experts > 0, "key 'num_experts': expected a positive integer, got %lld", (long long)c->num_experts);
     NEED(c->num_experts_per_tok > 0 && c->num_experts_per_tok <= c->num_experts,
          "key 'num_experts_per_tok': expected 1..num_experts (%lld), got %lld", (long long)c->num_experts,
@@ -260,7 +260,7 @@ lk_status lk_qwen3_config_validate(const lk_qwen3_config *c, const char *what) {
     for (int i = 0; i < c->n_mlp_only_layers; i++)
         NEED(c->mlp_only_layers[i] < c->num_hidden_layers, "key 'mlp_only_layers': layer %d is not below num_hidden_layers %lld",
              c->mlp_only_layers[i], (long long)c->num_hidden_layers);
-    return LK_OK;
+    return lk_qwen3_param_count(c, what, NULL, NULL);   /* no size below wraps (core/checked.h) */
 }
 
 int lk_qwen3_layer_is_moe(const lk_qwen3_config *c, int64_t layer) {

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include "core/checked.h"
 #include "llmkern/checkpoint.h"
 #include "model/qwen3_internal.h"
 
@@ -75,6 +76,10 @@ static lk_status layout(lk_model *m) {
     if (c->tie_word_embeddings) m->lm_head = m->embed;
     m->n_params = (int)n;
     m->n_floats = align16(cur);
+    size_t bytes;   /* the count is checked by lk_qwen3_param_count; the padding and the bytes here */
+    if ((s = lk_checked_bytes("model: the parameters", m->n_floats, 2 * sizeof(float), &bytes))) return s;
+    if (m->dev->type == LK_DEVICE_CPU && (s = lk_check_fits_memory("model: the weights and their gradients", bytes)))
+        return s;
     m->w = m->dev->alloc((size_t)m->n_floats * sizeof(float));   /* zeroed */
     m->g = m->dev->alloc((size_t)m->n_floats * sizeof(float));
     if (!m->w || !m->g) return lk_error(LK_ENOMEM, "model: %lld parameters: out of memory", (long long)m->n_floats);

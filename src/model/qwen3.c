@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "core/checked.h"
 #include "model/qwen3_internal.h"
 
 /* The implementation bound to module (op-wide unless an override names it). */
@@ -71,7 +72,14 @@ static lk_status make_rope(lk_model *m) {
         scp = &sc;
     }
     m->max_pos = c->max_position_embeddings;
-    size_t n = (size_t)(m->max_pos * (m->D / 2));
+    int64_t n64;
+    size_t bytes;
+    lk_status cs_ = lk_checked_mul("model: max_position_embeddings x head_dim / 2 (the RoPE tables)", m->max_pos, m->D / 2,
+                                   &n64);
+    if (!cs_) cs_ = lk_checked_bytes("model: max_position_embeddings (the RoPE tables)", n64, 2 * 4, &bytes);
+    if (!cs_) cs_ = lk_check_fits_memory("model: max_position_embeddings (the RoPE tables)", bytes);
+    if (cs_) return cs_;
+    size_t n = (size_t)n64;
     float *host = malloc(2 * n * 4);   /* built on the host, then placed */
     m->rope_cos = m->dev->alloc(n * 4);
     m->rope_sin = m->dev->alloc(n * 4);

@@ -2,6 +2,7 @@
  * checkpoints (hf_config.h), and the list of every tensor a config's checkpoint holds,
  * so loaders and writers agree with transformers on one table. */
 #include <stdio.h>
+#include "core/checked.h"
 #include "llmkern/hf_config.h"
 
 enum { GLOBAL, LAYER, EXPERT };   /* which indices the name takes */
@@ -94,5 +95,69 @@ lk_status lk_qwen3_tensor_list(const lk_qwen3_config *c, lk_qwen3_tensor_ref *re
     }
     add(refs, cap, n, LK_QW_FINAL_NORM, -1, -1);
     if (!c->tie_word_embeddings) add(refs, cap, n, LK_QW_LM_HEAD, -1, -1);
+    return LK_OK;
+}
+
+/* Sizes from config.json are user input: every product through core/checked.h. */
+lk_status lk_qwen3_param_count(const lk_qwen3_config *c, const char *what, int64_t *n_params, int64_t *n_tensors) {
+    if (!c) return lk_error(LK_EINVAL, "qwen3 param count: expected a config, got NULL");
+    if (!what) what = "(config)";
+    char w[256];
+    lk_status s;
+    int64_t h = c->hidden_size, V = c->vocab_size, L = c->num_hidden_layers, q, kv, t;
+#define MUL(name, a, b, out) \
+    do { snprintf(w, sizeof w, "%s: %s", what, name); if ((s = lk_checked_mul(w, a, b, out))) return s; } while (0)
+#define ADD(name, a, b, out) \
+    do { snprintf(w, sizeof w, "%s: %s", what, name); if ((s = lk_checked_add(w, a, b, out))) return s; } while (0)
+    MUL("num_attention_heads x head_dim", c->num_attention_heads, c->head_dim, &q);
+    MUL("num_key_value_heads x head_dim", c->num_key_value_heads, c->head_dim, &kv);
+    int64_t embed, attn, mlp = 0, moe = 0, dense_layers = 0, moe_layers = 0;
+    MUL("vocab_size x hidden_size", V, h, &embed);
+    /* per layer: q_proj and o_proj (q x h each), k_proj and v_proj (kv x h), 2 norms of h, 2 of head_dim */
+    int64_t qk;
+    ADD("(num_attention_heads + num_key_value_heads) x head_dim", q, kv, &qk);
+    MUL("hidden_size x (num_attention_heads + num_key_value_heads) x head_dim", h, qk, &attn);
+    MUL("2 x hidden_size x (num_attention_heads + num_key_value_heads) x head_dim", attn, 2, &attn);
+    ADD("the attention's parameters", attn, 2 * h + 2 * c->head_dim, &attn);
+    for (int64_t i = 0; i < L; i++) {   /* layers are few (<= 2^31 checked below); experts may be many */
+        if (lk_qwen3_layer_is_moe(c, i)) moe_layers++;
+        else dense_layers++;
+        if (i >= (int64_t)1 << 20) { moe_layers = -1; break; }
+    }
+    if (moe_layers < 0 || L > INT32_MAX)
+        return lk_error(LK_EINVAL, "%s: num_hidden_layers: expected at most 2^20, got %lld", what, (long long)L);
+    if (dense_layers) {
+        MUL("3 x intermediate_size x hidden_size", c->intermediate_size, h, &mlp);
+        MUL("3 x intermediate_size x hidden_size", mlp, 3, &mlp);
+    }
+    if (moe_layers) {
+        MUL("num_experts x 3 x moe_intermediate_size x hidden_size", c->moe_intermediate_size, h, &moe);
+        MUL("num_experts x 3 x moe_intermediate_size x hidden_size", moe, 3, &moe);
+        MUL("num_experts x 3 x moe_intermediate_size x hidden_size", moe, c->num_experts, &moe);
+        MUL("num_experts x hidden_size (the router)", c->num_experts, h, &t);
+        ADD("a MoE layer's parameters", moe, t, &moe);
+    }
+    int64_t total = embed, a, b;
+    if (!c->tie_word_embeddings) ADD("the parameter count", total, embed, &total);
+    ADD("the parameter count", total, h, &total);
+    MUL("num_hidden_layers x the attention's parameters", L, attn, &a);
+    ADD("the parameter count", total, a, &total);
+    MUL("the dense layers' parameters", dense_layers, mlp, &a);
+    MUL("the MoE layers' parameters", moe_layers, moe, &b);
+    ADD("the parameter count", total, a, &total);
+    ADD("the parameter count", total, b, &total);
+    /* tensors: embed, final norm, lm_head; 8 a layer, then 3 (MLP) or 1 + 3 x experts */
+    int64_t per_moe, tensors = 2 + !c->tie_word_embeddings;
+    MUL("3 x num_experts (tensors)", moe_layers ? c->num_experts : 0, 3, &per_moe);
+    MUL("num_hidden_layers x num_experts (tensors)", moe_layers, per_moe + 1, &a);
+    tensors += 11 * dense_layers + 8 * moe_layers + a;
+    if (tensors > INT32_MAX)
+        return lk_error(LK_EINVAL, "%s: num_hidden_layers x num_experts: %lld tensors, more than 2^31 - 1", what,
+                        (long long)tensors);
+    ADD("the parameter count with each tensor's padding", total, 16 * tensors, &a);
+#undef MUL
+#undef ADD
+    if (n_params) *n_params = total;
+    if (n_tensors) *n_tensors = tensors;
     return LK_OK;
 }

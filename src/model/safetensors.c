@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "core/checked.h"
 #include "llmkern/checkpoint.h"
 #include "json.h"
 #include "st_dtype.h"
@@ -107,18 +108,19 @@ static lk_status parse_tensor(const char *path, const lk_json *info, const char 
     if (shape->count > LK_MAX_DIMS)
         return bad(path, "tensor '%s': shape has %zu dimensions, at most %d are supported", name, shape->count,
                    LK_MAX_DIMS);
-    uint64_t numel = 1;
-    int overflow = 0;
     t->ndim = 0;
     for (const lk_json *d = shape->child; d; d = d->next) {
         uint64_t v;
         if (lk_json_u64(d, &v) || v > (uint64_t)INT64_MAX)
             return bad(path, "tensor '%s': shape: expected non-negative integers", name);
         t->shape[t->ndim++] = (int64_t)v;
-        overflow |= __builtin_mul_overflow(numel, v, &numel);
     }
-    uint64_t nbytes, begin, end;
-    overflow |= __builtin_mul_overflow(numel, (uint64_t)dt->size, &nbytes);
+    int64_t numel;
+    size_t size;
+    /* the header's sizes are user input: core/checked.h (its message is replaced below) */
+    int overflow = lk_checked_prod("safetensors", t->shape, t->ndim, &numel) != LK_OK ||
+                   lk_checked_bytes("safetensors", numel, (size_t)dt->size, &size) != LK_OK;
+    uint64_t nbytes = overflow ? 0 : (uint64_t)size, begin, end;
     if (!offs || offs->type != LK_JSON_ARRAY || offs->count != 2 || lk_json_u64(offs->child, &begin) ||
         lk_json_u64(offs->child->next, &end))
         return bad(path, "tensor '%s': data_offsets: expected [begin, end], two non-negative integers", name);

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "core/checked.h"
 #include "llmkern/data.h"
 #include "llmkern/rng.h"
 
@@ -167,10 +168,21 @@ lk_status lk_corpus_generate(uint64_t seed, int64_t n_docs, lk_dataset *out) {
     memset(out, 0, sizeof *out);
     if (n_docs < 1 || n_docs > ((int64_t)1 << 36))
         return lk_error(LK_EINVAL, "corpus: n_docs: expected 1..2^36, got %lld", (long long)n_docs);
-    size_t cap = (size_t)n_docs * 800;   /* the mean document is ~700 bytes */
+    /* the mean document is ~700 bytes: ~800 tokens each is what the buffers start with */
+    int64_t cap64;
+    size_t tok_bytes, start_bytes;
+    char what[96];
+    lk_status s;
+    if ((s = lk_checked_mul("corpus: data.docs", n_docs, 800, &cap64)) ||
+        (s = lk_checked_bytes("corpus: data.docs (tokens)", cap64, sizeof *out->tokens, &tok_bytes)) ||
+        (s = lk_checked_bytes("corpus: data.docs (offsets)", n_docs + 1, sizeof *out->doc_start, &start_bytes)))
+        return s;
+    snprintf(what, sizeof what, "corpus: data.docs %lld (about %lld tokens)", (long long)n_docs, (long long)cap64);
+    if ((s = lk_check_fits_memory(what, (uint64_t)tok_bytes + start_bytes))) return s;
+    size_t cap = (size_t)cap64;
     gen *g = malloc(sizeof *g);
-    out->tokens = malloc(cap * sizeof *out->tokens);
-    out->doc_start = malloc((size_t)(n_docs + 1) * sizeof *out->doc_start);
+    out->tokens = malloc(tok_bytes);
+    out->doc_start = malloc(start_bytes);
     if (!g || !out->tokens || !out->doc_start) goto oom;
     int64_t n = 0;
     out->doc_start[0] = 0;

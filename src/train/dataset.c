@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "core/checked.h"
 #include "llmkern/data.h"
 
 #define TOKFILE_VERSION 1
@@ -61,9 +62,15 @@ lk_status lk_dataset_load_text(const char *path, lk_dataset *out) {
     if (s != LK_OK) return s;
     /* Upper bounds: every byte a token plus two markers per document; a document needs a
      * non-blank line and the blank one after it, so there are at most size/2 + 1. */
-    size_t max_docs = size / 2 + 1;
-    out->tokens = malloc((size + 2 * max_docs) * sizeof *out->tokens);
-    out->doc_start = malloc((max_docs + 1) * sizeof *out->doc_start);
+    size_t max_docs = size / 2 + 1, tok_bytes, start_bytes;
+    if ((s = lk_checked_bytes("text file: tokens", (int64_t)(size + 2 * max_docs), sizeof *out->tokens, &tok_bytes)) ||
+        (s = lk_checked_bytes("text file: documents", (int64_t)max_docs + 1, sizeof *out->doc_start, &start_bytes)) ||
+        (s = lk_check_fits_memory(path, (uint64_t)tok_bytes + start_bytes))) {
+        free(text);
+        return s;
+    }
+    out->tokens = malloc(tok_bytes);
+    out->doc_start = malloc(start_bytes);
     if (!out->tokens || !out->doc_start) {
         free(text);
         lk_dataset_free(out);
@@ -145,8 +152,15 @@ lk_status lk_dataset_load_tokens(const char *path, int64_t vocab, int64_t eos_id
         free(p);
         return lk_error(LK_EIO, "token file: '%s': %s", path, bad);
     }
-    out->tokens = malloc(count * sizeof *out->tokens);
-    out->doc_start = malloc((count + 1) * sizeof *out->doc_start);
+    size_t tok_bytes, start_bytes;   /* count <= the file's size: these cannot wrap, checked all the same */
+    if ((s = lk_checked_bytes("token file: tokens", (int64_t)count, sizeof *out->tokens, &tok_bytes)) ||
+        (s = lk_checked_bytes("token file: documents", (int64_t)count + 1, sizeof *out->doc_start, &start_bytes)) ||
+        (s = lk_check_fits_memory(path, (uint64_t)tok_bytes + start_bytes))) {
+        free(p);
+        return s;
+    }
+    out->tokens = malloc(tok_bytes);
+    out->doc_start = malloc(start_bytes);
     if (!out->tokens || !out->doc_start) {
         free(p);
         lk_dataset_free(out);

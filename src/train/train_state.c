@@ -8,12 +8,14 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "llmkern/checkpoint.h"
+#include "llmkern/hf_config.h"
 #include "model/device.h"
 #include "train/trainer.h"
 
@@ -140,12 +142,21 @@ lk_status lk_trainer_save(trainer *t) {
     return LK_OK;
 }
 
-/* A checkpoint directory, or an output directory whose `latest` names one. */
+/* A checkpoint directory, or an output directory whose `latest` names one. What is
+ * neither, or a `latest` naming a checkpoint that is gone, is refused by name. */
 static lk_status resolve(const char *resume, char *dir, size_t n) {
     char path[1100], name[256] = "";
+    struct stat st;
     snprintf(path, sizeof path, "%s/latest", resume);
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
+        snprintf(path, sizeof path, "%s/optimizer.safetensors", resume);
+        if (stat(resume, &st) != 0 || !S_ISDIR(st.st_mode))
+            return lk_error(LK_EIO, "train: --resume %s: no such directory", resume);
+        if (stat(path, &st) != 0)
+            return lk_error(LK_EIO, "train: --resume %s: no checkpoint there (neither a 'latest' file nor "
+                            "optimizer.safetensors: a run saves one every train.save_every steps and at the end)",
+                            resume);
         snprintf(dir, n, "%s", resume);
         return LK_OK;
     }
@@ -153,11 +164,94 @@ static lk_status resolve(const char *resume, char *dir, size_t n) {
     fclose(f);
     name[got] = '\0';
     name[strcspn(name, "\r\n")] = '\0';
-    if (name[0] == '\0' || strchr(name, '/')) return lk_error(LK_EIO, "train: %s: expected a checkpoint name", path);
+    if (name[0] == '\0' || strchr(name, '/') || strcmp(name, "..") == 0 || strcmp(name, ".") == 0)
+        return lk_error(LK_EIO, "train: --resume %s: %s: expected a checkpoint name, got '%s'", resume, path, name);
     snprintf(dir, n, "%s/%s", resume, name);
-    struct stat st;
-    if (stat(dir, &st) != 0) snprintf(dir, n, "%s/%s.old", resume, name);   /* a crash between the renames */
+    if (stat(dir, &st) == 0) return LK_OK;
+    snprintf(dir, n, "%s/%s.old", resume, name);   /* a crash between the renames */
+    if (stat(dir, &st) == 0) return LK_OK;
+    return lk_error(LK_EIO, "train: --resume %s: %s names %s, which does not exist in %s", resume, path, name, resume);
+}
+
+/* --- verifying a checkpoint before anything is read from it ---------------------------- */
+
+/* The sizes of config.json that decide the tensors' shapes, against the run's model. */
+static lk_status check_config_json(const trainer *t, const char *path) {
+    static lk_qwen3_config c;   /* large (its lists): not on the stack; the trainer runs on one thread */
+    lk_status s = lk_qwen3_config_read(path, &c);
+    if (s) return s;
+    const lk_qwen3_config *m = &t->tc->model;
+    static const struct { const char *name; size_t off; int moe; } keys[] = {
+#define K(f, moe) {#f, offsetof(lk_qwen3_config, f), moe}
+        K(hidden_size, 0), K(num_hidden_layers, 0), K(num_attention_heads, 0), K(num_key_value_heads, 0),
+        K(head_dim, 0), K(intermediate_size, 0), K(vocab_size, 0), K(num_experts, 1), K(num_experts_per_tok, 1),
+        K(moe_intermediate_size, 1), K(decoder_sparse_step, 1),
+#undef K
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        int64_t a = *(const int64_t *)((const char *)&c + keys[i].off), b = *(const int64_t *)((const char *)m + keys[i].off);
+        if ((keys[i].moe && !m->moe) || a == b) continue;
+        return lk_error(LK_EINVAL, "%s: %s is %lld, the run's model has %lld", path, keys[i].name, (long long)a,
+                        (long long)b);
+    }
+    if (c.tie_word_embeddings != m->tie_word_embeddings || c.moe != m->moe)
+        return lk_error(LK_EINVAL, "%s: %s differs from the run's model", path,
+                        c.moe != m->moe ? "the family (num_experts)" : "tie_word_embeddings");
     return LK_OK;
+}
+
+/* f holds exactly the model's parameters (under each prefix) with their shapes, and
+ * `extra` more tensors; each float (f32 where f32 is required). */
+static lk_status check_tensors(trainer *t, const lk_st_file *f, const char *path, const char *const *prefixes,
+                               int n_prefixes, size_t extra, int f32_only) {
+    for (int k = 0; k < n_prefixes; k++)
+        for (int i = 0; i < t->n_params; i++) {
+            const lk_param *p = lk_model_param(t->model, i);
+            char name[200], want[64];
+            snprintf(name, sizeof name, "%s%s", prefixes[k], p->name);
+            const lk_st_tensor *x = lk_st_find(f, name);
+            if (!x) return lk_error(LK_EIO, "%s: no tensor '%s'", path, name);
+            int same = x->ndim == p->value.ndim;
+            for (int d = 0; same && d < x->ndim; d++) same = x->shape[d] == p->value.shape[d];
+            if (!same)
+                return lk_error(LK_ESHAPE, "%s: '%s': expected shape %s, the file's has %d dimensions [%lld%s]", path, name,
+                                lk_shape_str(&p->value, want, sizeof want), x->ndim,
+                                (long long)(x->ndim ? x->shape[0] : 0), x->ndim > 1 ? ", ..." : "");
+            if (f32_only ? x->dtype != LK_F32 : (x->dtype != LK_F32 && x->dtype != LK_BF16 && x->dtype != LK_F16))
+                return lk_error(LK_EDTYPE, "%s: '%s': expected %s, got %s", path, name, f32_only ? "F32" : "a float dtype",
+                                x->st_dtype);
+        }
+    size_t want_n = (size_t)n_prefixes * (size_t)t->n_params + extra;
+    if (lk_st_count(f) != want_n)
+        return lk_error(LK_EIO, "%s: %zu tensors, expected %zu (the model's %d parameters%s)", path, lk_st_count(f),
+                        want_n, t->n_params, extra ? " and the trainer's state" : "");
+    return LK_OK;
+}
+
+/* Every file of the checkpoint in dir, before any step: config.json against the model,
+ * model.safetensors (the published weights; not read to resume, but handed on as the
+ * checkpoint) and optimizer.safetensors opened (header, sizes, spans) and their tensors'
+ * names and shapes checked. The error names the damaged file. */
+static lk_status verify_checkpoint(trainer *t, const char *dir) {
+    char path[1200];
+    lk_st_file *f = NULL;
+    lk_status s;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if ((s = check_config_json(t, path))) return s;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    static const char *const none[] = {""}, *const opt[] = {"param/", "exp_avg/", "exp_avg_sq/"};
+    if ((s = lk_st_open(path, &f))) return s;
+    s = check_tensors(t, f, path, none, 1, 0, 0);
+    lk_st_close(f);
+    if (s) return s;
+    snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
+    if ((s = lk_st_open(path, &f))) return s;
+    s = check_tensors(t, f, path, opt, 3, 2, 1);
+    const lk_st_tensor *st = lk_st_find(f, "trainer/state");
+    if (!s && (st == NULL || st->dtype != LK_I64 || st->ndim != 1 || st->shape[0] != 7))
+        s = lk_error(LK_EIO, "%s: trainer/state: expected I64 [7]", path);
+    lk_st_close(f);
+    return s;
 }
 
 /* One tensor of the optimizer file into x; a GPU's through a host copy. */
@@ -195,6 +289,7 @@ lk_status lk_trainer_resume(trainer *t, const char *resume) {
     char dir[1100], path[1200];
     lk_status s = resolve(resume, dir, sizeof dir);
     if (s) return s;
+    if ((s = verify_checkpoint(t, dir))) return resume_error(s, resume);
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     lk_st_file *f;
     if ((s = lk_st_open(path, &f))) return resume_error(s, resume);

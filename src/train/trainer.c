@@ -12,9 +12,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include "core/checked.h"
 #include "llmkern/config.h"
+#include "llmkern/registry.h"
 #include "model/device.h"
 #include "train/trainer.h"
 
@@ -24,12 +28,67 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* What cannot fit is refused before anything is allocated or created, naming the
+ * field that makes it large (estimate.c). The model and its activations count on the
+ * CPU only: a GPU's memory is its own. */
+static lk_status check_memory(const lk_train_config *tc) {
+    lk_train_memory e;
+    lk_status s = lk_train_memory_estimate(tc, &e);
+    if (s) return s;
+    if (tc->batch_size * tc->seq_len > INT32_MAX)   /* the product fits: the estimate checked it */
+        return lk_error(LK_EINVAL, "train: train.batch_size x train.seq_len: expected at most 2^31 - 1 tokens a "
+                        "micro-batch, got %lld x %lld", (long long)tc->batch_size, (long long)tc->seq_len);
+    uint64_t have = (uint64_t)lk_hw_get()->cpu_mem_bytes;
+    char need_s[32], have_s[32], a_s[32], b_s[32];
+    lk_bytes_str(have, have_s, sizeof have_s);
+    if (have && e.history_bytes > have)
+        return lk_error(LK_ENOMEM, "train: train.steps %lld: the loss history needs %s (%d bytes a step), more than "
+                        "this machine's %s of memory", (long long)tc->steps, lk_bytes_str(e.history_bytes, need_s,
+                        sizeof need_s), (int)(LK_HIST_COLS * sizeof(float)), have_s);
+    if (have && tc->device == LK_DEVICE_CPU && e.total_bytes > have) {
+        const lk_qwen3_config *c = &tc->model;
+        return lk_error(LK_ENOMEM, "train: model (hidden_size %lld, num_hidden_layers %lld, intermediate_size %lld, "
+                        "vocab_size %lld%s): %.3g parameters need %s (weights, gradients, AdamW m and v: 16 bytes "
+                        "each) + %s of activations for train.batch_size %lld x train.seq_len %lld = %s, more than "
+                        "this machine's %s of memory", (long long)c->hidden_size, (long long)c->num_hidden_layers,
+                        (long long)c->intermediate_size, (long long)c->vocab_size, c->moe ? ", num_experts ..." : "",
+                        (double)e.params, lk_bytes_str(e.state_bytes, a_s, sizeof a_s),
+                        lk_bytes_str(e.activation_bytes, b_s, sizeof b_s), (long long)tc->batch_size,
+                        (long long)tc->seq_len, lk_bytes_str(e.total_bytes, need_s, sizeof need_s), have_s);
+    }
+    return LK_OK;
+}
+
+/* train.out must be a directory or creatable as one; nothing is created until the run
+ * is known to start (lk_train_run), so a refusal leaves the file system as it was. */
+static lk_status check_out(const char *out) {
+    char p[1024];
+    struct stat st;
+    if (snprintf(p, sizeof p, "%s", out) >= (int)sizeof p) return lk_error(LK_EINVAL, "train: train.out: path too long");
+    for (;;) {   /* the deepest part of the path that exists must be a directory we may write in */
+        if (stat(p, &st) == 0) {
+            if (!S_ISDIR(st.st_mode))
+                return lk_error(LK_EINVAL, "train: train.out '%s': '%s' exists and is not a directory", out, p);
+            if (access(p, W_OK | X_OK) != 0)
+                return lk_error(LK_EIO, "train: train.out '%s': cannot write in '%s': %s", out, p, strerror(errno));
+            return LK_OK;
+        }
+        char *slash = strrchr(p, '/');
+        while (slash && slash > p && slash[1] == '\0') { *slash = '\0'; slash = strrchr(p, '/'); }   /* "a/b/" */
+        if (slash == NULL) { snprintf(p, sizeof p, "."); continue; }
+        if (slash == p) { p[1] = '\0'; continue; }   /* "/" */
+        *slash = '\0';
+    }
+}
+
 static lk_status check_config(const lk_train_config *tc) {
     if (!tc->has_model) return lk_error(LK_EINVAL, "train: config: expected a model (model.config_json or inline keys)");
     if (tc->steps < 1 || tc->batch_size < 1 || tc->seq_len < 2 || tc->grad_accum < 1 || tc->save_every < 0 ||
         tc->warmup_steps < 0)
         return lk_error(LK_EINVAL, "train: config: expected steps, batch_size, grad_accum >= 1, seq_len >= 2, "
                         "save_every and warmup_steps >= 0");
+    lk_status s = check_memory(tc);   /* first: it checks the products the checks below take */
+    if (s) return s;
     if (!(tc->lr >= 0) || !(tc->min_lr >= 0) || !(tc->beta1 >= 0 && tc->beta1 < 1) || !(tc->beta2 >= 0 && tc->beta2 < 1))
         return lk_error(LK_EINVAL, "train: config: expected lr, min_lr >= 0 and betas in [0, 1)");
     if (tc->sp < 1 || tc->ep < 1 || (tc->batch_size * tc->seq_len) % tc->sp)
@@ -39,6 +98,8 @@ static lk_status check_config(const lk_train_config *tc) {
     if (tc->model.vocab_size < LK_TOK_VOCAB && tc->data != LK_DATA_TOKENS)
         return lk_error(LK_EINVAL, "train: model.vocab_size: expected at least %d (the byte tokenizer), got %lld",
                         LK_TOK_VOCAB, (long long)tc->model.vocab_size);
+    if (!(tc->comm_timeout_s >= 0))
+        return lk_error(LK_EINVAL, "train: train.comm_timeout_s: expected >= 0 seconds, got %g", tc->comm_timeout_s);
     return LK_OK;
 }
 
@@ -170,7 +231,7 @@ static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_op
         s = lk_batch_alloc(&t->skip, tc->batch_size, tc->seq_len);
     }
     if (!s) s = t->dev->pick(t->world);   /* before anything is written */
-    if (!s && t->writer) s = lk_mkdirs(tc->out);
+    if (!s && t->writer) s = check_out(tc->out);   /* created once the run is known to start */
     if (!s) s = load_data(tc, &t->ds);
     if (!s) s = lk_data_iter_init(&t->it, &t->ds, tc->batch_size, tc->seq_len, tc->seed);
     if (!s) s = lk_batch_alloc(&t->batch, tc->batch_size, tc->seq_len);
@@ -192,7 +253,7 @@ static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_op
     t->v = calloc((size_t)n, sizeof *t->v);
     t->grads = calloc((size_t)n, sizeof *t->grads);
     t->lens = calloc((size_t)n, sizeof *t->lens);
-    t->hist = calloc((size_t)tc->steps * LK_HIST_COLS, sizeof *t->hist);
+    t->hist = calloc((size_t)(tc->steps * LK_HIST_COLS), sizeof *t->hist);   /* check_memory checked the product */
     if (!t->m || !t->v || !t->grads || !t->lens || !t->hist) return lk_error(LK_ENOMEM, "train: optimizer state");
     for (int i = 0; i < n; i++) {
         lk_param *p = lk_model_param(t->model, i);
@@ -234,10 +295,13 @@ static lk_status write_plot(const trainer *t) {
 
 static void progress(const trainer *t, const float *row, double tokens_per_s, double eta_s, int tty, int last) {
     char line[200];
-    int eta = (int)(eta_s + 0.5);
-    snprintf(line, sizeof line, "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s | ETA %dm%02ds",
+    /* clamped: steps x seconds a step can be any double, and its conversion to an integer
+     * out of range is undefined (it overflowed with --steps 3689348814741910324) */
+    double e = eta_s >= 0 ? (eta_s < 1e12 ? eta_s : 1e12) : 0;
+    long long eta = (long long)(e + 0.5);
+    snprintf(line, sizeof line, "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s | ETA %s%lldm%02ds",
              (long long)row[LK_HIST_STEP], (long long)t->tc->steps, row[LK_HIST_LOSS], row[LK_HIST_LR],
-             row[LK_HIST_GRAD_NORM], tokens_per_s, eta / 60, eta % 60);
+             row[LK_HIST_GRAD_NORM], tokens_per_s, e >= 1e12 ? ">" : "", eta / 60, (int)(eta % 60));
     if (tty) printf("\r%s\033[K%s", line, last ? "\n" : "");
     else printf("%s\n", line);
     fflush(stdout);
@@ -338,7 +402,7 @@ static lk_status train_step(trainer *t, const lk_train_opts *o, double *loss, do
         double red[2] = {sum, (double)*tokens};
         if (!s) s = lk_comm_all_reduce(t->world, red, 2, LK_COMM_F64);
         if (s) return s;
-        *loss = red[0] / (double)(tc->grad_accum * t->world->size);
+        *loss = red[0] / ((double)tc->grad_accum * (double)t->world->size);
         *tokens = (int64_t)red[1];
     }
     if (o->after_loss) o->after_loss(o->user, t->step, loss);
@@ -361,6 +425,7 @@ static lk_status run_loop(trainer *t, const lk_train_opts *o, lk_train_result *r
     lk_status s = LK_OK;
     double t0 = now_s(), tokens_total = 0.0;
     while (t->step < tc->steps && !(o->stop_at > 0 && t->step >= o->stop_at)) {
+        if (t->world) lk_comm_watchdog_step(t->step + 1);   /* the step a stuck collective's message names */
         if (o->before_step) o->before_step(o->user, t->step, t->model);
         double ts = now_s(), loss = NAN, norm = NAN;
         int64_t tokens;
@@ -411,8 +476,13 @@ lk_status lk_train_run(const lk_train_config *tc, const lk_ops_config *ops, cons
     if (tc == NULL || ops == NULL) return lk_error(LK_EINVAL, "train: expected a train config and an ops config");
     const lk_train_opts *o = opts ? opts : &none;
     trainer t;
+    /* a rank that stops must not leave the others blocked in a collective for ever */
+    int watched = o->mesh && o->mesh->world->size > 1 && tc->comm_timeout_s > 0;
+    if (watched && lk_comm_watchdog_arm(tc->comm_timeout_s, o->mesh->world->rank)) return lk_error(LK_EINVAL,
+        "train: train.comm_timeout_s: expected 0 (off) .. 1e9 seconds, got %g", tc->comm_timeout_s);
     lk_status s = trainer_init(&t, tc, ops, o->mesh, o->bucket_bytes);
     if (!s && resume) s = lk_trainer_resume(&t, resume);
+    if (!s && t.writer) s = lk_mkdirs(tc->out);   /* the run starts: only now is train.out created */
     if (t.world) s = dp_agree(&t, s);
     r.first_step = t.step;
     if (!s && t.step < tc->steps) s = run_loop(&t, o, &r);
@@ -433,6 +503,10 @@ lk_status lk_train_run(const lk_train_config *tc, const lk_ops_config *ops, cons
     r.steps_done = t.step;
     r.buckets = t.buckets, r.buckets_early = t.buckets_early;
     trainer_free(&t);
+    if (watched) {
+        lk_comm_watchdog_step(-1);
+        lk_comm_watchdog_arm(0, 0);
+    }
     if (result) *result = r;
     return s;
 }

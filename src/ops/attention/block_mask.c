@@ -4,11 +4,49 @@
  * standard predicates, the ready builders (which own a copy of their context) and the
  * score_mod examples. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "llmkern/block_mask.h"
 
-static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+#include "core/checked.h"
+
+static int64_t cdiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }   /* a + b - 1 may overflow */
+
+/* The mask's sizes, every product checked (core/checked.h): B*H*nq*nk and the buffer
+ * once wrapped to 64 bytes, and the build then ran for ever. Indices are int32 (as
+ * PyTorch's), so each side holds at most 2^31 - 1 blocks. */
+typedef struct { int64_t bh, nq, nk, cells; size_t bytes; } mask_sizes;
+
+static lk_status check_sizes(int64_t B, int64_t H, int64_t Q_LEN, int64_t KV_LEN, int64_t q_block, int64_t kv_block,
+                             mask_sizes *z) {
+    if (B < 1 || H < 1 || Q_LEN < 1 || KV_LEN < 1 || q_block < 1 || kv_block < 1)
+        return lk_error(LK_EINVAL, "block_mask: shape: expected B, H, Q_LEN, KV_LEN and block sizes >= 1, got "
+                        "[%lld, %lld, %lld, %lld] blocks %lldx%lld", (long long)B, (long long)H, (long long)Q_LEN,
+                        (long long)KV_LEN, (long long)q_block, (long long)kv_block);
+    z->nq = cdiv(Q_LEN, q_block), z->nk = cdiv(KV_LEN, kv_block);
+    if (z->nq > INT32_MAX || z->nk > INT32_MAX)
+        return lk_error(LK_EINVAL, "block_mask: %s: %lld / %lld = %lld blocks, more than int32 indices hold (2^31 - 1)",
+                        z->nq > INT32_MAX ? "Q_LEN" : "KV_LEN", (long long)(z->nq > INT32_MAX ? Q_LEN : KV_LEN),
+                        (long long)(z->nq > INT32_MAX ? q_block : kv_block), (long long)(z->nq > INT32_MAX ? z->nq : z->nk));
+    int64_t f[4] = {B, H, z->nq, z->nk}, e[4] = {B, H, Q_LEN, KV_LEN}, span, lists, words;
+    lk_status s;
+    if ((s = lk_checked_mul("block_mask: B x H", B, H, &z->bh)) ||
+        (s = lk_checked_prod("block_mask: B x H x num_q_blocks x num_kv_blocks", f, 4, &z->cells)) ||
+        (s = lk_checked_prod("block_mask: B x H x Q_LEN x KV_LEN (the predicate runs on every element)", e, 4, &span)) ||
+        (s = lk_checked_mul("block_mask: num_q_blocks x Q_BLOCK_SIZE", z->nq, q_block, &span)) ||   /* loop bounds */
+        (s = lk_checked_mul("block_mask: num_kv_blocks x KV_BLOCK_SIZE", z->nk, kv_block, &span)) ||
+        (s = lk_checked_mul("block_mask: B x H x (num_q_blocks + num_kv_blocks)", z->bh, z->nq + z->nk, &lists)) ||
+        (s = lk_checked_mul("block_mask: the index lists", 4, lists, &lists)) ||
+        (s = lk_checked_mul("block_mask: the index arrays", 4, z->cells, &words)) ||
+        (s = lk_checked_add("block_mask: the index buffer", lists, words, &words)) ||
+        (s = lk_checked_bytes("block_mask: the index buffer", words, sizeof(int32_t), &z->bytes)))
+        return s;
+    char what[160];
+    snprintf(what, sizeof what, "block_mask: [%lld, %lld, %lld, %lld] in %lldx%lld blocks", (long long)B, (long long)H,
+             (long long)Q_LEN, (long long)KV_LEN, (long long)q_block, (long long)kv_block);
+    return lk_check_fits_memory(what, (uint64_t)z->bytes + (uint64_t)z->cells);
+}
 
 lk_status lk_block_mask_create(lk_mask_fn mask_mod, const void *ctx, int64_t B, int64_t H, int64_t Q_LEN,
                                int64_t KV_LEN, int64_t q_block, int64_t kv_block, lk_block_mask *out) {
@@ -16,13 +54,12 @@ lk_status lk_block_mask_create(lk_mask_fn mask_mod, const void *ctx, int64_t B, 
         return lk_error(LK_EINVAL, "block_mask: %s: expected a pointer, got NULL", out ? "mask_mod" : "out");
     if (q_block == 0) q_block = LK_BLOCK_MASK_DEFAULT_BLOCK;
     if (kv_block == 0) kv_block = LK_BLOCK_MASK_DEFAULT_BLOCK;
-    if (B < 1 || H < 1 || Q_LEN < 1 || KV_LEN < 1 || q_block < 1 || kv_block < 1)
-        return lk_error(LK_EINVAL, "block_mask: shape: expected B, H, Q_LEN, KV_LEN and block sizes >= 1, got "
-                        "[%lld, %lld, %lld, %lld] blocks %lldx%lld", (long long)B, (long long)H, (long long)Q_LEN,
-                        (long long)KV_LEN, (long long)q_block, (long long)kv_block);
-    int64_t nq = cdiv(Q_LEN, q_block), nk = cdiv(KV_LEN, kv_block), bh = B * H;
-    size_t cells = (size_t)(bh * nq * nk);
-    int32_t *all = calloc(4 * (size_t)bh * (size_t)(nq + nk) + 4 * cells, sizeof(int32_t));
+    mask_sizes z;
+    lk_status s = check_sizes(B, H, Q_LEN, KV_LEN, q_block, kv_block, &z);
+    if (s) return s;
+    int64_t nq = z.nq, nk = z.nk, bh = z.bh;
+    size_t cells = (size_t)z.cells;
+    int32_t *all = calloc(z.bytes / sizeof(int32_t), sizeof(int32_t));
     uint8_t *kind = malloc(cells ? cells : 1);          /* 0 empty, 1 partial, 2 full */
     if (!all || !kind) {
         free(all); free(kind);
@@ -104,7 +141,7 @@ bool lk_mask_causal(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const v
 bool lk_mask_sliding_window(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const void *ctx) {
     const lk_window_ctx *c = ctx;
     int64_t p = q_idx + c->offset;
-    return kv_idx <= p && kv_idx > p - c->window;
+    return kv_idx <= p && kv_idx - p > -c->window;   /* p - window may overflow; kv - p cannot */
 }
 
 bool lk_mask_prefix_lm(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const void *ctx) {
@@ -152,7 +189,7 @@ static void row_causal(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, 
 static void row_window(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint8_t *out, const void *ctx) {
     const lk_window_ctx *c = ctx;
     int64_t p = q + c->offset;
-    for (int64_t j = 0; j < n; j++) out[j] = kv0 + j <= p && kv0 + j > p - c->window;
+    for (int64_t j = 0; j < n; j++) out[j] = kv0 + j <= p && kv0 + j - p > -c->window;
 }
 
 static void row_prefix(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint8_t *out, const void *ctx) {
@@ -212,10 +249,15 @@ static void *ctx_with(size_t ctx_bytes, const void *src, size_t extra) {
     return p;
 }
 
+/* The last query sees up to the last key: KV_LEN - Q_LEN, taken before create checks the
+ * sizes, so only when both are >= 1 (then it cannot overflow; the fuzzer found
+ * INT64_MIN - 65536 here). */
+static int64_t offset_of(int64_t Q_LEN, int64_t KV_LEN) { return Q_LEN >= 1 && KV_LEN >= 1 ? KV_LEN - Q_LEN : 0; }
+
 lk_status lk_block_mask_causal(int64_t B, int64_t H, int64_t Q_LEN, int64_t KV_LEN, int64_t q_block,
                                int64_t kv_block, lk_block_mask *out) {
     lk_causal_ctx *c = ctx_with(sizeof *c, NULL, 0);
-    if (c) c->offset = KV_LEN - Q_LEN;
+    if (c) c->offset = offset_of(Q_LEN, KV_LEN);
     return build_owned(lk_mask_causal, row_causal, c, B, H, Q_LEN, KV_LEN, q_block, kv_block, out);
 }
 
@@ -223,13 +265,17 @@ lk_status lk_block_mask_sliding_window(int64_t window, int64_t B, int64_t H, int
                                        int64_t q_block, int64_t kv_block, lk_block_mask *out) {
     if (window < 1) return lk_error(LK_EINVAL, "block_mask: window: expected >= 1, got %lld", (long long)window);
     lk_window_ctx *c = ctx_with(sizeof *c, NULL, 0);
-    if (c) *c = (lk_window_ctx){.window = window, .offset = KV_LEN - Q_LEN};
+    if (c) *c = (lk_window_ctx){.window = window, .offset = offset_of(Q_LEN, KV_LEN)};
     return build_owned(lk_mask_sliding_window, row_window, c, B, H, Q_LEN, KV_LEN, q_block, kv_block, out);
 }
 
 lk_status lk_block_mask_prefix_lm(const int64_t *prefix_len, int64_t B, int64_t H, int64_t Q_LEN, int64_t KV_LEN,
                                   int64_t q_block, int64_t kv_block, lk_block_mask *out) {
     if (!prefix_len || B < 1) return lk_error(LK_EINVAL, "block_mask: prefix_len: expected B >= 1 lengths, got NULL");
+    mask_sizes z;
+    lk_status s = check_sizes(B, H, Q_LEN, KV_LEN, q_block ? q_block : LK_BLOCK_MASK_DEFAULT_BLOCK,
+                              kv_block ? kv_block : LK_BLOCK_MASK_DEFAULT_BLOCK, &z);   /* before B is copied */
+    if (s) return s;
     lk_prefix_lm_ctx *c = ctx_with(sizeof *c, prefix_len, (size_t)B * sizeof(int64_t));
     if (c) *c = (lk_prefix_lm_ctx){.prefix_len = (const int64_t *)(c + 1), .n_prefix = B};
     return build_owned(lk_mask_prefix_lm, row_prefix, c, B, H, Q_LEN, KV_LEN, q_block, kv_block, out);
@@ -257,7 +303,16 @@ lk_status lk_block_mask_document_cu(const int32_t *cu_seqlens, int64_t n_docs, i
 lk_status lk_block_mask_document_ids(const int32_t *doc, int causal, int64_t B, int64_t H, int64_t LEN,
                                      int64_t q_block, int64_t kv_block, lk_block_mask *out) {
     if (!doc || B < 1 || LEN < 1) return lk_error(LK_EINVAL, "block_mask: doc: expected B * LEN document ids, got NULL");
-    lk_document_ctx *c = ctx_with(sizeof *c, doc, (size_t)(B * LEN) * sizeof(int32_t));
+    mask_sizes z;
+    lk_status s = check_sizes(B, H, LEN, LEN, q_block ? q_block : LK_BLOCK_MASK_DEFAULT_BLOCK,
+                              kv_block ? kv_block : LK_BLOCK_MASK_DEFAULT_BLOCK, &z);   /* before B * LEN is copied */
+    if (s) return s;
+    int64_t n_ids;
+    size_t ids_bytes;
+    if ((s = lk_checked_mul("block_mask: doc: B x LEN", B, LEN, &n_ids)) ||
+        (s = lk_checked_bytes("block_mask: doc: B x LEN ids", n_ids, sizeof(int32_t), &ids_bytes)))
+        return s;
+    lk_document_ctx *c = ctx_with(sizeof *c, doc, ids_bytes);
     if (c) {
         const int32_t *ids = (const int32_t *)(c + 1);
         *c = (lk_document_ctx){.q_doc = ids, .kv_doc = ids, .q_len = LEN, .kv_len = LEN, .per_batch = B > 1,

@@ -10,6 +10,7 @@
  * CUDA, with order and pos uploaded for them. */
 #include <stdlib.h>
 #include <string.h>
+#include "core/checked.h"
 #include "ops/moe_dispatch/internal.h"
 
 #define NOMEM lk_error(LK_ENOMEM, "moe_dispatch: arena: expected the reserved workspace, got too little")
@@ -46,7 +47,11 @@ static lk_status counts(const lk_ep_call *c, plan *pl, const int32_t *ids) {
     for (int64_t r = 0; r < pl->R; r++) pl->scnt[ids[r] / c->El]++;
     lk_status s = lk_ep_exchange_i64(c, pl->scnt, pl->rcnt, 1);
     pl->Rr = 0;
-    for (int p = 0; !s && p < c->P; p++) pl->Rr += pl->rcnt[p];
+    /* the counts come from the other ranks: checked (core/checked.h) before they size a buffer */
+    for (int p = 0; !s && p < c->P; p++) s = lk_checked_add("moe_dispatch: the routes the ranks send here", pl->Rr,
+                                                             pl->rcnt[p], &pl->Rr);
+    size_t bytes;
+    if (!s) s = lk_checked_bytes("moe_dispatch: the rows received", pl->Rr, 4 * (size_t)c->H * c->es + 64, &bytes);
     return s;
 }
 

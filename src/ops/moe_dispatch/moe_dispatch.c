@@ -5,6 +5,7 @@
  * group must take device memory (NCCL) when it has more than one rank. */
 #include <stdlib.h>
 #include <string.h>
+#include "core/checked.h"
 #include "core/validate.h"
 #include "ops/moe_dispatch/internal.h"
 
@@ -37,7 +38,10 @@ lk_status lk_ep_call_of(const lk_moe_dispatch_args *a, lk_ctx *ctx, lk_ep_call *
     c->T = a->hidden.shape[0], c->H = a->hidden.shape[1], c->k = a->topk_ids.shape[1];
     c->E = a->n_experts, c->El = a->gate_up_weight.shape[0], c->I = a->gate_up_weight.shape[1] / 2;
     c->dt = a->hidden.dtype, c->es = lk_dtype_size(c->dt);
-    return LK_OK;
+    /* The largest workspace a dispatcher sizes is every rank's routes' rows (allgather's
+     * P x T x k rows of H): checked once here, so no product below can wrap. */
+    int64_t f[5] = {c->P, c->T, c->k, c->H, (int64_t)c->es + 8}, n;
+    return lk_checked_prod(OP ": ranks x T x k x H x (element size + 8)", f, 5, &n);
 }
 
 /* The group, the workspace and the experts must take the tensors' memory. */
@@ -71,10 +75,11 @@ static lk_status check_place(const lk_impl *impl, const lk_moe_dispatch_args *a,
 /* Every id in [0, E), read on the host (a CUDA call's ids come down first). */
 static lk_status check_ids(const lk_moe_dispatch_args *a, lk_ctx *ctx) {
     lk_ep_call c;
-    lk_ep_call_of(a, ctx, &c);
+    lk_status s = lk_ep_call_of(a, ctx, &c);
+    if (s) return s;
     const void *h;
     void *own;
-    lk_status s = lk_ep_host(&c, a->topk_ids.data, lk_tensor_bytes(&a->topk_ids), &h, &own);
+    s = lk_ep_host(&c, a->topk_ids.data, lk_tensor_bytes(&a->topk_ids), &h, &own);
     const int32_t *ids = h;
     for (int64_t i = 0; !s && i < c.T * c.k; i++)
         if (ids[i] < 0 || ids[i] >= a->n_experts)

@@ -1,0 +1,58 @@
+/* estimate.c — what a training run needs in memory, from its config alone, so a run
+ * that cannot fit is refused before it allocates (issue 20: a 32 GB model on a 24 GiB
+ * machine climbed until the OOM killer; train.steps 10^12 failed as "optimizer state").
+ * Every product goes through core/checked.h. The activations are a lower bound: what
+ * every layer's forward keeps per token whatever the implementations (its inputs, the
+ * attention's q, k, v and output, the MLP's hidden), plus the logits. */
+#include <stdio.h>
+#include "core/checked.h"
+#include "llmkern/hf_config.h"
+#include "llmkern/train.h"
+#include "train/trainer.h"
+
+lk_status lk_train_memory_estimate(const lk_train_config *tc, lk_train_memory *out) {
+    if (!tc || !out) return lk_error(LK_EINVAL, "train: memory estimate: expected a config and an output");
+    lk_train_memory r = {0};
+    const lk_qwen3_config *c = &tc->model;
+    int64_t hist, state, tokens, per_tok, act, logits, total;
+    size_t bytes;
+    lk_status s;
+    if ((s = lk_checked_mul("train: train.steps (the loss history)", tc->steps, LK_HIST_COLS, &hist)) ||
+        (s = lk_checked_bytes("train: train.steps (the loss history)", hist, sizeof(float), &bytes)))
+        return s;
+    r.history_bytes = bytes;
+    if ((s = lk_checked_mul("train: train.batch_size x train.seq_len", tc->batch_size, tc->seq_len, &tokens))) return s;
+    if (tc->has_model) {
+        if ((s = lk_qwen3_param_count(c, "train: model", &r.params, NULL)) ||
+            (s = lk_checked_mul("train: model (16 bytes a parameter)", r.params, 16, &state)))
+            return s;
+        r.state_bytes = (uint64_t)state;
+        /* per token and layer: 4 x hidden (norm inputs and outputs), q, k, v and the attention's
+         * output, the MLP's (or the chosen experts') gate, up and product */
+        const char *w = "train: model (the activations' width)";
+        int64_t q = c->num_attention_heads * c->head_dim, kv = c->num_key_value_heads * c->head_dim;   /* checked */
+        int64_t width, a, b;
+        if ((s = lk_checked_mul(w, 4, c->hidden_size, &width)) || (s = lk_checked_add(w, q, kv, &a)) ||
+            (s = lk_checked_mul(w, 2, a, &a)) || (s = lk_checked_add(w, width, a, &width)))
+            return s;
+        if (c->moe) s = lk_checked_mul(w, 3 * c->num_experts_per_tok, c->moe_intermediate_size, &b);   /* K <= E */
+        else s = lk_checked_mul(w, 3, c->intermediate_size, &b);
+        if (s || (s = lk_checked_add(w, width, b, &width)) ||
+            (s = lk_checked_add(w, width, c->moe ? c->num_experts : 0, &width)))
+            return s;
+        int64_t f[3] = {tokens / (tc->sp > 0 ? tc->sp : 1), c->num_hidden_layers, width};
+        if ((s = lk_checked_prod("train: the activations (batch_size x seq_len x layers x width)", f, 3, &per_tok)) ||
+            (s = lk_checked_mul("train: the logits (batch_size x seq_len x vocab_size)", tokens, c->vocab_size,
+                                &logits)) ||
+            (s = lk_checked_add("train: the activations", per_tok, logits, &act)) ||
+            (s = lk_checked_bytes("train: the activations", act, sizeof(float), &bytes)))
+            return s;
+        r.activation_bytes = bytes;
+    }
+    if ((s = lk_checked_add("train: the memory estimate", (int64_t)r.state_bytes, (int64_t)r.activation_bytes, &total)) ||
+        (s = lk_checked_add("train: the memory estimate", total, (int64_t)r.history_bytes, &total)))
+        return s;
+    r.total_bytes = (uint64_t)total;
+    *out = r;
+    return LK_OK;
+}

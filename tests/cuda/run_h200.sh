@@ -6,7 +6,8 @@
 # That machine has nvcc, CMake and PyTorch but not necessarily libyaml, cmocka, OpenBLAS
 # or pkg-config: carry their .debs in .carry/debs (apt-get download libyaml-0-2 libyaml-dev
 # libcmocka0 libcmocka-dev libopenblas0-pthread libopenblas-pthread-dev libopenblas-dev
-# libgfortran5 pkgconf pkgconf-bin libpkgconf3), and Liger-Kernel's wheel in .carry/whl;
+# libgfortran5 pkgconf pkgconf-bin libpkgconf3), and the wheels of Liger-Kernel and
+# nvidia-cudnn-frontend (the cudnn row's headers) in .carry/whl;
 # both are unpacked into .carry/ there, never into /.
 #   run: bash tests/cuda/run_h200.sh            (carry: [".carry"])
 set -uo pipefail
@@ -18,24 +19,7 @@ exec > >(tee "$OUT/run_h200.log") 2>&1
 # NVLink multicast off, whatever the caller's environment (multi-GPU hosts are shared).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
-PFX=$PWD/.carry/prefix
-LIB=$PFX/usr/lib/x86_64-linux-gnu
-if ls .carry/debs/*.deb >/dev/null 2>&1; then
-  mkdir -p "$PFX"
-  for f in .carry/debs/*.deb; do dpkg -x "$f" "$PFX"; done
-  sed -i "s|^prefix=/usr|prefix=$PFX/usr|" "$LIB"/pkgconfig/*.pc
-  ln -sf openblas-pthread/libopenblas.so.0 "$LIB/libopenblas.so"      # what FindBLAS looks for
-  export PKG_CONFIG_PATH=$LIB/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-  export LD_LIBRARY_PATH=$LIB:$LIB/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  command -v pkg-config >/dev/null || export PKG_CONFIG=$PFX/usr/bin/pkgconf
-  CARRIED=(-DCMAKE_LIBRARY_PATH="$LIB" -DCBLAS_INCLUDE_DIR="$PFX/usr/include/x86_64-linux-gnu/openblas-pthread")
-else
-  CARRIED=()
-fi
-if ls .carry/whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-    .carry/whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
+source tests/cuda/h200_env.sh   # the carried packages and wheels: CARRIED, PKG_CONFIG_PATH, PYTHONPATH
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
 echo "== build"

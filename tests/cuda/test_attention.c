@@ -100,6 +100,19 @@ static void against_reference(void **state) {
         {.B = 2, .Hq = 2, .Sq = 17, .Skv = 9, .D = 24, .causal = 1},                  /* rows that see nothing */
         {.B = 1, .Hq = 2, .Sq = 17, .Skv = 9, .D = 5, .causal = 1, .sinks = 1},       /* ... with sinks */
         {.B = 3, .Hq = 8, .Hkv = 2, .Sq = 130, .D = 128, .causal = 1, .scale = 0.3f}, /* more than 4 warps' keys */
+        /* flash_attention_2's tiles (128 query rows, 64-key tiles; backward 128 keys x 64 rows,
+         * D 256: 64 keys): partial tiles, several tiles, every padded head dim */
+        {.B = 2, .Hq = 16, .Hkv = 2, .Sq = 400, .D = 128, .causal = 1},               /* GQA 8:1, B·H 32 */
+        {.B = 1, .Hq = 4, .Sq = 333, .Skv = 517, .D = 64},                            /* Sq < Skv, tiles */
+        {.B = 1, .Hq = 8, .Sq = 515, .Skv = 260, .D = 128, .causal = 1, .scale = 0.3f},   /* Sq > Skv */
+        {.B = 1, .Hq = 2, .Hkv = 1, .Sq = 300, .D = 256, .causal = 1, .softcap = 30.0f},  /* MQA, D 256 */
+        {.B = 1, .Hq = 4, .Hkv = 2, .Sq = 700, .D = 128, .n_docs = 7, .window_left = 90, .window_right = 33,
+         .sinks = 1},                                                                 /* varlen, window */
+        {.B = 1, .Hq = 2, .Sq = 259, .D = 64, .causal = 1, .n_docs = 5},
+        {.B = 2, .Hq = 4, .Sq = 200, .D = 96, .causal = 1, .window_left = 50},        /* D 96 -> 128 */
+        {.B = 1, .Hq = 2, .Sq = 130, .D = 200, .causal = 1, .sinks = 1},              /* D 200 -> 256 */
+        {.B = 1, .Hq = 2, .Sq = 77, .Skv = 150, .D = 33, .causal = 1},                /* odd D, element loads */
+        {.B = 1, .Hq = 3, .Sq = 1, .Skv = 200, .D = 128},                             /* one query row */
     };
     const char *names[] = {"flash_attention_2", "sdpa"};
     for (int d = 0; d < 2; d++)
@@ -142,11 +155,228 @@ static void refusals(void **state) {
     lkt_free_all();
 }
 
+/* flash_attention_3 (Hopper): bf16 at head dims that are multiples of 8 up to 128, every
+ * masking option; multi-tile shapes with partial tiles; its backward is flash_attention_2's. */
+static void fa3_against_reference(void **state) {
+    (void)state;
+    const lk_impl *gpu = lk_impl_find(LK_OP_ATTENTION, "flash_attention_3", LK_DEVICE_CUDA);
+    char why[160];
+    if (!gpu || !lk_impl_available(gpu, lk_hw_get(), why, sizeof why)) {
+        print_message("  flash_attention_3 not run here: %s\n", gpu ? why : "not in this build");
+        return;
+    }
+    const lk_attention_case cases[] = {
+        {.B = 2, .Hq = 4, .Hkv = 2, .Sq = 37, .D = 64, .causal = 1},
+        {.B = 1, .Hq = 3, .Sq = 20, .Skv = 33, .D = 40},                              /* Sq < Skv, D 40 */
+        {.B = 2, .Hq = 4, .Hkv = 1, .Sq = 150, .D = 128, .causal = 1, .window_left = 8, .softcap = 20.0f,
+         .sinks = 1},                                                                 /* MQA */
+        {.B = 1, .Hq = 2, .Sq = 45, .D = 72, .causal = 1, .n_docs = 4},               /* varlen, D 72 */
+        {.B = 1, .Hq = 4, .Hkv = 2, .Sq = 700, .D = 128, .n_docs = 7, .window_left = 90, .window_right = 33,
+         .sinks = 1},
+        {.B = 2, .Hq = 2, .Sq = 17, .Skv = 9, .D = 24, .causal = 1},                  /* rows that see nothing */
+        {.B = 1, .Hq = 2, .Sq = 17, .Skv = 9, .D = 64, .causal = 1, .sinks = 1},      /* ... with sinks */
+        {.B = 1, .Hq = 4, .Sq = 333, .Skv = 517, .D = 64},                            /* several tiles, odd */
+        {.B = 2, .Hq = 16, .Hkv = 2, .Sq = 1000, .D = 128, .causal = 1},              /* GQA 8:1, 256 blocks */
+        {.B = 1, .Hq = 8, .Sq = 515, .Skv = 260, .D = 128, .causal = 1, .scale = 0.3f},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        run_case("flash_attention_3", LK_BF16, &cases[i], 300u + i);
+}
+
+/* What flash_attention_3 refuses before anything is written: f32, D 136, D 100. */
+static void fa3_refusals(void **state) {
+    (void)state;
+    const lk_impl *cpu = lk_impl_find(LK_OP_ATTENTION, "flash_attention_2", LK_DEVICE_CPU);
+    const lk_impl *gpu = lk_impl_find(LK_OP_ATTENTION, "flash_attention_3", LK_DEVICE_CUDA);
+    char why[160];
+    if (!gpu || !lk_impl_available(gpu, lk_hw_get(), why, sizeof why)) return;
+    const struct { lk_dtype dt; int64_t D; lk_status want; const char *says; } bad[] = {
+        {LK_F32, 64, LK_EDTYPE, "q"}, {LK_BF16, 136, LK_EUNAVAILABLE, "D = 136"},
+        {LK_BF16, 100, LK_EUNAVAILABLE, "multiples of 8"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        lk_attention_case c = {.B = 1, .Hq = 2, .Sq = 8, .D = bad[i].D, .causal = 1};
+        lk_attention_problem pb;
+        assert_int_equal(lk_attention_problem_make(cpu, bad[i].dt, &c, 5, 0, &pb), LK_OK);
+        lk_attention_args a = pb.a;
+        a.q = to_dev(a.q, 0), a.k = to_dev(a.k, 0), a.v = to_dev(a.v, 0), a.out = to_dev(a.out, 1);
+        a.saved.data = lkt_dev(a.saved.bytes);
+        lkt_poison(a.saved.data, a.saved.bytes);
+        lk_arena arena = {.device = LK_DEVICE_CUDA};
+        lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
+        double *before = lkt_alloc(pb.nq), *after = lkt_alloc(pb.nq);
+        lkt_download(a.out.data, pb.nq, bad[i].dt, before);
+        assert_int_equal(lk_attention_forward(gpu, &a, &ctx), bad[i].want);
+        print_message("  refused: %s\n", lk_last_error());
+        assert_non_null(strstr(lk_last_error(), bad[i].says));
+        lkt_download(a.out.data, pb.nq, bad[i].dt, after);
+        assert_memory_equal(before, after, sizeof(double) * (size_t)pb.nq);   /* untouched */
+        lk_arena_free(&arena);
+        lk_attention_problem_free(&pb);
+        lkt_free_all();
+    }
+}
+
+/* The `cudnn` row (cuDNN's fused flash SDPA, bf16), when this build and machine have it:
+ * against the reference on what it takes, the same bits from two deterministic
+ * backwards, and what it refuses before anything is written. */
+static const lk_impl *cudnn_row(void) {
+    const lk_impl *gpu = lk_impl_find(LK_OP_ATTENTION, "cudnn", LK_DEVICE_CUDA);
+    char why[160] = "not in this build";
+    if (!gpu || !lk_impl_available(gpu, lk_hw_get(), why, sizeof why)) {
+        print_message("  cudnn: skipped (%s)\n", why);
+        return NULL;
+    }
+    return gpu;
+}
+
+/* The case's problem on the device, outputs poisoned. */
+static lk_attention_args cudnn_args(lk_dtype dt, const lk_attention_case *c, uint64_t seed, lk_attention_problem *pb) {
+    const lk_impl *cpu = lk_impl_find(LK_OP_ATTENTION, "flash_attention_2", LK_DEVICE_CPU);
+    assert_int_equal(lk_attention_problem_make(cpu, dt, c, seed, 0, pb), LK_OK);
+    lk_attention_args a = pb->a;
+    a.q = to_dev(a.q, 0), a.k = to_dev(a.k, 0), a.v = to_dev(a.v, 0), a.dout = to_dev(a.dout, 0);
+    a.s_aux = to_dev(a.s_aux, 0);
+    a.out = to_dev(a.out, 1), a.dq = to_dev(a.dq, 1), a.dk = to_dev(a.dk, 1), a.dv = to_dev(a.dv, 1);
+    a.ds_aux = to_dev(a.ds_aux, 1);
+    a.saved.data = lkt_dev(a.saved.bytes);
+    lkt_poison(a.saved.data, a.saved.bytes);
+    return a;
+}
+
+static void cudnn_refused(const lk_impl *gpu, lk_dtype dt, const lk_attention_case *c, lk_status want,
+                          const char *needle) {
+    lk_attention_problem pb;
+    lk_attention_args a = cudnn_args(dt, c, 5, &pb);
+    lk_arena arena = {.device = LK_DEVICE_CUDA};
+    lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
+    size_t n = lk_tensor_bytes(&a.out);
+    uint8_t *before = malloc(n), *after = malloc(n);
+    assert_int_equal(cudaMemcpy(before, a.out.data, n, cudaMemcpyDeviceToHost), cudaSuccess);
+    lk_status s = lk_attention_forward(gpu, &a, &ctx);
+    print_message("  cudnn refuses %-12s -> %d: %s\n", needle, (int)s, lk_last_error());
+    assert_int_equal(s, want);
+    assert_non_null(strstr(lk_last_error(), needle));
+    assert_int_equal(cudaMemcpy(after, a.out.data, n, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_memory_equal(before, after, n);                       /* still the poison: untouched */
+    free(before), free(after);
+    lk_arena_free(&arena);
+    lk_attention_problem_free(&pb);
+    lkt_free_all();
+}
+
+static void cudnn_backend(void **state) {
+    (void)state;
+    const lk_impl *gpu = cudnn_row();
+    if (!gpu) return;
+    const lk_attention_case cases[] = {
+        {.B = 2, .Hq = 4, .Sq = 100, .D = 64, .causal = 1},
+        {.B = 2, .Hq = 4, .Sq = 100, .D = 64},
+        {.B = 1, .Hq = 16, .Hkv = 2, .Sq = 200, .D = 128, .causal = 1},                 /* GQA 8:1 */
+        {.B = 2, .Hq = 4, .Hkv = 1, .Sq = 77, .D = 128},                                /* MQA */
+        {.B = 1, .Hq = 4, .Hkv = 2, .Sq = 50, .Skv = 130, .D = 64, .causal = 1},         /* Sq < Skv */
+        {.B = 2, .Hq = 2, .Sq = 90, .Skv = 37, .D = 64, .causal = 1},                   /* rows that see nothing */
+        {.B = 1, .Hq = 2, .Sq = 70, .Skv = 33, .D = 64},                                /* Sq > Skv, all visible */
+        {.B = 1, .Hq = 2, .Sq = 129, .D = 256, .causal = 1},
+        {.B = 1, .Hq = 4, .Hkv = 2, .Sq = 150, .D = 128, .causal = 1, .window_left = 37},
+        {.B = 1, .Hq = 2, .Sq = 100, .D = 64, .window_left = 20, .window_right = 9},
+        {.B = 1, .Hq = 2, .Sq = 40, .Skv = 100, .D = 64, .causal = 1, .window_left = 16},
+        {.B = 1, .Hq = 4, .Hkv = 2, .Sq = 201, .D = 64, .causal = 1, .n_docs = 7},       /* varlen */
+        {.B = 1, .Hq = 2, .Sq = 97, .D = 128, .n_docs = 1},
+        {.B = 1, .Hq = 4, .Hkv = 1, .Sq = 333, .D = 128, .causal = 1, .window_left = 50, .n_docs = 3},
+        {.B = 2, .Hq = 8, .Hkv = 2, .Sq = 130, .D = 128, .causal = 1, .scale = 0.3f},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case("cudnn", LK_BF16, &cases[i], 300u + i);
+
+    /* deterministic: two backwards, the same bits */
+    lk_attention_case c = {.B = 2, .Hq = 8, .Hkv = 2, .Sq = 300, .D = 128, .causal = 1};
+    lk_attention_problem pb;
+    lk_attention_args a = cudnn_args(LK_BF16, &c, 9, &pb);
+    a.deterministic = 1;
+    lk_arena arena = {.device = LK_DEVICE_CUDA};
+    lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
+    size_t n = lk_tensor_bytes(&a.dq);
+    uint8_t *first = malloc(n), *again = malloc(n);
+    assert_int_equal(lk_attention_forward(gpu, &a, &ctx), LK_OK);
+    assert_int_equal(lk_attention_backward(gpu, &a, &ctx), LK_OK);
+    assert_int_equal(cudaMemcpy(first, a.dq.data, n, cudaMemcpyDeviceToHost), cudaSuccess);
+    lkt_poison(a.dq.data, n);
+    assert_int_equal(lk_attention_backward(gpu, &a, &ctx), LK_OK);
+    assert_int_equal(cudaMemcpy(again, a.dq.data, n, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_memory_equal(first, again, n);
+    print_message("  cudnn deterministic backward: dq the same bits twice\n");
+    free(first), free(again);
+    lk_arena_free(&arena);
+    lk_attention_problem_free(&pb);
+    lkt_free_all();
+
+    const lk_attention_case cap = {.B = 1, .Hq = 2, .Sq = 40, .D = 64, .softcap = 30.0f};
+    const lk_attention_case sink = {.B = 1, .Hq = 2, .Sq = 40, .D = 64, .sinks = 1};
+    const lk_attention_case odd = {.B = 1, .Hq = 2, .Sq = 40, .D = 72};
+    const lk_attention_case win = {.B = 1, .Hq = 2, .Sq = 40, .Skv = 20, .D = 64, .window_left = 8};
+    const lk_attention_case docs = {.B = 1, .Hq = 2, .Sq = 60, .Skv = 45, .D = 64, .causal = 1, .n_docs = 3};
+    cudnn_refused(gpu, LK_BF16, &cap, LK_EUNAVAILABLE, "softcap");
+    cudnn_refused(gpu, LK_BF16, &sink, LK_EUNAVAILABLE, "s_aux");
+    cudnn_refused(gpu, LK_BF16, &odd, LK_EUNAVAILABLE, "D");
+    cudnn_refused(gpu, LK_BF16, &win, LK_EUNAVAILABLE, "window_left");
+    cudnn_refused(gpu, LK_BF16, &docs, LK_EUNAVAILABLE, "cu_seqlens_q");
+    cudnn_refused(gpu, LK_F32, &cases[0], LK_EDTYPE, "expected dtype bf16");
+}
+
+/* flash_attention_2's deterministic backward (a dq pass per query block, no atomics):
+ * against the reference with every option, then the same bits from two backwards. */
+static void fa2_deterministic(void **state) {
+    (void)state;
+    const lk_attention_case cases[] = {
+        {.B = 2, .Hq = 8, .Hkv = 2, .Sq = 300, .D = 128, .causal = 1, .deterministic = 1},
+        {.B = 1, .Hq = 4, .Hkv = 1, .Sq = 400, .D = 64, .n_docs = 5, .window_left = 40, .softcap = 20.0f,
+         .sinks = 1, .deterministic = 1},
+        {.B = 1, .Hq = 2, .Sq = 150, .Skv = 90, .D = 256, .causal = 1, .deterministic = 1},
+        {.B = 1, .Hq = 2, .Sq = 70, .Skv = 190, .D = 40, .window_right = 7, .deterministic = 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        run_case("flash_attention_2", LK_BF16, &cases[i], 400u + i);
+    const lk_impl *gpu = lk_impl_find(LK_OP_ATTENTION, "flash_attention_2", LK_DEVICE_CUDA);
+    for (size_t i = 0; i < 2; i++) {
+        const lk_impl *cpu = lk_impl_find(LK_OP_ATTENTION, "flash_attention_2", LK_DEVICE_CPU);
+        lk_attention_problem pb;
+        assert_int_equal(lk_attention_problem_make(cpu, LK_BF16, &cases[i], 9, 0, &pb), LK_OK);
+        lk_attention_args a = pb.a;
+        a.q = to_dev(a.q, 0), a.k = to_dev(a.k, 0), a.v = to_dev(a.v, 0), a.dout = to_dev(a.dout, 0);
+        a.s_aux = to_dev(a.s_aux, 0), a.ds_aux = to_dev(a.ds_aux, 1);
+        a.out = to_dev(a.out, 1), a.dq = to_dev(a.dq, 1), a.dk = to_dev(a.dk, 1), a.dv = to_dev(a.dv, 1);
+        a.saved.data = lkt_dev(a.saved.bytes);
+        lk_arena arena = {.device = LK_DEVICE_CUDA};
+        lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
+        const lk_tensor *g[3] = {&a.dq, &a.dk, &a.dv};
+        for (int t = 0; t < 3; t++) {
+            size_t n = lk_tensor_bytes(g[t]);
+            uint8_t *first = malloc(n), *again = malloc(n);
+            assert_int_equal(lk_attention_forward(gpu, &a, &ctx), LK_OK);
+            assert_int_equal(lk_attention_backward(gpu, &a, &ctx), LK_OK);
+            assert_int_equal(cudaMemcpy(first, g[t]->data, n, cudaMemcpyDeviceToHost), cudaSuccess);
+            lkt_poison(g[t]->data, n);
+            assert_int_equal(lk_attention_backward(gpu, &a, &ctx), LK_OK);
+            assert_int_equal(cudaMemcpy(again, g[t]->data, n, cudaMemcpyDeviceToHost), cudaSuccess);
+            assert_memory_equal(first, again, n);
+            free(first), free(again);
+        }
+        print_message("  flash_attention_2 deterministic backward, case %zu: dq, dk, dv the same bits twice\n", i);
+        lk_arena_free(&arena);
+        lk_attention_problem_free(&pb);
+        lkt_free_all();
+    }
+}
+
 int main(void) {
     if (!lkt_have_gpu("cuda_test_attention")) return LKT_SKIP;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(against_reference),
         cmocka_unit_test(refusals),
+        cmocka_unit_test(fa2_deterministic),
+        cmocka_unit_test(cudnn_backend),
+        cmocka_unit_test(fa3_against_reference),
+        cmocka_unit_test(fa3_refusals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

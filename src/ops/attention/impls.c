@@ -13,6 +13,20 @@ static const lk_attention_entry flash = {.version = LK_ATTENTION_ENTRY_VERSION, 
 static const lk_attention_entry flex = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLEX};
 static const lk_attention_entry flash_sp = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLASH, .sp = 1};
 static const lk_attention_entry flex_sp = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLEX, .sp = 1};
+#ifdef LLMKERN_HAVE_CUDA
+static const lk_attention_entry flash_fa2 = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLASH,
+                                             .cuda = &lk_attention_fa2_cuda_backend};
+static const lk_attention_entry flash_fa2_sp = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLASH,
+                                                .sp = 1, .cuda = &lk_attention_fa2_cuda_backend};
+static const lk_attention_entry fa3 = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLASH,
+                                       .cuda = &lk_attention_fa3_cuda_backend};
+static const lk_attention_entry fa3_sp = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLASH, .sp = 1,
+                                          .cuda = &lk_attention_fa3_cuda_backend};
+#endif
+#ifdef LLMKERN_HAVE_CUDNN
+static const lk_attention_entry cudnn_entry = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLASH,
+                                               .cuda = &lk_attention_cudnn_backend};
+#endif
 
 const lk_impl lk_attention_impls[] = {
     {
@@ -48,19 +62,38 @@ const lk_impl lk_attention_impls[] = {
 #ifdef LLMKERN_HAVE_CUDA
     {
         .op = LK_OP_ATTENTION, .name = "sdpa", .device = LK_DEVICE_CUDA,
-        .needs = {.min_cc = 80, .dtypes = CPU_DTYPES}, .vtable = &flash,
-        .summary = "the flash adapter: online softmax, LSE saved; tiles on CUDA cores (no tensor cores yet)",
+        .needs = {.min_cc = 80, .dtypes = CPU_DTYPES}, .vtable = &flash_fa2,
+        .summary = "the flash adapter on flash_attention_2's kernel: bf16 on tensor cores (f32 on CUDA cores)",
     },
     {
         .op = LK_OP_ATTENTION, .name = "flash_attention_2", .device = LK_DEVICE_CUDA,
-        .needs = {.min_cc = 80, .dtypes = CPU_DTYPES}, .vtable = &flash,
-        .summary = "FA-2's algorithm in tiles on CUDA cores (no tensor cores yet), deterministic backward",
+        .needs = {.min_cc = 80, .dtypes = CPU_DTYPES}, .vtable = &flash_fa2,
+        .summary = "FA-2 on tensor cores (mma.sync, bf16; f32 on CUDA cores); backward not deterministic "
+                   "(dq by atomics) unless asked",
     },
     {
         .op = LK_OP_ATTENTION, .name = "llmkern_flash_attention_2_with_sp", .device = LK_DEVICE_CUDA,
-        .needs = {.min_cc = 80, .dtypes = CPU_DTYPES, .sp_aware = 1}, .vtable = &flash_sp,
-        .summary = "SP-aware flash_attention_2: Ulysses over an NCCL group around the CUDA flash backend",
+        .needs = {.min_cc = 80, .dtypes = CPU_DTYPES, .sp_aware = 1}, .vtable = &flash_fa2_sp,
+        .summary = "SP-aware flash_attention_2: Ulysses over an NCCL group around its tensor-core kernel",
     },
+    {
+        .op = LK_OP_ATTENTION, .name = "flash_attention_3", .device = LK_DEVICE_CUDA,
+        .needs = {.min_cc = 90, .dtypes = LK_DTYPE_BIT(LK_BF16)}, .vtable = &fa3,
+        .summary = "Hopper forward: TMA producer warpgroup, two wgmma consumer warpgroups; backward: "
+                   "flash_attention_2's",
+    },
+    {
+        .op = LK_OP_ATTENTION, .name = "llmkern_flash_attention_3_with_sp", .device = LK_DEVICE_CUDA,
+        .needs = {.min_cc = 90, .dtypes = LK_DTYPE_BIT(LK_BF16), .sp_aware = 1}, .vtable = &fa3_sp,
+        .summary = "SP-aware flash_attention_3: Ulysses over an NCCL group around the Hopper kernel",
+    },
+#ifdef LLMKERN_HAVE_CUDNN
+    {
+        .op = LK_OP_ATTENTION, .name = "cudnn", .device = LK_DEVICE_CUDA,
+        .needs = {.min_cc = 80, .needs = LK_NEED_CUDNN, .dtypes = LK_DTYPE_BIT(LK_BF16)}, .vtable = &cudnn_entry,
+        .summary = "cuDNN 9's fused flash SDPA (cudnn-frontend graph per shape): causal, window, GQA, varlen",
+    },
+#endif
 #endif
     {.name = NULL},
 };

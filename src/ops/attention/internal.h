@@ -82,6 +82,10 @@ extern const lk_attention_vtable lk_attention_flex_backend;
 #ifdef LLMKERN_HAVE_CUDA
 extern const lk_attention_vtable lk_attention_flash_cuda_backend;   /* flash.cu */
 extern const lk_attention_vtable lk_attention_fa2_cuda_backend;     /* fa2.cu: bf16 on tensor cores */
+extern const lk_attention_vtable lk_attention_fa3_cuda_backend;     /* fa3.cu: Hopper, wgmma + TMA */
+#endif
+#ifdef LLMKERN_HAVE_CUDNN
+extern const lk_attention_vtable lk_attention_cudnn_backend;        /* sdpa_cudnn.cpp */
 #endif
 
 #ifdef __cplusplus

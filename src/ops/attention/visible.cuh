@@ -1,0 +1,65 @@
+/* visible.cuh — which keys a query row sees, on the device: the CPU's rule
+ * (lk_attn_row_intervals in common.c) for one row, from the document bounds. Query row i
+ * sees keys [lo_i, hi_i): causal (bottom-right aligned when S_q != S_kv), the sliding
+ * window and varlen documents (each aligned on its own) all narrow it. lo and hi never
+ * decrease with i, so a tile of rows sees [lo_first, hi_last) and every row of it sees
+ * [lo_last, hi_first) whole. The tensor-core kernels (fa2.cu, fa3.cu) share it. */
+#ifndef LLMKERN_OPS_ATTENTION_VISIBLE_CUH
+#define LLMKERN_OPS_ATTENTION_VISIBLE_CUH
+
+#include <stdint.h>
+#include "core/cuda_check.h"
+#include "ops/attention/internal.h"
+
+typedef struct {
+    const int32_t *cq, *ck;   /* device cu_seqlens, or NULL (one document) */
+    int ndoc;
+    int Sq, Skv;
+    int causal;
+    int64_t wl, wr;           /* window_left / window_right, 0 = unbounded */
+} lk_attn_vis;
+
+static __device__ __forceinline__ void lk_attn_row_iv(const lk_attn_vis &v, int i, int &lo, int &hi) {
+    int qs = 0, qe = v.Sq, ks = 0, ke = v.Skv;
+    if (v.cq) {   /* the last document starting at or before i */
+        int a = 0, b = v.ndoc - 1;
+        while (a < b) {
+            const int mid = (a + b + 1) >> 1;
+            if (v.cq[mid] <= i) a = mid;
+            else b = mid - 1;
+        }
+        qs = v.cq[a], qe = v.cq[a + 1], ks = v.ck[a], ke = v.ck[a + 1];
+    }
+    const long long pos = (long long)ks + (i - qs) + ((ke - ks) - (qe - qs));
+    long long l = ks, h = ke;
+    if (v.causal && pos + 1 < h) h = pos + 1;
+    if (v.wl > 0 && pos - v.wl + 1 > l) l = pos - v.wl + 1;
+    if (v.wr > 0 && pos + v.wr < h) h = pos + v.wr;
+    if (h < l) h = l;
+    lo = (int)l, hi = (int)h;
+}
+
+/* The call's visibility, its cu_seqlens copied into the arena in stream order (n_docs + 1
+ * ints each; from pageable memory the copy is staged before the call returns). */
+static inline lk_status lk_attn_vis_make(const lk_attention_args *a, lk_arena *ar, cudaStream_t st,
+                                         lk_attn_vis *v) {
+    *v = (lk_attn_vis){NULL, NULL, 0, (int)a->q.shape[2], (int)a->k.shape[2], a->causal, a->window_left,
+                       a->window_right};
+    if (!a->cu_seqlens_q.data) return LK_OK;
+    size_t n = (size_t)a->cu_seqlens_q.shape[0], bytes = (n * 4 + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1);
+    int32_t *cq = (int32_t *)lk_arena_alloc(ar, bytes), *ck = (int32_t *)lk_arena_alloc(ar, bytes);
+    if (!cq || !ck) return lk_error(LK_ENOMEM, "attention: no room for cu_seqlens on the device");
+    LK_CUDA_TRY(cudaMemcpyAsync(cq, a->cu_seqlens_q.data, n * 4, cudaMemcpyHostToDevice, st));
+    LK_CUDA_TRY(cudaMemcpyAsync(ck, a->cu_seqlens_k.data, n * 4, cudaMemcpyHostToDevice, st));
+    v->cq = cq, v->ck = ck, v->ndoc = (int)n - 1;
+    return LK_OK;
+}
+
+/* Arena bytes lk_attn_vis_make takes. */
+static inline size_t lk_attn_vis_bytes(const lk_attention_args *a) {
+    if (!a->cu_seqlens_q.data) return 0;
+    size_t n = (size_t)a->cu_seqlens_q.shape[0];
+    return 2 * ((n * 4 + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1));
+}
+
+#endif

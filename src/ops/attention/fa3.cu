@@ -24,12 +24,11 @@
  * rows sees; a tile every row sees whole skips the per-element mask. Causal blocks are
  * launched longest first. GQA reads K/V head h / G through the tensor map's third
  * coordinate; no copies. Softcap and sinks as in the contract. Head dims that are
- * multiples of 8 up to 128 (TMA zero-fills the columns past D of a 64- or 128-wide tile);
- * larger ones, f32 and unaligned tensors are refused (supports): flash_attention_2 runs
- * them.
+ * multiples of 8 up to 128 (TMA zero-fills the columns past D of a 64- or 128-wide tile).
  *
- * The backward is flash_attention_2's tensor-core backward (fa2.cu; the same LSE
- * contract); a wgmma backward is still to write (bench/NOTES.md, issue 16). */
+ * What this kernel does not take (f32, other head dims up to 256, unaligned tensors) runs
+ * on flash_attention_2's kernels, as does the backward (fa2.cu; the same LSE contract): a
+ * wgmma backward is still to write (bench/NOTES.md, issue 16). */
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <math.h>
@@ -386,31 +385,20 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
 
 static size_t saved_bytes(const lk_attention_args *a) { return lk_attn_lse_bytes(a); }
 
-static const lk_attention_vtable *backward_backend(void) { return &lk_attention_fa2_cuda_backend; }
+/* What the Hopper kernel does not take runs on flash_attention_2's kernels (fa2.cu): the
+ * backward always, and the forward of f32 (CUDA cores there), head dims past 128 or not
+ * a multiple of 8, tensors not 16-byte aligned (TMA's rule), B·H_q past the grid's 65535. */
+static const lk_attention_vtable *const fa2 = &lk_attention_fa2_cuda_backend;
 
-static size_t workspace_bytes(const lk_attention_args *a, int backward) {
-    return backward ? backward_backend()->workspace_bytes(a, 1) : lk_attn_vis_bytes(a);
+static int hopper_takes(const lk_attention_args *a) {
+    const int64_t D = a->q.shape[3];
+    return a->q.dtype == LK_BF16 && D % 8 == 0 && D <= 128 && a->q.shape[0] * a->q.shape[1] <= 65535 &&
+           a->q.shape[2] < INT32_MAX && a->k.shape[2] < INT32_MAX && (uintptr_t)a->q.data % 16 == 0 &&
+           (uintptr_t)a->k.data % 16 == 0 && (uintptr_t)a->v.data % 16 == 0;
 }
 
-static lk_status supports(const lk_attention_args *a, int backward) {
-    const int64_t D = a->q.shape[3];
-    if (a->q.dtype != LK_BF16)
-        return lk_error(LK_EUNAVAILABLE, "attention: q: flash_attention_3 takes bf16 (flash_attention_2 takes "
-                        "%s), got %s", lk_dtype_name(a->q.dtype), lk_dtype_name(a->q.dtype));
-    if (D % 8 != 0 || D > 128)
-        return lk_error(LK_EUNAVAILABLE, "attention: q: flash_attention_3 takes head dims D that are multiples "
-                        "of 8 up to 128 (flash_attention_2 takes any D <= 256), got D = %lld", (long long)D);
-    if (a->q.shape[0] * a->q.shape[1] > 65535 || a->q.shape[2] >= INT32_MAX || a->k.shape[2] >= INT32_MAX)
-        return lk_error(LK_EUNAVAILABLE, "attention: q: flash_attention_3 takes B·H_q <= 65535 and S below 2^31, "
-                        "got B·H_q = %lld, S_q = %lld", (long long)(a->q.shape[0] * a->q.shape[1]),
-                        (long long)a->q.shape[2]);
-    const void *p[3] = {a->q.data, a->k.data, a->v.data};
-    static const char *const names[3] = {"q", "k", "v"};
-    for (int i = 0; i < 3; i++)
-        if ((uintptr_t)p[i] % 16)
-            return lk_error(LK_EUNAVAILABLE, "attention: %s: flash_attention_3 reads through TMA, which needs "
-                            "16-byte aligned tensors, got %p", names[i], p[i]);
-    return backward ? backward_backend()->supports ? backward_backend()->supports(a, 1) : LK_OK : LK_OK;
+static size_t workspace_bytes(const lk_attention_args *a, int backward) {
+    return backward || !hopper_takes(a) ? fa2->workspace_bytes(a, backward) : lk_attn_vis_bytes(a);
 }
 
 typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
@@ -461,6 +449,7 @@ static lk_status launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUte
 }
 
 static lk_status forward(const lk_attention_args *a, lk_ctx *ctx) {
+    if (!hopper_takes(a)) return fa2->forward(a, ctx);
     lk_attn_dims d = lk_attn_dims_of(a);
     cudaStream_t st = (cudaStream_t)ctx->stream;
     fwd_geom g = {d.Sq, d.Skv, d.Hq, d.Hkv, d.G, (int)d.D, d.scale * LOG2E, d.scale, a->softcap,
@@ -474,8 +463,8 @@ static lk_status forward(const lk_attention_args *a, lk_ctx *ctx) {
     return d.D <= 64 ? launch<64>(tq, tk, tv, a, &d, g, st) : launch<128>(tq, tk, tv, a, &d, g, st);
 }
 
-static lk_status backward(const lk_attention_args *a, lk_ctx *ctx) { return backward_backend()->backward(a, ctx); }
+static lk_status backward(const lk_attention_args *a, lk_ctx *ctx) { return fa2->backward(a, ctx); }
 
 extern "C" const lk_attention_vtable lk_attention_fa3_cuda_backend = {
-    LK_ATTENTION_VTABLE_VERSION, saved_bytes, workspace_bytes, forward, backward, supports,
+    LK_ATTENTION_VTABLE_VERSION, saved_bytes, workspace_bytes, forward, backward, NULL,
 };

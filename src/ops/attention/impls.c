@@ -78,13 +78,13 @@ const lk_impl lk_attention_impls[] = {
     },
     {
         .op = LK_OP_ATTENTION, .name = "flash_attention_3", .device = LK_DEVICE_CUDA,
-        .needs = {.min_cc = 90, .dtypes = LK_DTYPE_BIT(LK_BF16)}, .vtable = &fa3,
-        .summary = "Hopper forward: TMA producer warpgroup, two wgmma consumer warpgroups; backward: "
-                   "flash_attention_2's",
+        .needs = {.min_cc = 90, .dtypes = CPU_DTYPES}, .vtable = &fa3,
+        .summary = "Hopper forward (bf16, D <= 128): TMA producer, two wgmma consumer warpgroups; the rest "
+                   "and the backward: flash_attention_2's",
     },
     {
         .op = LK_OP_ATTENTION, .name = "llmkern_flash_attention_3_with_sp", .device = LK_DEVICE_CUDA,
-        .needs = {.min_cc = 90, .dtypes = LK_DTYPE_BIT(LK_BF16), .sp_aware = 1}, .vtable = &fa3_sp,
+        .needs = {.min_cc = 90, .dtypes = CPU_DTYPES, .sp_aware = 1}, .vtable = &fa3_sp,
         .summary = "SP-aware flash_attention_3: Ulysses over an NCCL group around the Hopper kernel",
     },
 #ifdef LLMKERN_HAVE_CUDNN

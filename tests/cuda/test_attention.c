@@ -179,6 +179,9 @@ static void fa3_against_reference(void **state) {
         {.B = 1, .Hq = 4, .Sq = 333, .Skv = 517, .D = 64},                            /* several tiles, odd */
         {.B = 2, .Hq = 16, .Hkv = 2, .Sq = 1000, .D = 128, .causal = 1},              /* GQA 8:1, 256 blocks */
         {.B = 1, .Hq = 8, .Sq = 515, .Skv = 260, .D = 128, .causal = 1, .scale = 0.3f},
+        /* unmasked D > 64: the 176-key tiles */
+        {.B = 2, .Hq = 4, .Hkv = 2, .Sq = 400, .Skv = 500, .D = 128, .softcap = 30.0f},
+        {.B = 1, .Hq = 2, .Sq = 600, .D = 96, .n_docs = 5, .sinks = 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         run_case("flash_attention_3", LK_BF16, &cases[i], 300u + i);

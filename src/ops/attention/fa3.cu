@@ -3,12 +3,13 @@
  *
  *   a block      128 query rows of one (b, h); three warpgroups (384 threads):
  *   producer     warpgroup 0 gives back its registers (setmaxnreg 24) and one thread issues
- *                TMA loads: the Q tile once, then K and V tiles of 128 keys into a
- *                three-stage shared-memory ring. K and V of a stage complete on mbarriers
+ *                TMA loads: the Q tile once, then K and V tiles (BN keys: 176 where the
+ *                block masks nothing inside its key range, else 128) into a ring of two or
+ *                three stages. K and V of a stage complete on mbarriers
  *                of their own (TMA's transaction bytes); an `empty` mbarrier takes the
  *                consumers' arrivals when a stage may be refilled.
  *   consumers    warpgroups 1 and 2 take 64 rows each (setmaxnreg 240): S = Q·Kᵀ by
- *                wgmma from shared memory (m64n128k16, D/16 steps), the online softmax in
+ *                wgmma from shared memory (m64nBNk16, D/16 steps), the online softmax in
  *                registers (exp2, log2e folded into the scale's FFMA), P rounded to bf16 in
  *                registers as the A operand of O += P·V (wgmma, V read N-major through the
  *                descriptor's transpose). Pipelined inside a warpgroup: Q·Kᵀ of tile t + 1
@@ -39,8 +40,14 @@
 #include "ops/cuda_util.cuh"
 
 #define BM 128            /* query rows a block */
-#define BN 128            /* keys a tile */
-#define STAGES 3          /* 32 KiB of Q + 3 x 64 KiB of K and V: 225 KiB of the 227 a block may take */
+/* Keys a tile, BN: 176 where no row is masked inside the block's range (no causal, no
+ * window: fewer, longer tiles amortize each tile's softmax bookkeeping), else 128.
+ * Stages of the K/V ring: as many as the 227 KiB a block may take hold (D 128: 32 KiB of
+ * Q + 3 x 64 KiB at BN 128, 2 x 88 KiB at BN 176). */
+template <int DP, int BN>
+struct tiling {
+    static constexpr int stages = (DP / 64) * (BM + 3 * 2 * BN) * 128 + 1024 <= 227 * 1024 ? 3 : 2;
+};
 #define THREADS 384
 #define LOG2E 1.4426950408889634f
 
@@ -116,6 +123,14 @@ static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *(uint32_t *)&v;
 }
 
+/* d[m64 x n176] (+)= A · Bᵀ (acc 0: =), A and B K-major in shared memory. */
+static __device__ __forceinline__ void wgmma_ss_n176(float *d, uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n176k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, %88, %89, p, 1, 1, 0, 0;\n}"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
+                 : "l"(da), "l"(db), "r"(acc));
+}
+
 /* d[m64 x n128] (+)= A · Bᵀ (acc 0: =), A and B K-major in shared memory. */
 static __device__ __forceinline__ void wgmma_ss_n128(float *d, uint64_t da, uint64_t db, int acc) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
@@ -154,17 +169,19 @@ static __device__ __forceinline__ void sched_signal(int cg) {
 
 /* S = Q·Kᵀ of this warpgroup's 64 rows against a stage's BN keys (sq: the warpgroup's rows
  * of the Q tile; sk: the stage's K tile). */
-template <int DP>
+template <int DP, int BN>
 static __device__ __forceinline__ void issue_qk(float *sc, const uint8_t *sq, const uint8_t *sk) {
 #pragma unroll
     for (int kk = 0; kk < DP / 16; kk++) {
         const int c = kk / 4, off = (kk % 4) * 32;
-        wgmma_ss_n128(sc, desc(sq + c * BM * 128 + off, 16, 1024), desc(sk + c * BN * 128 + off, 16, 1024), kk > 0);
+        const uint64_t dq = desc(sq + c * BM * 128 + off, 16, 1024), dk = desc(sk + c * BN * 128 + off, 16, 1024);
+        if constexpr (BN == 176) wgmma_ss_n176(sc, dq, dk, kk > 0);
+        else wgmma_ss_n128(sc, dq, dk, kk > 0);
     }
 }
 
 /* O += P·V over a stage's BN keys (sv: the stage's V tile, read N-major). */
-template <int DP>
+template <int DP, int BN>
 static __device__ __forceinline__ void issue_pv(float *o, const uint32_t (*p)[4], const uint8_t *sv) {
 #pragma unroll
     for (int t = 0; t < BN / 16; t++) {
@@ -177,6 +194,7 @@ static __device__ __forceinline__ void issue_pv(float *o, const uint32_t (*p)[4]
 /* The online softmax of one tile of scores in place: sc becomes the unnormalized
  * probabilities (f32), m the rows' running max (log2 units), alpha the factor the rows'
  * earlier sums and outputs take, sum this lane's share of the tile's row sums. */
+template <int BN>
 static __device__ __forceinline__ void softmax_tile(float *sc, float *m, float *alpha, float *sum, int k0, int maxlo,
                                                     int minhi, const int *lo, const int *hi, int lane,
                                                     const fwd_geom &g) {
@@ -215,6 +233,7 @@ static __device__ __forceinline__ void softmax_tile(float *sc, float *m, float *
 }
 
 /* Accumulator columns 16t..16t+15 of P are the A fragment of k-step t. */
+template <int BN>
 static __device__ __forceinline__ void pack_p(const float *sc, uint32_t (*p)[4]) {
 #pragma unroll
     for (int e = 0; e < BN / 2; e += 2) p[e / 8][((e / 4) & 1) * 2 + ((e >> 1) & 1)] = pack_bf16(sc[e], sc[e + 1]);
@@ -224,13 +243,13 @@ static __device__ __forceinline__ void pack_p(const float *sc, uint32_t (*p)[4])
 /* Consumer registers are indexed only by unrolled constants: fragment element e of an
  * m64nN accumulator is row (e & 2 ? 8 : 0) + lane / 4 of the warp's 16, column
  * 8 (e / 4) + 2 (lane % 4) + (e & 1). */
-template <int DP>
+template <int DP, int BN>
 __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CUtensorMap tq,
                                                       const __grid_constant__ CUtensorMap tk,
                                                       const __grid_constant__ CUtensorMap tv, lk_bf16_t *out,
                                                       float *lse, fwd_geom g) {
 #if FA3_ARCH
-    constexpr int NC = DP / 64;                     /* 64-column blocks of a row */
+    constexpr int NC = DP / 64, STAGES = tiling<DP, BN>::stages;   /* NC: 64-column blocks of a row */
     constexpr uint32_t QB = BM * 128, KB = BN * 128; /* bytes of one 64-column block */
     extern __shared__ uint8_t smem_raw[];
     uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
@@ -305,15 +324,15 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
         mbar_wait(&kfull[0], 0);
         sched_wait(cg);
         wgmma_fence();
-        issue_qk<DP>(sc, sq + cg * 64 * 128, sk);
+        issue_qk<DP, BN>(sc, sq + cg * 64 * 128, sk);
         wgmma_commit();
         sched_signal(1 - cg);
         wgmma_wait<0>();
         fence_regs<BN / 2>(sc);
-        softmax_tile(sc, m, alpha, sum, t0 * BN, maxlo, minhi, lo, hi, lane, g);
+        softmax_tile<BN>(sc, m, alpha, sum, t0 * BN, maxlo, minhi, lo, hi, lane, g);
 #pragma unroll
         for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
-        pack_p(sc, p);
+        pack_p<BN>(sc, p);
         for (int it = 1; it < nt; it++) {
             const int s = it % STAGES, sp = (it - 1) % STAGES;
             mbar_wait(&kfull[s], (it / STAGES) & 1);
@@ -321,14 +340,14 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
             sched_wait(cg);
             fence_regs<DP / 2>(o);
             wgmma_fence();
-            issue_qk<DP>(sc, sq + cg * 64 * 128, sk + s * NC * KB);
+            issue_qk<DP, BN>(sc, sq + cg * 64 * 128, sk + s * NC * KB);
             wgmma_commit();
-            issue_pv<DP>(o, p, sv + sp * NC * KB);
+            issue_pv<DP, BN>(o, p, sv + sp * NC * KB);
             wgmma_commit();
             sched_signal(1 - cg);
             wgmma_wait<1>();
             fence_regs<BN / 2>(sc);
-            softmax_tile(sc, m, alpha, sum, (t0 + it) * BN, maxlo, minhi, lo, hi, lane, g);
+            softmax_tile<BN>(sc, m, alpha, sum, (t0 + it) * BN, maxlo, minhi, lo, hi, lane, g);
             wgmma_wait<0>();
             fence_regs<DP / 2>(o);
             mbar_arrive(&empty[sp]);
@@ -336,14 +355,14 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
             for (int e = 0; e < DP / 2; e++) o[e] *= alpha[(e >> 1) & 1];
 #pragma unroll
             for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
-            pack_p(sc, p);
+            pack_p<BN>(sc, p);
         }
         const int sl = (nt - 1) % STAGES;
         mbar_wait(&vfull[sl], ((nt - 1) / STAGES) & 1);
         sched_wait(cg);
         fence_regs<DP / 2>(o);
         wgmma_fence();
-        issue_pv<DP>(o, p, sv + sl * NC * KB);
+        issue_pv<DP, BN>(o, p, sv + sl * NC * KB);
         wgmma_commit();
         sched_signal(1 - cg);
         wgmma_wait<0>();
@@ -434,16 +453,19 @@ static lk_status tensor_map(CUtensorMap *m, const void *base, int64_t heads, int
     return LK_OK;
 }
 
-template <int DP>
-static size_t fwd_smem(void) { return 1024 + (size_t)(DP / 64) * (BM + 2 * STAGES * BN) * 128 + 8 * (1 + 3 * STAGES); }
+template <int DP, int BN>
+static size_t fwd_smem(void) {
+    constexpr int st = tiling<DP, BN>::stages;
+    return 1024 + (size_t)(DP / 64) * (BM + 2 * st * BN) * 128 + 8 * (1 + 3 * st);
+}
 
-template <int DP>
+template <int DP, int BN>
 static lk_status launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
                         const lk_attention_args *a, const lk_attn_dims *d, const fwd_geom &g, cudaStream_t st) {
-    const size_t sh = fwd_smem<DP>();
-    LK_CUDA_TRY(cudaFuncSetAttribute(fa3_fwd<DP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
+    const size_t sh = fwd_smem<DP, BN>();
+    LK_CUDA_TRY(cudaFuncSetAttribute(fa3_fwd<DP, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
     dim3 grid((unsigned)((d->Sq + BM - 1) / BM), (unsigned)(d->B * d->Hq));
-    fa3_fwd<DP><<<grid, THREADS, sh, st>>>(tq, tk, tv, (lk_bf16_t *)a->out.data, (float *)a->saved.data, g);
+    fa3_fwd<DP, BN><<<grid, THREADS, sh, st>>>(tq, tk, tv, (lk_bf16_t *)a->out.data, (float *)a->saved.data, g);
     LK_CUDA_LAUNCHED("attention: flash_attention_3 forward");
     return LK_OK;
 }
@@ -454,13 +476,16 @@ static lk_status forward(const lk_attention_args *a, lk_ctx *ctx) {
     cudaStream_t st = (cudaStream_t)ctx->stream;
     fwd_geom g = {d.Sq, d.Skv, d.Hq, d.Hkv, d.G, (int)d.D, d.scale * LOG2E, d.scale, a->softcap,
                   a->softcap * LOG2E, {}, (const float *)a->s_aux.data, a->causal};
+    /* 176-key tiles where no row is masked inside the block's key range (D 128) */
+    const int bn = d.D > 64 && !a->causal && !a->window_left && !a->window_right ? 176 : 128;
     CUtensorMap tq, tk, tv;
     lk_status s;
     if ((s = lk_attn_vis_make(a, ctx->arena, st, &g.vis)) || (s = tensor_map(&tq, a->q.data, d.B * d.Hq, d.Sq, d.D, BM)) ||
-        (s = tensor_map(&tk, a->k.data, d.B * d.Hkv, d.Skv, d.D, BN)) ||
-        (s = tensor_map(&tv, a->v.data, d.B * d.Hkv, d.Skv, d.D, BN)))
+        (s = tensor_map(&tk, a->k.data, d.B * d.Hkv, d.Skv, d.D, bn)) ||
+        (s = tensor_map(&tv, a->v.data, d.B * d.Hkv, d.Skv, d.D, bn)))
         return s;
-    return d.D <= 64 ? launch<64>(tq, tk, tv, a, &d, g, st) : launch<128>(tq, tk, tv, a, &d, g, st);
+    if (d.D <= 64) return launch<64, 128>(tq, tk, tv, a, &d, g, st);
+    return bn == 176 ? launch<128, 176>(tq, tk, tv, a, &d, g, st) : launch<128, 128>(tq, tk, tv, a, &d, g, st);
 }
 
 static lk_status backward(const lk_attention_args *a, lk_ctx *ctx) { return fa2->backward(a, ctx); }

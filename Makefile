@@ -28,7 +28,7 @@ run: build
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 	$(MAKE) test-asan
-	@if command -v clang >/dev/null; then bash scripts/fuzz.sh 20; else echo "fuzz: clang not installed, the 20 s fuzz runs skipped"; fi
+	@if command -v clang >/dev/null; then FUZZ_SEED=1 bash scripts/fuzz.sh 20; else echo "fuzz: clang not installed, the 20 s fuzz runs skipped"; fi
 
 test-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLLMKERN_SANITIZE=ON

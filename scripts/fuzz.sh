@@ -5,7 +5,9 @@
 # are; what a run adds stays in build-fuzz/corpus/). One line per target: executions,
 # coverage (libFuzzer's cov: edges and ft: features), corpus size; a crash stops with
 # its reproducer in build-fuzz/crashes/. `make fuzz` runs 600 s each; `make test` 20 s
-# each when clang is installed. Run: bash scripts/fuzz.sh [SECONDS] [TARGET...]
+# each when clang is installed, with FUZZ_SEED=1 (the same mutations every run, so the
+# suite does not turn red at random; 0, the default, draws a seed).
+# Run: [FUZZ_SEED=N] bash scripts/fuzz.sh [SECONDS] [TARGET...]
 set -euo pipefail
 secs=${1:-600}; shift || true
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -28,7 +30,7 @@ for t in "${targets[@]}"; do
   dict=(); [ -f "$src/tests/fuzz/$t.dict" ] && dict=(-dict="$src/tests/fuzz/$t.dict")
   log="$dir/$t.log"
   if "$dir/$t" "$corpus" "${dict[@]}" -max_total_time="$secs" -timeout=10 -rss_limit_mb=4096 -max_len=65536 \
-       -print_final_stats=1 -artifact_prefix="$dir/crashes/$t-" >"$log" 2>&1; then r=ok; else r=FAILED; status=1; fi
+       -print_final_stats=1 -seed="${FUZZ_SEED:-0}" -artifact_prefix="$dir/crashes/$t-" >"$log" 2>&1; then r=ok; else r=FAILED; status=1; fi
   done_line=$(grep -a 'DONE' "$log" | tail -1 || true)
   execs=$(grep -a 'stat::number_of_executed_units' "$log" | awk '{print $2}' || true)
   echo "fuzz: $t: $r, ${secs} s, ${execs:-?} executions, ${done_line:-$(tail -1 "$log")}, corpus $(ls "$corpus" | wc -l) inputs"

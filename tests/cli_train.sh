@@ -127,6 +127,9 @@ for f in config.json model.safetensors optimizer.safetensors; do
       "$bin" train --config "$tmp/tiny.yaml" --out "$d" --resume "$d" --steps 6
   done
 done
+d="$tmp/trunc-latest"; rm -rf "$d"; cp -r "$tmp/run" "$d"; : >"$d/latest"
+refuse "--resume, latest emptied" "$d" "$d/latest: expected a checkpoint name" \
+  "$bin" train --config "$tmp/tiny.yaml" --out "$d" --resume "$d" --steps 6
 d="$tmp/other-model"; rm -rf "$d"; cp -r "$tmp/run" "$d"
 sed 's/hidden_size: 32/hidden_size: 48/' "$tmp/tiny.yaml" >"$tmp/wider.yaml"
 refuse "--resume of another model's checkpoint" "$d" "$d/$latest/config.json: hidden_size is 32, the run's model has 48" \

@@ -281,6 +281,8 @@ static void watchdog_arms(void **state) {
     assert_int_equal(lk_comm_watchdog_arm(0.05, 0), LK_OK);
     assert_int_equal(lk_comm_watchdog_arm(0.05, 0), LK_OK);   /* re-arming keeps one thread */
     lk_comm_watchdog_step(3);
+    lk_comm_watchdog_grace(5);   /* a checkpoint's longer limit, then back */
+    lk_comm_watchdog_grace(0);
     int64_t x = 5;
     for (int i = 0; i < 20; i++) assert_int_equal(lk_comm_all_reduce(lk_comm_self(), &x, 1, LK_COMM_I64), LK_OK);
     struct timespec ts = {0, 200 * 1000 * 1000};

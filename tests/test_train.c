@@ -287,6 +287,13 @@ static void yaml_train_errors_name_the_place(void **state) {
         {"model:\n  config_json: /nonexistent/c.json\n", ":2:16", "/nonexistent/c.json"},
         {"model:\n  hidden_size: 30\n  num_hidden_layers: 1\n", "", "model:"},
         {"trian: {}\n", ":1:1", "did you mean 'train'?"},
+        /* issue 20: duplicate keys name both places, at every level */
+        {"train:\n  steps: 4\n  lr: 0.1\n  steps: 5\n", ":4:3", "duplicate key 'steps' in train (first at line 2, column 3)"},
+        {"data: { docs: 3, docs: 4 }\n", ":1:18", "duplicate key 'docs' in data (first at line 1, column 9)"},
+        {"train: {}\ntrain: {}\n", ":2:1", "duplicate key 'train' in the document (first at line 1"},
+        {"model:\n  ops_implementation: { attn_implementation: eager, attn_implementation: sdpa }\n", ":2:53",
+         "duplicate key 'attn_implementation' in model.ops_implementation"},
+        {"train:\n  comm_timeout_s: -1\n", ":2:19", "train.comm_timeout_s: expected a finite number >= 0"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         static lk_train_config tc, before;
@@ -336,6 +343,34 @@ static int setup(void **state) {
     return 0;
 }
 
+/* The memory estimate the trainer refuses by (issue 20): its parts, and products that do
+ * not fit named by field. */
+static void memory_estimate(void **state) {
+    (void)state;
+    static lk_train_config tc;
+    lk_train_config_init(&tc);
+    lk_train_memory m;
+    assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);   /* no model: the history only */
+    assert_true(m.params == 0 && m.history_bytes == (uint64_t)tc.steps * 20 && m.total_bytes == m.history_bytes);
+    tc.has_model = 1;
+    tc.model.hidden_size = 32; tc.model.num_hidden_layers = 2; tc.model.num_attention_heads = 2;
+    tc.model.num_key_value_heads = 1; tc.model.head_dim = 16; tc.model.intermediate_size = 64; tc.model.vocab_size = 320;
+    int64_t params;
+    assert_int_equal(lk_qwen3_param_count(&tc.model, "t", &params, NULL), LK_OK);
+    assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
+    assert_int_equal(m.params, params);
+    assert_true(m.state_bytes == (uint64_t)params * 16);
+    assert_true(m.activation_bytes >= (uint64_t)tc.batch_size * tc.seq_len * tc.model.vocab_size * 4);
+    assert_true(m.total_bytes == m.state_bytes + m.activation_bytes + m.history_bytes);
+    tc.steps = 3689348814741910324LL;
+    assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "train.steps (the loss history): 3689348814741910324 x 5"));
+    tc.steps = 10;
+    tc.batch_size = (int64_t)1 << 40; tc.seq_len = (int64_t)1 << 40;
+    assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "train.batch_size x train.seq_len"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(adamw_matches_f64_reference),
@@ -346,6 +381,7 @@ int main(void) {
         cmocka_unit_test(plot_is_a_valid_png_with_a_curve),
         cmocka_unit_test(yaml_train_sections_load),
         cmocka_unit_test(yaml_train_errors_name_the_place),
+        cmocka_unit_test(memory_estimate),
         cmocka_unit_test(example_configs_load),
     };
     return cmocka_run_group_tests(tests, setup, NULL);

@@ -156,6 +156,10 @@ lk_status lk_comm_check(const char *op, const char *arg, const lk_comm *c);
 lk_status lk_comm_watchdog_arm(double timeout_s, int rank);
 /* The step the message names (-1: none). */
 void lk_comm_watchdog_step(int64_t step);
+/* A longer limit (seconds; 0 ends it) for a phase where one rank legitimately keeps the
+ * others waiting: rank 0 writing a checkpoint, every rank loading data and the model
+ * before the first collective. lk_train_run gives 10 x train.comm_timeout_s there. */
+void lk_comm_watchdog_grace(double seconds);
 /* Adds (add 1) or removes (add 0) fn(arg), run when the watchdog fires, before the exit. */
 lk_status lk_comm_watchdog_on_fire(void (*fn)(void *), void *arg, int add);
 

@@ -23,6 +23,7 @@ static struct {
     pthread_t thread;
     int running;              /* the thread exists */
     double timeout_s;         /* 0: disarmed */
+    double grace_s;           /* > timeout_s: the longer limit of a phase (lk_comm_watchdog_grace) */
     int rank;                 /* the world rank, for the message */
     int64_t step;             /* the caller's step (-1: none) */
     int depth;                /* calls in flight (nested wrappers count once each) */
@@ -39,13 +40,16 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static double limit_s(void) { return wd.grace_s > wd.timeout_s ? wd.grace_s : wd.timeout_s; }
+
 static void fire(void) {   /* wd.mu held; never returns */
     char msg[512];
     char step[48] = "";
     if (wd.step >= 0) snprintf(step, sizeof step, " (step %lld)", (long long)wd.step);
-    int n = snprintf(msg, sizeof msg, "llmkern: rank %d: %s%s did not complete within %g s (train.comm_timeout_s) "
+    int n = snprintf(msg, sizeof msg, "llmkern: rank %d: %s%s did not complete within %g s (train.comm_timeout_s%s) "
                      "on a communicator of %d ranks (its rank %d): another rank stopped or is stuck; ending the job\n",
-                     wd.rank, wd.what ? wd.what : "a collective", step, wd.timeout_s, wd.comm_size, wd.comm_rank);
+                     wd.rank, wd.what ? wd.what : "a collective", step, limit_s(), wd.grace_s > wd.timeout_s ?
+                     ", the longer limit of a checkpoint or the start" : "", wd.comm_size, wd.comm_rank);
     if (write(STDERR_FILENO, msg, n > 0 && n < (int)sizeof msg ? (size_t)n : strlen(msg)) < 0) {}
     for (int i = 0; i < MAX_HOOKS; i++)
         if (wd.hooks[i].fn) wd.hooks[i].fn(wd.hooks[i].arg);
@@ -63,7 +67,7 @@ static void *watch(void *arg) {
         ts.tv_sec = (time_t)t;
         ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
         pthread_cond_timedwait(&wd.cv, &wd.mu, &ts);
-        if (wd.timeout_s > 0 && wd.depth > 0 && now_s() - wd.since > wd.timeout_s) fire();
+        if (wd.timeout_s > 0 && wd.depth > 0 && now_s() - wd.since > limit_s()) fire();
     }
     pthread_mutex_unlock(&wd.mu);
     return NULL;
@@ -90,6 +94,12 @@ lk_status lk_comm_watchdog_arm(double timeout_s, int rank) {
     pthread_mutex_unlock(&wd.mu);
     if (join) pthread_join(wd.thread, NULL);
     return LK_OK;
+}
+
+void lk_comm_watchdog_grace(double seconds) {
+    pthread_mutex_lock(&wd.mu);
+    wd.grace_s = seconds > 0 ? seconds : 0;
+    pthread_mutex_unlock(&wd.mu);
 }
 
 void lk_comm_watchdog_step(int64_t step) {

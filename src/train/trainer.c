@@ -457,8 +457,11 @@ static lk_status run_loop(trainer *t, const lk_train_opts *o, lk_train_result *r
         if (!quiet)   /* the run's average rate: steady where one step's is noisy */
             progress(t, row, tokens_total / elapsed, per_step * (double)(tc->steps - t->step), tty, t->step == tc->steps);
         if (tc->save_every > 0 && t->step % tc->save_every == 0 && t->step < tc->steps) {
+            if (t->world) lk_comm_watchdog_grace(10 * tc->comm_timeout_s);   /* the others wait for rank 0's write */
             if (t->writer && ((s = lk_trainer_save(t)) || (s = write_plot(t)))) {}
-            if ((s = dp_agree(t, s))) break;
+            s = dp_agree(t, s);
+            if (t->world) lk_comm_watchdog_grace(0);
+            if (s) break;
         }
     }
     if (csv) fclose(csv);
@@ -480,13 +483,16 @@ lk_status lk_train_run(const lk_train_config *tc, const lk_ops_config *ops, cons
     int watched = o->mesh && o->mesh->world->size > 1 && tc->comm_timeout_s > 0;
     if (watched && lk_comm_watchdog_arm(tc->comm_timeout_s, o->mesh->world->rank)) return lk_error(LK_EINVAL,
         "train: train.comm_timeout_s: expected 0 (off) .. 1e9 seconds, got %g", tc->comm_timeout_s);
+    if (watched) lk_comm_watchdog_grace(10 * tc->comm_timeout_s);   /* ranks load and verify at their own pace */
     lk_status s = trainer_init(&t, tc, ops, o->mesh, o->bucket_bytes);
     if (!s && resume) s = lk_trainer_resume(&t, resume);
     if (!s && t.writer) s = lk_mkdirs(tc->out);   /* the run starts: only now is train.out created */
     if (t.world) s = dp_agree(&t, s);
+    if (watched) lk_comm_watchdog_grace(0);
     r.first_step = t.step;
     if (!s && t.step < tc->steps) s = run_loop(&t, o, &r);
     int finished = t.step == tc->steps;
+    if (watched) lk_comm_watchdog_grace(10 * tc->comm_timeout_s);   /* rank 0 writes the last checkpoint */
     if (!s && finished && t.writer) s = lk_trainer_save(&t);
     if (!s && finished && t.writer) s = lk_model_save(t.model, tc->out);   /* the final model: the output dir loads as one */
     if (finished) s = dp_agree(&t, s);
@@ -504,6 +510,7 @@ lk_status lk_train_run(const lk_train_config *tc, const lk_ops_config *ops, cons
     r.buckets = t.buckets, r.buckets_early = t.buckets_early;
     trainer_free(&t);
     if (watched) {
+        lk_comm_watchdog_grace(0);
         lk_comm_watchdog_step(-1);
         lk_comm_watchdog_arm(0, 0);
     }

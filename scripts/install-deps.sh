@@ -7,6 +7,17 @@ missing=()
 for p in "${need[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# cudnn-frontend (issue 16): the header-only C++ the `cudnn` attention row builds on, wanted
+# only where CUDA is; pip's wheel puts the headers in site-packages/include, where CMake
+# looks. Without nvcc, or when pip cannot, nothing changes (the row is left out).
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  if ! python3 -c "import sys, site, os; ps = sys.path + [site.getusersitepackages()]; sys.exit(not any(os.path.isfile(os.path.join(p, 'include', 'cudnn_frontend.h')) for p in ps))" 2>/dev/null; then
+    echo "install-deps: installing the cudnn-frontend headers (pip install --user nvidia-cudnn-frontend)"
+    python3 -m pip install -q --user --no-deps nvidia-cudnn-frontend 2>/dev/null ||
+      python3 -m pip install -q --user --no-deps --break-system-packages nvidia-cudnn-frontend ||
+      echo "install-deps: could not install nvidia-cudnn-frontend; the cudnn attention row is left out"
+  fi
+fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 echo "install-deps: installing ${missing[*]}"
 SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

@@ -2,12 +2,19 @@
  * and for device 0 its name, compute capability, multiprocessors, opt-in shared memory
  * per block and L2 size. lk_init() calls it once, next to the CPU probe; requirements
  * (min_cc) and `llmkern list` read the lk_hw it fills. Built only with CUDA; a machine
- * with no GPU or no driver leaves cuda_devices = 0 and says why in cuda_why. */
+ * with no GPU or no driver leaves cuda_devices = 0 and says why in cuda_why. has_cudnn:
+ * the build has the cudnn row (LLMKERN_HAVE_CUDNN) and the library answers cudnnGetVersion. */
 #include <stdio.h>
 #include <cuda_runtime_api.h>
+#ifdef LLMKERN_HAVE_CUDNN
+#include <cudnn.h>
+#endif
 #include "llmkern/registry.h"
 
 void lk_hw_probe_cuda(lk_hw *hw) {
+#ifdef LLMKERN_HAVE_CUDNN
+    hw->has_cudnn = cudnnGetVersion() >= 90000;   /* cuDNN 9: what the frontend's SDPA graphs need */
+#endif
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {

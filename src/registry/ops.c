@@ -66,7 +66,7 @@ static const struct { lk_op op; const char *name, *needs; } requirements[] = {
     {LK_OP_ATTENTION, "llmkern_flash_attention_3_with_sp", "a Hopper GPU (sm_90) and CUDA"},
     {LK_OP_ATTENTION, "flash_attention_4", "a Blackwell GPU (sm_100) and CUDA"},
     {LK_OP_ATTENTION, "llmkern_flash_attention_4_with_sp", "a Blackwell GPU (sm_100) and CUDA"},
-    {LK_OP_ATTENTION, "cudnn", "cuDNN and a CUDA GPU"},
+    {LK_OP_ATTENTION, "cudnn", "a CUDA GPU, cuDNN 9 and the cudnn-frontend headers at build time"},
     {LK_OP_MOE_EXPERTS, "fused_sm90", "a Hopper GPU (sm_90) and CUDA"},
     {LK_OP_MOE_EXPERTS, "fused_quack", "a Hopper GPU (sm_90) and CUDA"},
     {LK_OP_MOE_EXPERTS, "fused_cublas", "a CUDA GPU and cuBLAS"},

@@ -3,7 +3,8 @@
 # H200 in one call that fits five minutes: builds only the attention GPU test and the
 # bench's shim, runs cuda_test_attention (its case lines kept), then the attention part
 # of bench/peers_cuda.py for flash_attention_2 beside SDPA's flash and cuDNN backends.
-# Logs land in $OUT.
+# FA2_NCU=1 adds an Nsight Compute profile of one forward and one dk/dv launch
+# (bench/fa2_once.py). Logs land in $OUT.
 #   run: bash tests/cuda/fa2_h200.sh            (carry: [".carry"])
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,5 +29,12 @@ echo "== tests rc $rc at $(( $(date +%s) - t0 )) s"
 echo "== bench"
 PYTHONUNBUFFERED=1 LK_BENCH_ONLY=attention_rows LK_ATT_IMPLS=${LK_ATT_IMPLS:-flash_attention_2} \
   timeout ${FA2_BENCH_S:-100} python3 bench/peers_cuda.py --build "$BUILD" --out "$OUT" 2>&1 | grep -v "^W[0-9]"
+if [ "${FA2_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then   # one launch of each kernel
+  timeout ${FA2_NCU_S:-60} ncu --clock-control none --kernel-name regex:"fa2_(fwd|dkv)" --launch-count 2 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+    python3 bench/fa2_once.py --build "$BUILD" >"$OUT/ncu.log" 2>&1
+  grep -E "fa2_|Duration|Throughput|Registers|Achieved Occ|Theoretical Occ|Stall|Warp Cycles|Issued|Shared Memory Config" \
+    "$OUT/ncu.log" | head -60
+fi
 echo "== done at $(( $(date +%s) - t0 )) s"
 exit $rc

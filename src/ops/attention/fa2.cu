@@ -14,10 +14,13 @@
  *
  *   fwd     a block takes BM = 128 query rows of one (b, h) (4 warps of 2 m16 tiles for
  *           DP <= 128; 8 warps of one for DP 256, whose output tile needs the
- *           registers); K/V tiles of BN = 64 keys, double-buffered (tile t + 1 loads
- *           while tile t computes). S = QK^T and O += PV in registers, online softmax in
+ *           registers); K/V tiles of BN = 64 keys, double-buffered: one barrier a tile,
+ *           after which tile t + 1 loads into the stage every warp has finished with
+ *           while tile t computes. S = QK^T and O += PV in registers, online softmax in
  *           the log2 domain (scores scaled by scale·log2e inside one FFMA before ex2),
- *           the LSE (natural log) saved per row.
+ *           the LSE (natural log) saved per row. Grid (grid_of): x = query tile, y =
+ *           head (the blocks in flight share a few heads' K/V in L2), or for causal
+ *           x = head, y = tile, every head's longest rows first.
  *   prep    delta = rowsum(dout ∘ out) per row, and each row's sink share
  *           -exp(sink - lse)·delta, summed per head by fa2_sink_sum in a fixed order.
  *   dkv     a block takes BNk keys of one (b, h_kv) (8 warps of 16 keys; DP 256: 4 key
@@ -25,9 +28,12 @@
  *           tiles (BMq = 64, double-buffered) that may see them: S^T = K Q^T and
  *           dP^T = V dO^T with keys as the M dimension, so P^T and dS^T are already the A
  *           operands of dV += P^T dO and dK += dS^T Q (no shared-memory round trip).
- *           GQA sums its G heads in registers: no atomics on dk/dv. By default dS^T also
- *           goes to shared memory and dQ += dS K is added into an f32 workspace with
- *           atomics (then fa2_dq_cvt rounds it to bf16): fast, not bit-reproducible.
+ *           GQA sums its G heads in registers: no atomics on dk/dv. P^T waits for dV
+ *           as packed bf16 (its f32 registers freed before dP^T's are taken). By default
+ *           dS^T also goes to shared memory (double-buffered) and, in the next step,
+ *           dQ += dS K is added into an f32 workspace with atomics (then fa2_dq_cvt
+ *           rounds it to bf16): fast, not bit-reproducible. One barrier a step. Grid as the
+ *           forward's (tiles = key blocks, the first ones the longest under causal).
  *   dq      a->deterministic: a second walk per query block (like the forward)
  *           recomputing P and dS and keeping dQ in registers; the dkv pass skips its dQ.
  *           Every sum then has a fixed order: the same bits on every run.
@@ -63,7 +69,25 @@ typedef struct {
     int B, Hq, Hkv, G, Sq, Skv, D;
     float scale, cap;
     int vec;                 /* D % 8 == 0 and 16-byte aligned: cp.async of whole chunks */
+    int head_major;          /* grid x = head, y = tile (else x = tile, y = head): see grid_of */
 } fa_args;
+
+/* The grid of `tiles` tiles of `heads` heads. Tile-major (x = tile) keeps the blocks in
+ * flight on a few heads, whose K/V (forward) or Q/dO and dQ sums (dk/dv) stay in L2.
+ * Causal tiles differ in work, and head-major launches every head's longest tiles
+ * first. bench/NOTES.md issue 16, runs 1-2 (tile-major came with one barrier a step):
+ * non-causal gained (fwd 295 -> 302, fwd+bwd 233 -> 243 TFLOP/s), causal lost (fwd
+ * 298 -> 285; GQA 8:1 at S 4096, whose dk/dv blocks each walk 8 heads: fwd+bwd 220 ->
+ * 158), hence head-major under causal (not yet measured in this combination). */
+static dim3 grid_of(const fa_args &p, int64_t tiles, int64_t heads) {
+    return p.head_major ? dim3((unsigned)heads, (unsigned)tiles) : dim3((unsigned)tiles, (unsigned)heads);
+}
+/* This block's head and its tile index, tile 0 first in launch order. */
+static __device__ __forceinline__ void block_of(const fa_args &p, int *head, int *tile) {
+    *head = p.head_major ? blockIdx.x : blockIdx.y;
+    *tile = p.head_major ? blockIdx.y : blockIdx.x;
+}
+static __device__ __forceinline__ int tiles_of(const fa_args &p) { return p.head_major ? gridDim.y : gridDim.x; }
 
 /* --- PTX ------------------------------------------------------------------------------ */
 
@@ -107,6 +131,10 @@ static __device__ __forceinline__ float ex2(float x) {
 static __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t *>(&v);
+}
+
+static __device__ __forceinline__ float2 unpack2(uint32_t u) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u));
 }
 
 /* The A fragment of keys/queries 16kk..16kk+15 from two m16n8 accumulators (the C
@@ -205,8 +233,12 @@ static __global__ void __launch_bounds__(WARPS * 32, 1) fa2_fwd(const fa_args p)
     lk_bf16_t *qs = (lk_bf16_t *)smem_, *ks = qs + BM * DP, *vs = ks + 2 * BN * DP;
     int *lo_s = (int *)(vs + 2 * BN * DP), *hi_s = lo_s + BM;
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t4 = lane & 3, rw = (tid >> 5) * 16 * MT;
-    const int bh = blockIdx.x, h = bh % p.Hq, b = bh / p.Hq;
-    const int q0 = (gridDim.y - 1 - blockIdx.y) * BM, nq = min(BM, p.Sq - q0);   /* causal: longest rows first */
+    /* x the query tile, longest rows first (causal); y the head: the blocks in flight
+     * share a few heads' K/V in L2 */
+    int bh, ti;
+    block_of(p, &bh, &ti);
+    const int h = bh % p.Hq, b = bh / p.Hq;
+    const int q0 = (tiles_of(p) - 1 - ti) * BM, nq = min(BM, p.Sq - q0);
     const lk_bf16_t *kg = p.k + ((int64_t)b * p.Hkv + h / p.G) * p.Skv * p.D;
     const lk_bf16_t *vg = p.v + ((int64_t)b * p.Hkv + h / p.G) * p.Skv * p.D;
     load_tile<DP, NT, BM>(qs, p.q + ((int64_t)bh * p.Sq + q0) * p.D, p.D, nq, p.D, p.vec);
@@ -235,14 +267,14 @@ static __global__ void __launch_bounds__(WARPS * 32, 1) fa2_fwd(const fa_args p)
     }
     for (int t = 0; t < ntiles; t++) {
         const int k0 = klo + t * BN;
-        if (t + 1 < ntiles) {   /* stage (t+1)&1 was last read in tile t-1, before its closing barrier */
+        cp_wait<0>();      /* Q and tile t landed */
+        __syncthreads();   /* ... for every thread; every warp is past tile t-1, whose stage refills now */
+        if (t + 1 < ntiles) {
             const int k1 = k0 + BN, st = (t + 1) & 1;
             load_tile<DP, NT, BN>(ks + st * BN * DP, kg + (int64_t)k1 * p.D, p.D, min(BN, p.Skv - k1), p.D, p.vec);
             load_tile<DP, NT, BN>(vs + st * BN * DP, vg + (int64_t)k1 * p.D, p.D, min(BN, p.Skv - k1), p.D, p.vec);
         }
         cp_commit();
-        cp_wait<1>();   /* everything but tile t+1: Q and tile t are in */
-        __syncthreads();
         const lk_bf16_t *kt = ks + (t & 1) * BN * DP, *vt = vs + (t & 1) * BN * DP;
         float s[MT][NS][4];
 #pragma unroll
@@ -321,7 +353,6 @@ static __global__ void __launch_bounds__(WARPS * 32, 1) fa2_fwd(const fa_args p)
                 for (int i = 0; i < MT; i++) mma(o[i][2 * dp], a[i], bb[0], bb[1]), mma(o[i][2 * dp + 1], a[i], bb[2], bb[3]);
             }
         }
-        __syncthreads();   /* tile t's stage is refilled by the next iteration */
     }
     cp_wait<0>();
 #pragma unroll
@@ -404,19 +435,70 @@ static __device__ __forceinline__ void dkv_issue(const fa_args &p, int it, int n
     }
 }
 
-/* dK, dV of BNk keys of one (b, h_kv); with dq_atomic also dQ += dS K into p.dq_acc. */
+/* dQ[q0 + 16mq.., half dh of D] += dS K for one query tile, added into the f32
+ * workspace: warp w takes query m-tile w & 3 and half w >> 2 of D. */
+template <int DP, int BNK>
+static __device__ __forceinline__ void dq_atomic_add(const fa_args &p, const lk_bf16_t *dss, const lk_bf16_t *ks,
+                                                     int q0, int64_t bh, int w, int lane) {
+    constexpr int CW = DP / 2 < 64 ? DP / 2 : 64;
+    const int mq = w & 3, dh = w >> 2, g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int cc = 0; cc < DP / 2 / CW; cc++) {
+        const int d0 = dh * (DP / 2) + cc * CW;
+        float acc[CW / 8][4];
+#pragma unroll
+        for (int i = 0; i < CW / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < BNK / 16; kk++) {
+            uint32_t a[4];
+            ldsm4t(a, dss + at_b<BMQ>(16 * kk, 2 * mq, lane));
+#pragma unroll
+            for (int dn = 0; dn < CW / 16; dn++) {
+                uint32_t bb[4];
+                ldsm4t(bb, ks + at_a<DP>(16 * kk, d0 / 8 + 2 * dn, lane));
+                mma(acc[2 * dn], a, bb[0], bb[1]), mma(acc[2 * dn + 1], a, bb[2], bb[3]);
+            }
+        }
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+            const int row = q0 + 16 * mq + g + 8 * hh;
+            if (row >= p.Sq) continue;
+            float *dst = p.dq_acc + (bh * p.Sq + row) * p.D;
+#pragma unroll
+            for (int i = 0; i < CW / 8; i++) {
+                const int col = d0 + 8 * i + 2 * t4;
+                if (col >= p.D) continue;
+#if __CUDA_ARCH__ >= 900
+                if (p.vec) {
+                    atomicAdd(reinterpret_cast<float2 *>(dst + col), make_float2(acc[i][2 * hh], acc[i][2 * hh + 1]));
+                    continue;
+                }
+#endif
+                atomicAdd(dst + col, acc[i][2 * hh]);
+                if (col + 1 < p.D) atomicAdd(dst + col + 1, acc[i][2 * hh + 1]);
+            }
+        }
+    }
+}
+
+/* dK, dV of BNk keys of one (b, h_kv); with dq_atomic also dQ += dS K into p.dq_acc.
+ * One barrier a step: after it, tile it+1 is issued into the stage every warp finished
+ * with in step it-1, and dQ of tile it-1 is formed from the dS^T buffer written then
+ * (dS^T is double-buffered), so no warp waits for the others' dS within a step. */
 template <int DP, int DW, bool CAP>
 static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq_atomic) {
     constexpr int NT = 256, KW = 8 / DW, BNK = 16 * KW, DH = DP / DW, NQ = BMQ / 8;
     extern __shared__ uint4 smem_[];
     lk_bf16_t *ks = (lk_bf16_t *)smem_, *vs = ks + BNK * DP, *qs = vs + BNK * DP, *gs = qs + 2 * BMQ * DP;
-    lk_bf16_t *dss = gs + 2 * BMQ * DP;   /* dS^T [BNK keys][BMQ queries], swizzled */
-    float *ls = (float *)(dss + BNK * BMQ), *dl = ls + 2 * BMQ;
+    lk_bf16_t *dss = gs + 2 * BMQ * DP;   /* dS^T [2][BNK keys][BMQ queries], swizzled */
+    float *ls = (float *)(dss + 2 * BNK * BMQ), *dl = ls + 2 * BMQ;
     int *los = (int *)(dl + 2 * BMQ), *his = los + 2 * BMQ;
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int kw = w % KW, dw = w / KW, kr0 = 16 * kw;
-    const int bhk = blockIdx.x, hk = bhk % p.Hkv, b = bhk / p.Hkv;
-    const int k0 = blockIdx.y * BNK, nk = min(BNK, p.Skv - k0);
+    int bhk, kt;
+    block_of(p, &bhk, &kt);
+    const int hk = bhk % p.Hkv, b = bhk / p.Hkv;
+    const int k0 = kt * BNK, nk = min(BNK, p.Skv - k0);
     const int64_t kvoff = ((int64_t)bhk * p.Skv + k0) * p.D;
     load_tile<DP, NT, BNK>(ks, p.k + kvoff, p.D, nk, p.D, p.vec);
     load_tile<DP, NT, BNK>(vs, p.v + kvoff, p.D, nk, p.D, p.vec);
@@ -433,121 +515,128 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
         for (int e = 0; e < 4; e++) dk[i][e] = dv[i][e] = 0.0f;
     for (int it = 0; it < n; it++) {
         const int st = it & 1, q0 = qa + (it % nqt) * BMQ;
+        cp_wait<0>();      /* tile it (and K, V) landed */
+        __syncthreads();   /* ... for every thread; every warp is past step it-1 */
         if (it + 1 < n) {
             const int s1 = (it + 1) & 1;
             dkv_issue<DP, NT>(p, it + 1, nqt, qa, b, hk, qs + s1 * BMQ * DP, gs + s1 * BMQ * DP, ls + s1 * BMQ,
                               dl + s1 * BMQ, los + s1 * BMQ, his + s1 * BMQ);
         }
         cp_commit();
-        cp_wait<1>();
-        __syncthreads();
+        if (dq_atomic && it > 0)
+            dq_atomic_add<DP, BNK>(p, dss + ((it - 1) & 1) * BNK * BMQ, ks, qa + ((it - 1) % nqt) * BMQ,
+                                   (int64_t)b * p.Hq + hk * p.G + (it - 1) / nqt, w, lane);
         const lk_bf16_t *qt = qs + st * BMQ * DP, *gt = gs + st * BMQ * DP;
         const float *lt = ls + st * BMQ, *dt = dl + st * BMQ;
         const int *lot = los + st * BMQ, *hit = his + st * BMQ;
-        /* S^T = K Q^T, dP^T = V dO^T: this warp's 16 keys against the tile's 64 queries */
-        float s[NQ][4], dp[NQ][4];
+        /* S^T = K Q^T: this warp's 16 keys against the tile's 64 queries */
+        float s[NQ][4];
 #pragma unroll
-        for (int j = 0; j < NQ; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[j][e] = dp[j][e] = 0.0f;
+        for (int j = 0; j < NQ; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < DP / 16; kk++) {
-            uint32_t ak[4], av[4];
+            uint32_t ak[4];
             ldsm4(ak, ks + at_a<DP>(kr0, 2 * kk, lane));
-            ldsm4(av, vs + at_a<DP>(kr0, 2 * kk, lane));
 #pragma unroll
             for (int np = 0; np < NQ / 2; np++) {
                 uint32_t bb[4];
                 ldsm4(bb, qt + at_b<DP>(16 * np, 2 * kk, lane));
                 mma(s[2 * np], ak, bb[0], bb[1]), mma(s[2 * np + 1], ak, bb[2], bb[3]);
-                ldsm4(bb, gt + at_b<DP>(16 * np, 2 * kk, lane));
-                mma(dp[2 * np], av, bb[0], bb[1]), mma(dp[2 * np + 1], av, bb[2], bb[3]);
             }
         }
-        /* P^T = exp(score - lse), dS^T = P^T (dP^T - delta) (· the softcap's slope) */
+        /* P^T = exp(score - lse), kept as the bf16 A operand of dV += P^T dO (with softcap
+         * its slope beside it): S^T's registers are free before dP^T's are taken */
         const bool full = q0 + BMQ <= p.Sq && lot[BMQ - 1] <= k0 && hit[0] >= k0 + BNK;
+        uint32_t pp[BMQ / 16][4], pf[CAP ? BMQ / 16 : 1][4];
 #pragma unroll
-        for (int j = 0; j < NQ; j++)
+        for (int j = 0; j < NQ; j++) {
+            const int c = 8 * j + 2 * t4;   /* columns c, c + 1 */
+            const float2 L = *reinterpret_cast<const float2 *>(lt + c);
+            const float L2[2] = {L.x == -INFINITY ? INFINITY : L.x * LOG2E, L.y == -INFINITY ? INFINITY : L.y * LOG2E};
+            int lo2[2] = {0, 0}, hi2[2] = {0, 0};
+            if (!full) {
+                const int2 l = *reinterpret_cast<const int2 *>(lot + c), u = *reinterpret_cast<const int2 *>(hit + c);
+                lo2[0] = l.x, lo2[1] = l.y, hi2[0] = u.x, hi2[1] = u.y;
+            }
+            float f[4] = {1.0f, 1.0f, 1.0f, 1.0f};
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int c = 8 * j + 2 * t4 + (e & 1), key = k0 + kr0 + g + 8 * (e >> 1);
-                const float L = lt[c], L2 = L == -INFINITY ? INFINITY : L * LOG2E;
-                float x = s[j][e], f = 1.0f;
-                if (CAP) x = capped(x, p, &f);
-                float pv = ex2(fmaf(x, c2, -L2));
-                if (!full && (key < lot[c] || key >= hit[c])) pv = 0.0f;
+                const int key = k0 + kr0 + g + 8 * (e >> 1), x1 = e & 1;
+                float x = s[j][e];
+                if (CAP) x = capped(x, p, &f[e]);
+                float pv = ex2(fmaf(x, c2, -L2[x1]));
+                if (!full && (key < lo2[x1] || key >= hi2[x1])) pv = 0.0f;
                 s[j][e] = pv;
-                dp[j][e] = pv * (dp[j][e] - dt[c]) * f;
             }
-        /* dV += P^T dO, dK += dS^T Q over this warp's DH columns */
+            /* the C layout of n-tile j is half of the A layout of k16 step j / 2 */
+            pp[j >> 1][2 * (j & 1)] = pack2(s[j][0], s[j][1]), pp[j >> 1][2 * (j & 1) + 1] = pack2(s[j][2], s[j][3]);
+            if (CAP) pf[j >> 1][2 * (j & 1)] = pack2(f[0], f[1]), pf[j >> 1][2 * (j & 1) + 1] = pack2(f[2], f[3]);
+        }
+        /* dV += P^T dO over this warp's DH columns */
 #pragma unroll
-        for (int kk = 0; kk < BMQ / 16; kk++) {
-            uint32_t ap[4], ad[4];
-            c_to_a(ap, s[2 * kk], s[2 * kk + 1]);
-            c_to_a(ad, dp[2 * kk], dp[2 * kk + 1]);
+        for (int kk = 0; kk < BMQ / 16; kk++)
 #pragma unroll
             for (int dn = 0; dn < DH / 16; dn++) {
                 uint32_t bb[4];
                 ldsm4t(bb, gt + at_a<DP>(16 * kk, dw * (DH / 8) + 2 * dn, lane));
-                mma(dv[2 * dn], ap, bb[0], bb[1]), mma(dv[2 * dn + 1], ap, bb[2], bb[3]);
+                mma(dv[2 * dn], pp[kk], bb[0], bb[1]), mma(dv[2 * dn + 1], pp[kk], bb[2], bb[3]);
+            }
+        /* dP^T = V dO^T, then dS^T = P^T (dP^T - delta) (· the softcap's slope) */
+        float dp[NQ][4];
+#pragma unroll
+        for (int j = 0; j < NQ; j++) dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < DP / 16; kk++) {
+            uint32_t av[4];
+            ldsm4(av, vs + at_a<DP>(kr0, 2 * kk, lane));
+#pragma unroll
+            for (int np = 0; np < NQ / 2; np++) {
+                uint32_t bb[4];
+                ldsm4(bb, gt + at_b<DP>(16 * np, 2 * kk, lane));
+                mma(dp[2 * np], av, bb[0], bb[1]), mma(dp[2 * np + 1], av, bb[2], bb[3]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < NQ; j++) {
+            const float2 dd = *reinterpret_cast<const float2 *>(dt + 8 * j + 2 * t4);
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const float2 pv = unpack2(pp[j >> 1][2 * (j & 1) + hh]);
+                float f0 = 1.0f, f1 = 1.0f;
+                if (CAP) {
+                    const float2 ff = unpack2(pf[j >> 1][2 * (j & 1) + hh]);
+                    f0 = ff.x, f1 = ff.y;
+                }
+                dp[j][2 * hh] = pv.x * (dp[j][2 * hh] - dd.x) * f0;
+                dp[j][2 * hh + 1] = pv.y * (dp[j][2 * hh + 1] - dd.y) * f1;
+            }
+        }
+        /* dK += dS^T Q over this warp's DH columns */
+#pragma unroll
+        for (int kk = 0; kk < BMQ / 16; kk++) {
+            uint32_t ad[4];
+            c_to_a(ad, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+            for (int dn = 0; dn < DH / 16; dn++) {
+                uint32_t bb[4];
                 ldsm4t(bb, qt + at_a<DP>(16 * kk, dw * (DH / 8) + 2 * dn, lane));
                 mma(dk[2 * dn], ad, bb[0], bb[1]), mma(dk[2 * dn + 1], ad, bb[2], bb[3]);
             }
         }
-        if (dq_atomic) {
-            if (dw == 0)
+        if (dq_atomic && dw == 0) {   /* dS^T for the next step's dQ */
+            lk_bf16_t *dsb = dss + st * BNK * BMQ;
 #pragma unroll
-                for (int j = 0; j < NQ; j++)
+            for (int j = 0; j < NQ; j++)
 #pragma unroll
-                    for (int hh = 0; hh < 2; hh++) {
-                        const int r = kr0 + g + 8 * hh;
-                        *reinterpret_cast<uint32_t *>(dss + sw<BMQ>(r, j) + 2 * t4) =
-                            pack2(dp[j][2 * hh], dp[j][2 * hh + 1]);
-                    }
-            __syncthreads();
-            /* dQ[q0 + 16mq.., half dh of D] += dS K, added into the f32 workspace */
-            constexpr int CW = DP / 2 < 64 ? DP / 2 : 64;
-            const int mq = w & 3, dh = w >> 2;
-            const int64_t bh = (int64_t)b * p.Hq + hk * p.G + it / nqt;
-#pragma unroll
-            for (int cc = 0; cc < DP / 2 / CW; cc++) {
-                const int d0 = dh * (DP / 2) + cc * CW;
-                float acc[CW / 8][4];
-#pragma unroll
-                for (int i = 0; i < CW / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-#pragma unroll
-                for (int kk = 0; kk < BNK / 16; kk++) {
-                    uint32_t a[4];
-                    ldsm4t(a, dss + at_b<BMQ>(16 * kk, 2 * mq, lane));
-#pragma unroll
-                    for (int dn = 0; dn < CW / 16; dn++) {
-                        uint32_t bb[4];
-                        ldsm4t(bb, ks + at_a<DP>(16 * kk, d0 / 8 + 2 * dn, lane));
-                        mma(acc[2 * dn], a, bb[0], bb[1]), mma(acc[2 * dn + 1], a, bb[2], bb[3]);
-                    }
-                }
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    const int row = q0 + 16 * mq + g + 8 * hh;
-                    if (row >= p.Sq) continue;
-                    float *dst = p.dq_acc + (bh * p.Sq + row) * p.D;
-#pragma unroll
-                    for (int i = 0; i < CW / 8; i++) {
-                        const int col = d0 + 8 * i + 2 * t4;
-                        if (col >= p.D) continue;
-#if __CUDA_ARCH__ >= 900
-                        if (p.vec) {
-                            atomicAdd(reinterpret_cast<float2 *>(dst + col), make_float2(acc[i][2 * hh], acc[i][2 * hh + 1]));
-                            continue;
-                        }
-#endif
-                        atomicAdd(dst + col, acc[i][2 * hh]);
-                        if (col + 1 < p.D) atomicAdd(dst + col + 1, acc[i][2 * hh + 1]);
-                    }
-                }
-            }
+                for (int hh = 0; hh < 2; hh++)
+                    *reinterpret_cast<uint32_t *>(dsb + sw<BMQ>(kr0 + g + 8 * hh, j) + 2 * t4) =
+                        pack2(dp[j][2 * hh], dp[j][2 * hh + 1]);
         }
-        __syncthreads();   /* the stage and dS^T are refilled next */
+    }
+    if (dq_atomic && n > 0) {
+        __syncthreads();   /* the last dS^T */
+        dq_atomic_add<DP, BNK>(p, dss + ((n - 1) & 1) * BNK * BMQ, ks, qa + ((n - 1) % nqt) * BMQ,
+                               (int64_t)b * p.Hq + hk * p.G + (n - 1) / nqt, w, lane);
     }
     cp_wait<0>();
 #pragma unroll
@@ -572,8 +661,10 @@ static __global__ void __launch_bounds__(128, 1) fa2_dq(const fa_args p) {
     extern __shared__ uint4 smem_[];
     lk_bf16_t *qs = (lk_bf16_t *)smem_, *gs = qs + BMQ * DP, *ks = gs + BMQ * DP, *vs = ks + 2 * BN * DP;
     const int tid = threadIdx.x, lane = tid & 31, g = lane >> 2, t4 = lane & 3, rw = (tid >> 5) * 16;
-    const int bh = blockIdx.x, h = bh % p.Hq, b = bh / p.Hq;
-    const int q0 = (gridDim.y - 1 - blockIdx.y) * BMQ, nq = min(BMQ, p.Sq - q0);
+    int bh, ti;
+    block_of(p, &bh, &ti);
+    const int h = bh % p.Hq, b = bh / p.Hq;
+    const int q0 = (tiles_of(p) - 1 - ti) * BMQ, nq = min(BMQ, p.Sq - q0);
     const lk_bf16_t *kg = p.k + ((int64_t)b * p.Hkv + h / p.G) * p.Skv * p.D;
     const lk_bf16_t *vg = p.v + ((int64_t)b * p.Hkv + h / p.G) * p.Skv * p.D;
     load_tile<DP, NT, BMQ>(qs, p.q + ((int64_t)bh * p.Sq + q0) * p.D, p.D, nq, p.D, p.vec);
@@ -608,14 +699,14 @@ static __global__ void __launch_bounds__(128, 1) fa2_dq(const fa_args p) {
     for (int n = 0; n < ND; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
     for (int t = 0; t < ntiles; t++) {
         const int k0 = klo + t * BN;
+        cp_wait<0>();
+        __syncthreads();   /* tile t in for every thread; tile t-1's stage free */
         if (t + 1 < ntiles) {
             const int k1 = k0 + BN, st = (t + 1) & 1;
             load_tile<DP, NT, BN>(ks + st * BN * DP, kg + (int64_t)k1 * p.D, p.D, min(BN, p.Skv - k1), p.D, p.vec);
             load_tile<DP, NT, BN>(vs + st * BN * DP, vg + (int64_t)k1 * p.D, p.D, min(BN, p.Skv - k1), p.D, p.vec);
         }
         cp_commit();
-        cp_wait<1>();
-        __syncthreads();
         const lk_bf16_t *kt = ks + (t & 1) * BN * DP, *vt = vs + (t & 1) * BN * DP;
         float s[NS][4], dp[NS][4];
 #pragma unroll
@@ -659,7 +750,6 @@ static __global__ void __launch_bounds__(128, 1) fa2_dq(const fa_args p) {
                 mma(acc[2 * dn], a, bb[0], bb[1]), mma(acc[2 * dn + 1], a, bb[2], bb[3]);
             }
         }
-        __syncthreads();
     }
     cp_wait<0>();
 #pragma unroll
@@ -684,8 +774,10 @@ static size_t dq_acc_bytes(const lk_attention_args *a) {
 
 static size_t saved_bytes(const lk_attention_args *a) { return lk_attn_lse_bytes(a); }
 
+static int fits(const lk_attention_args *a, int backward);
+
 static size_t workspace_bytes(const lk_attention_args *a, int backward) {
-    if (a->q.dtype != LK_BF16) return lk_attention_flash_cuda_backend.workspace_bytes(a, backward);
+    if (a->q.dtype != LK_BF16 || !fits(a, backward)) return lk_attention_flash_cuda_backend.workspace_bytes(a, backward);
     size_t n = lk_attn_vis_bytes(a);
     if (backward) n += 2 * up(lk_attn_lse_bytes(a)) + (a->deterministic ? 0 : dq_acc_bytes(a));
     return n;
@@ -698,8 +790,10 @@ static lk_status args_of(const lk_attention_args *a, lk_ctx *ctx, fa_args *p) {
     lk_attn_dims d = lk_attn_dims_of(a);
     if (d.D > MAXD)
         return lk_error(LK_ESHAPE, "attention: q: expected head dim D <= %d on CUDA, got %lld", MAXD, (long long)d.D);
-    if (d.Sq >= INT32_MAX || d.Skv >= INT32_MAX || d.B * d.Hq >= INT32_MAX)
-        return lk_error(LK_ESHAPE, "attention: q: expected S_q, S_kv and B·H_q below 2^31 on CUDA, got %lld, %lld "
+    const int head_major = a->causal || d.B * d.Hq > 65535;   /* grid_of; y at most 65535 */
+    if (d.Sq >= INT32_MAX || d.Skv >= INT32_MAX || (head_major ? (d.Sq > 65535 * 64 || d.Skv > 65535 * 64)
+                                                               : d.B * d.Hq > 65535))
+        return lk_error(LK_ESHAPE, "attention: q: expected S_q, S_kv and B·H_q within the CUDA grid, got %lld, %lld "
                         "and %lld", (long long)d.Sq, (long long)d.Skv, (long long)(d.B * d.Hq));
     fa_args z = {0};
     *p = z;
@@ -711,13 +805,17 @@ static lk_status args_of(const lk_attention_args *a, lk_ctx *ctx, fa_args *p) {
     p->sink = (const float *)a->s_aux.data;
     p->B = (int)d.B, p->Hq = (int)d.Hq, p->Hkv = (int)d.Hkv, p->G = (int)d.G, p->Sq = (int)d.Sq;
     p->Skv = (int)d.Skv, p->D = (int)d.D;
-    p->scale = d.scale, p->cap = a->softcap > 0.0f ? a->softcap : 0.0f;
+    p->scale = d.scale, p->cap = a->softcap > 0.0f ? a->softcap : 0.0f, p->head_major = head_major;
     p->vec = d.D % 8 == 0 && aligned16(a->q.data) && aligned16(a->k.data) && aligned16(a->v.data) &&
              aligned16(a->out.data) && (!a->dout.data || aligned16(a->dout.data)) &&
              (!a->dq.data || aligned16(a->dq.data)) && (!a->dk.data || aligned16(a->dk.data)) &&
              (!a->dv.data || aligned16(a->dv.data));
     return lk_attn_vis_make(a, ctx->arena, (cudaStream_t)ctx->stream, &p->vis);
 }
+
+static size_t fwd_smem(int DP);
+static size_t dkv_smem(int DP);
+static size_t dq_smem(int DP);
 
 template <typename K>
 static lk_status allow_smem(K kernel, size_t bytes) {
@@ -731,18 +829,38 @@ static lk_status allow_smem(K kernel, size_t bytes) {
 template <int DP, int WARPS, int MT>
 static lk_status launch_fwd(const fa_args &p, cudaStream_t st) {
     constexpr int BM = 16 * MT * WARPS;
-    const size_t sh = (size_t)(BM + 4 * BN) * DP * 2 + 2 * BM * sizeof(int);
+    static_assert(BM == 128, "fwd_smem assumes 128 query rows a block");
+    const size_t sh = fwd_smem(DP);
     void (*kern)(const fa_args) = p.cap > 0.0f ? fa2_fwd<DP, WARPS, MT, true> : fa2_fwd<DP, WARPS, MT, false>;
     lk_status s = allow_smem(kern, sh);
     if (s) return s;
-    dim3 grid((unsigned)(p.B * p.Hq), (unsigned)((p.Sq + BM - 1) / BM));
+    const dim3 grid = grid_of(p, (p.Sq + BM - 1) / BM, (int64_t)p.B * p.Hq);
     kern<<<grid, WARPS * 32, sh, st>>>(p);
     LK_CUDA_LAUNCHED("attention: flash_attention_2 (cuda) forward");
     return LK_OK;
 }
 
+/* Shared bytes of each kernel at head dim D (DP = D padded up). */
+static int dp_of(int64_t D) { return D <= 64 ? 64 : D <= 128 ? 128 : 256; }
+static size_t fwd_smem(int DP) { return (size_t)(128 + 4 * BN) * DP * 2 + 2 * 128 * sizeof(int); }
+static size_t dkv_smem(int DP) {
+    const int bnk = DP == 256 ? 64 : 128;
+    return (size_t)(2 * bnk * DP + 4 * BMQ * DP + 2 * bnk * BMQ) * 2 + 8 * BMQ * 4;
+}
+static size_t dq_smem(int DP) { return (size_t)(2 * BMQ + 4 * BN) * DP * 2; }
+
+/* D past 128 takes ~200 KiB of shared memory a block: where the GPU has less (sm_80:
+ * 163 KiB) those calls run on flash.cu's CUDA cores, the same LSE either way. */
+static int fits(const lk_attention_args *a, int backward) {
+    const int DP = dp_of(a->q.shape[3]);
+    size_t need = backward ? (a->deterministic ? dq_smem(DP) : 0) : fwd_smem(DP);
+    if (backward && dkv_smem(DP) > need) need = dkv_smem(DP);
+    const lk_hw *hw = lk_hw_get();
+    return hw->cuda_smem_per_block == 0 || need <= hw->cuda_smem_per_block;
+}
+
 static lk_status forward(const lk_attention_args *a, lk_ctx *ctx) {
-    if (a->q.dtype != LK_BF16) return lk_attention_flash_cuda_backend.forward(a, ctx);
+    if (a->q.dtype != LK_BF16 || !fits(a, 0)) return lk_attention_flash_cuda_backend.forward(a, ctx);
     fa_args p;
     lk_status s = args_of(a, ctx, &p);
     if (s || p.Sq == 0 || p.B * p.Hq == 0) return s;
@@ -754,19 +872,19 @@ static lk_status forward(const lk_attention_args *a, lk_ctx *ctx) {
 template <int DP, int DW>
 static lk_status launch_bwd(const fa_args &p, int det, cudaStream_t st) {
     constexpr int BNK = 16 * 8 / DW;
-    const size_t sh = (size_t)(2 * BNK * DP + 4 * BMQ * DP + BNK * BMQ) * 2 + 8 * BMQ * 4;
+    const size_t sh = dkv_smem(DP);
     void (*kern)(const fa_args, int) = p.cap > 0.0f ? fa2_dkv<DP, DW, true> : fa2_dkv<DP, DW, false>;
     lk_status s = allow_smem(kern, sh);
     if (s) return s;
     if (p.Skv > 0) {
-        dim3 grid((unsigned)(p.B * p.Hkv), (unsigned)((p.Skv + BNK - 1) / BNK));
+        const dim3 grid = grid_of(p, (p.Skv + BNK - 1) / BNK, (int64_t)p.B * p.Hkv);
         kern<<<grid, 256, sh, st>>>(p, !det);
         LK_CUDA_LAUNCHED("attention: flash_attention_2 (cuda) dk/dv");
     }
     if (det) {
-        const size_t shq = (size_t)(2 * BMQ + 4 * BN) * DP * 2;
+        const size_t shq = dq_smem(DP);
         if ((s = allow_smem(fa2_dq<DP>, shq))) return s;
-        dim3 grid((unsigned)(p.B * p.Hq), (unsigned)((p.Sq + BMQ - 1) / BMQ));
+        const dim3 grid = grid_of(p, (p.Sq + BMQ - 1) / BMQ, (int64_t)p.B * p.Hq);
         fa2_dq<DP><<<grid, 128, shq, st>>>(p);
         LK_CUDA_LAUNCHED("attention: flash_attention_2 (cuda) dq");
     } else {
@@ -779,7 +897,7 @@ static lk_status launch_bwd(const fa_args &p, int det, cudaStream_t st) {
 }
 
 static lk_status backward(const lk_attention_args *a, lk_ctx *ctx) {
-    if (a->q.dtype != LK_BF16) return lk_attention_flash_cuda_backend.backward(a, ctx);
+    if (a->q.dtype != LK_BF16 || !fits(a, 1)) return lk_attention_flash_cuda_backend.backward(a, ctx);
     fa_args p;
     lk_status s = args_of(a, ctx, &p);
     if (s || p.Sq == 0 || p.B * p.Hq == 0) return s;

@@ -343,6 +343,51 @@ static void cudnn_refusals_determinism(void **state) {
     lkt_free_all();
 }
 
+/* flash_attention_2's deterministic backward (a dq pass per query block, no atomics):
+ * against the reference with every option, then the same bits from two backwards. */
+static void fa2_deterministic(void **state) {
+    (void)state;
+    const lk_attention_case cases[] = {
+        {.B = 2, .Hq = 8, .Hkv = 2, .Sq = 300, .D = 128, .causal = 1, .deterministic = 1},
+        {.B = 1, .Hq = 4, .Hkv = 1, .Sq = 400, .D = 64, .n_docs = 5, .window_left = 40, .softcap = 20.0f,
+         .sinks = 1, .deterministic = 1},
+        {.B = 1, .Hq = 2, .Sq = 150, .Skv = 90, .D = 256, .causal = 1, .deterministic = 1},
+        {.B = 1, .Hq = 2, .Sq = 70, .Skv = 190, .D = 40, .window_right = 7, .deterministic = 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        run_case("flash_attention_2", LK_BF16, &cases[i], 400u + i);
+    const lk_impl *gpu = lk_impl_find(LK_OP_ATTENTION, "flash_attention_2", LK_DEVICE_CUDA);
+    for (size_t i = 0; i < 2; i++) {
+        const lk_impl *cpu = lk_impl_find(LK_OP_ATTENTION, "flash_attention_2", LK_DEVICE_CPU);
+        lk_attention_problem pb;
+        assert_int_equal(lk_attention_problem_make(cpu, LK_BF16, &cases[i], 9, 0, &pb), LK_OK);
+        lk_attention_args a = pb.a;
+        a.q = to_dev(a.q, 0), a.k = to_dev(a.k, 0), a.v = to_dev(a.v, 0), a.dout = to_dev(a.dout, 0);
+        a.s_aux = to_dev(a.s_aux, 0), a.ds_aux = to_dev(a.ds_aux, 1);
+        a.out = to_dev(a.out, 1), a.dq = to_dev(a.dq, 1), a.dk = to_dev(a.dk, 1), a.dv = to_dev(a.dv, 1);
+        a.saved.data = lkt_dev(a.saved.bytes);
+        lk_arena arena = {.device = LK_DEVICE_CUDA};
+        lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
+        const lk_tensor *g[3] = {&a.dq, &a.dk, &a.dv};
+        for (int t = 0; t < 3; t++) {
+            size_t n = lk_tensor_bytes(g[t]);
+            uint8_t *first = malloc(n), *again = malloc(n);
+            assert_int_equal(lk_attention_forward(gpu, &a, &ctx), LK_OK);
+            assert_int_equal(lk_attention_backward(gpu, &a, &ctx), LK_OK);
+            assert_int_equal(cudaMemcpy(first, g[t]->data, n, cudaMemcpyDeviceToHost), cudaSuccess);
+            lkt_poison(g[t]->data, n);
+            assert_int_equal(lk_attention_backward(gpu, &a, &ctx), LK_OK);
+            assert_int_equal(cudaMemcpy(again, g[t]->data, n, cudaMemcpyDeviceToHost), cudaSuccess);
+            assert_memory_equal(first, again, n);
+            free(first), free(again);
+        }
+        print_message("  flash_attention_2 deterministic backward, case %zu: dq, dk, dv the same bits twice\n", i);
+        lk_arena_free(&arena);
+        lk_attention_problem_free(&pb);
+        lkt_free_all();
+    }
+}
+
 int main(void) {
     if (!lkt_have_gpu("cuda_test_attention")) return LKT_SKIP;
     const struct CMUnitTest tests[] = {

@@ -31,7 +31,8 @@
  * cudnnHandle per device; a build that cuDNN refuses is cached too and answers
  * LK_EUNAVAILABLE with cuDNN's message. workspace_bytes builds (or finds) the plan so
  * the facade can reserve cuDNN's workspace before the pass. One lock covers lookup,
- * cudnnSetStream and execute. */
+ * cudnnSetStream and execute. Compiled with hidden visibility (CMakeLists.txt): the
+ * frontend's inline functions must not bind to another copy (PyTorch's) in the process. */
 #include <pthread.h>
 #include <string.h>
 #include <math.h>
@@ -78,7 +79,9 @@ typedef struct {
     int next;
 } device_state;
 
-static device_state states[MAX_DEVICES];
+/* Never freed: process state like the handles (a static array's destructors would tear the
+ * graphs down at exit, possibly after the CUDA context is gone). */
+static device_state *const states = new device_state[MAX_DEVICES]();
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* --- one call as cuDNN sees it ------------------------------------------------- */

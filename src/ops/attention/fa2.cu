@@ -45,7 +45,14 @@
  * ascend), so a query tile's key range is [lo_first, hi_last), a key tile is fully seen
  * by every row when it lies within [lo_last, hi_first) — those tiles skip the per-element
  * test — and a key block's query rows are found by binary search. Rows that see no key
- * give 0 and LSE -inf (with sinks: 0 and LSE = the sink). */
+ * give 0 and LSE -inf (with sinks: 0 and LSE = the sink). The rule lives in visible.cuh,
+ * shared with fa3.cu.
+ *
+ * D > 128 takes ~200 KiB of shared memory a block: GPUs without it (sm_80: 163 KiB) run
+ * those calls on flash.cu. Measured (bench/NOTES.md issue 16, H200, B 2, H 32, S 8192,
+ * D 128, run 2): fwd 302 / 285 TFLOP/s full / causal, fwd+bwd 243 / 235, against SDPA's
+ * flash backend 339 / 307 and 315 / 300 in the same run; ncu: both kernels latency-bound
+ * at 2 warps a scheduler, dk/dv near the shared-memory pipe's limit (72.6%). */
 #include <math.h>
 #include <stdint.h>
 #include "core/cuda_check.h"

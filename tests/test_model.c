@@ -389,6 +389,91 @@ static void override_reaches_module(void **state) {
     lk_model_free(f);
 }
 
+/* The router options of the ops config (NeMo's fake_gate_noise and gate_precision) reach
+ * every MoE layer's router call: noise 0 routes token t to (t*k + j) mod E, noise 0.3
+ * routes by the content (the same way twice), gate_precision float32 is the f32 model's
+ * own arithmetic (the loss is unchanged). */
+static lk_model *router_model(const char *router, const char *noise, const char *precision) {
+    lk_qwen3_config c = tiny(1);
+    c.num_hidden_layers = 3;   /* layers 0 and 2 MoE, 1 dense */
+    lk_ops_config cfg;
+    lk_op_table t;
+    lk_ops_config_init(&cfg);
+    if (router) assert_int_equal(lk_ops_config_set(&cfg, "moe.router", router, "test"), LK_OK);
+    if (noise) assert_int_equal(lk_ops_config_set_option(&cfg, "fake_gate_noise", noise, "test"), LK_OK);
+    if (precision) assert_int_equal(lk_ops_config_set_option(&cfg, "gate_precision", precision, "test"), LK_OK);
+    assert_int_equal(lk_ops_config_finalize(&cfg), LK_OK);
+    assert_int_equal(lk_model_build(&cfg, "qwen3_moe", &t), LK_OK);
+    lk_model *m = NULL;
+    assert_int_equal(lk_model_create(&c, &t, 5, 0, &m), LK_OK);
+    return m;
+}
+
+static int routed_round_robin(const lk_model *m) {
+    int all = 1;
+    for (int l = 0; l < m->cfg.num_hidden_layers; l++)
+        for (int64_t t = 0; m->layers[l].moe && t < m->T; t++)
+            for (int64_t j = 0; j < m->K; j++) all &= m->acts[l].ids[t * m->K + j] == (t * m->K + j) % m->E;
+    return all;
+}
+
+static void router_options_reach_every_moe_layer(void **state) {
+    (void)state;
+    lk_batch b;
+    make_batch(&b, 11);
+    lk_model *plain = router_model("fake_balanced", "0", NULL);
+    total_loss(plain, &b);
+    assert_true(plain->layers[0].moe && !plain->layers[1].moe && plain->layers[2].moe);
+    assert_string_equal(plain->layers[0].ops.router->name, "fake_balanced");
+    assert_string_equal(plain->layers[2].ops.router->name, "fake_balanced");
+    assert_true(routed_round_robin(plain));
+
+    lk_model *noisy = router_model("fake_balanced", "0.3", NULL);
+    assert_true(noisy->router.noise == 0.3f);
+    total_loss(noisy, &b);
+    assert_false(routed_round_robin(noisy));
+    int32_t ids[2 * 24 * 2];
+    assert_true(noisy->T * noisy->K * 2 <= (int64_t)(sizeof ids / sizeof *ids));
+    routing_same(noisy, ids, 1);
+    total_loss(noisy, &b);
+    assert_true(routing_same(noisy, ids, 0));   /* seeded by the content: a recompute routes alike */
+
+    lk_model *learned = router_model(NULL, NULL, NULL), *f32 = router_model(NULL, "0", "torch.float32");
+    assert_int_equal(learned->router.gate_f32, 0);
+    assert_int_equal(f32->router.gate_f32, 1);
+    assert_string_equal(f32->layers[0].ops.router->name, "softmax_topk");
+    assert_true(total_loss(learned, &b) == total_loss(f32, &b));
+    lk_model_free(plain);
+    lk_model_free(noisy);
+    lk_model_free(learned);
+    lk_model_free(f32);
+    lk_batch_free(&b);
+
+    /* a noise no fake_balanced binding uses is refused at finalize, naming both */
+    lk_ops_config cfg;
+    lk_ops_config_init(&cfg);
+    assert_int_equal(lk_ops_config_set_option(&cfg, "fake_gate_noise", "0.5", "cfg.yaml:4:22"), LK_OK);
+    assert_int_equal(lk_ops_config_finalize(&cfg), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "cfg.yaml:4:22: fake_gate_noise: 0.5 is used only by the fake balanced"));
+    assert_non_null(strstr(lk_last_error(), "'softmax_topk'"));
+    /* ... unless a module's override is fake_balanced */
+    assert_int_equal(lk_ops_config_set_override(&cfg, "layers.0.mlp.gate", "moe.router", "fake_balanced", "t"), LK_OK);
+    assert_int_equal(lk_ops_config_finalize(&cfg), LK_OK);
+    assert_true(cfg.router.noise == 0.5f);
+    const char *bad[][2] = {{"fake_gate_noise", "1.5"}, {"fake_gate_noise", "-0.1"}, {"fake_gate_noise", "nan"},
+                            {"fake_gate_noise", "0.3x"}, {"fake_gate_noise", ""}, {"gate_precision", "bfloat16"},
+                            {"gate_precision", "float64"}, {"fake_gate_nois", "0.1"}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        lk_ops_config before = cfg;
+        assert_int_equal(lk_ops_config_set_option(&cfg, bad[i][0], bad[i][1], "cfg.yaml:9:9"), LK_EINVAL);
+        print_message("%s\n", lk_last_error());
+        assert_non_null(strstr(lk_last_error(), "cfg.yaml:9:9: "));
+        assert_non_null(strstr(lk_last_error(), bad[i][0]));
+        assert_memory_equal(&cfg, &before, sizeof cfg);
+    }
+    assert_non_null(strstr(lk_last_error(), "did you mean 'fake_gate_noise'"));
+}
+
 static void bad_configs_rejected(void **state) {
     (void)state;
     lk_op_table t;
@@ -473,7 +558,8 @@ int main(void) {
         cmocka_unit_test(recompute_identical),
         cmocka_unit_test(accumulation_adds),      cmocka_unit_test(save_load_round_trip),
         cmocka_unit_test(override_reaches_module), cmocka_unit_test(bad_configs_rejected),
-        cmocka_unit_test(bad_batch_rejected),     cmocka_unit_test(throughput),
+        cmocka_unit_test(bad_batch_rejected),     cmocka_unit_test(router_options_reach_every_moe_layer),
+        cmocka_unit_test(throughput),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

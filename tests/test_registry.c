@@ -1,7 +1,8 @@
 /* test_registry.c — selection and the lifecycle: the precedence table of override,
  * config field, environment (llmkern names and the described system's aliases) and
  * built-in default; the stage that binds each op; the SP rewrite; errors for explicit
- * requests that cannot be met and recorded fallbacks for defaults. */
+ * requests that cannot be met and recorded fallbacks for defaults; other systems' names
+ * (NeMo AutoModel's) resolved per op and device, or refused with the nearest named. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -269,6 +270,132 @@ static void bad_environment_values_are_refused_and_change_nothing(void **state) 
     set_env("");
 }
 
+/* The catalog's aliases (NeMo AutoModel's names) keep apart from llmkern's own names of
+ * the same op, say what they are, and point only at names the op knows. */
+static void alias_catalog_is_consistent(void **state) {
+    (void)state;
+    int n = 0;
+    for (int op = 0; op < LK_OP_COUNT; op++) {
+        const lk_op_info *info = lk_op_info_get((lk_op)op);
+        for (const lk_op_alias *a = info->aliases; a && a->name; a++, n++) {
+            print_message("%s: %s\n", info->name, a->name);
+            assert_non_null(a->origin);
+            for (const char *const *k = info->known; *k; k++) assert_string_not_equal(*k, a->name);
+            for (int d = 0; d < LK_DEVICE_COUNT; d++) {
+                assert_null(lk_impl_find((lk_op)op, a->name, (lk_device_type)d));   /* no row carries it */
+                const char *to = a->same_as[d] ? a->same_as[d] : a->nearest[d];
+                assert_non_null(to);
+                int known = 0;
+                for (const char *const *k = info->known; *k; k++) known |= strcmp(*k, to) == 0;
+                assert_true(known);
+                if (!a->same_as[d]) assert_non_null(a->what);
+            }
+            for (const lk_op_alias *b = a + 1; b->name; b++) assert_string_not_equal(a->name, b->name);
+            assert_ptr_equal(lk_op_alias_find((lk_op)op, a->name), a);
+            assert_true(lk_impl_name_known((lk_op)op, a->name));
+        }
+    }
+    assert_true(n >= 25);
+    assert_null(lk_op_alias_find(LK_OP_SWIGLU_MLP, "torch"));   /* NeMo has no swiglu field */
+}
+
+static lk_status select_one(lk_op op, const char *name, lk_device_type dev, lk_binding *b) {
+    lk_request r = {.op = op, .name = name, .source = LK_SOURCE_CONFIG, .source_detail = "nemo.yaml:3:11",
+                    .device = dev};
+    lk_status s = lk_select(&r, LK_STAGE_CONFIG_FINALIZE, b);
+    print_message("%s '%s' on %s: %s\n", lk_op_info_get(op)->name, name, lk_device_name(dev),
+                  s ? lk_last_error() : b->impl->name);
+    return s;
+}
+
+/* One name, as many meanings as fields: `torch` is eager for rms_norm, rope and the
+ * experts, the all-gather dispatcher, BLAS on the CPU. The binding keeps the name as
+ * written and resolves to the llmkern implementation. */
+static void other_systems_names_resolve_per_op(void **state) {
+    (void)state;
+    set_env("");
+    const struct { lk_op op; const char *name, *impl; } cases[] = {
+        {LK_OP_RMS_NORM, "torch", "eager"},          {LK_OP_RMS_NORM, "torch_fp32", "eager_fp32"},
+        {LK_OP_ROPE, "torch", "eager"},              {LK_OP_MOE_EXPERTS, "torch", "eager"},
+        {LK_OP_MOE_EXPERTS, "torch_mm", "fused"},    {LK_OP_MOE_EXPERTS, "gmm", "fused"},
+        {LK_OP_MOE_DISPATCH, "torch", "allgather"},  {LK_OP_LINEAR, "torch", "blas"},
+        {LK_OP_ATTENTION, "flex", "llmkern_flex_attention_with_sp"},   /* then the SP rewrite */
+        {LK_OP_ATTENTION, "eager", "eager"},         {LK_OP_ATTENTION, "sdpa", "sdpa"},   /* the same names */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        lk_binding b;
+        assert_int_equal(select_one(cases[i].op, cases[i].name, LK_DEVICE_CPU, &b), LK_OK);
+        assert_string_equal(b.impl->name, cases[i].impl);
+        assert_string_equal(b.requested, cases[i].name);
+        assert_string_equal(b.resolved, cases[i].impl);
+        assert_int_equal(b.source, LK_SOURCE_CONFIG);
+        assert_string_equal(b.fallback, "");
+    }
+    set_env("LLMKERN_BACKEND=reference");             /* no SP rewrite: flex is flex_attention itself */
+    lk_binding b;
+    assert_int_equal(select_one(LK_OP_ATTENTION, "flex", LK_DEVICE_CPU, &b), LK_OK);
+    assert_string_equal(b.impl->name, "flex_attention");
+    set_env("");
+    /* by device: linear's torch is cuBLASLt on a GPU */
+    lk_status s = select_one(LK_OP_LINEAR, "torch", LK_DEVICE_CUDA, &b);
+    if (s == LK_OK) assert_string_equal(b.impl->name, "cublaslt");
+    else assert_non_null(strstr(lk_last_error(), "'torch' (NeMo AutoModel) = 'cublaslt' cannot be used"));
+    /* a name of one field is no name of another */
+    assert_int_equal(select_one(LK_OP_RMS_NORM, "flex", LK_DEVICE_CPU, &b), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "unknown implementation 'flex'"));
+    assert_int_equal(select_one(LK_OP_LINEAR, "torch_mm", LK_DEVICE_CPU, &b), LK_EINVAL);
+    assert_int_equal(select_one(LK_OP_ATTENTION, "gmm", LK_DEVICE_CPU, &b), LK_EINVAL);
+    /* an alias is a name the config takes, and a near miss of one is suggested */
+    lk_ops_config cfg;
+    lk_ops_config_init(&cfg);
+    assert_int_equal(lk_ops_config_set(&cfg, "rms_norm_implementation", "torch_fp32", NULL), LK_OK);
+    assert_int_equal(lk_ops_config_set(&cfg, "moe_implementation", "torch_mn", "x.yaml:1:1"), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "did you mean 'torch_mm'"));
+    assert_non_null(strstr(lk_last_error(), "(NeMo AutoModel: torch, torch_mm, gmm, te, torch_mm_mxfp8)"));
+}
+
+/* NeMo's names llmkern does not implement are known (never "unknown") and an explicit
+ * request for one is refused, on every device, with the nearest llmkern implementation. */
+static void unimplemented_names_are_refused_with_the_nearest(void **state) {
+    (void)state;
+    const struct { lk_op op; const char *name, *nearest_cpu; } cases[] = {
+        {LK_OP_ATTENTION, "te", "sdpa"},            {LK_OP_ATTENTION, "torch", "sdpa"},
+        {LK_OP_ATTENTION, "tilelang", "flex_attention"}, {LK_OP_ATTENTION, "fa4", "flash_attention_2"},
+        {LK_OP_ATTENTION, "magi", "flex_attention"},
+        {LK_OP_RMS_NORM, "te", "fused"},            {LK_OP_RMS_NORM, "quack", "fused"},
+        {LK_OP_ROPE, "quack", "fused"},             {LK_OP_ROPE, "triton", "fused"},
+        {LK_OP_LINEAR, "te", "blas"},               {LK_OP_LINEAR, "quack", "blas"},
+        {LK_OP_MOE_EXPERTS, "te", "fused"},         {LK_OP_MOE_EXPERTS, "torch_mm_mxfp8", "fused"},
+        {LK_OP_MOE_DISPATCH, "deepep", "alltoall"}, {LK_OP_MOE_DISPATCH, "hybridep", "alltoall"},
+        {LK_OP_MOE_DISPATCH, "uccl_ep", "alltoall"}, {LK_OP_MOE_DISPATCH, "mok", "alltoall"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        for (int d = 0; d < LK_DEVICE_COUNT; d++) {
+            lk_binding b;
+            memset(&b, 0x5a, sizeof b);
+            lk_binding before = b;
+            assert_int_equal(select_one(cases[i].op, cases[i].name, (lk_device_type)d, &b), LK_EUNAVAILABLE);
+            assert_memory_equal(&b, &before, sizeof b);   /* nothing bound */
+            char want[160];
+            snprintf(want, sizeof want, "'%s' (NeMo AutoModel: ", cases[i].name);
+            assert_non_null(strstr(lk_last_error(), want));
+            assert_non_null(strstr(lk_last_error(), "is not available in llmkern; the nearest llmkern implementation is '"));
+            assert_non_null(strstr(lk_last_error(), "nemo.yaml:3:11"));
+            assert_non_null(strstr(lk_last_error(), lk_op_info_get(cases[i].op)->field));
+            if (d == LK_DEVICE_CPU) {
+                snprintf(want, sizeof want, "nearest llmkern implementation is '%s'", cases[i].nearest_cpu);
+                assert_non_null(strstr(lk_last_error(), want));
+            }
+        }
+    /* through the config: known when set, refused when finalized, the config unchanged */
+    lk_ops_config cfg;
+    lk_ops_config_init(&cfg);
+    assert_int_equal(lk_ops_config_set(&cfg, "attn_implementation", "te", "nemo.yaml:3:11"), LK_OK);
+    lk_ops_config before = cfg;
+    assert_int_equal(lk_ops_config_finalize(&cfg), LK_EUNAVAILABLE);
+    assert_memory_equal(&cfg, &before, sizeof cfg);
+}
+
 static int setup(void **state) {
     (void)state;
     assert_int_equal(lk_init(), LK_OK);
@@ -285,6 +412,9 @@ int main(void) {
         cmocka_unit_test(explicit_requests_that_cannot_be_met_are_errors),
         cmocka_unit_test(overrides_are_checked_against_the_family),
         cmocka_unit_test(bad_environment_values_are_refused_and_change_nothing),
+        cmocka_unit_test(alias_catalog_is_consistent),
+        cmocka_unit_test(other_systems_names_resolve_per_op),
+        cmocka_unit_test(unimplemented_names_are_refused_with_the_nearest),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -1,6 +1,7 @@
 /* config.h — the two sources of selection besides the built-in defaults: the
  * environment table (src/config/env.c, every variable read in one place) and the
- * ops configuration (model.ops_implementation.* in YAML, with per-module overrides). */
+ * ops configuration (model.ops_implementation.* in YAML, with per-module overrides, or
+ * NeMo AutoModel's model.backend section, src/config/backend_yaml.c). */
 #ifndef LLMKERN_CONFIG_H
 #define LLMKERN_CONFIG_H
 
@@ -70,11 +71,15 @@ typedef struct lk_ops_config {
     lk_override overrides[LK_MAX_OVERRIDES];
     int n_overrides;
     lk_device_type device;            /* where the model runs: selection filters by it */
+    /* The MoE router's options (lk_ops_config_set_option), as written; "" = not set. */
+    lk_config_value fake_gate_noise;  /* "0.3": a number in [0, 1] */
+    lk_config_value gate_precision;   /* "float32" (canonical) */
     /* Written by lk_ops_config_finalize: */
     int finalized;
     unsigned bound_mask;              /* bit (1u << op) for each op bound from a field */
     lk_binding bound[LK_OP_COUNT];
     lk_binding module_bound[LK_MAX_OVERRIDES];
+    lk_router_options router;         /* the options above, parsed; lk_model_build copies them */
 } lk_ops_config;
 
 void lk_ops_config_init(lk_ops_config *cfg);
@@ -84,6 +89,14 @@ lk_status lk_ops_config_set(lk_ops_config *cfg, const char *field, const char *v
                             const char *where);
 lk_status lk_ops_config_set_override(lk_ops_config *cfg, const char *module, const char *field,
                                      const char *value, const char *where);
+/* Sets a MoE router option by code: "fake_gate_noise" (a number in [0, 1]; NeMo
+ * AutoModel's name, used by the fake_balanced router) or "gate_precision" ("float32",
+ * also written "torch.float32" or "fp32": the router's GEMM and softmax in f32). A value
+ * out of range or of another kind is LK_EINVAL naming the option, the expected values and
+ * the value; cfg is then unchanged. lk_ops_config_finalize refuses a noise above 0 when
+ * no router binding is fake_balanced. */
+lk_status lk_ops_config_set_option(lk_ops_config *cfg, const char *option, const char *value,
+                                   const char *where);
 
 /* Loads a YAML file into cfg. Every error (unreadable file, malformed YAML, an unknown
  * key, an unknown implementation, a wrong type) is LK_EIO or LK_EINVAL with

@@ -36,6 +36,18 @@ typedef struct {
     const char *name;
 } lk_gpu_default;
 
+/* A name another training system writes for one of an op's implementations (NeMo
+ * AutoModel's `torch_fp32` for rms_norm). Selection resolves it per op and device: to the
+ * llmkern implementation it is (same_as), or, where llmkern has none (same_as NULL), to
+ * an error naming the nearest llmkern one. Never a silent substitute. */
+typedef struct {
+    const char *name;                       /* "torch_fp32" */
+    const char *origin;                     /* "NeMo AutoModel" */
+    const char *same_as[LK_DEVICE_COUNT];   /* the llmkern name per device, or NULL: not in llmkern */
+    const char *nearest[LK_DEVICE_COUNT];   /* same_as NULL: the nearest llmkern implementation */
+    const char *what;                       /* same_as NULL: what it is ("Transformer Engine's fused RMSNorm") */
+} lk_op_alias;
+
 /* What the project knows of an op, whether or not this build implements it. */
 typedef struct {
     lk_op op;
@@ -48,9 +60,17 @@ typedef struct {
     /* The built-in default on a GPU, most capable first, {0, NULL} last (NULL: default_fused):
      * the first the GPU meets is asked for, the later ones it meets are its fallbacks. */
     const lk_gpu_default *gpu_defaults;
+    const lk_op_alias *aliases;     /* other systems' names, terminated by a NULL name; or NULL */
 } lk_op_info;
 
 const lk_op_info *lk_op_info_get(lk_op op);
+/* The other system's name `name` of op (lk_op_info.aliases), or NULL when it is none. */
+const lk_op_alias *lk_op_alias_find(lk_op op, const char *name);
+/* "eager, eager_fp32, fused (NeMo AutoModel: torch, torch_fp32, te, quack)": every name
+ * op takes, for error messages. */
+void lk_op_names_text(lk_op op, char *buf, size_t n);
+/* The name of op (llmkern's or an alias) closest to word, or NULL if none is close. */
+const char *lk_op_suggest(lk_op op, const char *word);
 /* What a name of op needs that a build or machine may lack ("a Hopper GPU (sm_90) and
  * CUDA"), or NULL when it needs nothing special. */
 const char *lk_op_name_needs(lk_op op, const char *name);
@@ -182,6 +202,13 @@ typedef struct {
 
 #define LK_MAX_MODULE_BINDINGS 64
 
+/* What every MoE layer's router call takes besides its tensors (moe.h's noise and
+ * gate_f32), from the config (lk_ops_config_set_option). */
+typedef struct {
+    float noise;                /* fake_gate_noise: the fake_balanced router's noise, in [0, 1] */
+    int gate_f32;               /* gate_precision float32: the router's GEMM and softmax in f32 */
+} lk_router_options;
+
 /* The bound op table a model runs with: no name lookups after lk_model_build. */
 typedef struct {
     const lk_model_family *family;
@@ -189,6 +216,7 @@ typedef struct {
     lk_binding op[LK_OP_COUNT];
     lk_binding module[LK_MAX_MODULE_BINDINGS];
     int n_module;
+    lk_router_options router;   /* for every MoE layer's router */
 } lk_op_table;
 
 /* 1. Import time: registers the built-in implementations, reads the environment

@@ -3,19 +3,36 @@
  * on the device --device names, else the config's train.device, else the CPU) and
  * prints, per op (and per overridden module), the requested value and its source, the
  * resolved name, the bound implementation, the stage that bound it and any
- * fallback. Rows: {op, module, requested, source, resolved, impl, stage, fallback}. */
+ * fallback. Rows: {op, module, requested, source, resolved, impl, stage, fallback}. The
+ * source also says what another system's name (NeMo AutoModel's model.backend) resolved
+ * to, and the MoE router row the router options (fake_gate_noise, gate_precision). */
 #include <string.h>
 #include "cli/cli.h"
 #include "llmkern/train.h"
 
-static void source_text(const lk_binding *b, char *buf, size_t n) {
-    snprintf(buf, n, "%s%s%s", lk_source_name(b->source), b->source_detail[0] ? " " : "", b->source_detail);
+/* "config cfg.yaml:6:15 (model.backend.rms_norm); torch_fp32 (NeMo AutoModel) = eager_fp32":
+ * where the value came from, what another system's name resolved to, and for the MoE
+ * router the options every layer's call takes. */
+static void source_text(const lk_binding *b, const lk_ops_config *cfg, char *buf, size_t n) {
+    size_t k = (size_t)snprintf(buf, n, "%s%s%s", lk_source_name(b->source), b->source_detail[0] ? " " : "",
+                                b->source_detail);
+    const lk_op_alias *a = b->source == LK_SOURCE_CONFIG || b->source == LK_SOURCE_OVERRIDE
+                               ? lk_op_alias_find(b->op, b->requested) : NULL;
+    const char *as = a ? a->same_as[cfg->device] : NULL;   /* before the SP rewrite: flex = flex_attention */
+    if (as && k < n) k += (size_t)snprintf(buf + k, n - k, "; %s (%s) = %s", a->name, a->origin, as);
+    if (b->op != LK_OP_MOE_ROUTER) return;
+    const lk_config_value *opt[2] = {&cfg->fake_gate_noise, &cfg->gate_precision};
+    const char *name[2] = {"fake_gate_noise", "gate_precision"};
+    for (int i = 0; i < 2; i++)
+        if (opt[i]->value[0] && k < n)
+            k += (size_t)snprintf(buf + k, n - k, "; %s %s at %s", name[i], opt[i]->value,
+                                  opt[i]->where[0] ? opt[i]->where : "set from code");
 }
 
-static void print_row(const cli_opts *o, const lk_binding *b, int first) {
-    char src[192], impl[80];
+static void print_row(const cli_opts *o, const lk_ops_config *cfg, const lk_binding *b, int first) {
+    char src[640], impl[80];
     const char *op = lk_op_info_get(b->op)->name;
-    source_text(b, src, sizeof src);
+    source_text(b, cfg, src, sizeof src);
     snprintf(impl, sizeof impl, "%s%s%s", b->impl ? b->impl->name : "-", b->impl ? "/" : "",
              b->impl ? lk_device_name(b->impl->device) : "");
     if (o->json) {
@@ -68,8 +85,8 @@ int cli_explain(const cli_opts *o) {
                "IMPL", "STAGE", "FALLBACK");
     }
     int first = 1;
-    for (int op = 0; op < LK_OP_COUNT; op++, first = 0) print_row(o, &table.op[op], first);
-    for (int i = 0; i < table.n_module; i++) print_row(o, &table.module[i], 0);
+    for (int op = 0; op < LK_OP_COUNT; op++, first = 0) print_row(o, &cfg, &table.op[op], first);
+    for (int i = 0; i < table.n_module; i++) print_row(o, &cfg, &table.module[i], 0);
     if (o->json) printf("\n]\n");
     return 0;
 }

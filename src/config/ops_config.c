@@ -1,8 +1,11 @@
-/* ops_config.c — the ops configuration set from code: fields and per-module
- * overrides, each checked against the catalog as it is set. */
+/* ops_config.c — the ops configuration set from code: fields, per-module overrides and
+ * the MoE router's options, each checked as it is set. */
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "llmkern/config.h"
+#include "registry/registry_internal.h"
 
 void lk_ops_config_init(lk_ops_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
@@ -13,11 +16,9 @@ void lk_ops_config_init(lk_ops_config *cfg) {
 static lk_status check_value(lk_op op, const char *value, const char *where) {
     if (value && lk_impl_name_known(op, value)) return LK_OK;
     const lk_op_info *info = lk_op_info_get(op);
-    const char *hint = value ? lk_suggest(value, info->known) : NULL;
+    const char *hint = lk_op_suggest(op, value);
     char valid[512];
-    size_t k = 0;
-    for (const char *const *kn = info->known; *kn && k < sizeof valid; kn++)
-        k += (size_t)snprintf(valid + k, sizeof valid - k, "%s%s", k ? ", " : "", *kn);
+    lk_op_names_text(op, valid, sizeof valid);
     return lk_error(LK_EINVAL, "%s%s%s: unknown implementation '%s'%s%s%s; valid: %s",
                     where ? where : "", where && where[0] ? ": " : "", info->field,
                     value ? value : "(null)", hint ? " (did you mean '" : "", hint ? hint : "",
@@ -71,5 +72,61 @@ lk_status lk_ops_config_set_override(lk_ops_config *cfg, const char *module, con
     set_value(&o->v, value, where);
     if (i == cfg->n_overrides) cfg->n_overrides++;
     cfg->finalized = 0;
+    return LK_OK;
+}
+
+/* "0.3" -> 0.3 when it is a finite number in [0, 1]. */
+static int parse_noise(const char *v, float *out) {
+    char *end;
+    double x = v && v[0] ? strtod(v, &end) : NAN;
+    if (!isfinite(x) || *end || x < 0.0 || x > 1.0) return 0;
+    *out = (float)x;
+    return 1;
+}
+
+lk_status lk_ops_config_set_option(lk_ops_config *cfg, const char *option, const char *value,
+                                   const char *where) {
+    const char *w = where ? where : "", *sep = where && where[0] ? ": " : "";
+    const char *v = value ? value : "(null)";
+    float noise;
+    if (option && strcmp(option, "fake_gate_noise") == 0) {
+        if (!parse_noise(value, &noise))
+            return lk_error(LK_EINVAL, "%s%sfake_gate_noise: expected a number in [0, 1], got '%s'", w, sep, v);
+        set_value(&cfg->fake_gate_noise, value, where);
+    } else if (option && strcmp(option, "gate_precision") == 0) {
+        if (!value || (strcmp(value, "float32") != 0 && strcmp(value, "torch.float32") != 0 &&
+                       strcmp(value, "fp32") != 0))
+            return lk_error(LK_EINVAL, "%s%sgate_precision: expected float32 (or torch.float32, fp32): the "
+                            "router otherwise runs in the hidden states' dtype, got '%s'", w, sep, v);
+        set_value(&cfg->gate_precision, "float32", where);
+    } else {
+        const char *hint = option ? lk_suggest(option, (const char *const[]){"fake_gate_noise", "gate_precision",
+                                                                             NULL}) : NULL;
+        return lk_error(LK_EINVAL, "%s%sunknown option '%s'%s%s%s; valid: fake_gate_noise, gate_precision", w, sep,
+                        option ? option : "(null)", hint ? " (did you mean '" : "", hint ? hint : "",
+                        hint ? "'?)" : "");
+    }
+    cfg->finalized = 0;
+    return LK_OK;
+}
+
+lk_status lk_ops_config_router_options(const lk_ops_config *cfg, const lk_binding *router,
+                                       const lk_binding *modules, int n_modules, lk_router_options *out) {
+    lk_router_options r = {0};
+    const lk_config_value *nv = &cfg->fake_gate_noise;
+    if (nv->value[0] && !parse_noise(nv->value, &r.noise))
+        return lk_error(LK_EINVAL, "%s%sfake_gate_noise: expected a number in [0, 1], got '%s'", nv->where,
+                        nv->where[0] ? ": " : "", nv->value);
+    r.gate_f32 = cfg->gate_precision.value[0] != '\0';
+    int fake = router && router->impl && strcmp(router->impl->name, "fake_balanced") == 0;
+    for (int i = 0; i < n_modules; i++)
+        fake |= modules[i].op == LK_OP_MOE_ROUTER && modules[i].impl &&
+                strcmp(modules[i].impl->name, "fake_balanced") == 0;
+    if (r.noise > 0.0f && !fake)
+        return lk_error(LK_EINVAL, "%s%sfake_gate_noise: %s is used only by the fake balanced router, but "
+                        "moe.router is '%s'; expected fake_balanced_gate: true (model.backend) or moe.router: "
+                        "fake_balanced", nv->where, nv->where[0] ? ": " : "", nv->value,
+                        router && router->requested[0] ? router->requested : lk_op_info_get(LK_OP_MOE_ROUTER)->default_fused);
+    *out = r;
     return LK_OK;
 }

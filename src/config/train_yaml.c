@@ -106,7 +106,7 @@ static const field arch_fields[] = {
 #undef I
 #undef D
 #undef B
-static const char *const model_keys[] = {"ops_implementation", "moe", "config_json", "hidden_size",
+static const char *const model_keys[] = {"ops_implementation", "moe", "backend", "config_json", "hidden_size",
     "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
     "vocab_size", "max_position_embeddings", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
     "decoder_sparse_step", "rope_theta", "rms_norm_eps", "initializer_range", "router_aux_loss_coef",

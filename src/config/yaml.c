@@ -1,5 +1,6 @@
-/* yaml.c — loads model.ops_implementation.* (and model.moe.router/dispatcher) from a
- * YAML file through libyaml's document API, which keeps every node's line and column,
+/* yaml.c — loads model.ops_implementation.* (and model.moe.router/dispatcher, and NeMo
+ * AutoModel's model.backend: backend_yaml.c) from a YAML file through libyaml's document
+ * API, which keeps every node's line and column,
  * and for training (train.h) the architecture keys of model: and the train: and data:
  * sections (src/config/train_yaml.c), which lk_config_load_yaml checks but does not keep:
  *
@@ -75,13 +76,29 @@ lk_status each_entry(loader *l, const yaml_node_t *map, const char *what, entry_
     return s;
 }
 
+lk_status lk_yaml_set_op(loader *l, const char *field, const char *value, const char *where) {
+    lk_op op;
+    const lk_config_value *was = NULL;
+    char first[256];
+    if (lk_op_parse(field, &op) == LK_OK && (l->ops_set >> op) & 1u) {
+        was = &l->cfg->field[op];
+        snprintf(first, sizeof first, "%s", was->where);
+        if (strcmp(was->value, value) != 0)
+            return lk_error(LK_EINVAL, "%s: %s: set twice in this file, to '%s' here and to '%s' at %s; expected "
+                            "one of them", where, lk_op_info_get(op)->field, value, was->value, first);
+    }
+    lk_status s = lk_ops_config_set(l->cfg, field, value, where);
+    if (!s && lk_op_parse(field, &op) == LK_OK) l->ops_set |= 1u << op;
+    return s;
+}
+
 static lk_status set_field(loader *l, const char *field, const yaml_node_t *v, const char *module) {
     char w[192];
     lk_status s = expect(l, v, YAML_SCALAR_NODE, field);
     if (s) return s;
     where(l, v, w, sizeof w);
     return module ? lk_ops_config_set_override(l->cfg, module, field, scalar(v), w)
-                  : lk_ops_config_set(l->cfg, field, scalar(v), w);
+                  : lk_yaml_set_op(l, field, scalar(v), w);
 }
 
 static lk_status override_field(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
@@ -116,6 +133,7 @@ static lk_status model_entry(loader *l, const yaml_node_t *k, const yaml_node_t 
     if (strcmp(scalar(k), "ops_implementation") == 0)
         return each_entry(l, v, "model.ops_implementation", ops_entry);
     if (strcmp(scalar(k), "moe") == 0) return each_entry(l, v, "model.moe", moe_entry);
+    if (strcmp(scalar(k), "backend") == 0) return lk_yaml_backend(l, v);
     return lk_yaml_model_arch_entry(l, k, v);
 }
 
@@ -152,10 +170,11 @@ lk_status lk_yaml_load(const char *path, lk_ops_config *cfg, lk_train_config *tc
     if (tnext == NULL) s = lk_error(LK_ENOMEM, "config: %s", path);
     else if (tc) *tnext = *tc;
     else lk_train_config_init(tnext);
-    loader l = {.path = path, .doc = &doc, .cfg = &next, .train = tnext};
+    loader l = {.path = path, .doc = &doc, .cfg = &next, .train = tnext, .fake_gate = -1};
     yaml_node_t *root = yaml_document_get_root_node(&doc);
     if (!s && root && !(root->type == YAML_SCALAR_NODE && root->data.scalar.length == 0))
         s = each_entry(&l, root, "the document", top_entry);
+    if (!s) s = lk_yaml_backend_finish(&l);
     if (!s) s = lk_yaml_finish(&l);
     if (s == LK_OK) {
         *cfg = next;

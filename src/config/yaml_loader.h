@@ -1,11 +1,14 @@
 /* yaml_loader.h — internal to src/config: the YAML walker's state and helpers shared by
- * yaml.c (the ops sections) and train_yaml.c (architecture, train: and data:). */
+ * yaml.c (the ops sections), backend_yaml.c (NeMo AutoModel's model.backend) and
+ * train_yaml.c (architecture, train: and data:). */
 #ifndef LLMKERN_CONFIG_YAML_LOADER_H
 #define LLMKERN_CONFIG_YAML_LOADER_H
 
 #include <yaml.h>
 #include "llmkern/config.h"
 #include "llmkern/train.h"
+
+#define LK_YAML_BACKEND_KEYS 16
 
 typedef struct {
     const char *path;
@@ -15,6 +18,10 @@ typedef struct {
     lk_train_config *train;    /* the training sections (a scratch copy for lk_config_load_yaml) */
     int arch_keys;             /* inline architecture keys seen */
     int data_sources;          /* corpus / text / tokens keys seen */
+    unsigned ops_set;          /* bit (1u << op): the op's field was set by this file (one place only) */
+    int fake_gate;             /* model.backend.fake_balanced_gate: -1 not given, 0, 1 */
+    char fake_gate_at[192];    /* where it was given */
+    const yaml_node_t *backend[LK_YAML_BACKEND_KEYS];   /* model.backend's values, by key (backend_yaml.c) */
 } loader;
 
 /* Shared between two files of the library, never exported from it. */
@@ -28,6 +35,14 @@ const char *scalar(const yaml_node_t *n);
 lk_status expect(const loader *l, const yaml_node_t *n, yaml_node_type_t type, const char *what);
 lk_status unknown_key(const loader *l, const yaml_node_t *key, const char *section, const char *const *valid);
 lk_status each_entry(loader *l, const yaml_node_t *map, const char *what, entry_fn fn);
+/* Sets op field `field` (a config field or op name) to value, found at where: an op set
+ * twice by one file to different values is an error naming both places. */
+lk_status lk_yaml_set_op(loader *l, const char *field, const char *value, const char *where);
+
+/* backend_yaml.c: NeMo AutoModel's model.backend section, and the checks of its gate
+ * options once the whole file is read. */
+lk_status lk_yaml_backend(loader *l, const yaml_node_t *map);
+lk_status lk_yaml_backend_finish(loader *l);
 
 /* Reads both sections' files; tc NULL checks the training sections without keeping them. */
 lk_status lk_yaml_load(const char *path, lk_ops_config *cfg, lk_train_config *tc);

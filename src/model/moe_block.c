@@ -20,6 +20,7 @@ static lk_moe_router_args router_args(lk_model *m, int l, const lk_layer_acts *a
         .topk_ids = t2(m, a->ids, LK_I32, m->T, m->K), .topk_weights = t2(m, a->tw, LK_F32, m->T, m->K),
         .saved = {a->s[S_ROUTER], L->saved[S_ROUTER]},
         .n_experts = (int)m->E, .top_k = (int)m->K, .norm_topk_prob = m->cfg.norm_topk_prob,
+        .noise = m->router.noise, .gate_f32 = m->router.gate_f32,
     };
 }
 

@@ -130,6 +130,7 @@ lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, ui
     int N = (int)cfg->num_hidden_layers;
     m->layers = calloc((size_t)N, sizeof *m->layers);
     m->dev = dev;
+    m->router = ops->router;
     m->arena.device = dev->type;
     m->ctx = dev->type == LK_DEVICE_CPU ? lk_ctx_cpu(&m->arena) : lk_ctx_cuda(&m->arena, NULL, dev->current());
     m->scal = dev->alloc(64);

@@ -83,6 +83,7 @@ struct lk_model {
     lk_layer *layers;
     const lk_impl *final_norm_impl, *ce_impl;
     const lk_impl *dispatch;      /* moe_dispatch: runs the experts when ep > 1 */
+    lk_router_options router;     /* every MoE layer's router options (the op table's) */
 
     /* Sequence and expert parallelism (lk_model_set_parallel; NULL = one process). The
      * model is handed the whole batch; an SP rank runs the tokens [sp_rank·T, +T) of it

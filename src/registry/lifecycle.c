@@ -131,7 +131,8 @@ static lk_request field_request(const lk_ops_config *cfg, lk_op op) {
     return r;
 }
 
-/* Stage 3. The MoE experts field is validated here and bound at build (deferred). */
+/* Stage 3. The MoE experts field is validated here and bound at build (deferred); the
+ * router's options are parsed and checked against the router bindings. */
 lk_status lk_ops_config_finalize(lk_ops_config *cfg) {
     lk_status s = lk_init();
     if (s) return s;
@@ -150,6 +151,11 @@ lk_status lk_ops_config_finalize(lk_ops_config *cfg) {
                         .source_detail = o->v.where[0] ? o->v.where : "set from code"};
         if ((s = lk_select(&r, LK_STAGE_CONFIG_FINALIZE, &module_bound[i]))) return s;
     }
+    lk_router_options router;
+    if ((s = lk_ops_config_router_options(cfg, cfg->field[LK_OP_MOE_ROUTER].value[0] ? &bound[LK_OP_MOE_ROUTER] : NULL,
+                                          module_bound, cfg->n_overrides, &router)))
+        return s;
+    cfg->router = router;
     memcpy(cfg->bound, bound, sizeof bound);
     memcpy(cfg->module_bound, module_bound, sizeof(lk_binding) * (size_t)cfg->n_overrides);
     cfg->bound_mask = mask;
@@ -225,6 +231,7 @@ lk_status lk_model_build(const lk_ops_config *cfg, const char *family, lk_op_tab
     }
     memcpy(t.module, cfg->module_bound, sizeof(lk_binding) * (size_t)cfg->n_overrides);
     t.n_module = cfg->n_overrides;
+    t.router = cfg->router;
     *out = t;
     return LK_OK;
 }

@@ -1,11 +1,25 @@
 /* ops.c — the catalog: every op the design names, its config field, every
  * implementation name users of the described system write (built here or not), its
  * reference implementation and its built-in defaults. A name in `known` that no
- * registered implementation carries is "not available in this build", never "unknown". */
+ * registered implementation carries is "not available in this build", never "unknown".
+ * Other systems' names for the same implementations (NeMo AutoModel's) are the ops'
+ * `aliases`: each is one llmkern implementation per device, or a name llmkern does not
+ * implement, which an explicit request is refused for with the nearest one named. */
+#include <stdio.h>
 #include <string.h>
-#include "llmkern/registry.h"
+#include "llmkern/config.h"
 
 #define NAMES(...) (const char *const[]){__VA_ARGS__, NULL}
+#define ALIASES(...) (const lk_op_alias[]){__VA_ARGS__, {.name = NULL}}
+#define EVERYWHERE(n) {[LK_DEVICE_CPU] = n, [LK_DEVICE_CUDA] = n}
+#define BY_DEVICE(cpu, cuda) {[LK_DEVICE_CPU] = cpu, [LK_DEVICE_CUDA] = cuda}
+
+/* NeMo AutoModel's BackendConfig names (model.backend.attn, .rms_norm, .rope, .experts,
+ * .dispatcher, .linear; src/config/backend_yaml.c), resolved per op: `torch` is eager for
+ * rms_norm, the all-gather dispatcher for moe_dispatch, BLAS or cuBLASLt for linear. */
+#define NEMO "NeMo AutoModel"
+#define SAME(n, llmkern) {.name = n, .origin = NEMO, .same_as = EVERYWHERE(llmkern)}
+#define NOT_HERE(n, what_, near) {.name = n, .origin = NEMO, .nearest = near, .what = what_}
 
 static const lk_op_info ops[LK_OP_COUNT] = {
     [LK_OP_ATTENTION] = {
@@ -16,6 +30,16 @@ static const lk_op_info ops[LK_OP_COUNT] = {
                        "llmkern_flash_attention_4_with_sp", "llmkern_flex_attention_with_sp"),
         .reference = "eager", .default_fused = "flash_attention_2", .default_plain = "flash_attention_2",
         .gpu_defaults = (const lk_gpu_default[]){{90, "flash_attention_3"}, {80, "flash_attention_2"}, {0, NULL}},
+        /* NeMo's eager, sdpa and cudnn are llmkern's names already. Its `torch` is its own
+         * PyTorch attention path, whose numerics llmkern has not been held against: refused
+         * with sdpa named, not taken for sdpa. */
+        .aliases = ALIASES(
+            SAME("flex", "flex_attention"),
+            NOT_HERE("torch", "its own PyTorch attention path", EVERYWHERE("sdpa")),
+            NOT_HERE("te", "Transformer Engine's DotProductAttention", BY_DEVICE("sdpa", "cudnn")),
+            NOT_HERE("tilelang", "TileLang's sparse attention kernels", EVERYWHERE("flex_attention")),
+            NOT_HERE("fa4", "FlashAttention-4 (CuTe DSL, Blackwell)", BY_DEVICE("flash_attention_2", "flash_attention_3")),
+            NOT_HERE("magi", "MagiAttention", EVERYWHERE("flex_attention"))),
     },
     [LK_OP_CROSS_ENTROPY] = {
         .op = LK_OP_CROSS_ENTROPY, .name = "cross_entropy",
@@ -27,11 +51,20 @@ static const lk_op_info ops[LK_OP_COUNT] = {
         .op = LK_OP_RMS_NORM, .name = "rms_norm", .field = "rms_norm_implementation",
         .known = NAMES("eager", "eager_fp32", "fused"),
         .reference = "eager", .default_fused = "fused", .default_plain = "eager",
+        .aliases = ALIASES(
+            SAME("torch", "eager"), SAME("torch_fp32", "eager_fp32"),
+            NOT_HERE("te", "Transformer Engine's fused RMSNorm", EVERYWHERE("fused")),
+            NOT_HERE("quack", "QuACK's CuTe DSL RMSNorm", EVERYWHERE("fused"))),
     },
     [LK_OP_ROPE] = {
         .op = LK_OP_ROPE, .name = "rope", .field = "rotary_pos_emb_implementation",
         .known = NAMES("eager", "fused"),
         .reference = "eager", .default_fused = "fused", .default_plain = "eager",
+        /* NeMo's rope_fusion: true (TE's fused RoPE) is read as `fused` by the loader */
+        .aliases = ALIASES(
+            SAME("torch", "eager"),
+            NOT_HERE("quack", "QuACK's rotary embedding", EVERYWHERE("fused")),
+            NOT_HERE("triton", "the fused Triton rotation of DeepSeek V4", EVERYWHERE("fused"))),
     },
     [LK_OP_SWIGLU_MLP] = {
         .op = LK_OP_SWIGLU_MLP, .name = "swiglu_mlp", .field = "swiglu_mlp_implementation",
@@ -42,6 +75,10 @@ static const lk_op_info ops[LK_OP_COUNT] = {
         .op = LK_OP_MOE_EXPERTS, .name = "moe_experts", .field = "moe_implementation",
         .known = NAMES("eager", "fused", "fused_triton", "fused_sm90", "fused_quack", "fused_cublas"),
         .reference = "eager", .default_fused = "fused", .default_plain = "eager",
+        .aliases = ALIASES(
+            SAME("torch", "eager"), SAME("torch_mm", "fused"), SAME("gmm", "fused"),
+            NOT_HERE("te", "Transformer Engine's GroupedLinear", EVERYWHERE("fused")),
+            NOT_HERE("torch_mm_mxfp8", "torchao's MXFP8 grouped GEMM", EVERYWHERE("fused"))),
     },
     [LK_OP_MOE_ROUTER] = {
         .op = LK_OP_MOE_ROUTER, .name = "moe_router", .field = "moe.router",
@@ -52,11 +89,21 @@ static const lk_op_info ops[LK_OP_COUNT] = {
         .op = LK_OP_MOE_DISPATCH, .name = "moe_dispatch", .field = "moe.dispatcher",
         .known = NAMES("local", "alltoall", "allgather"),
         .reference = "local", .default_fused = "local", .default_plain = "local",
+        .aliases = ALIASES(
+            SAME("torch", "allgather"),
+            NOT_HERE("deepep", "DeepEP's dispatch and combine", EVERYWHERE("alltoall")),
+            NOT_HERE("hybridep", "HybridEP's dispatch and combine", EVERYWHERE("alltoall")),
+            NOT_HERE("uccl_ep", "UCCL-EP's dispatch and combine", EVERYWHERE("alltoall")),
+            NOT_HERE("mok", "Mixture-of-Kittens' fused communication and SwiGLU megakernel", EVERYWHERE("alltoall"))),
     },
     [LK_OP_LINEAR] = {
         .op = LK_OP_LINEAR, .name = "linear", .field = "linear_implementation",
         .known = NAMES("blas", "cublaslt"),
         .reference = "blas", .default_fused = "blas", .default_plain = "blas",
+        .aliases = ALIASES(
+            {.name = "torch", .origin = NEMO, .same_as = BY_DEVICE("blas", "cublaslt")},
+            NOT_HERE("te", "Transformer Engine's Linear", BY_DEVICE("blas", "cublaslt")),
+            NOT_HERE("quack", "QuACK's CuTe DSL GEMM", BY_DEVICE("blas", "cublaslt"))),
     },
 };
 
@@ -81,6 +128,40 @@ const char *lk_op_name_needs(lk_op op, const char *name) {
 
 const lk_op_info *lk_op_info_get(lk_op op) {
     return (unsigned)op < LK_OP_COUNT ? &ops[op] : NULL;
+}
+
+const lk_op_alias *lk_op_alias_find(lk_op op, const char *name) {
+    const lk_op_info *info = lk_op_info_get(op);
+    for (const lk_op_alias *a = info && name ? info->aliases : NULL; a && a->name; a++)
+        if (strcmp(a->name, name) == 0) return a;
+    return NULL;
+}
+
+void lk_op_names_text(lk_op op, char *buf, size_t n) {
+    const lk_op_info *info = lk_op_info_get(op);
+    size_t k = 0;
+    buf[0] = '\0';
+    for (const char *const *kn = info ? info->known : NULL; kn && *kn && k < n; kn++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%s", k ? ", " : "", *kn);
+    const char *origin = NULL;
+    for (const lk_op_alias *a = info ? info->aliases : NULL; a && a->name && k < n; a++) {
+        int first = origin == NULL || strcmp(origin, a->origin) != 0;
+        k += (size_t)snprintf(buf + k, n - k, "%s%s%s%s", first && origin ? ")" : "", first ? " (" : ", ",
+                              first ? a->origin : "", first ? ": " : "");
+        k += k < n ? (size_t)snprintf(buf + k, n - k, "%s", a->name) : 0;
+        origin = a->origin;
+    }
+    if (origin && k < n) snprintf(buf + k, n - k, ")");
+}
+
+const char *lk_op_suggest(lk_op op, const char *word) {
+    const lk_op_info *info = lk_op_info_get(op);
+    const char *names[64];
+    size_t k = 0;
+    for (const char *const *kn = info ? info->known : NULL; kn && *kn && k + 1 < 64; kn++) names[k++] = *kn;
+    for (const lk_op_alias *a = info ? info->aliases : NULL; a && a->name && k + 1 < 64; a++) names[k++] = a->name;
+    names[k] = NULL;
+    return word ? lk_suggest(word, names) : NULL;
 }
 
 lk_status lk_op_parse(const char *name, lk_op *out) {

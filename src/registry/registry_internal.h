@@ -33,5 +33,9 @@ void lk_hw_probe_cuda(lk_hw *hw);   /* hw_cuda.c, built with CUDA only */
 /* Binds what the init and model-register stages own, for every device kind. */
 lk_status lk_bind_init_stage(void);
 lk_status lk_bind_family(int index);
+/* src/config/ops_config.c: cfg's router options parsed; a noise above 0 is LK_EINVAL
+ * unless the op-wide router binding (NULL: the default) or a module's is fake_balanced. */
+lk_status lk_ops_config_router_options(const lk_ops_config *cfg, const lk_binding *router,
+                                       const lk_binding *modules, int n_modules, lk_router_options *out);
 
 #endif

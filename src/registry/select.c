@@ -1,7 +1,9 @@
 /* select.c — selection: the one function that turns a request (or none) into a bound
  * implementation, and says why. Order: an explicit request (per-module override or
- * per-op field; the caller passes whichever applies) must be met or it is an error;
- * otherwise the environment default, then the built-in default, may fall back. */
+ * per-op field; the caller passes whichever applies) must be met or it is an error
+ * (another system's name is first resolved to the llmkern one it equals, per op and
+ * device, or refused with the nearest one named); otherwise the environment default,
+ * then the built-in default, may fall back. */
 #include <stdio.h>
 #include <string.h>
 #include "registry/registry_internal.h"
@@ -10,6 +12,7 @@ int lk_impl_name_known(lk_op op, const char *name) {
     const lk_op_info *info = lk_op_info_get(op);
     for (const char *const *k = info->known; *k; k++)
         if (strcmp(*k, name) == 0) return 1;
+    if (lk_op_alias_find(op, name)) return 1;
     for (int d = 0; d < LK_DEVICE_COUNT; d++)
         if (lk_impl_find(op, name, (lk_device_type)d)) return 1;
     return 0;
@@ -88,21 +91,32 @@ static const char *sp_rewrite(lk_op op, const char *name, char *buf, size_t n) {
     return name;
 }
 
-static lk_status explicit_error(const lk_request *req, const lk_op_info *info, const char *name) {
-    char avail[256], why[160] = "";
+/* An explicit request that cannot be met. name is the llmkern name it resolved to; alias,
+ * when the request was another system's name, says which. */
+static lk_status explicit_error(const lk_request *req, const lk_op_info *info, const char *name,
+                                const lk_op_alias *alias) {
+    char avail[256], why[160] = "", shown[160];
     list_available(req->op, req->device, avail, sizeof avail);
     const char *where = req->source_detail && req->source_detail[0] ? req->source_detail : "";
     const char *sep = where[0] ? ": " : "";
     if (!lk_impl_name_known(req->op, name)) {
-        const char *hint = lk_suggest(name, info->known);
-        char valid[512]; size_t k = 0;
-        for (const char *const *kn = info->known; *kn && k < sizeof valid; kn++)
-            k += (size_t)snprintf(valid + k, sizeof valid - k, "%s%s", k ? ", " : "", *kn);
+        const char *hint = lk_op_suggest(req->op, name);
+        char valid[512];
+        lk_op_names_text(req->op, valid, sizeof valid);
         return lk_error(LK_EINVAL, "%s%s%s: unknown implementation '%s'%s%s%s; valid: %s; "
                         "available here: %s", where, sep, info->field, name,
                         hint ? " (did you mean '" : "", hint ? hint : "", hint ? "'?)" : "",
                         valid, avail);
     }
+    if (alias && !alias->same_as[req->device]) {
+        const char *near = alias->nearest[req->device];
+        return lk_error(LK_EUNAVAILABLE, "%s%s%s: '%s' (%s: %s) is not available in llmkern; the nearest "
+                        "llmkern implementation is '%s'; available here: %s", where, sep, info->field,
+                        alias->name, alias->origin, alias->what ? alias->what : "no llmkern equivalent",
+                        near ? near : info->reference, avail);
+    }
+    if (alias) snprintf(shown, sizeof shown, "%s' (%s) = '%s", alias->name, alias->origin, name);
+    else snprintf(shown, sizeof shown, "%s", name);
     const lk_impl *impl = lk_impl_find(req->op, name, req->device);
     if (impl) lk_impl_available(impl, &lk_reg.hw, why, sizeof why);
     else {
@@ -116,7 +130,7 @@ static lk_status explicit_error(const lk_request *req, const lk_op_info *info, c
             snprintf(why, sizeof why, "not available in this build");
     }
     return lk_error(LK_EUNAVAILABLE, "%s%s%s: '%s' cannot be used: %s; available here: %s", where, sep,
-                    info->field, name, why, avail);
+                    info->field, shown, why, avail);
 }
 
 lk_status lk_select(const lk_request *req, lk_stage stage, lk_binding *out) {
@@ -133,10 +147,14 @@ lk_status lk_select(const lk_request *req, lk_stage stage, lk_binding *out) {
     if (name) {                                   /* explicit: met exactly, or an error */
         b.source = req->source;
         snprintf(b.source_detail, sizeof b.source_detail, "%s", req->source_detail ? req->source_detail : "");
-        const lk_impl *impl = lk_impl_find(req->op, sp_rewrite(req->op, name, buf, sizeof buf),
-                                           req->device);
+        /* another system's name is the llmkern one it equals on this device, then as that
+         * (the catalog keeps alias names apart from llmkern's: test_registry checks it) */
+        const lk_op_alias *alias = lk_op_alias_find(req->op, name);
+        const char *as = alias ? alias->same_as[req->device] : name;
+        const lk_impl *impl = as ? lk_impl_find(req->op, sp_rewrite(req->op, as, buf, sizeof buf), req->device)
+                                 : NULL;
         if (!impl || !lk_impl_available(impl, &lk_reg.hw, why, sizeof why))
-            return explicit_error(req, info, name);
+            return explicit_error(req, info, as ? as : name, alias);
         b.impl = impl;
     } else {                                      /* a default: may fall back, recorded */
         name = default_name(info, req->device, &b.source, b.source_detail, sizeof b.source_detail);

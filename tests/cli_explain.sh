@@ -126,6 +126,9 @@ done
 
 out=$("$bin" list --json)
 expect "list row" "$out" '"op": "rms_norm", "impl": "fused", "device": "cpu", "available": true'
+expect "list nemo alias" "$out" '"op": "rms_norm", "impl": "torch_fp32", "device": "-", "available": true, "reason": "NeMo AutoModel.s name = eager_fp32"'
+expect "list nemo by device" "$out" '"op": "linear", "impl": "torch", .*"reason": "NeMo AutoModel.s name = blas \(cpu\), cublaslt \(cuda\)"'
+expect "list nemo unimplemented" "$out" '"op": "moe_dispatch", "impl": "deepep", "device": "-", "available": false, "reason": "NeMo AutoModel.s name \(DeepEP.s dispatch and combine\): not available in llmkern; nearest alltoall"'
 expect "list unbuilt" "$out" '"op": "attention", "impl": "flash_attention_3", "device": "-", "available": false, "reason": "not available in this build"'
 
 out=$("$bin" check --op rms_norm --json); rc=$?

@@ -1,6 +1,7 @@
 /* list.c — `llmkern list`: every op and implementation, its device and requirements,
- * whether it runs here and why not; and the names the design lists that this build
- * does not have. Rows: {op, impl, device, available, reason}. */
+ * whether it runs here and why not; the names the design lists that this build does
+ * not have; and other systems' names (NeMo AutoModel's), each with the llmkern
+ * implementation it is or the nearest one. Rows: {op, impl, device, available, reason}. */
 #include <string.h>
 #include "cli/cli.h"
 
@@ -73,6 +74,24 @@ int cli_list(const cli_opts *o) {
                 const char *needs = lk_op_name_needs((lk_op)op, *k);
                 row(o, &first, info->name, *k, "-", 0, "not available in this build", needs ? needs : "", "");
             }
+        }
+        for (const lk_op_alias *a = info->aliases; a && a->name; a++) {   /* other systems' names */
+            char why[256];
+            int avail = 0;
+            size_t n = (size_t)snprintf(why, sizeof why, "%s's name", a->origin);
+            if (!a->same_as[LK_DEVICE_CPU] && !a->same_as[LK_DEVICE_CUDA])
+                snprintf(why + n, sizeof why - n, " (%s): not available in llmkern; nearest %s", a->what,
+                         a->nearest[LK_DEVICE_CPU]);
+            const char *cpu = a->same_as[LK_DEVICE_CPU], *cuda = a->same_as[LK_DEVICE_CUDA];
+            if (cpu && cuda && strcmp(cpu, cuda) == 0) snprintf(why + n, sizeof why - n, " = %s", cpu);
+            else if (cpu || cuda)
+                snprintf(why + n, sizeof why - n, " = %s (cpu), %s (cuda)", cpu ? cpu : "none", cuda ? cuda : "none");
+            for (int d = 0; d < LK_DEVICE_COUNT; d++) {
+                const lk_impl *impl = a->same_as[d] ? lk_impl_find((lk_op)op, a->same_as[d], (lk_device_type)d) : NULL;
+                char w[160];
+                avail |= impl && lk_impl_available(impl, lk_hw_get(), w, sizeof w);
+            }
+            row(o, &first, info->name, a->name, "-", avail, why, "", "");
         }
     }
     if (o->json) printf("%s]\n", first ? "[" : "\n");

@@ -340,6 +340,8 @@ static void other_systems_names_resolve_per_op(void **state) {
     lk_status s = select_one(LK_OP_LINEAR, "torch", LK_DEVICE_CUDA, &b);
     if (s == LK_OK) assert_string_equal(b.impl->name, "cublaslt");
     else assert_non_null(strstr(lk_last_error(), "'torch' (NeMo AutoModel) = 'cublaslt' cannot be used"));
+    assert_int_equal(select_one(LK_OP_LINEAR, "torch", (lk_device_type)7, &b), LK_EINVAL);   /* no such device */
+    assert_non_null(strstr(lk_last_error(), "device: expected cpu or cuda, got 7"));
     /* a name of one field is no name of another */
     assert_int_equal(select_one(LK_OP_RMS_NORM, "flex", LK_DEVICE_CPU, &b), LK_EINVAL);
     assert_non_null(strstr(lk_last_error(), "unknown implementation 'flex'"));

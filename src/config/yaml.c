@@ -78,14 +78,11 @@ lk_status each_entry(loader *l, const yaml_node_t *map, const char *what, entry_
 
 lk_status lk_yaml_set_op(loader *l, const char *field, const char *value, const char *where) {
     lk_op op;
-    const lk_config_value *was = NULL;
-    char first[256];
     if (lk_op_parse(field, &op) == LK_OK && (l->ops_set >> op) & 1u) {
-        was = &l->cfg->field[op];
-        snprintf(first, sizeof first, "%s", was->where);
+        const lk_config_value *was = &l->cfg->field[op];
         if (strcmp(was->value, value) != 0)
             return lk_error(LK_EINVAL, "%s: %s: set twice in this file, to '%s' here and to '%s' at %s; expected "
-                            "one of them", where, lk_op_info_get(op)->field, value, was->value, first);
+                            "one of them", where, lk_op_info_get(op)->field, value, was->value, was->where);
     }
     lk_status s = lk_ops_config_set(l->cfg, field, value, where);
     if (!s && lk_op_parse(field, &op) == LK_OK) l->ops_set |= 1u << op;

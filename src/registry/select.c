@@ -138,6 +138,8 @@ lk_status lk_select(const lk_request *req, lk_stage stage, lk_binding *out) {
     if (s) return s;
     const lk_op_info *info = lk_op_info_get(req->op);
     if (info == NULL) return lk_error(LK_EINVAL, "select: op: expected an lk_op, got %d", (int)req->op);
+    if ((unsigned)req->device >= LK_DEVICE_COUNT)
+        return lk_error(LK_EINVAL, "select: device: expected cpu or cuda, got %d", (int)req->device);
 
     lk_binding b = {.op = req->op, .stage = stage};
     snprintf(b.module, sizeof b.module, "%s", req->module ? req->module : "");

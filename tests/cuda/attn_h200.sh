@@ -2,9 +2,11 @@
 # attn_h200.sh — the attention rows on the H200 in one call: builds only what attention
 # needs (the library, its GPU tests, the CLI and the bench's shim), runs the GPU attention
 # tests, `llmkern list` / `explain --device cuda`, then the attention part of
-# bench/peers_cuda.py (every CUDA attention row beside SDPA's cuDNN and flash backends).
-# Logs and the bench's table land in $OUT. ATT_NCU=1 adds one Nsight Compute profile of
-# each row's forward at the peers' shape.
+# bench/peers_cuda.py (the rows in LK_ATT_IMPLS, default all, beside SDPA's cuDNN and
+# flash backends; LK_ATT_PASSES=fwd for forwards alone). Logs and the bench's table land
+# in $OUT. ATT_NCU=1 adds an Nsight Compute profile of one launch of each kernel matching
+# ATT_NCU_KERNELS (default the tensor-core forwards and fa2's dk/dv) for the row
+# ATT_NCU_IMPL (default flash_attention_3), through bench/attention_once.py.
 #   run: bash tests/cuda/attn_h200.sh            (carry: [".carry"])
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -13,6 +15,7 @@ mkdir -p "$OUT"
 BUILD=${BUILD:-build-h200}
 exec > >(tee "$OUT/attn_h200.log") 2>&1
 source tests/cuda/h200_env.sh
+t0=$(date +%s)
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLLMKERN_CUDA=ON "${CARRIED[@]}" >"$OUT/cmake.log" 2>&1 ||
@@ -20,22 +23,25 @@ cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLLMKERN_CUDA=ON "${CARRIED[@
 grep "llmkern:" "$OUT/cmake.log"
 cmake --build "$BUILD" -j "$(nproc)" --target cuda_test_attention cuda_test_attention_select llmkern_cli \
   llmkern_peers_shim >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
+echo "== built in $(( $(date +%s) - t0 )) s"
 "$BUILD/llmkern" list | grep -E "^GPU|attention|cudnn|flash" | head -20
 "$BUILD/llmkern" explain --device cuda | grep -E "^OP|^attention"
 echo "== tests"
 rc=0
 for t in cuda_test_attention_select cuda_test_attention; do
-  timeout 300 "$BUILD/$t" >"$OUT/$t.log" 2>&1 || rc=1
-  grep -E "^\[ *(OK|FAILED|PASSED) |refused|not run|error|Error|assert" "$OUT/$t.log" | head -30
+  timeout ${ATT_TEST_S:-300} "$BUILD/$t" >"$OUT/$t.log" 2>&1 || rc=1
+  grep -E "^\[ *(OK|FAILED|PASSED|  ERROR) |refuse|not run|error|Error|assert" "$OUT/$t.log" | head -40
   grep -cE "^  (flash|sdpa|cudnn)" "$OUT/$t.log" | sed "s/^/  $t cases: /"
 done
 echo "== bench"
 PYTHONUNBUFFERED=1 LK_BENCH_ONLY=attention_rows timeout ${ATT_BENCH_S:-240} python3 bench/peers_cuda.py \
   --build "$BUILD" --out "$OUT" 2>&1 | grep -v "^W[0-9]"
 if [ "${ATT_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
-  LK_BENCH_ONLY=attention_rows timeout 200 ncu --clock-control none --kernel-name regex:"fa3_fwd|fa2_fwd" --launch-count 2 \
-    --section SpeedOfLight --section Occupancy python3 bench/peers_cuda.py --build "$BUILD" --out /tmp \
-    >"$OUT/ncu.log" 2>&1; grep -E "fa3_fwd|fa2_fwd|Throughput|Duration|Registers|Achieved Occ" "$OUT/ncu.log" | head -30
+  timeout ${ATT_NCU_S:-90} ncu --clock-control none --kernel-name regex:"${ATT_NCU_KERNELS:-fa3_fwd|fa2_(fwd|dkv)}" \
+    --launch-count 2 --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+    python3 bench/attention_once.py --build "$BUILD" --impl "${ATT_NCU_IMPL:-flash_attention_3}" >"$OUT/ncu.log" 2>&1
+  grep -E "fa[23]_|Duration|Throughput|Registers|Achieved Occ|Theoretical Occ|Stall|Warp Cycles|Issued" \
+    "$OUT/ncu.log" | head -60
 fi
-echo "== tests rc $rc"
+echo "== tests rc $rc, done at $(( $(date +%s) - t0 )) s"
 exit $rc

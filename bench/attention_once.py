@@ -1,7 +1,7 @@
-"""fa2_once.py — one forward and one backward of a CUDA attention row (default
+"""attention_once.py — one forward and one backward of a CUDA attention row (default
 flash_attention_2) at B 2, H 32, S 8192, D 128 bf16 through the peers shim: a short
 process for `ncu --launch-count` to profile one launch of each kernel.
-  python3 bench/fa2_once.py --build build-h200 [--impl NAME] [--causal 1]"""
+  python3 bench/attention_once.py --build build-h200 [--impl NAME] [--causal 1]"""
 import argparse
 import ctypes
 import os

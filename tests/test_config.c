@@ -127,6 +127,7 @@ static void bad_files_name_the_place_and_change_nothing(void **state) {
          {"override 'layers.1.mlp.gate': moe.router 'softmax_topk', but ",
           ":3:25 (model.backend.fake_balanced_gate: true) routes every MoE layer with fake_balanced", NULL}},
         {"model:\n  backend: [attn]\n", LK_EINVAL, ":2:12", {"model.backend", "expected a mapping", NULL}},
+        {"backend:\n  attn: flex\n", LK_EINVAL, ":1:1", {"backend: expected under model: (model.backend", NULL, NULL}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         lk_ops_config cfg, before;

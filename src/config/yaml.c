@@ -143,6 +143,12 @@ static lk_status top_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v
     if (strcmp(scalar(k), "train") == 0) return each_entry(l, v, "train", lk_yaml_train_entry);
     if (strcmp(scalar(k), "data") == 0) return each_entry(l, v, "data", lk_yaml_data_entry);
     if (strcmp(scalar(k), "parallel") == 0) return each_entry(l, v, "parallel", lk_yaml_parallel_entry);
+    if (strcmp(scalar(k), "backend") == 0) {   /* NeMo AutoModel keeps it in model: */
+        char w[192];
+        where(l, k, w, sizeof w);
+        return lk_error(LK_EINVAL, "%s: backend: expected under model: (model.backend, where NeMo AutoModel "
+                        "recipes write it), got it at the top level", w);
+    }
     return unknown_key(l, k, "the top level", top_keys);
 }
 

@@ -4,8 +4,12 @@
  * ncclCommSplit. Each comm owns a non-blocking stream: a collective first orders it after
  * the legacy default stream (where cudaMemcpy and unstreamed kernels run, so their
  * results are what it reads), and the blocking calls synchronize it before they return.
- * The non-blocking all-reduce records a pooled event that wait synchronizes. Errors come
- * back as LK_ECOMM with NCCL's or CUDA's text and the call's name. */
+ * The non-blocking all-reduce records a pooled event that wait synchronizes. Every wait
+ * polls NCCL's asynchronous error while the GPU works (a peer gone, a broken link: NCCL's
+ * way of not hanging), and an error there aborts the communicator. Errors come back as
+ * LK_ECOMM with NCCL's or CUDA's text and the call's name. */
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <cuda_runtime_api.h>
@@ -21,7 +25,13 @@ typedef struct {
     float *scratch;             /* the barrier's one element */
     cudaEvent_t *pool;          /* every event all_reduce_start has made ... */
     int n_pool, n_free;         /* ... the first n_free of them idle */
+    atomic_int aborted;         /* 1 once ncclCommAbort ran (here or from the watchdog's thread) */
 } nccl_state;
+
+/* ncclCommAbort once, whichever thread gets here first. */
+static void abort_once(nccl_state *st) {
+    if (st->comm && !atomic_exchange(&st->aborted, 1)) ncclCommAbort(st->comm);
+}
 
 static lk_status nccl_fail(ncclResult_t r, const char *what) {
     return lk_error(LK_ECOMM, "comm: nccl: %s failed: %s", what, ncclGetErrorString(r));
@@ -54,10 +64,26 @@ static lk_status order(nccl_state *st) {
     return LK_OK;
 }
 
-static lk_status finish(nccl_state *st) {
-    CUDA_TRY(cudaStreamSynchronize(st->stream), "cudaStreamSynchronize");
-    return LK_OK;
+/* Until the stream's work (ev NULL) or the event is done, polling NCCL's asynchronous
+ * error in between. */
+static lk_status wait_polling(nccl_state *st, cudaEvent_t ev, const char *what) {
+    for (;;) {
+        cudaError_t e = ev ? cudaEventQuery(ev) : cudaStreamQuery(st->stream);
+        if (e == cudaSuccess) return LK_OK;
+        if (e != cudaErrorNotReady) return cuda_fail(e, what);
+        ncclResult_t r = ncclSuccess;
+        if (atomic_load(&st->aborted))
+            return lk_error(LK_ECOMM, "comm: nccl: %s: the communicator was aborted", what);
+        if (ncclCommGetAsyncError(st->comm, &r) == ncclSuccess && r != ncclSuccess && r != ncclInProgress) {
+            abort_once(st);
+            return lk_error(LK_ECOMM, "comm: nccl: %s: the communicator failed (%s) and was aborted", what,
+                            ncclGetErrorString(r));
+        }
+        sched_yield();
+    }
 }
+
+static lk_status finish(nccl_state *st) { return wait_polling(st, NULL, "cudaStreamSynchronize"); }
 
 static lk_status n_all_reduce(lk_comm *c, void *buf, int64_t n, lk_comm_type dt) {
     nccl_state *st = state_of(c);
@@ -158,9 +184,9 @@ static void release(nccl_state *st, lk_comm_request *req) {
 }
 
 static lk_status n_wait(lk_comm *c, lk_comm_request *req) {
-    cudaError_t e = cudaEventSynchronize((cudaEvent_t)req->handle);
+    lk_status s = wait_polling(state_of(c), (cudaEvent_t)req->handle, "wait (all_reduce_start)");
     release(state_of(c), req);
-    return e == cudaSuccess ? LK_OK : cuda_fail(e, "cudaEventSynchronize");
+    return s;
 }
 
 static lk_status n_test(lk_comm *c, lk_comm_request *req, int *done) {
@@ -176,16 +202,13 @@ static lk_status n_test(lk_comm *c, lk_comm_request *req, int *done) {
 
 /* The collective watchdog's hook (comm.h): a collective stuck past train.comm_timeout_s
  * aborts the communicator, so its kernels stop before the process ends. */
-static void n_abort(void *arg) {
-    nccl_state *st = arg;
-    if (st->comm) ncclCommAbort(st->comm);
-}
+static void n_abort(void *arg) { abort_once(arg); }
 
 static void n_destroy(lk_comm *c) {
     nccl_state *st = c->state;
     if (st) {
         lk_comm_watchdog_on_fire(n_abort, st, 0);
-        if (st->comm) ncclCommDestroy(st->comm);    /* finishes what is still queued */
+        if (st->comm && !atomic_load(&st->aborted)) ncclCommDestroy(st->comm);   /* finishes what is queued */
         for (int i = 0; i < st->n_pool; i++) cudaEventDestroy(st->pool[i]);
         if (st->ready) cudaEventDestroy(st->ready);
         if (st->stream) cudaStreamDestroy(st->stream);

@@ -1,6 +1,7 @@
 /* cuda_util.cuh — device helpers the CUDA kernels share: f32/bf16 loads and stores in
  * groups of W elements (W = 16 / sizeof(T) is one 16-byte access; W = 1 is the scalar
- * path for odd shapes and unaligned pointers), warp and block sums, launch sizing.
+ * path for odd shapes and unaligned pointers), warp and block sums, launch sizing, the
+ * exp2 and bf16-pair packing of the tensor-core attention kernels.
  *
  * Kernels are templated on the storage type T (float or __nv_bfloat16) and on W: one
  * kernel body for both dtypes and both access widths instead of near-identical copies;
@@ -19,6 +20,20 @@ static __device__ __forceinline__ float lk_to_f32(lk_bf16_t v) { return __bfloat
 template <typename T> static __device__ __forceinline__ T lk_from_f32(float v);
 template <> __device__ __forceinline__ float lk_from_f32<float>(float v) { return v; }
 template <> __device__ __forceinline__ lk_bf16_t lk_from_f32<lk_bf16_t>(float v) { return __float2bfloat16_rn(v); }
+
+/* 2^x on the special-function unit (ex2.approx: ~2 ulp, subnormals flushed), the
+ * softmaxes' exponential. */
+static __device__ __forceinline__ float lk_ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* Two floats rounded to bf16 in one register, lo in the low half (a tensor-core operand). */
+static __device__ __forceinline__ uint32_t lk_pack_bf16x2(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
 
 /* Elements of T in one 16-byte access. */
 template <typename T> struct lk_vec { static const int N = 16 / (int)sizeof(T); };

@@ -22,7 +22,7 @@
  *           head (the blocks in flight share a few heads' K/V in L2), or for causal
  *           x = head, y = tile, every head's longest rows first.
  *   prep    delta = rowsum(dout ∘ out) per row, and each row's sink share
- *           -exp(sink - lse)·delta, summed per head by fa2_sink_sum in a fixed order.
+ *           -exp(sink - lse)·delta, summed per head by lk_attn_cuda_sink_sum (flash.cu) in a fixed order.
  *   dkv     a block takes BNk keys of one (b, h_kv) (8 warps of 16 keys; DP 256: 4 key
  *           groups × 2 halves of D) and walks every q head of its group and the query
  *           tiles (BMq = 64, double-buffered) that may see them: S^T = K Q^T and
@@ -129,16 +129,6 @@ static __device__ __forceinline__ void mma(float *c, const uint32_t *a, uint32_t
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-static __device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-    return y;
-}
-
-static __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
 
 static __device__ __forceinline__ float2 unpack2(uint32_t u) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u));
@@ -147,7 +137,7 @@ static __device__ __forceinline__ float2 unpack2(uint32_t u) {
 /* The A fragment of keys/queries 16kk..16kk+15 from two m16n8 accumulators (the C
  * layout of n-tiles 2kk and 2kk+1 is the A layout of one k16 step). */
 static __device__ __forceinline__ void c_to_a(uint32_t *a, const float *c0, const float *c1) {
-    a[0] = pack2(c0[0], c0[1]), a[1] = pack2(c0[2], c0[3]), a[2] = pack2(c1[0], c1[1]), a[3] = pack2(c1[2], c1[3]);
+    a[0] = lk_pack_bf16x2(c0[0], c0[1]), a[1] = lk_pack_bf16x2(c0[2], c0[3]), a[2] = lk_pack_bf16x2(c1[0], c1[1]), a[3] = lk_pack_bf16x2(c1[2], c1[3]);
 }
 
 /* --- tiles ---------------------------------------------------------------------------- */
@@ -225,7 +215,7 @@ static __device__ int first_row(const fa_args &p, int j, int want_hi) {
 static __device__ __forceinline__ float capped(float x, const fa_args &p, float *dfac) {
     /* tanh through one ex2 (tanhf's polynomial costs the forward its registers): absolute
      * error ~1e-7 of cap; |y| <= 15 keeps e finite where tanh is 1 in f32 anyway */
-    const float y = fminf(fmaxf(x * p.scale / p.cap, -15.0f), 15.0f), e = ex2(y * (2.0f * LOG2E));
+    const float y = fminf(fmaxf(x * p.scale / p.cap, -15.0f), 15.0f), e = lk_ex2(y * (2.0f * LOG2E));
     const float t = 1.0f - __fdividef(2.0f, e + 1.0f);
     *dfac = 1.0f - t * t;
     return p.cap * t;
@@ -332,14 +322,14 @@ static __global__ void __launch_bounds__(WARPS * 32, 1) fa2_fwd(const fa_args p)
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
                 mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
                 const float mn = fmaxf(m[i][hh], mx * c2), base = mn == -INFINITY ? 0.0f : mn;
-                const float alpha = ex2(m[i][hh] - base);
+                const float alpha = lk_ex2(m[i][hh] - base);
                 m[i][hh] = mn;
                 float sum = 0.0f;
 #pragma unroll
                 for (int n = 0; n < NS; n++)
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
-                        const float pv = ex2(fmaf(s[i][n][2 * hh + e], c2, -base));
+                        const float pv = lk_ex2(fmaf(s[i][n][2 * hh + e], c2, -base));
                         s[i][n][2 * hh + e] = pv;
                         sum += pv;
                     }
@@ -371,8 +361,8 @@ static __global__ void __launch_bounds__(WARPS * 32, 1) fa2_fwd(const fa_args p)
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
             float mul = 1.0f;
             if (p.sink) {   /* one more logit in the softmax, with no value */
-                const float sk = p.sink[h] * LOG2E, mn = fmaxf(mr, sk), alpha = ex2(mr - mn);
-                sum = sum * alpha + ex2(sk - mn), mul = alpha, mr = mn;
+                const float sk = p.sink[h] * LOG2E, mn = fmaxf(mr, sk), alpha = lk_ex2(mr - mn);
+                sum = sum * alpha + lk_ex2(sk - mn), mul = alpha, mr = mn;
             }
             mul = sum > 0.0f ? mul / sum : 0.0f;
             const int row = q0 + rw + 16 * i + g + 8 * hh;
@@ -399,21 +389,6 @@ static __global__ void fa2_prep(const fa_args p) {
         p.delta[r] = s;
         if (p.sink_part) p.sink_part[r] = p.lse[r] > -INFINITY ? -expf(p.sink[h] - p.lse[r]) * s : 0.0f;
     }
-}
-
-/* ds_aux[h] = Σ_{b, i} part[b, h, i], a block per head, in a fixed order. */
-static __global__ void fa2_sink_sum(const float *part, float *ds, int64_t B, int64_t Hq, int64_t Sq) {
-    __shared__ double red[256];
-    const int64_t h = blockIdx.x;
-    double s = 0.0;
-    for (int64_t r = threadIdx.x; r < B * Sq; r += blockDim.x) s += part[((r / Sq) * Hq + h) * Sq + r % Sq];
-    red[threadIdx.x] = s;
-    __syncthreads();
-    for (int o = blockDim.x / 2; o > 0; o >>= 1) {
-        if ((int)threadIdx.x < o) red[threadIdx.x] += red[threadIdx.x + o];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) ds[h] = (float)red[0];
 }
 
 static __global__ void fa2_dq_cvt(const float *acc, lk_bf16_t *dq, int64_t n, float scale) {
@@ -571,13 +546,13 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
                 const int key = k0 + kr0 + g + 8 * (e >> 1), x1 = e & 1;
                 float x = s[j][e];
                 if (CAP) x = capped(x, p, &f[e]);
-                float pv = ex2(fmaf(x, c2, -L2[x1]));
+                float pv = lk_ex2(fmaf(x, c2, -L2[x1]));
                 if (!full && (key < lo2[x1] || key >= hi2[x1])) pv = 0.0f;
                 s[j][e] = pv;
             }
             /* the C layout of n-tile j is half of the A layout of k16 step j / 2 */
-            pp[j >> 1][2 * (j & 1)] = pack2(s[j][0], s[j][1]), pp[j >> 1][2 * (j & 1) + 1] = pack2(s[j][2], s[j][3]);
-            if (CAP) pf[j >> 1][2 * (j & 1)] = pack2(f[0], f[1]), pf[j >> 1][2 * (j & 1) + 1] = pack2(f[2], f[3]);
+            pp[j >> 1][2 * (j & 1)] = lk_pack_bf16x2(s[j][0], s[j][1]), pp[j >> 1][2 * (j & 1) + 1] = lk_pack_bf16x2(s[j][2], s[j][3]);
+            if (CAP) pf[j >> 1][2 * (j & 1)] = lk_pack_bf16x2(f[0], f[1]), pf[j >> 1][2 * (j & 1) + 1] = lk_pack_bf16x2(f[2], f[3]);
         }
         /* dV += P^T dO over this warp's DH columns */
 #pragma unroll
@@ -637,7 +612,7 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++)
                     *reinterpret_cast<uint32_t *>(dsb + sw<BMQ>(kr0 + g + 8 * hh, j) + 2 * t4) =
-                        pack2(dp[j][2 * hh], dp[j][2 * hh + 1]);
+                        lk_pack_bf16x2(dp[j][2 * hh], dp[j][2 * hh + 1]);
         }
     }
     if (dq_atomic && n > 0) {
@@ -742,7 +717,7 @@ static __global__ void __launch_bounds__(128, 1) fa2_dq(const fa_args p) {
                 const int hh = e >> 1, key = k0 + 8 * n + 2 * t4 + (e & 1);
                 float x = s[n][e], f = 1.0f;
                 if (p.cap > 0.0f) x = capped(x, p, &f);
-                float pv = ex2(fmaf(x, c2, -L2[hh]));
+                float pv = lk_ex2(fmaf(x, c2, -L2[hh]));
                 if (!full && (key < lo[hh] || key >= hi[hh])) pv = 0.0f;
                 dp[n][e] = pv * (dp[n][e] - dl[hh]) * f;
             }
@@ -923,11 +898,7 @@ static lk_status backward(const lk_attention_args *a, lk_ctx *ctx) {
     s = p.D <= 64 ? launch_bwd<64, 1>(p, det, st) : p.D <= 128 ? launch_bwd<128, 1>(p, det, st)
                                                                 : launch_bwd<256, 2>(p, det, st);
     if (s) return s;
-    if (sinks) {
-        fa2_sink_sum<<<(unsigned)p.Hq, 256, 0, st>>>(p.sink_part, (float *)a->ds_aux.data, p.B, p.Hq, p.Sq);
-        LK_CUDA_LAUNCHED("attention: flash_attention_2 (cuda) sink gradient");
-    }
-    return LK_OK;
+    return sinks ? lk_attn_cuda_sink_sum(p.sink_part, (float *)a->ds_aux.data, p.B, p.Hq, p.Sq, st) : LK_OK;
 }
 
 extern "C" const lk_attention_vtable lk_attention_fa2_cuda_backend = {

@@ -112,16 +112,6 @@ static __device__ __forceinline__ void fence_regs(float *r) {
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
 }
 
-static __device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&v;
-}
 
 /* d[m64 x n176] (+)= A · Bᵀ (acc 0: =), A and B K-major in shared memory. */
 static __device__ __forceinline__ void wgmma_ss_n176(float *d, uint64_t da, uint64_t db, int acc) {
@@ -220,14 +210,14 @@ static __device__ __forceinline__ void softmax_tile(float *sc, float *m, float *
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
         const float mn = fmaxf(m[r], mx[r] * mul);
         ms[r] = mn == -INFINITY ? 0.0f : mn;
-        alpha[r] = ex2(m[r] - ms[r]);
+        alpha[r] = lk_ex2(m[r] - ms[r]);
         m[r] = mn;
         sum[r] = 0.0f;
     }
 #pragma unroll
     for (int e = 0; e < BN / 2; e++) {
         const int r = (e >> 1) & 1;
-        sc[e] = ex2(fmaf(sc[e], mul, -ms[r]));
+        sc[e] = lk_ex2(fmaf(sc[e], mul, -ms[r]));
         sum[r] += sc[e];
     }
 }
@@ -236,7 +226,7 @@ static __device__ __forceinline__ void softmax_tile(float *sc, float *m, float *
 template <int BN>
 static __device__ __forceinline__ void pack_p(const float *sc, uint32_t (*p)[4]) {
 #pragma unroll
-    for (int e = 0; e < BN / 2; e += 2) p[e / 8][((e / 4) & 1) * 2 + ((e >> 1) & 1)] = pack_bf16(sc[e], sc[e + 1]);
+    for (int e = 0; e < BN / 2; e += 2) p[e / 8][((e / 4) & 1) * 2 + ((e >> 1) & 1)] = lk_pack_bf16x2(sc[e], sc[e + 1]);
 }
 #endif
 

@@ -167,7 +167,7 @@ __global__ void __launch_bounds__(WARPS * 32) fwd_tiles(const T *q, const T *k, 
 
 /* dq, as the forward walks keys: per tile, lane j forms dS for key j of each of the
  * warp's rows (P from the LSE, dP = dout·v), then dq += Σ dS·k over the tile. delta =
- * dout·out and the sinks' share are written per row for dkv_tiles and sink_sum. */
+ * dout·out and the sinks' share are written per row for dkv_tiles and lk_attn_cuda_sink_sum. */
 template <typename T>
 __global__ void __launch_bounds__(WARPS * 32) dq_tiles(const T *q, const T *k, const T *v, const T *out,
                                                       const T *dout, const float *lse, T *dq, float *delta,
@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(WARPS * 32) dkv_tiles(const T *q, const T *k, 
 }
 
 /* ds_aux[h] = Σ_{b, i} part[b, h, i], a block per head, in a fixed order. */
-__global__ void sink_sum(const float *part, float *ds, int64_t B, int64_t Hq, int64_t Sq) {
+static __global__ void sink_sum(const float *part, float *ds, int64_t B, int64_t Hq, int64_t Sq) {
     __shared__ double red[256];
     const int64_t h = blockIdx.x;
     double s = 0.0;
@@ -306,6 +306,13 @@ __global__ void sink_sum(const float *part, float *ds, int64_t B, int64_t Hq, in
 }
 
 /* --- host ---------------------------------------------------------------------------- */
+
+extern "C" lk_status lk_attn_cuda_sink_sum(const float *part, float *ds_aux, int64_t B, int64_t Hq, int64_t Sq,
+                                           void *stream) {
+    sink_sum<<<(unsigned)Hq, 256, 0, (cudaStream_t)stream>>>(part, ds_aux, B, Hq, Sq);
+    LK_CUDA_LAUNCHED("attention: sink gradient (cuda)");
+    return LK_OK;
+}
 
 static size_t up(size_t b) { return (b + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
 
@@ -446,9 +453,8 @@ static lk_status backward(const lk_attention_args *a, lk_ctx *ctx) {
     s = d.dt == LK_F32 ? backward_kernels<float>(a, &d, g, delta, sinks ? part : NULL, st)
                        : backward_kernels<lk_bf16_t>(a, &d, g, delta, sinks ? part : NULL, st);
     if (s) return s;
-    if (sinks) sink_sum<<<(unsigned)d.Hq, 256, 0, st>>>(part, (float *)a->ds_aux.data, d.B, d.Hq, d.Sq);
     LK_CUDA_LAUNCHED("attention: flash (cuda) backward");
-    return LK_OK;
+    return sinks ? lk_attn_cuda_sink_sum(part, (float *)a->ds_aux.data, d.B, d.Hq, d.Sq, st) : LK_OK;
 }
 
 extern "C" const lk_attention_vtable lk_attention_flash_cuda_backend = {

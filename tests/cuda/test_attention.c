@@ -31,6 +31,18 @@ static lk_tensor to_dev(lk_tensor t, int poison) {
     return t;
 }
 
+/* A problem's arguments on the device: inputs copied, outputs and the saved LSE poisoned
+ * (cu_seqlens stay host memory, as the facade wants). */
+static lk_attention_args on_device(lk_attention_args a) {
+    a.q = to_dev(a.q, 0), a.k = to_dev(a.k, 0), a.v = to_dev(a.v, 0), a.dout = to_dev(a.dout, 0);
+    a.s_aux = to_dev(a.s_aux, 0);
+    a.out = to_dev(a.out, 1), a.dq = to_dev(a.dq, 1), a.dk = to_dev(a.dk, 1), a.dv = to_dev(a.dv, 1);
+    a.ds_aux = to_dev(a.ds_aux, 1);
+    a.saved.data = lkt_dev(a.saved.bytes);
+    lkt_poison(a.saved.data, a.saved.bytes);
+    return a;
+}
+
 static double err_of(const lk_tensor *t, const double *ref) {
     int64_t n = lk_tensor_numel(t);
     double *got = lkt_alloc(n);
@@ -59,13 +71,7 @@ static void run_case(const char *name, lk_dtype dt, const lk_attention_case *c, 
     lk_attention_ref_forward(&pb.ref, in[0], in[1], in[2], oref, lref);
     lk_attention_ref_backward(&pb.ref, in[0], in[1], in[2], in[3], dqr, dkr, dvr, c->sinks ? dsr : NULL);
 
-    lk_attention_args a = pb.a;   /* cu_seqlens stay host memory, as the facade wants */
-    a.q = to_dev(a.q, 0), a.k = to_dev(a.k, 0), a.v = to_dev(a.v, 0), a.dout = to_dev(a.dout, 0);
-    a.s_aux = to_dev(a.s_aux, 0);
-    a.out = to_dev(a.out, 1), a.dq = to_dev(a.dq, 1), a.dk = to_dev(a.dk, 1), a.dv = to_dev(a.dv, 1);
-    a.ds_aux = to_dev(a.ds_aux, 1);
-    a.saved.data = lkt_dev(a.saved.bytes);
-    lkt_poison(a.saved.data, a.saved.bytes);
+    lk_attention_args a = on_device(pb.a);
     lk_arena arena = {.device = LK_DEVICE_CUDA};
     lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
     assert_int_equal(lk_attention_forward(gpu, &a, &ctx), LK_OK);
@@ -221,14 +227,7 @@ static const lk_impl *cudnn_row(void) {
 static lk_attention_args cudnn_args(lk_dtype dt, const lk_attention_case *c, uint64_t seed, lk_attention_problem *pb) {
     const lk_impl *cpu = lk_impl_find(LK_OP_ATTENTION, "flash_attention_2", LK_DEVICE_CPU);
     assert_int_equal(lk_attention_problem_make(cpu, dt, c, seed, 0, pb), LK_OK);
-    lk_attention_args a = pb->a;
-    a.q = to_dev(a.q, 0), a.k = to_dev(a.k, 0), a.v = to_dev(a.v, 0), a.dout = to_dev(a.dout, 0);
-    a.s_aux = to_dev(a.s_aux, 0);
-    a.out = to_dev(a.out, 1), a.dq = to_dev(a.dq, 1), a.dk = to_dev(a.dk, 1), a.dv = to_dev(a.dv, 1);
-    a.ds_aux = to_dev(a.ds_aux, 1);
-    a.saved.data = lkt_dev(a.saved.bytes);
-    lkt_poison(a.saved.data, a.saved.bytes);
-    return a;
+    return on_device(pb->a);
 }
 
 static void cudnn_refused(const lk_impl *gpu, lk_dtype dt, const lk_attention_case *c, lk_status want,
@@ -361,11 +360,7 @@ static void fa2_deterministic(void **state) {
         const lk_impl *cpu = lk_impl_find(LK_OP_ATTENTION, "flash_attention_2", LK_DEVICE_CPU);
         lk_attention_problem pb;
         assert_int_equal(lk_attention_problem_make(cpu, LK_BF16, &cases[i], 9, 0, &pb), LK_OK);
-        lk_attention_args a = pb.a;
-        a.q = to_dev(a.q, 0), a.k = to_dev(a.k, 0), a.v = to_dev(a.v, 0), a.dout = to_dev(a.dout, 0);
-        a.s_aux = to_dev(a.s_aux, 0), a.ds_aux = to_dev(a.ds_aux, 1);
-        a.out = to_dev(a.out, 1), a.dq = to_dev(a.dq, 1), a.dk = to_dev(a.dk, 1), a.dv = to_dev(a.dv, 1);
-        a.saved.data = lkt_dev(a.saved.bytes);
+        lk_attention_args a = on_device(pb.a);
         lk_arena arena = {.device = LK_DEVICE_CUDA};
         lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
         const lk_tensor *g[3] = {&a.dq, &a.dk, &a.dv};

@@ -59,11 +59,9 @@ static int as_bool(const yaml_node_t *v) {
 }
 
 static lk_status bad(const loader *l, const yaml_node_t *v, const char *key, const char *want) {
-    char w[192];
-    where(l, v, w, sizeof w);
-    int sc = v->type == YAML_SCALAR_NODE;
-    return lk_error(LK_EINVAL, "%s: model.backend.%s: expected %s, got %s%s%s", w, key, want, sc ? "'" : "",
-                    sc ? scalar(v) : kind_name(v), sc ? "'" : "");
+    char k[96];
+    snprintf(k, sizeof k, "model.backend.%s", key);
+    return bad_value(l, v, k, want);
 }
 
 /* "cfg.yaml:5:11 (model.backend.attn)", or with the value it was read from when that is

@@ -36,13 +36,6 @@ void lk_train_config_init(lk_train_config *tc) {
 }
 
 /* --- typed scalars ------------------------------------------------------------------ */
-static lk_status bad_value(const loader *l, const yaml_node_t *v, const char *key, const char *want) {
-    char w[192];
-    where(l, v, w, sizeof w);
-    int sc = v->type == YAML_SCALAR_NODE;
-    return lk_error(LK_EINVAL, "%s: %s: expected %s, got %s%s%s", w, key, want, sc ? "'" : "",
-                    sc ? scalar(v) : kind_name(v), sc ? "'" : "");
-}
 
 static lk_status get_i64(const loader *l, const yaml_node_t *v, const char *key, int64_t min, int64_t *out) {
     if (v->type != YAML_SCALAR_NODE) return bad_value(l, v, key, "an integer");

@@ -27,6 +27,14 @@ const char *kind_name(const yaml_node_t *n) {
     return n->type == YAML_SCALAR_NODE ? "a scalar" : n->type == YAML_SEQUENCE_NODE ? "a list" : "a mapping";
 }
 
+lk_status bad_value(const loader *l, const yaml_node_t *v, const char *key, const char *want) {
+    char w[192];
+    where(l, v, w, sizeof w);
+    int sc = v->type == YAML_SCALAR_NODE;
+    return lk_error(LK_EINVAL, "%s: %s: expected %s, got %s%s%s", w, key, want, sc ? "'" : "",
+                    sc ? scalar(v) : kind_name(v), sc ? "'" : "");
+}
+
 lk_status expect(const loader *l, const yaml_node_t *n, yaml_node_type_t type, const char *what) {
     if (n->type == type) return LK_OK;
     char w[192];

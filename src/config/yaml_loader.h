@@ -33,6 +33,8 @@ void where(const loader *l, const yaml_node_t *n, char *buf, size_t size);
 const char *kind_name(const yaml_node_t *n);
 const char *scalar(const yaml_node_t *n);
 lk_status expect(const loader *l, const yaml_node_t *n, yaml_node_type_t type, const char *what);
+/* "cfg.yaml:3:9: key: expected want, got 'value'" (or the node's kind), LK_EINVAL. */
+lk_status bad_value(const loader *l, const yaml_node_t *v, const char *key, const char *want);
 lk_status unknown_key(const loader *l, const yaml_node_t *key, const char *section, const char *const *valid);
 lk_status each_entry(loader *l, const yaml_node_t *map, const char *what, entry_fn fn);
 /* Sets op field `field` (a config field or op name) to value, found at where: an op set

@@ -82,14 +82,14 @@ for v in -1 0 abc 12x; do
     "$bin" train --config "$tmp/tiny.yaml" --out "$tmp/run" --steps "$v"
 done
 sed 's/steps: 4,/steps: 1000000000000,/' "$tmp/tiny.yaml" >"$tmp/long.yaml"
-refuse "train.steps 10^12" "$tmp/run" 'train\.steps 1000000000000: the loss history needs .* more than this machine' \
+refuse "train.steps 10^12" "$tmp/run" 'train\.steps 1000000000000: the loss history needs .* more than the .* of host RAM' \
   "$bin" train --config "$tmp/long.yaml" --out "$tmp/run"
 cat >"$tmp/huge.yaml" <<'YAML'
 model: { hidden_size: 65536, num_hidden_layers: 64, num_attention_heads: 64, num_key_value_heads: 8, head_dim: 128,
          intermediate_size: 262144, vocab_size: 320, torch_dtype: float32 }
 train: { steps: 2, batch_size: 1, seq_len: 8 }
 YAML
-refuse "a model that cannot fit" "$tmp/run" 'model \(hidden_size 65536, num_hidden_layers 64.* parameters need .* more than this machine' \
+refuse "a model that cannot fit" "$tmp/run" 'model \(hidden_size 65536, num_hidden_layers 64.* parameters need .* more than the .* of host RAM' \
   "$bin" train --config "$tmp/huge.yaml" --out "$tmp/run"
 refuse "a model that cannot fit, new out" "$tmp/huge-out" 'model \(hidden_size 65536' \
   "$bin" train --config "$tmp/huge.yaml" --out "$tmp/huge-out"
@@ -134,6 +134,73 @@ d="$tmp/other-model"; rm -rf "$d"; cp -r "$tmp/run" "$d"
 sed 's/hidden_size: 32/hidden_size: 48/' "$tmp/tiny.yaml" >"$tmp/wider.yaml"
 refuse "--resume of another model's checkpoint" "$d" "$d/$latest/config.json: hidden_size is 32, the run's model has 48" \
   "$bin" train --config "$tmp/wider.yaml" --out "$d" --resume "$d" --steps 6
+
+# --- issue 22 ---------------------------------------------------------------------------
+# item 5: the header (model, parameters, the estimate) before anything is allocated, and the
+# 2B-parameter MoE of configs/qwen3-moe-2b.yaml refused within a second with both numbers
+# (train.memory_limit 24GiB: this machine's size, so the refusal does not depend on the host)
+out=$(OMP_NUM_THREADS=2 "$bin" train --config "$tmp/tiny.yaml" --out "$tmp/hdr" --steps 1 2>&1)
+expect "header" "$out" '^model Qwen3-MoE: [0-9]+ parameters \([0-9.]+ K; 1 layers, hidden 32, 4 experts, top 2\); memory: needs [0-9.]+ KiB \(.* weights, gradients, AdamW m and v \+ .* activations\) on cpu, [0-9.]+ GiB of host RAM'
+sed 's/^train:$/train:\n  memory_limit: 24GiB/' "$src/configs/qwen3-moe-2b.yaml" >"$tmp/moe2b.yaml"
+grep -q 'memory_limit: 24GiB' "$tmp/moe2b.yaml" && ok || fail "configs/qwen3-moe-2b.yaml has no train: line to extend"
+t0=$(date +%s%N)
+refuse "the 2B MoE" "$tmp/moe2b-out" 'model \(hidden_size 1024, num_hidden_layers 24, .*num_experts 64 x moe_intermediate_size 384\): 2\.03e\+09 parameters need 30\.3 GiB .* = [0-9.]+ GiB on cpu, more than the 24\.0 GiB of train\.memory_limit' \
+  "$bin" train --config "$tmp/moe2b.yaml" --out "$tmp/moe2b-out"
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+echo "the 2B MoE refused in $ms ms"
+[ $ms -lt 1000 ] && ok || fail "the 2B MoE took $ms ms to be refused (expected < 1 s)"
+out=$("$bin" train --config "$tmp/moe2b.yaml" --out "$tmp/moe2b-out" 2>&1)
+expect "the 2B MoE's header comes first" "$(head -2 <<<"$out" | tail -1)" '^model Qwen3-MoE: 2032062464 parameters \(2\.03 B'
+printf 'model: { hidden_size: 32, num_hidden_layers: 1, num_attention_heads: 2, num_key_value_heads: 1, head_dim: 16,\n  intermediate_size: 64, vocab_size: 320, torch_dtype: float32 }\ntrain: { steps: 2, batch_size: 2, seq_len: 32, memory_limit: 64KiB }\n' >"$tmp/limit.yaml"
+refuse "train.memory_limit" "$tmp/limit-out" 'parameters need .* on cpu, more than the 64\.0 KiB of train\.memory_limit' \
+  "$bin" train --config "$tmp/limit.yaml" --out "$tmp/limit-out"
+
+# item 6: not a terminal: a line every N steps (N from the run's length: 2 for 45 steps; or
+# train.log_every), the first and the last always; a terminal: one line rewritten in place
+steps_of() { grep -oE '^step [0-9]+/' <<<"$1" | tr -dc '0-9\n' | tr '\n' ' '; }
+sed 's/save_every: 2,/save_every: 0,/' "$tmp/tiny.yaml" >"$tmp/nosave.yaml"
+out=$(OMP_NUM_THREADS=2 "$bin" train --config "$tmp/nosave.yaml" --out "$tmp/p45" --steps 45 2>&1)
+want="1 $(seq -s ' ' 2 2 44) 45 "
+[ "$(steps_of "$out")" = "$want" ] && ok || fail "45 steps, not a terminal: got lines for steps '$(steps_of "$out")', expected '$want'"
+sed 's/save_every: 2,/save_every: 0, log_every: 10,/' "$tmp/tiny.yaml" >"$tmp/every.yaml"
+out=$(OMP_NUM_THREADS=2 "$bin" train --config "$tmp/every.yaml" --out "$tmp/p25" --steps 25 2>&1)
+[ "$(steps_of "$out")" = "1 10 20 25 " ] && ok || fail "train.log_every 10: got lines for steps '$(steps_of "$out")'"
+if command -v script >/dev/null; then
+  out=$(OMP_NUM_THREADS=2 script -qefc "'$bin' train --config '$tmp/nosave.yaml' --out '$tmp/tty' --steps 5" /dev/null 2>&1)
+  expect "a terminal: the line rewritten in place" "$out" $'\rstep 2/5 .*\rstep 3/5 .*\rstep 5/5'
+  [ "$(grep -c $'^step\|\rstep' <<<"$out")" -eq 1 ] && ok || fail "a terminal: expected the steps on one line, got: $(cat -A <<<"$out" | tail -3)"
+else
+  echo "cli_train: 'script' not installed: the terminal case skipped"
+fi
+
+# item 3: a sharded checkpoint (train.max_shard_size) and runs started from it with
+# model.init_from and --init; --resume of a sharded checkpoint
+sed 's/save_every: 2,/save_every: 2, max_shard_size: 20KB,/' "$tmp/tiny.yaml" >"$tmp/shard.yaml"
+out=$(OMP_NUM_THREADS=2 "$bin" train --config "$tmp/shard.yaml" --out "$tmp/sh" --steps 2 2>&1); rc=$?
+[ $rc -eq 0 ] && ok || fail "sharded run: exit $rc: $out"
+[ -s "$tmp/sh/model.safetensors.index.json" ] && [ ! -e "$tmp/sh/model.safetensors" ] && ok || fail "sharded run: no index, or a single file"
+n=$(ls "$tmp/sh" | grep -cE '^model-0000[0-9]-of-0000[0-9]\.safetensors$')
+[ "$n" -ge 3 ] && ok || fail "sharded run: $n shards"
+expect "index" "$(cat "$tmp/sh/model.safetensors.index.json")" '"total_size": [0-9]+'
+[ -s "$tmp/sh/checkpoint-2/model.safetensors.index.json" ] && ok || fail "the checkpoint is not sharded"
+out=$(OMP_NUM_THREADS=2 "$bin" train --config "$tmp/shard.yaml" --out "$tmp/sh" --steps 3 --resume "$tmp/sh" 2>&1); rc=$?
+[ $rc -eq 0 ] && ok || fail "resume of a sharded checkpoint: exit $rc: $out"
+expect "resume of a sharded checkpoint" "$out" 'done: steps 3\.\.3'
+printf 'model: { init_from: sh }\ntrain: { steps: 2, batch_size: 2, seq_len: 32, warmup_steps: 1 }\ndata: { corpus: builtin, docs: 32 }\n' >"$tmp/init.yaml"
+out=$(OMP_NUM_THREADS=2 "$bin" train --config "$tmp/init.yaml" --out "$tmp/from" 2>&1); rc=$?
+[ $rc -eq 0 ] && ok || fail "model.init_from: exit $rc: $out"
+expect "model.init_from says where it starts" "$out" "^training Qwen3-MoE \(1 layers, hidden 32, 4 experts\) .* from $tmp/sh into"
+first=$(sed -n 2p "$tmp/from/loss.csv" | cut -d, -f2)
+random=$(sed -n 2p "$tmp/run/loss.csv" | cut -d, -f2)   # the same first batch from random weights
+[ -n "$first" ] && [ "$first" != "$random" ] && ok || fail "model.init_from: step-1 loss '$first', the random weights' '$random'"
+out=$(OMP_NUM_THREADS=2 "$bin" train --config "$tmp/tiny.yaml" --init "$tmp/sh" --out "$tmp/from2" --steps 2 2>&1); rc=$?
+[ $rc -eq 0 ] && ok || fail "--init: exit $rc: $out"
+[ "$(sed -n 2p "$tmp/from2/loss.csv" | cut -d, -f2)" = "$first" ] && ok || fail "--init and model.init_from: different step-1 losses"
+refuse "--init of no checkpoint" "$tmp/from3" "train: --init $tmp/nothing: .*config.json" \
+  "$bin" train --config "$tmp/tiny.yaml" --init "$tmp/nothing" --out "$tmp/from3"
+mkdir -p "$tmp/noweights"; cp "$tmp/sh/config.json" "$tmp/noweights/"
+refuse "--init of a config without weights" "$tmp/from3" "model.init_from $tmp/noweights: checkpoint: $tmp/noweights: no weights" \
+  "$bin" train --config "$tmp/tiny.yaml" --init "$tmp/noweights" --out "$tmp/from3"
 
 echo "cli_train: $passes passed, $fails failed"
 [ $fails -eq 0 ]

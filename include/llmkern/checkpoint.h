@@ -90,6 +90,60 @@ lk_status lk_st_writer_commit(lk_st_writer *w);
 /* Frees w; nothing was written. NULL is fine. */
 void lk_st_writer_abort(lk_st_writer *w);
 
+/* --- a checkpoint directory's weights, single or sharded -------------------------------
+ * The two layouts of Hugging Face checkpoints: dir/model.safetensors, or
+ * dir/model.safetensors.index.json whose "weight_map" names each tensor's shard
+ * (model-00001-of-00002.safetensors, ...), as published checkpoints of 4B parameters
+ * and more are.
+ *
+ *   lk_st_dir *d;
+ *   if (lk_st_dir_open("Qwen3-8B", &d)) puts(lk_last_error());
+ *   const char *file;
+ *   const lk_st_tensor *t = lk_st_dir_find(d, "model.norm.weight", &file);
+ *   lk_st_dir_read(d, "model.norm.weight", &dst);         // as lk_st_read
+ *   lk_st_dir_close(d);
+ *
+ * Opening follows transformers: model.safetensors when present, else the index. Every
+ * shard the index names is opened and validated as lk_st_open does; the index must be
+ * JSON with a non-empty weight_map of plain file names in dir, and the index and the
+ * shards must agree tensor for tensor (each mapped tensor in its shard, each shard's
+ * tensor mapped to it, no name twice). Errors: LK_EIO naming the file and the problem,
+ * LK_ENOMEM, LK_EINVAL (NULL arguments). */
+typedef struct lk_st_dir lk_st_dir;
+lk_status lk_st_dir_open(const char *dir, lk_st_dir **out);
+void lk_st_dir_close(lk_st_dir *d);              /* NULL is fine */
+int lk_st_dir_sharded(const lk_st_dir *d);       /* 1 when read through the index */
+size_t lk_st_dir_file_count(const lk_st_dir *d); /* safetensors files open */
+size_t lk_st_dir_count(const lk_st_dir *d);      /* tensors over all files */
+/* Tensor i < lk_st_dir_count (file by file, each in data order); *path (optional) gets
+ * the file holding it. */
+const lk_st_tensor *lk_st_dir_at(const lk_st_dir *d, size_t i, const char **path);
+/* The tensor of that name, or NULL; *path (optional) gets its file. */
+const lk_st_tensor *lk_st_dir_find(const lk_st_dir *d, const char *name, const char **path);
+/* lk_st_read from the file holding name; LK_EIO naming dir when none does. */
+lk_status lk_st_dir_read(const lk_st_dir *d, const char *name, const lk_tensor *dst);
+
+/* One tensor to save: a contiguous CPU tensor, written as dtype `as` (its own dtype, or
+ * a float one for a float tensor: f32 master weights saved as bf16). */
+typedef struct {
+    const char *name;
+    lk_tensor tensor;
+    lk_dtype as;
+} lk_st_entry;
+/* Default shard limit of transformers' save_pretrained (max_shard_size "5GB"). */
+#define LK_ST_DEFAULT_MAX_SHARD 5000000000ull
+/* Writes the n tensors into dir (which must exist) as save_pretrained does: in the
+ * given order, a new shard whenever the next tensor would take the current one past
+ * max_shard_bytes (a larger tensor gets a shard of its own); one shard is the single
+ * model.safetensors, more are model-0000k-of-0000n.safetensors and then the index
+ * (metadata.total_size = the bytes of tensor data, weight_map sorted). Each file is
+ * written atomically; afterwards the files of the other layout, or of another shard
+ * count, that an earlier save left in dir are removed, so the directory loads as what
+ * was just written. The tensors' data must stay valid until it returns. Errors:
+ * LK_EINVAL (no directory, max_shard_bytes 0, a name twice, a bad `as`), LK_EIO naming
+ * the file, LK_ENOMEM. */
+lk_status lk_st_dir_write(const char *dir, const lk_st_entry *e, size_t n, uint64_t max_shard_bytes);
+
 /* Atomic replacement of any file (config.json, optimizer state, loss.csv at a
  * checkpoint): writes go to "<path>.tmp"; commit fsyncs, renames over path and fsyncs
  * the directory; abort, or a commit that fails, removes the tmp file and leaves path as

@@ -94,12 +94,23 @@ float *lk_model_grads(lk_model *m, int64_t *n);
 void lk_model_on_grads_ready(lk_model *m, void (*fn)(void *user, int64_t first), void *user);
 /* Bytes of activations the last forward kept for its backward (accounted memory). */
 size_t lk_model_activation_bytes(const lk_model *m);
-/* Checkpoint I/O: config.json + model.safetensors (bf16 or f32 as cfg->torch_dtype
- * says) in dir (created if missing), each written atomically; loading reads a
- * published-format checkpoint's tensors into m (names and shapes checked before any
- * weight changes). */
+/* Checkpoint I/O in the layouts of the published checkpoints (checkpoint.h: lk_st_dir):
+ * config.json + the weights (bf16 or f32 as cfg->torch_dtype says) in dir (created if
+ * missing), as one model.safetensors or, when they exceed max_shard_bytes, shards
+ * model-0000k-of-0000n.safetensors and model.safetensors.index.json; each file written
+ * atomically, config.json last; files of the other layout left by an earlier save are
+ * removed. lk_model_save is lk_model_save_sharded at transformers' default "5GB"
+ * (LK_ST_DEFAULT_MAX_SHARD). */
 lk_status lk_model_save(const lk_model *m, const char *dir);
+lk_status lk_model_save_sharded(const lk_model *m, const char *dir, uint64_t max_shard_bytes);
+/* Reads a checkpoint directory's weights (single or sharded, F32, BF16 or F16) into m's
+ * f32 parameters. Every parameter's name and shape, and that the directory holds no
+ * tensor the model lacks (a tied model's lm_head.weight aside), are checked before any
+ * weight changes: LK_EIO (no tensor, an unexpected one, a bad file), LK_ESHAPE
+ * (expected vs got), LK_EDTYPE. lk_model_check_weights makes the same checks and reads
+ * nothing. */
 lk_status lk_model_load_weights(lk_model *m, const char *dir);
+lk_status lk_model_check_weights(const lk_model *m, const char *dir);
 
 #ifdef __cplusplus
 }

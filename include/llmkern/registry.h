@@ -94,6 +94,16 @@ typedef struct {
 } lk_hw;
 
 const lk_hw *lk_hw_get(void);
+/* The memory a run can take on device now, in bytes (0: unknown), and in source what
+ * the number is, worded to follow it ("23.5 GiB" + " of host RAM available
+ * (MemAvailable)", " free on GPU 0 (cudaMemGetInfo, of 139.8 GiB)"): on the CPU the
+ * host's MemAvailable (/proc/meminfo) capped by a cgroup v2 memory.max less
+ * memory.current; on CUDA the current GPU's free memory (cudaMemGetInfo; 0 in a build
+ * without CUDA). Read afresh at every call. */
+uint64_t lk_hw_mem_available(lk_device_type device, char *source, size_t n);
+#ifdef LLMKERN_HAVE_CUDA
+uint64_t lk_hw_cuda_mem_free(char *source, size_t n);   /* hw_cuda.c */
+#endif
 
 enum {                               /* lk_requirements.needs */
     LK_NEED_CUDNN = 1u << 0,

@@ -80,6 +80,23 @@ typedef struct {
      * ends the job with a message naming it, the rank and the step (comm.h: the
      * watchdog); 0 = wait for ever. Default 300. */
     double comm_timeout_s;
+    /* model.init_from (or `llmkern train --init DIR`): a Hugging Face Qwen3 / Qwen3-MoE
+     * directory whose config.json is the architecture (inline model: keys override it)
+     * and whose weights (model.safetensors or the sharded index, bf16 or f32) the run
+     * starts from, names and shapes checked before any step; "" = random weights. A
+     * resumed run takes its weights from the checkpoint instead. */
+    char init_from[512];
+    /* train.max_shard_size: the weights of a checkpoint are saved as shards of at most
+     * this many bytes with model.safetensors.index.json when they are larger (default
+     * transformers' "5GB", LK_ST_DEFAULT_MAX_SHARD). */
+    uint64_t max_shard_size;
+    /* train.log_every: a progress line every this many steps where stdout is not a
+     * terminal (a terminal's one line is rewritten every step); 0 = from the run's length
+     * (lk_train_log_every). The first and the last step always print. */
+    int64_t log_every;
+    /* train.memory_limit: the bytes the run may use on its device, in place of what the
+     * machine reports (host RAM available, or the GPU's free memory); 0 = measure. */
+    uint64_t memory_limit;
 } lk_train_config;
 
 /* Defaults: dp 0 (the world), sp 1, ep 1; steps 100, lr 1e-3, min_lr 1e-4, warmup 10, weight_decay 0.1, betas
@@ -94,6 +111,11 @@ void lk_train_config_init(lk_train_config *tc);
  * valid ones); tc and ops change only when the whole file is good. */
 struct lk_ops_config;
 lk_status lk_train_config_load_yaml(const char *path, lk_train_config *tc, struct lk_ops_config *ops);
+
+/* `llmkern train --init DIR`: DIR/config.json becomes tc's model (replacing the YAML's)
+ * and DIR the run's model.init_from. LK_EIO / LK_EINVAL naming DIR and the key when
+ * config.json is missing or bad; tc unchanged then. */
+lk_status lk_train_config_init_from(lk_train_config *tc, const char *dir);
 
 /* --- the training loop ------------------------------------------------------------------- */
 struct lk_model;
@@ -142,15 +164,24 @@ typedef struct {
 lk_status lk_train_run(const lk_train_config *tc, const struct lk_ops_config *ops, const char *resume,
                        const lk_train_opts *opts, lk_train_result *result);
 
-/* What a run of tc needs in host memory, estimated before anything is allocated (the
- * refusal of lk_train_run names the term that does not fit). Every product is checked:
+/* The progress line's period where stdout is not a terminal when train.log_every is 0:
+ * about 20 lines a run, at a round number of steps (1, 2, 5, 10, 20, 50, ...): 1 up to
+ * 39 steps, 5 for 100, 20 for 400, 50 for 1000. */
+int64_t lk_train_log_every(int64_t steps);
+
+/* What a run of tc needs in memory, estimated before anything is allocated, on the host
+ * and on the run's GPU (the refusal of lk_train_run names the term that does not fit and
+ * compares it with lk_hw_mem_available, or train.memory_limit). Every product is checked:
  * LK_EINVAL naming the field when one does not fit in 64 bits. */
 typedef struct {
     int64_t params;              /* the model's parameters */
     uint64_t state_bytes;        /* weights, gradients, AdamW m and v: 16 bytes a parameter */
     uint64_t activation_bytes;   /* one micro-batch's forward kept for its backward (a lower bound) */
     uint64_t history_bytes;      /* the loss history: steps x 5 floats */
-    uint64_t total_bytes;
+    uint64_t total_bytes;        /* state + activations + history, wherever they live */
+    uint64_t host_bytes;         /* what host RAM holds: everything on the CPU; on a GPU a copy
+                                  * of the weights (4 bytes a parameter) and the history */
+    uint64_t device_bytes;       /* what the GPU holds (state + activations); 0 on the CPU */
 } lk_train_memory;
 lk_status lk_train_memory_estimate(const lk_train_config *tc, lk_train_memory *out);
 

@@ -18,6 +18,7 @@ typedef struct {
     unsigned long long seed;
     const char *out;        /* train --out DIR */
     const char *resume;     /* train --resume DIR */
+    const char *init;       /* train --init DIR (a Hugging Face checkpoint: model.init_from) */
     const char *device;     /* train --device cpu|cuda (the config's train.device otherwise) */
     long long steps;        /* train --steps N (0: the config's) */
 } cli_opts;

@@ -1,6 +1,6 @@
 /* main.c — the llmkern command.
  *   llmkern list | explain [--config F] [--device cpu|cuda] | check [--op N] | bench [--op N] [--size 8192x4096]
- *         | train --config F [--steps N] [--out DIR] [--resume DIR] [--device cpu|cuda]
+ *         | train --config F [--steps N] [--out DIR] [--resume DIR] [--init DIR] [--device cpu|cuda]
  * Every command takes --json. Exit status: 0 ok, 1 a check failed, 2 bad usage or error. */
 #include <errno.h>
 #include <stdint.h>
@@ -18,8 +18,9 @@ static const char usage[] =
     "                          every available implementation against the float64 reference\n"
     "  bench   [--op N] [--impl N] [--dtype D] [--size AxB]\n"
     "                          copy bandwidth and GEMM rate, then every implementation's passes\n"
-    "  train   --config F [--steps N] [--out DIR] [--resume DIR] [--device cpu|cuda]\n"
-    "                          train the config's model, checkpoints and loss plot in DIR\n"
+    "  train   --config F [--steps N] [--out DIR] [--resume DIR] [--init DIR] [--device cpu|cuda]\n"
+    "                          train the config's model, checkpoints and loss plot in DIR;\n"
+    "                          --init: start from a Hugging Face checkpoint directory\n"
     "options: --json           rows as JSON\n";
 
 int cli_fail(const char *what, lk_status s) {
@@ -75,6 +76,7 @@ int main(int argc, char **argv) {
                           : strcmp(a, "--size") == 0   ? &o.size
                           : strcmp(a, "--out") == 0    ? &o.out
                           : strcmp(a, "--resume") == 0 ? &o.resume
+                          : strcmp(a, "--init") == 0   ? &o.init
                           : strcmp(a, "--device") == 0 ? &o.device : NULL;
         if (strcmp(a, "--json") == 0) { o.json = 1; continue; }
         if (strcmp(a, "--seed") == 0 && i + 1 < argc) { o.seed = strtoull(argv[++i], NULL, 10); continue; }

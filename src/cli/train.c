@@ -1,5 +1,5 @@
 /* train.c — `llmkern train --config FILE [--steps N] [--out DIR] [--resume DIR]
- * [--device cpu|cuda]`: loads
+ * [--init DIR] [--device cpu|cuda]`: loads
  * the YAML config (model, train, data and ops sections), applies the command-line
  * overrides and runs the training loop (train.h). Exit status 2 on any error, with the
  * message (a NaN loss names the step and the last good checkpoint).
@@ -31,6 +31,7 @@ int cli_train(const cli_opts *o) {
     lk_ops_config_init(&ops);
     lk_status s = lk_train_config_load_yaml(o->config, &tc, &ops);
     if (s) return cli_fail("train", s);
+    if (o->init && (s = lk_train_config_init_from(&tc, o->init))) return cli_fail("train", s);
     if (o->steps > 0) tc.steps = o->steps;
     if (o->out) snprintf(tc.out, sizeof tc.out, "%s", o->out);
     if (o->device && strcmp(o->device, "cpu") != 0 && strcmp(o->device, "cuda") != 0) {
@@ -65,6 +66,7 @@ static int run(const cli_opts *o, const lk_train_config *tc, lk_ops_config *ops,
     if (rank0 && tc->grad_accum > 1) printf(" x %lld micro-batches", (long long)tc->grad_accum);
     if (rank0 && mesh)
         printf(" on %d ranks (dp %d x sp %d, ep %d)", mesh->world->size, mesh->dp_size, mesh->sp_size, mesh->ep_size);
+    if (rank0 && tc->init_from[0] && !o->resume) printf(" from %s", tc->init_from);
     if (rank0) printf(" into %s%s%s\n", tc->out, o->resume ? ", resuming from " : "", o->resume ? o->resume : "");
     lk_train_result r;
     lk_train_opts opts = {.mesh = mesh};

@@ -5,10 +5,13 @@
  *     config_json: tiny.json        # or inline keys (they override config_json's)
  *     hidden_size: 64
  *     num_experts: 8                # > 0 makes it Qwen3-MoE
+ *     init_from: Qwen3-0.6B          # or: a Hugging Face directory, its config.json and weights
  *   train: { steps: 200, lr: 3e-3, betas: [0.9, 0.95], batch_size: 4, seq_len: 128 }
  *   data:  { corpus: builtin }      # or text: file.txt, or tokens: file.lktok
  *   parallel: { dp: 2, sp: 1, ep: 1 }   # under mpirun; dp 0 (the default) = every rank
  *   # train.comm_timeout_s: 300 (the default): a collective stuck longer ends the job
+ *   # train.max_shard_size: 5GB, train.memory_limit: 16GiB (sizes: B, KB, MB, GB, KiB, MiB, GiB, TiB)
+ *   # train.log_every: 50 (0, the default: from the run's length)
  */
 #include <errno.h>
 #include <math.h>
@@ -16,7 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include "config/yaml_loader.h"
+#include "llmkern/checkpoint.h"
 #include "llmkern/data.h"
 
 void lk_train_config_init(lk_train_config *tc) {
@@ -33,6 +38,26 @@ void lk_train_config_init(lk_train_config *tc) {
     tc->eos_id = -1;
     tc->dp = 0; tc->sp = 1; tc->ep = 1;
     tc->comm_timeout_s = 300;
+    tc->max_shard_size = LK_ST_DEFAULT_MAX_SHARD;
+}
+
+lk_status lk_train_config_init_from(lk_train_config *tc, const char *dir) {
+    if (!tc || !dir || !dir[0])
+        return lk_error(LK_EINVAL, "train: --init: expected a checkpoint directory, got %s", dir ? "''" : "NULL");
+    static lk_qwen3_config c;   /* large (its lists): not on the stack */
+    char path[600];
+    if (strlen(dir) >= sizeof tc->init_from || (size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
+        return lk_error(LK_EINVAL, "train: --init %s: expected a path of at most %zu bytes", dir, sizeof tc->init_from - 1);
+    lk_status s = lk_qwen3_config_read(path, &c);
+    if (s) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", lk_last_error());
+        return lk_error(s, "train: --init %s: %s", dir, why);
+    }
+    tc->model = c;
+    tc->has_model = 1;
+    snprintf(tc->init_from, sizeof tc->init_from, "%s", dir);
+    return LK_OK;
 }
 
 /* --- typed scalars ------------------------------------------------------------------ */
@@ -72,6 +97,30 @@ static lk_status get_bool(const loader *l, const yaml_node_t *v, const char *key
     return LK_OK;
 }
 
+/* A size in bytes: an integer, or a number with a unit as transformers' max_shard_size
+ * takes them (B, KB, MB, GB, TB decimal; KiB, MiB, GiB, TiB binary; any case), >= 1. */
+static lk_status get_bytes(const loader *l, const yaml_node_t *v, const char *key, uint64_t *out) {
+    static const struct { const char *unit; double scale; } units[] = {
+        {"", 1}, {"b", 1}, {"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12},
+        {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0}, {"tib", 1099511627776.0},
+    };
+    const char *want = "a size in bytes (e.g. 5GB, 512MiB, 1000000)";
+    if (v->type != YAML_SCALAR_NODE) return bad_value(l, v, key, want);
+    char *end;
+    errno = 0;
+    double x = strtod(scalar(v), &end);
+    if (end == scalar(v) || errno || !isfinite(x) || x < 0) return bad_value(l, v, key, want);
+    while (*end == ' ') end++;
+    for (size_t i = 0; i < sizeof units / sizeof *units; i++) {
+        if (strcasecmp(end, units[i].unit) != 0) continue;
+        double b = x * units[i].scale;
+        if (b < 1 || b >= 9.2e18 || (i == 0 && b != (double)(uint64_t)b)) return bad_value(l, v, key, want);
+        *out = (uint64_t)b;
+        return LK_OK;
+    }
+    return bad_value(l, v, key, want);
+}
+
 /* A path: relative ones are taken from the YAML file's directory. */
 static lk_status get_path(const loader *l, const yaml_node_t *v, const char *key, char *out, size_t n) {
     if (v->type != YAML_SCALAR_NODE || scalar(v)[0] == '\0') return bad_value(l, v, key, "a path");
@@ -99,7 +148,7 @@ static const field arch_fields[] = {
 #undef I
 #undef D
 #undef B
-static const char *const model_keys[] = {"ops_implementation", "moe", "backend", "config_json", "hidden_size",
+static const char *const model_keys[] = {"ops_implementation", "moe", "backend", "config_json", "init_from", "hidden_size",
     "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
     "vocab_size", "max_position_embeddings", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
     "decoder_sparse_step", "rope_theta", "rms_norm_eps", "initializer_range", "router_aux_loss_coef",
@@ -107,17 +156,29 @@ static const char *const model_keys[] = {"ops_implementation", "moe", "backend",
 
 lk_status lk_yaml_model_begin(loader *l, const yaml_node_t *model) {
     lk_status s = expect(l, model, YAML_MAPPING_NODE, "model");
+    int seen = 0;
     for (yaml_node_pair_t *p = model->data.mapping.pairs.start; !s && p < model->data.mapping.pairs.top; p++) {
         const yaml_node_t *k = yaml_document_get_node(l->doc, p->key);
         const yaml_node_t *v = yaml_document_get_node(l->doc, p->value);
-        if (k->type != YAML_SCALAR_NODE || strcmp(scalar(k), "config_json") != 0) continue;
+        if (k->type != YAML_SCALAR_NODE) continue;
+        int init = strcmp(scalar(k), "init_from") == 0;
+        if (!init && strcmp(scalar(k), "config_json") != 0) continue;
         char path[512], w[192];
-        if ((s = get_path(l, v, "model.config_json", path, sizeof path))) return s;
+        where(l, k, w, sizeof w);
+        if (seen++)   /* the other of the two came first */
+            return lk_error(LK_EINVAL, "%s: model.%s: expected one of config_json and init_from (init_from reads "
+                            "the directory's config.json), got both", w, scalar(k));
+        if ((s = get_path(l, v, init ? "model.init_from" : "model.config_json", path, sizeof path))) return s;
+        if (init) {
+            snprintf(l->train->init_from, sizeof l->train->init_from, "%s", path);
+            if ((size_t)snprintf(path, sizeof path, "%s/config.json", l->train->init_from) >= sizeof path)
+                return bad_value(l, v, "model.init_from", "a shorter path");
+        }
         if ((s = lk_qwen3_config_read(path, &l->train->model))) {
             char why[512];
             snprintf(why, sizeof why, "%s", lk_last_error());   /* lk_error rewrites that buffer */
             where(l, v, w, sizeof w);
-            return lk_error(s, "%s: model.config_json: %s", w, why);
+            return lk_error(s, "%s: model.%s: %s", w, init ? "init_from" : "config_json", why);
         }
         l->train->has_model = 1;
     }
@@ -125,7 +186,8 @@ lk_status lk_yaml_model_begin(loader *l, const yaml_node_t *model) {
 }
 
 lk_status lk_yaml_model_arch_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
-    if (strcmp(scalar(k), "config_json") == 0) return LK_OK;   /* read by lk_yaml_model_begin */
+    if (strcmp(scalar(k), "config_json") == 0 || strcmp(scalar(k), "init_from") == 0)
+        return LK_OK;   /* read by lk_yaml_model_begin */
     char key[96];
     snprintf(key, sizeof key, "model.%s", scalar(k));
     char *c = (char *)&l->train->model;
@@ -147,7 +209,7 @@ lk_status lk_yaml_model_arch_entry(loader *l, const yaml_node_t *k, const yaml_n
 
 /* --- train: ------------------------------------------------------------------------- */
 static const char *const train_keys[] = {"steps", "lr", "min_lr", "warmup_steps", "weight_decay", "betas",
-    "eps", "grad_clip", "batch_size", "seq_len", "grad_accum", "seed", "save_every", "out", "recompute", "device", "comm_timeout_s", NULL};
+    "eps", "grad_clip", "batch_size", "seq_len", "grad_accum", "seed", "save_every", "out", "recompute", "device", "comm_timeout_s", "max_shard_size", "log_every", "memory_limit", NULL};
 
 lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
     lk_train_config *t = l->train;
@@ -165,6 +227,9 @@ lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t
     if (strcmp(n, "save_every") == 0) return get_i64(l, v, "train.save_every", 0, &t->save_every);
     if (strcmp(n, "recompute") == 0) return get_bool(l, v, "train.recompute", &t->recompute);
     if (strcmp(n, "comm_timeout_s") == 0) return get_f64(l, v, "train.comm_timeout_s", 0, &t->comm_timeout_s);
+    if (strcmp(n, "max_shard_size") == 0) return get_bytes(l, v, "train.max_shard_size", &t->max_shard_size);
+    if (strcmp(n, "memory_limit") == 0) return get_bytes(l, v, "train.memory_limit", &t->memory_limit);
+    if (strcmp(n, "log_every") == 0) return get_i64(l, v, "train.log_every", 0, &t->log_every);
     if (strcmp(n, "seed") == 0) {
         int64_t seed;
         lk_status s = get_i64(l, v, "train.seed", 0, &seed);

@@ -1,6 +1,9 @@
 /* hw_cpu.c — the one place the CPU is probed: cores, memory, vector extensions, model name.
- * Kernels read the lk_hw struct the registry fills; nothing else calls cpuid. */
+ * Kernels read the lk_hw struct the registry fills; nothing else calls cpuid. Also the
+ * memory a run can take now (lk_hw_mem_available): the host's from /proc/meminfo and the
+ * cgroup, a GPU's from hw_cuda.c. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <omp.h>
 #include <unistd.h>
@@ -36,4 +39,50 @@ void lk_hw_probe_cpu(lk_hw *hw) {
         break;
     }
     fclose(f);
+}
+
+/* One number from a file such as memory.max ("max" or absent: none, 0). */
+static uint64_t read_u64_file(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char buf[64] = "";
+    char *ok = fgets(buf, sizeof buf, f);
+    fclose(f);
+    if (!ok || buf[0] < '0' || buf[0] > '9') return 0;
+    return strtoull(buf, NULL, 10);
+}
+
+/* The host: MemAvailable (what the kernel can hand out without swapping), capped by a
+ * cgroup v2 limit (a container's memory.max less its memory.current). */
+static uint64_t cpu_available(char *source, size_t n) {
+    uint64_t avail = 0;
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned long long kb;
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) { avail = (uint64_t)kb * 1024; break; }
+    }
+    if (f) fclose(f);
+    snprintf(source, n, "of host RAM available (MemAvailable)");
+    if (avail == 0) {
+        avail = (uint64_t)lk_hw_get()->cpu_mem_bytes;
+        snprintf(source, n, "of host RAM (physical; MemAvailable unreadable)");
+    }
+    uint64_t max = read_u64_file("/sys/fs/cgroup/memory.max"), cur = read_u64_file("/sys/fs/cgroup/memory.current");
+    if (max > 0 && max - (cur < max ? cur : max) < avail) {
+        avail = max - (cur < max ? cur : max);
+        snprintf(source, n, "of host RAM available to this cgroup (memory.max less memory.current)");
+    }
+    return avail;
+}
+
+uint64_t lk_hw_mem_available(lk_device_type device, char *source, size_t n) {
+    char dummy[8];
+    if (!source || n == 0) source = dummy, n = sizeof dummy;
+    if (device == LK_DEVICE_CPU) return cpu_available(source, n);
+#ifdef LLMKERN_HAVE_CUDA
+    if (device == LK_DEVICE_CUDA) return lk_hw_cuda_mem_free(source, n);
+#endif
+    snprintf(source, n, "of %s memory (unknown in this build)", lk_device_name(device));
+    return 0;
 }

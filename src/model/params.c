@@ -156,26 +156,29 @@ static lk_status join(char *buf, size_t n, const char *dir, const char *file) {
 }
 
 lk_status lk_model_save(const lk_model *m, const char *dir) {
+    return lk_model_save_sharded(m, dir, LK_ST_DEFAULT_MAX_SHARD);
+}
+
+lk_status lk_model_save_sharded(const lk_model *m, const char *dir, uint64_t max_shard_bytes) {
     if (!m || !dir || !dir[0]) return lk_error(LK_EINVAL, "model_save: expected a model and a directory");
     lk_dtype as;
     if (strcmp(m->cfg.torch_dtype, "bfloat16") == 0) as = LK_BF16;
     else if (strcmp(m->cfg.torch_dtype, "float32") == 0) as = LK_F32;
     else return lk_error(LK_EINVAL, "model_save: torch_dtype: expected bfloat16 or float32, got '%s'", m->cfg.torch_dtype);
+    if (max_shard_bytes == 0)
+        return lk_error(LK_EINVAL, "model_save: max_shard_bytes: expected at least 1 byte, got 0");
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return lk_error(LK_EIO, "model_save: %s: %s", dir, strerror(errno));
     char path[4096];
     float *host;
-    lk_status s = join(path, sizeof path, dir, "model.safetensors");
-    lk_st_writer *w = NULL;
-    if (s || (s = host_copy(m, 1, &host))) return s;
-    if ((s = lk_st_writer_begin(path, &w))) { free(host); return s; }
-    for (int i = 0; i < m->n_params && !s; i++) {
-        lk_tensor v = host_view(m, i, host);
-        const char *name = m->params[i].name;
-        s = as == LK_F32 ? lk_st_writer_add(w, name, &v) : lk_st_writer_add_as(w, name, &v, as);
-    }
-    if (s) lk_st_writer_abort(w);
-    else s = lk_st_writer_commit(w);   /* it reads the views: host lives until here */
+    lk_status s = host_copy(m, 1, &host);
+    if (s) return s;
+    lk_st_entry *e = malloc((size_t)m->n_params * sizeof *e);
+    if (!e) { free(host); return lk_error(LK_ENOMEM, "model_save: out of memory"); }
+    for (int i = 0; i < m->n_params; i++)   /* the checkpoint's order, as a state_dict's */
+        e[i] = (lk_st_entry){.name = m->params[i].name, .tensor = host_view(m, i, host), .as = as};
+    s = lk_st_dir_write(dir, e, (size_t)m->n_params, max_shard_bytes);   /* it reads the views: host lives until here */
+    free(e);
     free(host);
     if (s) return s;
     /* the weights first: a config.json beside them says they are complete */
@@ -183,36 +186,69 @@ lk_status lk_model_save(const lk_model *m, const char *dir) {
     return lk_qwen3_config_write(path, &m->cfg);
 }
 
+/* Every parameter of m in d with its shape and a float dtype, and nothing else but a tied
+ * model's lm_head.weight (which transformers ignores too): checked before any weight
+ * changes, so a bad checkpoint leaves m as it was. */
+static lk_status check_weights(const lk_model *m, const lk_st_dir *d, const char *dir) {
+    for (int i = 0; i < m->n_params; i++) {
+        const lk_param *p = &m->params[i];
+        const char *file = NULL;
+        const lk_st_tensor *t = lk_st_dir_find(d, p->name, &file);
+        char want[64], got[96];
+        if (!t)
+            return lk_error(LK_EIO, "model_load_weights: %s: no tensor '%s' (%s)", dir, p->name,
+                            lk_st_dir_sharded(d) ? "in the index's weight_map" : "model.safetensors");
+        int same = t->ndim == p->value.ndim;
+        for (int k = 0; same && k < t->ndim; k++) same = t->shape[k] == p->value.shape[k];
+        if (!same) {
+            int n = snprintf(got, sizeof got, "[");
+            for (int k = 0; k < t->ndim && n < (int)sizeof got; k++)
+                n += snprintf(got + n, sizeof got - n, "%s%lld", k ? ", " : "", (long long)t->shape[k]);
+            if (n < (int)sizeof got) snprintf(got + n, sizeof got - n, "]");
+            return lk_error(LK_ESHAPE, "model_load_weights: %s: '%s': expected shape %s for the run's model, got %s", file,
+                            p->name, lk_shape_str(&p->value, want, sizeof want), got);
+        }
+        if (t->dtype != LK_F32 && t->dtype != LK_BF16 && t->dtype != LK_F16)
+            return lk_error(LK_EDTYPE, "model_load_weights: %s: '%s': expected F32, BF16 or F16, got %s", file, p->name,
+                            t->st_dtype);
+    }
+    size_t n = lk_st_dir_count(d), want_n = (size_t)m->n_params;
+    for (size_t i = 0; n > want_n && i < n; i++) {
+        const char *file = NULL;
+        const lk_st_tensor *t = lk_st_dir_at(d, i, &file);
+        if (m->cfg.tie_word_embeddings && strcmp(t->name, "lm_head.weight") == 0) { want_n++; continue; }
+        int known = 0;
+        for (int k = 0; !known && k < m->n_params; k++) known = strcmp(m->params[k].name, t->name) == 0;
+        if (!known)
+            return lk_error(LK_EIO, "model_load_weights: %s: tensor '%s' is not a parameter of the model "
+                            "config.json describes (%zu tensors, expected %d)", file, t->name, n, m->n_params);
+    }
+    return LK_OK;
+}
+
+lk_status lk_model_check_weights(const lk_model *m, const char *dir) {
+    if (!m || !dir) return lk_error(LK_EINVAL, "model_check_weights: expected a model and a directory");
+    lk_st_dir *d;
+    lk_status s = lk_st_dir_open(dir, &d);
+    if (s) return s;
+    s = check_weights(m, d, dir);
+    lk_st_dir_close(d);
+    return s;
+}
+
 lk_status lk_model_load_weights(lk_model *m, const char *dir) {
     if (!m || !dir) return lk_error(LK_EINVAL, "model_load_weights: expected a model and a directory");
-    char path[4096];
-    lk_st_file *f = NULL;
-    lk_status s = join(path, sizeof path, dir, "model.safetensors");
-    if (s || (s = lk_st_open(path, &f))) return s;
-    /* every tensor checked before any is read, so a bad file leaves m as it was */
-    for (int i = 0; i < m->n_params && !s; i++) {
-        const lk_param *p = &m->params[i];
-        const lk_st_tensor *t = lk_st_find(f, p->name);
-        char want[64];
-        if (!t) {
-            s = lk_error(LK_EIO, "model_load_weights: %s: no tensor '%s'", path, p->name);
-        } else if (t->ndim != p->value.ndim || t->shape[0] != p->value.shape[0] ||
-                   (t->ndim == 2 && t->shape[1] != p->value.shape[1])) {
-            s = lk_error(LK_ESHAPE, "model_load_weights: %s: '%s': expected shape %s, got a %d-d tensor [%lld%s...]",
-                         path, p->name, lk_shape_str(&p->value, want, sizeof want), t->ndim,
-                         (long long)(t->ndim ? t->shape[0] : 0), t->ndim > 1 ? ", " : "");
-        } else if (t->dtype != LK_F32 && t->dtype != LK_BF16 && t->dtype != LK_F16) {
-            s = lk_error(LK_EDTYPE, "model_load_weights: %s: '%s': expected a float dtype, got %s", path, p->name,
-                         t->st_dtype);
-        }
-    }
+    lk_st_dir *d = NULL;
+    lk_status s = lk_st_dir_open(dir, &d);
+    if (s) return s;
+    s = check_weights(m, d, dir);
     float *host = NULL;
     if (!s) s = host_copy(m, 1, &host);   /* untied pieces of the buffer keep their values */
     for (int i = 0; i < m->n_params && !s; i++) {
         lk_tensor v = host_view(m, i, host);
-        s = lk_st_read(f, m->params[i].name, &v);
+        s = lk_st_dir_read(d, m->params[i].name, &v);
     }
-    lk_st_close(f);
+    lk_st_dir_close(d);
     if (!s && host) s = m->dev->put(m->w, host, (size_t)m->n_floats * sizeof(float));
     free(host);
     return s;

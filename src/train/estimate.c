@@ -3,7 +3,9 @@
  * machine climbed until the OOM killer; train.steps 10^12 failed as "optimizer state").
  * Every product goes through core/checked.h. The activations are a lower bound: what
  * every layer's forward keeps per token whatever the implementations (its inputs, the
- * attention's q, k, v and output, the MLP's hidden), plus the logits. */
+ * attention's q, k, v and output, the MLP's hidden), plus the logits. On a GPU the
+ * weights, gradients, AdamW moments and activations are the device's; the host keeps a
+ * copy of the weights (checkpoints go through it) and the loss history. */
 #include <stdio.h>
 #include "core/checked.h"
 #include "llmkern/hf_config.h"
@@ -49,10 +51,21 @@ lk_status lk_train_memory_estimate(const lk_train_config *tc, lk_train_memory *o
             return s;
         r.activation_bytes = bytes;
     }
+    int64_t dev_bytes, host_copy;
     if ((s = lk_checked_add("train: the memory estimate", (int64_t)r.state_bytes, (int64_t)r.activation_bytes, &total)) ||
-        (s = lk_checked_add("train: the memory estimate", total, (int64_t)r.history_bytes, &total)))
+        (s = lk_checked_add("train: the memory estimate", total, (int64_t)r.history_bytes, &total)) ||
+        (s = lk_checked_add("train: the memory estimate", (int64_t)r.state_bytes, (int64_t)r.activation_bytes,
+                            &dev_bytes)) ||
+        (s = lk_checked_add("train: the memory estimate", (int64_t)r.state_bytes / 4, (int64_t)r.history_bytes,
+                            &host_copy)))
         return s;
     r.total_bytes = (uint64_t)total;
+    if (tc->device == LK_DEVICE_CPU) {
+        r.host_bytes = r.total_bytes;
+    } else {   /* on a GPU: weights, gradients, moments and activations there; a host copy of the weights */
+        r.device_bytes = (uint64_t)dev_bytes;
+        r.host_bytes = (uint64_t)host_copy;
+    }
     *out = r;
     return LK_OK;
 }

@@ -1,6 +1,6 @@
 /* train_state.c — the trainer's checkpoints (internal to src/train, see trainer.h):
- * out/checkpoint-<step>/ holds config.json + model.safetensors (lk_model_save, the
- * published format) and optimizer.safetensors (f32 master weights, AdamW m and v, the
+ * out/checkpoint-<step>/ holds config.json + model.safetensors (lk_model_save_sharded, the
+ * published format: sharded with an index past train.max_shard_size) and optimizer.safetensors (f32 master weights, AdamW m and v, the
  * step, the data iterator's state, the seed and the loss history), every file written
  * atomically into a .tmp directory renamed into place; then out/latest is replaced
  * atomically by the directory's name. A write that fails leaves latest naming the
@@ -112,7 +112,7 @@ static lk_status save_files(trainer *t, const char *name) {
     snprintf(old, sizeof old, "%s.old", dir);
     lk_status s = remove_dir(tmp);
     if (!s) s = lk_mkdirs(tmp);
-    if (!s) s = lk_model_save(t->model, tmp);
+    if (!s) s = lk_model_save_sharded(t->model, tmp, t->tc->max_shard_size);
     if (!s) { snprintf(path, sizeof path, "%s/optimizer.safetensors", tmp); s = write_optimizer(t, path); }
     if (!s) s = remove_dir(old);
     if (!s && rename(dir, old) != 0 && errno != ENOENT) s = lk_error(LK_EIO, "train: %s: %s", dir, strerror(errno));
@@ -229,7 +229,7 @@ static lk_status check_tensors(trainer *t, const lk_st_file *f, const char *path
 }
 
 /* Every file of the checkpoint in dir, before any step: config.json against the model,
- * model.safetensors (the published weights; not read to resume, but handed on as the
+ * the published weights (single or sharded; not read to resume, but handed on as the
  * checkpoint) and optimizer.safetensors opened (header, sizes, spans) and their tensors'
  * names and shapes checked. The error names the damaged file. */
 static lk_status verify_checkpoint(trainer *t, const char *dir) {
@@ -238,12 +238,8 @@ static lk_status verify_checkpoint(trainer *t, const char *dir) {
     lk_status s;
     snprintf(path, sizeof path, "%s/config.json", dir);
     if ((s = check_config_json(t, path))) return s;
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    static const char *const none[] = {""}, *const opt[] = {"param/", "exp_avg/", "exp_avg_sq/"};
-    if ((s = lk_st_open(path, &f))) return s;
-    s = check_tensors(t, f, path, none, 1, 0, 0);
-    lk_st_close(f);
-    if (s) return s;
+    static const char *const opt[] = {"param/", "exp_avg/", "exp_avg_sq/"};
+    if ((s = lk_model_check_weights(t->model, dir))) return s;   /* single or sharded */
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     if ((s = lk_st_open(path, &f))) return s;
     s = check_tensors(t, f, path, opt, 3, 2, 1);

@@ -1,6 +1,7 @@
 /* trainer.c — the training loop behind `llmkern train` (train.h: lk_train_run): per
  * step, gradient accumulation over grad_accum micro-batches, clipping by the global
- * norm, one AdamW update; a progress line, loss.csv and loss.png in the output
+ * norm, one AdamW update; progress (on a terminal one line rewritten in place every
+ * step, elsewhere a line every train.log_every steps), loss.csv and loss.png in the output
  * directory; checkpoints through train_state.c. Under a mesh (opts->mesh): each DP
  * replica reads its shard, its SP ranks split the batch's tokens and EP ranks the
  * experts (lk_model_set_parallel); every rank's gradient share is summed over the world
@@ -28,33 +29,97 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* What cannot fit is refused before anything is allocated or created, naming the
- * field that makes it large (estimate.c). The model and its activations count on the
- * CPU only: a GPU's memory is its own. */
-static lk_status check_memory(const lk_train_config *tc) {
-    lk_train_memory e;
-    lk_status s = lk_train_memory_estimate(tc, &e);
-    if (s) return s;
-    if (tc->batch_size * tc->seq_len > INT32_MAX)   /* the product fits: the estimate checked it */
-        return lk_error(LK_EINVAL, "train: train.batch_size x train.seq_len: expected at most 2^31 - 1 tokens a "
-                        "micro-batch, got %lld x %lld", (long long)tc->batch_size, (long long)tc->seq_len);
-    uint64_t have = (uint64_t)lk_hw_get()->cpu_mem_bytes;
-    char need_s[32], have_s[32], a_s[32], b_s[32];
-    lk_bytes_str(have, have_s, sizeof have_s);
-    if (have && e.history_bytes > have)
+/* The processes on this node, as the launchers export it (1 without one): on the CPU
+ * each DP rank holds a whole model in the same RAM. */
+static int64_t ranks_here(const lk_mesh *mesh) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"};
+    if (mesh == NULL) return 1;
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+        const char *v = getenv(vars[i]);
+        long long n = v ? atoll(v) : 0;
+        if (n >= 1 && n <= mesh->world->size) return n;
+    }
+    return 1;
+}
+
+/* The bytes the run may use where: train.memory_limit for the run's device, else what
+ * the machine reports now (lk_hw_mem_available). */
+static uint64_t available(const lk_train_config *tc, lk_device_type where, char *source, size_t n) {
+    if (tc->memory_limit && where == tc->device) {
+        snprintf(source, n, "of train.memory_limit");
+        return tc->memory_limit;
+    }
+    return lk_hw_mem_available(where, source, n);
+}
+
+static const char *model_name(const lk_qwen3_config *c) { return c->moe ? "Qwen3-MoE" : "Qwen3"; }
+
+/* The header every run prints before its first allocation (so a run that is refused, or
+ * killed, is never silent): the model, its parameter count, the estimate and what the
+ * device has. */
+static void print_header(const lk_train_config *tc, const lk_train_memory *e, int64_t ranks, uint64_t host,
+                         const char *host_src, uint64_t dev, const char *dev_src) {
+    const lk_qwen3_config *c = &tc->model;
+    char a[32], b[32], t[32], h[32], d[32], x[32];
+    double p = (double)e->params;
+    printf("model %s: %lld parameters (%.3g %s; %lld layers, hidden %lld", model_name(c), (long long)e->params,
+           p >= 1e9 ? p / 1e9 : p >= 1e6 ? p / 1e6 : p / 1e3, p >= 1e9 ? "B" : p >= 1e6 ? "M" : "K",
+           (long long)c->num_hidden_layers, (long long)c->hidden_size);
+    if (c->moe) printf(", %lld experts, top %lld", (long long)c->num_experts, (long long)c->num_experts_per_tok);
+    printf("); memory: needs %s (%s weights, gradients, AdamW m and v + %s activations)",
+           lk_bytes_str(e->state_bytes + e->activation_bytes, t, sizeof t), lk_bytes_str(e->state_bytes, a, sizeof a),
+           lk_bytes_str(e->activation_bytes, b, sizeof b));
+    if (tc->device == LK_DEVICE_CPU) {
+        printf("%s on cpu, %s %s\n", ranks > 1 ? " a rank" : "", host ? lk_bytes_str(host, h, sizeof h) : "unknown",
+               host_src);
+    } else {
+        printf(" on %s, %s %s; host RAM %s, %s %s\n", lk_device_name(tc->device),
+               dev ? lk_bytes_str(dev, d, sizeof d) : "unknown", dev_src, lk_bytes_str(e->host_bytes, x, sizeof x),
+               host ? lk_bytes_str(host, h, sizeof h) : "unknown", host_src);
+    }
+    fflush(stdout);
+}
+
+/* What cannot fit is refused before anything is allocated or created, with both numbers
+ * and the field that makes it large (estimate.c): on the CPU everything against the
+ * host's available RAM (times the ranks on this node); on a GPU the weights, gradients,
+ * moments and activations against its free memory (read after the rank's GPU is picked)
+ * and the host copy of the weights against the host's. */
+static lk_status check_memory(const lk_train_config *tc, const lk_train_memory *e, const lk_mesh *mesh, int header) {
+    char need_s[32], have_s[32], a_s[32], b_s[32], host_src[160], dev_src[160] = "";
+    int64_t ranks = tc->device == LK_DEVICE_CPU ? ranks_here(mesh) : 1;
+    uint64_t host = available(tc, LK_DEVICE_CPU, host_src, sizeof host_src), dev = 0;
+    if (tc->device != LK_DEVICE_CPU) dev = available(tc, tc->device, dev_src, sizeof dev_src);
+    if (header) print_header(tc, e, ranks, host, host_src, dev, dev_src);
+    lk_bytes_str(host, have_s, sizeof have_s);
+    if (host && e->history_bytes > host)
         return lk_error(LK_ENOMEM, "train: train.steps %lld: the loss history needs %s (%d bytes a step), more than "
-                        "this machine's %s of memory", (long long)tc->steps, lk_bytes_str(e.history_bytes, need_s,
-                        sizeof need_s), (int)(LK_HIST_COLS * sizeof(float)), have_s);
-    if (have && tc->device == LK_DEVICE_CPU && e.total_bytes > have) {
+                        "the %s %s", (long long)tc->steps, lk_bytes_str(e->history_bytes, need_s, sizeof need_s),
+                        (int)(LK_HIST_COLS * sizeof(float)), have_s, host_src);
+    uint64_t need = tc->device == LK_DEVICE_CPU ? e->host_bytes : e->device_bytes, have = host;
+    const char *src = host_src;
+    if (tc->device != LK_DEVICE_CPU) {
+        if (host && e->host_bytes > host)
+            return lk_error(LK_ENOMEM, "train: model: %.3g parameters: the host copy of the weights (4 bytes each) and "
+                            "the loss history need %s, more than the %s %s", (double)e->params,
+                            lk_bytes_str(e->host_bytes, need_s, sizeof need_s), have_s, host_src);
+        have = dev, src = dev_src;
+        lk_bytes_str(have, have_s, sizeof have_s);
+    }
+    if (have && need > have / (uint64_t)ranks) {
         const lk_qwen3_config *c = &tc->model;
+        char moe[96] = "", per[64] = "";
+        if (c->moe) snprintf(moe, sizeof moe, ", num_experts %lld x moe_intermediate_size %lld",
+                             (long long)c->num_experts, (long long)c->moe_intermediate_size);
+        if (ranks > 1) snprintf(per, sizeof per, " a rank x %lld ranks on this node", (long long)ranks);
         return lk_error(LK_ENOMEM, "train: model (hidden_size %lld, num_hidden_layers %lld, intermediate_size %lld, "
                         "vocab_size %lld%s): %.3g parameters need %s (weights, gradients, AdamW m and v: 16 bytes "
-                        "each) + %s of activations for train.batch_size %lld x train.seq_len %lld = %s, more than "
-                        "this machine's %s of memory", (long long)c->hidden_size, (long long)c->num_hidden_layers,
-                        (long long)c->intermediate_size, (long long)c->vocab_size, c->moe ? ", num_experts ..." : "",
-                        (double)e.params, lk_bytes_str(e.state_bytes, a_s, sizeof a_s),
-                        lk_bytes_str(e.activation_bytes, b_s, sizeof b_s), (long long)tc->batch_size,
-                        (long long)tc->seq_len, lk_bytes_str(e.total_bytes, need_s, sizeof need_s), have_s);
+                        "each) + %s of activations for train.batch_size %lld x train.seq_len %lld = %s%s on %s, more "
+                        "than the %s %s", (long long)c->hidden_size, (long long)c->num_hidden_layers,
+                        (long long)c->intermediate_size, (long long)c->vocab_size, moe, (double)e->params,
+                        lk_bytes_str(e->state_bytes, a_s, sizeof a_s), lk_bytes_str(e->activation_bytes, b_s, sizeof b_s),
+                        (long long)tc->batch_size, (long long)tc->seq_len,
+                        lk_bytes_str(need, need_s, sizeof need_s), per, lk_device_name(tc->device), have_s, src);
     }
     return LK_OK;
 }
@@ -81,14 +146,20 @@ static lk_status check_out(const char *out) {
     }
 }
 
-static lk_status check_config(const lk_train_config *tc) {
-    if (!tc->has_model) return lk_error(LK_EINVAL, "train: config: expected a model (model.config_json or inline keys)");
+static lk_status check_config(const lk_train_config *tc, lk_train_memory *e) {
+    if (!tc->has_model)
+        return lk_error(LK_EINVAL, "train: config: expected a model (model.config_json, model.init_from or inline keys)");
     if (tc->steps < 1 || tc->batch_size < 1 || tc->seq_len < 2 || tc->grad_accum < 1 || tc->save_every < 0 ||
-        tc->warmup_steps < 0)
+        tc->warmup_steps < 0 || tc->log_every < 0)
         return lk_error(LK_EINVAL, "train: config: expected steps, batch_size, grad_accum >= 1, seq_len >= 2, "
-                        "save_every and warmup_steps >= 0");
-    lk_status s = check_memory(tc);   /* first: it checks the products the checks below take */
+                        "save_every, warmup_steps and log_every >= 0");
+    if (tc->max_shard_size == 0)
+        return lk_error(LK_EINVAL, "train: train.max_shard_size: expected at least 1 byte, got 0");
+    lk_status s = lk_train_memory_estimate(tc, e);   /* first: it checks the products the checks below take */
     if (s) return s;
+    if (tc->batch_size * tc->seq_len > INT32_MAX)   /* the product fits: the estimate checked it */
+        return lk_error(LK_EINVAL, "train: train.batch_size x train.seq_len: expected at most 2^31 - 1 tokens a "
+                        "micro-batch, got %lld x %lld", (long long)tc->batch_size, (long long)tc->seq_len);
     if (!(tc->lr >= 0) || !(tc->min_lr >= 0) || !(tc->beta1 >= 0 && tc->beta1 < 1) || !(tc->beta2 >= 0 && tc->beta2 < 1))
         return lk_error(LK_EINVAL, "train: config: expected lr, min_lr >= 0 and betas in [0, 1)");
     if (tc->sp < 1 || tc->ep < 1 || (tc->batch_size * tc->seq_len) % tc->sp)
@@ -213,12 +284,13 @@ static lk_status check_mesh(const lk_train_config *tc, const lk_mesh *m) {
 }
 
 static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_ops_config *ops, const lk_mesh *mesh,
-                              int64_t bucket_bytes) {
+                              int64_t bucket_bytes, int quiet) {
     memset(t, 0, sizeof *t);
     t->tc = tc;
     t->writer = 1;
     if (mesh && mesh->world->size == 1) mesh = NULL;
-    lk_status s = check_config(tc);
+    lk_train_memory est;
+    lk_status s = check_config(tc, &est);
     if (!s) s = check_mesh(tc, mesh);
     if (!s && !(t->dev = device_of(tc->device)))
         s = lk_error(LK_EUNAVAILABLE, "train: device: %s: this build cannot train there (no CUDA)",
@@ -228,9 +300,10 @@ static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_op
         t->mesh = mesh;
         t->world = mesh->world;
         t->writer = t->world->rank == 0;
-        s = lk_batch_alloc(&t->skip, tc->batch_size, tc->seq_len);
     }
     if (!s) s = t->dev->pick(t->world);   /* before anything is written */
+    if (!s) s = check_memory(tc, &est, mesh, t->writer && !quiet);   /* before anything is allocated */
+    if (!s && mesh) s = lk_batch_alloc(&t->skip, tc->batch_size, tc->seq_len);
     if (!s && t->writer) s = check_out(tc->out);   /* created once the run is known to start */
     if (!s) s = load_data(tc, &t->ds);
     if (!s) s = lk_data_iter_init(&t->it, &t->ds, tc->batch_size, tc->seq_len, tc->seed);
@@ -291,6 +364,16 @@ static lk_status write_plot(const trainer *t) {
     lk_status s = lk_plot_png(path, x, y, t->step, 640, 400);
     free(x);
     return s;
+}
+
+int64_t lk_train_log_every(int64_t steps) {
+    int64_t want = steps / 20, every = 1;   /* about 20 lines a run */
+    for (int64_t p = 1; p <= want / 10 + 1 && p <= INT64_MAX / 10; p *= 10)
+        for (int k = 0; k < 3; k++) {
+            static const int m[3] = {1, 2, 5};
+            if (p * m[k] <= want) every = p * m[k];
+        }
+    return every;
 }
 
 static void progress(const trainer *t, const float *row, double tokens_per_s, double eta_s, int tty, int last) {
@@ -419,6 +502,8 @@ static lk_status run_loop(trainer *t, const lk_train_opts *o, lk_train_result *r
     const lk_train_config *tc = t->tc;
     lk_status s0;
     int quiet = o->quiet || !t->writer, tty = !quiet && isatty(STDOUT_FILENO);
+    /* a terminal's line is rewritten every step; a log gets one every `every` steps */
+    int64_t every = tc->log_every > 0 ? tc->log_every : lk_train_log_every(tc->steps);
     FILE *csv = t->writer ? open_csv(t) : NULL;
     if (t->writer && csv == NULL) return dp_agree(t, LK_EIO);
     if ((s0 = dp_agree(t, LK_OK))) return s0;
@@ -454,7 +539,8 @@ static lk_status run_loop(trainer *t, const lk_train_opts *o, lk_train_result *r
         r->last_loss = loss;
         t->step++;
         double elapsed = now_s() - t0, per_step = elapsed / (double)(t->step - t->start_step);
-        if (!quiet)   /* the run's average rate: steady where one step's is noisy */
+        int due = tty || t->step == t->start_step + 1 || t->step % every == 0 || t->step == tc->steps;
+        if (!quiet && due)   /* the run's average rate: steady where one step's is noisy */
             progress(t, row, tokens_total / elapsed, per_step * (double)(tc->steps - t->step), tty, t->step == tc->steps);
         if (tc->save_every > 0 && t->step % tc->save_every == 0 && t->step < tc->steps) {
             if (t->world) lk_comm_watchdog_grace(10 * tc->comm_timeout_s);   /* the others wait for rank 0's write */
@@ -472,6 +558,18 @@ static lk_status run_loop(trainer *t, const lk_train_opts *o, lk_train_result *r
     return s;
 }
 
+/* model.init_from: the published weights over the random ones, every name and shape
+ * checked before any weight changes (lk_model_load_weights) and before any step. */
+static lk_status init_weights(trainer *t) {
+    lk_status s = lk_model_load_weights(t->model, t->tc->init_from);
+    if (s) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", lk_last_error());
+        return lk_error(s, "train: model.init_from %s: %s", t->tc->init_from, why);
+    }
+    return LK_OK;
+}
+
 lk_status lk_train_run(const lk_train_config *tc, const lk_ops_config *ops, const char *resume,
                        const lk_train_opts *opts, lk_train_result *result) {
     static const lk_train_opts none = {0};
@@ -484,8 +582,9 @@ lk_status lk_train_run(const lk_train_config *tc, const lk_ops_config *ops, cons
     if (watched && lk_comm_watchdog_arm(tc->comm_timeout_s, o->mesh->world->rank)) return lk_error(LK_EINVAL,
         "train: train.comm_timeout_s: expected 0 (off) .. 1e9 seconds, got %g", tc->comm_timeout_s);
     if (watched) lk_comm_watchdog_grace(10 * tc->comm_timeout_s);   /* ranks load and verify at their own pace */
-    lk_status s = trainer_init(&t, tc, ops, o->mesh, o->bucket_bytes);
+    lk_status s = trainer_init(&t, tc, ops, o->mesh, o->bucket_bytes, o->quiet);
     if (!s && resume) s = lk_trainer_resume(&t, resume);
+    else if (!s && tc->init_from[0]) s = init_weights(&t);
     if (!s && t.writer) s = lk_mkdirs(tc->out);   /* the run starts: only now is train.out created */
     if (t.world) s = dp_agree(&t, s);
     if (watched) lk_comm_watchdog_grace(0);
@@ -494,7 +593,8 @@ lk_status lk_train_run(const lk_train_config *tc, const lk_ops_config *ops, cons
     int finished = t.step == tc->steps;
     if (watched) lk_comm_watchdog_grace(10 * tc->comm_timeout_s);   /* rank 0 writes the last checkpoint */
     if (!s && finished && t.writer) s = lk_trainer_save(&t);
-    if (!s && finished && t.writer) s = lk_model_save(t.model, tc->out);   /* the final model: the output dir loads as one */
+    if (!s && finished && t.writer)   /* the final model: the output dir loads as one */
+        s = lk_model_save_sharded(t.model, tc->out, tc->max_shard_size);
     if (finished) s = dp_agree(&t, s);
     if (t.writer && (!s || t.step > 0)) {                          /* a stopped run still plots what it did */
         char why[512];

@@ -157,6 +157,38 @@ static void builders_follow_their_rules(void **state) {
     lk_block_mask_free(&a); lk_block_mask_free(&b);
 }
 
+/* A dense mask (another framework's predicate, evaluated) gives the blocks of the same
+ * predicate built directly, broadcast over heads; the bytes are copied. */
+static void dense_masks_are_their_predicate(void **state) {
+    (void)state;
+    enum { B = 2, H = 3, Q = 70, KV = 90 };
+    uint8_t *d = malloc((size_t)B * Q * KV);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t q = 0; q < Q; q++)
+            for (int64_t kv = 0; kv < KV; kv++) d[(b * Q + q) * KV + kv] = pattern(b, 1, q, kv, NULL) ? 7 : 0;
+    lk_block_mask m, ref;
+    int64_t dims[4] = {B, 1, Q, KV};
+    assert_int_equal(lk_block_mask_dense(d, dims, 16, 32, &m), LK_OK);
+    memset(d, 0, (size_t)B * Q * KV);                       /* the mask holds its own copy */
+    assert_int_equal(lk_block_mask_create(pattern, NULL, B, 1, Q, KV, 16, 32, &ref), LK_OK);
+    expect_consistent(&m);
+    expect_row_agrees(&m);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t q = 0; q < Q; q++)
+            for (int64_t kv = 0; kv < KV; kv++)
+                assert_int_equal(m.mask_mod(b, 2, q, kv, m.mask_ctx), pattern(b, 1, q, kv, NULL));
+    int64_t nq = m.num_q_blocks;
+    assert_memory_equal(m.kv_num_blocks, ref.kv_num_blocks, (size_t)B * nq * sizeof(int32_t));
+    assert_memory_equal(m.full_kv_num_blocks, ref.full_kv_num_blocks, (size_t)B * nq * sizeof(int32_t));
+    lk_block_mask_free(&m);
+    lk_block_mask_free(&ref);
+    int64_t bad[4] = {B, 0, Q, KV};
+    assert_int_equal(lk_block_mask_dense(d, bad, 0, 0, &m), LK_EINVAL);
+    assert_int_equal(lk_block_mask_dense(NULL, dims, 0, 0, &m), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "mask"));
+    free(d);
+}
+
 static void score_mods(void **state) {
     (void)state;
     float cap = 2.0f, g = 0.0f, slopes[2] = {0.5f, 0.25f};
@@ -244,6 +276,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(blocks_match_brute_force),
         cmocka_unit_test(builders_follow_their_rules),
+        cmocka_unit_test(dense_masks_are_their_predicate),
         cmocka_unit_test(score_mods),
         cmocka_unit_test(bad_arguments),
         cmocka_unit_test(impossible_sizes),

@@ -114,6 +114,60 @@ static void arena_aligns_tracks_peak_and_refuses_overflow(void **state) {
     lk_arena_free(&a);
 }
 
+/* A caller's allocator (python/llmkern's torch one): every block comes from it and goes
+ * back to it, growing frees the old block, NULL and misaligned memory are refused. */
+typedef struct { int allocs, frees; size_t last; int misalign, fail; void *raw[4]; } test_alloc;
+
+static void *test_alloc_fn(void *user, size_t bytes, int device) {
+    test_alloc *t = user;
+    assert_int_equal(device, LK_DEVICE_CPU);
+    if (t->fail) return NULL;
+    void *p = NULL;
+    if (posix_memalign(&p, LK_ARENA_ALIGN, bytes + LK_ARENA_ALIGN) != 0) return NULL;
+    t->raw[t->allocs % 4] = p;
+    t->allocs++, t->last = bytes;
+    return (unsigned char *)p + (t->misalign ? 8 : 0);
+}
+
+static void test_free_fn(void *user, void *ptr, int device) {
+    test_alloc *t = user;
+    (void)device;
+    t->frees++;
+    free((void *)((uintptr_t)ptr & ~(uintptr_t)(LK_ARENA_ALIGN - 1)));
+}
+
+static void arena_takes_the_callers_allocator(void **state) {
+    (void)state;
+    test_alloc t = {0};
+    lk_allocator al = {test_alloc_fn, test_free_fn, &t};
+    lk_arena a = {.allocator = &al};
+    assert_int_equal(lk_arena_reserve(&a, 1000), LK_OK);
+    assert_int_equal(t.allocs, 1);
+    assert_true(t.last >= 1000);
+    assert_non_null(lk_arena_alloc(&a, 1000));
+    lk_arena_release(&a, 0);
+    assert_int_equal(lk_arena_reserve(&a, 500), LK_OK);     /* fits: no second block */
+    assert_int_equal(t.allocs, 1);
+    assert_int_equal(lk_arena_reserve(&a, 5000), LK_OK);    /* grows: the old block goes back */
+    assert_int_equal(t.allocs, 2);
+    assert_int_equal(t.frees, 1);
+    lk_arena_free(&a);
+    assert_int_equal(t.frees, 2);
+    assert_ptr_equal(a.allocator, &al);                     /* kept for the next use */
+    t.fail = 1;
+    assert_int_equal(lk_arena_reserve(&a, 100), LK_ENOMEM);
+    assert_non_null(strstr(lk_last_error(), "allocator returned NULL"));
+    t.fail = 0, t.misalign = 1;
+    assert_int_equal(lk_arena_reserve(&a, 100), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "aligned"));
+    assert_int_equal(t.allocs, t.frees);                    /* the misaligned block went back */
+    assert_null(a.base);
+    lk_allocator half = {test_alloc_fn, NULL, &t};
+    a.allocator = &half;
+    assert_int_equal(lk_arena_reserve(&a, 100), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "free NULL"));
+}
+
 static void rng_is_the_same_whatever_the_thread_count(void **state) {
     (void)state;
     enum { N = 300007 };
@@ -198,6 +252,7 @@ int main(void) {
         cmocka_unit_test(f16_edge_cases),
         cmocka_unit_test(tensor_views_and_shapes),
         cmocka_unit_test(arena_aligns_tracks_peak_and_refuses_overflow),
+        cmocka_unit_test(arena_takes_the_callers_allocator),
         cmocka_unit_test(rng_is_the_same_whatever_the_thread_count),
         cmocka_unit_test(errors_are_per_thread),
         cmocka_unit_test(checked_sizes_refuse_what_wraps),

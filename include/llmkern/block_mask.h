@@ -116,6 +116,12 @@ lk_status lk_block_mask_document_cu(const int32_t *cu_seqlens, int64_t n_docs, i
 /* From per-token document ids, doc[B * LEN] (copied); self-attention (q and kv share them). */
 lk_status lk_block_mask_document_ids(const int32_t *doc, int causal, int64_t B, int64_t H, int64_t LEN,
                                      int64_t q_block, int64_t kv_block, lk_block_mask *out);
+/* A predicate known only element by element: dense [B, H, Q_LEN, KV_LEN] bytes
+ * (dims = {B, H, Q_LEN, KV_LEN}; B and H may be 1 to broadcast), nonzero = visible, as
+ * another framework's mask evaluates to (a PyTorch BlockMask's mask_mod over every
+ * element: python/llmkern). The bytes are copied; the blocks are classified from them. */
+lk_status lk_block_mask_dense(const uint8_t *mask, const int64_t dims[4], int64_t q_block, int64_t kv_block,
+                              lk_block_mask *out);
 /* x AND y / x OR y over the same [B, H, Q_LEN, KV_LEN] (broadcast dims may differ: the
  * result has the larger). x and y must outlive *out (their predicates are borrowed). */
 lk_status lk_block_mask_and(const lk_block_mask *x, const lk_block_mask *y, lk_block_mask *out);

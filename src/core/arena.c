@@ -1,5 +1,7 @@
 /* arena.c — the workspace arena (see arena.h): host memory, or device memory from
- * cudaMalloc when arena->device is LK_DEVICE_CUDA (built with CUDA only). */
+ * cudaMalloc when arena->device is LK_DEVICE_CUDA (built with CUDA only), or either from
+ * the caller's allocator when arena->allocator is set. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include "llmkern/arena.h"
@@ -25,6 +27,10 @@ static lk_status device_alloc(void **p, size_t bytes) {
 }
 
 static void block_free(lk_arena *a) {
+    if (a->allocator) {
+        if (a->base) a->allocator->free(a->allocator->user, a->base, a->device);
+        return;
+    }
 #ifdef LLMKERN_HAVE_CUDA
     if (a->device == LK_DEVICE_CUDA) {
         if (a->base) cudaFree(a->base);
@@ -43,7 +49,19 @@ lk_status lk_arena_reserve(lk_arena *a, size_t bytes) {
         return lk_error(LK_ENOMEM, "arena: cannot grow to %zu bytes while %zu are handed out "
                         "(reserve before the first allocation)", need, a->used);
     void *p = NULL;
-    if (a->device == LK_DEVICE_CUDA) {
+    if (a->allocator) {
+        if (a->allocator->alloc == NULL || a->allocator->free == NULL)
+            return lk_error(LK_EINVAL, "arena: allocator: expected alloc and free, got %s NULL",
+                            a->allocator->alloc == NULL ? "alloc" : "free");
+        p = a->allocator->alloc(a->allocator->user, need, a->device);
+        if (p == NULL)
+            return lk_error(LK_ENOMEM, "arena: the caller's allocator returned NULL for %zu bytes", need);
+        if ((uintptr_t)p % LK_ARENA_ALIGN != 0) {
+            a->allocator->free(a->allocator->user, p, a->device);
+            return lk_error(LK_EINVAL, "arena: the caller's allocator: expected %d-byte aligned memory, got %p",
+                            LK_ARENA_ALIGN, p);
+        }
+    } else if (a->device == LK_DEVICE_CUDA) {
         lk_status s = device_alloc(&p, need);
         if (s) return s;
     } else if (posix_memalign(&p, LK_ARENA_ALIGN, need) != 0) {
@@ -72,7 +90,9 @@ void lk_arena_release(lk_arena *a, size_t mark) {
 
 void lk_arena_free(lk_arena *a) {
     int device = a->device;
+    const lk_allocator *allocator = a->allocator;
     block_free(a);
     memset(a, 0, sizeof *a);
     a->device = device;
+    a->allocator = allocator;
 }

@@ -321,6 +321,39 @@ lk_status lk_block_mask_document_ids(const int32_t *doc, int causal, int64_t B, 
     return build_owned(lk_mask_document, row_document, c, B, H, LEN, LEN, q_block, kv_block, out);
 }
 
+/* The dense predicate: the bytes follow the context in the same allocation. */
+typedef struct { int64_t B, H, Q, KV; const uint8_t *m; } dense_ctx;
+
+static const uint8_t *dense_row(const dense_ctx *c, int64_t b, int64_t h, int64_t q) {
+    return c->m + (((c->B == 1 ? 0 : b) * c->H + (c->H == 1 ? 0 : h)) * c->Q + q) * c->KV;
+}
+
+static bool mask_dense(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const void *ctx) {
+    return dense_row(ctx, b, h, q_idx)[kv_idx] != 0;
+}
+
+static void row_dense(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint8_t *out, const void *ctx) {
+    const uint8_t *r = dense_row(ctx, b, h, q) + kv0;
+    for (int64_t j = 0; j < n; j++) out[j] = r[j] != 0;
+}
+
+lk_status lk_block_mask_dense(const uint8_t *mask, const int64_t dims[4], int64_t q_block, int64_t kv_block,
+                              lk_block_mask *out) {
+    if (!mask || !dims) return lk_error(LK_EINVAL, "block_mask: %s: expected a pointer, got NULL", mask ? "dims" : "mask");
+    mask_sizes z;
+    lk_status s = check_sizes(dims[0], dims[1], dims[2], dims[3], q_block ? q_block : LK_BLOCK_MASK_DEFAULT_BLOCK,
+                              kv_block ? kv_block : LK_BLOCK_MASK_DEFAULT_BLOCK, &z);   /* before the bytes are copied */
+    if (s) return s;
+    int64_t n;
+    size_t bytes;
+    if ((s = lk_checked_prod("block_mask: mask: B x H x Q_LEN x KV_LEN", dims, 4, &n)) ||
+        (s = lk_checked_bytes("block_mask: mask", n, 1, &bytes)))
+        return s;
+    dense_ctx *c = ctx_with(sizeof *c, mask, bytes);
+    if (c) *c = (dense_ctx){dims[0], dims[1], dims[2], dims[3], (const uint8_t *)(c + 1)};
+    return build_owned(mask_dense, row_dense, c, dims[0], dims[1], dims[2], dims[3], q_block, kv_block, out);
+}
+
 static lk_status combine(lk_mask_fn fn, const lk_block_mask *x, const lk_block_mask *y, lk_block_mask *out) {
     if (!x || !y || !x->mask_mod || !y->mask_mod)
         return lk_error(LK_EINVAL, "block_mask: %s: expected a built mask, got none", !x || !x->mask_mod ? "x" : "y");

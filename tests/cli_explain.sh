@@ -38,7 +38,7 @@ for var in LLMKERN_USE_FUSED VEOMNI_USE_LIGER_KERNEL; do
   expect "override shows ($var)" "$out" "\"module\": \"layers.0.input_layernorm\".*\"source\": \"override $tmp/cfg.yaml:5:62\".*\"impl\": \"eager_fp32\""
 done
 out=$(clean_env "$bin" explain --config "$tmp/cfg.yaml")
-expect "text override row" "$out" 'rms_norm @ layers.0.input_layernorm +eager_fp32'
+expect "text override row" "$out" '^  layers\.0\.input_layernorm +rms_norm +eager_fp32 +eager_fp32 +config_finalize +override( |$)'
 
 printf 'model:\n  ops_implementation:\n    rms_norm_implementation: fusde\n' >"$tmp/bad.yaml"
 out=$(clean_env "$bin" explain --config "$tmp/bad.yaml" 2>&1); rc=$?
@@ -86,7 +86,9 @@ done
 expect "nemo fake gate" "$(row moe_router "$out")" \
   "\"requested\": \"fake_balanced\", \"source\": \"config $tmp/nemo.yaml:[0-9]+:25 \(model.backend.fake_balanced_gate: true\); fake_gate_noise 0.3 at $tmp/nemo.yaml:[0-9]+:22 \(model.backend.fake_gate_noise\); gate_precision float32 at $tmp/nemo.yaml:[0-9]+:21 \(model.backend.gate_precision\)\".*\"impl\": \"fake_balanced\""
 out=$(clean_env "$bin" explain --config "$tmp/nemo.yaml")
-expect "nemo text row" "$out" '^rms_norm +torch_fp32 +config .*; torch_fp32 \(NeMo AutoModel\) = eager_fp32 +eager_fp32 +eager_fp32/cpu +config_finalize'
+expect "nemo text row" "$out" '^rms_norm +torch_fp32 +eager_fp32 +config_finalize +config( |$)'
+expect "nemo text source" "$(tr -s ' \n' '  ' <<<"$out")" \
+  'rms_norm torch_fp32 eager_fp32 config_finalize config [^ ]*:[0-9]+:[0-9]+ \(model\.backend\.rms_norm\); torch_fp32 \(NeMo AutoModel\) = eager_fp32 rope '
 nemo "$tmp/nemo2.yaml" "attn: eager" "experts: gmm" "rms_norm: torch" "rope_fusion: true" "gate_precision: torch.float32"
 out=$(clean_env "$bin" explain --json --config "$tmp/nemo2.yaml")
 expect "nemo eager is eager" "$(row attention "$out")" '"requested": "eager", .*"impl": "eager"'

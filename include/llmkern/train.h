@@ -119,12 +119,23 @@ lk_status lk_train_config_init_from(lk_train_config *tc, const char *dir);
 
 /* --- the training loop ------------------------------------------------------------------- */
 struct lk_model;
+/* One step's numbers, the ones its progress line shows (lk_train_opts.on_step). */
+typedef struct {
+    int64_t step, steps;         /* updates done (1-based) and the run's total */
+    double loss, lr, grad_norm;  /* grad_norm before clipping */
+    double tokens_per_s;         /* the run's average rate so far */
+    double eta_s;                /* the remaining steps at that rate */
+} lk_train_step;
+
 typedef struct {
     int quiet;                   /* no progress output */
     /* Called before each step's first forward (tests inject faults through it). */
     void (*before_step)(void *user, int64_t step, struct lk_model *m);
     /* Called with each step's loss before it is checked (tests turn it into NaN). */
     void (*after_loss)(void *user, int64_t step, double *loss);
+    /* Called after each step, on the rank that writes (rank 0), with its numbers
+     * (`llmkern train --json` prints them; with quiet set, instead of the line). */
+    void (*on_step)(void *user, const lk_train_step *st);
     void *user;
     float *loss_log;             /* loss_log[step] = that step's loss, for step < loss_log_cap */
     float *grad_norm_log;        /* optional: the step's gradient norm (before clipping), likewise */

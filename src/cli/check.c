@@ -1,6 +1,7 @@
 /* check.c — `llmkern check [--op N]`: every implementation available here, in every
  * dtype its op's harness runs, against the float64 reference on fresh random inputs.
- * Rows: {op, impl, dtype, shape, max_rel_err, tol, pass}. Exit status 1 if any fails. */
+ * Rows (a table, or --json): {op, impl, dtype, shape, max_rel_err, tol, pass}; a table is
+ * printed once every check has run. Exit status 1 if any fails. */
 #include <string.h>
 #include "cli/cli.h"
 
@@ -10,13 +11,15 @@ static int wanted_dtype(const cli_opts *o, lk_dtype dt) {
 }
 
 int cli_check(const cli_opts *o) {
-    int sel[LK_OP_COUNT], first = 1, failed = 0, ran = 0;
+    static const char *const head[] = {"OP", "IMPL", "DTYPE", "SHAPE", "MAX_REL_ERR", "TOL", "RESULT"};
+    int sel[LK_OP_COUNT], failed = 0, ran = 0;
     lk_dtype dt_check;
     if (!cli_ops(o->op, sel)) return 2;
     if (o->dtype && lk_dtype_parse(o->dtype, &dt_check)) return cli_fail("check", LK_EINVAL);
-    if (!o->json)
-        printf("%-12s %-12s %-5s %-12s %-12s %-9s %s\n", "OP", "IMPL", "DTYPE", "SHAPE", "MAX_REL_ERR",
-               "TOL", "RESULT");
+    cli_json j;
+    cli_table t;
+    if (o->json) cli_json_begin(&j, stdout);
+    else cli_table_init(&t, 7, head, 0);
     for (int i = 0; i < lk_impl_count(); i++) {
         const lk_impl *impl = lk_impl_at(i);
         const lk_harness *h = lk_harness_get(impl->op);
@@ -30,27 +33,37 @@ int cli_check(const cli_opts *o) {
             for (int k = 0; k < h->n_check_shapes; k++) {
                 lk_check_row r;
                 lk_status s = h->check(impl, (lk_dtype)dt, &h->check_shapes[k], o->seed + (unsigned)k, &r);
-                if (s) return cli_fail("check", s);
+                if (s) {
+                    if (!o->json) cli_table_free(&t);
+                    return cli_fail("check", s);
+                }
                 ran++;
                 failed += !r.pass;
                 if (o->json) {
-                    printf("%s\n  {\"op\": ", first ? "[" : ",");
-                    json_str(stdout, r.op);
-                    printf(", \"impl\": "); json_str(stdout, r.impl);
-                    printf(", \"dtype\": "); json_str(stdout, r.dtype);
-                    printf(", \"shape\": "); json_str(stdout, r.shape);
-                    printf(", \"max_rel_err\": %.3e, \"tol\": %.1e, \"pass\": %s}", r.max_rel_err, r.tol,
-                           r.pass ? "true" : "false");
+                    cli_json_object(&j, NULL);
+                    cli_json_str(&j, "op", r.op);
+                    cli_json_str(&j, "impl", r.impl);
+                    cli_json_str(&j, "dtype", r.dtype);
+                    cli_json_str(&j, "shape", r.shape);
+                    cli_json_num(&j, "max_rel_err", "%.3e", r.max_rel_err);
+                    cli_json_num(&j, "tol", "%.1e", r.tol);
+                    cli_json_bool(&j, "pass", r.pass);
+                    cli_json_close(&j);
                 } else {
-                    printf("%-12s %-12s %-5s %-12s %-12.3e %-9.1e %s\n", r.op, r.impl, r.dtype, r.shape,
-                           r.max_rel_err, r.tol, r.pass ? "pass" : "FAIL");
+                    char err[32], tol[32];
+                    snprintf(err, sizeof err, "%.3e", r.max_rel_err);
+                    snprintf(tol, sizeof tol, "%.1e", r.tol);
+                    cli_table_add(&t, (const char *[]){r.op, r.impl, r.dtype, r.shape, err, tol, r.pass ? "pass" : "FAIL"});
                 }
-                first = 0;
             }
         }
     }
-    if (o->json) printf("%s]\n", first ? "[" : "\n");
-    else printf("\n%d checks, %d failed\n", ran, failed);
+    if (o->json) cli_json_end(&j);
+    else {
+        lk_status s = cli_table_print(&t, stdout, 0);
+        if (s) return cli_fail("check", s);
+        printf("\n%d checks, %d failed\n", ran, failed);
+    }
     if (ran == 0) {
         fprintf(stderr, "llmkern check: no implementation matched the options\n");
         return 2;

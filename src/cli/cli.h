@@ -1,5 +1,5 @@
-/* cli.h — the llmkern command's pieces: one file per command, and the small
- * option parser and JSON writer they share. */
+/* cli.h — the llmkern command's pieces: one file per command, and what they share:
+ * the option parser's result, the JSON writer (json.c) and the table printer (table.c). */
 #ifndef LLMKERN_CLI_H
 #define LLMKERN_CLI_H
 
@@ -15,6 +15,9 @@ typedef struct {
     const char *impl;       /* --impl NAME */
     const char *dtype;      /* --dtype f32 */
     const char *size;       /* --size 8192x4096 */
+    const char *mask;       /* bench --mask document (attention) */
+    const char *kv_heads;   /* bench --kv-heads 2 (attention) */
+    const char *block;      /* bench --block 64 (attention's BlockMask) */
     unsigned long long seed;
     const char *out;        /* train --out DIR */
     const char *resume;     /* train --resume DIR */
@@ -31,8 +34,51 @@ int cli_train(const cli_opts *o);
 
 /* Prints the error of a failed call and returns the exit status 2. */
 int cli_fail(const char *what, lk_status s);
-/* Writes s as a JSON string. */
-void json_str(FILE *f, const char *s);
+
+/* --- the JSON writer (json.c): every command's --json --------------------------------- */
+typedef struct {
+    FILE *f;
+    int in_array;           /* objects go one a line inside "[" ... "]" */
+    int items, keys;        /* objects written so far, keys of the open object */
+} cli_json;
+/* Writes s (NULL: "") as a JSON string: quote, backslash and control characters
+ * escaped, bytes that are not UTF-8 written as U+FFFD. */
+void cli_json_string(FILE *f, const char *s);
+/* "[" ... "\n]\n": an array of objects, one a line. */
+void cli_json_begin(cli_json *j, FILE *f);
+void cli_json_end(cli_json *j);
+/* Opens an object: the array's next one (f NULL), or a bare one on f ("{...}\n"). */
+void cli_json_object(cli_json *j, FILE *f);
+void cli_json_close(cli_json *j);
+/* One member of the open object; fmt is a printf format of one double, and a value
+ * that is not finite is written as null. */
+void cli_json_str(cli_json *j, const char *key, const char *v);
+void cli_json_num(cli_json *j, const char *key, const char *fmt, double v);
+void cli_json_int(cli_json *j, const char *key, long long v);
+void cli_json_bool(cli_json *j, const char *key, int v);
+
+/* --- the table printer (table.c): every command's text output -------------------------- */
+#define CLI_WIDTH 120           /* every line of list and explain fits (tests/cli_output.sh) */
+#define CLI_TABLE_COLS 12
+typedef struct {
+    int ncol;
+    const char *head[CLI_TABLE_COLS];  /* head[0] NULL: no header line */
+    unsigned right;                    /* bit c set: column c right-aligned (numbers) */
+    int nrow, cap, oom;
+    char **cell;                       /* nrow x ncol copies, owned */
+} cli_table;
+void cli_table_init(cli_table *t, int ncol, const char *const *head, unsigned right);
+/* Appends a copy of one row of ncol cells (NULL cells are empty). */
+void cli_table_add(cli_table *t, const char *const *cells);
+/* Prints the table indented by indent (widths measured from its rows, the last column
+ * wrapped within CLI_WIDTH, no trailing spaces) and frees it; LK_ENOMEM when a row
+ * could not be kept. */
+lk_status cli_table_print(cli_table *t, FILE *f, int indent);
+void cli_table_free(cli_table *t);
+/* Prints text wrapped within CLI_WIDTH: its first line indented by indent, the others
+ * by hang. */
+void cli_text(FILE *f, int indent, int hang, const char *text);
+
 /* The ops --op selects (all when NULL); 0 and a message when the name is unknown. */
 int cli_ops(const char *name, int selected[LK_OP_COUNT]);
 

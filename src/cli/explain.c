@@ -3,9 +3,12 @@
  * on the device --device names, else the config's train.device, else the CPU) and
  * prints, per op (and per overridden module), the requested value and its source, the
  * resolved name, the bound implementation, the stage that bound it and any
- * fallback. Rows: {op, module, requested, source, resolved, impl, stage, fallback}. The
- * source also says what another system's name (NeMo AutoModel's model.backend) resolved
- * to, and the MoE router row the router options (fake_gate_noise, gate_precision). */
+ * fallback. The source also says what another system's name (NeMo AutoModel's
+ * model.backend) resolved to, and the MoE router row the router options (fake_gate_noise,
+ * gate_precision).
+ * Text: the environment table, then tables (table.c) of the op-wide bindings, the
+ * per-module overrides and the fallbacks, each only when it has rows.
+ * --json: {op, module, requested, source, resolved, impl, stage, fallback} per binding. */
 #include <string.h>
 #include "cli/cli.h"
 #include "llmkern/train.h"
@@ -29,29 +32,73 @@ static void source_text(const lk_binding *b, const lk_ops_config *cfg, char *buf
                                   opt[i]->where[0] ? opt[i]->where : "set from code");
 }
 
-static void print_row(const cli_opts *o, const lk_ops_config *cfg, const lk_binding *b, int first) {
-    char src[640], impl[80];
-    const char *op = lk_op_info_get(b->op)->name;
+static void json_row(cli_json *j, const lk_ops_config *cfg, const lk_binding *b) {
+    char src[640];
     source_text(b, cfg, src, sizeof src);
-    snprintf(impl, sizeof impl, "%s%s%s", b->impl ? b->impl->name : "-", b->impl ? "/" : "",
-             b->impl ? lk_device_name(b->impl->device) : "");
-    if (o->json) {
-        printf("%s\n  {\"op\": ", first ? "[" : ",");
-        json_str(stdout, op);
-        printf(", \"module\": "); json_str(stdout, b->module);
-        printf(", \"requested\": "); json_str(stdout, b->requested);
-        printf(", \"source\": "); json_str(stdout, src);
-        printf(", \"resolved\": "); json_str(stdout, b->resolved);
-        printf(", \"impl\": "); json_str(stdout, b->impl ? b->impl->name : "");
-        printf(", \"stage\": "); json_str(stdout, lk_stage_name(b->stage));
-        printf(", \"fallback\": "); json_str(stdout, b->fallback);
-        printf("}");
-    } else {
-        char name[140];
-        snprintf(name, sizeof name, "%s%s%s", op, b->module[0] ? " @ " : "", b->module);
-        printf("%-36s %-18s %-32s %-34s %-14s %-16s %s\n", name, b->requested, src, b->resolved, impl,
-               lk_stage_name(b->stage), b->fallback);
+    cli_json_object(j, NULL);
+    cli_json_str(j, "op", lk_op_info_get(b->op)->name);
+    cli_json_str(j, "module", b->module);
+    cli_json_str(j, "requested", b->requested);
+    cli_json_str(j, "source", src);
+    cli_json_str(j, "resolved", b->resolved);
+    cli_json_str(j, "impl", b->impl ? b->impl->name : "");
+    cli_json_str(j, "stage", lk_stage_name(b->stage));
+    cli_json_str(j, "fallback", b->fallback);
+    cli_json_close(j);
+}
+
+/* A binding as a table row: [module,] op, requested, impl, stage, source. The device is
+ * the table's (said above it): every binding is on it. */
+static void text_row(cli_table *t, const lk_ops_config *cfg, const lk_binding *b, int with_module) {
+    char src[640];
+    const char *op = lk_op_info_get(b->op)->name, *impl = b->impl ? b->impl->name : "none";
+    source_text(b, cfg, src, sizeof src);
+    if (with_module) cli_table_add(t, (const char *[]){b->module, op, b->requested, impl, lk_stage_name(b->stage), src});
+    else cli_table_add(t, (const char *[]){op, b->requested, impl, lk_stage_name(b->stage), src});
+}
+
+static lk_status print_text(const cli_opts *o, const lk_ops_config *cfg, const lk_op_table *table) {
+    static const char *const env_head[] = {NULL}, *const head[] = {"OP", "REQUESTED", "IMPL", "STAGE", "SOURCE"},
+                             *const mod_head[] = {"MODULE", "OP", "REQUESTED", "IMPL", "STAGE", "SOURCE"},
+                             *const fb_head[] = {"OP", "FALLBACK"};
+    cli_table t;
+    lk_status s;
+    printf("environment (src/config/env.c):\n");
+    cli_table_init(&t, 3, env_head, 0);
+    for (int i = 0; i < LK_ENV_COUNT; i++) {
+        const lk_env_var *v = lk_env_var_get((lk_env_id)i);
+        const lk_env_value *e = lk_env((lk_env_id)i);
+        char value[96], how[256];
+        snprintf(value, sizeof value, "= %s", e->value);
+        if (e->set_by[0]) snprintf(how, sizeof how, "set by %s", e->set_by);
+        else snprintf(how, sizeof how, "default (alias %s)", v->alias);
+        cli_table_add(&t, (const char *[]){v->name, value, how});
     }
+    if ((s = cli_table_print(&t, stdout, 2))) return s;
+    char line[1200];
+    snprintf(line, sizeof line, "model family %s, device %s%s%s", table->family->name, lk_device_name(table->device),
+             o->config ? ", config " : "", o->config ? o->config : "");
+    printf("\n");
+    cli_text(stdout, 0, 4, line);
+    printf("\n");
+    cli_table_init(&t, 5, head, 0);
+    for (int op = 0; op < LK_OP_COUNT; op++) text_row(&t, cfg, &table->op[op], 0);
+    if ((s = cli_table_print(&t, stdout, 0))) return s;
+    if (table->n_module) {
+        printf("\nper-module overrides (%d):\n", table->n_module);
+        cli_table_init(&t, 6, mod_head, 0);
+        for (int i = 0; i < table->n_module; i++) text_row(&t, cfg, &table->module[i], 1);
+        if ((s = cli_table_print(&t, stdout, 2))) return s;
+    }
+    cli_table_init(&t, 2, fb_head, 0);
+    for (int i = 0; i < LK_OP_COUNT + table->n_module; i++) {
+        const lk_binding *b = i < LK_OP_COUNT ? &table->op[i] : &table->module[i - LK_OP_COUNT];
+        char name[200];
+        snprintf(name, sizeof name, "%s%s%s", lk_op_info_get(b->op)->name, b->module[0] ? " @ " : "", b->module);
+        if (b->fallback[0]) cli_table_add(&t, (const char *[]){name, b->fallback});
+    }
+    if (t.nrow) printf("\nfallbacks (%d), defaults that cannot run here:\n", t.nrow);
+    return t.nrow ? cli_table_print(&t, stdout, 2) : (cli_table_free(&t), LK_OK);
 }
 
 int cli_explain(const cli_opts *o) {
@@ -71,22 +118,11 @@ int cli_explain(const cli_opts *o) {
     const char *family = o->family ? o->family : tc.has_model && tc.model.moe ? "qwen3_moe" : "qwen3";
     if ((s = lk_model_build(&cfg, family, &table))) return cli_fail("explain", s);
 
-    if (!o->json) {
-        printf("environment (src/config/env.c):\n");
-        for (int i = 0; i < LK_ENV_COUNT; i++) {
-            const lk_env_var *v = lk_env_var_get((lk_env_id)i);
-            const lk_env_value *e = lk_env((lk_env_id)i);
-            printf("  %-26s = %-10s %s (alias %s)\n", v->name, e->value,
-                   e->set_by[0] ? "set by" : "default", e->set_by[0] ? e->set_by : v->alias);
-        }
-        printf("\nmodel family %s, device %s%s%s\n\n", table.family->name, lk_device_name(table.device),
-               o->config ? ", config " : "", o->config ? o->config : "");
-        printf("%-36s %-18s %-32s %-34s %-14s %-16s %s\n", "OP", "REQUESTED", "SOURCE", "RESOLVED",
-               "IMPL", "STAGE", "FALLBACK");
-    }
-    int first = 1;
-    for (int op = 0; op < LK_OP_COUNT; op++, first = 0) print_row(o, &cfg, &table.op[op], first);
-    for (int i = 0; i < table.n_module; i++) print_row(o, &cfg, &table.module[i], 0);
-    if (o->json) printf("\n]\n");
+    if (!o->json) return (s = print_text(o, &cfg, &table)) ? cli_fail("explain", s) : 0;
+    cli_json j;
+    cli_json_begin(&j, stdout);
+    for (int op = 0; op < LK_OP_COUNT; op++) json_row(&j, &cfg, &table.op[op]);
+    for (int i = 0; i < table.n_module; i++) json_row(&j, &cfg, &table.module[i]);
+    cli_json_end(&j);
     return 0;
 }

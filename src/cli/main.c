@@ -1,5 +1,6 @@
 /* main.c — the llmkern command.
- *   llmkern list | explain [--config F] [--device cpu|cuda] | check [--op N] | bench [--op N] [--size 8192x4096]
+ *   llmkern list | explain [--config F] [--device cpu|cuda] | check [--op N]
+ *         | bench [--op N] [--size 8192x4096] [--mask M] [--kv-heads H] [--block N]
  *         | train --config F [--steps N] [--out DIR] [--resume DIR] [--init DIR] [--device cpu|cuda]
  * Every command takes --json. Exit status: 0 ok, 1 a check failed, 2 bad usage or error. */
 #include <errno.h>
@@ -17,26 +18,18 @@ static const char usage[] =
     "  check   [--op N] [--impl N] [--dtype D] [--seed S]\n"
     "                          every available implementation against the float64 reference\n"
     "  bench   [--op N] [--impl N] [--dtype D] [--size AxB]\n"
-    "                          copy bandwidth and GEMM rate, then every implementation's passes\n"
+    "          [--mask none|causal|sliding|prefix_lm|document] [--kv-heads H] [--block N]\n"
+    "                          copy bandwidth and GEMM rate, then every implementation's passes;\n"
+    "                          attention: --size BxHxSxD, --mask (causal unless given), --kv-heads\n"
+    "                          (GQA, default H), --block (the BlockMask's, default 128)\n"
     "  train   --config F [--steps N] [--out DIR] [--resume DIR] [--init DIR] [--device cpu|cuda]\n"
     "                          train the config's model, checkpoints and loss plot in DIR;\n"
     "                          --init: start from a Hugging Face checkpoint directory\n"
-    "options: --json           rows as JSON\n";
+    "options: --json           rows as JSON (train: one object per step)\n";
 
 int cli_fail(const char *what, lk_status s) {
     fprintf(stderr, "llmkern %s: %s (%s)\n", what, lk_last_error(), lk_status_name(s));
     return 2;
-}
-
-void json_str(FILE *f, const char *s) {
-    fputc('"', f);
-    for (; s && *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
-        else if (c < 0x20) fprintf(f, "\\u%04x", c);
-        else fputc(c, f);
-    }
-    fputc('"', f);
 }
 
 int cli_ops(const char *name, int selected[LK_OP_COUNT]) {
@@ -74,6 +67,9 @@ int main(int argc, char **argv) {
                           : strcmp(a, "--impl") == 0   ? &o.impl
                           : strcmp(a, "--dtype") == 0  ? &o.dtype
                           : strcmp(a, "--size") == 0   ? &o.size
+                          : strcmp(a, "--mask") == 0   ? &o.mask
+                          : strcmp(a, "--kv-heads") == 0 ? &o.kv_heads
+                          : strcmp(a, "--block") == 0  ? &o.block
                           : strcmp(a, "--out") == 0    ? &o.out
                           : strcmp(a, "--resume") == 0 ? &o.resume
                           : strcmp(a, "--init") == 0   ? &o.init

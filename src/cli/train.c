@@ -6,7 +6,9 @@
  *
  * Under mpirun (`mpirun -np N llmkern train ...`, an MPI build) the config's parallel:
  * mesh is built over the world before any work (one that does not divide N: exit 2) and
- * the run is data-, sequence- and expert-parallel over it; rank 0 prints and writes. */
+ * the run is data-, sequence- and expert-parallel over it; rank 0 prints and writes.
+ * --json: stdout holds one JSON object per step ({step, steps, loss, lr, grad_norm,
+ * tokens_per_s, eta_s}, JSON Lines) and the opening and closing lines go to stderr. */
 #include <stdlib.h>
 #include <string.h>
 #include "cli/cli.h"
@@ -57,22 +59,38 @@ int cli_train(const cli_opts *o) {
     return rc;
 }
 
+/* --json: one object per step on stdout (JSON Lines), through the writer of json.c. */
+static void json_step(void *user, const lk_train_step *st) {
+    cli_json j;
+    cli_json_object(&j, stdout);
+    cli_json_int(&j, "step", st->step);
+    cli_json_int(&j, "steps", st->steps);
+    cli_json_num(&j, "loss", "%.6g", st->loss);
+    cli_json_num(&j, "lr", "%.6g", st->lr);
+    cli_json_num(&j, "grad_norm", "%.6g", st->grad_norm);
+    cli_json_num(&j, "tokens_per_s", "%.1f", st->tokens_per_s);
+    cli_json_num(&j, "eta_s", "%.1f", st->eta_s);
+    cli_json_close(&j);
+    fflush(stdout);
+}
+
 static int run(const cli_opts *o, const lk_train_config *tc, lk_ops_config *ops, const lk_mesh *mesh) {
     int rank0 = mesh == NULL || mesh->world->rank == 0;
-    if (rank0) printf("training %s (%lld layers, hidden %lld, %lld experts) on %s for %lld steps of %lld x %lld tokens",
+    FILE *say = o->json ? stderr : stdout;   /* --json: stdout holds the step objects alone */
+    if (rank0) fprintf(say, "training %s (%lld layers, hidden %lld, %lld experts) on %s for %lld steps of %lld x %lld tokens",
            tc->model.moe ? "Qwen3-MoE" : "Qwen3", (long long)tc->model.num_hidden_layers, (long long)tc->model.hidden_size,
            (long long)(tc->model.moe ? tc->model.num_experts : 0), lk_device_name(tc->device), (long long)tc->steps,
            (long long)tc->batch_size, (long long)tc->seq_len);
-    if (rank0 && tc->grad_accum > 1) printf(" x %lld micro-batches", (long long)tc->grad_accum);
+    if (rank0 && tc->grad_accum > 1) fprintf(say, " x %lld micro-batches", (long long)tc->grad_accum);
     if (rank0 && mesh)
-        printf(" on %d ranks (dp %d x sp %d, ep %d)", mesh->world->size, mesh->dp_size, mesh->sp_size, mesh->ep_size);
-    if (rank0 && tc->init_from[0] && !o->resume) printf(" from %s", tc->init_from);
-    if (rank0) printf(" into %s%s%s\n", tc->out, o->resume ? ", resuming from " : "", o->resume ? o->resume : "");
+        fprintf(say, " on %d ranks (dp %d x sp %d, ep %d)", mesh->world->size, mesh->dp_size, mesh->sp_size, mesh->ep_size);
+    if (rank0 && tc->init_from[0] && !o->resume) fprintf(say, " from %s", tc->init_from);
+    if (rank0) fprintf(say, " into %s%s%s\n", tc->out, o->resume ? ", resuming from " : "", o->resume ? o->resume : "");
     lk_train_result r;
-    lk_train_opts opts = {.mesh = mesh};
+    lk_train_opts opts = {.mesh = mesh, .quiet = o->json, .on_step = o->json ? json_step : NULL};
     lk_status s = lk_train_run(tc, ops, o->resume, &opts, &r);
     if (s) return cli_fail("train", s);
-    if (rank0) printf("done: steps %lld..%lld, loss %.4f -> %.4f (mean of the last %lld steps %.4f), %.1f s, %.0f tokens/s;\n"
+    if (rank0) fprintf(say, "done: steps %lld..%lld, loss %.4f -> %.4f (mean of the last %lld steps %.4f), %.1f s, %.0f tokens/s;\n"
            "checkpoint %s; model, loss.csv, loss.png in %s\n", (long long)r.first_step + 1, (long long)r.steps_done,
            r.first_loss, r.last_loss, (long long)(r.steps_done < 10 ? r.steps_done : 10), r.tail_loss, r.seconds,
            r.tokens_per_s, r.last_checkpoint, tc->out);

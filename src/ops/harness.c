@@ -47,12 +47,13 @@ lk_status lk_shape_parse(const char *text, lk_shape *s) {
         char *end;
         long long v = strtoll(p, &end, 10);
         if (end == p || v <= 0 || out.ndim == LK_MAX_DIMS || (*end && *end != 'x' && *end != ','))
-            return lk_error(LK_EINVAL, "size: expected dims joined by 'x' such as 8192x4096, got '%s'", text);
+            return lk_error(LK_EINVAL, "--size: expected positive integers joined by 'x' such as 8192x4096, got '%s'",
+                            text);
         out.d[out.ndim++] = v;
         p = *end ? end + 1 : end;
     }
     if (out.ndim == 0)
-        return lk_error(LK_EINVAL, "size: expected dims joined by 'x' such as 8192x4096, got '%s'",
+        return lk_error(LK_EINVAL, "--size: expected positive integers joined by 'x' such as 8192x4096, got '%s'",
                         text ? text : "(null)");
     *s = out;
     return LK_OK;

@@ -19,8 +19,19 @@ typedef struct {
     int pass;
 } lk_check_row;
 
+/* A named parameter of a bench row's case beyond its shape (attention's mask=document
+ * hkv=2 blk=64 density=0.079): the CLI prints name=value, and --json a member of that name. */
+typedef struct {
+    char name[12];
+    char text[24];          /* a word, or "" when the value is the number */
+    double value;
+} lk_bench_param;
+#define LK_BENCH_PARAMS 6
+
 typedef struct {
     char op[32], impl[48], device[8], dtype[8], shape[64], pass[8];  /* pass: fwd, bwd, fwd+bwd */
+    lk_bench_param param[LK_BENCH_PARAMS];
+    int nparam;
     double ms, gbps, gflops, ceiling_fraction;
     size_t peak_bytes;      /* extra memory: saved for the backward + workspace peak */
 } lk_bench_row;
@@ -30,6 +41,16 @@ typedef struct {
     double gemm_gflops;     /* f32 GEMM through CBLAS */
 } lk_ceilings;
 
+/* The named options of a bench case beyond its size, as the command line wrote them
+ * (`llmkern bench --op attention --size 1x8x4096x64 --mask document --kv-heads 2
+ * --block 64`); NULL when not given. The op's harness parses and checks them. */
+typedef struct {
+    const char *mask, *kv_heads, *block;
+} lk_case_opts;
+#define LK_CASE_MASK 1u
+#define LK_CASE_KV_HEADS 2u
+#define LK_CASE_BLOCK 4u
+
 typedef struct {
     lk_op op;
     /* Runs impl forward and backward against the float64 reference on one shape. */
@@ -37,10 +58,16 @@ typedef struct {
                        lk_check_row *row);
     const lk_shape *check_shapes;       /* what `llmkern check` runs */
     int n_check_shapes;
-    /* Times forward, backward and forward+backward: writes rows[0..2]. */
-    lk_status (*bench)(const lk_impl *impl, lk_dtype dt, const lk_shape *shape,
+    /* Times forward, backward and forward+backward of the case (shape, opts): writes
+     * rows[0..2]. opts is never NULL; its members are NULL unless the op takes them. */
+    lk_status (*bench)(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, const lk_case_opts *opts,
                        const lk_ceilings *ceil, lk_bench_row rows[3]);
     lk_shape bench_shape;               /* the default size */
+    unsigned case_opts;                 /* the LK_CASE_* options its bench takes (0: none) */
+    /* Optional: checks a bench case for impl without running it, so that a bad --size or
+     * option is refused before anything is timed. LK_EINVAL naming the option, expected vs
+     * got; LK_EUNAVAILABLE when the case is valid but impl cannot run it. */
+    lk_status (*bench_validate)(const lk_impl *impl, const lk_shape *shape, const lk_case_opts *opts);
     unsigned dtypes;                    /* LK_DTYPE_BIT mask that check and bench run */
 } lk_harness;
 

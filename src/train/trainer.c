@@ -539,9 +539,13 @@ static lk_status run_loop(trainer *t, const lk_train_opts *o, lk_train_result *r
         r->last_loss = loss;
         t->step++;
         double elapsed = now_s() - t0, per_step = elapsed / (double)(t->step - t->start_step);
+        double rate = tokens_total / elapsed, eta = per_step * (double)(tc->steps - t->step);
         int due = tty || t->step == t->start_step + 1 || t->step % every == 0 || t->step == tc->steps;
         if (!quiet && due)   /* the run's average rate: steady where one step's is noisy */
-            progress(t, row, tokens_total / elapsed, per_step * (double)(tc->steps - t->step), tty, t->step == tc->steps);
+            progress(t, row, rate, eta, tty, t->step == tc->steps);
+        if (o->on_step && t->writer)
+            o->on_step(o->user, &(lk_train_step){.step = t->step, .steps = tc->steps, .loss = loss, .lr = row[LK_HIST_LR],
+                                                 .grad_norm = norm, .tokens_per_s = rate, .eta_s = eta});
         if (tc->save_every > 0 && t->step % tc->save_every == 0 && t->step < tc->steps) {
             if (t->world) lk_comm_watchdog_grace(10 * tc->comm_timeout_s);   /* the others wait for rank 0's write */
             if (t->writer && ((s = lk_trainer_save(t)) || (s = write_plot(t)))) {}

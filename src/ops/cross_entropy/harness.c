@@ -213,8 +213,8 @@ static lk_status run_bwd(void *p) {
     return lk_cross_entropy_backward(j->impl, &j->a, &j->ctx);
 }
 
-static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, const lk_ceilings *ceil,
-                       lk_bench_row rows[3]) {
+static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, const lk_case_opts *opts,
+                       const lk_ceilings *ceil, lk_bench_row rows[3]) {
     if (shape->ndim != 3) return lk_error(LK_EINVAL, "cross_entropy: bench: expected a shape T x H x V");
     int64_t T = shape->d[0], H = shape->d[1], V = shape->d[2];
     size_t esz = lk_dtype_size(dt), sb = 0;

@@ -129,8 +129,8 @@ static lk_status run_bwd(void *p) { bench_job *j = p; return lk_linear_backward(
 
 /* The bench shape is T x I x O; no bias (as in the transformer's projections) and f32
  * gradients (the usual master-gradient buffers of mixed precision). */
-static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, const lk_ceilings *ceil,
-                       lk_bench_row rows[3]) {
+static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, const lk_case_opts *opts,
+                       const lk_ceilings *ceil, lk_bench_row rows[3]) {
     if (shape->ndim != 3)
         return lk_error(LK_EINVAL, "linear: bench: expected a size TxIxO such as 4096x1024x4096");
     int64_t t = shape->d[0], in = shape->d[1], out = shape->d[2];

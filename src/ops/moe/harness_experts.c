@@ -203,8 +203,8 @@ static lk_status run_bwd(void *p) { bench_job *j = p; return lk_moe_experts_back
 
 /* T x H x I x E x k with the fake gate's balanced routing (noise 0) so eager and fused
  * see the same loads; weight gradients in f32 (mixed precision's master gradients). */
-static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, const lk_ceilings *ceil,
-                       lk_bench_row rows[3]) {
+static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, const lk_case_opts *opts,
+                       const lk_ceilings *ceil, lk_bench_row rows[3]) {
     if (shape->ndim != 5) return lk_error(LK_EINVAL, "moe_experts: bench: expected a size TxHxIxExk such as 8192x1024x512x64x8");
     int64_t T = shape->d[0], H = shape->d[1], I = shape->d[2], E = shape->d[3], K = shape->d[4], R = T * K;
     if (K > E) return lk_error(LK_EINVAL, "moe_experts: bench: expected k <= E, got k %lld E %lld", (long long)K, (long long)E);

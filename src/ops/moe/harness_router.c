@@ -178,8 +178,8 @@ typedef struct {
 static lk_status run_fwd(void *p) { bench_job *j = p; return lk_moe_router_forward(j->impl, &j->a, &j->ctx); }
 static lk_status run_bwd(void *p) { bench_job *j = p; return lk_moe_router_backward(j->impl, &j->a, &j->ctx); }
 
-static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, const lk_ceilings *ceil,
-                       lk_bench_row rows[3]) {
+static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, const lk_case_opts *opts,
+                       const lk_ceilings *ceil, lk_bench_row rows[3]) {
     if (shape->ndim != 4) return lk_error(LK_EINVAL, "moe_router: bench: expected a size TxHxExk such as 8192x1024x64x8");
     lk_moe_router_problem p = problem_of(impl, dt, shape, 2);
     int64_t T = p.t, H = p.h, E = p.e, K = p.opts.top_k;

@@ -152,8 +152,8 @@ static lk_status run_bwd(void *p) { bench_job *j = p; return lk_rms_norm_backwar
 /* Cache-line aligned, so a kernel may stream its stores. */
 static void *alloc64(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
 
-static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, const lk_ceilings *ceil,
-                       lk_bench_row rows[3]) {
+static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, const lk_case_opts *opts,
+                       const lk_ceilings *ceil, lk_bench_row rows[3]) {
     int64_t all = lk_shape_numel(shape), n = shape->d[shape->ndim - 1];
     size_t esz = lk_dtype_size(dt), tb = (size_t)all * esz, saved_bytes = 0;
     lk_tensor xt = lk_tensor_view(NULL, dt, shape->ndim, shape->d);

@@ -219,8 +219,8 @@ static void fill(lk_rng *rng, void *out, lk_dtype dt, int64_t n, float *tmp) {
     lk_convert(tmp, LK_F32, out, dt, n);
 }
 
-static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, const lk_ceilings *ceil,
-                       lk_bench_row rows[3]) {
+static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, const lk_case_opts *opts,
+                       const lk_ceilings *ceil, lk_bench_row rows[3]) {
     lk_rope_dims d;
     lk_status s = lk_rope_shape_dims(shape, dt, &d);
     if (s) return s;

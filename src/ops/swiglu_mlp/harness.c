@@ -170,8 +170,8 @@ static lk_status run_bwd(void *p) { bench_job *j = p; return lk_swiglu_mlp_backw
 
 /* The bench shape is T x H x I; weight gradients in f32 (the master-gradient buffers of
  * mixed precision), so peak_bytes counts what the implementation itself adds. */
-static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, const lk_ceilings *ceil,
-                       lk_bench_row rows[3]) {
+static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, const lk_case_opts *opts,
+                       const lk_ceilings *ceil, lk_bench_row rows[3]) {
     if (shape->ndim != 3)
         return lk_error(LK_EINVAL, "swiglu_mlp: bench: expected a size TxHxI such as 4096x1024x2816");
     int64_t T = shape->d[0], H = shape->d[1], I = shape->d[2];

@@ -2,7 +2,8 @@
 # Installs what llmkern needs to build and test on Debian, and nothing that is already there.
 # Idempotent: `make run` and `make test` call it every time; a machine that has everything does nothing.
 set -euo pipefail
-need=(cmake make gcc pkg-config libyaml-dev libcmocka-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin)
+# python3 + python3-venv: scripts/tokenize.py puts `tokenizers` in a venv of its own (tests/test_tokenize.c)
+need=(cmake make gcc pkg-config libyaml-dev libcmocka-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin python3 python3-venv)
 missing=()
 for p in "${need[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

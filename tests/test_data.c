@@ -443,15 +443,17 @@ static void test_bad_token_files(void **state) {
     b[15] = 0x80;   /* a count near 2^63: no overflow, just a mismatch */
     expect_bad_tokens(b, sizeof good, "truncated");
     memcpy(b, good, sizeof good);
-    b[5] = 2;
-    expect_bad_tokens(b, sizeof good, "version");
+    b[5] = 3;
+    expect_bad_tokens(b, sizeof good, "version 3, expected 1 or 2");
+    b[5] = 2;   /* version 2 needs 32 header bytes */
+    expect_bad_tokens(b, sizeof good, "shorter than the version-2 header");
     memcpy(b, good, sizeof good);
     b[6] = 3;
     expect_bad_tokens(b, sizeof good, "token size");
     memcpy(b, good, sizeof good);
     b[18] = 0x90;   /* token 1 = 400, beyond the vocabulary of 320 */
     b[19] = 0x01;
-    expect_bad_tokens(b, sizeof good, "beyond the vocabulary");
+    expect_bad_tokens(b, sizeof good, "token 1 is 400, beyond the model's vocabulary (model.vocab_size 320");
     memcpy(b, good, sizeof good);
     b[8] = 0;
     expect_bad_tokens(b, LK_TOKFILE_HEADER_BYTES, "no tokens");
@@ -460,6 +462,70 @@ static void test_bad_token_files(void **state) {
     assert_non_null(strstr(lk_last_error(), "missing.lktok"));
     assert_int_equal(lk_dataset_load_tokens(tmp_path("good.lktok"), 0, LK_TOK_EOS, &out), LK_EINVAL);
     assert_non_null(strstr(lk_last_error(), "vocab"));
+}
+
+/* Version 2 (scripts/tokenize.py's): the tokenizer's vocabulary and EOS id in the header;
+ * LK_EOS_FROM_FILE takes that EOS, an explicit one overrides it; the model's vocabulary
+ * is checked against every id, the message naming both. */
+static void test_token_file_v2(void **state) {
+    (void)state;
+    int32_t ids[] = {5, 9, 0, 7, 0, 3, 3};
+    char p[600];   /* tmp_path's buffer is reused by the next call */
+    snprintf(p, sizeof p, "%s", tmp_path("meta.lktok"));
+    assert_int_equal(lk_tokfile_write_meta(p, ids, 7, 2, 10, 0), LK_OK);
+    size_t n;
+    FILE *f = fopen(p, "rb");
+    unsigned char hdr[LK_TOKFILE_META_HEADER_BYTES + 2];
+    n = fread(hdr, 1, sizeof hdr, f);
+    fclose(f);
+    assert_int_equal(n, sizeof hdr);
+    assert_memory_equal(hdr, "LKTOK\2\2\0\7\0\0\0\0\0\0\0\12\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\5\0", 34);
+    lk_dataset ds;
+    assert_int_equal(lk_dataset_load_tokens(p, 10, LK_EOS_FROM_FILE, &ds), LK_OK);
+    int64_t want[] = {0, 3, 5, 7};
+    assert_int_equal(ds.n_docs, 3);
+    assert_memory_equal(ds.doc_start, want, sizeof want);
+    assert_memory_equal(ds.tokens, ids, sizeof ids);
+    lk_dataset_free(&ds);
+    assert_int_equal(lk_dataset_load_tokens(p, 10, 3, &ds), LK_OK);   /* an explicit eos wins */
+    assert_int_equal(ds.n_docs, 2);
+    lk_dataset_free(&ds);
+    assert_int_equal(lk_dataset_load_tokens(p, 10, -1, &ds), LK_OK);
+    assert_int_equal(ds.n_docs, 1);
+    lk_dataset_free(&ds);
+    /* a model vocabulary smaller than the ids: the id, model.vocab_size and the file's */
+    assert_int_equal(lk_dataset_load_tokens(p, 8, LK_EOS_FROM_FILE, &ds), LK_EIO);
+    assert_non_null(strstr(lk_last_error(), "token 1 is 9, beyond the model's vocabulary (model.vocab_size 8"));
+    assert_non_null(strstr(lk_last_error(), "the file's tokenizer has 10 ids"));
+    assert_null(ds.tokens);
+    /* a version-1 file: FROM_FILE is none, one document */
+    assert_int_equal(lk_tokfile_write(tmp_path("v1.lktok"), ids, 7, 2), LK_OK);
+    assert_int_equal(lk_dataset_load_tokens(tmp_path("v1.lktok"), 10, LK_EOS_FROM_FILE, &ds), LK_OK);
+    assert_int_equal(ds.n_docs, 1);
+    lk_dataset_free(&ds);
+    assert_int_equal(lk_dataset_load_tokens(p, 10, -3, &ds), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "eos_id"));
+    /* bad headers: an EOS id at or beyond the header's vocabulary, a vocabulary of 0 */
+    unsigned char b[LK_TOKFILE_META_HEADER_BYTES + 14];
+    f = fopen(p, "rb");
+    n = fread(b, 1, sizeof b, f);
+    fclose(f);
+    assert_int_equal(n, sizeof b);
+    b[24] = 10;
+    expect_bad_tokens(b, sizeof b, "EOS id is 10, expected -1 (none) or below its vocabulary (10)");
+    b[24] = 0;
+    b[16] = 0;
+    expect_bad_tokens(b, sizeof b, "vocabulary is 0 ids");
+    b[16] = 10;
+    expect_bad_tokens(b, sizeof b - 1, "header says 7 tokens, the file holds 13 bytes after the header (truncated)");
+    /* the writer: ids below vocab, eos in range, vocab within the token size */
+    assert_int_equal(lk_tokfile_write_meta(tmp_path("y"), ids, 7, 2, 9, 0), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "ids[1]: expected 0..8 (below vocab), got 9"));
+    assert_int_equal(lk_tokfile_write_meta(tmp_path("y"), ids, 7, 2, 10, 10), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "eos_id"));
+    assert_int_equal(lk_tokfile_write_meta(tmp_path("y"), ids, 7, 2, 70000, 0), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "vocab: expected 1..65536 for 2-byte tokens"));
+    assert_int_equal(access(tmp_path("y"), F_OK), -1);
 }
 
 static void expect_docs(const lk_dataset *ds, const char *const *docs, int n) {
@@ -525,6 +591,7 @@ int main(void) {
         cmocka_unit_test(test_bad_batch_and_iterator_args),
         cmocka_unit_test(test_token_file_round_trip),
         cmocka_unit_test(test_bad_token_files),
+        cmocka_unit_test(test_token_file_v2),
         cmocka_unit_test(test_text_file),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -69,18 +69,31 @@ lk_status lk_corpus_document(uint64_t seed, int64_t index, char *buf, size_t cap
 lk_status lk_dataset_load_text(const char *path, lk_dataset *out);
 
 /* Pre-tokenized files ("LKTOK"), little-endian:
- *   bytes 0-4  "LKTOK"    5  version (1)    6  bytes per token: 2 (uint16) or 4 (uint32)
- *   7          0          8-15  count (uint64)    16...  count tokens
+ *   bytes 0-4  "LKTOK"    5  version (1 or 2)    6  bytes per token: 2 (uint16) or 4 (uint32)
+ *   7          0          8-15  count (uint64)
+ *   version 1: 16...  count tokens
+ *   version 2: 16-23 the tokenizer's vocabulary (uint64, every id below it), 24-31 its
+ *              EOS id (int64, -1: none), 32...  count tokens   (scripts/tokenize.py)
  * Documents are the runs ending with eos_id (a trailing run without one is a document
- * too); eos_id < 0 makes the whole file one document. Ids must be below vocab. LK_EIO
- * naming the path for a missing file, wrong magic or version, a bad token size, a length
- * that disagrees with count (truncated or trailing bytes), or an id >= vocab. */
+ * too); eos_id -1 makes the whole file one document; LK_EOS_FROM_FILE takes a version-2
+ * file's EOS id (none for version 1). Ids must be below vocab (the model's vocab_size).
+ * LK_EIO naming the path for a missing file, wrong magic or version, a bad token size, a
+ * version-2 header whose EOS id is not below its vocabulary, a length that disagrees with
+ * count (truncated or trailing bytes), or an id >= vocab (naming model.vocab_size and the
+ * file's vocabulary). LK_EINVAL for vocab outside 1..2^31 or eos_id < LK_EOS_FROM_FILE. */
 #define LK_TOKFILE_HEADER_BYTES 16
+#define LK_TOKFILE_META_HEADER_BYTES 32
+#define LK_EOS_FROM_FILE (-2)
 lk_status lk_dataset_load_tokens(const char *path, int64_t vocab, int64_t eos_id, lk_dataset *out);
 /* Writes n ids (each < 2^(8*token_bytes)) as an LKTOK file, atomically (temporary file,
  * fsync, rename). LK_EINVAL for token_bytes not 2 or 4 or an id that does not fit;
  * LK_EIO naming the path for a failed write. */
 lk_status lk_tokfile_write(const char *path, const int32_t *ids, int64_t n, int token_bytes);
+/* The same as version 2, with the tokenizer's vocabulary and EOS id (-1: none) in the
+ * header; every id must be below vocab (LK_EINVAL otherwise, or for an eos_id outside
+ * -1..vocab-1, or a vocab that token_bytes cannot hold). */
+lk_status lk_tokfile_write_meta(const char *path, const int32_t *ids, int64_t n, int token_bytes, int64_t vocab,
+                                int64_t eos_id);
 
 /* --- packed batches --------------------------------------------------------------------
  * B rows of S tokens, documents packed back to back. A row boundary is always a segment

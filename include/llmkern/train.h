@@ -72,7 +72,8 @@ typedef struct {
     lk_data_kind data;
     char data_path[512];         /* text or tokens file */
     int64_t corpus_docs;         /* builtin: documents to generate */
-    int64_t eos_id;              /* tokens: the id ending a document (-1: one document) */
+    int64_t eos_id;              /* tokens: the id ending a document (-1: one document; the default
+                                  * LK_EOS_FROM_FILE: the file's, as scripts/tokenize.py writes it) */
     /* parallel: the mesh under mpirun (comm.h: world = dp x sp, ep folded over them).
      * dp 0 = world / sp; sp must divide batch_size x seq_len. */
     int64_t dp, sp, ep;

@@ -35,7 +35,7 @@ void lk_train_config_init(lk_train_config *tc) {
     snprintf(tc->out, sizeof tc->out, "out");
     tc->data = LK_DATA_BUILTIN;
     tc->corpus_docs = LK_CORPUS_DEFAULT_DOCS;
-    tc->eos_id = -1;
+    tc->eos_id = LK_EOS_FROM_FILE;   /* a version-2 token file's own; none for version 1 */
     tc->dp = 0; tc->sp = 1; tc->ep = 1;
     tc->comm_timeout_s = 300;
     tc->max_shard_size = LK_ST_DEFAULT_MAX_SHARD;

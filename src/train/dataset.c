@@ -1,5 +1,7 @@
 /* dataset.c — documents from files: a user's text file (blank-line separated) and the
- * pre-tokenized LKTOK format, reader and atomic writer (format in include/llmkern/data.h).
+ * pre-tokenized LKTOK format, reader and atomic writers (format in include/llmkern/data.h:
+ * version 1, and version 2 whose header adds the tokenizer's vocabulary and EOS id, as
+ * scripts/tokenize.py writes it).
  * A bad file is an LK_EIO naming the path, never a crash: every length is checked
  * against the file's size before it is used. */
 #include <errno.h>
@@ -12,6 +14,7 @@
 #include "llmkern/data.h"
 
 #define TOKFILE_VERSION 1
+#define TOKFILE_VERSION_META 2
 
 void lk_dataset_free(lk_dataset *ds) {
     if (!ds) return;
@@ -116,21 +119,29 @@ lk_status lk_dataset_load_tokens(const char *path, int64_t vocab, int64_t eos_id
     memset(out, 0, sizeof *out);
     if (vocab < 1 || vocab > ((int64_t)1 << 31))
         return lk_error(LK_EINVAL, "token file: vocab: expected 1..2^31, got %lld", (long long)vocab);
+    if (eos_id < LK_EOS_FROM_FILE)
+        return lk_error(LK_EINVAL, "token file: eos_id: expected an id, -1 (none) or LK_EOS_FROM_FILE, got %lld",
+                        (long long)eos_id);
     unsigned char *p;
     size_t size;
     lk_status s = read_file(path, "token file", &p, &size);
     if (s != LK_OK) return s;
     const char *bad = NULL;
-    char why[160];
-    uint64_t count = 0;
-    int tb = 0;
+    char why[200];
+    uint64_t count = 0, file_vocab = 0;
+    int64_t file_eos = -1;
+    int tb = 0, hdr = LK_TOKFILE_HEADER_BYTES;
     if (size < LK_TOKFILE_HEADER_BYTES) {
         snprintf(why, sizeof why, "%zu bytes, shorter than the %d-byte header", size, LK_TOKFILE_HEADER_BYTES);
         bad = why;
     } else if (memcmp(p, "LKTOK", 5) != 0) {
         bad = "wrong magic (expected \"LKTOK\")";
-    } else if (p[5] != TOKFILE_VERSION) {
-        snprintf(why, sizeof why, "version %u, expected %d", p[5], TOKFILE_VERSION);
+    } else if (p[5] != TOKFILE_VERSION && p[5] != TOKFILE_VERSION_META) {
+        snprintf(why, sizeof why, "version %u, expected %d or %d", p[5], TOKFILE_VERSION, TOKFILE_VERSION_META);
+        bad = why;
+    } else if (p[5] == TOKFILE_VERSION_META && size < LK_TOKFILE_META_HEADER_BYTES) {
+        snprintf(why, sizeof why, "%zu bytes, shorter than the version-2 header (%d bytes)", size,
+                 LK_TOKFILE_META_HEADER_BYTES);
         bad = why;
     } else if (p[6] != 2 && p[6] != 4) {
         snprintf(why, sizeof why, "token size %u bytes, expected 2 (uint16) or 4 (uint32)", p[6]);
@@ -138,11 +149,23 @@ lk_status lk_dataset_load_tokens(const char *path, int64_t vocab, int64_t eos_id
     } else {
         tb = p[6];
         count = le64(p + 8);
-        uint64_t have = (size - LK_TOKFILE_HEADER_BYTES) / (uint64_t)tb;
-        if (count != have || (size - LK_TOKFILE_HEADER_BYTES) % (uint64_t)tb != 0) {
+        if (p[5] == TOKFILE_VERSION_META) {
+            hdr = LK_TOKFILE_META_HEADER_BYTES;
+            file_vocab = le64(p + 16);
+            file_eos = (int64_t)le64(p + 24);
+        }
+        uint64_t have = (size - (size_t)hdr) / (uint64_t)tb;
+        if (hdr == LK_TOKFILE_META_HEADER_BYTES && (file_vocab < 1 || file_vocab > ((uint64_t)1 << 32))) {
+            snprintf(why, sizeof why, "the header's vocabulary is %llu ids, expected 1..2^32",
+                     (unsigned long long)file_vocab);
+            bad = why;
+        } else if (hdr == LK_TOKFILE_META_HEADER_BYTES && (file_eos < -1 || file_eos >= (int64_t)file_vocab)) {
+            snprintf(why, sizeof why, "the header's EOS id is %lld, expected -1 (none) or below its vocabulary (%llu)",
+                     (long long)file_eos, (unsigned long long)file_vocab);
+            bad = why;
+        } else if (count != have || (size - (size_t)hdr) % (uint64_t)tb != 0) {
             snprintf(why, sizeof why, "header says %llu tokens, the file holds %zu bytes after the header (%s)",
-                     (unsigned long long)count, size - LK_TOKFILE_HEADER_BYTES,
-                     count > have ? "truncated" : "trailing bytes");
+                     (unsigned long long)count, size - (size_t)hdr, count > have ? "truncated" : "trailing bytes");
             bad = why;
         } else if (count == 0) {
             bad = "no tokens";
@@ -152,6 +175,7 @@ lk_status lk_dataset_load_tokens(const char *path, int64_t vocab, int64_t eos_id
         free(p);
         return lk_error(LK_EIO, "token file: '%s': %s", path, bad);
     }
+    if (eos_id == LK_EOS_FROM_FILE) eos_id = file_eos;   /* version 1: none, the file one document */
     size_t tok_bytes, start_bytes;   /* count <= the file's size: these cannot wrap, checked all the same */
     if ((s = lk_checked_bytes("token file: tokens", (int64_t)count, sizeof *out->tokens, &tok_bytes)) ||
         (s = lk_checked_bytes("token file: documents", (int64_t)count + 1, sizeof *out->doc_start, &start_bytes)) ||
@@ -166,17 +190,19 @@ lk_status lk_dataset_load_tokens(const char *path, int64_t vocab, int64_t eos_id
         lk_dataset_free(out);
         return lk_error(LK_ENOMEM, "token file: '%s': %llu tokens do not fit in memory", path, (unsigned long long)count);
     }
-    const unsigned char *q = p + LK_TOKFILE_HEADER_BYTES;
+    const unsigned char *q = p + hdr;
     int64_t docs = 0;
     out->doc_start[0] = 0;
     for (uint64_t i = 0; i < count; i++, q += tb) {
         uint32_t id = tb == 2 ? (uint32_t)(q[0] | q[1] << 8)
                               : (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 | (uint32_t)q[3] << 24;
         if ((int64_t)id >= vocab) {
+            char tok[96] = "";
+            if (file_vocab) snprintf(tok, sizeof tok, "; the file's tokenizer has %llu ids", (unsigned long long)file_vocab);
             free(p);
             lk_dataset_free(out);
-            return lk_error(LK_EIO, "token file: '%s': token %llu is %u, beyond the vocabulary (%lld)", path,
-                            (unsigned long long)i, id, (long long)vocab);
+            return lk_error(LK_EIO, "token file: '%s': token %llu is %u, beyond the model's vocabulary (model.vocab_size "
+                            "%lld: every id must be below it%s)", path, (unsigned long long)i, id, (long long)vocab, tok);
         }
         out->tokens[i] = (int32_t)id;
         if ((int64_t)id == eos_id) out->doc_start[++docs] = (int64_t)i + 1;
@@ -189,19 +215,35 @@ lk_status lk_dataset_load_tokens(const char *path, int64_t vocab, int64_t eos_id
     return LK_OK;
 }
 
-lk_status lk_tokfile_write(const char *path, const int32_t *ids, int64_t n, int token_bytes) {
+/* Both versions: meta 0 writes version 1 (vocab and eos_id unused). */
+static lk_status tokfile_write(const char *path, const int32_t *ids, int64_t n, int token_bytes, int meta,
+                               int64_t vocab, int64_t eos_id) {
     if (!path) return lk_error(LK_EINVAL, "token file: path: expected a file name, got NULL");
     if (token_bytes != 2 && token_bytes != 4)
         return lk_error(LK_EINVAL, "token file: token_bytes: expected 2 or 4, got %d", token_bytes);
     if (n < 0 || (n > 0 && !ids))
         return lk_error(LK_EINVAL, "token file: ids: expected %lld ids, got %s", (long long)n, ids ? "n < 0" : "NULL");
     int64_t limit = token_bytes == 2 ? 65536 : (int64_t)1 << 32;
+    if (meta && (vocab < 1 || vocab > limit))
+        return lk_error(LK_EINVAL, "token file: vocab: expected 1..%lld for %d-byte tokens, got %lld", (long long)limit,
+                        token_bytes, (long long)vocab);
+    if (meta && (eos_id < -1 || eos_id >= vocab))
+        return lk_error(LK_EINVAL, "token file: eos_id: expected -1 (none) or an id below vocab %lld, got %lld",
+                        (long long)vocab, (long long)eos_id);
+    if (meta) limit = vocab;
     for (int64_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= limit)
-            return lk_error(LK_EINVAL, "token file: ids[%lld]: expected 0..%lld for %d-byte tokens, got %d",
-                            (long long)i, (long long)limit - 1, token_bytes, (int)ids[i]);
-    unsigned char hdr[LK_TOKFILE_HEADER_BYTES] = {'L', 'K', 'T', 'O', 'K', TOKFILE_VERSION, (unsigned char)token_bytes, 0};
-    for (int i = 0; i < 8; i++) hdr[8 + i] = (unsigned char)((uint64_t)n >> (8 * i));
+            return lk_error(LK_EINVAL, "token file: ids[%lld]: expected 0..%lld%s, got %d", (long long)i,
+                            (long long)limit - 1, meta ? " (below vocab)" : token_bytes == 2 ? " for 2-byte tokens" :
+                            " for 4-byte tokens", (int)ids[i]);
+    unsigned char hdr[LK_TOKFILE_META_HEADER_BYTES] = {'L', 'K', 'T', 'O', 'K',
+        (unsigned char)(meta ? TOKFILE_VERSION_META : TOKFILE_VERSION), (unsigned char)token_bytes, 0};
+    size_t hdr_bytes = meta ? LK_TOKFILE_META_HEADER_BYTES : LK_TOKFILE_HEADER_BYTES;
+    for (int i = 0; i < 8; i++) {
+        hdr[8 + i] = (unsigned char)((uint64_t)n >> (8 * i));
+        hdr[16 + i] = (unsigned char)((uint64_t)vocab >> (8 * i));
+        hdr[24 + i] = (unsigned char)((uint64_t)eos_id >> (8 * i));
+    }
     size_t plen = strlen(path);
     char *tmp = malloc(plen + 16);
     if (!tmp) return lk_error(LK_ENOMEM, "token file: out of memory");
@@ -212,7 +254,7 @@ lk_status lk_tokfile_write(const char *path, const int32_t *ids, int64_t n, int 
         free(tmp);
         return s;
     }
-    int ok = fwrite(hdr, 1, sizeof hdr, f) == sizeof hdr;
+    int ok = fwrite(hdr, 1, hdr_bytes, f) == hdr_bytes;
     unsigned char buf[4096];
     for (int64_t i = 0; ok && i < n;) {
         size_t k = 0;
@@ -230,4 +272,13 @@ lk_status lk_tokfile_write(const char *path, const int32_t *ids, int64_t n, int 
     }
     free(tmp);
     return LK_OK;
+}
+
+lk_status lk_tokfile_write(const char *path, const int32_t *ids, int64_t n, int token_bytes) {
+    return tokfile_write(path, ids, n, token_bytes, 0, 0, 0);
+}
+
+lk_status lk_tokfile_write_meta(const char *path, const int32_t *ids, int64_t n, int token_bytes, int64_t vocab,
+                                int64_t eos_id) {
+    return tokfile_write(path, ids, n, token_bytes, 1, vocab, eos_id);
 }

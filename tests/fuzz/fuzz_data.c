@@ -15,7 +15,7 @@ static void batches(const lk_dataset *ds) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 3) return 0;
-    int64_t vocab = 1 + (int64_t)(data[0] | data[1] << 8) * 4, eos = (int64_t)data[2] - 1;
+    int64_t vocab = 1 + (int64_t)(data[0] | data[1] << 8) * 4, eos = (int64_t)data[2] - 2;   /* -2: LK_EOS_FROM_FILE */
     const char *path = fuzz_file(data + 3, size - 3, ".lktok");
     if (!path) return 0;
     lk_dataset ds;

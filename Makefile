@@ -25,7 +25,10 @@ run: build
 	./$(BUILD)/llmkern explain --config configs/tiny-moe.yaml
 	./$(BUILD)/llmkern train --config configs/tiny-moe.yaml --out out/tiny-moe
 
+# The Python tests (ctest python_tests) need torch, transformers and pytest: installed into
+# $(BUILD)/venv from PyPI when no python3 has them (python/install-deps.sh; bench/NOTES.md).
 test: build
+	@bash python/install-deps.sh $(BUILD)/venv
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 	$(MAKE) test-asan
 	@if command -v clang >/dev/null; then FUZZ_SEED=1 bash scripts/fuzz.sh 20; else echo "fuzz: clang not installed, the 20 s fuzz runs skipped"; fi

@@ -217,6 +217,42 @@ static void test_errors(void **state) {
     assert_int_equal(parse("", &c), LK_EIO);
 }
 
+/* transformers 5's names (save_pretrained of 5.24): dtype, num_local_experts, rope_theta
+ * (and scaling) inside rope_parameters; the 4.x names win where both are given. */
+static void test_transformers5_names(void **state) {
+    lk_qwen3_config c;
+    char *a = edited(qwen3_30b_a3b, "\"num_experts\": 128,", "\"num_local_experts\": 128,");
+    char *b = edited(a, "\"rope_theta\": 1000000.0,", "\"rope_parameters\": {\"rope_theta\": 5000000.0, \"rope_type\": \"default\"},");
+    char *t = edited(b, "\"torch_dtype\": \"bfloat16\"", "\"dtype\": \"float32\"");
+    assert_int_equal(parse(t, &c), LK_OK);
+    assert_int_equal(c.num_experts, 128);
+    assert_true(c.rope_theta == 5e6 && !c.has_rope_scaling);
+    assert_string_equal(c.torch_dtype, "float32");
+    free(a);
+    free(b);
+    free(t);
+    a = edited(qwen3_06b, "\"rope_scaling\": null,\n  \"rope_theta\": 1000000,",
+               "\"rope_parameters\": {\"rope_theta\": 1000000.0, \"rope_type\": \"yarn\", \"factor\": 4.0, "
+               "\"original_max_position_embeddings\": 32768},");
+    assert_int_equal(parse(a, &c), LK_OK);
+    assert_true(c.rope_theta == 1e6 && c.has_rope_scaling && c.rope_scaling_factor == 4.0 &&
+                c.rope_scaling_original_max_position_embeddings == 32768);
+    assert_string_equal(c.rope_scaling_type, "yarn");
+    free(a);
+    a = edited(qwen3_06b, "\"torch_dtype\": \"bfloat16\"", "\"torch_dtype\": \"bfloat16\", \"dtype\": \"float32\"");
+    assert_int_equal(parse(a, &c), LK_OK);   /* both: the 4.x name */
+    assert_string_equal(c.torch_dtype, "bfloat16");
+    free(a);
+    a = edited(qwen3_06b, "\"rope_theta\": 1000000,", "\"rope_parameters\": {\"rope_type\": \"default\"},");
+    assert_int_equal(parse(a, &c), LK_EIO);
+    assert_non_null(strstr(lk_last_error(), "missing required key 'rope_theta' (or rope_parameters.rope_theta"));
+    free(a);
+    a = edited(qwen3_06b, "\"rope_theta\": 1000000,", "\"rope_parameters\": {\"rope_theta\": \"big\"},");
+    assert_int_equal(parse(a, &c), LK_EIO);
+    assert_non_null(strstr(lk_last_error(), "key 'rope_theta': expected a number"));
+    free(a);
+}
+
 static void test_atomic_config(void **state) {
     char path[128];
     snprintf(path, sizeof path, "%s/config.json", dir);
@@ -331,6 +367,7 @@ int main(void) {
         cmocka_unit_test(test_round_trip_dense),
         cmocka_unit_test(test_round_trip_moe),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_transformers5_names),
         cmocka_unit_test(test_atomic_config),
         cmocka_unit_test(test_tensor_names),
         cmocka_unit_test(test_param_count),

@@ -1,5 +1,5 @@
 /* config_json.c — config.json of Qwen3 / Qwen3-MoE: read (strict types, unknown keys
- * ignored), validate, and write as transformers' save_pretrained does (indent 2, keys
+ * ignored; transformers 5's names too: get_key), validate, and write as transformers' save_pretrained does (indent 2, keys
  * sorted). One table of plain keys drives both directions; the few keys with structure
  * (architectures, model_type, mlp_only_layers, rope_scaling) are handled beside it. */
 #include <errno.h>
@@ -176,6 +176,25 @@ static lk_status read_special(const char *key, const lk_json *v, const char *wha
     return LK_OK;   /* architectures and model_type: read_family; transformers_version: not kept */
 }
 
+/* transformers 5 writes some keys under other names: dtype for torch_dtype,
+ * num_local_experts for Qwen3-MoE's num_experts, and rope_theta (with any scaling: a
+ * rope_type other than "default") inside rope_parameters. The 4.x name wins where both
+ * are there; the writer keeps the 4.x names, which transformers 5 still reads. */
+static const lk_json *get_key(const lk_json *root, const char *key) {
+    const lk_json *v = lk_json_get(root, key);
+    if (v) return v;
+    if (strcmp(key, "torch_dtype") == 0) return lk_json_get(root, "dtype");
+    if (strcmp(key, "num_experts") == 0) return lk_json_get(root, "num_local_experts");
+    const lk_json *rp = lk_json_get(root, "rope_parameters");
+    if (!rp || rp->type != LK_JSON_OBJECT) return NULL;
+    if (strcmp(key, "rope_theta") == 0) return lk_json_get(rp, "rope_theta");
+    if (strcmp(key, "rope_scaling") == 0) {
+        const lk_json *t = lk_json_get(rp, "rope_type");
+        if (t && t->type == LK_JSON_STRING && strcmp(t->text, "default") != 0) return rp;
+    }
+    return NULL;
+}
+
 lk_status lk_qwen3_config_parse(const char *json, size_t len, const char *what, lk_qwen3_config *out) {
     if (!json || !out) return lk_error(LK_EINVAL, "config.json: expected text and a config, got NULL");
     if (!what) what = "(text)";
@@ -190,8 +209,11 @@ lk_status lk_qwen3_config_parse(const char *json, size_t len, const char *what, 
     for (size_t i = 0; !s && i < N_FIELDS; i++) {
         const field *f = &fields[i];
         if (f->moe_only && !c->moe) continue;
-        const lk_json *v = lk_json_get(doc.root, f->key);
-        if (!v && f->required) s = bad(LK_EIO, what, "missing required key '%s'", f->key);
+        const lk_json *v = get_key(doc.root, f->key);
+        if (!v && f->required)
+            s = bad(LK_EIO, what, "missing required key '%s'%s", f->key,
+                    strcmp(f->key, "rope_theta") == 0 ? " (or rope_parameters.rope_theta, as transformers 5 writes it)"
+                    : strcmp(f->key, "num_experts") == 0 ? " (or num_local_experts)" : "");
         else if (v) s = f->type == F_SPECIAL ? read_special(f->key, v, what, c) : read_plain(f, v, what, c);
     }
     if (!s) s = lk_qwen3_config_validate(c, what);

@@ -362,6 +362,13 @@ static void memory_estimate(void **state) {
     assert_true(m.state_bytes == (uint64_t)params * 16);
     assert_true(m.activation_bytes >= (uint64_t)tc.batch_size * tc.seq_len * tc.model.vocab_size * 4);
     assert_true(m.total_bytes == m.state_bytes + m.activation_bytes + m.history_bytes);
+    assert_true(m.host_bytes == m.total_bytes && m.device_bytes == 0);   /* the CPU holds it all */
+    /* on a GPU: state and activations there, a host copy of the weights and the history here */
+    tc.device = LK_DEVICE_CUDA;
+    assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
+    assert_true(m.device_bytes == m.state_bytes + m.activation_bytes);
+    assert_true(m.host_bytes == (uint64_t)params * 4 + m.history_bytes);
+    tc.device = LK_DEVICE_CPU;
     tc.steps = 3689348814741910324LL;
     assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_EINVAL);
     assert_non_null(strstr(lk_last_error(), "train.steps (the loss history): 3689348814741910324 x 5"));
@@ -371,8 +378,57 @@ static void memory_estimate(void **state) {
     assert_non_null(strstr(lk_last_error(), "train.batch_size x train.seq_len"));
 }
 
+/* What the machine has now (issue 22): the host's available RAM, at most its physical
+ * memory; a run past train.memory_limit refused before train.out exists, naming both. */
+static void memory_available_and_limit(void **state) {
+    (void)state;
+    char src[160];
+    uint64_t have = lk_hw_mem_available(LK_DEVICE_CPU, src, sizeof src);
+    assert_true(have > (16ull << 20));
+    assert_true(have <= (uint64_t)lk_hw_get()->cpu_mem_bytes);
+    assert_non_null(strstr(src, "of host RAM"));
+#ifndef LLMKERN_HAVE_CUDA
+    assert_int_equal(lk_hw_mem_available(LK_DEVICE_CUDA, src, sizeof src), 0);
+    assert_non_null(strstr(src, "unknown in this build"));
+#endif
+    static lk_train_config tc;
+    static lk_ops_config ops;
+    lk_train_config_init(&tc);
+    lk_ops_config_init(&ops);
+    tc.has_model = 1;
+    lk_qwen3_config_init(&tc.model, 0);
+    tc.model.hidden_size = 32; tc.model.num_hidden_layers = 1; tc.model.num_attention_heads = 2;
+    tc.model.num_key_value_heads = 1; tc.model.head_dim = 16; tc.model.intermediate_size = 64; tc.model.vocab_size = 320;
+    tc.steps = 2; tc.batch_size = 2; tc.seq_len = 32; tc.corpus_docs = 16;
+    tc.memory_limit = 100 << 10;
+    char dir[] = "/tmp/lk_train_mem_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    snprintf(tc.out, sizeof tc.out, "%s/run", dir);
+    lk_train_opts o = {.quiet = 1};
+    assert_int_equal(lk_train_run(&tc, &ops, NULL, &o, NULL), LK_ENOMEM);
+    assert_non_null(strstr(lk_last_error(), "on cpu, more than the 100.0 KiB of train.memory_limit"));
+    assert_non_null(strstr(lk_last_error(), "train.batch_size 2 x train.seq_len 32"));
+    assert_int_equal(access(tc.out, F_OK), -1);
+    tc.memory_limit = 64ull << 20;   /* enough: it trains */
+    assert_int_equal(lk_train_run(&tc, &ops, NULL, &o, NULL), LK_OK);
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* The progress period where stdout is not a terminal: ~20 lines a run, round numbers. */
+static void log_every_from_length(void **state) {
+    (void)state;
+    static const int64_t steps[][2] = {{1, 1}, {3, 1}, {39, 1}, {40, 2}, {100, 5}, {400, 20}, {1000, 50},
+                                       {2500, 100}, {1000000, 50000}, {INT64_MAX, 200000000000000000LL}};
+    for (size_t i = 0; i < sizeof steps / sizeof *steps; i++)
+        assert_int_equal(lk_train_log_every(steps[i][0]), steps[i][1]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(memory_available_and_limit),
+        cmocka_unit_test(log_every_from_length),
         cmocka_unit_test(adamw_matches_f64_reference),
         cmocka_unit_test(adamw_zero_lr_and_decay_only),
         cmocka_unit_test(schedule_warmup_then_cosine),

@@ -368,7 +368,7 @@ static lk_status write_plot(const trainer *t) {
 
 int64_t lk_train_log_every(int64_t steps) {
     int64_t want = steps / 20, every = 1;   /* about 20 lines a run */
-    for (int64_t p = 1; p <= want / 10 + 1 && p <= INT64_MAX / 10; p *= 10)
+    for (int64_t p = 1; p <= want; p = p <= INT64_MAX / 10 ? p * 10 : want + 1)   /* p * 5 <= want * 5 fits */
         for (int k = 0; k < 3; k++) {
             static const int m[3] = {1, 2, 5};
             if (p * m[k] <= want) every = p * m[k];

@@ -204,3 +204,33 @@ def test_patched_model_trains_like_the_unpatched_one(device, family):
         assert abs(a - b) <= tol * abs(b), f"step {step}: patched {a} vs unpatched {b} (tol {tol})\n{got}\n{want}"
     if os.environ.get("LLMKERN_TEST_EXPLAIN"):
         llmkern.explain(lk)
+
+
+def test_apply_reads_a_yaml_config(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("model:\n  ops_implementation:\n    rms_norm_implementation: eager\n"
+                   "    overrides:\n      \"layers.1.mlp\": { swiglu_mlp_implementation: eager }\n")
+    m = make(Qwen3ForCausalLM, dense_config())
+    lkt.apply_llmkern_kernel_to_qwen3(m, config=str(cfg))
+    text = lkt.explain(m)
+    line = [ln for ln in text.splitlines() if ln.startswith("norm ")][0]
+    assert "eager/cpu" in line and "run.yaml:3" in line, line
+    line = [ln for ln in text.splitlines() if ln.startswith("layers.1.mlp ")][0]
+    assert "eager/cpu" in line and "override" in line, line
+    # a choice given in the call is the op's field too: the call's value is what binds
+    lkt.apply_llmkern_kernel_to_qwen3(m, config=str(cfg), rms_norm="eager_fp32")
+    line = [ln for ln in lkt.explain(m).splitlines() if ln.startswith("norm ")][0]
+    assert "eager_fp32/cpu" in line, line
+
+
+def test_the_fused_loss_takes_num_items_in_batch():
+    ref = make(Qwen3ForCausalLM, dense_config())
+    lk = copy.deepcopy(ref)
+    lkt.apply_llmkern_kernel_to_qwen3(lk)
+    ids = torch.randint(0, 128, (2, 16))
+    labels = ids.clone()
+    labels[0, :5] = -100
+    for kw in ({}, {"num_items_in_batch": torch.tensor(40)}):
+        want = ref(ids, labels=labels, **kw).loss
+        got = lk(ids, labels=labels, **kw).loss
+        assert abs(got.item() - want.item()) <= 1e-5 * abs(want.item()), (kw, got, want)

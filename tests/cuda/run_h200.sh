@@ -7,8 +7,9 @@
 # That machine has nvcc, CMake and PyTorch but not necessarily libyaml, cmocka, OpenBLAS
 # or pkg-config: carry their .debs in .carry/debs (apt-get download libyaml-0-2 libyaml-dev
 # libcmocka0 libcmocka-dev libopenblas0-pthread libopenblas-pthread-dev libopenblas-dev
-# libgfortran5 pkgconf pkgconf-bin libpkgconf3), and the wheels of Liger-Kernel and
-# nvidia-cudnn-frontend (the cudnn row's headers) in .carry/whl;
+# libgfortran5 pkgconf pkgconf-bin libpkgconf3), and the wheels of Liger-Kernel,
+# nvidia-cudnn-frontend (the cudnn row's headers) and pytest, pluggy, iniconfig (the
+# Python tests, when that python3 has no pytest) in .carry/whl;
 # both are unpacked into .carry/ there, never into /.
 #   run: bash tests/cuda/run_h200.sh            (carry: [".carry"])
 set -uo pipefail

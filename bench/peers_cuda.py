@@ -173,7 +173,8 @@ def check_close(name, got, ref, tol):
 # ---- the copy ceiling --------------------------------------------------------------
 assert LIB.lkp_init() > 0, "llmkern found no GPU"
 dev = torch.device("cuda")
-print(f"GPU {LIB.lkp_gpu_name().decode()}, torch {torch.__version__}, liger {LIGER}", flush=True)
+print(f"GPU {LIB.lkp_gpu_name().decode()}, torch {torch.__version__}, liger {LIGER}; cuDNN {torch.backends.cudnn.version()} "
+      f"from {sorted({ln.split()[-1] for ln in open('/proc/self/maps') if 'libcudnn.so' in ln})}", flush=True)
 src = torch.empty(1 << 30, dtype=torch.bfloat16, device=dev).random_()
 dst = torch.empty_like(src)
 COPY = gbps(2 * src.numel() * 2, ms(lambda: dst.copy_(src)))

@@ -161,9 +161,9 @@ static void refusals(void **state) {
     lkt_free_all();
 }
 
-/* flash_attention_3's Hopper kernel: bf16 at head dims that are multiples of 8 up to 128,
- * every masking option; multi-tile shapes with partial tiles; the backward is
- * flash_attention_2's. */
+/* flash_attention_3's Hopper kernels: bf16 at head dims that are multiples of 8 up to 128,
+ * every masking option; multi-tile shapes with partial tiles. The backward is fa3_bwd.cu's
+ * (wgmma) except with softcap, which runs flash_attention_2's, as does `deterministic`. */
 static void fa3_against_reference(void **state) {
     (void)state;
     const lk_impl *gpu = lk_impl_find(LK_OP_ATTENTION, "flash_attention_3", LK_DEVICE_CUDA);
@@ -188,6 +188,10 @@ static void fa3_against_reference(void **state) {
         /* unmasked D > 64: the 176-key tiles */
         {.B = 2, .Hq = 4, .Hkv = 2, .Sq = 400, .Skv = 500, .D = 128, .softcap = 30.0f},
         {.B = 1, .Hq = 2, .Sq = 600, .D = 96, .n_docs = 5, .sinks = 1},
+        /* the Hopper backward unmasked: GQA 4:1, several key blocks a head, odd lengths */
+        {.B = 2, .Hq = 8, .Hkv = 2, .Sq = 300, .Skv = 701, .D = 128},
+        {.B = 3, .Hq = 6, .Hkv = 3, .Sq = 257, .D = 64, .scale = 0.2f},
+        {.B = 2, .Hq = 8, .Hkv = 2, .Sq = 300, .D = 128, .causal = 1, .deterministic = 1},   /* fa2's dq pass */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         run_case("flash_attention_3", LK_BF16, &cases[i], 300u + i);

@@ -196,20 +196,6 @@ static __device__ __forceinline__ void store2(lk_bf16_t *row, int col, int D, fl
 /* Query row i sees keys [lo, hi). */
 static __device__ __forceinline__ void row_iv(const fa_args &p, int i, int &lo, int &hi) { lk_attn_row_iv(p.vis, i, lo, hi); }
 
-/* The first row i in [0, Sq] with hi_i > j (want_hi) or lo_i >= j (else); hi and lo
- * grow with i. */
-static __device__ int first_row(const fa_args &p, int j, int want_hi) {
-    int a = 0, b = p.Sq;
-    while (a < b) {
-        const int mid = (a + b) >> 1;
-        int l, h;
-        row_iv(p, mid, l, h);
-        if (want_hi ? h > j : l >= j) b = mid;
-        else a = mid + 1;
-    }
-    return a;
-}
-
 /* score → the value the softmax exponentiates, before the log2e·scale factor: the raw
  * q·k, or cap·tanh(scale·q·k / cap) with softcap (its factor is then log2e alone). */
 static __device__ __forceinline__ float capped(float x, const fa_args &p, float *dfac) {
@@ -485,7 +471,7 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
     load_tile<DP, NT, BNK>(ks, p.k + kvoff, p.D, nk, p.D, p.vec);
     load_tile<DP, NT, BNK>(vs, p.v + kvoff, p.D, nk, p.D, p.vec);
     cp_commit();
-    const int qa = first_row(p, k0, 1), qb = max(qa, first_row(p, k0 + nk, 0));
+    const int qa = lk_attn_first_row(p.vis, k0, 1), qb = max(qa, lk_attn_first_row(p.vis, k0 + nk, 0));
     const int nqt = (qb - qa + BMQ - 1) / BMQ, n = p.G * nqt;
     if (n > 0) dkv_issue<DP, NT>(p, 0, nqt, qa, b, hk, qs, gs, ls, dl, los, his);
     cp_commit();

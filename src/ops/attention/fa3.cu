@@ -27,14 +27,13 @@
  * coordinate; no copies. Softcap and sinks as in the contract. Head dims that are
  * multiples of 8 up to 128 (TMA zero-fills the columns past D of a 64- or 128-wide tile).
  *
- * What this kernel does not take (f32, other head dims up to 256, unaligned tensors) runs
- * on flash_attention_2's kernels, as does the backward (fa2.cu; the same LSE contract): a
- * wgmma backward is still to write (bench/NOTES.md, issue 16). */
-#include <cuda.h>
-#include <cudaTypedefs.h>
+ * The backward is fa3_bwd.cu's (wgmma too). What neither takes (f32, other head dims up to
+ * 256, unaligned tensors; softcap and `deterministic` in the backward) runs on
+ * flash_attention_2's kernels (fa2.cu; the same LSE contract). */
 #include <math.h>
 #include <stdlib.h>
 #include "core/cuda_check.h"
+#include "ops/attention/hopper.cuh"
 #include "ops/attention/internal.h"
 #include "ops/attention/visible.cuh"
 #include "ops/cuda_util.cuh"
@@ -61,93 +60,6 @@ typedef struct {
     int reverse;          /* causal: launch the longest query tiles first */
 } fwd_geom;
 
-/* The Hopper-only instructions exist in the sm_90a pass alone; the other passes see the
- * kernel as a trap. */
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define FA3_ARCH 1
-#else
-#define FA3_ARCH 0
-#endif
-
-#if FA3_ARCH
-static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-static __device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count));
-}
-static __device__ __forceinline__ void mbar_expect_tx(uint64_t *b, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
-}
-static __device__ __forceinline__ void mbar_arrive(uint64_t *b) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
-}
-static __device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
-    asm volatile("{\n.reg .pred p;\nWAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra WAIT;\n}" ::"r"(smem_u32(b)), "r"(parity) : "memory");
-}
-/* A 3-D box of the tensor map into shared memory, completing on bar. */
-static __device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1,
-                                                int c2) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];"
-                 ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2) : "memory");
-}
-
-static __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-static __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-static __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
-
-/* A shared-memory matrix descriptor in the 128-byte swizzle (PTX ISA, "matrix descriptor"). */
-static __device__ __forceinline__ uint64_t desc(const void *p, uint32_t lbo, uint32_t sbo) {
-    return (uint64_t)((smem_u32(p) & 0x3ffff) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32 |
-           1ull << 62;
-}
-
-/* The accumulators are written by the tensor cores between issue and wait: these empty
- * asm statements keep the compiler from moving their reads or writes across. */
-template <int N>
-static __device__ __forceinline__ void fence_regs(float *r) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
-}
-
-
-/* d[m64 x n176] (+)= A · Bᵀ (acc 0: =), A and B K-major in shared memory. */
-static __device__ __forceinline__ void wgmma_ss_n176(float *d, uint64_t da, uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n176k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, %88, %89, p, 1, 1, 0, 0;\n}"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
-                 : "l"(da), "l"(db), "r"(acc));
-}
-
-/* d[m64 x n128] (+)= A · Bᵀ (acc 0: =), A and B K-major in shared memory. */
-static __device__ __forceinline__ void wgmma_ss_n128(float *d, uint64_t da, uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "l"(da), "l"(db), "r"(acc));
-}
-
-/* d[m64 x n128] += A · B, A in registers (this thread's m64k16 fragment), B N-major
- * (transposed) in shared memory. */
-static __device__ __forceinline__ void wgmma_rs_n128(float *d, const uint32_t *a, uint64_t db) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
-
-/* d[m64 x n64] += A · B, A in registers (this thread's m64k16 fragment), B N-major
- * (transposed) in shared memory. */
-static __device__ __forceinline__ void wgmma_rs_n64(float *d, const uint32_t *a, uint64_t db) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
-
-#endif
 
 #if FA3_ARCH
 /* The consumer warpgroups' turns: warpgroup cg waits on barrier 1 + cg, which the other
@@ -394,9 +306,10 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
 
 static size_t saved_bytes(const lk_attention_args *a) { return lk_attn_lse_bytes(a); }
 
-/* What the Hopper kernel does not take runs on flash_attention_2's kernels (fa2.cu): the
- * backward always, and the forward of f32 (CUDA cores there), head dims past 128 or not
- * a multiple of 8, tensors not 16-byte aligned (TMA's rule), B·H_q past the grid's 65535. */
+/* What the Hopper kernels do not take runs on flash_attention_2's kernels (fa2.cu): f32
+ * (CUDA cores there), head dims past 128 or not a multiple of 8, tensors not 16-byte
+ * aligned (TMA's rule), B·H_q past the grid's 65535; and in the backward also softcap and
+ * `deterministic` (fa3_bwd.cu). */
 static const lk_attention_vtable *const fa2 = &lk_attention_fa2_cuda_backend;
 
 static int hopper_takes(const lk_attention_args *a) {
@@ -406,41 +319,11 @@ static int hopper_takes(const lk_attention_args *a) {
            (uintptr_t)a->k.data % 16 == 0 && (uintptr_t)a->v.data % 16 == 0;
 }
 
+static int hopper_backward(const lk_attention_args *a) { return hopper_takes(a) && lk_attn_fa3_bwd_takes(a); }
+
 static size_t workspace_bytes(const lk_attention_args *a, int backward) {
-    return backward || !hopper_takes(a) ? fa2->workspace_bytes(a, backward) : lk_attn_vis_bytes(a);
-}
-
-typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
-                              const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
-                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-
-/* The driver's tensor-map encoder, found once through the runtime (no -lcuda). */
-static encode_fn encoder(void) {
-    static encode_fn fn;
-    if (!fn) {
-        void *f = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) ==
-                cudaSuccess && q == cudaDriverEntryPointSuccess)
-            fn = (encode_fn)f;
-    }
-    return fn;
-}
-
-/* [heads, rows, D] bf16 as boxes of 64 columns x rows_box rows of one head, 128-byte
- * swizzled; rows past the head's end and columns past D read as zeros. */
-static lk_status tensor_map(CUtensorMap *m, const void *base, int64_t heads, int64_t rows, int64_t D, int rows_box) {
-    encode_fn enc = encoder();
-    if (!enc) return lk_error(LK_EDEVICE, "attention: flash_attention_3: the driver has no cuTensorMapEncodeTiled");
-    cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)rows, (cuuint64_t)heads};
-    cuuint64_t strides[2] = {(cuuint64_t)D * 2, (cuuint64_t)(rows * D * 2)};
-    cuuint32_t box[3] = {64, (cuuint32_t)rows_box, 1}, el[3] = {1, 1, 1};
-    CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)base, dims, strides, box, el,
-                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        return lk_error(LK_EDEVICE, "attention: flash_attention_3: cuTensorMapEncodeTiled failed (%d)", (int)r);
-    return LK_OK;
+    if (backward) return hopper_backward(a) ? lk_attn_fa3_bwd_workspace(a) : fa2->workspace_bytes(a, 1);
+    return hopper_takes(a) ? lk_attn_vis_bytes(a) : fa2->workspace_bytes(a, 0);
 }
 
 template <int DP, int BN>
@@ -478,7 +361,9 @@ static lk_status forward(const lk_attention_args *a, lk_ctx *ctx) {
     return bn == 176 ? launch<128, 176>(tq, tk, tv, a, &d, g, st) : launch<128, 128>(tq, tk, tv, a, &d, g, st);
 }
 
-static lk_status backward(const lk_attention_args *a, lk_ctx *ctx) { return fa2->backward(a, ctx); }
+static lk_status backward(const lk_attention_args *a, lk_ctx *ctx) {
+    return hopper_backward(a) ? lk_attn_fa3_backward(a, ctx) : fa2->backward(a, ctx);
+}
 
 extern "C" const lk_attention_vtable lk_attention_fa3_cuda_backend = {
     LK_ATTENTION_VTABLE_VERSION, saved_bytes, workspace_bytes, forward, backward, NULL,

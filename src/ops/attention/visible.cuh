@@ -39,6 +39,20 @@ static __device__ __forceinline__ void lk_attn_row_iv(const lk_attn_vis &v, int 
     lo = (int)l, hi = (int)h;
 }
 
+/* The first row i in [0, Sq] with hi_i > j (want_hi) or lo_i >= j (else): hi and lo grow
+ * with i, so the rows that see any of the keys [j0, j1) are [first(j0, 1), first(j1, 0)). */
+static __device__ __forceinline__ int lk_attn_first_row(const lk_attn_vis &v, int j, int want_hi) {
+    int a = 0, b = v.Sq;
+    while (a < b) {
+        const int mid = (a + b) >> 1;
+        int l, h;
+        lk_attn_row_iv(v, mid, l, h);
+        if (want_hi ? h > j : l >= j) b = mid;
+        else a = mid + 1;
+    }
+    return a;
+}
+
 /* The call's visibility, its cu_seqlens copied into the arena in stream order (n_docs + 1
  * ints each; from pageable memory the copy is staged before the call returns). */
 static inline lk_status lk_attn_vis_make(const lk_attention_args *a, lk_arena *ar, cudaStream_t st,

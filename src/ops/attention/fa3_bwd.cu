@@ -1,0 +1,408 @@
+/* fa3_bwd.cu — flash_attention_3's backward on Hopper (sm_90a): FlashAttention-2's
+ * order (a block owns keys, walks the query rows that see them, recomputes P from the
+ * saved LSE) on wgmma with TMA loads, written for llmkern. bf16 in and out, f32 inside.
+ *
+ *   prep       a warp a query row (padded to 64-row tiles): delta = rowsum(dO ∘ O), the
+ *              LSE in log2 units (+inf where a row sees nothing or lies past S_q, so its
+ *              P is 0), each row's visible keys [lo, hi), the sink's share; laid out so
+ *              one 512-byte bulk copy brings a tile's LSE and delta, another its lo/hi.
+ *   a block    128 keys of one (b, h_kv); three warpgroups (384 threads):
+ *   producer   warpgroup 0 (setmaxnreg 24): one thread loads K and V once by TMA, then
+ *              for every q head of the group and every 64-row query tile that sees the
+ *              keys, Q, dO (a 4-D tensor map over [B, S, H, D]) and the tile's stats into
+ *              a three-stage ring (mbarriers: `full` by TMA's transaction bytes, `empty`
+ *              by the consumers' arrivals).
+ *   consumers  warpgroups 1 and 2 own 64 keys each (setmaxnreg 240). With keys as the M
+ *              dimension, Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (wgmma from shared memory, issued
+ *              together; P is formed while dPᵀ runs) leave Pᵀ and dSᵀ = Pᵀ ∘ (dPᵀ − δ)
+ *              in the accumulator layout that is already the A operand of
+ *              dV += Pᵀ·dO and dK += dSᵀ·Q (wgmma with A in registers, dV and dK in
+ *              registers for the whole walk, GQA's G heads summed there: no atomics on
+ *              dK/dV). dSᵀ also goes to shared memory (two buffers), and
+ *              dQ = dS·K is one more wgmma with both operands read transposed: at D 128
+ *              each warpgroup takes half of D over all 128 keys (a named barrier joins
+ *              their dSᵀ), at D 64 all of D over its own 64 keys.
+ *   dQ sums    each warpgroup adds its 64 x 64 f32 dQ into the f32 workspace straight
+ *              from the registers with 16-byte reductions in L2 (red.global.add.v4.f32):
+ *              the workspace keeps the accumulator's own order (a warp's adds are 512
+ *              contiguous bytes), and the convert pass puts the sums back in
+ *              [B, H, S, D], times the scale, in bf16. Not bit-reproducible (the adds land
+ *              in any order): `deterministic` runs fa2.cu's separate dQ pass.
+ * Layouts are fa3.cu's (rows of 64 elements in TMA's 128-byte swizzle). What this kernel
+ * does not take — softcap, `deterministic`, and everything fa3.cu's forward hands to
+ * fa2.cu — runs on fa2.cu's backward under the same row. */
+#include <math.h>
+#include "core/cuda_check.h"
+#include "ops/attention/hopper.cuh"
+#include "ops/attention/internal.h"
+#include "ops/attention/visible.cuh"
+#include "ops/cuda_util.cuh"
+
+#define BNK 128           /* keys a block, 64 a consumer warpgroup */
+#define BMQ 64            /* query rows a step */
+#define STAGES 3
+#define THREADS 384
+#define LOG2E 1.4426950408889634f
+#define CHUNK 4096        /* f32 of one 64 x 64 dQ chunk */
+
+typedef struct {
+    const float *stats;   /* [B·Hq][nqt][lse2 64 | delta 64] */
+    const int *rows;      /* [nqt][lo 64 | hi 64] */
+    float *dq_acc;        /* [B·Hq][nqt][DP / 64][CHUNK], each chunk in the accumulator's order */
+    lk_bf16_t *dk, *dv;   /* [B, Hkv, Skv, D] */
+    lk_attn_vis vis;
+    int Sq, Skv, Hq, Hkv, G, D, nqt;
+    float scale, scale2;  /* scale, scale · log2e */
+    int head_major;       /* causal: grid x = head, so every head's longest key blocks go first */
+} bwd_geom;
+
+/* --- prep and convert ----------------------------------------------------------------- */
+
+static __global__ void fa3_bwd_prep(const lk_bf16_t *out, const lk_bf16_t *dout, const float *lse, const float *sink,
+                                    float *stats, int *rows, float *sink_part, lk_attn_vis vis, int64_t BH, int Hq,
+                                    int Sq, int D, int nqt) {
+    const int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (r >= BH * nqt * BMQ) return;
+    const int lane = threadIdx.x & 31, i = (int)(r % ((int64_t)nqt * BMQ));
+    const int64_t bh = r / ((int64_t)nqt * BMQ), b = bh / Hq;
+    const int h = (int)(bh % Hq), qt = i / BMQ, ri = i % BMQ;
+    float delta = 0.0f, lse2 = INFINITY;
+    if (i < Sq) {
+        const int64_t off = ((b * Sq + i) * Hq + h) * D;
+        for (int d = lane; d < D; d += 32) delta += __bfloat162float(dout[off + d]) * __bfloat162float(out[off + d]);
+        delta = lk_warp_sum(delta);
+        const float l = lse[bh * Sq + i];
+        if (l > -INFINITY) lse2 = l * LOG2E;
+        if (lane == 0 && sink_part) sink_part[bh * Sq + i] = l > -INFINITY ? -expf(sink[h] - l) * delta : 0.0f;
+    }
+    if (lane) return;
+    float *st = stats + (bh * nqt + qt) * 2 * BMQ;
+    st[ri] = lse2, st[BMQ + ri] = delta;
+    if (bh == 0) {   /* rows past S_q see nothing: lo = hi = S_kv keeps a tile with them on the masked path */
+        int lo = vis.Skv, hi = vis.Skv;
+        if (i < Sq) lk_attn_row_iv(vis, i, lo, hi);
+        rows[qt * 2 * BMQ + ri] = lo, rows[qt * 2 * BMQ + BMQ + ri] = hi;
+    }
+}
+
+/* dq[b, h, i, d] = scale · the sum the chunks hold for it (their order: fragment element e
+ * of thread t of the warpgroup at (e / 4)·512 + 4t + e % 4). */
+static __global__ void fa3_dq_convert(const float *acc, lk_bf16_t *dq, int64_t BH, int Sq, int D, int DP, int nqt,
+                                      float scale) {
+    const int64_t n = BH * Sq * D;
+    for (int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; x < n; x += (int64_t)gridDim.x * blockDim.x) {
+        const int d = (int)(x % D), i = (int)((x / D) % Sq);
+        const int64_t bh = x / ((int64_t)D * Sq);
+        const int r = i % BMQ, c = d % 64, rr = r % 16;
+        const int t = (r / 16) * 32 + (rr % 8) * 4 + (c % 8) / 2, e = (c / 8) * 4 + (rr / 8) * 2 + (c & 1);
+        const int64_t chunk = (bh * nqt + i / BMQ) * (DP / 64) + d / 64;
+        dq[x] = __float2bfloat16_rn(acc[chunk * CHUNK + (e / 4) * 512 + t * 4 + e % 4] * scale);
+    }
+}
+
+/* --- the kernel ---------------------------------------------------------------------- */
+
+#if FA3_ARCH
+/* d (m64 x n64) (+)= A·Bᵀ over D: A = 64 rows of a K/V tile (BNK rows a column block),
+ * B = a Q/dO tile (BMQ rows a column block). */
+template <int DP>
+static __device__ __forceinline__ void issue_kt(float *d, const uint8_t *sa, const uint8_t *sb) {
+#pragma unroll
+    for (int kk = 0; kk < DP / 16; kk++) {
+        const int c = kk / 4, off = (kk % 4) * 32;
+        wgmma_ss_n64(d, desc(sa + c * BNK * 128 + off, 16, 1024), desc(sb + c * BMQ * 128 + off, 16, 1024), kk > 0);
+    }
+}
+
+/* d (m64 x nDP) += A·B over the tile's 64 query rows: A in registers (Pᵀ or dSᵀ), B a
+ * Q/dO tile read N-major. */
+template <int DP>
+static __device__ __forceinline__ void issue_acc(float *d, const uint32_t (*a)[4], const uint8_t *sb) {
+#pragma unroll
+    for (int t = 0; t < BMQ / 16; t++) {
+        const uint64_t db = desc(sb + t * 2048, BMQ * 128, 1024);
+        if constexpr (DP == 128) wgmma_rs_n128(d, a[t], db);
+        else wgmma_rs_n64(d, a[t], db);
+    }
+}
+
+/* Accumulator columns 16t..16t+15 (m64n64) are the A fragment of k-step t. */
+static __device__ __forceinline__ void pack_a(const float *x, uint32_t (*a)[4]) {
+#pragma unroll
+    for (int e = 0; e < 32; e += 2) a[e / 8][((e / 4) & 1) * 2 + ((e >> 1) & 1)] = lk_pack_bf16x2(x[e], x[e + 1]);
+}
+#endif
+
+/* Fragment element e of an m64nN accumulator is row (e & 2 ? 8 : 0) + lane / 4 of the
+ * warp's 16, column 8 (e / 4) + 2 (lane % 4) + (e & 1). */
+template <int DP>
+__global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CUtensorMap tq,
+                                                      const __grid_constant__ CUtensorMap tk,
+                                                      const __grid_constant__ CUtensorMap tv,
+                                                      const __grid_constant__ CUtensorMap tdo, bwd_geom g) {
+#if FA3_ARCH
+    constexpr int NC = DP / 64;
+    constexpr uint32_t KB = BNK * 128, QB = BMQ * 128;   /* bytes of one 64-column block */
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sk = sm, *sv = sk + NC * KB, *sq = sv + NC * KB, *sdo = sq + STAGES * NC * QB;
+    uint8_t *sds = sdo + STAGES * NC * QB;              /* dSᵀ [2][BNK keys][64 queries] bf16 */
+    float *sst = (float *)(sds + 2 * KB);               /* [STAGES][lse2 | delta | lo | hi] x 64 */
+    uint64_t *kvfull = (uint64_t *)(sst + STAGES * 4 * BMQ), *full = kvfull + 1, *empty = full + STAGES;
+
+    const int tid = threadIdx.x, wg = tid / 128;
+    const int bhk = g.head_major ? blockIdx.x : blockIdx.y, kt = g.head_major ? blockIdx.y : blockIdx.x;
+    const int hk = bhk % g.Hkv, b = bhk / g.Hkv, k0 = kt * BNK;
+    /* the query tiles whose rows see any of the block's keys */
+    const int qa = lk_attn_first_row(g.vis, k0, 1), qb = max(qa, lk_attn_first_row(g.vis, min(k0 + BNK, g.Skv), 0));
+    const int qt0 = qa / BMQ, nq = qb > qa ? (qb + BMQ - 1) / BMQ - qt0 : 0, n = g.G * nq;
+
+    if (tid == 0) {
+        mbar_init(kvfull, 1);
+        for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 256);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {   /* producer */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+        if (tid == 0 && n > 0) {
+            mbar_expect_tx(kvfull, 2 * NC * KB);
+            for (int c = 0; c < NC; c++) {
+                tma_load(sk + c * KB, &tk, kvfull, c * 64, k0, bhk);
+                tma_load(sv + c * KB, &tv, kvfull, c * 64, k0, bhk);
+            }
+            for (int it = 0; it < n; it++) {
+                const int s = it % STAGES, hh = hk * g.G + it / nq, qt = qt0 + (it % nq + kt) % nq;
+                const int64_t bh = (int64_t)b * g.Hq + hh;
+                if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
+                mbar_expect_tx(&full[s], 2 * NC * QB + 4 * BMQ * 4);
+                for (int c = 0; c < NC; c++) {
+                    tma_load(sq + (s * NC + c) * QB, &tq, &full[s], c * 64, qt * BMQ, (int)bh);
+                    tma_load4(sdo + (s * NC + c) * QB, &tdo, &full[s], c * 64, hh, qt * BMQ, b);
+                }
+                bulk_load(sst + s * 4 * BMQ, g.stats + (bh * g.nqt + qt) * 2 * BMQ, 2 * BMQ * 4, &full[s]);
+                bulk_load(sst + s * 4 * BMQ + 2 * BMQ, g.rows + qt * 2 * BMQ, 2 * BMQ * 4, &full[s]);
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    const int ct = tid - 128, cg = ct / 128, wt = ct % 128, w = wt / 32, lane = tid % 32, t4 = lane % 4;
+    const int kb = k0 + cg * 64, key0 = kb + w * 16 + lane / 4;   /* this thread's keys: key0, key0 + 8 */
+    float dk[DP / 2], dv[DP / 2];
+#pragma unroll
+    for (int e = 0; e < DP / 2; e++) dk[e] = dv[e] = 0.0f;
+    if (n > 0) mbar_wait(kvfull, 0);
+    for (int it = 0; it < n; it++) {
+        const int s = it % STAGES, hh = hk * g.G + it / nq, qt = qt0 + (it % nq + kt) % nq;
+        const int64_t bh = (int64_t)b * g.Hq + hh;
+        const uint8_t *q = sq + s * NC * QB, *o = sdo + s * NC * QB;
+        const float *lse2 = sst + s * 4 * BMQ, *delta = lse2 + BMQ;
+        const int *lo = (const int *)(lse2 + 2 * BMQ), *hi = lo + BMQ;
+        mbar_wait(&full[s], (it / STAGES) & 1);
+
+        float sc[32], dp[32];
+        wgmma_fence();
+        issue_kt<DP>(sc, sk + cg * 64 * 128, q);
+        wgmma_commit();
+        issue_kt<DP>(dp, sv + cg * 64 * 128, o);
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_regs<32>(sc);
+
+        /* Pᵀ = exp2(scale2 · s − lse2 of the query), 0 where the query does not see the key */
+        const bool whole = lo[BMQ - 1] <= kb && hi[0] >= kb + 64;
+        uint32_t pp[4][4], ds[4][4];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int c = 8 * j + 2 * t4;
+            const float2 L = *reinterpret_cast<const float2 *>(lse2 + c);
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                const int e = 4 * j + x, key = key0 + (x & 2 ? 8 : 0), col = c + (x & 1);
+                float pv = lk_ex2(fmaf(sc[e], g.scale2, -(x & 1 ? L.y : L.x)));
+                if (!whole && (key < lo[col] || key >= hi[col])) pv = 0.0f;
+                sc[e] = pv;
+            }
+        }
+        pack_a(sc, pp);
+        wgmma_fence();
+        issue_acc<DP>(dv, pp, o);   /* dV += Pᵀ·dO */
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_regs<32>(dp);
+
+        /* dSᵀ = Pᵀ ∘ (dPᵀ − δ of the query), with Pᵀ as rounded for dV */
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const float2 dd = *reinterpret_cast<const float2 *>(delta + 8 * j + 2 * t4);
+#pragma unroll
+            for (int hh2 = 0; hh2 < 2; hh2++) {
+                const uint32_t u = pp[j / 2][(j & 1) * 2 + hh2];
+                const float p0 = __uint_as_float(u << 16), p1 = __uint_as_float(u & 0xffff0000u);
+                dp[4 * j + 2 * hh2] = p0 * (dp[4 * j + 2 * hh2] - dd.x);
+                dp[4 * j + 2 * hh2 + 1] = p1 * (dp[4 * j + 2 * hh2 + 1] - dd.y);
+            }
+        }
+        pack_a(dp, ds);
+        uint8_t *dsb = sds + (it & 1) * KB;
+#pragma unroll
+        for (int e = 0; e < 32; e += 2) {
+            const int r = cg * 64 + w * 16 + (e & 2 ? 8 : 0) + lane / 4;
+            *reinterpret_cast<uint32_t *>(dsb + r * 128 + (((e / 4) ^ (r & 7)) << 4) + 4 * t4) =
+                ds[e / 8][((e / 4) & 1) * 2 + ((e >> 1) & 1)];
+        }
+        wgmma_fence();
+        issue_acc<DP>(dk, ds, q);   /* dK += dSᵀ·Q */
+        wgmma_commit();
+
+        /* dQ = dS·K: D 128, half of D over both warpgroups' keys; D 64, all of D over ours */
+        fence_async_smem();
+        if constexpr (DP == 128) named_sync(1, 256);
+        else named_sync(2 + cg, 128);
+        float dq[32];
+        constexpr int KSTEPS = DP == 128 ? BNK / 16 : 4;
+        const int t0 = DP == 128 ? 0 : 4 * cg;
+        const uint8_t *kq = sk + (DP == 128 ? cg * KB : 0);
+        wgmma_fence();
+#pragma unroll
+        for (int t = 0; t < KSTEPS; t++)
+            wgmma_ss_n64_tt(dq, desc(dsb + (t0 + t) * 2048, QB, 1024), desc(kq + (t0 + t) * 2048, KB, 1024), t > 0);
+        wgmma_commit();
+        wgmma_wait<1>();   /* dV and dK: the stage's Q and dO are read */
+        fence_regs<DP / 2>(dv);
+        fence_regs<DP / 2>(dk);
+        fence_regs_u32<16>(&pp[0][0]);
+        fence_regs_u32<16>(&ds[0][0]);
+        mbar_arrive(&empty[s]);
+        wgmma_wait<0>();
+        fence_regs<32>(dq);
+        /* the warpgroup's 64 x 64 dQ added into the f32 sums straight from the registers:
+         * the chunk keeps the accumulator's order, so a warp's 16-byte adds are 512
+         * contiguous bytes */
+        float *chunk = g.dq_acc + ((bh * g.nqt + qt) * NC + (DP == 128 ? cg : 0)) * CHUNK + wt * 4;
+#pragma unroll
+        for (int j = 0; j < 8; j++) red_add_v4(chunk + j * 512, dq + 4 * j);
+    }
+
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int key = key0 + 8 * r;
+        if (key >= g.Skv) continue;
+        lk_bf16_t *krow = g.dk + ((int64_t)bhk * g.Skv + key) * g.D, *vrow = g.dv + ((int64_t)bhk * g.Skv + key) * g.D;
+#pragma unroll
+        for (int e = 2 * r; e < DP / 2; e += 4) {
+            const int d = 8 * (e / 4) + 2 * t4;
+            if (d + 1 < g.D) {
+                *(__nv_bfloat162 *)(krow + d) = __floats2bfloat162_rn(dk[e] * g.scale, dk[e + 1] * g.scale);
+                *(__nv_bfloat162 *)(vrow + d) = __floats2bfloat162_rn(dv[e], dv[e + 1]);
+            } else if (d < g.D) {
+                krow[d] = lk_from_f32<lk_bf16_t>(dk[e] * g.scale);
+                vrow[d] = lk_from_f32<lk_bf16_t>(dv[e]);
+            }
+        }
+    }
+#else
+    __trap();   /* built for sm_90a only: the row needs compute capability 9.0 */
+#endif
+}
+
+/* --- host ---------------------------------------------------------------------------- */
+
+static size_t up(size_t b) { return (b + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
+static int dp_of(int64_t D) { return D <= 64 ? 64 : 128; }
+
+static size_t bwd_smem(int DP) {
+    const size_t nc = (size_t)DP / 64;
+    return 1024 + 2 * nc * BNK * 128 + 2 * STAGES * nc * BMQ * 128 + 2 * BNK * 128 + STAGES * 4 * BMQ * 4 +
+           8 * (1 + 2 * STAGES);
+}
+
+/* The workspace's pieces, in the order backward takes them. */
+typedef struct {
+    size_t stats, rows, dq_acc, sink_part;
+} pieces;
+
+static pieces pieces_of(const lk_attention_args *a) {
+    const lk_attn_dims d = lk_attn_dims_of(a);
+    const size_t nqt = (size_t)lk_cdiv(d.Sq, BMQ), bh = (size_t)(d.B * d.Hq);
+    pieces p = {up(bh * nqt * 2 * BMQ * 4), up(nqt * 2 * BMQ * 4), up(bh * nqt * (size_t)dp_of(d.D) / 64 * CHUNK * 4),
+                a->s_aux.data && a->ds_aux.data ? up(lk_attn_lse_bytes(a)) : 0};
+    return p;
+}
+
+int lk_attn_fa3_bwd_takes(const lk_attention_args *a) {
+    const lk_attn_dims d = lk_attn_dims_of(a);
+    const lk_hw *hw = lk_hw_get();
+    const int grid_ok = a->causal ? lk_cdiv(d.Skv, BNK) <= 65535 : d.B * d.Hkv <= 65535;
+    return !(a->softcap > 0.0f) && !a->deterministic && grid_ok && lk_aligned16(a->dout.data) &&
+           lk_aligned16(a->out.data) && lk_aligned16(a->dk.data) && lk_aligned16(a->dv.data) &&
+           (hw->cuda_smem_per_block == 0 || bwd_smem(dp_of(d.D)) <= hw->cuda_smem_per_block);
+}
+
+size_t lk_attn_fa3_bwd_workspace(const lk_attention_args *a) {
+    const pieces p = pieces_of(a);
+    return lk_attn_vis_bytes(a) + p.stats + p.rows + p.dq_acc + p.sink_part;
+}
+
+template <int DP>
+static lk_status launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const CUtensorMap &tdo,
+                        const bwd_geom &g, int64_t B, cudaStream_t st) {
+    const size_t sh = bwd_smem(DP);
+    LK_CUDA_TRY(cudaFuncSetAttribute(fa3_bwd<DP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
+    const unsigned nkt = (unsigned)lk_cdiv(g.Skv, BNK), heads = (unsigned)(B * g.Hkv);
+    const dim3 grid = g.head_major ? dim3(heads, nkt) : dim3(nkt, heads);
+    fa3_bwd<DP><<<grid, THREADS, sh, st>>>(tq, tk, tv, tdo, g);
+    LK_CUDA_LAUNCHED("attention: flash_attention_3 backward");
+    return LK_OK;
+}
+
+lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
+    const lk_attn_dims d = lk_attn_dims_of(a);
+    if (d.Sq == 0 || d.B * d.Hq == 0) return LK_OK;
+    cudaStream_t st = (cudaStream_t)ctx->stream;
+    const pieces pc = pieces_of(a);
+    const int DP = dp_of(d.D), nqt = (int)lk_cdiv(d.Sq, BMQ);
+    bwd_geom g = {};
+    lk_status s = lk_attn_vis_make(a, ctx->arena, st, &g.vis);
+    if (s) return s;
+    float *stats = (float *)lk_arena_alloc(ctx->arena, pc.stats);
+    int *rows = (int *)lk_arena_alloc(ctx->arena, pc.rows);
+    g.dq_acc = (float *)lk_arena_alloc(ctx->arena, pc.dq_acc);
+    float *sink_part = pc.sink_part ? (float *)lk_arena_alloc(ctx->arena, pc.sink_part) : NULL;
+    if (!stats || !rows || !g.dq_acc || (pc.sink_part && !sink_part))
+        return lk_error(LK_ENOMEM, "attention: flash_attention_3: no room for the backward's row stats and dq sums");
+    g.stats = stats, g.rows = rows;
+    g.dk = (lk_bf16_t *)a->dk.data, g.dv = (lk_bf16_t *)a->dv.data;
+    g.Sq = (int)d.Sq, g.Skv = (int)d.Skv, g.Hq = (int)d.Hq, g.Hkv = (int)d.Hkv, g.G = (int)d.G, g.D = (int)d.D;
+    g.nqt = nqt, g.scale = d.scale, g.scale2 = d.scale * LOG2E, g.head_major = a->causal;
+
+    const int64_t prow = d.B * d.Hq * nqt * BMQ;
+    fa3_bwd_prep<<<(unsigned)lk_cdiv(prow, 8), 256, 0, st>>>(
+        (const lk_bf16_t *)a->out.data, (const lk_bf16_t *)a->dout.data, (const float *)a->saved.data,
+        (const float *)a->s_aux.data, stats, rows, sink_part, g.vis, d.B * d.Hq, (int)d.Hq, (int)d.Sq, (int)d.D, nqt);
+    LK_CUDA_LAUNCHED("attention: flash_attention_3 backward prep");
+    LK_CUDA_TRY(cudaMemsetAsync(g.dq_acc, 0, pc.dq_acc, st));
+
+    if (d.Skv > 0) {
+        CUtensorMap tq, tk, tv, tdo;
+        /* dO is [B, S, H, D]: a box of 64 columns x 1 head x 64 rows is one [64][64] tile */
+        const cuuint64_t ddims[4] = {(cuuint64_t)d.D, (cuuint64_t)d.Hq, (cuuint64_t)d.Sq, (cuuint64_t)d.B};
+        const cuuint64_t dstr[3] = {(cuuint64_t)d.D * 2, (cuuint64_t)(d.Hq * d.D * 2),
+                                    (cuuint64_t)(d.Sq * d.Hq * d.D * 2)};
+        const cuuint32_t dbox[4] = {64, 1, BMQ, 1};
+        if ((s = tensor_map(&tq, a->q.data, d.B * d.Hq, d.Sq, d.D, BMQ)) ||
+            (s = tensor_map(&tk, a->k.data, d.B * d.Hkv, d.Skv, d.D, BNK)) ||
+            (s = tensor_map(&tv, a->v.data, d.B * d.Hkv, d.Skv, d.D, BNK)) ||
+            (s = bf16_map(&tdo, a->dout.data, 4, ddims, dstr, dbox)))
+            return s;
+        s = DP == 64 ? launch<64>(tq, tk, tv, tdo, g, d.B, st) : launch<128>(tq, tk, tv, tdo, g, d.B, st);
+        if (s) return s;
+    }   /* no keys: dK and dV are empty, dQ is 0 */
+    const int64_t nel = d.B * d.Hq * d.Sq * d.D;
+    fa3_dq_convert<<<(unsigned)(lk_cdiv(nel, 256) < 8192 ? lk_cdiv(nel, 256) : 8192), 256, 0, st>>>(
+        g.dq_acc, (lk_bf16_t *)a->dq.data, d.B * d.Hq, (int)d.Sq, (int)d.D, DP, nqt, d.scale);
+    LK_CUDA_LAUNCHED("attention: flash_attention_3 backward dq convert");
+    return sink_part ? lk_attn_cuda_sink_sum(sink_part, (float *)a->ds_aux.data, d.B, d.Hq, d.Sq, st) : LK_OK;
+}

@@ -171,16 +171,23 @@ int cli_bench(const cli_opts *o) {
     int cap = 2 + 3 * n_jobs, n = 2, with_case = 0;
     lk_bench_row *rows = malloc(sizeof *rows * (size_t)cap);
     if (!rows) return cli_fail("bench", lk_error(LK_ENOMEM, "bench: out of memory"));
-    if ((s = lk_measure_ceilings(&ceil, rows))) { free(rows); return cli_fail("bench", s); }
+    cli_progress("llmkern bench: measuring the ceilings (copy bandwidth, GEMM rate) ...");
+    if ((s = lk_measure_ceilings(&ceil, rows))) { cli_progress(NULL); free(rows); return cli_fail("bench", s); }
     for (int i = 0; i < n_jobs; i++, n += 3) {
         const job *jb = &jobs[i];
         lk_case_opts mine = opts_for(jb->h, &all);
+        char now[200];
+        snprintf(now, sizeof now, "llmkern bench: %d of %d, %s %s %s ...", i + 1, n_jobs,
+                 lk_op_info_get(jb->impl->op)->name, jb->impl->name, lk_dtype_name(jb->dt));
+        cli_progress(now);
         if ((s = jb->h->bench(jb->impl, jb->dt, o->size ? &size : &jb->h->bench_shape, &mine, &ceil, rows + n))) {
+            cli_progress(NULL);
             free(rows);
             return cli_fail("bench", s);
         }
         with_case |= rows[n].nparam > 0;
     }
+    cli_progress(NULL);
     if (o->json) {
         cli_json j;
         cli_json_begin(&j, stdout);

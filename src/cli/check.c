@@ -32,8 +32,13 @@ int cli_check(const cli_opts *o) {
             if (!(h->dtypes & impl->needs.dtypes & LK_DTYPE_BIT(dt)) || !wanted_dtype(o, (lk_dtype)dt)) continue;
             for (int k = 0; k < h->n_check_shapes; k++) {
                 lk_check_row r;
+                char now[200];
+                snprintf(now, sizeof now, "llmkern check: %d run, %s %s %s ...", ran, impl->name,
+                         lk_dtype_name((lk_dtype)dt), lk_op_info_get(impl->op)->name);
+                cli_progress(now);
                 lk_status s = h->check(impl, (lk_dtype)dt, &h->check_shapes[k], o->seed + (unsigned)k, &r);
                 if (s) {
+                    cli_progress(NULL);
                     if (!o->json) cli_table_free(&t);
                     return cli_fail("check", s);
                 }
@@ -58,6 +63,7 @@ int cli_check(const cli_opts *o) {
             }
         }
     }
+    cli_progress(NULL);
     if (o->json) cli_json_end(&j);
     else {
         lk_status s = cli_table_print(&t, stdout, 0);

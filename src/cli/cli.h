@@ -62,11 +62,12 @@ void cli_json_bool(cli_json *j, const char *key, int v);
 #define CLI_TABLE_COLS 12
 typedef struct {
     int ncol;
-    const char *head[CLI_TABLE_COLS];  /* head[0] NULL: no header line */
+    const char *head[CLI_TABLE_COLS];  /* all NULL: no header line */
     unsigned right;                    /* bit c set: column c right-aligned (numbers) */
     int nrow, cap, oom;
     char **cell;                       /* nrow x ncol copies, owned */
 } cli_table;
+/* head: ncol column names, or NULL for a table without a header line. */
 void cli_table_init(cli_table *t, int ncol, const char *const *head, unsigned right);
 /* Appends a copy of one row of ncol cells (NULL cells are empty). */
 void cli_table_add(cli_table *t, const char *const *cells);
@@ -78,6 +79,9 @@ void cli_table_free(cli_table *t);
 /* Prints text wrapped within CLI_WIDTH: its first line indented by indent, the others
  * by hang. */
 void cli_text(FILE *f, int indent, int hang, const char *text);
+/* What a long command is doing, on one line of stderr rewritten in place, when stderr is
+ * a terminal (elsewhere nothing); NULL clears it. */
+void cli_progress(const char *text);
 
 /* The ops --op selects (all when NULL); 0 and a message when the name is unknown. */
 int cli_ops(const char *name, int selected[LK_OP_COUNT]);

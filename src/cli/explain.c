@@ -58,13 +58,13 @@ static void text_row(cli_table *t, const lk_ops_config *cfg, const lk_binding *b
 }
 
 static lk_status print_text(const cli_opts *o, const lk_ops_config *cfg, const lk_op_table *table) {
-    static const char *const env_head[] = {NULL}, *const head[] = {"OP", "REQUESTED", "IMPL", "STAGE", "SOURCE"},
+    static const char *const head[] = {"OP", "REQUESTED", "IMPL", "STAGE", "SOURCE"},
                              *const mod_head[] = {"MODULE", "OP", "REQUESTED", "IMPL", "STAGE", "SOURCE"},
                              *const fb_head[] = {"OP", "FALLBACK"};
     cli_table t;
     lk_status s;
     printf("environment (src/config/env.c):\n");
-    cli_table_init(&t, 3, env_head, 0);
+    cli_table_init(&t, 3, NULL, 0);
     for (int i = 0; i < LK_ENV_COUNT; i++) {
         const lk_env_var *v = lk_env_var_get((lk_env_id)i);
         const lk_env_value *e = lk_env((lk_env_id)i);

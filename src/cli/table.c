@@ -3,9 +3,11 @@
  * widest cell or header, columns are two spaces apart, numbers may be right-aligned, and
  * the last column is wrapped at spaces (a word longer than the column is cut) so that
  * every line fits in CLI_WIDTH columns, its continuation lines starting under it. No
- * line ends in a space. Widths count code points, so UTF-8 text lines up too. */
+ * line ends in a space. Widths count code points, so UTF-8 text lines up too. While rows
+ * are being made (check, bench), cli_progress keeps one status line on a terminal's stderr. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "cli/cli.h"
 
 /* The narrowest the wrapped last column gets: when the columns before it leave less, the
@@ -15,7 +17,7 @@
 void cli_table_init(cli_table *t, int ncol, const char *const *head, unsigned right) {
     memset(t, 0, sizeof *t);
     t->ncol = ncol < CLI_TABLE_COLS ? ncol : CLI_TABLE_COLS;
-    for (int c = 0; c < t->ncol; c++) t->head[c] = head ? head[c] : NULL;
+    for (int c = 0; c < t->ncol && head; c++) t->head[c] = head[c];   /* head NULL: no header line */
     t->right = right;
 }
 
@@ -168,4 +170,13 @@ void cli_text(FILE *f, int indent, int hang, const char *text) {
         flush(&l, f);
         while (*rest == ' ') rest++;
     }
+}
+
+void cli_progress(const char *text) {
+    static int shown;
+    if (!isatty(STDERR_FILENO)) return;
+    if (text) fprintf(stderr, "\r%.*s\033[K", CLI_WIDTH - 1, text);
+    else if (shown) fputs("\r\033[K", stderr);
+    shown = text != NULL;
+    fflush(stderr);
 }

@@ -182,7 +182,7 @@ class _Patch:
             else:
                 raise TypeError(f"{where}: unknown choice {key!r}; expected one of {', '.join(_OPS)}, "
                                 f"an <op>_implementation field, config= or overrides=")
-        self.selections = {}
+        self.selections, self.bindings = {}, {}
         self.selection("cpu")          # every name is checked now, not at the first step
 
     def on(self, op):
@@ -197,7 +197,11 @@ class _Patch:
         return s
 
     def binding(self, op, module, t):
-        return self.selection(t.device).binding(op, module)
+        key = (op, module, t.device.type)
+        b = self.bindings.get(key)
+        if b is None:
+            b = self.bindings[key] = self.selection(t.device).binding(op, module)
+        return b
 
 
 def _module_name(name):

@@ -79,8 +79,8 @@ const lk_impl lk_attention_impls[] = {
     {
         .op = LK_OP_ATTENTION, .name = "flash_attention_3", .device = LK_DEVICE_CUDA,
         .needs = {.min_cc = 90, .dtypes = CPU_DTYPES}, .vtable = &fa3,
-        .summary = "Hopper forward (bf16, D <= 128): TMA producer, two wgmma consumer warpgroups; the rest "
-                   "and the backward (dq by atomics unless deterministic): flash_attention_2's",
+        .summary = "Hopper (bf16, D <= 128): TMA producer, two wgmma consumer warpgroups, forward and backward "
+                   "(dq by f32 reductions; deterministic, softcap and the rest: flash_attention_2's)",
     },
     {
         .op = LK_OP_ATTENTION, .name = "llmkern_flash_attention_3_with_sp", .device = LK_DEVICE_CUDA,

@@ -337,9 +337,12 @@ def test_errors_carry_the_library_text():
         llmkern.rms_norm(x.half(), torch.ones(8).half())
 
 
-def test_workspace_comes_from_torch_and_goes_back():
-    # eager cross-entropy materializes [T, V] logits in its workspace
-    al = _torch._allocator(torch.device("cpu"))
+@pytest.mark.parametrize("dev", DEVICES)
+def test_workspace_comes_from_torch_and_goes_back(dev):
+    # cross-entropy keeps a chunk of [T, V] f32 logits in its workspace (eager on the CPU:
+    # all of them; fused on CUDA: one chunk)
+    impl = "eager" if dev == "cpu" else "fused"
+    al = _torch._allocator(torch.device(dev, 0) if dev == "cuda" else torch.device(dev))
     calls = []
     orig = al._alloc
 
@@ -348,9 +351,28 @@ def test_workspace_comes_from_torch_and_goes_back():
         return orig(user, n, dev)
     al.c.alloc = type(al.c.alloc)(counting)
     try:
-        h, w = torch.randn(16, 32), torch.randn(50, 32)
-        llmkern.lm_head_cross_entropy(h, w, torch.randint(0, 50, (16,)), impl="eager")
+        h, w = torch.randn(16, 32, device=dev), torch.randn(50, 32, device=dev)
+        llmkern.lm_head_cross_entropy(h, w, torch.randint(0, 50, (16,), device=dev), impl=impl)
     finally:
         al.c.alloc = type(al.c.alloc)(orig)
     assert calls and max(calls) >= 16 * 50 * 4, calls
     assert al.live == {}, "every block went back to torch"
+
+
+@pytest.mark.skipif("cuda" not in DEVICES, reason="needs a GPU (torch.cuda.is_available())")
+def test_cuda_calls_take_the_current_stream(monkeypatch):
+    seen = []
+    init = _torch.Call.__init__
+
+    def spy(self, t):
+        init(self, t)
+        seen.append(self.ctx.stream)
+    monkeypatch.setattr(_torch.Call, "__init__", spy)
+    s = torch.cuda.Stream()
+    x = torch.randn(64, 256, device="cuda")
+    with torch.cuda.stream(s):
+        y = llmkern.rms_norm(x, torch.ones(256, device="cuda"))
+    s.synchronize()
+    assert seen and all(p == s.cuda_stream for p in seen), (seen, s.cuda_stream)
+    ref = mq.Qwen3RMSNorm(256).cuda()
+    assert_close(y, ref(x), torch.float32, "y")

@@ -426,14 +426,16 @@ def explain(model, device=None):
     for name, m in model.named_modules():
         for attr, op in (("_llmkern", None), ("_llmkern_rope", "rope")):
             v = getattr(m, attr, None)
-            if v is None or isinstance(m, type):
+            if v is None:
                 continue
-            p, module = v
+            p, module = v               # module None: patched through its class, the op-wide binding
             kind = type(m).__name__
             op = op or ("rms_norm" if kind.endswith("RMSNorm") else "swiglu_mlp" if kind.endswith("MLP") else
                         "cross_entropy" if kind.endswith("ForCausalLM") else "moe_experts")
-            mod = module + ".experts" if kind.endswith("SparseMoeBlock") else module
-            rows.append((mod, p.binding(op, mod, t)))
+            if kind.endswith("SparseMoeBlock") and module is not None:
+                module += ".experts"
+            shown = module or ("lm_head" if op == "cross_entropy" else _module_name(name))
+            rows.append((shown, p.binding(op, module, t)))
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if impl in ATTENTION_NAMES:
         from ._torch import select

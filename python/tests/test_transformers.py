@@ -155,6 +155,8 @@ def test_apply_to_the_classes_patches_models_made_afterwards():
         assert mq.Qwen3RMSNorm.forward is lkt._rms_forward and mq.Qwen3MLP.forward is lkt._mlp_forward
         out = m(torch.randint(0, 128, (1, 8)), labels=torch.randint(0, 128, (1, 8)))
         assert torch.isfinite(out.loss)
+        text = lkt.explain(m)
+        assert [ln for ln in text.splitlines() if ln.startswith("layers.1.mlp ") and "fused/cpu" in ln], text
     finally:
         for n, f in saved.items():
             setattr(getattr(mq, n), "forward", f)

@@ -19,7 +19,7 @@ CC=clang cmake -S "$src" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DLLMKERN_S
   -DLLMKERN_CUDA=OFF >"$dir/configure.log" 2>&1 || { cat "$dir/configure.log"; exit 1; }
 cmake --build "$dir" --target fuzz_targets -j "$jobs" >"$dir/build.log" 2>&1 || { tail -30 "$dir/build.log"; exit 1; }
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(fuzz_yaml fuzz_config_json fuzz_safetensors fuzz_data fuzz_block_mask)
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_yaml fuzz_config_json fuzz_safetensors fuzz_data fuzz_block_mask fuzz_index)
 mkdir -p "$dir/crashes"
 # a crash's input: add it to tests/fuzz/corpus/<target>/ and replay it in an ordinary test
 export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=0 UBSAN_OPTIONS=print_stacktrace=1 OMP_NUM_THREADS=1

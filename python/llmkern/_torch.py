@@ -22,23 +22,25 @@ def view(t):
     v = L.Tensor()
     if t is None:
         return v
-    if t.dtype not in _DTYPES:
+    dt = _DTYPES.get(t.dtype)
+    if dt is None:
         raise TypeError(f"llmkern: dtype {t.dtype} is not one llmkern takes ({', '.join(map(str, _DTYPES))})")
-    if t.dim() > L.LK_MAX_DIMS:
-        raise ValueError(f"llmkern: expected at most {L.LK_MAX_DIMS} dims, got {t.dim()} ({tuple(t.shape)})")
+    n = t.dim()
+    if n > L.LK_MAX_DIMS:
+        raise ValueError(f"llmkern: expected at most {L.LK_MAX_DIMS} dims, got {n} ({tuple(t.shape)})")
     # an empty tensor still needs a non-NULL pointer (NULL marks "absent")
-    v.data = t.data_ptr() or ctypes.addressof(_EMPTY)
-    v.dtype = _DTYPES[t.dtype]
-    v.device.type = L.LK_DEVICE_CUDA if t.is_cuda else L.LK_DEVICE_CPU
-    v.device.index = (t.device.index or 0) if t.is_cuda else 0
-    v.ndim = t.dim()
-    for i in range(t.dim()):
-        v.shape[i] = t.shape[i]
-        v.stride[i] = t.stride(i)
+    v.data = t.data_ptr() or _EMPTY_ADDR
+    v.dtype = dt
+    if t.is_cuda:
+        v.device.type, v.device.index = L.LK_DEVICE_CUDA, t.device.index or 0
+    v.ndim = n
+    v.shape[:n] = t.shape
+    v.stride[:n] = t.stride()
     return v
 
 
 _EMPTY = ctypes.create_string_buffer(64)
+_EMPTY_ADDR = ctypes.addressof(_EMPTY)
 
 
 def shape_only(t):
@@ -66,6 +68,7 @@ class _TorchAllocator:
         self.device = device
         self.live = {}
         self.c = L.Allocator(L.ALLOC_FN(self._alloc), L.FREE_FN(self._free), None)
+        self.ptr = ctypes.pointer(self.c)
 
     def _alloc(self, user, nbytes, dev):
         try:
@@ -85,7 +88,7 @@ _allocators = {}
 
 
 def _allocator(device):
-    key = (device.type, device.index if device.type == "cuda" else 0)
+    key = (device.type, (device.index or 0) if device.type == "cuda" else 0)
     a = _allocators.get(key)
     if a is None:
         a = _allocators[key] = _TorchAllocator(torch.device(device.type, key[1]))
@@ -98,13 +101,11 @@ class Call:
 
     def __init__(self, t):
         al = _allocator(t.device)
-        self.arena = L.Arena(device=device_type(t), allocator=ctypes.pointer(al.c))
-        self.ctx = L.Ctx()
-        self.ctx.device.type = device_type(t)
+        self.arena = L.Arena(device=device_type(t), allocator=al.ptr)
+        self.ctx = L.Ctx(arena=ctypes.pointer(self.arena))
         if t.is_cuda:
-            self.ctx.device.index = t.device.index or 0
+            self.ctx.device.type, self.ctx.device.index = L.LK_DEVICE_CUDA, t.device.index or 0
             self.ctx.stream = torch.cuda.current_stream(t.device).cuda_stream
-        self.ctx.arena = ctypes.pointer(self.arena)
 
     def __enter__(self):
         return ctypes.byref(self.ctx)

@@ -20,7 +20,8 @@ itself and saves it at --tokenizer (for tests and quick starts: nothing is downl
 
 `tokenizers` is this script's only dependency: when it cannot be imported, the script
 creates a virtual environment (LLMKERN_TOKENIZE_VENV, default
-~/.cache/llmkern/tokenize-venv), installs it there with pip, and runs itself again in it.
+~/.cache/llmkern/tokenize-venv, or the temporary directory's without a writable home),
+installs it there with pip, and runs itself again in it.
 Exit status: 0 done, 2 bad input (the message names the file, line and field).
 """
 import argparse
@@ -49,8 +50,15 @@ def ensure_tokenizers():
     if os.environ.get(VENV_FLAG):
         fail("the package 'tokenizers' is still not importable in the virtual environment "
              f"{sys.prefix}: remove it and run again")
-    venv = os.environ.get("LLMKERN_TOKENIZE_VENV") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llmkern", "tokenize-venv")
+    venv = os.environ.get("LLMKERN_TOKENIZE_VENV")
+    if not venv:   # the user's cache, or a temporary directory where there is no writable home
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        try:
+            os.makedirs(os.path.join(cache, "llmkern"), exist_ok=True)
+            venv = os.path.join(cache, "llmkern", "tokenize-venv")
+        except OSError:
+            import tempfile
+            venv = os.path.join(tempfile.gettempdir(), f"llmkern-tokenize-venv-{os.getuid()}")
     py = os.path.join(venv, "bin", "python3")
     try:
         if not os.path.exists(py):

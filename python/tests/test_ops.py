@@ -355,7 +355,9 @@ def test_workspace_comes_from_torch_and_goes_back(dev):
         llmkern.lm_head_cross_entropy(h, w, torch.randint(0, 50, (16,), device=dev), impl=impl)
     finally:
         al.c.alloc = type(al.c.alloc)(orig)
-    assert calls and max(calls) >= 16 * 50 * 4, calls
+    assert calls, "the workspace came from torch"
+    if dev == "cpu":
+        assert max(calls) >= 16 * 50 * 4, calls          # eager's [T, V] f32 logits
     assert al.live == {}, "every block went back to torch"
 
 

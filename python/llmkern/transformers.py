@@ -73,10 +73,11 @@ def _cu_from_positions(position_ids):
     return torch.cat([starts, torch.tensor([p.numel()])]).to(torch.int32)
 
 
-def _dense_mask(mask_mod, B, Q, KV, device):
-    """A mask predicate (b, h, q, kv) evaluated over every element: [B, 1, Q, KV] bool."""
+def _dense_mask(mask_mod, B, Q, KV, device, H=1):
+    """A mask predicate (b, h, q, kv) evaluated over every element: [B, H, Q, KV] bool
+    (H 1: the same for every head)."""
     from torch.nn.attention.flex_attention import create_mask
-    return create_mask(mask_mod, B, 1, Q, KV, device=device)
+    return create_mask(mask_mod, B, H, Q, KV, device=device)
 
 
 def _make_attention(name, impl):
@@ -96,7 +97,8 @@ def _make_attention(name, impl):
                     raise ValueError(f"{name}: attention_mask: expected a BlockMask (the model's mask, built by "
                                      f"transformers for {name}), got {type(bm).__name__}")
                 Q, KV = bm.seq_lengths
-                bm = BlockMask.from_dense(_dense_mask(bm.mask_mod, B, Q, KV, query.device))
+                Bm, Hm = bm.shape[:2]          # a torch BlockMask: its own batch and head broadcast
+                bm = BlockMask.from_dense(_dense_mask(bm.mask_mod, Bm, Q, KV, query.device, Hm))
             return attention(query, key, value, impl, block_mask=bm, **kw), None
         if kwargs.get("cu_seq_lens_q") is not None:
             out = attention(query, key, value, impl, cu_seqlens_q=kwargs["cu_seq_lens_q"],

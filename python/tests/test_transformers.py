@@ -236,3 +236,19 @@ def test_the_fused_loss_takes_num_items_in_batch():
         want = ref(ids, labels=labels, **kw).loss
         got = lk(ids, labels=labels, **kw).loss
         assert abs(got.item() - want.item()) <= 1e-5 * abs(want.item()), (kw, got, want)
+
+
+def test_flex_takes_a_torch_block_mask():
+    from torch.nn.attention.flex_attention import create_block_mask
+    S = 24
+    q, k, v = torch.randn(1, 4, S, 16), torch.randn(1, 2, S, 16), torch.randn(1, 2, S, 16)
+
+    def window(b, h, qi, ki):
+        return (ki <= qi) & (qi - ki < 5)
+    bm = create_block_mask(window, 1, None, S, S, device="cpu", _compile=False)
+    fn = AttentionInterface._global_mapping["llmkern_flex_attention"]
+    m = torch.nn.Module()
+    m.is_causal = True
+    out, _ = fn(m, q, k, v, bm)
+    ref = llmkern.attention.attention(q, k, v, "flash_attention_2", window=(5, 5))
+    assert rel_err(out, ref) < 1e-5

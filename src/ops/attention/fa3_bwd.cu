@@ -18,10 +18,13 @@
  *              in the accumulator layout that is already the A operand of
  *              dV += Pᵀ·dO and dK += dSᵀ·Q (wgmma with A in registers, dV and dK in
  *              registers for the whole walk, GQA's G heads summed there: no atomics on
- *              dK/dV). dSᵀ also goes to shared memory (two buffers), and
+ *              dK/dV). dSᵀ also goes to shared memory (three buffers), and
  *              dQ = dS·K is one more wgmma with both operands read transposed: at D 128
- *              each warpgroup takes half of D over all 128 keys (a named barrier joins
- *              their dSᵀ), at D 64 all of D over its own 64 keys.
+ *              each warpgroup takes half of D over all 128 keys, at D 64 all of D over
+ *              its own 64 keys. dQ of step t is issued in step t + 1, after dK, once
+ *              the dSᵀ rows it reads are written (an mbarrier per warpgroup and buffer):
+ *              the two warpgroups never meet at a barrier and drift apart, so one's
+ *              softmax meets the other's GEMMs.
  *   dQ sums    each warpgroup adds its 64 x 64 f32 dQ into the f32 workspace straight
  *              from the registers with 16-byte reductions in L2 (red.global.add.v4.f32):
  *              the workspace keeps the accumulator's own order (a warp's adds are 512
@@ -32,6 +35,7 @@
  * does not take — softcap, `deterministic`, and everything fa3.cu's forward hands to
  * fa2.cu — runs on fa2.cu's backward under the same row. */
 #include <math.h>
+#include <type_traits>
 #include "core/cuda_check.h"
 #include "ops/attention/hopper.cuh"
 #include "ops/attention/internal.h"
@@ -41,6 +45,9 @@
 #define BNK 128           /* keys a block, 64 a consumer warpgroup */
 #define BMQ 64            /* query rows a step */
 #define STAGES 3
+/* dSᵀ buffers: dQ of step t runs in step t + 1 and a warpgroup may be a step ahead of the
+ * other, so a buffer is rewritten two steps after its last reader finished. */
+#define NDS 3
 #define THREADS 384
 #define LOG2E 1.4426950408889634f
 #define CHUNK 4096        /* f32 of one 64 x 64 dQ chunk */
@@ -126,6 +133,38 @@ static __device__ __forceinline__ void issue_acc(float *d, const uint32_t (*a)[4
     }
 }
 
+/* Waits until the dSᵀ rows dQ of step t reads are written (D 128: both warpgroups'). */
+template <int DP>
+static __device__ __forceinline__ void wait_ds(uint64_t *dsfull, int t, int cg) {
+    const int buf = t % NDS, ph = (t / NDS) & 1;
+    if constexpr (DP == 128) {
+        mbar_wait(&dsfull[buf], ph);
+        mbar_wait(&dsfull[NDS + buf], ph);
+    } else {
+        mbar_wait(&dsfull[cg * NDS + buf], ph);
+    }
+}
+
+/* dQ = dS·K of step t: at D 128 half of D over both warpgroups' keys, at D 64 all of D
+ * over this warpgroup's. */
+template <int DP>
+static __device__ __forceinline__ void issue_dq(float *dq, const uint8_t *sds, const uint8_t *sk, int t, int cg) {
+    constexpr int KSTEPS = DP == 128 ? BNK / 16 : 4;
+    const int k0 = DP == 128 ? 0 : 4 * cg;
+    const uint8_t *dsb = sds + (t % NDS) * BNK * 128, *kq = sk + (DP == 128 ? cg * BNK * 128 : 0);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < KSTEPS; k++)
+        wgmma_ss_n64_tt(dq, desc(dsb + (k0 + k) * 2048, BMQ * 128, 1024), desc(kq + (k0 + k) * 2048, BNK * 128, 1024),
+                        k > 0);
+    wgmma_commit();
+}
+
+static __device__ __forceinline__ void add_dq(float *chunk, const float *dq) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) red_add_v4(chunk + j * 512, dq + 4 * j);
+}
+
 /* Accumulator columns 16t..16t+15 (m64n64) are the A fragment of k-step t. */
 static __device__ __forceinline__ void pack_a(const float *x, uint32_t (*a)[4]) {
 #pragma unroll
@@ -146,9 +185,10 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     extern __shared__ uint8_t smem_raw[];
     uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     uint8_t *sk = sm, *sv = sk + NC * KB, *sq = sv + NC * KB, *sdo = sq + STAGES * NC * QB;
-    uint8_t *sds = sdo + STAGES * NC * QB;              /* dSᵀ [2][BNK keys][64 queries] bf16 */
-    float *sst = (float *)(sds + 2 * KB);               /* [STAGES][lse2 | delta | lo | hi] x 64 */
+    uint8_t *sds = sdo + STAGES * NC * QB;              /* dSᵀ [NDS][BNK keys][64 queries] bf16 */
+    float *sst = (float *)(sds + NDS * KB);             /* [STAGES][lse2 | delta | lo | hi] x 64 */
     uint64_t *kvfull = (uint64_t *)(sst + STAGES * 4 * BMQ), *full = kvfull + 1, *empty = full + STAGES;
+    uint64_t *dsfull = empty + STAGES;                  /* [2 warpgroups][NDS] */
 
     const int tid = threadIdx.x, wg = tid / 128;
     const int bhk = g.head_major ? blockIdx.x : blockIdx.y, kt = g.head_major ? blockIdx.y : blockIdx.x;
@@ -160,6 +200,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     if (tid == 0) {
         mbar_init(kvfull, 1);
         for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 256);
+        for (int x = 0; x < 2 * NDS; x++) mbar_init(&dsfull[x], 128);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -193,14 +234,18 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     float dk[DP / 2], dv[DP / 2];
 #pragma unroll
     for (int e = 0; e < DP / 2; e++) dk[e] = dv[e] = 0.0f;
+    float dq[32];
+    float *chunk = NULL;
     if (n > 0) mbar_wait(kvfull, 0);
-    for (int it = 0; it < n; it++) {
+    auto step = [&](const int it, auto lagged) {
+        constexpr bool LAG = decltype(lagged)::value;
         const int s = it % STAGES, hh = hk * g.G + it / nq, qt = qt0 + (it % nq + kt) % nq;
         const int64_t bh = (int64_t)b * g.Hq + hh;
         const uint8_t *q = sq + s * NC * QB, *o = sdo + s * NC * QB;
         const float *lse2 = sst + s * 4 * BMQ, *delta = lse2 + BMQ;
         const int *lo = (const int *)(lse2 + 2 * BMQ), *hi = lo + BMQ;
         mbar_wait(&full[s], (it / STAGES) & 1);
+        if constexpr (LAG) wait_ds<DP>(dsfull, it - 1, cg);
 
         float sc[32], dp[32];
         wgmma_fence();
@@ -246,44 +291,45 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
             }
         }
         pack_a(dp, ds);
-        uint8_t *dsb = sds + (it & 1) * KB;
+        const int buf = it % NDS;
+        uint8_t *dsb = sds + buf * KB;
 #pragma unroll
         for (int e = 0; e < 32; e += 2) {
             const int r = cg * 64 + w * 16 + (e & 2 ? 8 : 0) + lane / 4;
             *reinterpret_cast<uint32_t *>(dsb + r * 128 + (((e / 4) ^ (r & 7)) << 4) + 4 * t4) =
                 ds[e / 8][((e / 4) & 1) * 2 + ((e >> 1) & 1)];
         }
+        fence_async_smem();
+        mbar_arrive(&dsfull[cg * NDS + buf]);
         wgmma_fence();
         issue_acc<DP>(dk, ds, q);   /* dK += dSᵀ·Q */
         wgmma_commit();
-
-        /* dQ = dS·K: D 128, half of D over both warpgroups' keys; D 64, all of D over ours */
-        fence_async_smem();
-        if constexpr (DP == 128) named_sync(1, 256);
-        else named_sync(2 + cg, 128);
-        float dq[32];
-        constexpr int KSTEPS = DP == 128 ? BNK / 16 : 4;
-        const int t0 = DP == 128 ? 0 : 4 * cg;
-        const uint8_t *kq = sk + (DP == 128 ? cg * KB : 0);
-        wgmma_fence();
-#pragma unroll
-        for (int t = 0; t < KSTEPS; t++)
-            wgmma_ss_n64_tt(dq, desc(dsb + (t0 + t) * 2048, QB, 1024), desc(kq + (t0 + t) * 2048, KB, 1024), t > 0);
-        wgmma_commit();
-        wgmma_wait<1>();   /* dV and dK: the stage's Q and dO are read */
+        if constexpr (LAG) {
+            issue_dq<DP>(dq, sds, sk, it - 1, cg);
+            wgmma_wait<1>();
+        } else {
+            wgmma_wait<0>();
+        }
         fence_regs<DP / 2>(dv);
         fence_regs<DP / 2>(dk);
         fence_regs_u32<16>(&pp[0][0]);
         fence_regs_u32<16>(&ds[0][0]);
         mbar_arrive(&empty[s]);
+        if constexpr (LAG) {
+            wgmma_wait<0>();
+            fence_regs<32>(dq);
+            add_dq(chunk, dq);
+        }
+        chunk = g.dq_acc + ((bh * g.nqt + qt) * NC + (DP == 128 ? cg : 0)) * CHUNK + wt * 4;
+    };
+    if (n > 0) step(0, std::false_type{});
+    for (int it = 1; it < n; it++) step(it, std::true_type{});
+    if (n > 0) {
+        wait_ds<DP>(dsfull, n - 1, cg);
+        issue_dq<DP>(dq, sds, sk, n - 1, cg);
         wgmma_wait<0>();
         fence_regs<32>(dq);
-        /* the warpgroup's 64 x 64 dQ added into the f32 sums straight from the registers:
-         * the chunk keeps the accumulator's order, so a warp's 16-byte adds are 512
-         * contiguous bytes */
-        float *chunk = g.dq_acc + ((bh * g.nqt + qt) * NC + (DP == 128 ? cg : 0)) * CHUNK + wt * 4;
-#pragma unroll
-        for (int j = 0; j < 8; j++) red_add_v4(chunk + j * 512, dq + 4 * j);
+        add_dq(chunk, dq);
     }
 
 #pragma unroll
@@ -315,8 +361,8 @@ static int dp_of(int64_t D) { return D <= 64 ? 64 : 128; }
 
 static size_t bwd_smem(int DP) {
     const size_t nc = (size_t)DP / 64;
-    return 1024 + 2 * nc * BNK * 128 + 2 * STAGES * nc * BMQ * 128 + 2 * BNK * 128 + STAGES * 4 * BMQ * 4 +
-           8 * (1 + 2 * STAGES);
+    return 1024 + 2 * nc * BNK * 128 + 2 * STAGES * nc * BMQ * 128 + NDS * BNK * 128 + STAGES * 4 * BMQ * 4 +
+           8 * (1 + 2 * STAGES + 2 * NDS);
 }
 
 /* The workspace's pieces, in the order backward takes them. */

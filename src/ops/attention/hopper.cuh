@@ -1,7 +1,7 @@
 /* hopper.cuh — the sm_90a instructions flash_attention_3's kernels are written with
  * (fa3.cu forward, fa3_bwd.cu backward): mbarriers, TMA and bulk copies, 16-byte f32
- * reductions into global memory, wgmma and its shared-memory descriptors, named
- * barriers; and on the host the tensor maps TMA reads through. Inline PTX, one
+ * reductions into global memory, wgmma and its shared-memory descriptors; and on
+ * the host the tensor maps TMA reads through. Inline PTX, one
  * instruction a function; the PTX ISA's names. */
 #ifndef LLMKERN_OPS_ATTENTION_HOPPER_CUH
 #define LLMKERN_OPS_ATTENTION_HOPPER_CUH
@@ -121,9 +121,6 @@ static __device__ __forceinline__ void red_add_v4(float *p, const float *v) {
 }
 /* Shared-memory writes by threads, made visible to the async proxy (wgmma, TMA). */
 static __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-static __device__ __forceinline__ void named_sync(int id, int threads) {
-    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
 template <int N>
 static __device__ __forceinline__ void fence_regs_u32(uint32_t *r) {
 #pragma unroll

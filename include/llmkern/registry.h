@@ -16,16 +16,26 @@
 extern "C" {
 #endif
 
+/* Every op, once, in lk_op's order (the numbers are ABI: append only). X(NAME, name)
+ * makes LK_OP_NAME below and, in the registry (src/registry/ops.c), the slot of
+ * lk_<name>_def, the descriptor its folder src/ops/ exports (src/ops/op_def.h): adding an
+ * op is that folder and one line here. */
+#define LK_OPS(X)                       \
+    X(ATTENTION, attention)             \
+    X(CROSS_ENTROPY, cross_entropy)     \
+    X(RMS_NORM, rms_norm)               \
+    X(ROPE, rope)                       \
+    X(SWIGLU_MLP, swiglu_mlp)           \
+    X(MOE_EXPERTS, moe_experts)         \
+    X(MOE_ROUTER, moe_router)           \
+    X(MOE_DISPATCH, moe_dispatch)       \
+    X(LINEAR, linear)                   \
+    /* a new op: its line above this one */
+
 typedef enum {
-    LK_OP_ATTENTION,
-    LK_OP_CROSS_ENTROPY,
-    LK_OP_RMS_NORM,
-    LK_OP_ROPE,
-    LK_OP_SWIGLU_MLP,
-    LK_OP_MOE_EXPERTS,
-    LK_OP_MOE_ROUTER,
-    LK_OP_MOE_DISPATCH,
-    LK_OP_LINEAR,
+#define LK_OP_ENUM_(NAME, name) LK_OP_##NAME,
+    LK_OPS(LK_OP_ENUM_)
+#undef LK_OP_ENUM_
     LK_OP_COUNT
 } lk_op;
 

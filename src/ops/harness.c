@@ -1,35 +1,15 @@
-/* harness.c — the list of op harnesses, and the pieces every harness shares: shapes,
- * random inputs, poisoning, relative error and timing. */
+/* harness.c — each op's harness, as its descriptor names it (src/ops/op_def.h), and the
+ * pieces every harness shares: shapes, random inputs, poisoning, relative error and
+ * timing. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "ops/harness.h"
-
-extern const lk_harness lk_rms_norm_harness;
-extern const lk_harness lk_attention_harness;
-extern const lk_harness lk_moe_router_harness;
-extern const lk_harness lk_moe_experts_harness;
-extern const lk_harness lk_cross_entropy_harness;
-extern const lk_harness lk_swiglu_mlp_harness;
-extern const lk_harness lk_rope_harness;
-extern const lk_harness lk_linear_harness;
-
-static const lk_harness *const harnesses[] = {
-    &lk_rms_norm_harness,
-    &lk_attention_harness,
-    &lk_moe_router_harness,
-    &lk_moe_experts_harness,
-    &lk_cross_entropy_harness,
-    &lk_swiglu_mlp_harness,
-    &lk_rope_harness,
-    &lk_linear_harness,
-};
+#include "ops/op_def.h"
 
 const lk_harness *lk_harness_get(lk_op op) {
-    for (size_t i = 0; i < sizeof harnesses / sizeof *harnesses; i++)
-        if (harnesses[i]->op == op) return harnesses[i];
-    return NULL;
+    const lk_op_def *def = lk_op_def_get(op);
+    return def ? def->harness : NULL;
 }
 
 const char *lk_shape_format(const lk_shape *s, char *buf, size_t n) {

@@ -1,6 +1,7 @@
 /* harness.h — what `llmkern check` and `llmkern bench` (and the tests) need of an op:
  * a comparison of one implementation with the float64 reference on fresh random
- * inputs, and a timing of its passes. One lk_harness per op, listed in harness.c. */
+ * inputs, and a timing of its passes. One lk_harness per op, named by its descriptor
+ * (src/ops/op_def.h). */
 #ifndef LLMKERN_HARNESS_H
 #define LLMKERN_HARNESS_H
 
@@ -52,7 +53,6 @@ typedef struct {
 #define LK_CASE_BLOCK 4u
 
 typedef struct {
-    lk_op op;
     /* Runs impl forward and backward against the float64 reference on one shape. */
     lk_status (*check)(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, uint64_t seed,
                        lk_check_row *row);

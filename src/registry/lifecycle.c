@@ -3,6 +3,7 @@
  * runtime through the bound op table. Each binding records the stage that made it. */
 #include <stdio.h>
 #include <string.h>
+#include "ops/op_def.h"
 #include "registry/registry_internal.h"
 
 const lk_op lk_family_ops[LK_FAMILY_OPS] = {LK_OP_RMS_NORM, LK_OP_ROPE, LK_OP_SWIGLU_MLP};
@@ -17,11 +18,16 @@ lk_status lk_init(void) {
 #else
         snprintf(lk_reg.hw.cuda_why, sizeof lk_reg.hw.cuda_why, "built without CUDA");
 #endif
-        for (const lk_impl *const *t = lk_builtin_tables; *t; t++)
-            for (const lk_impl *impl = *t; impl->name; impl++) {
+        for (int op = 0; op < LK_OP_COUNT; op++) {
+            const lk_op_def *def = lk_op_def_get((lk_op)op);
+            if (def == NULL || def->info.op != (lk_op)op || def->info.name == NULL)
+                return lk_error(LK_EINTERNAL, "registry: defs[%d]: expected the descriptor of op %d, got %s", op, op,
+                                def ? "another op's" : "none");
+            for (const lk_impl *impl = def->impls; impl && impl->name; impl++) {
                 lk_status s = lk_impl_register(impl);
                 if (s) return s;
             }
+        }
         registered = 1;
     }
     if (!env_read) {

@@ -1,133 +1,41 @@
-/* ops.c — the catalog: every op the design names, its config field, every
- * implementation name users of the described system write (built here or not), its
- * reference implementation and its built-in defaults. A name in `known` that no
- * registered implementation carries is "not available in this build", never "unknown".
- * Other systems' names for the same implementations (NeMo AutoModel's) are the ops'
- * `aliases`: each is one llmkern implementation per device, or a name llmkern does not
- * implement, which an explicit request is refused for with the nearest one named. */
+/* ops.c — the registry's table of op descriptors, one per lk_op (made from LK_OPS in
+ * registry.h, each defined by its folder's def.c: src/ops/op_def.h), and the catalog
+ * lookups over them: every op the design names, its config field, every implementation
+ * name users of the described system write (built here or not), its reference and its
+ * built-in defaults. A name in `known` that no registered implementation carries is "not
+ * available in this build", never "unknown". Other systems' names for the same
+ * implementations (NeMo AutoModel's) are the ops' `aliases`: each is one llmkern
+ * implementation per device, or a name llmkern does not implement, which an explicit
+ * request is refused for with the nearest one named. */
 #include <stdio.h>
 #include <string.h>
 #include "llmkern/config.h"
+#include "ops/op_def.h"
 
-#define NAMES(...) (const char *const[]){__VA_ARGS__, NULL}
-#define ALIASES(...) (const lk_op_alias[]){__VA_ARGS__, {.name = NULL}}
-#define EVERYWHERE(n) {[LK_DEVICE_CPU] = n, [LK_DEVICE_CUDA] = n}
-#define BY_DEVICE(cpu, cuda) {[LK_DEVICE_CPU] = cpu, [LK_DEVICE_CUDA] = cuda}
+#define LK_DEF_DECLARE_(NAME, name) extern const lk_op_def lk_##name##_def;
+LK_OPS(LK_DEF_DECLARE_)
+#undef LK_DEF_DECLARE_
 
-/* NeMo AutoModel's BackendConfig names (model.backend.attn, .rms_norm, .rope, .experts,
- * .dispatcher, .linear; src/config/backend_yaml.c), resolved per op: `torch` is eager for
- * rms_norm, the all-gather dispatcher for moe_dispatch, BLAS or cuBLASLt for linear. */
-#define NEMO "NeMo AutoModel"
-#define SAME(n, llmkern) {.name = n, .origin = NEMO, .same_as = EVERYWHERE(llmkern)}
-#define NOT_HERE(n, what_, near) {.name = n, .origin = NEMO, .nearest = near, .what = what_}
-
-static const lk_op_info ops[LK_OP_COUNT] = {
-    [LK_OP_ATTENTION] = {
-        .op = LK_OP_ATTENTION, .name = "attention", .field = "attn_implementation",
-        .known = NAMES("eager", "sdpa", "flash_attention_2", "flash_attention_3",
-                       "flash_attention_4", "flex_attention", "cudnn", "native-sparse",
-                       "llmkern_flash_attention_2_with_sp", "llmkern_flash_attention_3_with_sp",
-                       "llmkern_flash_attention_4_with_sp", "llmkern_flex_attention_with_sp"),
-        .reference = "eager", .default_fused = "flash_attention_2", .default_plain = "flash_attention_2",
-        .gpu_defaults = (const lk_gpu_default[]){{90, "flash_attention_3"}, {80, "flash_attention_2"}, {0, NULL}},
-        /* NeMo's eager, sdpa and cudnn are llmkern's names already. Its `torch` is its own
-         * PyTorch attention path, whose numerics llmkern has not been held against: refused
-         * with sdpa named, not taken for sdpa. */
-        .aliases = ALIASES(
-            SAME("flex", "flex_attention"),
-            NOT_HERE("torch", "its own PyTorch attention path", EVERYWHERE("sdpa")),
-            NOT_HERE("te", "Transformer Engine's DotProductAttention", BY_DEVICE("sdpa", "cudnn")),
-            NOT_HERE("tilelang", "TileLang's sparse attention kernels", EVERYWHERE("flex_attention")),
-            NOT_HERE("fa4", "FlashAttention-4 (CuTe DSL, Blackwell)", BY_DEVICE("flash_attention_2", "flash_attention_3")),
-            NOT_HERE("magi", "MagiAttention", EVERYWHERE("flex_attention"))),
-    },
-    [LK_OP_CROSS_ENTROPY] = {
-        .op = LK_OP_CROSS_ENTROPY, .name = "cross_entropy",
-        .field = "cross_entropy_loss_implementation",
-        .known = NAMES("eager", "fused", "chunk_loss"),
-        .reference = "eager", .default_fused = "fused", .default_plain = "eager",
-    },
-    [LK_OP_RMS_NORM] = {
-        .op = LK_OP_RMS_NORM, .name = "rms_norm", .field = "rms_norm_implementation",
-        .known = NAMES("eager", "eager_fp32", "fused"),
-        .reference = "eager", .default_fused = "fused", .default_plain = "eager",
-        .aliases = ALIASES(
-            SAME("torch", "eager"), SAME("torch_fp32", "eager_fp32"),
-            NOT_HERE("te", "Transformer Engine's fused RMSNorm", EVERYWHERE("fused")),
-            NOT_HERE("quack", "QuACK's CuTe DSL RMSNorm", EVERYWHERE("fused"))),
-    },
-    [LK_OP_ROPE] = {
-        .op = LK_OP_ROPE, .name = "rope", .field = "rotary_pos_emb_implementation",
-        .known = NAMES("eager", "fused"),
-        .reference = "eager", .default_fused = "fused", .default_plain = "eager",
-        /* NeMo's rope_fusion: true (TE's fused RoPE) is read as `fused` by the loader */
-        .aliases = ALIASES(
-            SAME("torch", "eager"),
-            NOT_HERE("quack", "QuACK's rotary embedding", EVERYWHERE("fused")),
-            NOT_HERE("triton", "the fused Triton rotation of DeepSeek V4", EVERYWHERE("fused"))),
-    },
-    [LK_OP_SWIGLU_MLP] = {
-        .op = LK_OP_SWIGLU_MLP, .name = "swiglu_mlp", .field = "swiglu_mlp_implementation",
-        .known = NAMES("eager", "fused"),
-        .reference = "eager", .default_fused = "fused", .default_plain = "eager",
-    },
-    [LK_OP_MOE_EXPERTS] = {
-        .op = LK_OP_MOE_EXPERTS, .name = "moe_experts", .field = "moe_implementation",
-        .known = NAMES("eager", "fused", "fused_triton", "fused_sm90", "fused_quack", "fused_cublas"),
-        .reference = "eager", .default_fused = "fused", .default_plain = "eager",
-        .aliases = ALIASES(
-            SAME("torch", "eager"), SAME("torch_mm", "fused"), SAME("gmm", "fused"),
-            NOT_HERE("te", "Transformer Engine's GroupedLinear", EVERYWHERE("fused")),
-            NOT_HERE("torch_mm_mxfp8", "torchao's MXFP8 grouped GEMM", EVERYWHERE("fused"))),
-    },
-    [LK_OP_MOE_ROUTER] = {
-        .op = LK_OP_MOE_ROUTER, .name = "moe_router", .field = "moe.router",
-        .known = NAMES("softmax_topk", "sigmoid_bias", "fake_balanced"),
-        .reference = "softmax_topk", .default_fused = "softmax_topk", .default_plain = "softmax_topk",
-    },
-    [LK_OP_MOE_DISPATCH] = {
-        .op = LK_OP_MOE_DISPATCH, .name = "moe_dispatch", .field = "moe.dispatcher",
-        .known = NAMES("local", "alltoall", "allgather"),
-        .reference = "local", .default_fused = "local", .default_plain = "local",
-        .aliases = ALIASES(
-            SAME("torch", "allgather"),
-            NOT_HERE("deepep", "DeepEP's dispatch and combine", EVERYWHERE("alltoall")),
-            NOT_HERE("hybridep", "HybridEP's dispatch and combine", EVERYWHERE("alltoall")),
-            NOT_HERE("uccl_ep", "UCCL-EP's dispatch and combine", EVERYWHERE("alltoall")),
-            NOT_HERE("mok", "Mixture-of-Kittens' fused communication and SwiGLU megakernel", EVERYWHERE("alltoall"))),
-    },
-    [LK_OP_LINEAR] = {
-        .op = LK_OP_LINEAR, .name = "linear", .field = "linear_implementation",
-        .known = NAMES("blas", "cublaslt"),
-        .reference = "blas", .default_fused = "blas", .default_plain = "blas",
-        .aliases = ALIASES(
-            {.name = "torch", .origin = NEMO, .same_as = BY_DEVICE("blas", "cublaslt")},
-            NOT_HERE("te", "Transformer Engine's Linear", BY_DEVICE("blas", "cublaslt")),
-            NOT_HERE("quack", "QuACK's CuTe DSL GEMM", BY_DEVICE("blas", "cublaslt"))),
-    },
+static const lk_op_def *const defs[] = {
+#define LK_DEF_SLOT_(NAME, name) [LK_OP_##NAME] = &lk_##name##_def,
+    LK_OPS(LK_DEF_SLOT_)
+#undef LK_DEF_SLOT_
 };
+_Static_assert(sizeof defs / sizeof *defs == LK_OP_COUNT, "defs: one descriptor per lk_op, in LK_OPS");
 
-/* What the names this build may lack need, so a request for one can say so. */
-static const struct { lk_op op; const char *name, *needs; } requirements[] = {
-    {LK_OP_ATTENTION, "flash_attention_3", "a Hopper GPU (sm_90) and CUDA"},
-    {LK_OP_ATTENTION, "llmkern_flash_attention_3_with_sp", "a Hopper GPU (sm_90) and CUDA"},
-    {LK_OP_ATTENTION, "flash_attention_4", "a Blackwell GPU (sm_100) and CUDA"},
-    {LK_OP_ATTENTION, "llmkern_flash_attention_4_with_sp", "a Blackwell GPU (sm_100) and CUDA"},
-    {LK_OP_ATTENTION, "cudnn", "a CUDA GPU, cuDNN 9 and the cudnn-frontend headers at build time"},
-    {LK_OP_MOE_EXPERTS, "fused_sm90", "a Hopper GPU (sm_90) and CUDA"},
-    {LK_OP_MOE_EXPERTS, "fused_quack", "a Hopper GPU (sm_90) and CUDA"},
-    {LK_OP_MOE_EXPERTS, "fused_cublas", "a CUDA GPU and cuBLAS"},
-    {LK_OP_LINEAR, "cublaslt", "a CUDA GPU and cuBLASLt"},
-};
+const lk_op_def *lk_op_def_get(lk_op op) {
+    return (unsigned)op < LK_OP_COUNT ? defs[op] : NULL;
+}
 
 const char *lk_op_name_needs(lk_op op, const char *name) {
-    for (size_t i = 0; name && i < sizeof requirements / sizeof *requirements; i++)
-        if (requirements[i].op == op && strcmp(requirements[i].name, name) == 0) return requirements[i].needs;
+    const lk_op_def *def = lk_op_def_get(op);
+    for (const lk_name_need *n = def && name ? def->name_needs : NULL; n && n->name; n++)
+        if (strcmp(n->name, name) == 0) return n->needs;
     return NULL;
 }
 
 const lk_op_info *lk_op_info_get(lk_op op) {
-    return (unsigned)op < LK_OP_COUNT ? &ops[op] : NULL;
+    return (unsigned)op < LK_OP_COUNT ? &defs[op]->info : NULL;
 }
 
 const lk_op_alias *lk_op_alias_find(lk_op op, const char *name) {
@@ -165,14 +73,18 @@ const char *lk_op_suggest(lk_op op, const char *word) {
 }
 
 lk_status lk_op_parse(const char *name, lk_op *out) {
-    for (int i = 0; name && i < LK_OP_COUNT; i++)
-        if (strcmp(name, ops[i].name) == 0 || strcmp(name, ops[i].field) == 0) {
+    char all[256];
+    size_t k = 0;
+    for (int i = 0; i < LK_OP_COUNT; i++) {
+        const lk_op_info *info = &defs[i]->info;
+        if (name && (strcmp(name, info->name) == 0 || strcmp(name, info->field) == 0)) {
             *out = (lk_op)i;
             return LK_OK;
         }
-    return lk_error(LK_EINVAL, "op: expected one of attention, cross_entropy, rms_norm, rope, "
-                    "swiglu_mlp, moe_experts, moe_router, moe_dispatch, linear (or their config "
-                    "fields), got '%s'", name ? name : "(null)");
+        if (k < sizeof all) k += (size_t)snprintf(all + k, sizeof all - k, "%s%s", i ? ", " : "", info->name);
+    }
+    return lk_error(LK_EINVAL, "op: expected one of %s (or their config fields), got '%s'", all,
+                    name ? name : "(null)");
 }
 
 const char *lk_source_name(lk_source s) {

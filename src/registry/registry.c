@@ -1,15 +1,35 @@
-/* registry.c — registration, lookup and the requirement check of implementations,
- * and the probed hardware. */
+/* registry.c — registration (each row checked by its op's descriptor, as every facade
+ * checks the row it is called with: lk_impl_check), lookup and the requirement check of
+ * implementations, and the probed hardware. */
 #include <stdio.h>
 #include <string.h>
+#include "ops/op_def.h"
 #include "registry/registry_internal.h"
 
 lk_registry lk_reg;
 
+lk_status lk_impl_check(const char *caller, const lk_impl *impl, lk_op want) {
+    const lk_op_def *def = lk_op_def_get(want);
+    const char *name = impl && impl->name ? impl->name : "(unnamed)";
+    if (impl == NULL) return lk_error(LK_EINVAL, "%s: impl: expected an implementation, got NULL", caller);
+    if (impl->op != want || def == NULL) {
+        const lk_op_info *got = lk_op_info_get(impl->op);
+        return lk_error(LK_EINVAL, "%s: impl: expected an implementation of %s, got '%s' of %s", caller,
+                        def ? def->info.name : "a known op", name, got ? got->name : "no known op");
+    }
+    if (impl->vtable == NULL || *(const int *)impl->vtable < 1)
+        return lk_error(LK_EINVAL, "%s: impl: expected a vtable of version >= 1 in '%s', got %s", caller, name,
+                        impl->vtable ? "version < 1" : "NULL");
+    const char *lacks = def->vtable_lacks ? def->vtable_lacks(impl->vtable) : NULL;
+    if (lacks) return lk_error(LK_EINVAL, "%s: impl: expected %s in '%s', got a NULL member", caller, lacks, name);
+    return LK_OK;
+}
+
 lk_status lk_impl_register(const lk_impl *impl) {
-    if (impl == NULL || impl->name == NULL || impl->vtable == NULL || (unsigned)impl->op >= LK_OP_COUNT)
-        return lk_error(LK_EINVAL, "registry: impl: expected an entry with an op, a name and a "
-                        "vtable, got an incomplete one");
+    if (impl == NULL || impl->name == NULL || (unsigned)impl->op >= LK_OP_COUNT)
+        return lk_error(LK_EINVAL, "registry: impl: expected an entry with an op and a name, got an incomplete one");
+    lk_status s = lk_impl_check("registry", impl, impl->op);
+    if (s) return s;
     if (lk_impl_find(impl->op, impl->name, impl->device))
         return lk_error(LK_EINVAL, "registry: impl: %s '%s' on %s is already registered",
                         lk_op_info_get(impl->op)->name, impl->name, lk_device_name(impl->device));

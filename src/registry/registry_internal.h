@@ -26,8 +26,6 @@ typedef struct {
 
 extern lk_registry lk_reg;
 
-/* The built-in implementation tables, each ending in a row with a NULL name. */
-extern const lk_impl *const lk_builtin_tables[];
 void lk_hw_probe_cpu(lk_hw *hw);
 void lk_hw_probe_cuda(lk_hw *hw);   /* hw_cuda.c, built with CUDA only */
 /* Binds what the init and model-register stages own, for every device kind. */

@@ -14,7 +14,7 @@
  * Ulysses exchange (ulysses.c) surrounds the adapter, and masks and cu_seqlens are
  * checked against the full sequence the adapter sees. */
 #include <math.h>
-#include "core/validate.h"
+#include "ops/validate.h"
 #include "ops/attention/ulysses.h"
 
 #define OP "attention"
@@ -53,7 +53,7 @@ typedef struct {
 } call;
 
 static lk_status resolve(const lk_impl *impl, call *c) {
-    lk_status s = lk_expect_impl(OP, impl, LK_OP_ATTENTION);
+    lk_status s = lk_impl_check(OP, impl, LK_OP_ATTENTION);
     if (s) return s;
     c->entry = impl->vtable;
     if ((unsigned)c->entry->adapter >= LK_ATTN_ADAPTER_COUNT)
@@ -265,22 +265,14 @@ static lk_status check_out(const lk_impl *impl, const char *arg, const lk_tensor
 }
 
 static lk_status check_like(const lk_impl *impl, const char *arg, const lk_tensor *t, const lk_tensor *like) {
-    lk_status s;
-    if ((s = lk_expect_present(OP, arg, t)) || (s = lk_expect_device(OP, arg, t, impl->device)) ||
-        (s = lk_expect_contiguous(OP, arg, t, 4)) || (s = lk_expect_like(OP, arg, t, like)))
-        return s;
-    return LK_OK;
+    return lk_expect_tensor_like(OP, impl->device, arg, t, like, 4);
 }
 
-/* Reserves the adapter's workspace, runs one pass, gives the workspace back. */
+/* One pass of the adapter in its workspace, reserved in ctx->arena and given back after it. */
 static lk_status run(const call *c, int backward, const lk_attention_args *a, lk_ctx *ctx) {
-    size_t ws = c->vt->workspace_bytes ? c->vt->workspace_bytes(a, backward) : 0;
-    size_t mark;
+    size_t mark, ws = c->vt->workspace_bytes ? c->vt->workspace_bytes(a, backward) : 0;
     lk_status s = lk_ctx_workspace_begin(ctx, OP, ws, &mark);
-    if (s) return s;
-    s = backward ? c->vt->backward(a, ctx) : c->vt->forward(a, ctx);
-    lk_ctx_workspace_end(ctx, mark);
-    return s;
+    return s ? s : lk_workspace_done(ctx, mark, backward ? c->vt->backward(a, ctx) : c->vt->forward(a, ctx));
 }
 
 /* The SP path: the Ulysses exchange around the adapter, or the identity when the plan
@@ -289,10 +281,7 @@ static lk_status sp_run(call *c, int backward, const lk_attention_args *a, lk_ct
     if (c->u.comm == NULL) return run(c, backward, a, ctx);
     size_t mark;
     lk_status s = lk_ctx_workspace_begin(ctx, OP, lk_ulysses_workspace(&c->u, c->vt, a, backward), &mark);
-    if (s) return s;
-    s = lk_ulysses_run(&c->u, c->vt, backward, a, ctx);
-    lk_ctx_workspace_end(ctx, mark);
-    return s;
+    return s ? s : lk_workspace_done(ctx, mark, lk_ulysses_run(&c->u, c->vt, backward, a, ctx));
 }
 
 lk_status lk_attention_saved_bytes(const lk_impl *impl, const lk_attention_args *a, size_t *bytes) {

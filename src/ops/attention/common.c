@@ -3,7 +3,7 @@
  * row loads to f32, and the padding-mask → varlen helper of the public header. */
 #include <math.h>
 #include <omp.h>
-#include "core/validate.h"
+#include "ops/validate.h"
 #include "ops/attention/internal.h"
 
 lk_attn_dims lk_attn_dims_of(const lk_attention_args *a) {

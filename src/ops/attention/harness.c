@@ -1,5 +1,5 @@
 /* harness.c — attention for `llmkern check` and `llmkern bench` (lk_attention_harness,
- * listed in src/ops/harness.c). A bench case is a size B x H_q x S x D and named options:
+ * named by its descriptor, def.c). A bench case is a size B x H_q x S x D and named options:
  *   --mask none | causal (the default) | sliding (window S/4) | prefix_lm (prefix S/4) |
  *          document (lengths in [S/16, S/4]: 256..1024 at S = 4096)
  *   --kv-heads H_kv (GQA/MQA; it divides H_q; default H_q)
@@ -169,7 +169,6 @@ static const lk_shape check_shapes[] = {
 };
 
 const lk_harness lk_attention_harness = {
-    .op = LK_OP_ATTENTION,
     .check = check,
     .check_shapes = check_shapes,
     .n_check_shapes = (int)(sizeof check_shapes / sizeof *check_shapes),

@@ -9,7 +9,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#include "core/validate.h"
+#include "ops/validate.h"
 #include "llmkern/cross_entropy.h"
 
 #define OP "cross_entropy"
@@ -21,15 +21,11 @@ lk_cross_entropy_args lk_cross_entropy_args_init(void) {
     return a;
 }
 
+/* impl checked (lk_impl_check: its vtable has what cross_entropy needs), its vtable in *out */
 static lk_status check_impl(const lk_impl *impl, const lk_cross_entropy_vtable **out) {
-    lk_status s = lk_expect_impl(OP, impl, LK_OP_CROSS_ENTROPY);
-    if (s) return s;
-    const lk_cross_entropy_vtable *vt = impl->vtable;
-    if (!vt->saved_bytes || !vt->forward || !vt->backward)
-        return lk_error(LK_EINVAL, OP ": impl: expected saved_bytes, forward and backward in '%s', got a NULL "
-                        "member", impl->name);
-    *out = vt;
-    return LK_OK;
+    lk_status s = lk_impl_check(OP, impl, LK_OP_CROSS_ENTROPY);
+    if (!s) *out = impl->vtable;
+    return s;
 }
 
 static lk_status check_tensor(const lk_impl *impl, const char *arg, const lk_tensor *t, int need_data,
@@ -71,10 +67,9 @@ static lk_status check_shapes(const lk_impl *impl, const lk_cross_entropy_args *
                               lk_cross_entropy_dims *d) {
     lk_status s;
     const unsigned ints = LK_DTYPE_BIT(LK_I32) | LK_DTYPE_BIT(LK_I64);
-    if ((s = check_tensor(impl, "hidden", &a->hidden, need_data, 2, impl->needs.dtypes))) return s;
-    int64_t H = a->hidden.shape[a->hidden.ndim - 1];
-    if (H < 1) return lk_error(LK_ESHAPE, OP ": hidden: expected a last dim >= 1, got %lld", (long long)H);
-    int64_t T = lk_tensor_numel(&a->hidden) / H;
+    int64_t T, H;
+    if ((s = lk_expect_rows(OP, impl->device, "hidden", &a->hidden, need_data, 2, impl->needs.dtypes, &T, &H)))
+        return s;
     if ((s = check_tensor(impl, "weight", &a->weight, need_data, 2, impl->needs.dtypes))) return s;
     if (a->weight.ndim != 2 || a->weight.shape[1] != H || a->weight.shape[0] < 1) {
         char b[96];
@@ -117,8 +112,7 @@ static lk_status check_shapes(const lk_impl *impl, const lk_cross_entropy_args *
 static lk_status check_common(const lk_impl *impl, const lk_cross_entropy_args *a, const lk_ctx *ctx,
                               const lk_cross_entropy_vtable **vt, lk_cross_entropy_dims *d) {
     lk_status s = check_impl(impl, vt);
-    if (s) return s;
-    if ((s = lk_expect_call(OP, impl, a, ctx))) return s;
+    if (s || (s = lk_expect_call(OP, impl, a, ctx))) return s;
     if ((s = check_shapes(impl, a, 1, d))) return s;
     const int64_t *idx = a->keep_indices.data;
     int host = impl->device == LK_DEVICE_CPU;   /* values readable here (see the top) */
@@ -162,25 +156,29 @@ static lk_status expect_apart(const char *arg, const lk_tensor *t, const lk_cros
     return s;
 }
 
+/* One pass in its workspace, reserved in ctx->arena and given back after it. */
 static lk_status run(const lk_cross_entropy_vtable *vt, const lk_cross_entropy_dims *d, int backward,
                      const lk_cross_entropy_args *a, lk_ctx *ctx) {
-    size_t ws = vt->workspace_bytes ? vt->workspace_bytes(d, backward) : 0;
-    size_t mark;
+    size_t mark, ws = vt->workspace_bytes ? vt->workspace_bytes(d, backward) : 0;
     lk_status s = lk_ctx_workspace_begin(ctx, OP, ws, &mark);
+    return s ? s : lk_workspace_done(ctx, mark, backward ? vt->backward(a, d, ctx) : vt->forward(a, d, ctx));
+}
+
+/* What the size queries check: impl, args, bytes, and the shapes (no data read). */
+static lk_status query(const lk_impl *impl, const lk_cross_entropy_args *a, size_t *bytes,
+                       const lk_cross_entropy_vtable **vt, lk_cross_entropy_dims *d) {
+    lk_status s = check_impl(impl, vt);
     if (s) return s;
-    s = backward ? vt->backward(a, d, ctx) : vt->forward(a, d, ctx);
-    lk_ctx_workspace_end(ctx, mark);
-    return s;
+    if (a == NULL) return lk_error(LK_EINVAL, OP ": args: expected arguments, got NULL");
+    if (bytes == NULL) return lk_error(LK_EINVAL, OP ": bytes: expected somewhere to write, got NULL");
+    return check_shapes(impl, a, 0, d);
 }
 
 lk_status lk_cross_entropy_saved_bytes(const lk_impl *impl, const lk_cross_entropy_args *a, size_t *bytes) {
     const lk_cross_entropy_vtable *vt = NULL;
     lk_cross_entropy_dims d;
-    lk_status s = check_impl(impl, &vt);
+    lk_status s = query(impl, a, bytes, &vt, &d);
     if (s) return s;
-    if (a == NULL) return lk_error(LK_EINVAL, OP ": args: expected arguments, got NULL");
-    if (bytes == NULL) return lk_error(LK_EINVAL, OP ": bytes: expected somewhere to write, got NULL");
-    if ((s = check_shapes(impl, a, 0, &d))) return s;
     *bytes = vt->saved_bytes(&d);
     return LK_OK;
 }
@@ -189,11 +187,8 @@ lk_status lk_cross_entropy_workspace_bytes(const lk_impl *impl, const lk_cross_e
                                            size_t *bytes) {
     const lk_cross_entropy_vtable *vt = NULL;
     lk_cross_entropy_dims d;
-    lk_status s = check_impl(impl, &vt);
+    lk_status s = query(impl, a, bytes, &vt, &d);
     if (s) return s;
-    if (a == NULL) return lk_error(LK_EINVAL, OP ": args: expected arguments, got NULL");
-    if (bytes == NULL) return lk_error(LK_EINVAL, OP ": bytes: expected somewhere to write, got NULL");
-    if ((s = check_shapes(impl, a, 0, &d))) return s;
     *bytes = vt->workspace_bytes ? vt->workspace_bytes(&d, backward) : 0;
     return LK_OK;
 }

@@ -1,5 +1,5 @@
 /* harness.c — cross-entropy for `llmkern check` and `llmkern bench`
- * (lk_cross_entropy_harness, listed in src/ops/harness.c), and the comparison
+ * (lk_cross_entropy_harness, named by its descriptor, def.c), and the comparison
  * tests/test_cross_entropy.c runs (check.h). Shapes are T x H x V. check: one
  * implementation against the float64 reference (reference.c) on fresh random inputs;
  * bench: forward, backward and both, timed, GFLOP/s counted from the LM head's GEMMs
@@ -272,7 +272,6 @@ static const lk_shape check_shapes[] = {
 };
 
 const lk_harness lk_cross_entropy_harness = {
-    .op = LK_OP_CROSS_ENTROPY,
     .check = check,
     .check_shapes = check_shapes,
     .n_check_shapes = (int)(sizeof check_shapes / sizeof *check_shapes),

@@ -1,5 +1,5 @@
 /* harness.c — linear for `llmkern check` and `llmkern bench` (lk_linear_harness,
- * listed in src/ops/harness.c), and the comparison tests/test_linear.c runs (check.h).
+ * named by its descriptor, def.c), and the comparison tests/test_linear.c runs (check.h).
  * check: one implementation against the float64 reference on fresh random inputs;
  * bench: forward, backward and both, GFLOP/s against the measured GEMM rate. */
 #include <math.h>
@@ -169,7 +169,6 @@ static const lk_shape check_shapes[] = {
 };
 
 const lk_harness lk_linear_harness = {
-    .op = LK_OP_LINEAR,
     .check = check,
     .check_shapes = check_shapes,
     .n_check_shapes = (int)(sizeof check_shapes / sizeof *check_shapes),

@@ -3,7 +3,7 @@
  * and given back after the call. Implementations (blas.c) may assume well-formed,
  * non-overlapping arguments and rows >= 1. */
 #include <string.h>
-#include "core/validate.h"
+#include "ops/validate.h"
 #include "llmkern/linear.h"
 #include "ops/dense.h"
 
@@ -19,23 +19,17 @@ typedef struct {
     int64_t rows, in, out;
 } dims;
 
-static lk_status check_impl(const lk_impl *impl, const lk_linear_vtable **out) {
-    lk_status s = lk_expect_impl(OP, impl, LK_OP_LINEAR);
-    if (s) return s;
-    const lk_linear_vtable *vt = *out = impl->vtable;
-    return lk_expect_members(OP, impl, vt->saved_bytes && vt->forward && vt->backward);
+/* impl checked (lk_impl_check: its vtable has what linear needs), its vtable in d */
+static lk_status check_impl(const lk_impl *impl, dims *d) {
+    lk_status s = lk_impl_check(OP, impl, LK_OP_LINEAR);
+    if (!s) d->vt = impl->vtable;
+    return s;
 }
 
 /* x and weight fix the dims; their data is needed unless querying. */
 static lk_status check_x_w(const lk_impl *impl, const lk_tensor *x, const lk_tensor *w, int need_data, dims *d) {
-    lk_status s;
-    if ((need_data && (s = lk_expect_present(OP, "x", x))) || (s = lk_expect_device(OP, "x", x, impl->device)) ||
-        (s = lk_expect_contiguous(OP, "x", x, 1)) || (s = lk_expect_dtype(OP, "x", x, impl->needs.dtypes)))
-        return s;
-    d->in = x->shape[x->ndim - 1];
-    if (d->in < 1) return lk_error(LK_ESHAPE, OP ": x: expected a last dim >= 1, got %lld", (long long)d->in);
-    d->rows = lk_tensor_numel(x) / d->in;
-    if ((need_data && (s = lk_expect_present(OP, "weight", w))) ||
+    lk_status s = lk_expect_rows(OP, impl->device, "x", x, need_data, 1, impl->needs.dtypes, &d->rows, &d->in);
+    if (s || (need_data && (s = lk_expect_present(OP, "weight", w))) ||
         (s = lk_expect_device(OP, "weight", w, impl->device)) || (s = lk_expect_contiguous(OP, "weight", w, 2)))
         return s;
     if (w->ndim != 2 || w->shape[1] != d->in || w->shape[0] < 1) {
@@ -47,8 +41,6 @@ static lk_status check_x_w(const lk_impl *impl, const lk_tensor *x, const lk_ten
     return lk_expect_dtype_eq(OP, "weight", w, x->dtype);
 }
 
-/* A present tensor of exactly this shape and dtype on the impl's device. */
-
 /* y's shape: x's leading dims, then O. */
 static void y_shape(const lk_tensor *x, int64_t out, int64_t shape[LK_MAX_DIMS]) {
     memcpy(shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
@@ -56,9 +48,8 @@ static void y_shape(const lk_tensor *x, int64_t out, int64_t shape[LK_MAX_DIMS])
 }
 
 static lk_status check_common(const lk_impl *impl, const lk_linear_args *a, const lk_ctx *ctx, dims *d) {
-    lk_status s = check_impl(impl, &d->vt);
-    if (s) return s;
-    if ((s = lk_expect_call(OP, impl, a, ctx))) return s;
+    lk_status s = check_impl(impl, d);
+    if (s || (s = lk_expect_call(OP, impl, a, ctx))) return s;
     if ((s = check_x_w(impl, &a->x, &a->weight, 1, d))) return s;
     if (a->bias.data && (s = check_tensor(impl, "bias", &a->bias, 1, &d->out, LK_DTYPE_BIT(a->x.dtype)))) return s;
     return lk_expect_saved(OP, "lk_linear_saved_bytes", &a->saved,
@@ -66,20 +57,16 @@ static lk_status check_common(const lk_impl *impl, const lk_linear_args *a, cons
 }
 
 
-/* Reserves the workspace, runs one pass, and gives the workspace back. */
+/* One pass in its workspace, reserved in ctx->arena and given back after it. */
 static lk_status run(const dims *d, int backward, const lk_linear_args *a, lk_ctx *ctx) {
-    size_t ws = d->vt->workspace_bytes ? d->vt->workspace_bytes(a, backward) : 0;
-    size_t mark;
+    size_t mark, ws = d->vt->workspace_bytes ? d->vt->workspace_bytes(a, backward) : 0;
     lk_status s = lk_ctx_workspace_begin(ctx, OP, ws, &mark);
-    if (s) return s;
-    s = backward ? d->vt->backward(a, ctx) : d->vt->forward(a, ctx);
-    lk_ctx_workspace_end(ctx, mark);
-    return s;
+    return s ? s : lk_workspace_done(ctx, mark, backward ? d->vt->backward(a, ctx) : d->vt->forward(a, ctx));
 }
 
 lk_status lk_linear_saved_bytes(const lk_impl *impl, const lk_tensor *x, const lk_tensor *weight, size_t *bytes) {
     dims d = {0};
-    lk_status s = check_impl(impl, &d.vt);
+    lk_status s = check_impl(impl, &d);
     if (s) return s;
     if (x == NULL || weight == NULL)
         return lk_error(LK_EINVAL, OP ": %s: expected a tensor, got NULL", x ? "weight" : "x");
@@ -91,7 +78,7 @@ lk_status lk_linear_saved_bytes(const lk_impl *impl, const lk_tensor *x, const l
 
 lk_status lk_linear_workspace_bytes(const lk_impl *impl, const lk_linear_args *a, int backward, size_t *bytes) {
     dims d = {0};
-    lk_status s = check_impl(impl, &d.vt);
+    lk_status s = check_impl(impl, &d);
     if (s) return s;
     if (a == NULL || bytes == NULL)
         return lk_error(LK_EINVAL, OP ": %s: expected a pointer, got NULL", a ? "bytes" : "args");

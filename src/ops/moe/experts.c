@@ -2,7 +2,7 @@
  * ids included, is checked before anything is written; the implementation's workspace
  * is reserved in ctx->arena and given back after the call. Implementations (eager.c,
  * fused.c) may assume well-formed, non-overlapping arguments and T >= 1. */
-#include "core/validate.h"
+#include "ops/validate.h"
 #include "ops/moe/internal.h"
 
 #define OP "moe_experts"
@@ -12,43 +12,38 @@ static lk_status check_tensor(const lk_impl *impl, const char *arg, const lk_ten
     return lk_expect_tensor(OP, impl->device, arg, t, ndim, shape, dtypes);
 }
 
+/* impl checked (lk_impl_check: its vtable has what moe_experts needs), its vtable in *out */
 static lk_status check_impl(const lk_impl *impl, const lk_moe_experts_vtable **out) {
-    lk_status s = lk_expect_impl(OP, impl, LK_OP_MOE_EXPERTS);
-    if (s) return s;
-    const lk_moe_experts_vtable *vt = *out = impl->vtable;
-    return lk_expect_members(OP, impl, vt->saved_bytes && vt->forward && vt->backward);
+    lk_status s = lk_impl_check(OP, impl, LK_OP_MOE_EXPERTS);
+    if (!s) *out = impl->vtable;
+    return s;
 }
-
-
 
 /* hidden and the two weights fix T, H, E, I; topk_ids fixes k; ids must lie in [0, E). */
 static lk_status check_common(const lk_impl *impl, const lk_moe_experts_args *a, const lk_ctx *ctx,
                               const lk_moe_experts_vtable **vt, lk_moe_dims *d) {
     lk_status s = check_impl(impl, vt);
-    if (s) return s;
-    if ((s = lk_expect_call(OP, impl, a, ctx))) return s;
+    if (s || (s = lk_expect_call(OP, impl, a, ctx))) return s;
     const lk_tensor *x = &a->hidden, *gu = &a->gate_up_weight;
     char buf[96];
-    if ((s = lk_expect_present(OP, "hidden", x)) || (s = lk_expect_device(OP, "hidden", x, impl->device)) ||
-        (s = lk_expect_contiguous(OP, "hidden", x, 2)) || (s = lk_expect_dtype(OP, "hidden", x, impl->needs.dtypes)))
-        return s;
-    if (x->ndim != 2 || x->shape[1] < 1)
-        return lk_error(LK_ESHAPE, OP ": hidden: expected shape [T, H] with H >= 1, got %s",
-                        lk_shape_str(x, buf, sizeof buf));
+    int64_t T, H;
+    if ((s = lk_expect_rows(OP, impl->device, "hidden", x, 1, 2, impl->needs.dtypes, &T, &H))) return s;
+    if (x->ndim != 2)
+        return lk_error(LK_ESHAPE, OP ": hidden: expected shape [T, H], got %s", lk_shape_str(x, buf, sizeof buf));
     if ((s = lk_expect_present(OP, "gate_up_weight", gu)) || (s = lk_expect_device(OP, "gate_up_weight", gu, impl->device)) ||
         (s = lk_expect_contiguous(OP, "gate_up_weight", gu, 3)))
         return s;
-    if (gu->ndim != 3 || gu->shape[0] < 1 || gu->shape[1] < 2 || gu->shape[1] % 2 || gu->shape[2] != x->shape[1])
+    if (gu->ndim != 3 || gu->shape[0] < 1 || gu->shape[1] < 2 || gu->shape[1] % 2 || gu->shape[2] != H)
         return lk_error(LK_ESHAPE, OP ": gate_up_weight: expected shape [E, 2I, %lld] (E, I >= 1, H = hidden's), got %s",
-                        (long long)x->shape[1], lk_shape_str(gu, buf, sizeof buf));
+                        (long long)H, lk_shape_str(gu, buf, sizeof buf));
     if ((s = lk_expect_dtype_eq(OP, "gate_up_weight", gu, x->dtype))) return s;
     const lk_tensor *ids = &a->topk_ids;
     if ((s = lk_expect_present(OP, "topk_ids", ids)) || (s = lk_expect_device(OP, "topk_ids", ids, impl->device)) ||
         (s = lk_expect_contiguous(OP, "topk_ids", ids, 2)) || (s = lk_expect_dtype_eq(OP, "topk_ids", ids, LK_I32)))
         return s;
-    if (ids->ndim != 2 || ids->shape[0] != x->shape[0] || ids->shape[1] < 1)
+    if (ids->ndim != 2 || ids->shape[0] != T || ids->shape[1] < 1)
         return lk_error(LK_ESHAPE, OP ": topk_ids: expected shape [%lld, k] (k >= 1), got %s",
-                        (long long)x->shape[0], lk_shape_str(ids, buf, sizeof buf));
+                        (long long)T, lk_shape_str(ids, buf, sizeof buf));
     *d = lk_moe_dims_of(a);
     if (d->k > d->e)
         return lk_error(LK_ESHAPE, OP ": topk_ids: expected k <= E = %lld routes per token, got k = %lld",
@@ -68,14 +63,11 @@ static lk_status check_common(const lk_impl *impl, const lk_moe_experts_args *a,
                            (*vt)->saved_bytes(d->t, d->k, d->e, d->h, d->i, d->dt));
 }
 
+/* One pass in its workspace, reserved in ctx->arena and given back after it. */
 static lk_status run(const lk_moe_experts_vtable *vt, int backward, const lk_moe_experts_args *a, lk_ctx *ctx) {
-    size_t ws = vt->workspace_bytes ? vt->workspace_bytes(a, backward) : 0;
-    size_t mark;
+    size_t mark, ws = vt->workspace_bytes ? vt->workspace_bytes(a, backward) : 0;
     lk_status s = lk_ctx_workspace_begin(ctx, OP, ws, &mark);
-    if (s) return s;
-    s = backward ? vt->backward(a, ctx) : vt->forward(a, ctx);
-    lk_ctx_workspace_end(ctx, mark);
-    return s;
+    return s ? s : lk_workspace_done(ctx, mark, backward ? vt->backward(a, ctx) : vt->forward(a, ctx));
 }
 
 lk_status lk_moe_experts_saved_bytes(const lk_impl *impl, int64_t tokens, int64_t top_k, int64_t experts,

@@ -1,5 +1,5 @@
 /* harness_experts.c — the MoE experts for `llmkern check` / `llmkern bench`
- * (lk_moe_experts_harness, listed in src/ops/harness.c) and the runs
+ * (lk_moe_experts_harness, named by its descriptor, def.c) and the runs
  * tests/test_moe.c compares (check.h). */
 #include <math.h>
 #include <stdlib.h>
@@ -255,7 +255,6 @@ static const lk_shape check_shapes[] = {
 };
 
 const lk_harness lk_moe_experts_harness = {
-    .op = LK_OP_MOE_EXPERTS,
     .check = check,
     .check_shapes = check_shapes,
     .n_check_shapes = (int)(sizeof check_shapes / sizeof *check_shapes),

@@ -1,5 +1,5 @@
 /* harness_router.c — the MoE routers for `llmkern check` / `llmkern bench`
- * (lk_moe_router_harness, listed in src/ops/harness.c) and the comparison
+ * (lk_moe_router_harness, named by its descriptor, def.c) and the comparison
  * tests/test_moe.c runs (check.h). The reference is held at the implementation's own
  * expert choice (near-ties may be decided differently by f32 and f64); how far that
  * choice falls short of the best is checked separately (choice_gap). */
@@ -223,7 +223,6 @@ static const lk_shape check_shapes[] = {
 };
 
 const lk_harness lk_moe_router_harness = {
-    .op = LK_OP_MOE_ROUTER,
     .check = check,
     .check_shapes = check_shapes,
     .n_check_shapes = (int)(sizeof check_shapes / sizeof *check_shapes),

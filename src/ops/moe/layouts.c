@@ -4,7 +4,7 @@
  * transformers 5, which the experts op takes. Used by checkpoint loading and saving. */
 #include <stdio.h>
 #include <string.h>
-#include "core/validate.h"
+#include "ops/validate.h"
 #include "llmkern/moe.h"
 
 #define OP "moe_layout"

@@ -4,7 +4,7 @@
  * sigmoid_bias.c, fake_balanced.c) may assume well-formed arguments and T >= 1. */
 #include <math.h>
 #include <string.h>
-#include "core/validate.h"
+#include "ops/validate.h"
 #include "ops/moe/router_core.h"
 
 #define OP "moe_router"
@@ -14,39 +14,33 @@ static lk_status check_tensor(const lk_impl *impl, const char *arg, const lk_ten
     return lk_expect_tensor(OP, impl->device, arg, t, ndim, shape, dtypes);
 }
 
+/* impl checked (lk_impl_check: its vtable has what moe_router needs), its vtable in *out */
 static lk_status check_impl(const lk_impl *impl, const lk_moe_router_vtable **out) {
-    lk_status s = lk_expect_impl(OP, impl, LK_OP_MOE_ROUTER);
-    if (s) return s;
-    const lk_moe_router_vtable *vt = *out = impl->vtable;
-    return lk_expect_members(OP, impl, vt->saved_bytes && vt->forward && vt->backward);
+    lk_status s = lk_impl_check(OP, impl, LK_OP_MOE_ROUTER);
+    if (!s) *out = impl->vtable;
+    return s;
 }
 
 static int is_fake(const lk_impl *impl) { return strcmp(impl->name, "fake_balanced") == 0; }
 
-
-
 static lk_status check_common(const lk_impl *impl, const lk_moe_router_args *a, const lk_ctx *ctx,
                               const lk_moe_router_vtable **vt, int64_t *T, int64_t *E) {
     lk_status s = check_impl(impl, vt);
-    if (s) return s;
-    if ((s = lk_expect_call(OP, impl, a, ctx))) return s;
+    if (s || (s = lk_expect_call(OP, impl, a, ctx))) return s;
     const lk_tensor *x = &a->hidden, *g = &a->gate_weight;
     char buf[96];
-    if ((s = lk_expect_present(OP, "hidden", x)) || (s = lk_expect_device(OP, "hidden", x, impl->device)) ||
-        (s = lk_expect_contiguous(OP, "hidden", x, 2)) || (s = lk_expect_dtype(OP, "hidden", x, impl->needs.dtypes)))
-        return s;
-    if (x->ndim != 2 || x->shape[1] < 1)
-        return lk_error(LK_ESHAPE, OP ": hidden: expected shape [T, H] with H >= 1, got %s",
-                        lk_shape_str(x, buf, sizeof buf));
-    *T = x->shape[0];
+    int64_t H;
+    if ((s = lk_expect_rows(OP, impl->device, "hidden", x, 1, 2, impl->needs.dtypes, T, &H))) return s;
+    if (x->ndim != 2)
+        return lk_error(LK_ESHAPE, OP ": hidden: expected shape [T, H], got %s", lk_shape_str(x, buf, sizeof buf));
     if (g->data || !is_fake(impl)) {
         if ((s = lk_expect_present(OP, "gate_weight", g)) || (s = lk_expect_device(OP, "gate_weight", g, impl->device)) ||
             (s = lk_expect_contiguous(OP, "gate_weight", g, 2)) ||
             (s = lk_expect_dtype(OP, "gate_weight", g, LK_DTYPE_BIT(LK_F32) | LK_DTYPE_BIT(x->dtype))))
             return s;
-        if (g->ndim != 2 || g->shape[0] < 1 || g->shape[1] != x->shape[1])
+        if (g->ndim != 2 || g->shape[0] < 1 || g->shape[1] != H)
             return lk_error(LK_ESHAPE, OP ": gate_weight: expected shape [E, %lld] (H = hidden's), got %s",
-                            (long long)x->shape[1], lk_shape_str(g, buf, sizeof buf));
+                            (long long)H, lk_shape_str(g, buf, sizeof buf));
         if (a->n_experts != 0 && a->n_experts != g->shape[0])
             return lk_error(LK_ESHAPE, OP ": n_experts: expected 0 or gate_weight's %lld rows, got %d",
                             (long long)g->shape[0], a->n_experts);
@@ -81,14 +75,11 @@ static lk_status check_common(const lk_impl *impl, const lk_moe_router_args *a, 
     return lk_expect_saved(OP, "lk_moe_router_saved_bytes", &a->saved, (*vt)->saved_bytes(*T, *E, a->top_k));
 }
 
+/* One pass in its workspace, reserved in ctx->arena and given back after it. */
 static lk_status run(const lk_moe_router_vtable *vt, int backward, const lk_moe_router_args *a, lk_ctx *ctx) {
-    size_t ws = vt->workspace_bytes ? vt->workspace_bytes(a, backward) : 0;
-    size_t mark;
+    size_t mark, ws = vt->workspace_bytes ? vt->workspace_bytes(a, backward) : 0;
     lk_status s = lk_ctx_workspace_begin(ctx, OP, ws, &mark);
-    if (s) return s;
-    s = backward ? vt->backward(a, ctx) : vt->forward(a, ctx);
-    lk_ctx_workspace_end(ctx, mark);
-    return s;
+    return s ? s : lk_workspace_done(ctx, mark, backward ? vt->backward(a, ctx) : vt->forward(a, ctx));
 }
 
 lk_status lk_moe_router_saved_bytes(const lk_impl *impl, int64_t tokens, int64_t experts, int64_t top_k,

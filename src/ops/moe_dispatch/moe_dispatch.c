@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/checked.h"
-#include "core/validate.h"
+#include "ops/validate.h"
 #include "ops/moe_dispatch/internal.h"
 
 #define OP "moe_dispatch"
@@ -64,7 +64,7 @@ static lk_status check_place(const lk_impl *impl, const lk_moe_dispatch_args *a,
         return lk_error(LK_EDEVICE, OP ": ctx.arena: expected %s memory for a %s call, got %s", lk_device_name(dev),
                         lk_device_name(dev), lk_device_name((lk_device_type)ctx->arena->device));
     const lk_impl *ex = experts_of(a, dev);
-    if ((s = lk_expect_impl(OP, ex, LK_OP_MOE_EXPERTS)))
+    if ((s = lk_impl_check(OP, ex, LK_OP_MOE_EXPERTS)))
         return lk_error(s, OP ": experts: expected a moe_experts implementation, got %s", ex ? ex->name : "NULL");
     if (ex->device != dev)
         return lk_error(LK_EDEVICE, OP ": experts: expected a %s implementation, got '%s' on %s", lk_device_name(dev),
@@ -131,11 +131,9 @@ static lk_status check_tensors(lk_device_type dev, unsigned dtypes, const lk_moe
 
 static lk_status check(const lk_impl *impl, const lk_moe_dispatch_args *a, lk_ctx *ctx, int backward,
                        const lk_moe_dispatch_vtable **vt) {
-    lk_status s = lk_expect_impl(OP, impl, LK_OP_MOE_DISPATCH);
+    lk_status s = lk_impl_check(OP, impl, LK_OP_MOE_DISPATCH);
     if (s) return s;
     *vt = impl->vtable;
-    if (!(*vt)->forward || !(*vt)->backward)
-        return lk_error(LK_EINVAL, OP ": impl: expected forward and backward in '%s', got NULL", impl->name);
     if ((s = lk_expect_call(OP, impl, a, ctx)) || (s = check_place(impl, a, ctx))) return s;
     const unsigned fl = LK_DTYPE_BIT(LK_F32) | LK_DTYPE_BIT(LK_BF16);
     if ((s = check_tensors(impl->device, impl->needs.dtypes & fl, a, ctx->comm ? ctx->comm->size : 1, backward)) ||

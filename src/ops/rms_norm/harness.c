@@ -1,5 +1,5 @@
 /* harness.c — RMSNorm for `llmkern check` and `llmkern bench` (lk_rms_norm_harness,
- * listed in src/ops/harness.c), and the comparison tests/test_rms_norm.c runs
+ * named by its descriptor, def.c), and the comparison tests/test_rms_norm.c runs
  * (check.h). check: one implementation against the float64 reference (reference.c) on
  * fresh random inputs; bench: forward, backward and both, timed, with GB/s counted
  * from the tensor passes the op cannot avoid. */
@@ -203,7 +203,6 @@ static const lk_shape check_shapes[] = {
 };
 
 const lk_harness lk_rms_norm_harness = {
-    .op = LK_OP_RMS_NORM,
     .check = check,
     .check_shapes = check_shapes,
     .n_check_shapes = (int)(sizeof check_shapes / sizeof *check_shapes),

@@ -4,7 +4,7 @@
  * fused.c) may therefore assume well-formed, non-overlapping arguments and rows >= 1. */
 #include <math.h>
 #include <stdint.h>
-#include "core/validate.h"
+#include "ops/validate.h"
 #include "llmkern/rms_norm.h"
 
 #define OP "rms_norm"
@@ -14,35 +14,21 @@ typedef struct {
     int64_t rows, n;
 } shape_info;
 
-static lk_status check_impl(const lk_impl *impl, const lk_rms_norm_vtable **out) {
-    lk_status s = lk_expect_impl(OP, impl, LK_OP_RMS_NORM);
-    if (s) return s;
-    const lk_rms_norm_vtable *vt = *out = impl->vtable;
-    return lk_expect_members(OP, impl, vt->saved_bytes && vt->forward && vt->backward);
+/* impl checked (lk_impl_check: its vtable has what rms_norm needs), its vtable in si */
+static lk_status check_impl(const lk_impl *impl, shape_info *si) {
+    lk_status s = lk_impl_check(OP, impl, LK_OP_RMS_NORM);
+    if (!s) si->vt = impl->vtable;
+    return s;
 }
 
 /* x is the tensor the others are measured against; its data is needed unless querying. */
 static lk_status check_x(const lk_impl *impl, const lk_tensor *x, int need_data, shape_info *si) {
-    lk_status s;
-    if ((need_data && (s = lk_expect_present(OP, "x", x))) ||
-        (s = lk_expect_device(OP, "x", x, impl->device)) ||
-        (s = lk_expect_contiguous(OP, "x", x, 1)) ||
-        (s = lk_expect_dtype(OP, "x", x, impl->needs.dtypes)))
-        return s;
-    si->n = x->shape[x->ndim - 1];
-    if (si->n < 1)
-        return lk_error(LK_ESHAPE, OP ": x: expected a last dim >= 1, got %lld", (long long)si->n);
-    si->rows = lk_tensor_numel(x) / si->n;
-    return LK_OK;
+    return lk_expect_rows(OP, impl->device, "x", x, need_data, 1, impl->needs.dtypes, &si->rows, &si->n);
 }
 
 /* A tensor shaped and typed like x, on x's device. */
 static lk_status check_like_x(const lk_impl *impl, const char *arg, const lk_tensor *t, const lk_tensor *x) {
-    lk_status s;
-    if ((s = lk_expect_present(OP, arg, t)) || (s = lk_expect_device(OP, arg, t, impl->device)) ||
-        (s = lk_expect_contiguous(OP, arg, t, 1)) || (s = lk_expect_like(OP, arg, t, x)))
-        return s;
-    return LK_OK;
+    return lk_expect_tensor_like(OP, impl->device, arg, t, x, 1);
 }
 
 /* An [n] vector in the dtype of x (weight, dweight). */
@@ -62,9 +48,8 @@ static lk_status check_saved(const lk_rms_norm_args *a, const shape_info *si) {
 /* What both passes check: impl, args, ctx, x, weight, eps, saved. */
 static lk_status check_common(const lk_impl *impl, const lk_rms_norm_args *a, const lk_ctx *ctx,
                               shape_info *si) {
-    lk_status s = check_impl(impl, &si->vt);
-    if (s) return s;
-    if ((s = lk_expect_call(OP, impl, a, ctx))) return s;
+    lk_status s = check_impl(impl, si);
+    if (s || (s = lk_expect_call(OP, impl, a, ctx))) return s;
     if ((s = check_x(impl, &a->x, 1, si))) return s;
     if (a->weight.data && (s = check_vector(impl, "weight", &a->weight, &a->x, si->n))) return s;
     if (!(a->eps > 0.0) || !isfinite(a->eps))
@@ -75,21 +60,17 @@ static lk_status check_common(const lk_impl *impl, const lk_rms_norm_args *a, co
     return check_saved(a, si);
 }
 
-/* Reserves the workspace, runs one pass, and gives the workspace back. */
+/* One pass in its workspace, reserved in ctx->arena and given back after it. */
 static lk_status run(const shape_info *si, int backward, const lk_rms_norm_args *a, lk_ctx *ctx) {
     const lk_rms_norm_vtable *vt = si->vt;
-    size_t ws = vt->workspace_bytes ? vt->workspace_bytes(si->rows, si->n, a->x.dtype, backward) : 0;
-    size_t mark;
+    size_t mark, ws = vt->workspace_bytes ? vt->workspace_bytes(si->rows, si->n, a->x.dtype, backward) : 0;
     lk_status s = lk_ctx_workspace_begin(ctx, OP, ws, &mark);
-    if (s) return s;
-    s = backward ? vt->backward(a, ctx) : vt->forward(a, ctx);
-    lk_ctx_workspace_end(ctx, mark);
-    return s;
+    return s ? s : lk_workspace_done(ctx, mark, backward ? vt->backward(a, ctx) : vt->forward(a, ctx));
 }
 
 lk_status lk_rms_norm_saved_bytes(const lk_impl *impl, const lk_tensor *x, size_t *bytes) {
     shape_info si;
-    lk_status s = check_impl(impl, &si.vt);
+    lk_status s = check_impl(impl, &si);
     if (s) return s;
     if (x == NULL) return lk_error(LK_EINVAL, OP ": x: expected a tensor, got NULL");
     if (bytes == NULL) return lk_error(LK_EINVAL, OP ": bytes: expected somewhere to write, got NULL");

@@ -1,5 +1,5 @@
-/* harness.c — RoPE for `llmkern check` and `llmkern bench` (lk_rope_harness, listed in
- * src/ops/harness.c), and the comparison tests/test_rope.c runs (check.h). check: one
+/* harness.c — RoPE for `llmkern check` and `llmkern bench` (lk_rope_harness, named by its
+ * descriptor, def.c), and the comparison tests/test_rope.c runs (check.h). check: one
  * implementation against the float64 reference (reference.c) on fresh random inputs;
  * bench: forward, backward and both, timed, GB/s counted as q and k read once and
  * q_out and k_out written once per pass (the floor; eager moves several times that).
@@ -282,7 +282,6 @@ static const lk_shape check_shapes[] = {
 };
 
 const lk_harness lk_rope_harness = {
-    .op = LK_OP_ROPE,
     .check = check,
     .check_shapes = check_shapes,
     .n_check_shapes = (int)(sizeof check_shapes / sizeof *check_shapes),

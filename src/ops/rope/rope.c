@@ -5,17 +5,10 @@
  * the CPU; CUDA kernels check them themselves, see check_positions), outputs that are
  * their inputs exactly or apart from them, and B·S >= 1. */
 #include <stdint.h>
-#include "core/validate.h"
+#include "ops/validate.h"
 #include "internal.h"
 
 #define OP "rope"
-
-static lk_status check_impl(const lk_impl *impl, const lk_rope_vtable **out) {
-    lk_status s = lk_expect_impl(OP, impl, LK_OP_ROPE);
-    if (s) return s;
-    const lk_rope_vtable *vt = *out = impl->vtable;
-    return lk_expect_members(OP, impl, vt->saved_bytes && vt->forward && vt->backward);
-}
 
 /* q and k shapes, dtype and rotary_dim: all the queries need. Data is not looked at. */
 static lk_status check_dims(const lk_impl *impl, const lk_rope_args *a, lk_rope_dims *d) {
@@ -48,11 +41,7 @@ static lk_status check_dims(const lk_impl *impl, const lk_rope_args *a, lk_rope_
 
 /* A tensor shaped and typed like `like`, with data, on the impl's device. */
 static lk_status check_like(const lk_impl *impl, const char *arg, const lk_tensor *t, const lk_tensor *like) {
-    lk_status s;
-    if ((s = lk_expect_present(OP, arg, t)) || (s = lk_expect_device(OP, arg, t, impl->device)) ||
-        (s = lk_expect_contiguous(OP, arg, t, 1)) || (s = lk_expect_like(OP, arg, t, like)))
-        return s;
-    return LK_OK;
+    return lk_expect_tensor_like(OP, impl->device, arg, t, like, 1);
 }
 
 static lk_status check_table(const lk_impl *impl, const char *arg, const lk_tensor *t, int64_t half) {
@@ -102,11 +91,17 @@ typedef struct {
     lk_rope_dims d;
 } call_info;
 
+/* impl checked (lk_impl_check: its vtable has what rope needs), its vtable in ci */
+static lk_status check_impl(const lk_impl *impl, call_info *ci) {
+    lk_status s = lk_impl_check(OP, impl, LK_OP_ROPE);
+    if (!s) ci->vt = impl->vtable;
+    return s;
+}
+
 /* What both passes check: impl, args, ctx, q/k dims, tables, positions, saved. */
 static lk_status check_common(const lk_impl *impl, const lk_rope_args *a, const lk_ctx *ctx, call_info *ci) {
-    lk_status s = check_impl(impl, &ci->vt);
-    if (s) return s;
-    if ((s = lk_expect_call(OP, impl, a, ctx))) return s;
+    lk_status s = check_impl(impl, ci);
+    if (s || (s = lk_expect_call(OP, impl, a, ctx))) return s;
     if ((s = check_dims(impl, a, &ci->d))) return s;
     int64_t half = ci->d.rotary_dim / 2;
     if ((s = check_table(impl, "cos", &a->cos, half)) || (s = check_table(impl, "sin", &a->sin, half)))
@@ -141,21 +136,17 @@ static lk_status check_outputs(const lk_rope_args *a, const lk_tensor *in_q, con
     return LK_OK;
 }
 
-/* Reserves the workspace, runs one pass, and gives the workspace back. */
+/* One pass in its workspace, reserved in ctx->arena and given back after it. */
 static lk_status run(const call_info *ci, int backward, const lk_rope_args *a, lk_ctx *ctx) {
     if (ci->d.batch * ci->d.seq == 0) return LK_OK;
     const lk_rope_vtable *vt = ci->vt;
-    size_t ws = vt->workspace_bytes ? vt->workspace_bytes(&ci->d, backward) : 0;
-    size_t mark;
+    size_t mark, ws = vt->workspace_bytes ? vt->workspace_bytes(&ci->d, backward) : 0;
     lk_status s = lk_ctx_workspace_begin(ctx, OP, ws, &mark);
-    if (s) return s;
-    s = backward ? vt->backward(a, ctx) : vt->forward(a, ctx);
-    lk_ctx_workspace_end(ctx, mark);
-    return s;
+    return s ? s : lk_workspace_done(ctx, mark, backward ? vt->backward(a, ctx) : vt->forward(a, ctx));
 }
 
 static lk_status query(const lk_impl *impl, const lk_rope_args *a, size_t *bytes, call_info *ci) {
-    lk_status s = check_impl(impl, &ci->vt);
+    lk_status s = check_impl(impl, ci);
     if (s) return s;
     if (a == NULL) return lk_error(LK_EINVAL, OP ": args: expected arguments, got NULL");
     if (bytes == NULL) return lk_error(LK_EINVAL, OP ": bytes: expected somewhere to write, got NULL");

@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include "core/validate.h"
+#include "ops/validate.h"
 #include "llmkern/rope.h"
 
 #define OP "rope_tables"

@@ -1,5 +1,5 @@
 /* harness.c — the SwiGLU MLP for `llmkern check` and `llmkern bench`
- * (lk_swiglu_mlp_harness, listed in src/ops/harness.c), and the comparison
+ * (lk_swiglu_mlp_harness, named by its descriptor, def.c), and the comparison
  * tests/test_swiglu_mlp.c runs (check.h). check: one implementation against the float64
  * reference on fresh random inputs; bench: forward, backward and both, GFLOP/s of the
  * three GEMMs (twice that backward) against the measured GEMM rate, and the extra
@@ -218,7 +218,6 @@ static const lk_shape check_shapes[] = {
 };
 
 const lk_harness lk_swiglu_mlp_harness = {
-    .op = LK_OP_SWIGLU_MLP,
     .check = check,
     .check_shapes = check_shapes,
     .n_check_shapes = (int)(sizeof check_shapes / sizeof *check_shapes),

@@ -3,7 +3,7 @@
  * ctx->arena and given back after the call. Implementations (eager.c, fused.c) may
  * assume well-formed, non-overlapping arguments and T >= 1. */
 #include <math.h>
-#include "core/validate.h"
+#include "ops/validate.h"
 #include "llmkern/swiglu_mlp.h"
 #include "ops/dense.h"
 
@@ -19,22 +19,17 @@ typedef struct {
     int64_t tokens, hidden, inter;
 } dims;
 
-static lk_status check_impl(const lk_impl *impl, const lk_swiglu_mlp_vtable **out) {
-    lk_status s = lk_expect_impl(OP, impl, LK_OP_SWIGLU_MLP);
-    if (s) return s;
-    const lk_swiglu_mlp_vtable *vt = *out = impl->vtable;
-    return lk_expect_members(OP, impl, vt->saved_bytes && vt->forward && vt->backward);
+/* impl checked (lk_impl_check: its vtable has what swiglu_mlp needs), its vtable in d */
+static lk_status check_impl(const lk_impl *impl, dims *d) {
+    lk_status s = lk_impl_check(OP, impl, LK_OP_SWIGLU_MLP);
+    if (!s) d->vt = impl->vtable;
+    return s;
 }
 
 /* x and gate_up_weight fix T, H and I; their data is needed unless querying. */
 static lk_status check_x_gu(const lk_impl *impl, const lk_tensor *x, const lk_tensor *gu, int need_data, dims *d) {
-    lk_status s;
-    if ((need_data && (s = lk_expect_present(OP, "x", x))) || (s = lk_expect_device(OP, "x", x, impl->device)) ||
-        (s = lk_expect_contiguous(OP, "x", x, 1)) || (s = lk_expect_dtype(OP, "x", x, impl->needs.dtypes)))
-        return s;
-    d->hidden = x->shape[x->ndim - 1];
-    if (d->hidden < 1) return lk_error(LK_ESHAPE, OP ": x: expected a last dim H >= 1, got %lld", (long long)d->hidden);
-    d->tokens = lk_tensor_numel(x) / d->hidden;
+    lk_status s = lk_expect_rows(OP, impl->device, "x", x, need_data, 1, impl->needs.dtypes, &d->tokens, &d->hidden);
+    if (s) return s;
     if ((need_data && (s = lk_expect_present(OP, "gate_up_weight", gu))) ||
         (s = lk_expect_device(OP, "gate_up_weight", gu, impl->device)) ||
         (s = lk_expect_contiguous(OP, "gate_up_weight", gu, 2)))
@@ -48,11 +43,9 @@ static lk_status check_x_gu(const lk_impl *impl, const lk_tensor *x, const lk_te
     return lk_expect_dtype_eq(OP, "gate_up_weight", gu, x->dtype);
 }
 
-
 static lk_status check_common(const lk_impl *impl, const lk_swiglu_mlp_args *a, const lk_ctx *ctx, dims *d) {
-    lk_status s = check_impl(impl, &d->vt);
-    if (s) return s;
-    if ((s = lk_expect_call(OP, impl, a, ctx))) return s;
+    lk_status s = check_impl(impl, d);
+    if (s || (s = lk_expect_call(OP, impl, a, ctx))) return s;
     if ((s = check_x_gu(impl, &a->x, &a->gate_up_weight, 1, d))) return s;
     int64_t dws[2] = {d->hidden, d->inter};
     if ((s = check_tensor(impl, "down_weight", &a->down_weight, 2, dws, LK_DTYPE_BIT(a->x.dtype)))) return s;
@@ -64,20 +57,17 @@ static lk_status check_common(const lk_impl *impl, const lk_swiglu_mlp_args *a, 
 }
 
 
+/* One pass in its workspace, reserved in ctx->arena and given back after it. */
 static lk_status run(const dims *d, int backward, const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
-    size_t ws = d->vt->workspace_bytes ? d->vt->workspace_bytes(a, backward) : 0;
-    size_t mark;
+    size_t mark, ws = d->vt->workspace_bytes ? d->vt->workspace_bytes(a, backward) : 0;
     lk_status s = lk_ctx_workspace_begin(ctx, OP, ws, &mark);
-    if (s) return s;
-    s = backward ? d->vt->backward(a, ctx) : d->vt->forward(a, ctx);
-    lk_ctx_workspace_end(ctx, mark);
-    return s;
+    return s ? s : lk_workspace_done(ctx, mark, backward ? d->vt->backward(a, ctx) : d->vt->forward(a, ctx));
 }
 
 lk_status lk_swiglu_mlp_saved_bytes(const lk_impl *impl, const lk_tensor *x, const lk_tensor *gate_up_weight,
                                     size_t *bytes) {
     dims d = {0};
-    lk_status s = check_impl(impl, &d.vt);
+    lk_status s = check_impl(impl, &d);
     if (s) return s;
     if (x == NULL || gate_up_weight == NULL)
         return lk_error(LK_EINVAL, OP ": %s: expected a tensor, got NULL", x ? "gate_up_weight" : "x");
@@ -90,7 +80,7 @@ lk_status lk_swiglu_mlp_saved_bytes(const lk_impl *impl, const lk_tensor *x, con
 lk_status lk_swiglu_mlp_workspace_bytes(const lk_impl *impl, const lk_swiglu_mlp_args *a, int backward,
                                         size_t *bytes) {
     dims d = {0};
-    lk_status s = check_impl(impl, &d.vt);
+    lk_status s = check_impl(impl, &d);
     if (s) return s;
     if (a == NULL || bytes == NULL)
         return lk_error(LK_EINVAL, OP ": %s: expected a pointer, got NULL", a ? "bytes" : "args");

@@ -1,10 +1,14 @@
-/* impls.c — the registry rows of attention on the CPU, and on CUDA when built with it
- * (the flash adapter's rows: flash.cu). Every row points at an
+/* def.c — attention's descriptor (lk_attention_def, src/ops/op_def.h): its catalog entry,
+ * its harness, and its registry rows on the CPU and, built with CUDA, on the GPU (the
+ * flash adapter's rows: flash.cu, fa2.cu, fa3.cu, sdpa_cudnn.cpp). Every row points at an
  * lk_attention_entry: which adapter of the facade (attention.c) it enters, and
  * whether through the SP path. With LLMKERN_BACKEND=llmkern the registry rewrites
  * flash_attention_2 and flex_attention to the llmkern_*_with_sp rows, which reach the
  * same adapters. flash_attention_3 is Hopper-only and has no CPU row. */
 #include "ops/attention/internal.h"
+#include "ops/op_def.h"
+
+extern const lk_harness lk_attention_harness;
 
 #define CPU_DTYPES (LK_DTYPE_BIT(LK_F32) | LK_DTYPE_BIT(LK_BF16))
 
@@ -28,7 +32,7 @@ static const lk_attention_entry cudnn_entry = {.version = LK_ATTENTION_ENTRY_VER
                                                .cuda = &lk_attention_cudnn_backend};
 #endif
 
-const lk_impl lk_attention_impls[] = {
+static const lk_impl rows[] = {
     {
         .op = LK_OP_ATTENTION, .name = "eager", .device = LK_DEVICE_CPU, .needs = {.dtypes = CPU_DTYPES},
         .vtable = &eager,
@@ -96,4 +100,35 @@ const lk_impl lk_attention_impls[] = {
 #endif
 #endif
     {.name = NULL},
+};
+
+#define HOPPER "a Hopper GPU (sm_90) and CUDA"
+
+const lk_op_def lk_attention_def = {
+    .info = {
+        .op = LK_OP_ATTENTION, .name = "attention", .field = "attn_implementation",
+        .known = LK_NAMES("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4",
+                          "flex_attention", "cudnn", "native-sparse", "llmkern_flash_attention_2_with_sp",
+                          "llmkern_flash_attention_3_with_sp", "llmkern_flash_attention_4_with_sp",
+                          "llmkern_flex_attention_with_sp"),
+        .reference = "eager", .default_fused = "flash_attention_2", .default_plain = "flash_attention_2",
+        .gpu_defaults = (const lk_gpu_default[]){{90, "flash_attention_3"}, {80, "flash_attention_2"}, {0, NULL}},
+        /* NeMo's eager, sdpa and cudnn are llmkern's names already. Its `torch` is its own
+         * PyTorch attention path, whose numerics llmkern has not been held against: refused
+         * with sdpa named, not taken for sdpa. */
+        .aliases = LK_ALIASES(
+            LK_NEMO_SAME("flex", "flex_attention"),
+            LK_NEMO_NOT_HERE("torch", "its own PyTorch attention path", LK_EVERYWHERE("sdpa")),
+            LK_NEMO_NOT_HERE("te", "Transformer Engine's DotProductAttention", LK_BY_DEVICE("sdpa", "cudnn")),
+            LK_NEMO_NOT_HERE("tilelang", "TileLang's sparse attention kernels", LK_EVERYWHERE("flex_attention")),
+            LK_NEMO_NOT_HERE("fa4", "FlashAttention-4 (CuTe DSL, Blackwell)",
+                             LK_BY_DEVICE("flash_attention_2", "flash_attention_3")),
+            LK_NEMO_NOT_HERE("magi", "MagiAttention", LK_EVERYWHERE("flex_attention"))),
+    },
+    .impls = rows, .harness = &lk_attention_harness,
+    .name_needs = LK_NEEDS({"flash_attention_3", HOPPER}, {"llmkern_flash_attention_3_with_sp", HOPPER},
+                           {"flash_attention_4", "a Blackwell GPU (sm_100) and CUDA"},
+                           {"llmkern_flash_attention_4_with_sp", "a Blackwell GPU (sm_100) and CUDA"},
+                           {"cudnn", "a CUDA GPU, cuDNN 9 and the cudnn-frontend headers at build time"}),
+    /* the entries have no members beyond the version: the facade resolves each adapter */
 };

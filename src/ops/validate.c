@@ -1,7 +1,7 @@
-/* validate.c — argument checks shared by every op facade (see validate.h). */
+/* validate.c — the argument checks op facades share (see validate.h). */
 #include <stdint.h>
 #include <stdio.h>
-#include "core/validate.h"
+#include "ops/validate.h"
 
 static const char *dtype_list(unsigned mask, char *buf, size_t n) {
     size_t k = 0;
@@ -81,26 +81,6 @@ lk_status lk_expect_saved(const char *op, const char *query, const lk_saved *sav
                     saved->data ? "" : " and NULL data");
 }
 
-lk_status lk_expect_impl(const char *op, const lk_impl *impl, lk_op want) {
-    if (impl == NULL) return lk_error(LK_EINVAL, "%s: impl: expected an implementation, got NULL", op);
-    if (impl->op != want) {
-        const lk_op_info *got = lk_op_info_get(impl->op);
-        return lk_error(LK_EINVAL, "%s: impl: expected an implementation of %s, got '%s' of %s", op,
-                        lk_op_info_get(want)->name, impl->name ? impl->name : "(unnamed)",
-                        got ? got->name : "no known op");
-    }
-    if (impl->vtable == NULL || *(const int *)impl->vtable < 1)
-        return lk_error(LK_EINVAL, "%s: impl: expected a vtable of version >= 1 in '%s', got %s", op,
-                        impl->name ? impl->name : "(unnamed)", impl->vtable ? "version < 1" : "NULL");
-    return LK_OK;
-}
-
-lk_status lk_expect_members(const char *op, const lk_impl *impl, int present) {
-    if (present) return LK_OK;
-    return lk_error(LK_EINVAL, "%s: impl: expected saved_bytes, forward and backward in '%s', got a NULL member", op,
-                    impl->name ? impl->name : "(unnamed)");
-}
-
 lk_status lk_expect_call(const char *op, const lk_impl *impl, const void *args, const lk_ctx *ctx) {
     if (args == NULL) return lk_error(LK_EINVAL, "%s: args: expected arguments, got NULL", op);
     if (ctx == NULL) return lk_error(LK_EINVAL, "%s: ctx: expected a context, got NULL", op);
@@ -108,6 +88,32 @@ lk_status lk_expect_call(const char *op, const lk_impl *impl, const void *args, 
         return lk_error(LK_EDEVICE, "%s: ctx.device: expected %s for '%s', got %s", op, lk_device_name(impl->device),
                         impl->name, lk_device_name(ctx->device.type));
     return LK_OK;
+}
+
+lk_status lk_expect_tensor_like(const char *op, lk_device_type dev, const char *arg, const lk_tensor *t,
+                                const lk_tensor *like, int min_ndim) {
+    lk_status s;
+    if ((s = lk_expect_present(op, arg, t)) || (s = lk_expect_device(op, arg, t, dev)) ||
+        (s = lk_expect_contiguous(op, arg, t, min_ndim)))
+        return s;
+    return lk_expect_like(op, arg, t, like);
+}
+
+lk_status lk_expect_rows(const char *op, lk_device_type dev, const char *arg, const lk_tensor *t, int need_data,
+                         int min_ndim, unsigned dtypes, int64_t *rows, int64_t *len) {
+    lk_status s;
+    if ((need_data && (s = lk_expect_present(op, arg, t))) || (s = lk_expect_device(op, arg, t, dev)) ||
+        (s = lk_expect_contiguous(op, arg, t, min_ndim)) || (s = lk_expect_dtype(op, arg, t, dtypes)))
+        return s;
+    *len = t->shape[t->ndim - 1];
+    if (*len < 1) return lk_error(LK_ESHAPE, "%s: %s: expected a last dim >= 1, got %lld", op, arg, (long long)*len);
+    *rows = lk_tensor_numel(t) / *len;
+    return LK_OK;
+}
+
+lk_status lk_workspace_done(lk_ctx *ctx, size_t mark, lk_status pass) {
+    lk_ctx_workspace_end(ctx, mark);
+    return pass;
 }
 
 lk_region lk_tensor_region(const char *name, const lk_tensor *t) {

@@ -1,10 +1,13 @@
-/* validate.h — argument checks shared by every op facade. Each returns LK_OK or sets
- * an error that names the op, the argument, and expected vs got, e.g.
- *   "rms_norm: weight: expected shape [4096], got [4095]". */
+/* validate.h — the argument checks op facades share (src/ops/<op>/<op>.c; nothing else
+ * includes this). Each returns LK_OK or sets an error that names the op, the argument,
+ * and expected vs got, e.g. "rms_norm: weight: expected shape [4096], got [4095]". The
+ * implementation a facade is called with is checked by lk_impl_check (src/ops/op_def.h),
+ * its op's descriptor saying which vtable members it needs. */
 #ifndef LLMKERN_VALIDATE_H
 #define LLMKERN_VALIDATE_H
 
 #include "llmkern/llmkern.h"
+#include "ops/op_def.h"
 
 /* t.data is set. */
 lk_status lk_expect_present(const char *op, const char *arg, const lk_tensor *t);
@@ -28,14 +31,25 @@ lk_status lk_expect_tensor(const char *op, lk_device_type dev, const char *arg, 
 /* The caller's saved storage holds the `need` bytes the op's size query (named by query,
  * e.g. "lk_rms_norm_saved_bytes") asked for; nothing is needed when need is 0. */
 lk_status lk_expect_saved(const char *op, const char *query, const lk_saved *saved, size_t need);
-/* impl is an implementation of op, with a vtable whose first member, the int version
- * every vtable starts with, is at least 1. The facade checks its own members. */
-lk_status lk_expect_impl(const char *op, const lk_impl *impl, lk_op want);
-/* After lk_expect_impl: present says whether the vtable has the members every op's
- * vtable needs (saved_bytes, forward, backward), which only the facade can look at. */
-lk_status lk_expect_members(const char *op, const lk_impl *impl, int present);
 /* The call's args and ctx are given, and ctx is on impl's device. */
 lk_status lk_expect_call(const char *op, const lk_impl *impl, const void *args, const lk_ctx *ctx);
+
+/* A tensor the others of a call are shaped and typed like (rms_norm's y, rope's q_out):
+ * present, on dev, contiguous with at least min_ndim dims, of like's shape and dtype. */
+lk_status lk_expect_tensor_like(const char *op, lk_device_type dev, const char *arg, const lk_tensor *t,
+                                const lk_tensor *like, int min_ndim);
+/* The tensor of rows whose last dim the op works along (x of rms_norm, linear and
+ * swiglu_mlp, hidden of cross_entropy): data present unless need_data is 0 (a size
+ * query), on dev, contiguous with at least min_ndim dims, one of dtypes, and a last dim
+ * >= 1; *len is that dim and *rows the product of the others (0 rows are valid). */
+lk_status lk_expect_rows(const char *op, lk_device_type dev, const char *arg, const lk_tensor *t, int need_data,
+                         int min_ndim, unsigned dtypes, int64_t *rows, int64_t *len);
+
+/* The end of a pass run in the workspace lk_ctx_workspace_begin reserved for it: gives
+ * the workspace back and returns the pass's own status, so a facade's pass reads
+ *     if ((s = lk_ctx_workspace_begin(ctx, OP, bytes, &mark))) return s;
+ *     return lk_workspace_done(ctx, mark, vt->forward(a, ctx));   */
+lk_status lk_workspace_done(lk_ctx *ctx, size_t mark, lk_status pass);
 
 /* A piece of memory an op reads or writes; p NULL or bytes 0 = absent. */
 typedef struct {

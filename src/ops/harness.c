@@ -45,6 +45,22 @@ int64_t lk_shape_numel(const lk_shape *s) {
     return n;
 }
 
+void lk_check_row_begin(lk_check_row *row, const char *op, const lk_impl *impl, lk_dtype dt, const lk_shape *shape,
+                        double tol) {
+    memset(row, 0, sizeof *row);
+    snprintf(row->op, sizeof row->op, "%s", op);
+    snprintf(row->impl, sizeof row->impl, "%s", impl ? impl->name : "(null)");
+    snprintf(row->dtype, sizeof row->dtype, "%s", lk_dtype_name(dt));
+    lk_shape_format(shape, row->shape, sizeof row->shape);
+    row->max_rel_err = INFINITY;
+    row->tol = tol;
+}
+
+void lk_check_row_end(lk_check_row *row, double max_rel_err) {
+    row->max_rel_err = isnan(max_rel_err) ? INFINITY : max_rel_err;
+    row->pass = row->max_rel_err <= row->tol;
+}
+
 void *lk_random_tensor(lk_rng *rng, lk_dtype dt, int64_t n, float std, double **ref) {
     float *f = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
     void *out = malloc((size_t)(n > 0 ? n : 1) * lk_dtype_size(dt));
@@ -74,6 +90,24 @@ double lk_rel_err(const void *got, lk_dtype dt, const double *ref, int64_t n) {
         if (fabs(ref[i]) > max_ref) max_ref = fabs(ref[i]);
     }
     return max_err / (max_ref > 1e-300 ? max_ref : 1.0);
+}
+
+double lk_rel_err_f64(const double *got, const double *want, int64_t n) {
+    double max_err = 0.0, max_ref = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = fabs(got[i] - want[i]);
+        if (isnan(e)) return INFINITY;
+        if (e > max_err) max_err = e;
+        if (fabs(want[i]) > max_ref) max_ref = fabs(want[i]);
+    }
+    return max_err / (max_ref > 1e-300 ? max_ref : 1.0);
+}
+
+double lk_tol_find(const lk_tol *tols, size_t n, const lk_impl *impl, lk_dtype dt, double fallback) {
+    for (size_t i = 0; i < n; i++)
+        if (tols[i].dt == dt && (!tols[i].impl || (impl && strcmp(tols[i].impl, impl->name) == 0)))
+            return tols[i].tol;
+    return fallback;
 }
 
 static int cmp_double(const void *a, const void *b) {

@@ -71,6 +71,9 @@ typedef struct {
     unsigned dtypes;                    /* LK_DTYPE_BIT mask that check and bench run */
 } lk_harness;
 
+/* The check_shapes and n_check_shapes of a harness: every shape of the array `shapes`. */
+#define LK_CHECK_SHAPES(shapes) .check_shapes = shapes, .n_check_shapes = (int)(sizeof shapes / sizeof *shapes)
+
 /* Measures copy bandwidth and the GEMM rate; rows[0..1] describe them as bench rows. */
 lk_status lk_measure_ceilings(lk_ceilings *c, lk_bench_row rows[2]);
 
@@ -84,6 +87,14 @@ const char *lk_shape_format(const lk_shape *s, char *buf, size_t n);
 lk_status lk_shape_parse(const char *text, lk_shape *s);
 int64_t lk_shape_numel(const lk_shape *s);
 
+/* Starts a check row of impl (NULL: "(null)") of op in dt on shape, with tol and a worst
+ * error of +inf until lk_check_row_end gives the verdict. */
+void lk_check_row_begin(lk_check_row *row, const char *op, const lk_impl *impl, lk_dtype dt, const lk_shape *shape,
+                        double tol);
+/* The row's verdict: its worst error max_rel_err (NaN counts as +inf), a pass when it is
+ * within tol. */
+void lk_check_row_end(lk_check_row *row, double max_rel_err);
+
 /* A buffer of n elements of dt filled with normal(0, std) (rounded to dt), and the
  * same values as double in ref (may be NULL). Caller frees both with free(). */
 void *lk_random_tensor(lk_rng *rng, lk_dtype dt, int64_t n, float std, double **ref);
@@ -91,6 +102,18 @@ void *lk_random_tensor(lk_rng *rng, lk_dtype dt, int64_t n, float std, double **
 void lk_poison(void *data, lk_dtype dt, int64_t n);
 /* max|got - ref| / max|ref| over n elements; a NaN anywhere gives +inf. */
 double lk_rel_err(const void *got, lk_dtype dt, const double *ref, int64_t n);
+/* The same for two double arrays (a reference held against another). */
+double lk_rel_err_f64(const double *got, const double *want, int64_t n);
+
+/* A tolerance of an op's check: for impl (NULL: any implementation) in dt. */
+typedef struct {
+    const char *impl;
+    lk_dtype dt;
+    double tol;
+} lk_tol;
+/* The first of the n entries that fits impl and dt, else fallback. */
+double lk_tol_find(const lk_tol *tols, size_t n, const lk_impl *impl, lk_dtype dt, double fallback);
+
 /* Median milliseconds of fn(arg) over at least 3 runs after a warm-up, more while
  * min_seconds last. The first failing call stops the timing and its status is returned
  * in *err (a failed call is never timed as a fast one). */
@@ -110,6 +133,18 @@ typedef struct {
     const lk_arena *arena;  /* the op's workspace: its peak is read after the runs */
     size_t extra_bytes;     /* held besides the arena: what the forward saves, f32 temporaries */
 } lk_bench_spec;
+
+/* Defines bench_job (impl, the op's args a by value, a context) and run_fwd / run_bwd,
+ * the calls a bench times, through the op's facade: the lk_bench_spec fwd and bwd of
+ * the op's harness. */
+#define LK_BENCH_JOB(args_type, forward_fn, backward_fn)                                                 \
+    typedef struct {                                                                                     \
+        const lk_impl *impl;                                                                             \
+        args_type a;                                                                                     \
+        lk_ctx ctx;                                                                                      \
+    } bench_job;                                                                                         \
+    static lk_status run_fwd(void *p) { bench_job *j = p; return forward_fn(j->impl, &j->a, &j->ctx); }  \
+    static lk_status run_bwd(void *p) { bench_job *j = p; return backward_fn(j->impl, &j->a, &j->ctx); }
 
 /* Fills rows[0..2] (fwd, bwd, fwd+bwd): time, GB/s, GFLOP/s, the fraction of the GEMM
  * ceiling (ops with flops) or of the copy ceiling (the others), and peak extra memory. */

@@ -170,8 +170,7 @@ static const lk_shape check_shapes[] = {
 
 const lk_harness lk_attention_harness = {
     .check = check,
-    .check_shapes = check_shapes,
-    .n_check_shapes = (int)(sizeof check_shapes / sizeof *check_shapes),
+    LK_CHECK_SHAPES(check_shapes),
     .bench = bench,
     .bench_shape = {4, {1, 8, 2048, 64}},          /* --mask causal unless asked */
     .case_opts = LK_CASE_MASK | LK_CASE_KV_HEADS | LK_CASE_BLOCK,

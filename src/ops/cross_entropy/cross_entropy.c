@@ -21,13 +21,6 @@ lk_cross_entropy_args lk_cross_entropy_args_init(void) {
     return a;
 }
 
-/* impl checked (lk_impl_check: its vtable has what cross_entropy needs), its vtable in *out */
-static lk_status check_impl(const lk_impl *impl, const lk_cross_entropy_vtable **out) {
-    lk_status s = lk_impl_check(OP, impl, LK_OP_CROSS_ENTROPY);
-    if (!s) *out = impl->vtable;
-    return s;
-}
-
 static lk_status check_tensor(const lk_impl *impl, const char *arg, const lk_tensor *t, int need_data,
                               int min_ndim, unsigned dtypes) {
     lk_status s;
@@ -111,8 +104,9 @@ static lk_status check_shapes(const lk_impl *impl, const lk_cross_entropy_args *
 /* What both passes check, data included: the index list and the label values. */
 static lk_status check_common(const lk_impl *impl, const lk_cross_entropy_args *a, const lk_ctx *ctx,
                               const lk_cross_entropy_vtable **vt, lk_cross_entropy_dims *d) {
-    lk_status s = check_impl(impl, vt);
+    lk_status s = lk_impl_check(OP, impl, LK_OP_CROSS_ENTROPY);
     if (s || (s = lk_expect_call(OP, impl, a, ctx))) return s;
+    *vt = impl->vtable;
     if ((s = check_shapes(impl, a, 1, d))) return s;
     const int64_t *idx = a->keep_indices.data;
     int host = impl->device == LK_DEVICE_CPU;   /* values readable here (see the top) */
@@ -167,8 +161,9 @@ static lk_status run(const lk_cross_entropy_vtable *vt, const lk_cross_entropy_d
 /* What the size queries check: impl, args, bytes, and the shapes (no data read). */
 static lk_status query(const lk_impl *impl, const lk_cross_entropy_args *a, size_t *bytes,
                        const lk_cross_entropy_vtable **vt, lk_cross_entropy_dims *d) {
-    lk_status s = check_impl(impl, vt);
+    lk_status s = lk_impl_check(OP, impl, LK_OP_CROSS_ENTROPY);
     if (s) return s;
+    *vt = impl->vtable;
     if (a == NULL) return lk_error(LK_EINVAL, OP ": args: expected arguments, got NULL");
     if (bytes == NULL) return lk_error(LK_EINVAL, OP ": bytes: expected somewhere to write, got NULL");
     return check_shapes(impl, a, 0, d);

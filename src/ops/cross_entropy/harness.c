@@ -27,16 +27,6 @@ double lk_ce_tol(const lk_impl *impl, lk_dtype dt) {
     return dt == LK_F32 ? 2e-5 : 1e-2;
 }
 
-static void fill_row(lk_check_row *row, const lk_impl *impl, lk_dtype dt, const lk_shape *shape) {
-    memset(row, 0, sizeof *row);
-    snprintf(row->op, sizeof row->op, "cross_entropy");
-    snprintf(row->impl, sizeof row->impl, "%s", impl ? impl->name : "(null)");
-    snprintf(row->dtype, sizeof row->dtype, "%s", lk_dtype_name(dt));
-    lk_shape_format(shape, row->shape, sizeof row->shape);
-    row->max_rel_err = INFINITY;
-    row->tol = impl ? lk_ce_tol(impl, dt) : 0.0;
-}
-
 /* max over i of |got_i − ref_i| / max(1, max|ref|); NaN gives +inf */
 static double loss_err(const float *got, const double *ref, int64_t n) {
     double e = 0.0, m = 1.0;
@@ -69,7 +59,7 @@ lk_status lk_ce_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape *sha
     lk_check_row scratch;
     if (!c) c = &defaults;
     if (!row) row = &scratch;
-    fill_row(row, impl, dt, shape);
+    lk_check_row_begin(row, "cross_entropy", impl, dt, shape, impl ? lk_ce_tol(impl, dt) : 0.0);
     if (shape->ndim != 3) return lk_error(LK_EINVAL, "cross_entropy: check: expected a shape T x H x V");
     int64_t T = shape->d[0], H = shape->d[1], V = shape->d[2], B = c->batch > 1 ? c->batch : 1, S = T / B;
     int none = c->reduction == LK_CE_NONE, per = none ? T : 1;
@@ -178,9 +168,8 @@ lk_status lk_ce_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape *sha
         for (int64_t j = 0; j < H; j++) e.unscored_zero &= lk_load(b.dh, dt, t * H + j) == 0.0;
         if (none) e.unscored_zero &= b.loss[t] == 0.0f && b.zl[t] == 0.0f;
     }
-    row->max_rel_err = fmax(fmax(e.loss, e.z_loss), fmax(e.dh, e.dw));
-    if (!e.n_valid_ok || !e.unscored_zero) row->max_rel_err = INFINITY;
-    row->pass = row->max_rel_err <= row->tol;
+    double worst = fmax(fmax(e.loss, e.z_loss), fmax(e.dh, e.dw));
+    lk_check_row_end(row, e.n_valid_ok && e.unscored_zero ? worst : INFINITY);
     if (err) *err = e;
 done:
     free(u);
@@ -198,20 +187,7 @@ static lk_status check(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, 
 
 /* --- bench ---------------------------------------------------------------------- */
 
-typedef struct {
-    const lk_impl *impl;
-    lk_cross_entropy_args a;
-    lk_ctx ctx;
-} bench_job;
-
-static lk_status run_fwd(void *p) {
-    bench_job *j = p;
-    return lk_cross_entropy_forward(j->impl, &j->a, &j->ctx);
-}
-static lk_status run_bwd(void *p) {
-    bench_job *j = p;
-    return lk_cross_entropy_backward(j->impl, &j->a, &j->ctx);
-}
+LK_BENCH_JOB(lk_cross_entropy_args, lk_cross_entropy_forward, lk_cross_entropy_backward)
 
 static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, const lk_case_opts *opts,
                        const lk_ceilings *ceil, lk_bench_row rows[3]) {
@@ -273,8 +249,7 @@ static const lk_shape check_shapes[] = {
 
 const lk_harness lk_cross_entropy_harness = {
     .check = check,
-    .check_shapes = check_shapes,
-    .n_check_shapes = (int)(sizeof check_shapes / sizeof *check_shapes),
+    LK_CHECK_SHAPES(check_shapes),
     .bench = bench,
     .bench_shape = {3, {4096, 1024, 32000}},
     .dtypes = LK_DTYPE_BIT(LK_F32) | LK_DTYPE_BIT(LK_BF16),

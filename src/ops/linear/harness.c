@@ -27,16 +27,6 @@ double lk_linear_tol(const lk_impl *impl, lk_dtype dt) {
     return 1e-2;
 }
 
-static void fill_row(lk_check_row *row, const lk_impl *impl, lk_dtype dt, const lk_shape *shape) {
-    memset(row, 0, sizeof *row);
-    snprintf(row->op, sizeof row->op, "linear");
-    snprintf(row->impl, sizeof row->impl, "%s", impl ? impl->name : "(null)");
-    snprintf(row->dtype, sizeof row->dtype, "%s", lk_dtype_name(dt));
-    lk_shape_format(shape, row->shape, sizeof row->shape);
-    row->max_rel_err = INFINITY;
-    row->tol = impl ? lk_linear_tol(impl, dt) : 0.0;
-}
-
 /* A buffer of n random values in dt, its double copy in *ref (same values). */
 #define RAND(var, dtype, n, std) void *var = lk_random_tensor(&rng, dtype, n, std, &var##_d)
 
@@ -44,7 +34,7 @@ lk_status lk_linear_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape 
                                const lk_linear_case *c, lk_check_row *row, lk_linear_errors *err) {
     static const lk_linear_case defaults = {0};
     if (!c) c = &defaults;
-    fill_row(row, impl, dt, shape);
+    lk_check_row_begin(row, "linear", impl, dt, shape, impl ? lk_linear_tol(impl, dt) : 0.0);
     if (shape->ndim < 2)
         return lk_error(LK_EINVAL, "linear: check: expected a shape [..., I, O], got %s", row->shape);
     int xnd = shape->ndim - 1, calls = c->backward_calls > 1 ? 2 : 1;
@@ -101,9 +91,7 @@ lk_status lk_linear_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape 
         .dweight = lk_rel_err(dw, gdt, dw0_d, out * in),
         .dbias = has_b ? lk_rel_err(db, gdt, db0_d, out) : 0.0,
     };
-    row->max_rel_err = fmax(fmax(e.y, e.dx), fmax(e.dweight, e.dbias));
-    if (isnan(row->max_rel_err)) row->max_rel_err = INFINITY;
-    row->pass = row->max_rel_err <= row->tol;
+    lk_check_row_end(row, fmax(fmax(e.y, e.dx), fmax(e.dweight, e.dbias)));
     if (err) *err = e;
 done:
     free(x); free(w); free(b); free(dy); free(dw0); free(db0); free(y); free(dx); free(dw); free(db); free(ref);
@@ -118,14 +106,7 @@ static lk_status check(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, 
 
 /* --- bench ---------------------------------------------------------------------- */
 
-typedef struct {
-    const lk_impl *impl;
-    lk_linear_args a;
-    lk_ctx ctx;
-} bench_job;
-
-static lk_status run_fwd(void *p) { bench_job *j = p; return lk_linear_forward(j->impl, &j->a, &j->ctx); }
-static lk_status run_bwd(void *p) { bench_job *j = p; return lk_linear_backward(j->impl, &j->a, &j->ctx); }
+LK_BENCH_JOB(lk_linear_args, lk_linear_forward, lk_linear_backward)
 
 /* The bench shape is T x I x O; no bias (as in the transformer's projections) and f32
  * gradients (the usual master-gradient buffers of mixed precision). */
@@ -170,8 +151,7 @@ static const lk_shape check_shapes[] = {
 
 const lk_harness lk_linear_harness = {
     .check = check,
-    .check_shapes = check_shapes,
-    .n_check_shapes = (int)(sizeof check_shapes / sizeof *check_shapes),
+    LK_CHECK_SHAPES(check_shapes),
     .bench = bench,
     .bench_shape = {3, {4096, 1024, 4096}},
     .dtypes = LK_DTYPE_BIT(LK_F32) | LK_DTYPE_BIT(LK_BF16),

@@ -19,15 +19,9 @@ typedef struct {
     int64_t rows, in, out;
 } dims;
 
-/* impl checked (lk_impl_check: its vtable has what linear needs), its vtable in d */
-static lk_status check_impl(const lk_impl *impl, dims *d) {
-    lk_status s = lk_impl_check(OP, impl, LK_OP_LINEAR);
-    if (!s) d->vt = impl->vtable;
-    return s;
-}
-
-/* x and weight fix the dims; their data is needed unless querying. */
+/* After lk_impl_check: x and weight fix the dims; their data is needed unless querying. */
 static lk_status check_x_w(const lk_impl *impl, const lk_tensor *x, const lk_tensor *w, int need_data, dims *d) {
+    d->vt = impl->vtable;
     lk_status s = lk_expect_rows(OP, impl->device, "x", x, need_data, 1, impl->needs.dtypes, &d->rows, &d->in);
     if (s || (need_data && (s = lk_expect_present(OP, "weight", w))) ||
         (s = lk_expect_device(OP, "weight", w, impl->device)) || (s = lk_expect_contiguous(OP, "weight", w, 2)))
@@ -48,7 +42,7 @@ static void y_shape(const lk_tensor *x, int64_t out, int64_t shape[LK_MAX_DIMS])
 }
 
 static lk_status check_common(const lk_impl *impl, const lk_linear_args *a, const lk_ctx *ctx, dims *d) {
-    lk_status s = check_impl(impl, d);
+    lk_status s = lk_impl_check(OP, impl, LK_OP_LINEAR);
     if (s || (s = lk_expect_call(OP, impl, a, ctx))) return s;
     if ((s = check_x_w(impl, &a->x, &a->weight, 1, d))) return s;
     if (a->bias.data && (s = check_tensor(impl, "bias", &a->bias, 1, &d->out, LK_DTYPE_BIT(a->x.dtype)))) return s;
@@ -66,7 +60,7 @@ static lk_status run(const dims *d, int backward, const lk_linear_args *a, lk_ct
 
 lk_status lk_linear_saved_bytes(const lk_impl *impl, const lk_tensor *x, const lk_tensor *weight, size_t *bytes) {
     dims d = {0};
-    lk_status s = check_impl(impl, &d);
+    lk_status s = lk_impl_check(OP, impl, LK_OP_LINEAR);
     if (s) return s;
     if (x == NULL || weight == NULL)
         return lk_error(LK_EINVAL, OP ": %s: expected a tensor, got NULL", x ? "weight" : "x");
@@ -78,7 +72,7 @@ lk_status lk_linear_saved_bytes(const lk_impl *impl, const lk_tensor *x, const l
 
 lk_status lk_linear_workspace_bytes(const lk_impl *impl, const lk_linear_args *a, int backward, size_t *bytes) {
     dims d = {0};
-    lk_status s = check_impl(impl, &d);
+    lk_status s = lk_impl_check(OP, impl, LK_OP_LINEAR);
     if (s) return s;
     if (a == NULL || bytes == NULL)
         return lk_error(LK_EINVAL, OP ": %s: expected a pointer, got NULL", a ? "bytes" : "args");

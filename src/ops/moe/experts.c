@@ -12,18 +12,12 @@ static lk_status check_tensor(const lk_impl *impl, const char *arg, const lk_ten
     return lk_expect_tensor(OP, impl->device, arg, t, ndim, shape, dtypes);
 }
 
-/* impl checked (lk_impl_check: its vtable has what moe_experts needs), its vtable in *out */
-static lk_status check_impl(const lk_impl *impl, const lk_moe_experts_vtable **out) {
-    lk_status s = lk_impl_check(OP, impl, LK_OP_MOE_EXPERTS);
-    if (!s) *out = impl->vtable;
-    return s;
-}
-
 /* hidden and the two weights fix T, H, E, I; topk_ids fixes k; ids must lie in [0, E). */
 static lk_status check_common(const lk_impl *impl, const lk_moe_experts_args *a, const lk_ctx *ctx,
                               const lk_moe_experts_vtable **vt, lk_moe_dims *d) {
-    lk_status s = check_impl(impl, vt);
+    lk_status s = lk_impl_check(OP, impl, LK_OP_MOE_EXPERTS);
     if (s || (s = lk_expect_call(OP, impl, a, ctx))) return s;
+    *vt = impl->vtable;
     const lk_tensor *x = &a->hidden, *gu = &a->gate_up_weight;
     char buf[96];
     int64_t T, H;
@@ -73,8 +67,9 @@ static lk_status run(const lk_moe_experts_vtable *vt, int backward, const lk_moe
 lk_status lk_moe_experts_saved_bytes(const lk_impl *impl, int64_t tokens, int64_t top_k, int64_t experts,
                                      int64_t hidden, int64_t inter, lk_dtype dt, size_t *bytes) {
     const lk_moe_experts_vtable *vt = NULL;
-    lk_status s = check_impl(impl, &vt);
+    lk_status s = lk_impl_check(OP, impl, LK_OP_MOE_EXPERTS);
     if (s) return s;
+    vt = impl->vtable;
     if (bytes == NULL) return lk_error(LK_EINVAL, OP ": bytes: expected somewhere to write, got NULL");
     if (tokens < 0 || top_k < 1 || experts < top_k || hidden < 1 || inter < 1)
         return lk_error(LK_EINVAL, OP ": sizes: expected T >= 0, 1 <= k <= E, H, I >= 1, got T %lld k %lld E %lld "

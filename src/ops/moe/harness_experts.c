@@ -144,37 +144,22 @@ void lk_moe_experts_result_free(lk_moe_experts_result *r) {
     memset(r, 0, sizeof *r);
 }
 
-static double rel(const double *got, const double *want, int64_t n) {
-    double me = 0, mr = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double e = fabs(got[i] - want[i]);
-        if (isnan(e)) return INFINITY;
-        if (e > me) me = e;
-        if (fabs(want[i]) > mr) mr = fabs(want[i]);
-    }
-    return me / (mr > 1e-300 ? mr : 1.0);
-}
-
 double lk_moe_experts_diff(const lk_moe_experts_result *got, const lk_moe_experts_result *want,
                            const lk_moe_experts_problem *p, lk_moe_experts_errors *e) {
     if (!got->out || !want->out) return INFINITY;
     lk_moe_experts_errors x = {
-        .out = rel(got->out, want->out, p->t * p->h), .dx = rel(got->dx, want->dx, p->t * p->h),
-        .dw = rel(got->dw, want->dw, p->t * p->k), .dgu = rel(got->dgu, want->dgu, p->e * 2 * p->i * p->h),
-        .dd = rel(got->dd, want->dd, p->e * p->h * p->i),
+        .out = lk_rel_err_f64(got->out, want->out, p->t * p->h),
+        .dx = lk_rel_err_f64(got->dx, want->dx, p->t * p->h),
+        .dw = lk_rel_err_f64(got->dw, want->dw, p->t * p->k),
+        .dgu = lk_rel_err_f64(got->dgu, want->dgu, p->e * 2 * p->i * p->h),
+        .dd = lk_rel_err_f64(got->dd, want->dd, p->e * p->h * p->i),
     };
     if (e) *e = x;
     return fmax(fmax(fmax(x.out, x.dx), fmax(x.dw, x.dgu)), x.dd);
 }
 
 static lk_status check(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, uint64_t seed, lk_check_row *row) {
-    memset(row, 0, sizeof *row);
-    snprintf(row->op, sizeof row->op, "moe_experts");
-    snprintf(row->impl, sizeof row->impl, "%s", impl->name);
-    snprintf(row->dtype, sizeof row->dtype, "%s", lk_dtype_name(dt));
-    lk_shape_format(shape, row->shape, sizeof row->shape);
-    row->tol = lk_moe_experts_tol(impl, dt);
-    row->max_rel_err = INFINITY;
+    lk_check_row_begin(row, "moe_experts", impl, dt, shape, lk_moe_experts_tol(impl, dt));
     if (shape->ndim != 5) return lk_error(LK_EINVAL, "moe_experts: check: expected a shape TxHxIxExk, got %s", row->shape);
     lk_moe_experts_problem p = {.t = shape->d[0], .h = shape->d[1], .i = shape->d[2], .e = shape->d[3],
                                 .k = shape->d[4], .dt = dt, .seed = seed, .dup_routes = (seed & 1) != 0};
@@ -182,8 +167,7 @@ static lk_status check(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, 
     lk_status s = lk_moe_experts_run(impl, &p, &got);
     if (!s) s = lk_moe_experts_run_ref(&p, &want);
     if (!s) {
-        row->max_rel_err = lk_moe_experts_diff(&got, &want, &p, NULL);
-        row->pass = row->max_rel_err <= row->tol;
+        lk_check_row_end(row, lk_moe_experts_diff(&got, &want, &p, NULL));
         lk_moe_experts_result_free(&want);
     }
     lk_moe_experts_result_free(&got);
@@ -192,14 +176,7 @@ static lk_status check(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, 
 
 /* --- bench ---------------------------------------------------------------------- */
 
-typedef struct {
-    const lk_impl *impl;
-    lk_moe_experts_args a;
-    lk_ctx ctx;
-} bench_job;
-
-static lk_status run_fwd(void *p) { bench_job *j = p; return lk_moe_experts_forward(j->impl, &j->a, &j->ctx); }
-static lk_status run_bwd(void *p) { bench_job *j = p; return lk_moe_experts_backward(j->impl, &j->a, &j->ctx); }
+LK_BENCH_JOB(lk_moe_experts_args, lk_moe_experts_forward, lk_moe_experts_backward)
 
 /* T x H x I x E x k with the fake gate's balanced routing (noise 0) so eager and fused
  * see the same loads; weight gradients in f32 (mixed precision's master gradients). */
@@ -256,8 +233,7 @@ static const lk_shape check_shapes[] = {
 
 const lk_harness lk_moe_experts_harness = {
     .check = check,
-    .check_shapes = check_shapes,
-    .n_check_shapes = (int)(sizeof check_shapes / sizeof *check_shapes),
+    LK_CHECK_SHAPES(check_shapes),
     .bench = bench,
     .bench_shape = {5, {8192, 1024, 512, 64, 8}},
     .dtypes = LK_DTYPE_BIT(LK_F32) | LK_DTYPE_BIT(LK_BF16),

@@ -15,17 +15,6 @@
  * The choice gap uses the same tolerances, relative to the scores (at most 1). */
 double lk_moe_router_tol(const lk_impl *impl, lk_dtype dt) { return dt == LK_F32 ? 2e-5 : 2e-2; }
 
-static double rel(const double *got, const double *want, int64_t n) {
-    double me = 0, mr = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double e = fabs(got[i] - want[i]);
-        if (isnan(e)) return INFINITY;
-        if (e > me) me = e;
-        if (fabs(want[i]) > mr) mr = fabs(want[i]);
-    }
-    return me / (mr > 1e-300 ? mr : 1.0);
-}
-
 /* fake_balanced: noise 0 against its formula; noise > 0 must be a valid choice
  * (distinct experts, weights summing to route_scale) and the same on a second call. */
 static double fake_errors(const lk_moe_router_args *o, const int32_t *ids, const float *w, const int32_t *ids2,
@@ -118,10 +107,10 @@ lk_status lk_moe_router_check_case(const lk_impl *impl, const lk_moe_router_prob
     lk_moe_router_ref_backward(&a, xd, wgd, v, ids, dwd, a.d_aux_loss, T, H, E, kind, dxr, dgw_ref);
     for (int64_t i = 0; i < E * H; i++) dgw_got[i] = lk_load(dgw, gdt, i);
     for (int64_t i = 0; i < T * H; i++) dxg[i] = lk_load(dx, p->dt, i);
-    er->weights = rel(wgot, wref, T * K);
+    er->weights = lk_rel_err_f64(wgot, wref, T * K);
     er->aux = fabs(aux - auxr) / fmax(fabs(auxr), 1e-30);
-    er->dx = rel(dxg, dxr, T * H);
-    er->dwg = rel(dgw_got, dgw_ref, E * H);
+    er->dx = lk_rel_err_f64(dxg, dxr, T * H);
+    er->dwg = lk_rel_err_f64(dgw_got, dgw_ref, E * H);
     free(wgot); free(dgw_got); free(dxg); free(dgw_ref);
 done:
     free(x); free(wg); free(dgw); free(bias); free(dwt); free(w); free(w2); free(ids); free(ids2); free(dx);
@@ -150,33 +139,19 @@ static lk_moe_router_problem problem_of(const lk_impl *impl, lk_dtype dt, const 
 }
 
 static lk_status check(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, uint64_t seed, lk_check_row *row) {
-    memset(row, 0, sizeof *row);
-    snprintf(row->op, sizeof row->op, "moe_router");
-    snprintf(row->impl, sizeof row->impl, "%s", impl->name);
-    snprintf(row->dtype, sizeof row->dtype, "%s", lk_dtype_name(dt));
-    lk_shape_format(shape, row->shape, sizeof row->shape);
-    row->tol = lk_moe_router_tol(impl, dt);
-    row->max_rel_err = INFINITY;
+    lk_check_row_begin(row, "moe_router", impl, dt, shape, lk_moe_router_tol(impl, dt));
     if (shape->ndim != 4) return lk_error(LK_EINVAL, "moe_router: check: expected a shape TxHxExk, got %s", row->shape);
     lk_moe_router_problem p = problem_of(impl, dt, shape, seed);
     lk_moe_router_errors e;
     lk_status s = lk_moe_router_check_case(impl, &p, &e);
     if (s) return s;
-    row->max_rel_err = fmax(fmax(fmax(e.weights, e.aux), fmax(e.dx, e.dwg)), e.choice_gap);
-    row->pass = row->max_rel_err <= row->tol;
+    lk_check_row_end(row, fmax(fmax(fmax(e.weights, e.aux), fmax(e.dx, e.dwg)), e.choice_gap));
     return LK_OK;
 }
 
 /* --- bench ---------------------------------------------------------------------- */
 
-typedef struct {
-    const lk_impl *impl;
-    lk_moe_router_args a;
-    lk_ctx ctx;
-} bench_job;
-
-static lk_status run_fwd(void *p) { bench_job *j = p; return lk_moe_router_forward(j->impl, &j->a, &j->ctx); }
-static lk_status run_bwd(void *p) { bench_job *j = p; return lk_moe_router_backward(j->impl, &j->a, &j->ctx); }
+LK_BENCH_JOB(lk_moe_router_args, lk_moe_router_forward, lk_moe_router_backward)
 
 static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, const lk_case_opts *opts,
                        const lk_ceilings *ceil, lk_bench_row rows[3]) {
@@ -224,8 +199,7 @@ static const lk_shape check_shapes[] = {
 
 const lk_harness lk_moe_router_harness = {
     .check = check,
-    .check_shapes = check_shapes,
-    .n_check_shapes = (int)(sizeof check_shapes / sizeof *check_shapes),
+    LK_CHECK_SHAPES(check_shapes),
     .bench = bench,
     .bench_shape = {4, {8192, 1024, 64, 8}},
     .dtypes = LK_DTYPE_BIT(LK_F32) | LK_DTYPE_BIT(LK_BF16),

@@ -14,19 +14,13 @@ static lk_status check_tensor(const lk_impl *impl, const char *arg, const lk_ten
     return lk_expect_tensor(OP, impl->device, arg, t, ndim, shape, dtypes);
 }
 
-/* impl checked (lk_impl_check: its vtable has what moe_router needs), its vtable in *out */
-static lk_status check_impl(const lk_impl *impl, const lk_moe_router_vtable **out) {
-    lk_status s = lk_impl_check(OP, impl, LK_OP_MOE_ROUTER);
-    if (!s) *out = impl->vtable;
-    return s;
-}
-
 static int is_fake(const lk_impl *impl) { return strcmp(impl->name, "fake_balanced") == 0; }
 
 static lk_status check_common(const lk_impl *impl, const lk_moe_router_args *a, const lk_ctx *ctx,
                               const lk_moe_router_vtable **vt, int64_t *T, int64_t *E) {
-    lk_status s = check_impl(impl, vt);
+    lk_status s = lk_impl_check(OP, impl, LK_OP_MOE_ROUTER);
     if (s || (s = lk_expect_call(OP, impl, a, ctx))) return s;
+    *vt = impl->vtable;
     const lk_tensor *x = &a->hidden, *g = &a->gate_weight;
     char buf[96];
     int64_t H;
@@ -85,8 +79,9 @@ static lk_status run(const lk_moe_router_vtable *vt, int backward, const lk_moe_
 lk_status lk_moe_router_saved_bytes(const lk_impl *impl, int64_t tokens, int64_t experts, int64_t top_k,
                                     size_t *bytes) {
     const lk_moe_router_vtable *vt = NULL;
-    lk_status s = check_impl(impl, &vt);
+    lk_status s = lk_impl_check(OP, impl, LK_OP_MOE_ROUTER);
     if (s) return s;
+    vt = impl->vtable;
     if (bytes == NULL) return lk_error(LK_EINVAL, OP ": bytes: expected somewhere to write, got NULL");
     if (tokens < 0 || top_k < 1 || experts < top_k)
         return lk_error(LK_EINVAL, OP ": sizes: expected T >= 0 and 1 <= k <= E, got T %lld E %lld k %lld",

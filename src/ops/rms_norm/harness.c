@@ -19,21 +19,14 @@
  * bf16, eager: every intermediate is rounded to bf16 (the longest chain is dx: g, g·x,
  *   Σ, −½·d·r³, /n, 2x·dm, +, six or seven roundings of up to 2^-8 that can add), so
  *   ~2.7e-2 worst case; 4e-2. A wrong formula still misses by O(1). */
-static const struct {
-    const char *impl;
-    lk_dtype dt;
-    double tol;
-} tols[] = {
+static const lk_tol tols[] = {
     {"eager", LK_BF16, 4e-2},
     {NULL, LK_F32, 1e-5},       /* any other implementation */
     {NULL, LK_BF16, 1e-2},
 };
 
 double lk_rms_norm_tol(const lk_impl *impl, lk_dtype dt) {
-    for (size_t i = 0; i < sizeof tols / sizeof *tols; i++)
-        if (tols[i].dt == dt && (!tols[i].impl || strcmp(tols[i].impl, impl->name) == 0))
-            return tols[i].tol;
-    return 1e-2;
+    return lk_tol_find(tols, sizeof tols / sizeof *tols, impl, dt, 1e-2);
 }
 
 /* dx = rstd·(g − x̂·mean(g·x̂)) is a difference: for a row of one element the two terms
@@ -55,21 +48,11 @@ static double dx_err(const void *got, lk_dtype dt, const double *ref, const doub
     return max_err / (scale > 1e-300 ? scale : 1.0);
 }
 
-static void fill_row(lk_check_row *row, const lk_impl *impl, lk_dtype dt, const lk_shape *shape) {
-    memset(row, 0, sizeof *row);
-    snprintf(row->op, sizeof row->op, "rms_norm");
-    snprintf(row->impl, sizeof row->impl, "%s", impl ? impl->name : "(null)");
-    snprintf(row->dtype, sizeof row->dtype, "%s", lk_dtype_name(dt));
-    lk_shape_format(shape, row->shape, sizeof row->shape);
-    row->max_rel_err = INFINITY;
-    row->tol = impl ? lk_rms_norm_tol(impl, dt) : 0.0;
-}
-
 lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, uint64_t seed,
                                  const lk_rms_norm_case *c, lk_check_row *row, lk_rms_norm_errors *err) {
     static const lk_rms_norm_case defaults = {0};
     if (!c) c = &defaults;
-    fill_row(row, impl, dt, shape);
+    lk_check_row_begin(row, "rms_norm", impl, dt, shape, impl ? lk_rms_norm_tol(impl, dt) : 0.0);
     int64_t all = lk_shape_numel(shape), n = shape->d[shape->ndim - 1], rows = all / n;
     size_t esz = lk_dtype_size(dt), saved_bytes = 0;
     lk_tensor xt = lk_tensor_view(NULL, dt, shape->ndim, shape->d);
@@ -122,9 +105,7 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
         .dx = dx_err(dx, dt, dxref, rstd, dyd, wref, c->weight_offset, rows, n),
         .dweight = c->no_weight ? 0.0 : lk_rel_err(dw, dt, dwref, n),
     };
-    row->max_rel_err = fmax(e.y, fmax(e.dx, e.dweight));
-    if (isnan(e.y) || isnan(e.dx) || isnan(e.dweight)) row->max_rel_err = INFINITY;
-    row->pass = row->max_rel_err <= row->tol;
+    lk_check_row_end(row, isnan(e.y) || isnan(e.dx) || isnan(e.dweight) ? NAN : fmax(e.y, fmax(e.dx, e.dweight)));
     if (err) *err = e;
 done:
     free(x); free(w); free(dy); free(y); free(dx); free(dw); free(saved); free(ref);
@@ -140,14 +121,7 @@ static lk_status check(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, 
 
 /* --- bench ---------------------------------------------------------------------- */
 
-typedef struct {
-    const lk_impl *impl;
-    lk_rms_norm_args a;
-    lk_ctx ctx;
-} bench_job;
-
-static lk_status run_fwd(void *p) { bench_job *j = p; return lk_rms_norm_forward(j->impl, &j->a, &j->ctx); }
-static lk_status run_bwd(void *p) { bench_job *j = p; return lk_rms_norm_backward(j->impl, &j->a, &j->ctx); }
+LK_BENCH_JOB(lk_rms_norm_args, lk_rms_norm_forward, lk_rms_norm_backward)
 
 /* Cache-line aligned, so a kernel may stream its stores. */
 static void *alloc64(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
@@ -204,8 +178,7 @@ static const lk_shape check_shapes[] = {
 
 const lk_harness lk_rms_norm_harness = {
     .check = check,
-    .check_shapes = check_shapes,
-    .n_check_shapes = (int)(sizeof check_shapes / sizeof *check_shapes),
+    LK_CHECK_SHAPES(check_shapes),
     .bench = bench,
     .bench_shape = {2, {8192, 4096}},
     .dtypes = LK_DTYPE_BIT(LK_F32) | LK_DTYPE_BIT(LK_BF16),

@@ -14,15 +14,10 @@ typedef struct {
     int64_t rows, n;
 } shape_info;
 
-/* impl checked (lk_impl_check: its vtable has what rms_norm needs), its vtable in si */
-static lk_status check_impl(const lk_impl *impl, shape_info *si) {
-    lk_status s = lk_impl_check(OP, impl, LK_OP_RMS_NORM);
-    if (!s) si->vt = impl->vtable;
-    return s;
-}
-
-/* x is the tensor the others are measured against; its data is needed unless querying. */
+/* After lk_impl_check: x is the tensor the others are measured against; its data is
+ * needed unless querying. */
 static lk_status check_x(const lk_impl *impl, const lk_tensor *x, int need_data, shape_info *si) {
+    si->vt = impl->vtable;
     return lk_expect_rows(OP, impl->device, "x", x, need_data, 1, impl->needs.dtypes, &si->rows, &si->n);
 }
 
@@ -48,7 +43,7 @@ static lk_status check_saved(const lk_rms_norm_args *a, const shape_info *si) {
 /* What both passes check: impl, args, ctx, x, weight, eps, saved. */
 static lk_status check_common(const lk_impl *impl, const lk_rms_norm_args *a, const lk_ctx *ctx,
                               shape_info *si) {
-    lk_status s = check_impl(impl, si);
+    lk_status s = lk_impl_check(OP, impl, LK_OP_RMS_NORM);
     if (s || (s = lk_expect_call(OP, impl, a, ctx))) return s;
     if ((s = check_x(impl, &a->x, 1, si))) return s;
     if (a->weight.data && (s = check_vector(impl, "weight", &a->weight, &a->x, si->n))) return s;
@@ -70,7 +65,7 @@ static lk_status run(const shape_info *si, int backward, const lk_rms_norm_args 
 
 lk_status lk_rms_norm_saved_bytes(const lk_impl *impl, const lk_tensor *x, size_t *bytes) {
     shape_info si;
-    lk_status s = check_impl(impl, &si);
+    lk_status s = lk_impl_check(OP, impl, LK_OP_RMS_NORM);
     if (s) return s;
     if (x == NULL) return lk_error(LK_EINVAL, OP ": x: expected a tensor, got NULL");
     if (bytes == NULL) return lk_error(LK_EINVAL, OP ": bytes: expected somewhere to write, got NULL");

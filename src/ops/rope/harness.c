@@ -22,21 +22,14 @@
  *   relative; 1e-2.
  * bf16, eager: cos and sin are cast to bf16 (2^-9 each), both products and the sum are
  *   rounded to bf16: up to ~5·2^-9 ≈ 1e-2 of max|x|; 2e-2. A wrong formula misses by O(1). */
-static const struct {
-    const char *impl;
-    lk_dtype dt;
-    double tol;
-} tols[] = {
+static const lk_tol tols[] = {
     {"eager", LK_BF16, 2e-2},
     {NULL, LK_F32, 1e-5},       /* any other implementation */
     {NULL, LK_BF16, 1e-2},
 };
 
 double lk_rope_tol(const lk_impl *impl, lk_dtype dt) {
-    for (size_t i = 0; i < sizeof tols / sizeof *tols; i++)
-        if (tols[i].dt == dt && (!tols[i].impl || strcmp(tols[i].impl, impl->name) == 0))
-            return tols[i].tol;
-    return 1e-2;
+    return lk_tol_find(tols, sizeof tols / sizeof *tols, impl, dt, 1e-2);
 }
 
 lk_status lk_rope_shape_dims(const lk_shape *shape, lk_dtype dt, lk_rope_dims *d) {
@@ -67,16 +60,6 @@ int64_t lk_rope_packed_ids(void *ids, lk_dtype dt, int64_t B, int64_t S, uint64_
     return top;
 }
 
-static void fill_row(lk_check_row *row, const lk_impl *impl, lk_dtype dt, const lk_shape *shape) {
-    memset(row, 0, sizeof *row);
-    snprintf(row->op, sizeof row->op, "rope");
-    snprintf(row->impl, sizeof row->impl, "%s", impl ? impl->name : "(null)");
-    snprintf(row->dtype, sizeof row->dtype, "%s", lk_dtype_name(dt));
-    lk_shape_format(shape, row->shape, sizeof row->shape);
-    row->max_rel_err = INFINITY;
-    row->tol = impl ? lk_rope_tol(impl, dt) : 0.0;
-}
-
 /* The buffers of one check, freed together. */
 typedef struct {
     void *q, *k, *dqo, *dko, *qo, *ko, *dq, *dk, *saved, *ids;
@@ -103,7 +86,7 @@ lk_status lk_rope_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape *s
                              const lk_rope_case *c, lk_check_row *row, lk_rope_errors *err) {
     static const lk_rope_case defaults = {0};
     if (!c) c = &defaults;
-    fill_row(row, impl, dt, shape);
+    lk_check_row_begin(row, "rope", impl, dt, shape, impl ? lk_rope_tol(impl, dt) : 0.0);
     lk_rope_dims d;
     lk_status s = lk_rope_shape_dims(shape, dt, &d);
     if (s) return s;
@@ -181,9 +164,7 @@ lk_status lk_rope_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape *s
         .q_out = lk_rel_err(m.qo, dt, qref, nq), .k_out = lk_rel_err(m.ko, dt, kref, nk),
         .dq = lk_rel_err(m.dq, dt, dqref, nq), .dk = lk_rel_err(m.dk, dt, dkref, nk),
     };
-    row->max_rel_err = fmax(fmax(e.q_out, e.k_out), fmax(e.dq, e.dk));
-    if (isnan(row->max_rel_err)) row->max_rel_err = INFINITY;
-    row->pass = row->max_rel_err <= row->tol;
+    lk_check_row_end(row, fmax(fmax(e.q_out, e.k_out), fmax(e.dq, e.dk)));
     if (err) *err = e;
     goto done;
 nomem:
@@ -201,14 +182,7 @@ static lk_status check(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, 
 
 /* --- bench ---------------------------------------------------------------------- */
 
-typedef struct {
-    const lk_impl *impl;
-    lk_rope_args a;
-    lk_ctx ctx;
-} bench_job;
-
-static lk_status run_fwd(void *p) { bench_job *j = p; return lk_rope_forward(j->impl, &j->a, &j->ctx); }
-static lk_status run_bwd(void *p) { bench_job *j = p; return lk_rope_backward(j->impl, &j->a, &j->ctx); }
+LK_BENCH_JOB(lk_rope_args, lk_rope_forward, lk_rope_backward)
 
 /* Cache-line aligned, so a kernel may stream its stores. */
 static void *alloc64(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
@@ -283,8 +257,7 @@ static const lk_shape check_shapes[] = {
 
 const lk_harness lk_rope_harness = {
     .check = check,
-    .check_shapes = check_shapes,
-    .n_check_shapes = (int)(sizeof check_shapes / sizeof *check_shapes),
+    LK_CHECK_SHAPES(check_shapes),
     .bench = bench,
     .bench_shape = {4, {1, 32, 2048, 128}},
     .dtypes = LK_DTYPE_BIT(LK_F32) | LK_DTYPE_BIT(LK_BF16),

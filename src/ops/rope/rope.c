@@ -10,8 +10,13 @@
 
 #define OP "rope"
 
-/* q and k shapes, dtype and rotary_dim: all the queries need. Data is not looked at. */
-static lk_status check_dims(const lk_impl *impl, const lk_rope_args *a, lk_rope_dims *d) {
+typedef struct {
+    const lk_rope_vtable *vt;
+    lk_rope_dims d;
+} call_info;
+
+/* After lk_impl_check: q and k shapes, dtype and rotary_dim: all the queries need. Data is not looked at. */
+static lk_status check_dims(const lk_impl *impl, const lk_rope_args *a, call_info *ci) {
     lk_status s;
     const lk_tensor *q = &a->q, *k = &a->k;
     if ((s = lk_expect_device(OP, "q", q, impl->device)) || (s = lk_expect_contiguous(OP, "q", q, 4)) ||
@@ -35,7 +40,8 @@ static lk_status check_dims(const lk_impl *impl, const lk_rope_args *a, lk_rope_
     if (R < 2 || R > D || R % 2)
         return lk_error(LK_EINVAL, OP ": rotary_dim: expected an even value in [2, D = %lld] (0 means D), got %lld%s",
                         (long long)D, (long long)R, a->rotary_dim ? "" : " (D)");
-    *d = lk_rope_dims_of(a);
+    ci->d = lk_rope_dims_of(a);
+    ci->vt = impl->vtable;
     return LK_OK;
 }
 
@@ -86,23 +92,11 @@ static lk_status check_positions(const lk_impl *impl, const lk_tensor *ids, cons
     return LK_OK;
 }
 
-typedef struct {
-    const lk_rope_vtable *vt;
-    lk_rope_dims d;
-} call_info;
-
-/* impl checked (lk_impl_check: its vtable has what rope needs), its vtable in ci */
-static lk_status check_impl(const lk_impl *impl, call_info *ci) {
-    lk_status s = lk_impl_check(OP, impl, LK_OP_ROPE);
-    if (!s) ci->vt = impl->vtable;
-    return s;
-}
-
 /* What both passes check: impl, args, ctx, q/k dims, tables, positions, saved. */
 static lk_status check_common(const lk_impl *impl, const lk_rope_args *a, const lk_ctx *ctx, call_info *ci) {
-    lk_status s = check_impl(impl, ci);
+    lk_status s = lk_impl_check(OP, impl, LK_OP_ROPE);
     if (s || (s = lk_expect_call(OP, impl, a, ctx))) return s;
-    if ((s = check_dims(impl, a, &ci->d))) return s;
+    if ((s = check_dims(impl, a, ci))) return s;
     int64_t half = ci->d.rotary_dim / 2;
     if ((s = check_table(impl, "cos", &a->cos, half)) || (s = check_table(impl, "sin", &a->sin, half)))
         return s;
@@ -146,11 +140,11 @@ static lk_status run(const call_info *ci, int backward, const lk_rope_args *a, l
 }
 
 static lk_status query(const lk_impl *impl, const lk_rope_args *a, size_t *bytes, call_info *ci) {
-    lk_status s = check_impl(impl, ci);
+    lk_status s = lk_impl_check(OP, impl, LK_OP_ROPE);
     if (s) return s;
     if (a == NULL) return lk_error(LK_EINVAL, OP ": args: expected arguments, got NULL");
     if (bytes == NULL) return lk_error(LK_EINVAL, OP ": bytes: expected somewhere to write, got NULL");
-    return check_dims(impl, a, &ci->d);
+    return check_dims(impl, a, ci);
 }
 
 lk_status lk_rope_saved_bytes(const lk_impl *impl, const lk_rope_args *a, size_t *bytes) {

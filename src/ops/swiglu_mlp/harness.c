@@ -20,30 +20,14 @@
  * bf16, eager: gate, up, silu, h and backward dh, d_silu, d_up, d_gate are each rounded
  *   to bf16 as a framework's tensors are; up to four roundings on a path, 2^-9 each,
  *   mostly averaged out by the GEMM sums that follow: 2e-2. */
-static const struct {
-    const char *impl;
-    lk_dtype dt;
-    double tol;
-} tols[] = {
+static const lk_tol tols[] = {
     {"eager", LK_BF16, 2e-2},
     {NULL, LK_F32, 2e-5},
     {NULL, LK_BF16, 1e-2},
 };
 
 double lk_swiglu_mlp_tol(const lk_impl *impl, lk_dtype dt) {
-    for (size_t i = 0; i < sizeof tols / sizeof *tols; i++)
-        if (tols[i].dt == dt && (!tols[i].impl || strcmp(tols[i].impl, impl->name) == 0)) return tols[i].tol;
-    return 2e-2;
-}
-
-static void fill_row(lk_check_row *row, const lk_impl *impl, lk_dtype dt, const lk_shape *shape) {
-    memset(row, 0, sizeof *row);
-    snprintf(row->op, sizeof row->op, "swiglu_mlp");
-    snprintf(row->impl, sizeof row->impl, "%s", impl ? impl->name : "(null)");
-    snprintf(row->dtype, sizeof row->dtype, "%s", lk_dtype_name(dt));
-    lk_shape_format(shape, row->shape, sizeof row->shape);
-    row->max_rel_err = INFINITY;
-    row->tol = impl ? lk_swiglu_mlp_tol(impl, dt) : 0.0;
+    return lk_tol_find(tols, sizeof tols / sizeof *tols, impl, dt, 2e-2);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -83,7 +67,7 @@ lk_status lk_swiglu_mlp_check_case(const lk_impl *impl, lk_dtype dt, const lk_sh
                                    const lk_swiglu_mlp_case *c, lk_check_row *row, lk_swiglu_mlp_errors *err) {
     static const lk_swiglu_mlp_case defaults = {0};
     if (!c) c = &defaults;
-    fill_row(row, impl, dt, shape);
+    lk_check_row_begin(row, "swiglu_mlp", impl, dt, shape, impl ? lk_swiglu_mlp_tol(impl, dt) : 0.0);
     if (shape->ndim < 3)
         return lk_error(LK_EINVAL, "swiglu_mlp: check: expected a shape [..., H, I], got %s", row->shape);
     int xnd = shape->ndim - 1, calls = c->backward_calls > 1 ? 2 : 1, want_w = !c->no_weight_grads;
@@ -141,9 +125,7 @@ lk_status lk_swiglu_mlp_check_case(const lk_impl *impl, lk_dtype dt, const lk_sh
         .d_gate_up_weight = want_w ? lk_rel_err(dgu, gdt, dgu0_d, 2 * I * H) : 0.0,
         .d_down_weight = want_w ? lk_rel_err(dd, gdt, dd0_d, H * I) : 0.0,
     };
-    row->max_rel_err = fmax(fmax(e.out, e.dx), fmax(e.d_gate_up_weight, e.d_down_weight));
-    if (isnan(row->max_rel_err)) row->max_rel_err = INFINITY;
-    row->pass = row->max_rel_err <= row->tol;
+    lk_check_row_end(row, fmax(fmax(e.out, e.dx), fmax(e.d_gate_up_weight, e.d_down_weight)));
     if (err) *err = e;
 done:
     free(x); free(wgu); free(wd); free(dout); free(dgu0); free(dd0); free(out); free(dx); free(saved);
@@ -159,14 +141,7 @@ static lk_status check(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, 
 
 /* --- bench ---------------------------------------------------------------------- */
 
-typedef struct {
-    const lk_impl *impl;
-    lk_swiglu_mlp_args a;
-    lk_ctx ctx;
-} bench_job;
-
-static lk_status run_fwd(void *p) { bench_job *j = p; return lk_swiglu_mlp_forward(j->impl, &j->a, &j->ctx); }
-static lk_status run_bwd(void *p) { bench_job *j = p; return lk_swiglu_mlp_backward(j->impl, &j->a, &j->ctx); }
+LK_BENCH_JOB(lk_swiglu_mlp_args, lk_swiglu_mlp_forward, lk_swiglu_mlp_backward)
 
 /* The bench shape is T x H x I; weight gradients in f32 (the master-gradient buffers of
  * mixed precision), so peak_bytes counts what the implementation itself adds. */
@@ -219,8 +194,7 @@ static const lk_shape check_shapes[] = {
 
 const lk_harness lk_swiglu_mlp_harness = {
     .check = check,
-    .check_shapes = check_shapes,
-    .n_check_shapes = (int)(sizeof check_shapes / sizeof *check_shapes),
+    LK_CHECK_SHAPES(check_shapes),
     .bench = bench,
     .bench_shape = {3, {4096, 1024, 2816}},
     .dtypes = LK_DTYPE_BIT(LK_F32) | LK_DTYPE_BIT(LK_BF16),

@@ -19,15 +19,10 @@ typedef struct {
     int64_t tokens, hidden, inter;
 } dims;
 
-/* impl checked (lk_impl_check: its vtable has what swiglu_mlp needs), its vtable in d */
-static lk_status check_impl(const lk_impl *impl, dims *d) {
-    lk_status s = lk_impl_check(OP, impl, LK_OP_SWIGLU_MLP);
-    if (!s) d->vt = impl->vtable;
-    return s;
-}
-
-/* x and gate_up_weight fix T, H and I; their data is needed unless querying. */
+/* After lk_impl_check: x and gate_up_weight fix T, H and I; their data is needed unless
+ * querying. */
 static lk_status check_x_gu(const lk_impl *impl, const lk_tensor *x, const lk_tensor *gu, int need_data, dims *d) {
+    d->vt = impl->vtable;
     lk_status s = lk_expect_rows(OP, impl->device, "x", x, need_data, 1, impl->needs.dtypes, &d->tokens, &d->hidden);
     if (s) return s;
     if ((need_data && (s = lk_expect_present(OP, "gate_up_weight", gu))) ||
@@ -44,7 +39,7 @@ static lk_status check_x_gu(const lk_impl *impl, const lk_tensor *x, const lk_te
 }
 
 static lk_status check_common(const lk_impl *impl, const lk_swiglu_mlp_args *a, const lk_ctx *ctx, dims *d) {
-    lk_status s = check_impl(impl, d);
+    lk_status s = lk_impl_check(OP, impl, LK_OP_SWIGLU_MLP);
     if (s || (s = lk_expect_call(OP, impl, a, ctx))) return s;
     if ((s = check_x_gu(impl, &a->x, &a->gate_up_weight, 1, d))) return s;
     int64_t dws[2] = {d->hidden, d->inter};
@@ -67,7 +62,7 @@ static lk_status run(const dims *d, int backward, const lk_swiglu_mlp_args *a, l
 lk_status lk_swiglu_mlp_saved_bytes(const lk_impl *impl, const lk_tensor *x, const lk_tensor *gate_up_weight,
                                     size_t *bytes) {
     dims d = {0};
-    lk_status s = check_impl(impl, &d);
+    lk_status s = lk_impl_check(OP, impl, LK_OP_SWIGLU_MLP);
     if (s) return s;
     if (x == NULL || gate_up_weight == NULL)
         return lk_error(LK_EINVAL, OP ": %s: expected a tensor, got NULL", x ? "gate_up_weight" : "x");
@@ -80,7 +75,7 @@ lk_status lk_swiglu_mlp_saved_bytes(const lk_impl *impl, const lk_tensor *x, con
 lk_status lk_swiglu_mlp_workspace_bytes(const lk_impl *impl, const lk_swiglu_mlp_args *a, int backward,
                                         size_t *bytes) {
     dims d = {0};
-    lk_status s = check_impl(impl, &d);
+    lk_status s = lk_impl_check(OP, impl, LK_OP_SWIGLU_MLP);
     if (s) return s;
     if (a == NULL || bytes == NULL)
         return lk_error(LK_EINVAL, OP ": %s: expected a pointer, got NULL", a ? "bytes" : "args");

@@ -184,6 +184,29 @@ static const lk_impl never_here = {
     .needs = {.dtypes = LK_DTYPE_BIT(LK_F32)}, .vtable = &dummy_vtable, .summary = "test fixture",
 };
 
+/* A row is checked by its op's descriptor when it is registered: a vtable without a
+ * member the op needs, of a version below 1, or an entry of no known op is refused. */
+static void rows_are_checked_when_registered(void **state) {
+    (void)state;
+    static const lk_rms_norm_vtable no_backward = {
+        .version = LK_RMS_NORM_VTABLE_VERSION, .saved_bytes = no_bytes, .forward = never_run,
+    };
+    static const lk_rms_norm_vtable version_0 = {.saved_bytes = no_bytes, .forward = never_run, .backward = never_run};
+    static const lk_impl lacks = {.op = LK_OP_RMS_NORM, .name = "test_lacks", .device = LK_DEVICE_CPU,
+                                  .vtable = &no_backward, .summary = "test fixture"};
+    static const lk_impl old = {.op = LK_OP_RMS_NORM, .name = "test_old", .device = LK_DEVICE_CPU,
+                                .vtable = &version_0, .summary = "test fixture"};
+    static const lk_impl nowhere = {.op = LK_OP_COUNT, .name = "test_nowhere", .vtable = &dummy_vtable};
+    assert_int_equal(lk_impl_register(&lacks), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "expected backward in 'test_lacks', got a NULL member"));
+    assert_int_equal(lk_impl_register(&old), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "version >= 1"));
+    assert_int_equal(lk_impl_register(&nowhere), LK_EINVAL);
+    assert_null(lk_impl_find(LK_OP_RMS_NORM, "test_lacks", LK_DEVICE_CPU));
+    for (int op = 0; op < LK_OP_COUNT; op++)                /* every descriptor in its slot */
+        assert_int_equal(lk_op_info_get((lk_op)op)->op, op);
+}
+
 static void explicit_requests_that_cannot_be_met_are_errors(void **state) {
     (void)state;
     set_env("");
@@ -419,6 +442,7 @@ int main(void) {
         cmocka_unit_test(stages_of_the_lifecycle),
         cmocka_unit_test(attention_names_are_rewritten_for_sp),
         cmocka_unit_test(defaults_fall_back_and_say_so),
+        cmocka_unit_test(rows_are_checked_when_registered),
         cmocka_unit_test(explicit_requests_that_cannot_be_met_are_errors),
         cmocka_unit_test(overrides_are_checked_against_the_family),
         cmocka_unit_test(bad_environment_values_are_refused_and_change_nothing),

@@ -109,12 +109,8 @@ static int plan(const cli_opts *o, const int sel[LK_OP_COUNT], const lk_shape *s
     int n_skip = 0;
     for (int i = 0; i < lk_impl_count(); i++) {
         const lk_impl *impl = lk_impl_at(i);
-        const lk_harness *h = lk_harness_get(impl->op);
-        char why[160];
-        /* the harnesses hold CPU tensors; CUDA impls: tests/cuda and bench/peers_cuda.py */
-        if (!sel[impl->op] || !h || impl->device != LK_DEVICE_CPU || (o->impl && strcmp(o->impl, impl->name) != 0) ||
-            !lk_impl_available(impl, lk_hw_get(), why, sizeof why))
-            continue;
+        const lk_harness *h = cli_harness_for(impl, sel, o->impl);
+        if (!h) continue;
         lk_case_opts mine = opts_for(h, all);
         lk_status s = h->bench_validate ? h->bench_validate(impl, size ? size : &h->bench_shape, &mine) : LK_OK;
         if (s == LK_EUNAVAILABLE && !o->impl) {   /* skipped; each reason said once, below */

@@ -22,12 +22,8 @@ int cli_check(const cli_opts *o) {
     else cli_table_init(&t, 7, head, 0);
     for (int i = 0; i < lk_impl_count(); i++) {
         const lk_impl *impl = lk_impl_at(i);
-        const lk_harness *h = lk_harness_get(impl->op);
-        char why[160];
-        /* the harnesses hold CPU tensors; CUDA impls: tests/cuda and bench/peers_cuda.py */
-        if (!sel[impl->op] || !h || impl->device != LK_DEVICE_CPU || (o->impl && strcmp(o->impl, impl->name) != 0) ||
-            !lk_impl_available(impl, lk_hw_get(), why, sizeof why))
-            continue;
+        const lk_harness *h = cli_harness_for(impl, sel, o->impl);
+        if (!h) continue;
         for (int dt = 0; dt < LK_DTYPE_COUNT; dt++) {
             if (!(h->dtypes & impl->needs.dtypes & LK_DTYPE_BIT(dt)) || !wanted_dtype(o, (lk_dtype)dt)) continue;
             for (int k = 0; k < h->n_check_shapes; k++) {

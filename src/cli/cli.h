@@ -85,5 +85,9 @@ void cli_progress(const char *text);
 
 /* The ops --op selects (all when NULL); 0 and a message when the name is unknown. */
 int cli_ops(const char *name, int selected[LK_OP_COUNT]);
+/* The harness `check` and `bench` run impl with: NULL unless its op is selected, has a
+ * harness, impl is a CPU row (the harnesses hold CPU tensors; CUDA rows: tests/cuda and
+ * bench/peers_cuda.py), is the row --impl names (any when NULL) and can run here. */
+const lk_harness *cli_harness_for(const lk_impl *impl, const int selected[LK_OP_COUNT], const char *only);
 
 #endif

@@ -32,6 +32,15 @@ int cli_fail(const char *what, lk_status s) {
     return 2;
 }
 
+const lk_harness *cli_harness_for(const lk_impl *impl, const int selected[LK_OP_COUNT], const char *only) {
+    const lk_harness *h = lk_harness_get(impl->op);
+    char why[160];
+    if (!selected[impl->op] || !h || impl->device != LK_DEVICE_CPU || (only && strcmp(only, impl->name) != 0) ||
+        !lk_impl_available(impl, lk_hw_get(), why, sizeof why))
+        return NULL;
+    return h;
+}
+
 int cli_ops(const char *name, int selected[LK_OP_COUNT]) {
     lk_op op;
     for (int i = 0; i < LK_OP_COUNT; i++) selected[i] = name == NULL;

@@ -15,7 +15,7 @@
  *       fake_gate_noise: 0.3        # in [0, 1]
  *       gate_precision: float32     # the router's GEMM and softmax in f32
  *
- * The names are the registry's: NeMo's are aliases in the op catalog (src/registry/ops.c),
+ * The names are the registry's: NeMo's are aliases in the ops' catalogs (src/ops/<op>/def.c),
  * so `torch` is resolved by the field it is written in, and a NeMo name llmkern does not
  * implement (te, quack, deepep, ...) is refused when the config is finalized, naming the
  * nearest llmkern implementation. NeMo options llmkern has no counterpart for are errors

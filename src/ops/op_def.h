@@ -57,10 +57,13 @@ lk_status lk_impl_check(const char *caller, const lk_impl *impl, lk_op want);
 
 /* Defines fn, the vtable_lacks of an op whose vtables (vt_type) need the members every
  * training op's vtable has: its saved-bytes query, forward and backward. */
-#define LK_DEFINE_LACKS_PASSES(fn, vt_type)                                                      \
-    static const char *fn(const void *vtable) {                                                  \
-        const vt_type *vt = vtable;                                                              \
-        return !vt->saved_bytes ? "saved_bytes" : !vt->forward ? "forward" : !vt->backward ? "backward" : NULL; \
+#define LK_DEFINE_LACKS_PASSES(fn, vt_type)                                                \
+    static const char *fn(const void *vtable) {                                            \
+        const vt_type *vt = vtable;                                                        \
+        return !vt->saved_bytes ? "saved_bytes"                                            \
+             : !vt->forward     ? "forward"                                                \
+             : !vt->backward    ? "backward"                                               \
+                                : NULL;                                                    \
     }
 
 #endif

@@ -109,6 +109,16 @@ static int max_d(void) { return lk_hw_get()->cuda_cc >= 90 ? 256 : 128; }
 
 /* The options cuDNN cannot run exactly: an error naming the option, nothing written. */
 static lk_status supports(const lk_attention_args *a, int backward) {
+    /* The frontend's headers were compiled for the cuDNN this build found. A process that
+     * mapped another libcudnn.so.9 first (PyTorch's wheel: 9.19 beside the H200's 9.14)
+     * binds this file's calls to that one, and the pair crashed (bench/NOTES.md, issue 16):
+     * refused, with both versions, before any cuDNN call. */
+    const size_t have = cudnnGetVersion();
+    if (have / 100 != CUDNN_VERSION / 100)
+        return lk_error(LK_EUNAVAILABLE, "attention: cudnn: built against cuDNN %d.%d, but this process has "
+                        "cuDNN %zu.%zu loaded (another library's copy; mixing the two crashes): flash_attention_3 "
+                        "or flash_attention_2 run here", CUDNN_VERSION / 10000, CUDNN_VERSION / 100 % 100,
+                        have / 10000, have / 100 % 100);
     lk_attn_dims d = lk_attn_dims_of(a);
     if (a->softcap > 0.0f)
         return lk_error(LK_EUNAVAILABLE, "attention: softcap: cudnn takes no logit softcap (flash_attention_2 "

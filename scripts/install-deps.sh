@@ -3,7 +3,10 @@
 # Idempotent: `make run` and `make test` call it every time; a machine that has everything does nothing.
 set -euo pipefail
 # python3 + python3-venv: scripts/tokenize.py puts `tokenizers` in a venv of its own (tests/test_tokenize.c)
-need=(cmake make gcc pkg-config libyaml-dev libcmocka-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin python3 python3-venv)
+# libjansson-dev: config.json and safetensors headers (src/model/json.c); libcairo2-dev and a
+# font for its labels (fonts-dejavu-core): loss.png (src/train/plot.c)
+need=(cmake make gcc pkg-config libyaml-dev libcmocka-dev libopenblas-openmp-dev libopenmpi-dev openmpi-bin python3 python3-venv
+      libjansson-dev libcairo2-dev fonts-dejavu-core)
 missing=()
 for p in "${need[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -228,6 +228,14 @@ static void test_malformed(void **state) {
          "shape/size mismatch"},
         {"duplicate", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
                       "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "duplicate tensor name 'a'"},
+        {"dup in tensor", "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4,
+         "tensor 'a': duplicate key 'dtype'"},
+        {"dup metadata", "{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}}", 0, "__metadata__: duplicate key 'k'"},
+        {"two metadata", "{\"__metadata__\":{},\"__metadata__\":{}}", 0, "duplicate key '__metadata__'"},
+        {"dup long name", "{\"model.layers.0.\\\"q\\\\\\\".weight\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                          "\"model.layers.0.\\\"q\\\\\\\".weight\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8,
+         "duplicate tensor name 'model.layers.0.\"q\\\".weight'"},
+        {"nul", "{\"a\\u0000\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "\\u0000 in a string"},
         {"non-utf8", "{\"a\xff\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "not valid UTF-8"},
         {"overlong utf8", "{\"a\xc0\xaf\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "not valid UTF-8"},
         {"trailing data", "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 16, "cover 8"},

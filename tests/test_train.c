@@ -1,6 +1,6 @@
 /* test_train.c — the trainer's pieces (train.h): AdamW against a float64 reference
- * step, the warmup + cosine schedule, clipping by the global norm, the PNG writer (its
- * chunks and CRCs, and its stored zlib stream decoded back to the pixels), and the
+ * step, the warmup + cosine schedule, clipping by the global norm, the PNG writer and the
+ * loss plot (chunks and CRCs checked here, pixels decoded back by cairo), and the
  * training sections of the YAML config with their file:line:column errors. The loop
  * itself (resume, NaN stop, failed checkpoints, eager vs fused) is in test_train_loop.c. */
 #include <stdarg.h>
@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <cairo.h>
 #include "llmkern/llmkern.h"
 #include "llmkern/data.h"
 #include "llmkern/train.h"
@@ -126,14 +127,14 @@ static uint8_t *read_all(const char *path, size_t *n) {
     return b;
 }
 
-/* Checks the chunk structure and CRCs, then undoes the stored-block zlib stream and
- * returns the raw scanlines (filter byte + RGB) in a malloc'ed buffer. */
+/* Checks the chunk structure and CRCs (8-bit RGB, IHDR first, IEND last), then decodes
+ * the image with cairo (libpng) into rows of w*3 bytes, returned malloc'ed. */
 static uint8_t *png_check(const char *path, int *w, int *h) {
-    size_t n, raw_n = 0, idat_n = 0;
-    uint8_t *f = read_all(path, &n), *idat = malloc(n), *raw = NULL;
+    size_t n;
+    uint8_t *f = read_all(path, &n);
     assert_memory_equal(f, "\x89PNG\r\n\x1a\n", 8);
     size_t o = 8;
-    int saw_end = 0, k = 0;
+    int saw_end = 0, k = 0, idat = 0;
     while (o + 12 <= n && !saw_end) {
         uint32_t len = be32(f + o);
         assert_true(o + 12 + len <= n);
@@ -143,33 +144,29 @@ static uint8_t *png_check(const char *path, int *w, int *h) {
             assert_int_equal(len, 13);
             *w = (int)be32(f + o + 8);
             *h = (int)be32(f + o + 12);
-            assert_memory_equal(f + o + 16, "\x08\x02\x00\x00\x00", 5);
+            assert_memory_equal(f + o + 16, "\x08\x02", 2);   /* 8-bit RGB */
         }
-        if (memcmp(f + o + 4, "IDAT", 4) == 0) { memcpy(idat + idat_n, f + o + 8, len); idat_n += len; }
+        idat += memcmp(f + o + 4, "IDAT", 4) == 0;
         saw_end = memcmp(f + o + 4, "IEND", 4) == 0;
         o += 12 + len;
     }
-    assert_true(saw_end && o == n);
-    size_t want = (size_t)*h * ((size_t)*w * 3 + 1), i = 2;
-    raw = malloc(want + 65535);
-    assert_int_equal((idat[0] * 256 + idat[1]) % 31, 0);   /* zlib header check bits */
-    for (int last = 0; !last;) {
-        last = idat[i] & 1;
-        assert_int_equal(idat[i] >> 1 & 3, 0);              /* stored */
-        size_t len = idat[i + 1] | idat[i + 2] << 8;
-        assert_int_equal(len ^ 0xffff, idat[i + 3] | idat[i + 4] << 8);
-        memcpy(raw + raw_n, idat + i + 5, len);
-        raw_n += len;
-        i += 5 + len;
-    }
-    assert_int_equal(raw_n, want);
-    uint32_t a = 1, b = 0;
-    for (size_t j = 0; j < raw_n; j++) { a = (a + raw[j]) % 65521; b = (b + a) % 65521; }
-    assert_int_equal(be32(idat + i), b << 16 | a);
-    assert_int_equal(i + 4, idat_n);
+    assert_true(saw_end && o == n && idat > 0);
     free(f);
-    free(idat);
-    return raw;
+    cairo_surface_t *sf = cairo_image_surface_create_from_png(path);
+    assert_int_equal(cairo_surface_status(sf), CAIRO_STATUS_SUCCESS);
+    assert_int_equal(cairo_image_surface_get_width(sf), *w);
+    assert_int_equal(cairo_image_surface_get_height(sf), *h);
+    const unsigned char *px = cairo_image_surface_get_data(sf);
+    int stride = cairo_image_surface_get_stride(sf);
+    uint8_t *rgb = malloc((size_t)*w * *h * 3);
+    for (int y = 0; y < *h; y++)
+        for (int x = 0; x < *w; x++) {   /* RGB24 / ARGB32 (opaque): native-endian 0x..RRGGBB words */
+            uint32_t p = ((const uint32_t *)(px + (size_t)y * stride))[x];
+            uint8_t *q = rgb + ((size_t)y * *w + x) * 3;
+            q[0] = (uint8_t)(p >> 16); q[1] = (uint8_t)(p >> 8); q[2] = (uint8_t)p;
+        }
+    cairo_surface_destroy(sf);
+    return rgb;
 }
 
 static void png_round_trips_pixels(void **state) {
@@ -184,10 +181,7 @@ static void png_round_trips_pixels(void **state) {
     uint8_t *raw = png_check(path, &w, &h);
     assert_int_equal(w, W);
     assert_int_equal(h, H);
-    for (int y = 0; y < H; y++) {
-        assert_int_equal(raw[y * (W * 3 + 1)], 0);
-        assert_memory_equal(raw + y * (W * 3 + 1) + 1, rgb + y * W * 3, W * 3);
-    }
+    assert_memory_equal(raw, rgb, W * H * 3);
     assert_int_equal(lk_png_write(path, rgb, 0, H), LK_EINVAL);
     free(raw);
     free(rgb);
@@ -206,17 +200,19 @@ static void plot_is_a_valid_png_with_a_curve(void **state) {
     uint8_t *raw = png_check(path, &w, &h);
     assert_int_equal(w, 640);
     assert_int_equal(h, 400);
-    size_t white = 0, curve = 0, dark = 0;
+    size_t white = 0, curve = 0, dark = 0, shaded = 0;
     for (int r = 0; r < h; r++)
         for (int c = 0; c < w; c++) {
-            const uint8_t *p = raw + (size_t)r * (w * 3 + 1) + 1 + c * 3;
+            const uint8_t *p = raw + ((size_t)r * w + c) * 3;
             white += p[0] == 255 && p[1] == 255 && p[2] == 255;
-            curve += p[0] == 31 && p[1] == 119 && p[2] == 180;
+            curve += p[2] > p[0] + 60;                          /* blue: the line and its soft edge */
             dark += p[0] == 0 && p[1] == 0 && p[2] == 0;
+            shaded += p[2] > p[0] + 10 && p[2] < 250 && !(p[0] == 31 && p[1] == 119 && p[2] == 180);
         }
     assert_true(white > (size_t)w * h / 2);   /* a white background */
     assert_true(curve > 300);                 /* the loss line */
     assert_true(dark > 600);                  /* the axes */
+    assert_true(shaded > 50);                 /* anti-aliased: blues between the line's and white */
     free(raw);
     assert_int_equal(lk_plot_png(path, x, y, 0, 640, 400), LK_OK);   /* no points yet: axes only */
     assert_int_equal(lk_plot_png(path, x, y, 5, 10, 400), LK_EINVAL);

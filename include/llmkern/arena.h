@@ -47,15 +47,15 @@ typedef struct {
 
 /* Makes sure `bytes` more can be handed out after the current `used`; grows only when
  * needed, and only while nothing is handed out (growing moves the block). */
-lk_status lk_arena_reserve(lk_arena *a, size_t bytes);
+LK_API lk_status lk_arena_reserve(lk_arena *a, size_t bytes);
 /* A 64-byte aligned piece, or NULL when the reservation was too small. Zero bytes give
  * a valid pointer that must not be dereferenced, never NULL. */
-void *lk_arena_alloc(lk_arena *a, size_t bytes);
+LK_API void *lk_arena_alloc(lk_arena *a, size_t bytes);
 /* Everything handed out since `mark` (a value of a->used) is given back. */
-void lk_arena_release(lk_arena *a, size_t mark);
+LK_API void lk_arena_release(lk_arena *a, size_t mark);
 /* Gives the block back (to the allocator when there is one) and zeroes the counters;
  * device and allocator stay, so the arena can be used again. */
-void lk_arena_free(lk_arena *a);
+LK_API void lk_arena_free(lk_arena *a);
 
 #ifdef __cplusplus
 }

@@ -96,7 +96,7 @@ typedef struct {
 } lk_attention_entry;
 
 /* Bytes of impl's saved state for these inputs (q, k, v shapes read). */
-lk_status lk_attention_saved_bytes(const lk_impl *impl, const lk_attention_args *a, size_t *bytes);
+LK_API lk_status lk_attention_saved_bytes(const lk_impl *impl, const lk_attention_args *a, size_t *bytes);
 /* The facade. Errors (nothing written): LK_EINVAL (bad option, missing tensor, missing
  * BlockMask for flex, a mask the adapter does not take, bad cu_seqlens), LK_ESHAPE,
  * LK_EDTYPE, LK_EDEVICE, LK_ECOMM (the SP group failed, or its ranks called with different shapes).
@@ -110,20 +110,20 @@ lk_status lk_attention_saved_bytes(const lk_impl *impl, const lk_attention_args 
  * heads repeated so each rank holds one). s_aux is the global [H_q]; ds_aux comes back
  * as this rank's heads' share (zeros elsewhere): summed over the SP group it is the
  * gradient, like every parameter gradient under SP. Every SP rank makes the same call. */
-lk_status lk_attention_forward(const lk_impl *impl, const lk_attention_args *a, lk_ctx *ctx);
+LK_API lk_status lk_attention_forward(const lk_impl *impl, const lk_attention_args *a, lk_ctx *ctx);
 /* Needs out and saved from the forward of the same arguments. */
-lk_status lk_attention_backward(const lk_impl *impl, const lk_attention_args *a, lk_ctx *ctx);
+LK_API lk_status lk_attention_backward(const lk_impl *impl, const lk_attention_args *a, lk_ctx *ctx);
 
 /* Replaces adapter's compute functions on the CPU (a GPU row always enters its built-in
  * CUDA backend); returns the previous ones. NULL restores the built-in default. For
  * tests; not thread-safe against running calls. */
-const lk_attention_vtable *lk_attention_set_backend(lk_attn_adapter adapter, const lk_attention_vtable *vt);
+LK_API const lk_attention_vtable *lk_attention_set_backend(lk_attn_adapter adapter, const lk_attention_vtable *vt);
 
 /* A rank-2 padding mask [B, S] (bool, i32 or i64; nonzero = token) as varlen metadata:
  * cu_seqlens[B + 1] (i32), the kept token positions b * S + s in order (indices, room
  * for B * S), their count and the longest row. The q/k/v rows to pack are those
  * positions, taken before any sequence-parallel slicing. LK_EINVAL / LK_EDTYPE. */
-lk_status lk_attention_varlen_from_padding(const lk_tensor *mask, int32_t *cu_seqlens, int64_t *indices,
+LK_API lk_status lk_attention_varlen_from_padding(const lk_tensor *mask, int32_t *cu_seqlens, int64_t *indices,
                                            int64_t *total, int64_t *max_seqlen);
 
 #ifdef __cplusplus

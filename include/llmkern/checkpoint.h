@@ -47,48 +47,48 @@ typedef struct lk_st_file lk_st_file;
 
 /* Opens, maps (read-only) and validates path. On failure *out is NULL and nothing is
  * held. Errors: LK_EIO (cannot open, malformed), LK_ENOMEM, LK_EINVAL (NULL args). */
-lk_status lk_st_open(const char *path, lk_st_file **out);
-void lk_st_close(lk_st_file *f);                 /* NULL is fine */
+LK_API lk_status lk_st_open(const char *path, lk_st_file **out);
+LK_API void lk_st_close(lk_st_file *f);                 /* NULL is fine */
 
 /* Tensors in data order (ascending offsets); i < lk_st_count. */
-size_t lk_st_count(const lk_st_file *f);
-const lk_st_tensor *lk_st_at(const lk_st_file *f, size_t i);
+LK_API size_t lk_st_count(const lk_st_file *f);
+LK_API const lk_st_tensor *lk_st_at(const lk_st_file *f, size_t i);
 /* The tensor of that name, or NULL. O(log n). */
-const lk_st_tensor *lk_st_find(const lk_st_file *f, const char *name);
+LK_API const lk_st_tensor *lk_st_find(const lk_st_file *f, const char *name);
 /* "__metadata__" entries: the value of key or NULL; and by index. */
-const char *lk_st_metadata(const lk_st_file *f, const char *key);
-size_t lk_st_metadata_count(const lk_st_file *f);
-void lk_st_metadata_at(const lk_st_file *f, size_t i, const char **key, const char **value);
+LK_API const char *lk_st_metadata(const lk_st_file *f, const char *key);
+LK_API size_t lk_st_metadata_count(const lk_st_file *f);
+LK_API void lk_st_metadata_at(const lk_st_file *f, size_t i, const char **key, const char **value);
 
 /* Copies tensor name into dst (a contiguous CPU tensor of the same shape; a 0-d file
  * tensor also fills a dst of shape [1]). Float dtypes (f32, bf16, f16) convert to dst's
  * dtype; other dtypes must match. Errors: LK_EIO (no such tensor), LK_ESHAPE,
  * LK_EDTYPE, LK_EINVAL (dst not contiguous or NULL data); dst untouched on error. */
-lk_status lk_st_read(const lk_st_file *f, const char *name, const lk_tensor *dst);
+LK_API lk_status lk_st_read(const lk_st_file *f, const char *name, const lk_tensor *dst);
 
 /* Safetensors dtype text of an llmkern dtype ("BF16"). */
-const char *lk_st_dtype_name(lk_dtype dt);
+LK_API const char *lk_st_dtype_name(lk_dtype dt);
 
 typedef struct lk_st_writer lk_st_writer;
 
 /* Starts a file at path; nothing touches the disk before commit. */
-lk_status lk_st_writer_begin(const char *path, lk_st_writer **out);
+LK_API lk_status lk_st_writer_begin(const char *path, lk_st_writer **out);
 /* Adds a contiguous CPU tensor (any ndim 0..6, any lk_dtype) under name, in any order.
  * The writer keeps a pointer to t->data, not a copy: it must stay valid and unchanged
  * until commit or abort. Duplicate names are found at commit (LK_EINVAL).
  * Errors (writer still usable): LK_EINVAL (empty/reserved name, NULL data, not
  * contiguous, not on the CPU), LK_ENOMEM. */
-lk_status lk_st_writer_add(lk_st_writer *w, const char *name, const lk_tensor *t);
+LK_API lk_status lk_st_writer_add(lk_st_writer *w, const char *name, const lk_tensor *t);
 /* The same, but converts t (a float dtype) to dtype `as` into a copy the writer owns:
  * f32 master weights saved as bf16, with t free to change afterwards. */
-lk_status lk_st_writer_add_as(lk_st_writer *w, const char *name, const lk_tensor *t, lk_dtype as);
+LK_API lk_status lk_st_writer_add_as(lk_st_writer *w, const char *name, const lk_tensor *t, lk_dtype as);
 /* A "__metadata__" entry (string to string); setting a key again replaces it. */
-lk_status lk_st_writer_set_metadata(lk_st_writer *w, const char *key, const char *value);
+LK_API lk_status lk_st_writer_set_metadata(lk_st_writer *w, const char *key, const char *value);
 /* Writes "<path>.tmp", fsyncs it, renames it over path and fsyncs the directory. On any
  * error the tmp file is removed and a previous file at path is untouched. Frees w. */
-lk_status lk_st_writer_commit(lk_st_writer *w);
+LK_API lk_status lk_st_writer_commit(lk_st_writer *w);
 /* Frees w; nothing was written. NULL is fine. */
-void lk_st_writer_abort(lk_st_writer *w);
+LK_API void lk_st_writer_abort(lk_st_writer *w);
 
 /* --- a checkpoint directory's weights, single or sharded -------------------------------
  * The two layouts of Hugging Face checkpoints: dir/model.safetensors, or
@@ -110,18 +110,18 @@ void lk_st_writer_abort(lk_st_writer *w);
  * tensor mapped to it, no name twice). Errors: LK_EIO naming the file and the problem,
  * LK_ENOMEM, LK_EINVAL (NULL arguments). */
 typedef struct lk_st_dir lk_st_dir;
-lk_status lk_st_dir_open(const char *dir, lk_st_dir **out);
-void lk_st_dir_close(lk_st_dir *d);              /* NULL is fine */
-int lk_st_dir_sharded(const lk_st_dir *d);       /* 1 when read through the index */
-size_t lk_st_dir_file_count(const lk_st_dir *d); /* safetensors files open */
-size_t lk_st_dir_count(const lk_st_dir *d);      /* tensors over all files */
+LK_API lk_status lk_st_dir_open(const char *dir, lk_st_dir **out);
+LK_API void lk_st_dir_close(lk_st_dir *d);              /* NULL is fine */
+LK_API int lk_st_dir_sharded(const lk_st_dir *d);       /* 1 when read through the index */
+LK_API size_t lk_st_dir_file_count(const lk_st_dir *d); /* safetensors files open */
+LK_API size_t lk_st_dir_count(const lk_st_dir *d);      /* tensors over all files */
 /* Tensor i < lk_st_dir_count (file by file, each in data order); *path (optional) gets
  * the file holding it. */
-const lk_st_tensor *lk_st_dir_at(const lk_st_dir *d, size_t i, const char **path);
+LK_API const lk_st_tensor *lk_st_dir_at(const lk_st_dir *d, size_t i, const char **path);
 /* The tensor of that name, or NULL; *path (optional) gets its file. */
-const lk_st_tensor *lk_st_dir_find(const lk_st_dir *d, const char *name, const char **path);
+LK_API const lk_st_tensor *lk_st_dir_find(const lk_st_dir *d, const char *name, const char **path);
 /* lk_st_read from the file holding name; LK_EIO naming dir when none does. */
-lk_status lk_st_dir_read(const lk_st_dir *d, const char *name, const lk_tensor *dst);
+LK_API lk_status lk_st_dir_read(const lk_st_dir *d, const char *name, const lk_tensor *dst);
 
 /* One tensor to save: a contiguous CPU tensor, written as dtype `as` (its own dtype, or
  * a float one for a float tensor: f32 master weights saved as bf16). */
@@ -142,7 +142,7 @@ typedef struct {
  * was just written. The tensors' data must stay valid until it returns. Errors:
  * LK_EINVAL (no directory, max_shard_bytes 0, a name twice, a bad `as`), LK_EIO naming
  * the file, LK_ENOMEM. */
-lk_status lk_st_dir_write(const char *dir, const lk_st_entry *e, size_t n, uint64_t max_shard_bytes);
+LK_API lk_status lk_st_dir_write(const char *dir, const lk_st_entry *e, size_t n, uint64_t max_shard_bytes);
 
 /* Atomic replacement of any file (config.json, optimizer state, loss.csv at a
  * checkpoint): writes go to "<path>.tmp"; commit fsyncs, renames over path and fsyncs
@@ -151,12 +151,12 @@ lk_status lk_st_dir_write(const char *dir, const lk_st_entry *e, size_t n, uint6
  * One writer per path at a time. Errors: LK_EIO naming the path and the system error,
  * LK_ENOMEM. */
 typedef struct lk_atomic_file lk_atomic_file;
-lk_status lk_atomic_file_begin(const char *path, lk_atomic_file **out);
-lk_status lk_atomic_file_write(lk_atomic_file *f, const void *data, size_t n);
-lk_status lk_atomic_file_commit(lk_atomic_file *f);
-void lk_atomic_file_abort(lk_atomic_file *f);
+LK_API lk_status lk_atomic_file_begin(const char *path, lk_atomic_file **out);
+LK_API lk_status lk_atomic_file_write(lk_atomic_file *f, const void *data, size_t n);
+LK_API lk_status lk_atomic_file_commit(lk_atomic_file *f);
+LK_API void lk_atomic_file_abort(lk_atomic_file *f);
 /* All of data as the new content of path, atomically. */
-lk_status lk_write_file_atomic(const char *path, const void *data, size_t n);
+LK_API lk_status lk_write_file_atomic(const char *path, const void *data, size_t n);
 
 #ifdef __cplusplus
 }

@@ -46,7 +46,7 @@ typedef struct {
 
 /* What all_reduce and reduce_scatter sum (lk_dtype has no f64). */
 typedef enum { LK_COMM_F32, LK_COMM_F64, LK_COMM_I64, LK_COMM_TYPE_COUNT } lk_comm_type;
-size_t lk_comm_type_size(lk_comm_type t);
+LK_API size_t lk_comm_type_size(lk_comm_type t);
 
 /* Version 2 appended the non-blocking all-reduce; a version 1 communicator stays valid
  * (the wrappers run its blocking all_reduce instead). */
@@ -97,14 +97,14 @@ struct lk_comm {
 };
 
 /* The single-process communicator (rank 0 of 1). */
-lk_status lk_comm_single(lk_comm **out);
+LK_API lk_status lk_comm_single(lk_comm **out);
 /* A process-wide single-process communicator for callers given none (never destroy it). */
-lk_comm *lk_comm_self(void);
+LK_API lk_comm *lk_comm_self(void);
 /* MPI_COMM_WORLD (MPI initialized here when the caller has not). LK_EUNAVAILABLE in a
  * build without MPI. */
-lk_status lk_comm_mpi_world(lk_comm **out);
+LK_API lk_status lk_comm_mpi_world(lk_comm **out);
 /* MPI_Finalize when lk_comm_mpi_world initialized MPI; a no-op otherwise. */
-void lk_comm_mpi_finalize(void);
+LK_API void lk_comm_mpi_finalize(void);
 /* An NCCL communicator of bootstrap's ranks, on CUDA device `device` (each rank its own):
  * rank 0 makes the ncclUniqueId and broadcasts it over bootstrap (single or MPI), then
  * every rank joins. Buffers passed to its collectives are DEVICE pointers; they run on
@@ -115,32 +115,32 @@ void lk_comm_mpi_finalize(void);
  * bootstrap stays the caller's. LK_EINVAL (bootstrap, device, out), LK_EUNAVAILABLE in a
  * build without NCCL or on a machine without a GPU (the message says why), LK_ECOMM with
  * NCCL's or CUDA's text. */
-lk_status lk_comm_nccl_create(lk_comm *bootstrap, int device, lk_comm **out);
+LK_API lk_status lk_comm_nccl_create(lk_comm *bootstrap, int device, lk_comm **out);
 
 /* The wrappers: argument checks, stats, then the backend. */
-lk_status lk_comm_all_reduce(lk_comm *c, void *buf, int64_t count, lk_comm_type dt);
+LK_API lk_status lk_comm_all_reduce(lk_comm *c, void *buf, int64_t count, lk_comm_type dt);
 /* The non-blocking all-reduce: checks and counts like lk_comm_all_reduce, then starts it
  * and fills *req (left untouched on LK_EINVAL). Several may be outstanding; every rank
  * starts them in the same order. A communicator without a non-blocking path (version 1,
  * or NULL members) runs the blocking one here, and req comes back already complete. */
-lk_status lk_comm_all_reduce_start(lk_comm *c, void *buf, int64_t count, lk_comm_type dt, lk_comm_request *req);
+LK_API lk_status lk_comm_all_reduce_start(lk_comm *c, void *buf, int64_t count, lk_comm_type dt, lk_comm_request *req);
 /* Blocks until req is complete: buf then holds the sum. A complete req returns LK_OK at
  * once (waiting twice is harmless). LK_EINVAL when req was started on another comm. */
-lk_status lk_comm_wait(lk_comm *c, lk_comm_request *req);
+LK_API lk_status lk_comm_wait(lk_comm *c, lk_comm_request *req);
 /* *done = 1 when req is complete (as after wait), else 0; it also drives the transport
  * (MPI progresses a request only inside MPI calls). */
-lk_status lk_comm_test(lk_comm *c, lk_comm_request *req, int *done);
-lk_status lk_comm_all_gather(lk_comm *c, const void *send, void *recv, size_t bytes);
-lk_status lk_comm_reduce_scatter(lk_comm *c, const void *send, void *recv, int64_t count, lk_comm_type dt);
-lk_status lk_comm_all_to_all(lk_comm *c, const void *send, const int64_t *scount, const int64_t *sdispl,
+LK_API lk_status lk_comm_test(lk_comm *c, lk_comm_request *req, int *done);
+LK_API lk_status lk_comm_all_gather(lk_comm *c, const void *send, void *recv, size_t bytes);
+LK_API lk_status lk_comm_reduce_scatter(lk_comm *c, const void *send, void *recv, int64_t count, lk_comm_type dt);
+LK_API lk_status lk_comm_all_to_all(lk_comm *c, const void *send, const int64_t *scount, const int64_t *sdispl,
                              void *recv, const int64_t *rcount, const int64_t *rdispl);
-lk_status lk_comm_broadcast(lk_comm *c, void *buf, size_t bytes, int root);
-lk_status lk_comm_barrier(lk_comm *c);
-lk_status lk_comm_split(lk_comm *c, int color, int key, lk_comm **out);
-void lk_comm_destroy(lk_comm *c);
-void lk_comm_reset_stats(lk_comm *c);
+LK_API lk_status lk_comm_broadcast(lk_comm *c, void *buf, size_t bytes, int root);
+LK_API lk_status lk_comm_barrier(lk_comm *c);
+LK_API lk_status lk_comm_split(lk_comm *c, int color, int key, lk_comm **out);
+LK_API void lk_comm_destroy(lk_comm *c);
+LK_API void lk_comm_reset_stats(lk_comm *c);
 /* LK_OK when c is a communicator this version understands (names arg in the error). */
-lk_status lk_comm_check(const char *op, const char *arg, const lk_comm *c);
+LK_API lk_status lk_comm_check(const char *op, const char *arg, const lk_comm *c);
 
 /* --- the collective watchdog -------------------------------------------------------
  * A stopped rank (SIGSTOP, a debugger, a wedged GPU) would leave every other rank blocked
@@ -153,15 +153,15 @@ lk_status lk_comm_check(const char *op, const char *arg, const lk_comm *c);
  * process with exit status 3, so mpirun ends the job. lk_train_run arms it with
  * train.comm_timeout_s. timeout_s 0 disarms (and stops the thread). LK_EINVAL for a
  * negative or NaN timeout. Process-wide; call from the thread that runs the collectives. */
-lk_status lk_comm_watchdog_arm(double timeout_s, int rank);
+LK_API lk_status lk_comm_watchdog_arm(double timeout_s, int rank);
 /* The step the message names (-1: none). */
-void lk_comm_watchdog_step(int64_t step);
+LK_API void lk_comm_watchdog_step(int64_t step);
 /* A longer limit (seconds; 0 ends it) for a phase where one rank legitimately keeps the
  * others waiting: rank 0 writing a checkpoint, every rank loading data and the model
  * before the first collective. lk_train_run gives 10 x train.comm_timeout_s there. */
-void lk_comm_watchdog_grace(double seconds);
+LK_API void lk_comm_watchdog_grace(double seconds);
 /* Adds (add 1) or removes (add 0) fn(arg), run when the watchdog fires, before the exit. */
-lk_status lk_comm_watchdog_on_fire(void (*fn)(void *), void *arg, int add);
+LK_API lk_status lk_comm_watchdog_on_fire(void (*fn)(void *), void *arg, int add);
 
 /* --- the DP x SP x EP mesh ------------------------------------------------------- */
 
@@ -179,8 +179,8 @@ typedef struct {
 
 /* dp x sp must equal world->size (dp 0 = world->size / sp) and ep must divide it.
  * LK_EINVAL with the sizes when they do not, before any collective runs. */
-lk_status lk_mesh_create(lk_comm *world, int dp, int sp, int ep, lk_mesh *out);
-void lk_mesh_destroy(lk_mesh *m);
+LK_API lk_status lk_mesh_create(lk_comm *world, int dp, int sp, int ep, lk_mesh *out);
+LK_API void lk_mesh_destroy(lk_mesh *m);
 
 /* --- the loss across sequence-parallel ranks ------------------------------------ */
 
@@ -188,7 +188,7 @@ void lk_mesh_destroy(lk_mesh *m);
  * mean = Σ sums / Σ counts over the group; grad_scale = 1 / Σ counts, the factor each
  * rank's d_logits takes. No valid token anywhere: mean 0 and grad_scale 0 (no NaN).
  * sp NULL = one process. */
-lk_status lk_sp_loss_reduce(lk_comm *sp, double local_sum, int64_t local_valid, double *mean, double *grad_scale);
+LK_API lk_status lk_sp_loss_reduce(lk_comm *sp, double local_sum, int64_t local_valid, double *mean, double *grad_scale);
 
 #ifdef __cplusplus
 }

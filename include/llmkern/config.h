@@ -36,20 +36,20 @@ typedef struct {
     char raw[32];                     /* its value as written ("veomni" for llmkern, say) */
 } lk_env_value;
 
-const lk_env_var *lk_env_var_get(lk_env_id id);
+LK_API const lk_env_var *lk_env_var_get(lk_env_id id);
 /* Reads every variable of the table (the llmkern name first, then its alias).
  * Strict: a value outside the valid ones is LK_EINVAL naming the variable and the
  * valid values, and out is left as it was. */
-lk_status lk_env_read(lk_env_value out[LK_ENV_COUNT]);
+LK_API lk_status lk_env_read(lk_env_value out[LK_ENV_COUNT]);
 /* OpenMP's own variables (libgomp reads them once, as it loads): when neither
  * OMP_WAIT_POLICY nor GOMP_SPINCOUNT is set, sets OMP_WAIT_POLICY=passive and returns 1,
  * so a program that wants it (the llmkern command) starts itself again; 0 when the user
  * chose. Spinning barriers on a 2-core machine with another process busy ran training
  * 70-90x slower than sleeping ones (bench/NOTES.md, "OpenMP under load"). */
-int lk_env_openmp_defaults(void);
+LK_API int lk_env_openmp_defaults(void);
 /* The values in force: read by lk_init; lk_env_reload reads them again (tests, tools). */
-const lk_env_value *lk_env(lk_env_id id);
-lk_status lk_env_reload(void);
+LK_API const lk_env_value *lk_env(lk_env_id id);
+LK_API lk_status lk_env_reload(void);
 
 /* --- ops configuration --------------------------------------------------------- */
 
@@ -82,12 +82,12 @@ typedef struct lk_ops_config {
     lk_router_options router;         /* the options above, parsed; lk_model_build copies them */
 } lk_ops_config;
 
-void lk_ops_config_init(lk_ops_config *cfg);
+LK_API void lk_ops_config_init(lk_ops_config *cfg);
 /* Sets a field ("rms_norm_implementation" or the op name) by code. The value must be a
  * known name of the op (LK_EINVAL with a did-you-mean otherwise). */
-lk_status lk_ops_config_set(lk_ops_config *cfg, const char *field, const char *value,
+LK_API lk_status lk_ops_config_set(lk_ops_config *cfg, const char *field, const char *value,
                             const char *where);
-lk_status lk_ops_config_set_override(lk_ops_config *cfg, const char *module, const char *field,
+LK_API lk_status lk_ops_config_set_override(lk_ops_config *cfg, const char *module, const char *field,
                                      const char *value, const char *where);
 /* Sets a MoE router option by code: "fake_gate_noise" (a number in [0, 1]; NeMo
  * AutoModel's name, used by the fake_balanced router) or "gate_precision" ("float32",
@@ -95,16 +95,16 @@ lk_status lk_ops_config_set_override(lk_ops_config *cfg, const char *module, con
  * out of range or of another kind is LK_EINVAL naming the option, the expected values and
  * the value; cfg is then unchanged. lk_ops_config_finalize refuses a noise above 0 when
  * no router binding is fake_balanced. */
-lk_status lk_ops_config_set_option(lk_ops_config *cfg, const char *option, const char *value,
+LK_API lk_status lk_ops_config_set_option(lk_ops_config *cfg, const char *option, const char *value,
                                    const char *where);
 
 /* Loads a YAML file into cfg. Every error (unreadable file, malformed YAML, an unknown
  * key, an unknown implementation, a wrong type) is LK_EIO or LK_EINVAL with
  * file:line:column, the field, and the valid names; cfg is then unchanged. */
-lk_status lk_config_load_yaml(const char *path, lk_ops_config *cfg);
+LK_API lk_status lk_config_load_yaml(const char *path, lk_ops_config *cfg);
 
 /* The candidate closest to word (edit distance), or NULL if none is close. */
-const char *lk_suggest(const char *word, const char *const *candidates);
+LK_API const char *lk_suggest(const char *word, const char *const *candidates);
 
 #ifdef __cplusplus
 }

@@ -33,22 +33,22 @@ typedef struct lk_ctx {
 /* For op facades: reserves `bytes` of workspace in ctx->arena for one call (an error
  * naming op when bytes > 0 and there is no arena) and gives the mark that
  * lk_ctx_workspace_end releases to after the call. */
-lk_status lk_ctx_workspace_begin(lk_ctx *ctx, const char *op, size_t bytes, size_t *mark);
-void lk_ctx_workspace_end(lk_ctx *ctx, size_t mark);
+LK_API lk_status lk_ctx_workspace_begin(lk_ctx *ctx, const char *op, size_t bytes, size_t *mark);
+LK_API void lk_ctx_workspace_end(lk_ctx *ctx, size_t mark);
 
 /* A CPU context over an arena the caller owns. */
-lk_ctx lk_ctx_cpu(lk_arena *arena);
+LK_API lk_ctx lk_ctx_cpu(lk_arena *arena);
 /* A CUDA context: device index, a cudaStream_t (NULL = the default stream) and a device
  * arena (arena->device = LK_DEVICE_CUDA) the caller owns. Kernels are queued on the
  * stream and not waited for; errors the launch reports come back as LK_EDEVICE. */
-lk_ctx lk_ctx_cuda(lk_arena *arena, void *stream, int device_index);
+LK_API lk_ctx lk_ctx_cuda(lk_arena *arena, void *stream, int device_index);
 
 /* OpenMP threads used by CPU kernels. */
-void lk_set_num_threads(int n);
-int lk_get_num_threads(void);
+LK_API void lk_set_num_threads(int n);
+LK_API int lk_get_num_threads(void);
 
 /* Monotonic seconds. */
-double lk_now(void);
+LK_API double lk_now(void);
 
 #ifdef __cplusplus
 }

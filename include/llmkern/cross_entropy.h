@@ -95,18 +95,18 @@ typedef struct {
 } lk_cross_entropy_vtable;
 
 /* Zeroed args with the defaults that are not zero: ignore_index −100. */
-lk_cross_entropy_args lk_cross_entropy_args_init(void);
+LK_API lk_cross_entropy_args lk_cross_entropy_args_init(void);
 
 /* The facade: validates every argument (shapes, dtypes, options, label values, index
  * lists) before anything is written, reserves the workspace in ctx->arena, calls impl.
  * LK_EINVAL (bad option, NULL data, label out of range), LK_ESHAPE, LK_EDTYPE, LK_EDEVICE;
  * outputs are untouched on any error. The two queries read shapes, dtypes and options
  * only (data may be NULL; the backward workspace depends on d_weight's dtype). */
-lk_status lk_cross_entropy_saved_bytes(const lk_impl *impl, const lk_cross_entropy_args *a, size_t *bytes);
-lk_status lk_cross_entropy_workspace_bytes(const lk_impl *impl, const lk_cross_entropy_args *a, int backward,
+LK_API lk_status lk_cross_entropy_saved_bytes(const lk_impl *impl, const lk_cross_entropy_args *a, size_t *bytes);
+LK_API lk_status lk_cross_entropy_workspace_bytes(const lk_impl *impl, const lk_cross_entropy_args *a, int backward,
                                            size_t *bytes);
-lk_status lk_cross_entropy_forward(const lk_impl *impl, const lk_cross_entropy_args *a, lk_ctx *ctx);
-lk_status lk_cross_entropy_backward(const lk_impl *impl, const lk_cross_entropy_args *a, lk_ctx *ctx);
+LK_API lk_status lk_cross_entropy_forward(const lk_impl *impl, const lk_cross_entropy_args *a, lk_ctx *ctx);
+LK_API lk_status lk_cross_entropy_backward(const lk_impl *impl, const lk_cross_entropy_args *a, lk_ctx *ctx);
 
 #ifdef __cplusplus
 }

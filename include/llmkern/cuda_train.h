@@ -29,7 +29,7 @@ extern "C" {
  * Forward: out[t, :] = weight[ids[t], :]. An id outside [0, V) is found on the device:
  * that token's row becomes NaN and the call returns LK_EINVAL naming the first such token
  * and its id (after the stream is synchronized to read the flag). */
-lk_status lk_cuda_embedding_forward(const lk_tensor *weight, const lk_tensor *ids, lk_tensor *out, lk_ctx *ctx);
+LK_API lk_status lk_cuda_embedding_forward(const lk_tensor *weight, const lk_tensor *ids, lk_tensor *out, lk_ctx *ctx);
 
 /* Backward: dweight[ids[t], :] += dout[t, :], dweight [V, H] f32 or bf16 (accumulated in
  * f32 and rounded once), dout of the shape and dtype of the forward's out.
@@ -38,8 +38,8 @@ lk_status lk_cuda_embedding_forward(const lk_tensor *weight, const lk_tensor *id
  * the sum to dweight once — no atomics, the same bits on every run. Bad ids are checked
  * before anything is written: LK_EINVAL and dweight untouched.
  * Workspace: 16·T bytes + the sort's temporary storage (lk_cuda_embedding_backward_workspace). */
-lk_status lk_cuda_embedding_backward(const lk_tensor *dout, const lk_tensor *ids, lk_tensor *dweight, lk_ctx *ctx);
-lk_status lk_cuda_embedding_backward_workspace(int64_t tokens, int64_t vocab, size_t *bytes);
+LK_API lk_status lk_cuda_embedding_backward(const lk_tensor *dout, const lk_tensor *ids, lk_tensor *dweight, lk_ctx *ctx);
+LK_API lk_status lk_cuda_embedding_backward_workspace(int64_t tokens, int64_t vocab, size_t *bytes);
 
 /* --- AdamW, many tensors in one launch -----------------------------------------------------
  * The math of the CPU trainer's lk_adamw_update (train.h; torch.optim.AdamW): for step t
@@ -64,7 +64,7 @@ typedef struct {
 } lk_cuda_adamw_hparams;
 
 /* Workspace: the tensor list on the device, 64·n_tensors bytes (+ alignment). */
-lk_status lk_cuda_adamw_step(const lk_cuda_adamw_tensor *tensors, int n_tensors, const lk_cuda_adamw_hparams *hp,
+LK_API lk_status lk_cuda_adamw_step(const lk_cuda_adamw_tensor *tensors, int n_tensors, const lk_cuda_adamw_hparams *hp,
                              lk_ctx *ctx);
 
 /* --- global gradient norm and clipping ------------------------------------------------------ */
@@ -78,16 +78,16 @@ typedef struct {
  * block of 4096 elements is summed in f64 in a fixed order (a thread's 16, then the
  * block's tree), the per-block sums in a fixed order by one block: the same bits every run.
  * Workspace: 8 bytes a 4096-element block + the list (lk_cuda_grad_norm_workspace). */
-lk_status lk_cuda_grad_norm(const lk_cuda_buf *bufs, int n_bufs, double *norm, lk_ctx *ctx);
-size_t lk_cuda_grad_norm_workspace(const lk_cuda_buf *bufs, int n_bufs);
+LK_API lk_status lk_cuda_grad_norm(const lk_cuda_buf *bufs, int n_bufs, double *norm, lk_ctx *ctx);
+LK_API size_t lk_cuda_grad_norm_workspace(const lk_cuda_buf *bufs, int n_bufs);
 
 /* Every element times scale (f32 math, bf16 rounded once). */
-lk_status lk_cuda_scale_bufs(const lk_cuda_buf *bufs, int n_bufs, float scale, lk_ctx *ctx);
+LK_API lk_status lk_cuda_scale_bufs(const lk_cuda_buf *bufs, int n_bufs, float scale, lk_ctx *ctx);
 
 /* torch.nn.utils.clip_grad_norm_ as the CPU's lk_clip_grad_norm: the norm into *norm,
  * and, when max_norm > 0 and norm > max_norm, every buffer scaled by
  * max_norm / (norm + 1e-6). A NaN or Inf norm is returned and nothing is scaled. */
-lk_status lk_cuda_clip_grad_norm(const lk_cuda_buf *bufs, int n_bufs, double max_norm, double *norm, lk_ctx *ctx);
+LK_API lk_status lk_cuda_clip_grad_norm(const lk_cuda_buf *bufs, int n_bufs, double max_norm, double *norm, lk_ctx *ctx);
 
 #ifdef __cplusplus
 }

@@ -34,10 +34,10 @@ extern "C" {
 
 /* Encodes n bytes of text as [BOS] bytes [EOS] (the markers when with_markers) into out,
  * which has room for n + 2 ids. Returns the number of ids written. */
-int64_t lk_tok_encode(const void *text, size_t n, int with_markers, int32_t *out);
+LK_API int64_t lk_tok_encode(const void *text, size_t n, int with_markers, int32_t *out);
 /* Decodes ids to bytes into out (room for n bytes), skipping BOS, EOS and PAD; *len gets
  * the byte count. LK_EINVAL for an id outside the vocabulary or an unused id. */
-lk_status lk_tok_decode(const int32_t *ids, int64_t n, char *out, size_t *len);
+LK_API lk_status lk_tok_decode(const int32_t *ids, int64_t n, char *out, size_t *len);
 
 /* --- dataset: documents of token ids ---------------------------------------------------- */
 typedef struct {
@@ -48,7 +48,7 @@ typedef struct {
     int64_t vocab;        /* every id is below it */
 } lk_dataset;
 
-void lk_dataset_free(lk_dataset *ds);
+LK_API void lk_dataset_free(lk_dataset *ds);
 
 /* The embedded corpus: n_docs documents (each BOS text EOS) generated from seed with the
  * counter-based generator, so document i depends on (seed, i) only: the same seed gives
@@ -57,16 +57,16 @@ void lk_dataset_free(lk_dataset *ds);
  * key: value records and simple counting/repeat patterns, tens to a few thousand bytes
  * long, so a tiny model's loss falls visibly within a hundred steps. */
 #define LK_CORPUS_DEFAULT_DOCS 4096
-lk_status lk_corpus_generate(uint64_t seed, int64_t n_docs, lk_dataset *out);
+LK_API lk_status lk_corpus_generate(uint64_t seed, int64_t n_docs, lk_dataset *out);
 /* The text of document `index` (without markers) into buf (cap bytes, NUL-terminated,
  * truncated if short); *len gets the full length. */
-lk_status lk_corpus_document(uint64_t seed, int64_t index, char *buf, size_t cap, size_t *len);
+LK_API lk_status lk_corpus_document(uint64_t seed, int64_t index, char *buf, size_t cap, size_t *len);
 
 /* A user's text file: documents are separated by one or more blank lines (a line of only
  * spaces, tabs or '\r'); a document's lines keep their '\n'. Each is encoded BOS text EOS
  * with the byte tokenizer. LK_EIO naming the path when the file cannot be read or holds
  * no document. */
-lk_status lk_dataset_load_text(const char *path, lk_dataset *out);
+LK_API lk_status lk_dataset_load_text(const char *path, lk_dataset *out);
 
 /* Pre-tokenized files ("LKTOK"), little-endian:
  *   bytes 0-4  "LKTOK"    5  version (1 or 2)    6  bytes per token: 2 (uint16) or 4 (uint32)
@@ -84,15 +84,15 @@ lk_status lk_dataset_load_text(const char *path, lk_dataset *out);
 #define LK_TOKFILE_HEADER_BYTES 16
 #define LK_TOKFILE_META_HEADER_BYTES 32
 #define LK_EOS_FROM_FILE (-2)
-lk_status lk_dataset_load_tokens(const char *path, int64_t vocab, int64_t eos_id, lk_dataset *out);
+LK_API lk_status lk_dataset_load_tokens(const char *path, int64_t vocab, int64_t eos_id, lk_dataset *out);
 /* Writes n ids (each < 2^(8*token_bytes)) as an LKTOK file, atomically (temporary file,
  * fsync, rename). LK_EINVAL for token_bytes not 2 or 4 or an id that does not fit;
  * LK_EIO naming the path for a failed write. */
-lk_status lk_tokfile_write(const char *path, const int32_t *ids, int64_t n, int token_bytes);
+LK_API lk_status lk_tokfile_write(const char *path, const int32_t *ids, int64_t n, int token_bytes);
 /* The same as version 2, with the tokenizer's vocabulary and EOS id (-1: none) in the
  * header; every id must be below vocab (LK_EINVAL otherwise, or for an eos_id outside
  * -1..vocab-1, or a vocab that token_bytes cannot hold). */
-lk_status lk_tokfile_write_meta(const char *path, const int32_t *ids, int64_t n, int token_bytes, int64_t vocab,
+LK_API lk_status lk_tokfile_write_meta(const char *path, const int32_t *ids, int64_t n, int token_bytes, int64_t vocab,
                                 int64_t eos_id);
 
 /* --- packed batches --------------------------------------------------------------------
@@ -116,8 +116,8 @@ typedef struct {
 } lk_batch;
 
 /* Allocates the arrays for B x S (cu_seqlens with room for B*S + 1). LK_EINVAL, LK_ENOMEM. */
-lk_status lk_batch_alloc(lk_batch *b, int64_t B, int64_t S);
-void lk_batch_free(lk_batch *b);
+LK_API lk_status lk_batch_alloc(lk_batch *b, int64_t B, int64_t S);
+LK_API void lk_batch_free(lk_batch *b);
 
 /* The iterator's whole state: save it with a checkpoint, restore it to resume. Epoch e
  * visits the documents in an order shuffled from (seed, e); cursor is the position in
@@ -137,13 +137,13 @@ typedef struct {
 } lk_data_iter;
 
 /* LK_EINVAL for B or S < 1, S*B beyond INT32_MAX, or a dataset with no tokens. */
-lk_status lk_data_iter_init(lk_data_iter *it, const lk_dataset *ds, int64_t B, int64_t S, uint64_t seed);
+LK_API lk_status lk_data_iter_init(lk_data_iter *it, const lk_dataset *ds, int64_t B, int64_t S, uint64_t seed);
 /* Fills b (allocated for the iterator's B x S) with the next batch; epochs roll over. */
-lk_status lk_data_iter_next(lk_data_iter *it, lk_batch *b);
-lk_data_state lk_data_iter_state(const lk_data_iter *it);
+LK_API lk_status lk_data_iter_next(lk_data_iter *it, lk_batch *b);
+LK_API lk_data_state lk_data_iter_state(const lk_data_iter *it);
 /* LK_EINVAL when the state does not fit this dataset (cursor or offset out of range). */
-lk_status lk_data_iter_restore(lk_data_iter *it, const lk_data_state *st);
-void lk_data_iter_free(lk_data_iter *it);
+LK_API lk_status lk_data_iter_restore(lk_data_iter *it, const lk_data_state *st);
+LK_API void lk_data_iter_free(lk_data_iter *it);
 
 #ifdef __cplusplus
 }

@@ -49,7 +49,7 @@ typedef struct {
 
 /* The defaults of transformers' Qwen3Config / Qwen3MoeConfig for the optional keys,
  * with the given family; the required ones (sizes) left 0 for the caller to set. */
-void lk_qwen3_config_init(lk_qwen3_config *c, int moe);
+LK_API void lk_qwen3_config_init(lk_qwen3_config *c, int moe);
 
 /* Reads and validates path. Unknown keys are ignored. Required: model_type (or
  * architectures), hidden_size, num_hidden_layers, num_attention_heads,
@@ -58,20 +58,20 @@ void lk_qwen3_config_init(lk_qwen3_config *c, int moe);
  * Errors: LK_EIO (unreadable, bad JSON, a missing key or a wrong type, naming the key
  * and the file), LK_EINVAL (values that make no model, e.g. heads not a multiple of
  * kv heads, hidden_act not silu, attention_bias true). *c is set only on success. */
-lk_status lk_qwen3_config_read(const char *path, lk_qwen3_config *c);
+LK_API lk_status lk_qwen3_config_read(const char *path, lk_qwen3_config *c);
 /* The same from JSON text; `what` names the source in errors. */
-lk_status lk_qwen3_config_parse(const char *json, size_t len, const char *what, lk_qwen3_config *c);
+LK_API lk_status lk_qwen3_config_parse(const char *json, size_t len, const char *what, lk_qwen3_config *c);
 /* The checks of read on a config built in code. */
-lk_status lk_qwen3_config_validate(const lk_qwen3_config *c, const char *what);
+LK_API lk_status lk_qwen3_config_validate(const lk_qwen3_config *c, const char *what);
 /* Writes config.json as transformers' save_pretrained does: two-space indent, keys
  * sorted; atomically (tmp file, fsync, rename). Validates first. */
-lk_status lk_qwen3_config_write(const char *path, const lk_qwen3_config *c);
+LK_API lk_status lk_qwen3_config_write(const char *path, const lk_qwen3_config *c);
 /* The same text into a malloc'ed NUL-terminated string (*out; free() it). */
-lk_status lk_qwen3_config_to_json(const lk_qwen3_config *c, char **out);
+LK_API lk_status lk_qwen3_config_to_json(const lk_qwen3_config *c, char **out);
 
 /* 1 when layer i has a MoE block, 0 for a dense MLP: transformers' rule, i not in
  * mlp_only_layers and num_experts > 0 and (i + 1) % decoder_sparse_step == 0. */
-int lk_qwen3_layer_is_moe(const lk_qwen3_config *c, int64_t layer);
+LK_API int lk_qwen3_layer_is_moe(const lk_qwen3_config *c, int64_t layer);
 
 /* Tensor kinds of the published checkpoints. */
 typedef enum {
@@ -98,21 +98,21 @@ typedef enum {
 
 /* Formats the name of kind for layer / expert (ignored where the kind has none) into
  * buf. Errors: LK_EINVAL (bad kind, negative layer/expert where needed, buf too small). */
-lk_status lk_qwen3_tensor_name(lk_qwen3_tensor_kind kind, int64_t layer, int64_t expert, char *buf, size_t n);
+LK_API lk_status lk_qwen3_tensor_name(lk_qwen3_tensor_kind kind, int64_t layer, int64_t expert, char *buf, size_t n);
 /* Its shape under c (ndim 1 or 2, as in the published files). */
-lk_status lk_qwen3_tensor_shape(const lk_qwen3_config *c, lk_qwen3_tensor_kind kind, int *ndim, int64_t shape[2]);
+LK_API lk_status lk_qwen3_tensor_shape(const lk_qwen3_config *c, lk_qwen3_tensor_kind kind, int *ndim, int64_t shape[2]);
 
 /* Every tensor a checkpoint of c holds, in a fixed order: embed, per layer (norms,
  * attention, then MLP or router + experts), final norm, lm_head unless tied. */
 typedef struct { lk_qwen3_tensor_kind kind; int64_t layer, expert; } lk_qwen3_tensor_ref;
 /* How many (refs NULL), or fills up to cap refs; *n gets the total either way. */
-lk_status lk_qwen3_tensor_list(const lk_qwen3_config *c, lk_qwen3_tensor_ref *refs, size_t cap, size_t *n);
+LK_API lk_status lk_qwen3_tensor_list(const lk_qwen3_config *c, lk_qwen3_tensor_ref *refs, size_t cap, size_t *n);
 /* The parameters (elements) and tensors a checkpoint of c holds, every product checked:
  * LK_EINVAL naming the keys (and `what`, the source) when a tensor's or the total's
  * element count does not fit in 64 bits or the tensors number more than 2^31 - 1.
  * lk_qwen3_config_validate calls it, so a validated config sizes no buffer that wraps.
  * Either output may be NULL. */
-lk_status lk_qwen3_param_count(const lk_qwen3_config *c, const char *what, int64_t *n_params, int64_t *n_tensors);
+LK_API lk_status lk_qwen3_param_count(const lk_qwen3_config *c, const char *what, int64_t *n_params, int64_t *n_tensors);
 
 #ifdef __cplusplus
 }

@@ -44,11 +44,11 @@ typedef struct {
 /* The facade: validates every argument before anything is written, reserves the
  * workspace in ctx->arena, and calls impl. Errors: LK_EINVAL (impl, NULL data, options,
  * overlapping outputs), LK_ESHAPE, LK_EDTYPE, LK_EDEVICE; lk_last_error() names the argument. */
-lk_status lk_linear_saved_bytes(const lk_impl *impl, const lk_tensor *x, const lk_tensor *weight, size_t *bytes);
+LK_API lk_status lk_linear_saved_bytes(const lk_impl *impl, const lk_tensor *x, const lk_tensor *weight, size_t *bytes);
 /* The arena bytes a pass of these args needs (the facade reserves them itself). */
-lk_status lk_linear_workspace_bytes(const lk_impl *impl, const lk_linear_args *a, int backward, size_t *bytes);
-lk_status lk_linear_forward(const lk_impl *impl, const lk_linear_args *a, lk_ctx *ctx);
-lk_status lk_linear_backward(const lk_impl *impl, const lk_linear_args *a, lk_ctx *ctx);
+LK_API lk_status lk_linear_workspace_bytes(const lk_impl *impl, const lk_linear_args *a, int backward, size_t *bytes);
+LK_API lk_status lk_linear_forward(const lk_impl *impl, const lk_linear_args *a, lk_ctx *ctx);
+LK_API lk_status lk_linear_backward(const lk_impl *impl, const lk_linear_args *a, lk_ctx *ctx);
 
 #ifdef __cplusplus
 }

@@ -11,8 +11,8 @@
 extern "C" {
 #endif
 
-extern const lk_model_family lk_family_qwen3;       /* dense Qwen3 */
-extern const lk_model_family lk_family_qwen3_moe;   /* Qwen3-MoE */
+LK_API extern const lk_model_family lk_family_qwen3;       /* dense Qwen3 */
+LK_API extern const lk_model_family lk_family_qwen3_moe;   /* Qwen3-MoE */
 
 
 /* --- the Qwen3 / Qwen3-MoE model (src/model/qwen3.c) ------------------------------
@@ -53,9 +53,9 @@ typedef struct lk_model lk_model;   /* opaque */
  * activations in the backward instead of keeping them. Errors: LK_EINVAL (a bad
  * config, a table of the other family), LK_EUNAVAILABLE (a module whose op has no
  * implementation in this build, or one the model cannot drive), LK_ENOMEM. */
-lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, uint64_t seed,
+LK_API lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, uint64_t seed,
                           int recompute, lk_model **out);
-void lk_model_free(lk_model *m);
+LK_API void lk_model_free(lk_model *m);
 /* Sequence and expert parallelism; call before the first step (NULL or a group of one:
  * none). Every rank of both groups is handed the same calls.
  *   sp: the SP group. Its ranks are handed the same whole batch; rank r runs tokens
@@ -72,28 +72,28 @@ void lk_model_free(lk_model *m);
  * by the group, an attention binding without an SP path, an explicit `local`
  * dispatcher, a dense model with ep > 1). */
 struct lk_comm;
-lk_status lk_model_set_parallel(lk_model *m, struct lk_comm *sp, struct lk_comm *ep);
-int lk_model_param_count(const lk_model *m);
-lk_param *lk_model_param(lk_model *m, int i);
+LK_API lk_status lk_model_set_parallel(lk_model *m, struct lk_comm *sp, struct lk_comm *ep);
+LK_API int lk_model_param_count(const lk_model *m);
+LK_API lk_param *lk_model_param(lk_model *m, int i);
 /* Forward and backward of one micro-batch: ADDS d(loss * loss_scale) to every param's
  * grad (gradient accumulation is several calls with loss_scale = 1/n_micro), fills
  * stats. The first batch of a new B*S allocates the activation buffers. */
-lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float loss_scale,
+LK_API lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float loss_scale,
                                     lk_step_stats *stats);
 /* Forward only: the loss (for evaluation and finite differences). */
-lk_status lk_model_loss(lk_model *m, const lk_batch *batch, lk_step_stats *stats);
-void lk_model_zero_grad(lk_model *m);
+LK_API lk_status lk_model_loss(lk_model *m, const lk_batch *batch, lk_step_stats *stats);
+LK_API void lk_model_zero_grad(lk_model *m);
 /* Every parameter's gradient lies in one flat f32 buffer of *n floats (each lk_param's
  * grad a view into it, alignment padding zero): what a data-parallel all-reduce sums. */
-float *lk_model_grads(lk_model *m, int64_t *n);
+LK_API float *lk_model_grads(lk_model *m, int64_t *n);
 /* Called by lk_model_forward_backward as the backward goes: fn(user, first) says that
  * the flat gradients [first, n) are final for this call (after the loss head, after
  * each layer from the last, and with first = 0 at the end), so a data-parallel
  * all-reduce of that range can start while the rest of the backward runs. fn NULL
  * removes it. */
-void lk_model_on_grads_ready(lk_model *m, void (*fn)(void *user, int64_t first), void *user);
+LK_API void lk_model_on_grads_ready(lk_model *m, void (*fn)(void *user, int64_t first), void *user);
 /* Bytes of activations the last forward kept for its backward (accounted memory). */
-size_t lk_model_activation_bytes(const lk_model *m);
+LK_API size_t lk_model_activation_bytes(const lk_model *m);
 /* Checkpoint I/O in the layouts of the published checkpoints (checkpoint.h: lk_st_dir):
  * config.json + the weights (bf16 or f32 as cfg->torch_dtype says) in dir (created if
  * missing), as one model.safetensors or, when they exceed max_shard_bytes, shards
@@ -101,16 +101,16 @@ size_t lk_model_activation_bytes(const lk_model *m);
  * atomically, config.json last; files of the other layout left by an earlier save are
  * removed. lk_model_save is lk_model_save_sharded at transformers' default "5GB"
  * (LK_ST_DEFAULT_MAX_SHARD). */
-lk_status lk_model_save(const lk_model *m, const char *dir);
-lk_status lk_model_save_sharded(const lk_model *m, const char *dir, uint64_t max_shard_bytes);
+LK_API lk_status lk_model_save(const lk_model *m, const char *dir);
+LK_API lk_status lk_model_save_sharded(const lk_model *m, const char *dir, uint64_t max_shard_bytes);
 /* Reads a checkpoint directory's weights (single or sharded, F32, BF16 or F16) into m's
  * f32 parameters. Every parameter's name and shape, and that the directory holds no
  * tensor the model lacks (a tied model's lm_head.weight aside), are checked before any
  * weight changes: LK_EIO (no tensor, an unexpected one, a bad file), LK_ESHAPE
  * (expected vs got), LK_EDTYPE. lk_model_check_weights makes the same checks and reads
  * nothing. */
-lk_status lk_model_load_weights(lk_model *m, const char *dir);
-lk_status lk_model_check_weights(const lk_model *m, const char *dir);
+LK_API lk_status lk_model_load_weights(lk_model *m, const char *dir);
+LK_API lk_status lk_model_check_weights(const lk_model *m, const char *dir);
 
 #ifdef __cplusplus
 }

@@ -91,10 +91,10 @@ typedef struct {
  * group options, saved size, overlaps) before anything is written, reserves workspace in
  * ctx->arena. Errors LK_EINVAL, LK_ESHAPE, LK_EDTYPE, LK_EDEVICE; lk_last_error() names
  * the argument. */
-lk_status lk_moe_router_saved_bytes(const lk_impl *impl, int64_t tokens, int64_t experts, int64_t top_k,
+LK_API lk_status lk_moe_router_saved_bytes(const lk_impl *impl, int64_t tokens, int64_t experts, int64_t top_k,
                                     size_t *bytes);
-lk_status lk_moe_router_forward(const lk_impl *impl, const lk_moe_router_args *a, lk_ctx *ctx);
-lk_status lk_moe_router_backward(const lk_impl *impl, const lk_moe_router_args *a, lk_ctx *ctx);
+LK_API lk_status lk_moe_router_forward(const lk_impl *impl, const lk_moe_router_args *a, lk_ctx *ctx);
+LK_API lk_status lk_moe_router_backward(const lk_impl *impl, const lk_moe_router_args *a, lk_ctx *ctx);
 
 /* --- experts --------------------------------------------------------------------- */
 
@@ -129,20 +129,20 @@ typedef struct {
  * written. Errors LK_EINVAL, LK_ESHAPE, LK_EDTYPE, LK_EDEVICE. On a GPU topk_ids is device
  * memory the facade does not read: the CUDA `fused` forward brings it to the host and
  * refuses a bad id there, still before writing anything. */
-lk_status lk_moe_experts_saved_bytes(const lk_impl *impl, int64_t tokens, int64_t top_k, int64_t experts,
+LK_API lk_status lk_moe_experts_saved_bytes(const lk_impl *impl, int64_t tokens, int64_t top_k, int64_t experts,
                                      int64_t hidden, int64_t inter, lk_dtype dt, size_t *bytes);
-lk_status lk_moe_experts_forward(const lk_impl *impl, const lk_moe_experts_args *a, lk_ctx *ctx);
-lk_status lk_moe_experts_backward(const lk_impl *impl, const lk_moe_experts_args *a, lk_ctx *ctx);
+LK_API lk_status lk_moe_experts_forward(const lk_impl *impl, const lk_moe_experts_args *a, lk_ctx *ctx);
+LK_API lk_status lk_moe_experts_backward(const lk_impl *impl, const lk_moe_experts_args *a, lk_ctx *ctx);
 
 /* --- weight layouts ---------------------------------------------------------------- */
 
 /* Per-expert tensors (hub naming) into the stacked layout: gate[e], up[e] [I, H] and
  * down[e] [H, I], all of one float dtype, copied into gate_up [E, 2I, H] and down_stacked
  * [E, H, I] of the same dtype. Nothing is written unless every shape and dtype agrees. */
-lk_status lk_moe_stack_weights(int n_experts, const lk_tensor *gate, const lk_tensor *up, const lk_tensor *down,
+LK_API lk_status lk_moe_stack_weights(int n_experts, const lk_tensor *gate, const lk_tensor *up, const lk_tensor *down,
                                lk_tensor *gate_up, lk_tensor *down_stacked);
 /* The reverse: the stacked tensors copied out into per-expert tensors. */
-lk_status lk_moe_unstack_weights(int n_experts, const lk_tensor *gate_up, const lk_tensor *down_stacked,
+LK_API lk_status lk_moe_unstack_weights(int n_experts, const lk_tensor *gate_up, const lk_tensor *down_stacked,
                                  lk_tensor *gate, lk_tensor *up, lk_tensor *down);
 
 #ifdef __cplusplus

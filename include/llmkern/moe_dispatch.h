@@ -66,8 +66,8 @@ typedef struct {
  * the weights' expert count E/P, every tensor, the arena, the experts and the group on
  * the implementation's device) before any collective or write. Errors LK_EINVAL,
  * LK_ESHAPE, LK_EDTYPE, LK_EDEVICE, LK_ECOMM. */
-lk_status lk_moe_dispatch_forward(const lk_impl *impl, const lk_moe_dispatch_args *a, lk_ctx *ctx);
-lk_status lk_moe_dispatch_backward(const lk_impl *impl, const lk_moe_dispatch_args *a, lk_ctx *ctx);
+LK_API lk_status lk_moe_dispatch_forward(const lk_impl *impl, const lk_moe_dispatch_args *a, lk_ctx *ctx);
+LK_API lk_status lk_moe_dispatch_backward(const lk_impl *impl, const lk_moe_dispatch_args *a, lk_ctx *ctx);
 
 #ifdef __cplusplus
 }

@@ -73,18 +73,18 @@ typedef struct {
     const lk_op_alias *aliases;     /* other systems' names, terminated by a NULL name; or NULL */
 } lk_op_info;
 
-const lk_op_info *lk_op_info_get(lk_op op);
+LK_API const lk_op_info *lk_op_info_get(lk_op op);
 /* The other system's name `name` of op (lk_op_info.aliases), or NULL when it is none. */
-const lk_op_alias *lk_op_alias_find(lk_op op, const char *name);
+LK_API const lk_op_alias *lk_op_alias_find(lk_op op, const char *name);
 /* "eager, eager_fp32, fused (NeMo AutoModel: torch, torch_fp32, te, quack)": every name
  * op takes, for error messages. */
-void lk_op_names_text(lk_op op, char *buf, size_t n);
+LK_API void lk_op_names_text(lk_op op, char *buf, size_t n);
 /* The name of op (llmkern's or an alias) closest to word, or NULL if none is close. */
-const char *lk_op_suggest(lk_op op, const char *word);
+LK_API const char *lk_op_suggest(lk_op op, const char *word);
 /* What a name of op needs that a build or machine may lack ("a Hopper GPU (sm_90) and
  * CUDA"), or NULL when it needs nothing special. */
-const char *lk_op_name_needs(lk_op op, const char *name);
-lk_status lk_op_parse(const char *name, lk_op *out);      /* op name or config field */
+LK_API const char *lk_op_name_needs(lk_op op, const char *name);
+LK_API lk_status lk_op_parse(const char *name, lk_op *out);      /* op name or config field */
 
 /* The machine, probed once per device kind (hw_cpu.c, hw_cuda.c). */
 typedef struct {
@@ -103,16 +103,16 @@ typedef struct {
     size_t cpu_mem_bytes;           /* physical memory (0: unknown); what cannot fit is refused before it is allocated */
 } lk_hw;
 
-const lk_hw *lk_hw_get(void);
+LK_API const lk_hw *lk_hw_get(void);
 /* The memory a run can take on device now, in bytes (0: unknown), and in source what
  * the number is, worded to follow it ("23.5 GiB" + " of host RAM available
  * (MemAvailable)", " free on GPU 0 (cudaMemGetInfo, of 139.8 GiB)"): on the CPU the
  * host's MemAvailable (/proc/meminfo) capped by a cgroup v2 memory.max less
  * memory.current; on CUDA the current GPU's free memory (cudaMemGetInfo; 0 in a build
  * without CUDA). Read afresh at every call. */
-uint64_t lk_hw_mem_available(lk_device_type device, char *source, size_t n);
+LK_API uint64_t lk_hw_mem_available(lk_device_type device, char *source, size_t n);
 #ifdef LLMKERN_HAVE_CUDA
-uint64_t lk_hw_cuda_mem_free(char *source, size_t n);   /* hw_cuda.c */
+LK_API uint64_t lk_hw_cuda_mem_free(char *source, size_t n);   /* hw_cuda.c */
 #endif
 
 enum {                               /* lk_requirements.needs */
@@ -144,16 +144,16 @@ typedef struct lk_impl {
 /* Adds an implementation (a static, const entry the caller keeps alive). lk_init()
  * registers the built-in ones. A second entry with the same op, name and device is
  * an error. */
-lk_status lk_impl_register(const lk_impl *impl);
-int lk_impl_count(void);
-const lk_impl *lk_impl_at(int i);
+LK_API lk_status lk_impl_register(const lk_impl *impl);
+LK_API int lk_impl_count(void);
+LK_API const lk_impl *lk_impl_at(int i);
 /* By name or alias for an op and device; NULL when there is none. */
-const lk_impl *lk_impl_find(lk_op op, const char *name, lk_device_type dev);
+LK_API const lk_impl *lk_impl_find(lk_op op, const char *name, lk_device_type dev);
 /* 1 when impl can run here; otherwise 0 with the unmet requirement in why. */
-int lk_impl_available(const lk_impl *impl, const lk_hw *hw, char *why, size_t n);
-int lk_impl_is_reference(const lk_impl *impl);
+LK_API int lk_impl_available(const lk_impl *impl, const lk_hw *hw, char *why, size_t n);
+LK_API int lk_impl_is_reference(const lk_impl *impl);
 /* 1 when name is a name of op that the design lists or some registered entry carries. */
-int lk_impl_name_known(lk_op op, const char *name);
+LK_API int lk_impl_name_known(lk_op op, const char *name);
 
 /* --- bindings ------------------------------------------------------------------ */
 
@@ -172,8 +172,8 @@ typedef enum {
     LK_STAGE_RUNTIME
 } lk_stage;
 
-const char *lk_source_name(lk_source s);
-const char *lk_stage_name(lk_stage s);
+LK_API const char *lk_source_name(lk_source s);
+LK_API const char *lk_stage_name(lk_stage s);
 
 /* One op (or one module's op) bound to an implementation, with the story of why. */
 typedef struct {
@@ -201,7 +201,7 @@ typedef struct {
 /* Selects an implementation. LK_EUNAVAILABLE or LK_EINVAL for an explicit request
  * that is unknown or cannot run here (the message names the unmet requirement and
  * the implementations that would work); a default falls back instead. */
-lk_status lk_select(const lk_request *req, lk_stage stage, lk_binding *out);
+LK_API lk_status lk_select(const lk_request *req, lk_stage stage, lk_binding *out);
 
 /* --- lifecycle ----------------------------------------------------------------- */
 
@@ -242,21 +242,21 @@ typedef struct {
 /* 1. Import time: registers the built-in implementations, reads the environment
  *    table, registers the attention facade under its SP names, binds the loss slot.
  *    Idempotent; every other stage calls it. */
-lk_status lk_init(void);
+LK_API lk_status lk_init(void);
 /* 2. Model registration: declares a family's modules and binds its fused replacements. */
-lk_status lk_model_register(const lk_model_family *family);
-const lk_model_family *lk_model_family_find(const char *name);
+LK_API lk_status lk_model_register(const lk_model_family *family);
+LK_API const lk_model_family *lk_model_family_find(const char *name);
 /* 3. Config post-init: validates every name, binds the explicit fields and overrides,
  *    and (with the llmkern backend) rewrites flash_attention_{2,3,4} / flex_attention
  *    to llmkern_<name>_with_sp. Changes nothing on error. */
-lk_status lk_ops_config_finalize(struct lk_ops_config *cfg);
+LK_API lk_status lk_ops_config_finalize(struct lk_ops_config *cfg);
 /* 4. Build time: binds the deferred ops (MoE experts) and assembles the op table. */
-lk_status lk_model_build(const struct lk_ops_config *cfg, const char *family, lk_op_table *out);
+LK_API lk_status lk_model_build(const struct lk_ops_config *cfg, const char *family, lk_op_table *out);
 /* 5. Runtime: the binding a module runs with (its override, else the op's). */
-const lk_binding *lk_op_table_get(const lk_op_table *t, lk_op op, const char *module);
+LK_API const lk_binding *lk_op_table_get(const lk_op_table *t, lk_op op, const char *module);
 
 /* The binding lk_init made for the loss slot. */
-const lk_binding *lk_loss_slot(void);
+LK_API const lk_binding *lk_loss_slot(void);
 
 #ifdef __cplusplus
 }

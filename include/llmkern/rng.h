@@ -4,6 +4,7 @@
 #define LLMKERN_RNG_H
 
 #include <stdint.h>
+#include "export.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -14,12 +15,12 @@ typedef struct {
     uint64_t offset;   /* counters already used; every fill advances it */
 } lk_rng;
 
-lk_rng lk_rng_make(uint64_t seed);
+LK_API lk_rng lk_rng_make(uint64_t seed);
 /* 64 random bits for one counter value. */
-uint64_t lk_rng_bits(uint64_t seed, uint64_t counter);
+LK_API uint64_t lk_rng_bits(uint64_t seed, uint64_t counter);
 /* Uniform in [lo, hi), and normal(mean, std); threaded, deterministic. */
-void lk_rng_uniform(lk_rng *r, float *out, int64_t n, float lo, float hi);
-void lk_rng_normal(lk_rng *r, float *out, int64_t n, float mean, float std);
+LK_API void lk_rng_uniform(lk_rng *r, float *out, int64_t n, float lo, float hi);
+LK_API void lk_rng_normal(lk_rng *r, float *out, int64_t n, float mean, float std);
 
 #ifdef __cplusplus
 }

@@ -43,15 +43,15 @@ typedef struct {
 } lk_rope_scaling;
 
 /* "default" (or "none"), "llama3", "yarn" -> type; LK_EINVAL naming the valid ones. */
-lk_status lk_rope_scaling_parse(const char *name, lk_rope_scaling_type *out);
-const char *lk_rope_scaling_name(lk_rope_scaling_type t);
+LK_API lk_status lk_rope_scaling_parse(const char *name, lk_rope_scaling_type *out);
+LK_API const char *lk_rope_scaling_name(lk_rope_scaling_type t);
 
 /* Fills cos and sin, both f32 [max_pos, rotary_dim/2] contiguous CPU tensors the caller
  * owns: cos[p, i] = m·cos(p·inv_freq[i]), sin likewise, with inv_freq from theta and
  * scaling (NULL = none) and m the attention factor (1 except yarn). Angles are computed
  * in double and rounded once, so long positions keep their precision. LK_EINVAL for a
  * bad theta, rotary_dim (even, >= 2), scaling, or table; nothing is written then. */
-lk_status lk_rope_tables(double theta, int64_t rotary_dim, const lk_rope_scaling *scaling,
+LK_API lk_status lk_rope_tables(double theta, int64_t rotary_dim, const lk_rope_scaling *scaling,
                          lk_tensor *cos, lk_tensor *sin);
 
 /* --- the op ------------------------------------------------------------------- */
@@ -99,11 +99,11 @@ typedef struct {
  * its shapes from q and k but does not read their data (it may be NULL); it needs the
  * forward's saved, tables and position ids. LK_EINVAL, LK_ESHAPE, LK_EDTYPE or
  * LK_EDEVICE name the argument in lk_last_error(). */
-lk_status lk_rope_saved_bytes(const lk_impl *impl, const lk_rope_args *a, size_t *bytes);
-lk_status lk_rope_workspace_bytes(const lk_impl *impl, const lk_rope_args *a, int backward,
+LK_API lk_status lk_rope_saved_bytes(const lk_impl *impl, const lk_rope_args *a, size_t *bytes);
+LK_API lk_status lk_rope_workspace_bytes(const lk_impl *impl, const lk_rope_args *a, int backward,
                                   size_t *bytes);
-lk_status lk_rope_forward(const lk_impl *impl, const lk_rope_args *a, lk_ctx *ctx);
-lk_status lk_rope_backward(const lk_impl *impl, const lk_rope_args *a, lk_ctx *ctx);
+LK_API lk_status lk_rope_forward(const lk_impl *impl, const lk_rope_args *a, lk_ctx *ctx);
+LK_API lk_status lk_rope_backward(const lk_impl *impl, const lk_rope_args *a, lk_ctx *ctx);
 
 #ifdef __cplusplus
 }

@@ -3,6 +3,8 @@
 #ifndef LLMKERN_STATUS_H
 #define LLMKERN_STATUS_H
 
+#include "export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -21,20 +23,20 @@ typedef enum {
 } lk_status;
 
 /* The text of the last error on this thread ("" after success-only calls). */
-const char *lk_last_error(void);
+LK_API const char *lk_last_error(void);
 
 /* The status as a word: "LK_ESHAPE". */
-const char *lk_status_name(lk_status s);
+LK_API const char *lk_status_name(lk_status s);
 
 /* Records a formatted message as this thread's last error and returns s.
  * For implementations and extensions: `return lk_error(LK_ESHAPE, "...");` */
-lk_status lk_error(lk_status s, const char *fmt, ...)
+LK_API lk_status lk_error(lk_status s, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
 
-void lk_clear_error(void);
+LK_API void lk_clear_error(void);
 
 #ifdef __cplusplus
 }

@@ -48,13 +48,13 @@ typedef struct {
  * workspace in ctx->arena, and calls impl. Errors: LK_EINVAL (impl, NULL data, a bad
  * swiglu_limit, saved too small, overlapping outputs), LK_ESHAPE, LK_EDTYPE, LK_EDEVICE;
  * lk_last_error() names the argument. */
-lk_status lk_swiglu_mlp_saved_bytes(const lk_impl *impl, const lk_tensor *x, const lk_tensor *gate_up_weight,
+LK_API lk_status lk_swiglu_mlp_saved_bytes(const lk_impl *impl, const lk_tensor *x, const lk_tensor *gate_up_weight,
                                     size_t *bytes);
 /* The arena bytes a pass of these args needs (the facade reserves them itself). */
-lk_status lk_swiglu_mlp_workspace_bytes(const lk_impl *impl, const lk_swiglu_mlp_args *a, int backward,
+LK_API lk_status lk_swiglu_mlp_workspace_bytes(const lk_impl *impl, const lk_swiglu_mlp_args *a, int backward,
                                         size_t *bytes);
-lk_status lk_swiglu_mlp_forward(const lk_impl *impl, const lk_swiglu_mlp_args *a, lk_ctx *ctx);
-lk_status lk_swiglu_mlp_backward(const lk_impl *impl, const lk_swiglu_mlp_args *a, lk_ctx *ctx);
+LK_API lk_status lk_swiglu_mlp_forward(const lk_impl *impl, const lk_swiglu_mlp_args *a, lk_ctx *ctx);
+LK_API lk_status lk_swiglu_mlp_backward(const lk_impl *impl, const lk_swiglu_mlp_args *a, lk_ctx *ctx);
 
 #ifdef __cplusplus
 }

@@ -27,23 +27,23 @@ typedef struct {
     int64_t stride[LK_MAX_DIMS]; /* in elements */
 } lk_tensor;
 
-size_t lk_dtype_size(lk_dtype dt);
-const char *lk_dtype_name(lk_dtype dt);               /* "f32", "bf16", ... */
-lk_status lk_dtype_parse(const char *name, lk_dtype *out);
-const char *lk_device_name(lk_device_type t);         /* "cpu", "cuda" */
+LK_API size_t lk_dtype_size(lk_dtype dt);
+LK_API const char *lk_dtype_name(lk_dtype dt);               /* "f32", "bf16", ... */
+LK_API lk_status lk_dtype_parse(const char *name, lk_dtype *out);
+LK_API const char *lk_device_name(lk_device_type t);         /* "cpu", "cuda" */
 
 /* A contiguous row-major CPU view of data. */
-lk_tensor lk_tensor_view(void *data, lk_dtype dt, int ndim, const int64_t *shape);
+LK_API lk_tensor lk_tensor_view(void *data, lk_dtype dt, int ndim, const int64_t *shape);
 /* The same for 1-D and 2-D, the common cases. */
-lk_tensor lk_tensor_1d(void *data, lk_dtype dt, int64_t n);
-lk_tensor lk_tensor_2d(void *data, lk_dtype dt, int64_t rows, int64_t cols);
+LK_API lk_tensor lk_tensor_1d(void *data, lk_dtype dt, int64_t n);
+LK_API lk_tensor lk_tensor_2d(void *data, lk_dtype dt, int64_t rows, int64_t cols);
 
-int64_t lk_tensor_numel(const lk_tensor *t);
-size_t lk_tensor_bytes(const lk_tensor *t);           /* numel * dtype size */
-int lk_tensor_is_contiguous(const lk_tensor *t);
-int lk_tensor_same_shape(const lk_tensor *a, const lk_tensor *b);
+LK_API int64_t lk_tensor_numel(const lk_tensor *t);
+LK_API size_t lk_tensor_bytes(const lk_tensor *t);           /* numel * dtype size */
+LK_API int lk_tensor_is_contiguous(const lk_tensor *t);
+LK_API int lk_tensor_same_shape(const lk_tensor *a, const lk_tensor *b);
 /* "[8192, 4096]" into buf; returns buf. */
-const char *lk_shape_str(const lk_tensor *t, char *buf, size_t n);
+LK_API const char *lk_shape_str(const lk_tensor *t, char *buf, size_t n);
 
 /* bf16: the top half of an f32, rounded to nearest even; NaN stays a (quiet) NaN. */
 static inline uint16_t lk_f32_to_bf16(float f) {
@@ -55,14 +55,14 @@ static inline uint16_t lk_f32_to_bf16(float f) {
 static inline float lk_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16; float f; memcpy(&f, &u, 4); return f;
 }
-uint16_t lk_f32_to_f16(float f);
-float lk_f16_to_f32(uint16_t h);
+LK_API uint16_t lk_f32_to_f16(float f);
+LK_API float lk_f16_to_f32(uint16_t h);
 
 /* Converts n elements between float dtypes (f32, bf16, f16). */
-void lk_convert(const void *src, lk_dtype src_dt, void *dst, lk_dtype dst_dt, int64_t n);
+LK_API void lk_convert(const void *src, lk_dtype src_dt, void *dst, lk_dtype dst_dt, int64_t n);
 /* Element i of a contiguous float tensor as double, and the reverse (rounded to the dtype). */
-double lk_load(const void *data, lk_dtype dt, int64_t i);
-void lk_store(void *data, lk_dtype dt, int64_t i, double v);
+LK_API double lk_load(const void *data, lk_dtype dt, int64_t i);
+LK_API void lk_store(void *data, lk_dtype dt, int64_t i, double v);
 
 #ifdef __cplusplus
 }

@@ -32,27 +32,28 @@ typedef struct {
     double beta1, beta2, eps, weight_decay;
 } lk_adamw_hparams;
 
-void lk_adamw_update(float *p, const float *g, float *m, float *v, int64_t n,
+LK_API void lk_adamw_update(float *p, const float *g, float *m, float *v, int64_t n,
                      const lk_adamw_hparams *h, double lr, int64_t t);
 
 /* Linear warmup over warmup steps to lr, then cosine decay to min_lr at total steps.
  * step counts from 0: lr_at(0) = lr / warmup (lr when warmup is 0), lr_at(warmup) = lr,
  * lr_at(total - 1) = min_lr. */
-double lk_lr_schedule(int64_t step, int64_t warmup, int64_t total, double lr, double min_lr);
+LK_API double lk_lr_schedule(int64_t step, int64_t warmup, int64_t total, double lr, double min_lr);
 
 /* The global L2 norm of n_bufs gradient buffers (buf i holds len[i] floats), summed in
  * f64 over fixed chunks; with max_norm > 0 and the norm above it, every buffer is
  * scaled by max_norm / (norm + 1e-6) (torch.nn.utils.clip_grad_norm_). Returns the
  * norm before clipping (NaN or Inf passes through; nothing is scaled then). */
-double lk_clip_grad_norm(float *const *bufs, const int64_t *len, int n_bufs, double max_norm);
+LK_API double lk_clip_grad_norm(float *const *bufs, const int64_t *len, int n_bufs, double max_norm);
 
 /* --- PNG ------------------------------------------------------------------------------- */
-/* Writes an 8-bit RGB image (rgb: h rows of w*3 bytes) as a PNG file (zlib stored
- * blocks), atomically. LK_EINVAL for bad sizes, LK_EIO naming the path. */
-lk_status lk_png_write(const char *path, const uint8_t *rgb, int w, int h);
-/* Plots y[0..n) against x[0..n) (a line with axes, ticks and a light grid, on white)
- * into a w x h PNG at path. n may be 0 (axes only). */
-lk_status lk_plot_png(const char *path, const float *x, const float *y, int64_t n, int w, int h);
+/* Writes an 8-bit RGB image (rgb: h rows of w*3 bytes) as a PNG file (cairo's encoder),
+ * atomically. LK_EINVAL for bad sizes, LK_ENOMEM, LK_EIO naming the path. */
+LK_API lk_status lk_png_write(const char *path, const uint8_t *rgb, int w, int h);
+/* Plots y[0..n) against x[0..n) (an anti-aliased line with axes, labelled ticks and a
+ * light grid, on white; drawn with cairo) into a w x h PNG at path; a NaN or Inf point
+ * is a gap. n may be 0 (axes only). LK_EINVAL for w, h outside 64..16384. */
+LK_API lk_status lk_plot_png(const char *path, const float *x, const float *y, int64_t n, int w, int h);
 
 /* --- configuration ----------------------------------------------------------------------- */
 typedef enum { LK_DATA_BUILTIN, LK_DATA_TEXT, LK_DATA_TOKENS } lk_data_kind;
@@ -103,7 +104,7 @@ typedef struct {
 /* Defaults: dp 0 (the world), sp 1, ep 1; steps 100, lr 1e-3, min_lr 1e-4, warmup 10, weight_decay 0.1, betas
  * (0.9, 0.95), eps 1e-8, grad_clip 1.0, batch 4 x 128, grad_accum 1, seed 1234,
  * save_every 0 (only at the end), out "out", the builtin corpus; no model. */
-void lk_train_config_init(lk_train_config *tc);
+LK_API void lk_train_config_init(lk_train_config *tc);
 
 /* Loads a YAML file: model.ops_implementation / model.moe into ops (as
  * lk_config_load_yaml), the architecture keys of model: and the train: and data:
@@ -111,12 +112,12 @@ void lk_train_config_init(lk_train_config *tc);
  * file's directory. Errors as lk_config_load_yaml (file:line:column, the key, the
  * valid ones); tc and ops change only when the whole file is good. */
 struct lk_ops_config;
-lk_status lk_train_config_load_yaml(const char *path, lk_train_config *tc, struct lk_ops_config *ops);
+LK_API lk_status lk_train_config_load_yaml(const char *path, lk_train_config *tc, struct lk_ops_config *ops);
 
 /* `llmkern train --init DIR`: DIR/config.json becomes tc's model (replacing the YAML's)
  * and DIR the run's model.init_from. LK_EIO / LK_EINVAL naming DIR and the key when
  * config.json is missing or bad; tc unchanged then. */
-lk_status lk_train_config_init_from(lk_train_config *tc, const char *dir);
+LK_API lk_status lk_train_config_init_from(lk_train_config *tc, const char *dir);
 
 /* --- the training loop ------------------------------------------------------------------- */
 struct lk_model;
@@ -173,13 +174,13 @@ typedef struct {
  * then continues bit-identically to one that was never stopped. A NaN or Inf loss
  * stops the run with LK_EINVAL and a message naming the step and the last good
  * checkpoint, which is kept. opts and result may be NULL. */
-lk_status lk_train_run(const lk_train_config *tc, const struct lk_ops_config *ops, const char *resume,
+LK_API lk_status lk_train_run(const lk_train_config *tc, const struct lk_ops_config *ops, const char *resume,
                        const lk_train_opts *opts, lk_train_result *result);
 
 /* The progress line's period where stdout is not a terminal when train.log_every is 0:
  * about 20 lines a run, at a round number of steps (1, 2, 5, 10, 20, 50, ...): 1 up to
  * 39 steps, 5 for 100, 20 for 400, 50 for 1000. */
-int64_t lk_train_log_every(int64_t steps);
+LK_API int64_t lk_train_log_every(int64_t steps);
 
 /* What a run of tc needs in memory, estimated before anything is allocated, on the host
  * and on the run's GPU (the refusal of lk_train_run names the term that does not fit and
@@ -195,12 +196,12 @@ typedef struct {
                                   * of the weights (4 bytes a parameter) and the history */
     uint64_t device_bytes;       /* what the GPU holds (state + activations); 0 on the CPU */
 } lk_train_memory;
-lk_status lk_train_memory_estimate(const lk_train_config *tc, lk_train_memory *out);
+LK_API lk_status lk_train_memory_estimate(const lk_train_config *tc, lk_train_memory *out);
 
 /* The mesh of `mpirun ... llmkern train`: lk_mesh_create(world, tc->dp, tc->sp, tc->ep);
  * LK_EINVAL naming parallel and the world size when the mesh does not divide it (before
  * any collective). */
-lk_status lk_train_mesh(const lk_train_config *tc, lk_comm *world, lk_mesh *out);
+LK_API lk_status lk_train_mesh(const lk_train_config *tc, lk_comm *world, lk_mesh *out);
 
 #ifdef __cplusplus
 }

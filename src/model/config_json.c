@@ -1,5 +1,6 @@
-/* config_json.c — config.json of Qwen3 / Qwen3-MoE: read (strict types, unknown keys
- * ignored; transformers 5's names too: get_key), validate, and write as transformers' save_pretrained does (indent 2, keys
+/* config_json.c — config.json of Qwen3 / Qwen3-MoE: read (jansson through json.h; strict
+ * types, a repeated key refused, unknown keys ignored; transformers 5's names too:
+ * get_key), validate, and write as transformers' save_pretrained does (indent 2, keys
  * sorted). One table of plain keys drives both directions; the few keys with structure
  * (architectures, model_type, mlp_only_layers, rope_scaling) are handled beside it. */
 #include <errno.h>
@@ -96,17 +97,17 @@ static lk_status bad(lk_status s, const char *what, const char *fmt, ...) {
     return lk_error(s, "config.json: %s: %s", what, msg);
 }
 
-static lk_status wrong_type(const char *what, const char *key, const char *want, const lk_json *v) {
-    return bad(LK_EIO, what, "key '%s': expected %s, got %s", key, want, lk_json_type_name(v->type));
+static lk_status wrong_type(const char *what, const char *key, const char *want, const json_t *v) {
+    return bad(LK_EIO, what, "key '%s': expected %s, got %s", key, want, lk_json_type_name(v));
 }
 
-static lk_status read_plain(const field *f, const lk_json *v, const char *what, lk_qwen3_config *c) {
+static lk_status read_plain(const field *f, const json_t *v, const char *what, lk_qwen3_config *c) {
     char *p = (char *)c + f->off;
     int64_t i;
     double d;
     switch (f->type) {
     case F_INT_OR_NULL:
-        if (v->type == LK_JSON_NULL) { *(int64_t *)p = -1; return LK_OK; }
+        if (json_is_null(v)) { *(int64_t *)p = -1; return LK_OK; }
         /* fall through */
     case F_INT:
         if (lk_json_i64(v, &i)) return wrong_type(what, f->key, f->type == F_INT ? "an integer" : "an integer or null", v);
@@ -117,13 +118,14 @@ static lk_status read_plain(const field *f, const lk_json *v, const char *what, 
         *(double *)p = d;
         return LK_OK;
     case F_BOOL:
-        if (v->type != LK_JSON_BOOL) return wrong_type(what, f->key, "true or false", v);
-        *(int *)p = v->boolean;
+        if (!json_is_boolean(v)) return wrong_type(what, f->key, "true or false", v);
+        *(int *)p = json_is_true(v);
         return LK_OK;
     case F_STR:
-        if (v->type != LK_JSON_STRING) return wrong_type(what, f->key, "a string", v);
-        if (v->len >= f->size) return bad(LK_EIO, what, "key '%s': string of %zu bytes is too long", f->key, v->len);
-        memcpy(p, v->text, v->len + 1);
+        if (!json_is_string(v)) return wrong_type(what, f->key, "a string", v);
+        if (json_string_length(v) >= f->size)
+            return bad(LK_EIO, what, "key '%s': string of %zu bytes is too long", f->key, json_string_length(v));
+        memcpy(p, json_string_value(v), json_string_length(v) + 1);
         return LK_OK;
     default:
         return LK_OK;
@@ -131,42 +133,44 @@ static lk_status read_plain(const field *f, const lk_json *v, const char *what, 
 }
 
 /* model_type and architectures decide the family before anything else is read. */
-static lk_status read_family(const lk_json *root, const char *what, lk_qwen3_config *c) {
-    const lk_json *mt = lk_json_get(root, "model_type"), *arch = lk_json_get(root, "architectures");
-    if (mt && mt->type != LK_JSON_STRING) return wrong_type(what, "model_type", "a string", mt);
-    if (arch && (arch->type != LK_JSON_ARRAY || arch->count != 1 || arch->child->type != LK_JSON_STRING))
+static lk_status read_family(const json_t *root, const char *what, lk_qwen3_config *c) {
+    const json_t *mt = json_object_get(root, "model_type"), *arch = json_object_get(root, "architectures");
+    if (mt && !json_is_string(mt)) return wrong_type(what, "model_type", "a string", mt);
+    if (arch && (!json_is_array(arch) || json_array_size(arch) != 1 || !json_is_string(json_array_get(arch, 0))))
         return bad(LK_EIO, what, "key 'architectures': expected a list of one string");
     if (!mt && !arch) return bad(LK_EIO, what, "missing required key 'model_type'");
+    const char *mt_text = mt ? json_string_value(mt) : NULL, *arch_text = arch ? json_string_value(json_array_get(arch, 0)) : NULL;
     for (int moe = 0; moe < 2; moe++) {
-        int mt_ok = mt && strcmp(mt->text, families[moe].model_type) == 0;
-        int arch_ok = arch && strcmp(arch->child->text, families[moe].arch) == 0;
+        int mt_ok = mt && strcmp(mt_text, families[moe].model_type) == 0;
+        int arch_ok = arch && strcmp(arch_text, families[moe].arch) == 0;
         if ((mt_ok || !mt) && (arch_ok || !arch)) { lk_qwen3_config_init(c, moe); return LK_OK; }
     }
     return bad(LK_EINVAL, what, "model_type '%s' with architectures ['%s']: expected qwen3 with Qwen3ForCausalLM "
-               "or qwen3_moe with Qwen3MoeForCausalLM", mt ? mt->text : "(absent)", arch ? arch->child->text : "(absent)");
+               "or qwen3_moe with Qwen3MoeForCausalLM", mt ? mt_text : "(absent)", arch ? arch_text : "(absent)");
 }
 
-static lk_status read_special(const char *key, const lk_json *v, const char *what, lk_qwen3_config *c) {
+static lk_status read_special(const char *key, const json_t *v, const char *what, lk_qwen3_config *c) {
     if (strcmp(key, "mlp_only_layers") == 0) {
-        if (v->type != LK_JSON_ARRAY) return wrong_type(what, key, "a list of integers", v);
-        if (v->count > LK_QWEN3_MAX_LIST) return bad(LK_EIO, what, "key '%s': more than %d entries", key, LK_QWEN3_MAX_LIST);
+        if (!json_is_array(v)) return wrong_type(what, key, "a list of integers", v);
+        if (json_array_size(v) > LK_QWEN3_MAX_LIST)
+            return bad(LK_EIO, what, "key '%s': more than %d entries", key, LK_QWEN3_MAX_LIST);
         c->n_mlp_only_layers = 0;
-        for (const lk_json *e = v->child; e; e = e->next) {
+        for (size_t k = 0; k < json_array_size(v); k++) {
             int64_t i;
-            if (lk_json_i64(e, &i) || i < 0 || i > INT32_MAX)
+            if (lk_json_i64(json_array_get(v, k), &i) || i < 0 || i > INT32_MAX)
                 return bad(LK_EIO, what, "key '%s': expected a list of non-negative integers", key);
             c->mlp_only_layers[c->n_mlp_only_layers++] = (int)i;
         }
     } else if (strcmp(key, "rope_scaling") == 0) {
-        c->has_rope_scaling = v->type != LK_JSON_NULL;
-        if (v->type == LK_JSON_NULL) return LK_OK;
-        if (v->type != LK_JSON_OBJECT) return wrong_type(what, key, "null or an object", v);
-        const lk_json *t = lk_json_get(v, "rope_type");
-        if (!t) t = lk_json_get(v, "type");
-        const lk_json *fac = lk_json_get(v, "factor"), *orig = lk_json_get(v, "original_max_position_embeddings");
-        if (!t || t->type != LK_JSON_STRING || t->len >= sizeof c->rope_scaling_type)
+        c->has_rope_scaling = !json_is_null(v);
+        if (json_is_null(v)) return LK_OK;
+        if (!json_is_object(v)) return wrong_type(what, key, "null or an object", v);
+        const json_t *t = json_object_get(v, "rope_type");
+        if (!t) t = json_object_get(v, "type");
+        const json_t *fac = json_object_get(v, "factor"), *orig = json_object_get(v, "original_max_position_embeddings");
+        if (!json_is_string(t) || json_string_length(t) >= sizeof c->rope_scaling_type)
             return bad(LK_EIO, what, "key 'rope_scaling': expected a string 'rope_type'");
-        memcpy(c->rope_scaling_type, t->text, t->len + 1);
+        memcpy(c->rope_scaling_type, json_string_value(t), json_string_length(t) + 1);
         c->rope_scaling_factor = 1.0;
         if (fac && lk_json_f64(fac, &c->rope_scaling_factor))
             return bad(LK_EIO, what, "key 'rope_scaling': 'factor': expected a number");
@@ -180,17 +184,17 @@ static lk_status read_special(const char *key, const lk_json *v, const char *wha
  * num_local_experts for Qwen3-MoE's num_experts, and rope_theta (with any scaling: a
  * rope_type other than "default") inside rope_parameters. The 4.x name wins where both
  * are there; the writer keeps the 4.x names, which transformers 5 still reads. */
-static const lk_json *get_key(const lk_json *root, const char *key) {
-    const lk_json *v = lk_json_get(root, key);
+static const json_t *get_key(const json_t *root, const char *key) {
+    const json_t *v = json_object_get(root, key);
     if (v) return v;
-    if (strcmp(key, "torch_dtype") == 0) return lk_json_get(root, "dtype");
-    if (strcmp(key, "num_experts") == 0) return lk_json_get(root, "num_local_experts");
-    const lk_json *rp = lk_json_get(root, "rope_parameters");
-    if (!rp || rp->type != LK_JSON_OBJECT) return NULL;
-    if (strcmp(key, "rope_theta") == 0) return lk_json_get(rp, "rope_theta");
+    if (strcmp(key, "torch_dtype") == 0) return json_object_get(root, "dtype");
+    if (strcmp(key, "num_experts") == 0) return json_object_get(root, "num_local_experts");
+    const json_t *rp = json_object_get(root, "rope_parameters");
+    if (!json_is_object(rp)) return NULL;
+    if (strcmp(key, "rope_theta") == 0) return json_object_get(rp, "rope_theta");
     if (strcmp(key, "rope_scaling") == 0) {
-        const lk_json *t = lk_json_get(rp, "rope_type");
-        if (t && t->type == LK_JSON_STRING && strcmp(t->text, "default") != 0) return rp;
+        const json_t *t = json_object_get(rp, "rope_type");
+        if (json_is_string(t) && strcmp(json_string_value(t), "default") != 0) return rp;
     }
     return NULL;
 }
@@ -198,18 +202,19 @@ static const lk_json *get_key(const lk_json *root, const char *key) {
 lk_status lk_qwen3_config_parse(const char *json, size_t len, const char *what, lk_qwen3_config *out) {
     if (!json || !out) return lk_error(LK_EINVAL, "config.json: expected text and a config, got NULL");
     if (!what) what = "(text)";
-    lk_json_doc doc;
     lk_qwen3_config *c = malloc(sizeof *c);
     if (!c) return lk_error(LK_ENOMEM, "config.json: %s: out of memory", what);
     lk_status s = LK_OK;
-    if (lk_json_parse(json, len, &doc)) s = bad(LK_EIO, what, "not valid JSON: %s", doc.error);
-    else if (doc.root->type != LK_JSON_OBJECT) s = wrong_type(what, "(top level)", "an object", doc.root);
-    else if (lk_json_duplicate_key(doc.root)) s = bad(LK_EIO, what, "key '%s' appears twice", lk_json_duplicate_key(doc.root));
-    else s = read_family(doc.root, what, c);
+    lk_json_error err;
+    json_t *root = lk_json_load(json, len, &err);
+    if (!root && err.dup_depth == 1) s = bad(LK_EIO, what, "key '%s' appears twice", err.dup_key);
+    else if (!root) s = bad(LK_EIO, what, "not valid JSON: %s", err.message);
+    else if (!json_is_object(root)) s = wrong_type(what, "(top level)", "an object", root);
+    else s = read_family(root, what, c);
     for (size_t i = 0; !s && i < N_FIELDS; i++) {
         const field *f = &fields[i];
         if (f->moe_only && !c->moe) continue;
-        const lk_json *v = get_key(doc.root, f->key);
+        const json_t *v = get_key(root, f->key);
         if (!v && f->required)
             s = bad(LK_EIO, what, "missing required key '%s'%s", f->key,
                     strcmp(f->key, "rope_theta") == 0 ? " (or rope_parameters.rope_theta, as transformers 5 writes it)"
@@ -218,7 +223,7 @@ lk_status lk_qwen3_config_parse(const char *json, size_t len, const char *what, 
     }
     if (!s) s = lk_qwen3_config_validate(c, what);
     if (!s) *out = *c;
-    lk_json_free(&doc);
+    json_decref(root);
     free(c);
     return s;
 }

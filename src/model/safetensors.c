@@ -1,8 +1,8 @@
 /* safetensors.c — opening and validating safetensors files (the reader of
  * checkpoint.h). The file is mapped read-only; the 8-byte header length, the JSON
- * header and every tensor's span are checked before any data pointer is handed out,
- * with the same rules as the reference implementation: spans exactly cover the data
- * section in order, no gaps, no overlaps, no trailing bytes. */
+ * header (jansson through json.h) and every tensor's span are checked before any data
+ * pointer is handed out, with the same rules as the reference implementation: spans
+ * exactly cover the data section in order, no gaps, no overlaps, no trailing bytes. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -60,7 +60,7 @@ struct lk_st_file {
     size_t n;
     const char **meta;              /* key, value, key, value, ... */
     size_t n_meta;
-    lk_json_doc doc;                /* owns the strings the above point to */
+    json_t *root;                   /* the parsed header: owns the strings the above point to */
 };
 
 static lk_status bad(const char *path, const char *fmt, ...)
@@ -88,30 +88,27 @@ static int by_name(const void *a, const void *b) {
 }
 
 /* One header entry into t, its span checked against the data section. */
-static lk_status parse_tensor(const char *path, const lk_json *info, const char *data, uint64_t data_size,
-                              lk_st_tensor *t) {
-    const char *name = info->key;
-    if (info->type != LK_JSON_OBJECT)
-        return bad(path, "tensor '%s': expected an object, got %s", name, lk_json_type_name(info->type));
-    const char *dup = lk_json_duplicate_key(info);
-    if (dup) return bad(path, "tensor '%s': duplicate key '%s'", name, dup);
-    const lk_json *dtype = lk_json_get(info, "dtype"), *shape = lk_json_get(info, "shape"),
-                  *offs = lk_json_get(info, "data_offsets");
-    if (!dtype || dtype->type != LK_JSON_STRING)
+static lk_status parse_tensor(const char *path, const char *name, const json_t *info, const char *data,
+                              uint64_t data_size, lk_st_tensor *t) {
+    if (!json_is_object(info))
+        return bad(path, "tensor '%s': expected an object, got %s", name, lk_json_type_name(info));
+    const json_t *dtype = json_object_get(info, "dtype"), *shape = json_object_get(info, "shape"),
+                 *offs = json_object_get(info, "data_offsets");
+    if (!json_is_string(dtype))
         return bad(path, "tensor '%s': dtype: expected a string, got %s", name,
-                   dtype ? lk_json_type_name(dtype->type) : "nothing");
-    const lk_st_dtype_info *dt = lk_st_dtype_lookup(dtype->text);
-    if (!dt) return bad(path, "tensor '%s': unknown dtype '%s'", name, dtype->text);
-    if (!shape || shape->type != LK_JSON_ARRAY)
+                   dtype ? lk_json_type_name(dtype) : "nothing");
+    const lk_st_dtype_info *dt = lk_st_dtype_lookup(json_string_value(dtype));
+    if (!dt) return bad(path, "tensor '%s': unknown dtype '%s'", name, json_string_value(dtype));
+    if (!json_is_array(shape))
         return bad(path, "tensor '%s': shape: expected an array, got %s", name,
-                   shape ? lk_json_type_name(shape->type) : "nothing");
-    if (shape->count > LK_MAX_DIMS)
-        return bad(path, "tensor '%s': shape has %zu dimensions, at most %d are supported", name, shape->count,
-                   LK_MAX_DIMS);
+                   shape ? lk_json_type_name(shape) : "nothing");
+    size_t ndim = json_array_size(shape);
+    if (ndim > LK_MAX_DIMS)
+        return bad(path, "tensor '%s': shape has %zu dimensions, at most %d are supported", name, ndim, LK_MAX_DIMS);
     t->ndim = 0;
-    for (const lk_json *d = shape->child; d; d = d->next) {
+    for (size_t k = 0; k < ndim; k++) {
         uint64_t v;
-        if (lk_json_u64(d, &v) || v > (uint64_t)INT64_MAX)
+        if (lk_json_u64(json_array_get(shape, k), &v) || v > (uint64_t)INT64_MAX)
             return bad(path, "tensor '%s': shape: expected non-negative integers", name);
         t->shape[t->ndim++] = (int64_t)v;
     }
@@ -121,8 +118,8 @@ static lk_status parse_tensor(const char *path, const lk_json *info, const char 
     int overflow = lk_checked_prod("safetensors", t->shape, t->ndim, &numel) != LK_OK ||
                    lk_checked_bytes("safetensors", numel, (size_t)dt->size, &size) != LK_OK;
     uint64_t nbytes = overflow ? 0 : (uint64_t)size, begin, end;
-    if (!offs || offs->type != LK_JSON_ARRAY || offs->count != 2 || lk_json_u64(offs->child, &begin) ||
-        lk_json_u64(offs->child->next, &end))
+    if (!json_is_array(offs) || json_array_size(offs) != 2 || lk_json_u64(json_array_get(offs, 0), &begin) ||
+        lk_json_u64(json_array_get(offs, 1), &end))
         return bad(path, "tensor '%s': data_offsets: expected [begin, end], two non-negative integers", name);
     if (begin > end) return bad(path, "tensor '%s': data_offsets [%llu, %llu] end before they begin", name,
                                 (unsigned long long)begin, (unsigned long long)end);
@@ -131,7 +128,7 @@ static lk_status parse_tensor(const char *path, const lk_json *info, const char 
                    (unsigned long long)begin, (unsigned long long)end, (unsigned long long)data_size);
     if (overflow || nbytes != end - begin)
         return bad(path, "tensor '%s': shape/size mismatch: %zu dims of %s need %s%llu bytes, data_offsets span %llu",
-                   name, shape->count, dt->name, overflow ? "more than " : "",
+                   name, ndim, dt->name, overflow ? "more than " : "",
                    (unsigned long long)(overflow ? UINT64_MAX : nbytes), (unsigned long long)(end - begin));
     t->name = name;
     t->dtype = dt->dtype;
@@ -141,38 +138,45 @@ static lk_status parse_tensor(const char *path, const lk_json *info, const char 
     return LK_OK;
 }
 
+/* A header jansson refused; a repeated key said as before: which tensor, or __metadata__. */
+static lk_status header_error(const char *path, const lk_json_error *e) {
+    if (e->dup_depth == 1 && strcmp(e->dup_key, "__metadata__") == 0) return bad(path, "duplicate key '__metadata__'");
+    if (e->dup_depth == 1) return bad(path, "duplicate tensor name '%s'", e->dup_key);
+    if (e->dup_depth == 2 && strcmp(e->dup_parent, "__metadata__") == 0)
+        return bad(path, "__metadata__: duplicate key '%s'", e->dup_key);
+    if (e->dup_depth == 2 && e->dup_parent[0])
+        return bad(path, "tensor '%s': duplicate key '%s'", e->dup_parent, e->dup_key);
+    return bad(path, "header is not valid JSON: %s", e->message);
+}
+
 /* The parsed header into f: metadata, tensors, then the layout rules. */
 static lk_status parse_header(lk_st_file *f, const char *data, uint64_t data_size) {
-    const lk_json *root = f->doc.root;
-    if (root->type != LK_JSON_OBJECT)
-        return bad(f->path, "header: expected a JSON object, got %s", lk_json_type_name(root->type));
-    f->tensors = calloc(root->count ? root->count : 1, sizeof *f->tensors);
-    f->by_name = calloc(root->count ? root->count : 1, sizeof *f->by_name);
+    const json_t *root = f->root;
+    if (!json_is_object(root))
+        return bad(f->path, "header: expected a JSON object, got %s", lk_json_type_name(root));
+    size_t count = json_object_size(root);
+    f->tensors = calloc(count ? count : 1, sizeof *f->tensors);
+    f->by_name = calloc(count ? count : 1, sizeof *f->by_name);
     if (!f->tensors || !f->by_name) return lk_error(LK_ENOMEM, "safetensors: %s: out of memory", f->path);
-    const lk_json *meta = NULL;
-    for (const lk_json *m = root->child; m; m = m->next) {
-        if (strcmp(m->key, "__metadata__") == 0) {
-            if (meta) return bad(f->path, "duplicate key '__metadata__'");
-            meta = m;
-            continue;
-        }
-        lk_status s = parse_tensor(f->path, m, data, data_size, &f->tensors[f->n]);
+    const json_t *meta = json_object_get(root, "__metadata__"), *m;
+    const char *key;
+    json_object_foreach((json_t *)root, key, m) {   /* in the file's order (jansson keeps it) */
+        if (m == meta) continue;
+        lk_status s = parse_tensor(f->path, key, m, data, data_size, &f->tensors[f->n]);
         if (s) return s;
         f->by_name[f->n] = &f->tensors[f->n];
         f->n++;
     }
     if (meta) {
-        if (meta->type != LK_JSON_OBJECT)
-            return bad(f->path, "__metadata__: expected an object, got %s", lk_json_type_name(meta->type));
-        const char *dup = lk_json_duplicate_key(meta);
-        if (dup) return bad(f->path, "__metadata__: duplicate key '%s'", dup);
-        f->meta = calloc(2 * meta->count + 1, sizeof *f->meta);
+        if (!json_is_object(meta))
+            return bad(f->path, "__metadata__: expected an object, got %s", lk_json_type_name(meta));
+        f->meta = calloc(2 * json_object_size(meta) + 1, sizeof *f->meta);
         if (!f->meta) return lk_error(LK_ENOMEM, "safetensors: %s: out of memory", f->path);
-        for (const lk_json *m = meta->child; m; m = m->next) {
-            if (m->type != LK_JSON_STRING)
-                return bad(f->path, "__metadata__: '%s': expected a string, got %s", m->key, lk_json_type_name(m->type));
-            f->meta[2 * f->n_meta] = m->key;
-            f->meta[2 * f->n_meta + 1] = m->text;
+        json_object_foreach((json_t *)meta, key, m) {
+            if (!json_is_string(m))
+                return bad(f->path, "__metadata__: '%s': expected a string, got %s", key, lk_json_type_name(m));
+            f->meta[2 * f->n_meta] = key;
+            f->meta[2 * f->n_meta + 1] = json_string_value(m);
             f->n_meta++;
         }
     }
@@ -243,12 +247,13 @@ lk_status lk_st_open(const char *path, lk_st_file **out) {
     lk_st_file *f = calloc(1, sizeof *f);
     if (!f || !(f->path = strdup(path))) { free(f); return lk_error(LK_ENOMEM, "safetensors: %s: out of memory", path); }
     uint64_t n = 0;
+    lk_json_error err;
     lk_status s = map_file(f, &n);
     if (!s) {
         const char *header = (const char *)f->map + 8;
         if (header[0] != '{') s = bad(path, "header does not start with '{'");
         else if (!lk_utf8_valid(header, (size_t)n)) s = bad(path, "header is not valid UTF-8");
-        else if (lk_json_parse(header, (size_t)n, &f->doc)) s = bad(path, "header is not valid JSON: %s", f->doc.error);
+        else if (!(f->root = lk_json_load(header, (size_t)n, &err))) s = header_error(path, &err);
         else s = parse_header(f, header + n, (uint64_t)f->map_size - 8 - n);
     }
     if (s) { lk_st_close(f); return s; }
@@ -259,7 +264,7 @@ lk_status lk_st_open(const char *path, lk_st_file **out) {
 void lk_st_close(lk_st_file *f) {
     if (!f) return;
     if (f->map) munmap(f->map, f->map_size);
-    lk_json_free(&f->doc);
+    json_decref(f->root);
     free(f->tensors);
     free(f->by_name);
     free(f->meta);

@@ -3,7 +3,7 @@
  * model.safetensors.index.json whose weight_map names, for every tensor, the shard
  * (model-00001-of-00003.safetensors, ...) that holds it. Reading follows transformers'
  * order (the single file first, then the index) and trusts nothing: the index is strict
- * JSON under a size limit, its shard names stay inside the directory, every shard is
+ * JSON (jansson, json.h) under a size limit, its shard names stay inside the directory, every shard is
  * opened and validated (safetensors.c), and the index and the shards must agree tensor
  * for tensor. Writing cuts the tensors, in the caller's order, into shards of at most
  * max_shard_bytes as save_pretrained(max_shard_size=...) does (a tensor larger than
@@ -101,35 +101,31 @@ static lk_status open_index(lk_st_dir *d, const char *path) {
     size_t len = 0;
     lk_status s = read_text(path, &text, &len);
     if (s) return s;
-    lk_json_doc doc;
-    if (lk_json_parse(text, len, &doc) != 0) {
-        s = lk_error(LK_EIO, "checkpoint: %s: not JSON: %s", path, doc.error);
-        lk_json_free(&doc);
-        free(text);
-        return s;
-    }
+    lk_json_error err;
+    json_t *root = lk_json_load(text, len, &err);
     free(text);
-    const lk_json *map = doc.root->type == LK_JSON_OBJECT ? lk_json_get(doc.root, "weight_map") : NULL;
-    const char *dup = map && map->type == LK_JSON_OBJECT ? lk_json_duplicate_key(map) : NULL;
-    if (!map || map->type != LK_JSON_OBJECT || map->count == 0)
+    if (!root && err.dup_depth == 2 && strcmp(err.dup_parent, "weight_map") == 0)
+        return lk_error(LK_EIO, "checkpoint: %s: weight_map: tensor '%s' named twice", path, err.dup_key);
+    if (!root) return lk_error(LK_EIO, "checkpoint: %s: not JSON: %s", path, err.message);
+    json_t *map = json_object_get(root, "weight_map"), *e;
+    if (!json_is_object(map) || json_object_size(map) == 0)
         s = lk_error(LK_EIO, "checkpoint: %s: weight_map: expected an object naming each tensor's file, got %s", path,
-                     map ? lk_json_type_name(map->type) : "none");
-    else if (dup)
-        s = lk_error(LK_EIO, "checkpoint: %s: weight_map: tensor '%s' named twice", path, dup);
+                     map ? lk_json_type_name(map) : "none");
     /* the distinct shard names, in order of first mention */
-    const char **names = s ? NULL : calloc(map->count, sizeof *names);
+    const char **names = s ? NULL : calloc(json_object_size(map), sizeof *names);
     size_t n_names = 0;
     if (!s && !names) s = lk_error(LK_ENOMEM, "checkpoint: %s: out of memory", path);
-    for (const lk_json *e = s ? NULL : map->child; e && !s; e = e->next) {
-        if (e->type != LK_JSON_STRING || !plain_name(e->text)) {
+    const char *key;
+    if (!s) json_object_foreach(map, key, e) {
+        const char *file = json_string_value(e);   /* NULL when not a string */
+        if (!file || !plain_name(file)) {
             s = lk_error(LK_EIO, "checkpoint: %s: weight_map['%s']: expected a file name in the directory, got %s%s%s",
-                         path, e->key, e->type == LK_JSON_STRING ? "'" : lk_json_type_name(e->type),
-                         e->type == LK_JSON_STRING ? e->text : "", e->type == LK_JSON_STRING ? "'" : "");
+                         path, key, file ? "'" : lk_json_type_name(e), file ? file : "", file ? "'" : "");
             break;
         }
         size_t k = 0;
-        while (k < n_names && strcmp(names[k], e->text) != 0) k++;
-        if (k == n_names) names[n_names++] = e->text;
+        while (k < n_names && strcmp(names[k], file) != 0) k++;
+        if (k == n_names) names[n_names++] = file;
     }
     if (!s && n_names > MAX_SHARDS) s = lk_error(LK_EIO, "checkpoint: %s: %zu shards, expected at most %d", path,
                                                  n_names, MAX_SHARDS);
@@ -147,25 +143,27 @@ static lk_status open_index(lk_st_dir *d, const char *path) {
         } else s = add_file(d, p);
     }
     /* every tensor of the map is in the shard it names; every tensor of a shard is mapped there */
-    for (const lk_json *e = s ? NULL : map->child; e && !s; e = e->next) {
+    if (!s) json_object_foreach(map, key, e) {
         size_t k = 0;
-        while (strcmp(names[k], e->text) != 0) k++;
-        if (!lk_st_find(d->files[k], e->key))
-            s = lk_error(LK_EIO, "checkpoint: %s: weight_map puts '%s' in %s, which does not hold it", path, e->key,
-                         e->text);
+        while (strcmp(names[k], json_string_value(e)) != 0) k++;
+        if (!lk_st_find(d->files[k], key)) {
+            s = lk_error(LK_EIO, "checkpoint: %s: weight_map puts '%s' in %s, which does not hold it", path, key,
+                         json_string_value(e));
+            break;
+        }
     }
-    if (!s && d->n_tensors != map->count) {   /* then a shard holds a tensor the map does not put there */
+    if (!s && d->n_tensors != json_object_size(map)) {   /* then a shard holds a tensor the map does not put there */
         for (size_t k = 0; k < d->n_files && !s; k++)
             for (size_t i = 0; i < lk_st_count(d->files[k]) && !s; i++) {
                 const char *name = lk_st_at(d->files[k], i)->name;
-                const lk_json *e = lk_json_get(map, name);
-                if (!e || strcmp(e->text, names[k]) != 0)
+                const char *file = json_string_value(json_object_get(map, name));
+                if (!file || strcmp(file, names[k]) != 0)
                     s = lk_error(LK_EIO, "checkpoint: %s: shard %s holds '%s', which weight_map %s%s", path, names[k],
-                                 name, e ? "puts in " : "does not name", e ? e->text : "");
+                                 name, file ? "puts in " : "does not name", file ? file : "");
             }
     }
     free(names);
-    lk_json_free(&doc);
+    json_decref(root);
     return s;
 }
 

@@ -4,10 +4,15 @@
 # cuda_), the Python tests with their CUDA cases (python/tests/run.sh) and
 # bench/peers_cuda.py, and leaves the logs and the bench's table in $OUT.
 #
-# That machine has nvcc, CMake and PyTorch but not necessarily libyaml, cmocka, OpenBLAS
-# or pkg-config: carry their .debs in .carry/debs (apt-get download libyaml-0-2 libyaml-dev
-# libcmocka0 libcmocka-dev libopenblas0-pthread libopenblas-pthread-dev libopenblas-dev
-# libgfortran5 pkgconf pkgconf-bin libpkgconf3), and the wheels of Liger-Kernel,
+# That machine has nvcc, CMake and PyTorch but not necessarily libyaml, cmocka, OpenBLAS,
+# jansson, cairo or pkg-config: carry their .debs in .carry/debs (apt-get download
+# libyaml-0-2 libyaml-dev libcmocka0 libcmocka-dev libopenblas0-pthread
+# libopenblas-pthread-dev libopenblas-dev libgfortran5 pkgconf pkgconf-bin libpkgconf3
+# libjansson4 libjansson-dev libcairo2 libcairo2-dev libpixman-1-0 libfontconfig1
+# libfreetype6 libpng16-16 libxcb-render0 libxcb-shm0 libxcb1 libx11-6 libx11-data libxext6
+# libxrender1 libxau6 libxdmcp6 libbsd0 libmd0 libbrotli1 libexpat1 libbz2-1.0 zlib1g
+# fonts-dejavu-core fontconfig-config; h200_env.sh keeps of the runtime ones only what the
+# host lacks), and the wheels of Liger-Kernel,
 # nvidia-cudnn-frontend (the cudnn row's headers) and pytest, pluggy, iniconfig (the
 # Python tests, when that python3 has no pytest) in .carry/whl;
 # both are unpacked into .carry/ there, never into /.

@@ -5,7 +5,8 @@
  * storage dtype dt (f32 or bf16) for every operand. limit = swiglu_limit (0 = off).
  *
  * Used by the CUDA SwiGLU MLP (fused.cu) and, for the activation alone, by the bench shim
- * (bench/peers_shim.c). Queued on stream (a cudaStream_t, NULL = default); LK_EDEVICE
+ * (bench/peers_shim.c, a module of its own: hence LK_INTERNAL_API, exported from
+ * libllmkern.so). Queued on stream (a cudaStream_t, NULL = default); LK_EDEVICE
  * with the runtime's message when the launch fails. The backward's outputs may be its
  * inputs exactly (each element is read before it is written, by one thread). */
 #ifndef LLMKERN_SWIGLU_CUDA_ACT_H
@@ -18,13 +19,13 @@
 extern "C" {
 #endif
 
-lk_status lk_cuda_swiglu_act_forward(lk_dtype dt, int64_t rows, int64_t cols, float limit,
+LK_INTERNAL_API lk_status lk_cuda_swiglu_act_forward(lk_dtype dt, int64_t rows, int64_t cols, float limit,
                                      const void *gate, int64_t ld_gate, const void *up, int64_t ld_up,
                                      void *h, int64_t ld_h, void *stream);
 
 /* dgate, dup from dh and the pre-activations; h (the forward's output, for the down
  * projection's weight gradient) too when h is not NULL. */
-lk_status lk_cuda_swiglu_act_backward(lk_dtype dt, int64_t rows, int64_t cols, float limit,
+LK_INTERNAL_API lk_status lk_cuda_swiglu_act_backward(lk_dtype dt, int64_t rows, int64_t cols, float limit,
                                       const void *dh, int64_t ld_dh, const void *gate, int64_t ld_gate,
                                       const void *up, int64_t ld_up, void *dgate, int64_t ld_dgate,
                                       void *dup, int64_t ld_dup, void *h, int64_t ld_h, void *stream);

@@ -69,30 +69,6 @@ static __device__ __forceinline__ void sched_signal(int cg) {
     asm volatile("bar.arrive %0, 256;" ::"r"(1 + cg) : "memory");
 }
 
-/* S = Q·Kᵀ of this warpgroup's 64 rows against a stage's BN keys (sq: the warpgroup's rows
- * of the Q tile; sk: the stage's K tile). */
-template <int DP, int BN>
-static __device__ __forceinline__ void issue_qk(float *sc, const uint8_t *sq, const uint8_t *sk) {
-#pragma unroll
-    for (int kk = 0; kk < DP / 16; kk++) {
-        const int c = kk / 4, off = (kk % 4) * 32;
-        const uint64_t dq = desc(sq + c * BM * 128 + off, 16, 1024), dk = desc(sk + c * BN * 128 + off, 16, 1024);
-        if constexpr (BN == 176) wgmma_ss_n176(sc, dq, dk, kk > 0);
-        else wgmma_ss_n128(sc, dq, dk, kk > 0);
-    }
-}
-
-/* O += P·V over a stage's BN keys (sv: the stage's V tile, read N-major). */
-template <int DP, int BN>
-static __device__ __forceinline__ void issue_pv(float *o, const uint32_t (*p)[4], const uint8_t *sv) {
-#pragma unroll
-    for (int t = 0; t < BN / 16; t++) {
-        const uint64_t dv = desc(sv + t * 2048, BN * 128, 1024);
-        if constexpr (DP == 128) wgmma_rs_n128(o, p[t], dv);
-        else wgmma_rs_n64(o, p[t], dv);
-    }
-}
-
 /* The online softmax of one tile of scores in place: sc becomes the unnormalized
  * probabilities (f32), m the rows' running max (log2 units), alpha the factor the rows'
  * earlier sums and outputs take, sum this lane's share of the tile's row sums. */
@@ -134,12 +110,6 @@ static __device__ __forceinline__ void softmax_tile(float *sc, float *m, float *
     }
 }
 
-/* Accumulator columns 16t..16t+15 of P are the A fragment of k-step t. */
-template <int BN>
-static __device__ __forceinline__ void pack_p(const float *sc, uint32_t (*p)[4]) {
-#pragma unroll
-    for (int e = 0; e < BN / 2; e += 2) p[e / 8][((e / 4) & 1) * 2 + ((e >> 1) & 1)] = lk_pack_bf16x2(sc[e], sc[e + 1]);
-}
 #endif
 
 /* Consumer registers are indexed only by unrolled constants: fragment element e of an
@@ -226,7 +196,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
         mbar_wait(&kfull[0], 0);
         sched_wait(cg);
         wgmma_fence();
-        issue_qk<DP, BN>(sc, sq + cg * 64 * 128, sk);
+        issue_ss<DP, BN, BM, BN>(sc, sq + cg * 64 * 128, sk);
         wgmma_commit();
         sched_signal(1 - cg);
         wgmma_wait<0>();
@@ -234,7 +204,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
         softmax_tile<BN>(sc, m, alpha, sum, t0 * BN, maxlo, minhi, lo, hi, lane, g);
 #pragma unroll
         for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
-        pack_p<BN>(sc, p);
+        pack_a<BN>(sc, p);
         for (int it = 1; it < nt; it++) {
             const int s = it % STAGES, sp = (it - 1) % STAGES;
             mbar_wait(&kfull[s], (it / STAGES) & 1);
@@ -242,9 +212,9 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
             sched_wait(cg);
             fence_regs<DP / 2>(o);
             wgmma_fence();
-            issue_qk<DP, BN>(sc, sq + cg * 64 * 128, sk + s * NC * KB);
+            issue_ss<DP, BN, BM, BN>(sc, sq + cg * 64 * 128, sk + s * NC * KB);
             wgmma_commit();
-            issue_pv<DP, BN>(o, p, sv + sp * NC * KB);
+            issue_rs<DP, BN>(o, p, sv + sp * NC * KB);
             wgmma_commit();
             sched_signal(1 - cg);
             wgmma_wait<1>();
@@ -257,14 +227,14 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
             for (int e = 0; e < DP / 2; e++) o[e] *= alpha[(e >> 1) & 1];
 #pragma unroll
             for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
-            pack_p<BN>(sc, p);
+            pack_a<BN>(sc, p);
         }
         const int sl = (nt - 1) % STAGES;
         mbar_wait(&vfull[sl], ((nt - 1) / STAGES) & 1);
         sched_wait(cg);
         fence_regs<DP / 2>(o);
         wgmma_fence();
-        issue_pv<DP, BN>(o, p, sv + sl * NC * KB);
+        issue_rs<DP, BN>(o, p, sv + sl * NC * KB);
         wgmma_commit();
         sched_signal(1 - cg);
         wgmma_wait<0>();

@@ -110,29 +110,6 @@ static __global__ void fa3_dq_convert(const float *acc, lk_bf16_t *dq, int64_t B
 /* --- the kernel ---------------------------------------------------------------------- */
 
 #if FA3_ARCH
-/* d (m64 x n64) (+)= A·Bᵀ over D: A = 64 rows of a K/V tile (BNK rows a column block),
- * B = a Q/dO tile (BMQ rows a column block). */
-template <int DP>
-static __device__ __forceinline__ void issue_kt(float *d, const uint8_t *sa, const uint8_t *sb) {
-#pragma unroll
-    for (int kk = 0; kk < DP / 16; kk++) {
-        const int c = kk / 4, off = (kk % 4) * 32;
-        wgmma_ss_n64(d, desc(sa + c * BNK * 128 + off, 16, 1024), desc(sb + c * BMQ * 128 + off, 16, 1024), kk > 0);
-    }
-}
-
-/* d (m64 x nDP) += A·B over the tile's 64 query rows: A in registers (Pᵀ or dSᵀ), B a
- * Q/dO tile read N-major. */
-template <int DP>
-static __device__ __forceinline__ void issue_acc(float *d, const uint32_t (*a)[4], const uint8_t *sb) {
-#pragma unroll
-    for (int t = 0; t < BMQ / 16; t++) {
-        const uint64_t db = desc(sb + t * 2048, BMQ * 128, 1024);
-        if constexpr (DP == 128) wgmma_rs_n128(d, a[t], db);
-        else wgmma_rs_n64(d, a[t], db);
-    }
-}
-
 /* Waits until the dSᵀ rows dQ of step t reads are written (D 128: both warpgroups'). */
 template <int DP>
 static __device__ __forceinline__ void wait_ds(uint64_t *dsfull, int t, int cg) {
@@ -165,11 +142,6 @@ static __device__ __forceinline__ void add_dq(float *chunk, const float *dq) {
     for (int j = 0; j < 8; j++) red_add_v4(chunk + j * 512, dq + 4 * j);
 }
 
-/* Accumulator columns 16t..16t+15 (m64n64) are the A fragment of k-step t. */
-static __device__ __forceinline__ void pack_a(const float *x, uint32_t (*a)[4]) {
-#pragma unroll
-    for (int e = 0; e < 32; e += 2) a[e / 8][((e / 4) & 1) * 2 + ((e >> 1) & 1)] = lk_pack_bf16x2(x[e], x[e + 1]);
-}
 #endif
 
 /* Fragment element e of an m64nN accumulator is row (e & 2 ? 8 : 0) + lane / 4 of the
@@ -249,9 +221,9 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
 
         float sc[32], dp[32];
         wgmma_fence();
-        issue_kt<DP>(sc, sk + cg * 64 * 128, q);
+        issue_ss<DP, 64, BNK, BMQ>(sc, sk + cg * 64 * 128, q);
         wgmma_commit();
-        issue_kt<DP>(dp, sv + cg * 64 * 128, o);
+        issue_ss<DP, 64, BNK, BMQ>(dp, sv + cg * 64 * 128, o);
         wgmma_commit();
         wgmma_wait<1>();
         fence_regs<32>(sc);
@@ -271,9 +243,9 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
                 sc[e] = pv;
             }
         }
-        pack_a(sc, pp);
+        pack_a<64>(sc, pp);
         wgmma_fence();
-        issue_acc<DP>(dv, pp, o);   /* dV += Pᵀ·dO */
+        issue_rs<DP, BMQ>(dv, pp, o);   /* dV += Pᵀ·dO */
         wgmma_commit();
         wgmma_wait<1>();
         fence_regs<32>(dp);
@@ -290,7 +262,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
                 dp[4 * j + 2 * hh2 + 1] = p1 * (dp[4 * j + 2 * hh2 + 1] - dd.y);
             }
         }
-        pack_a(dp, ds);
+        pack_a<64>(dp, ds);
         const int buf = it % NDS;
         uint8_t *dsb = sds + buf * KB;
 #pragma unroll
@@ -302,7 +274,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         fence_async_smem();
         mbar_arrive(&dsfull[cg * NDS + buf]);
         wgmma_fence();
-        issue_acc<DP>(dk, ds, q);   /* dK += dSᵀ·Q */
+        issue_rs<DP, BMQ>(dk, ds, q);   /* dK += dSᵀ·Q */
         wgmma_commit();
         if constexpr (LAG) {
             issue_dq<DP>(dq, sds, sk, it - 1, cg);

@@ -10,6 +10,7 @@
 #include <cudaTypedefs.h>
 #include <stdint.h>
 #include "core/cuda_check.h"
+#include "ops/cuda_util.cuh"
 
 /* The Hopper-only instructions exist in the sm_90a pass alone; the other passes see the
  * kernels as a trap. */
@@ -142,6 +143,40 @@ static __device__ __forceinline__ void wgmma_ss_n64_tt(float *d, uint64_t da, ui
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 1;\n}"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                  : "l"(da), "l"(db), "r"(acc));
+}
+/* d (m64 x nN) (+)= A·Bᵀ over DP columns, A and B K-major tiles of 64-column blocks: A
+ * the warpgroup's 64 rows of a tile of RA rows, B a tile of N rows in blocks RB rows
+ * apart; the first k-step sets d. */
+template <int DP, int N, int RA, int RB>
+static __device__ __forceinline__ void issue_ss(float *d, const uint8_t *sa, const uint8_t *sb) {
+#pragma unroll
+    for (int kk = 0; kk < DP / 16; kk++) {
+        const int c = kk / 4, off = (kk % 4) * 32;
+        const uint64_t da = desc(sa + c * RA * 128 + off, 16, 1024), db = desc(sb + c * RB * 128 + off, 16, 1024);
+        if constexpr (N == 176) wgmma_ss_n176(d, da, db, kk > 0);
+        else if constexpr (N == 128) wgmma_ss_n128(d, da, db, kk > 0);
+        else wgmma_ss_n64(d, da, db, kk > 0);
+    }
+}
+
+/* d (m64 x nDP) += A·B over K rows: A in registers (a[t]: k-step t's fragment), B a tile
+ * of K rows read N-major (its 64-column blocks K·128 bytes apart). */
+template <int DP, int K>
+static __device__ __forceinline__ void issue_rs(float *d, const uint32_t (*a)[4], const uint8_t *sb) {
+#pragma unroll
+    for (int t = 0; t < K / 16; t++) {
+        const uint64_t db = desc(sb + t * 2048, K * 128, 1024);
+        if constexpr (DP == 128) wgmma_rs_n128(d, a[t], db);
+        else wgmma_rs_n64(d, a[t], db);
+    }
+}
+
+/* Columns 16t..16t+15 of an m64nN accumulator, rounded to bf16, are the A fragment of
+ * k-step t. */
+template <int N>
+static __device__ __forceinline__ void pack_a(const float *x, uint32_t (*a)[4]) {
+#pragma unroll
+    for (int e = 0; e < N / 2; e += 2) a[e / 8][((e / 4) & 1) * 2 + ((e >> 1) & 1)] = lk_pack_bf16x2(x[e], x[e + 1]);
 }
 #endif
 

@@ -23,8 +23,9 @@ LK_API extern const lk_model_family lk_family_qwen3_moe;   /* Qwen3-MoE */
  *   lk_model_forward_backward(m, &batch, 1.0f, &st);  // grads += d(loss)
  *   for (int i = 0; i < lk_model_param_count(m); i++) lk_model_param(m, i)->grad ...
  *
- * f32 on the CPU. Attention runs over the batch's B*S tokens as one varlen row (B = 1)
- * with its cu_seqlens: causal within each packed document. The loss is the mean
+ * f32, or bf16 with f32 master weights (lk_model_set_dtype), on the CPU or a GPU.
+ * Attention runs over the batch's B*S tokens as one varlen row (B = 1) with its
+ * cu_seqlens: causal within each packed document. The loss is the mean
  * cross-entropy over the labels that are not -100, plus router_aux_loss_coef times the
  * MoE aux loss (the mean over MoE layers of the router op's per-layer loss, 1 at
  * perfect balance). Parameters are the tensors of the published checkpoints, in the
@@ -56,6 +57,16 @@ typedef struct lk_model lk_model;   /* opaque */
 LK_API lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, uint64_t seed,
                           int recompute, lk_model **out);
 LK_API void lk_model_free(lk_model *m);
+/* The compute dtype (f32 at create): LK_BF16 runs every op on bf16 weights and
+ * activations (mixed precision) while the parameters' values stay the f32 master
+ * (lk_param) and the gradients f32: each forward first rounds the master into a bf16
+ * copy of the weights (one pass; the optimizer and the loaders write only the master),
+ * the ops keep norms, softmax and the loss in f32 inside their kernels and accumulate
+ * the weight gradients in f32. Call before the first step (or between steps: the
+ * activations are re-made). Errors (the model unchanged): LK_EDTYPE (not f32 or bf16, or
+ * a module whose implementation does not take it, named), LK_ENOMEM. */
+LK_API lk_status lk_model_set_dtype(lk_model *m, lk_dtype dt);
+LK_API lk_dtype lk_model_dtype(const lk_model *m);
 /* Sequence and expert parallelism; call before the first step (NULL or a group of one:
  * none). Every rank of both groups is handed the same calls.
  *   sp: the SP group. Its ranks are handed the same whole batch; rank r runs tokens

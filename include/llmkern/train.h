@@ -99,11 +99,22 @@ typedef struct {
     /* train.memory_limit: the bytes the run may use on its device, in place of what the
      * machine reports (host RAM available, or the GPU's free memory); 0 = measure. */
     uint64_t memory_limit;
+    /* train.dtype: the model's compute dtype (lk_model_set_dtype): bf16 (bfloat16) with
+     * f32 master weights, gradients and AdamW moments, or f32; LK_DTYPE_COUNT = the
+     * device's default, bf16 on a GPU and f32 on the CPU (lk_train_dtype). */
+    lk_dtype dtype;
+    /* train.cuda_graph: on a GPU, the step (forward, backward, all-reduce, update) is
+     * captured once in a CUDA graph and replayed; capture fails on any host sync. */
+    int cuda_graph;
 } lk_train_config;
+
+/* tc's compute dtype, its device's default resolved. */
+LK_API lk_dtype lk_train_dtype(const lk_train_config *tc);
 
 /* Defaults: dp 0 (the world), sp 1, ep 1; steps 100, lr 1e-3, min_lr 1e-4, warmup 10, weight_decay 0.1, betas
  * (0.9, 0.95), eps 1e-8, grad_clip 1.0, batch 4 x 128, grad_accum 1, seed 1234,
- * save_every 0 (only at the end), out "out", the builtin corpus; no model. */
+ * save_every 0 (only at the end), out "out", the builtin corpus, dtype by the device,
+ * no CUDA graph; no model. */
 LK_API void lk_train_config_init(lk_train_config *tc);
 
 /* Loads a YAML file: model.ops_implementation / model.moe into ops (as

@@ -39,6 +39,12 @@ void lk_train_config_init(lk_train_config *tc) {
     tc->dp = 0; tc->sp = 1; tc->ep = 1;
     tc->comm_timeout_s = 300;
     tc->max_shard_size = LK_ST_DEFAULT_MAX_SHARD;
+    tc->dtype = LK_DTYPE_COUNT;
+}
+
+lk_dtype lk_train_dtype(const lk_train_config *tc) {
+    if (tc->dtype != LK_DTYPE_COUNT) return tc->dtype;
+    return tc->device == LK_DEVICE_CPU ? LK_F32 : LK_BF16;
 }
 
 lk_status lk_train_config_init_from(lk_train_config *tc, const char *dir) {
@@ -209,7 +215,8 @@ lk_status lk_yaml_model_arch_entry(loader *l, const yaml_node_t *k, const yaml_n
 
 /* --- train: ------------------------------------------------------------------------- */
 static const char *const train_keys[] = {"steps", "lr", "min_lr", "warmup_steps", "weight_decay", "betas",
-    "eps", "grad_clip", "batch_size", "seq_len", "grad_accum", "seed", "save_every", "out", "recompute", "device", "comm_timeout_s", "max_shard_size", "log_every", "memory_limit", NULL};
+    "eps", "grad_clip", "batch_size", "seq_len", "grad_accum", "seed", "save_every", "out", "recompute", "device",
+    "comm_timeout_s", "max_shard_size", "log_every", "memory_limit", "dtype", "cuda_graph", NULL};
 
 lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
     lk_train_config *t = l->train;
@@ -226,6 +233,14 @@ lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t
     if (strcmp(n, "grad_accum") == 0) return get_i64(l, v, "train.grad_accum", 1, &t->grad_accum);
     if (strcmp(n, "save_every") == 0) return get_i64(l, v, "train.save_every", 0, &t->save_every);
     if (strcmp(n, "recompute") == 0) return get_bool(l, v, "train.recompute", &t->recompute);
+    if (strcmp(n, "cuda_graph") == 0) return get_bool(l, v, "train.cuda_graph", &t->cuda_graph);
+    if (strcmp(n, "dtype") == 0) {   /* the torch names too, as config.json's torch_dtype */
+        const char *d = v->type == YAML_SCALAR_NODE ? scalar(v) : "";
+        if (strcmp(d, "bf16") == 0 || strcmp(d, "bfloat16") == 0) t->dtype = LK_BF16;
+        else if (strcmp(d, "f32") == 0 || strcmp(d, "float32") == 0) t->dtype = LK_F32;
+        else return bad_value(l, v, "train.dtype", "bf16 (bfloat16) or f32 (float32)");
+        return LK_OK;
+    }
     if (strcmp(n, "comm_timeout_s") == 0) return get_f64(l, v, "train.comm_timeout_s", 0, &t->comm_timeout_s);
     if (strcmp(n, "max_shard_size") == 0) return get_bytes(l, v, "train.max_shard_size", &t->max_shard_size);
     if (strcmp(n, "memory_limit") == 0) return get_bytes(l, v, "train.memory_limit", &t->memory_limit);

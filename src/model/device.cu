@@ -1,11 +1,13 @@
 /* device.cu — the model's buffers in GPU memory and its own moves as kernels (device.h):
- * cudaMalloc'd blocks, synchronous copies, the head transpose (one thread per float4 of
- * a head row when D allows), the residual add, and the embedding through the training
- * kernels of cuda_train.h (gather; sorted, atomic-free scatter-add). Built with CUDA only. */
+ * cudaMalloc'd blocks, synchronous copies, the head transpose (one thread per 16 bytes of
+ * a head row when D allows), the residual add and the gradient sum (f32 math, bf16
+ * rounded once), the weights' bf16 copy, and the embedding through the training kernels
+ * of cuda_train.h (gather; sorted, atomic-free scatter-add). Built with CUDA only. */
 #include <cuda_runtime_api.h>
 #include "core/cuda_check.h"
 #include "llmkern/cuda_train.h"
 #include "model/device.h"
+#include "ops/cuda_util.cuh"
 
 #define THREADS 256
 
@@ -43,7 +45,8 @@ static lk_status zero(void *p, size_t bytes, lk_ctx *ctx) {
     return LK_OK;
 }
 
-/* Element i of the [T, H, D] side, in units of W floats: token t, head h, column c. */
+/* Element i of the [T, H, D] side, in units of U (16 bytes when a head row allows): token
+ * t, head h, column c. */
 template <typename U>
 __global__ void heads_k(const U *src, U *dst, int64_t T, int64_t H, int64_t Dw, int back) {
     int64_t i = blockIdx.x * (int64_t)THREADS + threadIdx.x;
@@ -53,46 +56,92 @@ __global__ void heads_k(const U *src, U *dst, int64_t T, int64_t H, int64_t Dw, 
     else dst[j] = src[i];
 }
 
-static lk_status heads(const float *src, float *dst, int64_t T, int64_t H, int64_t D, int back, lk_ctx *ctx) {
+static lk_status heads(const void *src, void *dst, int64_t T, int64_t H, int64_t D, int back, lk_dtype dt,
+                       lk_ctx *ctx) {
     cudaStream_t st = (cudaStream_t)ctx->stream;
-    if (D % 4 == 0) {
-        heads_k<float4><<<blocks(T * H * D / 4), THREADS, 0, st>>>((const float4 *)src, (float4 *)dst, T, H, D / 4,
-                                                                  back);
+    int64_t row = D * (int64_t)lk_dtype_size(dt);   /* bytes */
+    if (row % 16 == 0) {
+        heads_k<uint4><<<blocks(T * H * row / 16), THREADS, 0, st>>>((const uint4 *)src, (uint4 *)dst, T, H, row / 16,
+                                                                    back);
+    } else if (row % 4 == 0) {
+        heads_k<uint32_t><<<blocks(T * H * row / 4), THREADS, 0, st>>>((const uint32_t *)src, (uint32_t *)dst, T, H,
+                                                                      row / 4, back);
     } else {
-        heads_k<float><<<blocks(T * H * D), THREADS, 0, st>>>(src, dst, T, H, D, back);
+        heads_k<uint16_t><<<blocks(T * H * row / 2), THREADS, 0, st>>>((const uint16_t *)src, (uint16_t *)dst, T, H,
+                                                                      row / 2, back);
     }
     LK_CUDA_LAUNCHED("model: head transpose");
     return LK_OK;
 }
 
-__global__ void add_k(float *dst, const float *a, const float *b, int64_t n) {
+template <typename T>
+__global__ void add_k(T *dst, const T *a, const T *b, int64_t n) {
     int64_t i = blockIdx.x * (int64_t)THREADS + threadIdx.x;
-    if (i < n) dst[i] = a[i] + b[i];
+    if (i < n) dst[i] = lk_from_f32<T>(lk_to_f32(a[i]) + lk_to_f32(b[i]));
 }
 
-static lk_status add(float *dst, const float *a, const float *b, int64_t n, lk_ctx *ctx) {
+static lk_status add(void *dst, const void *a, const void *b, int64_t n, lk_dtype dt, lk_ctx *ctx) {
     if (n == 0) return LK_OK;
-    add_k<<<blocks(n), THREADS, 0, (cudaStream_t)ctx->stream>>>(dst, a, b, n);
+    cudaStream_t st = (cudaStream_t)ctx->stream;
+    if (dt == LK_BF16) add_k<<<blocks(n), THREADS, 0, st>>>((lk_bf16_t *)dst, (const lk_bf16_t *)a, (const lk_bf16_t *)b, n);
+    else add_k<<<blocks(n), THREADS, 0, st>>>((float *)dst, (const float *)a, (const float *)b, n);
     LK_CUDA_LAUNCHED("model: residual add");
     return LK_OK;
 }
 
-static lk_status embed(const float *table, const int64_t *ids, float *x, int64_t T, int64_t H, int64_t V,
+template <typename T>
+__global__ void acc_k(float *dst, const T *src, int64_t n) {
+    int64_t i = blockIdx.x * (int64_t)THREADS + threadIdx.x;
+    if (i < n) dst[i] += lk_to_f32(src[i]);
+}
+
+static lk_status acc(float *dst, const void *src, int64_t n, lk_dtype dt, lk_ctx *ctx) {
+    if (n == 0) return LK_OK;
+    cudaStream_t st = (cudaStream_t)ctx->stream;
+    if (dt == LK_BF16) acc_k<<<blocks(n), THREADS, 0, st>>>(dst, (const lk_bf16_t *)src, n);
+    else acc_k<<<blocks(n), THREADS, 0, st>>>(dst, (const float *)src, n);
+    LK_CUDA_LAUNCHED("model: gradient sum");
+    return LK_OK;
+}
+
+/* Four elements a thread: the whole parameter buffer in one launch (a multiple of 16
+ * floats, lk_qwen3's layout). */
+__global__ void round_k(lk_bf16_t *dst, const float *src, int64_t n4) {
+    int64_t i = blockIdx.x * (int64_t)THREADS + threadIdx.x;
+    if (i >= n4) return;
+    float4 v = reinterpret_cast<const float4 *>(src)[i];
+    uint2 o = {lk_pack_bf16x2(v.x, v.y), lk_pack_bf16x2(v.z, v.w)};
+    reinterpret_cast<uint2 *>(dst)[i] = o;
+}
+
+static lk_status round_to(void *dst, const float *src, int64_t n, lk_dtype dt, lk_ctx *ctx) {
+    if (dt == LK_F32 && dst == (const void *)src) return LK_OK;   /* f32: the master is the copy */
+    if (dt != LK_BF16 || n % 4)
+        return lk_error(LK_EINTERNAL, "model: the weights' copy: expected bf16 of a multiple of 4 floats, got %s of %lld",
+                        lk_dtype_name(dt), (long long)n);
+    if (n) round_k<<<blocks(n / 4), THREADS, 0, (cudaStream_t)ctx->stream>>>((lk_bf16_t *)dst, src, n / 4);
+    LK_CUDA_LAUNCHED("model: the weights' bf16 copy");
+    return LK_OK;
+}
+
+static lk_status embed(const void *table, const int64_t *ids, void *x, int64_t T, int64_t H, int64_t V, lk_dtype dt,
                        lk_ctx *ctx) {
-    lk_tensor w = lk_tensor_2d((void *)table, LK_F32, V, H), id = lk_tensor_1d((void *)ids, LK_I64, T),
-              out = lk_tensor_2d(x, LK_F32, T, H);
+    lk_tensor w = lk_tensor_2d((void *)table, dt, V, H), id = lk_tensor_1d((void *)ids, LK_I64, T),
+              out = lk_tensor_2d(x, dt, T, H);
     w.device = id.device = out.device = ctx->device;
     return lk_cuda_embedding_forward(&w, &id, &out, ctx);
 }
 
-static lk_status embed_backward(float *dtable, const int64_t *ids, const float *dx, int64_t T, int64_t H, int64_t V,
-                                lk_ctx *ctx) {
+static lk_status embed_backward(float *dtable, const int64_t *ids, const void *dx, int64_t T, int64_t H, int64_t V,
+                                lk_dtype dt, lk_ctx *ctx) {
     lk_tensor dw = lk_tensor_2d(dtable, LK_F32, V, H), id = lk_tensor_1d((void *)ids, LK_I64, T),
-              d = lk_tensor_2d((void *)dx, LK_F32, T, H);
+              d = lk_tensor_2d((void *)dx, dt, T, H);
     dw.device = id.device = d.device = ctx->device;
     return lk_cuda_embedding_backward(&d, &id, &dw, ctx);
 }
 
 const lk_model_device lk_model_device_cuda = {
-    LK_DEVICE_CUDA, current, alloc, release, put, get, zero, heads, add, embed, embed_backward,
+    .type = LK_DEVICE_CUDA, .current = current, .alloc = alloc, .free = release, .put = put, .get = get,
+    .zero = zero, .heads = heads, .add = add, .acc = acc, .round = round_to, .embed = embed,
+    .embed_backward = embed_backward,
 };

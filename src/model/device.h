@@ -1,11 +1,11 @@
 /* device.h — where the model's buffers live, and the few moves the model makes itself
  * (everything else is an op call): allocation, copies to and from the host, the head
- * transposes, residual adds, the embedding gather and its scatter-add. One struct of
- * function pointers per device, picked once at lk_model_create from the op table's
- * device: device_cpu.c (plain C, OpenMP) and, in CUDA builds, device_cuda.c with its
- * kernels in glue.cu. On CUDA every pointer but the host side of put / get is device
- * memory and the work goes on ctx->stream (the model uses the legacy default stream,
- * which the NCCL communicator orders itself after). */
+ * transposes, residual adds, the gradients' f32 sums, the compute copy of the weights,
+ * the embedding gather and its scatter-add. One struct of function pointers per device,
+ * picked once at lk_model_create from the op table's device: device_cpu.c (plain C,
+ * OpenMP) and, in CUDA builds, device.cu. On CUDA every pointer but the host side of
+ * put / get is device memory and the work goes on ctx->stream (the model uses the
+ * legacy default stream, which the NCCL communicator orders itself after). */
 #ifndef LLMKERN_MODEL_DEVICE_H
 #define LLMKERN_MODEL_DEVICE_H
 
@@ -29,15 +29,23 @@ typedef struct {
     lk_status (*put)(void *dst, const void *host_src, size_t bytes);
     lk_status (*get)(void *host_dst, const void *src, size_t bytes);
     lk_status (*zero)(void *p, size_t bytes, lk_ctx *ctx);
-    /* [T, H, D] -> [H, T, D]; back: [H, T, D] -> [T, H, D]. */
-    lk_status (*heads)(const float *src, float *dst, int64_t T, int64_t H, int64_t D, int back, lk_ctx *ctx);
-    /* dst[i] = a[i] + b[i]; dst may be a or b. */
-    lk_status (*add)(float *dst, const float *a, const float *b, int64_t n, lk_ctx *ctx);
-    /* x[t] = table[ids[t]] for t < T (ids in [0, V), checked by the caller). */
-    lk_status (*embed)(const float *table, const int64_t *ids, float *x, int64_t T, int64_t H, int64_t V, lk_ctx *ctx);
-    /* dtable[ids[t]] += dx[t], repeated ids summed in token order (deterministic). */
-    lk_status (*embed_backward)(float *dtable, const int64_t *ids, const float *dx, int64_t T, int64_t H, int64_t V,
-                                lk_ctx *ctx);
+    /* The activations' moves, in their dtype dt (f32 or bf16):
+     * [T, H, D] -> [H, T, D]; back: [H, T, D] -> [T, H, D]. */
+    lk_status (*heads)(const void *src, void *dst, int64_t T, int64_t H, int64_t D, int back, lk_dtype dt,
+                       lk_ctx *ctx);
+    /* dst[i] = a[i] + b[i] (in f32, rounded once); dst may be a or b. */
+    lk_status (*add)(void *dst, const void *a, const void *b, int64_t n, lk_dtype dt, lk_ctx *ctx);
+    /* The f32 gradients' own: dst[i] += src[i], src of dtype dt (a norm's written dweight). */
+    lk_status (*acc)(float *dst, const void *src, int64_t n, lk_dtype dt, lk_ctx *ctx);
+    /* dst[i] = src[i] rounded to dt (the f32 master weights into the compute copy). */
+    lk_status (*round)(void *dst, const float *src, int64_t n, lk_dtype dt, lk_ctx *ctx);
+    /* x[t] = table[ids[t]] for t < T (ids in [0, V), checked by the caller); table and x of dt. */
+    lk_status (*embed)(const void *table, const int64_t *ids, void *x, int64_t T, int64_t H, int64_t V, lk_dtype dt,
+                       lk_ctx *ctx);
+    /* dtable[ids[t]] += dx[t] (f32 sums; dx of dt), repeated ids summed in token order
+     * (deterministic). */
+    lk_status (*embed_backward)(float *dtable, const int64_t *ids, const void *dx, int64_t T, int64_t H, int64_t V,
+                                lk_dtype dt, lk_ctx *ctx);
 } lk_model_device;
 
 struct lk_model;

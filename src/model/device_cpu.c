@@ -2,6 +2,7 @@
  * (device.h). */
 #include <stdlib.h>
 #include <string.h>
+#include "llmkern/tensor.h"
 #include "model/device.h"
 
 static int current(void) { return 0; }
@@ -24,48 +25,75 @@ static lk_status zero(void *p, size_t bytes, lk_ctx *ctx) {
     return LK_OK;
 }
 
-static lk_status heads(const float *src, float *dst, int64_t T, int64_t H, int64_t D, int back, lk_ctx *ctx) {
+static lk_status heads(const void *src, void *dst, int64_t T, int64_t H, int64_t D, int back, lk_dtype dt,
+                       lk_ctx *ctx) {
     (void)ctx;
+    size_t es = lk_dtype_size(dt), row = (size_t)D * es;
+    const char *s = src;
+    char *d = dst;
     if (!back) {
         #pragma omp parallel for schedule(static)
         for (int64_t h = 0; h < H; h++)
-            for (int64_t t = 0; t < T; t++) memcpy(dst + (h * T + t) * D, src + (t * H + h) * D, (size_t)D * 4);
+            for (int64_t t = 0; t < T; t++) memcpy(d + (size_t)(h * T + t) * row, s + (size_t)(t * H + h) * row, row);
     } else {
         #pragma omp parallel for schedule(static)
         for (int64_t t = 0; t < T; t++)
-            for (int64_t h = 0; h < H; h++) memcpy(dst + (t * H + h) * D, src + (h * T + t) * D, (size_t)D * 4);
+            for (int64_t h = 0; h < H; h++) memcpy(d + (size_t)(t * H + h) * row, s + (size_t)(h * T + t) * row, row);
     }
     return LK_OK;
 }
 
-static lk_status add(float *dst, const float *a, const float *b, int64_t n, lk_ctx *ctx) {
+static lk_status add(void *dst, const void *a, const void *b, int64_t n, lk_dtype dt, lk_ctx *ctx) {
     (void)ctx;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) dst[i] = a[i] + b[i];
+    if (dt == LK_BF16) {
+        uint16_t *d = dst;
+        const uint16_t *x = a, *y = b;
+        #pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) d[i] = lk_f32_to_bf16(lk_bf16_to_f32(x[i]) + lk_bf16_to_f32(y[i]));
+    } else {
+        float *d = dst;
+        const float *x = a, *y = b;
+        #pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) d[i] = x[i] + y[i];
+    }
     return LK_OK;
 }
 
-static lk_status embed(const float *table, const int64_t *ids, float *x, int64_t T, int64_t H, int64_t V,
-                       lk_ctx *ctx) {
-    (void)V, (void)ctx;
+static lk_status acc(float *dst, const void *src, int64_t n, lk_dtype dt, lk_ctx *ctx) {
+    (void)ctx;
     #pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < T; t++) memcpy(x + t * H, table + ids[t] * H, (size_t)H * 4);
+    for (int64_t i = 0; i < n; i++) dst[i] += (float)lk_load(src, dt, i);
+    return LK_OK;
+}
+
+static lk_status round_to(void *dst, const float *src, int64_t n, lk_dtype dt, lk_ctx *ctx) {
+    (void)ctx;
+    if (dst != (const void *)src) lk_convert(src, LK_F32, dst, dt, n);
+    return LK_OK;
+}
+
+static lk_status embed(const void *table, const int64_t *ids, void *x, int64_t T, int64_t H, int64_t V,
+                       lk_dtype dt, lk_ctx *ctx) {
+    (void)V, (void)ctx;
+    size_t row = (size_t)H * lk_dtype_size(dt);
+    #pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < T; t++) memcpy((char *)x + (size_t)t * row, (const char *)table + (size_t)ids[t] * row, row);
     return LK_OK;
 }
 
 /* serial, so repeated ids add in one fixed order */
-static lk_status embed_backward(float *dtable, const int64_t *ids, const float *dx, int64_t T, int64_t H, int64_t V,
-                                lk_ctx *ctx) {
+static lk_status embed_backward(float *dtable, const int64_t *ids, const void *dx, int64_t T, int64_t H, int64_t V,
+                                lk_dtype dt, lk_ctx *ctx) {
     (void)V, (void)ctx;
     for (int64_t t = 0; t < T; t++) {
         float *row = dtable + ids[t] * H;
-        const float *d = dx + t * H;
-        for (int64_t j = 0; j < H; j++) row[j] += d[j];
+        for (int64_t j = 0; j < H; j++) row[j] += (float)lk_load(dx, dt, t * H + j);
     }
     return LK_OK;
 }
 
 const lk_model_device lk_model_device_cpu = {
     .type = LK_DEVICE_CPU, .current = current, .alloc = alloc, .free = free, .put = copy, .get = copy,
-    .zero = zero, .heads = heads, .add = add, .embed = embed, .embed_backward = embed_backward,
+    .zero = zero, .heads = heads, .add = add, .acc = acc, .round = round_to, .embed = embed,
+    .embed_backward = embed_backward,
 };

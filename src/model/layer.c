@@ -5,20 +5,24 @@
  * The MLP is the swiglu_mlp op or the MoE block (moe_block.c). */
 #include "model/qwen3_internal.h"
 
-#define W(off) (m->w + (off))
+#define W(off) lk_wc(m, off)
 #define G(off) (m->g + (off))
 
-static lk_tensor t2(const lk_model *m, const float *p, int64_t r, int64_t c) {
-    return lk_on(m, lk_tensor_2d((void *)p, LK_F32, r, c));
+/* Activations and weights in the model's dtype; g2 an f32 one (a gradient, the RoPE tables). */
+static lk_tensor t2(const lk_model *m, const void *p, int64_t r, int64_t c) {
+    return lk_on(m, lk_tensor_2d((void *)p, m->dt, r, c));
 }
-static lk_tensor t4(const lk_model *m, const float *p, int64_t h, int64_t s, int64_t d) {
-    return lk_on(m, lk_tensor_view((void *)p, LK_F32, 4, (int64_t[]){1, h, s, d}));
+static lk_tensor g2(const lk_model *m, float *p, int64_t r, int64_t c) {
+    return lk_on(m, lk_tensor_2d(p, LK_F32, r, c));
+}
+static lk_tensor t4(const lk_model *m, const void *p, int64_t h, int64_t s, int64_t d) {
+    return lk_on(m, lk_tensor_view((void *)p, m->dt, 4, (int64_t[]){1, h, s, d}));
 }
 static lk_saved sv(void *p, size_t n) { return (lk_saved){p, n}; }
 
 size_t lk_qwen3_layer_carve(const lk_model *m, int l, void *base, lk_layer_acts *a) {
     const lk_layer *L = &m->layers[l];
-    int64_t T = m->T, TH = T * m->H * 4, TQ = T * m->Hq * m->D * 4, TK = T * m->Hk * m->D * 4;
+    int64_t T = m->T, es = (int64_t)m->es, TH = T * m->H * es, TQ = T * m->Hq * m->D * es, TK = T * m->Hk * m->D * es;
     size_t u = 0;
     unsigned char *b = base;
     lk_layer_acts z;
@@ -39,34 +43,36 @@ size_t lk_qwen3_layer_carve(const lk_model *m, int l, void *base, lk_layer_acts 
 }
 
 /* The model's own moves, on its device (device.h): [T, H, D] <-> [H, T, D], dst = a + b. */
-static lk_status to_heads(lk_model *m, const float *src, float *dst, int64_t H) {
-    return m->dev->heads(src, dst, m->T, H, m->D, 0, &m->ctx);
+static lk_status to_heads(lk_model *m, const void *src, void *dst, int64_t H) {
+    return m->dev->heads(src, dst, m->T, H, m->D, 0, m->dt, &m->ctx);
 }
-static lk_status from_heads(lk_model *m, const float *src, float *dst, int64_t H) {
-    return m->dev->heads(src, dst, m->T, H, m->D, 1, &m->ctx);
+static lk_status from_heads(lk_model *m, const void *src, void *dst, int64_t H) {
+    return m->dev->heads(src, dst, m->T, H, m->D, 1, m->dt, &m->ctx);
 }
-static lk_status add_into(lk_model *m, float *dst, const float *a, const float *b, int64_t n) {
-    return m->dev->add(dst, a, b, n, &m->ctx);
+static lk_status add_into(lk_model *m, void *dst, const void *a, const void *b, int64_t n) {
+    return m->dev->add(dst, a, b, n, m->dt, &m->ctx);
 }
 
-static lk_rms_norm_args norm_args(const lk_model *m, const float *x, int64_t rows, int64_t n, const float *w,
-                                  float *y, void *saved, size_t saved_bytes) {
-    return (lk_rms_norm_args){.x = t2(m, x, rows, n), .weight = lk_on(m, lk_tensor_1d((void *)w, LK_F32, n)),
+static lk_rms_norm_args norm_args(const lk_model *m, const void *x, int64_t rows, int64_t n, const void *w,
+                                  void *y, void *saved, size_t saved_bytes) {
+    return (lk_rms_norm_args){.x = t2(m, x, rows, n), .weight = lk_on(m, lk_tensor_1d((void *)w, m->dt, n)),
                               .y = t2(m, y, rows, n), .saved = sv(saved, saved_bytes), .eps = m->cfg.rms_norm_eps};
 }
 
-static lk_status norm_backward(lk_model *m, const lk_impl *impl, lk_rms_norm_args a, const float *dy, float *dx,
+/* The op writes dweight in the weight's dtype (bf16: rounded once over the rows); the
+ * f32 grads add it. */
+static lk_status norm_backward(lk_model *m, const lk_impl *impl, lk_rms_norm_args a, const void *dy, void *dx,
                                int64_t w_off) {
     int64_t rows = a.x.shape[0], n = a.x.shape[1];
     a.dy = t2(m, dy, rows, n);
     a.dx = t2(m, dx, rows, n);
-    a.dweight = lk_on(m, lk_tensor_1d(m->sc.dw, LK_F32, n));   /* the op writes it; grads accumulate */
+    a.dweight = lk_on(m, lk_tensor_1d(m->sc.dw, m->dt, n));
     lk_status s = lk_rms_norm_backward(impl, &a, &m->ctx);
-    return s ? s : add_into(m, G(w_off), G(w_off), m->sc.dw, n);
+    return s ? s : m->dev->acc(G(w_off), m->sc.dw, n, m->dt, &m->ctx);
 }
 
-static lk_linear_args lin(const lk_model *m, const float *x, int64_t T, int64_t in, const float *w, int64_t out,
-                          float *y) {
+static lk_linear_args lin(const lk_model *m, const void *x, int64_t T, int64_t in, const void *w, int64_t out,
+                          void *y) {
     return (lk_linear_args){.x = t2(m, x, T, in), .weight = t2(m, w, out, in), .y = t2(m, y, T, out)};
 }
 
@@ -75,7 +81,7 @@ static lk_rope_args rope_args(const lk_model *m, int l, const lk_layer_acts *a) 
     lk_rope_args r = {
         .q = t4(m, a->qr, m->Hq, T, m->D), .k = t4(m, a->kr, m->Hk, T, m->D),
         .q_out = t4(m, a->qr, m->Hq, T, m->D), .k_out = t4(m, a->kr, m->Hk, T, m->D),
-        .cos = t2(m, m->rope_cos, m->max_pos, m->D / 2), .sin = t2(m, m->rope_sin, m->max_pos, m->D / 2),
+        .cos = g2(m, m->rope_cos, m->max_pos, m->D / 2), .sin = g2(m, m->rope_sin, m->max_pos, m->D / 2),
         .position_ids = lk_on(m, lk_tensor_2d((void *)m->pos, LK_I64, 1, T)),
         .saved = sv(a->s[S_ROPE], m->layers[l].saved[S_ROPE]), .rotary_dim = 0,
     };
@@ -90,7 +96,7 @@ static lk_attention_args attn_args(const lk_model *m, const lk_impl *impl, const
     int64_t T = m->T;
     lk_attention_args at = {
         .q = t4(m, a->qr, m->Hq, T, m->D), .k = t4(m, a->kr, m->Hk, T, m->D), .v = t4(m, a->vt, m->Hk, T, m->D),
-        .out = lk_on(m, lk_tensor_view(a->ao, LK_F32, 4, (int64_t[]){1, T, m->Hq, m->D})),
+        .out = lk_on(m, lk_tensor_view(a->ao, m->dt, 4, (int64_t[]){1, T, m->Hq, m->D})),
         .saved = sv(a->s[S_ATTN], saved),
     };
     if (e->adapter == LK_ATTN_FLEX) {
@@ -103,7 +109,7 @@ static lk_attention_args attn_args(const lk_model *m, const lk_impl *impl, const
     return at;
 }
 
-lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, const lk_batch *b, float *out,
+lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, const lk_batch *b, void *out,
                                  float *aux) {
     const lk_layer *L = &m->layers[l];
     const lk_layer_ops *op = &L->ops;
@@ -150,11 +156,11 @@ lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, con
 }
 
 /* A projection's backward: dx written, the weight's gradient accumulated into the grads. */
-static lk_status lin_backward(lk_model *m, const lk_impl *impl, lk_linear_args p, const float *dy, int64_t w_off,
-                              float *dx) {
+static lk_status lin_backward(lk_model *m, const lk_impl *impl, lk_linear_args p, const void *dy, int64_t w_off,
+                              void *dx) {
     p.dy = t2(m, dy, p.y.shape[0], p.y.shape[1]);
     p.dx = t2(m, dx, p.x.shape[0], p.x.shape[1]);
-    p.dweight = t2(m, G(w_off), p.weight.shape[0], p.weight.shape[1]);
+    p.dweight = g2(m, G(w_off), p.weight.shape[0], p.weight.shape[1]);
     return lk_linear_backward(impl, &p, &m->ctx);
 }
 
@@ -172,8 +178,8 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
         lk_swiglu_mlp_args f = {.x = t2(m, a->h2, T, H), .gate_up_weight = t2(m, W(L->gate_up), 2 * m->I, H),
                                 .down_weight = t2(m, W(L->down), H, m->I), .out = t2(m, sc->tmp, T, H),
                                 .dout = t2(m, sc->dres, T, H), .dx = t2(m, sc->dh, T, H),
-                                .d_gate_up_weight = t2(m, G(L->gate_up), 2 * m->I, H),
-                                .d_down_weight = t2(m, G(L->down), H, m->I),
+                                .d_gate_up_weight = g2(m, G(L->gate_up), 2 * m->I, H),
+                                .d_down_weight = g2(m, G(L->down), H, m->I),
                                 .saved = sv(a->s[S_MLP], L->saved[S_MLP])};
         if ((s = lk_swiglu_mlp_backward(op->mlp, &f, ctx))) return s;
     }
@@ -184,7 +190,7 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
     lk_linear_args po = lin(m, a->ao, T, Q, W(L->o), H, sc->tmp);
     if ((s = lin_backward(m, op->o_proj, po, sc->dres, L->o, sc->dao))) return s;
     lk_attention_args at = attn_args(m, op->attn, a, b, L->saved[S_ATTN]);
-    at.dout = lk_on(m, lk_tensor_view(sc->dao, LK_F32, 4, (int64_t[]){1, T, m->Hq, m->D}));
+    at.dout = lk_on(m, lk_tensor_view(sc->dao, m->dt, 4, (int64_t[]){1, T, m->Hq, m->D}));
     at.dq = t4(m, sc->dqr, m->Hq, T, m->D);
     at.dk = t4(m, sc->dkr, m->Hk, T, m->D);
     at.dv = t4(m, sc->dvt, m->Hk, T, m->D);

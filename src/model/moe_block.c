@@ -9,14 +9,14 @@
 static lk_tensor t2(const lk_model *m, const void *p, lk_dtype dt, int64_t r, int64_t c) {
     return lk_on(m, lk_tensor_2d((void *)p, dt, r, c));
 }
-static lk_tensor t3(const lk_model *m, const float *p, int64_t a, int64_t b, int64_t c) {
-    return lk_on(m, lk_tensor_view((void *)p, LK_F32, 3, (int64_t[]){a, b, c}));
+static lk_tensor t3(const lk_model *m, const void *p, lk_dtype dt, int64_t a, int64_t b, int64_t c) {
+    return lk_on(m, lk_tensor_view((void *)p, dt, 3, (int64_t[]){a, b, c}));
 }
 
 static lk_moe_router_args router_args(lk_model *m, int l, const lk_layer_acts *a) {
     const lk_layer *L = &m->layers[l];
     return (lk_moe_router_args){
-        .hidden = t2(m, a->h2, LK_F32, m->T, m->H), .gate_weight = t2(m, m->w + L->router, LK_F32, m->E, m->H),
+        .hidden = t2(m, a->h2, m->dt, m->T, m->H), .gate_weight = t2(m, lk_wc(m, L->router), m->dt, m->E, m->H),
         .topk_ids = t2(m, a->ids, LK_I32, m->T, m->K), .topk_weights = t2(m, a->tw, LK_F32, m->T, m->K),
         .saved = {a->s[S_ROUTER], L->saved[S_ROUTER]},
         .n_experts = (int)m->E, .top_k = (int)m->K, .norm_topk_prob = m->cfg.norm_topk_prob,
@@ -24,27 +24,29 @@ static lk_moe_router_args router_args(lk_model *m, int l, const lk_layer_acts *a
     };
 }
 
-static lk_moe_experts_args experts_args(lk_model *m, int l, const lk_layer_acts *a, const float *weights,
-                                        float *out) {
+static lk_moe_experts_args experts_args(lk_model *m, int l, const lk_layer_acts *a, void *out) {
     const lk_layer *L = &m->layers[l];
     return (lk_moe_experts_args){
-        .hidden = t2(m, a->h2, LK_F32, m->T, m->H), .topk_ids = t2(m, a->ids, LK_I32, m->T, m->K),
+        .hidden = t2(m, a->h2, m->dt, m->T, m->H), .topk_ids = t2(m, a->ids, LK_I32, m->T, m->K),
         .topk_weights = t2(m, a->tw, LK_F32, m->T, m->K),
-        .gate_up_weight = t3(m, weights + L->gate_up, m->E, 2 * m->Ie, m->H),
-        .down_weight = t3(m, weights + L->down, m->E, m->H, m->Ie),
-        .out = t2(m, out, LK_F32, m->T, m->H), .saved = {a->s[S_EXPERTS], L->saved[S_EXPERTS]},
+        .gate_up_weight = t3(m, lk_wc(m, L->gate_up), m->dt, m->E, 2 * m->Ie, m->H),
+        .down_weight = t3(m, lk_wc(m, L->down), m->dt, m->E, m->H, m->Ie),
+        .out = t2(m, out, m->dt, m->T, m->H), .saved = {a->s[S_EXPERTS], L->saved[S_EXPERTS]},
     };
 }
 
-/* Under EP: this rank's experts [e0, e0 + n) of the stacks in buf (values or grads). */
-static lk_moe_dispatch_args dispatch_args(lk_model *m, int l, const lk_layer_acts *a, float *buf) {
+/* Under EP: this rank's experts [e0, e0 + n) of the stacks: the compute weights, or
+ * (grads) the f32 gradients. */
+static lk_moe_dispatch_args dispatch_args(lk_model *m, int l, const lk_layer_acts *a, int grads) {
     const lk_layer *L = &m->layers[l];
-    int64_t n = m->E / m->ep->size, e0 = m->ep->rank * n;
+    int64_t n = m->E / m->ep->size, e0 = m->ep->rank * n, gu = L->gate_up + e0 * 2 * m->Ie * m->H,
+            dn = L->down + e0 * m->H * m->Ie;
+    lk_dtype dt = grads ? LK_F32 : m->dt;
     lk_moe_dispatch_args d = {
-        .hidden = t2(m, a->h2, LK_F32, m->T, m->H), .topk_ids = t2(m, a->ids, LK_I32, m->T, m->K),
+        .hidden = t2(m, a->h2, m->dt, m->T, m->H), .topk_ids = t2(m, a->ids, LK_I32, m->T, m->K),
         .topk_weights = t2(m, a->tw, LK_F32, m->T, m->K),
-        .gate_up_weight = t3(m, buf + L->gate_up + e0 * 2 * m->Ie * m->H, n, 2 * m->Ie, m->H),
-        .down_weight = t3(m, buf + L->down + e0 * m->H * m->Ie, n, m->H, m->Ie),
+        .gate_up_weight = t3(m, grads ? (void *)(m->g + gu) : lk_wc(m, gu), dt, n, 2 * m->Ie, m->H),
+        .down_weight = t3(m, grads ? (void *)(m->g + dn) : lk_wc(m, dn), dt, n, m->H, m->Ie),
         .n_experts = (int)m->E, .experts = L->ops.experts,
     };
     return d;
@@ -54,10 +56,10 @@ lk_status lk_qwen3_moe_saved(const lk_model *m, int l, int64_t T, size_t *router
     const lk_layer *L = &m->layers[l];
     lk_status s = lk_moe_router_saved_bytes(L->ops.router, T, m->E, m->K, router);
     *experts = 0;   /* the dispatcher keeps nothing: its backward redoes the exchange */
-    return s || m->ep ? s : lk_moe_experts_saved_bytes(L->ops.experts, T, m->K, m->E, m->H, m->Ie, LK_F32, experts);
+    return s || m->ep ? s : lk_moe_experts_saved_bytes(L->ops.experts, T, m->K, m->E, m->H, m->Ie, m->dt, experts);
 }
 
-lk_status lk_qwen3_moe_forward(lk_model *m, int l, const lk_layer_acts *a, float *out, float *aux) {
+lk_status lk_qwen3_moe_forward(lk_model *m, int l, const lk_layer_acts *a, void *out, float *aux) {
     lk_moe_router_args r = router_args(m, l, a);
     r.aux_loss = lk_on(m, lk_tensor_1d(m->scal + 2, LK_F32, 1));
     m->ctx.comm = m->sp;   /* the aux loss over the SP group's tokens */
@@ -65,26 +67,26 @@ lk_status lk_qwen3_moe_forward(lk_model *m, int l, const lk_layer_acts *a, float
     m->ctx.comm = NULL;
     if (s || (aux && (s = m->dev->get(aux, m->scal + 2, sizeof *aux)))) return s;
     if (m->ep) {
-        lk_moe_dispatch_args d = dispatch_args(m, l, a, m->w);
-        d.out = t2(m, out, LK_F32, m->T, m->H);
+        lk_moe_dispatch_args d = dispatch_args(m, l, a, 0);
+        d.out = t2(m, out, m->dt, m->T, m->H);
         m->ctx.comm = m->ep;
         s = lk_moe_dispatch_forward(m->dispatch, &d, &m->ctx);
         m->ctx.comm = NULL;
         return s;
     }
-    lk_moe_experts_args e = experts_args(m, l, a, m->w, out);
+    lk_moe_experts_args e = experts_args(m, l, a, out);
     return lk_moe_experts_forward(m->layers[l].ops.experts, &e, &m->ctx);
 }
 
-lk_status lk_qwen3_moe_backward(lk_model *m, int l, const lk_layer_acts *a, const float *dout, float *dx,
+lk_status lk_qwen3_moe_backward(lk_model *m, int l, const lk_layer_acts *a, const void *dout, void *dx,
                                 float d_aux) {
     const lk_layer *L = &m->layers[l];
     lk_tensor dtw = t2(m, m->sc.dtw, LK_F32, m->T, m->K);
     lk_status s;
     if (m->ep) {
-        lk_moe_dispatch_args d = dispatch_args(m, l, a, m->w), g = dispatch_args(m, l, a, m->g);
-        d.dout = t2(m, dout, LK_F32, m->T, m->H);
-        d.d_hidden = t2(m, dx, LK_F32, m->T, m->H);
+        lk_moe_dispatch_args d = dispatch_args(m, l, a, 0), g = dispatch_args(m, l, a, 1);
+        d.dout = t2(m, dout, m->dt, m->T, m->H);
+        d.d_hidden = t2(m, dx, m->dt, m->T, m->H);
         d.d_topk_weights = dtw;
         d.d_gate_up_weight = g.gate_up_weight;
         d.d_down_weight = g.down_weight;
@@ -92,23 +94,23 @@ lk_status lk_qwen3_moe_backward(lk_model *m, int l, const lk_layer_acts *a, cons
         s = lk_moe_dispatch_backward(m->dispatch, &d, &m->ctx);
         m->ctx.comm = NULL;
     } else {
-        lk_moe_experts_args e = experts_args(m, l, a, m->w, m->sc.tmp);
+        lk_moe_experts_args e = experts_args(m, l, a, m->sc.tmp);
         e.out.data = NULL;   /* the backward reads saved, not the output */
-        e.dout = t2(m, dout, LK_F32, m->T, m->H);
-        e.d_hidden = t2(m, dx, LK_F32, m->T, m->H);
+        e.dout = t2(m, dout, m->dt, m->T, m->H);
+        e.d_hidden = t2(m, dx, m->dt, m->T, m->H);
         e.d_topk_weights = dtw;
-        e.d_gate_up_weight = t3(m, m->g + L->gate_up, m->E, 2 * m->Ie, m->H);
-        e.d_down_weight = t3(m, m->g + L->down, m->E, m->H, m->Ie);
+        e.d_gate_up_weight = t3(m, m->g + L->gate_up, LK_F32, m->E, 2 * m->Ie, m->H);
+        e.d_down_weight = t3(m, m->g + L->down, LK_F32, m->E, m->H, m->Ie);
         s = lk_moe_experts_backward(L->ops.experts, &e, &m->ctx);
     }
     if (s) return s;
     lk_moe_router_args r = router_args(m, l, a);
     r.d_topk_weights = dtw;
     r.d_aux_loss = d_aux;
-    r.d_hidden = t2(m, m->sc.dh2, LK_F32, m->T, m->H);
+    r.d_hidden = t2(m, m->sc.dh2, m->dt, m->T, m->H);
     r.d_gate_weight = t2(m, m->g + L->router, LK_F32, m->E, m->H);
     m->ctx.comm = m->sp;
     s = lk_moe_router_backward(L->ops.router, &r, &m->ctx);
     m->ctx.comm = NULL;
-    return s ? s : m->dev->add(dx, dx, m->sc.dh2, m->T * m->H, &m->ctx);
+    return s ? s : m->dev->add(dx, dx, m->sc.dh2, m->T * m->H, m->dt, &m->ctx);
 }

@@ -1,4 +1,5 @@
-/* qwen3.c — the Qwen3 / Qwen3-MoE decoder for training in f32 (model.h), on the CPU or,
+/* qwen3.c — the Qwen3 / Qwen3-MoE decoder for training in f32 or bf16 with f32 master
+ * weights and gradients (model.h), on the CPU or,
  * from a CUDA op table, on the current GPU: create (config checks, every module's
  * implementation resolved once from the op table), the activation buffers for a token
  * count, and the step: embedding gather, the layers (layer.c), final norm, LM head +
@@ -123,6 +124,7 @@ lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, ui
     if (!m) return lk_error(LK_ENOMEM, "model_create: out of memory");
     m->cfg = *cfg;
     m->recompute = recompute ? 1 : 0;
+    m->dt = LK_F32, m->es = 4;
     m->H = cfg->hidden_size; m->Hq = cfg->num_attention_heads; m->Hk = cfg->num_key_value_heads;
     m->D = cfg->head_dim; m->I = cfg->intermediate_size; m->V = cfg->vocab_size;
     m->E = cfg->moe ? cfg->num_experts : 0; m->K = cfg->moe ? cfg->num_experts_per_tok : 0;
@@ -153,6 +155,7 @@ lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, ui
     if (!s) s = make_rope(m);
     if (!s) s = lk_qwen3_params_init(m, seed);
     if (s) { lk_model_free(m); return s; }
+    m->wc = m->w;   /* f32 until lk_model_set_dtype */
     *out = m;
     return LK_OK;
 }
@@ -212,10 +215,50 @@ lk_status lk_model_set_parallel(lk_model *m, lk_comm *sp, lk_comm *ep) {
     return LK_OK;
 }
 
+/* Every module's implementation must store dt (its descriptor's dtypes). */
+static lk_status check_dtype(const lk_model *m, lk_dtype dt) {
+    const char *dn = lk_dtype_name(dt);
+    for (int l = 0; l < (int)m->cfg.num_hidden_layers; l++) {
+        const lk_layer_ops *o = &m->layers[l].ops;
+        const lk_impl *all[] = {o->in_norm, o->q_norm, o->k_norm, o->post_norm, o->rope, o->attn, o->q_proj,
+                                o->k_proj, o->v_proj, o->o_proj, o->mlp, o->router, o->experts};
+        for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+            if (all[i] && !(all[i]->needs.dtypes & LK_DTYPE_BIT(dt)))
+                return lk_error(LK_EDTYPE, "model_set_dtype: %s: layers.%d: %s '%s' does not take %s", dn, l,
+                                lk_op_info_get(all[i]->op)->name, all[i]->name, dn);
+    }
+    const lk_impl *tail[] = {m->final_norm_impl, m->ce_impl, m->ep ? m->dispatch : NULL};
+    for (size_t i = 0; i < sizeof tail / sizeof *tail; i++)
+        if (tail[i] && !(tail[i]->needs.dtypes & LK_DTYPE_BIT(dt)))
+            return lk_error(LK_EDTYPE, "model_set_dtype: %s: %s '%s' does not take %s", dn,
+                            lk_op_info_get(tail[i]->op)->name, tail[i]->name, dn);
+    return LK_OK;
+}
+
+lk_status lk_model_set_dtype(lk_model *m, lk_dtype dt) {
+    if (!m) return lk_error(LK_EINVAL, "model_set_dtype: expected a model");
+    if (dt != LK_F32 && dt != LK_BF16)
+        return lk_error(LK_EDTYPE, "model_set_dtype: expected f32 or bf16, got %s", lk_dtype_name(dt));
+    if (dt == m->dt) return LK_OK;
+    lk_status s = check_dtype(m, dt);
+    if (s) return s;
+    void *wc = m->w;
+    if (dt != LK_F32 && !(wc = m->dev->alloc((size_t)m->n_floats * lk_dtype_size(dt))))
+        return lk_error(LK_ENOMEM, "model_set_dtype: a %s copy of %lld parameters: out of %s memory", lk_dtype_name(dt),
+                        (long long)m->n_floats, lk_device_name(m->dev->type));
+    free_acts(m);   /* every buffer's size changes */
+    if (m->wc != m->w) m->dev->free(m->wc);
+    m->dt = dt, m->es = lk_dtype_size(dt), m->wc = wc;
+    return LK_OK;
+}
+
+lk_dtype lk_model_dtype(const lk_model *m) { return m ? m->dt : LK_F32; }
+
 void lk_model_free(lk_model *m) {
     if (!m) return;
     if (m->dev) {
         free_acts(m);
+        if (m->wc != m->w) m->dev->free(m->wc);
         m->dev->free(m->w); m->dev->free(m->g); m->dev->free(m->rope_cos); m->dev->free(m->rope_sin);
         m->dev->free(m->scal);
     }
@@ -228,8 +271,8 @@ void lk_model_free(lk_model *m) {
 /* The loss op's arguments; loss and n_valid are the device scalars scal[0] and scal[4]. */
 static lk_cross_entropy_args ce_args(lk_model *m) {
     lk_cross_entropy_args a = lk_cross_entropy_args_init();
-    a.hidden = lk_on(m, lk_tensor_2d(m->hf, LK_F32, m->T, m->H));
-    a.weight = lk_on(m, lk_tensor_2d(m->w + m->lm_head, LK_F32, m->V, m->H));
+    a.hidden = lk_on(m, lk_tensor_2d(m->hf, m->dt, m->T, m->H));
+    a.weight = lk_on(m, lk_tensor_2d(lk_wc(m, m->lm_head), m->dt, m->V, m->H));
     a.labels = lk_on(m, lk_tensor_1d((void *)m->labels, LK_I64, m->T));
     a.loss = lk_on(m, lk_tensor_1d(m->scal, LK_F32, 1));
     a.n_valid = lk_on(m, lk_tensor_1d(m->scal + 4, LK_I64, 1));
@@ -247,11 +290,11 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
     lk_status s = LK_OK;
     for (int l = 0; l < N && !s; l++) {
         lk_layer *L = &m->layers[l];
-        lk_tensor x = lk_on(m, lk_tensor_2d(NULL, LK_F32, T, m->H)),
-                  q = lk_on(m, lk_tensor_2d(NULL, LK_F32, m->Hq * T, m->D)),
-                  k = lk_on(m, lk_tensor_2d(NULL, LK_F32, m->Hk * T, m->D));
-        lk_rope_args r = {.q = lk_on(m, lk_tensor_view(NULL, LK_F32, 4, (int64_t[]){1, m->Hq, T, m->D})),
-                          .k = lk_on(m, lk_tensor_view(NULL, LK_F32, 4, (int64_t[]){1, m->Hk, T, m->D}))};
+        lk_tensor x = lk_on(m, lk_tensor_2d(NULL, m->dt, T, m->H)),
+                  q = lk_on(m, lk_tensor_2d(NULL, m->dt, m->Hq * T, m->D)),
+                  k = lk_on(m, lk_tensor_2d(NULL, m->dt, m->Hk * T, m->D));
+        lk_rope_args r = {.q = lk_on(m, lk_tensor_view(NULL, m->dt, 4, (int64_t[]){1, m->Hq, T, m->D})),
+                          .k = lk_on(m, lk_tensor_view(NULL, m->dt, 4, (int64_t[]){1, m->Hk, T, m->D}))};
         lk_attention_args at = {.q = r.q, .k = r.k, .v = r.k};
         memset(L->saved, 0, sizeof L->saved);
         if ((s = lk_rms_norm_saved_bytes(L->ops.in_norm, &x, &L->saved[S_IN])) ||
@@ -264,18 +307,18 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
         if (L->moe) {
             s = lk_qwen3_moe_saved(m, l, T, &L->saved[S_ROUTER], &L->saved[S_EXPERTS]);
         } else {
-            lk_tensor gu = lk_on(m, lk_tensor_2d(NULL, LK_F32, 2 * m->I, m->H));
+            lk_tensor gu = lk_on(m, lk_tensor_2d(NULL, m->dt, 2 * m->I, m->H));
             s = lk_swiglu_mlp_saved_bytes(L->ops.mlp, &x, &gu, &L->saved[S_MLP]);
         }
     }
-    lk_tensor hx = lk_on(m, lk_tensor_2d(NULL, LK_F32, T, m->H));
+    lk_tensor hx = lk_on(m, lk_tensor_2d(NULL, m->dt, T, m->H));
     if (!s) s = lk_rms_norm_saved_bytes(m->final_norm_impl, &hx, &m->s_final_bytes);
     lk_cross_entropy_args ce = ce_args(m);
     if (!s) s = lk_cross_entropy_saved_bytes(m->ce_impl, &ce, &m->s_ce_bytes);
     if (s) { free_acts(m); return s; }
 
     /* kept: layer inputs, per-layer blocks (one shared block with recompute), final */
-    size_t TH = (size_t)(T * m->H * 4), layer_max = 0, layers_sum = 0, kept = 0;
+    size_t es = m->es, TH = (size_t)(T * m->H) * es, layer_max = 0, layers_sum = 0, kept = 0;
     for (int l = 0; l < N; l++) {
         size_t b = lk_qwen3_layer_carve(m, l, NULL, NULL);
         layers_sum += b;
@@ -310,14 +353,14 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
         unsigned char *sb = pass ? m->scratch_block : NULL;
         su = 0;
         lk_scratch *c = &m->sc;
-        c->q = lk_carve(sb, &su, Q * 4); c->k = lk_carve(sb, &su, Kv * 4); c->v = lk_carve(sb, &su, Kv * 4);
+        c->q = lk_carve(sb, &su, Q * es); c->k = lk_carve(sb, &su, Kv * es); c->v = lk_carve(sb, &su, Kv * es);
         c->tmp = lk_carve(sb, &su, TH); c->dres = lk_carve(sb, &su, TH);
         c->dh = lk_carve(sb, &su, TH); c->dh2 = lk_carve(sb, &su, TH);
-        c->dao = lk_carve(sb, &su, Q * 4);
-        c->dqr = lk_carve(sb, &su, Q * 4); c->dkr = lk_carve(sb, &su, Kv * 4); c->dvt = lk_carve(sb, &su, Kv * 4);
-        c->dqt = lk_carve(sb, &su, Q * 4); c->dkt = lk_carve(sb, &su, Kv * 4);
+        c->dao = lk_carve(sb, &su, Q * es);
+        c->dqr = lk_carve(sb, &su, Q * es); c->dkr = lk_carve(sb, &su, Kv * es); c->dvt = lk_carve(sb, &su, Kv * es);
+        c->dqt = lk_carve(sb, &su, Q * es); c->dkt = lk_carve(sb, &su, Kv * es);
         c->dtw = lk_carve(sb, &su, Tk * 4);
-        c->dw = lk_carve(sb, &su, nw * 4);
+        c->dw = lk_carve(sb, &su, nw * es);
         if (!pass && !(m->scratch_block = m->dev->alloc(lk_align64(su)))) {
             free_acts(m);
             return lk_error(LK_ENOMEM, "model: scratch: out of memory");
@@ -374,9 +417,9 @@ static lk_status place_tokens(lk_model *m) {
 
 static lk_rms_norm_args final_norm_args(lk_model *m) {
     int64_t T = m->T, H = m->H, N = (int64_t)m->cfg.num_hidden_layers;
-    return (lk_rms_norm_args){.x = lk_on(m, lk_tensor_2d(m->inputs[N], LK_F32, T, H)),
-                              .weight = lk_on(m, lk_tensor_1d(m->w + m->final_norm, LK_F32, H)),
-                              .y = lk_on(m, lk_tensor_2d(m->hf, LK_F32, T, H)), .saved = {m->s_final, m->s_final_bytes},
+    return (lk_rms_norm_args){.x = lk_on(m, lk_tensor_2d(m->inputs[N], m->dt, T, H)),
+                              .weight = lk_on(m, lk_tensor_1d(lk_wc(m, m->final_norm), m->dt, H)),
+                              .y = lk_on(m, lk_tensor_2d(m->hf, m->dt, T, H)), .saved = {m->s_final, m->s_final_bytes},
                               .eps = m->cfg.rms_norm_eps};
 }
 
@@ -393,7 +436,9 @@ static lk_status forward(lk_model *m, const lk_batch *whole, lk_step_stats *st) 
                                            &m->doc_mask)))
             return s;
     }
-    if ((s = m->dev->embed(m->w + m->embed, m->ids, m->inputs[0], T, H, m->V, &m->ctx))) return s;
+    /* the compute copy from the master, which the optimizer (or a load) changed */
+    if (m->wc != m->w && (s = m->dev->round(m->wc, m->w, m->n_floats, m->dt, &m->ctx))) return s;
+    if ((s = m->dev->embed(lk_wc(m, m->embed), m->ids, m->inputs[0], T, H, m->V, m->dt, &m->ctx))) return s;
     int N = (int)m->cfg.num_hidden_layers;
     double aux = 0;
     for (int l = 0; l < N; l++) {
@@ -460,15 +505,15 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
     float dl = (float)(loss_scale * m->d_loss_unit);
     lk_cross_entropy_args ce = ce_args(m);
     ce.d_loss = lk_on(m, lk_tensor_1d(m->scal + 1, LK_F32, 1));
-    ce.d_hidden = lk_on(m, lk_tensor_2d(m->sc.dh, LK_F32, T, H));
+    ce.d_hidden = lk_on(m, lk_tensor_2d(m->sc.dh, m->dt, T, H));
     ce.d_weight = lk_on(m, lk_tensor_2d(m->g + m->lm_head, LK_F32, m->V, H));
     if ((s = m->dev->put(m->scal + 1, &dl, 4)) || (s = lk_cross_entropy_backward(m->ce_impl, &ce, &m->ctx))) return s;
     lk_rms_norm_args n = final_norm_args(m);
-    n.dy = lk_on(m, lk_tensor_2d(m->sc.dh, LK_F32, T, H));
-    n.dx = lk_on(m, lk_tensor_2d(m->sc.dres, LK_F32, T, H));
-    n.dweight = lk_on(m, lk_tensor_1d(m->sc.dw, LK_F32, H));
-    float *gn = m->g + m->final_norm;
-    if ((s = lk_rms_norm_backward(m->final_norm_impl, &n, &m->ctx)) || (s = m->dev->add(gn, gn, m->sc.dw, H, &m->ctx)))
+    n.dy = lk_on(m, lk_tensor_2d(m->sc.dh, m->dt, T, H));
+    n.dx = lk_on(m, lk_tensor_2d(m->sc.dres, m->dt, T, H));
+    n.dweight = lk_on(m, lk_tensor_1d(m->sc.dw, m->dt, H));
+    if ((s = lk_rms_norm_backward(m->final_norm_impl, &n, &m->ctx)) ||
+        (s = m->dev->acc(m->g + m->final_norm, m->sc.dw, H, m->dt, &m->ctx)))
         return s;
     grads_ready(m, m->final_norm);   /* the final norm and an untied lm_head follow the layers */
     /* the aux loss is the mean over MoE layers, scaled by its coefficient */
@@ -479,7 +524,7 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
         grads_ready(m, m->layers[l].first);
     }
     /* embedding: scatter-add by token, repeated ids in one fixed order */
-    if ((s = m->dev->embed_backward(m->g + m->embed, m->ids, m->sc.dres, T, H, m->V, &m->ctx))) return s;
+    if ((s = m->dev->embed_backward(m->g + m->embed, m->ids, m->sc.dres, T, H, m->V, m->dt, &m->ctx))) return s;
     grads_ready(m, 0);
     *stats = st;
     return LK_OK;

@@ -5,7 +5,10 @@
  *
  * Layout choices:
  *   - Parameters live in one flat f32 buffer (and grads in a twin at the same offsets);
- *     each lk_param is a view with its Hugging Face name. gate_proj/up_proj of a layer
+ *     each lk_param is a view with its Hugging Face name. The ops read a compute copy
+ *     at the same offsets in the model's dtype (lk_model_set_dtype): the f32 buffer
+ *     itself, or its bf16 rounding refreshed at the start of every forward; the
+ *     activations are of that dtype, the gradients always f32 (mixed precision). gate_proj/up_proj of a layer
  *     are adjacent, so together they are the swiglu_mlp op's gate_up [2I, H]; a MoE
  *     layer's experts are stacked [E, 2I, H] and [E, H, I] for the experts op, and the
  *     per-expert HF tensors are views into those stacks.
@@ -49,22 +52,22 @@ typedef struct {
 /* One layer's activations: what its backward reads (x is the layer input, kept apart
  * in the model's inputs array). */
 typedef struct {
-    float *x, *h1, *qt, *kt, *vt, *qr, *kr, *ao, *x2, *h2;
+    void *x, *h1, *qt, *kt, *vt, *qr, *kr, *ao, *x2, *h2;   /* the model's dtype */
     int32_t *ids;
     float *tw;
     void *s[S_COUNT];
 } lk_layer_acts;
 
-/* Per-step buffers that are not kept between the passes. */
+/* Per-step buffers that are not kept between the passes; of the model's dtype but dtw. */
 typedef struct {
-    float *q, *k, *v;            /* token-major projections (forward), their grads (backward) */
-    float *tmp;                  /* [T, H]: o_proj / MLP output, then dx pieces */
-    float *dres, *dh, *dh2;      /* [T, H] */
-    float *dao;                  /* [T, Hq*D] */
-    float *dqr, *dkr, *dvt;      /* head-major grads */
-    float *dqt, *dkt;
-    float *dtw;                  /* [T, k] */
-    float *dw;                   /* [max(H, D)]: a norm's written dweight before it is added */
+    void *q, *k, *v;             /* token-major projections (forward), their grads (backward) */
+    void *tmp;                   /* [T, H]: o_proj / MLP output, then dx pieces */
+    void *dres, *dh, *dh2;       /* [T, H] */
+    void *dao;                   /* [T, Hq*D] */
+    void *dqr, *dkr, *dvt;       /* head-major grads */
+    void *dqt, *dkt;
+    float *dtw;                  /* [T, k] f32 */
+    void *dw;                    /* [max(H, D)]: a norm's written dweight before it is added */
 } lk_scratch;
 
 struct lk_model {
@@ -74,8 +77,11 @@ struct lk_model {
     int n_moe_layers;
 
     const lk_model_device *dev;   /* where w, g, the tables and the activations live (device.h) */
-    float *w, *g;                 /* all parameter values and grads */
+    float *w, *g;                 /* all parameter values (the f32 master) and grads */
     int64_t n_floats;
+    lk_dtype dt;                  /* the compute dtype: the activations' and wc's (f32 or bf16) */
+    size_t es;                    /* its bytes */
+    void *wc;                     /* the weights the ops read: w itself in f32, else its rounding */
     int64_t embed, final_norm, lm_head;      /* offsets; lm_head = embed when tied */
     lk_param *params;
     int n_params;
@@ -108,8 +114,8 @@ struct lk_model {
     int64_t T;
     void *act_block, *scratch_block;
     lk_layer_acts *acts;          /* per layer; with recompute all share one block */
-    float **inputs;               /* [N + 1]: layer inputs, inputs[N] the last layer's output */
-    float *hf;                    /* final norm output */
+    void **inputs;                /* [N + 1]: layer inputs, inputs[N] the last layer's output */
+    void *hf;                     /* final norm output */
     void *s_final, *s_ce;
     size_t s_final_bytes, s_ce_bytes;
     unsigned char *shared;        /* with recompute: the one layer block every layer uses */
@@ -124,18 +130,21 @@ struct lk_model {
 lk_status lk_qwen3_params_init(lk_model *m, uint64_t seed);
 /* layer.c: the pass of layer l over acts a (carved for l); out NULL skips the residual
  * write (a recompute); aux gets the router's aux loss of a MoE layer. */
-lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, const lk_batch *b, float *out,
+lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, const lk_batch *b, void *out,
                                  float *aux);
 /* dres in: d(layer output); out: d(layer input). */
 lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, const lk_batch *b, float d_aux);
 /* Bytes of layer l's activation block; carves it into a when base is not NULL. */
 size_t lk_qwen3_layer_carve(const lk_model *m, int l, void *base, lk_layer_acts *a);
 /* moe_block.c */
-lk_status lk_qwen3_moe_forward(lk_model *m, int l, const lk_layer_acts *a, float *out, float *aux);
-lk_status lk_qwen3_moe_backward(lk_model *m, int l, const lk_layer_acts *a, const float *dout, float *dx,
+lk_status lk_qwen3_moe_forward(lk_model *m, int l, const lk_layer_acts *a, void *out, float *aux);
+lk_status lk_qwen3_moe_backward(lk_model *m, int l, const lk_layer_acts *a, const void *dout, void *dx,
                                 float d_aux);
 /* The saved-bytes queries of a MoE block for T tokens. */
 lk_status lk_qwen3_moe_saved(const lk_model *m, int l, int64_t T, size_t *router, size_t *experts);
+
+/* The compute copy of the weights at offset off (in elements, the master's offsets). */
+static inline void *lk_wc(const lk_model *m, int64_t off) { return (char *)m->wc + (size_t)off * m->es; }
 
 /* t placed on the model's device (the ops check where their tensors live). */
 static inline lk_tensor lk_on(const lk_model *m, lk_tensor t) {

@@ -3,7 +3,8 @@
  * machine climbed until the OOM killer; train.steps 10^12 failed as "optimizer state").
  * Every product goes through core/checked.h. The activations are a lower bound: what
  * every layer's forward keeps per token whatever the implementations (its inputs, the
- * attention's q, k, v and output, the MLP's hidden), plus the logits. On a GPU the
+ * attention's q, k, v and output, the MLP's hidden), plus the logits, in the compute
+ * dtype (train.dtype). On a GPU the
  * weights, gradients, AdamW moments and activations are the device's; the host keeps a
  * copy of the weights (checkpoints go through it) and the loss history. */
 #include <stdio.h>
@@ -15,6 +16,7 @@
 lk_status lk_train_memory_estimate(const lk_train_config *tc, lk_train_memory *out) {
     if (!tc || !out) return lk_error(LK_EINVAL, "train: memory estimate: expected a config and an output");
     lk_train_memory r = {0};
+    int bf16 = lk_train_dtype(tc) == LK_BF16;
     const lk_qwen3_config *c = &tc->model;
     int64_t hist, state, tokens, per_tok, act, logits, total;
     size_t bytes;
@@ -25,8 +27,10 @@ lk_status lk_train_memory_estimate(const lk_train_config *tc, lk_train_memory *o
     r.history_bytes = bytes;
     if ((s = lk_checked_mul("train: train.batch_size x train.seq_len", tc->batch_size, tc->seq_len, &tokens))) return s;
     if (tc->has_model) {
+        /* f32 weights, gradients, AdamW m and v; bf16 adds the weights' compute copy */
+        int per_param = 16 + (bf16 ? 2 : 0);
         if ((s = lk_qwen3_param_count(c, "train: model", &r.params, NULL)) ||
-            (s = lk_checked_mul("train: model (16 bytes a parameter)", r.params, 16, &state)))
+            (s = lk_checked_mul("train: model (bytes a parameter)", r.params, per_param, &state)))
             return s;
         r.state_bytes = (uint64_t)state;
         /* per token and layer: 4 x hidden (norm inputs and outputs), q, k, v and the attention's
@@ -47,7 +51,7 @@ lk_status lk_train_memory_estimate(const lk_train_config *tc, lk_train_memory *o
             (s = lk_checked_mul("train: the logits (batch_size x seq_len x vocab_size)", tokens, c->vocab_size,
                                 &logits)) ||
             (s = lk_checked_add("train: the activations", per_tok, logits, &act)) ||
-            (s = lk_checked_bytes("train: the activations", act, sizeof(float), &bytes)))
+            (s = lk_checked_bytes("train: the activations", act, bf16 ? 2 : sizeof(float), &bytes)))
             return s;
         r.activation_bytes = bytes;
     }
@@ -56,7 +60,7 @@ lk_status lk_train_memory_estimate(const lk_train_config *tc, lk_train_memory *o
         (s = lk_checked_add("train: the memory estimate", total, (int64_t)r.history_bytes, &total)) ||
         (s = lk_checked_add("train: the memory estimate", (int64_t)r.state_bytes, (int64_t)r.activation_bytes,
                             &dev_bytes)) ||
-        (s = lk_checked_add("train: the memory estimate", (int64_t)r.state_bytes / 4, (int64_t)r.history_bytes,
+        (s = lk_checked_add("train: the memory estimate", r.params * 4, (int64_t)r.history_bytes,
                             &host_copy)))
         return s;
     r.total_bytes = (uint64_t)total;

@@ -66,9 +66,10 @@ static void print_header(const lk_train_config *tc, const lk_train_memory *e, in
            p >= 1e9 ? p / 1e9 : p >= 1e6 ? p / 1e6 : p / 1e3, p >= 1e9 ? "B" : p >= 1e6 ? "M" : "K",
            (long long)c->num_hidden_layers, (long long)c->hidden_size);
     if (c->moe) printf(", %lld experts, top %lld", (long long)c->num_experts, (long long)c->num_experts_per_tok);
-    printf("); memory: needs %s (%s weights, gradients, AdamW m and v + %s activations)",
+    int bf16 = lk_train_dtype(tc) == LK_BF16;
+    printf("); memory: needs %s (%s weights, gradients, AdamW m and v%s + %s activations%s)",
            lk_bytes_str(e->state_bytes + e->activation_bytes, t, sizeof t), lk_bytes_str(e->state_bytes, a, sizeof a),
-           lk_bytes_str(e->activation_bytes, b, sizeof b));
+           bf16 ? ", the weights' bf16 copy" : "", lk_bytes_str(e->activation_bytes, b, sizeof b), bf16 ? " in bf16" : "");
     if (tc->device == LK_DEVICE_CPU) {
         printf("%s on cpu, %s %s\n", ranks > 1 ? " a rank" : "", host ? lk_bytes_str(host, h, sizeof h) : "unknown",
                host_src);
@@ -195,6 +196,10 @@ static lk_status build_model(const lk_train_config *tc, const lk_ops_config *ops
     }
     if (!s) s = lk_model_build(cfg, fam->name, table);
     if (!s) s = lk_model_create(&tc->model, table, tc->seed, tc->recompute, out);
+    if (!s && (s = lk_model_set_dtype(*out, lk_train_dtype(tc)))) {
+        lk_model_free(*out);
+        *out = NULL;
+    }
     free(cfg);
     free(table);
     return s;

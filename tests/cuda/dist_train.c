@@ -41,6 +41,7 @@ static void tiny(const char *name, const char *out, lk_device_type dev, int64_t 
     DIST_CHECK(s == LK_OK, "%s", path);
     tc.steps = STEPS; tc.grad_accum = grad_accum;
     tc.device = dev;
+    tc.dtype = LK_F32;   /* within f32 tolerance of the CPU trainer */
     snprintf(tc.out, sizeof tc.out, "%s", out);
 }
 

@@ -30,6 +30,7 @@ static void tiny_config(const char *out, lk_device_type dev, const char *init) {
     tc.steps = 2; tc.warmup_steps = 1; tc.batch_size = 2; tc.seq_len = 32; tc.corpus_docs = 64;
     tc.max_shard_size = 20000;
     tc.device = dev;
+    tc.dtype = LK_F32;   /* held against the CPU's f32 run */
     if (init) snprintf(tc.init_from, sizeof tc.init_from, "%s", init);
     snprintf(tc.out, sizeof tc.out, "%s", out);
     lk_ops_config_init(&ops);

@@ -73,14 +73,14 @@ static void too_big_for_the_gpu(void **state) {
     lk_hw_mem_available(LK_DEVICE_CUDA, src, sizeof src);   /* the CUDA context exists: not timed below */
     tiny_config("unused");
     /* small weights (the host copy is tiny) but 2^20 tokens of a 151936-id vocabulary's
-     * logits: ~600 GiB of activations, more than any GPU's memory */
+     * logits: ~300 GiB of bf16 activations (a GPU's default dtype), more than any GPU's memory */
     tc.model.vocab_size = 151936;
     tc.batch_size = 1;
     tc.seq_len = 1 << 20;
     tc.model.max_position_embeddings = 1 << 20;
     lk_train_memory e;
     assert_int_equal(lk_train_memory_estimate(&tc, &e), LK_OK);
-    assert_true(e.device_bytes > (512ull << 30));
+    assert_true(e.device_bytes > (256ull << 30));
     assert_true(e.host_bytes < (1ull << 30));
     double sec;
     expect_refused("free on GPU", &sec);

@@ -1,6 +1,6 @@
 /* test_train_resume.c (GPU) — the trainer on a GPU (train.device: cuda) stopped and
  * resumed: N steps straight against N/2 steps, a stop, --resume from the output directory
- * and N/2 more, on a tiny Qwen3-MoE. The GPU's kernels are deterministic (test_model.c's
+ * and N/2 more, on a tiny Qwen3-MoE, in f32 and in bf16. The GPU's kernels are deterministic (test_model.c's
  * recompute check), so every loss and every f32 master weight and AdamW moment of the
  * final checkpoint must match bit for bit: tests/train_util.h's check, the one
  * tests/test_train_loop.c runs on the CPU trainer. What it tests here is the
@@ -18,6 +18,7 @@
 
 static lk_train_config tc;
 static lk_ops_config ops;
+static lk_dtype dtype;   /* the run's train.dtype */
 
 /* Two MoE layers of 64 wide, 2 x 32-token micro-batches twice a step, on the GPU. */
 static void tiny_config(const char *out, int64_t steps, int64_t save_every) {
@@ -33,12 +34,21 @@ static void tiny_config(const char *out, int64_t steps, int64_t save_every) {
     tc.batch_size = 2; tc.seq_len = 32; tc.grad_accum = 2; tc.lr = 3e-3; tc.min_lr = 3e-4;
     tc.corpus_docs = 64;
     tc.device = LK_DEVICE_CUDA;
+    tc.dtype = dtype;
     snprintf(tc.out, sizeof tc.out, "%s", out);
     lk_ops_config_init(&ops);
 }
 
 static void resume_is_bit_identical(void **state) {
     (void)state;
+    dtype = LK_F32;
+    assert_resume_bit_identical(&tc, &ops, tiny_config);
+}
+
+/* bf16 (a GPU's default): the compute copy is rounded from the restored f32 master. */
+static void resume_is_bit_identical_bf16(void **state) {
+    (void)state;
+    dtype = LK_BF16;
     assert_resume_bit_identical(&tc, &ops, tiny_config);
 }
 
@@ -46,6 +56,7 @@ int main(void) {
     if (!lkt_have_gpu("cuda_test_train_resume")) return LKT_SKIP;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(resume_is_bit_identical),
+        cmocka_unit_test(resume_is_bit_identical_bf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

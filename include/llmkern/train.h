@@ -106,6 +106,10 @@ typedef struct {
     /* train.cuda_graph: on a GPU, the step (forward, backward, all-reduce, update) is
      * captured once in a CUDA graph and replayed; capture fails on any host sync. */
     int cuda_graph;
+    /* train.profile_step: on a GPU, the CUDA profiler records step N alone (1-based;
+     * cudaProfilerStart/Stop around it, for `ncu --profile-from-start off`,
+     * bench/step_profile.py); 0 = off. */
+    int64_t profile_step;
 } lk_train_config;
 
 /* tc's compute dtype, its device's default resolved. */
@@ -138,6 +142,9 @@ typedef struct {
     double loss, lr, grad_norm;  /* grad_norm before clipping */
     double tokens_per_s;         /* the run's average rate so far */
     double eta_s;                /* the remaining steps at that rate */
+    uint64_t peak_device_bytes;  /* GPU: the most memory in use on the rank's GPU after a step so
+                                  * far (cudaMemGetInfo: total - free, the CUDA context included);
+                                  * CPU: 0 */
 } lk_train_step;
 
 typedef struct {
@@ -175,6 +182,7 @@ typedef struct {
     char last_checkpoint[600];        /* "" when none was written */
     int64_t buckets, buckets_early;   /* gradient all-reduces run, and those started while the
                                        * backward was still running (overlapped) */
+    uint64_t peak_device_bytes;       /* as lk_train_step's, over the run */
 } lk_train_result;
 
 /* Trains tc.model with ops on tc's data for tc.steps steps, writing into tc.out:

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cli/cli.h"
+#include "core/checked.h"
 #include "llmkern/train.h"
 
 /* Launched by mpirun (OpenMPI, or a PMI launcher): only then is MPI initialized, so a
@@ -70,6 +71,7 @@ static void json_step(void *user, const lk_train_step *st) {
     cli_json_num(&j, "grad_norm", "%.6g", st->grad_norm);
     cli_json_num(&j, "tokens_per_s", "%.1f", st->tokens_per_s);
     cli_json_num(&j, "eta_s", "%.1f", st->eta_s);
+    if (st->peak_device_bytes) cli_json_int(&j, "peak_device_bytes", (int64_t)st->peak_device_bytes);
     cli_json_close(&j);
     fflush(stdout);
 }
@@ -94,5 +96,9 @@ static int run(const cli_opts *o, const lk_train_config *tc, lk_ops_config *ops,
            "checkpoint %s; model, loss.csv, loss.png in %s\n", (long long)r.first_step + 1, (long long)r.steps_done,
            r.first_loss, r.last_loss, (long long)(r.steps_done < 10 ? r.steps_done : 10), r.tail_loss, r.seconds,
            r.tokens_per_s, r.last_checkpoint, tc->out);
+    char b[32];
+    if (rank0 && r.peak_device_bytes)
+        fprintf(say, "peak GPU memory %s (cudaMemGetInfo: in use after a step, the CUDA context included)\n",
+                lk_bytes_str(r.peak_device_bytes, b, sizeof b));
     return 0;
 }

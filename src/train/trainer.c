@@ -382,14 +382,15 @@ int64_t lk_train_log_every(int64_t steps) {
 }
 
 static void progress(const trainer *t, const float *row, double tokens_per_s, double eta_s, int tty, int last) {
-    char line[200];
+    char line[240], mem[48] = "", b[32];
+    if (t->mem_peak) snprintf(mem, sizeof mem, " | peak %s", lk_bytes_str(t->mem_peak, b, sizeof b));
     /* clamped: steps x seconds a step can be any double, and its conversion to an integer
      * out of range is undefined (it overflowed with --steps 3689348814741910324) */
     double e = eta_s >= 0 ? (eta_s < 1e12 ? eta_s : 1e12) : 0;
     long long eta = (long long)(e + 0.5);
-    snprintf(line, sizeof line, "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s | ETA %s%lldm%02ds",
+    snprintf(line, sizeof line, "step %lld/%lld | loss %.4f | lr %.3e | grad norm %.3f | %.0f tok/s%s | ETA %s%lldm%02ds",
              (long long)row[LK_HIST_STEP], (long long)t->tc->steps, row[LK_HIST_LOSS], row[LK_HIST_LR],
-             row[LK_HIST_GRAD_NORM], tokens_per_s, e >= 1e12 ? ">" : "", eta / 60, (int)(eta % 60));
+             row[LK_HIST_GRAD_NORM], tokens_per_s, mem, e >= 1e12 ? ">" : "", eta / 60, (int)(eta % 60));
     if (tty) printf("\r%s\033[K%s", line, last ? "\n" : "");
     else printf("%s\n", line);
     fflush(stdout);
@@ -519,7 +520,11 @@ static lk_status run_loop(trainer *t, const lk_train_opts *o, lk_train_result *r
         if (o->before_step) o->before_step(o->user, t->step, t->model);
         double ts = now_s(), loss = NAN, norm = NAN;
         int64_t tokens;
-        if ((s = train_step(t, o, &loss, &norm, &tokens))) break;
+        int profiled = t->dev->profile && t->step + 1 == tc->profile_step;
+        if (profiled) t->dev->profile(1);
+        s = train_step(t, o, &loss, &norm, &tokens);
+        if (profiled) t->dev->profile(0);
+        if (s) break;
         if (!isfinite(loss) || !isfinite(norm)) {
             s = lk_error(LK_EINVAL, "train: step %lld: %s is %s: training stopped, the weights of this step not "
                          "updated; %s%s", (long long)t->step + 1, isfinite(loss) ? "gradient norm" : "loss",
@@ -529,6 +534,8 @@ static lk_status run_loop(trainer *t, const lk_train_opts *o, lk_train_result *r
         }
         double dt = now_s() - ts;
         tokens_total += (double)tokens;
+        uint64_t used = t->dev->mem_used ? t->dev->mem_used() : 0;
+        if (used > t->mem_peak) t->mem_peak = used;
         float *row = t->hist + t->step * LK_HIST_COLS;
         row[LK_HIST_STEP] = (float)(t->step + 1);   /* updates done, as the progress line counts */
         row[LK_HIST_LOSS] = (float)loss;
@@ -550,7 +557,8 @@ static lk_status run_loop(trainer *t, const lk_train_opts *o, lk_train_result *r
             progress(t, row, rate, eta, tty, t->step == tc->steps);
         if (o->on_step && t->writer)
             o->on_step(o->user, &(lk_train_step){.step = t->step, .steps = tc->steps, .loss = loss, .lr = row[LK_HIST_LR],
-                                                 .grad_norm = norm, .tokens_per_s = rate, .eta_s = eta});
+                                                 .grad_norm = norm, .tokens_per_s = rate, .eta_s = eta,
+                                                 .peak_device_bytes = t->mem_peak});
         if (tc->save_every > 0 && t->step % tc->save_every == 0 && t->step < tc->steps) {
             if (t->world) lk_comm_watchdog_grace(10 * tc->comm_timeout_s);   /* the others wait for rank 0's write */
             if (t->writer && ((s = lk_trainer_save(t)) || (s = write_plot(t)))) {}
@@ -617,6 +625,7 @@ lk_status lk_train_run(const lk_train_config *tc, const lk_ops_config *ops, cons
     for (int64_t i = t.step - tail; i < t.step; i++) r.tail_loss += t.hist[i * LK_HIST_COLS + LK_HIST_LOSS] / (double)tail;
     r.steps_done = t.step;
     r.buckets = t.buckets, r.buckets_early = t.buckets_early;
+    r.peak_device_bytes = t.mem_peak;
     trainer_free(&t);
     if (watched) {
         lk_comm_watchdog_grace(0);

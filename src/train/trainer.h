@@ -29,6 +29,10 @@ typedef struct {
     /* *norm = the global gradient norm, grads clipped to grad_clip, then one AdamW step at
      * lr for update number t->step + 1. */
     lk_status (*update)(struct trainer *t, double lr, double *norm);
+    /* Bytes in use on the device now (NULL: not measured, the CPU). */
+    uint64_t (*mem_used)(void);
+    /* The device profiler on (1) or off (0) around train.profile_step (NULL: none). */
+    void (*profile)(int on);
 } lk_train_device;
 
 typedef struct trainer {
@@ -56,6 +60,7 @@ typedef struct trainer {
     float *flat;              /* the model's flat gradients, n_flat floats */
     int64_t n_flat, bucket, n_buckets, n_started;
     int64_t buckets, buckets_early;   /* totals for lk_train_result */
+    uint64_t mem_peak;                /* the most dev->mem_used after a step */
     lk_comm_request *reqs;    /* [n_buckets] */
     lk_status start_error;
 } trainer;

@@ -6,6 +6,7 @@
  * (trainer.c), so a GPU run follows a CPU run's loss curve to f32 rounding. */
 #include <math.h>
 #include <stdlib.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include "core/cuda_check.h"
 #include "llmkern/cuda_train.h"
@@ -67,10 +68,21 @@ static lk_status update(trainer *t, double lr, double *norm) {
     return s;
 }
 
+static uint64_t mem_used(void) {
+    size_t free_b = 0, total = 0;
+    return cudaMemGetInfo(&free_b, &total) == cudaSuccess ? (uint64_t)(total - free_b) : 0;
+}
+
+static void profile(int on) {
+    cudaDeviceSynchronize();   /* the step's kernels inside the range, and only they */
+    if (on) cudaProfilerStart();
+    else cudaProfilerStop();
+}
+
 const lk_train_device lk_train_device_cuda = {
     /* 128 MiB: on two NVLink H200s, 4 MiB buckets made the step slower than one bucket
      * after the backward (per-call cost and SMs taken from the backward's GEMMs), 128 MiB
      * hid 40% of the exposed all-reduce (bench/NOTES.md, run 26) */
     .type = LK_DEVICE_CUDA, .bucket_bytes = (int64_t)128 << 20, .pick = pick, .grads_comm = grads_comm,
-    .scale = scale, .update = update,
+    .scale = scale, .update = update, .mem_used = mem_used, .profile = profile,
 };

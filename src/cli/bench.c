@@ -109,7 +109,7 @@ static int plan(const cli_opts *o, const int sel[LK_OP_COUNT], const lk_shape *s
     int n_skip = 0;
     for (int i = 0; i < lk_impl_count(); i++) {
         const lk_impl *impl = lk_impl_at(i);
-        const lk_harness *h = cli_harness_for(impl, sel, o->impl);
+        const lk_harness *h = cli_harness_for(impl, sel, o->impl, CLI_DEVICE(LK_DEVICE_CPU));
         if (!h) continue;
         lk_case_opts mine = opts_for(h, all);
         lk_status s = h->bench_validate ? h->bench_validate(impl, size ? size : &h->bench_shape, &mine) : LK_OK;

@@ -22,7 +22,8 @@ typedef struct {
     const char *out;        /* train --out DIR */
     const char *resume;     /* train --resume DIR */
     const char *init;       /* train --init DIR (a Hugging Face checkpoint: model.init_from) */
-    const char *device;     /* train --device cpu|cuda (the config's train.device otherwise) */
+    const char *device;     /* --device cpu|cuda: train's and explain's (the config's train.device otherwise);
+                             * check's rows (every device otherwise) */
     long long steps;        /* train --steps N (0: the config's) */
 } cli_opts;
 
@@ -86,8 +87,11 @@ void cli_progress(const char *text);
 /* The ops --op selects (all when NULL); 0 and a message when the name is unknown. */
 int cli_ops(const char *name, int selected[LK_OP_COUNT]);
 /* The harness `check` and `bench` run impl with: NULL unless its op is selected, has a
- * harness, impl is a CPU row (the harnesses hold CPU tensors; CUDA rows: tests/cuda and
- * bench/peers_cuda.py), is the row --impl names (any when NULL) and can run here. */
-const lk_harness *cli_harness_for(const lk_impl *impl, const int selected[LK_OP_COUNT], const char *only);
+ * harness, impl's device is one of devices (CLI_DEVICE bits: check moves its tensors to
+ * any row's device; bench times CPU rows only, CUDA rows are bench/peers_cuda.py's), is
+ * the row --impl names (any when NULL) and can run here. */
+#define CLI_DEVICE(type) (1u << (type))
+const lk_harness *cli_harness_for(const lk_impl *impl, const int selected[LK_OP_COUNT], const char *only,
+                                  unsigned devices);
 
 #endif

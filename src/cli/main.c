@@ -1,5 +1,5 @@
 /* main.c — the llmkern command.
- *   llmkern list | explain [--config F] [--device cpu|cuda] | check [--op N]
+ *   llmkern list | explain [--config F] [--device cpu|cuda] | check [--op N] [--device cpu|cuda]
  *         | bench [--op N] [--size 8192x4096] [--mask M] [--kv-heads H] [--block N]
  *         | train --config F [--steps N] [--out DIR] [--resume DIR] [--init DIR] [--device cpu|cuda]
  * Every command takes --json. Exit status: 0 ok, 1 a check failed, 2 bad usage or error. */
@@ -15,8 +15,9 @@ static const char usage[] =
     "  list                    every op and implementation, and whether it runs here\n"
     "  explain [--config F]    what each op binds, from which source, at which stage\n"
     "          [--family qwen3|qwen3_moe] [--device cpu|cuda]\n"
-    "  check   [--op N] [--impl N] [--dtype D] [--seed S]\n"
+    "  check   [--op N] [--impl N] [--dtype D] [--seed S] [--device cpu|cuda]\n"
     "                          every available implementation against the float64 reference\n"
+    "                          (CUDA rows on the GPU; --device: only that device's rows)\n"
     "  bench   [--op N] [--impl N] [--dtype D] [--size AxB]\n"
     "          [--mask none|causal|sliding|prefix_lm|document] [--kv-heads H] [--block N]\n"
     "                          copy bandwidth and GEMM rate, then every implementation's passes;\n"
@@ -32,10 +33,11 @@ int cli_fail(const char *what, lk_status s) {
     return 2;
 }
 
-const lk_harness *cli_harness_for(const lk_impl *impl, const int selected[LK_OP_COUNT], const char *only) {
+const lk_harness *cli_harness_for(const lk_impl *impl, const int selected[LK_OP_COUNT], const char *only,
+                                  unsigned devices) {
     const lk_harness *h = lk_harness_get(impl->op);
     char why[160];
-    if (!selected[impl->op] || !h || impl->device != LK_DEVICE_CPU || (only && strcmp(only, impl->name) != 0) ||
+    if (!selected[impl->op] || !h || !(devices & CLI_DEVICE(impl->device)) || (only && strcmp(only, impl->name) != 0) ||
         !lk_impl_available(impl, lk_hw_get(), why, sizeof why))
         return NULL;
     return h;

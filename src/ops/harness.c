@@ -1,11 +1,14 @@
 /* harness.c — each op's harness, as its descriptor names it (src/ops/op_def.h), and the
- * pieces every harness shares: shapes, random inputs, poisoning, relative error and
- * timing. */
+ * pieces every harness shares: shapes, random inputs, poisoning, a check's tensors moved
+ * to its row's device (lk_place_*), relative error and timing. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "ops/op_def.h"
+#ifdef LLMKERN_HAVE_CUDA
+#include "model/device.h"       /* the CUDA moves: alloc, put, get (device.cu) */
+#endif
 
 const lk_harness *lk_harness_get(lk_op op) {
     const lk_op_def *def = lk_op_def_get(op);
@@ -101,6 +104,102 @@ double lk_rel_err_f64(const double *got, const double *want, int64_t n) {
         if (fabs(want[i]) > max_ref) max_ref = fabs(want[i]);
     }
     return max_err / (max_ref > 1e-300 ? max_ref : 1.0);
+}
+
+lk_status lk_place_begin(lk_placement *p, const char *op, const lk_impl *impl) {
+    memset(p, 0, sizeof *p);
+    p->op = op;
+    p->device = (lk_device){impl ? impl->device : LK_DEVICE_CPU, 0};
+    if (p->device.type == LK_DEVICE_CPU) return LK_OK;
+#ifdef LLMKERN_HAVE_CUDA
+    if (p->device.type == LK_DEVICE_CUDA) {
+        const lk_model_device *m = &lk_model_device_cuda;
+        p->device.index = m->current();
+        p->alloc = m->alloc;
+        p->release = m->free;
+        p->put = m->put;
+        p->get = m->get;
+        return LK_OK;
+    }
+#endif
+    return p->status = lk_error(LK_EUNAVAILABLE, "%s: check: %s rows cannot run in this build (no moves to the "
+                                "device)", op, lk_device_name(p->device.type));
+}
+
+/* The device copy of host's bytes [host, host + bytes): an existing one when they lie
+ * inside a buffer already placed, else a new one. NULL (p->status set) on failure. */
+static void *place(lk_placement *p, const char *name, void *host, size_t bytes, int out) {
+    const unsigned char *h = host;
+    for (int i = 0; i < p->n; i++) {
+        const unsigned char *b = p->buf[i].host;
+        if (h >= b && h + bytes <= b + p->buf[i].bytes) {
+            p->buf[i].out |= out;
+            return (unsigned char *)p->buf[i].dev + (h - b);
+        }
+        if (h < b + p->buf[i].bytes && b < h + bytes) {    /* overlaps one, not inside it: two copies would differ */
+            p->status = lk_error(LK_EINTERNAL, "%s: check: %s overlaps a buffer placed before it without lying "
+                                 "inside it", p->op, name);
+            return NULL;
+        }
+    }
+    if (p->n == LK_PLACE_MAX) {
+        p->status = lk_error(LK_EINTERNAL, "%s: check: %s: more than %d buffers to place on %s", p->op, name,
+                             LK_PLACE_MAX, lk_device_name(p->device.type));
+        return NULL;
+    }
+    void *d = p->alloc(bytes);
+    if (!d) {
+        p->status = lk_error(LK_ENOMEM, "%s: check: %s: out of %s memory for %zu bytes", p->op, name,
+                             lk_device_name(p->device.type), bytes);
+        return NULL;
+    }
+    lk_status s = p->put(d, host, bytes);
+    if (s) {
+        p->release(d);
+        p->status = s;
+        return NULL;
+    }
+    p->buf[p->n].host = host;
+    p->buf[p->n].dev = d;
+    p->buf[p->n].bytes = bytes;
+    p->buf[p->n].out = out;
+    p->n++;
+    return d;
+}
+
+void lk_place_tensor(lk_placement *p, const char *name, lk_tensor *t, int out) {
+    if (p->device.type == LK_DEVICE_CPU || p->status) return;
+    t->device = p->device;
+    if (!t->data) return;
+    void *d = place(p, name, t->data, lk_tensor_bytes(t), out);
+    if (d) t->data = d;
+}
+
+void lk_place_saved(lk_placement *p, const char *name, lk_saved *s, int out) {
+    if (p->device.type == LK_DEVICE_CPU || p->status || !s->data) return;
+    void *d = place(p, name, s->data, s->bytes, out);
+    if (d) s->data = d;
+}
+
+lk_ctx lk_place_ctx(const lk_placement *p, lk_arena *arena) {
+    if (p->device.type == LK_DEVICE_CPU) return lk_ctx_cpu(arena);
+    arena->device = p->device.type;
+    return lk_ctx_cuda(arena, NULL, p->device.index);
+}
+
+lk_status lk_place_fetch(lk_placement *p) {
+    if (p->status) return p->status;
+    for (int i = 0; i < p->n; i++) {
+        if (!p->buf[i].out) continue;
+        lk_status s = p->get(p->buf[i].host, p->buf[i].dev, p->buf[i].bytes);
+        if (s) return p->status = s;
+    }
+    return LK_OK;
+}
+
+void lk_place_end(lk_placement *p) {
+    for (int i = 0; i < p->n; i++) p->release(p->buf[i].dev);
+    p->n = 0;
 }
 
 double lk_tol_find(const lk_tol *tols, size_t n, const lk_impl *impl, lk_dtype dt, double fallback) {

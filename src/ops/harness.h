@@ -105,6 +105,64 @@ double lk_rel_err(const void *got, lk_dtype dt, const double *ref, int64_t n);
 /* The same for two double arrays (a reference held against another). */
 double lk_rel_err_f64(const double *got, const double *want, int64_t n);
 
+/* --- a check's tensors on its row's device ---------------------------------------- */
+/* A check builds its inputs and poisoned outputs in host memory whatever the row's
+ * device. For a CUDA row, lk_place_tensor gives each tensor of the call a device copy of
+ * those bytes (the tensor then points at it, so a poisoned output is poisoned there too),
+ * lk_place_fetch copies the outputs back over their host buffers once the passes ran, and
+ * the check compares the host buffers as on the CPU; lk_place_end frees the copies. The
+ * moves are the model's per-device ones (src/model/device.h: alloc, put, get), present in
+ * CUDA builds only, so this code calls no CUDA itself. For a CPU row every call leaves the
+ * tensors as they are: the passes run on the host buffers, as they always did.
+ *
+ *   lk_placement pl;
+ *   lk_place_begin(&pl, "rms_norm", impl);
+ *   lk_place_tensor(&pl, "x", &a.x, 0); lk_place_tensor(&pl, "y", &a.y, 1); ...
+ *   lk_ctx ctx = lk_place_ctx(&pl, &arena);
+ *   if ((s = pl.status) || (s = forward) || (s = backward) || (s = lk_place_fetch(&pl))) goto done;
+ *   ... compare the host buffers ...
+ * done: lk_place_end(&pl);                                                              */
+#define LK_PLACE_MAX 24
+typedef struct {
+    const char *op;             /* for error messages */
+    lk_device device;           /* the row's: where placed tensors live */
+    /* The device's moves (NULL on the CPU): bytes of device memory (NULL when out of it),
+     * its release, and synchronous copies host -> device and device -> host. */
+    void *(*alloc)(size_t bytes);
+    void (*release)(void *p);
+    lk_status (*put)(void *dst, const void *host_src, size_t bytes);
+    lk_status (*get)(void *host_dst, const void *src, size_t bytes);
+    lk_status status;           /* the first failure; every later place does nothing */
+    int n;
+    struct {
+        void *host, *dev;
+        size_t bytes;
+        int out;                /* copied back by lk_place_fetch */
+    } buf[LK_PLACE_MAX];
+} lk_placement;
+
+/* Starts the placement of one check of impl (NULL: on the host) for op. Allocates
+ * nothing, so lk_place_end is safe after any failure. LK_EUNAVAILABLE (also kept in
+ * p->status) when impl's device has no moves in this build. */
+lk_status lk_place_begin(lk_placement *p, const char *op, const lk_impl *impl);
+/* Moves t (named name in errors) to the row's device: its bytes copied into new device
+ * memory, t->data and t->device set to it; out: an output, copied back by lk_place_fetch.
+ * A tensor whose bytes lie inside a buffer already placed shares its copy (an in-place
+ * pair such as dx over dy). No data: only t->device is set. On the CPU: nothing. A failure
+ * (LK_ENOMEM, LK_EDEVICE, LK_EINTERNAL past LK_PLACE_MAX buffers) is kept in p->status. */
+void lk_place_tensor(lk_placement *p, const char *name, lk_tensor *t, int out);
+/* The same for what a forward saves for its backward. */
+void lk_place_saved(lk_placement *p, const char *name, lk_saved *s, int out);
+/* The context of the passes: on the row's device, with arena (set to that device; it must
+ * not hold a block yet). The CPU's is lk_ctx_cpu(arena). */
+lk_ctx lk_place_ctx(const lk_placement *p, lk_arena *arena);
+/* Copies every output back over its host buffer, after the queued passes finished;
+ * p->status if a place failed, else the first copy's error (a kernel's fault shows here,
+ * LK_EDEVICE). LK_OK on the CPU. */
+lk_status lk_place_fetch(lk_placement *p);
+/* Frees every device copy; p may be used again after lk_place_begin. */
+void lk_place_end(lk_placement *p);
+
 /* A tolerance of an op's check: for impl (NULL: any implementation) in dt. */
 typedef struct {
     const char *impl;

@@ -14,6 +14,7 @@
 #include <string.h>
 #include "cuda_util.h"
 #include "core/cublaslt_util.h"
+#include "ops/linear/check.h"
 #include "ops/linear/reference.h"
 
 typedef struct {
@@ -56,7 +57,7 @@ static void run_case(lk_dtype dt, const lcase *c, uint32_t seed) {
     if (c->bias) lkt_download(dgb, O, gdt, got), e[3] = lkt_rel_err(got, gb, O);
     print_message("  %-4s T %lld I %lld O %lld bias %d grads %s: y %.2e dx %.2e dW %.2e db %.2e\n", lk_dtype_name(dt),
                   (long long)T, (long long)I, (long long)O, c->bias, lk_dtype_name(gdt), e[0], e[1], e[2], e[3]);
-    double tol = dt == LK_F32 ? 1e-5 : 1e-2;
+    double tol = lk_linear_tol(impl, dt);     /* the CPU harness's (check.h) */
     for (int i = 0; i < 4; i++) assert_true(e[i] <= tol);
 
     /* the same shapes again: every plan comes from the cache */

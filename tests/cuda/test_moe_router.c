@@ -25,6 +25,7 @@
 #include <cuda_runtime_api.h>
 #include "cuda_util.h"
 #include "llmkern/comm.h"
+#include "ops/moe/check.h"
 #include "ops/moe/reference.h"
 
 typedef struct {
@@ -164,7 +165,7 @@ static void run_case(lk_dtype dt, const rcase *c, uint32_t seed) {
     down(ids, r.a.topk_ids.data, (size_t)(T * K) * 4), down(w, r.a.topk_weights.data, (size_t)(T * K) * 4);
     down(&aux, r.a.aux_loss.data, 4);
     for (int64_t i = 0; i < T * K; i++) wgot[i] = w[i];
-    double tol = dt == LK_F32 ? 2e-5 : 2e-2, gap = lk_moe_router_ref_choice_gap(&r.a, sel, ids, T, E), auxr = 0;
+    double tol = lk_moe_router_tol(impl_cuda(), dt), gap = lk_moe_router_ref_choice_gap(&r.a, sel, ids, T, E), auxr = 0;
     int64_t held = ranked_exactly(z, ids, T, E, c->k, bf16_logits);
     lk_moe_router_ref_forward(&r.a, v, ids, T, E, LK_MOE_SOFTMAX, wr, &auxr);
     double ew = lkt_rel_err(wgot, wr, T * K), ea = isfinite(aux) ? fabs(aux - auxr) / fabs(auxr) : INFINITY;

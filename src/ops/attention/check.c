@@ -238,7 +238,9 @@ lk_status lk_attention_check_case(const lk_impl *impl, lk_dtype dt, const lk_att
     row->tol = lk_attention_tol(impl, dt);
     lk_attention_problem pb;
     lk_arena arena = {0};
+    lk_placement pl;
     double *ref = NULL;
+    lk_place_begin(&pl, "attention", impl);         /* a failure is kept in pl.status */
     lk_status s = lk_attention_problem_make(impl, dt, c, seed, 1, &pb);
     if (s) goto done;
     int64_t nq = pb.nq, nk = pb.nk, nl = pb.nlse, Hq = c->Hq;
@@ -251,8 +253,23 @@ lk_status lk_attention_check_case(const lk_impl *impl, lk_dtype dt, const lk_att
     lk_poison(pb.out, dt, nq); lk_poison(pb.dq, dt, nq); lk_poison(pb.dk, dt, nk); lk_poison(pb.dv, dt, nk);
     lk_poison(pb.dsink, LK_F32, Hq);
     memset(pb.lse, 0xff, (size_t)nl * 4);
-    lk_ctx ctx = lk_ctx_cpu(&arena);
-    if ((s = lk_attention_forward(impl, &pb.a, &ctx)) || (s = lk_attention_backward(impl, &pb.a, &ctx))) goto done;
+    /* on a GPU row, cu_seqlens and a dense mask stay host memory, as the facade wants */
+    lk_attention_args a = pb.a;
+    lk_place_tensor(&pl, "q", &a.q, 0);
+    lk_place_tensor(&pl, "k", &a.k, 0);
+    lk_place_tensor(&pl, "v", &a.v, 0);
+    lk_place_tensor(&pl, "dout", &a.dout, 0);
+    lk_place_tensor(&pl, "s_aux", &a.s_aux, 0);
+    lk_place_tensor(&pl, "out", &a.out, 1);
+    lk_place_tensor(&pl, "dq", &a.dq, 1);
+    lk_place_tensor(&pl, "dk", &a.dk, 1);
+    lk_place_tensor(&pl, "dv", &a.dv, 1);
+    lk_place_tensor(&pl, "ds_aux", &a.ds_aux, 1);
+    lk_place_saved(&pl, "saved", &a.saved, 1);     /* the LSE, compared below */
+    lk_ctx ctx = lk_place_ctx(&pl, &arena);
+    if ((s = pl.status) || (s = lk_attention_forward(impl, &a, &ctx)) || (s = lk_attention_backward(impl, &a, &ctx)) ||
+        (s = lk_place_fetch(&pl)))
+        goto done;
     lk_attention_errors e = {
         .out = lk_rel_err(pb.out, dt, oref, nq), .lse = lk_attention_lse_err(pb.lse, lref, nl),
         .dq = lk_rel_err(pb.dq, dt, dqr, nq), .dk = lk_rel_err(pb.dk, dt, dkr, nk),
@@ -264,6 +281,7 @@ lk_status lk_attention_check_case(const lk_impl *impl, lk_dtype dt, const lk_att
 done:
     free(ref);
     lk_attention_problem_free(&pb);
+    lk_place_end(&pl);
     lk_arena_free(&arena);
     return s;
 }

@@ -67,6 +67,8 @@ lk_status lk_ce_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape *sha
     lk_rng rng = lk_rng_make(seed);
     bufs b = {0};
     lk_status s = LK_OK;
+    lk_placement pl;
+    lk_place_begin(&pl, "cross_entropy", impl);      /* a failure is kept in pl.status */
     b.h = lk_random_tensor(&rng, dt, T * H, 1.0f, &b.hd);
     b.w = lk_random_tensor(&rng, dt, V * H, (float)(1.5 / sqrt((double)H)), &b.wd);
     float *u = malloc(sizeof(float) * (size_t)(2 * T + 1));
@@ -135,18 +137,31 @@ lk_status lk_ce_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape *sha
     a.logits_to_keep = c->logits_to_keep;
     a.fp32_lm_head = c->fp32_lm_head;
     a.chunk_bytes = c->chunk_bytes;
-    size_t sb = 0;
-    if ((s = lk_cross_entropy_saved_bytes(impl, &a, &sb))) goto done;
+    lk_poison(b.loss, LK_F32, per);
+    lk_poison(b.zl, LK_F32, per);
+    lk_poison(b.dh, dt, T * H);
+    lk_place_tensor(&pl, "hidden", &a.hidden, 0);
+    lk_place_tensor(&pl, "weight", &a.weight, 0);
+    lk_place_tensor(&pl, "labels", &a.labels, 0);
+    lk_place_tensor(&pl, "keep_indices", &a.keep_indices, 0);
+    lk_place_tensor(&pl, "d_loss", &a.d_loss, 0);
+    lk_place_tensor(&pl, "loss", &a.loss, 1);
+    lk_place_tensor(&pl, "z_loss", &a.z_loss, 1);
+    lk_place_tensor(&pl, "n_valid", &a.n_valid, 1);
+    lk_place_tensor(&pl, "d_hidden", &a.d_hidden, 1);
+    lk_place_tensor(&pl, "d_weight", &a.d_weight, 1);
+    size_t sb = 0;          /* asked of the tensors where the passes see them */
+    if ((s = pl.status) || (s = lk_cross_entropy_saved_bytes(impl, &a, &sb))) goto done;
     b.saved = malloc(sb ? sb : 1);
     if (!b.saved) { s = lk_error(LK_ENOMEM, "cross_entropy: check: out of memory for saved"); goto done; }
     memset(b.saved, 0xff, sb);
     a.saved = (lk_saved){b.saved, sb};
-    lk_poison(b.loss, LK_F32, per);
-    lk_poison(b.zl, LK_F32, per);
-    lk_poison(b.dh, dt, T * H);
+    lk_place_saved(&pl, "saved", &a.saved, 0);
     lk_arena arena = {0};
-    lk_ctx ctx = lk_ctx_cpu(&arena);
-    if (!(s = lk_cross_entropy_forward(impl, &a, &ctx))) s = lk_cross_entropy_backward(impl, &a, &ctx);
+    lk_ctx ctx = lk_place_ctx(&pl, &arena);
+    if (!(s = pl.status) && !(s = lk_cross_entropy_forward(impl, &a, &ctx)) &&
+        !(s = lk_cross_entropy_backward(impl, &a, &ctx)))
+        s = lk_place_fetch(&pl);
     lk_arena_free(&arena);
     if (s) goto done;
 
@@ -174,6 +189,7 @@ lk_status lk_ce_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape *sha
 done:
     free(u);
     free_bufs(&b);
+    lk_place_end(&pl);
     return s;
 }
 

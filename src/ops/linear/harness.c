@@ -47,6 +47,8 @@ lk_status lk_linear_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape 
     lk_dtype gdt = c->grad_f32 ? LK_F32 : dt;
     int has_b = !c->no_bias, want_dx = !c->no_dx;
 
+    lk_placement pl;
+    lk_place_begin(&pl, "linear", impl);
     lk_rng rng = lk_rng_make(seed);
     double *x_d = NULL, *w_d = NULL, *b_d = NULL, *dy_d = NULL, *dw0_d = NULL, *db0_d = NULL;
     RAND(x, dt, rows * in, 1.0f);
@@ -80,10 +82,19 @@ lk_status lk_linear_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape 
         .dy = lk_tensor_view(dy, dt, xnd, ys), .dx = lk_tensor_view(want_dx ? dx : NULL, dt, xnd, xs),
         .dweight = lk_tensor_view(dw, gdt, 2, ws), .dbias = lk_tensor_1d(has_b ? db : NULL, gdt, out),
     };
-    lk_ctx ctx = lk_ctx_cpu(&arena);
-    if ((s = lk_linear_forward(impl, &a, &ctx))) goto done;
+    lk_place_tensor(&pl, "x", &a.x, 0);
+    lk_place_tensor(&pl, "weight", &a.weight, 0);
+    lk_place_tensor(&pl, "bias", &a.bias, 0);
+    lk_place_tensor(&pl, "dy", &a.dy, 0);
+    lk_place_tensor(&pl, "y", &a.y, 1);
+    lk_place_tensor(&pl, "dx", &a.dx, 1);
+    lk_place_tensor(&pl, "dweight", &a.dweight, 1);
+    lk_place_tensor(&pl, "dbias", &a.dbias, 1);
+    lk_ctx ctx = lk_place_ctx(&pl, &arena);
+    if ((s = pl.status) || (s = lk_linear_forward(impl, &a, &ctx))) goto done;
     for (int k = 0; k < calls; k++)
         if ((s = lk_linear_backward(impl, &a, &ctx))) goto done;
+    if ((s = lk_place_fetch(&pl))) goto done;
 
     lk_linear_errors e = {
         .y = lk_rel_err(y, dt, yref, rows * out),
@@ -96,6 +107,7 @@ lk_status lk_linear_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape 
 done:
     free(x); free(w); free(b); free(dy); free(dw0); free(db0); free(y); free(dx); free(dw); free(db); free(ref);
     free(x_d); free(w_d); free(b_d); free(dy_d); free(dw0_d); free(db0_d);
+    lk_place_end(&pl);
     lk_arena_free(&arena);
     return s;
 }

@@ -85,6 +85,8 @@ lk_status lk_moe_experts_run(const lk_impl *impl, const lk_moe_experts_problem *
     void *out = malloc((size_t)(T * H) * esz + 1), *dx = malloc((size_t)(T * H) * esz + 1), *saved = malloc(sb + 1);
     float *dw = malloc(sizeof(float) * (size_t)(T * K) + 1);
     lk_arena arena = {0};
+    lk_placement pl;
+    lk_place_begin(&pl, "moe_experts", impl);       /* a failure is kept in pl.status */
     if (!s && (!out || !dx || !saved || !dw)) s = lk_error(LK_ENOMEM, "moe_experts: check: out of memory");
     if (!s) {
         lk_poison(out, p->dt, T * H);
@@ -101,8 +103,21 @@ lk_status lk_moe_experts_run(const lk_impl *impl, const lk_moe_experts_problem *
             .d_gate_up_weight = lk_tensor_view(in.dgu0, gdt, 3, gus), .d_down_weight = lk_tensor_view(in.dd0, gdt, 3, dws),
             .saved = {saved, sb},
         };
-        lk_ctx ctx = lk_ctx_cpu(&arena);
-        if (!(s = lk_moe_experts_forward(impl, &a, &ctx)) && !(s = lk_moe_experts_backward(impl, &a, &ctx))) {
+        lk_place_tensor(&pl, "hidden", &a.hidden, 0);
+        lk_place_tensor(&pl, "topk_ids", &a.topk_ids, 0);
+        lk_place_tensor(&pl, "topk_weights", &a.topk_weights, 0);
+        lk_place_tensor(&pl, "gate_up_weight", &a.gate_up_weight, 0);
+        lk_place_tensor(&pl, "down_weight", &a.down_weight, 0);
+        lk_place_tensor(&pl, "dout", &a.dout, 0);
+        lk_place_tensor(&pl, "out", &a.out, 1);
+        lk_place_tensor(&pl, "d_hidden", &a.d_hidden, 1);
+        lk_place_tensor(&pl, "d_topk_weights", &a.d_topk_weights, 1);
+        lk_place_tensor(&pl, "d_gate_up_weight", &a.d_gate_up_weight, 1);
+        lk_place_tensor(&pl, "d_down_weight", &a.d_down_weight, 1);
+        lk_place_saved(&pl, "saved", &a.saved, 0);
+        lk_ctx ctx = lk_place_ctx(&pl, &arena);
+        if (!(s = pl.status) && !(s = lk_moe_experts_forward(impl, &a, &ctx)) &&
+            !(s = lk_moe_experts_backward(impl, &a, &ctx)) && !(s = lk_place_fetch(&pl))) {
             r->out = to_double(out, p->dt, T * H);
             r->dx = to_double(dx, p->dt, T * H);
             r->dw = to_double(dw, LK_F32, T * K);
@@ -111,6 +126,7 @@ lk_status lk_moe_experts_run(const lk_impl *impl, const lk_moe_experts_problem *
         }
     }
     free(out); free(dx); free(saved); free(dw);
+    lk_place_end(&pl);
     lk_arena_free(&arena);
     inputs_free(&in);
     return s;

@@ -60,6 +60,8 @@ lk_status lk_moe_router_check_case(const lk_impl *impl, const lk_moe_router_prob
     double *z = malloc(sizeof(double) * (size_t)(3 * T * E + 2 * T * K + T * H + 4)), biasd[E > 0 ? E : 1];
     float aux = NAN;
     lk_arena arena = {0};
+    lk_placement pl;
+    lk_place_begin(&pl, "moe_router", impl);        /* a failure is kept in pl.status */
     if (!x || !wg || !dgw || !bias || !dwt || !w || !w2 || !ids || !ids2 || !dx || !saved || !z) {
         s = lk_error(LK_ENOMEM, "moe_router: check: out of memory");
         goto done;
@@ -81,14 +83,28 @@ lk_status lk_moe_router_check_case(const lk_impl *impl, const lk_moe_router_prob
     a.d_hidden = lk_tensor_2d(dx, p->dt, T, H);
     a.d_gate_weight = lk_tensor_2d(dgw, gdt, E, H);
     a.saved = (lk_saved){saved, sb};
-    lk_ctx ctx = lk_ctx_cpu(&arena);
-    if ((s = lk_moe_router_forward(impl, &a, &ctx)) || (s = lk_moe_router_backward(impl, &a, &ctx))) goto done;
+    lk_place_tensor(&pl, "hidden", &a.hidden, 0);
+    lk_place_tensor(&pl, "gate_weight", &a.gate_weight, 0);
+    lk_place_tensor(&pl, "e_bias", &a.e_bias, 0);
+    lk_place_tensor(&pl, "d_topk_weights", &a.d_topk_weights, 0);
+    lk_place_tensor(&pl, "topk_ids", &a.topk_ids, 1);
+    lk_place_tensor(&pl, "topk_weights", &a.topk_weights, 1);
+    lk_place_tensor(&pl, "aux_loss", &a.aux_loss, 1);
+    lk_place_tensor(&pl, "d_hidden", &a.d_hidden, 1);
+    lk_place_tensor(&pl, "d_gate_weight", &a.d_gate_weight, 1);
+    lk_place_saved(&pl, "saved", &a.saved, 0);
+    lk_ctx ctx = lk_place_ctx(&pl, &arena);
+    if ((s = pl.status) || (s = lk_moe_router_forward(impl, &a, &ctx)) || (s = lk_moe_router_backward(impl, &a, &ctx)) ||
+        (s = lk_place_fetch(&pl)))
+        goto done;
     double *v = z + T * E, *sel = v + T * E, *wref = sel + T * E, *dwd = wref + T * K, *dxr = dwd + T * K, auxr;
     if (fake) {
         lk_moe_router_args b = a;
         b.topk_ids.data = ids2;
         b.topk_weights.data = w2;
-        if ((s = lk_moe_router_forward(impl, &b, &ctx))) goto done;
+        lk_place_tensor(&pl, "topk_ids", &b.topk_ids, 1);
+        lk_place_tensor(&pl, "topk_weights", &b.topk_weights, 1);
+        if ((s = pl.status) || (s = lk_moe_router_forward(impl, &b, &ctx)) || (s = lk_place_fetch(&pl))) goto done;
         er->weights = fake_errors(&a, ids, w, ids2, w2, T, E);
         er->dx = 0;
         for (int64_t i = 0; i < T * H; i++)
@@ -115,6 +131,7 @@ lk_status lk_moe_router_check_case(const lk_impl *impl, const lk_moe_router_prob
 done:
     free(x); free(wg); free(dgw); free(bias); free(dwt); free(w); free(w2); free(ids); free(ids2); free(dx);
     free(saved); free(z); free(xd); free(wgd); free(dgw0d);
+    lk_place_end(&pl);
     lk_arena_free(&arena);
     return s;
 }

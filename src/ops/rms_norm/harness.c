@@ -56,6 +56,9 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
     int64_t all = lk_shape_numel(shape), n = shape->d[shape->ndim - 1], rows = all / n;
     size_t esz = lk_dtype_size(dt), saved_bytes = 0;
     lk_tensor xt = lk_tensor_view(NULL, dt, shape->ndim, shape->d);
+    lk_placement pl;
+    lk_place_begin(&pl, "rms_norm", impl);          /* a failure is kept in pl.status */
+    lk_place_tensor(&pl, "x", &xt, 0);              /* no data yet: only its device, for the query */
     lk_status s = lk_rms_norm_saved_bytes(impl, &xt, &saved_bytes);
     if (s) return s;
 
@@ -97,8 +100,17 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
         .saved = {saved, saved_bytes}, .eps = eps, .weight_offset = c->weight_offset,
         .inplace_dx = c->inplace_dx,
     };
-    lk_ctx ctx = lk_ctx_cpu(&arena);
-    if ((s = lk_rms_norm_forward(impl, &a, &ctx)) || (s = lk_rms_norm_backward(impl, &a, &ctx))) goto done;
+    lk_place_tensor(&pl, "x", &a.x, 0);
+    lk_place_tensor(&pl, "weight", &a.weight, 0);
+    lk_place_tensor(&pl, "dy", &a.dy, c->inplace_dx);
+    lk_place_tensor(&pl, "y", &a.y, 1);
+    lk_place_tensor(&pl, "dx", &a.dx, 1);
+    lk_place_tensor(&pl, "dweight", &a.dweight, 1);
+    lk_place_saved(&pl, "saved", &a.saved, 0);
+    lk_ctx ctx = lk_place_ctx(&pl, &arena);
+    if ((s = pl.status) || (s = lk_rms_norm_forward(impl, &a, &ctx)) || (s = lk_rms_norm_backward(impl, &a, &ctx)) ||
+        (s = lk_place_fetch(&pl)))
+        goto done;
 
     lk_rms_norm_errors e = {
         .y = lk_rel_err(y, dt, yref, all),
@@ -110,6 +122,7 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
 done:
     free(x); free(w); free(dy); free(y); free(dx); free(dw); free(saved); free(ref);
     free(xd); free(wd); free(dyd);
+    lk_place_end(&pl);
     lk_arena_free(&arena);
     return s;
 }

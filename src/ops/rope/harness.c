@@ -87,7 +87,7 @@ lk_status lk_rope_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape *s
     static const lk_rope_case defaults = {0};
     if (!c) c = &defaults;
     lk_check_row_begin(row, "rope", impl, dt, shape, impl ? lk_rope_tol(impl, dt) : 0.0);
-    lk_rope_dims d;
+    lk_rope_dims d = {0};
     lk_status s = lk_rope_shape_dims(shape, dt, &d);
     if (s) return s;
     int64_t B = d.batch, S = d.seq, D = d.head_dim, R = d.rotary_dim, h = R / 2;
@@ -99,6 +99,10 @@ lk_status lk_rope_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape *s
         .rotary_dim = shape->ndim > 5 ? R : 0,
     };
     size_t saved_bytes = 0;
+    lk_placement pl;
+    lk_place_begin(&pl, "rope", impl);              /* a failure is kept in pl.status */
+    lk_place_tensor(&pl, "q", &a.q, 0);             /* no data yet: only their device, for the query */
+    lk_place_tensor(&pl, "k", &a.k, 0);
     if ((s = lk_rope_saved_bytes(impl, &a, &saved_bytes))) return s;
 
     lk_rng rng = lk_rng_make(seed);
@@ -157,8 +161,22 @@ lk_status lk_rope_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape *s
     a.dk = lk_tensor_view(m.dk, dt, 4, ks);
     a.position_ids = lk_tensor_view(c->ids == LK_ROPE_IDS_NONE ? NULL : m.ids, idt, 2, is);
     a.saved = (lk_saved){m.saved, saved_bytes};
-    lk_ctx ctx = lk_ctx_cpu(&arena);
-    if ((s = lk_rope_forward(impl, &a, &ctx)) || (s = lk_rope_backward(impl, &a, &ctx))) goto done;
+    lk_place_tensor(&pl, "q", &a.q, c->inplace);
+    lk_place_tensor(&pl, "k", &a.k, c->inplace);
+    lk_place_tensor(&pl, "dq_out", &a.dq_out, c->inplace);
+    lk_place_tensor(&pl, "dk_out", &a.dk_out, c->inplace);
+    lk_place_tensor(&pl, "q_out", &a.q_out, 1);
+    lk_place_tensor(&pl, "k_out", &a.k_out, 1);
+    lk_place_tensor(&pl, "dq", &a.dq, 1);
+    lk_place_tensor(&pl, "dk", &a.dk, 1);
+    lk_place_tensor(&pl, "cos", &a.cos, 0);
+    lk_place_tensor(&pl, "sin", &a.sin, 0);
+    lk_place_tensor(&pl, "position_ids", &a.position_ids, 0);
+    lk_place_saved(&pl, "saved", &a.saved, 0);
+    lk_ctx ctx = lk_place_ctx(&pl, &arena);
+    if ((s = pl.status) || (s = lk_rope_forward(impl, &a, &ctx)) || (s = lk_rope_backward(impl, &a, &ctx)) ||
+        (s = lk_place_fetch(&pl)))
+        goto done;
 
     lk_rope_errors e = {
         .q_out = lk_rel_err(m.qo, dt, qref, nq), .k_out = lk_rel_err(m.ko, dt, kref, nk),
@@ -171,6 +189,7 @@ nomem:
     s = lk_error(LK_ENOMEM, "rope: check: out of memory for shape %s", row->shape);
 done:
     free_bufs(&m);
+    lk_place_end(&pl);
     lk_arena_free(&arena);
     return s;
 }
@@ -195,7 +214,7 @@ static void fill(lk_rng *rng, void *out, lk_dtype dt, int64_t n, float *tmp) {
 
 static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, const lk_case_opts *opts,
                        const lk_ceilings *ceil, lk_bench_row rows[3]) {
-    lk_rope_dims d;
+    lk_rope_dims d = {0};
     lk_status s = lk_rope_shape_dims(shape, dt, &d);
     if (s) return s;
     int64_t B = d.batch, S = d.seq, D = d.head_dim, h = d.rotary_dim / 2;

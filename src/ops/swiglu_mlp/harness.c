@@ -76,6 +76,10 @@ lk_status lk_swiglu_mlp_check_case(const lk_impl *impl, lk_dtype dt, const lk_sh
     lk_dtype gdt = c->grad_f32 ? LK_F32 : dt;
     lk_tensor xt = lk_tensor_view(NULL, dt, xnd, shape->d), gut = lk_tensor_view(NULL, dt, 2, gus);
     size_t saved_bytes = 0, esz = lk_dtype_size(dt), tb = (size_t)(T * H) * esz;
+    lk_placement pl;
+    lk_place_begin(&pl, "swiglu_mlp", impl);        /* a failure is kept in pl.status */
+    lk_place_tensor(&pl, "x", &xt, 0);              /* no data: only their device, for the query */
+    lk_place_tensor(&pl, "gate_up_weight", &gut, 0);
     lk_status s = lk_swiglu_mlp_saved_bytes(impl, &xt, &gut, &saved_bytes);
     if (s) return s;
 
@@ -114,10 +118,20 @@ lk_status lk_swiglu_mlp_check_case(const lk_impl *impl, lk_dtype dt, const lk_sh
         .d_down_weight = lk_tensor_view(want_w ? dd : NULL, gdt, 2, dws),
         .saved = {saved, saved_bytes}, .swiglu_limit = limit,
     };
-    lk_ctx ctx = lk_ctx_cpu(&arena);
-    if ((s = lk_swiglu_mlp_forward(impl, &a, &ctx))) goto done;
+    lk_place_tensor(&pl, "x", &a.x, 0);
+    lk_place_tensor(&pl, "gate_up_weight", &a.gate_up_weight, 0);
+    lk_place_tensor(&pl, "down_weight", &a.down_weight, 0);
+    lk_place_tensor(&pl, "dout", &a.dout, 0);
+    lk_place_tensor(&pl, "out", &a.out, 1);
+    lk_place_tensor(&pl, "dx", &a.dx, 1);
+    lk_place_tensor(&pl, "d_gate_up_weight", &a.d_gate_up_weight, 1);
+    lk_place_tensor(&pl, "d_down_weight", &a.d_down_weight, 1);
+    lk_place_saved(&pl, "saved", &a.saved, 0);
+    lk_ctx ctx = lk_place_ctx(&pl, &arena);
+    if ((s = pl.status) || (s = lk_swiglu_mlp_forward(impl, &a, &ctx))) goto done;
     for (int k = 0; k < calls; k++)
         if ((s = lk_swiglu_mlp_backward(impl, &a, &ctx))) goto done;
+    if ((s = lk_place_fetch(&pl))) goto done;
 
     lk_swiglu_mlp_errors e = {
         .out = lk_rel_err(out, dt, oref, T * H),
@@ -131,6 +145,7 @@ done:
     free(x); free(wgu); free(wd); free(dout); free(dgu0); free(dd0); free(out); free(dx); free(saved);
     free(dgu); free(dd); free(ref);
     free(x_d); free(wgu_d); free(wd_d); free(dout_d); free(dgu0_d); free(dd0_d);
+    lk_place_end(&pl);
     lk_arena_free(&arena);
     return s;
 }

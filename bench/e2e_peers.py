@@ -274,7 +274,7 @@ def run_lk(A, label, dtype, init, tokens, B, S, steps, work, extra=None):
             f.write(yaml_of(dict(train=dict(train, **({"dtype": attempt} if attempt else {})),
                                  data=dict(tokens=tokens, eos_id=-1))))
         shutil.rmtree(out, ignore_errors=True)
-        cmd = [A.llmkern, "train", "--config", cfg, "--device", A.device, "--init", init, "--json"]
+        cmd = [A.llmkern, "train", "--config", cfg, "--device", A.device, "--init", init, "--json", "--no-save"]
         mem = GpuMem(A.device == "cuda")
         mem.start()
         t0 = time.time()

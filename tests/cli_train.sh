@@ -33,6 +33,13 @@ out=$(OMP_NUM_THREADS=2 "$bin" train --config "$tmp/tiny.yaml" --out "$tmp/run" 
 expect "resume continues at step 4" "$out" 'done: steps 4\.\.4'
 [ "$(wc -l <"$tmp/run/loss.csv")" -eq 5 ] && ok || fail "loss.csv after resume: expected 4 rows"
 
+# --no-save: a timing run writes loss.csv and the plot, no checkpoint and no model
+out=$(OMP_NUM_THREADS=2 "$bin" train --config "$tmp/tiny.yaml" --out "$tmp/nosave" --steps 2 --no-save 2>&1); rc=$?
+[ $rc -eq 0 ] && ok || fail "--no-save exit $rc: $out"
+expect "--no-save summary" "$out" 'checkpoint none; loss\.csv, loss\.png in'
+[ -f "$tmp/nosave/loss.csv" ] && [ ! -e "$tmp/nosave/latest" ] && [ ! -e "$tmp/nosave/model.safetensors" ] &&
+  ! ls -d "$tmp/nosave"/checkpoint-* >/dev/null 2>&1 && ok || fail "--no-save left $(ls "$tmp/nosave")"
+
 out=$("$bin" explain --config "$tmp/tiny.yaml" 2>&1); rc=$?
 [ $rc -eq 0 ] && ok || fail "explain exit $rc"
 expect "explain takes the family from the config's model" "$out" 'model family qwen3_moe'

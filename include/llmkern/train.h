@@ -149,6 +149,7 @@ typedef struct {
 
 typedef struct {
     int quiet;                   /* no progress output */
+    int no_save;                 /* no checkpoint and no final model: loss.csv and the plot only */
     /* Called before each step's first forward (tests inject faults through it). */
     void (*before_step)(void *user, int64_t step, struct lk_model *m);
     /* Called with each step's loss before it is checked (tests turn it into NaN). */

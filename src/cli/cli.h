@@ -25,6 +25,7 @@ typedef struct {
     const char *device;     /* --device cpu|cuda: train's and explain's (the config's train.device otherwise);
                              * check's rows (every device otherwise) */
     long long steps;        /* train --steps N (0: the config's) */
+    int no_save;            /* train --no-save: no checkpoint, no final model (benchmarks) */
 } cli_opts;
 
 int cli_list(const cli_opts *o);

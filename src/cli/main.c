@@ -1,7 +1,7 @@
 /* main.c — the llmkern command.
  *   llmkern list | explain [--config F] [--device cpu|cuda] | check [--op N] [--device cpu|cuda]
  *         | bench [--op N] [--size 8192x4096] [--mask M] [--kv-heads H] [--block N]
- *         | train --config F [--steps N] [--out DIR] [--resume DIR] [--init DIR] [--device cpu|cuda]
+ *         | train --config F [--steps N] [--out DIR] [--resume DIR] [--init DIR] [--device cpu|cuda] [--no-save]
  * Every command takes --json. Exit status: 0 ok, 1 a check failed, 2 bad usage or error. */
 #include <errno.h>
 #include <stdint.h>
@@ -25,7 +25,8 @@ static const char usage[] =
     "                          (GQA, default H), --block (the BlockMask's, default 128)\n"
     "  train   --config F [--steps N] [--out DIR] [--resume DIR] [--init DIR] [--device cpu|cuda]\n"
     "                          train the config's model, checkpoints and loss plot in DIR;\n"
-    "                          --init: start from a Hugging Face checkpoint directory\n"
+    "                          --init: start from a Hugging Face checkpoint directory;\n"
+    "                          --no-save: no checkpoint and no final model (timing runs)\n"
     "options: --json           rows as JSON (train: one object per step)\n";
 
 int cli_fail(const char *what, lk_status s) {
@@ -86,6 +87,7 @@ int main(int argc, char **argv) {
                           : strcmp(a, "--init") == 0   ? &o.init
                           : strcmp(a, "--device") == 0 ? &o.device : NULL;
         if (strcmp(a, "--json") == 0) { o.json = 1; continue; }
+        if (strcmp(a, "--no-save") == 0) { o.no_save = 1; continue; }
         if (strcmp(a, "--seed") == 0 && i + 1 < argc) { o.seed = strtoull(argv[++i], NULL, 10); continue; }
         if (strcmp(a, "--steps") == 0 && i + 1 < argc) {   /* strict: -1, 0, abc and 1e3 are refused by name */
             char *end;

@@ -89,13 +89,13 @@ static int run(const cli_opts *o, const lk_train_config *tc, lk_ops_config *ops,
     if (rank0 && tc->init_from[0] && !o->resume) fprintf(say, " from %s", tc->init_from);
     if (rank0) fprintf(say, " into %s%s%s\n", tc->out, o->resume ? ", resuming from " : "", o->resume ? o->resume : "");
     lk_train_result r;
-    lk_train_opts opts = {.mesh = mesh, .quiet = o->json, .on_step = o->json ? json_step : NULL};
+    lk_train_opts opts = {.mesh = mesh, .quiet = o->json, .on_step = o->json ? json_step : NULL, .no_save = o->no_save};
     lk_status s = lk_train_run(tc, ops, o->resume, &opts, &r);
     if (s) return cli_fail("train", s);
     if (rank0) fprintf(say, "done: steps %lld..%lld, loss %.4f -> %.4f (mean of the last %lld steps %.4f), %.1f s, %.0f tokens/s;\n"
-           "checkpoint %s; model, loss.csv, loss.png in %s\n", (long long)r.first_step + 1, (long long)r.steps_done,
+           "checkpoint %s; %sloss.csv, loss.png in %s\n", (long long)r.first_step + 1, (long long)r.steps_done,
            r.first_loss, r.last_loss, (long long)(r.steps_done < 10 ? r.steps_done : 10), r.tail_loss, r.seconds,
-           r.tokens_per_s, r.last_checkpoint, tc->out);
+           r.tokens_per_s, r.last_checkpoint[0] ? r.last_checkpoint : "none", o->no_save ? "" : "model, ", tc->out);
     char b[32];
     if (rank0 && r.peak_device_bytes)
         fprintf(say, "peak GPU memory %s (cudaMemGetInfo: in use after a step, the CUDA context included)\n",

@@ -559,7 +559,7 @@ static lk_status run_loop(trainer *t, const lk_train_opts *o, lk_train_result *r
             o->on_step(o->user, &(lk_train_step){.step = t->step, .steps = tc->steps, .loss = loss, .lr = row[LK_HIST_LR],
                                                  .grad_norm = norm, .tokens_per_s = rate, .eta_s = eta,
                                                  .peak_device_bytes = t->mem_peak});
-        if (tc->save_every > 0 && t->step % tc->save_every == 0 && t->step < tc->steps) {
+        if (!o->no_save && tc->save_every > 0 && t->step % tc->save_every == 0 && t->step < tc->steps) {
             if (t->world) lk_comm_watchdog_grace(10 * tc->comm_timeout_s);   /* the others wait for rank 0's write */
             if (t->writer && ((s = lk_trainer_save(t)) || (s = write_plot(t)))) {}
             s = dp_agree(t, s);
@@ -609,8 +609,8 @@ lk_status lk_train_run(const lk_train_config *tc, const lk_ops_config *ops, cons
     if (!s && t.step < tc->steps) s = run_loop(&t, o, &r);
     int finished = t.step == tc->steps;
     if (watched) lk_comm_watchdog_grace(10 * tc->comm_timeout_s);   /* rank 0 writes the last checkpoint */
-    if (!s && finished && t.writer) s = lk_trainer_save(&t);
-    if (!s && finished && t.writer)   /* the final model: the output dir loads as one */
+    if (!s && finished && t.writer && !o->no_save) s = lk_trainer_save(&t);
+    if (!s && finished && t.writer && !o->no_save)   /* the final model: the output dir loads as one */
         s = lk_model_save_sharded(t.model, tc->out, tc->max_shard_size);
     if (finished) s = dp_agree(&t, s);
     if (t.writer && (!s || t.step > 0)) {                          /* a stopped run still plots what it did */

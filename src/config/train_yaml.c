@@ -1,5 +1,5 @@
-/* train_yaml.c — the training sections of a YAML config (train.h), read by yaml.c's
- * walker so every error carries file:line:column:
+/* train_yaml.c — the training sections of a YAML config (train.h), entered from yaml.c's
+ * top level and walked with yaml_walk.c's helpers, so every error carries file:line:column:
  *
  *   model:
  *     config_json: tiny.json        # or inline keys (they override config_json's)

@@ -1,6 +1,8 @@
-/* yaml_loader.h — internal to src/config: the YAML walker's state and helpers shared by
- * yaml.c (the ops sections), backend_yaml.c (NeMo AutoModel's model.backend) and
- * train_yaml.c (architecture, train: and data:). */
+/* yaml_loader.h — internal to src/config: the YAML walker's state, the helpers below every
+ * section (yaml_walk.c), and the entry points of the sections' files that yaml.c's top
+ * level calls: backend_yaml.c (NeMo AutoModel's model.backend) and train_yaml.c
+ * (architecture, train:, data:, parallel:). yaml.c reads the document and the ops
+ * sections; the section files call only yaml_walk.c, never each other. */
 #ifndef LLMKERN_CONFIG_YAML_LOADER_H
 #define LLMKERN_CONFIG_YAML_LOADER_H
 
@@ -24,8 +26,10 @@ typedef struct {
     const yaml_node_t *backend[LK_YAML_BACKEND_KEYS];   /* model.backend's values, by key (backend_yaml.c) */
 } loader;
 
-/* Shared between two files of the library, never exported from it. */
+/* Shared between the files of src/config, never exported from the library. */
 #pragma GCC visibility push(hidden)
+
+/* --- yaml_walk.c: the helpers ---------------------------------------------------- */
 
 typedef lk_status (*entry_fn)(loader *l, const yaml_node_t *key, const yaml_node_t *value);
 
@@ -41,13 +45,12 @@ lk_status each_entry(loader *l, const yaml_node_t *map, const char *what, entry_
  * twice by one file to different values is an error naming both places. */
 lk_status lk_yaml_set_op(loader *l, const char *field, const char *value, const char *where);
 
+/* --- the sections ------------------------------------------------------------------ */
+
 /* backend_yaml.c: NeMo AutoModel's model.backend section, and the checks of its gate
  * options once the whole file is read. */
 lk_status lk_yaml_backend(loader *l, const yaml_node_t *map);
 lk_status lk_yaml_backend_finish(loader *l);
-
-/* Reads both sections' files; tc NULL checks the training sections without keeping them. */
-lk_status lk_yaml_load(const char *path, lk_ops_config *cfg, lk_train_config *tc);
 
 /* train_yaml.c: model: (config_json is read first, inline keys then override it),
  * train:, data:, parallel:, and the checks once the whole file is read. */
@@ -57,6 +60,10 @@ lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t
 lk_status lk_yaml_data_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v);
 lk_status lk_yaml_parallel_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v);
 lk_status lk_yaml_finish(loader *l);
+
+/* yaml.c: reads the whole file, every section; tc NULL checks the training sections
+ * without keeping them. */
+lk_status lk_yaml_load(const char *path, lk_ops_config *cfg, lk_train_config *tc);
 
 #pragma GCC visibility pop
 

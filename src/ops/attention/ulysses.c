@@ -16,7 +16,7 @@
  * ([B, S, H, D]) and the LSE ([B, H, S, 1]). Packed order (b, i1, i2, i3) is the same on
  * both sides, so a chunk needs no reordering in flight.
  *
- * CUDA tensors take the same path with device moves (ulysses_cuda.cu: strided copies, the
+ * CUDA tensors take the same path with device moves (ulysses.cu: strided copies, the
  * KV-repeat sum as a kernel) over an NCCL group, whose collectives take device buffers;
  * the small host metadata (split sizes, the shape agreement) stays on the host. */
 #include <stdlib.h>

@@ -41,7 +41,7 @@ lk_status lk_ulysses_run(lk_ulysses *u, const lk_attention_vtable *vt, int backw
                          lk_ctx *ctx);
 
 #ifdef LLMKERN_HAVE_CUDA
-/* ulysses_cuda.cu: the device moves of a box (dims 1 and 2 from o1, o2, extent m1, m2). */
+/* ulysses.cu: the device moves of a box (dims 1 and 2 from o1, o2, extent m1, m2). */
 lk_status lk_ulysses_cuda_box(char *base, const int64_t n[4], int64_t o1, int64_t o2, int64_t m1, int64_t m2,
                               char *buf, size_t es, int pack, void *stream);
 lk_status lk_ulysses_cuda_acc(float *acc, const int64_t n[4], int64_t o1, int64_t o2, int64_t m1, int64_t m2,

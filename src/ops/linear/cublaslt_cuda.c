@@ -5,7 +5,7 @@
  *   backward  dx = dy · W          one matmul (written)
  *             dW += dyᵀ · x        one matmul, beta 1: into f32, or into bf16 read and
  *                                  rounded once (as the CPU blas's lk_grad_acc)
- *             db += Σ_rows dy      a column-sum kernel (colsum.cu), rounded once
+ *             db += Σ_rows dy      a column-sum kernel (cublaslt.cu), rounded once
  * Workspace: LK_LT_WORKSPACE_BYTES of ctx->arena (a device arena) for cuBLASLt. Reached
  * through lk_linear_forward / _backward (linear.c), which validated every argument. */
 #include "core/cublaslt_util.h"

@@ -1,5 +1,5 @@
 /* cuda_colsum.h — the bias gradient of linear `cublaslt` on CUDA: dst[c] += Σ_r src[r, c]
- * (colsum.cu). Built only with CUDA. */
+ * (cublaslt.cu). Built only with CUDA. */
 #ifndef LLMKERN_LINEAR_CUDA_COLSUM_H
 #define LLMKERN_LINEAR_CUDA_COLSUM_H
 

@@ -6,7 +6,7 @@
 
 extern const lk_linear_vtable lk_linear_blas_vtable;
 #ifdef LLMKERN_HAVE_CUDA
-extern const lk_linear_vtable lk_linear_cublaslt_vtable;   /* cublaslt_cuda.c + colsum.cu */
+extern const lk_linear_vtable lk_linear_cublaslt_vtable;   /* cublaslt_cuda.c + cublaslt.cu */
 #endif
 extern const lk_harness lk_linear_harness;
 

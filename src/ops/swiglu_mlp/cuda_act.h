@@ -4,11 +4,12 @@
  * the fused gate_up tensor ([rows, 2I], ld 2I) or two tensors of their own. f32 math,
  * storage dtype dt (f32 or bf16) for every operand. limit = swiglu_limit (0 = off).
  *
- * Used by the CUDA SwiGLU MLP (fused.cu) and, for the activation alone, by the bench shim
- * (bench/peers_shim.c, a module of its own: hence LK_INTERNAL_API, exported from
- * libllmkern.so). Queued on stream (a cudaStream_t, NULL = default); LK_EDEVICE
- * with the runtime's message when the launch fails. The backward's outputs may be its
- * inputs exactly (each element is read before it is written, by one thread). */
+ * Implemented by fused.cu; used by the CUDA SwiGLU MLP (fused_cuda.c) and, for the
+ * activation alone, by the bench shim (bench/peers_shim.c, a module of its own: hence
+ * LK_INTERNAL_API, exported from libllmkern.so). Queued on stream (a cudaStream_t, NULL =
+ * default); LK_EDEVICE with the runtime's message when the launch fails. The backward's
+ * outputs may be its inputs exactly (each element is read before it is written, by one
+ * thread). */
 #ifndef LLMKERN_SWIGLU_CUDA_ACT_H
 #define LLMKERN_SWIGLU_CUDA_ACT_H
 

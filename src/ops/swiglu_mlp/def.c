@@ -7,7 +7,7 @@
 extern const lk_swiglu_mlp_vtable lk_swiglu_mlp_eager_vtable;
 extern const lk_swiglu_mlp_vtable lk_swiglu_mlp_fused_vtable;
 #ifdef LLMKERN_HAVE_CUDA
-extern const lk_swiglu_mlp_vtable lk_swiglu_mlp_cuda_fused_vtable;   /* fused_cuda.c + act.cu */
+extern const lk_swiglu_mlp_vtable lk_swiglu_mlp_cuda_fused_vtable;   /* fused_cuda.c + fused.cu */
 #endif
 extern const lk_harness lk_swiglu_mlp_harness;
 

@@ -1,6 +1,6 @@
 /* fused_cuda.c — `fused` SwiGLU MLP on CUDA: the three products through cuBLAS (f32
  * accumulation, bf16 or f32 storage) and the activation as one fused kernel each way
- * (act.cu), as the CPU `fused` does: the forward saves only the pre-activations gate_up
+ * (fused.cu), as the CPU `fused` does: the forward saves only the pre-activations gate_up
  * [T, 2I]; the backward recomputes h from them in the same kernel that writes dgate and
  * dup. Weight gradients are accumulated by the GEMMs themselves (beta = 1): into f32, or
  * into bf16 read and rounded once per call.

@@ -1,6 +1,7 @@
-/* act.cu — the SwiGLU activation kernels on CUDA (cuda_act.h): one thread per group of
- * W elements of a row, 16-byte accesses when every row length, leading dimension and
- * pointer allows, else W = 1. The same function as act.h on the CPU, with the
+/* fused.cu — the kernels of the CUDA `fused` SwiGLU MLP beside its cuBLAS GEMMs
+ * (fused_cuda.c): the SwiGLU activation and its backward (cuda_act.h), one thread per
+ * group of W elements of a row, 16-byte accesses when every row length, leading dimension
+ * and pointer allows, else W = 1. The same function as act.h on the CPU, with the
  * hardware's exp: sigmoid(g) = 1 / (1 + e^−g). */
 #include "core/cuda_check.h"
 #include "cuda_act.h"

@@ -1,7 +1,7 @@
-/* colsum.cu — dst[c] += Σ_r src[r, c] for linear's bias gradient (cuda_colsum.h). A block
- * owns 32 columns: its 8 warps take every 8th row (a warp reads 32 neighbouring columns
- * of one row), and the 8 partial sums are added in warp order, so the result does not
- * depend on timing. */
+/* cublaslt.cu — the kernel of linear `cublaslt` beside its cuBLASLt GEMMs (cublaslt_cuda.c):
+ * dst[c] += Σ_r src[r, c], the bias gradient (cuda_colsum.h). A block owns 32 columns:
+ * its 8 warps take every 8th row (a warp reads 32 neighbouring columns of one row), and
+ * the 8 partial sums are added in warp order, so the result does not depend on timing. */
 #include "ops/cuda_util.cuh"
 #include "core/cuda_check.h"
 #include "ops/linear/cuda_colsum.h"

@@ -1,4 +1,4 @@
-/* ulysses_cuda.cu — the device side of the Ulysses exchange (ulysses.c) for CUDA
+/* ulysses.cu — the device side of the Ulysses exchange (ulysses.c) for CUDA
  * tensors: a box of a [n0, n1, n2, n3] tensor packed into or unpacked from the staging
  * buffer with one strided copy per dim-0 index, the KV-repeat sum of boxes into an f32
  * accumulator and its conversion back, zeroing, and host<->device copies of the small

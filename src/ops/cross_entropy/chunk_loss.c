@@ -5,7 +5,7 @@
  * and runs the two gradient GEMMs on the chunk: dh rows straight into d_hidden, dW
  * accumulated in f32 (d_weight itself, or an f32 temporary for a bf16 d_weight).
  * Cost: one LM-head GEMM more than fused; memory: one chunk of logits, never [T, V]. */
-#include "chunked.h"
+#include "common.h"
 
 typedef struct {
     lk_arena *arena;

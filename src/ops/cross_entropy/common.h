@@ -1,7 +1,8 @@
 /* common.h — what the three cross-entropy implementations share: which tokens are
  * scored (the plan), gathering their hidden rows in f32, the per-row softmax / loss /
  * gradient kernels on an f32 logits row, the token weights of the backward, the
- * reductions into the outputs, and the saved header. Only files of this folder use it. */
+ * reductions into the outputs, the saved header, and chunk_loss.c's chunk loop. Only
+ * files of this folder use it. */
 #ifndef LLMKERN_CROSS_ENTROPY_COMMON_H
 #define LLMKERN_CROSS_ENTROPY_COMMON_H
 
@@ -126,5 +127,12 @@ typedef struct {
     int64_t pad[7];
 } ce_saved_head;
 #define CE_HEAD_BYTES ((size_t)64)
+
+/* The chunk loop of chunk_loss.c, which fused.c also runs for reduction none (where
+ * per-token d_loss makes the gradients of the forward unusable; see fused.c). */
+size_t lk_ce_chunked_saved_bytes(const lk_cross_entropy_dims *d);
+size_t lk_ce_chunked_workspace_bytes(const lk_cross_entropy_dims *d, int backward);
+lk_status lk_ce_chunked_forward(const lk_cross_entropy_args *a, const lk_cross_entropy_dims *d, lk_ctx *ctx);
+lk_status lk_ce_chunked_backward(const lk_cross_entropy_args *a, const lk_cross_entropy_dims *d, lk_ctx *ctx);
 
 #endif

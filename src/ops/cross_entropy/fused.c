@@ -11,8 +11,8 @@
  * Reduction none is the exception: per-token d_loss weighs each token's dlogits before
  * they are summed into dW, so gradients made at d_loss = 1 cannot be rescaled into the
  * right dW. There the forward keeps only the log-sum-exp and the backward recomputes
- * each chunk (chunked.h, as chunk_loss does): correct for any d_loss, one GEMM dearer. */
-#include "chunked.h"
+ * each chunk (chunk_loss.c's loop): correct for any d_loss, one GEMM dearer. */
+#include "common.h"
 
 #include <string.h>
 

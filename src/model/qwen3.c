@@ -125,6 +125,7 @@ lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, ui
     m->cfg = *cfg;
     m->recompute = recompute ? 1 : 0;
     m->dt = LK_F32, m->es = 4;
+    m->d_loss_put = NAN;   /* scal[1] holds no d_loss yet */
     m->H = cfg->hidden_size; m->Hq = cfg->num_attention_heads; m->Hk = cfg->num_key_value_heads;
     m->D = cfg->head_dim; m->I = cfg->intermediate_size; m->V = cfg->vocab_size;
     m->E = cfg->moe ? cfg->num_experts : 0; m->K = cfg->moe ? cfg->num_experts_per_tok : 0;
@@ -507,7 +508,11 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
     ce.d_loss = lk_on(m, lk_tensor_1d(m->scal + 1, LK_F32, 1));
     ce.d_hidden = lk_on(m, lk_tensor_2d(m->sc.dh, m->dt, T, H));
     ce.d_weight = lk_on(m, lk_tensor_2d(m->g + m->lm_head, LK_F32, m->V, H));
-    if ((s = m->dev->put(m->scal + 1, &dl, 4)) || (s = lk_cross_entropy_backward(m->ce_impl, &ce, &m->ctx))) return s;
+    if (dl != m->d_loss_put) {   /* a host-to-device copy (a sync on a GPU) only when the scale changes */
+        if ((s = m->dev->put(m->scal + 1, &dl, 4))) return s;
+        m->d_loss_put = dl;
+    }
+    if ((s = lk_cross_entropy_backward(m->ce_impl, &ce, &m->ctx))) return s;
     lk_rms_norm_args n = final_norm_args(m);
     n.dy = lk_on(m, lk_tensor_2d(m->sc.dh, m->dt, T, H));
     n.dx = lk_on(m, lk_tensor_2d(m->sc.dres, m->dt, T, H));

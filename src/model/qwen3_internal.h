@@ -104,6 +104,7 @@ struct lk_model {
     int flex;                     /* an attention binding is flex_attention: doc_mask serves it */
     lk_block_mask doc_mask;       /* the current batch's documents, causal, over all B*S tokens */
     double d_loss_unit;           /* d(the loss) / d(the CE op's loss): 1, or 1 / the SP group's count */
+    float d_loss_put;             /* the d_loss scal[1] holds (NaN: none yet) */
     void (*grads_ready)(void *user, int64_t first);   /* lk_model_on_grads_ready */
     void *grads_ready_user;
 

@@ -33,6 +33,12 @@
 #define WARP_ROWS 4          /* rows (warps) per block of fwd_warp */
 #define WARP_VPT 16          /* the most accesses a lane holds: 4096 bf16 (8 KiB) a row */
 #define BWD_BLOCKS_PER_SM 8
+/* Rows of at most SHORT_ROW elements (a head's q_norm / k_norm: 128) make blocks of one or
+ * two warps: at 8 a SM the backward had 8-16 warps a SM in flight and moved ~1.2 TB/s in
+ * a 0.6B model's step (22.7 of its 420 ms, bench/NOTES.md); up to 32 such blocks a SM
+ * (the occupancy query caps it), each a partial row of dweight more (n floats). */
+#define SHORT_ROW 512
+#define BWD_BLOCKS_PER_SM_SHORT 32
 #define LOOP_THREADS 256
 
 typedef struct {
@@ -357,16 +363,16 @@ static lk_status launch_bwd(const plan *p, const lk_rms_norm_args *a, float *par
 
 /* The most blocks of the backward grid, hence f32 partial rows of dweight the workspace
  * holds; launch_bwd runs as many of them as fit on the GPU at once. */
-static int64_t bwd_parts(int64_t rows) {
+static int64_t bwd_parts(int64_t rows, int64_t n) {
     int sms = lk_hw_get()->cuda_sms > 0 ? lk_hw_get()->cuda_sms : 1;
-    int64_t p = (int64_t)sms * BWD_BLOCKS_PER_SM;
+    int64_t p = (int64_t)sms * (n <= SHORT_ROW ? BWD_BLOCKS_PER_SM_SHORT : BWD_BLOCKS_PER_SM);
     return rows < p ? (rows > 0 ? rows : 1) : p;
 }
 
 static size_t saved_bytes(int64_t rows, int64_t n, lk_dtype dt) { return (size_t)rows * sizeof(float); }
 
 static size_t workspace_bytes(int64_t rows, int64_t n, lk_dtype dt, int backward) {
-    return backward ? (size_t)bwd_parts(rows) * (size_t)n * sizeof(float) : 0;
+    return backward ? (size_t)bwd_parts(rows, n) * (size_t)n * sizeof(float) : 0;
 }
 
 static lk_status forward(const lk_rms_norm_args *a, lk_ctx *ctx) {
@@ -405,7 +411,7 @@ static lk_status backward(const lk_rms_norm_args *a, lk_ctx *ctx) {
         return lk_error(LK_EINTERNAL, "rms_norm: fused (cuda): the dweight workspace was not reserved");
     const void *ptrs[] = {a->x.data, a->weight.data, a->dy.data, a->dx.data};
     plan p = plan_of(n, a->x.dtype, ptrs, 4);
-    int64_t mp = bwd_parts(rows);
+    int64_t mp = bwd_parts(rows, n);
     lk_status s;
     if (a->x.dtype == LK_F32)
         s = p.w == 1 ? launch_bwd<float, 1>(&p, a, partial, mp, rows, (int)n, st, &parts)

@@ -6,26 +6,15 @@
  *             db += Σ_rows dy      a column sum
  * Reached through lk_linear_forward / lk_linear_backward (linear.c), which validated
  * every argument and reserved workspace_bytes in ctx->arena. */
-#include "llmkern/linear.h"
+#include "ops/linear/internal.h"
 #include "ops/dense.h"
-
-typedef struct {
-    int64_t rows, in, out;
-    lk_dtype dt;
-} shape;
-
-static shape shape_of(const lk_linear_args *a) {
-    shape s = {.in = a->x.shape[a->x.ndim - 1], .out = a->weight.shape[0], .dt = a->x.dtype};
-    s.rows = lk_tensor_numel(&a->x) / s.in;
-    return s;
-}
 
 static size_t f32_temp(lk_dtype dt, int64_t n) { return dt == LK_F32 ? 0 : lk_dense_piece((size_t)n * 4); }
 
 static size_t saved_bytes(int64_t rows, int64_t in, int64_t out, lk_dtype dt) { return 0; }
 
 static size_t workspace_bytes(const lk_linear_args *a, int backward) {
-    shape s = shape_of(a);
+    lk_linear_dims s = lk_linear_dims_of(a);
     if (!backward)
         return f32_temp(s.dt, s.rows * s.out) + lk_gemm_workspace_bytes(s.rows, s.out, s.in, s.dt, s.dt);
     size_t dx = a->dx.data ? f32_temp(s.dt, s.rows * s.in) + lk_gemm_workspace_bytes(s.rows, s.in, s.out, s.dt, s.dt)
@@ -35,7 +24,7 @@ static size_t workspace_bytes(const lk_linear_args *a, int backward) {
 }
 
 static lk_status forward(const lk_linear_args *a, lk_ctx *ctx) {
-    shape s = shape_of(a);
+    lk_linear_dims s = lk_linear_dims_of(a);
     size_t mark = ctx->arena ? ctx->arena->used : 0;
     float *y32 = s.dt == LK_F32 ? a->y.data : lk_arena_alloc(ctx->arena, (size_t)(s.rows * s.out) * 4);
     if (y32 == NULL) return lk_error(LK_ENOMEM, "linear: arena: expected room for y in f32, got too little");
@@ -47,7 +36,7 @@ static lk_status forward(const lk_linear_args *a, lk_ctx *ctx) {
 }
 
 static lk_status backward(const lk_linear_args *a, lk_ctx *ctx) {
-    shape s = shape_of(a);
+    lk_linear_dims s = lk_linear_dims_of(a);
     lk_status st = LK_OK;
     if (a->dx.data) {
         size_t mark = ctx->arena ? ctx->arena->used : 0;

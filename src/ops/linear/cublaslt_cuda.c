@@ -9,26 +9,15 @@
  * Workspace: LK_LT_WORKSPACE_BYTES of ctx->arena (a device arena) for cuBLASLt. Reached
  * through lk_linear_forward / _backward (linear.c), which validated every argument. */
 #include "core/cublaslt_util.h"
-#include "llmkern/linear.h"
+#include "ops/linear/internal.h"
 #include "ops/linear/cuda_colsum.h"
-
-typedef struct {
-    int64_t rows, in, out;
-    lk_dtype dt;
-} shape;
-
-static shape shape_of(const lk_linear_args *a) {
-    shape s = {.in = a->x.shape[a->x.ndim - 1], .out = a->weight.shape[0], .dt = a->x.dtype};
-    s.rows = lk_tensor_numel(&a->x) / s.in;
-    return s;
-}
 
 static size_t saved_bytes(int64_t rows, int64_t in, int64_t out, lk_dtype dt) { return 0; }
 
 static size_t workspace_bytes(const lk_linear_args *a, int backward) { return LK_LT_WORKSPACE_BYTES; }
 
 static lk_status forward(const lk_linear_args *a, lk_ctx *ctx) {
-    shape s = shape_of(a);
+    lk_linear_dims s = lk_linear_dims_of(a);
     void *ws = lk_arena_alloc(ctx->arena, LK_LT_WORKSPACE_BYTES);
     if (ws == NULL) return lk_error(LK_EINTERNAL, "linear: cublaslt: the workspace was not reserved");
     lk_lt_gemm_args g = {.trans_b = 1, .m = s.rows, .n = s.out, .k = s.in, .ab_dt = s.dt, .a = a->x.data,
@@ -38,7 +27,7 @@ static lk_status forward(const lk_linear_args *a, lk_ctx *ctx) {
 }
 
 static lk_status backward(const lk_linear_args *a, lk_ctx *ctx) {
-    shape s = shape_of(a);
+    lk_linear_dims s = lk_linear_dims_of(a);
     void *ws = lk_arena_alloc(ctx->arena, LK_LT_WORKSPACE_BYTES);
     if (ws == NULL) return lk_error(LK_EINTERNAL, "linear: cublaslt: the workspace was not reserved");
     int dev = ctx->device.index;

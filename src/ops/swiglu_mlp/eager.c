@@ -10,23 +10,10 @@
  *
  * Reached through lk_swiglu_mlp_forward / _backward (swiglu_mlp.c), which validated every
  * argument and reserved workspace_bytes in ctx->arena. */
-#include "llmkern/swiglu_mlp.h"
+#include "ops/swiglu_mlp/internal.h"
 #include "ops/swiglu_mlp/act.h"
 
 #define PAR_MIN ((int64_t)1 << 15)
-
-typedef struct {
-    int64_t t, h, i;
-    lk_dtype dt;
-    size_t esz;
-} shape;
-
-static shape shape_of(const lk_swiglu_mlp_args *a) {
-    shape s = {.h = a->x.shape[a->x.ndim - 1], .i = a->gate_up_weight.shape[0] / 2, .dt = a->x.dtype};
-    s.t = lk_tensor_numel(&a->x) / s.h;
-    s.esz = lk_dtype_size(s.dt);
-    return s;
-}
 
 static size_t saved_bytes(int64_t t, int64_t h, int64_t i, lk_dtype dt) {
     return 4 * (size_t)t * (size_t)i * lk_dtype_size(dt);
@@ -34,14 +21,14 @@ static size_t saved_bytes(int64_t t, int64_t h, int64_t i, lk_dtype dt) {
 
 
 static size_t workspace_bytes(const lk_swiglu_mlp_args *a, int backward) {
-    shape s = shape_of(a);
+    lk_swiglu_mlp_dims s = lk_swiglu_mlp_dims_of(a);
     int64_t T = s.t, H = s.h, I = s.i;
     lk_dtype dt = s.dt;
     /* one f32 result buffer for the GEMMs of a bf16 run, sized for the larger of [T, I], [T, H] */
     size_t t32 = dt == LK_F32 ? 0 : lk_dense_piece((size_t)(T * (H > I ? H : I)) * 4);
     size_t gemm = lk_dense_max(lk_gemm_workspace_bytes(T, I, H, dt, dt), lk_gemm_workspace_bytes(T, H, I, dt, dt));
     if (!backward) return t32 + gemm;
-    size_t held = 4 * lk_dense_piece((size_t)(T * I) * s.esz);       /* dh, d_silu, d_up, d_gate */
+    size_t held = 4 * lk_dense_piece((size_t)(T * I) * s.es);       /* dh, d_silu, d_up, d_gate */
     size_t dgu = a->d_gate_up_weight.data ? lk_dense_gemm_acc_bytes(I, H, T, dt, dt, a->d_gate_up_weight.dtype) : 0;
     size_t dd = a->d_down_weight.data ? lk_dense_gemm_acc_bytes(H, I, T, dt, dt, a->d_down_weight.dtype) : 0;
     return held + t32 + lk_dense_max(gemm, lk_dense_max(dgu, dd));
@@ -84,16 +71,16 @@ static void ew(step k, const void *p, const void *q, const void *r, void *out, i
 #define NOMEM() lk_error(LK_ENOMEM, "swiglu_mlp: arena: expected the reserved workspace, got too little")
 
 static lk_status forward(const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
-    shape s = shape_of(a);
+    lk_swiglu_mlp_dims s = lk_swiglu_mlp_dims_of(a);
     int64_t T = s.t, H = s.h, I = s.i;
     lk_dtype dt = s.dt;
     lk_arena *ar = ctx->arena;
-    void *gate = a->saved.data, *up = at(gate, s.esz, T * I), *silu = at(gate, s.esz, 2 * T * I);
-    void *h = at(gate, s.esz, 3 * T * I);
+    void *gate = a->saved.data, *up = at(gate, s.es, T * I), *silu = at(gate, s.es, 2 * T * I);
+    void *h = at(gate, s.es, 3 * T * I);
     float *t32 = dt == LK_F32 ? NULL : lk_arena_alloc(ar, (size_t)(T * (H > I ? H : I)) * 4);
     if (dt != LK_F32 && !t32) return NOMEM();
     lk_gemm_operand X = lk_dense_opnd(a->x.data, dt, H, 0);
-    const void *wg = a->gate_up_weight.data, *wu = at(wg, s.esz, I * H);
+    const void *wg = a->gate_up_weight.data, *wu = at(wg, s.es, I * H);
     lk_status st;
     if ((st = gemm_to(ar, dt, T, I, H, X, lk_dense_opnd(wg, dt, H, 1), 0.0f, t32, gate, 1)) ||
         (st = gemm_to(ar, dt, T, I, H, X, lk_dense_opnd(wu, dt, H, 1), 0.0f, t32, up, 1)))
@@ -105,17 +92,17 @@ static lk_status forward(const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
 }
 
 static lk_status backward(const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
-    shape s = shape_of(a);
+    lk_swiglu_mlp_dims s = lk_swiglu_mlp_dims_of(a);
     int64_t T = s.t, H = s.h, I = s.i, TI = T * I;
     lk_dtype dt = s.dt;
     lk_arena *ar = ctx->arena;
     const float L = a->swiglu_limit;
-    void *gate = a->saved.data, *up = at(gate, s.esz, TI), *silu = at(gate, s.esz, 2 * TI), *h = at(gate, s.esz, 3 * TI);
-    void *dh = lk_arena_alloc(ar, (size_t)TI * s.esz), *dsilu = lk_arena_alloc(ar, (size_t)TI * s.esz);
-    void *du = lk_arena_alloc(ar, (size_t)TI * s.esz), *dgate = lk_arena_alloc(ar, (size_t)TI * s.esz);
+    void *gate = a->saved.data, *up = at(gate, s.es, TI), *silu = at(gate, s.es, 2 * TI), *h = at(gate, s.es, 3 * TI);
+    void *dh = lk_arena_alloc(ar, (size_t)TI * s.es), *dsilu = lk_arena_alloc(ar, (size_t)TI * s.es);
+    void *du = lk_arena_alloc(ar, (size_t)TI * s.es), *dgate = lk_arena_alloc(ar, (size_t)TI * s.es);
     float *t32 = dt == LK_F32 ? NULL : lk_arena_alloc(ar, (size_t)(T * (H > I ? H : I)) * 4);
     if (!dh || !dsilu || !du || !dgate || (dt != LK_F32 && !t32)) return NOMEM();
-    const void *wg = a->gate_up_weight.data, *wu = at(wg, s.esz, I * H);
+    const void *wg = a->gate_up_weight.data, *wu = at(wg, s.es, I * H);
     lk_status st;
     if ((st = gemm_to(ar, dt, T, I, H, lk_dense_opnd(a->dout.data, dt, H, 0),
                       lk_dense_opnd(a->down_weight.data, dt, I, 0), 0.0f, t32, dh, 1)))

@@ -14,7 +14,7 @@
  *
  * Reached through lk_swiglu_mlp_forward / _backward (swiglu_mlp.c), which validated every
  * argument and reserved workspace_bytes in ctx->arena. */
-#include "llmkern/swiglu_mlp.h"
+#include "ops/swiglu_mlp/internal.h"
 #include "ops/swiglu_mlp/act.h"
 
 /* Tokens per chunk: large enough that the weight-gradient GEMMs (k = CHUNK) run at the
@@ -24,17 +24,8 @@
 #define CHUNK 4096
 #define PAR_MIN ((int64_t)1 << 15)
 
-typedef struct {
-    int64_t t, h, i, chunk;
-    lk_dtype dt;
-} shape;
-
-static shape shape_of(const lk_swiglu_mlp_args *a) {
-    shape s = {.h = a->x.shape[a->x.ndim - 1], .i = a->gate_up_weight.shape[0] / 2, .dt = a->x.dtype};
-    s.t = lk_tensor_numel(&a->x) / s.h;
-    s.chunk = s.t < CHUNK ? s.t : CHUNK;
-    return s;
-}
+/* Tokens a chunk holds: CHUNK, or every token when there are fewer. */
+static int64_t chunk_of(const lk_swiglu_mlp_dims *s) { return s->t < CHUNK ? s->t : CHUNK; }
 
 static size_t f32_bytes(int64_t n) { return lk_dense_piece((size_t)n * sizeof(float)); }
 static size_t f32_if_bf16(lk_dtype dt, int64_t n) { return dt == LK_F32 ? 0 : f32_bytes(n); }
@@ -44,8 +35,8 @@ static size_t saved_bytes(int64_t t, int64_t h, int64_t i, lk_dtype dt) {
 }
 
 static size_t workspace_bytes(const lk_swiglu_mlp_args *a, int backward) {
-    shape s = shape_of(a);
-    int64_t c = s.chunk;
+    lk_swiglu_mlp_dims s = lk_swiglu_mlp_dims_of(a);
+    int64_t c = chunk_of(&s);
     size_t weights = f32_if_bf16(s.dt, 2 * s.i * s.h) + f32_if_bf16(s.dt, s.h * s.i);
     size_t x_wide = lk_gemm_workspace_bytes(c, 1, s.h, s.dt, LK_F32);  /* a chunk of x or dout */
     if (!backward)
@@ -70,17 +61,18 @@ static void *alloc_if(int cond, lk_arena *arena, int64_t n) {
 #define NOMEM() lk_error(LK_ENOMEM, "swiglu_mlp: arena: expected the reserved workspace, got too little")
 
 static lk_status forward(const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
-    shape s = shape_of(a);
+    lk_swiglu_mlp_dims s = lk_swiglu_mlp_dims_of(a);
+    const int64_t chunk = chunk_of(&s);
     int64_t I = s.i, H = s.h, esz = (int64_t)lk_dtype_size(s.dt);
     lk_arena *ar = ctx->arena;
     const float *wgu = widen(a->gate_up_weight.data, s.dt, 2 * I * H, ar);
     const float *wd = widen(a->down_weight.data, s.dt, H * I, ar);
-    float *gu32 = alloc_if(s.dt != LK_F32, ar, s.chunk * 2 * I), *h32 = alloc_if(1, ar, s.chunk * I);
-    float *o32 = alloc_if(s.dt != LK_F32, ar, s.chunk * H);
+    float *gu32 = alloc_if(s.dt != LK_F32, ar, chunk * 2 * I), *h32 = alloc_if(1, ar, chunk * I);
+    float *o32 = alloc_if(s.dt != LK_F32, ar, chunk * H);
     if (!wgu || !wd || !h32 || (s.dt != LK_F32 && (!gu32 || !o32))) return NOMEM();
     const float L = a->swiglu_limit;
-    for (int64_t c0 = 0; c0 < s.t; c0 += s.chunk) {
-        int64_t n = s.t - c0 < s.chunk ? s.t - c0 : s.chunk;
+    for (int64_t c0 = 0; c0 < s.t; c0 += chunk) {
+        int64_t n = s.t - c0 < chunk ? s.t - c0 : chunk;
         const char *xc = (const char *)a->x.data + c0 * H * esz;
         char *sv = (char *)a->saved.data + c0 * 2 * I * esz;
         float *g = s.dt == LK_F32 ? (float *)sv : gu32;
@@ -130,7 +122,8 @@ static void act_backward(const void *gu, lk_dtype dt, float *dh_h, float *dgu, i
 }
 
 static lk_status backward(const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
-    shape s = shape_of(a);
+    lk_swiglu_mlp_dims s = lk_swiglu_mlp_dims_of(a);
+    const int64_t chunk = chunk_of(&s);
     int64_t I = s.i, H = s.h, esz = (int64_t)lk_dtype_size(s.dt);
     lk_arena *ar = ctx->arena;
     lk_grad_acc agu = {0}, ad = {0};
@@ -141,11 +134,11 @@ static lk_status backward(const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
         return st;
     const float *wgu = widen(a->gate_up_weight.data, s.dt, 2 * I * H, ar);
     const float *wd = widen(a->down_weight.data, s.dt, H * I, ar);
-    float *dh = alloc_if(1, ar, s.chunk * I), *dgu = alloc_if(1, ar, s.chunk * 2 * I);
-    float *dx32 = alloc_if(s.dt != LK_F32, ar, s.chunk * H);
+    float *dh = alloc_if(1, ar, chunk * I), *dgu = alloc_if(1, ar, chunk * 2 * I);
+    float *dx32 = alloc_if(s.dt != LK_F32, ar, chunk * H);
     if (!wgu || !wd || !dh || !dgu || (s.dt != LK_F32 && !dx32)) return NOMEM();
-    for (int64_t c0 = 0; c0 < s.t; c0 += s.chunk) {
-        int64_t n = s.t - c0 < s.chunk ? s.t - c0 : s.chunk;
+    for (int64_t c0 = 0; c0 < s.t; c0 += chunk) {
+        int64_t n = s.t - c0 < chunk ? s.t - c0 : chunk;
         lk_gemm_operand dout = lk_dense_opnd((const char *)a->dout.data + c0 * H * esz, s.dt, H, 0);
         lk_gemm_operand xc = lk_dense_opnd((const char *)a->x.data + c0 * H * esz, s.dt, H, 0);
         if ((st = lk_gemm(n, I, H, 1.0f, dout, lk_dense_opnd(wd, LK_F32, I, 0), 0.0f, dh, I, ar))) return st;

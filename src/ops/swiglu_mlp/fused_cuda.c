@@ -11,21 +11,8 @@
  * Reached through lk_swiglu_mlp_forward / _backward (swiglu_mlp.c), which validated
  * every argument; the workspace comes from ctx->arena (a device arena). */
 #include "core/cublas_util.h"
-#include "llmkern/swiglu_mlp.h"
+#include "ops/swiglu_mlp/internal.h"
 #include "ops/swiglu_mlp/cuda_act.h"
-
-typedef struct {
-    int64_t t, h, i;
-    lk_dtype dt;
-    size_t es;
-} dims;
-
-static dims dims_of(const lk_swiglu_mlp_args *a) {
-    dims d = {.h = a->x.shape[a->x.ndim - 1], .i = a->gate_up_weight.shape[0] / 2, .dt = a->x.dtype};
-    d.t = lk_tensor_numel(&a->x) / d.h;
-    d.es = lk_dtype_size(d.dt);
-    return d;
-}
 
 static size_t round_up(size_t n) { return (n + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
 
@@ -35,13 +22,13 @@ static size_t saved_bytes(int64_t t, int64_t h, int64_t i, lk_dtype dt) {
 
 /* forward: h [T, I]; backward: dh and h [T, I], dgu [T, 2I]; all in the storage dtype */
 static size_t workspace_bytes(const lk_swiglu_mlp_args *a, int backward) {
-    dims d = dims_of(a);
+    lk_swiglu_mlp_dims d = lk_swiglu_mlp_dims_of(a);
     size_t ti = round_up((size_t)d.t * (size_t)d.i * d.es);
     return backward ? 2 * ti + round_up((size_t)d.t * (size_t)(2 * d.i) * d.es) : ti;
 }
 
 static lk_status forward(const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
-    dims d = dims_of(a);
+    lk_swiglu_mlp_dims d = lk_swiglu_mlp_dims_of(a);
     int dev = ctx->device.index;
     void *st = ctx->stream, *gu = a->saved.data, *h = lk_arena_alloc(ctx->arena, workspace_bytes(a, 0));
     if (h == NULL) return lk_error(LK_EINTERNAL, "swiglu_mlp: fused (cuda): the workspace was not reserved");
@@ -56,7 +43,7 @@ static lk_status forward(const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
 }
 
 static lk_status backward(const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
-    dims d = dims_of(a);
+    lk_swiglu_mlp_dims d = lk_swiglu_mlp_dims_of(a);
     int dev = ctx->device.index;
     void *st = ctx->stream;
     const char *gu = a->saved.data;

@@ -64,6 +64,8 @@ void lk_check_row_end(lk_check_row *row, double max_rel_err) {
     row->pass = row->max_rel_err <= row->tol;
 }
 
+void *lk_bench_alloc(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
+
 void *lk_random_tensor(lk_rng *rng, lk_dtype dt, int64_t n, float std, double **ref) {
     float *f = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
     void *out = malloc((size_t)(n > 0 ? n : 1) * lk_dtype_size(dt));

@@ -204,6 +204,10 @@ typedef struct {
     static lk_status run_fwd(void *p) { bench_job *j = p; return forward_fn(j->impl, &j->a, &j->ctx); }  \
     static lk_status run_bwd(void *p) { bench_job *j = p; return backward_fn(j->impl, &j->a, &j->ctx); }
 
+/* A bench buffer of bytes, cache-line aligned so a kernel may stream its stores (its
+ * size rounded up to 64); free() it. NULL when out of memory. */
+void *lk_bench_alloc(size_t bytes);
+
 /* Fills rows[0..2] (fwd, bwd, fwd+bwd): time, GB/s, GFLOP/s, the fraction of the GEMM
  * ceiling (ops with flops) or of the copy ceiling (the others), and peak extra memory. */
 lk_status lk_bench_passes(const lk_bench_spec *b, const lk_ceilings *ceil, lk_bench_row rows[3]);

@@ -31,14 +31,22 @@ static size_t workspace_bytes(const lk_cross_entropy_dims *d, int backward) {
     return w + rows + ce_piece(K * f) + 2 * kv + ce_piece(K * H * f) + ce_piece(V * H * f);
 }
 
+/* What both passes take first: the plan, and from the arena the f32 copy of a bf16 weight
+ * [V, H] and of the kept rows [K, H] (unless they are read where they lie). */
+static void begin(const lk_cross_entropy_args *a, const lk_cross_entropy_dims *d, ce_plan *p, taker *tk,
+                  float **wbuf, float **rbuf) {
+    ce_plan_make(a, d, p);
+    *wbuf = p->dt == LK_F32 ? NULL : take(tk, (size_t)(p->V * p->H) * sizeof(float));
+    *rbuf = ce_rows_direct(p, 0, p->K) ? NULL : take(tk, (size_t)(p->K * p->H) * sizeof(float));
+}
+
 static lk_status forward(const lk_cross_entropy_args *a, const lk_cross_entropy_dims *d, lk_ctx *ctx) {
     ce_plan p;
-    ce_plan_make(a, d, &p);
-    int64_t K = p.K, V = p.V, H = p.H;
-    size_t f = sizeof(float);
     taker tk = {ctx->arena, LK_OK};
-    float *wbuf = p.dt == LK_F32 ? NULL : take(&tk, (size_t)(V * H) * f);
-    float *rbuf = ce_rows_direct(&p, 0, K) ? NULL : take(&tk, (size_t)(K * H) * f);
+    float *wbuf, *rbuf;
+    begin(a, d, &p, &tk, &wbuf, &rbuf);
+    int64_t K = p.K, V = p.V;
+    size_t f = sizeof(float);
     float *logits = take(&tk, (size_t)(K * V) * f);
     if (tk.status) return tk.status;
     ce_saved_head *head = a->saved.data;
@@ -94,12 +102,11 @@ static lk_status forward(const lk_cross_entropy_args *a, const lk_cross_entropy_
 
 static lk_status backward(const lk_cross_entropy_args *a, const lk_cross_entropy_dims *d, lk_ctx *ctx) {
     ce_plan p;
-    ce_plan_make(a, d, &p);
+    taker tk = {ctx->arena, LK_OK};
+    float *wbuf, *rbuf;
+    begin(a, d, &p, &tk, &wbuf, &rbuf);
     int64_t K = p.K, V = p.V, H = p.H;
     size_t f = sizeof(float);
-    taker tk = {ctx->arena, LK_OK};
-    float *wbuf = p.dt == LK_F32 ? NULL : take(&tk, (size_t)(V * H) * f);
-    float *rbuf = ce_rows_direct(&p, 0, K) ? NULL : take(&tk, (size_t)(K * H) * f);
     float *g = take(&tk, (size_t)K * f), *G = take(&tk, (size_t)(K * V) * f), *D = take(&tk, (size_t)(K * V) * f);
     float *dh = take(&tk, (size_t)(K * H) * f);
     float *dw = a->d_weight.dtype == LK_F32 ? a->d_weight.data : take(&tk, (size_t)(V * H) * f);

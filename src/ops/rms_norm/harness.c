@@ -136,9 +136,6 @@ static lk_status check(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, 
 
 LK_BENCH_JOB(lk_rms_norm_args, lk_rms_norm_forward, lk_rms_norm_backward)
 
-/* Cache-line aligned, so a kernel may stream its stores. */
-static void *alloc64(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
-
 static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, const lk_case_opts *opts,
                        const lk_ceilings *ceil, lk_bench_row rows[3]) {
     int64_t all = lk_shape_numel(shape), n = shape->d[shape->ndim - 1];
@@ -146,8 +143,9 @@ static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, 
     lk_tensor xt = lk_tensor_view(NULL, dt, shape->ndim, shape->d);
     lk_status s = lk_rms_norm_saved_bytes(impl, &xt, &saved_bytes);
     if (s) return s;
-    void *x = alloc64(tb), *dy = alloc64(tb), *y = alloc64(tb), *dx = alloc64(tb);
-    void *w = alloc64((size_t)n * esz), *dw = alloc64((size_t)n * esz), *saved = alloc64(saved_bytes);
+    void *x = lk_bench_alloc(tb), *dy = lk_bench_alloc(tb), *y = lk_bench_alloc(tb), *dx = lk_bench_alloc(tb);
+    void *w = lk_bench_alloc((size_t)n * esz), *dw = lk_bench_alloc((size_t)n * esz);
+    void *saved = lk_bench_alloc(saved_bytes);
     float *tmp = malloc(tb / esz * sizeof(float));
     lk_arena arena = {0};
     if (!x || !dy || !y || !dx || !w || !dw || !saved || !tmp) {

@@ -203,9 +203,6 @@ static lk_status check(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, 
 
 LK_BENCH_JOB(lk_rope_args, lk_rope_forward, lk_rope_backward)
 
-/* Cache-line aligned, so a kernel may stream its stores. */
-static void *alloc64(size_t bytes) { return aligned_alloc(64, (bytes + 63) & ~(size_t)63); }
-
 /* Random normal values in dt. */
 static void fill(lk_rng *rng, void *out, lk_dtype dt, int64_t n, float *tmp) {
     lk_rng_normal(rng, tmp, n, 0.0f, 1.0f);
@@ -225,9 +222,10 @@ static lk_status bench(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, 
     j.a = (lk_rope_args){.q = lk_tensor_view(NULL, dt, 4, qs), .k = lk_tensor_view(NULL, dt, 4, ks),
                          .rotary_dim = d.rotary_dim};
     if ((s = lk_rope_saved_bytes(impl, &j.a, &saved_bytes))) return s;
-    void *q = alloc64(qb), *k = alloc64(kb), *qo = alloc64(qb), *ko = alloc64(kb);
-    void *dqo = alloc64(qb), *dko = alloc64(kb), *dq = alloc64(qb), *dk = alloc64(kb);
-    void *saved = alloc64(saved_bytes), *cs = alloc64((size_t)(S * h) * 4), *sn = alloc64((size_t)(S * h) * 4);
+    void *q = lk_bench_alloc(qb), *k = lk_bench_alloc(kb), *qo = lk_bench_alloc(qb), *ko = lk_bench_alloc(kb);
+    void *dqo = lk_bench_alloc(qb), *dko = lk_bench_alloc(kb), *dq = lk_bench_alloc(qb), *dk = lk_bench_alloc(kb);
+    void *saved = lk_bench_alloc(saved_bytes);
+    void *cs = lk_bench_alloc((size_t)(S * h) * 4), *sn = lk_bench_alloc((size_t)(S * h) * 4);
     int64_t *ids = malloc((size_t)(B * S) * sizeof *ids);
     float *tmp = malloc((size_t)nq * sizeof(float));
     lk_arena arena = {0};

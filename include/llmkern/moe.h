@@ -127,8 +127,10 @@ typedef struct {
 
 /* Facade: validates every argument (expert ids in range included) before anything is
  * written. Errors LK_EINVAL, LK_ESHAPE, LK_EDTYPE, LK_EDEVICE. On a GPU topk_ids is device
- * memory the facade does not read: the CUDA `fused` forward brings it to the host and
- * refuses a bad id there, still before writing anything. */
+ * memory nothing reads on the host (no sync, so a layer can be captured in a CUDA graph):
+ * the CUDA `fused` row checks the ids on the device, and an id outside [0, E) makes out
+ * (forward) and d_hidden, d_topk_weights and the touched weight gradients (backward) NaN,
+ * every element, instead of an error status. */
 LK_API lk_status lk_moe_experts_saved_bytes(const lk_impl *impl, int64_t tokens, int64_t top_k, int64_t experts,
                                      int64_t hidden, int64_t inter, lk_dtype dt, size_t *bytes);
 LK_API lk_status lk_moe_experts_forward(const lk_impl *impl, const lk_moe_experts_args *a, lk_ctx *ctx);

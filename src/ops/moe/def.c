@@ -47,7 +47,7 @@ static const lk_impl experts_rows[] = {
 #ifdef LLMKERN_HAVE_CUDA
     {.op = LK_OP_MOE_EXPERTS, .name = "fused", .device = LK_DEVICE_CUDA, .needs = {.min_cc = 80, .dtypes = LK_F32_BF16},
      .vtable = &lk_moe_experts_cuda_fused_vtable,
-     .summary = "the CPU fused layout on the GPU: one permutation, a cuBLASLt GEMM per expert, f32 un-permute"},
+     .summary = "the CPU fused layout on the GPU: routing on the device, grouped mma.sync GEMMs, SwiGLU epilogue, no host sync"},
 #endif
     {.name = NULL},
 };

@@ -46,8 +46,8 @@ static lk_status check_common(const lk_impl *impl, const lk_moe_experts_args *a,
     if ((s = check_tensor(impl, "down_weight", &a->down_weight, 3, dws, LK_DTYPE_BIT(x->dtype))) ||
         (s = check_tensor(impl, "topk_weights", &a->topk_weights, 2, tk, LK_DTYPE_BIT(LK_F32))))
         return s;
-    /* On a GPU the ids are device memory the facade does not read: the CUDA experts bring
-     * them to the host, check them and refuse before writing anything. */
+    /* On a GPU the ids are device memory the facade does not read: the CUDA experts check
+     * them on the device and poison their outputs with NaN on a bad one (moe.h). */
     const int32_t *id = ids->data;
     for (int64_t r = 0; impl->device == LK_DEVICE_CPU && r < d->r; r++)
         if (id[r] < 0 || id[r] >= d->e)

@@ -1,0 +1,90 @@
+/* moe_cuda.h — what the CUDA MoE experts' files share: the routing on the device
+ * (route.cu: counts, offsets and the stable expert-sorted permutation, sized by the
+ * route bound R = T·k known on the host) and the grouped GEMM with device-side problem
+ * sizes (grouped.cu), both queued on a stream with no host read, so fused.cu's forward
+ * and backward can be captured in a CUDA graph. C linkage; built with CUDA only. Not
+ * installed. */
+#ifndef LLMKERN_MOE_CUDA_H
+#define LLMKERN_MOE_CUDA_H
+
+#include "ops/moe/permute.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Device workspace of lk_moe_cuda_route for R routes over E experts. */
+size_t lk_moe_cuda_route_ws_bytes(int64_t routes, int64_t experts);
+
+/* The stable counting sort of permute.c on the device: offs [E + 1] (i64), order [R] and
+ * pos [R] exactly as lk_moe_permute writes them (token-major within an expert, so the
+ * result never depends on scheduling). *flag (device int) is zeroed, then set to 1 when
+ * an id lies outside [0, E); such a route is sorted as expert 0, so every array stays in
+ * bounds, and the callers turn their outputs into NaN (see fused.cu). ws: device memory
+ * of lk_moe_cuda_route_ws_bytes, 64-byte aligned. Errors: LK_EDEVICE (a launch). */
+lk_status lk_moe_cuda_route(const int32_t *ids, int64_t routes, int64_t experts, int64_t *offs, int32_t *order,
+                            int32_t *pos, int *flag, void *ws, void *stream);
+
+/* *flag = 1 if an id of ids[0..R) lies outside [0, E), else 0 (the backward's check). */
+lk_status lk_moe_cuda_check_ids(const int32_t *ids, int64_t routes, int64_t experts, int *flag, void *stream);
+
+/* --- grouped GEMM ---------------------------------------------------------------------
+ * C = A·B per expert e, row-major, f32 accumulation, A(m, k) and B(k, n) read through
+ * operands that are either contiguous along K (kmajor: element (x, k) at
+ * row(x)[k], x = m or n) or along M / N (element (x, k) at row(k)[x]). An operand row is
+ * src + e·e_stride + i·ld, or, gathered, src + (order[i] / kdiv)·ld (the token row of
+ * sorted route i: the permutation fused into the load).
+ *   LK_GG_ROWS:  M runs over the expert-sorted rows, expert e owning rows
+ *                [offs[e], offs[e+1]); N and K fixed. The row tiles of every expert are
+ *                listed on the device (tiles, E + 1 ints of workspace) and the grid is
+ *                sized by the bound rows / tile + E, so no count is read back.
+ *   LK_GG_WGRAD: M and N fixed (a weight's dims), K runs over expert e's rows; C is
+ *                expert e's slice (c + e·c_e_stride), ACCUMULATED (C += A·B, rounded
+ *                once into c_dt); an expert without rows leaves its slice as it was.
+ * Epilogues: STORE_F32 (C written as f32), ACCUM (WGRAD), SWIGLU (ROWS, bf16 on tensor
+ * cores only: N = 2I is gate | up, and the epilogue writes keep = [gate | up] in bf16
+ * and h = w[order[row]] · silu(gate) · up in bf16, NaN when *flag is set).
+ * bf16 operands run on tensor cores (mma.sync m16n8k16, sm_80+); f32 on CUDA cores in
+ * f32 (the exact path f32 training is checked against). */
+typedef enum { LK_GG_ROWS, LK_GG_WGRAD } lk_gg_mode;
+typedef enum { LK_GG_STORE_F32, LK_GG_ACCUM, LK_GG_SWIGLU } lk_gg_epi;
+
+typedef struct {
+    const void *src;
+    int64_t ld, e_stride;     /* elements */
+    const int32_t *order;     /* NULL: rows are src + e·e_stride + i·ld */
+    int64_t kdiv;             /* routes per token when gathered */
+    int kmajor;
+} lk_gg_operand;
+
+typedef struct {
+    lk_gg_mode mode;
+    lk_gg_epi epi;
+    lk_dtype dt;                  /* of A and B: f32 or bf16 */
+    lk_gg_operand a, b;
+    int64_t m, n, k;              /* ROWS: n, k (m is rows); WGRAD: m, n */
+    int64_t experts, rows;        /* E, and the bound on sorted rows (R = T·k) */
+    const int64_t *offs;          /* [E + 1] on the device */
+    int32_t *tiles;               /* ROWS: [E + 1] ints of device workspace */
+    void *c;                      /* STORE_F32 / ACCUM */
+    lk_dtype c_dt;
+    int64_t ldc, c_e_stride;
+    void *keep, *h;               /* SWIGLU: [rows, 2I] and [rows, I], bf16 */
+    const float *w;               /* SWIGLU: routing weights [R] */
+    const int32_t *order;         /* SWIGLU: route of each sorted row */
+    int64_t inter;                /* SWIGLU: I (n = 2I) */
+    const int *flag;              /* SWIGLU: bad-id flag (device) */
+} lk_gg;
+
+/* 1 when the SWIGLU epilogue runs for operands of dt (bf16 on tensor cores); else the
+ * caller stores gate_up in f32 and runs the activation as its own kernel. */
+int lk_moe_cuda_gg_fuses_swiglu(lk_dtype dt);
+
+/* Queues the grouped GEMM on stream. Errors: LK_EINTERNAL (a combination this file does
+ * not build), LK_EDEVICE (a launch; a grid dim over the device's limit). */
+lk_status lk_moe_cuda_grouped_gemm(const lk_gg *g, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -25,7 +25,7 @@
 #include <string.h>
 #include <cuda_runtime_api.h>
 #include "cuda_util.h"
-#include "ops/moe/permute.h"
+#include "ops/moe/moe_cuda.h"
 #include "ops/moe/reference.h"
 
 enum { RANDOM, DUP, ONE };   /* k distinct experts; lower half with repeats; all on expert E - 1 */
@@ -175,6 +175,23 @@ static void against_reference_f32(void **state) {
 }
 
 static void against_reference_bf16(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(LK_BF16, &cases[i], 131u + (uint32_t)i);
+}
+
+/* The same bf16 cases on the CUDA-core kernel (the cross-check of the tensor-core one:
+ * if only against_reference_bf16 fails, the mma kernel is wrong). */
+static int simt_on(void **state) {
+    (void)state;
+    lk_moe_cuda_gg_simt_only(1);
+    return 0;
+}
+static int simt_off(void **state) {   /* a teardown: runs after a failed assertion too */
+    (void)state;
+    lk_moe_cuda_gg_simt_only(0);
+    return 0;
+}
+static void against_reference_bf16_simt(void **state) {
     (void)state;
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(LK_BF16, &cases[i], 131u + (uint32_t)i);
 }
@@ -357,6 +374,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(against_reference_f32),
         cmocka_unit_test(against_reference_bf16),
+        cmocka_unit_test_setup_teardown(against_reference_bf16_simt, simt_on, simt_off),
         cmocka_unit_test(routing_at_scale),
         cmocka_unit_test(bad_id_poisons),
         cmocka_unit_test(graph_capture),

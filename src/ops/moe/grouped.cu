@@ -383,7 +383,11 @@ __global__ void __launch_bounds__(NT) gg_simt(kargs p) {
 
 /* --- host ---------------------------------------------------------------------------- */
 
-static int use_tc(lk_dtype dt) { return dt == LK_BF16 && LK_MOE_TC; }
+static int simt_only;   /* lk_moe_cuda_gg_simt_only: the tests' cross-check */
+
+extern "C" void lk_moe_cuda_gg_simt_only(int on) { simt_only = on != 0; }
+
+static int use_tc(lk_dtype dt) { return dt == LK_BF16 && LK_MOE_TC && !simt_only; }
 
 extern "C" int lk_moe_cuda_gg_fuses_swiglu(lk_dtype dt) { return use_tc(dt); }
 

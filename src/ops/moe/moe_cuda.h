@@ -80,6 +80,11 @@ typedef struct {
  * caller stores gate_up in f32 and runs the activation as its own kernel. */
 int lk_moe_cuda_gg_fuses_swiglu(lk_dtype dt);
 
+/* on != 0: bf16 runs on the CUDA-core kernel too (and the activation as its own kernel),
+ * until called again with 0 — tests/cuda run the bf16 cases both ways, so a wrong
+ * tensor-core kernel shows as such. Not thread-safe; never set on the hot path. */
+void lk_moe_cuda_gg_simt_only(int on);
+
 /* Queues the grouped GEMM on stream. Errors: LK_EINTERNAL (a combination this file does
  * not build), LK_EDEVICE (a launch; a grid dim over the device's limit). */
 lk_status lk_moe_cuda_grouped_gemm(const lk_gg *g, void *stream);

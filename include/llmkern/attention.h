@@ -90,8 +90,9 @@ typedef struct {
     lk_attn_adapter adapter;
     int sp;     /* 1: the Ulysses path over ctx->comm (the SP group); with no group, a group of
                  * one, or skip_ulysses it is the identity */
-    /* Version 2: a GPU row's own backend (flash_attention_2's tensor-core kernel, cudnn);
-     * NULL: the adapter's CUDA backend. Ignored on the CPU, where the adapter's slot runs. */
+    /* Version 2: the backend a GPU row runs (flash_attention_2's tensor-core kernel, fa3,
+     * cudnn); a GPU row without one is refused (LK_EUNAVAILABLE). Ignored on the CPU, where
+     * the adapter's slot runs (lk_attention_set_backend swaps it). */
     const lk_attention_vtable *cuda;
 } lk_attention_entry;
 

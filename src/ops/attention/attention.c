@@ -5,9 +5,9 @@
  * adapter is testable alone), reserves its workspace and runs it. The table's entries
  * are slots a test may swap (lk_attention_set_backend).
  *
- * A row on a GPU enters its adapter's CUDA backend (cuda_backends; flash.cu for the flash
- * adapter), with the same checks: cu_seqlens and a dense mask stay host memory (read
- * here and to plan), every other tensor is the row's device memory.
+ * A row on a GPU names the CUDA backend it runs in its entry (fa2.cu, fa3.cu,
+ * sdpa_cudnn.cpp) and keeps its adapter's rules and checks: cu_seqlens and a dense mask
+ * stay host memory (read here and to plan), every other tensor is the row's device memory.
  *
  * The SP-aware rows (llmkern_*_with_sp) enter the same adapters through sp_run: with
  * no communicator, a group of one or skip_ulysses it is the identity; otherwise the
@@ -30,13 +30,6 @@ static const lk_attention_vtable *slots[LK_ATTN_ADAPTER_COUNT] = {
     [LK_ATTN_FLEX] = &lk_attention_flex_backend,
 };
 static const char *const adapter_names[LK_ATTN_ADAPTER_COUNT] = {"eager", "flash", "flex"};
-/* On a GPU: the adapters that have a CUDA backend (not swappable). */
-static const lk_attention_vtable *const cuda_backends[LK_ATTN_ADAPTER_COUNT] = {
-    [LK_ATTN_EAGER] = NULL,
-#ifdef LLMKERN_HAVE_CUDA
-    [LK_ATTN_FLASH] = &lk_attention_flash_cuda_backend,
-#endif
-};
 
 const lk_attention_vtable *lk_attention_set_backend(lk_attn_adapter adapter, const lk_attention_vtable *vt) {
     if ((unsigned)adapter >= LK_ATTN_ADAPTER_COUNT) return NULL;
@@ -59,8 +52,7 @@ static lk_status resolve(const lk_impl *impl, call *c) {
     if ((unsigned)c->entry->adapter >= LK_ATTN_ADAPTER_COUNT)
         return lk_error(LK_EINVAL, OP ": impl: expected an adapter of eager, flash or flex in '%s', got %d",
                         impl->name, (int)c->entry->adapter);
-    c->vt = impl->device != LK_DEVICE_CUDA ? slots[c->entry->adapter]
-          : c->entry->version >= 2 && c->entry->cuda ? c->entry->cuda : cuda_backends[c->entry->adapter];
+    c->vt = impl->device != LK_DEVICE_CUDA ? slots[c->entry->adapter] : c->entry->version >= 2 ? c->entry->cuda : NULL;
     if (!c->vt)
         return lk_error(LK_EUNAVAILABLE, OP ": impl: the %s adapter has no %s backend ('%s')",
                         adapter_names[c->entry->adapter], lk_device_name(impl->device), impl->name);

@@ -1,8 +1,8 @@
 /* def.c — attention's descriptor (lk_attention_def, src/ops/op_def.h): its catalog entry,
  * its harness, and its registry rows on the CPU and, built with CUDA, on the GPU (the
- * flash adapter's rows: flash.cu, fa2.cu, fa3.cu, sdpa_cudnn.cpp). Every row points at an
- * lk_attention_entry: which adapter of the facade (attention.c) it enters, and
- * whether through the SP path. With LLMKERN_BACKEND=llmkern the registry rewrites
+ * flash adapter's rows: fa2.cu, fa3.cu, sdpa_cudnn.cpp). Every row points at an
+ * lk_attention_entry: which adapter of the facade (attention.c) it enters, whether
+ * through the SP path, and on the GPU the backend it runs. With LLMKERN_BACKEND=llmkern the registry rewrites
  * flash_attention_2 and flex_attention to the llmkern_*_with_sp rows, which reach the
  * same adapters. flash_attention_3 is Hopper-only and has no CPU row. */
 #include "ops/attention/internal.h"

@@ -80,7 +80,7 @@ extern const lk_attention_vtable lk_attention_eager_backend;
 extern const lk_attention_vtable lk_attention_flash_backend;
 extern const lk_attention_vtable lk_attention_flex_backend;
 #ifdef LLMKERN_HAVE_CUDA
-extern const lk_attention_vtable lk_attention_flash_cuda_backend;   /* flash.cu */
+extern const lk_attention_vtable lk_attention_flash_cuda_backend;   /* flash.cu: f32, fa2.cu falls back to it */
 /* ds_aux[h] = Σ_{b,i} part[b, h, i] over f32 [B, Hq, Sq] device rows, in a fixed order, on
  * stream (flash.cu; every CUDA backend's sink gradient). */
 lk_status lk_attn_cuda_sink_sum(const float *part, float *ds_aux, int64_t B, int64_t Hq, int64_t Sq, void *stream);

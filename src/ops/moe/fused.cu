@@ -11,8 +11,10 @@
  *             written from the f32 accumulators; f32: gate_up straight into saved (f32),
  *             then the activation kernel; y = h · Wdᵀ (f32); the un-permute sums each
  *             token's k rows in route order, rounds once.
- *   backward  dh' = dout[order / k] · Wd (f32); a warp a row recomputes the activation:
- *             d_topk_weights = dh'·h, d_gate_up and w·h; d_down += dout[order / k]ᵀ·(w·h),
+ *   backward  dh' = dout[order / k] · Wd, bf16: the activation's backward in that GEMM's
+ *             epilogue (d_gate_up and w·h from dh' and the saved gate/up; d_topk_weights =
+ *             dh'·h from per-tile partials summed in order); f32: dh' in f32, then a warp a
+ *             row recomputes the activation; d_down += dout[order / k]ᵀ·(w·h),
  *             d_rows = d_gate_up · Wgu (f32), d_gate_up_weight += d_gate_upᵀ·x[order / k]
  *             — each expert's gradient slice read and written by one CTA a tile, so a
  *             bf16 gradient is rounded once per call; the un-permute sums d_rows into
@@ -98,8 +100,9 @@ static size_t workspace_bytes(const lk_moe_experts_args *a, int backward) {
         size_t gu32 = d.dt != LK_F32 && !lk_moe_cuda_gg_fuses_swiglu(d.dt) ? al(R * 2 * I * 4) : 0;
         return small_bytes(&d) + al(lk_moe_cuda_route_ws_bytes(d.r, d.e)) + gu32 + al(R * I * es) + al(R * H * 4);
     }
-    /* dh' f32, w·h, d_gate_up, d_rows f32 */
-    return small_bytes(&d) + al(R * I * 4) + al(R * I * es) + al(R * 2 * I * es) + al(R * H * 4);
+    /* dh' f32 (or, fused into its GEMM, the d_topk_weights partials), w·h, d_gate_up, d_rows f32 */
+    size_t dh = lk_moe_cuda_gg_fuses_swiglu(d.dt) ? al(R * (size_t)lk_moe_cuda_dw_tiles(d.i) * 4) : al(R * I * 4);
+    return small_bytes(&d) + dh + al(R * I * es) + al(R * 2 * I * es) + al(R * H * 4);
 }
 
 /* An operand: rows of ld elements, expert slices e_stride apart, gathered through order
@@ -180,6 +183,22 @@ static lk_status forward(const lk_moe_experts_args *a, lk_ctx *ctx) {
     return LK_OK;
 }
 
+/* The activation's backward as its own kernel (f32, or bf16 without tensor cores). */
+static lk_status act_backward_launch(const lk_moe_experts_args *a, const lk_moe_dims *d, const lk_moe_fused_saved *sv,
+                                     const float *hb, void *wh, void *dgu, const int *flag, cudaStream_t st) {
+    int64_t R = d->r, I = d->i;
+    const float *w = (const float *)a->topk_weights.data;
+    float *dw = (float *)a->d_topk_weights.data;
+    if (d->dt == LK_F32)
+        act_backward<float><<<grid(R * 32), 256, 0, st>>>((const float *)sv->gu, hb, (float *)wh, (float *)dgu, w,
+                                                          sv->order, dw, R, I, flag);
+    else
+        act_backward<lk_bf16_t><<<grid(R * 32), 256, 0, st>>>((const lk_bf16_t *)sv->gu, hb, (lk_bf16_t *)wh,
+                                                              (lk_bf16_t *)dgu, w, sv->order, dw, R, I, flag);
+    LK_CUDA_LAUNCHED("moe_experts: fused (cuda): act_backward");
+    return LK_OK;
+}
+
 static lk_status backward(const lk_moe_experts_args *a, lk_ctx *ctx) {
     lk_moe_dims d = lk_moe_dims_of(a);
     int64_t H = d.h, I = d.i, R = d.r, K = d.k;
@@ -187,9 +206,11 @@ static lk_status backward(const lk_moe_experts_args *a, lk_ctx *ctx) {
     cudaStream_t st = (cudaStream_t)ctx->stream;
     lk_moe_fused_saved sv = lk_moe_fused_saved_view(a->saved.data, &d);
     lk_arena *ar = ctx->arena;
+    const int fused_act = lk_moe_cuda_gg_fuses_swiglu(d.dt);
+    const int64_t dwt = lk_moe_cuda_dw_tiles(I);
     int *flag = (int *)lk_arena_alloc(ar, sizeof(int));
     int32_t *tiles = (int32_t *)lk_arena_alloc(ar, sizeof(int32_t) * (size_t)(d.e + 1));
-    float *hb = (float *)lk_arena_alloc(ar, (size_t)(R * I) * 4);
+    float *hb = (float *)lk_arena_alloc(ar, fused_act ? (size_t)(R * dwt) * 4 : (size_t)(R * I) * 4);
     void *wh = lk_arena_alloc(ar, (size_t)(R * I) * es), *dgu = lk_arena_alloc(ar, (size_t)(R * 2 * I) * es);
     float *dr = (float *)lk_arena_alloc(ar, (size_t)(R * H) * 4);
     if (!flag || !tiles || !hb || !wh || !dgu || !dr) return NOMEM;
@@ -197,17 +218,20 @@ static lk_status backward(const lk_moe_experts_args *a, lk_ctx *ctx) {
     if (s) return s;
     lk_gg g = gg_base(&d, &sv, tiles);
     lk_gg_operand dout = opnd(a->dout.data, H, 0, sv.order, K, 1);
-    /* dh' = dout rows · Wd_e ([H, I] read as [k, n]) */
-    if ((s = rows_gemm(g, dout, opnd(a->down_weight.data, I, H * I, NULL, 0, 0), I, H, hb, st))) return s;
-    if (d.dt == LK_F32)
-        act_backward<float><<<grid(R * 32), 256, 0, st>>>((const float *)sv.gu, hb, (float *)wh, (float *)dgu,
-                                                          (const float *)a->topk_weights.data, sv.order,
-                                                          (float *)a->d_topk_weights.data, R, I, flag);
-    else
-        act_backward<lk_bf16_t><<<grid(R * 32), 256, 0, st>>>((const lk_bf16_t *)sv.gu, hb, (lk_bf16_t *)wh,
-                                                              (lk_bf16_t *)dgu, (const float *)a->topk_weights.data,
-                                                              sv.order, (float *)a->d_topk_weights.data, R, I, flag);
-    LK_CUDA_LAUNCHED("moe_experts: fused (cuda): act_backward");
+    lk_gg_operand wd_kn = opnd(a->down_weight.data, I, H * I, NULL, 0, 0);   /* Wd_e [H, I] read as [k, n] */
+    float *dw = (float *)a->d_topk_weights.data;
+    if (fused_act) {   /* dh' = dout rows · Wd_e with the activation's backward in the epilogue */
+        lk_gg f = g;
+        f.mode = LK_GG_ROWS, f.epi = LK_GG_DSWIGLU, f.a = dout, f.b = wd_kn, f.n = I, f.k = H;
+        f.gu_saved = sv.gu, f.dgu = dgu, f.wh = wh, f.dw_part = dw ? hb : NULL;
+        f.w = (const float *)a->topk_weights.data, f.order = sv.order, f.inter = I, f.flag = flag;
+        if ((s = lk_moe_cuda_grouped_gemm(&f, st))) return s;
+        if (dw && (s = lk_moe_cuda_dw_reduce(hb, dwt, sv.order, R, dw, st))) return s;
+    } else {
+        /* dh' = dout rows · Wd_e, then the activation's backward */
+        if ((s = rows_gemm(g, dout, wd_kn, I, H, hb, st))) return s;
+        if ((s = act_backward_launch(a, &d, &sv, hb, wh, dgu, flag, st))) return s;
+    }
     /* d_down_e [H, I] += dout_eᵀ · (w·h)_e: both along the expert's rows, M / N contiguous */
     if (a->d_down_weight.data &&
         (s = wgrad_gemm(g, opnd(a->dout.data, H, 0, sv.order, K, 0), opnd(wh, I, 0, NULL, 0, 0), H, I,

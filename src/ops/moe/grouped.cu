@@ -22,7 +22,11 @@
  * The SwiGLU between gate_up and down lives in the ROWS epilogue (SWIGLU): the B tile's
  * rows interleave gate and up in groups of 8 (virtual column v: group v / 16, gate for
  * v % 16 < 8, up otherwise), so each thread holds gate and up of the same (row, j) in
- * two adjacent n8 accumulators.
+ * two adjacent n8 accumulators. The backward's activation lives in the dh' GEMM's
+ * epilogue (DSWIGLU): each element of dh' meets the saved gate and up of its (row, j) and
+ * leaves as d_gate, d_up and w·h; the row's Σ dh'·h is summed over the CTA's columns
+ * (lanes by shuffles, the 4 column warps through shared memory, in a fixed order) into
+ * one partial per (row, column tile), and dw_reduce adds the tiles in order — no atomics.
  *
  * Not measured yet (written without a GPU): the tile sizes are the plain first choice;
  * no persistent scheduler, no split-K for the weight gradients. */
@@ -43,7 +47,7 @@
 #define SK 16
 
 enum { ROWS = LK_GG_ROWS, WGRAD = LK_GG_WGRAD };
-enum { STORE = LK_GG_STORE_F32, ACCUM = LK_GG_ACCUM, SWIGLU = LK_GG_SWIGLU };
+enum { STORE = LK_GG_STORE_F32, ACCUM = LK_GG_ACCUM, SWIGLU = LK_GG_SWIGLU, DSWIGLU = LK_GG_DSWIGLU };
 
 typedef struct {
     const void *p;
@@ -61,6 +65,9 @@ typedef struct {
     int64_t ldc, ces;
     int c_bf16;
     lk_bf16_t *keep, *h;
+    const lk_bf16_t *gsv;
+    lk_bf16_t *dgu, *wh;
+    float *dwp;
     const float *w;
     const int32_t *order;
     int64_t inter;
@@ -293,7 +300,51 @@ __global__ void __launch_bounds__(NT) gg_mma(kargs p) {
 
     /* accumulator (mt, nt, q): row g (+8 for q >= 2), column 2·t4 + (q & 1) of the n8 tile */
     const int g = lane >> 2, t4 = lane & 3;
-    const bool bad = EPI == SWIGLU && *p.flag != 0;
+    const bool bad = (EPI == SWIGLU || EPI == DSWIGLU) && *p.flag != 0;
+    if (EPI == DSWIGLU) {
+        /* the ring is drained (the loop's last barrier): its A stage holds the row partials */
+        float *red = reinterpret_cast<float *>(&sA[0][0]);   /* [TM][4 column warps] */
+        const int64_t I = p.inter;
+#pragma unroll
+        for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int lr = wm * 64 + mt * 16 + g + hf * 8;
+                const int64_t row = m0 + lr;
+                float dot = 0.0f;
+                if (row < mlim) {
+                    const float wr = p.w[p.order[row]];
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                        for (int q = 0; q < 2; q++) {
+                            const int64_t j = n0 + wn * 32 + nt * 8 + 2 * t4 + q;
+                            if (j >= I) continue;
+                            const float dhp = acc[mt][nt][hf * 2 + q];
+                            const float gt = __bfloat162float(p.gsv[row * 2 * I + j]);
+                            const float up = __bfloat162float(p.gsv[row * 2 * I + I + j]);
+                            const float s = 1.0f / (1.0f + expf(-gt)), silu = gt * s, hv = silu * up, dh = wr * dhp;
+                            float dg = dh * up * s * (1.0f + gt * (1.0f - s)), du = dh * silu, whv = wr * hv;
+                            if (bad) dg = du = whv = __int_as_float(0x7fffffff);
+                            p.dgu[row * 2 * I + j] = __float2bfloat16_rn(dg);
+                            p.dgu[row * 2 * I + I + j] = __float2bfloat16_rn(du);
+                            p.wh[row * I + j] = __float2bfloat16_rn(whv);
+                            dot += dhp * hv;
+                        }
+                }
+                dot += __shfl_xor_sync(0xffffffffu, dot, 1);   /* the 4 lanes of a row, every lane taking part */
+                dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+                if (t4 == 0) red[lr * 4 + wn] = dot;
+            }
+        __syncthreads();
+        if (p.dwp && threadIdx.x < TM) {
+            const int64_t row = m0 + threadIdx.x;
+            const float *r4 = red + threadIdx.x * 4;
+            if (row < mlim)
+                p.dwp[row * gridDim.y + blockIdx.y] = bad ? __int_as_float(0x7fffffff) : ((r4[0] + r4[1]) + r4[2]) + r4[3];
+        }
+        return;
+    }
 #pragma unroll
     for (int mt = 0; mt < 4; mt++)
 #pragma unroll
@@ -381,7 +432,26 @@ __global__ void __launch_bounds__(NT) gg_simt(kargs p) {
     }
 }
 
+/* dw[order[p]] = Σ_t part[p, t], t in order. */
+__global__ void dw_reduce(const float *part, int64_t tiles, const int32_t *order, int64_t rows, float *dw) {
+    int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (p >= rows) return;
+    float s = 0.0f;
+    for (int64_t t = 0; t < tiles; t++) s += part[p * tiles + t];
+    dw[order[p]] = s;
+}
+
 /* --- host ---------------------------------------------------------------------------- */
+
+extern "C" int64_t lk_moe_cuda_dw_tiles(int64_t inter) { return lk_cdiv(inter, TN); }
+
+extern "C" lk_status lk_moe_cuda_dw_reduce(const float *dw_part, int64_t tiles, const int32_t *order, int64_t rows,
+                                           float *dw, void *stream) {
+    if (rows < 1) return LK_OK;
+    dw_reduce<<<(unsigned)((rows + 255) / 256), 256, 0, (cudaStream_t)stream>>>(dw_part, tiles, order, rows, dw);
+    LK_CUDA_LAUNCHED("moe_experts: grouped gemm: dw_reduce");
+    return LK_OK;
+}
 
 static int simt_only;   /* lk_moe_cuda_gg_simt_only: the tests' cross-check */
 
@@ -407,7 +477,8 @@ extern "C" lk_status lk_moe_cuda_grouped_gemm(const lk_gg *g, void *stream) {
     const int tc = use_tc(g->dt), rows = g->mode == LK_GG_ROWS;
     const int ak = g->a.kmajor, bk = g->b.kmajor;
     /* the combinations fused.cu uses, each instantiated below */
-    const int known = rows ? ak && (g->epi == LK_GG_STORE_F32 || (g->epi == LK_GG_SWIGLU && bk && tc))
+    const int known = rows ? ak && (g->epi == LK_GG_STORE_F32 || (g->epi == LK_GG_SWIGLU && bk && tc) ||
+                                    (g->epi == LK_GG_DSWIGLU && !bk && tc))
                            : !ak && !bk && g->epi == LK_GG_ACCUM;
     if (!known || (g->dt != LK_F32 && g->dt != LK_BF16) || g->experts < 1 || g->experts > INT32_MAX)
         return lk_error(LK_EINTERNAL, "moe_experts: grouped gemm: mode %d epilogue %d kmajor %d/%d dtype %s E %lld: "
@@ -421,6 +492,8 @@ extern "C" lk_status lk_moe_cuda_grouped_gemm(const lk_gg *g, void *stream) {
     p.offs = g->offs, p.tiles = g->tiles;
     p.c = g->c, p.ldc = g->ldc, p.ces = g->c_e_stride, p.c_bf16 = g->c_dt == LK_BF16;
     p.keep = (lk_bf16_t *)g->keep, p.h = (lk_bf16_t *)g->h, p.w = g->w, p.order = g->order, p.inter = g->inter;
+    p.gsv = (const lk_bf16_t *)g->gu_saved, p.dgu = (lk_bf16_t *)g->dgu, p.wh = (lk_bf16_t *)g->wh;
+    p.dwp = g->dw_part;
     p.flag = g->flag;
     /* each operand's contiguous dimension: K when kmajor, else M (A) / N (B) */
     p.vec_a = vec_ok(&g->a, ak ? g->k : g->m);
@@ -446,6 +519,7 @@ extern "C" lk_status lk_moe_cuda_grouped_gemm(const lk_gg *g, void *stream) {
     if (tc) {
         if (!rows) LAUNCH_TC(WGRAD, ACCUM, false, false);
         else if (g->epi == LK_GG_SWIGLU) LAUNCH_TC(ROWS, SWIGLU, true, true);
+        else if (g->epi == LK_GG_DSWIGLU) LAUNCH_TC(ROWS, DSWIGLU, true, false);
         else if (bk) LAUNCH_TC(ROWS, STORE, true, true);
         else LAUNCH_TC(ROWS, STORE, true, false);
     } else if (g->dt == LK_F32) {

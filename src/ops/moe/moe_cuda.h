@@ -43,11 +43,15 @@ lk_status lk_moe_cuda_check_ids(const int32_t *ids, int64_t routes, int64_t expe
  *                once into c_dt); an expert without rows leaves its slice as it was.
  * Epilogues: STORE_F32 (C written as f32), ACCUM (WGRAD), SWIGLU (ROWS, bf16 on tensor
  * cores only: N = 2I is gate | up, and the epilogue writes keep = [gate | up] in bf16
- * and h = w[order[row]] · silu(gate) · up in bf16, NaN when *flag is set).
+ * and h = w[order[row]] · silu(gate) · up in bf16, NaN when *flag is set); DSWIGLU (ROWS,
+ * bf16 on tensor cores: C = dh', N = I; from the saved [gate | up] (gu_saved) it writes
+ * dgu = d[gate | up] and wh = w·h in bf16 and, when dw_part is given, each row's partial
+ * Σ_j dh'_j·h_j over the CTA's columns into dw_part[row, n tile] — summed over the tiles
+ * in order by lk_moe_cuda_dw_reduce; NaN when *flag is set).
  * bf16 operands run on tensor cores (mma.sync m16n8k16, sm_80+); f32 on CUDA cores in
  * f32 (the exact path f32 training is checked against). */
 typedef enum { LK_GG_ROWS, LK_GG_WGRAD } lk_gg_mode;
-typedef enum { LK_GG_STORE_F32, LK_GG_ACCUM, LK_GG_SWIGLU } lk_gg_epi;
+typedef enum { LK_GG_STORE_F32, LK_GG_ACCUM, LK_GG_SWIGLU, LK_GG_DSWIGLU } lk_gg_epi;
 
 typedef struct {
     const void *src;
@@ -70,15 +74,25 @@ typedef struct {
     lk_dtype c_dt;
     int64_t ldc, c_e_stride;
     void *keep, *h;               /* SWIGLU: [rows, 2I] and [rows, I], bf16 */
-    const float *w;               /* SWIGLU: routing weights [R] */
-    const int32_t *order;         /* SWIGLU: route of each sorted row */
-    int64_t inter;                /* SWIGLU: I (n = 2I) */
-    const int *flag;              /* SWIGLU: bad-id flag (device) */
+    const void *gu_saved;         /* DSWIGLU: [rows, 2I] bf16, SWIGLU's keep */
+    void *dgu, *wh;               /* DSWIGLU: [rows, 2I] and [rows, I], bf16 */
+    float *dw_part;               /* DSWIGLU: [rows, lk_moe_cuda_dw_tiles(I)] f32, or NULL */
+    const float *w;               /* (D)SWIGLU: routing weights [R] */
+    const int32_t *order;         /* (D)SWIGLU: route of each sorted row */
+    int64_t inter;                /* (D)SWIGLU: I (SWIGLU: n = 2I; DSWIGLU: n = I) */
+    const int *flag;              /* (D)SWIGLU: bad-id flag (device) */
 } lk_gg;
 
-/* 1 when the SWIGLU epilogue runs for operands of dt (bf16 on tensor cores); else the
- * caller stores gate_up in f32 and runs the activation as its own kernel. */
+/* 1 when the SWIGLU and DSWIGLU epilogues run for operands of dt (bf16 on tensor cores);
+ * else the caller stores f32 and runs the activations as their own kernels. */
 int lk_moe_cuda_gg_fuses_swiglu(lk_dtype dt);
+
+/* Column tiles of the DSWIGLU epilogue over I (dw_part's row length). */
+int64_t lk_moe_cuda_dw_tiles(int64_t inter);
+
+/* dw[order[p]] = Σ_t dw_part[p, t] in t order, p < rows (d_topk_weights, deterministic). */
+lk_status lk_moe_cuda_dw_reduce(const float *dw_part, int64_t tiles, const int32_t *order, int64_t rows, float *dw,
+                                void *stream);
 
 /* on != 0: bf16 runs on the CUDA-core kernel too (and the activation as its own kernel),
  * until called again with 0 — tests/cuda run the bf16 cases both ways, so a wrong

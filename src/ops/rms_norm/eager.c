@@ -5,10 +5,12 @@
  * intermediate dtype `it` as a framework tensor would be. Reductions accumulate in f32.
  * It saves what autograd keeps: rstd and x̂ = x·rstd, in `it`.
  *
- * `eager` runs these steps with it = the input dtype; eager_fp32.c with it = f32 (the
- * inputs upcast first, the outputs cast back last). Both are there to be measured and
- * checked against: this is the baseline the fused kernel has to beat, not a fast path. */
-#include "eager.h"
+ * Two rows run these steps: `eager` with it = the input dtype, and `eager_fp32` with
+ * it = f32 (the inputs upcast first, the outputs cast back last), the way a framework's
+ * norm that says `x.float()` runs: the same memory traffic shape, less rounding in bf16.
+ * Both are there to be measured and checked against: this is the baseline the fused
+ * kernel has to beat, not a fast path. */
+#include "llmkern/rms_norm.h"
 
 #include <math.h>
 #include <omp.h>
@@ -167,14 +169,14 @@ static const void *as_it(taker *tk, const void *src, lk_dtype dt, int64_t count,
     return p;
 }
 
-size_t lk_rms_norm_eager_saved_bytes(int64_t rows, int64_t n, lk_dtype it) {
+/* saved: rstd [rows] then x̂ [rows, n], both in it. */
+static size_t steps_saved_bytes(int64_t rows, int64_t n, lk_dtype it) {
     size_t isz = lk_dtype_size(it);
     return piece((size_t)rows * isz) + (size_t)(rows * n) * isz;
 }
 
 /* Mirrors the take() calls below, in order. */
-size_t lk_rms_norm_eager_workspace_bytes(int64_t rows, int64_t n, lk_dtype dt, lk_dtype it,
-                                         int backward) {
+static size_t steps_workspace_bytes(int64_t rows, int64_t n, lk_dtype dt, lk_dtype it, int backward) {
     size_t isz = lk_dtype_size(it), whole = piece((size_t)(rows * n) * isz);
     size_t vec = piece((size_t)n * isz), per_row = piece((size_t)rows * isz);
     size_t upcast = dt != it ? (backward ? 2 * whole : whole) + vec : 0;
@@ -182,7 +184,7 @@ size_t lk_rms_norm_eager_workspace_bytes(int64_t rows, int64_t n, lk_dtype dt, l
     return upcast + vec + 2 * whole + piece((size_t)n * sizeof(float)) + vec + 2 * per_row;
 }
 
-lk_status lk_rms_norm_eager_forward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype it) {
+static lk_status steps_forward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype it) {
     lk_dtype dt = a->x.dtype;
     int64_t n = a->x.shape[a->x.ndim - 1], rows = lk_tensor_numel(&a->x) / n, all = rows * n;
     taker tk = {ctx->arena, LK_OK};
@@ -217,7 +219,7 @@ lk_status lk_rms_norm_eager_forward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_d
 /* Autograd's order: g = dy·w_eff; dw = Σ_rows dy·x̂; d(rstd) = Σ_j g·x;
  * d(mean) = −½·d(rstd)·rstd³; dx = g·rstd + 2x·d(mean)/n. Element j of dy is read only
  * before the last step writes dx, so dx may be dy. */
-lk_status lk_rms_norm_eager_backward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype it) {
+static lk_status steps_backward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype it) {
     lk_dtype dt = a->x.dtype;
     int64_t n = a->x.shape[a->x.ndim - 1], rows = lk_tensor_numel(&a->x) / n, all = rows * n;
     taker tk = {ctx->arena, LK_OK};
@@ -263,26 +265,35 @@ lk_status lk_rms_norm_eager_backward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_
     return LK_OK;
 }
 
-static size_t saved_bytes(int64_t rows, int64_t n, lk_dtype dt) {
-    return lk_rms_norm_eager_saved_bytes(rows, n, dt);
+/* --- the rows: `eager` runs the steps in the input dtype, `eager_fp32` in f32 -------- */
+
+static size_t eager_saved(int64_t rows, int64_t n, lk_dtype dt) { return steps_saved_bytes(rows, n, dt); }
+static size_t fp32_saved(int64_t rows, int64_t n, lk_dtype dt) { return steps_saved_bytes(rows, n, LK_F32); }
+
+static size_t eager_workspace(int64_t rows, int64_t n, lk_dtype dt, int backward) {
+    return steps_workspace_bytes(rows, n, dt, dt, backward);
+}
+static size_t fp32_workspace(int64_t rows, int64_t n, lk_dtype dt, int backward) {
+    return steps_workspace_bytes(rows, n, dt, LK_F32, backward);
 }
 
-static size_t workspace_bytes(int64_t rows, int64_t n, lk_dtype dt, int backward) {
-    return lk_rms_norm_eager_workspace_bytes(rows, n, dt, dt, backward);
-}
-
-static lk_status forward(const lk_rms_norm_args *a, lk_ctx *ctx) {
-    return lk_rms_norm_eager_forward(a, ctx, a->x.dtype);
-}
-
-static lk_status backward(const lk_rms_norm_args *a, lk_ctx *ctx) {
-    return lk_rms_norm_eager_backward(a, ctx, a->x.dtype);
-}
+static lk_status eager_forward(const lk_rms_norm_args *a, lk_ctx *ctx) { return steps_forward(a, ctx, a->x.dtype); }
+static lk_status eager_backward(const lk_rms_norm_args *a, lk_ctx *ctx) { return steps_backward(a, ctx, a->x.dtype); }
+static lk_status fp32_forward(const lk_rms_norm_args *a, lk_ctx *ctx) { return steps_forward(a, ctx, LK_F32); }
+static lk_status fp32_backward(const lk_rms_norm_args *a, lk_ctx *ctx) { return steps_backward(a, ctx, LK_F32); }
 
 const lk_rms_norm_vtable lk_rms_norm_eager_vtable = {
     .version = LK_RMS_NORM_VTABLE_VERSION,
-    .saved_bytes = saved_bytes,
-    .workspace_bytes = workspace_bytes,
-    .forward = forward,
-    .backward = backward,
+    .saved_bytes = eager_saved,
+    .workspace_bytes = eager_workspace,
+    .forward = eager_forward,
+    .backward = eager_backward,
+};
+
+const lk_rms_norm_vtable lk_rms_norm_eager_fp32_vtable = {
+    .version = LK_RMS_NORM_VTABLE_VERSION,
+    .saved_bytes = fp32_saved,
+    .workspace_bytes = fp32_workspace,
+    .forward = fp32_forward,
+    .backward = fp32_backward,
 };

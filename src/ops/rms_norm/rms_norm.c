@@ -1,7 +1,8 @@
 /* rms_norm.c — the RMSNorm facade (include/llmkern/rms_norm.h): every argument is
  * checked before anything is written, the implementation's workspace is reserved in
- * ctx->arena and given back after the call. Implementations (eager.c, eager_fp32.c,
- * fused.c) may therefore assume well-formed, non-overlapping arguments and rows >= 1. */
+ * ctx->arena and given back after the call. Implementations (eager.c: eager and
+ * eager_fp32; fused.c) may therefore assume well-formed, non-overlapping arguments and
+ * rows >= 1. */
 #include <math.h>
 #include <stdint.h>
 #include "ops/validate.h"

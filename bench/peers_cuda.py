@@ -8,6 +8,10 @@ around each call, median of the repeats after warm-up; random bf16 inputs. GB/s 
 each tensor a pass must read or write once: fwd+bwd adds the forward's bytes to the
 backward's (RMSNorm: x, y | x, dy, dx; silu(a)*b: a, b, c | dc, a, b, da, db). The
 copy ceiling (2 GiB device-to-device, read + write) is measured in the same run.
+MoE experts (moe_rows): TFLOP/s of the whole layer against torch._grouped_mm's pipeline
+and the HF per-expert loop, and of each grouped GEMM against torch._grouped_mm's
+(llmkern's kernels timed by the profiler inside its calls). LK_BENCH_ONLY=moe_rows runs
+that part alone.
 
 Run:  python3 bench/peers_cuda.py --build build [--out DIR]   (writes DIR/peers_cuda.md)
 """
@@ -45,6 +49,10 @@ LIB.lkp_cross_entropy_bytes.argtypes = [ci, ci, i64, i64, i64, i64, ctypes.POINT
 LIB.lkp_cross_entropy.argtypes = [ci, ci, vp, vp, vp, vp, vp, vp, vp, ci, vp, sz, i64, i64, i64, i64, vp]
 LIB.lkp_attention.argtypes = [ctypes.c_char_p, ci, ci, vp, vp, vp, vp, vp, vp, vp, vp, vp, i64, i64, i64, i64, i64,
                               ci, vp]
+LIB.lkp_moe_experts_saved_bytes.argtypes = [ci, i64, i64, i64, i64, i64]
+LIB.lkp_moe_experts_saved_bytes.restype = sz
+LIB.lkp_moe_experts.argtypes = [ci, ci] + [vp] * 11 + [ci, vp, sz] + [i64] * 5 + [vp]
+LIB.lkp_moe_experts.restype = vp
 LIB.lkp_has_attention.argtypes = [ctypes.c_char_p]
 LIB.lkp_has_attention.restype = ci
 for f in (LIB.lkp_rms_norm, LIB.lkp_rope, LIB.lkp_swiglu_act, LIB.lkp_cross_entropy, LIB.lkp_attention):
@@ -554,6 +562,127 @@ def attention_rows():
         del q, k, v, dout, out, dq, dk, dv, lse, qg, kg, vg, ref_o, ref_g
 
 
+# ---- MoE experts: 128 experts, top-8, hidden 2048, expert FFN 768, 16384 tokens --------
+MOE_ROWS = []
+
+
+def moe_rows():
+    """The experts layer (permute, gate/up, SwiGLU, down, weighted un-permute) with the fake
+    gate's balanced routing (token t takes experts (t·k + j) mod E: 1024 rows an expert,
+    the shape of PEERS-H200.md's torch._grouped_mm rows), bf16, weight gradients in f32.
+    Peers: torch._grouped_mm in the same pipeline (argsort, gather, two grouped GEMMs,
+    SiLU·up weighted, index_add in f32) under autograd, and the HF per-expert loop. The
+    grouped GEMMs alone: torch._grouped_mm's gate/up and down beside llmkern's gate/up
+    (SwiGLU epilogue) and down kernels, timed by the profiler inside one llmkern call."""
+    T, H, I, E, K = 16384, 2048, 768, 128, 8
+    R = T * K
+    bf = torch.bfloat16
+    x = torch.randn(T, H, dtype=bf, device=dev)
+    wgu = (torch.randn(E, 2 * I, H, device=dev) / H ** 0.5).to(bf)
+    wd = (torch.randn(E, H, I, device=dev) / I ** 0.5).to(bf)
+    ids = ((torch.arange(T, device=dev)[:, None] * K + torch.arange(K, device=dev)[None, :]) % E).to(torch.int32)
+    w = torch.full((T, K), 1.0 / K, device=dev)
+    dout = torch.randn(T, H, dtype=bf, device=dev)
+    out, dx = torch.empty_like(x), torch.empty_like(x)
+    dw = torch.empty(T, K, device=dev)
+    dgu, ddn = torch.zeros(E, 2 * I, H, device=dev), torch.zeros(E, H, I, device=dev)
+    sb = LIB.lkp_moe_experts_saved_bytes(BF16, T, K, E, H, I)
+    saved = torch.empty(sb, dtype=torch.uint8, device=dev)
+    args = [x.data_ptr(), ids.data_ptr(), w.data_ptr(), wgu.data_ptr(), wd.data_ptr(), out.data_ptr(),
+            dout.data_ptr(), dx.data_ptr(), dw.data_ptr(), dgu.data_ptr(), ddn.data_ptr(), 0, saved.data_ptr(), sb,
+            T, H, I, E, K, stream()]
+    lk_f = bound(LIB.lkp_moe_experts, 0, BF16, *args)
+    lk_b = bound(LIB.lkp_moe_experts, 1, BF16, *args)
+
+    def hf_loop(x, w, wgu, wd):
+        acc = torch.zeros(T, H, dtype=torch.float32, device=dev)
+        for e in range(E):
+            tok, j = torch.where(ids == e)
+            if tok.numel() == 0:
+                continue
+            gu = x[tok] @ wgu[e].t()
+            y = (F.silu(gu[:, :I]) * gu[:, I:]) @ wd[e].t()
+            acc.index_add_(0, tok, y.float() * w[tok, j, None])
+        return acc.to(bf)
+
+    flat = ids.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    offs = torch.cumsum(torch.bincount(flat, minlength=E), 0).to(torch.int32)
+    tok_of = order // K
+
+    def gmm_layer(x, w, wgu, wd):
+        xs = x[tok_of]
+        gu = torch._grouped_mm(xs, wgu.transpose(-2, -1), offs=offs)
+        h = (F.silu(gu[:, :I].float()) * gu[:, I:].float() * w.reshape(-1)[order, None]).to(bf)
+        y = torch._grouped_mm(h, wd.transpose(-2, -1), offs=offs)
+        return torch.zeros(T, H, dtype=torch.float32, device=dev).index_add_(0, tok_of, y.float()).to(bf)
+
+    lk_f()
+    ref = hf_loop(x, w, wgu, wd)
+    check_close("moe out", out, ref, 3e-2)
+    xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+    gug, wdg = wgu.detach().requires_grad_(), wd.detach().requires_grad_()
+    lk_b()
+    g = torch.autograd.grad(hf_loop(xg, wg, gug, wdg), (xg, wg), dout)
+    check_close("moe d_hidden", dx, g[0], 3e-2)
+    check_close("moe d_topk_weights", dw, g[1], 3e-2)
+    del g, ref
+    fl = 2.0 * R * H * 3 * I   # gate/up + down; the backward is twice this
+
+    def fb(f):
+        return lambda: torch.autograd.grad(f(xg, wg, gug, wdg), (xg, wg, gug, wdg), dout)
+
+    t = {}
+    for name, fwd, both in (("llmkern fused", lk_f, lambda: (lk_f(), lk_b())),
+                            ("torch _grouped_mm", lambda: gmm_layer(x, w, wgu, wd), fb(gmm_layer)),
+                            ("HF per-expert loop", lambda: hf_loop(x, w, wgu, wd), fb(hf_loop))):
+        for pas, fn, f in (("fwd", fwd, fl), ("fwd+bwd", both, 3 * fl)):
+            try:
+                t[(name, pas)] = ms(fn, 10)
+            except Exception as e:  # noqa: BLE001 - a peer that cannot run here is n/a
+                print(f"  moe {name} {pas}: {e!r}", flush=True)
+                continue
+            tm = t[(name, pas)]
+            MOE_ROWS.append(("layer", name, pas, tm, f / (tm * 1e-3) / 1e12))
+    # the grouped GEMMs alone
+    xs = x[tok_of].contiguous()
+    hs = torch.randn(R, I, dtype=bf, device=dev)
+    gems = {"gate/up": (lambda: torch._grouped_mm(xs, wgu.transpose(-2, -1), offs=offs), 2.0 * R * H * 2 * I),
+            "down": (lambda: torch._grouped_mm(hs, wd.transpose(-2, -1), offs=offs), 2.0 * R * I * H)}
+    for gname, (fn, f) in gems.items():
+        tm = ms(fn, 20)
+        MOE_ROWS.append(("gemm " + gname, "torch _grouped_mm", "fwd", tm, f / (tm * 1e-3) / 1e12))
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            lk_f(), lk_b()
+        torch.cuda.synchronize()
+    # grouped.cu's instantiations: gg_mma<mode, epilogue, A k-major, B k-major>
+    kinds = {"gg_mma<0, 2, true, true>": ("gemm gate/up", "fwd", 2.0 * R * H * 2 * I),
+             "gg_mma<0, 0, true, true>": ("gemm down", "fwd", 2.0 * R * I * H),
+             "gg_mma<0, 3, true, false>": ("gemm down", "bwd dh'", 2.0 * R * I * H),
+             "gg_mma<0, 0, true, false>": ("gemm gate/up", "bwd d_rows", 2.0 * R * H * 2 * I),
+             "gg_mma<1, 1, false, false>": ("gemm wgrad", "bwd d_down + d_gate_up", 2.0 * R * H * 3 * I)}
+    us = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            for key in kinds:
+                if key in e.name.replace("(int)", ""):
+                    us[key] = us.get(key, 0.0) + (e.device_time_total if hasattr(e, "device_time_total")
+                                                  else e.cuda_time_total)
+    for key, (gname, pas, f) in kinds.items():
+        if key in us:
+            tm = us[key] / 5 / 1e3
+            MOE_ROWS.append((gname, "llmkern fused", pas, tm, f / (tm * 1e-3) / 1e12))
+        else:
+            print(f"  moe: no kernel named {key} in the profile", flush=True)
+    for r in MOE_ROWS:
+        print(f"moe {r[0]:14s} {r[1]:20s} {r[2]:24s} {r[3]:8.3f} ms {r[4]:6.1f} TFLOP/s", flush=True)
+    anatomy("moe fwd+bwd llmkern", lambda: (lk_f(), lk_b()), 5)
+    del x, wgu, wd, out, dx, dgu, ddn, saved, xs, hs, xg, wg, gug, wdg
+
+
 def write_table():
     os.makedirs(ARGS.out, exist_ok=True)
     path = os.path.join(ARGS.out, "peers_cuda.md")
@@ -586,11 +715,16 @@ def write_table():
                 else:
                     mrs = f"{mr:.2f}" if mr is not None else "n/a"
                     f.write(f"| {name} | {t:.1f} | {tf:.0f} | {mib:.0f} | {sp:.2f} | {mrs} |\n")
+        if MOE_ROWS:
+            f.write("\n## MoE experts (T 16384, H 2048, I 768, E 128, top-8, balanced, bf16; TFLOP/s)\n\n"
+                    "| what | impl | pass | ms | TFLOP/s |\n|---|---|---|---|---|\n")
+            for what, name, pas, tm, tf in MOE_ROWS:
+                f.write(f"| {what} | {name} | {pas} | {tm:.3f} | {tf:.0f} |\n")
     print(f"wrote {path}")
 
 
 t0 = time.time()
-PARTS = [ce_rows, rms_norm_rows, swiglu_rows, rope_rows, attention_rows]
+PARTS = [ce_rows, rms_norm_rows, swiglu_rows, rope_rows, attention_rows, moe_rows]
 if os.environ.get("LK_BENCH_ONLY"):
     PARTS = [p for p in PARTS if p.__name__ in os.environ["LK_BENCH_ONLY"].split(",")]
 for part in PARTS:

@@ -35,6 +35,7 @@ struct lkp_call {
         lk_rope_args rope;
         lk_cross_entropy_args cross_entropy;
         lk_attention_args attention;
+        lk_moe_experts_args moe_experts;
         act_args act;
     } u;
 };
@@ -194,4 +195,36 @@ lkp_call *lkp_attention(const char *impl, int backward, int dt, void *q, void *k
     }
     return keep((lkp_call){run_attention, backward, impl_of(LK_OP_ATTENTION, impl), lk_ctx_cuda(&arena, stream, 0),
                            .u.attention = a});
+}
+
+/* MoE experts `fused` (include/llmkern/moe.h): hidden [T, H], ids i32 [T, k], weights f32
+ * [T, k], gate_up [E, 2I, H] and down [E, H, I] in dt, weight gradients in grad_dt (NULL =
+ * not wanted), d_topk_weights f32 [T, k] (NULL = not wanted), saved of
+ * lkp_moe_experts_saved_bytes. The forward and the backward share one call's tensors. */
+static lk_status run_moe_experts(const lkp_call *c) {
+    lk_ctx ctx = c->ctx;
+    return c->backward ? lk_moe_experts_backward(c->impl, &c->u.moe_experts, &ctx)
+                       : lk_moe_experts_forward(c->impl, &c->u.moe_experts, &ctx);
+}
+
+size_t lkp_moe_experts_saved_bytes(int dt, int64_t t, int64_t k, int64_t e, int64_t h, int64_t i) {
+    size_t b = 0;
+    return lk_moe_experts_saved_bytes(impl_of(LK_OP_MOE_EXPERTS, "fused"), t, k, e, h, i, (lk_dtype)dt, &b) ? 0 : b;
+}
+
+lkp_call *lkp_moe_experts(int backward, int dt, void *x, void *ids, void *w, void *wgu, void *wd, void *out,
+                          void *dout, void *dx, void *dw, void *dwgu, void *dwd, int grad_dt, void *saved,
+                          size_t saved_bytes, int64_t t, int64_t h, int64_t i, int64_t e, int64_t k, void *stream) {
+    lk_dtype d = (lk_dtype)dt, g = (lk_dtype)grad_dt;
+    int64_t sx[2] = {t, h}, sk[2] = {t, k}, sgu[3] = {e, 2 * i, h}, sd[3] = {e, h, i};
+    lk_moe_experts_args a = {
+        .hidden = dev_view(x, d, 2, sx), .topk_ids = dev_view(ids, LK_I32, 2, sk),
+        .topk_weights = dev_view(w, LK_F32, 2, sk), .gate_up_weight = dev_view(wgu, d, 3, sgu),
+        .down_weight = dev_view(wd, d, 3, sd), .out = dev_view(out, d, 2, sx), .dout = dev_view(dout, d, 2, sx),
+        .d_hidden = dev_view(dx, d, 2, sx), .d_topk_weights = dev_view(dw, LK_F32, 2, sk),
+        .d_gate_up_weight = dev_view(dwgu, g, 3, sgu), .d_down_weight = dev_view(dwd, g, 3, sd),
+        .saved = {saved, saved_bytes},
+    };
+    return keep((lkp_call){run_moe_experts, backward, impl_of(LK_OP_MOE_EXPERTS, "fused"),
+                           lk_ctx_cuda(&arena, stream, 0), .u.moe_experts = a});
 }

@@ -5,7 +5,7 @@
  *   mma    bf16 operands: mma.sync m16n8k16 (f32 accumulate), CTA tile TM × TN = 128 ×
  *          128, K steps of TK = 32, 8 warps as 2 (M) × 4 (N) of 64 × 32 each; operands
  *          staged by cp.async (16-byte chunks; element by element where a dimension or a
- *          pointer does not allow it) into a double-buffered, XOR-swizzled shared tile,
+ *          pointer does not allow it) into a 3-stage ring of XOR-swizzled shared tiles,
  *          fragments by ldmatrix (.trans for an operand contiguous along M or N). Tiles
  *          keep the global layout (K-contiguous rows, or M/N-contiguous rows): the same
  *          loader serves all four operand orientations, and gathered rows (order[i] / k,
@@ -42,6 +42,7 @@
 #define TM 128
 #define TN 128
 #define TK 32
+#define STAGES 3   /* the shared-memory ring: 3 × (8 + 8) KiB = 48 KiB, the static limit */
 #define SM 64
 #define SN 64
 #define SK 16
@@ -241,7 +242,7 @@ static __device__ __forceinline__ void load_tile(lk_bf16_t *s, const opnd &o, in
 
 template <int MODE, int EPI, bool AK, bool BKM>
 __global__ void __launch_bounds__(NT) gg_mma(kargs p) {
-    __shared__ __align__(128) lk_bf16_t sA[2][TM * TK], sB[2][TN * TK];
+    __shared__ __align__(128) lk_bf16_t sA[STAGES][TM * TK], sB[STAGES][TN * TK];
     int64_t e, m0, mlim, n0, k0, klim;
     if (!problem<MODE, TM, TN>(p, e, m0, mlim, n0, k0, klim)) return;
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, wm = warp >> 2, wn = warp & 3;
@@ -262,19 +263,24 @@ __global__ void __launch_bounds__(NT) gg_mma(kargs p) {
         cp_commit();
     };
 
-    /* the ring: stage it & 1 computes while stage (it + 1) & 1 loads; the barrier after
-     * the compute frees the stage the next iteration's load overwrites */
+    /* The ring of STAGES K steps: the prologue issues steps 0 .. STAGES-2, one cp.async
+     * group each (empty past the end, so the count stays fixed). Iteration it waits until
+     * at most STAGES-2 groups are in flight (step it has landed), and its barrier both
+     * publishes step it to every warp and proves every warp done with step it-1, whose
+     * stage the load of step it + STAGES-1 then overwrites while step it computes. */
     const int64_t nk = (klim - k0 + TK - 1) / TK;
-    load(0, k0);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < nk) load(s, k0 + (int64_t)s * TK);
+        else cp_commit();
+    }
     for (int64_t it = 0; it < nk; it++) {
-        if (it + 1 < nk) {
-            load((int)((it + 1) & 1), k0 + (it + 1) * TK);
-            cp_wait<1>();
-        } else {
-            cp_wait<0>();
-        }
+        cp_wait<STAGES - 2>();
         __syncthreads();
-        const lk_bf16_t *a = sA[it & 1], *b = sB[it & 1];
+        const int64_t nx = it + STAGES - 1;
+        if (nx < nk) load((int)(nx % STAGES), k0 + nx * TK);
+        else cp_commit();
+        const lk_bf16_t *a = sA[it % STAGES], *b = sB[it % STAGES];
 #pragma unroll
         for (int kk = 0; kk < TK / 16; kk++) {
             uint32_t af[4][4], bf[2][4];
@@ -295,14 +301,16 @@ __global__ void __launch_bounds__(NT) gg_mma(kargs p) {
 #pragma unroll
                 for (int nt = 0; nt < 4; nt++) mma(acc[mt][nt], af[mt], bf[nt >> 1][(nt & 1) * 2], bf[nt >> 1][(nt & 1) * 2 + 1]);
         }
-        __syncthreads();
     }
 
     /* accumulator (mt, nt, q): row g (+8 for q >= 2), column 2·t4 + (q & 1) of the n8 tile */
     const int g = lane >> 2, t4 = lane & 3;
     const bool bad = (EPI == SWIGLU || EPI == DSWIGLU) && *p.flag != 0;
     if (EPI == DSWIGLU) {
-        /* the ring is drained (the loop's last barrier): its A stage holds the row partials */
+        /* the ring, drained (no group in flight, every warp past its last ldmatrix), holds
+         * the row partials */
+        cp_wait<0>();
+        __syncthreads();
         float *red = reinterpret_cast<float *>(&sA[0][0]);   /* [TM][4 column warps] */
         const int64_t I = p.inter;
 #pragma unroll

@@ -66,12 +66,17 @@ lk_status lk_expect_device(const char *op, const char *arg, const lk_tensor *t, 
     return LK_OK;
 }
 
+lk_status lk_expect_operand(const char *op, lk_device_type dev, const char *arg, const lk_tensor *t, int need_data,
+                            int min_ndim) {
+    lk_status s;
+    if ((need_data && (s = lk_expect_present(op, arg, t))) || (s = lk_expect_device(op, arg, t, dev))) return s;
+    return lk_expect_contiguous(op, arg, t, min_ndim);
+}
+
 lk_status lk_expect_tensor(const char *op, lk_device_type dev, const char *arg, const lk_tensor *t, int ndim,
                            const int64_t *shape, unsigned dtypes) {
     lk_status s;
-    if ((s = lk_expect_present(op, arg, t)) || (s = lk_expect_device(op, arg, t, dev)) ||
-        (s = lk_expect_contiguous(op, arg, t, 1)) || (s = lk_expect_shape(op, arg, t, ndim, shape)))
-        return s;
+    if ((s = lk_expect_operand(op, dev, arg, t, 1, 1)) || (s = lk_expect_shape(op, arg, t, ndim, shape))) return s;
     return lk_expect_dtype(op, arg, t, dtypes);
 }
 
@@ -92,18 +97,14 @@ lk_status lk_expect_call(const char *op, const lk_impl *impl, const void *args, 
 
 lk_status lk_expect_tensor_like(const char *op, lk_device_type dev, const char *arg, const lk_tensor *t,
                                 const lk_tensor *like, int min_ndim) {
-    lk_status s;
-    if ((s = lk_expect_present(op, arg, t)) || (s = lk_expect_device(op, arg, t, dev)) ||
-        (s = lk_expect_contiguous(op, arg, t, min_ndim)))
-        return s;
-    return lk_expect_like(op, arg, t, like);
+    lk_status s = lk_expect_operand(op, dev, arg, t, 1, min_ndim);
+    return s ? s : lk_expect_like(op, arg, t, like);
 }
 
 lk_status lk_expect_rows(const char *op, lk_device_type dev, const char *arg, const lk_tensor *t, int need_data,
                          int min_ndim, unsigned dtypes, int64_t *rows, int64_t *len) {
     lk_status s;
-    if ((need_data && (s = lk_expect_present(op, arg, t))) || (s = lk_expect_device(op, arg, t, dev)) ||
-        (s = lk_expect_contiguous(op, arg, t, min_ndim)) || (s = lk_expect_dtype(op, arg, t, dtypes)))
+    if ((s = lk_expect_operand(op, dev, arg, t, need_data, min_ndim)) || (s = lk_expect_dtype(op, arg, t, dtypes)))
         return s;
     *len = t->shape[t->ndim - 1];
     if (*len < 1) return lk_error(LK_ESHAPE, "%s: %s: expected a last dim >= 1, got %lld", op, arg, (long long)*len);

@@ -24,6 +24,10 @@ lk_status lk_expect_shape(const char *op, const char *arg, const lk_tensor *t, i
 lk_status lk_expect_like(const char *op, const char *arg, const lk_tensor *t, const lk_tensor *like);
 /* t lives on the device of ctx. */
 lk_status lk_expect_device(const char *op, const char *arg, const lk_tensor *t, lk_device_type dev);
+/* Where every tensor argument's checks begin, in this order: data present (unless
+ * need_data is 0: a size query), on dev, contiguous with at least min_ndim dims. */
+lk_status lk_expect_operand(const char *op, lk_device_type dev, const char *arg, const lk_tensor *t, int need_data,
+                            int min_ndim);
 /* present, on dev, contiguous, of exactly this shape and one of the dtypes: the checks
  * most tensor arguments take, in this order. */
 lk_status lk_expect_tensor(const char *op, lk_device_type dev, const char *arg, const lk_tensor *t, int ndim,

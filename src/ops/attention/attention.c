@@ -67,9 +67,7 @@ static lk_status check_qkv(const lk_impl *impl, const lk_attention_args *a, int 
     const lk_tensor *t[3] = {&a->q, &a->k, &a->v};
     lk_status s;
     for (int i = 0; i < 3; i++) {
-        if ((need_data && (s = lk_expect_present(OP, names[i], t[i]))) ||
-            (s = lk_expect_device(OP, names[i], t[i], impl->device)) ||
-            (s = lk_expect_contiguous(OP, names[i], t[i], 4)) ||
+        if ((s = lk_expect_operand(OP, impl->device, names[i], t[i], need_data, 4)) ||
             (s = lk_expect_dtype(OP, names[i], t[i], impl->needs.dtypes)))
             return s;
         if (t[i]->ndim != 4)
@@ -96,8 +94,7 @@ static lk_status check_qkv(const lk_impl *impl, const lk_attention_args *a, int 
  * is returned. */
 static lk_status check_cu(const char *arg, const lk_tensor *t, int64_t n, int64_t len, int64_t *longest) {
     lk_status s;
-    if ((s = lk_expect_present(OP, arg, t)) || (s = lk_expect_device(OP, arg, t, LK_DEVICE_CPU)) ||
-        (s = lk_expect_contiguous(OP, arg, t, 1)) || (s = lk_expect_dtype_eq(OP, arg, t, LK_I32)))
+    if ((s = lk_expect_operand(OP, LK_DEVICE_CPU, arg, t, 1, 1)) || (s = lk_expect_dtype_eq(OP, arg, t, LK_I32)))
         return s;
     if (t->ndim != 1 || t->shape[0] < 2 || (n && t->shape[0] != n))
         return lk_error(LK_ESHAPE, OP ": %s: expected a 1-D tensor of %s entries, got %lld", arg,
@@ -195,7 +192,7 @@ static lk_status check_masks(const lk_attention_args *a, const call *c) {
                         "padding becomes cu_seqlens via lk_attention_varlen_from_padding), got one",
                         adapter_names[ad]);
     const lk_tensor *m = &a->mask;
-    if ((s = lk_expect_device(OP, "mask", m, LK_DEVICE_CPU)) || (s = lk_expect_contiguous(OP, "mask", m, 4)) ||
+    if ((s = lk_expect_operand(OP, LK_DEVICE_CPU, "mask", m, 0, 4)) ||
         (s = lk_expect_dtype(OP, "mask", m, LK_DTYPE_BIT(LK_BOOL) | LK_DTYPE_BIT(LK_F32))))
         return s;
     const lk_attn_dims *d = &c->u.in;
@@ -208,8 +205,8 @@ static lk_status check_masks(const lk_attention_args *a, const call *c) {
 
 static lk_status check_vec(const lk_impl *impl, const char *arg, const lk_tensor *t, int64_t n) {
     lk_status s;
-    if ((s = lk_expect_device(OP, arg, t, impl->device)) || (s = lk_expect_contiguous(OP, arg, t, 1)) ||
-        (s = lk_expect_dtype_eq(OP, arg, t, LK_F32)) || (s = lk_expect_shape(OP, arg, t, 1, &n)))
+    if ((s = lk_expect_operand(OP, impl->device, arg, t, 0, 1)) || (s = lk_expect_dtype_eq(OP, arg, t, LK_F32)) ||
+        (s = lk_expect_shape(OP, arg, t, 1, &n)))
         return s;
     return LK_OK;
 }
@@ -249,11 +246,9 @@ static lk_status check_out(const lk_impl *impl, const char *arg, const lk_tensor
                            const call *c) {
     int64_t shape[4] = {c->d.B, c->d.Sq, c->d.Hq, c->d.D};
     lk_status s;
-    if ((s = lk_expect_present(OP, arg, t)) || (s = lk_expect_device(OP, arg, t, impl->device)) ||
-        (s = lk_expect_contiguous(OP, arg, t, 4)) || (s = lk_expect_shape(OP, arg, t, 4, shape)) ||
-        (s = lk_expect_dtype_eq(OP, arg, t, a->q.dtype)))
+    if ((s = lk_expect_operand(OP, impl->device, arg, t, 1, 4)) || (s = lk_expect_shape(OP, arg, t, 4, shape)))
         return s;
-    return LK_OK;
+    return lk_expect_dtype_eq(OP, arg, t, a->q.dtype);
 }
 
 static lk_status check_like(const lk_impl *impl, const char *arg, const lk_tensor *t, const lk_tensor *like) {

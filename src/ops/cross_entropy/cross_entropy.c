@@ -23,11 +23,8 @@ lk_cross_entropy_args lk_cross_entropy_args_init(void) {
 
 static lk_status check_tensor(const lk_impl *impl, const char *arg, const lk_tensor *t, int need_data,
                               int min_ndim, unsigned dtypes) {
-    lk_status s;
-    if ((need_data && (s = lk_expect_present(OP, arg, t))) || (s = lk_expect_device(OP, arg, t, impl->device)) ||
-        (s = lk_expect_contiguous(OP, arg, t, min_ndim)) || (s = lk_expect_dtype(OP, arg, t, dtypes)))
-        return s;
-    return LK_OK;
+    lk_status s = lk_expect_operand(OP, impl->device, arg, t, need_data, min_ndim);
+    return s ? s : lk_expect_dtype(OP, arg, t, dtypes);
 }
 
 /* A tensor of `want` elements (any shape: scalars may be [] or [1]). */

@@ -23,9 +23,7 @@ typedef struct {
 static lk_status check_x_w(const lk_impl *impl, const lk_tensor *x, const lk_tensor *w, int need_data, dims *d) {
     d->vt = impl->vtable;
     lk_status s = lk_expect_rows(OP, impl->device, "x", x, need_data, 1, impl->needs.dtypes, &d->rows, &d->in);
-    if (s || (need_data && (s = lk_expect_present(OP, "weight", w))) ||
-        (s = lk_expect_device(OP, "weight", w, impl->device)) || (s = lk_expect_contiguous(OP, "weight", w, 2)))
-        return s;
+    if (s || (s = lk_expect_operand(OP, impl->device, "weight", w, need_data, 2))) return s;
     if (w->ndim != 2 || w->shape[1] != d->in || w->shape[0] < 1) {
         char buf[96];
         return lk_error(LK_ESHAPE, OP ": weight: expected shape [O >= 1, %lld] (x's last dim), got %s",

@@ -31,8 +31,8 @@ static lk_status check_like_x(const lk_impl *impl, const char *arg, const lk_ten
 static lk_status check_vector(const lk_impl *impl, const char *arg, const lk_tensor *t, const lk_tensor *x,
                               int64_t n) {
     lk_status s;
-    if ((s = lk_expect_device(OP, arg, t, impl->device)) || (s = lk_expect_contiguous(OP, arg, t, 1)) ||
-        (s = lk_expect_shape(OP, arg, t, 1, &n)) || (s = lk_expect_dtype_eq(OP, arg, t, x->dtype)))
+    if ((s = lk_expect_operand(OP, impl->device, arg, t, 0, 1)) || (s = lk_expect_shape(OP, arg, t, 1, &n)) ||
+        (s = lk_expect_dtype_eq(OP, arg, t, x->dtype)))
         return s;
     return LK_OK;
 }

@@ -19,15 +19,14 @@ typedef struct {
 static lk_status check_dims(const lk_impl *impl, const lk_rope_args *a, call_info *ci) {
     lk_status s;
     const lk_tensor *q = &a->q, *k = &a->k;
-    if ((s = lk_expect_device(OP, "q", q, impl->device)) || (s = lk_expect_contiguous(OP, "q", q, 4)) ||
+    if ((s = lk_expect_operand(OP, impl->device, "q", q, 0, 4)) ||
         (s = lk_expect_dtype(OP, "q", q, impl->needs.dtypes)))
         return s;
     if (q->ndim != 4 || q->shape[1] < 1 || q->shape[3] < 2) {
         char b[96];
         return lk_error(LK_ESHAPE, OP ": q: expected [B, Hq >= 1, S, D >= 2], got %s", lk_shape_str(q, b, sizeof b));
     }
-    if ((s = lk_expect_device(OP, "k", k, impl->device)) || (s = lk_expect_contiguous(OP, "k", k, 4)) ||
-        (s = lk_expect_dtype_eq(OP, "k", k, q->dtype)))
+    if ((s = lk_expect_operand(OP, impl->device, "k", k, 0, 4)) || (s = lk_expect_dtype_eq(OP, "k", k, q->dtype)))
         return s;
     if (k->ndim != 4 || k->shape[0] != q->shape[0] || k->shape[2] != q->shape[2] || k->shape[3] != q->shape[3] ||
         k->shape[1] < 1 || q->shape[1] % k->shape[1] != 0) {
@@ -52,8 +51,7 @@ static lk_status check_like(const lk_impl *impl, const char *arg, const lk_tenso
 
 static lk_status check_table(const lk_impl *impl, const char *arg, const lk_tensor *t, int64_t half) {
     lk_status s;
-    if ((s = lk_expect_present(OP, arg, t)) || (s = lk_expect_device(OP, arg, t, impl->device)) ||
-        (s = lk_expect_contiguous(OP, arg, t, 2)) || (s = lk_expect_dtype_eq(OP, arg, t, LK_F32)))
+    if ((s = lk_expect_operand(OP, impl->device, arg, t, 1, 2)) || (s = lk_expect_dtype_eq(OP, arg, t, LK_F32)))
         return s;
     if (t->ndim != 2 || t->shape[0] < 1 || t->shape[1] != half) {
         char b[96];
@@ -73,8 +71,7 @@ static lk_status check_positions(const lk_impl *impl, const lk_tensor *ids, cons
     }
     lk_status s;
     int64_t shape[2] = {d->batch, d->seq};
-    if ((s = lk_expect_device(OP, "position_ids", ids, impl->device)) ||
-        (s = lk_expect_contiguous(OP, "position_ids", ids, 2)) ||
+    if ((s = lk_expect_operand(OP, impl->device, "position_ids", ids, 0, 2)) ||
         (s = lk_expect_dtype(OP, "position_ids", ids, LK_DTYPE_BIT(LK_I32) | LK_DTYPE_BIT(LK_I64))) ||
         (s = lk_expect_shape(OP, "position_ids", ids, 2, shape)))
         return s;

@@ -103,8 +103,7 @@ static void inv_freqs(double theta, int64_t R, const lk_rope_scaling *s, double 
 static lk_status check_table(const char *arg, const lk_tensor *t, int64_t half) {
     lk_status s;
     if (t == NULL) return lk_error(LK_EINVAL, OP ": %s: expected a tensor, got NULL", arg);
-    if ((s = lk_expect_present(OP, arg, t)) || (s = lk_expect_device(OP, arg, t, LK_DEVICE_CPU)) ||
-        (s = lk_expect_contiguous(OP, arg, t, 2)) || (s = lk_expect_dtype_eq(OP, arg, t, LK_F32)))
+    if ((s = lk_expect_operand(OP, LK_DEVICE_CPU, arg, t, 1, 2)) || (s = lk_expect_dtype_eq(OP, arg, t, LK_F32)))
         return s;
     if (t->ndim != 2 || t->shape[0] < 1 || t->shape[1] != half) {
         char b[96];

@@ -24,11 +24,7 @@ typedef struct {
 static lk_status check_x_gu(const lk_impl *impl, const lk_tensor *x, const lk_tensor *gu, int need_data, dims *d) {
     d->vt = impl->vtable;
     lk_status s = lk_expect_rows(OP, impl->device, "x", x, need_data, 1, impl->needs.dtypes, &d->tokens, &d->hidden);
-    if (s) return s;
-    if ((need_data && (s = lk_expect_present(OP, "gate_up_weight", gu))) ||
-        (s = lk_expect_device(OP, "gate_up_weight", gu, impl->device)) ||
-        (s = lk_expect_contiguous(OP, "gate_up_weight", gu, 2)))
-        return s;
+    if (s || (s = lk_expect_operand(OP, impl->device, "gate_up_weight", gu, need_data, 2))) return s;
     if (gu->ndim != 2 || gu->shape[1] != d->hidden || gu->shape[0] < 2 || gu->shape[0] % 2) {
         char buf[96];
         return lk_error(LK_ESHAPE, OP ": gate_up_weight: expected shape [2I, %lld] (I >= 1, H = x's last dim), "

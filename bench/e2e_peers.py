@@ -12,7 +12,8 @@ document, so llmkern's rows are the file's consecutive seq-long slices, batch i 
          top-8, expert FFN 512, vocab 151936, untied (PEERS-H200.md's 2007 M / 442 M active);
          seq 4096 x batch 4
 
-Per run: tokens/s (median step after the warm-up); MFU = FLOPs/token x tokens/s / 989e12
+llmkern runs twice, eager and with train.cuda_graph (the step captured once and replayed:
+the step time with and without the graph). Per run: tokens/s (median step after the warm-up); MFU = FLOPs/token x tokens/s / 989e12
 (the H200's dense bf16 peak), and the fraction of the 790 TFLOP/s cuBLAS reaches here
 (8192^3), FLOPs/token = 6 x active matmul parameters + 6 x layers x seq x heads x head_dim
 (PEERS-H200.md); peak GPU memory: torch.cuda.max_memory_allocated for transformers,
@@ -368,8 +369,11 @@ def perf(A):
         for kind in A.runs.split(","):
             label = f"{name} {kind}"
             print(f"  {label} ...", flush=True)
-            if kind == "llmkern":
-                r = run_lk(A, label, A.lk_dtype, init, tokens, B, S, A.steps, work)
+            if kind == "llmkern_graph" and A.device != "cuda":
+                r = dict(skip="train.cuda_graph needs a GPU")
+            elif kind in ("llmkern", "llmkern_graph"):   # llmkern_graph: train.cuda_graph, the step replayed
+                extra = {"cuda_graph": True} if kind == "llmkern_graph" else None
+                r = run_lk(A, label, A.lk_dtype, init, tokens, B, S, A.steps, work, extra)
             else:
                 r = run_hf(A, label, kind, A.hf_dtype, init, tokens, B, S, A.steps, work)
                 r["dtype"] = A.hf_dtype
@@ -401,7 +405,7 @@ def perf(A):
                          f"| | | | | | {f2(r.get('smi_gib'))} | |")
             continue
         ratio = ""
-        if r["kind"] == "llmkern":
+        if r["kind"].startswith("llmkern"):
             peer = next((p for k in ("liger", "hf") for p in results
                          if p["config"] == r["config"] and p["kind"] == k and p.get("tps")), None)
             if peer:
@@ -478,7 +482,8 @@ def main():
     P.add_argument("--steps", type=int, default=30)
     P.add_argument("--warmup", type=int, default=5, help="steps left out of the median")
     P.add_argument("--configs", default="dense,moe")
-    P.add_argument("--runs", default="hf,liger,llmkern", help="hf before liger: each is its own process anyway")
+    P.add_argument("--runs", default="hf,liger,llmkern,llmkern_graph",
+                   help="hf before liger: each is its own process anyway; llmkern_graph: train.cuda_graph")
     P.add_argument("--seq", type=int, help="override both configs' seq")
     P.add_argument("--batch", type=int, help="override both configs' batch")
     P.add_argument("--batches", type=int, default=4, help="distinct random batches, used in turn")

@@ -266,6 +266,12 @@ static void bad_config_is_an_error(void **state) {
     tiny_config(d, 4, 0);
     assert_int_equal(lk_train_run(&tc, &ops, "/nonexistent/ckpt", NULL, NULL), LK_EIO);
     assert_non_null(strstr(lk_last_error(), "/nonexistent/ckpt"));
+    tiny_config(d, 4, 0);
+    tc.cuda_graph = 1;   /* a graph needs a GPU: refused before any step */
+    assert_int_equal(lk_train_run(&tc, &ops, NULL, NULL, NULL), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "train.cuda_graph: expected train.device cuda, train.grad_accum 1 and one "
+                                            "process"));
+    assert_non_null(strstr(lk_last_error(), "got cpu, 2"));
     rm_rf(d);
 }
 

@@ -40,6 +40,14 @@ LK_API lk_status lk_cuda_embedding_forward(const lk_tensor *weight, const lk_ten
  * Workspace: 16·T bytes + the sort's temporary storage (lk_cuda_embedding_backward_workspace). */
 LK_API lk_status lk_cuda_embedding_backward(const lk_tensor *dout, const lk_tensor *ids, lk_tensor *dweight, lk_ctx *ctx);
 LK_API lk_status lk_cuda_embedding_backward_workspace(int64_t tokens, int64_t vocab, size_t *bytes);
+/* Both without the device-side id check, which reads a flag back (a sync): for a caller
+ * that checked every id itself (lk_model does, on the host), so the calls can be captured
+ * in a CUDA graph. An id out of range still writes a NaN row (forward) and is left out of
+ * the sums (backward); nothing names it. */
+LK_API lk_status lk_cuda_embedding_forward_unchecked(const lk_tensor *weight, const lk_tensor *ids, lk_tensor *out,
+                                                     lk_ctx *ctx);
+LK_API lk_status lk_cuda_embedding_backward_unchecked(const lk_tensor *dout, const lk_tensor *ids, lk_tensor *dweight,
+                                                      lk_ctx *ctx);
 
 /* --- AdamW, many tensors in one launch -----------------------------------------------------
  * The math of the CPU trainer's lk_adamw_update (train.h; torch.optim.AdamW): for step t
@@ -88,6 +96,29 @@ LK_API lk_status lk_cuda_scale_bufs(const lk_cuda_buf *bufs, int n_bufs, float s
  * and, when max_norm > 0 and norm > max_norm, every buffer scaled by
  * max_norm / (norm + 1e-6). A NaN or Inf norm is returned and nothing is scaled. */
 LK_API lk_status lk_cuda_clip_grad_norm(const lk_cuda_buf *bufs, int n_bufs, double max_norm, double *norm, lk_ctx *ctx);
+
+/* --- a whole optimizer step without the host (a CUDA graph's) -----------------------------
+ * The plan holds the tensor lists in device memory (uploaded once, at create) and the
+ * step's scalars in a pinned host block copied to the device by the step itself, so
+ * lk_cuda_adamw_plan_step enqueues work and never waits: the global gradient norm (the
+ * f64 fixed-order sum of lk_cuda_grad_norm), then AdamW with the gradient clipped to
+ * max_norm as it is read (> 0: on; the factor of lk_cuda_clip_grad_norm) and, when the
+ * norm is NaN or Inf, no tensor changed. The same bits as lk_cuda_clip_grad_norm then
+ * lk_cuda_adamw_step, but the gradients stay unscaled in memory.
+ *   create  tensors as lk_cuda_adamw_step's (kept by pointer: they must stay where they are),
+ *           hp's betas, eps and weight_decay (its lr and step are set per step)
+ *   set     this step's lr and step t >= 1, into the pinned block: call it when the previous
+ *           plan step has completed (it reads the block as it runs)
+ *   step    enqueues on ctx->stream
+ *   norm    the last completed step's norm before clipping (a device-to-host read) */
+typedef struct lk_cuda_adamw_plan lk_cuda_adamw_plan;
+LK_API lk_status lk_cuda_adamw_plan_create(const lk_cuda_adamw_tensor *tensors, int n_tensors,
+                                           const lk_cuda_adamw_hparams *hp, double max_norm,
+                                           lk_cuda_adamw_plan **out);
+LK_API lk_status lk_cuda_adamw_plan_set(lk_cuda_adamw_plan *plan, double lr, int64_t step);
+LK_API lk_status lk_cuda_adamw_plan_step(lk_cuda_adamw_plan *plan, lk_ctx *ctx);
+LK_API lk_status lk_cuda_adamw_plan_norm(const lk_cuda_adamw_plan *plan, double *norm);
+LK_API void lk_cuda_adamw_plan_free(lk_cuda_adamw_plan *plan);
 
 #ifdef __cplusplus
 }

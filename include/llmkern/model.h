@@ -67,6 +67,24 @@ LK_API void lk_model_free(lk_model *m);
  * a module whose implementation does not take it, named), LK_ENOMEM. */
 LK_API lk_status lk_model_set_dtype(lk_model *m, lk_dtype dt);
 LK_API lk_dtype lk_model_dtype(const lk_model *m);
+/* For a step captured in a CUDA graph (the trainer's train.cuda_graph):
+ *   lk_model_set_stream     the stream the model's work goes on (a cudaStream_t; NULL: the
+ *                           legacy default stream, which cannot be captured)
+ *   lk_model_defer_stats    on: a forward reads no scalar back (stats' loss NaN, n_tokens
+ *                           0), so the step holds no device-to-host read; a dense model's
+ *                           step then makes no host sync at all (the MoE experts still read
+ *                           their routing). Not with sequence parallelism (LK_EINVAL).
+ *   lk_model_read_stats     the last forward's loss and valid tokens (a device-to-host read:
+ *                           after the step has run), and its aux loss
+ *   lk_model_stage_batch    the host side of a forward alone: the batch checked (every id
+ *                           in range, cu_seqlens 0 .. B·S), the buffers for its size, and on
+ *                           a GPU its token arrays and cu_seqlens written into the pinned
+ *                           memory a captured step copies from. Before each replay, once the
+ *                           previous one has completed. */
+LK_API void lk_model_set_stream(lk_model *m, void *stream);
+LK_API lk_status lk_model_defer_stats(lk_model *m, int on);
+LK_API lk_status lk_model_read_stats(lk_model *m, lk_step_stats *st);
+LK_API lk_status lk_model_stage_batch(lk_model *m, const lk_batch *batch);
 /* Sequence and expert parallelism; call before the first step (NULL or a group of one:
  * none). Every rank of both groups is handed the same calls.
  *   sp: the SP group. Its ranks are handed the same whole batch; rank r runs tokens

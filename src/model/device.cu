@@ -40,6 +40,21 @@ static lk_status get(void *dst, const void *src, size_t bytes) {
     return LK_OK;
 }
 
+static void *host_alloc(size_t bytes) {
+    void *p = NULL;
+    if (cudaHostAlloc(&p, bytes ? bytes : 64, cudaHostAllocDefault) != cudaSuccess) { cudaGetLastError(); return NULL; }
+    return p;
+}
+
+static void host_free(void *p) {
+    if (p) cudaFreeHost(p);
+}
+
+static lk_status put_async(void *dst, const void *src, size_t bytes, lk_ctx *ctx) {
+    if (bytes) LK_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, (cudaStream_t)ctx->stream));
+    return LK_OK;
+}
+
 static lk_status zero(void *p, size_t bytes, lk_ctx *ctx) {
     if (bytes) LK_CUDA_TRY(cudaMemsetAsync(p, 0, bytes, (cudaStream_t)ctx->stream));
     return LK_OK;
@@ -152,7 +167,7 @@ static lk_status embed(const void *table, const int64_t *ids, void *x, int64_t T
     lk_tensor w = lk_tensor_2d((void *)table, dt, V, H), id = lk_tensor_1d((void *)ids, LK_I64, T),
               out = lk_tensor_2d(x, dt, T, H);
     w.device = id.device = out.device = ctx->device;
-    return lk_cuda_embedding_forward(&w, &id, &out, ctx);
+    return lk_cuda_embedding_forward_unchecked(&w, &id, &out, ctx);   /* check_batch read every id */
 }
 
 static lk_status embed_backward(float *dtable, const int64_t *ids, const void *dx, int64_t T, int64_t H, int64_t V,
@@ -160,11 +175,12 @@ static lk_status embed_backward(float *dtable, const int64_t *ids, const void *d
     lk_tensor dw = lk_tensor_2d(dtable, LK_F32, V, H), id = lk_tensor_1d((void *)ids, LK_I64, T),
               d = lk_tensor_2d((void *)dx, dt, T, H);
     dw.device = id.device = d.device = ctx->device;
-    return lk_cuda_embedding_backward(&d, &id, &dw, ctx);
+    return lk_cuda_embedding_backward_unchecked(&d, &id, &dw, ctx);
 }
 
 const lk_model_device lk_model_device_cuda = {
     .type = LK_DEVICE_CUDA, .current = current, .alloc = alloc, .free = release, .put = put, .get = get,
+    .host_alloc = host_alloc, .host_free = host_free, .put_async = put_async,
     .zero = zero, .heads = heads, .add = add, .acc = acc, .round = round_to, .embed = embed,
     .embed_backward = embed_backward,
 };

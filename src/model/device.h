@@ -28,6 +28,12 @@ typedef struct {
     /* Synchronous copies between host memory and this device's. */
     lk_status (*put)(void *dst, const void *host_src, size_t bytes);
     lk_status (*get)(void *host_dst, const void *src, size_t bytes);
+    /* Host memory the device copies from without the host waiting (CUDA: pinned), and
+     * the copy from it on ctx->stream (the source must stay as it is until the stream
+     * has run the copy). */
+    void *(*host_alloc)(size_t bytes);
+    void (*host_free)(void *p);
+    lk_status (*put_async)(void *dst, const void *pinned_src, size_t bytes, lk_ctx *ctx);
     lk_status (*zero)(void *p, size_t bytes, lk_ctx *ctx);
     /* The activations' moves, in their dtype dt (f32 or bf16):
      * [T, H, D] -> [H, T, D]; back: [H, T, D] -> [T, H, D]. */

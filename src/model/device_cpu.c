@@ -19,6 +19,11 @@ static lk_status copy(void *dst, const void *src, size_t bytes) {
     return LK_OK;
 }
 
+static lk_status copy_async(void *dst, const void *src, size_t bytes, lk_ctx *ctx) {
+    (void)ctx;
+    return copy(dst, src, bytes);
+}
+
 static lk_status zero(void *p, size_t bytes, lk_ctx *ctx) {
     (void)ctx;
     memset(p, 0, bytes);
@@ -94,6 +99,7 @@ static lk_status embed_backward(float *dtable, const int64_t *ids, const void *d
 
 const lk_model_device lk_model_device_cpu = {
     .type = LK_DEVICE_CPU, .current = current, .alloc = alloc, .free = free, .put = copy, .get = copy,
+    .host_alloc = alloc, .host_free = free, .put_async = copy_async,
     .zero = zero, .heads = heads, .add = add, .acc = acc, .round = round_to, .embed = embed,
     .embed_backward = embed_backward,
 };

@@ -102,7 +102,7 @@ static lk_attention_args attn_args(const lk_model *m, const lk_impl *impl, const
     if (e->adapter == LK_ATTN_FLEX) {
         at.block_mask = &m->doc_mask;
     } else {
-        at.cu_seqlens_q = at.cu_seqlens_k = lk_tensor_1d(b->cu_seqlens, LK_I32, b->n_segs + 1);
+        at.cu_seqlens_q = at.cu_seqlens_k = lk_tensor_1d((void *)m->cu, LK_I32, b->n_segs + 1);   /* host memory */
         at.max_seqlen_q = at.max_seqlen_k = b->max_seqlen;
         at.causal = 1;
     }

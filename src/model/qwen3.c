@@ -163,9 +163,10 @@ lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, ui
 
 static void free_acts(lk_model *m) {
     m->dev->free(m->act_block); m->dev->free(m->scratch_block); m->dev->free(m->dev_tokens);
+    m->dev->host_free(m->stage);
     free(m->acts); free(m->inputs);
     m->act_block = m->scratch_block = NULL;
-    m->dev_tokens = NULL;
+    m->dev_tokens = m->stage = NULL;
     m->acts = NULL;
     m->inputs = NULL;
     m->T = 0;
@@ -367,9 +368,10 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
             return lk_error(LK_ENOMEM, "model: scratch: out of memory");
         }
     }
-    if (m->dev->type != LK_DEVICE_CPU && !(m->dev_tokens = m->dev->alloc((size_t)(3 * T) * 8))) {
+    if (m->dev->type != LK_DEVICE_CPU && (!(m->dev_tokens = m->dev->alloc((size_t)(3 * T) * 8)) ||
+                                          !(m->stage = m->dev->host_alloc((size_t)(3 * T) * 8 + (size_t)(T + 1) * 4)))) {
         free_acts(m);
-        return lk_error(LK_ENOMEM, "model: token arrays: out of device memory");
+        return lk_error(LK_ENOMEM, "model: token arrays: out of device or pinned host memory");
     }
     return LK_OK;
 }
@@ -381,6 +383,11 @@ static lk_status check_batch(const lk_model *m, const lk_batch *b) {
     if (b->n_segs < 1 || b->cu_seqlens[0] != 0 || b->cu_seqlens[b->n_segs] != T)
         return lk_error(LK_EINVAL, "model: batch: cu_seqlens: expected 0 .. %lld over n_segs %lld", (long long)T,
                         (long long)b->n_segs);
+    for (int64_t i = 0; i < b->n_segs; i++)   /* the attention facade's rule; a replayed step skips the facade */
+        if (b->cu_seqlens[i + 1] < b->cu_seqlens[i] || b->cu_seqlens[i + 1] - b->cu_seqlens[i] > b->max_seqlen)
+            return lk_error(LK_EINVAL, "model: batch: cu_seqlens[%lld..%lld] = %d, %d: expected non-decreasing, "
+                            "segments of at most max_seqlen %lld", (long long)i, (long long)i + 1, b->cu_seqlens[i],
+                            b->cu_seqlens[i + 1], (long long)b->max_seqlen);
     for (int64_t t = 0; t < T; t++)
         if (b->input_ids[t] < 0 || b->input_ids[t] >= m->V)
             return lk_error(LK_EINVAL, "model: batch: input_ids[%lld]: expected 0 <= id < %lld, got %lld", (long long)t,
@@ -402,18 +409,43 @@ static lk_status slice_batch(lk_model *m, const lk_batch *b) {
     return LK_OK;
 }
 
-/* Where the ops read this rank's ids, labels and positions: on a GPU, copies. */
-static lk_status place_tokens(lk_model *m) {
+/* Where the ops read this rank's ids, labels and positions and the batch's cu_seqlens:
+ * on the CPU the batch's own; on a GPU the token arrays staged in pinned memory, and
+ * copied over by copy_tokens (on the stream: a CUDA graph replays the copy, not this). */
+static lk_status stage_tokens(lk_model *m, const lk_batch *whole) {
     const lk_batch *b = &m->local;
-    m->ids = b->input_ids, m->labels = b->labels, m->pos = b->position_ids;
+    m->ids = b->input_ids, m->labels = b->labels, m->pos = b->position_ids, m->cu = whole->cu_seqlens;
     if (!m->dev_tokens) return LK_OK;
-    int64_t T = m->T, *d = m->dev_tokens;
-    lk_status s;
-    if ((s = m->dev->put(d, b->input_ids, (size_t)T * 8)) || (s = m->dev->put(d + T, b->labels, (size_t)T * 8)) ||
-        (s = m->dev->put(d + 2 * T, b->position_ids, (size_t)T * 8)))
-        return s;
-    m->ids = d, m->labels = d + T, m->pos = d + 2 * T;
+    int64_t T = m->T, *h = m->stage, *d = m->dev_tokens;
+    if (whole->n_segs > T)
+        return lk_error(LK_EINVAL, "model: batch: n_segs %lld: expected at most the %lld tokens", (long long)whole->n_segs,
+                        (long long)T);
+    memcpy(h, b->input_ids, (size_t)T * 8);
+    memcpy(h + T, b->labels, (size_t)T * 8);
+    memcpy(h + 2 * T, b->position_ids, (size_t)T * 8);
+    int32_t *cu = (int32_t *)(h + 3 * T);
+    memcpy(cu, whole->cu_seqlens, (size_t)(whole->n_segs + 1) * 4);
+    m->ids = d, m->labels = d + T, m->pos = d + 2 * T, m->cu = cu;
     return LK_OK;
+}
+
+static lk_status copy_tokens(lk_model *m) {
+    return m->stage ? m->dev->put_async(m->dev_tokens, m->stage, (size_t)(3 * m->T) * 8, &m->ctx) : LK_OK;
+}
+
+/* The host side of a step: the batch checked, this rank's slice, the buffers for its
+ * token count, the token arrays staged. */
+static lk_status stage_batch(lk_model *m, const lk_batch *whole) {
+    lk_status s = check_batch(m, whole);
+    if (s || (s = slice_batch(m, whole))) return s;
+    int64_t T = m->local.B * m->local.S / group_size(m->sp);
+    if (T != m->T && (s = alloc_acts(m, T))) return s;
+    return stage_tokens(m, whole);
+}
+
+lk_status lk_model_stage_batch(lk_model *m, const lk_batch *batch) {
+    if (!m) return lk_error(LK_EINVAL, "model_stage_batch: expected a model");
+    return stage_batch(m, batch);
 }
 
 static lk_rms_norm_args final_norm_args(lk_model *m) {
@@ -426,11 +458,10 @@ static lk_rms_norm_args final_norm_args(lk_model *m) {
 
 /* The forward of the whole model; stats filled. b is m->local (slice_batch). */
 static lk_status forward(lk_model *m, const lk_batch *whole, lk_step_stats *st) {
-    lk_status s = check_batch(m, whole);
-    if (s || (s = slice_batch(m, whole))) return s;
+    lk_status s = stage_batch(m, whole);
+    if (s || (s = copy_tokens(m))) return s;
     const lk_batch *b = &m->local;
-    int64_t T = b->B * b->S / group_size(m->sp), H = m->H;
-    if ((T != m->T && (s = alloc_acts(m, T))) || (s = place_tokens(m))) return s;
+    int64_t T = m->T, H = m->H;
     if (m->flex) {   /* flex follows its BlockMask alone: causal within each packed document */
         lk_block_mask_free(&m->doc_mask);
         if ((s = lk_block_mask_document_cu(whole->cu_seqlens, whole->n_segs, 1, 1, whole->B * whole->S, 0, 0,
@@ -451,11 +482,11 @@ static lk_status forward(lk_model *m, const lk_batch *whole, lk_step_stats *st) 
     }
     lk_rms_norm_args n = final_norm_args(m);
     if ((s = lk_rms_norm_forward(m->final_norm_impl, &n, &m->ctx))) return s;
-    float loss = 0;
+    float loss = NAN;
     int64_t nv = 0;
     lk_cross_entropy_args ce = ce_args(m);
-    if ((s = lk_cross_entropy_forward(m->ce_impl, &ce, &m->ctx)) || (s = m->dev->get(&loss, m->scal, 4)) ||
-        (s = m->dev->get(&nv, m->scal + 4, 8)))
+    if ((s = lk_cross_entropy_forward(m->ce_impl, &ce, &m->ctx)) ||
+        (!m->defer_stats && ((s = m->dev->get(&loss, m->scal, 4)) || (s = m->dev->get(&nv, m->scal + 4, 8)))))
         return s;
     st->loss = loss;
     st->n_tokens = nv;
@@ -464,8 +495,30 @@ static lk_status forward(lk_model *m, const lk_batch *whole, lk_step_stats *st) 
         if ((s = lk_sp_loss_reduce(m->sp, loss, nv, &st->loss, &m->d_loss_unit))) return s;
         st->n_tokens = m->d_loss_unit > 0 ? llround(1.0 / m->d_loss_unit) : 0;
     }
-    st->aux_loss = m->n_moe_layers ? aux / m->n_moe_layers : 0.0;
+    st->aux_loss = m->last_aux = m->n_moe_layers ? aux / m->n_moe_layers : 0.0;
     return LK_OK;
+}
+
+lk_status lk_model_defer_stats(lk_model *m, int on) {
+    if (!m) return lk_error(LK_EINVAL, "model_defer_stats: expected a model");
+    if (on && m->sp)   /* the SP group's loss is reduced on the host after each forward */
+        return lk_error(LK_EINVAL, "model_defer_stats: the loss of a sequence-parallel model is read at each forward");
+    m->defer_stats = on ? 1 : 0;
+    return LK_OK;
+}
+
+lk_status lk_model_read_stats(lk_model *m, lk_step_stats *st) {
+    if (!m || !st) return lk_error(LK_EINVAL, "model_read_stats: expected a model and stats");
+    float loss = 0;
+    int64_t nv = 0;
+    lk_status s;
+    if ((s = m->dev->get(&loss, m->scal, 4)) || (s = m->dev->get(&nv, m->scal + 4, 8))) return s;
+    *st = (lk_step_stats){.loss = loss, .aux_loss = m->last_aux, .n_tokens = nv};
+    return LK_OK;
+}
+
+void lk_model_set_stream(lk_model *m, void *stream) {
+    if (m) m->ctx.stream = stream;
 }
 
 lk_status lk_model_loss(lk_model *m, const lk_batch *batch, lk_step_stats *stats) {

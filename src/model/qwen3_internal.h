@@ -100,6 +100,13 @@ struct lk_model {
      * a GPU their copies in dev_tokens ([3, T] i64: ids, labels, positions). */
     const int64_t *ids, *labels, *pos;
     int64_t *dev_tokens;
+    /* On a GPU, the step's host side in pinned memory: the token arrays (copied to
+     * dev_tokens on the stream, so a CUDA graph's copy reads what the host staged) and the
+     * cu_seqlens the attention reads (cu points there; on the CPU at the batch's own). */
+    int64_t *stage;               /* [3, T] i64, then [T + 1] i32 */
+    const int32_t *cu;
+    int defer_stats;              /* lk_model_defer_stats: the forward reads no scalar back */
+    double last_aux;              /* the last forward's aux loss (MoE) */
     float *scal;                  /* device scalars: loss, d_loss, aux loss (f32), then n_valid (i64) */
     int flex;                     /* an attention binding is flex_attention: doc_mask serves it */
     lk_block_mask doc_mask;       /* the current batch's documents, causal, over all B*S tokens */

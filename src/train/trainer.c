@@ -172,6 +172,11 @@ static lk_status check_config(const lk_train_config *tc, lk_train_memory *e) {
                         LK_TOK_VOCAB, (long long)tc->model.vocab_size);
     if (!(tc->comm_timeout_s >= 0))
         return lk_error(LK_EINVAL, "train: train.comm_timeout_s: expected >= 0 seconds, got %g", tc->comm_timeout_s);
+    if (tc->cuda_graph && (tc->device != LK_DEVICE_CUDA || tc->grad_accum != 1 || tc->dp > 1 || tc->sp > 1 || tc->ep > 1))
+        return lk_error(LK_EINVAL, "train: train.cuda_graph: expected train.device cuda, train.grad_accum 1 and one "
+                        "process (a graph replays one staged batch; the all-reduce is not captured yet), got %s, %lld%s",
+                        lk_device_name(tc->device), (long long)tc->grad_accum,
+                        tc->dp > 1 || tc->sp > 1 || tc->ep > 1 ? " and a parallel mesh" : "");
     return LK_OK;
 }
 
@@ -265,6 +270,7 @@ static void state_free(trainer *t) {
 }
 
 static void trainer_free(trainer *t) {
+    if (t->graph && t->dev->graph_free) t->dev->graph_free(t);
     state_free(t);
     if (t->gcomm && t->gcomm != t->world) lk_comm_destroy(t->gcomm);
     lk_arena_free(&t->arena);
@@ -315,6 +321,13 @@ static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_op
     if (!s) s = lk_batch_alloc(&t->batch, tc->batch_size, tc->seq_len);
     if (!s) s = build_model(tc, ops, &t->model);
     if (!s && mesh) s = lk_model_set_parallel(t->model, mesh->sp, mesh->ep);
+    if (!s && tc->cuda_graph && mesh)
+        s = lk_error(LK_EINVAL, "train: train.cuda_graph: one process only (the all-reduce is not captured yet), "
+                     "got %d ranks", mesh->world->size);
+    if (!s && tc->cuda_graph)
+        s = t->dev->graph_init ? t->dev->graph_init(t)
+                               : lk_error(LK_EUNAVAILABLE, "train: train.cuda_graph: %s has no graphs",
+                                          lk_device_name(t->dev->type));
     if (!s && mesh) s = t->dev->grads_comm(t->world, &t->gcomm);
     if (s) return s;
     int index = lk_model_param(t->model, 0)->value.device.index;   /* the GPU pick chose */
@@ -458,9 +471,29 @@ static lk_status finish_grads(trainer *t) {
     return s ? s : c;
 }
 
+/* train.cuda_graph after the run's first step (run eagerly: it sizes every buffer and
+ * workspace the capture then finds in place): the batch staged on the host, the captured
+ * step replayed, its loss and norm read once it has run. */
+static lk_status graph_step(trainer *t, const lk_train_opts *o, double *loss, double *grad_norm, int64_t *tokens) {
+    const lk_train_config *tc = t->tc;
+    double lr = lk_lr_schedule(t->step, tc->warmup_steps, tc->steps, tc->lr, tc->min_lr);
+    lk_step_stats st;
+    lk_status s = next_batch(t);
+    if (!s) s = lk_model_stage_batch(t->model, &t->batch);
+    if (!s) s = t->dev->graph_step(t, lr, grad_norm);
+    if (!s) s = lk_model_read_stats(t->model, &st);
+    if (s) return s;
+    *loss = st.loss;
+    *tokens = t->batch.B * t->batch.S;
+    if (o->after_loss) o->after_loss(o->user, t->step, loss);
+    if (isfinite(*loss) && isfinite(*grad_norm)) t->hist[t->step * LK_HIST_COLS + LK_HIST_LR] = (float)lr;
+    return LK_OK;
+}
+
 /* One optimizer step; *loss gets the mean of the micro-batch losses (over the DP group). */
 static lk_status train_step(trainer *t, const lk_train_opts *o, double *loss, double *grad_norm, int64_t *tokens) {
     const lk_train_config *tc = t->tc;
+    if (tc->cuda_graph && t->step > t->start_step) return graph_step(t, o, loss, grad_norm, tokens);
     lk_model_zero_grad(t->model);
     double sum = 0.0;
     *tokens = 0;

@@ -33,6 +33,14 @@ typedef struct {
     uint64_t (*mem_used)(void);
     /* The device profiler on (1) or off (0) around train.profile_step (NULL: none). */
     void (*profile)(int on);
+    /* train.cuda_graph (NULL: the device has none). graph_init before the first step puts
+     * the model on a stream of its own; graph_step runs one step of the staged batch at
+     * lr: zero_grad, forward, backward, clipping and AdamW captured in a CUDA graph the
+     * first time for a batch shape (tokens, documents, the longest), then replayed; it
+     * waits for the step and gives the gradient norm before clipping. */
+    lk_status (*graph_init)(struct trainer *t);
+    lk_status (*graph_step)(struct trainer *t, double lr, double *norm);
+    void (*graph_free)(struct trainer *t);
 } lk_train_device;
 
 typedef struct trainer {
@@ -62,6 +70,7 @@ typedef struct trainer {
     int64_t buckets, buckets_early;   /* totals for lk_train_result */
     uint64_t mem_peak;                /* the most dev->mem_used after a step */
     lk_comm_request *reqs;    /* [n_buckets] */
+    void *graph;              /* train.cuda_graph: the device's captured step (trainer_cuda.c) */
     lk_status start_error;
 } trainer;
 

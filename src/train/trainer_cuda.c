@@ -5,11 +5,13 @@
  * launch over every parameter). Built with CUDA only. The math is the CPU optimizer's
  * (trainer.c), so a GPU run follows a CPU run's loss curve to f32 rounding. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 #include "core/cuda_check.h"
 #include "llmkern/cuda_train.h"
+#include "llmkern/model.h"
 #include "train/trainer.h"
 
 /* The rank's index among the processes on its node, as the launchers export it. */
@@ -68,6 +70,105 @@ static lk_status update(trainer *t, double lr, double *norm) {
     return s;
 }
 
+/* --- train.cuda_graph ------------------------------------------------------------------ */
+
+typedef struct {
+    cudaStream_t stream;          /* the model's and the captured step's */
+    cudaGraphExec_t exec;         /* NULL until the first capture */
+    int64_t T, n_segs, max_seqlen;   /* the batch shape exec was captured for */
+    lk_cuda_adamw_plan *plan;     /* the update without the host */
+} graph_state;
+
+static void graph_free(trainer *t) {
+    graph_state *g = t->graph;
+    if (!g) return;
+    if (g->exec) cudaGraphExecDestroy(g->exec);
+    lk_cuda_adamw_plan_free(g->plan);
+    if (t->model) lk_model_set_stream(t->model, NULL);
+    if (g->stream) cudaStreamDestroy(g->stream);
+    free(g);
+    t->graph = NULL;
+}
+
+static lk_status graph_init(trainer *t) {
+    graph_state *g = calloc(1, sizeof *g);
+    if (!g) return lk_error(LK_ENOMEM, "train: train.cuda_graph: out of memory");
+    t->graph = g;
+    /* a blocking stream: the legacy stream's copies (checkpoints, the stats read) wait for it */
+    LK_CUDA_TRY(cudaStreamCreateWithFlags(&g->stream, cudaStreamDefault));
+    lk_model_set_stream(t->model, g->stream);
+    return LK_OK;
+}
+
+/* The plan over every parameter, its tensors as update() builds them. */
+static lk_status make_plan(trainer *t, graph_state *g) {
+    const lk_train_config *tc = t->tc;
+    int n = t->n_params;
+    lk_cuda_adamw_tensor *p = calloc((size_t)n, sizeof *p);
+    if (!p) return lk_error(LK_ENOMEM, "train: train.cuda_graph: out of memory");
+    for (int i = 0; i < n; i++) {
+        const lk_param *q = lk_model_param(t->model, i);
+        p[i] = (lk_cuda_adamw_tensor){.param = q->value.data, .grad = t->grads[i], .m = t->m[i], .v = t->v[i],
+                                      .n = t->lens[i], .param_dtype = LK_F32, .grad_dtype = LK_F32,
+                                      .no_decay = q->value.ndim < 2};
+    }
+    lk_cuda_adamw_hparams h = {.lr = 0, .beta1 = tc->beta1, .beta2 = tc->beta2, .eps = tc->eps,
+                               .weight_decay = tc->weight_decay, .step = 1};
+    lk_status s = lk_cuda_adamw_plan_create(p, n, &h, tc->grad_clip, &g->plan);
+    free(p);
+    return s;
+}
+
+/* Records the step into g->exec. A host sync inside it (a device-to-host read, a
+ * synchronize, a copy from pageable memory) makes the capture fail: the error says so. */
+static lk_status capture(trainer *t, graph_state *g) {
+    if (g->exec) cudaGraphExecDestroy(g->exec), g->exec = NULL;
+    lk_status s = lk_model_defer_stats(t->model, 1);
+    if (s) return s;
+    LK_CUDA_TRY(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeGlobal));
+    lk_step_stats st;
+    lk_model_zero_grad(t->model);
+    s = lk_model_forward_backward(t->model, &t->batch, 1.0f, &st);   /* grad_accum 1 */
+    lk_ctx c = t->ctx;
+    c.stream = g->stream;
+    if (!s) s = lk_cuda_adamw_plan_step(g->plan, &c);
+    char why[400] = "";
+    if (s) snprintf(why, sizeof why, "%s", lk_last_error());
+    cudaGraph_t graph = NULL;
+    cudaError_t e = cudaStreamEndCapture(g->stream, &graph);
+    lk_model_defer_stats(t->model, 0);
+    if (s || e != cudaSuccess) {
+        cudaGetLastError();
+        if (graph) cudaGraphDestroy(graph);
+        return lk_error(LK_EUNAVAILABLE, "train: train.cuda_graph: step %lld could not be captured (%s): the step "
+                        "holds a host sync or a read back (a dense model on one GPU has none; the MoE experts still "
+                        "read their routing on the host)", (long long)t->step + 1, s ? why : cudaGetErrorString(e));
+    }
+    e = cudaGraphInstantiate(&g->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+        g->exec = NULL;
+        return lk_cuda_fail(e, "train: train.cuda_graph: instantiate", __FILE__, __LINE__);
+    }
+    const lk_batch *b = &t->batch;
+    g->T = b->B * b->S, g->n_segs = b->n_segs, g->max_seqlen = b->max_seqlen;
+    return LK_OK;
+}
+
+static lk_status graph_step(trainer *t, double lr, double *norm) {
+    graph_state *g = t->graph;
+    const lk_batch *b = &t->batch;
+    lk_status s = g->plan ? LK_OK : make_plan(t, g);
+    if (!s) s = lk_cuda_adamw_plan_set(g->plan, lr, t->step + 1);   /* the previous step has completed */
+    /* the kernels' arguments hold the documents' count and the longest one's length */
+    if (!s && (!g->exec || g->T != b->B * b->S || g->n_segs != b->n_segs || g->max_seqlen != b->max_seqlen))
+        s = capture(t, g);
+    if (s) return s;
+    LK_CUDA_TRY(cudaGraphLaunch(g->exec, g->stream));
+    LK_CUDA_TRY(cudaStreamSynchronize(g->stream));   /* the step's end: the host stages the next batch */
+    return lk_cuda_adamw_plan_norm(g->plan, norm);
+}
+
 static uint64_t mem_used(void) {
     size_t free_b = 0, total = 0;
     return cudaMemGetInfo(&free_b, &total) == cudaSuccess ? (uint64_t)(total - free_b) : 0;
@@ -85,4 +186,5 @@ const lk_train_device lk_train_device_cuda = {
      * hid 40% of the exposed all-reduce (bench/NOTES.md, run 26) */
     .type = LK_DEVICE_CUDA, .bucket_bytes = (int64_t)128 << 20, .pick = pick, .grads_comm = grads_comm,
     .scale = scale, .update = update, .mem_used = mem_used, .profile = profile,
+    .graph_init = graph_init, .graph_step = graph_step, .graph_free = graph_free,
 };

@@ -1,7 +1,7 @@
 /* test_train_resume.c (GPU) — the trainer on a GPU (train.device: cuda) stopped and
  * resumed: N steps straight against N/2 steps, a stop, --resume from the output directory
- * and N/2 more, on a tiny Qwen3-MoE, in f32 and in bf16. The GPU's kernels are deterministic (test_model.c's
- * recompute check), so every loss and every f32 master weight and AdamW moment of the
+ * and N/2 more, on a tiny Qwen3-MoE, in f32 and in bf16. The GPU's kernels are
+ * deterministic (test_model.c's recompute check), so every loss and every f32 master weight and AdamW moment of the
  * final checkpoint must match bit for bit: tests/train_util.h's check, the one
  * tests/test_train_loop.c runs on the CPU trainer. What it tests here is the
  * checkpoint's host copies of the device state and their way back. Skipped (77) where

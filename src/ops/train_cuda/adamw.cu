@@ -6,7 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include "llmkern/cuda_train.h"
-#include "ops/train_cuda/multi_tensor.cuh"
+#include "ops/train_cuda/norm.cuh"
 
 static const char *FN = "adamw (cuda)";
 
@@ -15,31 +15,51 @@ typedef struct {
     const void *g;
     float *m, *v, *master;
     int64_t n, block0;
-    int p_bf16, g_bf16;
-    float decay;            /* 1 - lr·wd, or 1 for a no_decay tensor */
+    int p_bf16, g_bf16, no_decay;
 } adesc;
 
 typedef struct {
     float b1, b2, eps, step, vcorr;   /* step = lr/(1-b1^t), vcorr = 1/sqrt(1-b2^t) */
+    float decay;                      /* 1 - lr·wd (a no_decay tensor takes 1) */
+    double max_norm;                  /* the plan's clipping (> 0: on) */
 } ascal;
 
-__global__ void __launch_bounds__(LK_MT_THREADS) adamw_kernel(const adesc *list, int n_list, ascal s) {
+/* Block b's elements of its tensor, the gradient times gscale (1, or the clip). */
+static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list, const ascal &s, float gscale) {
     const adesc d = list[lk_mt_find(list, n_list, blockIdx.x)];
     const int64_t base = (blockIdx.x - d.block0) * (int64_t)LK_MT_CHUNK + threadIdx.x;
+    const float decay = d.no_decay ? 1.0f : s.decay;
     float *w = d.p_bf16 ? d.master : static_cast<float *>(d.p);
 #pragma unroll 4
     for (int k = 0; k < LK_MT_PER_THREAD; k++) {
         int64_t i = base + (int64_t)k * LK_MT_THREADS;
         if (i >= d.n) break;
-        float g = lk_mt_ld(d.g, d.g_bf16, i);
+        float g = lk_mt_ld(d.g, d.g_bf16, i) * gscale;
         float m = s.b1 * d.m[i] + (1.0f - s.b1) * g;
         float v = s.b2 * d.v[i] + (1.0f - s.b2) * g * g;
         d.m[i] = m;
         d.v[i] = v;
-        float p = w[i] * d.decay - s.step * m / (sqrtf(v) * s.vcorr + s.eps);
+        float p = w[i] * decay - s.step * m / (sqrtf(v) * s.vcorr + s.eps);
         w[i] = p;
         if (d.p_bf16) static_cast<lk_bf16_t *>(d.p)[i] = __float2bfloat16_rn(p);
     }
+}
+
+__global__ void __launch_bounds__(LK_MT_THREADS) adamw_kernel(const adesc *list, int n_list, ascal s) {
+    adamw_block(list, n_list, s, 1.0f);
+}
+
+/* The plan's step: the scalars and the sum of squares from device memory. A NaN or Inf
+ * norm leaves every tensor as it was; above max_norm the gradient is scaled by
+ * max_norm / (norm + 1e-6) as it is read (lk_cuda_clip_grad_norm's factor, rounded the
+ * same way, so a plan's step has the bits of clip + lk_cuda_adamw_step). */
+__global__ void __launch_bounds__(LK_MT_THREADS) adamw_plan_kernel(const adesc *list, int n_list, const ascal *sp,
+                                                                   const double *sumsq) {
+    const ascal s = *sp;
+    const double norm = sqrt(*sumsq);
+    if (!isfinite(norm)) return;
+    const float gscale = s.max_norm > 0.0 && norm > s.max_norm ? (float)(s.max_norm / (norm + 1e-6)) : 1.0f;
+    adamw_block(list, n_list, s, gscale);
 }
 
 static int is_fp(lk_dtype dt) { return dt == LK_F32 || dt == LK_BF16; }
@@ -79,6 +99,13 @@ static lk_status check(const lk_cuda_adamw_tensor *t, int n, const lk_cuda_adamw
     return LK_OK;
 }
 
+static ascal scalars(const lk_cuda_adamw_hparams *hp, double max_norm) {
+    return (ascal){(float)hp->beta1, (float)hp->beta2, (float)hp->eps,
+                   (float)(hp->lr / (1.0 - pow(hp->beta1, (double)hp->step))),
+                   (float)(1.0 / sqrt(1.0 - pow(hp->beta2, (double)hp->step))),
+                   (float)(1.0 - hp->lr * hp->weight_decay), max_norm};
+}
+
 extern "C" lk_status lk_cuda_adamw_step(const lk_cuda_adamw_tensor *tensors, int n_tensors,
                                         const lk_cuda_adamw_hparams *hp, lk_ctx *ctx) {
     lk_status st = lk_mt_check_ctx(FN, ctx);
@@ -86,17 +113,14 @@ extern "C" lk_status lk_cuda_adamw_step(const lk_cuda_adamw_tensor *tensors, int
     if (st != LK_OK || n_tensors == 0) return st;
     adesc *h = static_cast<adesc *>(malloc(sizeof(adesc) * (size_t)n_tensors));
     if (h == NULL) return lk_error(LK_ENOMEM, "%s: %d descriptors", FN, n_tensors);
-    const float decay = (float)(1.0 - hp->lr * hp->weight_decay);
     int64_t blocks = 0;
     for (int i = 0; i < n_tensors; i++) {
         const lk_cuda_adamw_tensor *x = &tensors[i];
         h[i] = (adesc){x->param, x->grad, x->m, x->v, x->master, x->n, blocks, x->param_dtype == LK_BF16,
-                       x->grad_dtype == LK_BF16, x->no_decay ? 1.0f : decay};
+                       x->grad_dtype == LK_BF16, x->no_decay};
         blocks += lk_cdiv(x->n, LK_MT_CHUNK);
     }
-    ascal s = {(float)hp->beta1, (float)hp->beta2, (float)hp->eps,
-               (float)(hp->lr / (1.0 - pow(hp->beta1, (double)hp->step))),
-               (float)(1.0 / sqrt(1.0 - pow(hp->beta2, (double)hp->step)))};
+    ascal s = scalars(hp, 0.0);
     size_t mark;
     adesc *dev = NULL;
     st = lk_ctx_workspace_begin(ctx, FN, lk_mt_piece(sizeof(adesc) * (size_t)n_tensors), &mark);
@@ -109,4 +133,112 @@ extern "C" lk_status lk_cuda_adamw_step(const lk_cuda_adamw_tensor *tensors, int
     }
     lk_ctx_workspace_end(ctx, mark);
     return st;
+}
+
+/* --- the plan ----------------------------------------------------------------------------- */
+
+struct lk_cuda_adamw_plan {
+    adesc *alist;                 /* device: AdamW's descriptors */
+    ndesc *nlist;                 /* device: the norm's, over the same gradients */
+    int n;
+    int64_t blocks;               /* 4096-element blocks of the tensors: both lists cut alike */
+    double *part;                 /* device [blocks + 1]: the blocks' sums of squares, then the total */
+    ascal *dev_scal, *host_scal;  /* the step's scalars; host_scal pinned */
+    lk_cuda_adamw_hparams hp;
+    double max_norm;
+};
+
+extern "C" void lk_cuda_adamw_plan_free(lk_cuda_adamw_plan *p) {
+    if (p == NULL) return;
+    cudaFree(p->alist);
+    cudaFree(p->nlist);
+    cudaFree(p->part);
+    cudaFree(p->dev_scal);
+    cudaFreeHost(p->host_scal);
+    free(p);
+}
+
+extern "C" lk_status lk_cuda_adamw_plan_create(const lk_cuda_adamw_tensor *t, int n, const lk_cuda_adamw_hparams *hp,
+                                               double max_norm, lk_cuda_adamw_plan **out) {
+    static const char *fn = "adamw plan (cuda)";
+    if (out == NULL) return lk_error(LK_EINVAL, "%s: out: expected a pointer, got NULL", fn);
+    *out = NULL;
+    if (hp == NULL) return lk_error(LK_EINVAL, "%s: hparams: expected a pointer, got NULL", fn);
+    if (!(max_norm >= 0.0 && isfinite(max_norm)))
+        return lk_error(LK_EINVAL, "%s: max_norm: expected finite >= 0 (0: no clipping), got %g", fn, max_norm);
+    lk_cuda_adamw_hparams probe = *hp;   /* lr and step come per step: checked there */
+    probe.lr = 0.0, probe.step = 1;
+    lk_status st = check(t, n, &probe);
+    if (st != LK_OK) return st;
+    lk_cuda_adamw_plan *p = static_cast<lk_cuda_adamw_plan *>(calloc(1, sizeof *p));
+    adesc *ha = static_cast<adesc *>(malloc(sizeof(adesc) * (size_t)(n > 0 ? n : 1)));
+    ndesc *hn = static_cast<ndesc *>(malloc(sizeof(ndesc) * (size_t)(n > 0 ? n : 1)));
+    if (p == NULL || ha == NULL || hn == NULL) {
+        free(p), free(ha), free(hn);
+        return lk_error(LK_ENOMEM, "%s: %d descriptors", fn, n);
+    }
+    p->n = n, p->hp = *hp, p->max_norm = max_norm;
+    for (int i = 0; i < n; i++) {
+        const lk_cuda_adamw_tensor *x = &t[i];
+        int64_t len = x->n > 0 ? x->n : 0;
+        ha[i] = (adesc){x->param, x->grad, x->m, x->v, x->master, len, p->blocks, x->param_dtype == LK_BF16,
+                        x->grad_dtype == LK_BF16, x->no_decay};
+        hn[i] = (ndesc){const_cast<void *>(x->grad), len, p->blocks, x->grad_dtype == LK_BF16};
+        p->blocks += lk_cdiv(len, LK_MT_CHUNK);
+    }
+    cudaError_t e = p->blocks > 0x7fffffff ? cudaErrorInvalidValue : cudaSuccess;
+    if (e == cudaSuccess) e = cudaMalloc(&p->alist, sizeof(adesc) * (size_t)(n > 0 ? n : 1));
+    if (e == cudaSuccess) e = cudaMalloc(&p->nlist, sizeof(ndesc) * (size_t)(n > 0 ? n : 1));
+    if (e == cudaSuccess) e = cudaMalloc(&p->part, sizeof(double) * (size_t)(p->blocks + 1));
+    if (e == cudaSuccess) e = cudaMalloc(&p->dev_scal, sizeof(ascal));
+    if (e == cudaSuccess) e = cudaHostAlloc(&p->host_scal, sizeof(ascal), cudaHostAllocDefault);
+    if (e == cudaSuccess && n > 0) e = cudaMemcpy(p->alist, ha, sizeof(adesc) * (size_t)n, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess && n > 0) e = cudaMemcpy(p->nlist, hn, sizeof(ndesc) * (size_t)n, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemset(p->part, 0, sizeof(double) * (size_t)(p->blocks + 1));
+    free(ha), free(hn);
+    if (e != cudaSuccess) {
+        int too_many = p->blocks > 0x7fffffff;
+        cudaGetLastError();
+        lk_cuda_adamw_plan_free(p);
+        return too_many ? lk_error(LK_EINVAL, "%s: tensors: more than 2^31 blocks of %d", fn, LK_MT_CHUNK)
+                        : lk_cuda_fail(e, "adamw plan (cuda): device memory", __FILE__, __LINE__);
+    }
+    *p->host_scal = scalars(&probe, max_norm);
+    *out = p;
+    return LK_OK;
+}
+
+extern "C" lk_status lk_cuda_adamw_plan_set(lk_cuda_adamw_plan *p, double lr, int64_t step) {
+    if (p == NULL) return lk_error(LK_EINVAL, "adamw plan (cuda): plan: expected a plan, got NULL");
+    lk_cuda_adamw_hparams hp = p->hp;
+    hp.lr = lr, hp.step = step;
+    lk_status st = check(NULL, 0, &hp);   /* lr, step and lr·wd */
+    if (st != LK_OK) return st;
+    *p->host_scal = scalars(&hp, p->max_norm);
+    return LK_OK;
+}
+
+extern "C" lk_status lk_cuda_adamw_plan_step(lk_cuda_adamw_plan *p, lk_ctx *ctx) {
+    static const char *fn = "adamw plan (cuda)";
+    if (p == NULL) return lk_error(LK_EINVAL, "%s: plan: expected a plan, got NULL", fn);
+    lk_status st = lk_mt_check_ctx(fn, ctx);
+    if (st != LK_OK || p->blocks == 0) return st;
+    cudaStream_t s = static_cast<cudaStream_t>(ctx->stream);
+    cudaError_t e = cudaMemcpyAsync(p->dev_scal, p->host_scal, sizeof(ascal), cudaMemcpyHostToDevice, s);
+    if (e == cudaSuccess) {
+        sumsq_kernel<<<(unsigned)p->blocks, LK_MT_THREADS, 0, s>>>(p->nlist, p->n, p->part);
+        final_kernel<<<1, FINAL_THREADS, 0, s>>>(p->part, p->blocks, p->part + p->blocks);
+        adamw_plan_kernel<<<(unsigned)p->blocks, LK_MT_THREADS, 0, s>>>(p->alist, p->n, p->dev_scal,
+                                                                        p->part + p->blocks);
+        e = cudaGetLastError();
+    }
+    return e == cudaSuccess ? LK_OK : lk_cuda_fail(e, "adamw plan (cuda): step", __FILE__, __LINE__);
+}
+
+extern "C" lk_status lk_cuda_adamw_plan_norm(const lk_cuda_adamw_plan *p, double *norm) {
+    if (p == NULL || norm == NULL) return lk_error(LK_EINVAL, "adamw plan (cuda): expected a plan and a norm");
+    double total = 0.0;
+    if (p->blocks > 0) LK_CUDA_TRY(cudaMemcpy(&total, p->part + p->blocks, sizeof total, cudaMemcpyDeviceToHost));
+    *norm = sqrt(total);
+    return LK_OK;
 }

@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(THREADS) gather(const T *w, const void *ids, i
     } else {
 #pragma unroll
         for (int j = 0; j < W; j++) v[j] = __int_as_float(0x7fc00000);
-        if (c == 0) flag_bad(f, t);
+        if (c == 0 && f) flag_bad(f, t);
     }
     lk_stw<T, W>(out + t * H + c, v);
 }
@@ -60,7 +60,10 @@ __global__ void make_keys(const void *ids, int i64, int64_t T_, int64_t V, uint3
     int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (t >= T_) return;
     int64_t id = id_at(ids, i64, t);
-    if (id < 0 || id >= V) flag_bad(f, t), id = V;
+    if (id < 0 || id >= V) {
+        if (f) flag_bad(f, t);
+        id = V;
+    }
     keys[t] = (uint32_t)id;
     tok[t] = (uint32_t)t;
 }
@@ -162,8 +165,8 @@ static void launch_gather(const lk_tensor *w, const lk_tensor *ids, lk_tensor *o
         gather<T, 1><<<(unsigned)lk_cdiv(T_ * H, THREADS), THREADS, 0, s>>>(wp, ids->data, i64, T_, V, H, op, f);
 }
 
-extern "C" lk_status lk_cuda_embedding_forward(const lk_tensor *weight, const lk_tensor *ids, lk_tensor *out,
-                                               lk_ctx *ctx) {
+/* checked: the bad-id flag, read back after the kernels (a sync); else none. */
+static lk_status forward(const lk_tensor *weight, const lk_tensor *ids, lk_tensor *out, lk_ctx *ctx, int checked) {
     static const char *fn = "embedding forward (cuda)";
     lk_status st = check_all(fn, ids, weight, "weight", out, "out", ctx);
     if (st != LK_OK) return st;
@@ -177,16 +180,26 @@ extern "C" lk_status lk_cuda_embedding_forward(const lk_tensor *weight, const lk
     size_t mark;
     badflag *f = NULL;
     st = lk_ctx_workspace_begin(ctx, fn, lk_mt_piece(sizeof(badflag)), &mark);
-    if (st == LK_OK) st = flag_init(ctx, &f);
+    if (st == LK_OK && checked) st = flag_init(ctx, &f);
     if (st == LK_OK) {
         if (weight->dtype == LK_BF16) launch_gather<lk_bf16_t>(weight, ids, out, f, s);
         else launch_gather<float>(weight, ids, out, f, s);
         cudaError_t e = cudaGetLastError();
-        st = e == cudaSuccess ? read_flag(fn, ids, weight->shape[0], f, s)
-                              : lk_cuda_fail(e, "embedding forward (cuda): launch", __FILE__, __LINE__);
+        if (e != cudaSuccess) st = lk_cuda_fail(e, "embedding forward (cuda): launch", __FILE__, __LINE__);
+        else if (checked) st = read_flag(fn, ids, weight->shape[0], f, s);
     }
     lk_ctx_workspace_end(ctx, mark);
     return st;
+}
+
+extern "C" lk_status lk_cuda_embedding_forward(const lk_tensor *weight, const lk_tensor *ids, lk_tensor *out,
+                                               lk_ctx *ctx) {
+    return forward(weight, ids, out, ctx, 1);
+}
+
+extern "C" lk_status lk_cuda_embedding_forward_unchecked(const lk_tensor *weight, const lk_tensor *ids,
+                                                         lk_tensor *out, lk_ctx *ctx) {
+    return forward(weight, ids, out, ctx, 0);
 }
 
 static int end_bit(int64_t V) {   /* keys are 0..V: enough bits for V itself */
@@ -225,8 +238,8 @@ static void launch_segments(const uint32_t *keys, const uint32_t *tok, int64_t T
                                                                                                   g, w);
 }
 
-extern "C" lk_status lk_cuda_embedding_backward(const lk_tensor *dout, const lk_tensor *ids, lk_tensor *dweight,
-                                                lk_ctx *ctx) {
+static lk_status backward(const lk_tensor *dout, const lk_tensor *ids, lk_tensor *dweight, lk_ctx *ctx,
+                          int checked) {
     static const char *fn = "embedding backward (cuda)";
     lk_status st = check_all(fn, ids, dweight, "dweight", dout, "dout", ctx);
     if (st != LK_OK) return st;
@@ -240,7 +253,7 @@ extern "C" lk_status lk_cuda_embedding_backward(const lk_tensor *dout, const lk_
     cudaStream_t s = static_cast<cudaStream_t>(ctx->stream);
     st = lk_ctx_workspace_begin(ctx, fn, bytes, &mark);
     badflag *f = NULL;
-    if (st == LK_OK) st = flag_init(ctx, &f);
+    if (st == LK_OK && checked) st = flag_init(ctx, &f);
     uint32_t *k[4] = {0};
     void *tmp = NULL;
     for (int i = 0; st == LK_OK && i < 4; i++)
@@ -253,8 +266,8 @@ extern "C" lk_status lk_cuda_embedding_backward(const lk_tensor *dout, const lk_
         cudaError_t e = cudaGetLastError();
         if (e == cudaSuccess)
             e = SORT::SortPairs(tmp, temp, k[0], k[2], k[1], k[3], (int)T_, 0, end_bit(V), s);
-        st = e == cudaSuccess ? read_flag(fn, ids, V, f, s)
-                              : lk_cuda_fail(e, "embedding backward (cuda): sort", __FILE__, __LINE__);
+        if (e != cudaSuccess) st = lk_cuda_fail(e, "embedding backward (cuda): sort", __FILE__, __LINE__);
+        else if (checked) st = read_flag(fn, ids, V, f, s);
     }
     if (st == LK_OK) {
         int gb = dout->dtype == LK_BF16, wb = dweight->dtype == LK_BF16;
@@ -267,4 +280,14 @@ extern "C" lk_status lk_cuda_embedding_backward(const lk_tensor *dout, const lk_
     }
     lk_ctx_workspace_end(ctx, mark);
     return st;
+}
+
+extern "C" lk_status lk_cuda_embedding_backward(const lk_tensor *dout, const lk_tensor *ids, lk_tensor *dweight,
+                                                lk_ctx *ctx) {
+    return backward(dout, ids, dweight, ctx, 1);
+}
+
+extern "C" lk_status lk_cuda_embedding_backward_unchecked(const lk_tensor *dout, const lk_tensor *ids,
+                                                          lk_tensor *dweight, lk_ctx *ctx) {
+    return backward(dout, ids, dweight, ctx, 0);
 }

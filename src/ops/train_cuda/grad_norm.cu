@@ -8,15 +8,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include "llmkern/cuda_train.h"
-#include "ops/train_cuda/multi_tensor.cuh"
-
-#define FINAL_THREADS 1024
-
-typedef struct {
-    void *p;
-    int64_t n, block0;
-    int bf16;
-} ndesc;
+#include "ops/train_cuda/norm.cuh"
 
 static __device__ __forceinline__ double warp_sum_f64(double v) {
 #pragma unroll

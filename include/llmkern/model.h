@@ -71,9 +71,9 @@ LK_API lk_dtype lk_model_dtype(const lk_model *m);
  *   lk_model_set_stream     the stream the model's work goes on (a cudaStream_t; NULL: the
  *                           legacy default stream, which cannot be captured)
  *   lk_model_defer_stats    on: a forward reads no scalar back (stats' loss NaN, n_tokens
- *                           0), so the step holds no device-to-host read; a dense model's
- *                           step then makes no host sync at all (the MoE experts still read
- *                           their routing). Not with sequence parallelism (LK_EINVAL).
+ *                           0; the MoE layers' aux losses are summed on the device), so a
+ *                           step on one GPU makes no host sync at all (the CUDA rows only
+ *                           enqueue work). Not with sequence parallelism (LK_EINVAL).
  *   lk_model_read_stats     the last forward's loss and valid tokens (a device-to-host read:
  *                           after the step has run), and its aux loss
  *   lk_model_stage_batch    the host side of a forward alone: the batch checked (every id

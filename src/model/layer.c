@@ -110,7 +110,7 @@ static lk_attention_args attn_args(const lk_model *m, const lk_impl *impl, const
 }
 
 lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, const lk_batch *b, void *out,
-                                 float *aux) {
+                                 int add_aux) {
     const lk_layer *L = &m->layers[l];
     const lk_layer_ops *op = &L->ops;
     lk_ctx *ctx = &m->ctx;
@@ -145,7 +145,7 @@ lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, con
     lk_rms_norm_args np = norm_args(m, a->x2, T, H, W(L->post), a->h2, a->s[S_POST], L->saved[S_POST]);
     if ((s = lk_rms_norm_forward(op->post_norm, &np, ctx))) return s;
     if (L->moe) {
-        if ((s = lk_qwen3_moe_forward(m, l, a, sc->tmp, aux))) return s;
+        if ((s = lk_qwen3_moe_forward(m, l, a, sc->tmp, add_aux))) return s;
     } else {
         lk_swiglu_mlp_args f = {.x = t2(m, a->h2, T, H), .gate_up_weight = t2(m, W(L->gate_up), 2 * m->I, H),
                                 .down_weight = t2(m, W(L->down), H, m->I), .out = t2(m, sc->tmp, T, H),

@@ -59,13 +59,14 @@ lk_status lk_qwen3_moe_saved(const lk_model *m, int l, int64_t T, size_t *router
     return s || m->ep ? s : lk_moe_experts_saved_bytes(L->ops.experts, T, m->K, m->E, m->H, m->Ie, m->dt, experts);
 }
 
-lk_status lk_qwen3_moe_forward(lk_model *m, int l, const lk_layer_acts *a, void *out, float *aux) {
+lk_status lk_qwen3_moe_forward(lk_model *m, int l, const lk_layer_acts *a, void *out, int add_aux) {
     lk_moe_router_args r = router_args(m, l, a);
     r.aux_loss = lk_on(m, lk_tensor_1d(m->scal + 2, LK_F32, 1));
     m->ctx.comm = m->sp;   /* the aux loss over the SP group's tokens */
     lk_status s = lk_moe_router_forward(m->layers[l].ops.router, &r, &m->ctx);
     m->ctx.comm = NULL;
-    if (s || (aux && (s = m->dev->get(aux, m->scal + 2, sizeof *aux)))) return s;
+    /* summed on the device: no read back a layer (the forward reads the sum once) */
+    if (s || (add_aux && (s = m->dev->acc(m->scal + 3, m->scal + 2, 1, LK_F32, &m->ctx)))) return s;
     if (m->ep) {
         lk_moe_dispatch_args d = dispatch_args(m, l, a, 0);
         d.out = t2(m, out, m->dt, m->T, m->H);

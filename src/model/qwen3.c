@@ -270,7 +270,8 @@ void lk_model_free(lk_model *m) {
     free(m);
 }
 
-/* The loss op's arguments; loss and n_valid are the device scalars scal[0] and scal[4]. */
+/* The loss op's arguments; loss and n_valid are the device scalars scal[0] and scal[4]
+ * (f32 [1] d_loss, [2] a router's aux loss, [3] their sum over the MoE layers; i64 at [4]). */
 static lk_cross_entropy_args ce_args(lk_model *m) {
     lk_cross_entropy_args a = lk_cross_entropy_args_init();
     a.hidden = lk_on(m, lk_tensor_2d(m->hf, m->dt, m->T, m->H));
@@ -472,21 +473,20 @@ static lk_status forward(lk_model *m, const lk_batch *whole, lk_step_stats *st) 
     if (m->wc != m->w && (s = m->dev->round(m->wc, m->w, m->n_floats, m->dt, &m->ctx))) return s;
     if ((s = m->dev->embed(lk_wc(m, m->embed), m->ids, m->inputs[0], T, H, m->V, m->dt, &m->ctx))) return s;
     int N = (int)m->cfg.num_hidden_layers;
-    double aux = 0;
+    if (m->n_moe_layers && (s = m->dev->zero(m->scal + 3, 4, &m->ctx))) return s;   /* the MoE layers' aux sum */
     for (int l = 0; l < N; l++) {
-        float a = 0;
         if (m->recompute) lk_qwen3_layer_carve(m, l, m->shared, &m->acts[l]);   /* layouts differ per layer */
         m->acts[l].x = m->inputs[l];
-        if ((s = lk_qwen3_layer_forward(m, l, &m->acts[l], b, m->inputs[l + 1], &a))) return s;
-        aux += a;
+        if ((s = lk_qwen3_layer_forward(m, l, &m->acts[l], b, m->inputs[l + 1], 1))) return s;
     }
     lk_rms_norm_args n = final_norm_args(m);
     if ((s = lk_rms_norm_forward(m->final_norm_impl, &n, &m->ctx))) return s;
-    float loss = NAN;
+    float loss = NAN, aux = 0;
     int64_t nv = 0;
     lk_cross_entropy_args ce = ce_args(m);
     if ((s = lk_cross_entropy_forward(m->ce_impl, &ce, &m->ctx)) ||
-        (!m->defer_stats && ((s = m->dev->get(&loss, m->scal, 4)) || (s = m->dev->get(&nv, m->scal + 4, 8)))))
+        (!m->defer_stats && ((s = m->dev->get(&loss, m->scal, 4)) || (s = m->dev->get(&nv, m->scal + 4, 8)) ||
+                             (m->n_moe_layers && (s = m->dev->get(&aux, m->scal + 3, 4))))))
         return s;
     st->loss = loss;
     st->n_tokens = nv;
@@ -495,7 +495,7 @@ static lk_status forward(lk_model *m, const lk_batch *whole, lk_step_stats *st) 
         if ((s = lk_sp_loss_reduce(m->sp, loss, nv, &st->loss, &m->d_loss_unit))) return s;
         st->n_tokens = m->d_loss_unit > 0 ? llround(1.0 / m->d_loss_unit) : 0;
     }
-    st->aux_loss = m->last_aux = m->n_moe_layers ? aux / m->n_moe_layers : 0.0;
+    st->aux_loss = m->n_moe_layers ? (double)aux / m->n_moe_layers : 0.0;
     return LK_OK;
 }
 
@@ -509,11 +509,14 @@ lk_status lk_model_defer_stats(lk_model *m, int on) {
 
 lk_status lk_model_read_stats(lk_model *m, lk_step_stats *st) {
     if (!m || !st) return lk_error(LK_EINVAL, "model_read_stats: expected a model and stats");
-    float loss = 0;
+    float loss = 0, aux = 0;
     int64_t nv = 0;
     lk_status s;
-    if ((s = m->dev->get(&loss, m->scal, 4)) || (s = m->dev->get(&nv, m->scal + 4, 8))) return s;
-    *st = (lk_step_stats){.loss = loss, .aux_loss = m->last_aux, .n_tokens = nv};
+    if ((s = m->dev->get(&loss, m->scal, 4)) || (s = m->dev->get(&nv, m->scal + 4, 8)) ||
+        (m->n_moe_layers && (s = m->dev->get(&aux, m->scal + 3, 4))))
+        return s;
+    *st = (lk_step_stats){.loss = loss, .aux_loss = m->n_moe_layers ? (double)aux / m->n_moe_layers : 0.0,
+                          .n_tokens = nv};
     return LK_OK;
 }
 
@@ -534,7 +537,7 @@ static const lk_layer_acts *acts_for_backward(lk_model *m, int l, const lk_batch
     if (!m->recompute) return &m->acts[l];
     lk_qwen3_layer_carve(m, l, m->shared, &m->acts[l]);
     m->acts[l].x = m->inputs[l];
-    *s = lk_qwen3_layer_forward(m, l, &m->acts[l], b, NULL, NULL);
+    *s = lk_qwen3_layer_forward(m, l, &m->acts[l], b, NULL, 0);
     return &m->acts[l];
 }
 

@@ -106,7 +106,6 @@ struct lk_model {
     int64_t *stage;               /* [3, T] i64, then [T + 1] i32 */
     const int32_t *cu;
     int defer_stats;              /* lk_model_defer_stats: the forward reads no scalar back */
-    double last_aux;              /* the last forward's aux loss (MoE) */
     float *scal;                  /* device scalars: loss, d_loss, aux loss (f32), then n_valid (i64) */
     int flex;                     /* an attention binding is flex_attention: doc_mask serves it */
     lk_block_mask doc_mask;       /* the current batch's documents, causal, over all B*S tokens */
@@ -137,15 +136,15 @@ struct lk_model {
 /* params.c */
 lk_status lk_qwen3_params_init(lk_model *m, uint64_t seed);
 /* layer.c: the pass of layer l over acts a (carved for l); out NULL skips the residual
- * write (a recompute); aux gets the router's aux loss of a MoE layer. */
+ * write (a recompute); add_aux: a MoE layer adds its router's aux loss into scal[3]. */
 lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, const lk_batch *b, void *out,
-                                 float *aux);
+                                 int add_aux);
 /* dres in: d(layer output); out: d(layer input). */
 lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, const lk_batch *b, float d_aux);
 /* Bytes of layer l's activation block; carves it into a when base is not NULL. */
 size_t lk_qwen3_layer_carve(const lk_model *m, int l, void *base, lk_layer_acts *a);
 /* moe_block.c */
-lk_status lk_qwen3_moe_forward(lk_model *m, int l, const lk_layer_acts *a, void *out, float *aux);
+lk_status lk_qwen3_moe_forward(lk_model *m, int l, const lk_layer_acts *a, void *out, int add_aux);
 lk_status lk_qwen3_moe_backward(lk_model *m, int l, const lk_layer_acts *a, const void *dout, void *dx,
                                 float d_aux);
 /* The saved-bytes queries of a MoE block for T tokens. */

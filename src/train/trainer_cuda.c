@@ -140,9 +140,9 @@ static lk_status capture(trainer *t, graph_state *g) {
     if (s || e != cudaSuccess) {
         cudaGetLastError();
         if (graph) cudaGraphDestroy(graph);
-        return lk_error(LK_EUNAVAILABLE, "train: train.cuda_graph: step %lld could not be captured (%s): the step "
-                        "holds a host sync or a read back (a dense model on one GPU has none; the MoE experts still "
-                        "read their routing on the host)", (long long)t->step + 1, s ? why : cudaGetErrorString(e));
+        return lk_error(LK_EUNAVAILABLE, "train: train.cuda_graph: step %lld could not be captured (%s): a host sync "
+                        "or a read back inside the step (a module whose implementation waits on the GPU)",
+                        (long long)t->step + 1, s ? why : cudaGetErrorString(e));
     }
     e = cudaGraphInstantiate(&g->exec, graph, 0);
     cudaGraphDestroy(graph);

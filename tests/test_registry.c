@@ -1,6 +1,6 @@
 /* test_registry.c — selection and the lifecycle: the precedence table of override,
- * config field, environment (llmkern names and the described system's aliases) and
- * built-in default; the stage that binds each op; the SP rewrite; errors for explicit
+ * config field, environment (llmkern names and the described system's aliases; a
+ * config's own environment defaults) and built-in default; the stage that binds each op; the SP rewrite; errors for explicit
  * requests that cannot be met and recorded fallbacks for defaults; other systems' names
  * (NeMo AutoModel's) resolved per op and device, or refused with the nearest named. */
 #include <stdarg.h>
@@ -113,6 +113,53 @@ static void stages_of_the_lifecycle(void **state) {
     assert_int_equal(t.op[LK_OP_ROPE].stage, LK_STAGE_MODEL_REGISTER);
     assert_ptr_equal(lk_loss_slot(), lk_loss_slot());
     set_env("");
+}
+
+/* A config is resolved with the environment defaults it carries (lk_ops_config.env,
+ * copied from the process by lk_ops_config_init), not with the process's own. */
+static void a_config_resolves_with_its_own_environment(void **state) {
+    (void)state;
+    set_env("");
+    lk_ops_config cfg;
+    lk_ops_config_init(&cfg);
+    assert_string_equal(cfg.env[LK_ENV_USE_FUSED].value, "1");
+    assert_string_equal(cfg.env[LK_ENV_USE_FUSED].set_by, "");
+    const struct { lk_env_id id; const char *value, *set_by; } as_if[] = {
+        {LK_ENV_USE_FUSED, "0", "LLMKERN_USE_FUSED"},
+        {LK_ENV_ENABLE_CHUNK_LOSS, "1", "VEOMNI_ENABLE_CHUNK_LOSS"},
+        {LK_ENV_BACKEND, "reference", "MODELING_BACKEND"},
+    };
+    for (size_t i = 0; i < sizeof as_if / sizeof *as_if; i++) {
+        lk_env_value *e = &cfg.env[as_if[i].id];
+        snprintf(e->value, sizeof e->value, "%s", as_if[i].value);
+        snprintf(e->set_by, sizeof e->set_by, "%s", as_if[i].set_by);
+        snprintf(e->raw, sizeof e->raw, "%s", as_if[i].value);
+    }
+    lk_op_table t;
+    assert_int_equal(lk_ops_config_finalize(&cfg), LK_OK);
+    assert_int_equal(lk_model_build(&cfg, "qwen3", &t), LK_OK);
+    const lk_binding *rms = lk_op_table_get(&t, LK_OP_RMS_NORM, NULL);
+    assert_string_equal(rms->impl->name, "eager");                              /* the reference backend */
+    assert_int_equal(rms->source, LK_SOURCE_ENV);
+    assert_string_equal(rms->source_detail, "MODELING_BACKEND=reference");
+    assert_int_equal(rms->stage, LK_STAGE_MODEL_REGISTER);
+    assert_string_equal(t.op[LK_OP_CROSS_ENTROPY].requested, "eager");         /* the backend wins */
+    assert_int_equal(t.op[LK_OP_CROSS_ENTROPY].stage, LK_STAGE_INIT);
+    assert_string_equal(t.op[LK_OP_ATTENTION].resolved, "eager");               /* no SP rewrite */
+    /* the backend put back: LLMKERN_USE_FUSED=0 and the chunk loss speak */
+    snprintf(cfg.env[LK_ENV_BACKEND].value, sizeof cfg.env[LK_ENV_BACKEND].value, "llmkern");
+    assert_int_equal(lk_ops_config_finalize(&cfg), LK_OK);
+    assert_int_equal(lk_model_build(&cfg, "qwen3", &t), LK_OK);
+    assert_string_equal(lk_op_table_get(&t, LK_OP_RMS_NORM, NULL)->source_detail, "LLMKERN_USE_FUSED=0");
+    assert_string_equal(lk_op_table_get(&t, LK_OP_RMS_NORM, NULL)->impl->name, "eager");
+    assert_string_equal(t.op[LK_OP_CROSS_ENTROPY].requested, "chunk_loss");
+    assert_string_equal(t.op[LK_OP_CROSS_ENTROPY].source_detail, "VEOMNI_ENABLE_CHUNK_LOSS=1");
+    /* the process's own defaults are untouched */
+    lk_op_table plain;
+    build(NULL, NULL, &plain);
+    assert_string_equal(lk_op_table_get(&plain, LK_OP_RMS_NORM, NULL)->impl->name, "fused");
+    assert_int_equal(lk_op_table_get(&plain, LK_OP_RMS_NORM, NULL)->source, LK_SOURCE_DEFAULT);
+    assert_string_equal(lk_env(LK_ENV_USE_FUSED)->value, "1");
 }
 
 static void attention_names_are_rewritten_for_sp(void **state) {
@@ -440,6 +487,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(precedence_table),
         cmocka_unit_test(stages_of_the_lifecycle),
+        cmocka_unit_test(a_config_resolves_with_its_own_environment),
         cmocka_unit_test(attention_names_are_rewritten_for_sp),
         cmocka_unit_test(defaults_fall_back_and_say_so),
         cmocka_unit_test(rows_are_checked_when_registered),

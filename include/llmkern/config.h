@@ -74,6 +74,11 @@ typedef struct lk_ops_config {
     /* The MoE router's options (lk_ops_config_set_option), as written; "" = not set. */
     lk_config_value fake_gate_noise;  /* "0.3": a number in [0, 1] */
     lk_config_value gate_precision;   /* "float32" (canonical) */
+    /* The environment defaults the config resolves with, below its fields and overrides:
+     * lk_ops_config_init copies the values in force (lk_env); set them to resolve the
+     * config as under another environment (an entry whose value is "" takes the value in
+     * force). lk_ops_config_finalize and lk_model_build resolve with these. */
+    lk_env_value env[LK_ENV_COUNT];
     /* Written by lk_ops_config_finalize: */
     int finalized;
     unsigned bound_mask;              /* bit (1u << op) for each op bound from a field */
@@ -82,6 +87,7 @@ typedef struct lk_ops_config {
     lk_router_options router;         /* the options above, parsed; lk_model_build copies them */
 } lk_ops_config;
 
+/* An empty config on the CPU, with the environment defaults in force (lk_env). */
 LK_API void lk_ops_config_init(lk_ops_config *cfg);
 /* Sets a field ("rms_norm_implementation" or the op name) by code. The value must be a
  * known name of the op (LK_EINVAL with a did-you-mean otherwise). */

@@ -25,6 +25,7 @@ LK_MAX_DIMS = 6
 LK_OP_COUNT = 9
 LK_MAX_OVERRIDES = 64
 LK_MAX_MODULE_BINDINGS = 64
+LK_ENV_COUNT = 4
 
 # enums (status.h, tensor.h, registry.h, cross_entropy.h)
 STATUS_NAMES = ["LK_OK", "LK_EINVAL", "LK_ESHAPE", "LK_EDTYPE", "LK_EUNAVAILABLE", "LK_ENOMEM", "LK_EIO",
@@ -174,10 +175,15 @@ class RouterOptions(Structure):
     _fields_ = [("noise", c_float), ("gate_f32", c_int)]
 
 
+class EnvValue(Structure):
+    _fields_ = [("value", c_char * 32), ("set_by", c_char * 48), ("raw", c_char * 32)]
+
+
 class OpsConfig(Structure):
     _fields_ = [("field", ConfigValue * LK_OP_COUNT), ("overrides", Override * LK_MAX_OVERRIDES),
                 ("n_overrides", c_int), ("device", c_int), ("fake_gate_noise", ConfigValue),
-                ("gate_precision", ConfigValue), ("finalized", c_int), ("bound_mask", c_uint),
+                ("gate_precision", ConfigValue), ("env", EnvValue * LK_ENV_COUNT), ("finalized", c_int),
+                ("bound_mask", c_uint),
                 ("bound", Binding * LK_OP_COUNT), ("module_bound", Binding * LK_MAX_OVERRIDES),
                 ("router", RouterOptions)]
 
@@ -209,7 +215,8 @@ ABI_STRUCTS = {
     "BlockMask": "lk_block_mask", "ScoreMod": "lk_score_mod", "AttentionArgs": "lk_attention_args",
     "MoeExpertsArgs": "lk_moe_experts_args", "Requirements": "lk_requirements", "Impl": "lk_impl",
     "Binding": "lk_binding", "Request": "lk_request", "ConfigValue": "lk_config_value",
-    "Override": "lk_override", "RouterOptions": "lk_router_options", "OpsConfig": "lk_ops_config",
+    "Override": "lk_override", "RouterOptions": "lk_router_options", "EnvValue": "lk_env_value",
+    "OpsConfig": "lk_ops_config",
     "OpTable": "lk_op_table", "OpInfo": "lk_op_info", "Hw": "lk_hw",
 }
 

@@ -10,6 +10,10 @@
 void lk_ops_config_init(lk_ops_config *cfg) {
     memset(cfg, 0, sizeof *cfg);
     cfg->device = LK_DEVICE_CPU;
+    for (int i = 0; i < LK_ENV_COUNT; i++) {
+        const lk_env_value *e = lk_env((lk_env_id)i);   /* all "" when the environment is bad: */
+        if (e) cfg->env[i] = *e;                         /* finalize then says why */
+    }
 }
 
 /* Unknown value: LK_EINVAL with the field, a did-you-mean and the valid names. */

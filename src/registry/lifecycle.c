@@ -1,6 +1,9 @@
 /* lifecycle.c — the five stages that bind implementations, as the described system
  * does: import (lk_init), model registration, config post-init, model build, and
- * runtime through the bound op table. Each binding records the stage that made it. */
+ * runtime through the bound op table. Each binding records the stage that made it.
+ * lk_init reads the environment table once (lk_env_reload again); the first two stages
+ * bind under it, and the config stages under the environment defaults of the config
+ * they are handed (lk_ops_config.env). */
 #include <stdio.h>
 #include <string.h>
 #include "ops/op_def.h"
@@ -59,10 +62,14 @@ lk_status lk_env_reload(void) {
 
 /* Stage 1 binds the loss slot; the attention facade's SP names are rows of the
  * attention table, so registering the built-ins registered them. */
+static lk_status bind_loss_slot(lk_device_type d, const lk_env_value *env, lk_binding *b) {
+    lk_request r = {.op = LK_OP_CROSS_ENTROPY, .device = d};
+    return lk_select_in(&r, env, LK_STAGE_INIT, b);
+}
+
 lk_status lk_bind_init_stage(void) {
     for (int d = 0; d < LK_DEVICE_COUNT; d++) {
-        lk_request r = {.op = LK_OP_CROSS_ENTROPY, .device = (lk_device_type)d};
-        lk_status s = lk_select(&r, LK_STAGE_INIT, &lk_reg.loss_slot[d]);
+        lk_status s = bind_loss_slot((lk_device_type)d, lk_reg.env, &lk_reg.loss_slot[d]);
         if (s) return s;
     }
     return LK_OK;
@@ -74,26 +81,28 @@ const lk_binding *lk_loss_slot(void) {
 
 /* Stage 2: the fused replacements a family declares take the environment's default;
  * the ops it does not declare keep their reference modules. */
+static lk_status bind_family_op(const lk_model_family *f, int k, lk_device_type d, const lk_env_value *env,
+                                lk_binding *b) {
+    lk_op op = lk_family_ops[k];
+    int fused = (f->fused_ops >> op) & 1u;
+    lk_request r = {.op = op, .device = d, .name = fused ? NULL : lk_op_info_get(op)->reference,
+                    .source = LK_SOURCE_DEFAULT, .source_detail = fused ? NULL : "family has no fused replacement"};
+    lk_status s = lk_select_in(&r, env, LK_STAGE_MODEL_REGISTER, b);
+    if (s == LK_EUNAVAILABLE && !fused) {       /* the reference is not built for d */
+        memset(b, 0, sizeof *b);
+        b->op = op;
+        b->stage = LK_STAGE_MODEL_REGISTER;
+        snprintf(b->fallback, sizeof b->fallback, "no implementation on %s in this build", lk_device_name(d));
+        s = LK_OK;
+    }
+    return s;
+}
+
 lk_status lk_bind_family(int index) {
     const lk_model_family *f = lk_reg.families[index].family;
     for (int d = 0; d < LK_DEVICE_COUNT; d++)
         for (int k = 0; k < LK_FAMILY_OPS; k++) {
-            lk_op op = lk_family_ops[k];
-            int fused = (f->fused_ops >> op) & 1u;
-            lk_request r = {.op = op, .device = (lk_device_type)d,
-                            .name = fused ? NULL : lk_op_info_get(op)->reference,
-                            .source = LK_SOURCE_DEFAULT,
-                            .source_detail = fused ? NULL : "family has no fused replacement"};
-            lk_binding *b = &lk_reg.families[index].bound[d][k];
-            lk_status s = lk_select(&r, LK_STAGE_MODEL_REGISTER, b);
-            if (s == LK_EUNAVAILABLE && !fused) {       /* the reference is not built for d */
-                memset(b, 0, sizeof *b);
-                b->op = op;
-                b->stage = LK_STAGE_MODEL_REGISTER;
-                snprintf(b->fallback, sizeof b->fallback, "no implementation on %s in this build",
-                         lk_device_name((lk_device_type)d));
-                s = LK_OK;
-            }
+            lk_status s = bind_family_op(f, k, (lk_device_type)d, lk_reg.env, &lk_reg.families[index].bound[d][k]);
             if (s) return s;
         }
     return LK_OK;
@@ -125,6 +134,19 @@ static int family_index(const lk_model_family *f) {
     return -1;
 }
 
+/* The environment defaults cfg resolves with: its own, an entry left empty (a config not
+ * made by lk_ops_config_init) taking the value in force. */
+static void config_env(const lk_ops_config *cfg, lk_env_value env[LK_ENV_COUNT]) {
+    for (int i = 0; i < LK_ENV_COUNT; i++) env[i] = cfg->env[i].value[0] ? cfg->env[i] : lk_reg.env[i];
+}
+
+static int env_equal(const lk_env_value *a, const lk_env_value *b) {
+    for (int i = 0; i < LK_ENV_COUNT; i++)
+        if (strcmp(a[i].value, b[i].value) || strcmp(a[i].set_by, b[i].set_by) || strcmp(a[i].raw, b[i].raw))
+            return 0;
+    return 1;
+}
+
 /* The request a config makes for op: its field, or the defaults. */
 static lk_request field_request(const lk_ops_config *cfg, lk_op op) {
     const lk_config_value *v = &cfg->field[op];
@@ -143,11 +165,13 @@ lk_status lk_ops_config_finalize(lk_ops_config *cfg) {
     lk_status s = lk_init();
     if (s) return s;
     lk_binding bound[LK_OP_COUNT], module_bound[LK_MAX_OVERRIDES];
+    lk_env_value env[LK_ENV_COUNT];
+    config_env(cfg, env);
     unsigned mask = 0;
     for (int op = 0; op < LK_OP_COUNT; op++) {
         lk_request r = field_request(cfg, (lk_op)op);
         if (!r.name && op != LK_OP_ATTENTION) continue;
-        if ((s = lk_select(&r, LK_STAGE_CONFIG_FINALIZE, &bound[op]))) return s;
+        if ((s = lk_select_in(&r, env, LK_STAGE_CONFIG_FINALIZE, &bound[op]))) return s;
         if (op != LK_OP_MOE_EXPERTS) mask |= 1u << op;
     }
     for (int i = 0; i < cfg->n_overrides; i++) {
@@ -155,7 +179,7 @@ lk_status lk_ops_config_finalize(lk_ops_config *cfg) {
         lk_request r = {.op = o->op, .module = o->module, .name = o->v.value, .device = cfg->device,
                         .source = LK_SOURCE_OVERRIDE,
                         .source_detail = o->v.where[0] ? o->v.where : "set from code"};
-        if ((s = lk_select(&r, LK_STAGE_CONFIG_FINALIZE, &module_bound[i]))) return s;
+        if ((s = lk_select_in(&r, env, LK_STAGE_CONFIG_FINALIZE, &module_bound[i]))) return s;
     }
     lk_router_options router;
     if ((s = lk_ops_config_router_options(cfg, cfg->field[LK_OP_MOE_ROUTER].value[0] ? &bound[LK_OP_MOE_ROUTER] : NULL,
@@ -222,17 +246,25 @@ lk_status lk_model_build(const lk_ops_config *cfg, const char *family, lk_op_tab
 
     lk_op_table t = {.family = f, .device = cfg->device};
     int fi = family_index(f);
+    /* The loss slot and the family's replacements were bound at init and registration
+     * under the environment in force then; a config made under another one (its env
+     * changed, or the variables reloaded since) is bound as those stages bind, under its own. */
+    lk_env_value env[LK_ENV_COUNT];
+    config_env(cfg, env);
+    int same_env = env_equal(env, lk_reg.env);
     for (int op = 0; op < LK_OP_COUNT; op++) {
         if (cfg->bound_mask & (1u << op)) { t.op[op] = cfg->bound[op]; continue; }
         int k = 0;
         while (k < LK_FAMILY_OPS && lk_family_ops[k] != op) k++;
         if (op == LK_OP_CROSS_ENTROPY) {
-            t.op[op] = lk_reg.loss_slot[cfg->device];
+            if (same_env) t.op[op] = lk_reg.loss_slot[cfg->device];
+            else if ((s = bind_loss_slot(cfg->device, env, &t.op[op]))) return s;
         } else if (k < LK_FAMILY_OPS) {
-            t.op[op] = lk_reg.families[fi].bound[cfg->device][k];
+            if (same_env) t.op[op] = lk_reg.families[fi].bound[cfg->device][k];
+            else if ((s = bind_family_op(f, k, cfg->device, env, &t.op[op]))) return s;
         } else {
             lk_request r = field_request(cfg, (lk_op)op);
-            if ((s = lk_select(&r, LK_STAGE_MODEL_BUILD, &t.op[op]))) return s;
+            if ((s = lk_select_in(&r, env, LK_STAGE_MODEL_BUILD, &t.op[op]))) return s;
         }
     }
     memcpy(t.module, cfg->module_bound, sizeof(lk_binding) * (size_t)cfg->n_overrides);

@@ -28,6 +28,9 @@ extern lk_registry lk_reg;
 
 void lk_hw_probe_cpu(lk_hw *hw);
 void lk_hw_probe_cuda(lk_hw *hw);   /* hw_cuda.c, built with CUDA only */
+/* lk_select with the environment defaults env (LK_ENV_COUNT values): the registry's own
+ * for the stages before any config (init, model registration), a config's for the rest. */
+lk_status lk_select_in(const lk_request *req, const lk_env_value *env, lk_stage stage, lk_binding *out);
 /* Binds what the init and model-register stages own, for every device kind. */
 lk_status lk_bind_init_stage(void);
 lk_status lk_bind_family(int index);

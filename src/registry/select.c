@@ -3,7 +3,8 @@
  * per-op field; the caller passes whichever applies) must be met or it is an error
  * (another system's name is first resolved to the llmkern one it equals, per op and
  * device, or refused with the nearest one named); otherwise the environment default,
- * then the built-in default, may fall back. */
+ * then the built-in default, may fall back. The environment defaults are the ones it is
+ * handed (lk_select_in): a config's own for the stages that have one, never read here. */
 #include <stdio.h>
 #include <string.h>
 #include "registry/registry_internal.h"
@@ -40,12 +41,12 @@ static int gpu_default(const lk_op_info *info, lk_device_type dev) {
 }
 
 /* The value the environment or the built-in defaults ask for, and where it came from. */
-static const char *default_name(const lk_op_info *info, lk_device_type dev, lk_source *src, char *detail,
-                                size_t n) {
-    const lk_env_value *backend = &lk_reg.env[LK_ENV_BACKEND];
-    const lk_env_value *fused = &lk_reg.env[LK_ENV_USE_FUSED];
-    const lk_env_value *chunk = &lk_reg.env[LK_ENV_ENABLE_CHUNK_LOSS];
-    const lk_env_value *group = &lk_reg.env[LK_ENV_USE_GROUP_GEMM];
+static const char *default_name(const lk_op_info *info, lk_device_type dev, const lk_env_value *env, lk_source *src,
+                                char *detail, size_t n) {
+    const lk_env_value *backend = &env[LK_ENV_BACKEND];
+    const lk_env_value *fused = &env[LK_ENV_USE_FUSED];
+    const lk_env_value *chunk = &env[LK_ENV_ENABLE_CHUNK_LOSS];
+    const lk_env_value *group = &env[LK_ENV_USE_GROUP_GEMM];
     const lk_env_value *by = NULL;
     const char *name = info->default_fused;
 
@@ -79,10 +80,10 @@ static const char *default_name(const lk_op_info *info, lk_device_type dev, lk_s
 
 /* With the llmkern backend, the flash and flex names enter the SP-aware attention
  * facade: flash_attention_2 -> llmkern_flash_attention_2_with_sp. */
-static const char *sp_rewrite(lk_op op, const char *name, char *buf, size_t n) {
+static const char *sp_rewrite(lk_op op, const char *name, const lk_env_value *env, char *buf, size_t n) {
     static const char *const rewritten[] = {"flash_attention_2", "flash_attention_3",
                                             "flash_attention_4", "flex_attention", NULL};
-    if (op != LK_OP_ATTENTION || strcmp(lk_reg.env[LK_ENV_BACKEND].value, "llmkern") != 0) return name;
+    if (op != LK_OP_ATTENTION || strcmp(env[LK_ENV_BACKEND].value, "llmkern") != 0) return name;
     for (const char *const *r = rewritten; *r; r++)
         if (strcmp(name, *r) == 0) {
             snprintf(buf, n, "llmkern_%s_with_sp", name);
@@ -134,6 +135,10 @@ static lk_status explicit_error(const lk_request *req, const lk_op_info *info, c
 }
 
 lk_status lk_select(const lk_request *req, lk_stage stage, lk_binding *out) {
+    return lk_select_in(req, lk_reg.env, stage, out);
+}
+
+lk_status lk_select_in(const lk_request *req, const lk_env_value *env, lk_stage stage, lk_binding *out) {
     lk_status s = lk_init();
     if (s) return s;
     const lk_op_info *info = lk_op_info_get(req->op);
@@ -153,14 +158,14 @@ lk_status lk_select(const lk_request *req, lk_stage stage, lk_binding *out) {
          * (the catalog keeps alias names apart from llmkern's: test_registry checks it) */
         const lk_op_alias *alias = lk_op_alias_find(req->op, name);
         const char *as = alias ? alias->same_as[req->device] : name;
-        const lk_impl *impl = as ? lk_impl_find(req->op, sp_rewrite(req->op, as, buf, sizeof buf), req->device)
-                                 : NULL;
+        const char *find = as ? sp_rewrite(req->op, as, env, buf, sizeof buf) : NULL;
+        const lk_impl *impl = find ? lk_impl_find(req->op, find, req->device) : NULL;
         if (!impl || !lk_impl_available(impl, &lk_reg.hw, why, sizeof why))
             return explicit_error(req, info, as ? as : name, alias);
         b.impl = impl;
     } else {                                      /* a default: may fall back, recorded */
-        name = default_name(info, req->device, &b.source, b.source_detail, sizeof b.source_detail);
-        const lk_impl *impl = lk_impl_find(req->op, sp_rewrite(req->op, name, buf, sizeof buf),
+        name = default_name(info, req->device, env, &b.source, b.source_detail, sizeof b.source_detail);
+        const lk_impl *impl = lk_impl_find(req->op, sp_rewrite(req->op, name, env, buf, sizeof buf),
                                            req->device);
         if (impl && lk_impl_available(impl, &lk_reg.hw, why, sizeof why)) {
             b.impl = impl;
@@ -172,8 +177,8 @@ lk_status lk_select(const lk_request *req, lk_stage stage, lk_binding *out) {
             char w2[160], b2[96];
             int g = b.source == LK_SOURCE_DEFAULT ? gpu_default(info, req->device) : -1;
             for (int i = g + 1; g >= 0 && !alt && info->gpu_defaults[i].name; i++) {
-                alt = lk_impl_find(req->op, sp_rewrite(req->op, info->gpu_defaults[i].name, b2, sizeof b2),
-                                   req->device);
+                const char *next = sp_rewrite(req->op, info->gpu_defaults[i].name, env, b2, sizeof b2);
+                alt = lk_impl_find(req->op, next, req->device);
                 if (alt && !lk_impl_available(alt, &lk_reg.hw, w2, sizeof w2)) alt = NULL;
             }
             if (!alt) alt = lk_impl_find(req->op, info->reference, req->device);
@@ -190,7 +195,7 @@ lk_status lk_select(const lk_request *req, lk_stage stage, lk_binding *out) {
     }
     snprintf(b.requested, sizeof b.requested, "%s", name);
     snprintf(b.resolved, sizeof b.resolved, "%s",
-             b.impl ? b.impl->name : sp_rewrite(req->op, name, buf, sizeof buf));
+             b.impl ? b.impl->name : sp_rewrite(req->op, name, env, buf, sizeof buf));
     *out = b;
     return LK_OK;
 }

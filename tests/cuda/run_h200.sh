@@ -15,7 +15,7 @@
 # host lacks), and the wheels of Liger-Kernel,
 # nvidia-cudnn-frontend (the cudnn row's headers) and pytest, pluggy, iniconfig (the
 # Python tests, when that python3 has no pytest) in .carry/whl;
-# both are unpacked into .carry/ there, never into /.
+# both are unpacked into .carry/ there, never into /. tests/cuda/carry.sh fetches them all.
 #   run: bash tests/cuda/run_h200.sh            (carry: [".carry"])
 set -uo pipefail
 cd "$(dirname "$0")/../.."

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# e2e_h200.sh — issue 17's measurements on the H200, one device call a part (each fits the
+# device's 600 s a call; the build directory outside the repository survives between calls
+# while the machine stays warm, else the part rebuilds it, ~90 s):
+#   bash tests/cuda/e2e_h200.sh tests     build, ctest -R cuda_ (GPU tests), the step profile
+#   bash tests/cuda/e2e_h200.sh e2e       bench/e2e_peers.py: HF, HF + Liger, llmkern with
+#                                         and without train.cuda_graph, dense and MoE
+#   bash tests/cuda/e2e_h200.sh parity    bench/e2e_peers.py --parity (200 steps bf16 vs f32)
+# carry [".carry"] (tests/cuda/carry.sh fills it); logs and tables land in $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+source tests/cuda/h200_env.sh >/dev/null 2>&1
+B=${B:-$(cd .. && pwd)/build-e2e}
+export B
+t0=$(date +%s)
+if [ ! -x "$B/llmkern" ] || [ "${1:-tests}" = tests ]; then
+  cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DLLMKERN_CUDA=ON "${CARRIED[@]}" >"$OUT/cmake.log" 2>&1 ||
+    { tail -20 "$OUT/cmake.log"; exit 1; }
+  cmake --build "$B" -j "$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -30; exit 1; }
+  echo "built in $(( $(date +%s) - t0 )) s"
+fi
+case "${1:-tests}" in
+tests)
+  ctest --test-dir "$B" -R cuda_ -j 3 --output-on-failure >"$OUT/ctest.log" 2>&1
+  echo "ctest rc $?"; grep -E "tests passed|\*\*\*Failed|FAILED" "$OUT/ctest.log" | head -20
+  for t in cuda_test_model cuda_test_train_graph; do "$B/$t" 2>&1 | grep -E "^  " | head -12; done
+  timeout 240 python3 bench/step_profile.py --llmkern "$B/llmkern" --model dense --out "$OUT" 2>&1 | head -24 ;;
+e2e)
+  timeout $(( 590 - $(date +%s) + t0 )) python3 bench/e2e_peers.py --llmkern "$B/llmkern" --out "$OUT" --steps 20 \
+    --warmup 4 --run-timeout 150 2>&1 | grep -v "^W[0-9]" | tail -40 ;;
+parity)
+  timeout $(( 590 - $(date +%s) + t0 )) python3 bench/e2e_peers.py --llmkern "$B/llmkern" --out "$OUT" --parity 2>&1 |
+    grep -v "^W[0-9]" | tail -20 ;;
+esac
+echo "t=$(( $(date +%s) - t0 )) s"

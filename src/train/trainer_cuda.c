@@ -119,16 +119,17 @@ static lk_status make_plan(trainer *t, graph_state *g) {
     return s;
 }
 
-/* Records the step into g->exec. A host sync inside it (a device-to-host read, a
- * synchronize, a copy from pageable memory) makes the capture fail: the error says so. */
+/* Records the step into g->exec: instantiated the first time, updated in place after
+ * (cudaGraphExecUpdate: the same kernels with other arguments, far cheaper than a new
+ * instantiation when a batch has another documents' count). A host sync inside the step
+ * (a device-to-host read, a synchronize, a copy from pageable memory) makes the capture
+ * fail: the error says so. */
 static lk_status capture(trainer *t, graph_state *g) {
-    if (g->exec) cudaGraphExecDestroy(g->exec), g->exec = NULL;
-    lk_status s = lk_model_defer_stats(t->model, 1);
-    if (s) return s;
     LK_CUDA_TRY(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeGlobal));
+    lk_status s = lk_model_defer_stats(t->model, 1);
     lk_step_stats st;
     lk_model_zero_grad(t->model);
-    s = lk_model_forward_backward(t->model, &t->batch, 1.0f, &st);   /* grad_accum 1 */
+    if (!s) s = lk_model_forward_backward(t->model, &t->batch, 1.0f, &st);   /* grad_accum 1 */
     lk_ctx c = t->ctx;
     c.stream = g->stream;
     if (!s) s = lk_cuda_adamw_plan_step(g->plan, &c);
@@ -144,7 +145,13 @@ static lk_status capture(trainer *t, graph_state *g) {
                         "or a read back inside the step (a module whose implementation waits on the GPU)",
                         (long long)t->step + 1, s ? why : cudaGetErrorString(e));
     }
-    e = cudaGraphInstantiate(&g->exec, graph, 0);
+    cudaGraphExecUpdateResultInfo info;
+    if (g->exec && cudaGraphExecUpdate(g->exec, graph, &info) != cudaSuccess) {   /* another shape of graph */
+        cudaGetLastError();
+        cudaGraphExecDestroy(g->exec);
+        g->exec = NULL;
+    }
+    e = g->exec ? cudaSuccess : cudaGraphInstantiate(&g->exec, graph, 0);
     cudaGraphDestroy(graph);
     if (e != cudaSuccess) {
         g->exec = NULL;

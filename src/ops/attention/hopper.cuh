@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include "core/cuda_check.h"
 #include "ops/cuda_util.cuh"
+#include "ops/mma_sm80.cuh"   /* smem_u32 */
 
 /* The Hopper-only instructions exist in the sm_90a pass alone; the other passes see the
  * kernels as a trap. */
@@ -21,7 +22,6 @@
 #endif
 
 #if FA3_ARCH
-static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 static __device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count));

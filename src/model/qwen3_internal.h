@@ -52,7 +52,7 @@ typedef struct {
 /* One layer's activations: what its backward reads (x is the layer input, kept apart
  * in the model's inputs array). */
 typedef struct {
-    void *x, *h1, *qt, *kt, *vt, *qr, *kr, *ao, *x2, *h2;   /* the model's dtype */
+    void *x, *h1, *vt, *qr, *kr, *ao, *x2, *h2;   /* the model's dtype */
     int32_t *ids;
     float *tw;
     void *s[S_COUNT];
@@ -65,7 +65,7 @@ typedef struct {
     void *dres, *dh, *dh2;       /* [T, H] */
     void *dao;                   /* [T, Hq*D] */
     void *dqr, *dkr, *dvt;       /* head-major grads */
-    void *dqt, *dkt;
+    void *dqt, *dkt;             /* q and k before their norms (head-major): made again in the backward */
     float *dtw;                  /* [T, k] f32 */
     void *dw;                    /* [max(H, D)]: a norm's written dweight before it is added */
 } lk_scratch;

@@ -2,7 +2,7 @@
 """e2e_peers.py — issue 17, item 4 and "what must be shown": llmkern's trainer end to end
 beside Hugging Face transformers (SDPA, bf16 weights, fused AdamW) with and without
 Liger-Kernel, on PEERS-H200.md's two configs, in one run, from the same initial weights
-(llmkern writes them as a Hugging Face checkpoint: `llmkern train` of 1 step at lr 0;
+(llmkern writes them as a Hugging Face checkpoint, `llmkern train --save-init`;
 transformers loads that directory) and the same random tokens (an LKTOK file, one
 document, so llmkern's rows are the file's consecutive seq-long slices, batch i % --batches).
 
@@ -323,22 +323,19 @@ def run_lk(A, label, dtype, init, tokens, B, S, steps, work, extra=None):
 
 
 def write_init(A, name, model, tokens, work):
-    """1 step of llmkern at lr 0: the random initial weights, unchanged, as a HF checkpoint."""
+    """llmkern's random initial weights as a HF checkpoint (`llmkern train --save-init`: no step)."""
     d = os.path.join(work, f"init-{name}")
     cfg = os.path.join(work, f"init-{name}.yaml")
     with open(cfg, "w") as f:
         f.write(yaml_of(dict(model=dict(model, torch_dtype="bfloat16"),
-                             train=dict(steps=1, lr=0, min_lr=0, warmup_steps=0, batch_size=1, seq_len=64, out=d,
-                                        seed=1234),
+                             train=dict(steps=1, batch_size=1, seq_len=64, out=d, seed=1234),
                              data=dict(tokens=tokens, eos_id=-1))))
     shutil.rmtree(d, ignore_errors=True)
     t0 = time.time()
-    p = subprocess.run([A.llmkern, "train", "--config", cfg, "--device", A.device], capture_output=True, text=True)
+    p = subprocess.run([A.llmkern, "train", "--config", cfg, "--device", A.device, "--save-init"],
+                       capture_output=True, text=True)
     if p.returncode:
         sys.exit(f"e2e_peers: writing the initial weights failed: {p.stdout}{p.stderr}")
-    for e in os.listdir(d):   # the optimizer state of that step: not needed
-        if e.startswith("checkpoint-"):
-            shutil.rmtree(os.path.join(d, e))
     print(f"  initial weights: {d} ({time.time() - t0:.0f} s)", flush=True)
     return d
 

@@ -40,6 +40,18 @@ expect "--no-save summary" "$out" 'checkpoint none; loss\.csv, loss\.png in'
 [ -f "$tmp/nosave/loss.csv" ] && [ ! -e "$tmp/nosave/latest" ] && [ ! -e "$tmp/nosave/model.safetensors" ] &&
   ! ls -d "$tmp/nosave"/checkpoint-* >/dev/null 2>&1 && ok || fail "--no-save left $(ls "$tmp/nosave")"
 
+# --save-init: the weights a run starts from, and no step; a run from them starts where the seed's does
+out=$(OMP_NUM_THREADS=2 "$bin" train --config "$tmp/tiny.yaml" --out "$tmp/init" --save-init 2>&1); rc=$?
+[ $rc -eq 0 ] && ok || fail "--save-init exit $rc: $out"
+expect "--save-init summary" "$out" 'done: the initial weights \(config.json, model.safetensors\) in .*, no step'
+[ -f "$tmp/init/config.json" ] && [ -f "$tmp/init/model.safetensors" ] && [ ! -e "$tmp/init/loss.csv" ] &&
+  ! ls -d "$tmp/init"/checkpoint-* >/dev/null 2>&1 && ok || fail "--save-init wrote $(ls "$tmp/init")"
+OMP_NUM_THREADS=2 "$bin" train --config "$tmp/tiny.yaml" --out "$tmp/seed1" --steps 1 --no-save >/dev/null 2>&1
+OMP_NUM_THREADS=2 "$bin" train --config "$tmp/tiny.yaml" --out "$tmp/init1" --steps 1 --no-save --init "$tmp/init" \
+  >/dev/null 2>&1
+l1=$(sed -n 2p "$tmp/seed1/loss.csv" | cut -d, -f2); l2=$(sed -n 2p "$tmp/init1/loss.csv" | cut -d, -f2)
+[ -n "$l1" ] && [ "$l1" = "$l2" ] && ok || fail "--init from --save-init: first loss $l2, from the seed $l1"
+
 out=$("$bin" explain --config "$tmp/tiny.yaml" 2>&1); rc=$?
 [ $rc -eq 0 ] && ok || fail "explain exit $rc"
 expect "explain takes the family from the config's model" "$out" 'model family qwen3_moe'

@@ -150,6 +150,9 @@ typedef struct {
 typedef struct {
     int quiet;                   /* no progress output */
     int no_save;                 /* no checkpoint and no final model: loss.csv and the plot only */
+    int save_init;               /* no step: the weights the run would start from (the seed's, or
+                                  * init_from's) saved as the model in out (config.json and the
+                                  * safetensors), no optimizer file, no loss.csv */
     /* Called before each step's first forward (tests inject faults through it). */
     void (*before_step)(void *user, int64_t step, struct lk_model *m);
     /* Called with each step's loss before it is checked (tests turn it into NaN). */

@@ -26,6 +26,7 @@ typedef struct {
                              * check's rows (every device otherwise) */
     long long steps;        /* train --steps N (0: the config's) */
     int no_save;            /* train --no-save: no checkpoint, no final model (benchmarks) */
+    int save_init;          /* train --save-init: the initial weights saved into --out, no step */
 } cli_opts;
 
 int cli_list(const cli_opts *o);

@@ -2,6 +2,7 @@
  *   llmkern list | explain [--config F] [--device cpu|cuda] | check [--op N] [--device cpu|cuda]
  *         | bench [--op N] [--size 8192x4096] [--mask M] [--kv-heads H] [--block N]
  *         | train --config F [--steps N] [--out DIR] [--resume DIR] [--init DIR] [--device cpu|cuda] [--no-save]
+ *                 [--save-init]
  * Every command takes --json. Exit status: 0 ok, 1 a check failed, 2 bad usage or error. */
 #include <errno.h>
 #include <stdint.h>
@@ -26,7 +27,8 @@ static const char usage[] =
     "  train   --config F [--steps N] [--out DIR] [--resume DIR] [--init DIR] [--device cpu|cuda]\n"
     "                          train the config's model, checkpoints and loss plot in DIR;\n"
     "                          --init: start from a Hugging Face checkpoint directory;\n"
-    "                          --no-save: no checkpoint and no final model (timing runs)\n"
+    "                          --no-save: no checkpoint and no final model (timing runs);\n"
+    "                          --save-init: the initial weights saved into DIR, no step\n"
     "options: --json           rows as JSON (train: one object per step)\n";
 
 int cli_fail(const char *what, lk_status s) {
@@ -88,6 +90,7 @@ int main(int argc, char **argv) {
                           : strcmp(a, "--device") == 0 ? &o.device : NULL;
         if (strcmp(a, "--json") == 0) { o.json = 1; continue; }
         if (strcmp(a, "--no-save") == 0) { o.no_save = 1; continue; }
+        if (strcmp(a, "--save-init") == 0) { o.save_init = 1; continue; }
         if (strcmp(a, "--seed") == 0 && i + 1 < argc) { o.seed = strtoull(argv[++i], NULL, 10); continue; }
         if (strcmp(a, "--steps") == 0 && i + 1 < argc) {   /* strict: -1, 0, abc and 1e3 are refused by name */
             char *end;

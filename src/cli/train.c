@@ -79,19 +79,29 @@ static void json_step(void *user, const lk_train_step *st) {
 static int run(const cli_opts *o, const lk_train_config *tc, lk_ops_config *ops, const lk_mesh *mesh) {
     int rank0 = mesh == NULL || mesh->world->rank == 0;
     FILE *say = o->json ? stderr : stdout;   /* --json: stdout holds the step objects alone */
-    if (rank0) fprintf(say, "training %s (%lld layers, hidden %lld, %lld experts) on %s for %lld steps of %lld x %lld tokens",
+    if (rank0 && o->save_init)
+        fprintf(say, "the initial weights of %s (%lld layers, hidden %lld)%s%s into %s\n",
+                tc->model.moe ? "Qwen3-MoE" : "Qwen3", (long long)tc->model.num_hidden_layers,
+                (long long)tc->model.hidden_size, tc->init_from[0] ? ", from " : "", tc->init_from, tc->out);
+    else if (rank0) fprintf(say, "training %s (%lld layers, hidden %lld, %lld experts) on %s for %lld steps of %lld x %lld tokens",
            tc->model.moe ? "Qwen3-MoE" : "Qwen3", (long long)tc->model.num_hidden_layers, (long long)tc->model.hidden_size,
            (long long)(tc->model.moe ? tc->model.num_experts : 0), lk_device_name(tc->device), (long long)tc->steps,
            (long long)tc->batch_size, (long long)tc->seq_len);
-    if (rank0 && tc->grad_accum > 1) fprintf(say, " x %lld micro-batches", (long long)tc->grad_accum);
-    if (rank0 && mesh)
+    int run = rank0 && !o->save_init;
+    if (run && tc->grad_accum > 1) fprintf(say, " x %lld micro-batches", (long long)tc->grad_accum);
+    if (run && mesh)
         fprintf(say, " on %d ranks (dp %d x sp %d, ep %d)", mesh->world->size, mesh->dp_size, mesh->sp_size, mesh->ep_size);
-    if (rank0 && tc->init_from[0] && !o->resume) fprintf(say, " from %s", tc->init_from);
-    if (rank0) fprintf(say, " into %s%s%s\n", tc->out, o->resume ? ", resuming from " : "", o->resume ? o->resume : "");
+    if (run && tc->init_from[0] && !o->resume) fprintf(say, " from %s", tc->init_from);
+    if (run) fprintf(say, " into %s%s%s\n", tc->out, o->resume ? ", resuming from " : "", o->resume ? o->resume : "");
     lk_train_result r;
-    lk_train_opts opts = {.mesh = mesh, .quiet = o->json, .on_step = o->json ? json_step : NULL, .no_save = o->no_save};
+    lk_train_opts opts = {.mesh = mesh, .quiet = o->json, .on_step = o->json ? json_step : NULL, .no_save = o->no_save,
+                          .save_init = o->save_init};
     lk_status s = lk_train_run(tc, ops, o->resume, &opts, &r);
     if (s) return cli_fail("train", s);
+    if (o->save_init) {
+        if (rank0) fprintf(say, "done: the initial weights (config.json, model.safetensors) in %s, no step\n", tc->out);
+        return 0;
+    }
     if (rank0) fprintf(say, "done: steps %lld..%lld, loss %.4f -> %.4f (mean of the last %lld steps %.4f), %.1f s, %.0f tokens/s;\n"
            "checkpoint %s; %sloss.csv, loss.png in %s\n", (long long)r.first_step + 1, (long long)r.steps_done,
            r.first_loss, r.last_loss, (long long)(r.steps_done < 10 ? r.steps_done : 10), r.tail_loss, r.seconds,

@@ -639,14 +639,17 @@ lk_status lk_train_run(const lk_train_config *tc, const lk_ops_config *ops, cons
     if (t.world) s = dp_agree(&t, s);
     if (watched) lk_comm_watchdog_grace(0);
     r.first_step = t.step;
-    if (!s && t.step < tc->steps) s = run_loop(&t, o, &r);
-    int finished = t.step == tc->steps;
+    int run = !o->save_init;
+    if (!s && !run && t.writer)   /* the weights the run would start from, and no step */
+        s = lk_model_save_sharded(t.model, tc->out, tc->max_shard_size);
+    if (!s && run && t.step < tc->steps) s = run_loop(&t, o, &r);
+    int finished = run && t.step == tc->steps;
     if (watched) lk_comm_watchdog_grace(10 * tc->comm_timeout_s);   /* rank 0 writes the last checkpoint */
     if (!s && finished && t.writer && !o->no_save) s = lk_trainer_save(&t);
     if (!s && finished && t.writer && !o->no_save)   /* the final model: the output dir loads as one */
         s = lk_model_save_sharded(t.model, tc->out, tc->max_shard_size);
     if (finished) s = dp_agree(&t, s);
-    if (t.writer && (!s || t.step > 0)) {                          /* a stopped run still plots what it did */
+    if (t.writer && run && (!s || t.step > 0)) {                   /* a stopped run still plots what it did */
         char why[512];
         snprintf(why, sizeof why, "%s", lk_last_error());
         lk_status ps = write_plot(&t);

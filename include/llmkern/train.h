@@ -103,8 +103,9 @@ typedef struct {
      * f32 master weights, gradients and AdamW moments, or f32; LK_DTYPE_COUNT = the
      * device's default, bf16 on a GPU and f32 on the CPU (lk_train_dtype). */
     lk_dtype dtype;
-    /* train.cuda_graph: on a GPU, the step (forward, backward, all-reduce, update) is
-     * captured once in a CUDA graph and replayed; capture fails on any host sync. */
+    /* train.cuda_graph: on one GPU (one process, grad_accum 1), the step after the first
+     * (zero_grad, forward, backward, clipping, AdamW) is captured in a CUDA graph, again for
+     * each new batch shape, and replayed; capture fails on any host sync inside it. */
     int cuda_graph;
     /* train.profile_step: on a GPU, the CUDA profiler records step N alone (1-based;
      * cudaProfilerStart/Stop around it, for `ncu --profile-from-start off`,

@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(NT) gg_mma(kargs p) {
     /* accumulator (mt, nt, q): row g (+8 for q >= 2), column 2·t4 + (q & 1) of the n8 tile */
     const int g = lane >> 2, t4 = lane & 3;
     const bool bad = (EPI == SWIGLU || EPI == DSWIGLU) && *p.flag != 0;
-    if (EPI == DSWIGLU) {
+    if constexpr (EPI == DSWIGLU) {
         /* the ring, drained (no group in flight, every warp past its last ldmatrix), holds
          * the row partials */
         cp_wait<0>();
@@ -324,40 +324,40 @@ __global__ void __launch_bounds__(NT) gg_mma(kargs p) {
             if (row < mlim)
                 p.dwp[row * gridDim.y + blockIdx.y] = bad ? __int_as_float(0x7fffffff) : ((r4[0] + r4[1]) + r4[2]) + r4[3];
         }
-        return;
-    }
+    } else {
 #pragma unroll
-    for (int mt = 0; mt < 4; mt++)
+        for (int mt = 0; mt < 4; mt++)
 #pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-            const int64_t row = m0 + wm * 64 + mt * 16 + g + hf * 8;
-            if (row >= mlim) continue;
-            if (EPI == SWIGLU) {
-                const int64_t I = p.inter;
-                const float wr = p.w[p.order[row]];
+            for (int hf = 0; hf < 2; hf++) {
+                const int64_t row = m0 + wm * 64 + mt * 16 + g + hf * 8;
+                if (row >= mlim) continue;
+                if (EPI == SWIGLU) {
+                    const int64_t I = p.inter;
+                    const float wr = p.w[p.order[row]];
 #pragma unroll
-                for (int np = 0; np < 2; np++) {
-                    const int64_t v = n0 + wn * 32 + np * 16 + 2 * t4, j = (v >> 4) * 8 + (v & 7);
+                    for (int np = 0; np < 2; np++) {
+                        const int64_t v = n0 + wn * 32 + np * 16 + 2 * t4, j = (v >> 4) * 8 + (v & 7);
 #pragma unroll
-                    for (int q = 0; q < 2; q++) {
-                        if (j + q >= I) continue;
-                        const float gt = acc[mt][2 * np][hf * 2 + q], up = acc[mt][2 * np + 1][hf * 2 + q];
-                        p.keep[row * 2 * I + j + q] = __float2bfloat16_rn(gt);
-                        p.keep[row * 2 * I + I + j + q] = __float2bfloat16_rn(up);
-                        p.h[row * I + j + q] = __float2bfloat16_rn(bad ? __int_as_float(0x7fffffff)
-                                                                       : wr * (gt / (1.0f + expf(-gt))) * up);
+                        for (int q = 0; q < 2; q++) {
+                            if (j + q >= I) continue;
+                            const float gt = acc[mt][2 * np][hf * 2 + q], up = acc[mt][2 * np + 1][hf * 2 + q];
+                            p.keep[row * 2 * I + j + q] = __float2bfloat16_rn(gt);
+                            p.keep[row * 2 * I + I + j + q] = __float2bfloat16_rn(up);
+                            p.h[row * I + j + q] = __float2bfloat16_rn(bad ? __int_as_float(0x7fffffff)
+                                                                           : wr * (gt / (1.0f + expf(-gt))) * up);
+                        }
+                    }
+                } else {
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++) {
+                        const int64_t col = n0 + wn * 32 + nt * 8 + 2 * t4;
+#pragma unroll
+                        for (int q = 0; q < 2; q++)
+                            if (col + q < p.n) put<EPI>(p, e, row, col + q, acc[mt][nt][hf * 2 + q]);
                     }
                 }
-            } else {
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++) {
-                    const int64_t col = n0 + wn * 32 + nt * 8 + 2 * t4;
-#pragma unroll
-                    for (int q = 0; q < 2; q++)
-                        if (col + q < p.n) put<EPI>(p, e, row, col + q, acc[mt][nt][hf * 2 + q]);
-                }
             }
-        }
+    }
 }
 
 /* --- CUDA-core kernel ------------------------------------------------------------------ */

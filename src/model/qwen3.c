@@ -457,6 +457,20 @@ static lk_rms_norm_args final_norm_args(lk_model *m) {
                               .eps = m->cfg.rms_norm_eps};
 }
 
+/* The last forward's scalars from the device: this rank's loss (the CE op's reduction),
+ * its valid tokens, the MoE layers' mean aux loss. */
+static lk_status read_scalars(lk_model *m, lk_step_stats *st) {
+    float loss = 0, aux = 0;
+    int64_t nv = 0;
+    lk_status s;
+    if ((s = m->dev->get(&loss, m->scal, 4)) || (s = m->dev->get(&nv, m->scal + 4, 8)) ||
+        (m->n_moe_layers && (s = m->dev->get(&aux, m->scal + 3, 4))))
+        return s;
+    *st = (lk_step_stats){.loss = loss, .aux_loss = m->n_moe_layers ? (double)aux / m->n_moe_layers : 0.0,
+                          .n_tokens = nv};
+    return LK_OK;
+}
+
 /* The forward of the whole model; stats filled. b is m->local (slice_batch). */
 static lk_status forward(lk_model *m, const lk_batch *whole, lk_step_stats *st) {
     lk_status s = stage_batch(m, whole);
@@ -481,21 +495,15 @@ static lk_status forward(lk_model *m, const lk_batch *whole, lk_step_stats *st) 
     }
     lk_rms_norm_args n = final_norm_args(m);
     if ((s = lk_rms_norm_forward(m->final_norm_impl, &n, &m->ctx))) return s;
-    float loss = NAN, aux = 0;
-    int64_t nv = 0;
     lk_cross_entropy_args ce = ce_args(m);
-    if ((s = lk_cross_entropy_forward(m->ce_impl, &ce, &m->ctx)) ||
-        (!m->defer_stats && ((s = m->dev->get(&loss, m->scal, 4)) || (s = m->dev->get(&nv, m->scal + 4, 8)) ||
-                             (m->n_moe_layers && (s = m->dev->get(&aux, m->scal + 3, 4))))))
+    *st = (lk_step_stats){.loss = NAN};
+    if ((s = lk_cross_entropy_forward(m->ce_impl, &ce, &m->ctx)) || (!m->defer_stats && (s = read_scalars(m, st))))
         return s;
-    st->loss = loss;
-    st->n_tokens = nv;
     m->d_loss_unit = 1.0;
     if (m->sp) {   /* this rank's sum -> the group's mean; its gradient 1 / the group's count */
-        if ((s = lk_sp_loss_reduce(m->sp, loss, nv, &st->loss, &m->d_loss_unit))) return s;
+        if ((s = lk_sp_loss_reduce(m->sp, st->loss, st->n_tokens, &st->loss, &m->d_loss_unit))) return s;
         st->n_tokens = m->d_loss_unit > 0 ? llround(1.0 / m->d_loss_unit) : 0;
     }
-    st->aux_loss = m->n_moe_layers ? (double)aux / m->n_moe_layers : 0.0;
     return LK_OK;
 }
 
@@ -509,15 +517,7 @@ lk_status lk_model_defer_stats(lk_model *m, int on) {
 
 lk_status lk_model_read_stats(lk_model *m, lk_step_stats *st) {
     if (!m || !st) return lk_error(LK_EINVAL, "model_read_stats: expected a model and stats");
-    float loss = 0, aux = 0;
-    int64_t nv = 0;
-    lk_status s;
-    if ((s = m->dev->get(&loss, m->scal, 4)) || (s = m->dev->get(&nv, m->scal + 4, 8)) ||
-        (m->n_moe_layers && (s = m->dev->get(&aux, m->scal + 3, 4))))
-        return s;
-    *st = (lk_step_stats){.loss = loss, .aux_loss = m->n_moe_layers ? (double)aux / m->n_moe_layers : 0.0,
-                          .n_tokens = nv};
-    return LK_OK;
+    return read_scalars(m, st);
 }
 
 void lk_model_set_stream(lk_model *m, void *stream) {

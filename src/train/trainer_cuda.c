@@ -45,24 +45,35 @@ static lk_status scale(trainer *t, float *x, int64_t n, float s) {
     return lk_cuda_scale_bufs(&b, 1, s, &t->ctx);
 }
 
-static lk_status update(trainer *t, double lr, double *norm) {
-    const lk_train_config *tc = t->tc;
-    int n = t->n_params;
-    lk_cuda_buf *g = calloc((size_t)n, sizeof *g);
-    lk_cuda_adamw_tensor *p = calloc((size_t)n, sizeof *p);
-    lk_status s = g && p ? LK_OK : lk_error(LK_ENOMEM, "train: optimizer step: out of memory");
-    for (int i = 0; !s && i < n; i++) {
+/* Every parameter's AdamW tensor (a calloc'd list; NULL when out of memory), and the
+ * hyperparameters at lr for update number step. */
+static lk_cuda_adamw_tensor *adamw_tensors(trainer *t) {
+    lk_cuda_adamw_tensor *p = calloc((size_t)t->n_params, sizeof *p);
+    for (int i = 0; p && i < t->n_params; i++) {
         const lk_param *q = lk_model_param(t->model, i);
-        g[i] = (lk_cuda_buf){t->grads[i], t->lens[i], LK_F32};
         /* Decay matrices only, as on the CPU. */
         p[i] = (lk_cuda_adamw_tensor){.param = q->value.data, .grad = t->grads[i], .m = t->m[i], .v = t->v[i],
                                       .n = t->lens[i], .param_dtype = LK_F32, .grad_dtype = LK_F32,
                                       .no_decay = q->value.ndim < 2};
     }
-    if (!s) s = lk_cuda_clip_grad_norm(g, n, tc->grad_clip, norm, &t->ctx);
+    return p;
+}
+
+static lk_cuda_adamw_hparams hparams(const trainer *t, double lr, int64_t step) {
+    const lk_train_config *tc = t->tc;
+    return (lk_cuda_adamw_hparams){.lr = lr, .beta1 = tc->beta1, .beta2 = tc->beta2, .eps = tc->eps,
+                                   .weight_decay = tc->weight_decay, .step = step};
+}
+
+static lk_status update(trainer *t, double lr, double *norm) {
+    int n = t->n_params;
+    lk_cuda_buf *g = calloc((size_t)n, sizeof *g);
+    lk_cuda_adamw_tensor *p = adamw_tensors(t);
+    lk_status s = g && p ? LK_OK : lk_error(LK_ENOMEM, "train: optimizer step: out of memory");
+    for (int i = 0; !s && i < n; i++) g[i] = (lk_cuda_buf){t->grads[i], t->lens[i], LK_F32};
+    if (!s) s = lk_cuda_clip_grad_norm(g, n, t->tc->grad_clip, norm, &t->ctx);
     if (!s && isfinite(*norm)) {
-        lk_cuda_adamw_hparams h = {.lr = lr, .beta1 = tc->beta1, .beta2 = tc->beta2, .eps = tc->eps,
-                                   .weight_decay = tc->weight_decay, .step = t->step + 1};
+        lk_cuda_adamw_hparams h = hparams(t, lr, t->step + 1);
         s = lk_cuda_adamw_step(p, n, &h, &t->ctx);
     }
     free(g);
@@ -100,21 +111,12 @@ static lk_status graph_init(trainer *t) {
     return LK_OK;
 }
 
-/* The plan over every parameter, its tensors as update() builds them. */
+/* The plan over every parameter, the tensors update() steps. */
 static lk_status make_plan(trainer *t, graph_state *g) {
-    const lk_train_config *tc = t->tc;
-    int n = t->n_params;
-    lk_cuda_adamw_tensor *p = calloc((size_t)n, sizeof *p);
+    lk_cuda_adamw_tensor *p = adamw_tensors(t);
     if (!p) return lk_error(LK_ENOMEM, "train: train.cuda_graph: out of memory");
-    for (int i = 0; i < n; i++) {
-        const lk_param *q = lk_model_param(t->model, i);
-        p[i] = (lk_cuda_adamw_tensor){.param = q->value.data, .grad = t->grads[i], .m = t->m[i], .v = t->v[i],
-                                      .n = t->lens[i], .param_dtype = LK_F32, .grad_dtype = LK_F32,
-                                      .no_decay = q->value.ndim < 2};
-    }
-    lk_cuda_adamw_hparams h = {.lr = 0, .beta1 = tc->beta1, .beta2 = tc->beta2, .eps = tc->eps,
-                               .weight_decay = tc->weight_decay, .step = 1};
-    lk_status s = lk_cuda_adamw_plan_create(p, n, &h, tc->grad_clip, &g->plan);
+    lk_cuda_adamw_hparams h = hparams(t, 0.0, 1);   /* lr and step: set each step */
+    lk_status s = lk_cuda_adamw_plan_create(p, t->n_params, &h, t->tc->grad_clip, &g->plan);
     free(p);
     return s;
 }

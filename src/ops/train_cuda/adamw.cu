@@ -99,6 +99,18 @@ static lk_status check(const lk_cuda_adamw_tensor *t, int n, const lk_cuda_adamw
     return LK_OK;
 }
 
+/* The descriptors of n checked tensors into h; returns their blocks. */
+static int64_t describe(const lk_cuda_adamw_tensor *t, int n, adesc *h) {
+    int64_t blocks = 0;
+    for (int i = 0; i < n; i++) {
+        const lk_cuda_adamw_tensor *x = &t[i];
+        h[i] = (adesc){x->param, x->grad, x->m, x->v, x->master, x->n, blocks, x->param_dtype == LK_BF16,
+                       x->grad_dtype == LK_BF16, x->no_decay};
+        blocks += lk_cdiv(x->n, LK_MT_CHUNK);
+    }
+    return blocks;
+}
+
 static ascal scalars(const lk_cuda_adamw_hparams *hp, double max_norm) {
     return (ascal){(float)hp->beta1, (float)hp->beta2, (float)hp->eps,
                    (float)(hp->lr / (1.0 - pow(hp->beta1, (double)hp->step))),
@@ -113,13 +125,7 @@ extern "C" lk_status lk_cuda_adamw_step(const lk_cuda_adamw_tensor *tensors, int
     if (st != LK_OK || n_tensors == 0) return st;
     adesc *h = static_cast<adesc *>(malloc(sizeof(adesc) * (size_t)n_tensors));
     if (h == NULL) return lk_error(LK_ENOMEM, "%s: %d descriptors", FN, n_tensors);
-    int64_t blocks = 0;
-    for (int i = 0; i < n_tensors; i++) {
-        const lk_cuda_adamw_tensor *x = &tensors[i];
-        h[i] = (adesc){x->param, x->grad, x->m, x->v, x->master, x->n, blocks, x->param_dtype == LK_BF16,
-                       x->grad_dtype == LK_BF16, x->no_decay};
-        blocks += lk_cdiv(x->n, LK_MT_CHUNK);
-    }
+    int64_t blocks = describe(tensors, n_tensors, h);
     ascal s = scalars(hp, 0.0);
     size_t mark;
     adesc *dev = NULL;
@@ -178,14 +184,9 @@ extern "C" lk_status lk_cuda_adamw_plan_create(const lk_cuda_adamw_tensor *t, in
         return lk_error(LK_ENOMEM, "%s: %d descriptors", fn, n);
     }
     p->n = n, p->hp = *hp, p->max_norm = max_norm;
-    for (int i = 0; i < n; i++) {
-        const lk_cuda_adamw_tensor *x = &t[i];
-        int64_t len = x->n > 0 ? x->n : 0;
-        ha[i] = (adesc){x->param, x->grad, x->m, x->v, x->master, len, p->blocks, x->param_dtype == LK_BF16,
-                        x->grad_dtype == LK_BF16, x->no_decay};
-        hn[i] = (ndesc){const_cast<void *>(x->grad), len, p->blocks, x->grad_dtype == LK_BF16};
-        p->blocks += lk_cdiv(len, LK_MT_CHUNK);
-    }
+    p->blocks = describe(t, n, ha);
+    for (int i = 0; i < n; i++)   /* the norm over the same gradients, cut alike */
+        hn[i] = (ndesc){const_cast<void *>(ha[i].g), ha[i].n, ha[i].block0, ha[i].g_bf16};
     cudaError_t e = p->blocks > 0x7fffffff ? cudaErrorInvalidValue : cudaSuccess;
     if (e == cudaSuccess) e = cudaMalloc(&p->alist, sizeof(adesc) * (size_t)(n > 0 ? n : 1));
     if (e == cudaSuccess) e = cudaMalloc(&p->nlist, sizeof(ndesc) * (size_t)(n > 0 ? n : 1));

@@ -246,7 +246,7 @@ static void yaml_train_sections_load(void **state) {
         "  rope_theta: 10000\n  torch_dtype: float32\n"
         "train:\n  steps: 7\n  lr: 3e-3\n  min_lr: 1e-4\n  betas: [0.8, 0.99]\n  batch_size: 2\n"
         "  seq_len: 64\n  grad_accum: 3\n  seed: 9\n  save_every: 2\n  out: /tmp/x\n  recompute: true\n"
-        "  dtype: bfloat16\n  cuda_graph: true\n  profile_step: 3\n"
+        "  dtype: bfloat16\n  cuda_graph: true\n  deterministic: true\n  profile_step: 3\n"
         "data:\n  text: corpus.txt\n");
     lk_train_config_init(&tc);
     assert_int_equal(lk_train_dtype(&tc), LK_F32);          /* the CPU's default */
@@ -255,6 +255,7 @@ static void yaml_train_sections_load(void **state) {
     assert_int_equal(lk_train_config_load_yaml(p, &tc, &ops), LK_OK);
     assert_int_equal(tc.dtype, LK_BF16);
     assert_int_equal(tc.cuda_graph, 1);
+    assert_int_equal(tc.deterministic, 1);
     assert_int_equal(tc.profile_step, 3);
     assert_true(tc.has_model && tc.model.moe && tc.model.num_experts == 4 && tc.model.hidden_size == 32);
     assert_string_equal(tc.model.model_type, "qwen3_moe");

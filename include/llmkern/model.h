@@ -67,6 +67,10 @@ LK_API void lk_model_free(lk_model *m);
  * a module whose implementation does not take it, named), LK_ENOMEM. */
 LK_API lk_status lk_model_set_dtype(lk_model *m, lk_dtype dt);
 LK_API lk_dtype lk_model_dtype(const lk_model *m);
+/* On: every attention backward runs its ordered path (lk_attention_args.deterministic), so
+ * a step gives the same bits on every run; off (the default): a GPU row may add dQ with
+ * atomics. */
+LK_API void lk_model_set_deterministic(lk_model *m, int on);
 /* For a step captured in a CUDA graph (the trainer's train.cuda_graph):
  *   lk_model_set_stream     the stream the model's work goes on (a cudaStream_t; NULL: the
  *                           legacy default stream, which cannot be captured)

@@ -8,7 +8,8 @@
  *   lk_train_run(&tc, &ops, NULL, NULL, &result);       // or a resume dir
  *
  * Everything here is deterministic for a seed, whatever the thread count: the update
- * is elementwise and every reduction runs over fixed chunks summed in a fixed order. */
+ * is elementwise and every reduction runs over fixed chunks summed in a fixed order. On
+ * a GPU, attention's backward adds dQ with atomics unless train.deterministic is set. */
 #ifndef LLMKERN_TRAIN_H
 #define LLMKERN_TRAIN_H
 
@@ -107,6 +108,12 @@ typedef struct {
      * (zero_grad, forward, backward, clipping, AdamW) is captured in a CUDA graph, again for
      * each new batch shape, and replayed; capture fails on any host sync inside it. */
     int cuda_graph;
+    /* train.deterministic: the same bits on every run of a seed on a GPU too (as HF's
+     * full_determinism): attention's backward sums dQ in a fixed order
+     * (lk_attention_args.deterministic; flash_attention_3 then takes fa2's dQ pass, a few
+     * percent slower). Off by default: the tensor-core rows add dQ with atomics. The CPU
+     * rows are always deterministic. */
+    int deterministic;
     /* train.profile_step: on a GPU, the CUDA profiler records step N alone (1-based;
      * cudaProfilerStart/Stop around it, for `ncu --profile-from-start off`,
      * bench/step_profile.py); 0 = off. */

@@ -216,7 +216,8 @@ lk_status lk_yaml_model_arch_entry(loader *l, const yaml_node_t *k, const yaml_n
 /* --- train: ------------------------------------------------------------------------- */
 static const char *const train_keys[] = {"steps", "lr", "min_lr", "warmup_steps", "weight_decay", "betas",
     "eps", "grad_clip", "batch_size", "seq_len", "grad_accum", "seed", "save_every", "out", "recompute", "device",
-    "comm_timeout_s", "max_shard_size", "log_every", "memory_limit", "dtype", "cuda_graph", "profile_step", NULL};
+    "comm_timeout_s", "max_shard_size", "log_every", "memory_limit", "dtype", "cuda_graph", "deterministic",
+    "profile_step", NULL};
 
 lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
     lk_train_config *t = l->train;
@@ -234,6 +235,7 @@ lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t
     if (strcmp(n, "save_every") == 0) return get_i64(l, v, "train.save_every", 0, &t->save_every);
     if (strcmp(n, "recompute") == 0) return get_bool(l, v, "train.recompute", &t->recompute);
     if (strcmp(n, "cuda_graph") == 0) return get_bool(l, v, "train.cuda_graph", &t->cuda_graph);
+    if (strcmp(n, "deterministic") == 0) return get_bool(l, v, "train.deterministic", &t->deterministic);
     if (strcmp(n, "profile_step") == 0) return get_i64(l, v, "train.profile_step", 0, &t->profile_step);
     if (strcmp(n, "dtype") == 0) {   /* the torch names too, as config.json's torch_dtype */
         const char *d = v->type == YAML_SCALAR_NODE ? scalar(v) : "";

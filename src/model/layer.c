@@ -99,7 +99,7 @@ static lk_attention_args attn_args(const lk_model *m, const lk_impl *impl, const
     lk_attention_args at = {
         .q = t4(m, a->qr, m->Hq, T, m->D), .k = t4(m, a->kr, m->Hk, T, m->D), .v = t4(m, a->vt, m->Hk, T, m->D),
         .out = lk_on(m, lk_tensor_view(a->ao, m->dt, 4, (int64_t[]){1, T, m->Hq, m->D})),
-        .saved = sv(a->s[S_ATTN], saved),
+        .saved = sv(a->s[S_ATTN], saved), .deterministic = m->deterministic,
     };
     if (e->adapter == LK_ATTN_FLEX) {
         at.block_mask = &m->doc_mask;

@@ -256,6 +256,10 @@ lk_status lk_model_set_dtype(lk_model *m, lk_dtype dt) {
 
 lk_dtype lk_model_dtype(const lk_model *m) { return m ? m->dt : LK_F32; }
 
+void lk_model_set_deterministic(lk_model *m, int on) {
+    if (m) m->deterministic = on != 0;
+}
+
 void lk_model_free(lk_model *m) {
     if (!m) return;
     if (m->dev) {

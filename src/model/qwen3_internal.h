@@ -73,6 +73,7 @@ typedef struct {
 struct lk_model {
     lk_qwen3_config cfg;
     int recompute;
+    int deterministic;   /* attention's ordered backward (lk_model_set_deterministic) */
     int64_t H, Hq, Hk, D, I, V, E, K, Ie;    /* sizes; K = experts per token, Ie = moe_intermediate */
     int n_moe_layers;
 

@@ -205,6 +205,7 @@ static lk_status build_model(const lk_train_config *tc, const lk_ops_config *ops
         lk_model_free(*out);
         *out = NULL;
     }
+    if (!s) lk_model_set_deterministic(*out, tc->deterministic);
     free(cfg);
     free(table);
     return s;

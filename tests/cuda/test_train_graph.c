@@ -5,7 +5,8 @@
  * backward and update make none; the replayed steps run the very kernels of the eager
  * ones, so 8 steps with the graph give the eager run's losses and final master weights
  * and AdamW moments bit for bit, dense and MoE (the builtin corpus changes the documents'
- * count between batches: the step is captured again for each new shape). A config the
+ * count between batches: the step is captured again for each new shape), both with
+ * train.deterministic (without it, fa3's dQ atomics differ run to run). A config the
  * graph cannot run is refused before any step. Prints both runs' tokens/s (speed belongs
  * to bench/e2e_peers.py). Skipped (77) where there is no GPU.
  *
@@ -34,6 +35,7 @@ static void tiny_config(const char *out, int moe, int graph) {
     tc.corpus_docs = 64;
     tc.device = LK_DEVICE_CUDA;   /* bf16, a GPU's default */
     tc.cuda_graph = graph;
+    tc.deterministic = 1;   /* attention's ordered dQ: at D 64 fa3's two warpgroups add dQ in either order */
     snprintf(tc.out, sizeof tc.out, "%s", out);
     lk_ops_config_init(&ops);
 }

@@ -263,8 +263,9 @@ def run_hf(A, label, kind, dtype, ckpt, tokens, B, S, steps, work):
 PEAK_RE = re.compile(r"peak[^\n]*?([0-9]+(?:\.[0-9]+)?)\s*(KiB|MiB|GiB|KB|MB|GB)", re.I)
 
 
-def run_lk(A, label, dtype, init, tokens, B, S, steps, work, extra=None):
-    """`llmkern train --init INIT --json` of steps; per-step rates from its loss.csv."""
+def run_lk(A, label, dtype, init, tokens, B, S, steps, work, extra=None, attn=None):
+    """`llmkern train --init INIT --json` of steps; per-step rates from its loss.csv; attn: an
+    attention implementation in place of the default selection's."""
     out = os.path.join(work, label.replace(" ", "_"))
     warm = max(1, steps // 10)
     train = dict(steps=steps, lr=LR, min_lr=MIN_LR, warmup_steps=warm, weight_decay=WD, betas=BETAS, eps=EPS,
@@ -273,8 +274,11 @@ def run_lk(A, label, dtype, init, tokens, B, S, steps, work, extra=None):
     for attempt in (dtype, None):
         cfg = os.path.join(work, f"{label.replace(' ', '_')}.yaml")
         with open(cfg, "w") as f:
-            f.write(yaml_of(dict(train=dict(train, **({"dtype": attempt} if attempt else {})),
-                                 data=dict(tokens=tokens, eos_id=-1))))
+            sections = dict(train=dict(train, **({"dtype": attempt} if attempt else {})),
+                            data=dict(tokens=tokens, eos_id=-1))
+            if attn:
+                sections = dict(model=dict(ops_implementation=dict(attn_implementation=attn)), **sections)
+            f.write(yaml_of(sections))
         shutil.rmtree(out, ignore_errors=True)
         cmd = [A.llmkern, "train", "--config", cfg, "--device", A.device, "--init", init, "--json", "--no-save"]
         mem = GpuMem(A.device == "cuda")
@@ -367,11 +371,12 @@ def perf(A):
         for kind in A.runs.split(","):
             label = f"{name} {kind}"
             print(f"  {label} ...", flush=True)
-            if kind == "llmkern_graph" and A.device != "cuda":
+            base, _, attn = kind.partition(":")   # llmkern:cudnn: that attention row instead of the default's
+            if base == "llmkern_graph" and A.device != "cuda":
                 r = dict(skip="train.cuda_graph needs a GPU")
-            elif kind in ("llmkern", "llmkern_graph"):   # llmkern_graph: train.cuda_graph, the step replayed
-                extra = {"cuda_graph": True} if kind == "llmkern_graph" else None
-                r = run_lk(A, label, A.lk_dtype, init, tokens, B, S, A.steps, work, extra)
+            elif base in ("llmkern", "llmkern_graph"):   # llmkern_graph: train.cuda_graph, the step replayed
+                extra = {"cuda_graph": True} if base == "llmkern_graph" else None
+                r = run_lk(A, label, A.lk_dtype, init, tokens, B, S, A.steps, work, extra, attn or None)
             else:
                 r = run_hf(A, label, kind, A.hf_dtype, init, tokens, B, S, A.steps, work)
                 r["dtype"] = A.hf_dtype
@@ -487,7 +492,8 @@ def main():
     P.add_argument("--warmup", type=int, default=5, help="steps left out of the median")
     P.add_argument("--configs", default="dense,moe")
     P.add_argument("--runs", default="hf,liger,llmkern,llmkern_graph",
-                   help="hf before liger: each is its own process anyway; llmkern_graph: train.cuda_graph")
+                   help="hf before liger: each is its own process anyway; llmkern_graph: train.cuda_graph; "
+                        "llmkern[_graph]:NAME runs attention implementation NAME (cudnn, flash_attention_2)")
     P.add_argument("--seq", type=int, help="override both configs' seq")
     P.add_argument("--batch", type=int, help="override both configs' batch")
     P.add_argument("--batches", type=int, default=4, help="distinct random batches, used in turn")

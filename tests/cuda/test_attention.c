@@ -304,6 +304,20 @@ static void cudnn_window_varlen(void **state) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) cudnn_case(gpu, &cases[i], 320u + i);
 }
 
+/* Many short documents (n_docs -1: lengths S/16..S/4, as `llmkern check`'s documents
+ * case, which failed on the H200 at 1x4x200x64 kv2 causal), one shape a test so each
+ * prints its errors: MHA and GQA, short and long documents. */
+static void cudnn_varlen_case(int64_t Hq, int64_t Hkv, int64_t S, int64_t D) {
+    const lk_impl *gpu = cudnn_row();
+    if (!gpu) return;
+    const lk_attention_case c = {.B = 1, .Hq = Hq, .Hkv = Hkv, .Sq = S, .D = D, .causal = 1, .n_docs = -1};
+    cudnn_case(gpu, &c, 340u + (uint64_t)(S + Hkv));
+}
+static void cudnn_varlen_docs_mha(void **state) { (void)state; cudnn_varlen_case(4, 4, 200, 64); }
+static void cudnn_varlen_docs_gqa(void **state) { (void)state; cudnn_varlen_case(4, 2, 200, 64); }
+static void cudnn_varlen_docs_long(void **state) { (void)state; cudnn_varlen_case(4, 2, 1600, 128); }
+static void cudnn_varlen_docs_d128(void **state) { (void)state; cudnn_varlen_case(8, 8, 400, 128); }
+
 static void cudnn_refusals_determinism(void **state) {
     (void)state;
     const lk_impl *gpu = cudnn_row();
@@ -395,6 +409,10 @@ int main(void) {
         cmocka_unit_test(fa2_deterministic),
         cmocka_unit_test(cudnn_dense),
         cmocka_unit_test(cudnn_window_varlen),
+        cmocka_unit_test(cudnn_varlen_docs_mha),
+        cmocka_unit_test(cudnn_varlen_docs_gqa),
+        cmocka_unit_test(cudnn_varlen_docs_long),
+        cmocka_unit_test(cudnn_varlen_docs_d128),
         cmocka_unit_test(cudnn_refusals_determinism),
         cmocka_unit_test(fa3_against_reference),
         cmocka_unit_test(fa3_elsewhere),

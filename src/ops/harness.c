@@ -177,6 +177,10 @@ void lk_place_tensor(lk_placement *p, const char *name, lk_tensor *t, int out) {
     if (d) t->data = d;
 }
 
+void lk_place_tensors(lk_placement *p, const lk_named_tensor *list, int out) {
+    for (; list->name; list++) lk_place_tensor(p, list->name, list->t, out);
+}
+
 void lk_place_saved(lk_placement *p, const char *name, lk_saved *s, int out) {
     if (p->device.type == LK_DEVICE_CPU || p->status || !s->data) return;
     void *d = place(p, name, s->data, s->bytes, out);

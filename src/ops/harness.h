@@ -117,7 +117,8 @@ double lk_rel_err_f64(const double *got, const double *want, int64_t n);
  *
  *   lk_placement pl;
  *   lk_place_begin(&pl, "rms_norm", impl);
- *   lk_place_tensor(&pl, "x", &a.x, 0); lk_place_tensor(&pl, "y", &a.y, 1); ...
+ *   lk_place_tensors(&pl, LK_TENSORS({"x", &a.x}, {"weight", &a.weight}), 0);
+ *   lk_place_tensors(&pl, LK_TENSORS({"y", &a.y}, {"dx", &a.dx}), 1);
  *   lk_ctx ctx = lk_place_ctx(&pl, &arena);
  *   if ((s = pl.status) || (s = forward) || (s = backward) || (s = lk_place_fetch(&pl))) goto done;
  *   ... compare the host buffers ...
@@ -151,6 +152,16 @@ lk_status lk_place_begin(lk_placement *p, const char *op, const lk_impl *impl);
  * pair such as dx over dy). No data: only t->device is set. On the CPU: nothing. A failure
  * (LK_ENOMEM, LK_EDEVICE, LK_EINTERNAL past LK_PLACE_MAX buffers) is kept in p->status. */
 void lk_place_tensor(lk_placement *p, const char *name, lk_tensor *t, int out);
+/* A tensor of a check's call and its name in errors, for lk_place_tensors. */
+typedef struct {
+    const char *name;
+    lk_tensor *t;
+} lk_named_tensor;
+/* A list of them, ending in a NULL name: LK_TENSORS({"x", &a.x}, {"weight", &a.weight}). */
+#define LK_TENSORS(...) (const lk_named_tensor[]){__VA_ARGS__, {NULL, NULL}}
+/* lk_place_tensor for each tensor of list in order, each an output when out: a call's
+ * inputs in one list and its outputs in another. */
+void lk_place_tensors(lk_placement *p, const lk_named_tensor *list, int out);
 /* The same for what a forward saves for its backward. */
 void lk_place_saved(lk_placement *p, const char *name, lk_saved *s, int out);
 /* The context of the passes: on the row's device, with arena (set to that device; it must

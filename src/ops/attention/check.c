@@ -255,16 +255,10 @@ lk_status lk_attention_check_case(const lk_impl *impl, lk_dtype dt, const lk_att
     memset(pb.lse, 0xff, (size_t)nl * 4);
     /* on a GPU row, cu_seqlens and a dense mask stay host memory, as the facade wants */
     lk_attention_args a = pb.a;
-    lk_place_tensor(&pl, "q", &a.q, 0);
-    lk_place_tensor(&pl, "k", &a.k, 0);
-    lk_place_tensor(&pl, "v", &a.v, 0);
-    lk_place_tensor(&pl, "dout", &a.dout, 0);
-    lk_place_tensor(&pl, "s_aux", &a.s_aux, 0);
-    lk_place_tensor(&pl, "out", &a.out, 1);
-    lk_place_tensor(&pl, "dq", &a.dq, 1);
-    lk_place_tensor(&pl, "dk", &a.dk, 1);
-    lk_place_tensor(&pl, "dv", &a.dv, 1);
-    lk_place_tensor(&pl, "ds_aux", &a.ds_aux, 1);
+    lk_place_tensors(&pl, LK_TENSORS({"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"dout", &a.dout},
+                                     {"s_aux", &a.s_aux}), 0);
+    lk_place_tensors(&pl, LK_TENSORS({"out", &a.out}, {"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv},
+                                     {"ds_aux", &a.ds_aux}), 1);
     lk_place_saved(&pl, "saved", &a.saved, 1);     /* the LSE, compared below */
     lk_ctx ctx = lk_place_ctx(&pl, &arena);
     if ((s = pl.status) || (s = lk_attention_forward(impl, &a, &ctx)) || (s = lk_attention_backward(impl, &a, &ctx)) ||

@@ -140,16 +140,10 @@ lk_status lk_ce_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape *sha
     lk_poison(b.loss, LK_F32, per);
     lk_poison(b.zl, LK_F32, per);
     lk_poison(b.dh, dt, T * H);
-    lk_place_tensor(&pl, "hidden", &a.hidden, 0);
-    lk_place_tensor(&pl, "weight", &a.weight, 0);
-    lk_place_tensor(&pl, "labels", &a.labels, 0);
-    lk_place_tensor(&pl, "keep_indices", &a.keep_indices, 0);
-    lk_place_tensor(&pl, "d_loss", &a.d_loss, 0);
-    lk_place_tensor(&pl, "loss", &a.loss, 1);
-    lk_place_tensor(&pl, "z_loss", &a.z_loss, 1);
-    lk_place_tensor(&pl, "n_valid", &a.n_valid, 1);
-    lk_place_tensor(&pl, "d_hidden", &a.d_hidden, 1);
-    lk_place_tensor(&pl, "d_weight", &a.d_weight, 1);
+    lk_place_tensors(&pl, LK_TENSORS({"hidden", &a.hidden}, {"weight", &a.weight}, {"labels", &a.labels},
+                                     {"keep_indices", &a.keep_indices}, {"d_loss", &a.d_loss}), 0);
+    lk_place_tensors(&pl, LK_TENSORS({"loss", &a.loss}, {"z_loss", &a.z_loss}, {"n_valid", &a.n_valid},
+                                     {"d_hidden", &a.d_hidden}, {"d_weight", &a.d_weight}), 1);
     size_t sb = 0;          /* asked of the tensors where the passes see them */
     if ((s = pl.status) || (s = lk_cross_entropy_saved_bytes(impl, &a, &sb))) goto done;
     b.saved = malloc(sb ? sb : 1);

@@ -82,14 +82,8 @@ lk_status lk_linear_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape 
         .dy = lk_tensor_view(dy, dt, xnd, ys), .dx = lk_tensor_view(want_dx ? dx : NULL, dt, xnd, xs),
         .dweight = lk_tensor_view(dw, gdt, 2, ws), .dbias = lk_tensor_1d(has_b ? db : NULL, gdt, out),
     };
-    lk_place_tensor(&pl, "x", &a.x, 0);
-    lk_place_tensor(&pl, "weight", &a.weight, 0);
-    lk_place_tensor(&pl, "bias", &a.bias, 0);
-    lk_place_tensor(&pl, "dy", &a.dy, 0);
-    lk_place_tensor(&pl, "y", &a.y, 1);
-    lk_place_tensor(&pl, "dx", &a.dx, 1);
-    lk_place_tensor(&pl, "dweight", &a.dweight, 1);
-    lk_place_tensor(&pl, "dbias", &a.dbias, 1);
+    lk_place_tensors(&pl, LK_TENSORS({"x", &a.x}, {"weight", &a.weight}, {"bias", &a.bias}, {"dy", &a.dy}), 0);
+    lk_place_tensors(&pl, LK_TENSORS({"y", &a.y}, {"dx", &a.dx}, {"dweight", &a.dweight}, {"dbias", &a.dbias}), 1);
     lk_ctx ctx = lk_place_ctx(&pl, &arena);
     if ((s = pl.status) || (s = lk_linear_forward(impl, &a, &ctx))) goto done;
     for (int k = 0; k < calls; k++)

@@ -100,12 +100,9 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
         .saved = {saved, saved_bytes}, .eps = eps, .weight_offset = c->weight_offset,
         .inplace_dx = c->inplace_dx,
     };
-    lk_place_tensor(&pl, "x", &a.x, 0);
-    lk_place_tensor(&pl, "weight", &a.weight, 0);
+    lk_place_tensors(&pl, LK_TENSORS({"x", &a.x}, {"weight", &a.weight}), 0);
     lk_place_tensor(&pl, "dy", &a.dy, c->inplace_dx);
-    lk_place_tensor(&pl, "y", &a.y, 1);
-    lk_place_tensor(&pl, "dx", &a.dx, 1);
-    lk_place_tensor(&pl, "dweight", &a.dweight, 1);
+    lk_place_tensors(&pl, LK_TENSORS({"y", &a.y}, {"dx", &a.dx}, {"dweight", &a.dweight}), 1);
     lk_place_saved(&pl, "saved", &a.saved, 0);
     lk_ctx ctx = lk_place_ctx(&pl, &arena);
     if ((s = pl.status) || (s = lk_rms_norm_forward(impl, &a, &ctx)) || (s = lk_rms_norm_backward(impl, &a, &ctx)) ||

@@ -161,17 +161,10 @@ lk_status lk_rope_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape *s
     a.dk = lk_tensor_view(m.dk, dt, 4, ks);
     a.position_ids = lk_tensor_view(c->ids == LK_ROPE_IDS_NONE ? NULL : m.ids, idt, 2, is);
     a.saved = (lk_saved){m.saved, saved_bytes};
-    lk_place_tensor(&pl, "q", &a.q, c->inplace);
-    lk_place_tensor(&pl, "k", &a.k, c->inplace);
-    lk_place_tensor(&pl, "dq_out", &a.dq_out, c->inplace);
-    lk_place_tensor(&pl, "dk_out", &a.dk_out, c->inplace);
-    lk_place_tensor(&pl, "q_out", &a.q_out, 1);
-    lk_place_tensor(&pl, "k_out", &a.k_out, 1);
-    lk_place_tensor(&pl, "dq", &a.dq, 1);
-    lk_place_tensor(&pl, "dk", &a.dk, 1);
-    lk_place_tensor(&pl, "cos", &a.cos, 0);
-    lk_place_tensor(&pl, "sin", &a.sin, 0);
-    lk_place_tensor(&pl, "position_ids", &a.position_ids, 0);
+    lk_place_tensors(&pl, LK_TENSORS({"q", &a.q}, {"k", &a.k}, {"dq_out", &a.dq_out}, {"dk_out", &a.dk_out}),
+                     c->inplace);
+    lk_place_tensors(&pl, LK_TENSORS({"q_out", &a.q_out}, {"k_out", &a.k_out}, {"dq", &a.dq}, {"dk", &a.dk}), 1);
+    lk_place_tensors(&pl, LK_TENSORS({"cos", &a.cos}, {"sin", &a.sin}, {"position_ids", &a.position_ids}), 0);
     lk_place_saved(&pl, "saved", &a.saved, 0);
     lk_ctx ctx = lk_place_ctx(&pl, &arena);
     if ((s = pl.status) || (s = lk_rope_forward(impl, &a, &ctx)) || (s = lk_rope_backward(impl, &a, &ctx)) ||

@@ -118,14 +118,10 @@ lk_status lk_swiglu_mlp_check_case(const lk_impl *impl, lk_dtype dt, const lk_sh
         .d_down_weight = lk_tensor_view(want_w ? dd : NULL, gdt, 2, dws),
         .saved = {saved, saved_bytes}, .swiglu_limit = limit,
     };
-    lk_place_tensor(&pl, "x", &a.x, 0);
-    lk_place_tensor(&pl, "gate_up_weight", &a.gate_up_weight, 0);
-    lk_place_tensor(&pl, "down_weight", &a.down_weight, 0);
-    lk_place_tensor(&pl, "dout", &a.dout, 0);
-    lk_place_tensor(&pl, "out", &a.out, 1);
-    lk_place_tensor(&pl, "dx", &a.dx, 1);
-    lk_place_tensor(&pl, "d_gate_up_weight", &a.d_gate_up_weight, 1);
-    lk_place_tensor(&pl, "d_down_weight", &a.d_down_weight, 1);
+    lk_place_tensors(&pl, LK_TENSORS({"x", &a.x}, {"gate_up_weight", &a.gate_up_weight},
+                                     {"down_weight", &a.down_weight}, {"dout", &a.dout}), 0);
+    lk_place_tensors(&pl, LK_TENSORS({"out", &a.out}, {"dx", &a.dx}, {"d_gate_up_weight", &a.d_gate_up_weight},
+                                     {"d_down_weight", &a.d_down_weight}), 1);
     lk_place_saved(&pl, "saved", &a.saved, 0);
     lk_ctx ctx = lk_place_ctx(&pl, &arena);
     if ((s = pl.status) || (s = lk_swiglu_mlp_forward(impl, &a, &ctx))) goto done;

@@ -19,6 +19,8 @@
  *                      [1, H, T]) and seq_len tensors with the padding mask, which also
  *                      aligns causal/window per document; built per call on the host
  *                      from cu_seqlens, copied into the workspace on ctx->stream.
+ *                      The backward's scratch is dense [documents, H, longest, D]
+ *                      (no max_total_seq_len: see build_graph).
  * Rows that see no key: causal with Sq > Skv hides the first Sq − Skv rows of every
  * head, so cuDNN gets q and out sliced past them (its bottom-right mask wants
  * Sq <= Skv) and this file writes out 0, LSE −inf and dq 0 there. Every other way a row
@@ -271,8 +273,13 @@ static fe::error_t build_graph(cudnnHandle_t h, const plan_key &k, std::shared_p
                      .set_deterministic_algorithm(k.deterministic != 0);
         set_masks(o, k);
         if (k.varlen) {
+            /* No max_total_seq_len: with it the frontend sizes its f32 scratch (dQ_accum,
+             * softmax_sum, GQA's dK/dV over all heads) as T x the sequence stride, which is
+             * H·D only in a token-major THD layout; ours is head-major (stride D), so the
+             * scratch came out H times short and GQA's full-head strides overlapped: wrong
+             * dq/dk/dv on many short documents (llmkern check's documents case on the H200).
+             * Without it the scratch is dense [documents, H, longest, D]. */
             o.set_padding_mask(true).set_seq_len_q(sq).set_seq_len_kv(skv);
-            o.set_max_total_seq_len_q(k.Tq).set_max_total_seq_len_kv(k.Tkv);
             O->set_ragged_offset(ro), dO->set_ragged_offset(ro), Stats->set_ragged_offset(rs);
         }
         auto [dQ, dK, dV] = g->sdpa_backward(Q, K, V, O, dO, Stats, o);

@@ -132,7 +132,7 @@ static int plan(const cli_opts *o, const int sel[LK_OP_COUNT], const lk_shape *s
             return 0;
         }
         for (int dt = 0; dt < LK_DTYPE_COUNT && *n_jobs < MAX_JOBS; dt++)
-            if ((h->dtypes & impl->needs.dtypes & LK_DTYPE_BIT(dt)) && (!o->dtype || dt == (int)want))
+            if (lk_harness_runs(h, impl, (lk_dtype)dt) && (!o->dtype || dt == (int)want))
                 jobs[(*n_jobs)++] = (job){impl, h, (lk_dtype)dt};
     }
     for (int k = 0; k < n_skip; k++) fprintf(stderr, "llmkern bench: skipped %s: %s\n", skip[k].names, skip[k].why);

@@ -40,7 +40,7 @@ int cli_check(const cli_opts *o) {
         const char *dev = lk_device_name(impl->device);
         if (!h) continue;
         for (int dt = 0; dt < LK_DTYPE_COUNT; dt++) {
-            if (!(h->dtypes & impl->needs.dtypes & LK_DTYPE_BIT(dt)) || !wanted_dtype(o, (lk_dtype)dt)) continue;
+            if (!lk_harness_runs(h, impl, (lk_dtype)dt) || !wanted_dtype(o, (lk_dtype)dt)) continue;
             for (int k = 0; k < h->n_check_shapes; k++) {
                 lk_check_row r;
                 char now[200];

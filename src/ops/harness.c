@@ -15,6 +15,11 @@ const lk_harness *lk_harness_get(lk_op op) {
     return def ? def->harness : NULL;
 }
 
+int lk_harness_runs(const lk_harness *h, const lk_impl *impl, lk_dtype dt) {
+    unsigned bit = LK_DTYPE_BIT(dt);
+    return (impl->needs.dtypes & bit) && (!h->dtypes || (h->dtypes & bit));
+}
+
 const char *lk_shape_format(const lk_shape *s, char *buf, size_t n) {
     size_t k = 0;
     buf[0] = '\0';

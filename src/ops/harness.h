@@ -68,8 +68,13 @@ typedef struct {
      * option is refused before anything is timed. LK_EINVAL naming the option, expected vs
      * got; LK_EUNAVAILABLE when the case is valid but impl cannot run it. */
     lk_status (*bench_validate)(const lk_impl *impl, const lk_shape *shape, const lk_case_opts *opts);
-    unsigned dtypes;                    /* LK_DTYPE_BIT mask that check and bench run */
+    /* Optional: the LK_DTYPE_BIT mask check and bench can run; 0 (the usual): every
+     * dtype a row takes (its needs.dtypes). */
+    unsigned dtypes;
 } lk_harness;
+
+/* 1 when check and bench run impl in dt: a dtype of impl's row that h can run. */
+int lk_harness_runs(const lk_harness *h, const lk_impl *impl, lk_dtype dt);
 
 /* The check_shapes and n_check_shapes of a harness: every shape of the array `shapes`. */
 #define LK_CHECK_SHAPES(shapes) .check_shapes = shapes, .n_check_shapes = (int)(sizeof shapes / sizeof *shapes)

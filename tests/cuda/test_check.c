@@ -33,7 +33,7 @@ static void every_cuda_row(void **state) {
         }
         impls++;
         for (int dt = 0; dt < LK_DTYPE_COUNT; dt++) {
-            if (!(h->dtypes & impl->needs.dtypes & LK_DTYPE_BIT(dt))) continue;
+            if (!lk_harness_runs(h, impl, (lk_dtype)dt)) continue;
             for (int k = 0; k < h->n_check_shapes; k++) {
                 lk_check_row r;
                 char shape[64];

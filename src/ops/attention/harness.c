@@ -175,5 +175,4 @@ const lk_harness lk_attention_harness = {
     .bench_shape = {4, {1, 8, 2048, 64}},          /* --mask causal unless asked */
     .case_opts = LK_CASE_MASK | LK_CASE_KV_HEADS | LK_CASE_BLOCK,
     .bench_validate = bench_validate,
-    .dtypes = LK_DTYPE_BIT(LK_F32) | LK_DTYPE_BIT(LK_BF16),
 };

@@ -262,5 +262,4 @@ const lk_harness lk_cross_entropy_harness = {
     LK_CHECK_SHAPES(check_shapes),
     .bench = bench,
     .bench_shape = {3, {4096, 1024, 32000}},
-    .dtypes = LK_DTYPE_BIT(LK_F32) | LK_DTYPE_BIT(LK_BF16),
 };

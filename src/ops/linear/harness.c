@@ -160,5 +160,4 @@ const lk_harness lk_linear_harness = {
     LK_CHECK_SHAPES(check_shapes),
     .bench = bench,
     .bench_shape = {3, {4096, 1024, 4096}},
-    .dtypes = LK_DTYPE_BIT(LK_F32) | LK_DTYPE_BIT(LK_BF16),
 };

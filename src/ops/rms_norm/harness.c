@@ -189,5 +189,4 @@ const lk_harness lk_rms_norm_harness = {
     LK_CHECK_SHAPES(check_shapes),
     .bench = bench,
     .bench_shape = {2, {8192, 4096}},
-    .dtypes = LK_DTYPE_BIT(LK_F32) | LK_DTYPE_BIT(LK_BF16),
 };

@@ -270,5 +270,4 @@ const lk_harness lk_rope_harness = {
     LK_CHECK_SHAPES(check_shapes),
     .bench = bench,
     .bench_shape = {4, {1, 32, 2048, 128}},
-    .dtypes = LK_DTYPE_BIT(LK_F32) | LK_DTYPE_BIT(LK_BF16),
 };

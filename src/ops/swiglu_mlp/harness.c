@@ -208,5 +208,4 @@ const lk_harness lk_swiglu_mlp_harness = {
     LK_CHECK_SHAPES(check_shapes),
     .bench = bench,
     .bench_shape = {3, {4096, 1024, 2816}},
-    .dtypes = LK_DTYPE_BIT(LK_F32) | LK_DTYPE_BIT(LK_BF16),
 };

@@ -64,6 +64,11 @@ typedef struct {
 
 /* t's bytes as a region named name (absent when t has no data). */
 lk_region lk_tensor_region(const char *name, const lk_tensor *t);
+/* The region of the tensor member of a call's args (a pointer), named as the member:
+ * LK_ARG_REGION(a, dx) is lk_tensor_region("dx", &a->dx). */
+#define LK_ARG_REGION(args, member) lk_tensor_region(#member, &(args)->member)
+/* The region of what the call's forward saves (args->saved), named "saved". */
+#define LK_SAVED_REGION(args) ((lk_region){"saved", (args)->saved.data, (args)->saved.bytes})
 
 /* Every output apart from every other output and every input; the error names the
  * output and what it overlaps. An op that allows one exact alias (dx over dy) leaves

@@ -286,11 +286,9 @@ lk_status lk_attention_forward(const lk_impl *impl, const lk_attention_args *a, 
     call c;
     lk_status s = check_common(impl, a, ctx, &c);
     if (s || (s = check_out(impl, "out", &a->out, a, &c))) return s;
-    lk_region outs[2] = {lk_tensor_region("out", &a->out), {"saved", a->saved.data, a->saved.bytes}};
-    lk_region ins[7] = {lk_tensor_region("q", &a->q), lk_tensor_region("k", &a->k), lk_tensor_region("v", &a->v),
-                        lk_tensor_region("s_aux", &a->s_aux), lk_tensor_region("mask", &a->mask),
-                        lk_tensor_region("cu_seqlens_q", &a->cu_seqlens_q),
-                        lk_tensor_region("cu_seqlens_k", &a->cu_seqlens_k)};
+    lk_region outs[2] = {LK_ARG_REGION(a, out), LK_SAVED_REGION(a)};
+    lk_region ins[7] = {LK_ARG_REGION(a, q), LK_ARG_REGION(a, k), LK_ARG_REGION(a, v), LK_ARG_REGION(a, s_aux),
+                        LK_ARG_REGION(a, mask), LK_ARG_REGION(a, cu_seqlens_q), LK_ARG_REGION(a, cu_seqlens_k)};
     if ((s = lk_expect_apart(OP, outs, 2, ins, 7)) || (s = check_supported(&c, a, 0))) return s;
     return c.entry->sp ? sp_run(&c, 0, a, ctx) : run(&c, 0, a, ctx);
 }
@@ -307,13 +305,10 @@ lk_status lk_attention_backward(const lk_impl *impl, const lk_attention_args *a,
             return lk_error(LK_EINVAL, OP ": ds_aux: expected s_aux beside it, got ds_aux without sinks");
         if ((s = check_vec(impl, "ds_aux", &a->ds_aux, c.d.Hq))) return s;
     }
-    lk_region outs[4] = {lk_tensor_region("dq", &a->dq), lk_tensor_region("dk", &a->dk), lk_tensor_region("dv", &a->dv),
-                         lk_tensor_region("ds_aux", &a->ds_aux)};
-    lk_region ins[10] = {lk_tensor_region("q", &a->q), lk_tensor_region("k", &a->k), lk_tensor_region("v", &a->v),
-                         lk_tensor_region("out", &a->out), lk_tensor_region("dout", &a->dout),
-                         lk_tensor_region("s_aux", &a->s_aux), lk_tensor_region("mask", &a->mask),
-                         {"saved", a->saved.data, a->saved.bytes}, lk_tensor_region("cu_seqlens_q", &a->cu_seqlens_q),
-                         lk_tensor_region("cu_seqlens_k", &a->cu_seqlens_k)};
+    lk_region outs[4] = {LK_ARG_REGION(a, dq), LK_ARG_REGION(a, dk), LK_ARG_REGION(a, dv), LK_ARG_REGION(a, ds_aux)};
+    lk_region ins[10] = {LK_ARG_REGION(a, q), LK_ARG_REGION(a, k), LK_ARG_REGION(a, v), LK_ARG_REGION(a, out),
+                         LK_ARG_REGION(a, dout), LK_ARG_REGION(a, s_aux), LK_ARG_REGION(a, mask), LK_SAVED_REGION(a),
+                         LK_ARG_REGION(a, cu_seqlens_q), LK_ARG_REGION(a, cu_seqlens_k)};
     if ((s = lk_expect_apart(OP, outs, 4, ins, 10)) || (s = check_supported(&c, a, 1))) return s;
     return c.entry->sp ? sp_run(&c, 1, a, ctx) : run(&c, 1, a, ctx);
 }

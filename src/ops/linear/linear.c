@@ -56,25 +56,29 @@ static lk_status run(const dims *d, int backward, const lk_linear_args *a, lk_ct
     return s ? s : lk_workspace_done(ctx, mark, backward ? d->vt->backward(a, ctx) : d->vt->forward(a, ctx));
 }
 
-lk_status lk_linear_saved_bytes(const lk_impl *impl, const lk_tensor *x, const lk_tensor *weight, size_t *bytes) {
-    dims d = {0};
+/* Where both size queries begin: impl, somewhere to write the answer, and x and weight,
+ * which fix d (their data is not needed). */
+static lk_status query(const lk_impl *impl, const lk_tensor *x, const lk_tensor *w, const size_t *bytes, dims *d) {
     lk_status s = lk_impl_check(OP, impl, LK_OP_LINEAR);
     if (s) return s;
-    if (x == NULL || weight == NULL)
-        return lk_error(LK_EINVAL, OP ": %s: expected a tensor, got NULL", x ? "weight" : "x");
+    if (x == NULL || w == NULL) return lk_error(LK_EINVAL, OP ": %s: expected a tensor, got NULL", x ? "weight" : "x");
     if (bytes == NULL) return lk_error(LK_EINVAL, OP ": bytes: expected somewhere to write, got NULL");
-    if ((s = check_x_w(impl, x, weight, 0, &d))) return s;
+    return check_x_w(impl, x, w, 0, d);
+}
+
+lk_status lk_linear_saved_bytes(const lk_impl *impl, const lk_tensor *x, const lk_tensor *weight, size_t *bytes) {
+    dims d = {0};
+    lk_status s = query(impl, x, weight, bytes, &d);
+    if (s) return s;
     *bytes = d.vt->saved_bytes(d.rows, d.in, d.out, x->dtype);
     return LK_OK;
 }
 
 lk_status lk_linear_workspace_bytes(const lk_impl *impl, const lk_linear_args *a, int backward, size_t *bytes) {
+    if (a == NULL) return lk_error(LK_EINVAL, OP ": args: expected a pointer, got NULL");
     dims d = {0};
-    lk_status s = lk_impl_check(OP, impl, LK_OP_LINEAR);
+    lk_status s = query(impl, &a->x, &a->weight, bytes, &d);
     if (s) return s;
-    if (a == NULL || bytes == NULL)
-        return lk_error(LK_EINVAL, OP ": %s: expected a pointer, got NULL", a ? "bytes" : "args");
-    if ((s = check_x_w(impl, &a->x, &a->weight, 0, &d))) return s;
     *bytes = d.vt->workspace_bytes ? d.vt->workspace_bytes(a, backward) : 0;
     return LK_OK;
 }
@@ -86,9 +90,8 @@ lk_status lk_linear_forward(const lk_impl *impl, const lk_linear_args *a, lk_ctx
     int64_t ys[LK_MAX_DIMS];
     y_shape(&a->x, d.out, ys);
     if ((s = check_tensor(impl, "y", &a->y, a->x.ndim, ys, LK_DTYPE_BIT(a->x.dtype)))) return s;
-    const lk_region outs[] = {lk_tensor_region("y", &a->y), {"saved", a->saved.data, a->saved.bytes}};
-    const lk_region ins[] = {lk_tensor_region("x", &a->x), lk_tensor_region("weight", &a->weight),
-                             lk_tensor_region("bias", &a->bias)};
+    const lk_region outs[] = {LK_ARG_REGION(a, y), LK_SAVED_REGION(a)};
+    const lk_region ins[] = {LK_ARG_REGION(a, x), LK_ARG_REGION(a, weight), LK_ARG_REGION(a, bias)};
     if ((s = lk_expect_apart(OP, outs, 2, ins, 3))) return s;
     if (d.rows == 0) return LK_OK;
     return run(&d, 0, a, ctx);
@@ -107,12 +110,9 @@ lk_status lk_linear_backward(const lk_impl *impl, const lk_linear_args *a, lk_ct
     if (a->dbias.data && a->bias.data == NULL)
         return lk_error(LK_EINVAL, OP ": dbias: expected NULL data without a bias, got a buffer");
     if (a->dbias.data && (s = check_tensor(impl, "dbias", &a->dbias, 1, &d.out, gdt))) return s;
-    const lk_region outs[] = {lk_tensor_region("dx", &a->dx),
-                              lk_tensor_region("dweight", &a->dweight),
-                              lk_tensor_region("dbias", &a->dbias)};
-    const lk_region ins[] = {lk_tensor_region("x", &a->x), lk_tensor_region("weight", &a->weight),
-                             lk_tensor_region("bias", &a->bias), lk_tensor_region("dy", &a->dy),
-                             {"saved", a->saved.data, a->saved.bytes}};
+    const lk_region outs[] = {LK_ARG_REGION(a, dx), LK_ARG_REGION(a, dweight), LK_ARG_REGION(a, dbias)};
+    const lk_region ins[] = {LK_ARG_REGION(a, x), LK_ARG_REGION(a, weight), LK_ARG_REGION(a, bias),
+                             LK_ARG_REGION(a, dy), LK_SAVED_REGION(a)};
     if ((s = lk_expect_apart(OP, outs, 3, ins, 5))) return s;
     if (d.rows == 0) return LK_OK;      /* dx is empty and the gradients gain a sum of nothing */
     return run(&d, 1, a, ctx);

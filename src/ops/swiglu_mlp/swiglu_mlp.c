@@ -55,27 +55,32 @@ static lk_status run(const dims *d, int backward, const lk_swiglu_mlp_args *a, l
     return s ? s : lk_workspace_done(ctx, mark, backward ? d->vt->backward(a, ctx) : d->vt->forward(a, ctx));
 }
 
+/* Where both size queries begin: impl, somewhere to write the answer, and x and
+ * gate_up_weight, which fix d (their data is not needed). */
+static lk_status query(const lk_impl *impl, const lk_tensor *x, const lk_tensor *gu, const size_t *bytes, dims *d) {
+    lk_status s = lk_impl_check(OP, impl, LK_OP_SWIGLU_MLP);
+    if (s) return s;
+    if (x == NULL || gu == NULL)
+        return lk_error(LK_EINVAL, OP ": %s: expected a tensor, got NULL", x ? "gate_up_weight" : "x");
+    if (bytes == NULL) return lk_error(LK_EINVAL, OP ": bytes: expected somewhere to write, got NULL");
+    return check_x_gu(impl, x, gu, 0, d);
+}
+
 lk_status lk_swiglu_mlp_saved_bytes(const lk_impl *impl, const lk_tensor *x, const lk_tensor *gate_up_weight,
                                     size_t *bytes) {
     dims d = {0};
-    lk_status s = lk_impl_check(OP, impl, LK_OP_SWIGLU_MLP);
+    lk_status s = query(impl, x, gate_up_weight, bytes, &d);
     if (s) return s;
-    if (x == NULL || gate_up_weight == NULL)
-        return lk_error(LK_EINVAL, OP ": %s: expected a tensor, got NULL", x ? "gate_up_weight" : "x");
-    if (bytes == NULL) return lk_error(LK_EINVAL, OP ": bytes: expected somewhere to write, got NULL");
-    if ((s = check_x_gu(impl, x, gate_up_weight, 0, &d))) return s;
     *bytes = d.vt->saved_bytes(d.tokens, d.hidden, d.inter, x->dtype);
     return LK_OK;
 }
 
 lk_status lk_swiglu_mlp_workspace_bytes(const lk_impl *impl, const lk_swiglu_mlp_args *a, int backward,
                                         size_t *bytes) {
+    if (a == NULL) return lk_error(LK_EINVAL, OP ": args: expected a pointer, got NULL");
     dims d = {0};
-    lk_status s = lk_impl_check(OP, impl, LK_OP_SWIGLU_MLP);
+    lk_status s = query(impl, &a->x, &a->gate_up_weight, bytes, &d);
     if (s) return s;
-    if (a == NULL || bytes == NULL)
-        return lk_error(LK_EINVAL, OP ": %s: expected a pointer, got NULL", a ? "bytes" : "args");
-    if ((s = check_x_gu(impl, &a->x, &a->gate_up_weight, 0, &d))) return s;
     *bytes = d.vt->workspace_bytes ? d.vt->workspace_bytes(a, backward) : 0;
     return LK_OK;
 }
@@ -84,10 +89,8 @@ lk_status lk_swiglu_mlp_forward(const lk_impl *impl, const lk_swiglu_mlp_args *a
     dims d = {0};
     lk_status s = check_common(impl, a, ctx, &d);
     if (s || (s = check_tensor(impl, "out", &a->out, a->x.ndim, a->x.shape, LK_DTYPE_BIT(a->x.dtype)))) return s;
-    const lk_region outs[] = {lk_tensor_region("out", &a->out), {"saved", a->saved.data, a->saved.bytes}};
-    const lk_region ins[] = {lk_tensor_region("x", &a->x),
-                             lk_tensor_region("gate_up_weight", &a->gate_up_weight),
-                             lk_tensor_region("down_weight", &a->down_weight)};
+    const lk_region outs[] = {LK_ARG_REGION(a, out), LK_SAVED_REGION(a)};
+    const lk_region ins[] = {LK_ARG_REGION(a, x), LK_ARG_REGION(a, gate_up_weight), LK_ARG_REGION(a, down_weight)};
     if ((s = lk_expect_apart(OP, outs, 2, ins, 3))) return s;
     if (d.tokens == 0) return LK_OK;
     return run(&d, 0, a, ctx);
@@ -104,14 +107,10 @@ lk_status lk_swiglu_mlp_backward(const lk_impl *impl, const lk_swiglu_mlp_args *
         (a->d_gate_up_weight.data && (s = check_tensor(impl, "d_gate_up_weight", &a->d_gate_up_weight, 2, gus, gdt))) ||
         (a->d_down_weight.data && (s = check_tensor(impl, "d_down_weight", &a->d_down_weight, 2, dws, gdt))))
         return s;
-    const lk_region outs[] = {lk_tensor_region("dx", &a->dx),
-                              lk_tensor_region("d_gate_up_weight", &a->d_gate_up_weight),
-                              lk_tensor_region("d_down_weight", &a->d_down_weight)};
-    const lk_region ins[] = {lk_tensor_region("x", &a->x),
-                             lk_tensor_region("gate_up_weight", &a->gate_up_weight),
-                             lk_tensor_region("down_weight", &a->down_weight),
-                             lk_tensor_region("dout", &a->dout),
-                             {"saved", a->saved.data, a->saved.bytes}};
+    const lk_region outs[] = {LK_ARG_REGION(a, dx), LK_ARG_REGION(a, d_gate_up_weight),
+                              LK_ARG_REGION(a, d_down_weight)};
+    const lk_region ins[] = {LK_ARG_REGION(a, x), LK_ARG_REGION(a, gate_up_weight), LK_ARG_REGION(a, down_weight),
+                             LK_ARG_REGION(a, dout), LK_SAVED_REGION(a)};
     if ((s = lk_expect_apart(OP, outs, 3, ins, 5))) return s;
     if (d.tokens == 0) return LK_OK;
     return run(&d, 1, a, ctx);

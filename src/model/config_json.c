@@ -4,7 +4,6 @@
  * sorted). One table of plain keys drives both directions; the few keys with structure
  * (architectures, model_type, mlp_only_layers, rope_scaling) are handled beside it. */
 #include <errno.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,19 +82,8 @@ void lk_qwen3_config_init(lk_qwen3_config *c, int moe) {
     c->router_aux_loss_coef = 0.001;
 }
 
-static lk_status bad(lk_status s, const char *what, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-static lk_status bad(lk_status s, const char *what, const char *fmt, ...) {
-    char msg[300];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return lk_error(s, "config.json: %s: %s", what, msg);
-}
+/* An error of the config.json named what (its path, or where it came from): s and the message fmt. */
+#define bad(s, what, ...) lk_json_file_error(s, "config.json", what, __VA_ARGS__)
 
 static lk_status wrong_type(const char *what, const char *key, const char *want, const json_t *v) {
     return bad(LK_EIO, what, "key '%s': expected %s, got %s", key, want, lk_json_type_name(v));

@@ -10,8 +10,18 @@
  * from the bytes before the error's offset, which jansson has already accepted. */
 #include "json.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+
+lk_status lk_json_file_error(lk_status s, const char *file, const char *where, const char *fmt, ...) {
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return lk_error(s, "%s: %s: %s", file, where, msg);
+}
 
 /* jansson's text with bytes that are not printable ASCII as '?' (its "near '...'" quotes
  * the input, which is untrusted). */

@@ -12,6 +12,7 @@
 #include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "llmkern/status.h"
 
 #define LK_JSON_MAX_DEPTH 64
 
@@ -25,6 +26,15 @@ typedef struct {
 /* Parses len bytes (not NUL-terminated) into a new tree (json_decref it), any value at the
  * top. NULL with err filled on failure. */
 json_t *lk_json_load(const char *text, size_t len, lk_json_error *err);
+
+/* Records "<file>: <where>: <message>" as the last error and returns s: how the readers of
+ * config.json and safetensors files name what is wrong ("config.json: out/config.json: key ...",
+ * "safetensors: model.safetensors: tensor 'w': ..."). */
+lk_status lk_json_file_error(lk_status s, const char *file, const char *where, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
 
 /* "null", "a boolean", "a number", "a string", "an array", "an object". */
 const char *lk_json_type_name(const json_t *v);

@@ -5,7 +5,6 @@
  * exactly cover the data section in order, no gaps, no overlaps, no trailing bytes. */
 #include <errno.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,19 +62,8 @@ struct lk_st_file {
     json_t *root;                   /* the parsed header: owns the strings the above point to */
 };
 
-static lk_status bad(const char *path, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 2, 3)))
-#endif
-    ;
-static lk_status bad(const char *path, const char *fmt, ...) {
-    char msg[400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return lk_error(LK_EIO, "safetensors: %s: %s", path, msg);
-}
+/* An error of the safetensors file at path: LK_EIO and the message fmt. */
+#define bad(path, ...) lk_json_file_error(LK_EIO, "safetensors", path, __VA_ARGS__)
 
 static int by_offset(const void *a, const void *b) {
     const lk_st_tensor *x = a, *y = b;   /* data pointers share one base: comparable */

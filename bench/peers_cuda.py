@@ -658,25 +658,31 @@ def moe_rows():
         for _ in range(5):
             lk_f(), lk_b()
         torch.cuda.synchronize()
-    # grouped.cu's instantiations: gg_mma<mode, epilogue, A k-major, B k-major>
-    kinds = {"gg_mma<0, 2, true, true>": ("gemm gate/up", "fwd", 2.0 * R * H * 2 * I),
-             "gg_mma<0, 0, true, true>": ("gemm down", "fwd", 2.0 * R * I * H),
-             "gg_mma<0, 3, true, false>": ("gemm down", "bwd dh'", 2.0 * R * I * H),
-             "gg_mma<0, 0, true, false>": ("gemm gate/up", "bwd d_rows", 2.0 * R * H * 2 * I),
-             "gg_mma<1, 1, false, false>": ("gemm wgrad", "bwd d_down + d_gate_up", 2.0 * R * H * 3 * I)}
-    us = {}
+    # grouped.cu's instantiations, gg_mma<mode, epilogue, A k-major, B k-major>, and on sm_90
+    # grouped_sm90.cu's, gg_sm90<epilogue, A gathered, B k-major>: a row sums whichever ran
+    kinds = {("gg_mma<0, 2, true, true>", "gg_sm90<2, true, true>"): ("gemm gate/up", "fwd", 2.0 * R * H * 2 * I),
+             ("gg_mma<0, 0, true, true>", "gg_sm90<0, false, true>"): ("gemm down", "fwd", 2.0 * R * I * H),
+             ("gg_mma<0, 3, true, false>", "gg_sm90<3, true, false>"): ("gemm down", "bwd dh'", 2.0 * R * I * H),
+             ("gg_mma<0, 0, true, false>", "gg_sm90<0, false, false>"):
+                 ("gemm gate/up", "bwd d_rows", 2.0 * R * H * 2 * I),
+             ("gg_mma<1, 1, false, false>",): ("gemm wgrad", "bwd d_down + d_gate_up", 2.0 * R * H * 3 * I)}
+    us, ran = {}, {}
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            for key in kinds:
-                if key in e.name.replace("(int)", ""):
-                    us[key] = us.get(key, 0.0) + (e.device_time_total if hasattr(e, "device_time_total")
-                                                  else e.cuda_time_total)
-    for key, (gname, pas, f) in kinds.items():
-        if key in us:
-            tm = us[key] / 5 / 1e3
-            MOE_ROWS.append((gname, "llmkern fused", pas, tm, f / (tm * 1e-3) / 1e12))
+            name = e.name.replace("(int)", "")
+            for keys in kinds:
+                for key in keys:
+                    if key in name:
+                        us[keys] = us.get(keys, 0.0) + (e.device_time_total if hasattr(e, "device_time_total")
+                                                        else e.cuda_time_total)
+                        ran.setdefault(keys, set()).add(key.split("<")[0])
+    for keys, (gname, pas, f) in kinds.items():
+        if keys in us:
+            tm = us[keys] / 5 / 1e3
+            MOE_ROWS.append((gname, "llmkern fused", f"{pas} ({'+'.join(sorted(ran[keys]))})", tm,
+                             f / (tm * 1e-3) / 1e12))
         else:
-            print(f"  moe: no kernel named {key} in the profile", flush=True)
+            print(f"  moe: no kernel named {' or '.join(keys)} in the profile", flush=True)
     for r in MOE_ROWS:
         print(f"moe {r[0]:14s} {r[1]:20s} {r[2]:24s} {r[3]:8.3f} ms {r[4]:6.1f} TFLOP/s", flush=True)
     anatomy("moe fwd+bwd llmkern", lambda: (lk_f(), lk_b()), 5)

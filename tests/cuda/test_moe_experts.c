@@ -13,7 +13,10 @@
  * Also: a bad expert id makes out, d_hidden and d_topk_weights NaN (the ids are never
  * read on the host); and the forward + backward captured in a CUDA graph (global capture
  * mode, so any synchronizing call fails the capture) replays to the same bits as the
- * uncaptured calls. Skipped (77) where there is no GPU. */
+ * uncaptured calls. The bf16 cases run three ways: the device's default kernels (on an
+ * sm_90 GPU the wgmma grouped GEMM of grouped_sm90.cu), with lk_moe_cuda_gg_sm80_only
+ * (mma.sync), with lk_moe_cuda_gg_simt_only (CUDA cores); and the fused_sm90 row by name
+ * where the GPU is sm_90. Skipped (77) where there is no GPU. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -93,8 +96,10 @@ static void check_routing(const void *saved, const int32_t *ids, const lk_moe_di
     free(offs), free(goffs), free(order), free(pos), free(gorder), free(gpos);
 }
 
+static const char *row = "fused";   /* the row run_case runs: fused, or fused_sm90 by name */
+
 static void run_case(lk_dtype dt, const mcase *c, uint32_t seed) {
-    const lk_impl *impl = lk_impl_find(LK_OP_MOE_EXPERTS, "fused", LK_DEVICE_CUDA);
+    const lk_impl *impl = lk_impl_find(LK_OP_MOE_EXPERTS, row, LK_DEVICE_CUDA);
     assert_non_null(impl);
     int64_t T = c->t, H = c->h, I = c->i, E = c->e, K = c->k, R = T * K, ngu = E * 2 * I * H, nd = E * H * I;
     double *x = lkt_alloc(T * H), *w = lkt_alloc(R), *wgu = lkt_alloc(ngu), *wd = lkt_alloc(nd);
@@ -167,6 +172,7 @@ static const mcase cases[] = {
     {45, 37, 19, 6, 2, RANDOM, 1, 0},     /* odd H and I: element-wise loads, partial chunks */
     {1500, 32, 16, 3, 2, DUP, 1, 0},      /* 3000 routes on one expert of 3: long K for the weight grads */
     {129, 64, 40, 8, 2, RANDOM, 1, 1},    /* only d_hidden wanted */
+    {200, 320, 264, 4, 2, RANDOM, 1, 0},  /* several 256-column tiles, partial ones, K tails (64-wide K steps) */
 };
 
 static void against_reference_f32(void **state) {
@@ -176,7 +182,45 @@ static void against_reference_f32(void **state) {
 
 static void against_reference_bf16(void **state) {
     (void)state;
+    print_message("  bf16 grouped GEMMs on %s\n", lk_hw_get()->cuda_cc == 90 ? "wgmma where grouped_sm90.cu takes them "
+                  "(sm_90), the rest on mma.sync" : "mma.sync (not an sm_90 GPU)");
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(LK_BF16, &cases[i], 131u + (uint32_t)i);
+}
+
+/* The same bf16 cases with the Hopper kernel off (lk_moe_cuda_gg_sm80_only): on an sm_90
+ * GPU the mma.sync kernel the wgmma one replaced, so both stay checked; elsewhere a repeat. */
+static int sm80_on(void **state) {
+    (void)state;
+    lk_moe_cuda_gg_sm80_only(1);
+    return 0;
+}
+static int sm80_off(void **state) {   /* a teardown: runs after a failed assertion too */
+    (void)state;
+    lk_moe_cuda_gg_sm80_only(0);
+    return 0;
+}
+static void against_reference_bf16_sm80(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(LK_BF16, &cases[i], 131u + (uint32_t)i);
+}
+
+/* The fused_sm90 row (alias fused_quack) by name, bf16 (its only dtype), where this GPU
+ * runs it (sm_90); the sm80-only switch on, which the row asked for by name overrides. */
+static void fused_sm90_row(void **state) {
+    (void)state;
+    const lk_impl *impl = lk_impl_find(LK_OP_MOE_EXPERTS, "fused_quack", LK_DEVICE_CUDA);
+    assert_non_null(impl);
+    assert_string_equal(impl->name, "fused_sm90");
+    char why[256] = "";
+    if (!lk_impl_available(impl, lk_hw_get(), why, sizeof why)) {
+        print_message("  fused_sm90 not run here: %s\n", why);
+        return;
+    }
+    row = "fused_sm90";
+    lk_moe_cuda_gg_sm80_only(1);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(LK_BF16, &cases[i], 231u + (uint32_t)i);
+    lk_moe_cuda_gg_sm80_only(0);
+    row = "fused";
 }
 
 /* The same bf16 cases on the CUDA-core kernel (the cross-check of the tensor-core one:
@@ -374,7 +418,9 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(against_reference_f32),
         cmocka_unit_test(against_reference_bf16),
+        cmocka_unit_test_setup_teardown(against_reference_bf16_sm80, sm80_on, sm80_off),
         cmocka_unit_test_setup_teardown(against_reference_bf16_simt, simt_on, simt_off),
+        cmocka_unit_test_setup_teardown(fused_sm90_row, NULL, sm80_off),
         cmocka_unit_test(routing_at_scale),
         cmocka_unit_test(bad_id_poisons),
         cmocka_unit_test(graph_capture),

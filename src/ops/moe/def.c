@@ -1,10 +1,12 @@
 /* def.c — the descriptors of the folder's two ops (src/ops/op_def.h): lk_moe_router_def
  * and lk_moe_experts_def, each with its catalog entry, its registry rows on the CPU and,
- * built with CUDA, the `softmax_topk` router and `fused` experts on the GPU (each row
- * pointing at the vtable its own file defines), its harness and the members its vtables
- * must have. The design's other CUDA experts (fused_sm90 alias fused_quack, fused_cublas)
- * and CUDA routers (sigmoid_bias, fake_balanced) do not exist yet: asked for, they are
- * "not available in this build". */
+ * built with CUDA, the `softmax_topk` router and the `fused` and `fused_sm90` (alias
+ * fused_quack: fused.cu's layer on grouped_sm90.cu's wgmma grouped GEMM, which `fused` also
+ * takes on an sm_90 GPU) experts on the GPU (each row pointing at the vtable its own file
+ * defines), its harness and the members its vtables must have. The design's fused_cublas
+ * experts and CUDA routers (sigmoid_bias, fake_balanced) do not exist yet: asked for, they
+ * are "not available in this build". */
+#include <stdio.h>
 #include "llmkern/moe.h"
 #include "ops/op_def.h"
 
@@ -16,6 +18,14 @@ extern const lk_moe_experts_vtable lk_moe_experts_fused_vtable;
 #ifdef LLMKERN_HAVE_CUDA
 extern const lk_moe_router_vtable lk_moe_router_cuda_softmax_topk_vtable;   /* router_cuda.c */
 extern const lk_moe_experts_vtable lk_moe_experts_cuda_fused_vtable;   /* fused.cu */
+extern const lk_moe_experts_vtable lk_moe_experts_cuda_fused_sm90_vtable;   /* fused.cu on grouped_sm90.cu */
+
+/* grouped_sm90.cu is sm_90a machine code: it runs on compute capability 9.0 alone. */
+static int sm90_exactly(const lk_hw *hw, char *why, size_t n) {
+    if (hw->cuda_cc == 90) return 1;
+    snprintf(why, n, "needs an sm_90 GPU (its wgmma/TMA code is sm_90a), this one is sm_%d", hw->cuda_cc);
+    return 0;
+}
 #endif
 extern const lk_harness lk_moe_router_harness, lk_moe_experts_harness;
 
@@ -47,7 +57,13 @@ static const lk_impl experts_rows[] = {
 #ifdef LLMKERN_HAVE_CUDA
     {.op = LK_OP_MOE_EXPERTS, .name = "fused", .device = LK_DEVICE_CUDA, .needs = {.min_cc = 80, .dtypes = LK_F32_BF16},
      .vtable = &lk_moe_experts_cuda_fused_vtable,
-     .summary = "the CPU fused layout on the GPU: routing on the device, grouped mma.sync GEMMs, SwiGLU epilogue, no host sync"},
+     .summary = "the CPU fused layout on the GPU: routing on the device, grouped GEMMs (wgmma on sm_90, else mma.sync), "
+                "SwiGLU epilogue, no host sync"},
+    {.op = LK_OP_MOE_EXPERTS, .name = "fused_sm90", .aliases = (const char *const[]){"fused_quack", NULL},
+     .device = LK_DEVICE_CUDA, .needs = {.min_cc = 90, .dtypes = LK_DTYPE_BIT(LK_BF16)}, .supported = sm90_exactly,
+     .vtable = &lk_moe_experts_cuda_fused_sm90_vtable,
+     .summary = "fused on Hopper's grouped GEMM by name: TMA + cp.async-gathered rows, wgmma 128x256 tiles, a "
+                "persistent walk of the device tile list (weight gradients on mma.sync)"},
 #endif
     {.name = NULL},
 };

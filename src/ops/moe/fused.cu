@@ -20,6 +20,10 @@
  *             bf16 gradient is rounded once per call; the un-permute sums d_rows into
  *             d_hidden.
  *
+ * The grouped GEMMs are grouped.cu's: on an sm_90 GPU its forward GEMMs and the
+ * backward's data-gradient GEMMs run on grouped_sm90.cu's wgmma kernel (the `fused` row
+ * there, and the `fused_sm90` row, below, by name), the weight gradients on mma.sync.
+ *
  * Expert ids are device memory the host never reads: an id outside [0, E) raises a
  * device flag (route.cu) and the activation kernels then write NaN, so out (forward)
  * and d_hidden, d_topk_weights and the touched weight gradients (backward) are NaN
@@ -112,11 +116,12 @@ static lk_gg_operand opnd(const void *src, int64_t ld, int64_t e_stride, const i
     return o;
 }
 
-/* The GEMMs' shared fields: dtype, experts, row bound, offsets, tile list. */
-static lk_gg gg_base(const lk_moe_dims *d, const lk_moe_fused_saved *sv, int32_t *tiles) {
+/* The GEMMs' shared fields: dtype, experts, row bound, offsets, tile list, and whether
+ * the row is fused_sm90 (the Hopper kernel asked for by name). */
+static lk_gg gg_base(const lk_moe_dims *d, const lk_moe_fused_saved *sv, int32_t *tiles, int hopper) {
     lk_gg g;
     memset(&g, 0, sizeof g);
-    g.dt = d->dt, g.experts = d->e, g.rows = d->r, g.offs = sv->offs, g.tiles = tiles;
+    g.dt = d->dt, g.experts = d->e, g.rows = d->r, g.offs = sv->offs, g.tiles = tiles, g.hopper = hopper;
     return g;
 }
 
@@ -136,7 +141,7 @@ static lk_status wgrad_gemm(lk_gg g, lk_gg_operand a, lk_gg_operand b, int64_t m
     return lk_moe_cuda_grouped_gemm(&g, st);
 }
 
-static lk_status forward(const lk_moe_experts_args *a, lk_ctx *ctx) {
+static lk_status forward_on(const lk_moe_experts_args *a, lk_ctx *ctx, int hopper) {
     lk_moe_dims d = lk_moe_dims_of(a);
     int64_t H = d.h, I = d.i, R = d.r, K = d.k;
     size_t es = lk_dtype_size(d.dt);
@@ -153,7 +158,7 @@ static lk_status forward(const lk_moe_experts_args *a, lk_ctx *ctx) {
     if (!flag || !tiles || !rws || (!gu && !fused_act) || !h || !y) return NOMEM;
     lk_status s = lk_moe_cuda_route((const int32_t *)a->topk_ids.data, R, d.e, sv.offs, sv.order, sv.pos, flag, rws, st);
     if (s) return s;
-    lk_gg g = gg_base(&d, &sv, tiles);
+    lk_gg g = gg_base(&d, &sv, tiles, hopper);
     lk_gg_operand x = opnd(a->hidden.data, H, 0, sv.order, K, 1);
     lk_gg_operand wgu = opnd(a->gate_up_weight.data, H, 2 * I * H, NULL, 0, 1);
     if (fused_act) {   /* gate_up with the SwiGLU in the epilogue */
@@ -199,7 +204,7 @@ static lk_status act_backward_launch(const lk_moe_experts_args *a, const lk_moe_
     return LK_OK;
 }
 
-static lk_status backward(const lk_moe_experts_args *a, lk_ctx *ctx) {
+static lk_status backward_on(const lk_moe_experts_args *a, lk_ctx *ctx, int hopper) {
     lk_moe_dims d = lk_moe_dims_of(a);
     int64_t H = d.h, I = d.i, R = d.r, K = d.k;
     size_t es = lk_dtype_size(d.dt);
@@ -216,7 +221,7 @@ static lk_status backward(const lk_moe_experts_args *a, lk_ctx *ctx) {
     if (!flag || !tiles || !hb || !wh || !dgu || !dr) return NOMEM;
     lk_status s = lk_moe_cuda_check_ids((const int32_t *)a->topk_ids.data, R, d.e, flag, st);
     if (s) return s;
-    lk_gg g = gg_base(&d, &sv, tiles);
+    lk_gg g = gg_base(&d, &sv, tiles, hopper);
     lk_gg_operand dout = opnd(a->dout.data, H, 0, sv.order, K, 1);
     lk_gg_operand wd_kn = opnd(a->down_weight.data, I, H * I, NULL, 0, 0);   /* Wd_e [H, I] read as [k, n] */
     float *dw = (float *)a->d_topk_weights.data;
@@ -255,6 +260,18 @@ static lk_status backward(const lk_moe_experts_args *a, lk_ctx *ctx) {
     return LK_OK;
 }
 
+static lk_status forward(const lk_moe_experts_args *a, lk_ctx *ctx) { return forward_on(a, ctx, 0); }
+static lk_status backward(const lk_moe_experts_args *a, lk_ctx *ctx) { return backward_on(a, ctx, 0); }
+static lk_status forward_sm90(const lk_moe_experts_args *a, lk_ctx *ctx) { return forward_on(a, ctx, 1); }
+static lk_status backward_sm90(const lk_moe_experts_args *a, lk_ctx *ctx) { return backward_on(a, ctx, 1); }
+
 extern "C" const lk_moe_experts_vtable lk_moe_experts_cuda_fused_vtable = {
     LK_MOE_EXPERTS_VTABLE_VERSION, lk_moe_fused_saved_bytes, workspace_bytes, forward, backward,
+};
+
+/* fused_sm90 (alias fused_quack): the same layer with the Hopper grouped GEMM asked for by
+ * name, so lk_moe_cuda_gg_sm80_only does not turn it off (def.c keeps the row to bf16 on
+ * sm_90). */
+extern "C" const lk_moe_experts_vtable lk_moe_experts_cuda_fused_sm90_vtable = {
+    LK_MOE_EXPERTS_VTABLE_VERSION, lk_moe_fused_saved_bytes, workspace_bytes, forward_sm90, backward_sm90,
 };

@@ -28,9 +28,14 @@
  * (lanes by shuffles, the 4 column warps through shared memory, in a fixed order) into
  * one partial per (row, column tile), and dw_reduce adds the tiles in order — no atomics.
  *
+ * On an sm_90 GPU the ROWS GEMMs go to grouped_sm90.cu's wgmma kernel (TMA, a persistent
+ * walk of the same tile list) wherever it takes them; lk_moe_cuda_gg_sm80_only keeps them
+ * here (the tests run both).
+ *
  * Not measured yet (written without a GPU): the tile sizes are the plain first choice;
  * no persistent scheduler, no split-K for the weight gradients. */
 #include "core/cuda_check.h"
+#include "llmkern/registry.h"
 #include "ops/cuda_util.cuh"
 #include "ops/mma_sm80.cuh"
 #include "ops/moe/moe_cuda.h"
@@ -435,8 +440,10 @@ extern "C" lk_status lk_moe_cuda_dw_reduce(const float *dw_part, int64_t tiles, 
 }
 
 static int simt_only;   /* lk_moe_cuda_gg_simt_only: the tests' cross-check */
+static int sm80_only;   /* lk_moe_cuda_gg_sm80_only: mma.sync on Hopper too */
 
 extern "C" void lk_moe_cuda_gg_simt_only(int on) { simt_only = on != 0; }
+extern "C" void lk_moe_cuda_gg_sm80_only(int on) { sm80_only = on != 0; }
 
 static int use_tc(lk_dtype dt) { return dt == LK_BF16 && LK_MOE_TC && !simt_only; }
 
@@ -489,6 +496,9 @@ extern "C" lk_status lk_moe_cuda_grouped_gemm(const lk_gg *g, void *stream) {
                             (long long)bound, (long long)ny);
         tile_scan<<<1, 1024, 0, st>>>(g->offs, (int32_t)g->experts, bm, g->tiles);
         LK_CUDA_LAUNCHED("moe_experts: grouped gemm: tile_scan");
+        /* on Hopper the wgmma kernel (grouped_sm90.cu), on the same 128-row tile list */
+        if (tc && (g->hopper || !sm80_only) && lk_hw_get()->cuda_cc == 90 && lk_moe_cuda_gg_sm90_takes(g))
+            return lk_moe_cuda_gg_sm90(g, st);
         grid = dim3((unsigned)bound, (unsigned)ny, 1);
     } else {
         const int64_t nx = lk_cdiv(g->n, bn), ny = lk_cdiv(g->m, bm);

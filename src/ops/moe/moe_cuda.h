@@ -48,8 +48,10 @@ lk_status lk_moe_cuda_check_ids(const int32_t *ids, int64_t routes, int64_t expe
  * dgu = d[gate | up] and wh = w·h in bf16 and, when dw_part is given, each row's partial
  * Σ_j dh'_j·h_j over the CTA's columns into dw_part[row, n tile] — summed over the tiles
  * in order by lk_moe_cuda_dw_reduce; NaN when *flag is set).
- * bf16 operands run on tensor cores (mma.sync m16n8k16, sm_80+); f32 on CUDA cores in
- * f32 (the exact path f32 training is checked against). */
+ * bf16 operands run on tensor cores: on an sm_90 GPU the ROWS GEMMs whose operands TMA can
+ * read (lk_moe_cuda_gg_sm90_takes) on wgmma (grouped_sm90.cu), the rest on mma.sync
+ * m16n8k16 (sm_80+, grouped.cu); f32 on CUDA cores in f32 (the exact path f32 training is
+ * checked against). */
 typedef enum { LK_GG_ROWS, LK_GG_WGRAD } lk_gg_mode;
 typedef enum { LK_GG_STORE_F32, LK_GG_ACCUM, LK_GG_SWIGLU, LK_GG_DSWIGLU } lk_gg_epi;
 
@@ -81,6 +83,8 @@ typedef struct {
     const int32_t *order;         /* (D)SWIGLU: route of each sorted row */
     int64_t inter;                /* (D)SWIGLU: I (SWIGLU: n = 2I; DSWIGLU: n = I) */
     const int *flag;              /* (D)SWIGLU: bad-id flag (device) */
+    int hopper;                   /* 1: the Hopper kernel wherever it takes the GEMM, even under
+                                     lk_moe_cuda_gg_sm80_only (the fused_sm90 row); 0: the device's default */
 } lk_gg;
 
 /* 1 when the SWIGLU and DSWIGLU epilogues run for operands of dt (bf16 on tensor cores);
@@ -98,6 +102,21 @@ lk_status lk_moe_cuda_dw_reduce(const float *dw_part, int64_t tiles, const int32
  * until called again with 0 — tests/cuda run the bf16 cases both ways, so a wrong
  * tensor-core kernel shows as such. Not thread-safe; never set on the hot path. */
 void lk_moe_cuda_gg_simt_only(int on);
+
+/* on != 0: bf16 stays on the mma.sync kernel on an sm_90 GPU too (the `fused` row's GEMMs
+ * that would run on grouped_sm90.cu), until called again with 0 — tests/cuda run the bf16
+ * cases both ways. Not thread-safe; never set on the hot path. */
+void lk_moe_cuda_gg_sm80_only(int on);
+
+/* grouped_sm90.cu: 1 when the Hopper kernel takes g (bf16 ROWS: STORE_F32 with the sorted
+ * rows as A, SWIGLU with B K-major, DSWIGLU with B N-major, the last two with A gathered;
+ * K >= 8; K, the row strides and the expert stride multiples of 8 elements, the operands
+ * 16-byte aligned; (D)SWIGLU: I a multiple of 8). Says nothing of the GPU. */
+int lk_moe_cuda_gg_sm90_takes(const lk_gg *g);
+
+/* Queues g on the Hopper kernel (an sm_90 GPU; g taken by lk_moe_cuda_gg_sm90_takes, its
+ * tile list already built by grouped.cu's tile scan). Errors: LK_EDEVICE. */
+lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream);
 
 /* Queues the grouped GEMM on stream. Errors: LK_EINTERNAL (a combination this file does
  * not build), LK_EDEVICE (a launch; a grid dim over the device's limit). */

@@ -1,0 +1,388 @@
+/* grouped_sm90.cu — the MoE experts' grouped GEMM on Hopper (sm_90a): grouped.cu's ROWS
+ * GEMMs (M = the expert-sorted rows, expert e owning [offs[e], offs[e+1])) with the same
+ * epilogues, on wgmma. grouped.cu's launcher sends a ROWS GEMM here on an sm_90 GPU when
+ * lk_moe_cuda_gg_sm90_takes says its operands fit (moe_cuda.h); the weight gradients
+ * (WGRAD) stay on mma.sync.
+ *
+ *   tile       128 rows × 256 columns a CTA tile, K steps of 64 (one 128-byte swizzled row
+ *              of bf16 a k-step row), a ring of STAGES = 4 stages of A (16 KiB) + B (32 KiB).
+ *   producer   warpgroup 0 (setmaxnreg 56). B (the expert's weight slice, never gathered)
+ *              by TMA through a 3-D map [E, rows, K] or [E, K, N]: one thread issues the
+ *              boxes and the stage's `full` mbarrier counts their bytes. A by TMA too where
+ *              its rows are the sorted rows themselves (h, d_gate_up); where they are
+ *              gathered token rows (x[order / k], dout[order / k]: the permutation fused
+ *              into the load) a 2-D tensor map cannot name them (Hopper's TMA has no row
+ *              gather), so the warpgroup's 128 threads copy them by cp.async, 16 bytes a
+ *              copy, four rows × 128 bytes a warp instruction (coalesced), into the same
+ *              128-byte swizzle TMA writes (chunk c of row r at c ^ (r & 7)); each thread
+ *              waits for its copies LAG stages later, makes them visible to the async
+ *              proxy (fence.proxy.async) and arrives on the stage's `full` barrier (128
+ *              arrivals + the TMA thread's).
+ *   consumers  warpgroups 1 and 2 (setmaxnreg 224), 64 rows each: per stage four
+ *              wgmma.m64n256k16 (f32 accumulators, 128 a thread) from the swizzled tiles
+ *              (B K-major, or N-major through the descriptor's transpose bit for the
+ *              backward's Wd_e / Wgu_e read as [k, n]); one wgmma group kept in flight, the
+ *              stage before it released to the producer on its `empty` barrier (256
+ *              arrivals). The epilogue reads the accumulators straight to global memory
+ *              while the producer already fills the ring for the next tile.
+ *   schedule   persistent: one CTA an SM walks tiles t = blockIdx.x, + gridDim.x, ... <
+ *              tiles[E] · ny (tiles[]: grouped.cu's tile_scan, the experts' 128-row tiles
+ *              from the device offsets; ny the column tiles), row tile t / ny, column tile
+ *              t % ny (a row tile's column tiles run side by side, so its A rows come from
+ *              L2 once read); the expert by binary search over tiles. Zero-row experts take
+ *              no tile; nothing is read back on the host.
+ * Epilogues (grouped.cu's, element for element):
+ *   STORE      C f32 (y = h·Wdᵀ, d_rows = d_gate_up·Wgu).
+ *   SWIGLU     the B tile is 128 gate rows j0.. then the 128 up rows I + j0.. (two TMA
+ *              boxes), so accumulator column c < 128 (register e) is gate j0 + c and its up
+ *              is register e + 64 of the same thread: keep = [gate | up] bf16, h = w ·
+ *              silu(gate) · up bf16, NaN when the ids were bad.
+ *   DSWIGLU    C = dh' (N = I): d_gate_up, w·h and the per-row partial of Σ dh'·h over each
+ *              128 columns (grouped.cu's dw_part layout, lk_moe_cuda_dw_tiles(I) a row): a
+ *              row lives in one warp, summed by two shuffles, no shared memory.
+ *
+ * Not measured yet (written without a GPU): first version; the plan to measure is
+ * tests/cuda/moe_h200.sh. Count (PEERS-H200.md's shape, T 16384 · top-8 = R 131072 rows,
+ * H 2048, I 768, E 128): gate/up 2·R·H·2I = 824.6 GFLOP, 1.04 ms at 790 TFLOP/s (torch's
+ * 665: 1.24 ms); down 2·R·I·H = 412.3 GFLOP, 0.52 ms at 790 (torch's 519: 0.79 ms) — its
+ * f32 y (R·H·4 = 1.07 GB written) is ~0.3 ms of HBM beside it, hidden only while other
+ * tiles' GEMMs run. */
+#include <stdio.h>
+#include <string.h>
+#include "core/cuda_check.h"
+#include "llmkern/registry.h"
+#include "ops/attention/hopper.cuh"
+#include "ops/cuda_util.cuh"
+#include "ops/moe/moe_cuda.h"
+
+#define BM 128          /* rows a tile (grouped.cu's TM: the same tile list) */
+#define BN 256          /* columns a tile */
+#define BK 64           /* K a stage: 128 bytes of bf16, one swizzle row */
+#define STAGES 4        /* 4 × 48 KiB of the 227 KiB a block may take */
+#define LAG 2           /* stages a gathering producer thread keeps in flight before it arrives */
+#define THREADS 384     /* producer + two consumer warpgroups */
+#define A_BYTES (BM * BK * 2)
+#define B_BYTES (BN * BK * 2)
+#define SMEM_BYTES (STAGES * (A_BYTES + B_BYTES) + 2 * STAGES * 8 + 1024)
+
+enum { STORE = LK_GG_STORE_F32, SWIGLU = LK_GG_SWIGLU, DSWIGLU = LK_GG_DSWIGLU };
+
+typedef struct {
+    const lk_bf16_t *a;       /* gathered A: token rows of lda elements, row order[i] / kdiv */
+    int64_t lda, kdiv;
+    const int32_t *aorder;
+    int64_t n, k, e;          /* n: C's columns (SWIGLU: I) */
+    int ny;                   /* column tiles */
+    const int64_t *offs;
+    const int32_t *tiles;
+    float *c;                 /* STORE */
+    int64_t ldc;
+    int vec_c;                /* STORE: pairs of columns as one 8-byte store */
+    lk_bf16_t *keep, *h;      /* SWIGLU */
+    const lk_bf16_t *gsv;     /* DSWIGLU */
+    lk_bf16_t *dgu, *wh;
+    float *dwp;
+    int64_t dwt;
+    const float *w;
+    const int32_t *order;
+    int64_t inter;
+    const int *flag;
+} sargs;
+
+#if FA3_ARCH
+
+/* Tile t's expert, rows [m0, mlim) and column tile nt. */
+static __device__ __forceinline__ void tile_of(const sargs &p, int t, int64_t &e, int64_t &m0, int64_t &mlim,
+                                               int &nt) {
+    const int32_t mt = t / p.ny;
+    nt = t - mt * p.ny;
+    int32_t lo = 0, hi = (int32_t)p.e - 1;   /* the last expert whose first tile is <= mt */
+    while (lo < hi) {
+        int32_t mid = (lo + hi + 1) >> 1;
+        if (p.tiles[mid] <= mt) lo = mid;
+        else hi = mid - 1;
+    }
+    e = lo;
+    m0 = p.offs[e] + (int64_t)(mt - p.tiles[e]) * BM;
+    mlim = p.offs[e + 1];
+}
+
+static __device__ __forceinline__ void st_bf16x2(lk_bf16_t *p, float lo, float hi) {
+    *reinterpret_cast<uint32_t *>(p) = lk_pack_bf16x2(lo, hi);
+}
+static __device__ __forceinline__ float2 ld_bf16x2(const lk_bf16_t *p) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(p));
+}
+
+#endif
+
+/* Accumulator register e of an m64n256 fragment (consumer warpgroup cg, warp w, lane):
+ * row cg·64 + w·16 + lane / 4 + 8·((e >> 1) & 1) of the tile, column 8·(e / 4) +
+ * 2·(lane % 4) + (e & 1). AG: A gathered (cp.async); BKM: B K-major. */
+template <int EPI, bool AG, bool BKM>
+__global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CUtensorMap ta,
+                                                      const __grid_constant__ CUtensorMap tb, sargs p) {
+#if FA3_ARCH
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sa = sm, *sb = sa + STAGES * A_BYTES;
+    uint64_t *full = (uint64_t *)(sb + STAGES * B_BYTES), *empty = full + STAGES;
+    const int tid = threadIdx.x, wg = tid / 128;
+    const int total = p.tiles[p.e] * p.ny, nk = (int)((p.k + BK - 1) / BK);
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; s++) mbar_init(&full[s], AG ? 129 : 1), mbar_init(&empty[s], 256);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {   /* --- producer ------------------------------------------------------ */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+        if (!AG && tid != 0) return;
+        constexpr uint32_t bytes = B_BYTES + (AG ? 0 : A_BYTES);
+        const int c = tid & 7, r0 = tid >> 3;   /* gathering: chunk c of rows r0 + 16 i */
+        int it = 0;
+        for (int t = blockIdx.x; t < total; t += gridDim.x) {
+            int64_t e, m0, mlim;
+            int nt;
+            tile_of(p, t, e, m0, mlim, nt);
+            int32_t tok[AG ? 8 : 1];
+            if (AG) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const int64_t row = m0 + r0 + 16 * i;
+                    tok[i] = row < mlim ? (int32_t)(p.aorder[row] / p.kdiv) : -1;
+                }
+            }
+            for (int kb = 0; kb < nk; kb++, it++) {
+                const int s = it % STAGES;
+                if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
+                uint8_t *a = sa + s * A_BYTES, *b = sb + s * B_BYTES;
+                if (tid == 0) {
+                    mbar_expect_tx(&full[s], bytes);
+                    if (!AG) tma_load(a, &ta, &full[s], kb * BK, (int)m0, 0);
+                    if (BKM) {   /* two boxes of 128 rows: SWIGLU gate j0.. and up I + j0.. */
+                        const int r1 = EPI == SWIGLU ? nt * (BN / 2) : nt * BN;
+                        const int r2 = EPI == SWIGLU ? (int)p.inter + r1 : r1 + BN / 2;
+                        tma_load(b, &tb, &full[s], kb * BK, r1, (int)e);
+                        tma_load(b + B_BYTES / 2, &tb, &full[s], kb * BK, r2, (int)e);
+                    } else {     /* four 64-column blocks of 64 k-rows */
+#pragma unroll
+                        for (int j = 0; j < 4; j++)
+                            tma_load(b + j * (BK * 128), &tb, &full[s], nt * BN + 64 * j, kb * BK, (int)e);
+                    }
+                }
+                if (AG) {
+                    const int64_t k0 = (int64_t)kb * BK + c * 8;
+                    const bool kok = k0 < p.k;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        const int r = r0 + 16 * i;
+                        const bool ok = kok && tok[i] >= 0;
+                        const lk_bf16_t *src = ok ? p.a + (int64_t)tok[i] * p.lda + k0 : p.a;
+                        cp16(a + r * 128 + ((c ^ (r & 7)) << 4), src, ok);
+                    }
+                    cp_commit();
+                    if (it >= LAG) {   /* stage it - LAG has landed: hand it to the tensor cores */
+                        cp_wait<LAG>();
+                        fence_async_smem();
+                        mbar_arrive(&full[(it - LAG) % STAGES]);
+                    }
+                }
+            }
+        }
+        if (AG) {
+            cp_wait<0>();
+            fence_async_smem();
+            for (int j = it > LAG ? it - LAG : 0; j < it; j++) mbar_arrive(&full[j % STAGES]);
+        }
+        return;
+    }
+
+    /* --- consumers -------------------------------------------------------------------- */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+    const int cg = wg - 1, w = (tid % 128) / 32, lane = tid % 32;
+    const int rl = cg * 64 + w * 16 + lane / 4;   /* this thread's rows: rl and rl + 8 of the tile */
+    float acc[BN / 2];
+    int it = 0;
+    const bool bad = (EPI == SWIGLU || EPI == DSWIGLU) && *p.flag != 0;
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        int64_t e, m0, mlim;
+        int nt;
+        tile_of(p, t, e, m0, mlim, nt);
+        for (int kb = 0; kb < nk; kb++, it++) {
+            const int s = it % STAGES;
+            mbar_wait(&full[s], (it / STAGES) & 1);
+            const uint8_t *a = sa + s * A_BYTES + cg * 64 * 128, *b = sb + s * B_BYTES;
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; kk++) {
+                const uint64_t da = desc(a + kk * 32, 16, 1024);
+                const uint64_t db = BKM ? desc(b + kk * 32, 16, 1024) : desc(b + kk * 2048, BK * 128, 1024);
+                wgmma_ss_n256<BKM ? 0 : 1>(acc, da, db, kb > 0 || kk > 0);
+            }
+            wgmma_commit();
+            if (kb > 0) {   /* the previous stage's group is done: its stage goes back */
+                wgmma_wait<1>();
+                mbar_arrive(&empty[(it - 1) % STAGES]);
+            }
+        }
+        wgmma_wait<0>();
+        fence_regs<BN / 2>(acc);
+        mbar_arrive(&empty[(it - 1) % STAGES]);
+
+        /* --- epilogue: registers to global memory --- */
+        const int64_t rows[2] = {m0 + rl, m0 + rl + 8};
+        const int cq = 2 * (lane % 4);
+        if constexpr (EPI == STORE) {
+            const int64_t n0 = (int64_t)nt * BN;
+#pragma unroll
+            for (int q = 0; q < BN / 2; q += 2) {
+                const int64_t row = rows[(q >> 1) & 1], col = n0 + 8 * (q / 4) + cq;
+                if (row >= mlim || col >= p.n) continue;
+                float *dst = p.c + row * p.ldc + col;
+                if (p.vec_c) {
+                    *reinterpret_cast<float2 *>(dst) = make_float2(acc[q], acc[q + 1]);
+                } else {
+                    dst[0] = acc[q];
+                    if (col + 1 < p.n) dst[1] = acc[q + 1];
+                }
+            }
+        } else if constexpr (EPI == SWIGLU) {
+            const int64_t I = p.inter, j0 = (int64_t)nt * (BN / 2);
+            float wr[2];
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) wr[hf] = rows[hf] < mlim ? p.w[p.order[rows[hf]]] : 0.0f;
+#pragma unroll
+            for (int q = 0; q < BN / 4; q += 2) {
+                const int hf = (q >> 1) & 1;
+                const int64_t row = rows[hf], j = j0 + 8 * (q / 4) + cq;   /* I even: j + 1 < I too */
+                if (row >= mlim || j >= I) continue;
+                const float g0 = acc[q], g1 = acc[q + 1], u0 = acc[q + BN / 4], u1 = acc[q + 1 + BN / 4];
+                st_bf16x2(p.keep + row * 2 * I + j, g0, g1);
+                st_bf16x2(p.keep + row * 2 * I + I + j, u0, u1);
+                float h0 = wr[hf] * (g0 / (1.0f + expf(-g0))) * u0, h1 = wr[hf] * (g1 / (1.0f + expf(-g1))) * u1;
+                if (bad) h0 = h1 = __int_as_float(0x7fffffff);
+                st_bf16x2(p.h + row * I + j, h0, h1);
+            }
+        } else {   /* DSWIGLU */
+            const int64_t I = p.inter, n0 = (int64_t)nt * BN;
+            float wr[2], dot[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};   /* [128-column half][row] */
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) wr[hf] = rows[hf] < mlim ? p.w[p.order[rows[hf]]] : 0.0f;
+#pragma unroll
+            for (int q = 0; q < BN / 2; q += 2) {
+                const int hf = (q >> 1) & 1, half = q >= BN / 4;
+                const int64_t row = rows[hf], j = n0 + 8 * (q / 4) + cq;
+                if (row >= mlim || j >= I) continue;
+                const float2 gt = ld_bf16x2(p.gsv + row * 2 * I + j), up = ld_bf16x2(p.gsv + row * 2 * I + I + j);
+                float dg[2], du[2], whv[2];
+#pragma unroll
+                for (int x = 0; x < 2; x++) {
+                    const float g = x ? gt.y : gt.x, u = x ? up.y : up.x, dhp = acc[q + x];
+                    const float sg = 1.0f / (1.0f + expf(-g)), silu = g * sg, hv = silu * u, dh = wr[hf] * dhp;
+                    dg[x] = dh * u * sg * (1.0f + g * (1.0f - sg)), du[x] = dh * silu, whv[x] = wr[hf] * hv;
+                    if (bad) dg[x] = du[x] = whv[x] = __int_as_float(0x7fffffff);
+                    dot[half][hf] += dhp * hv;
+                }
+                st_bf16x2(p.dgu + row * 2 * I + j, dg[0], dg[1]);
+                st_bf16x2(p.dgu + row * 2 * I + I + j, du[0], du[1]);
+                st_bf16x2(p.wh + row * I + j, whv[0], whv[1]);
+            }
+#pragma unroll
+            for (int half = 0; half < 2; half++)
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {   /* the 4 lanes of a row, every lane taking part */
+                    float d = dot[half][hf];
+                    d += __shfl_xor_sync(0xffffffffu, d, 1);
+                    d += __shfl_xor_sync(0xffffffffu, d, 2);
+                    const int64_t slot = 2 * (int64_t)nt + half;
+                    if (p.dwp && lane % 4 == 0 && rows[hf] < mlim && slot < p.dwt)
+                        p.dwp[rows[hf] * p.dwt + slot] = bad ? __int_as_float(0x7fffffff) : d;
+                }
+        }
+    }
+#endif
+}
+
+/* --- host ---------------------------------------------------------------------------- */
+
+/* 16-byte aligned base, row and expert strides in whole 16-byte chunks (TMA's and
+ * cp.async's rule), K a multiple of 8 (a chunk all in or all out). */
+static int tma_ok(const lk_gg_operand *o) {
+    return lk_aligned16(o->src) && o->ld % 8 == 0 && o->e_stride % 8 == 0;
+}
+
+extern "C" int lk_moe_cuda_gg_sm90_takes(const lk_gg *g) {
+    if (g->dt != LK_BF16 || g->mode != LK_GG_ROWS || !g->a.kmajor || g->k < 8 || g->k % 8 || g->k > INT32_MAX ||
+        g->rows > INT32_MAX || g->experts > INT32_MAX || !tma_ok(&g->a) || !tma_ok(&g->b) || g->a.e_stride != 0)
+        return 0;
+    switch (g->epi) {
+    case LK_GG_STORE_F32: return !g->a.order && g->c_dt == LK_F32 && g->n <= INT32_MAX;   /* h, d_gate_up */
+    case LK_GG_SWIGLU: return g->b.kmajor && g->a.order && g->inter % 8 == 0 && 2 * g->inter <= INT32_MAX;
+    case LK_GG_DSWIGLU: return !g->b.kmajor && g->a.order && g->inter % 8 == 0 && g->inter <= INT32_MAX;
+    default: return 0;
+    }
+}
+
+/* hopper.cuh's encoder speaks for flash_attention_3: its words, under this op's name */
+static lk_status map_error(lk_status s) {
+    char why[256];
+    snprintf(why, sizeof why, "%s", lk_last_error());
+    return lk_error(s, "moe_experts: grouped gemm (sm90): tensor map: %s", why);
+}
+
+template <int EPI, bool AG, bool BKM>
+static lk_status launch(const CUtensorMap &ta, const CUtensorMap &tb, const sargs &p, int grid, cudaStream_t st) {
+    static int opted;   /* once a process: a host-side attribute, no stream work (fa3.cu sets its own per call, captured too) */
+    if (!opted) {
+        LK_CUDA_TRY(cudaFuncSetAttribute(gg_sm90<EPI, AG, BKM>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
+        opted = 1;
+    }
+    gg_sm90<EPI, AG, BKM><<<grid, THREADS, SMEM_BYTES, st>>>(ta, tb, p);
+    LK_CUDA_LAUNCHED("moe_experts: grouped gemm (sm90)");
+    return LK_OK;
+}
+
+extern "C" lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream) {
+    cudaStream_t st = (cudaStream_t)stream;
+    const int ag = g->a.order != NULL, bk = g->b.kmajor;   /* as lk_moe_cuda_gg_sm90_takes allowed */
+    sargs p;
+    memset(&p, 0, sizeof p);
+    p.a = (const lk_bf16_t *)g->a.src, p.lda = g->a.ld, p.kdiv = g->a.kdiv, p.aorder = g->a.order;
+    p.n = g->epi == LK_GG_STORE_F32 ? g->n : g->inter, p.k = g->k, p.e = g->experts;
+    p.ny = (int)lk_cdiv(p.n, g->epi == LK_GG_SWIGLU ? BN / 2 : BN);
+    p.offs = g->offs, p.tiles = g->tiles;
+    p.c = (float *)g->c, p.ldc = g->ldc;
+    p.vec_c = g->epi == LK_GG_STORE_F32 && ((uintptr_t)g->c & 7) == 0 && g->ldc % 2 == 0 && g->n % 2 == 0;
+    p.keep = (lk_bf16_t *)g->keep, p.h = (lk_bf16_t *)g->h;
+    p.gsv = (const lk_bf16_t *)g->gu_saved, p.dgu = (lk_bf16_t *)g->dgu, p.wh = (lk_bf16_t *)g->wh;
+    p.dwp = g->dw_part, p.dwt = lk_moe_cuda_dw_tiles(g->inter);
+    p.w = g->w, p.order = g->order, p.inter = g->inter, p.flag = g->flag;
+
+    /* the tensor maps: A (unless gathered) [1, rows, K] in 128-row boxes; B [E, rows, K]
+     * in 128-row boxes (K-major) or [E, K, N] in 64 × 64 boxes (N-major); 64 columns a box */
+    CUtensorMap ta, tb;
+    memset(&ta, 0, sizeof ta), memset(&tb, 0, sizeof tb);
+    lk_status s;
+    if (!ag) {
+        const cuuint64_t dims[3] = {(cuuint64_t)g->k, (cuuint64_t)g->rows, 1};
+        const cuuint64_t strides[2] = {(cuuint64_t)g->a.ld * 2, (cuuint64_t)(g->a.ld * g->rows * 2)};
+        const cuuint32_t box[3] = {BK, BM, 1};
+        if ((s = bf16_map(&ta, g->a.src, 3, dims, strides, box))) return map_error(s);
+    }
+    const int64_t nphys = g->epi == LK_GG_SWIGLU ? 2 * g->inter : p.n;
+    const cuuint64_t bdims[3] = {(cuuint64_t)(bk ? g->k : nphys), (cuuint64_t)(bk ? nphys : g->k),
+                                 (cuuint64_t)g->experts};
+    const cuuint64_t bstrides[2] = {(cuuint64_t)g->b.ld * 2, (cuuint64_t)(g->b.e_stride ? g->b.e_stride * 2 : 16)};
+    const cuuint32_t bbox[3] = {BK, (cuuint32_t)(bk ? BN / 2 : BK), 1};
+    if ((s = bf16_map(&tb, g->b.src, 3, bdims, bstrides, bbox))) return map_error(s);
+
+    const int sms = lk_hw_get()->cuda_sms > 0 ? lk_hw_get()->cuda_sms : 1;
+    const int64_t bound = (g->rows / BM + g->experts) * p.ny;
+    if (bound < 1) return LK_OK;
+    const int grid = (int)(bound < sms ? bound : sms);
+    if (g->epi == LK_GG_SWIGLU) return launch<SWIGLU, true, true>(ta, tb, p, grid, st);
+    if (g->epi == LK_GG_DSWIGLU) return launch<DSWIGLU, true, false>(ta, tb, p, grid, st);
+    return bk ? launch<STORE, false, true>(ta, tb, p, grid, st) : launch<STORE, false, false>(ta, tb, p, grid, st);
+}

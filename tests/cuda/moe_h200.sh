@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# moe_h200.sh — the MoE experts on the H200 in one device call: builds what the MoE GPU
+# tests and the bench need (the library, cuda_test_moe_*, the CLI, the bench's shim),
+# prints the Hopper grouped GEMM's registers and spills (ptxas -v of grouped_sm90.cu,
+# sm_90a), runs ctest -R cuda_test_moe (the experts against the float64 reference on the
+# wgmma kernel, on mma.sync with lk_moe_cuda_gg_sm80_only, on CUDA cores, the fused_sm90
+# row by name; the routers; the dispatch), then bench/peers_cuda.py's moe_rows (the
+# grouped GEMMs by kernel name beside torch._grouped_mm, the layer beside torch's
+# pipeline and the HF loop). Logs and the bench's table land in $OUT.
+#   run: bash tests/cuda/moe_h200.sh            (carry: [".carry"]; tests/cuda/carry.sh fills it)
+# MOE_TESTS=0 skips the tests, MOE_BENCH=0 the bench; MOE_NCU=1 adds an Nsight Compute
+# profile of one launch of each grouped GEMM kernel (bench/peers_cuda.py's moe part).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+BUILD=${BUILD:-$(cd .. && pwd)/build-moe}
+exec > >(tee "$OUT/moe_h200.log") 2>&1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+source tests/cuda/h200_env.sh
+t0=$(date +%s)
+
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLLMKERN_CUDA=ON "${CARRIED[@]}" >"$OUT/cmake.log" 2>&1 ||
+  { tail -30 "$OUT/cmake.log"; exit 1; }
+grep "llmkern:" "$OUT/cmake.log"
+TESTS=$(ls tests/cuda/test_moe_*.c | sed 's|.*/test_|cuda_test_|; s|\.c$||')
+cmake --build "$BUILD" -j "$(nproc)" --target $TESTS llmkern_cli llmkern_peers_shim >"$OUT/build.log" 2>&1 ||
+  { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
+echo "== built in $(( $(date +%s) - t0 )) s"
+# registers and spills of the Hopper kernels (the build's own flags, sm_90a only)
+nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -Isrc -Iinclude -DLLMKERN_HAVE_CUDA \
+  -c src/ops/moe/grouped_sm90.cu -o /tmp/grouped_sm90.o 2>&1 | grep -E "Compiling entry|spill|Used" |
+  sed 's/ptxas info    : //' | tee "$OUT/ptxas_sm90.log"
+"$BUILD/llmkern" list | grep -E "^GPU|moe_experts|fused" | head -12
+rc=0
+if [ "${MOE_TESTS:-1}" = 1 ]; then
+  echo "== tests"
+  ctest --test-dir "$BUILD" -R cuda_test_moe --output-on-failure -j 1 --timeout 400 >"$OUT/ctest.log" 2>&1 || rc=1
+  grep -E "tests passed|Passed|\*\*\*Failed|Failed|Timeout" "$OUT/ctest.log" | head -20
+  "$BUILD/cuda_test_moe_experts" >"$OUT/test_moe_experts.log" 2>&1
+  grep -E "^\[ *(OK|FAILED|PASSED|  ERROR) |grouped GEMMs on|not run here|graph|forward:|backward:|tol" \
+    "$OUT/test_moe_experts.log" | head -80
+fi
+if [ "${MOE_BENCH:-1}" = 1 ]; then
+  echo "== bench (moe_rows)"
+  LK_BENCH_ONLY=moe_rows timeout ${MOE_BENCH_S:-300} python3 bench/peers_cuda.py --build "$BUILD" --out "$OUT" 2>&1 |
+    grep -v "^W[0-9]" | tee "$OUT/bench_moe.log" | tail -40
+fi
+if [ "${MOE_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
+  LK_BENCH_ONLY=moe_rows timeout ${MOE_NCU_S:-200} ncu --clock-control none --kernel-name regex:"gg_sm90|gg_mma" \
+    --launch-count 5 --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+    python3 bench/peers_cuda.py --build "$BUILD" --out "$OUT/ncu" >"$OUT/ncu.log" 2>&1
+  grep -E "gg_(sm90|mma)|Duration|Throughput|Registers|Achieved Occ|Stall|Issued" "$OUT/ncu.log" | head -60
+fi
+echo "== tests rc $rc, done at $(( $(date +%s) - t0 )) s"
+exit $rc

@@ -57,6 +57,28 @@ static int blank_line(const unsigned char *s, size_t n) {
     return 1;
 }
 
+/* Room in out for n tokens in at most docs documents (doc_start has docs + 1 entries),
+ * its size checked and refused when it cannot fit in memory; what ("text file") and
+ * path name the file in errors. */
+static lk_status alloc_tokens(lk_dataset *out, const char *what, const char *path, int64_t n, int64_t docs) {
+    char label[2][48];
+    size_t tok_bytes, start_bytes;
+    snprintf(label[0], sizeof label[0], "%s: tokens", what);
+    snprintf(label[1], sizeof label[1], "%s: documents", what);
+    lk_status s;
+    if ((s = lk_checked_bytes(label[0], n, sizeof *out->tokens, &tok_bytes)) ||
+        (s = lk_checked_bytes(label[1], docs + 1, sizeof *out->doc_start, &start_bytes)) ||
+        (s = lk_check_fits_memory(path, (uint64_t)tok_bytes + start_bytes)))
+        return s;
+    out->tokens = malloc(tok_bytes);
+    out->doc_start = malloc(start_bytes);
+    if (!out->tokens || !out->doc_start) {
+        lk_dataset_free(out);
+        return lk_error(LK_ENOMEM, "%s: '%s': %lld tokens do not fit in memory", what, path, (long long)n);
+    }
+    return LK_OK;
+}
+
 lk_status lk_dataset_load_text(const char *path, lk_dataset *out) {
     memset(out, 0, sizeof *out);
     unsigned char *text;
@@ -65,19 +87,10 @@ lk_status lk_dataset_load_text(const char *path, lk_dataset *out) {
     if (s != LK_OK) return s;
     /* Upper bounds: every byte a token plus two markers per document; a document needs a
      * non-blank line and the blank one after it, so there are at most size/2 + 1. */
-    size_t max_docs = size / 2 + 1, tok_bytes, start_bytes;
-    if ((s = lk_checked_bytes("text file: tokens", (int64_t)(size + 2 * max_docs), sizeof *out->tokens, &tok_bytes)) ||
-        (s = lk_checked_bytes("text file: documents", (int64_t)max_docs + 1, sizeof *out->doc_start, &start_bytes)) ||
-        (s = lk_check_fits_memory(path, (uint64_t)tok_bytes + start_bytes))) {
+    size_t max_docs = size / 2 + 1;
+    if ((s = alloc_tokens(out, "text file", path, (int64_t)(size + 2 * max_docs), (int64_t)max_docs))) {
         free(text);
         return s;
-    }
-    out->tokens = malloc(tok_bytes);
-    out->doc_start = malloc(start_bytes);
-    if (!out->tokens || !out->doc_start) {
-        free(text);
-        lk_dataset_free(out);
-        return lk_error(LK_ENOMEM, "text file: '%s': out of memory", path);
     }
     int64_t n = 0, docs = 0;
     size_t doc_begin = 0, doc_end = 0;   /* the current document's bytes; empty when equal */
@@ -176,19 +189,10 @@ lk_status lk_dataset_load_tokens(const char *path, int64_t vocab, int64_t eos_id
         return lk_error(LK_EIO, "token file: '%s': %s", path, bad);
     }
     if (eos_id == LK_EOS_FROM_FILE) eos_id = file_eos;   /* version 1: none, the file one document */
-    size_t tok_bytes, start_bytes;   /* count <= the file's size: these cannot wrap, checked all the same */
-    if ((s = lk_checked_bytes("token file: tokens", (int64_t)count, sizeof *out->tokens, &tok_bytes)) ||
-        (s = lk_checked_bytes("token file: documents", (int64_t)count + 1, sizeof *out->doc_start, &start_bytes)) ||
-        (s = lk_check_fits_memory(path, (uint64_t)tok_bytes + start_bytes))) {
+    /* count <= the file's size: the sizes cannot wrap, checked all the same */
+    if ((s = alloc_tokens(out, "token file", path, (int64_t)count, (int64_t)count))) {
         free(p);
         return s;
-    }
-    out->tokens = malloc(tok_bytes);
-    out->doc_start = malloc(start_bytes);
-    if (!out->tokens || !out->doc_start) {
-        free(p);
-        lk_dataset_free(out);
-        return lk_error(LK_ENOMEM, "token file: '%s': %llu tokens do not fit in memory", path, (unsigned long long)count);
     }
     const unsigned char *q = p + hdr;
     int64_t docs = 0;

@@ -51,14 +51,33 @@ static lk_status add_tensor(lk_st_writer *w, trainer *t, const char *kind, const
     return s;
 }
 
-static lk_status add_param_state(lk_st_writer *w, trainer *t, int i) {
+/* One tensor of the optimizer file into x; a GPU's through a host copy. */
+static lk_status read_tensor(trainer *t, lk_st_file *f, const char *kind, const char *name, lk_tensor x) {
+    char k[200];
+    key(k, sizeof k, kind, name);
+    if (x.device.type == LK_DEVICE_CPU) return lk_st_read(f, k, &x);
+    size_t bytes = lk_tensor_bytes(&x);
+    void *dst = x.data, *h = malloc(bytes ? bytes : 1);
+    if (!h) return lk_error(LK_ENOMEM, "train: resume: %s: out of memory", k);
+    x.data = h, x.device = (lk_device){LK_DEVICE_CPU, 0};
+    lk_status s = lk_st_read(f, k, &x);
+    if (!s) s = lk_model_device_of(t->model)->put(dst, h, bytes);
+    free(h);
+    return s;
+}
+
+/* Parameter i's tensors in the optimizer file (its value, exp_avg and exp_avg_sq), each
+ * added to w, or, when w is NULL, read from f. */
+static lk_status param_state(trainer *t, int i, lk_st_writer *w, lk_st_file *f) {
+    static const char *const kinds[3] = {"param", "exp_avg", "exp_avg_sq"};
     lk_param *p = lk_model_param(t->model, i);
-    lk_tensor m = p->value, v = p->value;
-    m.data = t->m[i];
-    v.data = t->v[i];
-    lk_status s;
-    if ((s = add_tensor(w, t, "param", p->name, p->value)) || (s = add_tensor(w, t, "exp_avg", p->name, m))) return s;
-    return add_tensor(w, t, "exp_avg_sq", p->name, v);
+    lk_tensor x[3] = {p->value, p->value, p->value};
+    x[1].data = t->m[i];
+    x[2].data = t->v[i];
+    lk_status s = LK_OK;
+    for (int k = 0; k < 3 && !s; k++)
+        s = w ? add_tensor(w, t, kinds[k], p->name, x[k]) : read_tensor(t, f, kinds[k], p->name, x[k]);
+    return s;
 }
 
 static lk_status write_optimizer(trainer *t, const char *path) {
@@ -70,7 +89,7 @@ static lk_status write_optimizer(trainer *t, const char *path) {
     lk_st_writer *w;
     lk_status s = lk_st_writer_begin(path, &w);
     if (s) return s;
-    for (int i = 0; !s && i < t->n_params; i++) s = add_param_state(w, t, i);
+    for (int i = 0; !s && i < t->n_params; i++) s = param_state(t, i, w, NULL);
     if (!s) s = lk_st_writer_add(w, "trainer/state", &st);
     if (!s) s = lk_st_writer_add(w, "trainer/history", &hist);
     if (!s) s = lk_st_writer_set_metadata(w, "format", "llmkern-adamw");
@@ -250,31 +269,6 @@ static lk_status verify_checkpoint(trainer *t, const char *dir) {
     return s;
 }
 
-/* One tensor of the optimizer file into x; a GPU's through a host copy. */
-static lk_status read_tensor(trainer *t, lk_st_file *f, const char *kind, const char *name, lk_tensor x) {
-    char k[200];
-    key(k, sizeof k, kind, name);
-    if (x.device.type == LK_DEVICE_CPU) return lk_st_read(f, k, &x);
-    size_t bytes = lk_tensor_bytes(&x);
-    void *dst = x.data, *h = malloc(bytes ? bytes : 1);
-    if (!h) return lk_error(LK_ENOMEM, "train: resume: %s: out of memory", k);
-    x.data = h, x.device = (lk_device){LK_DEVICE_CPU, 0};
-    lk_status s = lk_st_read(f, k, &x);
-    if (!s) s = lk_model_device_of(t->model)->put(dst, h, bytes);
-    free(h);
-    return s;
-}
-
-static lk_status read_param_state(trainer *t, lk_st_file *f, int i) {
-    lk_param *p = lk_model_param(t->model, i);
-    lk_tensor m = p->value, v = p->value;
-    m.data = t->m[i];
-    v.data = t->v[i];
-    lk_status s;
-    if ((s = read_tensor(t, f, "param", p->name, p->value)) || (s = read_tensor(t, f, "exp_avg", p->name, m))) return s;
-    return read_tensor(t, f, "exp_avg_sq", p->name, v);
-}
-
 static lk_status resume_error(lk_status s, const char *resume) {
     char why[512];
     snprintf(why, sizeof why, "%s", lk_last_error());
@@ -301,7 +295,7 @@ lk_status lk_trainer_resume(trainer *t, const char *resume) {
     if (!s && (uint64_t)sc[6] != t->tc->seed)
         s = lk_error(LK_EINVAL, "%s: seed %lld: expected the config's %llu", path, (long long)sc[6],
                      (unsigned long long)t->tc->seed);
-    for (int i = 0; !s && i < t->n_params; i++) s = read_param_state(t, f, i);
+    for (int i = 0; !s && i < t->n_params; i++) s = param_state(t, i, NULL, f);
     if (!s) {
         int64_t hs[2] = {sc[0], LK_HIST_COLS};
         lk_tensor ht = lk_tensor_view(t->hist, LK_F32, 2, hs);

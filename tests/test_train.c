@@ -246,7 +246,7 @@ static void yaml_train_sections_load(void **state) {
         "  rope_theta: 10000\n  torch_dtype: float32\n"
         "train:\n  steps: 7\n  lr: 3e-3\n  min_lr: 1e-4\n  betas: [0.8, 0.99]\n  batch_size: 2\n"
         "  seq_len: 64\n  grad_accum: 3\n  seed: 9\n  save_every: 2\n  out: /tmp/x\n  recompute: true\n"
-        "  dtype: bfloat16\n  cuda_graph: true\n  deterministic: true\n  profile_step: 3\n"
+        "  dtype: bfloat16\n  cuda_graph: true\n  deterministic: true\n  grad_reduce_dtype: bf16\n  profile_step: 3\n"
         "data:\n  text: corpus.txt\n");
     lk_train_config_init(&tc);
     assert_int_equal(lk_train_dtype(&tc), LK_F32);          /* the CPU's default */
@@ -256,6 +256,7 @@ static void yaml_train_sections_load(void **state) {
     assert_int_equal(tc.dtype, LK_BF16);
     assert_int_equal(tc.cuda_graph, 1);
     assert_int_equal(tc.deterministic, 1);
+    assert_int_equal(tc.grad_reduce_dtype, LK_BF16);
     assert_int_equal(tc.profile_step, 3);
     assert_true(tc.has_model && tc.model.moe && tc.model.num_experts == 4 && tc.model.hidden_size == 32);
     assert_string_equal(tc.model.model_type, "qwen3_moe");
@@ -285,6 +286,8 @@ static void yaml_train_errors_name_the_place(void **state) {
         {"train:\n  betas: [0.9, 1.5]\n", ":2:16", "train.betas: expected a number below 1"},
         {"train:\n  recompute: maybe\n", ":2:14", "train.recompute: expected true or false"},
         {"train:\n  dtype: fp8\n", ":2:10", "train.dtype: expected bf16 (bfloat16) or f32 (float32), got 'fp8'"},
+        {"train:\n  grad_reduce_dtype: f16\n", ":2:22",
+         "train.grad_reduce_dtype: expected bf16 (bfloat16) or f32 (float32), got 'f16'"},
         {"train:\n  cuda_graph: 2\n", ":2:15", "train.cuda_graph: expected true or false"},
         {"train: [1]\n", ":1:8", "train: expected a mapping"},
         {"data:\n  corpus: builtin\n  text: a.txt\n", ":3:3", "expected one source"},

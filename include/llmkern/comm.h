@@ -44,8 +44,10 @@ typedef struct {
     uint64_t bytes_wire[LK_COLL_COUNT];
 } lk_comm_stats;
 
-/* What all_reduce and reduce_scatter sum (lk_dtype has no f64). */
-typedef enum { LK_COMM_F32, LK_COMM_F64, LK_COMM_I64, LK_COMM_TYPE_COUNT } lk_comm_type;
+/* What all_reduce and reduce_scatter sum (lk_dtype has no f64). BF16: each pairwise sum
+ * in f32, rounded to bf16 (NCCL's bf16 sum; over MPI an op of llmkern's): half the bytes
+ * of f32 on the wire, for the gradients' all-reduce (train.grad_reduce_dtype). */
+typedef enum { LK_COMM_F32, LK_COMM_F64, LK_COMM_I64, LK_COMM_BF16, LK_COMM_TYPE_COUNT } lk_comm_type;
 LK_API size_t lk_comm_type_size(lk_comm_type t);
 
 /* Version 2 appended the non-blocking all-reduce; a version 1 communicator stays valid

@@ -114,6 +114,11 @@ typedef struct {
      * percent slower). Off by default: the tensor-core rows add dQ with atomics. The CPU
      * rows are always deterministic. */
     int deterministic;
+    /* train.grad_reduce_dtype: the type the data-parallel all-reduce sums the gradients in
+     * (as FSDP's MixedPrecision reduce_dtype): f32 (the default), or bf16, half the bytes on
+     * the wire, each bucket rounded once before it and the sums added back into the f32
+     * gradients after (NCCL's bf16 sum; over MPI an op of llmkern's). No effect in one process. */
+    lk_dtype grad_reduce_dtype;
     /* train.profile_step: on a GPU, the CUDA profiler records step N alone (1-based;
      * cudaProfilerStart/Stop around it, for `ncu --profile-from-start off`,
      * bench/step_profile.py); 0 = off. */

@@ -40,6 +40,7 @@ void lk_train_config_init(lk_train_config *tc) {
     tc->comm_timeout_s = 300;
     tc->max_shard_size = LK_ST_DEFAULT_MAX_SHARD;
     tc->dtype = LK_DTYPE_COUNT;
+    tc->grad_reduce_dtype = LK_F32;
 }
 
 lk_dtype lk_train_dtype(const lk_train_config *tc) {
@@ -100,6 +101,15 @@ static lk_status get_bool(const loader *l, const yaml_node_t *v, const char *key
     if (strcmp(t, "true") == 0 || strcmp(t, "1") == 0) *out = 1;
     else if (strcmp(t, "false") == 0 || strcmp(t, "0") == 0) *out = 0;
     else return bad_value(l, v, key, "true or false");
+    return LK_OK;
+}
+
+/* bf16 or f32, by our names or torch's (as config.json's torch_dtype). */
+static lk_status get_float_dtype(const loader *l, const yaml_node_t *v, const char *key, lk_dtype *out) {
+    const char *d = v->type == YAML_SCALAR_NODE ? scalar(v) : "";
+    if (strcmp(d, "bf16") == 0 || strcmp(d, "bfloat16") == 0) *out = LK_BF16;
+    else if (strcmp(d, "f32") == 0 || strcmp(d, "float32") == 0) *out = LK_F32;
+    else return bad_value(l, v, key, "bf16 (bfloat16) or f32 (float32)");
     return LK_OK;
 }
 
@@ -217,7 +227,7 @@ lk_status lk_yaml_model_arch_entry(loader *l, const yaml_node_t *k, const yaml_n
 static const char *const train_keys[] = {"steps", "lr", "min_lr", "warmup_steps", "weight_decay", "betas",
     "eps", "grad_clip", "batch_size", "seq_len", "grad_accum", "seed", "save_every", "out", "recompute", "device",
     "comm_timeout_s", "max_shard_size", "log_every", "memory_limit", "dtype", "cuda_graph", "deterministic",
-    "profile_step", NULL};
+    "grad_reduce_dtype", "profile_step", NULL};
 
 lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
     lk_train_config *t = l->train;
@@ -236,14 +246,9 @@ lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t
     if (strcmp(n, "recompute") == 0) return get_bool(l, v, "train.recompute", &t->recompute);
     if (strcmp(n, "cuda_graph") == 0) return get_bool(l, v, "train.cuda_graph", &t->cuda_graph);
     if (strcmp(n, "deterministic") == 0) return get_bool(l, v, "train.deterministic", &t->deterministic);
+    if (strcmp(n, "grad_reduce_dtype") == 0) return get_float_dtype(l, v, "train.grad_reduce_dtype", &t->grad_reduce_dtype);
     if (strcmp(n, "profile_step") == 0) return get_i64(l, v, "train.profile_step", 0, &t->profile_step);
-    if (strcmp(n, "dtype") == 0) {   /* the torch names too, as config.json's torch_dtype */
-        const char *d = v->type == YAML_SCALAR_NODE ? scalar(v) : "";
-        if (strcmp(d, "bf16") == 0 || strcmp(d, "bfloat16") == 0) t->dtype = LK_BF16;
-        else if (strcmp(d, "f32") == 0 || strcmp(d, "float32") == 0) t->dtype = LK_F32;
-        else return bad_value(l, v, "train.dtype", "bf16 (bfloat16) or f32 (float32)");
-        return LK_OK;
-    }
+    if (strcmp(n, "dtype") == 0) return get_float_dtype(l, v, "train.dtype", &t->dtype);
     if (strcmp(n, "comm_timeout_s") == 0) return get_f64(l, v, "train.comm_timeout_s", 0, &t->comm_timeout_s);
     if (strcmp(n, "max_shard_size") == 0) return get_bytes(l, v, "train.max_shard_size", &t->max_shard_size);
     if (strcmp(n, "memory_limit") == 0) return get_bytes(l, v, "train.memory_limit", &t->memory_limit);

@@ -18,7 +18,7 @@
 
 static int reducible(lk_comm_type dt) { return (unsigned)dt < LK_COMM_TYPE_COUNT; }
 
-size_t lk_comm_type_size(lk_comm_type t) { return t == LK_COMM_F32 ? 4 : 8; }
+size_t lk_comm_type_size(lk_comm_type t) { return t == LK_COMM_BF16 ? 2 : t == LK_COMM_F32 ? 4 : 8; }
 
 lk_status lk_comm_check(const char *op, const char *arg, const lk_comm *c) {
     if (c == NULL) return lk_error(LK_EINVAL, "%s: %s: expected a communicator, got NULL", op, arg);
@@ -48,7 +48,7 @@ static lk_status all_reduce_begin(lk_comm *c, const char *op, const void *buf, i
                                   uint64_t *bytes) {
     CHECK_COMM(op);
     if (!reducible(dt) || n < 0 || (n > 0 && !buf))
-        return lk_error(LK_EINVAL, "comm: %s: expected f32, f64 or i64, count >= 0 and a buffer, got type %d, "
+        return lk_error(LK_EINVAL, "comm: %s: expected f32, f64, i64 or bf16, count >= 0 and a buffer, got type %d, "
                         "count %lld", op, (int)dt, (long long)n);
     uint64_t b = (uint64_t)n * lk_comm_type_size(dt);
     /* a ring all-reduce sends 2 (P-1)/P of the buffer */
@@ -127,7 +127,7 @@ lk_status lk_comm_all_gather(lk_comm *c, const void *send, void *recv, size_t by
 lk_status lk_comm_reduce_scatter(lk_comm *c, const void *send, void *recv, int64_t n, lk_comm_type dt) {
     CHECK_COMM("reduce_scatter");
     if (!reducible(dt) || n < 0 || (n > 0 && (!send || !recv)))
-        return lk_error(LK_EINVAL, "comm: reduce_scatter: expected f32, f64 or i64, count >= 0 and buffers, got "
+        return lk_error(LK_EINVAL, "comm: reduce_scatter: expected f32, f64, i64 or bf16, count >= 0 and buffers, got "
                         "type %d, count %lld", (int)dt, (long long)n);
     uint64_t b = (uint64_t)n * lk_comm_type_size(dt);
     count(c, LK_COLL_REDUCE_SCATTER, b * (uint64_t)c->size, b * (uint64_t)(c->size - 1));

@@ -2,16 +2,19 @@
  * CMake finds MPI (the _mpi.c suffix). One MPI_Comm per lk_comm; split is
  * MPI_Comm_split; the non-blocking all-reduce is MPI_Iallreduce / MPI_Wait / MPI_Test.
  * Byte counts above INT_MAX are refused (MPI's int counts) rather than truncated.
- * Errors come back as LK_ECOMM with MPI's own text. */
+ * Errors come back as LK_ECOMM with MPI's own text. MPI has no bf16: LK_COMM_BF16 sums
+ * 16-bit words with an op of this file's (each pair in f32, rounded), one per communicator. */
 #include <limits.h>
 #include <stdlib.h>
 #include <mpi.h>
 #include "llmkern/comm.h"
+#include "llmkern/tensor.h"
 
 static int we_initialized;
 
 typedef struct {
     MPI_Comm comm;
+    MPI_Op bf16_sum;            /* LK_COMM_BF16's sum */
     int *sc, *sd, *rc, *rd;     /* int copies of all_to_all's counts, size entries each */
 } mpi_state;
 
@@ -31,7 +34,22 @@ static lk_status mpi_fail(int rc, const char *what) {
 static MPI_Comm comm_of(lk_comm *c) { return ((mpi_state *)c->state)->comm; }
 
 static MPI_Datatype mpi_type(lk_comm_type t) {
-    return t == LK_COMM_F32 ? MPI_FLOAT : t == LK_COMM_F64 ? MPI_DOUBLE : MPI_INT64_T;
+    return t == LK_COMM_F32    ? MPI_FLOAT
+           : t == LK_COMM_F64  ? MPI_DOUBLE
+           : t == LK_COMM_BF16 ? MPI_UINT16_T
+                               : MPI_INT64_T;
+}
+
+static MPI_Op sum_of(lk_comm *c, lk_comm_type t) {
+    return t == LK_COMM_BF16 ? ((mpi_state *)c->state)->bf16_sum : MPI_SUM;
+}
+
+/* inout[i] = in[i] + inout[i] for bf16 words: the sum in f32, rounded once (as NCCL's). */
+static void bf16_sum(void *in, void *inout, int *len, MPI_Datatype *dt) {
+    (void)dt;
+    const uint16_t *a = in;
+    uint16_t *b = inout;
+    for (int i = 0; i < *len; i++) b[i] = lk_f32_to_bf16(lk_bf16_to_f32(a[i]) + lk_bf16_to_f32(b[i]));
 }
 
 static lk_status too_big(const char *what, uint64_t n) {
@@ -41,7 +59,7 @@ static lk_status too_big(const char *what, uint64_t n) {
 
 static lk_status m_all_reduce(lk_comm *c, void *buf, int64_t n, lk_comm_type dt) {
     if (n > INT_MAX) return too_big("all_reduce", (uint64_t)n);
-    MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(dt), MPI_SUM, comm_of(c)), "MPI_Allreduce");
+    MPI_TRY(MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(dt), sum_of(c, dt), comm_of(c)), "MPI_Allreduce");
     return LK_OK;
 }
 
@@ -53,7 +71,7 @@ static MPI_Request *request_of(lk_comm_request *req) { return (MPI_Request *)&re
 static lk_status m_all_reduce_start(lk_comm *c, void *buf, int64_t n, lk_comm_type dt, lk_comm_request *req) {
     if (n > INT_MAX) return too_big("all_reduce_start", (uint64_t)n);
     MPI_Request r;
-    MPI_TRY(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(dt), MPI_SUM, comm_of(c), &r), "MPI_Iallreduce");
+    MPI_TRY(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(dt), sum_of(c, dt), comm_of(c), &r), "MPI_Iallreduce");
     *request_of(req) = r;
     return LK_OK;
 }
@@ -76,7 +94,7 @@ static lk_status m_all_gather(lk_comm *c, const void *send, void *recv, size_t b
 
 static lk_status m_reduce_scatter(lk_comm *c, const void *send, void *recv, int64_t n, lk_comm_type dt) {
     if (n > INT_MAX) return too_big("reduce_scatter", (uint64_t)n);
-    MPI_TRY(MPI_Reduce_scatter_block(send, recv, (int)n, mpi_type(dt), MPI_SUM, comm_of(c)),
+    MPI_TRY(MPI_Reduce_scatter_block(send, recv, (int)n, mpi_type(dt), sum_of(c, dt), comm_of(c)),
             "MPI_Reduce_scatter_block");
     return LK_OK;
 }
@@ -111,6 +129,7 @@ static void m_destroy(lk_comm *c) {
         int finalized = 0;
         MPI_Finalized(&finalized);
         if (!finalized && st->comm != MPI_COMM_NULL) MPI_Comm_free(&st->comm);
+        if (!finalized && st->bf16_sum != MPI_OP_NULL) MPI_Op_free(&st->bf16_sum);
         free(st->sc);
     }
     free(st);
@@ -140,7 +159,13 @@ static lk_status wrap(MPI_Comm mc, lk_comm **out) {
     }
     /* errors come back as codes, not aborts */
     MPI_Comm_set_errhandler(mc, MPI_ERRORS_RETURN);
-    *st = (mpi_state){.comm = mc, .sc = counts, .sd = counts + size, .rc = counts + 2 * size, .rd = counts + 3 * size};
+    *st = (mpi_state){.comm = mc, .bf16_sum = MPI_OP_NULL, .sc = counts, .sd = counts + size, .rc = counts + 2 * size,
+                      .rd = counts + 3 * size};
+    int rc = MPI_Op_create(bf16_sum, 1, &st->bf16_sum);
+    if (rc != MPI_SUCCESS) {
+        free(c), free(st), free(counts);
+        return mpi_fail(rc, "MPI_Op_create");
+    }
     *c = (lk_comm){
         .version = LK_COMM_VERSION, .backend = "mpi", .rank = rank, .size = size, .state = st,
         .all_reduce = m_all_reduce, .all_gather = m_all_gather, .reduce_scatter = m_reduce_scatter,

@@ -274,6 +274,7 @@ static void trainer_free(trainer *t) {
     if (t->graph && t->dev->graph_free) t->dev->graph_free(t);
     state_free(t);
     if (t->gcomm && t->gcomm != t->world) lk_comm_destroy(t->gcomm);
+    if (t->flat_bf16) lk_model_device_of(t->model)->free(t->flat_bf16);
     lk_arena_free(&t->arena);
     free(t->m); free(t->v); free(t->grads); free(t->lens); free(t->hist);
     lk_batch_free(&t->batch);
@@ -339,6 +340,10 @@ static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_op
         t->n_buckets = (t->n_flat + t->bucket - 1) / t->bucket;
         if (!(t->reqs = calloc((size_t)t->n_buckets, sizeof *t->reqs)))
             return lk_error(LK_ENOMEM, "train: all-reduce requests");
+        if (tc->grad_reduce_dtype == LK_BF16 &&
+            !(t->flat_bf16 = lk_model_device_of(t->model)->alloc((size_t)t->n_flat * 2)))
+            return lk_error(LK_ENOMEM, "train: train.grad_reduce_dtype bf16: a bf16 copy of %lld gradients: out of %s "
+                            "memory", (long long)t->n_flat, lk_device_name(t->dev->type));
     }
     int n = t->n_params = lk_model_param_count(t->model);
     t->m = calloc((size_t)n, sizeof *t->m);
@@ -445,7 +450,14 @@ static void start_ready(void *user, int64_t first) {
         int64_t b0 = (t->n_buckets - 1 - t->n_started) * t->bucket;
         if (b0 < first) break;
         int64_t n = t->n_flat - b0 < t->bucket ? t->n_flat - b0 : t->bucket;
-        t->start_error = lk_comm_all_reduce_start(t->gcomm, t->flat + b0, n, LK_COMM_F32, &t->reqs[t->n_started]);
+        if (t->flat_bf16) {   /* train.grad_reduce_dtype bf16: half the bytes on the wire */
+            t->start_error = lk_model_device_of(t->model)->round(t->flat_bf16 + b0, t->flat + b0, n, LK_BF16, &t->ctx);
+            if (!t->start_error)
+                t->start_error = lk_comm_all_reduce_start(t->gcomm, t->flat_bf16 + b0, n, LK_COMM_BF16,
+                                                          &t->reqs[t->n_started]);
+        } else {
+            t->start_error = lk_comm_all_reduce_start(t->gcomm, t->flat + b0, n, LK_COMM_F32, &t->reqs[t->n_started]);
+        }
         if (t->start_error) break;
         t->n_started++;
         t->buckets++;
@@ -467,6 +479,11 @@ static lk_status finish_grads(trainer *t) {
     for (int64_t i = 0; i < t->n_started; i++) {
         lk_status w = lk_comm_wait(t->gcomm, &t->reqs[i]);
         if (!s) s = w;
+    }
+    if (!s && t->flat_bf16) {   /* the reduced bf16 sums back into the f32 gradients */
+        const lk_model_device *md = lk_model_device_of(t->model);
+        if (!(s = md->zero(t->flat, (size_t)t->n_flat * 4, &t->ctx)))
+            s = md->acc(t->flat, t->flat_bf16, t->n_flat, LK_BF16, &t->ctx);
     }
     lk_status c = t->dev->scale(t, t->flat, t->n_flat, (float)(1.0 / (double)t->mesh->dp_size));
     return s ? s : c;

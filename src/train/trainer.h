@@ -66,6 +66,7 @@ typedef struct trainer {
     lk_batch skip;            /* DP: the other replicas' batches, read past */
     /* the gradient all-reduce, overlapped with the backward (trainer.c: start_ready) */
     float *flat;              /* the model's flat gradients, n_flat floats */
+    uint16_t *flat_bf16;      /* train.grad_reduce_dtype bf16: the buckets rounded, reduced here */
     int64_t n_flat, bucket, n_buckets, n_started;
     int64_t buckets, buckets_early;   /* totals for lk_train_result */
     uint64_t mem_peak;                /* the most dev->mem_used after a step */

@@ -3,26 +3,31 @@
  * polled with lk_comm_test, then waited in reverse order; plus a bucket on a split
  * sub-communicator in flight at the same time. Each result must equal, bit for bit, the
  * blocking all-reduce of the same data and the sum every rank recomputes on its own
- * (integer values, so f32 and f64 sums are exact in any order); the stats count every
+ * (integer values, so f32 and f64 sums are exact in any order, and bf16's too: its
+ * values are kept within ±60, so every partial sum of 4 ranks is an integer below 256,
+ * exact in bf16's 8 bits); the stats count every
  * start. Run: mpirun -np 2|4 ./dist_comm. */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include "util.h"
 
-enum { NB = 6 };
-static const int64_t sizes[NB] = {1, 7, 1023, 4097, 0, 33};
+enum { NB = 7 };
+static const int64_t sizes[NB] = {1, 7, 1023, 4097, 0, 33, 515};
 static const lk_comm_type types[NB] = {LK_COMM_F32, LK_COMM_F64, LK_COMM_F32, LK_COMM_F64, LK_COMM_F32,
-                                       LK_COMM_I64};
+                                       LK_COMM_I64, LK_COMM_BF16};
 
-/* Element i of bucket b on rank r: an integer in [-1000, 1000]. */
+/* Element i of bucket b on rank r: an integer in [-1000, 1000] (bf16: [-60, 60]). */
 static int64_t value(uint64_t seed, int r, int b, int64_t i) {
-    return (int64_t)(lk_rng_bits(seed + (uint64_t)r * 7919 + (uint64_t)b, (uint64_t)i) % 2001) - 1000;
+    int64_t half = types[b] == LK_COMM_BF16 ? 60 : 1000;
+    return (int64_t)(lk_rng_bits(seed + (uint64_t)r * 7919 + (uint64_t)b, (uint64_t)i) % (uint64_t)(2 * half + 1)) -
+           half;
 }
 
 static void fill(void *buf, lk_comm_type t, int64_t i, int64_t v) {
     if (t == LK_COMM_F32) ((float *)buf)[i] = (float)v;
     else if (t == LK_COMM_F64) ((double *)buf)[i] = (double)v;
+    else if (t == LK_COMM_BF16) ((uint16_t *)buf)[i] = lk_f32_to_bf16((float)v);
     else ((int64_t *)buf)[i] = v;
 }
 

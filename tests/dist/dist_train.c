@@ -3,7 +3,8 @@
  * the same data as micro-batches (grad_accum = the DP size) on rank 0: the same
  * gradients up to summation order, so losses and gradient norms agree within f32
  * tolerance.
- *   - dense Qwen3, dp = P: 10 steps, 1e-5.
+ *   - dense Qwen3, dp = P: 10 steps, 1e-5; again with train.grad_reduce_dtype bf16 (the
+ *     gradients summed in bf16 on the wire): 5e-3, and not the f32 run's bits.
  *   - tiny Qwen3-MoE, sp = 2, ep = 2, dp = P/2 (at -np 4 the issue's dp 2 x sp 2, ep 2):
  *     20 steps; each SP rank runs half of every sequence through Ulysses attention,
  *     each EP rank half of the experts through the all-to-all dispatcher (and again
@@ -25,6 +26,10 @@
  * each token's expert outputs in another order; the differences grow a little with each
  * step (measured ~1e-6 .. 1e-5), far below what a wrong scale or a lost gradient moves */
 #define TOL_MOE 1e-4
+/* bf16 all-reduce: each bucket rounded to bf16 (2^-9 relative) before the sum and the
+ * partial sums rounded again; the loss and the norm moved by 5e-4 (4 ranks) and 8e-4 (2)
+ * over 10 steps, a wrong scale (1/P) or a lost bucket moves them by > 30% */
+#define TOL_BF16 5e-3
 
 static lk_train_config tc;
 static lk_ops_config ops;
@@ -52,7 +57,7 @@ static void tiny(const char *out, int moe, int64_t steps, int64_t grad_accum) {
  * through `attn` (NULL: the default, flash_attention_2), against one process with
  * grad_accum dp and the default attention. */
 static void matches_single(int moe, const char *dispatcher, const char *attn, int64_t steps, int dp, int sp, int ep,
-                           double tol) {
+                           double tol, lk_dtype reduce) {
     int r = dist_world->rank;
     char dir[64] = "/tmp/llmkern_dist_train_XXXXXX";
     /* grad norms too: AdamW is nearly blind to a gradient's scale, so a DP average taken
@@ -71,6 +76,7 @@ static void matches_single(int moe, const char *dispatcher, const char *attn, in
     snprintf(out, sizeof out, "%s/mesh", dir);
     tiny(out, moe, steps, 1);
     tc.dp = dp, tc.sp = sp, tc.ep = ep;
+    tc.grad_reduce_dtype = reduce;
     if (moe) lk_ops_config_set(&ops, "moe.dispatcher", dispatcher, "test");
     if (attn) lk_ops_config_set(&ops, "attention", attn, "test");
     lk_mesh mesh;
@@ -95,10 +101,11 @@ static void matches_single(int moe, const char *dispatcher, const char *attn, in
             DIST_CHECK(en <= tol, "dp %d sp %d ep %d step %d: grad norm %.9g vs single %.9g (relative %.3g)", dp, sp,
                        ep, i + 1, got_norm[i], ref_norm[i], en);
         }
-        printf("dist_train: dp %d sp %d ep %d %s%s%s%s, %lld steps: loss %.5f -> %.5f, worst relative difference "
+        if (reduce == LK_BF16) DIST_CHECK(worst > 0, "grad_reduce_dtype bf16: the f32 run's bits, the bf16 path not taken");
+        printf("dist_train: dp %d sp %d ep %d %s%s%s%s%s, %lld steps: loss %.5f -> %.5f, worst relative difference "
                "from one process %.2g (loss or grad norm); %lld all-reduce buckets, %lld started during the "
                "backward\n", dp, sp, ep, moe ? "MoE " : "dense", moe ? dispatcher : "", attn ? " " : "",
-               attn ? attn : "", (long long)steps, got[0], got[steps - 1], worst, (long long)res.buckets,
+               attn ? attn : "", reduce == LK_BF16 ? " (bf16 all-reduce)" : "", (long long)steps, got[0], got[steps - 1], worst, (long long)res.buckets,
                (long long)res.buckets_early);
         DIST_CHECK(ref[steps - 1] < ref[0], "the loss falls: %g -> %g", ref[0], ref[steps - 1]);
         char path[200];
@@ -231,9 +238,10 @@ int main(void) {
     int P = dist_world->size;
     rejections();
     model_rejections();
-    matches_single(0, NULL, NULL, STEPS_DP, P, 1, 1, TOL_DP);
-    matches_single(1, "alltoall", NULL, STEPS_MOE, P / 2, 2, 2, TOL_MOE);
-    matches_single(1, "allgather", NULL, STEPS_MOE, P / 2, 2, 2, TOL_MOE);
-    matches_single(1, "alltoall", "flex_attention", STEPS_MOE, P / 2, 2, 2, TOL_MOE);   /* the document BlockMask */
+    matches_single(0, NULL, NULL, STEPS_DP, P, 1, 1, TOL_DP, LK_F32);
+    matches_single(0, NULL, NULL, STEPS_DP, P, 1, 1, TOL_BF16, LK_BF16);
+    matches_single(1, "alltoall", NULL, STEPS_MOE, P / 2, 2, 2, TOL_MOE, LK_F32);
+    matches_single(1, "allgather", NULL, STEPS_MOE, P / 2, 2, 2, TOL_MOE, LK_F32);
+    matches_single(1, "alltoall", "flex_attention", STEPS_MOE, P / 2, 2, 2, TOL_MOE, LK_F32);   /* the document BlockMask */
     return dist_end("dist_train");
 }

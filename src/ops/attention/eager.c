@@ -152,13 +152,12 @@ static lk_status eager_run(const lk_attention_args *a, lk_ctx *ctx, int backward
     return st;
 }
 
-static size_t eager_saved(const lk_attention_args *a) { return lk_attn_lse_bytes(a); }
 static lk_status eager_forward(const lk_attention_args *a, lk_ctx *ctx) { return eager_run(a, ctx, 0); }
 static lk_status eager_backward(const lk_attention_args *a, lk_ctx *ctx) { return eager_run(a, ctx, 1); }
 
 const lk_attention_vtable lk_attention_eager_backend = {
     .version = LK_ATTENTION_VTABLE_VERSION,
-    .saved_bytes = eager_saved,
+    .saved_bytes = lk_attn_lse_bytes,
     .workspace_bytes = eager_workspace,
     .forward = eager_forward,
     .backward = eager_backward,

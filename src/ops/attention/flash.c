@@ -347,15 +347,17 @@ static size_t flash_meta_bytes(const lk_attention_args *a) {
     return up64((size_t)Sq * 16) + up64((size_t)cdiv(Sq, FLASH_TILE) * 32) + 128;
 }
 
-static lk_status flash_run(const lk_attention_args *a, lk_ctx *ctx, int backward) {
+/* The tiled passes' source (as flex.c's): the rows' key intervals and each query tile's
+ * bounds, worked out into ctx's workspace and held by f. */
+static lk_status source(const lk_attention_args *a, lk_ctx *ctx, flash_src *f, lk_attn_src *src) {
     lk_attn_dims d = lk_attn_dims_of(a);
     int64_t nqt = cdiv(d.Sq, FLASH_TILE);
     int64_t *lo = lk_arena_alloc(ctx->arena, (size_t)d.Sq * 16), *t = lk_arena_alloc(ctx->arena, (size_t)nqt * 32);
     if (!lo || !t) return lk_error(LK_EINTERNAL, "attention: workspace: expected the reserved bytes");
     int64_t *hi = lo + d.Sq;
     lk_attn_row_intervals(a, &d, lo, hi);
-    flash_src f = {.lo = lo, .hi = hi, .tmin_lo = t, .tmax_hi = t + nqt, .tmax_lo = t + 2 * nqt,
-                   .tmin_hi = t + 3 * nqt, .nqt = nqt, .nkt = cdiv(d.Skv, FLASH_TILE), .Skv = d.Skv};
+    *f = (flash_src){.lo = lo, .hi = hi, .tmin_lo = t, .tmax_hi = t + nqt, .tmax_lo = t + 2 * nqt,
+                     .tmin_hi = t + 3 * nqt, .nqt = nqt, .nkt = cdiv(d.Skv, FLASH_TILE), .Skv = d.Skv};
     for (int64_t qt = 0; qt < nqt; qt++) {
         int64_t mnl = INT64_MAX, mxh = INT64_MIN, mxl = INT64_MIN, mnh = INT64_MAX;
         for (int64_t i = qt * FLASH_TILE; i < (qt + 1) * FLASH_TILE && i < d.Sq; i++) {
@@ -366,21 +368,30 @@ static lk_status flash_run(const lk_attention_args *a, lk_ctx *ctx, int backward
         if (mnl == INT64_MAX) { mnl = 0; mxh = 0; }
         t[qt] = mnl; t[nqt + qt] = mxh; t[2 * nqt + qt] = mxl; t[3 * nqt + qt] = mnh;
     }
-    lk_attn_src src = {.tq = FLASH_TILE, .tk = FLASH_TILE, .kv_tiles = flash_kv_tiles, .q_tiles = flash_q_tiles,
-                       .mask_tile = flash_mask, .self = &f};
-    return backward ? lk_attn_tiled_backward(a, ctx, &src) : lk_attn_tiled_forward(a, ctx, &src);
+    *src = (lk_attn_src){.tq = FLASH_TILE, .tk = FLASH_TILE, .kv_tiles = flash_kv_tiles, .q_tiles = flash_q_tiles,
+                         .mask_tile = flash_mask, .self = f};
+    return LK_OK;
 }
 
 static size_t flash_workspace(const lk_attention_args *a, int backward) {
     return flash_meta_bytes(a) + lk_attn_tiled_workspace(a, FLASH_TILE, FLASH_TILE, backward);
 }
-static size_t flash_saved(const lk_attention_args *a) { return lk_attn_lse_bytes(a); }
-static lk_status flash_forward(const lk_attention_args *a, lk_ctx *ctx) { return flash_run(a, ctx, 0); }
-static lk_status flash_backward(const lk_attention_args *a, lk_ctx *ctx) { return flash_run(a, ctx, 1); }
+static lk_status flash_forward(const lk_attention_args *a, lk_ctx *ctx) {
+    flash_src f;
+    lk_attn_src s;
+    lk_status st = source(a, ctx, &f, &s);
+    return st ? st : lk_attn_tiled_forward(a, ctx, &s);
+}
+static lk_status flash_backward(const lk_attention_args *a, lk_ctx *ctx) {
+    flash_src f;
+    lk_attn_src s;
+    lk_status st = source(a, ctx, &f, &s);
+    return st ? st : lk_attn_tiled_backward(a, ctx, &s);
+}
 
 const lk_attention_vtable lk_attention_flash_backend = {
     .version = LK_ATTENTION_VTABLE_VERSION,
-    .saved_bytes = flash_saved,
+    .saved_bytes = lk_attn_lse_bytes,
     .workspace_bytes = flash_workspace,
     .forward = flash_forward,
     .backward = flash_backward,

@@ -401,11 +401,20 @@ static lk_status allow_smem(K kernel, size_t bytes) {
     return LK_OK;
 }
 
+/* Where both passes begin: the call's dims, checked, and its geometry with the row
+ * intervals (for the backward, each key's row range too) on the device. */
+static lk_status pass_geom(const lk_attention_args *a, lk_ctx *ctx, int backward, lk_attn_dims *d, geom *g) {
+    *d = lk_attn_dims_of(a);
+    lk_status s = check_dims(d);
+    *g = geom_of(a, d);
+    return s ? s : intervals(a, d, ctx->arena, (cudaStream_t)ctx->stream, backward, g);
+}
+
 static lk_status forward(const lk_attention_args *a, lk_ctx *ctx) {
-    lk_attn_dims d = lk_attn_dims_of(a);
-    lk_status s = check_dims(&d);
-    geom g = geom_of(a, &d);
-    if (s || (s = intervals(a, &d, ctx->arena, (cudaStream_t)ctx->stream, 0, &g))) return s;
+    lk_attn_dims d;
+    geom g;
+    lk_status s = pass_geom(a, ctx, 0, &d, &g);
+    if (s) return s;
     cudaStream_t st = (cudaStream_t)ctx->stream;
     unsigned nb = blocks(d.B * d.Hq, d.Sq);
     size_t sh = fwd_smem(g.D);
@@ -441,10 +450,10 @@ static lk_status backward_kernels(const lk_attention_args *a, const lk_attn_dims
 }
 
 static lk_status backward(const lk_attention_args *a, lk_ctx *ctx) {
-    lk_attn_dims d = lk_attn_dims_of(a);
-    lk_status s = check_dims(&d);
-    geom g = geom_of(a, &d);
-    if (s || (s = intervals(a, &d, ctx->arena, (cudaStream_t)ctx->stream, 1, &g))) return s;
+    lk_attn_dims d;
+    geom g;
+    lk_status s = pass_geom(a, ctx, 1, &d, &g);
+    if (s) return s;
     size_t rows = lk_attn_lse_bytes(a);
     float *delta = (float *)lk_arena_alloc(ctx->arena, up(rows)), *part = (float *)lk_arena_alloc(ctx->arena, up(rows));
     if (!delta || !part) return lk_error(LK_ENOMEM, "attention: flash (cuda): no room for delta");

@@ -66,7 +66,6 @@ static lk_attn_src source(const lk_attention_args *a) {
 static size_t flex_workspace(const lk_attention_args *a, int backward) {
     return lk_attn_tiled_workspace(a, a->block_mask->Q_BLOCK_SIZE, a->block_mask->KV_BLOCK_SIZE, backward);
 }
-static size_t flex_saved(const lk_attention_args *a) { return lk_attn_lse_bytes(a); }
 static lk_status flex_forward(const lk_attention_args *a, lk_ctx *ctx) {
     lk_attn_src s = source(a);
     return lk_attn_tiled_forward(a, ctx, &s);
@@ -78,7 +77,7 @@ static lk_status flex_backward(const lk_attention_args *a, lk_ctx *ctx) {
 
 const lk_attention_vtable lk_attention_flex_backend = {
     .version = LK_ATTENTION_VTABLE_VERSION,
-    .saved_bytes = flex_saved,
+    .saved_bytes = lk_attn_lse_bytes,
     .workspace_bytes = flex_workspace,
     .forward = flex_forward,
     .backward = flex_backward,

@@ -47,6 +47,7 @@ typedef struct {
 } lk_grad_acc;
 
 lk_status lk_grad_acc_begin(lk_grad_acc *g, void *dst, lk_dtype dt, int64_t n, lk_arena *arena);
+/* Nothing to do for an accumulator that was zeroed and never begun. */
 void lk_grad_acc_end(lk_grad_acc *g);
 /* The arena bytes lk_grad_acc_begin takes. */
 size_t lk_grad_acc_bytes(lk_dtype dt, int64_t n);

@@ -141,32 +141,45 @@ static void apply(const void *x, void *out, const void *cs, const void *sn, cons
     if (partial) cat_pass(sum, x, out, p);               /* cat(·, x[..., R:])      */
 }
 
-static lk_status run(const lk_rope_args *a, lk_ctx *ctx, int backward) {
-    lk_rope_dims d = lk_rope_dims_of(a);
-    size_t half_saved = eager_saved_bytes(&d) / 2;
-    void *cs = a->saved.data, *sn = (char *)a->saved.data + half_saved;
+/* What both passes work with: the dims, the gathered cos and sin (the two halves of
+ * saved), the scratch and the shapes of q's and k's passes. */
+typedef struct {
+    lk_rope_dims d;
+    void *cs, *sn;
     scratch w;
-    lk_status s = take(ctx, &d, &w);
+    pass_shape pq, pk;
+} pass;
+
+static lk_status pass_begin(const lk_rope_args *a, lk_ctx *ctx, pass *p) {
+    p->d = lk_rope_dims_of(a);
+    const lk_rope_dims *d = &p->d;
+    p->cs = a->saved.data;
+    p->sn = (char *)a->saved.data + eager_saved_bytes(d) / 2;
+    p->pq = (pass_shape){d->batch, d->q_heads, d->seq, d->rotary_dim, d->head_dim, d->dtype};
+    p->pk = p->pq;
+    p->pk.heads = d->k_heads;
+    return take(ctx, d, &p->w);
+}
+
+static lk_status eager_forward(const lk_rope_args *a, lk_ctx *ctx) {
+    pass p;
+    lk_status s = pass_begin(a, ctx, &p);
     if (s) return s;
-    if (!backward) {
-        gather(a->cos.data, &a->position_ids, cs, d.batch, d.seq, d.rotary_dim, d.dtype);
-        gather(a->sin.data, &a->position_ids, sn, d.batch, d.seq, d.rotary_dim, d.dtype);
-    }
-    pass_shape pq = {d.batch, d.q_heads, d.seq, d.rotary_dim, d.head_dim, d.dtype};
-    pass_shape pk = pq;
-    pk.heads = d.k_heads;
-    if (!backward) {
-        apply(a->q.data, a->q_out.data, cs, sn, &w, &pq, 0);
-        apply(a->k.data, a->k_out.data, cs, sn, &w, &pk, 0);
-    } else {
-        apply(a->dq_out.data, a->dq.data, cs, sn, &w, &pq, 1);
-        apply(a->dk_out.data, a->dk.data, cs, sn, &w, &pk, 1);
-    }
+    gather(a->cos.data, &a->position_ids, p.cs, p.d.batch, p.d.seq, p.d.rotary_dim, p.d.dtype);
+    gather(a->sin.data, &a->position_ids, p.sn, p.d.batch, p.d.seq, p.d.rotary_dim, p.d.dtype);
+    apply(a->q.data, a->q_out.data, p.cs, p.sn, &p.w, &p.pq, 0);
+    apply(a->k.data, a->k_out.data, p.cs, p.sn, &p.w, &p.pk, 0);
     return LK_OK;
 }
 
-static lk_status eager_forward(const lk_rope_args *a, lk_ctx *ctx) { return run(a, ctx, 0); }
-static lk_status eager_backward(const lk_rope_args *a, lk_ctx *ctx) { return run(a, ctx, 1); }
+static lk_status eager_backward(const lk_rope_args *a, lk_ctx *ctx) {
+    pass p;
+    lk_status s = pass_begin(a, ctx, &p);
+    if (s) return s;
+    apply(a->dq_out.data, a->dq.data, p.cs, p.sn, &p.w, &p.pq, 1);
+    apply(a->dk_out.data, a->dk.data, p.cs, p.sn, &p.w, &p.pk, 1);
+    return LK_OK;
+}
 
 const lk_rope_vtable lk_rope_eager_vtable = {
     .version = LK_ROPE_VTABLE_VERSION,

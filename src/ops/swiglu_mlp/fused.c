@@ -162,8 +162,8 @@ static lk_status backward(const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
             agu.beta = 1.0f;
         }
     }
-    if (want_gu) lk_grad_acc_end(&agu);
-    if (want_d) lk_grad_acc_end(&ad);
+    lk_grad_acc_end(&agu);      /* a gradient not asked for: never begun, nothing to do */
+    lk_grad_acc_end(&ad);
     return LK_OK;
 }
 

@@ -1,7 +1,7 @@
 /* moe.h — the mixture-of-experts block of Qwen3-MoE / DeepSeek-V3: the router (which
- * experts each token takes, with what weight, and the auxiliary load-balancing loss; on
- * the CPU) and the experts (a SwiGLU MLP per expert, each token's k outputs summed with
- * the routing weights; on the CPU and on CUDA).
+ * experts each token takes, with what weight, and the auxiliary load-balancing loss)
+ * and the experts (a SwiGLU MLP per expert, each token's k outputs summed with the
+ * routing weights), both on the CPU and on CUDA.
  *
  * Router (op moe_router, config field moe.router), T tokens, hidden H, E experts:
  *   logits = hidden · gate_weightᵀ                               [T, E]

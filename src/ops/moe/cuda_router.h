@@ -1,7 +1,8 @@
-/* cuda_router.h — the kernels of the `softmax_topk` MoE router on CUDA (router.cu), as C
- * launchers on raw device pointers, queued on stream (a cudaStream_t) between the
- * cuBLASLt GEMMs of router_cuda.c. f32 math; LK_EDEVICE when a launch fails. Built only
- * with CUDA. Not installed. */
+/* cuda_router.h — the kernels of the learned MoE routers on CUDA (router.cu: softmax_topk
+ * and what both share; sigmoid_bias.cu), as C launchers on raw device pointers, queued on
+ * stream (a cudaStream_t) between the cuBLASLt GEMMs of router_cuda.c; fake_balanced.cu
+ * uses the expert counts. f32 math; LK_EDEVICE when a launch fails. Built only with
+ * CUDA. Not installed. */
 #ifndef LLMKERN_MOE_CUDA_ROUTER_H
 #define LLMKERN_MOE_CUDA_ROUTER_H
 
@@ -18,7 +19,16 @@ typedef struct {
     int norm;           /* weights over their sum (norm_topk_prob or softmax_after_topk) */
     int round_bf16;     /* logits rounded to bf16 before the softmax (bf16 storage, no gate_f32) */
     float scale;        /* route_scale, 1 for 0 */
+    int sigmoid;        /* the scores are sigmoids (sigmoid_bias), not a softmax */
 } lk_router_cuda_dims;
+
+/* sigmoid_bias's choice: the correction bias and the group limit. */
+typedef struct {
+    const float *bias;      /* e_bias [E] f32, or NULL */
+    int n_group, topk_group;   /* n_group <= 1: no groups */
+    float *gscore;          /* [T, n_group] f32 workspace (groups only) */
+    unsigned char *keep;    /* [T, n_group] workspace (groups only) */
+} lk_router_cuda_groups;
 
 /* Per token, from the f32 logits z [T, E]: p = softmax(z) into v [T, E], the k largest p
  * (in descending order, ties to the lower index, as lk_router_topk) into saved_ids and
@@ -26,6 +36,15 @@ typedef struct {
  * (the aux loss divides by it, as the CPU does). */
 lk_status lk_router_cuda_softmax_topk(const lk_router_cuda_dims *d, const float *z, float *v, int32_t *saved_ids,
                                       int32_t *topk_ids, float *w, float *vsum, void *stream);
+
+/* Per token, from the f32 logits z [T, E]: s = sigmoid(z) into v [T, E], the k largest
+ * s + bias within the topk_group best groups (a group's score: its two best s + bias)
+ * into saved_ids and topk_ids [T, k] (descending, ties to the lower index, as
+ * sigmoid_bias.c), the chosen s (over their sum when d->norm) times scale into w, and,
+ * unless vsum is NULL, vsum[T] = Σ_e s. */
+lk_status lk_router_cuda_sigmoid_bias(const lk_router_cuda_dims *d, const lk_router_cuda_groups *g, const float *z,
+                                      float *v, int32_t *saved_ids, int32_t *topk_ids, float *w, float *vsum,
+                                      void *stream);
 
 /* Doubles of scratch lk_router_cuda_aux takes for T tokens and E experts. */
 int64_t lk_router_cuda_aux_scratch(int64_t t, int64_t e);
@@ -39,7 +58,8 @@ lk_status lk_router_cuda_count(const int32_t *ids, int64_t n, int64_t e, int32_t
 
 /* dz [T, E] (f32) = d loss / d logits from the saved v and ids, d_topk_weights dw [T, k]
  * and the aux loss's gradient: d aux / d q[t, e] = aux_coef · counts[e] (counts NULL:
- * none), aux_coef = d_aux_loss · E / (T²k). The softmax_topk.c backward, a warp a token. */
+ * none), aux_coef = d_aux_loss · E / (T²k). router_core.c's backward (through a softmax,
+ * or a sigmoid with d->sigmoid), a warp a token. */
 lk_status lk_router_cuda_d_logits(const lk_router_cuda_dims *d, const float *v, const int32_t *ids, const float *dw,
                                   const int32_t *counts, double aux_coef, float *dz, void *stream);
 

@@ -1,11 +1,11 @@
 /* def.c — the descriptors of the folder's two ops (src/ops/op_def.h): lk_moe_router_def
  * and lk_moe_experts_def, each with its catalog entry, its registry rows on the CPU and,
- * built with CUDA, the `softmax_topk` router and the `fused` and `fused_sm90` (alias
- * fused_quack: fused.cu's layer on grouped_sm90.cu's wgmma grouped GEMM, which `fused` also
- * takes on an sm_90 GPU) experts on the GPU (each row pointing at the vtable its own file
- * defines), its harness and the members its vtables must have. The design's fused_cublas
- * experts and CUDA routers (sigmoid_bias, fake_balanced) do not exist yet: asked for, they
- * are "not available in this build". */
+ * built with CUDA, every router (softmax_topk, sigmoid_bias, fake_balanced) and the
+ * `fused` and `fused_sm90` (alias fused_quack: fused.cu's layer on grouped_sm90.cu's wgmma
+ * grouped GEMM, which `fused` also takes on an sm_90 GPU) experts on the GPU (each row
+ * pointing at the vtable its own file defines), its harness and the members its vtables
+ * must have. The design's fused_cublas experts do not exist yet: asked for, they are "not
+ * available in this build". */
 #include <stdio.h>
 #include "llmkern/moe.h"
 #include "ops/op_def.h"
@@ -17,6 +17,8 @@ extern const lk_moe_experts_vtable lk_moe_experts_eager_vtable;
 extern const lk_moe_experts_vtable lk_moe_experts_fused_vtable;
 #ifdef LLMKERN_HAVE_CUDA
 extern const lk_moe_router_vtable lk_moe_router_cuda_softmax_topk_vtable;   /* router_cuda.c */
+extern const lk_moe_router_vtable lk_moe_router_cuda_sigmoid_bias_vtable;   /* router_cuda.c */
+extern const lk_moe_router_vtable lk_moe_router_cuda_fake_balanced_vtable;  /* fake_balanced.cu */
 extern const lk_moe_experts_vtable lk_moe_experts_cuda_fused_vtable;   /* fused.cu */
 extern const lk_moe_experts_vtable lk_moe_experts_cuda_fused_sm90_vtable;   /* fused.cu on grouped_sm90.cu */
 
@@ -43,6 +45,12 @@ static const lk_impl router_rows[] = {
     {.op = LK_OP_MOE_ROUTER, .name = "softmax_topk", .device = LK_DEVICE_CUDA,
      .needs = {.min_cc = 80, .dtypes = LK_F32_BF16}, .vtable = &lk_moe_router_cuda_softmax_topk_vtable,
      .summary = "the CPU softmax_topk on the GPU: cuBLASLt logits, a warp a token, deterministic aux loss"},
+    {.op = LK_OP_MOE_ROUTER, .name = "sigmoid_bias", .device = LK_DEVICE_CUDA,
+     .needs = {.min_cc = 80, .dtypes = LK_F32_BF16}, .vtable = &lk_moe_router_cuda_sigmoid_bias_vtable,
+     .summary = "the CPU sigmoid_bias on the GPU: cuBLASLt logits, group-limited top-k a warp a token"},
+    {.op = LK_OP_MOE_ROUTER, .name = "fake_balanced", .device = LK_DEVICE_CUDA,
+     .needs = {.min_cc = 80, .dtypes = LK_F32_BF16}, .vtable = &lk_moe_router_cuda_fake_balanced_vtable,
+     .summary = "the CPU fake_balanced on the GPU, bit for bit: content-seeded noise, no host read"},
 #endif
     {.name = NULL},
 };

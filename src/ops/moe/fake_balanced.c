@@ -8,12 +8,15 @@
  *             systematically hot) and takes the top k (never one expert twice); weights
  *             (1 - noise)/k + noise·r_j/Σr with r uniform. The same input — the forward
  *             and an activation-checkpointing recompute — always routes the same way;
- *             another input (another step) routes differently.
+ *             another input (another step) routes differently. The draws are
+ *             fake_gate.h's, shared with the CUDA row (fake_balanced.cu), which routes
+ *             an input as this row does, bit for bit.
  * The weights do not depend on hidden: d_hidden is zero and no gate gradient exists.
  * aux_loss = E · Σ_e f_e² with f_e the routing fraction: 1 when balanced.
  * Reached through lk_moe_router_forward / _backward (router.c). */
 #include <math.h>
 #include <string.h>
+#include "ops/moe/fake_gate.h"
 #include "ops/moe/router_core.h"
 
 static size_t saved_bytes(int64_t t, int64_t e, int64_t k) { return 0; }
@@ -22,22 +25,21 @@ static size_t workspace_bytes(const lk_moe_router_args *a, int backward) {
     return 2 * lk_dense_piece(sizeof(double) * (size_t)(lk_router_experts(a) + 1));
 }
 
-/* 64-bit mix of every byte of hidden: the seed. */
+/* The seed: fake_gate.h's hash of every byte of hidden, its words' shares summed in
+ * any order (here over the threads). */
 static uint64_t content_hash(const lk_tensor *x) {
     const unsigned char *p = x->data;
     size_t n = lk_tensor_bytes(x), w = n / 8;
-    uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
+    uint64_t h = 0;
+    #pragma omp parallel for schedule(static) reduction(+ : h) if (w >= LK_MOE_PAR_MIN)
     for (size_t i = 0; i < w; i++) {
         uint64_t v;
         memcpy(&v, p + 8 * i, 8);
-        h = (h ^ v) * 0x100000001b3ull;
-        h ^= h >> 29;
+        h += lk_fake_word(v, i);
     }
-    for (size_t i = 8 * w; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
-    return h;
+    if (n % 8) h += lk_fake_word(lk_fake_tail(p + 8 * w, n % 8), w);
+    return lk_fake_seed(h, n);
 }
-
-static float uniform(uint64_t seed, uint64_t ctr) { return (float)(lk_rng_bits(seed, ctr) >> 40) * 0x1p-24f; }
 
 static lk_status forward(const lk_moe_router_args *a, lk_ctx *ctx) {
     int64_t t = a->hidden.shape[0], e = lk_router_experts(a);
@@ -54,21 +56,18 @@ static lk_status forward(const lk_moe_router_args *a, lk_ctx *ctx) {
         uint64_t seed = content_hash(&a->hidden);
         float *bias = lk_arena_alloc(ctx->arena, sizeof(double) * (size_t)e);
         if (!bias) return LK_MOE_NOMEM("moe_router");
-        for (int64_t x = 0; x < e; x++) {   /* Box-Muller */
-            float u1 = uniform(seed, 2 * (uint64_t)x) + 0x1p-25f, u2 = uniform(seed, 2 * (uint64_t)x + 1);
-            bias[x] = sqrtf(-2.0f * logf(u1)) * cosf(6.28318531f * u2) * 0.1f * noise;
-        }
-        uint64_t score0 = 2 * (uint64_t)e, weight0 = score0 + (uint64_t)(t * e);
+        for (int64_t x = 0; x < e; x++) bias[x] = lk_fake_bias(seed, x, noise);
+        uint64_t score0 = lk_fake_score0(e), weight0 = lk_fake_weight0(t, e);
         #pragma omp parallel if (t * e >= LK_MOE_PAR_MIN)
         {
             float s[e];
             #pragma omp for schedule(static)
             for (int64_t tok = 0; tok < t; tok++) {
-                for (int64_t x = 0; x < e; x++) s[x] = uniform(seed, score0 + (uint64_t)(tok * e + x)) + bias[x];
+                for (int64_t x = 0; x < e; x++) s[x] = lk_fake_uniform(seed, score0 + (uint64_t)(tok * e + x)) + bias[x];
                 lk_router_topk(s, NULL, e, k, ids + tok * k);
                 float r[k], sum = 0.0f;
-                for (int j = 0; j < k; j++) sum += r[j] = uniform(seed, weight0 + (uint64_t)(tok * k + j)) + 0x1p-24f;
-                for (int j = 0; j < k; j++) w[tok * k + j] = sc * ((1.0f - noise) / (float)k + noise * r[j] / sum);
+                for (int j = 0; j < k; j++) sum += r[j] = lk_fake_uniform(seed, weight0 + (uint64_t)(tok * k + j)) + 0x1p-24f;
+                for (int j = 0; j < k; j++) w[tok * k + j] = lk_fake_weight(sc, noise, k, r[j], sum);
             }
         }
     }

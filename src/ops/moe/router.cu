@@ -1,6 +1,8 @@
-/* router.cu — the kernels of the `softmax_topk` MoE router on CUDA (cuda_router.h),
- * launched by router_cuda.c around its GEMMs. The per-token kernels give each token a
- * warp: the softmax and the k picks are warp reductions, and a row of up to 512 experts
+/* router.cu — the kernels of the `softmax_topk` MoE router on CUDA (cuda_router.h), and
+ * those the learned routers share (the aux loss, the expert counts, d_logits for softmax
+ * and sigmoid, dtype conversions; sigmoid_bias.cu holds sigmoid_bias's own per-token
+ * kernel), launched by router_cuda.c around its GEMMs. The per-token kernels give each
+ * token a warp: the softmax and the k picks are warp reductions, and a row of up to 512 experts
  * stays in registers (16 a lane); longer rows are read back from the saved scores. The
  * aux loss and the expert counts are summed in an order that depends on T and E only
  * (integer atomics for the counts, per-block f64 partials for the scores), so a run
@@ -9,43 +11,14 @@
 #include "core/cuda_check.h"
 #include "ops/cuda_util.cuh"
 #include "ops/moe/cuda_router.h"
+#include "ops/moe/router.cuh"
 
-#define FULL 0xffffffffu
-#define WARPS 4             /* tokens a block of the per-token kernels */
+#define FULL LK_ROUTER_FULL
+#define WARPS LK_ROUTER_WARPS
 #define AUX_TOKENS 256      /* tokens one partial of the aux loss covers */
 #define AUX_LANES 8         /* token lanes of a partial's block (x 32 experts) */
 #define AUX_THREADS 256     /* the final sum's block */
 #define HIST_MAX 8192       /* experts a shared-memory histogram holds */
-
-/* (a, ai) ranks before (b, bi): the larger score first, the lower index on a tie, as
- * lk_router_topk picks. NaN ranks below every number, so an all-NaN row (NaN or infinite
- * logits) is taken in index order like the CPU's; -2 marks "no candidate". */
-static __device__ __forceinline__ bool before(float a, int ai, float b, int bi) {
-    a = a != a ? -1.0f : a;
-    b = b != b ? -1.0f : b;
-    return a > b || (a == b && ai < bi);
-}
-
-static __device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
-    return v;
-}
-
-/* Every lane ends with the warp's first-ranked (v, i): `before` is a strict total order. */
-static __device__ __forceinline__ void warp_best(float &v, int &i) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(FULL, v, o);
-        int oi = __shfl_xor_sync(FULL, i, o);
-        if (before(ov, oi, v, i)) v = ov, i = oi;
-    }
-}
-
-static __device__ __forceinline__ float logit(const float *z, int x, int round_bf16) {
-    float q = z[x];
-    return round_bf16 ? __bfloat162float(__float2bfloat16_rn(q)) : q;
-}
 
 /* p = softmax of the token's logits into vr, and into r when N > 0; returns Σ p. Lane
  * elements are x = lane + 32m; with N = 0 each lane reads back only what it wrote. */
@@ -58,16 +31,16 @@ static __device__ __forceinline__ float softmax_row(const lk_router_cuda_dims &d
     for (int m = 0; m < M; m++) {
         int x = lane + 32 * m;
         if (x >= E) continue;
-        float q = logit(zr, x, d.round_bf16);
+        float q = lk_router_logit(zr, x, d.round_bf16);
         if (N > 0) r[m] = q;
         mx = fmaxf(mx, q);
     }
-    mx = warp_max(mx);
+    mx = lk_router_warp_max(mx);
 #pragma unroll
     for (int m = 0; m < M; m++) {
         int x = lane + 32 * m;
         if (x >= E) continue;
-        float q = expf((N > 0 ? r[m] : logit(zr, x, d.round_bf16)) - mx);
+        float q = expf((N > 0 ? r[m] : lk_router_logit(zr, x, d.round_bf16)) - mx);
         if (N > 0) r[m] = q;
         else vr[x] = q;
         sum += q;
@@ -90,13 +63,13 @@ template <int N>
 static __device__ __forceinline__ void lane_next(const lk_router_cuda_dims &d, const float *vr, const float *r,
                                                  int lane, float pv, int pi, float &bv, int &bi) {
     const int M = N > 0 ? N : (int)((d.e + 31) / 32), E = (int)d.e;
-    bv = -2.0f, bi = INT_MAX;
+    bv = -INFINITY, bi = INT_MAX;   /* no candidate */
 #pragma unroll
     for (int m = 0; m < M; m++) {
         int x = lane + 32 * m;
         if (x >= E) continue;
         float q = N > 0 ? r[m] : vr[x];
-        if (before(pv, pi, q, x) && before(q, x, bv, bi)) bv = q, bi = x;
+        if (lk_router_before(pv, pi, q, x) && lk_router_before(q, x, bv, bi)) bv = q, bi = x;
     }
 }
 
@@ -118,7 +91,7 @@ __global__ void __launch_bounds__(WARPS * 32) softmax_topk(lk_router_cuda_dims d
         float bv;
         int bi;
         lane_next<N>(d, vr, r, lane, pv, pi, bv, bi);
-        warp_best(bv, bi);
+        lk_router_warp_best(bv, bi);
         if (lane == 0) si[j] = bi, oi[j] = bi, wr[j] = bv;
         S += bv, pv = bv, pi = bi;
     }
@@ -175,8 +148,8 @@ __global__ void count_routes(const int32_t *ids, int64_t n, int64_t e, int32_t *
         if (hist[x]) atomicAdd(counts + x, hist[x]);
 }
 
-/* A warp a token: the CPU lk_router_backward's softmax case, row in dz. The k chosen
- * experts are distinct, so their lanes add into dz without a race. */
+/* A warp a token: the CPU lk_router_backward, row in dz (d.sigmoid: its sigmoid case).
+ * The k chosen experts are distinct, so their lanes add into dz without a race. */
 __global__ void __launch_bounds__(WARPS * 32) d_logits(lk_router_cuda_dims d, const float *v, const int32_t *ids,
                                                        const float *dw, const int32_t *counts, double coef,
                                                        float *dz) {
@@ -203,7 +176,8 @@ __global__ void __launch_bounds__(WARPS * 32) d_logits(lk_router_cuda_dims d, co
     __syncwarp();
     for (int x = lane; x < E; x += 32) dot += g[x] * vr[x];
     dot = lk_warp_sum(dot);
-    for (int x = lane; x < E; x += 32) g[x] = vr[x] * (g[x] - dot);
+    for (int x = lane; x < E; x += 32)
+        g[x] = d.sigmoid ? g[x] * vr[x] * (1.0f - vr[x]) : vr[x] * (g[x] - dot);
 }
 
 template <typename S, typename D>
@@ -247,7 +221,7 @@ extern "C" lk_status lk_router_cuda_aux(const lk_router_cuda_dims *d, const floa
                                                                                                scratch);
     double T = (double)d->t;
     aux_final<<<1, AUX_THREADS, 0, st>>>(nb, d->e, (double)d->e / (T * T * d->k), scratch, counts, aux);
-    LK_CUDA_LAUNCHED("moe_router: softmax_topk (cuda): aux loss");
+    LK_CUDA_LAUNCHED("moe_router (cuda): aux loss");
     return LK_OK;
 }
 
@@ -258,7 +232,7 @@ extern "C" lk_status lk_router_cuda_count(const int32_t *ids, int64_t n, int64_t
     unsigned g = (unsigned)(lk_cdiv(n, per) < (1 << 16) ? lk_cdiv(n, per) : 1 << 16);
     size_t smem = e <= HIST_MAX ? sizeof(int32_t) * (size_t)e : 0;
     count_routes<<<g, 256, smem, st>>>(ids, n, e, counts);
-    LK_CUDA_LAUNCHED("moe_router: softmax_topk (cuda): expert counts");
+    LK_CUDA_LAUNCHED("moe_router (cuda): expert counts");
     return LK_OK;
 }
 
@@ -266,7 +240,7 @@ extern "C" lk_status lk_router_cuda_d_logits(const lk_router_cuda_dims *d, const
                                              const float *dw, const int32_t *counts, double aux_coef, float *dz,
                                              void *stream) {
     d_logits<<<token_blocks(d->t), WARPS * 32, 0, (cudaStream_t)stream>>>(*d, v, ids, dw, counts, aux_coef, dz);
-    LK_CUDA_LAUNCHED("moe_router: softmax_topk (cuda): d_logits");
+    LK_CUDA_LAUNCHED("moe_router (cuda): d_logits");
     return LK_OK;
 }
 
@@ -282,6 +256,6 @@ extern "C" lk_status lk_router_cuda_convert(int64_t n, lk_dtype src_dt, const vo
         convert<lk_bf16_t, float><<<g, 256, 0, st>>>(n, (const lk_bf16_t *)src, (float *)dst, add);
     else
         convert<lk_bf16_t, lk_bf16_t><<<g, 256, 0, st>>>(n, (const lk_bf16_t *)src, (lk_bf16_t *)dst, add);
-    LK_CUDA_LAUNCHED("moe_router: softmax_topk (cuda): conversion");
+    LK_CUDA_LAUNCHED("moe_router (cuda): conversion");
     return LK_OK;
 }

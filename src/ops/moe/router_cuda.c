@@ -1,12 +1,15 @@
-/* router_cuda.c — `softmax_topk` MoE router on CUDA (Qwen3-MoE): the CPU softmax_topk.c's
- * math and saved layout (router_core.h: p [T, E] f32, then ids [T, k] i32), with the
- * GEMMs on cuBLASLt (f32 accumulation) and the rest in router.cu's kernels.
+/* router_cuda.c — the learned MoE routers on CUDA, `softmax_topk` (Qwen3-MoE) and
+ * `sigmoid_bias` (DeepSeek-V3): the CPU softmax_topk.c's and sigmoid_bias.c's math and
+ * their saved layout (router_core.h: p or s [T, E] f32, then ids [T, k] i32), with the
+ * GEMMs on cuBLASLt (f32 accumulation) and the rest in router.cu's and sigmoid_bias.cu's
+ * kernels. The two rows differ only in the per-token kernel and the last step of d_logits.
  *
  *   forward   z [T, E] f32 = hidden · gate_weightᵀ (rounded to bf16 in the next kernel
- *             unless gate_f32, as the CPU rounds); a warp a token: softmax, top-k (ties
- *             to the lower index), weights; the aux loss from integer expert counts and
- *             per-block f64 partials, no float atomics, so it repeats bit for bit.
- *   backward  a warp a token: d_logits dz [T, E] f32 from the saved p and ids;
+ *             unless gate_f32, as the CPU rounds); a warp a token: softmax (or sigmoid,
+ *             e_bias and the group limit), top-k (ties to the lower index), weights; the
+ *             aux loss from integer expert counts and per-block f64 partials into the
+ *             device's aux_loss, no float atomics, so it repeats bit for bit.
+ *   backward  a warp a token: d_logits dz [T, E] f32 from the saved p (s) and ids;
  *             d_gate_weight += dzᵀ · hidden (beta 1 into f32; into bf16 through an f32
  *             product added and rounded once); d_hidden = dz · gate_weight, written.
  *
@@ -18,40 +21,49 @@
  * Not yet: ctx->comm must be NULL. Over a sequence-parallel group the aux loss sums the
  * expert counts and scores of every rank (router_core.c's lk_router_group_sum), which is
  * not done on the GPU yet, so a call with a group is refused rather than answered for
- * this rank's tokens alone. sigmoid_bias and fake_balanced have no CUDA rows.
- * Reached through lk_moe_router_forward / _backward (router.c), which validated every
- * argument; workspace from ctx->arena (a device arena). */
+ * this rank's tokens alone. No call reads device memory on the host or synchronizes:
+ * forward and backward can be captured in a CUDA graph (tests/cuda/test_moe_router.c
+ * does). Reached through lk_moe_router_forward / _backward (router.c), which validated
+ * every argument; workspace from ctx->arena (a device arena). */
 #include "core/cublaslt_util.h"
 #include "llmkern/comm.h"
 #include "ops/moe/cuda_router.h"
 #include "ops/moe/router_core.h"
 
-#define WHO "moe_router: softmax_topk (cuda)"
-
 static size_t al(size_t b) { return (b + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
 
-static lk_router_cuda_dims dims_of(const lk_moe_router_args *a) {
+static const char *who(lk_router_kind kind) {
+    return kind == LK_ROUTER_SIGMOID ? "moe_router: sigmoid_bias (cuda)" : "moe_router: softmax_topk (cuda)";
+}
+
+static int n_groups(const lk_moe_router_args *a, lk_router_kind kind) {
+    return kind == LK_ROUTER_SIGMOID && a->n_group > 1 ? a->n_group : 0;
+}
+
+static lk_router_cuda_dims dims_of(const lk_moe_router_args *a, lk_router_kind kind) {
     return (lk_router_cuda_dims){
         .t = a->hidden.shape[0], .e = lk_router_experts(a), .k = a->top_k,
         .norm = a->norm_topk_prob || a->softmax_after_topk,
         .round_bf16 = !a->gate_f32 && a->hidden.dtype != LK_F32,
         .scale = a->route_scale > 0 ? a->route_scale : 1.0f,
+        .sigmoid = kind == LK_ROUTER_SIGMOID,
     };
 }
 
 static int mixed(const lk_moe_router_args *a) { return a->hidden.dtype != a->gate_weight.dtype; }
 static int want_dgw(const lk_moe_router_args *a) { return a->d_gate_weight.data != NULL; }
 
-/* forward: z, hidden widened (mixed dtypes), and for the aux loss p's row sums, the
- * counts and the partials. backward: dz, counts (d_aux_loss != 0), an f32 [T, H] buffer
+/* forward: z, hidden widened (mixed dtypes), sigmoid_bias's group scores and flags, and
+ * for the aux loss the scores' row sums, the counts and the partials. backward: dz, counts (d_aux_loss != 0), an f32 [T, H] buffer
  * for bf16 hidden (hidden widened, then d_hidden before rounding), the gate weight
  * widened (bf16) and the f32 weight-gradient product (bf16 d_gate_weight). */
-static size_t workspace_bytes(const lk_moe_router_args *a, int backward) {
-    lk_router_cuda_dims d = dims_of(a);
+static size_t workspace_bytes(const lk_moe_router_args *a, int backward, lk_router_kind kind) {
+    lk_router_cuda_dims d = dims_of(a, kind);
     size_t T = (size_t)d.t, E = (size_t)d.e, H = (size_t)a->hidden.shape[1], n = LK_LT_WORKSPACE_BYTES;
     n += al(T * E * 4) + al(E * 4);
     if (!backward) {
         if (mixed(a)) n += al(T * H * 4);
+        if (n_groups(a, kind)) n += al(T * (size_t)n_groups(a, kind) * 4) + al(T * (size_t)n_groups(a, kind));
         if (a->aux_loss.data) n += al(T * 4) + al(sizeof(double) * (size_t)lk_router_cuda_aux_scratch(d.t, d.e));
         return n;
     }
@@ -61,14 +73,14 @@ static size_t workspace_bytes(const lk_moe_router_args *a, int backward) {
     return n;
 }
 
-static lk_status refuse_group(const lk_ctx *ctx) {
+static lk_status refuse_group(const lk_ctx *ctx, lk_router_kind kind) {
     if (ctx->comm == NULL) return LK_OK;
-    return lk_error(LK_EINVAL, WHO ": ctx.comm: expected NULL (the aux loss's sums over a sequence-parallel group "
-                    "are not done on the GPU yet), got a group of %d rank(s)", ctx->comm->size);
+    return lk_error(LK_EINVAL, "%s: ctx.comm: expected NULL (the aux loss's sums over a sequence-parallel group "
+                    "are not done on the GPU yet), got a group of %d rank(s)", who(kind), ctx->comm->size);
 }
 
-static lk_status nomem(void) {
-    return lk_error(LK_ENOMEM, WHO ": arena: expected the reserved workspace, got too little");
+static lk_status nomem(lk_router_kind kind) {
+    return lk_error(LK_ENOMEM, "%s: arena: expected the reserved workspace, got too little", who(kind));
 }
 
 typedef struct {
@@ -98,10 +110,10 @@ static lk_status logits(const lk_moe_router_args *a, const gemm_ctx *g, float *z
     return gemm(g, 0, 1, T, E, H, dt, x, a->gate_weight.data, 0.0f, LK_F32, z);
 }
 
-static lk_status forward(const lk_moe_router_args *a, lk_ctx *ctx) {
-    lk_status s = refuse_group(ctx);
+static lk_status forward(const lk_moe_router_args *a, lk_ctx *ctx, lk_router_kind kind) {
+    lk_status s = refuse_group(ctx, kind);
     if (s) return s;
-    lk_router_cuda_dims d = dims_of(a);
+    lk_router_cuda_dims d = dims_of(a, kind);
     int64_t H = a->hidden.shape[1];
     lk_arena *ar = ctx->arena;
     gemm_ctx g = {ctx->device.index, ctx->stream, lk_arena_alloc(ar, LK_LT_WORKSPACE_BYTES)};
@@ -111,12 +123,19 @@ static lk_status forward(const lk_moe_router_args *a, lk_ctx *ctx) {
     int aux = a->aux_loss.data != NULL;
     float *vsum = aux ? lk_arena_alloc(ar, sizeof(float) * (size_t)d.t) : NULL;
     double *part = aux ? lk_arena_alloc(ar, sizeof(double) * (size_t)lk_router_cuda_aux_scratch(d.t, d.e)) : NULL;
-    if (!g.ws || !z || !counts || (mixed(a) && !x32) || (aux && (!vsum || !part))) return nomem();
+    int ng = n_groups(a, kind);
+    lk_router_cuda_groups gr = {.bias = a->e_bias.data, .n_group = ng, .topk_group = a->topk_group,
+                                .gscore = ng ? lk_arena_alloc(ar, sizeof(float) * (size_t)(d.t * ng)) : NULL,
+                                .keep = ng ? lk_arena_alloc(ar, (size_t)(d.t * ng)) : NULL};
+    if (!g.ws || !z || !counts || (mixed(a) && !x32) || (aux && (!vsum || !part)) || (ng && (!gr.gscore || !gr.keep)))
+        return nomem(kind);
     float *v = lk_router_saved_v(a);
     int32_t *ids = lk_router_saved_ids(a);
-    if ((s = logits(a, &g, z, x32)) ||
-        (s = lk_router_cuda_softmax_topk(&d, z, v, ids, a->topk_ids.data, a->topk_weights.data, vsum, ctx->stream)))
-        return s;
+    if ((s = logits(a, &g, z, x32))) return s;
+    s = kind == LK_ROUTER_SIGMOID
+            ? lk_router_cuda_sigmoid_bias(&d, &gr, z, v, ids, a->topk_ids.data, a->topk_weights.data, vsum, ctx->stream)
+            : lk_router_cuda_softmax_topk(&d, z, v, ids, a->topk_ids.data, a->topk_weights.data, vsum, ctx->stream);
+    if (s) return s;
     if (!aux) return LK_OK;
     if ((s = lk_router_cuda_count(ids, d.t * d.k, d.e, counts, ctx->stream))) return s;
     return lk_router_cuda_aux(&d, v, vsum, counts, part, a->aux_loss.data, ctx->stream);
@@ -155,10 +174,10 @@ static lk_status d_hidden(const lk_moe_router_args *a, const gemm_ctx *g, const 
     return lk_router_cuda_convert(T * H, LK_F32, x32, xdt, a->d_hidden.data, 0, g->stream);
 }
 
-static lk_status backward(const lk_moe_router_args *a, lk_ctx *ctx) {
-    lk_status s = refuse_group(ctx);
+static lk_status backward(const lk_moe_router_args *a, lk_ctx *ctx, lk_router_kind kind) {
+    lk_status s = refuse_group(ctx, kind);
     if (s) return s;
-    lk_router_cuda_dims d = dims_of(a);
+    lk_router_cuda_dims d = dims_of(a, kind);
     size_t TH = (size_t)(d.t * a->hidden.shape[1]), EH = (size_t)(d.e * a->hidden.shape[1]);
     int bf_x = a->hidden.dtype != LK_F32, bf_w = a->gate_weight.dtype != LK_F32;
     int bf_g = want_dgw(a) && a->d_gate_weight.dtype != LK_F32;
@@ -169,7 +188,7 @@ static lk_status backward(const lk_moe_router_args *a, lk_ctx *ctx) {
     float *x32 = bf_x ? lk_arena_alloc(ar, sizeof(float) * TH) : NULL;
     float *w32 = bf_w ? lk_arena_alloc(ar, sizeof(float) * EH) : NULL;
     float *acc = bf_g ? lk_arena_alloc(ar, sizeof(float) * EH) : NULL;
-    if (!g.ws || !dz || !counts || (bf_x && !x32) || (bf_w && !w32) || (bf_g && !acc)) return nomem();
+    if (!g.ws || !dz || !counts || (bf_x && !x32) || (bf_w && !w32) || (bf_g && !acc)) return nomem(kind);
     const int32_t *ids = lk_router_saved_ids(a);
     int aux = a->d_aux_loss != 0.0f;
     double T = (double)d.t, coef = (double)a->d_aux_loss * (double)d.e / (T * T * d.k);
@@ -181,10 +200,25 @@ static lk_status backward(const lk_moe_router_args *a, lk_ctx *ctx) {
     return d_hidden(a, &g, dz, x32, w32);
 }
 
+static size_t softmax_ws(const lk_moe_router_args *a, int bwd) { return workspace_bytes(a, bwd, LK_ROUTER_SOFTMAX); }
+static lk_status softmax_fwd(const lk_moe_router_args *a, lk_ctx *ctx) { return forward(a, ctx, LK_ROUTER_SOFTMAX); }
+static lk_status softmax_bwd(const lk_moe_router_args *a, lk_ctx *ctx) { return backward(a, ctx, LK_ROUTER_SOFTMAX); }
+static size_t sigmoid_ws(const lk_moe_router_args *a, int bwd) { return workspace_bytes(a, bwd, LK_ROUTER_SIGMOID); }
+static lk_status sigmoid_fwd(const lk_moe_router_args *a, lk_ctx *ctx) { return forward(a, ctx, LK_ROUTER_SIGMOID); }
+static lk_status sigmoid_bwd(const lk_moe_router_args *a, lk_ctx *ctx) { return backward(a, ctx, LK_ROUTER_SIGMOID); }
+
 const lk_moe_router_vtable lk_moe_router_cuda_softmax_topk_vtable = {
     .version = LK_MOE_ROUTER_VTABLE_VERSION,
     .saved_bytes = lk_router_saved_bytes,
-    .workspace_bytes = workspace_bytes,
-    .forward = forward,
-    .backward = backward,
+    .workspace_bytes = softmax_ws,
+    .forward = softmax_fwd,
+    .backward = softmax_bwd,
+};
+
+const lk_moe_router_vtable lk_moe_router_cuda_sigmoid_bias_vtable = {
+    .version = LK_MOE_ROUTER_VTABLE_VERSION,
+    .saved_bytes = lk_router_saved_bytes,
+    .workspace_bytes = sigmoid_ws,
+    .forward = sigmoid_fwd,
+    .backward = sigmoid_bwd,
 };

@@ -17,7 +17,7 @@
  * as harness_router.c): f32 2e-5 (exact f32 GEMMs and softmax against float64); bf16
  * 2e-2 (logits rounded to bf16 move each probability by up to ~|z|·2^-9, d_hidden and a
  * bf16 d_gate_weight are rounded once). fake_balanced: the noise-0 pattern exactly, and
- * at noise > 0 the CPU row's ids, weights and aux loss bit for bit (an unaligned bf16
+ * at noise > 0 the CPU row's ids, weights and aux loss bit for bit (an unaligned
  * hidden included), the same bits from a second call and from a copy of the input (a
  * recompute), other ids from another input; d_hidden zero. Each router's forward +
  * backward captured in a CUDA graph (capture fails on any synchronization) and replayed
@@ -485,7 +485,7 @@ typedef struct {
     int k;
     float noise, scale;
     int gate;        /* a gate_weight given (else n_experts alone) */
-    int unaligned;   /* hidden 2 bytes past an 8-byte boundary: the hash's byte path */
+    int unaligned;   /* hidden one element past an 8-byte boundary: the hash's byte path */
 } fcase;
 
 typedef struct {
@@ -514,10 +514,11 @@ static void fake_case(lk_dtype dt, const fcase *c, uint32_t seed) {
     double *x = lkt_alloc(T * H), *wg = lkt_alloc(E * H), *dgw = lkt_alloc(E * H);
     lkt_randn(x, T * H, &seed, 1.0), lkt_randn(wg, E * H, &seed, 0.1), lkt_randn(dgw, E * H, &seed, 0.5);
     char *xd = lkt_upload(x, T * H, dt);   /* x now holds the dtype's values */
-    if (c->unaligned) {
+    if (c->unaligned) {   /* one element past an 8-byte boundary: 2 or 4 bytes */
         char *buf = lkt_dev(xb + 16);
-        assert_int_equal(cudaMemcpy(buf + 2, xd, xb, cudaMemcpyDeviceToDevice), cudaSuccess);
-        xd = buf + 2;
+        size_t off = lk_dtype_size(dt);
+        assert_int_equal(cudaMemcpy(buf + off, xd, xb, cudaMemcpyDeviceToDevice), cudaSuccess);
+        xd = buf + off;
     }
     unsigned char *xh = malloc(xb);
     assert_non_null(xh);
@@ -623,7 +624,7 @@ static void fake_balanced_cases(void **state) {
                     fake_case(d ? LK_BF16 : LK_F32, &c, seed++);
                 }
     const fcase odd[] = {
-        {37, 67, 64, 8, 0.3f, 1.0f, 0, 1},    /* unaligned hidden, a byte tail (bf16: 37·67·2 = 4958 bytes) */
+        {37, 67, 64, 8, 0.3f, 1.0f, 0, 1},    /* unaligned hidden, a tail (37·67·2 = 4958 bytes, ·4 = 9916) */
         {33, 16, 600, 9, 0.5f, 1.0f, 0, 0},   /* rows beyond the registers */
         {7, 16, 60, 60, 0.3f, 1.0f, 1, 0},    /* k = E */
     };

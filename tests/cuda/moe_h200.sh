@@ -8,8 +8,9 @@
 # grouped GEMMs by kernel name beside torch._grouped_mm, the layer beside torch's
 # pipeline and the HF loop). Logs and the bench's table land in $OUT.
 #   run: bash tests/cuda/moe_h200.sh            (carry: [".carry"]; tests/cuda/carry.sh fills it)
-# MOE_TESTS=0 skips the tests, MOE_BENCH=0 the bench; MOE_NCU=1 adds an Nsight Compute
-# profile of one launch of each grouped GEMM kernel (bench/peers_cuda.py's moe part).
+# MOE_TESTS=0 skips the tests, MOE_BENCH=0 the bench (to split it over two calls while the
+# machine stays warm: the build directory, outside the repository, survives); MOE_NCU=1 adds
+# an Nsight Compute profile of the grouped GEMM kernels (bench/peers_cuda.py's moe part).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}
@@ -28,20 +29,23 @@ TESTS=$(ls tests/cuda/test_moe_*.c | sed 's|.*/test_|cuda_test_|; s|\.c$||')
 cmake --build "$BUILD" -j "$(nproc)" --target $TESTS llmkern_cli llmkern_peers_shim >"$OUT/build.log" 2>&1 ||
   { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
 echo "== built in $(( $(date +%s) - t0 )) s"
-# registers and spills of the Hopper kernels (the build's own flags, sm_90a only)
-nvcc -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -Isrc -Iinclude -DLLMKERN_HAVE_CUDA \
-  -c src/ops/moe/grouped_sm90.cu -o /tmp/grouped_sm90.o 2>&1 | grep -E "Compiling entry|spill|Used" |
-  sed 's/ptxas info    : //' | tee "$OUT/ptxas_sm90.log"
+# registers and spills of the Hopper kernels (sm_90a alone), beside the tests
+NVCC=$(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' "$BUILD/CMakeCache.txt")
+( "${NVCC:-nvcc}" -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -Isrc -Iinclude \
+  -DLLMKERN_HAVE_CUDA -c src/ops/moe/grouped_sm90.cu -o /tmp/grouped_sm90.o 2>&1 |
+  grep -E "Compiling entry|spill|Used|error" | sed 's/ptxas info    : //' >"$OUT/ptxas_sm90.log" ) &
+PTXAS=$!
 "$BUILD/llmkern" list | grep -E "^GPU|moe_experts|fused" | head -12
 rc=0
 if [ "${MOE_TESTS:-1}" = 1 ]; then
   echo "== tests"
-  ctest --test-dir "$BUILD" -R cuda_test_moe --output-on-failure -j 1 --timeout 400 >"$OUT/ctest.log" 2>&1 || rc=1
+  ctest --test-dir "$BUILD" -R cuda_test_moe -V -j 1 --timeout 400 >"$OUT/ctest.log" 2>&1 || rc=1
   grep -E "tests passed|Passed|\*\*\*Failed|Failed|Timeout" "$OUT/ctest.log" | head -20
-  "$BUILD/cuda_test_moe_experts" >"$OUT/test_moe_experts.log" 2>&1
-  grep -E "^\[ *(OK|FAILED|PASSED|  ERROR) |grouped GEMMs on|not run here|graph|forward:|backward:|tol" \
-    "$OUT/test_moe_experts.log" | head -80
+  grep -E "\[ *(OK|FAILED|PASSED|  ERROR) |grouped GEMMs on|not run here|graph|forward:|backward:|tol|LINE" \
+    "$OUT/ctest.log" | grep -v "^[0-9]*: *$" | head -120
 fi
+wait $PTXAS
+echo "== ptxas (grouped_sm90.cu, sm_90a)"; cat "$OUT/ptxas_sm90.log"
 if [ "${MOE_BENCH:-1}" = 1 ]; then
   echo "== bench (moe_rows)"
   LK_BENCH_ONLY=moe_rows timeout ${MOE_BENCH_S:-300} python3 bench/peers_cuda.py --build "$BUILD" --out "$OUT" 2>&1 |

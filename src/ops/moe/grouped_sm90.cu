@@ -14,10 +14,12 @@
  *              into the load) a 2-D tensor map cannot name them (Hopper's TMA has no row
  *              gather), so the warpgroup's 128 threads copy them by cp.async, 16 bytes a
  *              copy, four rows × 128 bytes a warp instruction (coalesced), into the same
- *              128-byte swizzle TMA writes (chunk c of row r at c ^ (r & 7)); each thread
- *              waits for its copies LAG stages later, makes them visible to the async
- *              proxy (fence.proxy.async) and arrives on the stage's `full` barrier (128
- *              arrivals + the TMA thread's).
+ *              128-byte swizzle TMA writes (chunk c of row r at c ^ (r & 7)); each thread's
+ *              cp.async.mbarrier.arrive.noinc arrives on the stage's `full` barrier when its
+ *              copies land (128 arrivals + the TMA thread's), so the producer never waits
+ *              on its own copies, only on `empty`. (The first version waited for its copies
+ *              two stages later and fenced them to the async proxy before arriving: that
+ *              tied the ring's depth to the copy latency; 506 TFLOP/s gate/up.)
  *   consumers  warpgroups 1 and 2 (setmaxnreg 224), 64 rows each: per stage four
  *              wgmma.m64n256k16 (f32 accumulators, 128 a thread) from the swizzled tiles
  *              (B K-major, or N-major through the descriptor's transpose bit for the
@@ -59,7 +61,6 @@
 #define BN 256          /* columns a tile */
 #define BK 64           /* K a stage: 128 bytes of bf16, one swizzle row */
 #define STAGES 4        /* 4 × 48 KiB of the 227 KiB a block may take */
-#define LAG 2           /* stages a gathering producer thread keeps in flight before it arrives */
 #define THREADS 384     /* producer + two consumer warpgroups */
 #define A_BYTES (BM * BK * 2)
 #define B_BYTES (BN * BK * 2)
@@ -107,11 +108,18 @@ static __device__ __forceinline__ void tile_of(const sargs &p, int t, int64_t &e
     mlim = p.offs[e + 1];
 }
 
+/* An arrival on bar once every cp.async this thread issued so far has landed (the
+ * barrier's expected count includes it: .noinc). CUTLASS's cp.async + GMMA mainloop hands
+ * its stages over the same way, with no proxy fence. */
+static __device__ __forceinline__ void cp_arrive_noinc(uint64_t *bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
 static __device__ __forceinline__ void st_bf16x2(lk_bf16_t *p, float lo, float hi) {
     *reinterpret_cast<uint32_t *>(p) = lk_pack_bf16x2(lo, hi);
 }
-static __device__ __forceinline__ float2 ld_bf16x2(const lk_bf16_t *p) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(p));
+static __device__ __forceinline__ float2 bf16x2_f2(uint32_t v) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v));
 }
 
 #endif
@@ -182,20 +190,11 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
                         const lk_bf16_t *src = ok ? p.a + (int64_t)tok[i] * p.lda + k0 : p.a;
                         cp16(a + r * 128 + ((c ^ (r & 7)) << 4), src, ok);
                     }
-                    cp_commit();
-                    if (it >= LAG) {   /* stage it - LAG has landed: hand it to the tensor cores */
-                        cp_wait<LAG>();
-                        fence_async_smem();
-                        mbar_arrive(&full[(it - LAG) % STAGES]);
-                    }
+                    cp_arrive_noinc(&full[s]);   /* arrives when this thread's copies have landed */
                 }
             }
         }
-        if (AG) {
-            cp_wait<0>();
-            fence_async_smem();
-            for (int j = it > LAG ? it - LAG : 0; j < it; j++) mbar_arrive(&full[j % STAGES]);
-        }
+        if (AG) cp_wait<0>();
         return;
     }
 
@@ -241,8 +240,8 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
                 const int64_t row = rows[(q >> 1) & 1], col = n0 + 8 * (q / 4) + cq;
                 if (row >= mlim || col >= p.n) continue;
                 float *dst = p.c + row * p.ldc + col;
-                if (p.vec_c) {
-                    *reinterpret_cast<float2 *>(dst) = make_float2(acc[q], acc[q + 1]);
+                if (p.vec_c) {   /* evict-first: 1 GB of y passes L2 once; keep the weights there */
+                    __stcs(reinterpret_cast<float2 *>(dst), make_float2(acc[q], acc[q + 1]));
                 } else {
                     dst[0] = acc[q];
                     if (col + 1 < p.n) dst[1] = acc[q + 1];
@@ -270,24 +269,39 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
             float wr[2], dot[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};   /* [128-column half][row] */
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) wr[hf] = rows[hf] < mlim ? p.w[p.order[rows[hf]]] : 0.0f;
+            /* the saved gate/up of 16 column pairs loaded together before any store (a store
+             * to dgu might alias gsv for all the compiler knows, which would serialize each
+             * load behind the previous pair's stores: 176 TFLOP/s in the first version) */
 #pragma unroll
-            for (int q = 0; q < BN / 2; q += 2) {
-                const int hf = (q >> 1) & 1, half = q >= BN / 4;
-                const int64_t row = rows[hf], j = n0 + 8 * (q / 4) + cq;
-                if (row >= mlim || j >= I) continue;
-                const float2 gt = ld_bf16x2(p.gsv + row * 2 * I + j), up = ld_bf16x2(p.gsv + row * 2 * I + I + j);
-                float dg[2], du[2], whv[2];
+            for (int q0 = 0; q0 < BN / 2; q0 += 32) {
+                uint32_t gv[16], uv[16];
 #pragma unroll
-                for (int x = 0; x < 2; x++) {
-                    const float g = x ? gt.y : gt.x, u = x ? up.y : up.x, dhp = acc[q + x];
-                    const float sg = 1.0f / (1.0f + expf(-g)), silu = g * sg, hv = silu * u, dh = wr[hf] * dhp;
-                    dg[x] = dh * u * sg * (1.0f + g * (1.0f - sg)), du[x] = dh * silu, whv[x] = wr[hf] * hv;
-                    if (bad) dg[x] = du[x] = whv[x] = __int_as_float(0x7fffffff);
-                    dot[half][hf] += dhp * hv;
+                for (int i = 0; i < 16; i++) {
+                    const int q = q0 + 2 * i;
+                    const int64_t row = rows[(q >> 1) & 1], j = n0 + 8 * (q / 4) + cq;
+                    const bool ok = row < mlim && j < I;
+                    gv[i] = ok ? __ldg(reinterpret_cast<const unsigned int *>(p.gsv + row * 2 * I + j)) : 0u;
+                    uv[i] = ok ? __ldg(reinterpret_cast<const unsigned int *>(p.gsv + row * 2 * I + I + j)) : 0u;
                 }
-                st_bf16x2(p.dgu + row * 2 * I + j, dg[0], dg[1]);
-                st_bf16x2(p.dgu + row * 2 * I + I + j, du[0], du[1]);
-                st_bf16x2(p.wh + row * I + j, whv[0], whv[1]);
+#pragma unroll
+                for (int i = 0; i < 16; i++) {
+                    const int q = q0 + 2 * i, hf = (q >> 1) & 1, half = q >= BN / 4;
+                    const int64_t row = rows[hf], j = n0 + 8 * (q / 4) + cq;
+                    if (row >= mlim || j >= I) continue;
+                    const float2 gt = bf16x2_f2(gv[i]), up = bf16x2_f2(uv[i]);
+                    float dg[2], du[2], whv[2];
+#pragma unroll
+                    for (int x = 0; x < 2; x++) {
+                        const float g = x ? gt.y : gt.x, u = x ? up.y : up.x, dhp = acc[q + x];
+                        const float sg = 1.0f / (1.0f + expf(-g)), silu = g * sg, hv = silu * u, dh = wr[hf] * dhp;
+                        dg[x] = dh * u * sg * (1.0f + g * (1.0f - sg)), du[x] = dh * silu, whv[x] = wr[hf] * hv;
+                        if (bad) dg[x] = du[x] = whv[x] = __int_as_float(0x7fffffff);
+                        dot[half][hf] += dhp * hv;
+                    }
+                    st_bf16x2(p.dgu + row * 2 * I + j, dg[0], dg[1]);
+                    st_bf16x2(p.dgu + row * 2 * I + I + j, du[0], du[1]);
+                    st_bf16x2(p.wh + row * I + j, whv[0], whv[1]);
+                }
             }
 #pragma unroll
             for (int half = 0; half < 2; half++)

@@ -43,8 +43,10 @@
  *              128 columns (grouped.cu's dw_part layout, lk_moe_cuda_dw_tiles(I) a row): a
  *              row lives in one warp, summed by two shuffles, no shared memory.
  *
- * Not measured yet (written without a GPU): first version; the plan to measure is
- * tests/cuda/moe_h200.sh. Count (PEERS-H200.md's shape, T 16384 · top-8 = R 131072 rows,
+ * Measured (H200, call 3 of bench/NOTES.md, the first version: every cuda_test_moe_experts
+ * case passed): gate/up 506, down 458, dh' 176, d_rows 579 TFLOP/s (torch._grouped_mm 693 /
+ * 598); this version's changes (the noinc arrival, DSWIGLU's batched loads) not yet run.
+ * Count (PEERS-H200.md's shape, T 16384 · top-8 = R 131072 rows,
  * H 2048, I 768, E 128): gate/up 2·R·H·2I = 824.6 GFLOP, 1.04 ms at 790 TFLOP/s (torch's
  * 665: 1.24 ms); down 2·R·I·H = 412.3 GFLOP, 0.52 ms at 790 (torch's 519: 0.79 ms) — its
  * f32 y (R·H·4 = 1.07 GB written) is ~0.3 ms of HBM beside it, hidden only while other

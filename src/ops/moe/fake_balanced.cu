@@ -146,18 +146,12 @@ static lk_status noisy(const lk_moe_router_args *a, u64 *acc, float *bias, cudaS
     LK_CUDA_TRY(cudaMemsetAsync(acc, 0, sizeof(u64), st));
     hash_words<<<(unsigned)blocks, HASH_THREADS, 0, st>>>((const unsigned char *)a->hidden.data, n, aligned, acc);
     expert_bias<<<(unsigned)lk_cdiv(E, 256), 256, 0, st>>>(E, a->noise, acc, n, bias);
-    int64_t m = lk_cdiv(E, 32);
     unsigned g = (unsigned)lk_cdiv(T, WARPS), b = WARPS * 32;
     int32_t *ids = (int32_t *)a->topk_ids.data;
     float *w = (float *)a->topk_weights.data;
-#define LK_FAKE_ROUTE(N) noisy_route<N><<<g, b, 0, st>>>(T, E, a->top_k, a->noise, scale, acc, n, bias, ids, w)
-    if (m <= 1) LK_FAKE_ROUTE(1);
-    else if (m <= 2) LK_FAKE_ROUTE(2);
-    else if (m <= 4) LK_FAKE_ROUTE(4);
-    else if (m <= 8) LK_FAKE_ROUTE(8);
-    else if (m <= 16) LK_FAKE_ROUTE(16);
-    else LK_FAKE_ROUTE(0);
-#undef LK_FAKE_ROUTE
+    lk_router_by_width(E, [&](auto w_) {
+        noisy_route<decltype(w_)::value><<<g, b, 0, st>>>(T, E, a->top_k, a->noise, scale, acc, n, bias, ids, w);
+    });
     LK_CUDA_LAUNCHED(WHO ": content hash, bias and routing");
     return LK_OK;
 }
@@ -171,7 +165,8 @@ static lk_status forward(const lk_moe_router_args *a, lk_ctx *ctx) {
     u64 *acc = (u64 *)lk_arena_alloc(ctx->arena, sizeof(u64));
     float *bias = (float *)lk_arena_alloc(ctx->arena, sizeof(float) * (size_t)E);
     int32_t *counts = (int32_t *)lk_arena_alloc(ctx->arena, sizeof(int32_t) * (size_t)E);
-    if (!acc || !bias || !counts) return lk_error(LK_ENOMEM, WHO ": arena: expected the reserved workspace, got too little");
+    if (!acc || !bias || !counts)
+        return lk_error(LK_ENOMEM, WHO ": arena: expected the reserved workspace, got too little");
     if (a->noise == 0.0f) {
         float scale = a->route_scale > 0 ? a->route_scale : 1.0f;
         int64_t routes = T * k, blocks = lk_cdiv(routes, 256);

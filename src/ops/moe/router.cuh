@@ -7,6 +7,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <type_traits>
 #include <cuda_bf16.h>
 
 #define LK_ROUTER_FULL 0xffffffffu
@@ -44,6 +45,19 @@ static __device__ __forceinline__ void lk_router_warp_best(float &v, int &i) {
 static __device__ __forceinline__ float lk_router_logit(const float *z, int x, int round_bf16) {
     float q = z[x];
     return round_bf16 ? __bfloat162float(__float2bfloat16_rn(q)) : q;
+}
+
+/* launch(std::integral_constant<int, N>{}) with the kernels' register width N for e
+ * experts: the 32-expert slices a lane holds (1, 2, 4, 8, 16), or 0 (any E, from memory). */
+template <typename F>
+static inline void lk_router_by_width(int64_t e, F launch) {
+    const int64_t m = (e + 31) / 32;
+    if (m <= 1) launch(std::integral_constant<int, 1>{});
+    else if (m <= 2) launch(std::integral_constant<int, 2>{});
+    else if (m <= 4) launch(std::integral_constant<int, 4>{});
+    else if (m <= 8) launch(std::integral_constant<int, 8>{});
+    else if (m <= 16) launch(std::integral_constant<int, 16>{});
+    else launch(std::integral_constant<int, 0>{});
 }
 
 #endif

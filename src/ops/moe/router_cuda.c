@@ -54,9 +54,10 @@ static int mixed(const lk_moe_router_args *a) { return a->hidden.dtype != a->gat
 static int want_dgw(const lk_moe_router_args *a) { return a->d_gate_weight.data != NULL; }
 
 /* forward: z, hidden widened (mixed dtypes), sigmoid_bias's group scores and flags, and
- * for the aux loss the scores' row sums, the counts and the partials. backward: dz, counts (d_aux_loss != 0), an f32 [T, H] buffer
- * for bf16 hidden (hidden widened, then d_hidden before rounding), the gate weight
- * widened (bf16) and the f32 weight-gradient product (bf16 d_gate_weight). */
+ * for the aux loss the scores' row sums, the counts and the partials. backward: dz,
+ * counts (d_aux_loss != 0), an f32 [T, H] buffer for bf16 hidden (hidden widened, then
+ * d_hidden before rounding), the gate weight widened (bf16) and the f32 weight-gradient
+ * product (bf16 d_gate_weight). */
 static size_t workspace_bytes(const lk_moe_router_args *a, int backward, lk_router_kind kind) {
     lk_router_cuda_dims d = dims_of(a, kind);
     size_t T = (size_t)d.t, E = (size_t)d.e, H = (size_t)a->hidden.shape[1], n = LK_LT_WORKSPACE_BYTES;
@@ -141,37 +142,35 @@ static lk_status forward(const lk_moe_router_args *a, lk_ctx *ctx, lk_router_kin
     return lk_router_cuda_aux(&d, v, vsum, counts, part, a->aux_loss.data, ctx->stream);
 }
 
-/* d_gate_weight += dzᵀ · hidden: hidden widened into x32 when bf16; a bf16 gradient gets
- * the f32 product in acc, added and rounded once. */
+/* out [m, n] (dtype odt) = op(dz)·b, or += when acc, in f32: b (nb elements of bdt)
+ * widened into b32 when not f32, the product through tmp when out is not f32 (added and
+ * rounded once). */
+static lk_status f32_gemm(const gemm_ctx *g, int ta, int64_t m, int64_t n, int64_t k, const float *dz, const void *b,
+                          lk_dtype bdt, int64_t nb, float *b32, void *out, lk_dtype odt, int acc, float *tmp) {
+    lk_status s;
+    if (bdt != LK_F32) {
+        if ((s = lk_router_cuda_convert(nb, bdt, b, LK_F32, b32, 0, g->stream))) return s;
+        b = b32;
+    }
+    if (odt == LK_F32) return gemm(g, ta, 0, m, n, k, LK_F32, dz, b, acc ? 1.0f : 0.0f, LK_F32, out);
+    if ((s = gemm(g, ta, 0, m, n, k, LK_F32, dz, b, 0.0f, LK_F32, tmp))) return s;
+    return lk_router_cuda_convert(m * n, LK_F32, tmp, odt, out, acc, g->stream);
+}
+
+/* d_gate_weight += dzᵀ · hidden (hidden widened into x32 when bf16). */
 static lk_status d_gate_weight(const lk_moe_router_args *a, const gemm_ctx *g, const float *dz, float *x32,
                                float *acc) {
     int64_t T = a->hidden.shape[0], H = a->hidden.shape[1], E = lk_router_experts(a);
-    const void *x = a->hidden.data;
-    lk_status s;
-    if (a->hidden.dtype != LK_F32) {
-        if ((s = lk_router_cuda_convert(T * H, a->hidden.dtype, x, LK_F32, x32, 0, g->stream))) return s;
-        x = x32;
-    }
-    lk_dtype gdt = a->d_gate_weight.dtype;
-    if (gdt == LK_F32) return gemm(g, 1, 0, E, H, T, LK_F32, dz, x, 1.0f, LK_F32, a->d_gate_weight.data);
-    if ((s = gemm(g, 1, 0, E, H, T, LK_F32, dz, x, 0.0f, LK_F32, acc))) return s;
-    return lk_router_cuda_convert(E * H, LK_F32, acc, gdt, a->d_gate_weight.data, 1, g->stream);
+    return f32_gemm(g, 1, E, H, T, dz, a->hidden.data, a->hidden.dtype, T * H, x32, a->d_gate_weight.data,
+                    a->d_gate_weight.dtype, 1, acc);
 }
 
-/* d_hidden = dz · gate_weight: the gate widened when bf16, the product through x32 when
- * d_hidden is bf16. Runs after d_gate_weight, whose widened hidden x32 it overwrites. */
+/* d_hidden = dz · gate_weight (the gate widened into w32 when bf16, the product through
+ * x32). Runs after d_gate_weight, whose widened hidden x32 it overwrites. */
 static lk_status d_hidden(const lk_moe_router_args *a, const gemm_ctx *g, const float *dz, float *x32, float *w32) {
     int64_t T = a->hidden.shape[0], H = a->hidden.shape[1], E = lk_router_experts(a);
-    const void *w = a->gate_weight.data;
-    lk_status s;
-    if (a->gate_weight.dtype != LK_F32) {
-        if ((s = lk_router_cuda_convert(E * H, a->gate_weight.dtype, w, LK_F32, w32, 0, g->stream))) return s;
-        w = w32;
-    }
-    lk_dtype xdt = a->hidden.dtype;
-    if (xdt == LK_F32) return gemm(g, 0, 0, T, H, E, LK_F32, dz, w, 0.0f, LK_F32, a->d_hidden.data);
-    if ((s = gemm(g, 0, 0, T, H, E, LK_F32, dz, w, 0.0f, LK_F32, x32))) return s;
-    return lk_router_cuda_convert(T * H, LK_F32, x32, xdt, a->d_hidden.data, 0, g->stream);
+    return f32_gemm(g, 0, T, H, E, dz, a->gate_weight.data, a->gate_weight.dtype, E * H, w32, a->d_hidden.data,
+                    a->hidden.dtype, 0, x32);
 }
 
 static lk_status backward(const lk_moe_router_args *a, lk_ctx *ctx, lk_router_kind kind) {
@@ -200,25 +199,14 @@ static lk_status backward(const lk_moe_router_args *a, lk_ctx *ctx, lk_router_ki
     return d_hidden(a, &g, dz, x32, w32);
 }
 
-static size_t softmax_ws(const lk_moe_router_args *a, int bwd) { return workspace_bytes(a, bwd, LK_ROUTER_SOFTMAX); }
-static lk_status softmax_fwd(const lk_moe_router_args *a, lk_ctx *ctx) { return forward(a, ctx, LK_ROUTER_SOFTMAX); }
-static lk_status softmax_bwd(const lk_moe_router_args *a, lk_ctx *ctx) { return backward(a, ctx, LK_ROUTER_SOFTMAX); }
-static size_t sigmoid_ws(const lk_moe_router_args *a, int bwd) { return workspace_bytes(a, bwd, LK_ROUTER_SIGMOID); }
-static lk_status sigmoid_fwd(const lk_moe_router_args *a, lk_ctx *ctx) { return forward(a, ctx, LK_ROUTER_SIGMOID); }
-static lk_status sigmoid_bwd(const lk_moe_router_args *a, lk_ctx *ctx) { return backward(a, ctx, LK_ROUTER_SIGMOID); }
+/* A router kind's entry points and vtable, stamped once per kind. */
+#define CUDA_ROUTER(name, kind)                                                                                 \
+    static size_t name##_ws(const lk_moe_router_args *a, int bwd) { return workspace_bytes(a, bwd, kind); }    \
+    static lk_status name##_fwd(const lk_moe_router_args *a, lk_ctx *ctx) { return forward(a, ctx, kind); }    \
+    static lk_status name##_bwd(const lk_moe_router_args *a, lk_ctx *ctx) { return backward(a, ctx, kind); }   \
+    const lk_moe_router_vtable lk_moe_router_cuda_##name##_vtable = {                                           \
+        .version = LK_MOE_ROUTER_VTABLE_VERSION, .saved_bytes = lk_router_saved_bytes,                          \
+        .workspace_bytes = name##_ws, .forward = name##_fwd, .backward = name##_bwd};
 
-const lk_moe_router_vtable lk_moe_router_cuda_softmax_topk_vtable = {
-    .version = LK_MOE_ROUTER_VTABLE_VERSION,
-    .saved_bytes = lk_router_saved_bytes,
-    .workspace_bytes = softmax_ws,
-    .forward = softmax_fwd,
-    .backward = softmax_bwd,
-};
-
-const lk_moe_router_vtable lk_moe_router_cuda_sigmoid_bias_vtable = {
-    .version = LK_MOE_ROUTER_VTABLE_VERSION,
-    .saved_bytes = lk_router_saved_bytes,
-    .workspace_bytes = sigmoid_ws,
-    .forward = sigmoid_fwd,
-    .backward = sigmoid_bwd,
-};
+CUDA_ROUTER(softmax_topk, LK_ROUTER_SOFTMAX)
+CUDA_ROUTER(sigmoid_bias, LK_ROUTER_SIGMOID)

@@ -107,16 +107,10 @@ extern "C" lk_status lk_router_cuda_sigmoid_bias(const lk_router_cuda_dims *d, c
                                                  const float *z, float *v, int32_t *saved_ids, int32_t *topk_ids,
                                                  float *w, float *vsum, void *stream) {
     cudaStream_t st = (cudaStream_t)stream;
-    int64_t m = lk_cdiv(d->e, 32);
     unsigned blocks = (unsigned)lk_cdiv(d->t, WARPS), b = WARPS * 32;
-#define LK_ROUTER_FWD(N) sigmoid_bias<N><<<blocks, b, 0, st>>>(*d, *g, z, v, saved_ids, topk_ids, w, vsum)
-    if (m <= 1) LK_ROUTER_FWD(1);
-    else if (m <= 2) LK_ROUTER_FWD(2);
-    else if (m <= 4) LK_ROUTER_FWD(4);
-    else if (m <= 8) LK_ROUTER_FWD(8);
-    else if (m <= 16) LK_ROUTER_FWD(16);
-    else LK_ROUTER_FWD(0);
-#undef LK_ROUTER_FWD
+    lk_router_by_width(d->e, [&](auto n) {
+        sigmoid_bias<decltype(n)::value><<<blocks, b, 0, st>>>(*d, *g, z, v, saved_ids, topk_ids, w, vsum);
+    });
     LK_CUDA_LAUNCHED("moe_router: sigmoid_bias (cuda): sigmoid and group-limited top-k");
     return LK_OK;
 }

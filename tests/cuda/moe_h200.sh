@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # moe_h200.sh — the MoE experts on the H200 in one device call: builds what the MoE GPU
 # tests and the bench need (the library, cuda_test_moe_*, the CLI, the bench's shim),
-# prints the Hopper grouped GEMM's registers and spills (ptxas -v of grouped_sm90.cu,
-# sm_90a), runs ctest -R cuda_test_moe (the experts against the float64 reference on the
+# prints the Hopper grouped GEMMs' registers and spills (ptxas -v of grouped_sm90.cu and
+# grouped_wgrad_sm90.cu, sm_90a), runs ctest -R cuda_test_moe (the experts against the float64 reference on the
 # wgmma kernel, on mma.sync with lk_moe_cuda_gg_sm80_only, on CUDA cores, the fused_sm90
 # row by name; the routers; the dispatch), then bench/peers_cuda.py's moe_rows (the
 # grouped GEMMs by kernel name beside torch._grouped_mm, the layer beside torch's
@@ -31,9 +31,10 @@ cmake --build "$BUILD" -j "$(nproc)" --target $TESTS llmkern_cli llmkern_peers_s
 echo "== built in $(( $(date +%s) - t0 )) s"
 # registers and spills of the Hopper kernels (sm_90a alone), beside the tests
 NVCC=$(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' "$BUILD/CMakeCache.txt")
-( "${NVCC:-nvcc}" -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -Isrc -Iinclude \
-  -DLLMKERN_HAVE_CUDA -c src/ops/moe/grouped_sm90.cu -o /tmp/grouped_sm90.o 2>&1 |
-  grep -E "Compiling entry|spill|Used|error" | sed 's/ptxas info    : //' >"$OUT/ptxas_sm90.log" ) &
+( for f in grouped_sm90 grouped_wgrad_sm90; do
+    "${NVCC:-nvcc}" -std=c++17 -O3 -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -Isrc -Iinclude \
+      -DLLMKERN_HAVE_CUDA -c src/ops/moe/$f.cu -o /tmp/$f.o 2>&1
+  done | grep -E "Compiling entry|spill|Used|error" | sed 's/ptxas info    : //' >"$OUT/ptxas_sm90.log" ) &
 PTXAS=$!
 "$BUILD/llmkern" list | grep -E "^GPU|moe_experts|fused" | head -12
 rc=0
@@ -45,7 +46,7 @@ if [ "${MOE_TESTS:-1}" = 1 ]; then
     "$OUT/ctest.log" | grep -v "^[0-9]*: *$" | head -120
 fi
 wait $PTXAS
-echo "== ptxas (grouped_sm90.cu, sm_90a)"; cat "$OUT/ptxas_sm90.log"
+echo "== ptxas (grouped_sm90.cu, grouped_wgrad_sm90.cu, sm_90a)"; cat "$OUT/ptxas_sm90.log"
 if [ "${MOE_BENCH:-1}" = 1 ]; then
   echo "== bench (moe_rows)"
   LK_BENCH_ONLY=moe_rows timeout ${MOE_BENCH_S:-300} python3 bench/peers_cuda.py --build "$BUILD" --out "$OUT" 2>&1 |

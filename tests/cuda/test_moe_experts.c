@@ -4,7 +4,8 @@
  * dtype, outputs poisoned with NaN first. The routing the GPU computed (saved offsets,
  * order, pos) must equal the CPU counting sort (lk_moe_permute) exactly.
  * Cases: E 8 top-2, E 64 top-8, E 128 top-8; experts with no token; every token on one
- * expert (once, and twice); T not a multiple of any tile (128-row tensor-core tiles,
+ * expert (once, and twice); experts of 0, 1, 37, 1000, 64, 65 and 128 rows (the weight
+ * gradients' K: none, tails, whole 64-row steps); T not a multiple of any tile (128-row tensor-core tiles,
  * 64-row CUDA-core ones); odd H and I (the element-wise loads); more routes than a
  * routing chunk (1024); weight gradients and d_topk_weights not wanted.
  * Tolerances (max-normalized): f32 1e-5 (f32 FMAs in K order against float64: ~1e-6),
@@ -14,7 +15,8 @@
  * read on the host); and the forward + backward captured in a CUDA graph (global capture
  * mode, so any synchronizing call fails the capture) replays to the same bits as the
  * uncaptured calls. The bf16 cases run three ways: the device's default kernels (on an
- * sm_90 GPU the wgmma grouped GEMM of grouped_sm90.cu), with lk_moe_cuda_gg_sm80_only
+ * sm_90 GPU the wgmma grouped GEMMs of grouped_sm90.cu and, for the weight gradients where
+ * H and I are multiples of 8, grouped_wgrad_sm90.cu), with lk_moe_cuda_gg_sm80_only
  * (mma.sync), with lk_moe_cuda_gg_simt_only (CUDA cores); and the fused_sm90 row by name
  * where the GPU is sm_90. Skipped (77) where there is no GPU. */
 #include <stdarg.h>
@@ -31,7 +33,12 @@
 #include "ops/moe/moe_cuda.h"
 #include "ops/moe/reference.h"
 
-enum { RANDOM, DUP, ONE };   /* k distinct experts; lower half with repeats; all on expert E - 1 */
+enum { RANDOM, DUP, ONE, COUNTS };   /* k distinct experts; lower half with repeats; all on expert E - 1;
+                                        top-1 with the rows an expert of counts[] below, shuffled */
+
+/* COUNTS: rows an expert (E 8, k 1, T their sum 1295): none, 1, 37, 1000 — not multiples of
+ * any tile or K step — and 64, 65, 128 (whole 64-row K steps, one past, two) */
+static const int64_t counts[8] = {0, 1, 37, 0, 1000, 64, 65, 128};
 
 typedef struct {
     int64_t t, h, i, e, k;
@@ -62,7 +69,9 @@ static void make_ids(const mcase *c, int32_t *ids, double *w, uint32_t *seed) {
     for (int64_t t = 0; t < c->t; t++)
         for (int64_t j = 0; j < K; j++) {
             w[t * K + j] = 0.1 + (next(seed) % 1000) / 1000.0;
-            if (c->pattern == ONE) {
+            if (c->pattern == COUNTS) {
+                ids[t * K + j] = 0;   /* set below */
+            } else if (c->pattern == ONE) {
                 ids[t * K + j] = (int32_t)(E - 1);
             } else if (c->pattern == DUP) {
                 ids[t * K + j] = (int32_t)(next(seed) % (uint32_t)(E > 1 ? E / 2 : 1));
@@ -76,6 +85,17 @@ static void make_ids(const mcase *c, int32_t *ids, double *w, uint32_t *seed) {
                 ids[t * K + j] = id;
             }
         }
+    if (c->pattern == COUNTS) {   /* expert e on counts[e] of the T·k routes, in a shuffled order */
+        int64_t r = 0;
+        for (int64_t e = 0; e < E && e < 8; e++)
+            for (int64_t q = 0; q < counts[e] && r < c->t * K; q++) ids[r++] = (int32_t)e;
+        for (; r < c->t * K; r++) ids[r] = (int32_t)(E - 1);
+        for (int64_t q = c->t * K - 1; q > 0; q--) {
+            int64_t o = (int64_t)(next(seed) % (uint32_t)(q + 1));
+            int32_t x = ids[q];
+            ids[q] = ids[o], ids[o] = x;
+        }
+    }
 }
 
 /* The device's permutation (saved) against the CPU counting sort of the same ids. */
@@ -148,7 +168,7 @@ static void run_case(lk_dtype dt, const mcase *c, uint32_t seed) {
     if (!c->no_grads)
         e[2] = err_of(dwt, R, LK_F32, dwr), e[3] = err_of(gdgu, ngu, gdt, dgu), e[4] = err_of(gdd, nd, gdt, dd);
     double tol = dt == LK_F32 ? 1e-5 : 3e-2;
-    static const char *pat[] = {"random", "dup", "one expert"};
+    static const char *pat[] = {"random", "dup", "one expert", "counts"};
     print_message("  %s T %lld H %lld I %lld E %lld k %lld %s%s grads %s: out %.1e dx %.1e dw %.1e dgu %.1e "
                   "dd %.1e (tol %.0e)\n", lk_dtype_name(dt), (long long)T, (long long)H, (long long)I, (long long)E,
                   (long long)K, pat[c->pattern], c->no_grads ? " (no grads)" : "", lk_dtype_name(gdt), e[0], e[1],
@@ -173,6 +193,8 @@ static const mcase cases[] = {
     {1500, 32, 16, 3, 2, DUP, 1, 0},      /* 3000 routes on one expert of 3: long K for the weight grads */
     {129, 64, 40, 8, 2, RANDOM, 1, 1},    /* only d_hidden wanted */
     {200, 320, 264, 4, 2, RANDOM, 1, 0},  /* several 256-column tiles, partial ones, K tails (64-wide K steps) */
+    {1295, 136, 72, 8, 1, COUNTS, 1, 0},  /* experts of 0, 1, 37, 1000, 64, 65, 128 rows (the weight grads' K) */
+    {1295, 264, 48, 8, 1, COUNTS, 0, 0},  /* bf16 gradients; d_down: 3 M tiles, the last of 8 rows */
 };
 
 static void against_reference_f32(void **state) {

@@ -29,8 +29,8 @@
  * one partial per (row, column tile), and dw_reduce adds the tiles in order — no atomics.
  *
  * On an sm_90 GPU the ROWS GEMMs go to grouped_sm90.cu's wgmma kernel (TMA, a persistent
- * walk of the same tile list) wherever it takes them; lk_moe_cuda_gg_sm80_only keeps them
- * here (the tests run both).
+ * walk of the same tile list) wherever it takes them, and the WGRAD ones to
+ * grouped_wgrad_sm90.cu's; lk_moe_cuda_gg_sm80_only keeps them here (the tests run both).
  *
  * Not measured yet (written without a GPU): the tile sizes are the plain first choice;
  * no persistent scheduler, no split-K for the weight gradients. */
@@ -42,6 +42,9 @@
 
 #ifndef LK_MOE_TC
 #define LK_MOE_TC 1   /* 0: bf16 on the simt kernel too (a cross-check of the mma one) */
+#endif
+#ifndef LK_MOE_WGRAD_SM90
+#define LK_MOE_WGRAD_SM90 1   /* 0: the weight gradients stay on mma.sync on sm_90 too */
 #endif
 
 #define NT 256   /* threads a CTA, both kernels */
@@ -505,6 +508,10 @@ extern "C" lk_status lk_moe_cuda_grouped_gemm(const lk_gg *g, void *stream) {
         if (nx > INT32_MAX || ny > 65535 || g->experts > 65535)
             return lk_error(LK_EDEVICE, "moe_experts: grouped gemm: grid %lld x %lld x %lld over the device's limits",
                             (long long)nx, (long long)ny, (long long)g->experts);
+        /* on Hopper the wgmma weight-gradient kernel (grouped_wgrad_sm90.cu) */
+        if (LK_MOE_WGRAD_SM90 && tc && (g->hopper || !sm80_only) && lk_hw_get()->cuda_cc == 90 &&
+            lk_moe_cuda_gg_sm90_wgrad_takes(g))
+            return lk_moe_cuda_gg_sm90_wgrad(g, st);
         grid = dim3((unsigned)nx, (unsigned)ny, (unsigned)g->experts);
     }
     if (tc) {

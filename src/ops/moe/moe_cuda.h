@@ -49,7 +49,8 @@ lk_status lk_moe_cuda_check_ids(const int32_t *ids, int64_t routes, int64_t expe
  * Σ_j dh'_j·h_j over the CTA's columns into dw_part[row, n tile] — summed over the tiles
  * in order by lk_moe_cuda_dw_reduce; NaN when *flag is set).
  * bf16 operands run on tensor cores: on an sm_90 GPU the ROWS GEMMs whose operands TMA can
- * read (lk_moe_cuda_gg_sm90_takes) on wgmma (grouped_sm90.cu), the rest on mma.sync
+ * read (lk_moe_cuda_gg_sm90_takes) on wgmma (grouped_sm90.cu), the WGRAD ones likewise
+ * (lk_moe_cuda_gg_sm90_wgrad_takes, grouped_wgrad_sm90.cu), the rest on mma.sync
  * m16n8k16 (sm_80+, grouped.cu); f32 on CUDA cores in f32 (the exact path f32 training is
  * checked against). */
 typedef enum { LK_GG_ROWS, LK_GG_WGRAD } lk_gg_mode;
@@ -104,7 +105,7 @@ lk_status lk_moe_cuda_dw_reduce(const float *dw_part, int64_t tiles, const int32
 void lk_moe_cuda_gg_simt_only(int on);
 
 /* on != 0: bf16 stays on the mma.sync kernel on an sm_90 GPU too (the `fused` row's GEMMs
- * that would run on grouped_sm90.cu), until called again with 0 — tests/cuda run the bf16
+ * that would run on grouped_sm90.cu or grouped_wgrad_sm90.cu), until called again with 0 — tests/cuda run the bf16
  * cases both ways. Not thread-safe; never set on the hot path. */
 void lk_moe_cuda_gg_sm80_only(int on);
 
@@ -117,6 +118,17 @@ int lk_moe_cuda_gg_sm90_takes(const lk_gg *g);
 /* Queues g on the Hopper kernel (an sm_90 GPU; g taken by lk_moe_cuda_gg_sm90_takes, its
  * tile list already built by grouped.cu's tile scan). Errors: LK_EDEVICE. */
 lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream);
+
+/* grouped_wgrad_sm90.cu: 1 when the Hopper weight-gradient kernel takes g (bf16 WGRAD,
+ * ACCUM into f32 or bf16 C with element pairs aligned and ldc, c_e_stride even; A and B M /
+ * N contiguous, no expert stride, at most one of them gathered, 16-byte aligned, row strides
+ * and M, N multiples of 8 elements). Says nothing of the GPU. */
+int lk_moe_cuda_gg_sm90_wgrad_takes(const lk_gg *g);
+
+/* Queues g (taken by lk_moe_cuda_gg_sm90_wgrad_takes) on the Hopper weight-gradient kernel
+ * (an sm_90 GPU): the same sums as the mma.sync kernel's, each gradient element one
+ * thread's, in row order. Errors: LK_EDEVICE. */
+lk_status lk_moe_cuda_gg_sm90_wgrad(const lk_gg *g, void *stream);
 
 /* Queues the grouped GEMM on stream. Errors: LK_EINTERNAL (a combination this file does
  * not build), LK_EDEVICE (a launch; a grid dim over the device's limit). */

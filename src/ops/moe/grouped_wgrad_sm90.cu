@@ -1,0 +1,342 @@
+/* grouped_wgrad_sm90.cu — the MoE experts' weight gradients on Hopper (sm_90a): grouped.cu's
+ * WGRAD GEMMs, C_e [M, N] += A_eᵀ · B_e with K = expert e's rows [offs[e], offs[e+1]) and
+ * A [rows, M], B [rows, N] row-major (d_down_e += dout_eᵀ·(w·h)_e, d_gate_up_e +=
+ * d_gate_up_eᵀ·x_e), on wgmma. grouped.cu's launcher sends a WGRAD GEMM here on an sm_90
+ * GPU when lk_moe_cuda_gg_sm90_wgrad_takes says its operands fit (moe_cuda.h), unless
+ * lk_moe_cuda_gg_sm80_only keeps it on mma.sync (the tests run both).
+ *
+ *   tile       128 (M) × 256 (N) of an expert's gradient a work item, K steps of 64 rows;
+ *              a ring of STAGES = 4 stages of A (64 rows × 128 M: two 64-column blocks of
+ *              64 × 128 bytes, 16 KiB) + B (64 rows × 256 N: four blocks, 32 KiB), each
+ *              block 128-byte swizzled (chunk c of row r at c ^ (r & 7)), the layout TMA
+ *              writes. Both operands are M / N contiguous: MN-major for wgmma (both
+ *              transpose bits, grouped_sm90.cu's N-major B descriptor for A too).
+ *   producer   warpgroup 0 (setmaxnreg 56). An operand that is not gathered (h·w, d_gate_up:
+ *              the sorted rows themselves) by TMA, one thread issuing the boxes against the
+ *              stage's `full` mbarrier's byte count, on every K step whose 64 rows all
+ *              belong to the expert; a gathered one (dout[order / k], x[order / k]), and
+ *              both on an expert's last, partial step (TMA would read the next expert's
+ *              rows: they must read as zeros), by cp.async from the 128 threads, 16 bytes
+ *              a copy, zero-filled past the expert's rows and past M / N, each thread's
+ *              cp.async.mbarrier.arrive.noinc arriving on `full` when its copies land
+ *              (128 arrivals + thread 0's, every step).
+ *   consumers  warpgroups 1 and 2 (setmaxnreg 224), 64 M rows each: per stage four
+ *              wgmma.m64n256k16 (f32, 128 accumulators a thread), one group kept in flight,
+ *              the stage before it released on `empty` (256 arrivals). Epilogue: C += acc,
+ *              read, add, rounded once into C's dtype (f32 or bf16), as grouped.cu's put.
+ *   schedule   persistent: CTA b walks items t = b, b + grid, ... < E · (M / 128) · (N / 256)
+ *              (a host bound), item t = (expert, M tile, N tile), N fastest; an expert
+ *              without rows is skipped by producer and consumers alike (its slice left
+ *              as it was, as grouped.cu does). Each output element is one thread's, summed
+ *              over the expert's rows in order: deterministic, no atomics.
+ *
+ * Count (PEERS-H200.md's shape, R 131072, H 2048, I 768, E 128): d_down 2·R·H·I = 412 GFLOP,
+ * d_gate_up 2·R·2I·H = 825 GFLOP, 1.24 TFLOP: 1.6 ms at 790 TFLOP/s; the f32 gradients read
+ * and written once (E·3·H·I·4 B = 2.4 GB each way, ~1 ms of HBM) overlap only with other
+ * items' K loops. mma.sync (gg_mma WGRAD): 10.7 ms, 115.6 TFLOP/s.
+ * Not yet run on a GPU. */
+#include <stdio.h>
+#include <string.h>
+#include "core/cuda_check.h"
+#include "llmkern/registry.h"
+#include "ops/attention/hopper.cuh"
+#include "ops/cuda_util.cuh"
+#include "ops/moe/moe_cuda.h"
+
+#define BM 128          /* gradient rows (A's columns) a tile */
+#define BN 256          /* gradient columns (B's columns) a tile */
+#define BK 64           /* expert rows a stage */
+#define STAGES 4        /* 4 × 48 KiB */
+#define THREADS 384     /* producer + two consumer warpgroups */
+#define BLK (BK * 128)  /* one 64-column block of a stage: 64 rows × 128 bytes */
+#define A_BYTES (BM / 64 * BLK)
+#define B_BYTES (BN / 64 * BLK)
+#ifndef PB
+#define PB 4            /* rows a thread's cp.async batch after their order loads (8: the producer spilled) */
+#endif
+#ifndef EB
+#define EB 16           /* column pairs of C loaded before the epilogue's stores */
+#endif
+#define SMEM_BYTES (STAGES * (A_BYTES + B_BYTES) + 2 * STAGES * 8 + 1024)
+
+typedef struct {
+    const lk_bf16_t *p;       /* rows of ld elements: row i at p + i·ld, or gathered p + (order[i] / kdiv)·ld */
+    int64_t ld, kdiv;
+    const int32_t *order;
+} wopnd;
+
+typedef struct {
+    wopnd a, b;
+    int64_t m, n, e;
+    int mt, nt;               /* tiles of M and N */
+    const int64_t *offs;
+    void *c;                  /* [E, M, N]: element (e, i, j) at c + e·ces + i·ldc + j */
+    int64_t ldc, ces;
+    int c_bf16;
+} wargs;
+
+#if FA3_ARCH
+
+static __device__ __forceinline__ void cp_arrive_noinc_w(uint64_t *bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+/* d[m64 x n256] (+)= A · B (acc 0: =), both MN-major in shared memory (A stored as rows
+ * of K with M contiguous, B as rows of K with N contiguous): wgmma_ss_n256 with both
+ * transpose bits. */
+static __device__ __forceinline__ void wgmma_ss_n256_tt(float *d, uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 1, 1;\n}"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "l"(da), "l"(db), "r"(acc));
+}
+
+/* Item t: expert e, its rows [k0, klim), gradient rows from m0, columns from n0. */
+static __device__ __forceinline__ void item_of(const wargs &p, int64_t t, int64_t &e, int64_t &k0, int64_t &klim,
+                                               int64_t &m0, int64_t &n0) {
+    const int64_t per = (int64_t)p.mt * p.nt, r = t % per;
+    e = t / per;
+    m0 = (r / p.nt) * BM;
+    n0 = (r % p.nt) * BN;
+    k0 = p.offs[e];
+    klim = p.offs[e + 1];
+}
+
+/* Rows kr .. kr + 63 (< klim) of operand o, columns c0 .. c0 + 8·CH (< ncols), into a stage
+ * of CH / 8 blocks of 64 columns; zeros elsewhere. The producer's 128 threads: thread tid
+ * copies chunk tid % CH of rows tid / CH + (128 / CH)·i (a warp: whole row segments). */
+template <int CH>
+static __device__ __forceinline__ void cp_rows(uint8_t *dst, const wopnd &o, int64_t kr, int64_t klim, int64_t c0,
+                                               int64_t ncols, int tid) {
+    constexpr int RP = 128 / CH;
+    const int c = tid % CH, rs = tid / CH, blk = c / 8, cc = c % 8;
+    const int64_t col = c0 + c * 8;
+    const bool cok = col < ncols;
+    uint8_t *d = dst + blk * BLK;
+#pragma unroll 1
+    for (int i0 = 0; i0 < BK / RP; i0 += PB) {   /* PB rows a batch (the producer's 56 registers) */
+        int32_t row[PB];   /* the source rows first, so the order loads overlap; -1: zeros */
+#pragma unroll
+        for (int i = 0; i < PB; i++) {
+            const int64_t k = kr + rs + RP * (i0 + i);
+            row[i] = cok && k < klim ? (int32_t)(o.order ? o.order[k] / o.kdiv : k) : -1;
+        }
+#pragma unroll
+        for (int i = 0; i < PB; i++) {
+            const int r = rs + RP * (i0 + i);
+            const bool ok = row[i] >= 0;
+            cp16(d + r * 128 + ((cc ^ (r & 7)) << 4),
+                 ok ? (const void *)(o.p + (int64_t)row[i] * o.ld + col) : (const void *)o.p, ok);
+        }
+    }
+}
+
+#endif
+
+/* AG / BG: A / B gathered (cp.async always); otherwise TMA on the full K steps. Accumulator
+ * register q of the m64n256 fragment (consumer warpgroup cg, warp w, lane): gradient row
+ * cg·64 + w·16 + lane / 4 + 8·((q >> 1) & 1) of the tile, column 8·(q / 4) + 2·(lane % 4) +
+ * (q & 1). */
+template <bool AG, bool BG>
+__global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constant__ CUtensorMap ta,
+                                                            const __grid_constant__ CUtensorMap tb, wargs p) {
+#if FA3_ARCH
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sa = sm, *sb = sa + STAGES * A_BYTES;
+    uint64_t *full = (uint64_t *)(sb + STAGES * B_BYTES), *empty = full + STAGES;
+    const int tid = threadIdx.x, wg = tid / 128;
+    const int64_t total = p.e * p.mt * p.nt;
+
+    if (tid == 0) {
+        for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 129), mbar_init(&empty[s], 256);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {   /* --- producer ------------------------------------------------------ */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+        int it = 0;
+        for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+            int64_t e, k0, klim, m0, n0;
+            item_of(p, t, e, k0, klim, m0, n0);
+            for (int64_t kr = k0; kr < klim; kr += BK, it++) {
+                const int s = it % STAGES;
+                const bool whole = kr + BK <= klim;   /* TMA may read these 64 rows */
+                if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
+                uint8_t *a = sa + s * A_BYTES, *b = sb + s * B_BYTES;
+                if (tid == 0) {
+                    const uint32_t bytes = whole ? (AG ? 0u : (uint32_t)A_BYTES) + (BG ? 0u : (uint32_t)B_BYTES) : 0u;
+                    if (bytes) {
+                        mbar_expect_tx(&full[s], bytes);
+                        if (!AG)
+#pragma unroll
+                            for (int j = 0; j < BM / 64; j++)
+                                tma_load(a + j * BLK, &ta, &full[s], (int)m0 + 64 * j, (int)kr, 0);
+                        if (!BG)
+#pragma unroll
+                            for (int j = 0; j < BN / 64; j++)
+                                tma_load(b + j * BLK, &tb, &full[s], (int)n0 + 64 * j, (int)kr, 0);
+                    } else {
+                        mbar_arrive(&full[s]);
+                    }
+                }
+                if (AG || !whole) cp_rows<BM / 8>(a, p.a, kr, klim, m0, p.m, tid);
+                if (BG || !whole) cp_rows<BN / 8>(b, p.b, kr, klim, n0, p.n, tid);
+                cp_arrive_noinc_w(&full[s]);   /* arrives when this thread's copies have landed */
+            }
+        }
+        cp_wait<0>();
+        return;
+    }
+
+    /* --- consumers -------------------------------------------------------------------- */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+    const int cg = wg - 1, w = (tid % 128) / 32, lane = tid % 32;
+    const int rl = cg * 64 + w * 16 + lane / 4;   /* this thread's gradient rows: rl and rl + 8 of the tile */
+    float acc[BN / 2];
+    int it = 0;
+    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        int64_t e, k0, klim, m0, n0;
+        item_of(p, t, e, k0, klim, m0, n0);
+        if (k0 >= klim) continue;   /* no rows: the slice stays as it was (the producer skips it too) */
+        int kb = 0;
+        for (int64_t kr = k0; kr < klim; kr += BK, kb++, it++) {
+            const int s = it % STAGES;
+            mbar_wait(&full[s], (it / STAGES) & 1);
+            fence_async_smem();   /* the producer threads' cp.async writes, before wgmma's reads */
+            const uint8_t *a = sa + s * A_BYTES + cg * BLK, *b = sb + s * B_BYTES;
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; kk++)
+                wgmma_ss_n256_tt(acc, desc(a + kk * 2048, BLK, 1024), desc(b + kk * 2048, BLK, 1024), kb > 0 || kk > 0);
+            wgmma_commit();
+            if (kb > 0) {   /* the previous stage's group is done: its stage goes back */
+                wgmma_wait<1>();
+                mbar_arrive(&empty[(it - 1) % STAGES]);
+            }
+        }
+        wgmma_wait<0>();
+        fence_regs<BN / 2>(acc);
+        mbar_arrive(&empty[(it - 1) % STAGES]);
+
+        /* --- epilogue: C += acc, EB column pairs loaded before any store --- */
+        const int64_t rows[2] = {m0 + rl, m0 + rl + 8};
+        const int cq = 2 * (lane % 4);
+        if (p.c_bf16) {
+            lk_bf16_t *c = (lk_bf16_t *)p.c + e * p.ces;
+#pragma unroll
+            for (int q0 = 0; q0 < BN / 2; q0 += 2 * EB) {
+                uint32_t v[EB];
+#pragma unroll
+                for (int i = 0; i < EB; i++) {
+                    const int q = q0 + 2 * i;
+                    const int64_t row = rows[(q >> 1) & 1], col = n0 + 8 * (q / 4) + cq;
+                    v[i] = row < p.m && col < p.n ? *reinterpret_cast<const uint32_t *>(c + row * p.ldc + col) : 0u;
+                }
+#pragma unroll
+                for (int i = 0; i < EB; i++) {
+                    const int q = q0 + 2 * i;
+                    const int64_t row = rows[(q >> 1) & 1], col = n0 + 8 * (q / 4) + cq;
+                    if (row >= p.m || col >= p.n) continue;
+                    const float2 o = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v[i]));
+                    *reinterpret_cast<uint32_t *>(c + row * p.ldc + col) = lk_pack_bf16x2(o.x + acc[q], o.y + acc[q + 1]);
+                }
+            }
+        } else {
+            float *c = (float *)p.c + e * p.ces;
+#pragma unroll
+            for (int q0 = 0; q0 < BN / 2; q0 += 2 * EB) {
+                float2 v[EB];
+#pragma unroll
+                for (int i = 0; i < EB; i++) {
+                    const int q = q0 + 2 * i;
+                    const int64_t row = rows[(q >> 1) & 1], col = n0 + 8 * (q / 4) + cq;
+                    v[i] = row < p.m && col < p.n ? *reinterpret_cast<const float2 *>(c + row * p.ldc + col)
+                                                  : make_float2(0.0f, 0.0f);
+                }
+#pragma unroll
+                for (int i = 0; i < EB; i++) {
+                    const int q = q0 + 2 * i;
+                    const int64_t row = rows[(q >> 1) & 1], col = n0 + 8 * (q / 4) + cq;
+                    if (row >= p.m || col >= p.n) continue;
+                    *reinterpret_cast<float2 *>(c + row * p.ldc + col) = make_float2(v[i].x + acc[q], v[i].y + acc[q + 1]);
+                }
+            }
+        }
+    }
+#endif
+}
+
+/* --- host ---------------------------------------------------------------------------- */
+
+/* Rows of whole 16-byte chunks from a 16-byte aligned base (TMA's and cp.async's rule), no
+ * expert stride (WGRAD's operands are the sorted or token rows themselves), M / N contiguous. */
+static int operand_ok(const lk_gg_operand *o, int64_t cols) {
+    return !o->kmajor && o->e_stride == 0 && lk_aligned16(o->src) && o->ld % 8 == 0 && cols % 8 == 0 &&
+           cols <= o->ld && (!o->order || o->kdiv >= 1);
+}
+
+extern "C" int lk_moe_cuda_gg_sm90_wgrad_takes(const lk_gg *g) {
+    if (g->dt != LK_BF16 || g->mode != LK_GG_WGRAD || g->epi != LK_GG_ACCUM || g->m < 8 || g->n < 8 ||
+        g->m > INT32_MAX || g->n > INT32_MAX || g->rows > INT32_MAX - 2 * BK || g->experts < 1 ||
+        !operand_ok(&g->a, g->m) || !operand_ok(&g->b, g->n) || (g->a.order && g->b.order))
+        return 0;
+    /* C: f32 or bf16, element pairs (8 or 4 bytes) aligned */
+    const size_t es = g->c_dt == LK_F32 ? 4 : g->c_dt == LK_BF16 ? 2 : 0;
+    return es && ((uintptr_t)g->c % (2 * es)) == 0 && g->ldc % 2 == 0 && g->c_e_stride % 2 == 0 && g->ldc >= g->n;
+}
+
+static lk_status map_error(lk_status s) {
+    char why[256];
+    snprintf(why, sizeof why, "%s", lk_last_error());
+    return lk_error(s, "moe_experts: grouped gemm (sm90 wgrad): tensor map: %s", why);
+}
+
+/* [rows, cols] row-major, ld apart, in boxes of 64 columns × 64 rows. */
+static lk_status rows_map(CUtensorMap *m, const lk_gg_operand *o, int64_t rows, int64_t cols) {
+    const cuuint64_t dims[3] = {(cuuint64_t)cols, (cuuint64_t)rows, 1};
+    const cuuint64_t strides[2] = {(cuuint64_t)o->ld * 2, (cuuint64_t)(o->ld * rows * 2)};
+    const cuuint32_t box[3] = {64, BK, 1};
+    lk_status s = bf16_map(m, o->src, 3, dims, strides, box);
+    return s ? map_error(s) : LK_OK;
+}
+
+template <bool AG, bool BG>
+static lk_status launch(const CUtensorMap &ta, const CUtensorMap &tb, const wargs &p, int grid, cudaStream_t st) {
+    static int opted;   /* once a process: a host-side attribute, no stream work */
+    if (!opted) {
+        LK_CUDA_TRY(cudaFuncSetAttribute(gg_sm90_wgrad<AG, BG>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
+        opted = 1;
+    }
+    gg_sm90_wgrad<AG, BG><<<grid, THREADS, SMEM_BYTES, st>>>(ta, tb, p);
+    LK_CUDA_LAUNCHED("moe_experts: grouped gemm (sm90 wgrad)");
+    return LK_OK;
+}
+
+extern "C" lk_status lk_moe_cuda_gg_sm90_wgrad(const lk_gg *g, void *stream) {
+    cudaStream_t st = (cudaStream_t)stream;
+    const bool ag = g->a.order != NULL, bg = g->b.order != NULL;
+    wargs p;
+    memset(&p, 0, sizeof p);
+    p.a = wopnd{(const lk_bf16_t *)g->a.src, g->a.ld, g->a.kdiv, g->a.order};
+    p.b = wopnd{(const lk_bf16_t *)g->b.src, g->b.ld, g->b.kdiv, g->b.order};
+    p.m = g->m, p.n = g->n, p.e = g->experts;
+    p.mt = (int)lk_cdiv(g->m, BM), p.nt = (int)lk_cdiv(g->n, BN);
+    p.offs = g->offs;
+    p.c = g->c, p.ldc = g->ldc, p.ces = g->c_e_stride, p.c_bf16 = g->c_dt == LK_BF16;
+    if (g->rows < 1) return LK_OK;
+
+    /* the tensor maps of the operands that are not gathered: [rows, M] / [rows, N] */
+    CUtensorMap ta, tb;
+    memset(&ta, 0, sizeof ta), memset(&tb, 0, sizeof tb);
+    lk_status s;
+    if (!ag && (s = rows_map(&ta, &g->a, g->rows, g->m))) return s;
+    if (!bg && (s = rows_map(&tb, &g->b, g->rows, g->n))) return s;
+
+    const int sms = lk_hw_get()->cuda_sms > 0 ? lk_hw_get()->cuda_sms : 1;
+    const int64_t bound = g->experts * p.mt * p.nt;
+    const int grid = (int)(bound < sms ? bound : sms);
+    if (ag) return launch<true, false>(ta, tb, p, grid, st);
+    return bg ? launch<false, true>(ta, tb, p, grid, st) : launch<false, false>(ta, tb, p, grid, st);
+}

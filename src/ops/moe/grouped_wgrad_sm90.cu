@@ -17,7 +17,9 @@
  *              belong to the expert; a gathered one (dout[order / k], x[order / k]), and
  *              both on an expert's last, partial step (TMA would read the next expert's
  *              rows: they must read as zeros), by cp.async from the 128 threads, 16 bytes
- *              a copy, zero-filled past the expert's rows and past M / N, each thread's
+ *              a copy, zero-filled past the expert's rows and past M / N (the step's 64
+ *              source rows, order[k] / kdiv, read once into shared memory by 64 threads
+ *              and handed over by a named barrier of the 4 producer warps), each thread's
  *              cp.async.mbarrier.arrive.noinc arriving on `full` when its copies land
  *              (128 arrivals + thread 0's, every step).
  *   consumers  warpgroups 1 and 2 (setmaxnreg 224), 64 M rows each: per stage four
@@ -51,13 +53,10 @@
 #define BLK (BK * 128)  /* one 64-column block of a stage: 64 rows × 128 bytes */
 #define A_BYTES (BM / 64 * BLK)
 #define B_BYTES (BN / 64 * BLK)
-#ifndef PB
-#define PB 4            /* rows a thread's cp.async batch after their order loads (8: the producer spilled) */
-#endif
 #ifndef EB
 #define EB 16           /* column pairs of C loaded before the epilogue's stores */
 #endif
-#define SMEM_BYTES (STAGES * (A_BYTES + B_BYTES) + 2 * STAGES * 8 + 1024)
+#define SMEM_BYTES (STAGES * (A_BYTES + B_BYTES) + 2 * STAGES * 8 + STAGES * BK * 4 + 1024)
 
 typedef struct {
     const lk_bf16_t *p;       /* rows of ld elements: row i at p + i·ld, or gathered p + (order[i] / kdiv)·ld */
@@ -103,31 +102,25 @@ static __device__ __forceinline__ void item_of(const wargs &p, int64_t t, int64_
 }
 
 /* Rows kr .. kr + 63 (< klim) of operand o, columns c0 .. c0 + 8·CH (< ncols), into a stage
- * of CH / 8 blocks of 64 columns; zeros elsewhere. The producer's 128 threads: thread tid
- * copies chunk tid % CH of rows tid / CH + (128 / CH)·i (a warp: whole row segments). */
+ * of CH / 8 blocks of 64 columns; zeros elsewhere. tk: the gathered operand's source rows of
+ * the step (shared memory, -1 past the expert), else the rows are kr + r themselves. The
+ * producer's 128 threads: thread tid copies chunk tid % CH of rows tid / CH + (128 / CH)·i
+ * (a warp: whole row segments). */
 template <int CH>
-static __device__ __forceinline__ void cp_rows(uint8_t *dst, const wopnd &o, int64_t kr, int64_t klim, int64_t c0,
-                                               int64_t ncols, int tid) {
+static __device__ __forceinline__ void cp_rows(uint8_t *dst, const wopnd &o, const int32_t *tk, int64_t kr,
+                                               int64_t klim, int64_t c0, int64_t ncols, int tid) {
     constexpr int RP = 128 / CH;
     const int c = tid % CH, rs = tid / CH, blk = c / 8, cc = c % 8;
     const int64_t col = c0 + c * 8;
     const bool cok = col < ncols;
     uint8_t *d = dst + blk * BLK;
-#pragma unroll 1
-    for (int i0 = 0; i0 < BK / RP; i0 += PB) {   /* PB rows a batch (the producer's 56 registers) */
-        int32_t row[PB];   /* the source rows first, so the order loads overlap; -1: zeros */
-#pragma unroll
-        for (int i = 0; i < PB; i++) {
-            const int64_t k = kr + rs + RP * (i0 + i);
-            row[i] = cok && k < klim ? (int32_t)(o.order ? o.order[k] / o.kdiv : k) : -1;
-        }
-#pragma unroll
-        for (int i = 0; i < PB; i++) {
-            const int r = rs + RP * (i0 + i);
-            const bool ok = row[i] >= 0;
-            cp16(d + r * 128 + ((cc ^ (r & 7)) << 4),
-                 ok ? (const void *)(o.p + (int64_t)row[i] * o.ld + col) : (const void *)o.p, ok);
-        }
+#pragma unroll 4   /* 8 with the order loads inline spilled past the producer's 56 registers */
+    for (int i = 0; i < BK / RP; i++) {
+        const int r = rs + RP * i;
+        const int32_t row = tk ? tk[r] : (kr + r < klim ? (int32_t)(kr + r) : -1);
+        const bool ok = cok && row >= 0;
+        cp16(d + r * 128 + ((cc ^ (r & 7)) << 4), ok ? (const void *)(o.p + (int64_t)row * o.ld + col) : (const void *)o.p,
+             ok);
     }
 }
 
@@ -145,6 +138,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
     uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     uint8_t *sa = sm, *sb = sa + STAGES * A_BYTES;
     uint64_t *full = (uint64_t *)(sb + STAGES * B_BYTES), *empty = full + STAGES;
+    int32_t *toks = (int32_t *)(empty + STAGES);   /* [STAGES][BK] */
     const int tid = threadIdx.x, wg = tid / 128;
     const int64_t total = p.e * p.mt * p.nt;
 
@@ -163,8 +157,14 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
             for (int64_t kr = k0; kr < klim; kr += BK, it++) {
                 const int s = it % STAGES;
                 const bool whole = kr + BK <= klim;   /* TMA may read these 64 rows */
-                if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
                 uint8_t *a = sa + s * A_BYTES, *b = sb + s * B_BYTES;
+                int32_t *tk = toks + s * BK;   /* the gathered operand's rows of this step */
+                if (AG || BG) {
+                    const wopnd &g = AG ? p.a : p.b;
+                    if (tid < BK) tk[tid] = kr + tid < klim ? (int32_t)(g.order[kr + tid] / g.kdiv) : -1;
+                    asm volatile("bar.sync 1, 128;" ::: "memory");   /* the producer's warps: tk written */
+                }
+                if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
                 if (tid == 0) {
                     const uint32_t bytes = whole ? (AG ? 0u : (uint32_t)A_BYTES) + (BG ? 0u : (uint32_t)B_BYTES) : 0u;
                     if (bytes) {
@@ -181,12 +181,12 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
                         mbar_arrive(&full[s]);
                     }
                 }
-                if (AG || !whole) cp_rows<BM / 8>(a, p.a, kr, klim, m0, p.m, tid);
-                if (BG || !whole) cp_rows<BN / 8>(b, p.b, kr, klim, n0, p.n, tid);
+                if (AG || !whole) cp_rows<BM / 8>(a, p.a, AG ? tk : nullptr, kr, klim, m0, p.m, tid);
+                if (BG || !whole) cp_rows<BN / 8>(b, p.b, BG ? tk : nullptr, kr, klim, n0, p.n, tid);
                 cp_arrive_noinc_w(&full[s]);   /* arrives when this thread's copies have landed */
             }
         }
-        cp_wait<0>();
+        asm volatile("cp.async.wait_all;" ::: "memory");   /* its last copies land before it leaves */
         return;
     }
 

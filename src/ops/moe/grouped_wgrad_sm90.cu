@@ -25,7 +25,8 @@
  *   consumers  warpgroups 1 and 2 (setmaxnreg 224), 64 M rows each: per stage four
  *              wgmma.m64n256k16 (f32, 128 accumulators a thread), one group kept in flight,
  *              the stage before it released on `empty` (256 arrivals). Epilogue: C += acc,
- *              read, add, rounded once into C's dtype (f32 or bf16), as grouped.cu's put.
+ *              read, add, rounded once into C's dtype (f32 or bf16), as grouped.cu's put;
+ *              the tile's lines of C prefetched into L2 when its K loop starts.
  *   schedule   persistent: CTA b walks items t = b, b + grid, ... < E · (M / 128) · (N / 256)
  *              (a host bound), item t = (expert, M tile, N tile), N fastest; an expert
  *              without rows is skipped by producer and consumers alike (its slice left
@@ -200,6 +201,19 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
         int64_t e, k0, klim, m0, n0;
         item_of(p, t, e, k0, klim, m0, n0);
         if (k0 >= klim) continue;   /* no rows: the slice stays as it was (the producer skips it too) */
+        {   /* C's lines this thread's epilogue reads, into L2 while the K loop runs (a hint) */
+            const int64_t per = p.c_bf16 ? 64 : 32;   /* elements a 128-byte line */
+            const size_t es = p.c_bf16 ? 2 : 4;
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+                for (int j = 0; j < 2; j++) {
+                    const int64_t row = m0 + rl + 8 * hf, col = n0 + per * (lane % 4 + 4 * j);
+                    if (row < p.m && col < p.n && col < n0 + BN)
+                        asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p.c +
+                                                                      (e * p.ces + row * p.ldc + col) * es));
+                }
+        }
         int kb = 0;
         for (int64_t kr = k0; kr < klim; kr += BK, kb++, it++) {
             const int s = it % STAGES;

@@ -43,9 +43,9 @@
  *              128 columns (grouped.cu's dw_part layout, lk_moe_cuda_dw_tiles(I) a row): a
  *              row lives in one warp, summed by two shuffles, no shared memory.
  *
- * Measured (H200, call 3 of bench/NOTES.md, the first version: every cuda_test_moe_experts
- * case passed): gate/up 506, down 458, dh' 176, d_rows 579 TFLOP/s (torch._grouped_mm 693 /
- * 598); this version's changes (the noinc arrival, DSWIGLU's batched loads) not yet run.
+ * Measured (H200, bench/NOTES.md, ninth session's call 4, every cuda_test_moe_experts case
+ * passing): gate/up 530, down 486, dh' 234, d_rows 633 TFLOP/s (torch._grouped_mm 700 / 592;
+ * the first version, call 3: 506 / 458 / 176 / 579).
  * Count (PEERS-H200.md's shape, T 16384 · top-8 = R 131072 rows,
  * H 2048, I 768, E 128): gate/up 2·R·H·2I = 824.6 GFLOP, 1.04 ms at 790 TFLOP/s (torch's
  * 665: 1.24 ms); down 2·R·I·H = 412.3 GFLOP, 0.52 ms at 790 (torch's 519: 0.79 ms) — its

@@ -36,8 +36,8 @@
  * Count (PEERS-H200.md's shape, R 131072, H 2048, I 768, E 128): d_down 2·R·H·I = 412 GFLOP,
  * d_gate_up 2·R·2I·H = 825 GFLOP, 1.24 TFLOP: 1.6 ms at 790 TFLOP/s; the f32 gradients read
  * and written once (E·3·H·I·4 B = 2.4 GB each way, ~1 ms of HBM) overlap only with other
- * items' K loops. mma.sync (gg_mma WGRAD): 10.7 ms, 115.6 TFLOP/s.
- * Not yet run on a GPU. */
+ * items' K loops. mma.sync (gg_mma WGRAD): 10.7 ms, 115.6 TFLOP/s; this kernel (H200, ninth
+ * session's call 4, every cuda_test_moe_experts case passing): 5.1 ms, 242 TFLOP/s. */
 #include <stdio.h>
 #include <string.h>
 #include "core/cuda_check.h"

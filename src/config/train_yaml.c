@@ -246,7 +246,8 @@ lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t
     if (strcmp(n, "recompute") == 0) return get_bool(l, v, "train.recompute", &t->recompute);
     if (strcmp(n, "cuda_graph") == 0) return get_bool(l, v, "train.cuda_graph", &t->cuda_graph);
     if (strcmp(n, "deterministic") == 0) return get_bool(l, v, "train.deterministic", &t->deterministic);
-    if (strcmp(n, "grad_reduce_dtype") == 0) return get_float_dtype(l, v, "train.grad_reduce_dtype", &t->grad_reduce_dtype);
+    if (strcmp(n, "grad_reduce_dtype") == 0)
+        return get_float_dtype(l, v, "train.grad_reduce_dtype", &t->grad_reduce_dtype);
     if (strcmp(n, "profile_step") == 0) return get_i64(l, v, "train.profile_step", 0, &t->profile_step);
     if (strcmp(n, "dtype") == 0) return get_float_dtype(l, v, "train.dtype", &t->dtype);
     if (strcmp(n, "comm_timeout_s") == 0) return get_f64(l, v, "train.comm_timeout_s", 0, &t->comm_timeout_s);

@@ -54,7 +54,10 @@ static lk_status cuda_fail(cudaError_t e, const char *what) {
 static nccl_state *state_of(lk_comm *c) { return c->state; }
 
 static ncclDataType_t nccl_type(lk_comm_type t) {
-    return t == LK_COMM_F32 ? ncclFloat32 : t == LK_COMM_F64 ? ncclFloat64 : t == LK_COMM_BF16 ? ncclBfloat16 : ncclInt64;
+    return t == LK_COMM_F32    ? ncclFloat32
+           : t == LK_COMM_F64  ? ncclFloat64
+           : t == LK_COMM_BF16 ? ncclBfloat16
+                               : ncclInt64;
 }
 
 /* Before a collective reads: the default stream's work so far comes first. */

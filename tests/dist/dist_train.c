@@ -101,12 +101,13 @@ static void matches_single(int moe, const char *dispatcher, const char *attn, in
             DIST_CHECK(en <= tol, "dp %d sp %d ep %d step %d: grad norm %.9g vs single %.9g (relative %.3g)", dp, sp,
                        ep, i + 1, got_norm[i], ref_norm[i], en);
         }
-        if (reduce == LK_BF16) DIST_CHECK(worst > 0, "grad_reduce_dtype bf16: the f32 run's bits, the bf16 path not taken");
+        if (reduce == LK_BF16)
+            DIST_CHECK(worst > 0, "grad_reduce_dtype bf16: the f32 run's bits, the bf16 path not taken");
         printf("dist_train: dp %d sp %d ep %d %s%s%s%s%s, %lld steps: loss %.5f -> %.5f, worst relative difference "
                "from one process %.2g (loss or grad norm); %lld all-reduce buckets, %lld started during the "
                "backward\n", dp, sp, ep, moe ? "MoE " : "dense", moe ? dispatcher : "", attn ? " " : "",
-               attn ? attn : "", reduce == LK_BF16 ? " (bf16 all-reduce)" : "", (long long)steps, got[0], got[steps - 1], worst, (long long)res.buckets,
-               (long long)res.buckets_early);
+               attn ? attn : "", reduce == LK_BF16 ? " (bf16 all-reduce)" : "", (long long)steps, got[0],
+               got[steps - 1], worst, (long long)res.buckets, (long long)res.buckets_early);
         DIST_CHECK(ref[steps - 1] < ref[0], "the loss falls: %g -> %g", ref[0], ref[steps - 1]);
         char path[200];
         snprintf(path, sizeof path, "%s/loss.csv", out);
@@ -242,6 +243,7 @@ int main(void) {
     matches_single(0, NULL, NULL, STEPS_DP, P, 1, 1, TOL_BF16, LK_BF16);
     matches_single(1, "alltoall", NULL, STEPS_MOE, P / 2, 2, 2, TOL_MOE, LK_F32);
     matches_single(1, "allgather", NULL, STEPS_MOE, P / 2, 2, 2, TOL_MOE, LK_F32);
-    matches_single(1, "alltoall", "flex_attention", STEPS_MOE, P / 2, 2, 2, TOL_MOE, LK_F32);   /* the document BlockMask */
+    /* flex_attention: the document BlockMask */
+    matches_single(1, "alltoall", "flex_attention", STEPS_MOE, P / 2, 2, 2, TOL_MOE, LK_F32);
     return dist_end("dist_train");
 }

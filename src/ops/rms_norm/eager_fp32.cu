@@ -3,7 +3,7 @@
  * f32 tensor in the workspace (upcast, mean of squares, scale, weight, cast back; the
  * backward likewise, dweight as a column sum of the materialized dy·x̂). The baseline
  * the fused kernels are measured against, not a fast path. Saves rstd, f32 [rows]. */
-#include "cuda_common.cuh"
+#include "common.cuh"
 
 #define THREADS 256
 

@@ -14,14 +14,14 @@
  * Forward: the row's sum of squares, y from the registers; rstd saved as f32 [rows].
  * Backward: Σ g·x reduced over the block, then dx written and the thread's columns of
  * dy·x̂ added into registers; each block leaves one f32 partial row of dweight in the
- * workspace, and a column sum (cuda_common.cuh) adds the parts in a fixed order and
+ * workspace, and a column sum (common.cuh) adds the parts in a fixed order and
  * rounds once, so a run is deterministic. Rows too long for registers (or unaligned, or
  * of odd length) take the looped kernels, which read the row twice (the second time
  * from cache).
  *
  * Reached through lk_rms_norm_forward / _backward (rms_norm.c), which validated every
  * argument; the workspace comes from ctx->arena (a device arena). */
-#include "cuda_common.cuh"
+#include "common.cuh"
 #include "llmkern/registry.h"
 
 #define MAX_VPT 8           /* 16-byte groups per thread held in registers */

@@ -1,8 +1,8 @@
-/* cuda_common.cuh — what the CUDA RMSNorm implementations (fused.cu, eager_fp32.cu)
+/* common.cuh — what the CUDA RMSNorm implementations (fused.cu, eager_fp32.cu)
  * share: the column sum that turns f32 partial rows into dweight, and the dispatch on
  * dtype. Included by those .cu files only. */
-#ifndef LLMKERN_RMS_NORM_CUDA_COMMON_CUH
-#define LLMKERN_RMS_NORM_CUDA_COMMON_CUH
+#ifndef LLMKERN_RMS_NORM_COMMON_CUH
+#define LLMKERN_RMS_NORM_COMMON_CUH
 
 #include "core/cuda_check.h"
 #include "llmkern/rms_norm.h"

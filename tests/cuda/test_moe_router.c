@@ -5,7 +5,7 @@
  * at T 1, 37, 1000), norm_topk_prob / softmax_after_topk on and off, route_scale != 1,
  * an f32 gate over bf16 hidden, gate_f32, sigmoid_bias's e_bias and group limits (groups
  * of one expert included):
- *   forward   ids: exactly the CPU rows' choice (lk_router_topk, sigmoid_bias.c's group
+ *   forward   ids: exactly the CPU rows' choice (lk_router_group_topk, sigmoid_bias's group
  *             limit) made from the GPU's own saved scores; no expert twice, none short
  *             of the f64 best by more than the tolerance (unrounded logits), and
  *             softmax_topk: exactly the f64 ranking on every token without a near-tie
@@ -170,35 +170,18 @@ static void repeats(const lk_impl *impl, rrun *r, const int32_t *ids, const floa
 }
 
 /* The CPU rows' choice from the GPU's own saved scores v [T, E] (f32): sel = v + bias
- * in f32, sigmoid_bias.c's group limit, lk_router_topk. The GPU must make it exactly. */
+ * in f32, then the CPU's lk_router_group_topk (sigmoid_bias's group limit; plain top-k for
+ * softmax). The GPU must make it exactly. */
 static void cpu_choice(const rcase *c, const float *v, const float *bias, int32_t *ids) {
-    int64_t T = c->t, E = c->e, gs = c->sig && c->ng > 1 ? E / c->ng : 0;
-    float *sel = malloc(sizeof(float) * (size_t)E), *gscore = malloc(sizeof(float) * (size_t)E);
-    unsigned char *allowed = malloc((size_t)E), *keep = malloc((size_t)E);
-    assert_true(sel && gscore && allowed && keep);
+    int64_t T = c->t, E = c->e;
+    float *sel = malloc(sizeof(float) * (size_t)E);
+    unsigned char *allowed = malloc((size_t)E);
+    assert_true(sel && allowed);
     for (int64_t tok = 0; tok < T; tok++) {
         for (int64_t x = 0; x < E; x++) sel[x] = v[tok * E + x] + (bias ? bias[x] : 0.0f);
-        if (!gs) {
-            lk_router_topk(sel, NULL, E, c->k, ids + tok * c->k);
-            continue;
-        }
-        for (int g = 0; g < c->ng; g++) {
-            int32_t two[2];
-            int m = gs > 1 ? 2 : 1;
-            lk_router_topk(sel + g * gs, NULL, gs, m, two);
-            gscore[g] = sel[g * gs + two[0]] + (m > 1 ? sel[g * gs + two[1]] : 0.0f);
-            keep[g] = 0;
-        }
-        for (int n = 0; n < c->tg; n++) {
-            int best = -1;
-            for (int g = 0; g < c->ng; g++)
-                if (!keep[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
-            keep[best] = 1;
-        }
-        for (int64_t x = 0; x < E; x++) allowed[x] = keep[x / gs];
-        lk_router_topk(sel, allowed, E, c->k, ids + tok * c->k);
+        lk_router_group_topk(sel, E, c->k, c->sig ? c->ng : 1, c->tg, allowed, ids + tok * c->k);
     }
-    free(sel), free(gscore), free(allowed), free(keep);
+    free(sel), free(allowed);
 }
 
 static void run_case(lk_dtype dt, const rcase *c, uint32_t seed) {

@@ -55,6 +55,32 @@ void lk_router_topk(const float *s, const unsigned char *allowed, int64_t e, int
     }
 }
 
+void lk_router_group_topk(const float *sel, int64_t e, int k, int n_group, int topk_group, unsigned char *allowed,
+                          int32_t *ids) {
+    if (n_group <= 1) {
+        lk_router_topk(sel, NULL, e, k, ids);
+        return;
+    }
+    int64_t gs = e / n_group;
+    float gscore[n_group];
+    unsigned char keep[n_group];
+    for (int g = 0; g < n_group; g++) {
+        int32_t two[2];
+        int m = gs > 1 ? 2 : 1;
+        lk_router_topk(sel + g * gs, NULL, gs, m, two);
+        gscore[g] = sel[g * gs + two[0]] + (m > 1 ? sel[g * gs + two[1]] : 0.0f);
+        keep[g] = 0;
+    }
+    for (int n = 0; n < topk_group; n++) {
+        int best = -1;
+        for (int g = 0; g < n_group; g++)
+            if (!keep[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
+        keep[best] = 1;
+    }
+    for (int64_t x = 0; x < e; x++) allowed[x] = keep[x / gs];
+    lk_router_topk(sel, allowed, e, k, ids);
+}
+
 static float scale_of(const lk_moe_router_args *a) { return a->route_scale > 0 ? a->route_scale : 1.0f; }
 static int normed(const lk_moe_router_args *a) { return a->norm_topk_prob || a->softmax_after_topk; }
 

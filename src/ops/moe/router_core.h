@@ -19,6 +19,11 @@ int32_t *lk_router_saved_ids(const lk_moe_router_args *a);
 lk_status lk_router_logits(const lk_moe_router_args *a, lk_arena *ar, float *z);
 /* ids[0..k) = the k largest of s[0..e) where allowed (mask NULL = all), ties to the lower index. */
 void lk_router_topk(const float *s, const unsigned char *allowed, int64_t e, int k, int32_t *ids);
+/* DeepSeek-V3's group-limited top-k of one token: the k largest of sel[0..e) within the
+ * topk_group groups (of n_group, e / n_group experts each) whose two best sum highest;
+ * n_group <= 1: lk_router_topk over all. allowed is scratch of e entries. */
+void lk_router_group_topk(const float *sel, int64_t e, int k, int n_group, int topk_group, unsigned char *allowed,
+                          int32_t *ids);
 /* From the saved v and ids: topk_weights, topk_ids and aux_loss (if wanted);
  * p_scratch holds 2E + 1 doubles. */
 lk_status lk_router_finish(const lk_moe_router_args *a, lk_ctx *ctx, double *p_scratch);

@@ -7,34 +7,13 @@
 #include "ops/moe/router_core.h"
 #include "ops/swiglu_mlp/act.h"
 
-/* Group-limited choice for one token; sel and allowed are scratch of e entries. */
+/* Group-limited choice for one token (lk_router_group_topk on s + e_bias); sel and
+ * allowed are scratch of e entries. */
 static void choose(const lk_moe_router_args *a, const float *s, int64_t e, float *sel, unsigned char *allowed,
                    int32_t *ids) {
     const float *bias = a->e_bias.data;
     for (int64_t x = 0; x < e; x++) sel[x] = s[x] + (bias ? bias[x] : 0.0f);
-    if (a->n_group <= 1) {
-        lk_router_topk(sel, NULL, e, a->top_k, ids);
-        return;
-    }
-    int ng = a->n_group;
-    int64_t gs = e / ng;
-    float gscore[ng];
-    unsigned char keep[ng];
-    for (int g = 0; g < ng; g++) {
-        int32_t two[2];
-        int m = gs > 1 ? 2 : 1;
-        lk_router_topk(sel + g * gs, NULL, gs, m, two);
-        gscore[g] = sel[g * gs + two[0]] + (m > 1 ? sel[g * gs + two[1]] : 0.0f);
-        keep[g] = 0;
-    }
-    for (int n = 0; n < a->topk_group; n++) {
-        int best = -1;
-        for (int g = 0; g < ng; g++)
-            if (!keep[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
-        keep[best] = 1;
-    }
-    for (int64_t x = 0; x < e; x++) allowed[x] = keep[x / gs];
-    lk_router_topk(sel, allowed, e, a->top_k, ids);
+    lk_router_group_topk(sel, e, a->top_k, a->n_group, a->topk_group, allowed, ids);
 }
 
 static lk_status forward(const lk_moe_router_args *a, lk_ctx *ctx) {

@@ -63,21 +63,16 @@ void lk_router_group_topk(const float *sel, int64_t e, int k, int n_group, int t
     }
     int64_t gs = e / n_group;
     float gscore[n_group];
-    unsigned char keep[n_group];
+    int32_t kept[n_group];
     for (int g = 0; g < n_group; g++) {
         int32_t two[2];
         int m = gs > 1 ? 2 : 1;
         lk_router_topk(sel + g * gs, NULL, gs, m, two);
         gscore[g] = sel[g * gs + two[0]] + (m > 1 ? sel[g * gs + two[1]] : 0.0f);
-        keep[g] = 0;
     }
-    for (int n = 0; n < topk_group; n++) {
-        int best = -1;
-        for (int g = 0; g < n_group; g++)
-            if (!keep[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
-        keep[best] = 1;
-    }
-    for (int64_t x = 0; x < e; x++) allowed[x] = keep[x / gs];
+    lk_router_topk(gscore, NULL, n_group, topk_group, kept);   /* the groups, ties to the lower index */
+    memset(allowed, 0, (size_t)e);
+    for (int n = 0; n < topk_group; n++) memset(allowed + kept[n] * gs, 1, (size_t)gs);
     lk_router_topk(sel, allowed, e, k, ids);
 }
 

@@ -24,7 +24,11 @@ typedef struct {
     double max_norm;                  /* the plan's clipping (> 0: on) */
 } ascal;
 
-/* Block b's elements of its tensor, the gradient times gscale (1, or the clip). */
+/* Block b's elements of its tensor, the gradient times gscale (1, or the clip). Every
+ * operation rounded on its own (the _rn intrinsics): left to itself, ptxas contracted
+ * these products into FMAs one way in adamw_kernel and another in the plan's kernel,
+ * whose gscale is not a constant, so an eager step and a CUDA graph's replay of it
+ * updated the weights a few ulps apart (bench/NOTES.md, issue 17's graph test). */
 static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list, const ascal &s, float gscale) {
     const adesc d = list[lk_mt_find(list, n_list, blockIdx.x)];
     const int64_t base = (blockIdx.x - d.block0) * (int64_t)LK_MT_CHUNK + threadIdx.x;
@@ -34,12 +38,13 @@ static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list
     for (int k = 0; k < LK_MT_PER_THREAD; k++) {
         int64_t i = base + (int64_t)k * LK_MT_THREADS;
         if (i >= d.n) break;
-        float g = lk_mt_ld(d.g, d.g_bf16, i) * gscale;
-        float m = s.b1 * d.m[i] + (1.0f - s.b1) * g;
-        float v = s.b2 * d.v[i] + (1.0f - s.b2) * g * g;
+        float g = __fmul_rn(lk_mt_ld(d.g, d.g_bf16, i), gscale);
+        float m = __fadd_rn(__fmul_rn(s.b1, d.m[i]), __fmul_rn(1.0f - s.b1, g));
+        float v = __fadd_rn(__fmul_rn(s.b2, d.v[i]), __fmul_rn(__fmul_rn(1.0f - s.b2, g), g));
         d.m[i] = m;
         d.v[i] = v;
-        float p = w[i] * decay - s.step * m / (sqrtf(v) * s.vcorr + s.eps);
+        float den = __fadd_rn(__fmul_rn(__fsqrt_rn(v), s.vcorr), s.eps);
+        float p = __fsub_rn(__fmul_rn(w[i], decay), __fdiv_rn(__fmul_rn(s.step, m), den));
         w[i] = p;
         if (d.p_bf16) static_cast<lk_bf16_t *>(d.p)[i] = __float2bfloat16_rn(p);
     }

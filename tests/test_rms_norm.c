@@ -2,6 +2,10 @@
  * reference (odd widths, 1x1, 4099, 3-D, a size that streams its stores), without a
  * weight, with Gemma's offset, dx over dy, finite-difference gradients, poisoned outputs,
  * and bad arguments (each a status, an error naming the argument, outputs untouched).
+ * The residual mode (an f32 residual stream, rms_norm.h): against the reference with and
+ * without a delta, its norm bit-identical to the plain norm of the x it wrote (what a
+ * recompute runs), in f32 bit-identical to a separate add and the plain norm, and its
+ * bad arguments.
  * Run: ctest -R test_rms_norm, or ./build/test_rms_norm. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -47,13 +51,15 @@ static void expect_matches(const char *name, lk_dtype dt, lk_shape shape, const 
     if (s) print_error("%s\n", lk_last_error());
     assert_int_equal(s, LK_OK);
     double tol = tol_for(name, dt);
-    print_message("  %-10s %-4s %-10s y %.2e  dx %.2e  dw %.2e  (tol %.0e)%s%s%s\n", name,
-                  lk_dtype_name(dt), row.shape, e.y, e.dx, e.dweight, tol,
+    print_message("  %-10s %-4s %-10s y %.2e  dx %.2e  dw %.2e  res %.2e  (tol %.0e)%s%s%s%s\n", name,
+                  lk_dtype_name(dt), row.shape, e.y, e.dx, e.dweight, e.residual, tol,
                   c && c->no_weight ? " no weight" : "", c && c->weight_offset ? " offset 1" : "",
-                  c && c->inplace_dx ? " inplace" : "");
+                  c && c->inplace_dx ? " inplace" : "",
+                  c && c->residual ? (c->no_delta ? " residual, no delta" : " residual") : "");
     assert_true(e.y <= tol);
     assert_true(e.dx <= tol);
     assert_true(e.dweight <= tol);
+    assert_true(e.residual <= tol);
     assert_true(row.tol == tol);       /* the harness table says the same */
     assert_true(row.pass);
 }
@@ -326,6 +332,83 @@ static void fused_dweight_is_deterministic(void **state) {
     fx_free(&f);
 }
 
+/* --- the residual mode ------------------------------------------------------------- */
+
+/* Against the reference: x (written) and the forward's residual exact, y as the plain
+ * norm's tolerance; the backward's residual = res + dx and dx its rounding, held to dx's
+ * tolerance (eager bf16 rounds dx to bf16 before the add: within its 4e-2). */
+static void residual_mode_matches_reference(void **state) {
+    (void)state;
+    static const lk_shape shapes[] = {{2, {1, 1}}, {2, {3, 7}}, {2, {5, 33}}, {2, {4, 1023}}, {2, {3, 4099}},
+                                      {3, {2, 3, 65}}, {2, {64, 1024}}};
+    lk_rms_norm_case plain = {.residual = 1}, first = {.residual = 1, .no_delta = 1},
+                     inplace = {.residual = 1, .inplace_dx = 1}, bare = {.residual = 1, .no_weight = 1};
+    for (size_t i = 0; i < N_NAMES; i++)
+        for (size_t d = 0; d < 2; d++) {
+            for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++)
+                expect_matches(names[i], dtypes[d], shapes[k], &plain, 300 + k);
+            expect_matches(names[i], dtypes[d], shape2(7, 33), &first, 311);
+            expect_matches(names[i], dtypes[d], shape2(9, 1031), &inplace, 312);
+            expect_matches(names[i], dtypes[d], shape2(4, 65), &bare, 313);
+        }
+    expect_matches("fused", LK_BF16, shape2(2048, 4096), &plain, 314);   /* streams its dx stores */
+}
+
+/* A recompute runs the plain norm on the x the residual forward wrote: the same y and
+ * saved bits. In f32 the mode is a separate f32 add and the plain norm, forward and
+ * backward, bit for bit (the f32 trainer keeps today's arithmetic). */
+static void residual_mode_is_the_plain_norm_of_x(void **state) {
+    (void)state;
+    for (size_t i = 0; i < N_NAMES; i++)
+        for (size_t d = 0; d < 2; d++) {
+            fixture f;
+            fx_init(&f, names[i], dtypes[d], 9, 1031, 401);
+            int64_t all = f.rows * f.n;
+            size_t tb = tensor_bytes(&f);
+            lk_rng rng = lk_rng_make(402);
+            float *res = lk_random_tensor(&rng, LK_F32, all, 1.0f, NULL), *res0 = malloc((size_t)all * 4);
+            void *delta = lk_random_tensor(&rng, f.dt, all, 0.5f, NULL);
+            float *g = lk_random_tensor(&rng, LK_F32, all, 1.0f, NULL), *g0 = malloc((size_t)all * 4);
+            memcpy(res0, res, (size_t)all * 4);
+            memcpy(g0, g, (size_t)all * 4);
+            void *y = malloc(tb), *saved = malloc(f.saved_bytes), *dx = malloc(tb), *dw = malloc((size_t)f.n * 4);
+            lk_rms_norm_args a = f.a;
+            a.residual = lk_tensor_2d(res, LK_F32, f.rows, f.n);
+            a.delta = lk_tensor_2d(delta, f.dt, f.rows, f.n);
+            assert_int_equal(lk_rms_norm_forward(f.impl, &a, &f.ctx), LK_OK);
+            memcpy(y, f.y, tb);
+            memcpy(saved, f.saved, f.saved_bytes);
+            assert_int_equal(lk_rms_norm_forward(f.impl, &f.a, &f.ctx), LK_OK);   /* plain, on the written x */
+            assert_memory_equal(y, f.y, tb);
+            assert_memory_equal(saved, f.saved, f.saved_bytes);
+            a.residual.data = g;
+            assert_int_equal(lk_rms_norm_backward(f.impl, &a, &f.ctx), LK_OK);
+            memcpy(dx, f.dx, tb);
+            memcpy(dw, f.dw, (size_t)f.n * lk_dtype_size(f.dt));
+            assert_int_equal(lk_rms_norm_backward(f.impl, &f.a, &f.ctx), LK_OK);   /* plain: dx alone */
+            assert_memory_equal(dw, f.dw, (size_t)f.n * lk_dtype_size(f.dt));
+            for (int64_t k = 0; k < all; k++) {
+                float dxk = (float)lk_load(f.dx, f.dt, k), want = g0[k] + dxk;
+                if (f.dt == LK_F32) {   /* the separate adds' bits */
+                    assert_true(((float *)f.x)[k] == res0[k] + ((float *)delta)[k]);
+                    assert_true(res[k] == ((float *)f.x)[k]);
+                    assert_true(g[k] == want && ((float *)dx)[k] == want);
+                } else {                /* x the rounding of the f32 sum; dx the rounding of the stream */
+                    float sum = res0[k] + lk_bf16_to_f32(((uint16_t *)delta)[k]);
+                    assert_true(res[k] == sum);
+                    assert_int_equal(((uint16_t *)f.x)[k], lk_f32_to_bf16(sum));
+                    assert_int_equal(((uint16_t *)dx)[k], lk_f32_to_bf16(g[k]));
+                    if (strcmp(names[i], "eager") == 0) assert_true(g[k] == want);   /* dx rounded, then added */
+                    else assert_true(fabsf(g[k] - want) <= 1e-2f * (fabsf(dxk) + 1e-3f));
+                }
+            }
+            free(res); free(res0); free(delta); free(g); free(g0); free(y); free(saved); free(dx); free(dw);
+            fx_free(&f);
+        }
+}
+
+static void residual_bad_arguments_are_refused(void **state);
+
 /* --- bad arguments ------------------------------------------------------------------ */
 
 #define SENTINEL 0x5a
@@ -444,6 +527,56 @@ static void bad_arguments_are_refused(void **state) {
     }
 }
 
+/* The residual mode's arguments: each refused by name, nothing written (the residual
+ * itself included). */
+static void residual_bad_arguments_are_refused(void **state) {
+    (void)state;
+    for (size_t i = 0; i < N_NAMES; i++) {
+        fixture f;
+        fx_init(&f, names[i], LK_BF16, 4, 16, 501);
+        size_t rbytes = (size_t)(f.rows * f.n) * 4;
+        float *res = malloc(rbytes * 2);
+        void *delta = malloc(tensor_bytes(&f));
+        memset(delta, 0, tensor_bytes(&f));
+        lk_rms_norm_args good = f.a, a;
+        good.residual = lk_tensor_2d(res, LK_F32, f.rows, f.n);
+        good.delta = lk_tensor_2d(delta, LK_BF16, f.rows, f.n);
+        for (int bwd = 0; bwd <= 1; bwd++) {
+            a = good;                                   /* a bf16 residual */
+            a.residual.dtype = LK_BF16;
+            memset(res, SENTINEL, rbytes);
+            expect_refused(&f, f.impl, &a, &f.ctx, bwd, LK_EDTYPE, "residual");
+            assert_true(untouched(res, rbytes));
+            a = good;                                   /* shaped unlike x */
+            a.residual = lk_tensor_2d(res, LK_F32, f.rows, f.n + 1);
+            expect_refused(&f, f.impl, &a, &f.ctx, bwd, LK_ESHAPE, "residual");
+            assert_true(untouched(res, rbytes));
+            a = good;                                   /* on another device */
+            a.residual.device.type = LK_DEVICE_CUDA;
+            expect_refused(&f, f.impl, &a, &f.ctx, bwd, LK_EDEVICE, "residual");
+        }
+        a = good;                                       /* the residual over y (x's bytes are half its) */
+        a.residual = lk_tensor_2d((char *)f.y, LK_F32, f.rows, f.n);
+        expect_refused(&f, f.impl, &a, &f.ctx, 0, LK_EINVAL, "residual");
+        a = good;                                       /* the residual over dx */
+        a.residual = lk_tensor_2d((char *)f.dx, LK_F32, f.rows, f.n);
+        expect_refused(&f, f.impl, &a, &f.ctx, 1, LK_EINVAL, "residual");
+        a = good;                                       /* a delta in another dtype */
+        a.delta.dtype = LK_F32;
+        memset(res, SENTINEL, rbytes);
+        expect_refused(&f, f.impl, &a, &f.ctx, 0, LK_EDTYPE, "delta");
+        assert_true(untouched(res, rbytes));
+        a = good;                                       /* a delta without a residual */
+        a.residual.data = NULL;
+        expect_refused(&f, f.impl, &a, &f.ctx, 0, LK_EINVAL, "delta");
+        a = good;                                       /* delta over the residual */
+        a.delta.data = res;
+        expect_refused(&f, f.impl, &a, &f.ctx, 0, LK_EINVAL, "residual");
+        free(res); free(delta);
+        fx_free(&f);
+    }
+}
+
 static void saved_bytes_query(void **state) {
     (void)state;
     const lk_impl *fused = impl_named("fused");
@@ -479,6 +612,9 @@ int main(void) {
         cmocka_unit_test(zero_rows),
         cmocka_unit_test(fused_dweight_is_deterministic),
         cmocka_unit_test(bad_arguments_are_refused),
+        cmocka_unit_test(residual_mode_matches_reference),
+        cmocka_unit_test(residual_mode_is_the_plain_norm_of_x),
+        cmocka_unit_test(residual_bad_arguments_are_refused),
         cmocka_unit_test(saved_bytes_query),
     };
     return cmocka_run_group_tests(tests, setup, NULL);

@@ -1,7 +1,22 @@
 /* rms_norm.h — RMSNorm, forward and backward:
  *   y = x · rstd · (offset + w),   rstd = 1 / sqrt(mean(x²) + eps)   over the last dim.
  * Implementations: eager (each step its own pass, in the input dtype), eager_fp32 (the
- * same steps in f32), fused (one pass each way). All share this calling convention. */
+ * same steps in f32), fused (one pass each way). All share this calling convention.
+ *
+ * The residual mode (residual.data set): the pre-norm residual stream of a decoder
+ * carried in f32 while the activations are bf16 (Liger's and vLLM's fused_add_rms_norm,
+ * with the backward's half too):
+ *   forward:  residual += delta (f32 sum; no delta: nothing added); x = residual rounded
+ *             to x's dtype (x is WRITTEN: the copy the backward reads); then the norm of
+ *             x as above. The norm reads the rounded x, not the f32 sum, so the backward
+ *             differentiates the very function the forward ran, and a recompute from
+ *             the kept x gives the same bits.
+ *   backward: dx of the norm as above, kept in f32, then residual += dx (the stream's
+ *             f32 gradient); dx = residual rounded to x's dtype (the copy the next GEMM
+ *             reads as its dy).
+ * Every implementation runs it: the fused rows in their one pass, the eager rows as a
+ * pass of their own before the forward's steps and after the backward's (dx rounded to
+ * the intermediate dtype before it is added). */
 #ifndef LLMKERN_RMS_NORM_H
 #define LLMKERN_RMS_NORM_H
 
@@ -23,6 +38,9 @@ typedef struct {
     double eps;             /* > 0 */
     float weight_offset;    /* 0: y = x̂·w;  1: y = x̂·(1 + w), Gemma's convention */
     int inplace_dx;         /* 1: dx is written over dy, and dx.data must equal dy.data */
+    lk_tensor residual;     /* the residual mode: f32, shape of x, read and written; data NULL = off */
+    lk_tensor delta;        /* the residual mode's forward: shape and dtype of x, added into residual
+                             * first; data NULL = nothing added */
 } lk_rms_norm_args;
 
 #define LK_RMS_NORM_VTABLE_VERSION 1

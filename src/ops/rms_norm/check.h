@@ -11,11 +11,15 @@ typedef struct {
     float weight_offset;    /* 1: Gemma's y = x̂·(1 + w) */
     int inplace_dx;         /* dx written over dy */
     double eps;             /* 0: 1e-6 */
+    int residual;           /* the residual mode: an f32 residual and a delta in, x written; the
+                             * backward adds dx into a second f32 residual */
+    int no_delta;           /* with residual: delta.data NULL (the first layer's norm) */
 } lk_rms_norm_case;
 
-/* The error of each output: y, dx, dweight (0 without a weight). */
+/* The error of each output: y, dx, dweight (0 without a weight), and in the residual mode
+ * the worst of x (written), the forward's residual and the backward's (0 without it). */
 typedef struct {
-    double y, dx, dweight;
+    double y, dx, dweight, residual;
 } lk_rms_norm_errors;
 
 /* Runs impl forward and backward on fresh random inputs of shape (all but the last dim

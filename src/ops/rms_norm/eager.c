@@ -9,7 +9,12 @@
  * it = f32 (the inputs upcast first, the outputs cast back last), the way a framework's
  * norm that says `x.float()` runs: the same memory traffic shape, less rounding in bf16.
  * Both are there to be measured and checked against: this is the baseline the fused
- * kernel has to beat, not a fast path. */
+ * kernel has to beat, not a fast path.
+ *
+ * The residual mode (rms_norm.h) is two more steps, as a framework runs it: the add into
+ * the f32 residual and the cast to x before the forward's steps, and after the
+ * backward's (dx already rounded to dt, as the framework's tensor is) the add into the
+ * residual and the cast of the sum to dx. */
 #include "llmkern/rms_norm.h"
 
 #include <math.h>
@@ -265,6 +270,31 @@ static lk_status steps_backward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype
     return LK_OK;
 }
 
+/* --- the residual mode's steps ------------------------------------------------------ */
+
+/* res += add (of dt; NULL: nothing added), then out = res rounded to dt. */
+static void residual_step(float *res, const void *add, void *out, lk_dtype dt, int64_t count) {
+    #pragma omp parallel for schedule(static) if (count >= EAGER_PAR_MIN)
+    for (int64_t i = 0; i < count; i++) {
+        float r = add ? res[i] + ld(add, dt, i) : res[i];
+        res[i] = r;
+        st(out, dt, i, r);
+    }
+}
+
+static lk_status residual_forward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype it) {
+    if (a->residual.data)
+        residual_step(a->residual.data, a->delta.data, a->x.data, a->x.dtype, lk_tensor_numel(&a->x));
+    return steps_forward(a, ctx, it);
+}
+
+static lk_status residual_backward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype it) {
+    lk_status s = steps_backward(a, ctx, it);
+    if (!s && a->residual.data)
+        residual_step(a->residual.data, a->dx.data, a->dx.data, a->x.dtype, lk_tensor_numel(&a->x));
+    return s;
+}
+
 /* --- the rows: `eager` runs the steps in the input dtype, `eager_fp32` in f32 -------- */
 
 static size_t eager_saved(int64_t rows, int64_t n, lk_dtype dt) { return steps_saved_bytes(rows, n, dt); }
@@ -277,10 +307,10 @@ static size_t fp32_workspace(int64_t rows, int64_t n, lk_dtype dt, int backward)
     return steps_workspace_bytes(rows, n, dt, LK_F32, backward);
 }
 
-static lk_status eager_forward(const lk_rms_norm_args *a, lk_ctx *ctx) { return steps_forward(a, ctx, a->x.dtype); }
-static lk_status eager_backward(const lk_rms_norm_args *a, lk_ctx *ctx) { return steps_backward(a, ctx, a->x.dtype); }
-static lk_status fp32_forward(const lk_rms_norm_args *a, lk_ctx *ctx) { return steps_forward(a, ctx, LK_F32); }
-static lk_status fp32_backward(const lk_rms_norm_args *a, lk_ctx *ctx) { return steps_backward(a, ctx, LK_F32); }
+static lk_status eager_forward(const lk_rms_norm_args *a, lk_ctx *ctx) { return residual_forward(a, ctx, a->x.dtype); }
+static lk_status eager_backward(const lk_rms_norm_args *a, lk_ctx *ctx) { return residual_backward(a, ctx, a->x.dtype); }
+static lk_status fp32_forward(const lk_rms_norm_args *a, lk_ctx *ctx) { return residual_forward(a, ctx, LK_F32); }
+static lk_status fp32_backward(const lk_rms_norm_args *a, lk_ctx *ctx) { return residual_backward(a, ctx, LK_F32); }
 
 const lk_rms_norm_vtable lk_rms_norm_eager_vtable = {
     .version = LK_RMS_NORM_VTABLE_VERSION,

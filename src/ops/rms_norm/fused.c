@@ -7,6 +7,14 @@
  * buffers are added in thread order at the end, so a run is deterministic for a given
  * thread count. bf16 is loaded to f32, computed in f32 and rounded once on the store.
  *
+ * The residual mode (rms_norm.h) adds a pass over the row before the forward's (residual
+ * += delta in f32, x = its rounding, then the row code above reads x back from L1: the
+ * same bits as the plain norm of that x, which a recompute runs) and one after the
+ * backward's (dx kept in f32 — in dx itself for f32, a per-thread row for bf16 — then
+ * residual += dx, dx = its rounding). The add is its own loop on stored values, so no
+ * FMA contraction can fuse it with dx's last multiply: in f32 the stream's sums are the
+ * bits of separate adds.
+ *
  * Reached through lk_rms_norm_forward / lk_rms_norm_backward (rms_norm.c), which have
  * validated every argument and reserved workspace_bytes in ctx->arena.
  *
@@ -85,9 +93,10 @@ INLINE void row_forward(const void *x, const void *w, float off, void *y, lk_dty
 }
 
 /* dx = rs·(g − x̂·m) with g = dy·(off + w), x̂ = x·rs; dwp += dy·x̂. Element j of dy is
- * read before element j of dx is written, so dx may be dy. */
+ * read before element j of dx is written, so dx may be dy. dx is stored as dxt (dt, or
+ * f32 for the residual mode's row). */
 INLINE void row_backward(const void *x, const void *w, float off, const void *dy, void *dx,
-                         float *dwp, lk_dtype dt, int64_t n, float rs, float m, int nt) {
+                         float *dwp, lk_dtype dt, lk_dtype dxt, int64_t n, float rs, float m, int nt) {
     lk_v16 vr = lk_v16_set1(rs), vm = lk_v16_set1(m), vo = lk_v16_set1(off);
     for (int64_t j = 0; j < n; j += 16) {
         int k = n - j < 16 ? (int)(n - j) : 16;
@@ -95,22 +104,48 @@ INLINE void row_backward(const void *x, const void *w, float off, const void *dy
         lk_v16 xh = lk_v16_mul(lk_v16_load(x, dt, j, k), vr);
         lk_v16 g = w ? lk_v16_mul(d, lk_v16_add(lk_v16_load(w, dt, j, k), vo)) : d;
         if (dwp) lk_v16_store(dwp, LK_F32, j, lk_v16_fma(d, xh, lk_v16_load(dwp, LK_F32, j, k)), k, 0);
-        lk_v16_store(dx, dt, j, lk_v16_mul(lk_v16_fnma(xh, vm, g), vr), k, nt);
+        lk_v16_store(dx, dxt, j, lk_v16_mul(lk_v16_fnma(xh, vm, g), vr), k, nt);
+    }
+}
+
+/* The residual mode's forward pass over a row: res += delta (f32), x = res rounded. */
+INLINE void row_residual_in(float *res, const void *delta, void *x, lk_dtype dt, int64_t n) {
+    for (int64_t j = 0; j < n; j += 16) {
+        int k = n - j < 16 ? (int)(n - j) : 16;
+        lk_v16 r = lk_v16_load(res, LK_F32, j, k);
+        if (delta) {
+            r = lk_v16_add(r, lk_v16_load(delta, dt, j, k));
+            lk_v16_store(res, LK_F32, j, r, k, 0);
+        }
+        lk_v16_store(x, dt, j, r, k, 0);
+    }
+}
+
+/* ... and its backward pass: res += dxf (the row's dx in f32), dx = res rounded. dxf may
+ * be dx (f32). */
+INLINE void row_residual_out(float *res, const float *dxf, void *dx, lk_dtype dt, int64_t n, int nt) {
+    for (int64_t j = 0; j < n; j += 16) {
+        int k = n - j < 16 ? (int)(n - j) : 16;
+        lk_v16 r = lk_v16_add(lk_v16_load(res, LK_F32, j, k), lk_v16_load(dxf, LK_F32, j, k));
+        lk_v16_store(res, LK_F32, j, r, k, 0);
+        lk_v16_store(dx, dt, j, r, k, nt);
     }
 }
 
 INLINE void forward_rows(const lk_rms_norm_args *a, lk_dtype dt, int64_t rows, int64_t n) {
     size_t rb = (size_t)n * lk_dtype_size(dt);
-    const char *x = a->x.data;
+    char *x = a->x.data;                  /* written only in the residual mode */
     char *y = a->y.data;
     const void *w = a->weight.data;
-    float *rstd = a->saved.data, off = a->weight_offset;
+    float *rstd = a->saved.data, off = a->weight_offset, *res = a->residual.data;
+    const char *delta = a->delta.data;
     int nt = use_streaming(y, rows, n, dt);
     #pragma omp parallel if (rows * n >= FUSED_PAR_MIN)
     {
         #pragma omp for schedule(static) nowait
         for (int64_t r = 0; r < rows; r++) {
-            const char *xr = x + r * rb;
+            char *xr = x + r * rb;
+            if (res) row_residual_in(res + r * n, delta ? delta + r * rb : NULL, xr, dt, n);
             float rs = (float)(1.0 / sqrt((double)row_dot(xr, xr, dt, n) / (double)n + a->eps));
             rstd[r] = rs;
             row_forward(xr, w, off, y + r * rb, dt, n, rs, nt);
@@ -120,19 +155,20 @@ INLINE void forward_rows(const lk_rms_norm_args *a, lk_dtype dt, int64_t rows, i
 }
 
 INLINE void backward_rows(const lk_rms_norm_args *a, lk_dtype dt, int64_t rows, int64_t n,
-                          float *partials, int threads) {
+                          float *partials, float *rowbufs, int threads) {
     size_t rb = (size_t)n * lk_dtype_size(dt);
     const char *x = a->x.data, *dy = a->dy.data;
     char *dx = a->dx.data;
     const void *w = a->weight.data;
     const float *rstd = a->saved.data;
-    float off = a->weight_offset;
+    float off = a->weight_offset, *res = a->residual.data;
     int64_t stride = round16(n);
     int nt = use_streaming(dx, rows, n, dt);
     #pragma omp parallel num_threads(threads) if (rows * n >= FUSED_PAR_MIN)
     {
         int team = omp_get_num_threads();
         float *dwp = partials ? partials + omp_get_thread_num() * stride : NULL;
+        float *rowf = rowbufs ? rowbufs + omp_get_thread_num() * stride : NULL;   /* bf16's dx in f32 */
         if (dwp)
             for (int64_t j = 0; j < n; j++) dwp[j] = 0.0f;
         #pragma omp for schedule(static) nowait
@@ -140,7 +176,13 @@ INLINE void backward_rows(const lk_rms_norm_args *a, lk_dtype dt, int64_t rows, 
             const char *xr = x + r * rb, *dyr = dy + r * rb;
             float rs = rstd[r];
             float m = rs * row_dot_weighted(dyr, w, off, xr, dt, n) / (float)n;   /* mean(g·x̂) */
-            row_backward(xr, w, off, dyr, dx + r * rb, dwp, dt, n, rs, m, nt);
+            if (!res) {
+                row_backward(xr, w, off, dyr, dx + r * rb, dwp, dt, dt, n, rs, m, nt);
+            } else {
+                float *dxf = dt == LK_F32 ? (float *)(dx + r * rb) : rowf;
+                row_backward(xr, w, off, dyr, dxf, dwp, dt, LK_F32, n, rs, m, 0);
+                row_residual_out(res + r * n, dxf, dx + r * rb, dt, n, nt);
+            }
         }
         if (nt) lk_v16_fence();
         if (partials) {
@@ -160,9 +202,11 @@ static size_t fused_saved_bytes(int64_t rows, int64_t n, lk_dtype dt) {
     return (size_t)rows * sizeof(float);
 }
 
-/* One f32 dweight buffer per thread for the backward; the forward needs nothing. */
+/* One f32 dweight row per thread for the backward, and one for a bf16 dx in f32 (the
+ * residual mode); the forward needs nothing. */
 static size_t fused_workspace_bytes(int64_t rows, int64_t n, lk_dtype dt, int backward) {
-    return backward ? (size_t)lk_get_num_threads() * (size_t)round16(n) * sizeof(float) : 0;
+    size_t row = (size_t)lk_get_num_threads() * (size_t)round16(n) * sizeof(float);
+    return backward ? (dt == LK_F32 ? 1 : 2) * row : 0;
 }
 
 static lk_status fused_forward(const lk_rms_norm_args *a, lk_ctx *ctx) {
@@ -175,15 +219,14 @@ static lk_status fused_forward(const lk_rms_norm_args *a, lk_ctx *ctx) {
 static lk_status fused_backward(const lk_rms_norm_args *a, lk_ctx *ctx) {
     int64_t n = a->x.shape[a->x.ndim - 1], rows = lk_tensor_numel(&a->x) / n;
     int threads = lk_get_num_threads();
-    float *partials = NULL;
-    if (a->weight.data && a->dweight.data) {
-        partials = lk_arena_alloc(ctx->arena, fused_workspace_bytes(rows, n, a->x.dtype, 1));
-        if (partials == NULL)
-            return lk_error(LK_EINTERNAL, "rms_norm: fused: workspace for %d threads was not reserved",
-                            threads);
-    }
-    if (a->x.dtype == LK_F32) backward_rows(a, LK_F32, rows, n, partials, threads);
-    else backward_rows(a, LK_BF16, rows, n, partials, threads);
+    size_t row = (size_t)threads * (size_t)round16(n) * sizeof(float);
+    float *partials = NULL, *rowbufs = NULL;
+    if (a->weight.data && a->dweight.data && !(partials = lk_arena_alloc(ctx->arena, row)))
+        return lk_error(LK_EINTERNAL, "rms_norm: fused: workspace for %d threads was not reserved", threads);
+    if (a->residual.data && a->x.dtype != LK_F32 && !(rowbufs = lk_arena_alloc(ctx->arena, row)))
+        return lk_error(LK_EINTERNAL, "rms_norm: fused: workspace for %d threads was not reserved", threads);
+    if (a->x.dtype == LK_F32) backward_rows(a, LK_F32, rows, n, partials, rowbufs, threads);
+    else backward_rows(a, LK_BF16, rows, n, partials, rowbufs, threads);
     return LK_OK;
 }
 

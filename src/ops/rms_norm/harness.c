@@ -48,6 +48,20 @@ static double dx_err(const void *got, lk_dtype dt, const double *ref, const doub
     return max_err / (scale > 1e-300 ? scale : 1.0);
 }
 
+/* The residual mode's reference (rms_norm.h): the forward's sum is an f32 add, rounded
+ * to f32 as the contract says (sum32); x is its rounding to dt (xd, in place of the
+ * random x); the backward's residual is res + dx in double (rb_ref), and dx its rounding,
+ * so the reference for dx is rb_ref itself. */
+static void residual_reference(const float *rf, const void *delta, lk_dtype dt, int64_t all, float *sum32,
+                               double *xd) {
+    for (int64_t i = 0; i < all; i++) {
+        float d = delta ? (float)lk_load(delta, dt, i) : 0.0f;
+        sum32[i] = delta ? rf[i] + d : rf[i];
+        xd[i] = lk_bf16_to_f32(lk_f32_to_bf16(sum32[i]));
+        if (dt == LK_F32) xd[i] = sum32[i];
+    }
+}
+
 lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, uint64_t seed,
                                  const lk_rms_norm_case *c, lk_check_row *row, lk_rms_norm_errors *err) {
     static const lk_rms_norm_case defaults = {0};
@@ -70,8 +84,16 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
     void *y = malloc((size_t)all * esz), *dx = malloc((size_t)all * esz), *dw = malloc((size_t)n * esz);
     void *saved = malloc(saved_bytes ? saved_bytes : 1);
     double *ref = malloc(sizeof(double) * (size_t)(2 * all + n + rows));
+    /* the residual mode: the forward's residual and delta, the backward's residual, and
+     * their references (sum32, the copies kept before the passes write over them) */
+    int res = c->residual;
+    double *rfd = NULL, *rbd = NULL, *dd = NULL;
+    float *rf = res ? lk_random_tensor(&rng, LK_F32, all, 1.0f, &rfd) : NULL;
+    void *delta = res && !c->no_delta ? lk_random_tensor(&rng, dt, all, 0.5f, &dd) : NULL;
+    float *rb = res ? lk_random_tensor(&rng, LK_F32, all, 1.0f, &rbd) : NULL;
+    float *sum32 = res ? malloc(sizeof(float) * (size_t)(all ? all : 1)) : NULL;
     lk_arena arena = {0};
-    if (!x || !w || !dy || !y || !dx || !dw || !saved || !ref) {
+    if (!x || !w || !dy || !y || !dx || !dw || !saved || !ref || (res && (!rf || !rb || !sum32 || (!delta && !c->no_delta)))) {
         s = lk_error(LK_ENOMEM, "rms_norm: check: out of memory for shape %s", row->shape);
         goto done;
     }
@@ -83,6 +105,10 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
     }
     const double *wref = c->no_weight ? NULL : wd;
     double eps = c->eps > 0 ? c->eps : 1e-6;
+    if (res) {
+        residual_reference(rf, delta, dt, all, sum32, xd);
+        lk_poison(x, dt, all);              /* written by the forward */
+    }
     lk_rms_norm_ref_forward(xd, wref, c->weight_offset, eps, rows, n, yref, rstd);
     lk_rms_norm_ref_backward(xd, wref, c->weight_offset, eps, dyd, rows, n, dxref, dwref);
 
@@ -100,25 +126,49 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
         .saved = {saved, saved_bytes}, .eps = eps, .weight_offset = c->weight_offset,
         .inplace_dx = c->inplace_dx,
     };
-    lk_place_tensors(&pl, LK_TENSORS({"x", &a.x}, {"weight", &a.weight}), 0);
+    lk_tensor rft = lk_tensor_view(rf, LK_F32, shape->ndim, shape->d), rbt = rft;
+    rbt.data = rb;
+    if (res) {
+        a.delta = lk_tensor_view(delta, dt, shape->ndim, shape->d);
+        lk_place_tensors(&pl, LK_TENSORS({"x", &a.x}, {"residual", &rft}, {"residual (backward)", &rbt}), 1);
+        if (delta) lk_place_tensor(&pl, "delta", &a.delta, 0);
+        lk_place_tensor(&pl, "weight", &a.weight, 0);
+    } else {
+        lk_place_tensors(&pl, LK_TENSORS({"x", &a.x}, {"weight", &a.weight}), 0);
+    }
     lk_place_tensor(&pl, "dy", &a.dy, c->inplace_dx);
     lk_place_tensors(&pl, LK_TENSORS({"y", &a.y}, {"dx", &a.dx}, {"dweight", &a.dweight}), 1);
     lk_place_saved(&pl, "saved", &a.saved, 0);
     lk_ctx ctx = lk_place_ctx(&pl, &arena);
-    if ((s = pl.status) || (s = lk_rms_norm_forward(impl, &a, &ctx)) || (s = lk_rms_norm_backward(impl, &a, &ctx)) ||
-        (s = lk_place_fetch(&pl)))
-        goto done;
+    if ((s = pl.status)) goto done;
+    a.residual = res ? rft : (lk_tensor){0};
+    if ((s = lk_rms_norm_forward(impl, &a, &ctx))) goto done;
+    a.residual = res ? rbt : (lk_tensor){0};
+    if ((s = lk_rms_norm_backward(impl, &a, &ctx)) || (s = lk_place_fetch(&pl))) goto done;
+    if (res) {   /* the backward's residual and dx: res + dx; dx_err's scale covers both */
+        for (int64_t i = 0; i < all; i++) dxref[i] += rbd[i];
+    }
 
     lk_rms_norm_errors e = {
         .y = lk_rel_err(y, dt, yref, all),
         .dx = dx_err(dx, dt, dxref, rstd, dyd, wref, c->weight_offset, rows, n),
         .dweight = c->no_weight ? 0.0 : lk_rel_err(dw, dt, dwref, n),
     };
-    lk_check_row_end(row, isnan(e.y) || isnan(e.dx) || isnan(e.dweight) ? NAN : fmax(e.y, fmax(e.dx, e.dweight)));
+    if (res) {   /* x and the forward's residual are exact; the backward's residual as dx, in f32 */
+        double *s64 = malloc(sizeof(double) * (size_t)(all ? all : 1));
+        if (!s64) { s = lk_error(LK_ENOMEM, "rms_norm: check: out of memory for shape %s", row->shape); goto done; }
+        for (int64_t i = 0; i < all; i++) s64[i] = sum32[i];
+        e.residual = fmax(fmax(lk_rel_err(x, dt, xd, all), lk_rel_err(rf, LK_F32, s64, all)),
+                          lk_rel_err(rb, LK_F32, dxref, all));
+        free(s64);
+    }
+    double worst = fmax(fmax(e.y, e.dx), fmax(e.dweight, e.residual));
+    lk_check_row_end(row, isnan(e.y) || isnan(e.dx) || isnan(e.dweight) || isnan(e.residual) ? NAN : worst);
     if (err) *err = e;
 done:
     free(x); free(w); free(dy); free(y); free(dx); free(dw); free(saved); free(ref);
     free(xd); free(wd); free(dyd);
+    free(rf); free(rb); free(delta); free(sum32); free(rfd); free(rbd); free(dd);
     lk_place_end(&pl);
     lk_arena_free(&arena);
     return s;

@@ -2,7 +2,8 @@
  * checked before anything is written, the implementation's workspace is reserved in
  * ctx->arena and given back after the call. Implementations (eager.c: eager and
  * eager_fp32; fused.c) may therefore assume well-formed, non-overlapping arguments and
- * rows >= 1. */
+ * rows >= 1. In the residual mode (rms_norm.h) x is an output of the forward and the
+ * f32 residual an output of both passes: they stand apart from everything else. */
 #include <math.h>
 #include <stdint.h>
 #include "ops/validate.h"
@@ -34,6 +35,25 @@ static lk_status check_vector(const lk_impl *impl, const char *arg, const lk_ten
     if ((s = lk_expect_operand(OP, impl->device, arg, t, 0, 1)) || (s = lk_expect_shape(OP, arg, t, 1, &n)) ||
         (s = lk_expect_dtype_eq(OP, arg, t, x->dtype)))
         return s;
+    return LK_OK;
+}
+
+/* The residual mode's tensors: residual f32 shaped like x; delta (forward, optional)
+ * shaped and typed like x. *rb: residual's bytes (0 when the mode is off). */
+static lk_status check_residual(const lk_impl *impl, const lk_rms_norm_args *a, int forward, size_t *rb) {
+    lk_status s;
+    *rb = 0;
+    if (!a->residual.data) {
+        if (forward && a->delta.data)
+            return lk_error(LK_EINVAL, OP ": delta: expected residual too (delta is added into it), got residual NULL");
+        return LK_OK;
+    }
+    if ((s = lk_expect_operand(OP, impl->device, "residual", &a->residual, 1, 1)) ||
+        (s = lk_expect_shape(OP, "residual", &a->residual, a->x.ndim, a->x.shape)) ||
+        (s = lk_expect_dtype_eq(OP, "residual", &a->residual, LK_F32)))
+        return s;
+    if (forward && a->delta.data && (s = check_like_x(impl, "delta", &a->delta, &a->x))) return s;
+    *rb = lk_tensor_bytes(&a->residual);
     return LK_OK;
 }
 
@@ -78,11 +98,20 @@ lk_status lk_rms_norm_saved_bytes(const lk_impl *impl, const lk_tensor *x, size_
 lk_status lk_rms_norm_forward(const lk_impl *impl, const lk_rms_norm_args *a, lk_ctx *ctx) {
     shape_info si;
     lk_status s = check_common(impl, a, ctx, &si);
-    if (s || (s = check_like_x(impl, "y", &a->y, &a->x))) return s;
+    size_t rb;
+    if (s || (s = check_like_x(impl, "y", &a->y, &a->x)) || (s = check_residual(impl, a, 1, &rb))) return s;
     size_t tb = lk_tensor_bytes(&a->x), wb = a->weight.data ? lk_tensor_bytes(&a->weight) : 0;
-    const lk_region outs[] = {{"y", a->y.data, tb}, {"saved", a->saved.data, a->saved.bytes}};
-    const lk_region ins[] = {{"x", a->x.data, tb}, {"weight", a->weight.data, wb}};
-    if ((s = lk_expect_apart(OP, outs, 2, ins, 2))) return s;
+    size_t db = rb && a->delta.data ? tb : 0;
+    if (rb) {   /* x is written: an output like the others */
+        const lk_region outs[] = {{"y", a->y.data, tb}, {"saved", a->saved.data, a->saved.bytes},
+                                  {"x", a->x.data, tb}, {"residual", a->residual.data, rb}};
+        const lk_region ins[] = {{"weight", a->weight.data, wb}, {"delta", a->delta.data, db}};
+        if ((s = lk_expect_apart(OP, outs, 4, ins, 2))) return s;
+    } else {
+        const lk_region outs[] = {{"y", a->y.data, tb}, {"saved", a->saved.data, a->saved.bytes}};
+        const lk_region ins[] = {{"x", a->x.data, tb}, {"weight", a->weight.data, wb}};
+        if ((s = lk_expect_apart(OP, outs, 2, ins, 2))) return s;
+    }
     if (si.rows == 0) return LK_OK;
     return run(&si, 0, a, ctx);
 }
@@ -94,20 +123,23 @@ lk_status lk_rms_norm_backward(const lk_impl *impl, const lk_rms_norm_args *a, l
         return s;
     int want_dw = a->weight.data != NULL && a->dweight.data != NULL;
     if (want_dw && (s = check_vector(impl, "dweight", &a->dweight, &a->x, si.n))) return s;
+    size_t rb;
+    if ((s = check_residual(impl, a, 0, &rb))) return s;
     size_t tb = lk_tensor_bytes(&a->x), wb = a->weight.data ? lk_tensor_bytes(&a->weight) : 0;
     size_t dwb = want_dw ? wb : 0, sb = a->saved.bytes;
     if (a->inplace_dx && a->dx.data != a->dy.data)
         return lk_error(LK_EINVAL, OP ": dx: inplace_dx expects dx.data == dy.data, got %p and %p",
                         a->dx.data, a->dy.data);
     /* dx may be dy exactly (inplace_dx); otherwise every output stands apart */
-    const lk_region outs[] = {{"dx", a->dx.data, tb}, {"dweight", a->dweight.data, dwb}};
+    const lk_region outs[] = {{"dx", a->dx.data, tb}, {"dweight", a->dweight.data, dwb},
+                              {"residual", a->residual.data, rb}};
     const lk_region ins[] = {{a->inplace_dx ? "dy" : "dy (set inplace_dx to write over it)",
                               a->inplace_dx ? NULL : a->dy.data, tb},
                              {"x", a->x.data, tb}, {"weight", a->weight.data, wb}, {"saved", a->saved.data, sb}};
-    if ((s = lk_expect_apart(OP, outs, 2, ins, 4))) return s;
-    if (a->inplace_dx) {            /* dy is dx: dweight must still stand apart from it */
+    if ((s = lk_expect_apart(OP, outs, 3, ins, 4))) return s;
+    if (a->inplace_dx) {            /* dy is dx: dweight and residual must still stand apart from it */
         const lk_region dy[] = {{"dy", a->dy.data, tb}};
-        if ((s = lk_expect_apart(OP, outs + 1, 1, dy, 1))) return s;
+        if ((s = lk_expect_apart(OP, outs + 1, 2, dy, 1))) return s;
     }
     /* no rows: dx is empty and dweight a sum of nothing. On the GPU dweight is device
      * memory the host must not write: the CUDA implementations zero it themselves. */

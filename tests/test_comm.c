@@ -78,7 +78,11 @@ static void requests_single(void **state) {
     (void)state;
     lk_comm *c;
     assert_int_equal(lk_comm_single(&c), LK_OK);
-    assert_int_equal(c->version, 2);
+    assert_int_equal(c->version, LK_COMM_VERSION);
+    /* version 3's all-to-all on a stream is NCCL's: the single comm says so */
+    int64_t one[1] = {0};
+    assert_int_equal(lk_comm_all_to_all_on(c, NULL, one, one, NULL, one, one, NULL), LK_EUNAVAILABLE);
+    assert_non_null(strstr(lk_last_error(), "all_to_all_on"));
     lk_rng rng = lk_rng_make(0x5eed ^ (uint64_t)time(NULL));
     enum { NB = 4 };
     const int64_t n[NB] = {1, 7, 1023, 0};

@@ -51,8 +51,9 @@ typedef enum { LK_COMM_F32, LK_COMM_F64, LK_COMM_I64, LK_COMM_BF16, LK_COMM_TYPE
 LK_API size_t lk_comm_type_size(lk_comm_type t);
 
 /* Version 2 appended the non-blocking all-reduce; a version 1 communicator stays valid
- * (the wrappers run its blocking all_reduce instead). */
-#define LK_COMM_VERSION 2
+ * (the wrappers run its blocking all_reduce instead). Version 3 appended the all-to-all
+ * queued on a stream (all_to_all_on); without it lk_comm_all_to_all_on says so. */
+#define LK_COMM_VERSION 3
 
 typedef struct lk_comm lk_comm;
 
@@ -96,6 +97,12 @@ struct lk_comm {
     lk_status (*wait)(lk_comm *c, lk_comm_request *req);
     /* *done = 1 (handle released) when req is complete, else 0; never blocks. NULL: wait. */
     lk_status (*test)(lk_comm *c, lk_comm_request *req, int *done);
+    /* --- version 3; optional (NULL: lk_comm_all_to_all_on returns LK_EUNAVAILABLE) --- */
+    /* all_to_all's exchange queued on `stream` (a cudaStream_t of the comm's device) after
+     * what is already there, returning at once: no synchronization and no host read of
+     * the buffers, so a CUDA graph can capture it. The NCCL backend has it. */
+    lk_status (*all_to_all_on)(lk_comm *c, const void *send, const int64_t *scount, const int64_t *sdispl,
+                               void *recv, const int64_t *rcount, const int64_t *rdispl, void *stream);
 };
 
 /* The single-process communicator (rank 0 of 1). */
@@ -136,6 +143,12 @@ LK_API lk_status lk_comm_all_gather(lk_comm *c, const void *send, void *recv, si
 LK_API lk_status lk_comm_reduce_scatter(lk_comm *c, const void *send, void *recv, int64_t count, lk_comm_type dt);
 LK_API lk_status lk_comm_all_to_all(lk_comm *c, const void *send, const int64_t *scount, const int64_t *sdispl,
                              void *recv, const int64_t *rcount, const int64_t *rdispl);
+/* lk_comm_all_to_all queued on a CUDA stream (the member above): the counts and
+ * displacements are host values, the buffers device memory the exchange reads and writes
+ * in stream order; returns before the bytes have moved. Counted in stats as all_to_all.
+ * LK_EUNAVAILABLE for a communicator without it (single, mpi, version < 3). */
+LK_API lk_status lk_comm_all_to_all_on(lk_comm *c, const void *send, const int64_t *scount, const int64_t *sdispl,
+                                       void *recv, const int64_t *rcount, const int64_t *rdispl, void *stream);
 LK_API lk_status lk_comm_broadcast(lk_comm *c, void *buf, size_t bytes, int root);
 LK_API lk_status lk_comm_barrier(lk_comm *c);
 LK_API lk_status lk_comm_split(lk_comm *c, int color, int key, lk_comm **out);

@@ -134,23 +134,43 @@ lk_status lk_comm_reduce_scatter(lk_comm *c, const void *send, void *recv, int64
     WATCHED(c, "reduce_scatter", c->reduce_scatter(c, send, recv, n, dt));
 }
 
-lk_status lk_comm_all_to_all(lk_comm *c, const void *send, const int64_t *scount, const int64_t *sdispl,
-                             void *recv, const int64_t *rcount, const int64_t *rdispl) {
-    CHECK_COMM("all_to_all");
+/* all_to_all's argument checks and counts, shared by the blocking and the queued one. */
+static lk_status all_to_all_begin(lk_comm *c, const char *op, const void *send, const int64_t *scount,
+                                  const int64_t *sdispl, const void *recv, const int64_t *rcount,
+                                  const int64_t *rdispl) {
+    CHECK_COMM(op);
     if (!scount || !sdispl || !rcount || !rdispl)
-        return lk_error(LK_EINVAL, "comm: all_to_all: expected counts and displacements, got NULL");
+        return lk_error(LK_EINVAL, "comm: %s: expected counts and displacements, got NULL", op);
     uint64_t in = 0, wire = 0;
     for (int r = 0; r < c->size; r++) {
         if (scount[r] < 0 || sdispl[r] < 0 || rcount[r] < 0 || rdispl[r] < 0)
-            return lk_error(LK_EINVAL, "comm: all_to_all: expected counts and displacements >= 0, got %lld/%lld "
-                            "for rank %d", (long long)scount[r], (long long)rcount[r], r);
+            return lk_error(LK_EINVAL, "comm: %s: expected counts and displacements >= 0, got %lld/%lld "
+                            "for rank %d", op, (long long)scount[r], (long long)rcount[r], r);
         if ((scount[r] && !send) || (rcount[r] && !recv))
-            return lk_error(LK_EINVAL, "comm: all_to_all: expected buffers for nonzero counts, got NULL");
+            return lk_error(LK_EINVAL, "comm: %s: expected buffers for nonzero counts, got NULL", op);
         in += (uint64_t)scount[r];
         if (r != c->rank) wire += (uint64_t)scount[r];
     }
     count(c, LK_COLL_ALL_TO_ALL, in, wire);
+    return LK_OK;
+}
+
+lk_status lk_comm_all_to_all(lk_comm *c, const void *send, const int64_t *scount, const int64_t *sdispl,
+                             void *recv, const int64_t *rcount, const int64_t *rdispl) {
+    lk_status s = all_to_all_begin(c, "all_to_all", send, scount, sdispl, recv, rcount, rdispl);
+    if (s) return s;
     WATCHED(c, "all_to_all", c->all_to_all(c, send, scount, sdispl, recv, rcount, rdispl));
+}
+
+/* Queued, not blocking: nothing for the watchdog to time (the stream's next wait is). */
+lk_status lk_comm_all_to_all_on(lk_comm *c, const void *send, const int64_t *scount, const int64_t *sdispl,
+                                void *recv, const int64_t *rcount, const int64_t *rdispl, void *stream) {
+    CHECK_COMM("all_to_all_on");
+    if (c->version < 3 || !c->all_to_all_on)
+        return lk_error(LK_EUNAVAILABLE, "comm: all_to_all_on: the '%s' communicator cannot queue an all-to-all "
+                        "on a stream (NCCL can)", c->backend ? c->backend : "?");
+    lk_status s = all_to_all_begin(c, "all_to_all_on", send, scount, sdispl, recv, rcount, rdispl);
+    return s ? s : c->all_to_all_on(c, send, scount, sdispl, recv, rcount, rdispl, stream);
 }
 
 lk_status lk_comm_broadcast(lk_comm *c, void *buf, size_t bytes, int root) {

@@ -6,7 +6,9 @@
  * results are what it reads), and the blocking calls synchronize it before they return.
  * The non-blocking all-reduce records a pooled event that wait synchronizes. Every wait
  * polls NCCL's asynchronous error while the GPU works (a peer gone, a broken link: NCCL's
- * way of not hanging), and an error there aborts the communicator. Errors come back as
+ * way of not hanging), and an error there aborts the communicator. all_to_all_on posts the
+ * same point-to-point group on the caller's stream and returns (no event, no wait), the
+ * piece a captured CUDA graph can hold (moe_dispatch's device-count alltoall). Errors come back as
  * LK_ECOMM with NCCL's or CUDA's text and the call's name. */
 #include <sched.h>
 #include <stdatomic.h>
@@ -113,27 +115,39 @@ static lk_status n_reduce_scatter(lk_comm *c, const void *send, void *recv, int6
     return finish(st);
 }
 
-/* One group of point-to-point calls: NCCL has no all-to-all-v. A zero count posts
- * nothing on either side (the sender's scount[r] is the receiver's rcount[me]). */
-static lk_status n_all_to_all(lk_comm *c, const void *send, const int64_t *sc, const int64_t *sd, void *recv,
-                              const int64_t *rc, const int64_t *rd) {
+/* One group of point-to-point calls on stream: NCCL has no all-to-all-v. A zero count
+ * posts nothing on either side (the sender's scount[r] is the receiver's rcount[me]). */
+static lk_status post_all_to_all(lk_comm *c, const void *send, const int64_t *sc, const int64_t *sd, void *recv,
+                                 const int64_t *rc, const int64_t *rd, cudaStream_t stream) {
     nccl_state *st = state_of(c);
     if (sc[c->rank] != rc[c->rank])
         return lk_error(LK_ECOMM, "comm: nccl: all_to_all: rank %d sends %lld bytes to itself but expects %lld",
                         c->rank, (long long)sc[c->rank], (long long)rc[c->rank]);
-    lk_status s = order(st);
-    if (s) return s;
     NCCL_TRY(ncclGroupStart(), "ncclGroupStart");
     ncclResult_t r = ncclSuccess;
     for (int p = 0; p < c->size && r == ncclSuccess; p++) {
-        if (sc[p]) r = ncclSend((const char *)send + sd[p], (size_t)sc[p], ncclChar, p, st->comm, st->stream);
+        if (sc[p]) r = ncclSend((const char *)send + sd[p], (size_t)sc[p], ncclChar, p, st->comm, stream);
         if (rc[p] && r == ncclSuccess)
-            r = ncclRecv((char *)recv + rd[p], (size_t)rc[p], ncclChar, p, st->comm, st->stream);
+            r = ncclRecv((char *)recv + rd[p], (size_t)rc[p], ncclChar, p, st->comm, stream);
     }
     ncclResult_t e = ncclGroupEnd();    /* always closes the group, even after a failed call */
     if (r != ncclSuccess) return nccl_fail(r, "ncclSend/ncclRecv");
     if (e != ncclSuccess) return nccl_fail(e, "ncclGroupEnd");
-    return finish(st);
+    return LK_OK;
+}
+
+static lk_status n_all_to_all(lk_comm *c, const void *send, const int64_t *sc, const int64_t *sd, void *recv,
+                              const int64_t *rc, const int64_t *rd) {
+    nccl_state *st = state_of(c);
+    lk_status s = order(st);
+    if (!s) s = post_all_to_all(c, send, sc, sd, recv, rc, rd, st->stream);
+    return s ? s : finish(st);
+}
+
+/* The caller's stream, no ordering event and no wait: capturable (comm.h, version 3). */
+static lk_status n_all_to_all_on(lk_comm *c, const void *send, const int64_t *sc, const int64_t *sd, void *recv,
+                                 const int64_t *rc, const int64_t *rd, void *stream) {
+    return post_all_to_all(c, send, sc, sd, recv, rc, rd, (cudaStream_t)stream);
 }
 
 static lk_status n_broadcast(lk_comm *c, void *buf, size_t bytes, int root) {
@@ -238,6 +252,7 @@ static lk_status wrap(ncclComm_t nc, int device, lk_comm **out) {
         .all_reduce = n_all_reduce, .all_gather = n_all_gather, .reduce_scatter = n_reduce_scatter,
         .all_to_all = n_all_to_all, .broadcast = n_broadcast, .barrier = n_barrier, .split = n_split,
         .destroy = n_destroy, .all_reduce_start = n_all_reduce_start, .wait = n_wait, .test = n_test,
+        .all_to_all_on = n_all_to_all_on,
     };
     st->comm = nc, st->device = device;
     ncclResult_t r = ncclCommCount(nc, &c->size);

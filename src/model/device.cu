@@ -1,8 +1,9 @@
 /* device.cu — the model's buffers in GPU memory and its own moves as kernels (device.h):
- * cudaMalloc'd blocks, synchronous copies, the head transpose (one thread per 16 bytes of
- * a head row when D allows), the residual add and the gradient sum (f32 math, bf16
- * rounded once), the weights' bf16 copy, and the embedding through the training kernels
- * of cuda_train.h (gather; sorted, atomic-free scatter-add). Built with CUDA only. */
+ * cudaMalloc'd blocks, synchronous copies, an f32 fill, the head transpose (one thread
+ * per 16 bytes of a head row when D allows), the residual add and the gradient sum (f32
+ * math, bf16 rounded once), the weights' bf16 copy, and the embedding through the
+ * training kernels of cuda_train.h (gather; sorted, atomic-free scatter-add). Built with
+ * CUDA only. */
 #include <cuda_runtime_api.h>
 #include "core/cuda_check.h"
 #include "llmkern/cuda_train.h"
@@ -57,6 +58,18 @@ static lk_status put_async(void *dst, const void *src, size_t bytes, lk_ctx *ctx
 
 static lk_status zero(void *p, size_t bytes, lk_ctx *ctx) {
     if (bytes) LK_CUDA_TRY(cudaMemsetAsync(p, 0, bytes, (cudaStream_t)ctx->stream));
+    return LK_OK;
+}
+
+__global__ void fill_k(float *p, float v, int64_t n) {
+    int64_t i = blockIdx.x * (int64_t)THREADS + threadIdx.x;
+    if (i < n) p[i] = v;
+}
+
+static lk_status fill(float *p, float v, int64_t n, lk_ctx *ctx) {
+    if (n == 0) return LK_OK;
+    fill_k<<<blocks(n), THREADS, 0, (cudaStream_t)ctx->stream>>>(p, v, n);
+    LK_CUDA_LAUNCHED("model: fill");
     return LK_OK;
 }
 
@@ -181,6 +194,6 @@ static lk_status embed_backward(float *dtable, const int64_t *ids, const void *d
 const lk_model_device lk_model_device_cuda = {
     .type = LK_DEVICE_CUDA, .current = current, .alloc = alloc, .free = release, .put = put, .get = get,
     .host_alloc = host_alloc, .host_free = host_free, .put_async = put_async,
-    .zero = zero, .heads = heads, .add = add, .acc = acc, .round = round_to, .embed = embed,
+    .zero = zero, .fill = fill, .heads = heads, .add = add, .acc = acc, .round = round_to, .embed = embed,
     .embed_backward = embed_backward,
 };

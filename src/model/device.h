@@ -35,6 +35,9 @@ typedef struct {
     void (*host_free)(void *p);
     lk_status (*put_async)(void *dst, const void *pinned_src, size_t bytes, lk_ctx *ctx);
     lk_status (*zero)(void *p, size_t bytes, lk_ctx *ctx);
+    /* p[i] = v for i < n, f32 (the residual stream's gradient starts at -0.0: x + -0.0 is
+     * x bit for bit, a zero's sign included, where +0.0 would turn a -0.0 into +0.0). */
+    lk_status (*fill)(float *p, float v, int64_t n, lk_ctx *ctx);
     /* The activations' moves, in their dtype dt (f32 or bf16):
      * [T, H, D] -> [H, T, D]; back: [H, T, D] -> [T, H, D]. */
     lk_status (*heads)(const void *src, void *dst, int64_t T, int64_t H, int64_t D, int back, lk_dtype dt,

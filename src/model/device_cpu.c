@@ -30,6 +30,13 @@ static lk_status zero(void *p, size_t bytes, lk_ctx *ctx) {
     return LK_OK;
 }
 
+static lk_status fill(float *p, float v, int64_t n, lk_ctx *ctx) {
+    (void)ctx;
+    #pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; i++) p[i] = v;
+    return LK_OK;
+}
+
 static lk_status heads(const void *src, void *dst, int64_t T, int64_t H, int64_t D, int back, lk_dtype dt,
                        lk_ctx *ctx) {
     (void)ctx;
@@ -105,6 +112,6 @@ static lk_status embed_backward(float *dtable, const int64_t *ids, const void *d
 const lk_model_device lk_model_device_cpu = {
     .type = LK_DEVICE_CPU, .current = current, .alloc = alloc, .free = free, .put = copy, .get = copy,
     .host_alloc = alloc, .host_free = free, .put_async = copy_async,
-    .zero = zero, .heads = heads, .add = add, .acc = acc, .round = round_to, .embed = embed,
+    .zero = zero, .fill = fill, .heads = heads, .add = add, .acc = acc, .round = round_to, .embed = embed,
     .embed_backward = embed_backward,
 };

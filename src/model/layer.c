@@ -5,7 +5,10 @@
  * The MLP is the swiglu_mlp op or the MoE block (moe_block.c). The backward makes q and k
  * before their norms again (two GEMMs from the kept h1) rather than keeping them: at
  * 32k tokens a step, 16 + 8 heads of 128 in bf16 are 200 MB a layer, 5.6 GB of a 28-layer
- * 0.6B model's step for ~0.3 ms a layer of GEMMs. */
+ * 0.6B model's step for ~0.3 ms a layer of GEMMs.
+ * The residual stream is f32 (qwen3_internal.h): the input and post-attention norms run
+ * rms_norm's residual mode on sc.res, adding the branch output before them (forward)
+ * and their dx into the gradient after them (backward). */
 #include "model/qwen3_internal.h"
 
 #define W(off) lk_wc(m, off)
@@ -35,7 +38,7 @@ size_t lk_qwen3_layer_carve(const lk_model *m, int l, void *base, lk_layer_acts 
     a->qr = lk_carve(b, &u, TQ);
     a->kr = lk_carve(b, &u, TK);
     a->ao = lk_carve(b, &u, TQ);
-    a->x2 = lk_carve(b, &u, TH);
+    a->x2 = m->recompute ? NULL : lk_carve(b, &u, TH);   /* recompute: kept in x2s */
     a->h2 = lk_carve(b, &u, TH);
     a->ids = L->moe ? lk_carve(b, &u, T * m->K * 4) : NULL;
     a->tw = L->moe ? lk_carve(b, &u, T * m->K * 4) : NULL;
@@ -58,6 +61,15 @@ static lk_rms_norm_args norm_args(const lk_model *m, const void *x, int64_t rows
                                   void *y, void *saved, size_t saved_bytes) {
     return (lk_rms_norm_args){.x = t2(m, x, rows, n), .weight = lk_on(m, lk_tensor_1d((void *)w, m->dt, n)),
                               .y = t2(m, y, rows, n), .saved = sv(saved, saved_bytes), .eps = m->cfg.rms_norm_eps};
+}
+
+/* The residual mode on the stream sc.res: forward, delta (NULL: none) added and x
+ * written; backward, dx added. */
+static lk_rms_norm_args with_stream(const lk_model *m, lk_rms_norm_args a, const void *delta) {
+    int64_t rows = a.x.shape[0], n = a.x.shape[1];
+    a.residual = g2(m, m->sc.res, rows, n);
+    if (delta) a.delta = t2(m, delta, rows, n);
+    return a;
 }
 
 /* The op writes dweight in the weight's dtype (bf16: rounded once over the rows); the
@@ -111,7 +123,7 @@ static lk_attention_args attn_args(const lk_model *m, const lk_impl *impl, const
     return at;
 }
 
-lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, const lk_batch *b, void *out,
+lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, const lk_batch *b, int first,
                                  int add_aux) {
     const lk_layer *L = &m->layers[l];
     const lk_layer_ops *op = &L->ops;
@@ -120,6 +132,7 @@ lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, con
     int64_t T = m->T, H = m->H, Q = m->Hq * m->D, K = m->Hk * m->D;
     lk_status s;
     lk_rms_norm_args n = norm_args(m, a->x, T, H, W(L->in), a->h1, a->s[S_IN], L->saved[S_IN]);
+    if (first) n = with_stream(m, n, l ? sc->tmp : NULL);   /* + the previous layer's MLP output */
     if ((s = lk_rms_norm_forward(op->in_norm, &n, ctx))) return s;
     lk_linear_args pq = lin(m, a->h1, T, H, W(L->q), Q, sc->q), pk = lin(m, a->h1, T, H, W(L->k), K, sc->k),
                    pv = lin(m, a->h1, T, H, W(L->v), K, sc->v);
@@ -142,20 +155,20 @@ lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, con
     s = lk_attention_forward(op->attn, &at, ctx);
     ctx->comm = NULL;
     if (s) return s;
-    lk_linear_args po = lin(m, a->ao, T, Q, W(L->o), H, sc->tmp);
-    if ((s = lk_linear_forward(op->o_proj, &po, ctx))) return s;
-    if ((s = add_into(m, a->x2, a->x, sc->tmp, T * H))) return s;
+    /* x2 = x + o_proj(attention) on the stream; a recompute has x2 kept and skips o_proj */
     lk_rms_norm_args np = norm_args(m, a->x2, T, H, W(L->post), a->h2, a->s[S_POST], L->saved[S_POST]);
-    if ((s = lk_rms_norm_forward(op->post_norm, &np, ctx))) return s;
-    if (L->moe) {
-        if ((s = lk_qwen3_moe_forward(m, l, a, sc->tmp, add_aux))) return s;
-    } else {
-        lk_swiglu_mlp_args f = {.x = t2(m, a->h2, T, H), .gate_up_weight = t2(m, W(L->gate_up), 2 * m->I, H),
-                                .down_weight = t2(m, W(L->down), H, m->I), .out = t2(m, sc->tmp, T, H),
-                                .saved = sv(a->s[S_MLP], L->saved[S_MLP])};
-        if ((s = lk_swiglu_mlp_forward(op->mlp, &f, ctx))) return s;
+    if (first) {
+        lk_linear_args po = lin(m, a->ao, T, Q, W(L->o), H, sc->tmp);
+        if ((s = lk_linear_forward(op->o_proj, &po, ctx))) return s;
+        np = with_stream(m, np, sc->tmp);
     }
-    return out ? add_into(m, out, a->x2, sc->tmp, T * H) : LK_OK;
+    if ((s = lk_rms_norm_forward(op->post_norm, &np, ctx))) return s;
+    void *out = first ? sc->tmp : sc->dh;   /* a recompute's MLP output is not used: dh is dead then */
+    if (L->moe) return lk_qwen3_moe_forward(m, l, a, out, add_aux);
+    lk_swiglu_mlp_args f = {.x = t2(m, a->h2, T, H), .gate_up_weight = t2(m, W(L->gate_up), 2 * m->I, H),
+                            .down_weight = t2(m, W(L->down), H, m->I), .out = t2(m, out, T, H),
+                            .saved = sv(a->s[S_MLP], L->saved[S_MLP])};
+    return lk_swiglu_mlp_forward(op->mlp, &f, ctx);
 }
 
 /* A projection's backward: dx written, the weight's gradient accumulated into the grads. */
@@ -187,8 +200,8 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
         if ((s = lk_swiglu_mlp_backward(op->mlp, &f, ctx))) return s;
     }
     lk_rms_norm_args np = norm_args(m, a->x2, T, H, W(L->post), a->h2, a->s[S_POST], L->saved[S_POST]);
-    if ((s = norm_backward(m, op->post_norm, np, sc->dh, sc->tmp, L->post))) return s;
-    if ((s = add_into(m, sc->dres, sc->dres, sc->tmp, T * H))) return s;   /* d(x2) */
+    np = with_stream(m, np, NULL);                                  /* d(x2) into the stream */
+    if ((s = norm_backward(m, op->post_norm, np, sc->dh, sc->dres, L->post))) return s;
     /* attention */
     lk_linear_args po = lin(m, a->ao, T, Q, W(L->o), H, sc->tmp);
     if ((s = lin_backward(m, op->o_proj, po, sc->dres, L->o, sc->dao))) return s;
@@ -228,6 +241,5 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
         (s = add_into(m, sc->dh, sc->dh, sc->dh2, T * H)))
         return s;
     lk_rms_norm_args n = norm_args(m, a->x, T, H, W(L->in), a->h1, a->s[S_IN], L->saved[S_IN]);
-    if ((s = norm_backward(m, op->in_norm, n, sc->dh, sc->tmp, L->in))) return s;
-    return add_into(m, sc->dres, sc->dres, sc->tmp, T * H);       /* d(x) */
+    return norm_backward(m, op->in_norm, with_stream(m, n, NULL), sc->dh, sc->dres, L->in);   /* d(x) */
 }

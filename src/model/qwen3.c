@@ -4,7 +4,8 @@
  * implementation resolved once from the op table), the activation buffers for a token
  * count, and the step: embedding gather, the layers (layer.c), final norm, LM head +
  * loss through the cross_entropy op, then the backward in reverse, optionally
- * recomputing each layer from its input. Buffers and the model's own moves go through
+ * recomputing each layer from its input. The residual stream and its gradient are f32
+ * in one buffer (qwen3_internal.h). Buffers and the model's own moves go through
  * device.h; the batch stays on the host and its per-token arrays are copied over. */
 #include <math.h>
 #include <stdio.h>
@@ -164,7 +165,8 @@ lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, ui
 static void free_acts(lk_model *m) {
     m->dev->free(m->act_block); m->dev->free(m->scratch_block); m->dev->free(m->dev_tokens);
     m->dev->host_free(m->stage);
-    free(m->acts); free(m->inputs);
+    free(m->acts); free(m->inputs); free(m->x2s);
+    m->x2s = NULL;
     m->act_block = m->scratch_block = NULL;
     m->dev_tokens = m->stage = NULL;
     m->acts = NULL;
@@ -324,22 +326,29 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
     if (!s) s = lk_cross_entropy_saved_bytes(m->ce_impl, &ce, &m->s_ce_bytes);
     if (s) { free_acts(m); return s; }
 
-    /* kept: layer inputs, per-layer blocks (one shared block with recompute), final */
+    /* kept: layer inputs (and with recompute each layer's x2), per-layer blocks (one
+     * shared block with recompute), final */
     size_t es = m->es, TH = (size_t)(T * m->H) * es, layer_max = 0, layers_sum = 0, kept = 0;
+    int n_kept = N + 1 + (m->recompute ? N : 0);
     for (int l = 0; l < N; l++) {
         size_t b = lk_qwen3_layer_carve(m, l, NULL, NULL);
         layers_sum += b;
         if (b > layer_max) layer_max = b;
     }
     size_t n_blocks = m->recompute ? layer_max : layers_sum;
-    kept = (size_t)(N + 1) * lk_align64(TH) + lk_align64(TH) + lk_align64(m->s_final_bytes) + lk_align64(m->s_ce_bytes);
+    kept = (size_t)n_kept * lk_align64(TH) + lk_align64(TH) + lk_align64(m->s_final_bytes) + lk_align64(m->s_ce_bytes);
     m->acts = calloc((size_t)N, sizeof *m->acts);
     m->inputs = calloc((size_t)N + 1, sizeof *m->inputs);
+    m->x2s = m->recompute ? calloc((size_t)N + 1, sizeof *m->x2s) : NULL;
     m->act_block = m->dev->alloc(lk_align64(kept + n_blocks));
-    if (!m->acts || !m->inputs || !m->act_block) { free_acts(m); return lk_error(LK_ENOMEM, "model: activations: out of memory"); }
+    if (!m->acts || !m->inputs || (m->recompute && !m->x2s) || !m->act_block) {
+        free_acts(m);
+        return lk_error(LK_ENOMEM, "model: activations: out of memory");
+    }
     unsigned char *base = m->act_block;
     size_t u = 0;
     for (int l = 0; l <= N; l++) m->inputs[l] = lk_carve(base, &u, TH);
+    for (int l = 0; m->recompute && l < N; l++) m->x2s[l] = lk_carve(base, &u, TH);
     m->hf = lk_carve(base, &u, TH);
     m->s_final = lk_carve(base, &u, m->s_final_bytes);
     m->s_ce = lk_carve(base, &u, m->s_ce_bytes);
@@ -348,11 +357,12 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
     for (int l = 0; l < N; l++) {
         size_t b = lk_qwen3_layer_carve(m, l, base + u, &m->acts[l]);
         m->acts[l].x = m->inputs[l];
+        if (m->recompute) m->acts[l].x2 = m->x2s[l];
         if (!m->recompute) u += b;
     }
     m->activation_bytes = kept + (m->recompute ? 0 : layers_sum);
 
-    /* scratch */
+    /* scratch: tmp is dres, dh2 lies in dao when it fits (lk_scratch says why they may) */
     int64_t Q = T * m->Hq * m->D, Kv = T * m->Hk * m->D, Tk = T * (m->K ? m->K : 1);
     int64_t nw = m->H > m->D ? m->H : m->D;
     size_t su = 0;
@@ -361,9 +371,11 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
         su = 0;
         lk_scratch *c = &m->sc;
         c->q = lk_carve(sb, &su, Q * es); c->k = lk_carve(sb, &su, Kv * es); c->v = lk_carve(sb, &su, Kv * es);
-        c->tmp = lk_carve(sb, &su, TH); c->dres = lk_carve(sb, &su, TH);
-        c->dh = lk_carve(sb, &su, TH); c->dh2 = lk_carve(sb, &su, TH);
+        c->res = lk_carve(sb, &su, (size_t)(T * m->H) * 4);
+        c->tmp = c->dres = lk_carve(sb, &su, TH);
+        c->dh = lk_carve(sb, &su, TH);
         c->dao = lk_carve(sb, &su, Q * es);
+        c->dh2 = (size_t)Q * es >= TH ? c->dao : lk_carve(sb, &su, TH);
         c->dqr = lk_carve(sb, &su, Q * es); c->dkr = lk_carve(sb, &su, Kv * es); c->dvt = lk_carve(sb, &su, Kv * es);
         c->dqt = lk_carve(sb, &su, Q * es); c->dkt = lk_carve(sb, &su, Kv * es);
         c->dtw = lk_carve(sb, &su, Tk * 4);
@@ -475,6 +487,16 @@ static lk_status read_scalars(lk_model *m, lk_step_stats *st) {
     return LK_OK;
 }
 
+/* Layer l's activations: with recompute the shared block carved for l's layout (they
+ * differ per layer), and x2 the kept one; always x the kept input. */
+static void carve_layer(lk_model *m, int l) {
+    if (m->recompute) {
+        lk_qwen3_layer_carve(m, l, m->shared, &m->acts[l]);
+        m->acts[l].x2 = m->x2s[l];
+    }
+    m->acts[l].x = m->inputs[l];
+}
+
 /* The forward of the whole model; stats filled. b is m->local (slice_batch). */
 static lk_status forward(lk_model *m, const lk_batch *whole, lk_step_stats *st) {
     lk_status s = stage_batch(m, whole);
@@ -489,15 +511,17 @@ static lk_status forward(lk_model *m, const lk_batch *whole, lk_step_stats *st) 
     }
     /* the compute copy from the master, which the optimizer (or a load) changed */
     if (m->wc != m->w && (s = m->dev->round(m->wc, m->w, m->n_floats, m->dt, &m->ctx))) return s;
-    if ((s = m->dev->embed(lk_wc(m, m->embed), m->ids, m->inputs[0], T, H, m->V, m->dt, &m->ctx))) return s;
+    /* the stream starts as the f32 embedding (the master's row: what autocast gathers) */
+    if ((s = m->dev->embed(m->w + m->embed, m->ids, m->sc.res, T, H, m->V, LK_F32, &m->ctx))) return s;
     int N = (int)m->cfg.num_hidden_layers;
     if (m->n_moe_layers && (s = m->dev->zero(m->scal + 3, 4, &m->ctx))) return s;   /* the MoE layers' aux sum */
     for (int l = 0; l < N; l++) {
-        if (m->recompute) lk_qwen3_layer_carve(m, l, m->shared, &m->acts[l]);   /* layouts differ per layer */
-        m->acts[l].x = m->inputs[l];
-        if ((s = lk_qwen3_layer_forward(m, l, &m->acts[l], b, m->inputs[l + 1], 1))) return s;
+        carve_layer(m, l);
+        if ((s = lk_qwen3_layer_forward(m, l, &m->acts[l], b, 1, 1))) return s;
     }
-    lk_rms_norm_args n = final_norm_args(m);
+    lk_rms_norm_args n = final_norm_args(m);   /* + the last MLP's output; writes inputs[N] */
+    n.residual = lk_on(m, lk_tensor_2d(m->sc.res, LK_F32, T, H));
+    n.delta = lk_on(m, lk_tensor_2d(m->sc.tmp, m->dt, T, H));
     if ((s = lk_rms_norm_forward(m->final_norm_impl, &n, &m->ctx))) return s;
     lk_cross_entropy_args ce = ce_args(m);
     *st = (lk_step_stats){.loss = NAN};
@@ -539,9 +563,8 @@ lk_status lk_model_loss(lk_model *m, const lk_batch *batch, lk_step_stats *stats
 /* The recompute block for layer l: the shared one, carved for l's layout. */
 static const lk_layer_acts *acts_for_backward(lk_model *m, int l, const lk_batch *b, lk_status *s) {
     if (!m->recompute) return &m->acts[l];
-    lk_qwen3_layer_carve(m, l, m->shared, &m->acts[l]);
-    m->acts[l].x = m->inputs[l];
-    *s = lk_qwen3_layer_forward(m, l, &m->acts[l], b, NULL, 0);
+    carve_layer(m, l);
+    *s = lk_qwen3_layer_forward(m, l, &m->acts[l], b, 0, 0);
     return &m->acts[l];
 }
 
@@ -573,11 +596,14 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
         m->d_loss_put = dl;
     }
     if ((s = lk_cross_entropy_backward(m->ce_impl, &ce, &m->ctx))) return s;
+    /* the stream's gradient starts at -0.0 (device.h's fill: x + -0.0 is x, bit for bit) and
+     * takes the final norm's dx; dres its rounding */
     lk_rms_norm_args n = final_norm_args(m);
     n.dy = lk_on(m, lk_tensor_2d(m->sc.dh, m->dt, T, H));
     n.dx = lk_on(m, lk_tensor_2d(m->sc.dres, m->dt, T, H));
     n.dweight = lk_on(m, lk_tensor_1d(m->sc.dw, m->dt, H));
-    if ((s = lk_rms_norm_backward(m->final_norm_impl, &n, &m->ctx)) ||
+    n.residual = lk_on(m, lk_tensor_2d(m->sc.res, LK_F32, T, H));
+    if ((s = m->dev->fill(m->sc.res, -0.0f, T * H, &m->ctx)) || (s = lk_rms_norm_backward(m->final_norm_impl, &n, &m->ctx)) ||
         (s = m->dev->acc(m->g + m->final_norm, m->sc.dw, H, m->dt, &m->ctx)))
         return s;
     grads_ready(m, m->final_norm);   /* the final norm and an untied lm_head follow the layers */
@@ -589,7 +615,7 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
         grads_ready(m, m->layers[l].first);
     }
     /* embedding: scatter-add by token, repeated ids in one fixed order */
-    if ((s = m->dev->embed_backward(m->g + m->embed, m->ids, m->sc.dres, T, H, m->V, m->dt, &m->ctx))) return s;
+    if ((s = m->dev->embed_backward(m->g + m->embed, m->ids, m->sc.res, T, H, m->V, LK_F32, &m->ctx))) return s;
     grads_ready(m, 0);
     *stats = st;
     return LK_OK;

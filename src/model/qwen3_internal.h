@@ -17,7 +17,18 @@
  *     packed documents never see each other; q/k/v are transposed from the
  *     projections' token-major [T, H*D] into the op's [1, H, T, D].
  *   - The embedding is a gather (its backward a scatter-add) in plain C: the family's
- *     "embed_tokens" module is declared for completeness but no op runs it. */
+ *     "embed_tokens" module is declared for completeness but no op runs it.
+ *   - The residual stream is carried in f32 whatever the dtype (issue 17: autocast's
+ *     scheme, without its f32 copy per layer): ONE f32 buffer (sc.res) holds the running
+ *     sum through the forward (the embedding gathered from the f32 master, then each
+ *     branch's output added by the next norm, rms_norm's residual mode), and the
+ *     residual gradient through the backward (each norm's dx added in f32). What a
+ *     layer keeps is as before, in the model's dtype: x and x2 are the stream rounded,
+ *     written by the norm that reads them; the backward's GEMMs read the gradient's
+ *     rounding (sc.dres). A recompute runs the plain norms on the kept x and x2, the
+ *     bits the residual mode's norms computed; x2 cannot be made again from x without
+ *     the stream, so with recompute it is kept per layer (x2s) outside the shared
+ *     block. In f32 every sum is the f32 add of before: the bits of the old scheme. */
 #ifndef LLMKERN_MODEL_QWEN3_INTERNAL_H
 #define LLMKERN_MODEL_QWEN3_INTERNAL_H
 
@@ -50,7 +61,7 @@ typedef struct {
 } lk_layer;
 
 /* One layer's activations: what its backward reads (x is the layer input, kept apart
- * in the model's inputs array). */
+ * in the model's inputs array; with recompute x2 too, in x2s). */
 typedef struct {
     void *x, *h1, *vt, *qr, *kr, *ao, *x2, *h2;   /* the model's dtype */
     int32_t *ids;
@@ -58,11 +69,16 @@ typedef struct {
     void *s[S_COUNT];
 } lk_layer_acts;
 
-/* Per-step buffers that are not kept between the passes; of the model's dtype but dtw. */
+/* Per-step buffers that are not kept between the passes; of the model's dtype but res
+ * and dtw. Some share memory (alloc_acts in qwen3.c): tmp is dres (the forward's
+ * deltas are dead by the backward, and a recompute writes neither: it skips o_proj and
+ * puts the MLP's output in dh), and dh2 lies in dao when Hq·D >= H (dao is dead by the
+ * time the projections' dx or the router's d_hidden are made). */
 typedef struct {
     void *q, *k, *v;             /* token-major projections (forward), their grads (backward) */
-    void *tmp;                   /* [T, H]: o_proj / MLP output, then dx pieces */
-    void *dres, *dh, *dh2;       /* [T, H] */
+    void *tmp;                   /* [T, H]: o_proj / MLP output (the delta the next norm adds) */
+    float *res;                  /* [T, H] f32: the residual stream (forward), its gradient (backward) */
+    void *dres, *dh, *dh2;       /* [T, H]: dres the rounding of res's gradient (the GEMMs' dy) */
     void *dao;                   /* [T, Hq*D] */
     void *dqr, *dkr, *dvt;       /* head-major grads */
     void *dqt, *dkt;             /* q and k before their norms (head-major): made again in the backward */
@@ -104,7 +120,8 @@ struct lk_model {
     /* On a GPU, the step's host side in pinned memory: the token arrays (copied to
      * dev_tokens on the stream, so a CUDA graph's copy reads what the host staged) and the
      * cu_seqlens the attention reads (cu points there; on the CPU at the batch's own). */
-    int64_t *stage;               /* [3, T] i64, then [T + 1] i32 */
+    int64_t *stage;               /* two slots of [3, T] i64, then [T + 1] i32 */
+    int stage_slot;               /* the one staged and copied from (lk_model_set_stage_slot) */
     const int32_t *cu;
     int defer_stats;              /* lk_model_defer_stats: the forward reads no scalar back */
     float *scal;                  /* device scalars: loss, d_loss, aux loss (f32), then n_valid (i64) */
@@ -123,6 +140,7 @@ struct lk_model {
     void *act_block, *scratch_block;
     lk_layer_acts *acts;          /* per layer; with recompute all share one block */
     void **inputs;                /* [N + 1]: layer inputs, inputs[N] the last layer's output */
+    void **x2s;                   /* with recompute, [N]: each layer's x2 (the stream after attention) */
     void *hf;                     /* final norm output */
     void *s_final, *s_ce;
     size_t s_final_bytes, s_ce_bytes;
@@ -136,11 +154,14 @@ struct lk_model {
 
 /* params.c */
 lk_status lk_qwen3_params_init(lk_model *m, uint64_t seed);
-/* layer.c: the pass of layer l over acts a (carved for l); out NULL skips the residual
- * write (a recompute); add_aux: a MoE layer adds its router's aux loss into scal[3]. */
-lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, const lk_batch *b, void *out,
+/* layer.c: the pass of layer l over acts a (carved for l). first: the step's forward,
+ * which adds sc.tmp (the previous layer's MLP output; layer 0: nothing) and its
+ * attention output into the stream sc.res, writes a->x and a->x2, and leaves its MLP
+ * output in sc.tmp for the next norm; else a recompute from the kept x and x2. add_aux:
+ * a MoE layer adds its router's aux loss into scal[3]. */
+lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, const lk_batch *b, int first,
                                  int add_aux);
-/* dres in: d(layer output); out: d(layer input). */
+/* sc.res in: d(layer output) in f32, sc.dres its rounding; out: d(layer input), both. */
 lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, const lk_batch *b, float d_aux);
 /* Bytes of layer l's activation block; carves it into a when base is not NULL. */
 size_t lk_qwen3_layer_carve(const lk_model *m, int l, void *base, lk_layer_acts *a);

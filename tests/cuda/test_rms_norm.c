@@ -6,12 +6,19 @@
  * written over dy, zero rows, outputs poisoned with NaN first. Tolerances, as the CPU
  * harness states them: f32 math and one rounding of each output, so f32 1e-5 (dweight
  * sums up to 4099 rows in f32: 2e-5) and bf16 1e-2 (2^-9 of an element at most).
- * Skipped (77) where there is no GPU. */
+ * The residual mode (rms_norm.h, issue 17's f32 stream): the harness's check case
+ * (x and the forward's residual exact, y / dx / the backward's residual at the same
+ * tolerances) on shapes that take each forward kernel with the flag set, with and
+ * without a delta, dx over dy; and the residual forward's y and rstd bit for bit the
+ * plain forward's on the x it wrote (a recompute's), and in f32 its sums the separate
+ * adds'. Skipped (77) where there is no GPU. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <cuda_runtime_api.h>
 #include "cuda_util.h"
@@ -117,6 +124,120 @@ static void every_impl_dtype_shape(void **state) {
     }
 }
 
+/* The residual mode against the float64 reference (check.h), each forward kernel: the
+ * warp a row (7x4096, 5x520 with idle lanes), the block register kernel (17x8, 64x200),
+ * the looped one (3x40000, 29x4097 scalar), odd lengths (9x301, 7x13). */
+static void residual_mode_matches_reference(void **state) {
+    (void)state;
+    static const lk_shape shapes[] = {{2, {7, 4096}}, {2, {5, 520}}, {2, {17, 8}}, {2, {64, 200}},
+                                      {2, {3, 40000}}, {2, {29, 4097}}, {2, {9, 301}}, {2, {7, 13}},
+                                      {2, {4099, 1024}}};
+    const char *names[] = {"fused", "eager_fp32"};
+    lk_rms_norm_case cs[] = {{.residual = 1}, {.residual = 1, .no_delta = 1}, {.residual = 1, .inplace_dx = 1}};
+    for (int k = 0; k < 2; k++) {
+        const lk_impl *impl = lk_impl_find(LK_OP_RMS_NORM, names[k], LK_DEVICE_CUDA);
+        assert_non_null(impl);
+        for (int d = 0; d < 2; d++)
+            for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+                for (size_t c = 0; c < 3; c++) {
+                    lk_dtype dt = d ? LK_BF16 : LK_F32;
+                    lk_check_row row;
+                    lk_rms_norm_errors e;
+                    lk_status st = lk_rms_norm_check_case(impl, dt, &shapes[i], 900 + i, &cs[c], &row, &e);
+                    if (st) print_error("%s\n", lk_last_error());
+                    assert_int_equal(st, LK_OK);
+                    double t = tol(impl, dt, 1);
+                    print_message("  %-10s %-4s %-9s residual%s: y %.2e dx %.2e dw %.2e res %.2e\n", impl->name,
+                                  lk_dtype_name(dt), row.shape, c == 1 ? " (no delta)" : c == 2 ? " (inplace)" : "",
+                                  e.y, e.dx, e.dweight, e.residual);
+                    assert_true(e.y <= t && e.dx <= t && e.dweight <= t && e.residual <= t);
+                }
+    }
+}
+
+/* The residual forward's y and rstd are the plain forward's on the x it wrote, bit for
+ * bit (the model's recompute runs the plain one); in f32 the stream's sums and x are the
+ * separate f32 adds, and the backward's residual is res + the plain backward's dx. */
+static void residual_mode_is_the_plain_norm_of_x(void **state) {
+    (void)state;
+    static const int64_t shapes[][2] = {{7, 4096}, {64, 200}, {3, 40000}, {9, 301}, {33, 1024}};
+    const char *names[] = {"fused", "eager_fp32"};
+    for (int k = 0; k < 2; k++)
+        for (int d = 0; d < 2; d++)
+            for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+                const lk_impl *impl = lk_impl_find(LK_OP_RMS_NORM, names[k], LK_DEVICE_CUDA);
+                lk_dtype dt = d ? LK_BF16 : LK_F32;
+                int64_t rows = shapes[i][0], n = shapes[i][1], tn = rows * n, s2[2] = {rows, n};
+                size_t es = lk_dtype_size(dt), tb = (size_t)tn * es;
+                uint32_t seed = 77u + (uint32_t)i;
+                double *h = lkt_alloc(tn), *w = lkt_alloc(n), *r0 = lkt_alloc(tn), *dl = lkt_alloc(tn);
+                double *g0 = lkt_alloc(tn);
+                lkt_randn(r0, tn, &seed, 1.0);
+                lkt_randn(dl, tn, &seed, 0.5);
+                lkt_randn(w, n, &seed, 0.5);
+                lkt_randn(h, tn, &seed, 1.0);
+                lkt_randn(g0, tn, &seed, 1.0);
+                float *res = lkt_upload(r0, tn, LK_F32), *gres = lkt_upload(g0, tn, LK_F32);
+                void *delta = lkt_upload(dl, tn, dt), *wd = lkt_upload(w, n, dt), *dy = lkt_upload(h, tn, dt);
+                void *x = lkt_dev(tb), *y1 = lkt_dev(tb), *y2 = lkt_dev(tb), *dx1 = lkt_dev(tb), *dx2 = lkt_dev(tb);
+                lkt_poison(x, tb);
+                size_t sb = 0;
+                lk_tensor xt = lkt_view(x, dt, 2, s2);
+                assert_int_equal(lk_rms_norm_saved_bytes(impl, &xt, &sb), LK_OK);
+                void *sv1 = lkt_dev(sb), *sv2 = lkt_dev(sb);
+                lk_rms_norm_args a = {.x = xt, .weight = lkt_view(wd, dt, 1, &n), .y = lkt_view(y1, dt, 2, s2),
+                                      .dy = lkt_view(dy, dt, 2, s2), .dx = lkt_view(dx1, dt, 2, s2),
+                                      .saved = {sv1, sb}, .eps = 1e-6,
+                                      .residual = lkt_view(res, LK_F32, 2, s2), .delta = lkt_view(delta, dt, 2, s2)};
+                lk_arena arena = {.device = LK_DEVICE_CUDA};
+                lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
+                assert_int_equal(lk_rms_norm_forward(impl, &a, &ctx), LK_OK);
+                a.residual.data = gres;
+                assert_int_equal(lk_rms_norm_backward(impl, &a, &ctx), LK_OK);
+                lk_rms_norm_args p = a;                      /* plain, on the written x */
+                p.residual = p.delta = (lk_tensor){0};
+                p.y.data = y2, p.saved.data = sv2, p.dx.data = dx2;
+                assert_int_equal(lk_rms_norm_forward(impl, &p, &ctx), LK_OK);
+                assert_int_equal(lk_rms_norm_backward(impl, &p, &ctx), LK_OK);
+                assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+                unsigned char *b1 = malloc(tb > sb ? tb : sb), *b2 = malloc(tb > sb ? tb : sb);
+                assert_int_equal(cudaMemcpy(b1, y1, tb, cudaMemcpyDeviceToHost), cudaSuccess);
+                assert_int_equal(cudaMemcpy(b2, y2, tb, cudaMemcpyDeviceToHost), cudaSuccess);
+                assert_memory_equal(b1, b2, tb);
+                assert_int_equal(cudaMemcpy(b1, sv1, sb, cudaMemcpyDeviceToHost), cudaSuccess);
+                assert_int_equal(cudaMemcpy(b2, sv2, sb, cudaMemcpyDeviceToHost), cudaSuccess);
+                assert_memory_equal(b1, b2, sb);
+                /* x and the forward's sum; the backward's residual against res + the plain dx */
+                double *xs = lkt_alloc(tn), *rs = lkt_alloc(tn), *gs = lkt_alloc(tn), *pdx = lkt_alloc(tn),
+                       *rdx = lkt_alloc(tn);
+                lkt_download(x, tn, dt, xs);
+                lkt_download(res, tn, LK_F32, rs);
+                lkt_download(gres, tn, LK_F32, gs);
+                lkt_download(dx2, tn, dt, pdx);
+                lkt_download(dx1, tn, dt, rdx);
+                double worst = 0;
+                for (int64_t e = 0; e < tn; e++) {
+                    float sum = (float)r0[e] + (float)dl[e];   /* r0, dl: rounded to f32 / dt by the uploads */
+                    assert_true(rs[e] == (double)sum);
+                    if (dt == LK_F32) {
+                        assert_true(xs[e] == (double)sum);
+                        assert_true(gs[e] == (double)((float)g0[e] + (float)pdx[e]));   /* the separate add */
+                        assert_true(rdx[e] == gs[e]);
+                    } else {
+                        assert_true(xs[e] == (double)lk_bf16_to_f32(lk_f32_to_bf16(sum)));
+                        assert_true(rdx[e] == (double)lk_bf16_to_f32(lk_f32_to_bf16((float)gs[e])));
+                        worst = fmax(worst, fabs(gs[e] - (g0[e] + pdx[e])) / (fabs(pdx[e]) + 1e-3));
+                    }
+                }
+                print_message("  %-10s %-4s %5lldx%-6lld residual = the plain norm of x; bf16 stream vs rounded dx "
+                              "%.2e\n", impl->name, lk_dtype_name(dt), (long long)rows, (long long)n, worst);
+                assert_true(worst <= 1e-2);   /* the f32 dx against its bf16 rounding: 2^-9 of dx */
+                free(b1); free(b2);
+                lk_arena_free(&arena);
+                lkt_free_all();
+            }
+}
+
 /* No rows: the facade hands the call to the implementation, which zeroes dweight. */
 static void zero_rows_zero_dweight(void **state) {
     (void)state;
@@ -165,6 +286,8 @@ int main(void) {
     if (!lkt_have_gpu("cuda_test_rms_norm")) return LKT_SKIP;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_impl_dtype_shape),
+        cmocka_unit_test(residual_mode_matches_reference),
+        cmocka_unit_test(residual_mode_is_the_plain_norm_of_x),
         cmocka_unit_test(zero_rows_zero_dweight),
         cmocka_unit_test(device_mismatch_refused),
     };

@@ -11,10 +11,10 @@
  * Both are there to be measured and checked against: this is the baseline the fused
  * kernel has to beat, not a fast path.
  *
- * The residual mode (rms_norm.h) is two more steps, as a framework runs it: the add into
- * the f32 residual and the cast to x before the forward's steps, and after the
- * backward's (dx already rounded to dt, as the framework's tensor is) the add into the
- * residual and the cast of the sum to dx. */
+ * The residual mode (rms_norm.h) is one more step each way, as a framework runs it: the
+ * add into the f32 residual and the cast to x before the forward's steps, and after the
+ * backward's (dx as the steps left it, in `it`: rounded to bf16 for `eager` bf16) the
+ * add into the residual and the cast of the sum to dx. */
 #include "llmkern/rms_norm.h"
 
 #include <math.h>
@@ -151,6 +151,17 @@ static void col_sum(const void *a, void *out, float *acc, int64_t rows, int64_t 
     }
 }
 
+/* The residual mode's step: res += add (of at; NULL: nothing added), then out = res
+ * rounded to dt. */
+static void residual_step(float *res, const void *add, void *out, lk_dtype at, lk_dtype dt, int64_t count) {
+    #pragma omp parallel for schedule(static) if (count >= EAGER_PAR_MIN)
+    for (int64_t i = 0; i < count; i++) {
+        float r = add ? res[i] + ld(add, at, i) : res[i];
+        res[i] = r;
+        st(out, dt, i, r);
+    }
+}
+
 /* --- the composition -------------------------------------------------------------- */
 
 typedef struct {
@@ -266,33 +277,18 @@ static lk_status steps_backward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype
     mul_per_row(x, dm, A, rows, n, it);                          /* 2x · d(mean)/n   */
     void *dx = dt == it ? a->dx.data : B;
     ew(B, A, dx, all, EW_ADD, it);                               /* dx               */
+    if (a->residual.data) {                                      /* residual += dx (in it); dx = its rounding */
+        residual_step(a->residual.data, dx, a->dx.data, it, dt, all);
+        return LK_OK;
+    }
     if (dx != a->dx.data) lk_convert(dx, it, a->dx.data, dt, all);
     return LK_OK;
 }
 
-/* --- the residual mode's steps ------------------------------------------------------ */
-
-/* res += add (of dt; NULL: nothing added), then out = res rounded to dt. */
-static void residual_step(float *res, const void *add, void *out, lk_dtype dt, int64_t count) {
-    #pragma omp parallel for schedule(static) if (count >= EAGER_PAR_MIN)
-    for (int64_t i = 0; i < count; i++) {
-        float r = add ? res[i] + ld(add, dt, i) : res[i];
-        res[i] = r;
-        st(out, dt, i, r);
-    }
-}
-
 static lk_status residual_forward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype it) {
     if (a->residual.data)
-        residual_step(a->residual.data, a->delta.data, a->x.data, a->x.dtype, lk_tensor_numel(&a->x));
+        residual_step(a->residual.data, a->delta.data, a->x.data, a->x.dtype, a->x.dtype, lk_tensor_numel(&a->x));
     return steps_forward(a, ctx, it);
-}
-
-static lk_status residual_backward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype it) {
-    lk_status s = steps_backward(a, ctx, it);
-    if (!s && a->residual.data)
-        residual_step(a->residual.data, a->dx.data, a->dx.data, a->x.dtype, lk_tensor_numel(&a->x));
-    return s;
 }
 
 /* --- the rows: `eager` runs the steps in the input dtype, `eager_fp32` in f32 -------- */
@@ -308,9 +304,9 @@ static size_t fp32_workspace(int64_t rows, int64_t n, lk_dtype dt, int backward)
 }
 
 static lk_status eager_forward(const lk_rms_norm_args *a, lk_ctx *ctx) { return residual_forward(a, ctx, a->x.dtype); }
-static lk_status eager_backward(const lk_rms_norm_args *a, lk_ctx *ctx) { return residual_backward(a, ctx, a->x.dtype); }
+static lk_status eager_backward(const lk_rms_norm_args *a, lk_ctx *ctx) { return steps_backward(a, ctx, a->x.dtype); }
 static lk_status fp32_forward(const lk_rms_norm_args *a, lk_ctx *ctx) { return residual_forward(a, ctx, LK_F32); }
-static lk_status fp32_backward(const lk_rms_norm_args *a, lk_ctx *ctx) { return residual_backward(a, ctx, LK_F32); }
+static lk_status fp32_backward(const lk_rms_norm_args *a, lk_ctx *ctx) { return steps_backward(a, ctx, LK_F32); }
 
 const lk_rms_norm_vtable lk_rms_norm_eager_vtable = {
     .version = LK_RMS_NORM_VTABLE_VERSION,

@@ -2,7 +2,10 @@
  * `x.float()`, each its own kernel and its own pass over memory, every intermediate an
  * f32 tensor in the workspace (upcast, mean of squares, scale, weight, cast back; the
  * backward likewise, dweight as a column sum of the materialized dy·x̂). The baseline
- * the fused kernels are measured against, not a fast path. Saves rstd, f32 [rows]. */
+ * the fused kernels are measured against, not a fast path. Saves rstd, f32 [rows].
+ * The residual mode (rms_norm.h) is one more kernel each way: the add into the f32
+ * residual and the cast to x before the forward, and after the backward the add of the
+ * f32 dx into the residual and the cast of the sum to dx (in place of the downcast). */
 #include "common.cuh"
 
 #define THREADS 256
@@ -44,6 +47,15 @@ template <typename T> __global__ void mul_weight(float *a, const T *w, float off
     GRID_STRIDE(i, count) a[i] *= lk_to_f32(w[i % n]) + off;
 }
 
+/* The residual mode: res += add (NULL: nothing), out = res rounded to T. */
+template <typename T, typename A> __global__ void residual_step(float *res, const A *add, T *out, int64_t count) {
+    GRID_STRIDE(i, count) {
+        float r = add ? __fadd_rn(res[i], lk_to_f32(add[i])) : res[i];
+        res[i] = r;
+        out[i] = lk_from_f32<T>(r);
+    }
+}
+
 template <typename T> __global__ void downcast(const float *in, T *out, int64_t count) {
     GRID_STRIDE(i, count) out[i] = lk_from_f32<T>(in[i]);
 }
@@ -65,6 +77,9 @@ template <typename T>
 static lk_status run_forward(const lk_rms_norm_args *a, float *xf, int64_t rows, int n, cudaStream_t st) {
     int64_t count = rows * n;
     float *rstd = (float *)a->saved.data;
+    if (a->residual.data)
+        residual_step<T, T><<<grid_of(count), THREADS, 0, st>>>((float *)a->residual.data, (const T *)a->delta.data,
+                                                               (T *)a->x.data, count);
     upcast<T><<<grid_of(count), THREADS, 0, st>>>((const T *)a->x.data, xf, count);
     row_reduce<<<(unsigned)rows, THREADS, 0, st>>>(xf, NULL, rstd, n, (float)a->eps, 1);
     scale_rows<<<grid_of(count), THREADS, 0, st>>>(xf, rstd, count, n);
@@ -93,7 +108,11 @@ static lk_status run_backward(const lk_rms_norm_args *a, lk_arena *ar, int64_t r
         mul_weight<T><<<grid_of(count), THREADS, 0, st>>>(g, (const T *)a->weight.data, a->weight_offset, count, n);
     row_reduce<<<(unsigned)rows, THREADS, 0, st>>>(g, xh, m, n, 0.0f, 0);                /* mean(g·x̂) */
     dx_of<<<grid_of(count), THREADS, 0, st>>>(g, xh, m, rstd, count, n);
-    downcast<T><<<grid_of(count), THREADS, 0, st>>>(g, (T *)a->dx.data, count);
+    if (a->residual.data)
+        residual_step<T, float><<<grid_of(count), THREADS, 0, st>>>((float *)a->residual.data, g, (T *)a->dx.data,
+                                                                   count);
+    else
+        downcast<T><<<grid_of(count), THREADS, 0, st>>>(g, (T *)a->dx.data, count);
     LK_CUDA_LAUNCHED("rms_norm: eager_fp32 (cuda) backward");
     return want_dw ? lk_rms_dw_finish(p, rows, n, a->dweight.data, a->dweight.dtype, st) : LK_OK;
 }

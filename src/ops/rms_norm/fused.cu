@@ -19,6 +19,16 @@
  * of odd length) take the looped kernels, which read the row twice (the second time
  * from cache).
  *
+ * The residual mode (rms_norm.h; the f32 stream of bf16 training, issue 17) is a flag
+ * of the same kernels (RES): the forward makes the row it would have loaded — residual
+ * += delta in f32, x = its rounding, stored, and held as loaded — so the sum of squares,
+ * rstd and y are the plain kernel's on that x, bit for bit (a recompute runs the plain
+ * one); the block kernel drops its next-row double buffer there (the next row's x does
+ * not exist yet). The backward adds its f32 dx into the residual before the rounding
+ * store. The adds are __fadd_rn: never contracted into the multiply before them, so in
+ * f32 they are the separate adds of before. The f32 residual is read 16 bytes at a time
+ * (two accesses per bf16 group).
+ *
  * Reached through lk_rms_norm_forward / _backward (rms_norm.c), which validated every
  * argument; the workspace comes from ctx->arena (a device arena). */
 #include "common.cuh"
@@ -104,21 +114,97 @@ static __device__ __forceinline__ void prefetch_row(const T *src, int n, int uni
 #endif
 }
 
+/* W floats at p into f (16-byte accesses when W is a multiple of 4: the residual's
+ * groups, aligned when the row's 16-byte path is), and back. */
+template <int W>
+static __device__ __forceinline__ void ld_f32(const float *p, float *f) {
+    if (W % 4 == 0) {
+#pragma unroll
+        for (int q = 0; q < W / 4; q++) {
+            float4 v = reinterpret_cast<const float4 *>(p)[q];
+            f[4 * q] = v.x, f[4 * q + 1] = v.y, f[4 * q + 2] = v.z, f[4 * q + 3] = v.w;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < W; j++) f[j] = p[j];
+    }
+}
+template <int W>
+static __device__ __forceinline__ void st_f32(float *p, const float *f) {
+    if (W % 4 == 0) {
+#pragma unroll
+        for (int q = 0; q < W / 4; q++)
+            reinterpret_cast<float4 *>(p)[q] = make_float4(f[4 * q], f[4 * q + 1], f[4 * q + 2], f[4 * q + 3]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < W; j++) p[j] = f[j];
+    }
+}
+
+/* The residual mode's forward for one access: res += delta (NULL: nothing), then x = its
+ * rounding, stored and held in v as the plain kernel would have loaded it. */
+template <typename T, int W>
+static __device__ __forceinline__ void residual_in(float *res, const T *delta, T *x, lk_pack<T, W> &v) {
+    float r[W];
+    ld_f32<W>(res, r);
+    if (delta) {
+        float d[W];
+        lk_ldw<T, W>(delta, d);
+#pragma unroll
+        for (int j = 0; j < W; j++) r[j] = __fadd_rn(r[j], d[j]);
+        st_f32<W>(res, r);
+    }
+#pragma unroll
+    for (int j = 0; j < W; j++) v.e[j] = lk_from_f32<T>(r[j]);
+    if (W == lk_vec<T>::N) *reinterpret_cast<uint4 *>(x) = *reinterpret_cast<const uint4 *>(v.e);
+    else
+#pragma unroll
+        for (int j = 0; j < W; j++) x[j] = v.e[j];
+}
+
+/* ... and the backward's: res += o (the f32 dx), dx = its rounding. */
+template <typename T, int W>
+static __device__ __forceinline__ void residual_out(float *res, const float *o, T *dx) {
+    float r[W];
+    ld_f32<W>(res, r);
+#pragma unroll
+    for (int j = 0; j < W; j++) r[j] = __fadd_rn(r[j], o[j]);
+    st_f32<W>(res, r);
+    lk_stw<T, W>(dx, r);
+}
+
+/* The residual mode's pointers, NULL when off. */
+typedef struct {
+    float *res;
+    const void *delta;
+    void *x;
+} res_args;
+
 /* ---- forward ------------------------------------------------------------------ */
 
 /* Blocks walk rows r = blockIdx.x, + gridDim.x, ...; the next row's loads are issued
  * before this row's reduction, so every block always has a row on its way in. */
-template <typename T, int W, int VPT>
+template <typename T, int W, int VPT, bool RES>
 __global__ void __launch_bounds__(REG_THREADS(VPT)) fwd_reg(const T *__restrict__ x, const T *__restrict__ w,
                                                            T *__restrict__ y, float *__restrict__ rstd,
-                                                           int64_t rows, int n, float eps, float off) {
+                                                           int64_t rows, int n, float eps, float off, res_args ra) {
     __shared__ float scratch[32];
     const int units = n / W;
     lk_pack<T, W> cur[VPT], nxt[VPT];
-    load_row<T, W, VPT>(x + (int64_t)blockIdx.x * n, units, cur);
+    if (!RES) load_row<T, W, VPT>(x + (int64_t)blockIdx.x * n, units, cur);
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-        if (row + gridDim.x < rows) load_row<T, W, VPT>(x + (row + gridDim.x) * n, units, nxt);
-        if (row + 2 * gridDim.x < rows) prefetch_row<T, W, VPT>(x + (row + 2 * gridDim.x) * n, n, units);
+        if (RES) {
+#pragma unroll
+            for (int k = 0; k < VPT; k++) {
+                int u = threadIdx.x + k * blockDim.x;
+                if (u < units)
+                    residual_in<T, W>(ra.res + row * n + u * W, ra.delta ? (const T *)ra.delta + row * n + u * W : NULL,
+                                      (T *)ra.x + row * n + u * W, cur[k]);
+            }
+        } else {
+            if (row + gridDim.x < rows) load_row<T, W, VPT>(x + (row + gridDim.x) * n, units, nxt);
+            if (row + 2 * gridDim.x < rows) prefetch_row<T, W, VPT>(x + (row + 2 * gridDim.x) * n, n, units);
+        }
         float ss = 0.0f;
 #pragma unroll
         for (int k = 0; k < VPT; k++)
@@ -138,7 +224,7 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) fwd_reg(const T *__restrict_
                 for (int j = 0; j < W; j++) o[j] = cur[k].f(j) * rs * (w ? wv[j] + off : 1.0f);
                 lk_stw<T, W>(yr + u * W, o);
             }
-            cur[k] = nxt[k];
+            if (!RES) cur[k] = nxt[k];
         }
     }
 }
@@ -149,18 +235,23 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) fwd_reg(const T *__restrict_
  * hidden by the many short-lived warps an SM holds (at ~90 registers, ~20 rows of 8 KiB
  * in flight an SM), the way the SwiGLU kernel's one-group threads reach the copy rate,
  * instead of by the block kernels' next-row double buffer. Rows need not fill a block. */
-template <typename T, int W, int VPT>
+template <typename T, int W, int VPT, bool RES>
 __global__ void __launch_bounds__(WARP_ROWS * 32) fwd_warp(const T *__restrict__ x, const T *__restrict__ w,
                                                           T *__restrict__ y, float *__restrict__ rstd, int64_t rows,
-                                                          int n, float eps, float off) {
+                                                          int n, float eps, float off, res_args ra) {
     const int lane = threadIdx.x & 31, units = n / W;
     const int64_t row = (int64_t)blockIdx.x * WARP_ROWS + (threadIdx.x >> 5);
     if (row >= rows) return;   /* the whole warp: the shuffles below see every lane */
     const T *xr = x + row * n;
     lk_pack<T, W> v[VPT];
 #pragma unroll
-    for (int k = 0; k < VPT; k++)
-        if (lane + 32 * k < units) lk_ldp<T, W>(xr + (lane + 32 * k) * W, v[k]);
+    for (int k = 0; k < VPT; k++) {
+        int64_t e = row * n + (lane + 32 * k) * W;
+        if (lane + 32 * k < units) {
+            if (RES) residual_in<T, W>(ra.res + e, ra.delta ? (const T *)ra.delta + e : NULL, (T *)ra.x + e, v[k]);
+            else lk_ldp<T, W>(xr + (lane + 32 * k) * W, v[k]);
+        }
+    }
     float ss = 0.0f;
 #pragma unroll
     for (int k = 0; k < VPT; k++)
@@ -184,31 +275,61 @@ __global__ void __launch_bounds__(WARP_ROWS * 32) fwd_warp(const T *__restrict__
 }
 
 /* fwd_warp when a row is 2 .. WARP_VPT accesses a lane; *taken says whether it ran. */
+typedef struct {
+    const void *x, *w;
+    void *y;
+    float *rstd;
+    res_args ra;
+} fwd_ptrs;
+
+template <typename T, int W, bool RES>
+static void run_fwd_warp(int vpt, unsigned grid, cudaStream_t st, const fwd_ptrs &p, int64_t rows, int n, float eps,
+                         float off) {
+    void (*k)(const T *, const T *, T *, float *, int64_t, int, float, float, res_args) =
+        vpt == 2   ? fwd_warp<T, W, 2, RES>
+        : vpt == 4 ? fwd_warp<T, W, 4, RES>
+        : vpt == 8 ? fwd_warp<T, W, 8, RES>
+                   : fwd_warp<T, W, 16, RES>;
+    k<<<grid, WARP_ROWS * 32, 0, st>>>((const T *)p.x, (const T *)p.w, (T *)p.y, p.rstd, rows, n, eps, off, p.ra);
+}
+
+static fwd_ptrs fwd_ptrs_of(const lk_rms_norm_args *a) {
+    return {a->x.data, a->weight.data, a->y.data, (float *)a->saved.data,
+            {(float *)a->residual.data, a->delta.data, a->x.data}};
+}
+
 template <typename T, int W>
 static lk_status launch_fwd_warp(const lk_rms_norm_args *a, int64_t rows, int n, cudaStream_t st, int *taken) {
     int units = n / W, per = (int)lk_cdiv(units, 32), vpt = 2;
     *taken = 0;
     if (per < 2 || per > WARP_VPT || rows == 0) return LK_OK;
     while (vpt < per) vpt *= 2;
-    void (*k)(const T *, const T *, T *, float *, int64_t, int, float, float) =
-        vpt == 2 ? fwd_warp<T, W, 2> : vpt == 4 ? fwd_warp<T, W, 4> : vpt == 8 ? fwd_warp<T, W, 8> : fwd_warp<T, W, 16>;
-    k<<<(unsigned)lk_cdiv(rows, WARP_ROWS), WARP_ROWS * 32, 0, st>>>((const T *)a->x.data, (const T *)a->weight.data,
-                                                                   (T *)a->y.data, (float *)a->saved.data, rows, n,
-                                                                   (float)a->eps, a->weight_offset);
+    fwd_ptrs p = fwd_ptrs_of(a);
+    unsigned grid = (unsigned)lk_cdiv(rows, WARP_ROWS);
+    if (p.ra.res) run_fwd_warp<T, W, true>(vpt, grid, st, p, rows, n, (float)a->eps, a->weight_offset);
+    else run_fwd_warp<T, W, false>(vpt, grid, st, p, rows, n, (float)a->eps, a->weight_offset);
     LK_CUDA_LAUNCHED("rms_norm: fused (cuda) forward, a warp a row");
     *taken = 1;
     return LK_OK;
 }
 
 /* Any row length: the row is read twice, the second time from L1/L2. */
-template <typename T>
+template <typename T, bool RES>
 __global__ void fwd_loop(const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y,
-                         float *__restrict__ rstd, int64_t rows, int n, float eps, float off) {
+                         float *__restrict__ rstd, int64_t rows, int n, float eps, float off, res_args ra) {
     __shared__ float scratch[32];
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-        const T *xr = x + row * n;
+        const T *xr = RES ? (const T *)ra.x + row * n : x + row * n;   /* RES: read back what this thread wrote */
         float ss = 0.0f;
         for (int c = threadIdx.x; c < n; c += blockDim.x) {
+            if (RES) {
+                float r = ra.res[row * n + c];
+                if (ra.delta) {
+                    r = __fadd_rn(r, lk_to_f32(((const T *)ra.delta)[row * n + c]));
+                    ra.res[row * n + c] = r;
+                }
+                ((T *)ra.x)[row * n + c] = lk_from_f32<T>(r);
+            }
             float v = lk_to_f32(xr[c]);
             ss = fmaf(v, v, ss);
         }
@@ -219,21 +340,29 @@ __global__ void fwd_loop(const T *__restrict__ x, const T *__restrict__ w, T *__
     }
 }
 
-template <typename T, int W>
-static lk_status launch_fwd(const plan *p, const lk_rms_norm_args *a, int64_t rows, int n, cudaStream_t st) {
-    void (*k)(const T *, const T *, T *, float *, int64_t, int, float, float);
+template <typename T, int W, bool RES>
+static lk_status run_fwd(const plan *p, const lk_rms_norm_args *a, int64_t rows, int n, cudaStream_t st) {
+    void (*k)(const T *, const T *, T *, float *, int64_t, int, float, float, res_args);
     switch (p->vpt) {
-    case 1: k = fwd_reg<T, W, 1>; break;
-    case 2: k = fwd_reg<T, W, 2>; break;
-    case 4: k = fwd_reg<T, W, 4>; break;
-    case 8: k = fwd_reg<T, W, 8>; break;
-    default: k = fwd_loop<T>; break;
+    case 1: k = fwd_reg<T, W, 1, RES>; break;
+    case 2: k = fwd_reg<T, W, 2, RES>; break;
+    case 4: k = fwd_reg<T, W, 4, RES>; break;
+    case 8: k = fwd_reg<T, W, 8, RES>; break;
+    default: k = fwd_loop<T, RES>; break;
     }
     int64_t grid;
     lk_status s = fit_grid(k, p->threads, rows, &grid);
     if (s) return s;
-    k<<<(unsigned)grid, p->threads, 0, st>>>((const T *)a->x.data, (const T *)a->weight.data, (T *)a->y.data,
-                                             (float *)a->saved.data, rows, n, (float)a->eps, a->weight_offset);
+    fwd_ptrs q = fwd_ptrs_of(a);
+    k<<<(unsigned)grid, p->threads, 0, st>>>((const T *)q.x, (const T *)q.w, (T *)q.y, q.rstd, rows, n, (float)a->eps,
+                                             a->weight_offset, q.ra);
+    return LK_OK;
+}
+
+template <typename T, int W>
+static lk_status launch_fwd(const plan *p, const lk_rms_norm_args *a, int64_t rows, int n, cudaStream_t st) {
+    lk_status s = a->residual.data ? run_fwd<T, W, true>(p, a, rows, n, st) : run_fwd<T, W, false>(p, a, rows, n, st);
+    if (s) return s;
     LK_CUDA_LAUNCHED("rms_norm: fused (cuda) forward");
     return LK_OK;
 }
@@ -249,7 +378,7 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) bwd_reg(const T *__restrict_
                                                            const T *dy,
                                                            T *dx, const float *__restrict__ rstd,
                                                            float *__restrict__ partial, int64_t rows, int n,
-                                                           float off) {
+                                                           float off, float *__restrict__ res) {
     __shared__ float scratch[32];
     const int units = n / W;
     float acc[VPT][W];
@@ -295,7 +424,8 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) bwd_reg(const T *__restrict_
                     acc[k][j] = fmaf(d, xh, acc[k][j]);
                     o[j] = rs * (g - xh * m);
                 }
-                lk_stw<T, W>(dxr + u * W, o);
+                if (res) residual_out<T, W>(res + row * n + u * W, o, dxr + u * W);
+                else lk_stw<T, W>(dxr + u * W, o);
             }
             xc[k] = xn[k];
             dc[k] = dn[k];
@@ -316,7 +446,7 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) bwd_reg(const T *__restrict_
 template <typename T>
 __global__ void bwd_loop(const T *__restrict__ x, const T *__restrict__ w, const T *dy, T *dx,
                          const float *__restrict__ rstd, float *__restrict__ partial, int64_t rows, int n,
-                         float off) {
+                         float off, float *__restrict__ res) {
     __shared__ float scratch[32];
     float *pp = partial ? partial + (int64_t)blockIdx.x * n : NULL;
     if (pp)
@@ -332,7 +462,9 @@ __global__ void bwd_loop(const T *__restrict__ x, const T *__restrict__ w, const
             float d = lk_to_f32(dyr[c]), xh = lk_to_f32(xr[c]) * rs;
             float g = d * (w ? lk_to_f32(w[c]) + off : 1.0f);
             if (pp) pp[c] = fmaf(d, xh, pp[c]);
-            dx[row * n + c] = lk_from_f32<T>(rs * (g - xh * m));
+            float o = rs * (g - xh * m);
+            if (res) o = res[row * n + c] = __fadd_rn(res[row * n + c], o);
+            dx[row * n + c] = lk_from_f32<T>(o);
         }
     }
 }
@@ -342,7 +474,7 @@ __global__ void bwd_loop(const T *__restrict__ x, const T *__restrict__ w, const
 template <typename T, int W>
 static lk_status launch_bwd(const plan *p, const lk_rms_norm_args *a, float *partial, int64_t max_parts,
                             int64_t rows, int n, cudaStream_t st, int64_t *parts) {
-    void (*k)(const T *, const T *, const T *, T *, const float *, float *, int64_t, int, float);
+    void (*k)(const T *, const T *, const T *, T *, const float *, float *, int64_t, int, float, float *);
     switch (p->vpt) {
     case 1: k = bwd_reg<T, W, 1>; break;
     case 2: k = bwd_reg<T, W, 2>; break;
@@ -354,7 +486,7 @@ static lk_status launch_bwd(const plan *p, const lk_rms_norm_args *a, float *par
     if (s) return s;
     k<<<(unsigned)*parts, p->threads, 0, st>>>((const T *)a->x.data, (const T *)a->weight.data,
                                               (const T *)a->dy.data, (T *)a->dx.data, (const float *)a->saved.data,
-                                              partial, rows, n, a->weight_offset);
+                                              partial, rows, n, a->weight_offset, (float *)a->residual.data);
     LK_CUDA_LAUNCHED("rms_norm: fused (cuda) backward");
     return LK_OK;
 }
@@ -381,8 +513,8 @@ static lk_status forward(const lk_rms_norm_args *a, lk_ctx *ctx) {
     if (n > INT32_MAX / 2 || rows > INT32_MAX)
         return lk_error(LK_ESHAPE, "rms_norm: fused (cuda): x: expected rows and n below 2^31, got %lld x %lld",
                         (long long)rows, (long long)n);
-    const void *ptrs[] = {a->x.data, a->weight.data, a->y.data};
-    plan p = plan_of(n, a->x.dtype, ptrs, 3);
+    const void *ptrs[] = {a->x.data, a->weight.data, a->y.data, a->residual.data, a->delta.data};
+    plan p = plan_of(n, a->x.dtype, ptrs, 5);
     int taken = 0;
     lk_status s;
     if (a->x.dtype == LK_F32)
@@ -409,8 +541,8 @@ static lk_status backward(const lk_rms_norm_args *a, lk_ctx *ctx) {
     float *partial = NULL;
     if (want_dw && (partial = (float *)lk_arena_alloc(ctx->arena, workspace_bytes(rows, n, a->x.dtype, 1))) == NULL)
         return lk_error(LK_EINTERNAL, "rms_norm: fused (cuda): the dweight workspace was not reserved");
-    const void *ptrs[] = {a->x.data, a->weight.data, a->dy.data, a->dx.data};
-    plan p = plan_of(n, a->x.dtype, ptrs, 4);
+    const void *ptrs[] = {a->x.data, a->weight.data, a->dy.data, a->dx.data, a->residual.data};
+    plan p = plan_of(n, a->x.dtype, ptrs, 5);
     int64_t mp = bwd_parts(rows, n);
     lk_status s;
     if (a->x.dtype == LK_F32)

@@ -269,7 +269,8 @@ def run_lk(A, label, dtype, init, tokens, B, S, steps, work, extra=None, attn=No
     out = os.path.join(work, label.replace(" ", "_"))
     warm = max(1, steps // 10)
     train = dict(steps=steps, lr=LR, min_lr=MIN_LR, warmup_steps=warm, weight_decay=WD, betas=BETAS, eps=EPS,
-                 grad_clip=CLIP, batch_size=B, seq_len=S, log_every=1, save_every=0, out=out, **(extra or {}))
+                 grad_clip=CLIP, batch_size=B, seq_len=S, log_every=1, save_every=0, out=out)
+    train.update(extra or {})
     used = dtype
     for attempt in (dtype, None):
         cfg = os.path.join(work, f"{label.replace(' ', '_')}.yaml")
@@ -375,7 +376,8 @@ def perf(A):
             if base == "llmkern_graph" and A.device != "cuda":
                 r = dict(skip="train.cuda_graph needs a GPU")
             elif base in ("llmkern", "llmkern_graph"):   # llmkern_graph: train.cuda_graph, the step replayed
-                extra = {"cuda_graph": True} if base == "llmkern_graph" else None
+                # the graph's losses are read once per log interval (10 steps): its steps queue
+                extra = {"cuda_graph": True, "log_every": 10} if base == "llmkern_graph" else None
                 r = run_lk(A, label, A.lk_dtype, init, tokens, B, S, A.steps, work, extra, attn or None)
             else:
                 r = run_hf(A, label, kind, A.hf_dtype, init, tokens, B, S, A.steps, work)

@@ -98,26 +98,32 @@ LK_API lk_status lk_cuda_scale_bufs(const lk_cuda_buf *bufs, int n_bufs, float s
 LK_API lk_status lk_cuda_clip_grad_norm(const lk_cuda_buf *bufs, int n_bufs, double max_norm, double *norm, lk_ctx *ctx);
 
 /* --- a whole optimizer step without the host (a CUDA graph's) -----------------------------
- * The plan holds the tensor lists in device memory (uploaded once, at create) and the
- * step's scalars in a pinned host block copied to the device by the step itself, so
+ * The plan holds the tensor lists in device memory (uploaded once, at create) and each
+ * step's scalars in a pinned host slot copied to the device by the step itself, so
  * lk_cuda_adamw_plan_step enqueues work and never waits: the global gradient norm (the
- * f64 fixed-order sum of lk_cuda_grad_norm), then AdamW with the gradient clipped to
- * max_norm as it is read (> 0: on; the factor of lk_cuda_clip_grad_norm) and, when the
- * norm is NaN or Inf, no tensor changed. The same bits as lk_cuda_clip_grad_norm then
- * lk_cuda_adamw_step, but the gradients stay unscaled in memory.
+ * f64 fixed-order sum of lk_cuda_grad_norm), the step's loss and norm appended to a log
+ * on the device, then AdamW with the gradient clipped to max_norm as it is read (> 0: on;
+ * the factor of lk_cuda_clip_grad_norm). The same bits as lk_cuda_clip_grad_norm then
+ * lk_cuda_adamw_step, but the gradients stay unscaled in memory. From the first step whose
+ * loss or norm is NaN or Inf on, no tensor changes: the weights stay those of the last good
+ * step, however many steps were queued behind it.
  *   create  tensors as lk_cuda_adamw_step's (kept by pointer: they must stay where they are),
- *           hp's betas, eps and weight_decay (its lr and step are set per step)
- *   set     this step's lr and step t >= 1, into the pinned block: call it when the previous
- *           plan step has completed (it reads the block as it runs)
- *   step    enqueues on ctx->stream
- *   norm    the last completed step's norm before clipping (a device-to-host read) */
+ *           hp's betas, eps and weight_decay (its lr and step are set per step), log_cap:
+ *           the steps the log holds between two reads
+ *   set     step t's lr and t >= 1 into a slot (0 .. LK_CUDA_PLAN_SLOTS - 1) of the pinned
+ *           scalars: the slot's previous step must have completed (its copy reads the slot)
+ *   step    enqueues on ctx->stream, with that slot's scalars; loss: the step's loss (a
+ *           device f32, logged beside the norm; NULL logs 0)
+ *   read    waits for the device, then the (loss, norm before clipping) of every step since
+ *           the last read, oldest first, into loss[] and norm[] (cap entries), *n of them */
+#define LK_CUDA_PLAN_SLOTS 2
 typedef struct lk_cuda_adamw_plan lk_cuda_adamw_plan;
 LK_API lk_status lk_cuda_adamw_plan_create(const lk_cuda_adamw_tensor *tensors, int n_tensors,
-                                           const lk_cuda_adamw_hparams *hp, double max_norm,
+                                           const lk_cuda_adamw_hparams *hp, double max_norm, int log_cap,
                                            lk_cuda_adamw_plan **out);
-LK_API lk_status lk_cuda_adamw_plan_set(lk_cuda_adamw_plan *plan, double lr, int64_t step);
-LK_API lk_status lk_cuda_adamw_plan_step(lk_cuda_adamw_plan *plan, lk_ctx *ctx);
-LK_API lk_status lk_cuda_adamw_plan_norm(const lk_cuda_adamw_plan *plan, double *norm);
+LK_API lk_status lk_cuda_adamw_plan_set(lk_cuda_adamw_plan *plan, int slot, double lr, int64_t step);
+LK_API lk_status lk_cuda_adamw_plan_step(lk_cuda_adamw_plan *plan, int slot, const float *loss, lk_ctx *ctx);
+LK_API lk_status lk_cuda_adamw_plan_read(lk_cuda_adamw_plan *plan, double *loss, double *norm, int cap, int *n);
 LK_API void lk_cuda_adamw_plan_free(lk_cuda_adamw_plan *plan);
 
 #ifdef __cplusplus

@@ -83,12 +83,19 @@ LK_API void lk_model_set_deterministic(lk_model *m, int on);
  *   lk_model_stage_batch    the host side of a forward alone: the batch checked (every id
  *                           in range, cu_seqlens 0 .. B·S), the buffers for its size, and on
  *                           a GPU its token arrays and cu_seqlens written into the pinned
- *                           memory a captured step copies from. Before each replay, once the
- *                           previous one has completed. */
+ *                           memory a captured step copies from: the current stage slot's.
+ *   lk_model_set_stage_slot which of two pinned slots the staging writes and the forward
+ *                           copies from (0 or 1; 0 at create), so the host can stage one
+ *                           step's batch while the step before still reads the other's:
+ *                           a slot is written once the step that last read it has completed
+ *   lk_model_loss_device    where the forward leaves its loss (a device f32; NULL on the CPU),
+ *                           for a step log that reads it later */
 LK_API void lk_model_set_stream(lk_model *m, void *stream);
 LK_API lk_status lk_model_defer_stats(lk_model *m, int on);
 LK_API lk_status lk_model_read_stats(lk_model *m, lk_step_stats *st);
 LK_API lk_status lk_model_stage_batch(lk_model *m, const lk_batch *batch);
+LK_API lk_status lk_model_set_stage_slot(lk_model *m, int slot);
+LK_API const float *lk_model_loss_device(const lk_model *m);
 /* Sequence and expert parallelism; call before the first step (NULL or a group of one:
  * none). Every rank of both groups is handed the same calls.
  *   sp: the SP group. Its ranks are handed the same whole batch; rank r runs tokens

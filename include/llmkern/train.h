@@ -168,10 +168,12 @@ typedef struct {
                                   * safetensors), no optimizer file, no loss.csv */
     /* Called before each step's first forward (tests inject faults through it). */
     void (*before_step)(void *user, int64_t step, struct lk_model *m);
-    /* Called with each step's loss before it is checked (tests turn it into NaN). */
+    /* Called with each step's loss before it is checked (tests turn it into NaN); not with
+     * train.cuda_graph, whose losses are read after their updates (LK_EINVAL). */
     void (*after_loss)(void *user, int64_t step, double *loss);
     /* Called after each step, on the rank that writes (rank 0), with its numbers
-     * (`llmkern train --json` prints them; with quiet set, instead of the line). */
+     * (`llmkern train --json` prints them; with quiet set, instead of the line); with
+     * train.cuda_graph for each step of a log interval at its end, when the losses are read. */
     void (*on_step)(void *user, const lk_train_step *st);
     void *user;
     float *loss_log;             /* loss_log[step] = that step's loss, for step < loss_log_cap */

@@ -290,6 +290,10 @@ static lk_cross_entropy_args ce_args(lk_model *m) {
     return a;
 }
 
+/* A stage slot's 8-byte words: [3, T] i64 tokens, then [T + 1] i32 cu_seqlens. */
+static size_t stage_words(int64_t T) { return (size_t)(3 * T) + (size_t)(T + 2) / 2; }
+static int64_t *stage_of(const lk_model *m) { return m->stage + (size_t)m->stage_slot * stage_words(m->T); }
+
 /* Every op's saved bytes for T tokens (a layer's attention and rope queries read the
  * q/k/v shapes only), then one block for what the backward keeps and one for scratch. */
 static lk_status alloc_acts(lk_model *m, int64_t T) {
@@ -386,7 +390,7 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
         }
     }
     if (m->dev->type != LK_DEVICE_CPU && (!(m->dev_tokens = m->dev->alloc((size_t)(3 * T) * 8)) ||
-                                          !(m->stage = m->dev->host_alloc((size_t)(3 * T) * 8 + (size_t)(T + 1) * 4)))) {
+                                          !(m->stage = m->dev->host_alloc(2 * stage_words(T) * 8)))) {
         free_acts(m);
         return lk_error(LK_ENOMEM, "model: token arrays: out of device or pinned host memory");
     }
@@ -433,7 +437,7 @@ static lk_status stage_tokens(lk_model *m, const lk_batch *whole) {
     const lk_batch *b = &m->local;
     m->ids = b->input_ids, m->labels = b->labels, m->pos = b->position_ids, m->cu = whole->cu_seqlens;
     if (!m->dev_tokens) return LK_OK;
-    int64_t T = m->T, *h = m->stage, *d = m->dev_tokens;
+    int64_t T = m->T, *h = stage_of(m), *d = m->dev_tokens;
     if (whole->n_segs > T)
         return lk_error(LK_EINVAL, "model: batch: n_segs %lld: expected at most the %lld tokens", (long long)whole->n_segs,
                         (long long)T);
@@ -447,7 +451,7 @@ static lk_status stage_tokens(lk_model *m, const lk_batch *whole) {
 }
 
 static lk_status copy_tokens(lk_model *m) {
-    return m->stage ? m->dev->put_async(m->dev_tokens, m->stage, (size_t)(3 * m->T) * 8, &m->ctx) : LK_OK;
+    return m->stage ? m->dev->put_async(m->dev_tokens, stage_of(m), (size_t)(3 * m->T) * 8, &m->ctx) : LK_OK;
 }
 
 /* The host side of a step: the batch checked, this rank's slice, the buffers for its
@@ -542,6 +546,15 @@ lk_status lk_model_defer_stats(lk_model *m, int on) {
     m->defer_stats = on ? 1 : 0;
     return LK_OK;
 }
+
+lk_status lk_model_set_stage_slot(lk_model *m, int slot) {
+    if (!m) return lk_error(LK_EINVAL, "model_set_stage_slot: expected a model");
+    if (slot != 0 && slot != 1) return lk_error(LK_EINVAL, "model_set_stage_slot: slot: expected 0 or 1, got %d", slot);
+    m->stage_slot = slot;
+    return LK_OK;
+}
+
+const float *lk_model_loss_device(const lk_model *m) { return m && m->dev_tokens ? m->scal : NULL; }
 
 lk_status lk_model_read_stats(lk_model *m, lk_step_stats *st) {
     if (!m || !st) return lk_error(LK_EINVAL, "model_read_stats: expected a model and stats");

@@ -490,28 +490,23 @@ static lk_status finish_grads(trainer *t) {
 }
 
 /* train.cuda_graph after the run's first step (run eagerly: it sizes every buffer and
- * workspace the capture then finds in place): the batch staged on the host, the captured
- * step replayed, its loss and norm read once it has run. */
-static lk_status graph_step(trainer *t, const lk_train_opts *o, double *loss, double *grad_norm, int64_t *tokens) {
+ * workspace the capture then finds in place): step `step` + 1's batch staged and its
+ * captured step queued behind the ones before, without waiting; its loss and norm come
+ * with the next read (run_loop's flush). */
+static lk_status graph_queue(trainer *t, int64_t step, int log_cap, int64_t *tokens) {
     const lk_train_config *tc = t->tc;
-    double lr = lk_lr_schedule(t->step, tc->warmup_steps, tc->steps, tc->lr, tc->min_lr);
-    lk_step_stats st;
+    double lr = lk_lr_schedule(step, tc->warmup_steps, tc->steps, tc->lr, tc->min_lr);
     lk_status s = next_batch(t);
-    if (!s) s = lk_model_stage_batch(t->model, &t->batch);
-    if (!s) s = t->dev->graph_step(t, lr, grad_norm);
-    if (!s) s = lk_model_read_stats(t->model, &st);
+    if (!s) s = t->dev->graph_step(t, step, lr, log_cap);
     if (s) return s;
-    *loss = st.loss;
+    t->hist[step * LK_HIST_COLS + LK_HIST_LR] = (float)lr;
     *tokens = t->batch.B * t->batch.S;
-    if (o->after_loss) o->after_loss(o->user, t->step, loss);
-    if (isfinite(*loss) && isfinite(*grad_norm)) t->hist[t->step * LK_HIST_COLS + LK_HIST_LR] = (float)lr;
     return LK_OK;
 }
 
 /* One optimizer step; *loss gets the mean of the micro-batch losses (over the DP group). */
 static lk_status train_step(trainer *t, const lk_train_opts *o, double *loss, double *grad_norm, int64_t *tokens) {
     const lk_train_config *tc = t->tc;
-    if (tc->cuda_graph && t->step > t->start_step) return graph_step(t, o, loss, grad_norm, tokens);
     lk_model_zero_grad(t->model);
     double sum = 0.0;
     *tokens = 0;
@@ -555,73 +550,135 @@ static lk_status train_step(trainer *t, const lk_train_opts *o, double *loss, do
     return LK_OK;
 }
 
+/* The loop's state between steps: the progress line's clock and totals. */
+typedef struct {
+    FILE *csv;
+    int64_t every;   /* a log's line every `every` steps */
+    int quiet, tty;
+    double t0, tokens_total;
+} loop_state;
+
+/* The bookkeeping of step t->step + 1, which ran in dt seconds: a NaN or Inf loss or
+ * norm stops the run (the step's update not applied); else its row of the history and
+ * loss.csv, the logs, the progress line, the callbacks and a checkpoint when due, and
+ * t->step advanced. */
+static lk_status record_step(trainer *t, const lk_train_opts *o, lk_train_result *r, loop_state *ls, double loss,
+                             double norm, int64_t tokens, double dt) {
+    const lk_train_config *tc = t->tc;
+    if (!isfinite(loss) || !isfinite(norm))
+        return lk_error(LK_EINVAL, "train: step %lld: %s is %s: training stopped, the weights of this step not "
+                        "updated; %s%s", (long long)t->step + 1, isfinite(loss) ? "gradient norm" : "loss",
+                        isfinite(loss) ? (isnan(norm) ? "NaN" : "Inf") : (isnan(loss) ? "NaN" : "Inf"),
+                        t->last_ckpt[0] ? "last good checkpoint: " : "no checkpoint was written yet", t->last_ckpt);
+    ls->tokens_total += (double)tokens;
+    uint64_t used = t->dev->mem_used ? t->dev->mem_used() : 0;
+    if (used > t->mem_peak) t->mem_peak = used;
+    float *row = t->hist + t->step * LK_HIST_COLS;
+    row[LK_HIST_STEP] = (float)(t->step + 1);   /* updates done, as the progress line counts */
+    row[LK_HIST_LOSS] = (float)loss;
+    row[LK_HIST_GRAD_NORM] = (float)norm;
+    row[LK_HIST_TOKENS_PER_S] = (float)((double)tokens / (dt > 0 ? dt : 1e-9));
+    if (ls->csv) {
+        fprintf(ls->csv, "%lld,%.7g,%.7g,%.7g,%.1f\n", (long long)row[0], row[1], row[2], row[3], row[4]);
+        fflush(ls->csv);
+    }
+    if (o->loss_log && t->step < o->loss_log_cap) o->loss_log[t->step] = (float)loss;
+    if (o->grad_norm_log && t->step < o->loss_log_cap) o->grad_norm_log[t->step] = (float)norm;
+    if (t->step == t->start_step) r->first_loss = loss;
+    r->last_loss = loss;
+    t->step++;
+    double elapsed = now_s() - ls->t0, per_step = elapsed / (double)(t->step - t->start_step);
+    double rate = ls->tokens_total / elapsed, eta = per_step * (double)(tc->steps - t->step);
+    int due = ls->tty || t->step == t->start_step + 1 || t->step % ls->every == 0 || t->step == tc->steps;
+    if (!ls->quiet && due)   /* the run's average rate: steady where one step's is noisy */
+        progress(t, row, rate, eta, ls->tty, t->step == tc->steps);
+    if (o->on_step && t->writer)
+        o->on_step(o->user, &(lk_train_step){.step = t->step, .steps = tc->steps, .loss = loss, .lr = row[LK_HIST_LR],
+                                             .grad_norm = norm, .tokens_per_s = rate, .eta_s = eta,
+                                             .peak_device_bytes = t->mem_peak});
+    lk_status s = LK_OK;
+    if (!o->no_save && tc->save_every > 0 && t->step % tc->save_every == 0 && t->step < tc->steps) {
+        if (t->world) lk_comm_watchdog_grace(10 * tc->comm_timeout_s);   /* the others wait for rank 0's write */
+        if (t->writer && ((s = lk_trainer_save(t)) || (s = write_plot(t)))) {}
+        s = dp_agree(t, s);
+        if (t->world) lk_comm_watchdog_grace(0);
+    }
+    return s;
+}
+
+/* Whether a queued step ends a log interval: its losses are read there, and before a
+ * checkpoint (which must not hold a step not yet checked) and at the run's end. */
+static int flush_after(const trainer *t, const lk_train_opts *o, const loop_state *ls, int64_t done, int queued) {
+    const lk_train_config *tc = t->tc;
+    return done % ls->every == 0 || queued >= ls->every || done == tc->steps ||
+           (o->stop_at > 0 && done >= o->stop_at) || (tc->save_every > 0 && done % tc->save_every == 0);
+}
+
+/* train.cuda_graph: the queued steps' losses and norms read at once, each recorded in
+ * order; the interval's wall time shared out among them. */
+static lk_status flush(trainer *t, const lk_train_opts *o, lk_train_result *r, loop_state *ls, const int64_t *tokens,
+                       int queued, double since) {
+    double loss[queued], norm[queued];
+    int n = 0;
+    lk_status s = t->dev->graph_read(t, loss, norm, queued, &n);
+    if (!s && n != queued)
+        s = lk_error(LK_EINTERNAL, "train: train.cuda_graph: %d steps queued, %d logged", queued, n);
+    double dt = (now_s() - since) / (queued > 0 ? queued : 1);
+    for (int i = 0; !s && i < n; i++) s = record_step(t, o, r, ls, loss[i], norm[i], tokens[i], dt);
+    return s;
+}
+
 static lk_status run_loop(trainer *t, const lk_train_opts *o, lk_train_result *r) {
     const lk_train_config *tc = t->tc;
     lk_status s0;
-    int quiet = o->quiet || !t->writer, tty = !quiet && isatty(STDOUT_FILENO);
+    loop_state ls = {.quiet = o->quiet || !t->writer};
+    ls.tty = !ls.quiet && isatty(STDOUT_FILENO);
     /* a terminal's line is rewritten every step; a log gets one every `every` steps */
-    int64_t every = tc->log_every > 0 ? tc->log_every : lk_train_log_every(tc->steps);
-    FILE *csv = t->writer ? open_csv(t) : NULL;
-    if (t->writer && csv == NULL) return dp_agree(t, LK_EIO);
+    ls.every = tc->log_every > 0 ? tc->log_every : lk_train_log_every(tc->steps);
+    ls.csv = t->writer ? open_csv(t) : NULL;
+    if (t->writer && ls.csv == NULL) return dp_agree(t, LK_EIO);
     if ((s0 = dp_agree(t, LK_OK))) return s0;
+    int graph = tc->cuda_graph, cap = ls.every < 4096 ? (int)ls.every : 4096;
+    if (graph) ls.every = cap;
+    int64_t *queued_tokens = graph ? calloc((size_t)cap, sizeof *queued_tokens) : NULL;
+    if (graph && !queued_tokens) return lk_error(LK_ENOMEM, "train: train.cuda_graph: out of memory");
     lk_status s = LK_OK;
-    double t0 = now_s(), tokens_total = 0.0;
-    while (t->step < tc->steps && !(o->stop_at > 0 && t->step >= o->stop_at)) {
-        if (t->world) lk_comm_watchdog_step(t->step + 1);   /* the step a stuck collective's message names */
-        if (o->before_step) o->before_step(o->user, t->step, t->model);
+    int queued = 0;
+    ls.t0 = now_s();
+    double since = ls.t0;
+    for (;;) {
+        int64_t step = t->step + queued;   /* the step to run next, from 0 */
+        if (step >= tc->steps || (o->stop_at > 0 && step >= o->stop_at)) break;
+        if (t->world) lk_comm_watchdog_step(step + 1);   /* the step a stuck collective's message names */
+        if (o->before_step) o->before_step(o->user, step, t->model);
+        int profiled = t->dev->profile && step + 1 == tc->profile_step;
+        if (profiled) t->dev->profile(1);
+        if (graph && step > t->start_step) {   /* queued; read once per log interval */
+            if (queued == 0) since = now_s();
+            s = graph_queue(t, step, cap, &queued_tokens[queued]);
+            if (profiled) t->dev->profile(0);
+            if (s) break;
+            if (!flush_after(t, o, &ls, step + 1, ++queued)) continue;
+            s = flush(t, o, r, &ls, queued_tokens, queued, since);
+            queued = 0;
+            if (s) break;
+            continue;
+        }
         double ts = now_s(), loss = NAN, norm = NAN;
         int64_t tokens;
-        int profiled = t->dev->profile && t->step + 1 == tc->profile_step;
-        if (profiled) t->dev->profile(1);
         s = train_step(t, o, &loss, &norm, &tokens);
         if (profiled) t->dev->profile(0);
-        if (s) break;
-        if (!isfinite(loss) || !isfinite(norm)) {
-            s = lk_error(LK_EINVAL, "train: step %lld: %s is %s: training stopped, the weights of this step not "
-                         "updated; %s%s", (long long)t->step + 1, isfinite(loss) ? "gradient norm" : "loss",
-                         isfinite(loss) ? (isnan(norm) ? "NaN" : "Inf") : (isnan(loss) ? "NaN" : "Inf"),
-                         t->last_ckpt[0] ? "last good checkpoint: " : "no checkpoint was written yet", t->last_ckpt);
-            break;
-        }
-        double dt = now_s() - ts;
-        tokens_total += (double)tokens;
-        uint64_t used = t->dev->mem_used ? t->dev->mem_used() : 0;
-        if (used > t->mem_peak) t->mem_peak = used;
-        float *row = t->hist + t->step * LK_HIST_COLS;
-        row[LK_HIST_STEP] = (float)(t->step + 1);   /* updates done, as the progress line counts */
-        row[LK_HIST_LOSS] = (float)loss;
-        row[LK_HIST_GRAD_NORM] = (float)norm;
-        row[LK_HIST_TOKENS_PER_S] = (float)((double)tokens / (dt > 0 ? dt : 1e-9));
-        if (csv) {
-            fprintf(csv, "%lld,%.7g,%.7g,%.7g,%.1f\n", (long long)row[0], row[1], row[2], row[3], row[4]);
-            fflush(csv);
-        }
-        if (o->loss_log && t->step < o->loss_log_cap) o->loss_log[t->step] = (float)loss;
-        if (o->grad_norm_log && t->step < o->loss_log_cap) o->grad_norm_log[t->step] = (float)norm;
-        if (t->step == t->start_step) r->first_loss = loss;
-        r->last_loss = loss;
-        t->step++;
-        double elapsed = now_s() - t0, per_step = elapsed / (double)(t->step - t->start_step);
-        double rate = tokens_total / elapsed, eta = per_step * (double)(tc->steps - t->step);
-        int due = tty || t->step == t->start_step + 1 || t->step % every == 0 || t->step == tc->steps;
-        if (!quiet && due)   /* the run's average rate: steady where one step's is noisy */
-            progress(t, row, rate, eta, tty, t->step == tc->steps);
-        if (o->on_step && t->writer)
-            o->on_step(o->user, &(lk_train_step){.step = t->step, .steps = tc->steps, .loss = loss, .lr = row[LK_HIST_LR],
-                                                 .grad_norm = norm, .tokens_per_s = rate, .eta_s = eta,
-                                                 .peak_device_bytes = t->mem_peak});
-        if (!o->no_save && tc->save_every > 0 && t->step % tc->save_every == 0 && t->step < tc->steps) {
-            if (t->world) lk_comm_watchdog_grace(10 * tc->comm_timeout_s);   /* the others wait for rank 0's write */
-            if (t->writer && ((s = lk_trainer_save(t)) || (s = write_plot(t)))) {}
-            s = dp_agree(t, s);
-            if (t->world) lk_comm_watchdog_grace(0);
-            if (s) break;
-        }
+        if (s || (s = record_step(t, o, r, &ls, loss, norm, tokens, now_s() - ts))) break;
     }
-    if (csv) fclose(csv);
-    if (tty && s) printf("\n");   /* end the in-place line before the error is printed */
-    r->seconds = now_s() - t0;
-    r->tokens_per_s = tokens_total / (r->seconds > 0 ? r->seconds : 1e-9);
+    if (queued) {   /* a step failed to queue: the ones before it still count */
+        lk_status f = flush(t, o, r, &ls, queued_tokens, queued, since);
+        if (!s) s = f;
+    }
+    free(queued_tokens);
+    if (ls.csv) fclose(ls.csv);
+    if (ls.tty && s) printf("\n");   /* end the in-place line before the error is printed */
+    r->seconds = now_s() - ls.t0;
+    r->tokens_per_s = ls.tokens_total / (r->seconds > 0 ? r->seconds : 1e-9);
     r->steps_done = t->step;
     return s;
 }
@@ -644,6 +701,9 @@ lk_status lk_train_run(const lk_train_config *tc, const lk_ops_config *ops, cons
     lk_train_result r = {0};
     if (tc == NULL || ops == NULL) return lk_error(LK_EINVAL, "train: expected a train config and an ops config");
     const lk_train_opts *o = opts ? opts : &none;
+    if (tc->cuda_graph && o->after_loss)   /* the graph's losses are read after their updates */
+        return lk_error(LK_EINVAL, "train: train.cuda_graph: an after_loss hook needs each loss before its step's "
+                        "update; a graph's are read once per log interval");
     trainer t;
     /* a rank that stops must not leave the others blocked in a collective for ever */
     int watched = o->mesh && o->mesh->world->size > 1 && tc->comm_timeout_s > 0;

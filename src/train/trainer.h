@@ -34,12 +34,16 @@ typedef struct {
     /* The device profiler on (1) or off (0) around train.profile_step (NULL: none). */
     void (*profile)(int on);
     /* train.cuda_graph (NULL: the device has none). graph_init before the first step puts
-     * the model on a stream of its own; graph_step runs one step of the staged batch at
+     * the model on a stream of its own; graph_step queues step `step` + 1 of t->batch at
      * lr: zero_grad, forward, backward, clipping and AdamW captured in a CUDA graph the
-     * first time for a batch shape (tokens, documents, the longest), then replayed; it
-     * waits for the step and gives the gradient norm before clipping. */
+     * first time for a batch shape (tokens, documents, the longest), then replayed, without
+     * waiting for it (log_cap: the most steps queued between two reads); graph_read waits
+     * for the queued steps and gives each one's loss and gradient norm before clipping,
+     * oldest first. After a step with a NaN or Inf loss or norm no queued step changes the
+     * weights. */
     lk_status (*graph_init)(struct trainer *t);
-    lk_status (*graph_step)(struct trainer *t, double lr, double *norm);
+    lk_status (*graph_step)(struct trainer *t, int64_t step, double lr, int log_cap);
+    lk_status (*graph_read)(struct trainer *t, double *loss, double *norm, int cap, int *n);
     void (*graph_free)(struct trainer *t);
 } lk_train_device;
 

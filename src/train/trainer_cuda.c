@@ -81,21 +81,34 @@ static lk_status update(trainer *t, double lr, double *norm) {
     return s;
 }
 
-/* --- train.cuda_graph ------------------------------------------------------------------ */
+/* --- train.cuda_graph ------------------------------------------------------------------
+ * Two captured steps, one per stage slot (the model's pinned token arrays and the plan's
+ * scalars): step t runs slot t % 2, so the host stages step t + 1 while step t runs and
+ * waits only for step t - 1 (the slot's previous user) to complete. Each step's loss and
+ * norm go to the plan's log on the device, read once per log interval (graph_read). */
 
 typedef struct {
-    cudaStream_t stream;          /* the model's and the captured step's */
-    cudaGraphExec_t exec;         /* NULL until the first capture */
+    cudaGraphExec_t exec;            /* NULL until the slot's first capture */
     int64_t T, n_segs, max_seqlen;   /* the batch shape exec was captured for */
-    lk_cuda_adamw_plan *plan;     /* the update without the host */
+    cudaEvent_t done;                /* recorded after the slot's last launch */
+} graph_slot;
+
+typedef struct {
+    cudaStream_t stream;          /* the model's and the captured steps' */
+    graph_slot slot[LK_CUDA_PLAN_SLOTS];
+    lk_cuda_adamw_plan *plan;     /* the update without the host, and the step log */
 } graph_state;
 
 static void graph_free(trainer *t) {
     graph_state *g = t->graph;
     if (!g) return;
-    if (g->exec) cudaGraphExecDestroy(g->exec);
+    if (g->stream) cudaStreamSynchronize(g->stream);
+    for (int i = 0; i < LK_CUDA_PLAN_SLOTS; i++) {
+        if (g->slot[i].exec) cudaGraphExecDestroy(g->slot[i].exec);
+        if (g->slot[i].done) cudaEventDestroy(g->slot[i].done);
+    }
     lk_cuda_adamw_plan_free(g->plan);
-    if (t->model) lk_model_set_stream(t->model, NULL);
+    if (t->model) lk_model_set_stream(t->model, NULL), lk_model_set_stage_slot(t->model, 0);
     if (g->stream) cudaStreamDestroy(g->stream);
     free(g);
     t->graph = NULL;
@@ -105,28 +118,33 @@ static lk_status graph_init(trainer *t) {
     graph_state *g = calloc(1, sizeof *g);
     if (!g) return lk_error(LK_ENOMEM, "train: train.cuda_graph: out of memory");
     t->graph = g;
-    /* a blocking stream: the legacy stream's copies (checkpoints, the stats read) wait for it */
+    /* a blocking stream: the legacy stream's copies (checkpoints, the log's read) wait for it */
     LK_CUDA_TRY(cudaStreamCreateWithFlags(&g->stream, cudaStreamDefault));
+    for (int i = 0; i < LK_CUDA_PLAN_SLOTS; i++) {
+        LK_CUDA_TRY(cudaEventCreateWithFlags(&g->slot[i].done, cudaEventDisableTiming));
+        LK_CUDA_TRY(cudaEventRecord(g->slot[i].done, g->stream));
+    }
     lk_model_set_stream(t->model, g->stream);
     return LK_OK;
 }
 
-/* The plan over every parameter, the tensors update() steps. */
-static lk_status make_plan(trainer *t, graph_state *g) {
+/* The plan over every parameter, the tensors update() steps; its log holds a log interval. */
+static lk_status make_plan(trainer *t, graph_state *g, int log_cap) {
     lk_cuda_adamw_tensor *p = adamw_tensors(t);
     if (!p) return lk_error(LK_ENOMEM, "train: train.cuda_graph: out of memory");
     lk_cuda_adamw_hparams h = hparams(t, 0.0, 1);   /* lr and step: set each step */
-    lk_status s = lk_cuda_adamw_plan_create(p, t->n_params, &h, t->tc->grad_clip, &g->plan);
+    lk_status s = lk_cuda_adamw_plan_create(p, t->n_params, &h, t->tc->grad_clip, log_cap, &g->plan);
     free(p);
     return s;
 }
 
-/* Records the step into g->exec: instantiated the first time, updated in place after
- * (cudaGraphExecUpdate: the same kernels with other arguments, far cheaper than a new
- * instantiation when a batch has another documents' count). A host sync inside the step
- * (a device-to-host read, a synchronize, a copy from pageable memory) makes the capture
- * fail: the error says so. */
-static lk_status capture(trainer *t, graph_state *g) {
+/* Records the staged step into slot i's exec: instantiated the first time, updated in
+ * place after (cudaGraphExecUpdate: the same kernels with other arguments, far cheaper
+ * than a new instantiation when a batch has another documents' count). A host sync inside
+ * the step (a device-to-host read, a synchronize, a copy from pageable memory) makes the
+ * capture fail: the error says so. */
+static lk_status capture(trainer *t, graph_state *g, int i, int64_t step) {
+    graph_slot *sl = &g->slot[i];
     LK_CUDA_TRY(cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeGlobal));
     lk_status s = lk_model_defer_stats(t->model, 1);
     lk_step_stats st;
@@ -134,7 +152,7 @@ static lk_status capture(trainer *t, graph_state *g) {
     if (!s) s = lk_model_forward_backward(t->model, &t->batch, 1.0f, &st);   /* grad_accum 1 */
     lk_ctx c = t->ctx;
     c.stream = g->stream;
-    if (!s) s = lk_cuda_adamw_plan_step(g->plan, &c);
+    if (!s) s = lk_cuda_adamw_plan_step(g->plan, i, lk_model_loss_device(t->model), &c);
     char why[400] = "";
     if (s) snprintf(why, sizeof why, "%s", lk_last_error());
     cudaGraph_t graph = NULL;
@@ -145,37 +163,53 @@ static lk_status capture(trainer *t, graph_state *g) {
         if (graph) cudaGraphDestroy(graph);
         return lk_error(LK_EUNAVAILABLE, "train: train.cuda_graph: step %lld could not be captured (%s): a host sync "
                         "or a read back inside the step (a module whose implementation waits on the GPU)",
-                        (long long)t->step + 1, s ? why : cudaGetErrorString(e));
+                        (long long)step + 1, s ? why : cudaGetErrorString(e));
     }
     cudaGraphExecUpdateResultInfo info;
-    if (g->exec && cudaGraphExecUpdate(g->exec, graph, &info) != cudaSuccess) {   /* another shape of graph */
+    if (sl->exec && cudaGraphExecUpdate(sl->exec, graph, &info) != cudaSuccess) {   /* another shape of graph */
         cudaGetLastError();
-        cudaGraphExecDestroy(g->exec);
-        g->exec = NULL;
+        cudaGraphExecDestroy(sl->exec);
+        sl->exec = NULL;
     }
-    e = g->exec ? cudaSuccess : cudaGraphInstantiate(&g->exec, graph, 0);
+    e = sl->exec ? cudaSuccess : cudaGraphInstantiate(&sl->exec, graph, 0);
     cudaGraphDestroy(graph);
     if (e != cudaSuccess) {
-        g->exec = NULL;
+        sl->exec = NULL;
         return lk_cuda_fail(e, "train: train.cuda_graph: instantiate", __FILE__, __LINE__);
     }
     const lk_batch *b = &t->batch;
-    g->T = b->B * b->S, g->n_segs = b->n_segs, g->max_seqlen = b->max_seqlen;
+    sl->T = b->B * b->S, sl->n_segs = b->n_segs, sl->max_seqlen = b->max_seqlen;
     return LK_OK;
 }
 
-static lk_status graph_step(trainer *t, double lr, double *norm) {
+/* Step `step` + 1 of t->batch at lr, queued behind the one before: its slot waited for,
+ * the batch staged there, the slot's graph captured when the batch's shape is new to it,
+ * then launched. */
+static lk_status graph_step(trainer *t, int64_t step, double lr, int log_cap) {
     graph_state *g = t->graph;
     const lk_batch *b = &t->batch;
-    lk_status s = g->plan ? LK_OK : make_plan(t, g);
-    if (!s) s = lk_cuda_adamw_plan_set(g->plan, lr, t->step + 1);   /* the previous step has completed */
-    /* the kernels' arguments hold the documents' count and the longest one's length */
-    if (!s && (!g->exec || g->T != b->B * b->S || g->n_segs != b->n_segs || g->max_seqlen != b->max_seqlen))
-        s = capture(t, g);
+    int i = (int)(step % LK_CUDA_PLAN_SLOTS);
+    graph_slot *sl = &g->slot[i];
+    lk_status s = g->plan ? LK_OK : make_plan(t, g, log_cap);
     if (s) return s;
-    LK_CUDA_TRY(cudaGraphLaunch(g->exec, g->stream));
-    LK_CUDA_TRY(cudaStreamSynchronize(g->stream));   /* the step's end: the host stages the next batch */
-    return lk_cuda_adamw_plan_norm(g->plan, norm);
+    LK_CUDA_TRY(cudaEventSynchronize(sl->done));   /* the step that last read slot i has run */
+    if ((s = lk_model_set_stage_slot(t->model, i)) || (s = lk_model_stage_batch(t->model, b)) ||
+        (s = lk_cuda_adamw_plan_set(g->plan, i, lr, step + 1)))
+        return s;
+    /* the kernels' arguments hold the documents' count and the longest one's length */
+    if (!sl->exec || sl->T != b->B * b->S || sl->n_segs != b->n_segs || sl->max_seqlen != b->max_seqlen)
+        s = capture(t, g, i, step);
+    if (s) return s;
+    LK_CUDA_TRY(cudaGraphLaunch(sl->exec, g->stream));
+    LK_CUDA_TRY(cudaEventRecord(sl->done, g->stream));
+    return LK_OK;
+}
+
+/* The queued steps' losses and norms, oldest first (waits for them). */
+static lk_status graph_read(trainer *t, double *loss, double *norm, int cap, int *n) {
+    graph_state *g = t->graph;
+    if (!g->plan) return *n = 0, LK_OK;
+    return lk_cuda_adamw_plan_read(g->plan, loss, norm, cap, n);
 }
 
 static uint64_t mem_used(void) {
@@ -195,5 +229,5 @@ const lk_train_device lk_train_device_cuda = {
      * hid 40% of the exposed all-reduce (bench/NOTES.md, run 26) */
     .type = LK_DEVICE_CUDA, .bucket_bytes = (int64_t)128 << 20, .pick = pick, .grads_comm = grads_comm,
     .scale = scale, .update = update, .mem_used = mem_used, .profile = profile,
-    .graph_init = graph_init, .graph_step = graph_step, .graph_free = graph_free,
+    .graph_init = graph_init, .graph_step = graph_step, .graph_read = graph_read, .graph_free = graph_free,
 };

@@ -8,7 +8,10 @@
  * final optimizer file bit for bit. (Until the AdamW kernels rounded every operation on
  * its own, the graph's run parted from the eager one by a few ulps from step 3: ptxas had
  * contracted the eager kernel's and the plan kernel's products into different FMAs.) A
- * config the graph cannot run is refused before any step. Prints the runs' tokens/s (speed belongs to
+ * config the graph cannot run is refused before any step. The graph's losses are read every
+ * 3 steps and before each checkpoint (every 4): the checkpoints match the eager run's too;
+ * a NaN weight set as step 6 is queued stops the run at step 6 once the 5-8 block is read,
+ * with checkpoint-4 the last good one. Prints the runs' tokens/s (speed belongs to
  * bench/e2e_peers.py). Skipped (77) where there is no GPU.
  *
  *   build-h200/cuda_test_train_graph */
@@ -20,6 +23,9 @@
 #include <cmocka.h>
 #include "cuda_util.h"
 #include "train_util.h"
+#include <cuda_runtime_api.h>
+#include <string.h>
+#include <unistd.h>
 
 static lk_train_config tc;
 static lk_ops_config ops;
@@ -37,6 +43,8 @@ static void tiny_config(const char *out, int moe, int graph) {
     tc.corpus_docs = 64;
     tc.device = LK_DEVICE_CUDA;   /* bf16, a GPU's default */
     tc.cuda_graph = graph;
+    tc.log_every = 3;    /* a graph's losses are read every 3 steps, and before each checkpoint */
+    tc.save_every = 4;
     tc.deterministic = 1;   /* attention's ordered dQ: at D 64 fa3's two warpgroups add dQ in either order */
     snprintf(tc.out, sizeof tc.out, "%s", out);
     lk_ops_config_init(&ops);
@@ -82,8 +90,11 @@ static void replays_the_eager_steps(int moe) {
     snprintf(pb, sizeof pb, "%s/checkpoint-%d/optimizer.safetensors", d[1], N);
     assert_same_weights(pa, pb);
     assert_memory_equal(graph, eager, sizeof eager);   /* the replay is the eager step, bit for bit */
-    snprintf(pb, sizeof pb, "%s/checkpoint-%d/optimizer.safetensors", d[2], N);
-    assert_same_weights(pa, pb);
+    for (int c = 4; c <= N; c += 4) {   /* checkpoint-4 was written with steps 5.. not yet queued */
+        snprintf(pa, sizeof pa, "%s/checkpoint-%d/optimizer.safetensors", d[0], c);
+        snprintf(pb, sizeof pb, "%s/checkpoint-%d/optimizer.safetensors", d[2], c);
+        assert_same_weights(pa, pb);
+    }
     assert_true(graph[N - 1] < graph[0]);
     for (int i = 0; i < 3; i++) rm_rf(d[i]);
 }
@@ -98,6 +109,42 @@ static void moe_replays_the_eager_steps(void **state) {
     replays_the_eager_steps(1);
 }
 
+/* A NaN master weight from step 6 on (set by the before_step hook as step 6 is queued):
+ * with steps 5-8 queued behind one read, the run stops at step 6 with the last good
+ * checkpoint named, and writes nothing after it. */
+static void poison_weight(void *user, int64_t step, struct lk_model *m) {
+    if (step != *(int64_t *)user) return;
+    for (int i = 0; i < lk_model_param_count(m); i++)
+        if (!strcmp(lk_model_param(m, i)->name, "model.norm.weight")) {
+            float nan = NAN;
+            assert_int_equal(cudaMemcpy(lk_model_param(m, i)->value.data, &nan, 4, cudaMemcpyHostToDevice), 0);
+            return;
+        }
+    fail_msg("no model.norm.weight");
+}
+
+static void nan_stops_the_queued_steps(void **state) {
+    (void)state;
+    char *d = tmpdir(), p[600];
+    tiny_config(d, 0, 1);
+    tc.log_every = 8;
+    int64_t at = 5;
+    float loss[8] = {0};
+    lk_train_opts o = {.quiet = 1, .before_step = poison_weight, .user = &at, .loss_log = loss, .loss_log_cap = 8};
+    lk_train_result r;
+    assert_int_equal(lk_train_run(&tc, &ops, NULL, &o, &r), LK_EINVAL);
+    print_message("  %s\n", lk_last_error());
+    assert_non_null(strstr(lk_last_error(), "step 6: loss is NaN"));
+    assert_non_null(strstr(lk_last_error(), "checkpoint-4"));
+    assert_int_equal(r.steps_done, 5);
+    for (int i = 0; i < 5; i++) assert_true(isfinite(loss[i]));
+    snprintf(p, sizeof p, "%s/checkpoint-8", d);
+    assert_true(access(p, F_OK) != 0);
+    rm_rf(d);
+}
+
+static void no_loss_hook(void *user, int64_t step, double *loss) { (void)user, (void)step, (void)loss; }
+
 static void refused_before_a_step(void **state) {
     (void)state;
     char *d = tmpdir();
@@ -106,6 +153,10 @@ static void refused_before_a_step(void **state) {
     lk_train_opts o = {.quiet = 1};
     assert_int_equal(lk_train_run(&tc, &ops, NULL, &o, NULL), LK_EINVAL);
     assert_non_null(strstr(lk_last_error(), "train.cuda_graph: expected train.device cuda, train.grad_accum 1"));
+    tc.grad_accum = 1;
+    lk_train_opts h = {.quiet = 1, .after_loss = no_loss_hook};
+    assert_int_equal(lk_train_run(&tc, &ops, NULL, &h, NULL), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "train.cuda_graph: an after_loss hook"));
     rm_rf(d);
 }
 
@@ -114,6 +165,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(dense_replays_the_eager_steps),
         cmocka_unit_test(moe_replays_the_eager_steps),
+        cmocka_unit_test(nan_stops_the_queued_steps),
         cmocka_unit_test(refused_before_a_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -4,7 +4,8 @@
  * dweight, accumulation into existing values, bit-identical on a second run), bad ids
  * (LK_EINVAL naming the token, dweight untouched), multi-tensor AdamW over three steps
  * (f32 params in place, bf16 params through f32 masters, no_decay, odd sizes), and the
- * global norm + clipping (mixed dtypes, odd sizes, deterministic, NaN passes through).
+ * global norm + clipping (mixed dtypes, odd sizes, deterministic, NaN passes through), and
+ * the plan of a CUDA graph's step (the eager clip + AdamW's bits, its log, its halt).
  * Outputs are poisoned with NaN first. Tolerances at each assertion. Skipped (77)
  * without a GPU. */
 #include <stdarg.h>
@@ -259,6 +260,109 @@ static void grad_norm_and_clip(void **state) {
     lkt_free_all();
 }
 
+/* --- the plan: a whole optimizer step without the host (train.cuda_graph's) ----------------- */
+
+/* The plan against the eager clip + AdamW on twin tensors, bit for bit, over three steps
+ * that clip (two slots in turn); its log gives each step's loss and norm; a NaN loss halts
+ * it: neither that step nor a finite one after it changes a tensor. */
+static void adamw_plan_matches_eager_and_halts(void **state) {
+    (void)state;
+    lk_arena ar;
+    lk_ctx ctx = ctx_of(&ar);
+    enum { NP = 3, STEPS = 5 };
+    const int64_t n[NP] = {4099, 1, 70001};
+    const lk_dtype pdt[NP] = {LK_BF16, LK_F32, LK_BF16};
+    lk_cuda_adamw_tensor te[NP], tp[NP];
+    lk_cuda_buf ge[NP];
+    void *gp[NP];   /* the plan twin's gradients */
+    uint32_t seed = 31;
+    for (int i = 0; i < NP; i++) {
+        double *x = lkt_alloc(n[i]);
+        lkt_randn(x, n[i], &seed, 1.0);
+        lk_cuda_adamw_tensor *tt[2] = {&te[i], &tp[i]};
+        for (int k = 0; k < 2; k++) {
+            *tt[k] = (lk_cuda_adamw_tensor){.param = lkt_upload(x, n[i], pdt[i]), .grad = lkt_dev((size_t)n[i] * 4),
+                                            .m = lkt_dev((size_t)n[i] * 4), .v = lkt_dev((size_t)n[i] * 4), .n = n[i],
+                                            .param_dtype = pdt[i], .grad_dtype = LK_F32, .no_decay = i == 1};
+            assert_int_equal(cudaMemset(tt[k]->m, 0, (size_t)n[i] * 4), 0);
+            assert_int_equal(cudaMemset(tt[k]->v, 0, (size_t)n[i] * 4), 0);
+            if (pdt[i] == LK_BF16) tt[k]->master = lkt_upload(x, n[i], LK_F32);
+        }
+        ge[i] = (lk_cuda_buf){(void *)te[i].grad, n[i], LK_F32};
+        gp[i] = (void *)tp[i].grad;
+    }
+    lk_cuda_adamw_hparams hp = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    const double max_norm = 1.0;   /* the grads' norm is ~100: every step clips */
+    lk_cuda_adamw_plan *plan;
+    assert_int_equal(lk_cuda_adamw_plan_create(tp, NP, &hp, max_norm, 8, &plan), LK_OK);
+    double losses[STEPS] = {2.5, 2.25, 2.0, NAN, 1.5}, norm_e[STEPS];
+    float *dloss = lkt_dev(4);
+    double *after3[NP];
+    for (int step = 1; step <= STEPS; step++) {
+        for (int i = 0; i < NP; i++) {   /* the same gradients into both twins */
+            double *g = lkt_alloc(n[i]);
+            lkt_randn(g, n[i], &seed, 0.5);
+            void *dg = lkt_upload(g, n[i], LK_F32);
+            assert_int_equal(cudaMemcpy(ge[i].data, dg, (size_t)n[i] * 4, cudaMemcpyDeviceToDevice), 0);
+            assert_int_equal(cudaMemcpy(gp[i], dg, (size_t)n[i] * 4, cudaMemcpyDeviceToDevice), 0);
+        }
+        float l = (float)losses[step - 1];
+        assert_int_equal(cudaMemcpy(dloss, &l, 4, cudaMemcpyHostToDevice), 0);
+        hp.step = step;
+        if (step <= 3) {   /* the eager twin stops where the plan halts */
+            assert_int_equal(lk_cuda_clip_grad_norm(ge, NP, max_norm, &norm_e[step - 1], &ctx), LK_OK);
+            assert_int_equal(lk_cuda_adamw_step(te, NP, &hp, &ctx), LK_OK);
+        }
+        assert_int_equal(lk_cuda_adamw_plan_set(plan, step % 2, hp.lr, step), LK_OK);
+        assert_int_equal(lk_cuda_adamw_plan_step(plan, step % 2, dloss, &ctx), LK_OK);
+        assert_int_equal(cudaDeviceSynchronize(), 0);   /* the slot's scalars are read by the step */
+        if (step == 3)
+            for (int i = 0; i < NP; i++) {
+                after3[i] = lkt_alloc(n[i]);
+                lkt_download(pdt[i] == LK_BF16 ? tp[i].master : tp[i].param, n[i], LK_F32, after3[i]);
+            }
+    }
+    double lg[8], ng[8];
+    int got = -1;
+    assert_int_equal(lk_cuda_adamw_plan_read(plan, lg, ng, 8, &got), LK_OK);
+    assert_int_equal(got, STEPS);
+    for (int k = 0; k < STEPS; k++) {
+        print_message("  plan step %d: loss %g norm %.10g%s\n", k + 1, lg[k], ng[k], k < 3 ? "" : " (halted)");
+        assert_true(k == 3 ? isnan(lg[k]) : lg[k] == losses[k]);   /* an f32 loss, exact in f64 */
+        if (k < 3) assert_memory_equal(&ng[k], &norm_e[k], sizeof(double));   /* the same fixed-order sum */
+        assert_true(ng[k] > 10 * max_norm);
+    }
+    for (int i = 0; i < NP; i++) {   /* the twins bit for bit after 3 steps; nothing moved after */
+        double *a = lkt_alloc(n[i]), *b = lkt_alloc(n[i]);
+        const void *src[3][2] = {{pdt[i] == LK_BF16 ? te[i].master : te[i].param,
+                                  pdt[i] == LK_BF16 ? tp[i].master : tp[i].param},
+                                 {te[i].m, tp[i].m}, {te[i].v, tp[i].v}};
+        for (int k = 0; k < 3; k++) {
+            lkt_download(src[k][0], n[i], LK_F32, a);
+            lkt_download(src[k][1], n[i], LK_F32, b);
+            assert_memory_equal(a, b, sizeof(double) * (size_t)n[i]);
+        }
+        lkt_download(src[0][1], n[i], LK_F32, b);
+        assert_memory_equal(after3[i], b, sizeof(double) * (size_t)n[i]);
+    }
+    /* read again: nothing new; bad slots and a short read are named */
+    assert_int_equal(lk_cuda_adamw_plan_read(plan, lg, ng, 8, &got), LK_OK);
+    assert_int_equal(got, 0);
+    assert_int_equal(lk_cuda_adamw_plan_set(plan, 2, hp.lr, 6), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "slot: expected 0 .. 1, got 2"));
+    assert_int_equal(lk_cuda_adamw_plan_step(plan, -1, dloss, &ctx), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "slot"));
+    for (int k = 0; k < 2; k++) assert_int_equal(lk_cuda_adamw_plan_step(plan, k, NULL, &ctx), LK_OK);
+    assert_int_equal(lk_cuda_adamw_plan_read(plan, lg, ng, 1, &got), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "2 steps logged"));
+    lk_cuda_adamw_plan_free(plan);
+    assert_int_equal(lk_cuda_adamw_plan_create(tp, NP, &hp, max_norm, 0, &plan), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "log_cap"));
+    assert_null(plan);
+    lk_arena_free(&ar);
+    lkt_free_all();
+}
+
 int main(void) {
     if (!lkt_have_gpu("test_train_kernels")) return LKT_SKIP;
     const struct CMUnitTest tests[] = {
@@ -266,6 +370,7 @@ int main(void) {
         cmocka_unit_test(embedding_bad_id),
         cmocka_unit_test(adamw_matches_reference),
         cmocka_unit_test(grad_norm_and_clip),
+        cmocka_unit_test(adamw_plan_matches_eager_and_halts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

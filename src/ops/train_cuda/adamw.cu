@@ -54,15 +54,16 @@ __global__ void __launch_bounds__(LK_MT_THREADS) adamw_kernel(const adesc *list,
     adamw_block(list, n_list, s, 1.0f);
 }
 
-/* The plan's step: the scalars and the sum of squares from device memory. A NaN or Inf
- * norm leaves every tensor as it was; above max_norm the gradient is scaled by
- * max_norm / (norm + 1e-6) as it is read (lk_cuda_clip_grad_norm's factor, rounded the
- * same way, so a plan's step has the bits of clip + lk_cuda_adamw_step). */
+/* The plan's step: the scalars and the sum of squares from device memory. Once a step
+ * has logged a NaN or Inf loss or norm (halted), no tensor changes again; above max_norm
+ * the gradient is scaled by max_norm / (norm + 1e-6) as it is read
+ * (lk_cuda_clip_grad_norm's factor, rounded the same way, so a plan's step has the bits
+ * of clip + lk_cuda_adamw_step). */
 __global__ void __launch_bounds__(LK_MT_THREADS) adamw_plan_kernel(const adesc *list, int n_list, const ascal *sp,
-                                                                   const double *sumsq) {
+                                                                   const double *sumsq, const int *halted) {
+    if (*halted) return;
     const ascal s = *sp;
     const double norm = sqrt(*sumsq);
-    if (!isfinite(norm)) return;
     const float gscale = s.max_norm > 0.0 && norm > s.max_norm ? (float)(s.max_norm / (norm + 1e-6)) : 1.0f;
     adamw_block(list, n_list, s, gscale);
 }
@@ -148,13 +149,26 @@ extern "C" lk_status lk_cuda_adamw_step(const lk_cuda_adamw_tensor *tensors, int
 
 /* --- the plan ----------------------------------------------------------------------------- */
 
+/* The step's loss and norm into the log, in the order the steps ran; the first non-finite
+ * one halts every later update. One thread. */
+__global__ void log_kernel(const float *loss, const double *sumsq, double *log, int cap, int *count, int *halted) {
+    double l = loss ? (double)*loss : 0.0, n = sqrt(*sumsq);
+    int i = *count;
+    if (i < cap) log[2 * i] = l, log[2 * i + 1] = n;
+    *count = i + 1;
+    if (!isfinite(l) || !isfinite(n)) *halted = 1;
+}
+
 struct lk_cuda_adamw_plan {
     adesc *alist;                 /* device: AdamW's descriptors */
     ndesc *nlist;                 /* device: the norm's, over the same gradients */
     int n;
     int64_t blocks;               /* 4096-element blocks of the tensors: both lists cut alike */
     double *part;                 /* device [blocks + 1]: the blocks' sums of squares, then the total */
-    ascal *dev_scal, *host_scal;  /* the step's scalars; host_scal pinned */
+    ascal *dev_scal, *host_scal;  /* [LK_CUDA_PLAN_SLOTS] each: the steps' scalars; host_scal pinned */
+    double *log;                  /* device [2 * log_cap]: (loss, norm) a step since the last read */
+    int *flags;                   /* device: the log's count, halted */
+    int log_cap;
     lk_cuda_adamw_hparams hp;
     double max_norm;
 };
@@ -165,18 +179,22 @@ extern "C" void lk_cuda_adamw_plan_free(lk_cuda_adamw_plan *p) {
     cudaFree(p->nlist);
     cudaFree(p->part);
     cudaFree(p->dev_scal);
+    cudaFree(p->log);
+    cudaFree(p->flags);
     cudaFreeHost(p->host_scal);
     free(p);
 }
 
 extern "C" lk_status lk_cuda_adamw_plan_create(const lk_cuda_adamw_tensor *t, int n, const lk_cuda_adamw_hparams *hp,
-                                               double max_norm, lk_cuda_adamw_plan **out) {
+                                               double max_norm, int log_cap, lk_cuda_adamw_plan **out) {
     static const char *fn = "adamw plan (cuda)";
     if (out == NULL) return lk_error(LK_EINVAL, "%s: out: expected a pointer, got NULL", fn);
     *out = NULL;
     if (hp == NULL) return lk_error(LK_EINVAL, "%s: hparams: expected a pointer, got NULL", fn);
     if (!(max_norm >= 0.0 && isfinite(max_norm)))
         return lk_error(LK_EINVAL, "%s: max_norm: expected finite >= 0 (0: no clipping), got %g", fn, max_norm);
+    if (log_cap < 1 || log_cap > (1 << 24))
+        return lk_error(LK_EINVAL, "%s: log_cap: expected 1 .. 2^24 steps, got %d", fn, log_cap);
     lk_cuda_adamw_hparams probe = *hp;   /* lr and step come per step: checked there */
     probe.lr = 0.0, probe.step = 1;
     lk_status st = check(t, n, &probe);
@@ -188,19 +206,23 @@ extern "C" lk_status lk_cuda_adamw_plan_create(const lk_cuda_adamw_tensor *t, in
         free(p), free(ha), free(hn);
         return lk_error(LK_ENOMEM, "%s: %d descriptors", fn, n);
     }
-    p->n = n, p->hp = *hp, p->max_norm = max_norm;
+    p->n = n, p->hp = *hp, p->max_norm = max_norm, p->log_cap = log_cap;
     p->blocks = describe(t, n, ha);
     for (int i = 0; i < n; i++)   /* the norm over the same gradients, cut alike */
         hn[i] = (ndesc){const_cast<void *>(ha[i].g), ha[i].n, ha[i].block0, ha[i].g_bf16};
+    const size_t scal = sizeof(ascal) * LK_CUDA_PLAN_SLOTS;
     cudaError_t e = p->blocks > 0x7fffffff ? cudaErrorInvalidValue : cudaSuccess;
     if (e == cudaSuccess) e = cudaMalloc(&p->alist, sizeof(adesc) * (size_t)(n > 0 ? n : 1));
     if (e == cudaSuccess) e = cudaMalloc(&p->nlist, sizeof(ndesc) * (size_t)(n > 0 ? n : 1));
     if (e == cudaSuccess) e = cudaMalloc(&p->part, sizeof(double) * (size_t)(p->blocks + 1));
-    if (e == cudaSuccess) e = cudaMalloc(&p->dev_scal, sizeof(ascal));
-    if (e == cudaSuccess) e = cudaHostAlloc(&p->host_scal, sizeof(ascal), cudaHostAllocDefault);
+    if (e == cudaSuccess) e = cudaMalloc(&p->dev_scal, scal);
+    if (e == cudaSuccess) e = cudaMalloc(&p->log, sizeof(double) * 2 * (size_t)log_cap);
+    if (e == cudaSuccess) e = cudaMalloc(&p->flags, 2 * sizeof(int));
+    if (e == cudaSuccess) e = cudaHostAlloc(&p->host_scal, scal, cudaHostAllocDefault);
     if (e == cudaSuccess && n > 0) e = cudaMemcpy(p->alist, ha, sizeof(adesc) * (size_t)n, cudaMemcpyHostToDevice);
     if (e == cudaSuccess && n > 0) e = cudaMemcpy(p->nlist, hn, sizeof(ndesc) * (size_t)n, cudaMemcpyHostToDevice);
     if (e == cudaSuccess) e = cudaMemset(p->part, 0, sizeof(double) * (size_t)(p->blocks + 1));
+    if (e == cudaSuccess) e = cudaMemset(p->flags, 0, 2 * sizeof(int));
     free(ha), free(hn);
     if (e != cudaSuccess) {
         int too_many = p->blocks > 0x7fffffff;
@@ -209,42 +231,65 @@ extern "C" lk_status lk_cuda_adamw_plan_create(const lk_cuda_adamw_tensor *t, in
         return too_many ? lk_error(LK_EINVAL, "%s: tensors: more than 2^31 blocks of %d", fn, LK_MT_CHUNK)
                         : lk_cuda_fail(e, "adamw plan (cuda): device memory", __FILE__, __LINE__);
     }
-    *p->host_scal = scalars(&probe, max_norm);
+    for (int i = 0; i < LK_CUDA_PLAN_SLOTS; i++) p->host_scal[i] = scalars(&probe, max_norm);
     *out = p;
     return LK_OK;
 }
 
-extern "C" lk_status lk_cuda_adamw_plan_set(lk_cuda_adamw_plan *p, double lr, int64_t step) {
-    if (p == NULL) return lk_error(LK_EINVAL, "adamw plan (cuda): plan: expected a plan, got NULL");
+static lk_status bad_slot(const char *fn, int slot) {
+    return lk_error(LK_EINVAL, "%s: slot: expected 0 .. %d, got %d", fn, LK_CUDA_PLAN_SLOTS - 1, slot);
+}
+
+extern "C" lk_status lk_cuda_adamw_plan_set(lk_cuda_adamw_plan *p, int slot, double lr, int64_t step) {
+    static const char *fn = "adamw plan (cuda)";
+    if (p == NULL) return lk_error(LK_EINVAL, "%s: plan: expected a plan, got NULL", fn);
+    if (slot < 0 || slot >= LK_CUDA_PLAN_SLOTS) return bad_slot(fn, slot);
     lk_cuda_adamw_hparams hp = p->hp;
     hp.lr = lr, hp.step = step;
     lk_status st = check(NULL, 0, &hp);   /* lr, step and lr·wd */
     if (st != LK_OK) return st;
-    *p->host_scal = scalars(&hp, p->max_norm);
+    p->host_scal[slot] = scalars(&hp, p->max_norm);
     return LK_OK;
 }
 
-extern "C" lk_status lk_cuda_adamw_plan_step(lk_cuda_adamw_plan *p, lk_ctx *ctx) {
+extern "C" lk_status lk_cuda_adamw_plan_step(lk_cuda_adamw_plan *p, int slot, const float *loss, lk_ctx *ctx) {
     static const char *fn = "adamw plan (cuda)";
     if (p == NULL) return lk_error(LK_EINVAL, "%s: plan: expected a plan, got NULL", fn);
+    if (slot < 0 || slot >= LK_CUDA_PLAN_SLOTS) return bad_slot(fn, slot);
     lk_status st = lk_mt_check_ctx(fn, ctx);
-    if (st != LK_OK || p->blocks == 0) return st;
+    if (st != LK_OK) return st;
     cudaStream_t s = static_cast<cudaStream_t>(ctx->stream);
-    cudaError_t e = cudaMemcpyAsync(p->dev_scal, p->host_scal, sizeof(ascal), cudaMemcpyHostToDevice, s);
-    if (e == cudaSuccess) {
+    cudaError_t e = cudaMemcpyAsync(p->dev_scal + slot, p->host_scal + slot, sizeof(ascal), cudaMemcpyHostToDevice, s);
+    if (e == cudaSuccess && p->blocks > 0) {
         sumsq_kernel<<<(unsigned)p->blocks, LK_MT_THREADS, 0, s>>>(p->nlist, p->n, p->part);
         final_kernel<<<1, FINAL_THREADS, 0, s>>>(p->part, p->blocks, p->part + p->blocks);
-        adamw_plan_kernel<<<(unsigned)p->blocks, LK_MT_THREADS, 0, s>>>(p->alist, p->n, p->dev_scal,
-                                                                        p->part + p->blocks);
-        e = cudaGetLastError();
     }
+    if (e == cudaSuccess)
+        log_kernel<<<1, 1, 0, s>>>(loss, p->part + p->blocks, p->log, p->log_cap, p->flags, p->flags + 1);
+    if (e == cudaSuccess && p->blocks > 0)
+        adamw_plan_kernel<<<(unsigned)p->blocks, LK_MT_THREADS, 0, s>>>(p->alist, p->n, p->dev_scal + slot,
+                                                                        p->part + p->blocks, p->flags + 1);
+    if (e == cudaSuccess) e = cudaGetLastError();
     return e == cudaSuccess ? LK_OK : lk_cuda_fail(e, "adamw plan (cuda): step", __FILE__, __LINE__);
 }
 
-extern "C" lk_status lk_cuda_adamw_plan_norm(const lk_cuda_adamw_plan *p, double *norm) {
-    if (p == NULL || norm == NULL) return lk_error(LK_EINVAL, "adamw plan (cuda): expected a plan and a norm");
-    double total = 0.0;
-    if (p->blocks > 0) LK_CUDA_TRY(cudaMemcpy(&total, p->part + p->blocks, sizeof total, cudaMemcpyDeviceToHost));
-    *norm = sqrt(total);
+extern "C" lk_status lk_cuda_adamw_plan_read(lk_cuda_adamw_plan *p, double *loss, double *norm, int cap, int *n) {
+    static const char *fn = "adamw plan (cuda)";
+    if (p == NULL || n == NULL || (cap > 0 && (loss == NULL || norm == NULL)))
+        return lk_error(LK_EINVAL, "%s: read: expected a plan, a count and cap entries of loss and norm", fn);
+    int count = 0;
+    LK_CUDA_TRY(cudaMemcpy(&count, p->flags, sizeof count, cudaMemcpyDeviceToHost));   /* after every step */
+    if (count > p->log_cap || count > cap)
+        return lk_error(LK_EINVAL, "%s: read: %d steps logged since the last read, more than the log's %d or the "
+                        "caller's %d entries", fn, count, p->log_cap, cap);
+    double *h = static_cast<double *>(malloc(sizeof(double) * 2 * (size_t)(count > 0 ? count : 1)));
+    if (h == NULL) return lk_error(LK_ENOMEM, "%s: read: %d entries", fn, count);
+    cudaError_t e = count ? cudaMemcpy(h, p->log, sizeof(double) * 2 * (size_t)count, cudaMemcpyDeviceToHost)
+                          : cudaSuccess;
+    if (e == cudaSuccess) e = cudaMemset(p->flags, 0, sizeof(int));
+    for (int i = 0; e == cudaSuccess && i < count; i++) loss[i] = h[2 * i], norm[i] = h[2 * i + 1];
+    free(h);
+    if (e != cudaSuccess) return lk_cuda_fail(e, "adamw plan (cuda): read", __FILE__, __LINE__);
+    *n = count;
     return LK_OK;
 }

@@ -31,6 +31,13 @@ static const lk_env_var table[LK_ENV_COUNT] = {
         .values = VALUES("0", "1"),
         .meaning = "1: chunk_loss cross-entropy when no config field names one",
     },
+    [LK_ENV_GG_SM90] = {
+        .name = "LLMKERN_GG_SM90", .def = "coop",
+        .values = VALUES("coop", "pingpong"),
+        .meaning = "the Hopper MoE grouped GEMM's schedule (moe/grouped_sm90.cu): coop, two consumer "
+                   "warpgroups on one 128x256 tile; pingpong, each on its own 128x128 tile, one's "
+                   "epilogue under the other's mainloop",
+    },
 };
 
 const lk_env_var *lk_env_var_get(lk_env_id id) {

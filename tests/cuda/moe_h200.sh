@@ -8,6 +8,8 @@
 # grouped GEMMs by kernel name beside torch._grouped_mm, the layer beside torch's
 # pipeline and the HF loop). Logs and the bench's table land in $OUT.
 #   run: bash tests/cuda/moe_h200.sh            (carry: [".carry"]; tests/cuda/carry.sh fills it)
+# The bench runs once per schedule of grouped_sm90.cu / grouped_wgrad_sm90.cu (MOE_SCHEDULES,
+# default "coop pingpong": LLMKERN_GG_SM90 for each run), tables in $OUT/<schedule>/.
 # MOE_TESTS=0 skips the tests, MOE_BENCH=0 the bench (to split it over two calls while the
 # machine stays warm: the build directory, outside the repository, survives); MOE_NCU=1 adds
 # an Nsight Compute profile of the grouped GEMM kernels (bench/peers_cuda.py's moe part).
@@ -48,9 +50,16 @@ fi
 wait $PTXAS
 echo "== ptxas (grouped_sm90.cu, grouped_wgrad_sm90.cu, sm_90a)"; cat "$OUT/ptxas_sm90.log"
 if [ "${MOE_BENCH:-1}" = 1 ]; then
-  echo "== bench (moe_rows)"
-  LK_BENCH_ONLY=moe_rows timeout ${MOE_BENCH_S:-300} python3 bench/peers_cuda.py --build "$BUILD" --out "$OUT" 2>&1 |
-    grep -v "^W[0-9]" | tee "$OUT/bench_moe.log" | tail -40
+  for sched in ${MOE_SCHEDULES:-coop pingpong}; do   # grouped_sm90.cu's schedules, one bench run each
+    echo "== bench (moe_rows, LLMKERN_GG_SM90=$sched)"
+    mkdir -p "$OUT/$sched"
+    LLMKERN_GG_SM90=$sched LK_BENCH_ONLY=moe_rows timeout ${MOE_BENCH_S:-300} python3 bench/peers_cuda.py \
+      --build "$BUILD" --out "$OUT/$sched" 2>&1 | grep -v "^W[0-9]" | tee "$OUT/bench_moe_$sched.log" | tail -24
+  done
+  echo "== the grouped GEMMs and the layer, by schedule"
+  for sched in ${MOE_SCHEDULES:-coop pingpong}; do
+    grep -E "^moe (gemm|layer)|check |WARNING|Error" "$OUT/bench_moe_$sched.log" | sed "s/^/$sched: /"
+  done
 fi
 if [ "${MOE_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
   LK_BENCH_ONLY=moe_rows timeout ${MOE_NCU_S:-200} ncu --clock-control none --kernel-name regex:"gg_sm90|gg_mma" \

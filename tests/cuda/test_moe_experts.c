@@ -18,7 +18,9 @@
  * sm_90 GPU the wgmma grouped GEMMs of grouped_sm90.cu and, for the weight gradients where
  * H and I are multiples of 8, grouped_wgrad_sm90.cu), with lk_moe_cuda_gg_sm80_only
  * (mma.sync), with lk_moe_cuda_gg_simt_only (CUDA cores); and the fused_sm90 row by name
- * where the GPU is sm_90. Skipped (77) where there is no GPU. */
+ * where the GPU is sm_90. On an sm_90 GPU the bf16 cases and a graph case run once more on
+ * each of grouped_sm90.cu's schedules (lk_moe_cuda_gg_sm90_variant: coop, pingpong), whatever
+ * LLMKERN_GG_SM90 says. Skipped (77) where there is no GPU. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -435,6 +437,28 @@ static void graph_capture(void **state) {
     graph_case(LK_BF16, &z, 5u);   /* experts with no token inside the graph */
 }
 
+/* The bf16 cases and a graph case on each schedule of grouped_sm90.cu (lk_moe_cuda_gg_sm90_variant),
+ * so both stay checked whichever LLMKERN_GG_SM90 picks; on another GPU a repeat of the mma.sync run. */
+static void sm90_schedules(void **state) {
+    (void)state;
+    static const char *names[] = {"coop", "pingpong"};
+    const mcase c = {300, 128, 96, 8, 2, RANDOM, 1, 0};
+    for (int v = LK_GG_SM90_COOP; v <= LK_GG_SM90_PINGPONG; v++) {
+        lk_moe_cuda_gg_sm90_variant(v);
+        print_message("  grouped_sm90.cu schedule %s%s\n", names[v],
+                      lk_hw_get()->cuda_cc == 90 ? "" : " (not an sm_90 GPU: mma.sync)");
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(LK_BF16, &cases[i], 331u + (uint32_t)i);
+        graph_case(LK_BF16, &c, 7u);
+    }
+    lk_moe_cuda_gg_sm90_variant(-1);
+}
+
+static int variant_off(void **state) {   /* a teardown: runs after a failed assertion too */
+    (void)state;
+    lk_moe_cuda_gg_sm90_variant(-1);
+    return 0;
+}
+
 int main(void) {
     if (!lkt_have_gpu("cuda_test_moe_experts")) return LKT_SKIP;
     const struct CMUnitTest tests[] = {
@@ -446,6 +470,7 @@ int main(void) {
         cmocka_unit_test(routing_at_scale),
         cmocka_unit_test(bad_id_poisons),
         cmocka_unit_test(graph_capture),
+        cmocka_unit_test_setup_teardown(sm90_schedules, NULL, variant_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

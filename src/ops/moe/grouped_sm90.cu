@@ -43,6 +43,12 @@
  *              128 columns (grouped.cu's dw_part layout, lk_moe_cuda_dw_tiles(I) a row): a
  *              row lives in one warp, summed by two shuffles, no shared memory.
  *
+ * Variants (LLMKERN_GG_SM90, read once; lk_moe_cuda_gg_sm90_variant in the tests, which run both):
+ *   coop       gg_sm90, the schedule above: both consumer warpgroups on one 128 × 256 tile,
+ *              the tensor cores idle through the epilogue (the default: measured below).
+ *   pingpong   gg_sm90_pp (below the first kernel): each consumer warpgroup a 128 × 128 tile of
+ *              its own, its epilogue under the other's mainloop; not yet run (bench/NOTES.md,
+ *              "Issue 18: grouped GEMM speed, tenth session", has the count and the prediction).
  * Measured (H200, bench/NOTES.md, ninth session's call 4, every cuda_test_moe_experts case
  * passing): gate/up 530, down 486, dh' 234, d_rows 633 TFLOP/s (torch._grouped_mm 700 / 592;
  * the first version, call 3: 506 / 458 / 176 / 579).
@@ -54,6 +60,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "core/cuda_check.h"
+#include "llmkern/config.h"
 #include "llmkern/registry.h"
 #include "ops/attention/hopper.cuh"
 #include "ops/cuda_util.cuh"
@@ -122,6 +129,17 @@ static __device__ __forceinline__ void st_bf16x2(lk_bf16_t *p, float lo, float h
 }
 static __device__ __forceinline__ float2 bf16x2_f2(uint32_t v) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v));
+}
+
+/* d[m64 x n128] (+)= A · B (acc 0: =), both from shared memory: A K-major; B K-major (TB 0)
+ * or N-major (TB 1). hopper.cuh's wgmma_ss_n128 with the transpose bit free: the ping-pong
+ * tile's instruction. */
+template <int TB>
+static __device__ __forceinline__ void wgmma_ss_n128_tb(float *d, uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, %67;\n}"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(acc), "n"(TB));
 }
 
 #endif
@@ -321,6 +339,237 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
 #endif
 }
 
+/* --- ping-pong: each consumer warpgroup owns a whole tile ------------------------------
+ * The variant LLMKERN_GG_SM90=pingpong selects (lk_moe_cuda_gg_sm90_variant in the tests).
+ * The CTA's tiles alternate between the two consumer warpgroups, each tile 128 rows × 128
+ * columns (SWIGLU: 64 gate + 64 up columns), two wgmma.m64n128k16 a k16 step (the same 128
+ * f32 accumulators a thread as the cooperative 64 × 256); the producer fills one ring in
+ * tile order, so warpgroup 2's tile starts when warpgroup 1's last stages are issued, and
+ * one warpgroup's epilogue runs under the other's mainloop (CUTLASS's Pingpong schedule).
+ * The mainloops take turns by two named barriers (`order`: a warpgroup starts tile i once the
+ * other has issued tile i - 1's last stage): besides keeping the turns, that is what keeps
+ * each `full` wait within one phase of the barrier (warpgroup 2 waiting on its first stage
+ * while that stage's barrier still held tile 0's fill would read parity as done). A stage is
+ * A 16 KiB + B 16 KiB, PSTAGES of them. Accumulator register q: m block q / 64 (tile rows 64·(q / 64) ..), and
+ * within it e = q % 64 as the m64 fragment: row w·16 + lane / 4 + 8·((e >> 1) & 1), column
+ * 8·(e / 4) + 2·(lane % 4) + (e & 1). */
+#define PN 128                                   /* columns a ping-pong tile */
+#define PSTAGES 7                                /* 7 × 32 KiB of the 227 KiB */
+#define PB_BYTES (PN * BK * 2)
+#ifndef PEB
+#define PEB 8                                    /* DSWIGLU: column pairs loaded at once (16: 96 bytes spilled) */
+#endif
+#define PSMEM_BYTES (PSTAGES * (A_BYTES + PB_BYTES) + 2 * PSTAGES * 8 + 1024)
+
+#if FA3_ARCH
+/* The consumer warpgroups' turns: named barrier 2 + cg, 256 threads (warpgroup cg waits, the
+ * other arrives). */
+static __device__ __forceinline__ void order_wait(int cg) { asm volatile("bar.sync %0, 256;" ::"r"(2 + cg) : "memory"); }
+static __device__ __forceinline__ void order_pass(int cg) {
+    asm volatile("bar.arrive %0, 256;" ::"r"(3 - cg) : "memory");
+}
+#endif
+
+template <int EPI, bool AG, bool BKM>
+__global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__ CUtensorMap ta,
+                                                         const __grid_constant__ CUtensorMap tb, sargs p) {
+#if FA3_ARCH
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sa = sm, *sb = sa + PSTAGES * A_BYTES;
+    uint64_t *full = (uint64_t *)(sb + PSTAGES * PB_BYTES), *empty = full + PSTAGES;
+    const int tid = threadIdx.x, wg = tid / 128;
+    const int total = p.tiles[p.e] * p.ny, nk = (int)((p.k + BK - 1) / BK);
+
+    if (tid == 0) {
+        for (int s = 0; s < PSTAGES; s++) mbar_init(&full[s], AG ? 129 : 1), mbar_init(&empty[s], 128);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {   /* --- producer: every tile of the CTA, in order, into one ring ------- */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+        if (!AG && tid != 0) return;
+        constexpr uint32_t bytes = PB_BYTES + (AG ? 0 : A_BYTES);
+        const int c = tid & 7, r0 = tid >> 3;   /* gathering: chunk c of rows r0 + 16 i */
+        int it = 0;
+        for (int t = blockIdx.x; t < total; t += gridDim.x) {
+            int64_t e, m0, mlim;
+            int nt;
+            tile_of(p, t, e, m0, mlim, nt);
+            int32_t tok[AG ? 8 : 1];
+            if (AG) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const int64_t row = m0 + r0 + 16 * i;
+                    tok[i] = row < mlim ? (int32_t)(p.aorder[row] / p.kdiv) : -1;
+                }
+            }
+            for (int kb = 0; kb < nk; kb++, it++) {
+                const int s = it % PSTAGES;
+                if (it >= PSTAGES) mbar_wait(&empty[s], ((it / PSTAGES) - 1) & 1);
+                uint8_t *a = sa + s * A_BYTES, *b = sb + s * PB_BYTES;
+                if (tid == 0) {
+                    mbar_expect_tx(&full[s], bytes);
+                    if (!AG) tma_load(a, &ta, &full[s], kb * BK, (int)m0, 0);
+                    if (BKM) {   /* two boxes of 64 rows: SWIGLU gate j0.. and up I + j0.. */
+                        const int r1 = EPI == SWIGLU ? nt * (PN / 2) : nt * PN;
+                        const int r2 = EPI == SWIGLU ? (int)p.inter + r1 : r1 + PN / 2;
+                        tma_load(b, &tb, &full[s], kb * BK, r1, (int)e);
+                        tma_load(b + PB_BYTES / 2, &tb, &full[s], kb * BK, r2, (int)e);
+                    } else {     /* two 64-column blocks of 64 k-rows */
+#pragma unroll
+                        for (int j = 0; j < PN / 64; j++)
+                            tma_load(b + j * (BK * 128), &tb, &full[s], nt * PN + 64 * j, kb * BK, (int)e);
+                    }
+                }
+                if (AG) {
+                    const int64_t k0 = (int64_t)kb * BK + c * 8;
+                    const bool kok = k0 < p.k;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        const int r = r0 + 16 * i;
+                        const bool ok = kok && tok[i] >= 0;
+                        const lk_bf16_t *src = ok ? p.a + (int64_t)tok[i] * p.lda + k0 : p.a;
+                        cp16(a + r * 128 + ((c ^ (r & 7)) << 4), src, ok);
+                    }
+                    cp_arrive_noinc(&full[s]);   /* arrives when this thread's copies have landed */
+                }
+            }
+        }
+        if (AG) cp_wait<0>();
+        return;
+    }
+
+    /* --- consumers: warpgroup cg takes the CTA's tiles cg, cg + 2, ... --------------- */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+    const int cg = wg - 1, w = (tid % 128) / 32, lane = tid % 32;
+    const int rl = w * 16 + lane / 4;   /* this thread's rows: rl, rl + 8, 64 + rl, 72 + rl of the tile */
+    const int cq = 2 * (lane % 4);
+    float acc[PN];
+    const bool bad = (EPI == SWIGLU || EPI == DSWIGLU) && *p.flag != 0;
+    for (int i = cg, t = blockIdx.x + cg * gridDim.x; t < total; i += 2, t += 2 * gridDim.x) {
+        int64_t e, m0, mlim;
+        int nt;
+        tile_of(p, t, e, m0, mlim, nt);
+        int it = i * nk;   /* the ring's count at this tile's first stage */
+        if (i > 0) order_wait(cg);   /* the other warpgroup has issued tile i - 1's last stage */
+        for (int kb = 0; kb < nk; kb++, it++) {
+            const int s = it % PSTAGES;
+            mbar_wait(&full[s], (it / PSTAGES) & 1);
+            const uint8_t *a = sa + s * A_BYTES, *b = sb + s * PB_BYTES;
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; kk++) {
+                const uint64_t db = BKM ? desc(b + kk * 32, 16, 1024) : desc(b + kk * 2048, BK * 128, 1024);
+#pragma unroll
+                for (int mb = 0; mb < 2; mb++)
+                    wgmma_ss_n128_tb<BKM ? 0 : 1>(acc + 64 * mb, desc(a + mb * 64 * 128 + kk * 32, 16, 1024), db,
+                                                  kb > 0 || kk > 0);
+            }
+            wgmma_commit();
+            if (kb > 0) {   /* the previous stage's group is done: its stage goes back */
+                wgmma_wait<1>();
+                mbar_arrive(&empty[(it - 1) % PSTAGES]);
+            }
+        }
+        if (t + gridDim.x < total) order_pass(cg);   /* tile i + 1's turn */
+        wgmma_wait<0>();
+        fence_regs<PN>(acc);
+        mbar_arrive(&empty[(it - 1) % PSTAGES]);
+
+        /* --- epilogue (under the other warpgroup's mainloop): registers to global memory --- */
+        int32_t rows[4];   /* [m block · 2 + hf]; rows <= INT32_MAX (lk_moe_cuda_gg_sm90_takes) */
+#pragma unroll
+        for (int x = 0; x < 4; x++) rows[x] = (int32_t)m0 + 64 * (x >> 1) + rl + 8 * (x & 1);
+        if constexpr (EPI == STORE) {
+            const int64_t n0 = (int64_t)nt * PN;
+#pragma unroll
+            for (int q = 0; q < PN; q += 2) {
+                const int mb = q >> 6, ef = q & 63;
+                const int64_t row = rows[2 * mb + ((ef >> 1) & 1)], col = n0 + 8 * (ef / 4) + cq;
+                if (row >= mlim || col >= p.n) continue;
+                float *dst = p.c + row * p.ldc + col;
+                if (p.vec_c) {
+                    __stcs(reinterpret_cast<float2 *>(dst), make_float2(acc[q], acc[q + 1]));
+                } else {
+                    dst[0] = acc[q];
+                    if (col + 1 < p.n) dst[1] = acc[q + 1];
+                }
+            }
+        } else if constexpr (EPI == SWIGLU) {
+            const int64_t I = p.inter, j0 = (int64_t)nt * (PN / 2);
+            float wr[4];
+#pragma unroll
+            for (int x = 0; x < 4; x++) wr[x] = rows[x] < mlim ? p.w[p.order[rows[x]]] : 0.0f;
+#pragma unroll
+            for (int mb = 0; mb < 2; mb++)
+#pragma unroll
+                for (int ef = 0; ef < 32; ef += 2) {   /* gate: registers 0..31 of the block, up: 32..63 */
+                    const int x = 2 * mb + ((ef >> 1) & 1), q = 64 * mb + ef;
+                    const int64_t row = rows[x], j = j0 + 8 * (ef / 4) + cq;   /* I even: j + 1 < I too */
+                    if (row >= mlim || j >= I) continue;
+                    const float g0 = acc[q], g1 = acc[q + 1], u0 = acc[q + 32], u1 = acc[q + 33];
+                    st_bf16x2(p.keep + row * 2 * I + j, g0, g1);
+                    st_bf16x2(p.keep + row * 2 * I + I + j, u0, u1);
+                    float h0 = wr[x] * (g0 / (1.0f + expf(-g0))) * u0, h1 = wr[x] * (g1 / (1.0f + expf(-g1))) * u1;
+                    if (bad) h0 = h1 = __int_as_float(0x7fffffff);
+                    st_bf16x2(p.h + row * I + j, h0, h1);
+                }
+        } else {   /* DSWIGLU: the tile's 128 columns are dw_part's slot nt; one m block at a time */
+            const int64_t I = p.inter, n0 = (int64_t)nt * PN;
+#pragma unroll
+            for (int mb = 0; mb < 2; mb++) {
+                float wr[2], dot[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) wr[hf] = rows[2 * mb + hf] < mlim ? p.w[p.order[rows[2 * mb + hf]]] : 0.0f;
+                /* the saved gate/up of PEB column pairs loaded together before any store (as in gg_sm90) */
+#pragma unroll
+                for (int e0 = 0; e0 < 64; e0 += 2 * PEB) {
+                    uint32_t gv[PEB], uv[PEB];
+#pragma unroll
+                    for (int u = 0; u < PEB; u++) {
+                        const int ef = e0 + 2 * u;
+                        const int64_t row = rows[2 * mb + ((ef >> 1) & 1)], j = n0 + 8 * (ef / 4) + cq;
+                        const bool ok = row < mlim && j < I;
+                        gv[u] = ok ? __ldg(reinterpret_cast<const unsigned int *>(p.gsv + row * 2 * I + j)) : 0u;
+                        uv[u] = ok ? __ldg(reinterpret_cast<const unsigned int *>(p.gsv + row * 2 * I + I + j)) : 0u;
+                    }
+#pragma unroll
+                    for (int u = 0; u < PEB; u++) {
+                        const int ef = e0 + 2 * u, hf = (ef >> 1) & 1, q = 64 * mb + ef;
+                        const int64_t row = rows[2 * mb + hf], j = n0 + 8 * (ef / 4) + cq;
+                        if (row >= mlim || j >= I) continue;
+                        const float2 gt = bf16x2_f2(gv[u]), up = bf16x2_f2(uv[u]);
+                        float dg[2], du[2], whv[2];
+#pragma unroll
+                        for (int y = 0; y < 2; y++) {
+                            const float g = y ? gt.y : gt.x, uu = y ? up.y : up.x, dhp = acc[q + y];
+                            const float sg = 1.0f / (1.0f + expf(-g)), silu = g * sg, hv = silu * uu, dh = wr[hf] * dhp;
+                            dg[y] = dh * uu * sg * (1.0f + g * (1.0f - sg)), du[y] = dh * silu, whv[y] = wr[hf] * hv;
+                            if (bad) dg[y] = du[y] = whv[y] = __int_as_float(0x7fffffff);
+                            dot[hf] += dhp * hv;
+                        }
+                        st_bf16x2(p.dgu + row * 2 * I + j, dg[0], dg[1]);
+                        st_bf16x2(p.dgu + row * 2 * I + I + j, du[0], du[1]);
+                        st_bf16x2(p.wh + row * I + j, whv[0], whv[1]);
+                    }
+                }
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {   /* the 4 lanes of a row, every lane taking part */
+                    const int32_t row = rows[2 * mb + hf];
+                    float d = dot[hf];
+                    d += __shfl_xor_sync(0xffffffffu, d, 1);
+                    d += __shfl_xor_sync(0xffffffffu, d, 2);
+                    if (p.dwp && lane % 4 == 0 && row < mlim && nt < p.dwt)
+                        p.dwp[(int64_t)row * p.dwt + nt] = bad ? __int_as_float(0x7fffffff) : d;
+                }
+            }
+        }
+    }
+#endif
+}
+
 /* --- host ---------------------------------------------------------------------------- */
 
 /* 16-byte aligned base, row and expert strides in whole 16-byte chunks (TMA's and
@@ -349,15 +598,42 @@ static lk_status map_error(lk_status s) {
 }
 
 template <int EPI, bool AG, bool BKM>
-static lk_status launch(const CUtensorMap &ta, const CUtensorMap &tb, const sargs &p, int grid, cudaStream_t st) {
-    static int opted;   /* once a process: a host-side attribute, no stream work (fa3.cu sets its own per call, captured too) */
-    if (!opted) {
-        LK_CUDA_TRY(cudaFuncSetAttribute(gg_sm90<EPI, AG, BKM>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
-        opted = 1;
+static lk_status launch(const CUtensorMap &ta, const CUtensorMap &tb, const sargs &p, int grid, int pp,
+                        cudaStream_t st) {
+    static int opted[2];   /* once a process: a host-side attribute, no stream work (fa3.cu sets its own per call, captured too) */
+    if (pp) {
+        if (!opted[1]) {
+            LK_CUDA_TRY(cudaFuncSetAttribute(gg_sm90_pp<EPI, AG, BKM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             PSMEM_BYTES));
+            opted[1] = 1;
+        }
+        gg_sm90_pp<EPI, AG, BKM><<<grid, THREADS, PSMEM_BYTES, st>>>(ta, tb, p);
+    } else {
+        if (!opted[0]) {
+            LK_CUDA_TRY(cudaFuncSetAttribute(gg_sm90<EPI, AG, BKM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             SMEM_BYTES));
+            opted[0] = 1;
+        }
+        gg_sm90<EPI, AG, BKM><<<grid, THREADS, SMEM_BYTES, st>>>(ta, tb, p);
     }
-    gg_sm90<EPI, AG, BKM><<<grid, THREADS, SMEM_BYTES, st>>>(ta, tb, p);
     LK_CUDA_LAUNCHED("moe_experts: grouped gemm (sm90)");
     return LK_OK;
+}
+
+/* The schedule: lk_moe_cuda_gg_sm90_variant's, else LLMKERN_GG_SM90's (read once, by
+ * lk_init's strict table in config/env.c). */
+static int variant_set = -1;
+
+extern "C" void lk_moe_cuda_gg_sm90_variant(int v) { variant_set = v < 0 ? -1 : v; }
+
+extern "C" int lk_moe_cuda_gg_sm90_variant_in_force(void) {
+    if (variant_set >= 0) return variant_set;
+    static int from_env = -1;
+    if (from_env < 0) {
+        const lk_env_value *v = lk_env(LK_ENV_GG_SM90);
+        from_env = v && strcmp(v->value, "pingpong") == 0 ? LK_GG_SM90_PINGPONG : LK_GG_SM90_COOP;
+    }
+    return from_env;
 }
 
 extern "C" lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream) {
@@ -367,7 +643,9 @@ extern "C" lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream) {
     memset(&p, 0, sizeof p);
     p.a = (const lk_bf16_t *)g->a.src, p.lda = g->a.ld, p.kdiv = g->a.kdiv, p.aorder = g->a.order;
     p.n = g->epi == LK_GG_STORE_F32 ? g->n : g->inter, p.k = g->k, p.e = g->experts;
-    p.ny = (int)lk_cdiv(p.n, g->epi == LK_GG_SWIGLU ? BN / 2 : BN);
+    const int pp = lk_moe_cuda_gg_sm90_variant_in_force() == LK_GG_SM90_PINGPONG;
+    const int tn = pp ? PN : BN;   /* columns a tile */
+    p.ny = (int)lk_cdiv(p.n, g->epi == LK_GG_SWIGLU ? tn / 2 : tn);
     p.offs = g->offs, p.tiles = g->tiles;
     p.c = (float *)g->c, p.ldc = g->ldc;
     p.vec_c = g->epi == LK_GG_STORE_F32 && ((uintptr_t)g->c & 7) == 0 && g->ldc % 2 == 0 && g->n % 2 == 0;
@@ -377,7 +655,8 @@ extern "C" lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream) {
     p.w = g->w, p.order = g->order, p.inter = g->inter, p.flag = g->flag;
 
     /* the tensor maps: A (unless gathered) [1, rows, K] in 128-row boxes; B [E, rows, K]
-     * in 128-row boxes (K-major) or [E, K, N] in 64 × 64 boxes (N-major); 64 columns a box */
+     * in boxes of half a tile's columns (K-major: 128 rows, ping-pong 64) or [E, K, N] in
+     * 64 × 64 boxes (N-major); 64 columns a box */
     CUtensorMap ta, tb;
     memset(&ta, 0, sizeof ta), memset(&tb, 0, sizeof tb);
     lk_status s;
@@ -391,14 +670,14 @@ extern "C" lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream) {
     const cuuint64_t bdims[3] = {(cuuint64_t)(bk ? g->k : nphys), (cuuint64_t)(bk ? nphys : g->k),
                                  (cuuint64_t)g->experts};
     const cuuint64_t bstrides[2] = {(cuuint64_t)g->b.ld * 2, (cuuint64_t)(g->b.e_stride ? g->b.e_stride * 2 : 16)};
-    const cuuint32_t bbox[3] = {BK, (cuuint32_t)(bk ? BN / 2 : BK), 1};
+    const cuuint32_t bbox[3] = {BK, (cuuint32_t)(bk ? tn / 2 : BK), 1};
     if ((s = bf16_map(&tb, g->b.src, 3, bdims, bstrides, bbox))) return map_error(s);
 
     const int sms = lk_hw_get()->cuda_sms > 0 ? lk_hw_get()->cuda_sms : 1;
     const int64_t bound = (g->rows / BM + g->experts) * p.ny;
     if (bound < 1) return LK_OK;
     const int grid = (int)(bound < sms ? bound : sms);
-    if (g->epi == LK_GG_SWIGLU) return launch<SWIGLU, true, true>(ta, tb, p, grid, st);
-    if (g->epi == LK_GG_DSWIGLU) return launch<DSWIGLU, true, false>(ta, tb, p, grid, st);
-    return bk ? launch<STORE, false, true>(ta, tb, p, grid, st) : launch<STORE, false, false>(ta, tb, p, grid, st);
+    if (g->epi == LK_GG_SWIGLU) return launch<SWIGLU, true, true>(ta, tb, p, grid, pp, st);
+    if (g->epi == LK_GG_DSWIGLU) return launch<DSWIGLU, true, false>(ta, tb, p, grid, pp, st);
+    return bk ? launch<STORE, false, true>(ta, tb, p, grid, pp, st) : launch<STORE, false, false>(ta, tb, p, grid, pp, st);
 }

@@ -119,6 +119,19 @@ int lk_moe_cuda_gg_sm90_takes(const lk_gg *g);
  * tile list already built by grouped.cu's tile scan). Errors: LK_EDEVICE. */
 lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream);
 
+/* grouped_sm90.cu's schedules: COOP, two consumer warpgroups sharing a 128 × 256 tile (the
+ * measured default), or PINGPONG, each warpgroup a 128 × 128 tile of its own, its epilogue
+ * under the other's mainloop. */
+enum { LK_GG_SM90_COOP = 0, LK_GG_SM90_PINGPONG = 1 };
+
+/* v >= 0: the Hopper ROWS kernel runs schedule v until called again; v < 0: the environment's
+ * (LLMKERN_GG_SM90: coop | pingpong, read once). tests/cuda run both. Not thread-safe;
+ * never set on the hot path. */
+void lk_moe_cuda_gg_sm90_variant(int v);
+
+/* The schedule the next lk_moe_cuda_gg_sm90 call runs. */
+int lk_moe_cuda_gg_sm90_variant_in_force(void);
+
 /* grouped_wgrad_sm90.cu: 1 when the Hopper weight-gradient kernel takes g (bf16 WGRAD,
  * ACCUM into f32 or bf16 C with element pairs aligned and ldc, c_e_stride even; A and B M /
  * N contiguous, no expert stride, at most one of them gathered, 16-byte aligned, row strides

@@ -33,6 +33,11 @@
  *              as it was, as grouped.cu does). Each output element is one thread's, summed
  *              over the expert's rows in order: deterministic, no atomics.
  *
+ * Variants (LLMKERN_GG_SM90, as grouped_sm90.cu's; the tests run both): coop, gg_sm90_wgrad
+ * above (the default, measured below); pingpong, gg_sm90_wgrad_pp below: 128 × 128 items, one
+ * a consumer warpgroup, C's read-add-write under the other's K loop (not yet run; bench/NOTES.md,
+ * "Issue 18: grouped GEMM speed, tenth session").
+ *
  * Count (PEERS-H200.md's shape, R 131072, H 2048, I 768, E 128): d_down 2·R·H·I = 412 GFLOP,
  * d_gate_up 2·R·2I·H = 825 GFLOP, 1.24 TFLOP: 1.6 ms at 790 TFLOP/s; the f32 gradients read
  * and written once (E·3·H·I·4 B = 2.4 GB each way, ~1 ms of HBM) overlap only with other
@@ -91,13 +96,22 @@ static __device__ __forceinline__ void wgmma_ss_n256_tt(float *d, uint64_t da, u
                  : "l"(da), "l"(db), "r"(acc));
 }
 
+/* d[m64 x n128] (+)= A · B (acc 0: =), both MN-major in shared memory: the ping-pong item's
+ * instruction (wgmma_ss_n256_tt at half the width). */
+static __device__ __forceinline__ void wgmma_ss_n128_tt(float *d, uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 1, 1;\n}"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(acc));
+}
+
 /* Item t: expert e, its rows [k0, klim), gradient rows from m0, columns from n0. */
 static __device__ __forceinline__ void item_of(const wargs &p, int64_t t, int64_t &e, int64_t &k0, int64_t &klim,
-                                               int64_t &m0, int64_t &n0) {
+                                               int64_t &m0, int64_t &n0, int tn = BN) {
     const int64_t per = (int64_t)p.mt * p.nt, r = t % per;
     e = t / per;
     m0 = (r / p.nt) * BM;
-    n0 = (r % p.nt) * BN;
+    n0 = (r % p.nt) * tn;
     k0 = p.offs[e];
     klim = p.offs[e + 1];
 }
@@ -282,6 +296,207 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
 #endif
 }
 
+/* --- ping-pong: each consumer warpgroup owns a whole item -------------------------------
+ * LLMKERN_GG_SM90=pingpong (lk_moe_cuda_gg_sm90_variant in the tests). Items of 128 (M) ×
+ * 128 (N), the CTA's non-empty items alternating between the two consumer warpgroups (two
+ * wgmma.m64n128k16 a k16 step, 128 accumulators a thread as before); the producer fills one
+ * ring of PSTAGES stages of A 16 KiB + B 16 KiB in item order, so one warpgroup's
+ * read-add-write of C runs under the other's K loop; the K loops take turns by two named
+ * barriers, as grouped_sm90.cu's gg_sm90_pp (which says why the `full` waits need them). The gathered operand's order[] values
+ * are loaded one step ahead (the cooperative producer waits on that load before each step's
+ * copies).
+ * Accumulator register q: m block q / 64 (gradient rows 64·(q / 64) .. of the item), e = q % 64
+ * as the m64 fragment (row w·16 + lane / 4 + 8·((e >> 1) & 1), column 8·(e / 4) + 2·(lane % 4)
+ * + (e & 1)). */
+#define PN 128                                   /* gradient columns a ping-pong item */
+#define PSTAGES 7                                /* 7 × 32 KiB + the rows: 232,304 of 232,448 bytes */
+#define PB_BYTES (PN / 64 * BLK)
+#define PSMEM_BYTES (PSTAGES * (A_BYTES + PB_BYTES) + 2 * PSTAGES * 8 + PSTAGES * BK * 4 + 1024)
+#ifndef PEB
+#define PEB 8                                    /* column pairs of C loaded before the stores */
+#endif
+
+#if FA3_ARCH
+/* The consumer warpgroups' turns: named barrier 2 + cg, 256 threads (warpgroup cg waits, the
+ * other arrives); 1 is the producer's. */
+static __device__ __forceinline__ void order_wait(int cg) { asm volatile("bar.sync %0, 256;" ::"r"(2 + cg) : "memory"); }
+static __device__ __forceinline__ void order_pass(int cg) {
+    asm volatile("bar.arrive %0, 256;" ::"r"(3 - cg) : "memory");
+}
+#endif
+
+template <bool AG, bool BG>
+__global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad_pp(const __grid_constant__ CUtensorMap ta,
+                                                               const __grid_constant__ CUtensorMap tb, wargs p) {
+#if FA3_ARCH
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sa = sm, *sb = sa + PSTAGES * A_BYTES;
+    uint64_t *full = (uint64_t *)(sb + PSTAGES * PB_BYTES), *empty = full + PSTAGES;
+    int32_t *toks = (int32_t *)(empty + PSTAGES);   /* [PSTAGES][BK] */
+    const int tid = threadIdx.x, wg = tid / 128;
+    const int64_t total = p.e * p.mt * p.nt;
+
+    if (tid == 0) {
+        for (int s = 0; s < PSTAGES; s++) mbar_init(&full[s], 129), mbar_init(&empty[s], 128);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+
+    if (wg == 0) {   /* --- producer: every item of the CTA, in order, into one ring -------- */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+        int it = 0;
+        for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+            int64_t e, k0, klim, m0, n0;
+            item_of(p, t, e, k0, klim, m0, n0, PN);
+            int32_t nxt = -1;   /* this thread's order[] value of the next step (tid < BK) */
+            if ((AG || BG) && tid < BK && k0 + tid < klim) nxt = (AG ? p.a : p.b).order[k0 + tid];
+            for (int64_t kr = k0; kr < klim; kr += BK, it++) {
+                const int s = it % PSTAGES;
+                const bool whole = kr + BK <= klim;   /* TMA may read these 64 rows */
+                uint8_t *a = sa + s * A_BYTES, *b = sb + s * PB_BYTES;
+                int32_t *tk = toks + s * BK;   /* the gathered operand's rows of this step */
+                if (AG || BG) {
+                    const wopnd &g = AG ? p.a : p.b;
+                    if (tid < BK) {
+                        tk[tid] = nxt >= 0 ? (int32_t)(nxt / g.kdiv) : -1;
+                        nxt = kr + BK + tid < klim ? g.order[kr + BK + tid] : -1;
+                    }
+                    asm volatile("bar.sync 1, 128;" ::: "memory");   /* the producer's warps: tk written */
+                }
+                if (it >= PSTAGES) mbar_wait(&empty[s], ((it / PSTAGES) - 1) & 1);
+                if (tid == 0) {
+                    const uint32_t bytes = whole ? (AG ? 0u : (uint32_t)A_BYTES) + (BG ? 0u : (uint32_t)PB_BYTES) : 0u;
+                    if (bytes) {
+                        mbar_expect_tx(&full[s], bytes);
+                        if (!AG)
+#pragma unroll
+                            for (int j = 0; j < BM / 64; j++)
+                                tma_load(a + j * BLK, &ta, &full[s], (int)m0 + 64 * j, (int)kr, 0);
+                        if (!BG)
+#pragma unroll
+                            for (int j = 0; j < PN / 64; j++)
+                                tma_load(b + j * BLK, &tb, &full[s], (int)n0 + 64 * j, (int)kr, 0);
+                    } else {
+                        mbar_arrive(&full[s]);
+                    }
+                }
+                if (AG || !whole) cp_rows<BM / 8>(a, p.a, AG ? tk : nullptr, kr, klim, m0, p.m, tid);
+                if (BG || !whole) cp_rows<PN / 8>(b, p.b, BG ? tk : nullptr, kr, klim, n0, p.n, tid);
+                cp_arrive_noinc_w(&full[s]);   /* arrives when this thread's copies have landed */
+            }
+        }
+        asm volatile("cp.async.wait_all;" ::: "memory");   /* its last copies land before it leaves */
+        return;
+    }
+
+    /* --- consumers: warpgroup cg takes the CTA's non-empty items cg, cg + 2, ... -------- */
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\n");
+    const int cg = wg - 1, w = (tid % 128) / 32, lane = tid % 32;
+    const int rl = w * 16 + lane / 4;   /* this thread's gradient rows: rl, rl + 8, 64 + rl, 72 + rl */
+    const int cq = 2 * (lane % 4);
+    float acc[PN];
+    int it = 0, j = 0;   /* the ring's count over every item of the CTA; non-empty items seen */
+    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        int64_t e, k0, klim, m0, n0;
+        item_of(p, t, e, k0, klim, m0, n0, PN);
+        if (k0 >= klim) continue;   /* no rows: the slice stays as it was (the producer skips it too) */
+        const int steps = (int)((klim - k0 + BK - 1) / BK);
+        if ((j & 1) != cg) {   /* the other warpgroup's item: its stages pass by */
+            it += steps, j++;
+            continue;
+        }
+        if (j++ > 0) order_wait(cg);   /* the other warpgroup has issued the previous item's last stage */
+        {   /* C's lines this thread's epilogue reads, into L2 while the K loop runs (a hint) */
+            const int64_t per = p.c_bf16 ? 64 : 32;   /* elements a 128-byte line */
+            const size_t es = p.c_bf16 ? 2 : 4;
+#pragma unroll
+            for (int x = 0; x < 4; x++) {
+                const int64_t row = m0 + 64 * (x >> 1) + rl + 8 * (x & 1), col = n0 + per * (lane % 4);
+                if (row < p.m && col < p.n && col < n0 + PN)
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"((const char *)p.c + (e * p.ces + row * p.ldc + col) * es));
+            }
+        }
+        for (int kb = 0; kb < steps; kb++, it++) {
+            const int s = it % PSTAGES;
+            mbar_wait(&full[s], (it / PSTAGES) & 1);
+            fence_async_smem();   /* the producer threads' cp.async writes, before wgmma's reads */
+            const uint8_t *a = sa + s * A_BYTES, *b = sb + s * PB_BYTES;
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < BK / 16; kk++) {
+                const uint64_t db = desc(b + kk * 2048, BLK, 1024);
+#pragma unroll
+                for (int mb = 0; mb < 2; mb++)
+                    wgmma_ss_n128_tt(acc + 64 * mb, desc(a + mb * BLK + kk * 2048, BLK, 1024), db, kb > 0 || kk > 0);
+            }
+            wgmma_commit();
+            if (kb > 0) {   /* the previous stage's group is done: its stage goes back */
+                wgmma_wait<1>();
+                mbar_arrive(&empty[(it - 1) % PSTAGES]);
+            }
+        }
+        for (int64_t u = t + gridDim.x; u < total; u += gridDim.x) {   /* a next non-empty item: its turn */
+            const int64_t eu = u / ((int64_t)p.mt * p.nt);
+            if (p.offs[eu] < p.offs[eu + 1]) {
+                order_pass(cg);
+                break;
+            }
+        }
+        wgmma_wait<0>();
+        fence_regs<PN>(acc);
+        mbar_arrive(&empty[(it - 1) % PSTAGES]);
+
+        /* --- epilogue (under the other warpgroup's K loop): C += acc, one m block at a time --- */
+#pragma unroll
+        for (int mb = 0; mb < 2; mb++) {
+            const int64_t rows[2] = {m0 + 64 * mb + rl, m0 + 64 * mb + rl + 8};
+            if (p.c_bf16) {
+                lk_bf16_t *c = (lk_bf16_t *)p.c + e * p.ces;
+#pragma unroll
+                for (int e0 = 0; e0 < 64; e0 += 2 * PEB) {
+                    uint32_t v[PEB];
+#pragma unroll
+                    for (int u = 0; u < PEB; u++) {
+                        const int ef = e0 + 2 * u;
+                        const int64_t row = rows[(ef >> 1) & 1], col = n0 + 8 * (ef / 4) + cq;
+                        v[u] = row < p.m && col < p.n ? *reinterpret_cast<const uint32_t *>(c + row * p.ldc + col) : 0u;
+                    }
+#pragma unroll
+                    for (int u = 0; u < PEB; u++) {
+                        const int ef = e0 + 2 * u, q = 64 * mb + ef;
+                        const int64_t row = rows[(ef >> 1) & 1], col = n0 + 8 * (ef / 4) + cq;
+                        if (row >= p.m || col >= p.n) continue;
+                        const float2 o = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v[u]));
+                        *reinterpret_cast<uint32_t *>(c + row * p.ldc + col) = lk_pack_bf16x2(o.x + acc[q], o.y + acc[q + 1]);
+                    }
+                }
+            } else {
+                float *c = (float *)p.c + e * p.ces;
+#pragma unroll
+                for (int e0 = 0; e0 < 64; e0 += 2 * PEB) {
+                    float2 v[PEB];
+#pragma unroll
+                    for (int u = 0; u < PEB; u++) {
+                        const int ef = e0 + 2 * u;
+                        const int64_t row = rows[(ef >> 1) & 1], col = n0 + 8 * (ef / 4) + cq;
+                        v[u] = row < p.m && col < p.n ? *reinterpret_cast<const float2 *>(c + row * p.ldc + col)
+                                                      : make_float2(0.0f, 0.0f);
+                    }
+#pragma unroll
+                    for (int u = 0; u < PEB; u++) {
+                        const int ef = e0 + 2 * u, q = 64 * mb + ef;
+                        const int64_t row = rows[(ef >> 1) & 1], col = n0 + 8 * (ef / 4) + cq;
+                        if (row >= p.m || col >= p.n) continue;
+                        *reinterpret_cast<float2 *>(c + row * p.ldc + col) = make_float2(v[u].x + acc[q], v[u].y + acc[q + 1]);
+                    }
+                }
+            }
+        }
+    }
+#endif
+}
+
 /* --- host ---------------------------------------------------------------------------- */
 
 /* Rows of whole 16-byte chunks from a 16-byte aligned base (TMA's and cp.async's rule), no
@@ -328,6 +543,19 @@ static lk_status launch(const CUtensorMap &ta, const CUtensorMap &tb, const warg
     return LK_OK;
 }
 
+template <bool AG, bool BG>
+static lk_status launch_pp(const CUtensorMap &ta, const CUtensorMap &tb, const wargs &p, int grid, cudaStream_t st) {
+    static int opted;
+    if (!opted) {
+        LK_CUDA_TRY(cudaFuncSetAttribute(gg_sm90_wgrad_pp<AG, BG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         PSMEM_BYTES));
+        opted = 1;
+    }
+    gg_sm90_wgrad_pp<AG, BG><<<grid, THREADS, PSMEM_BYTES, st>>>(ta, tb, p);
+    LK_CUDA_LAUNCHED("moe_experts: grouped gemm (sm90 wgrad, ping-pong)");
+    return LK_OK;
+}
+
 extern "C" lk_status lk_moe_cuda_gg_sm90_wgrad(const lk_gg *g, void *stream) {
     cudaStream_t st = (cudaStream_t)stream;
     const bool ag = g->a.order != NULL, bg = g->b.order != NULL;
@@ -336,7 +564,8 @@ extern "C" lk_status lk_moe_cuda_gg_sm90_wgrad(const lk_gg *g, void *stream) {
     p.a = wopnd{(const lk_bf16_t *)g->a.src, g->a.ld, g->a.kdiv, g->a.order};
     p.b = wopnd{(const lk_bf16_t *)g->b.src, g->b.ld, g->b.kdiv, g->b.order};
     p.m = g->m, p.n = g->n, p.e = g->experts;
-    p.mt = (int)lk_cdiv(g->m, BM), p.nt = (int)lk_cdiv(g->n, BN);
+    const int pp = lk_moe_cuda_gg_sm90_variant_in_force() == LK_GG_SM90_PINGPONG;
+    p.mt = (int)lk_cdiv(g->m, BM), p.nt = (int)lk_cdiv(g->n, pp ? PN : BN);
     p.offs = g->offs;
     p.c = g->c, p.ldc = g->ldc, p.ces = g->c_e_stride, p.c_bf16 = g->c_dt == LK_BF16;
     if (g->rows < 1) return LK_OK;
@@ -351,6 +580,10 @@ extern "C" lk_status lk_moe_cuda_gg_sm90_wgrad(const lk_gg *g, void *stream) {
     const int sms = lk_hw_get()->cuda_sms > 0 ? lk_hw_get()->cuda_sms : 1;
     const int64_t bound = g->experts * p.mt * p.nt;
     const int grid = (int)(bound < sms ? bound : sms);
+    if (pp) {   /* LLMKERN_GG_SM90=pingpong */
+        if (ag) return launch_pp<true, false>(ta, tb, p, grid, st);
+        return bg ? launch_pp<false, true>(ta, tb, p, grid, st) : launch_pp<false, false>(ta, tb, p, grid, st);
+    }
     if (ag) return launch<true, false>(ta, tb, p, grid, st);
     return bg ? launch<false, true>(ta, tb, p, grid, st) : launch<false, false>(ta, tb, p, grid, st);
 }

@@ -19,15 +19,24 @@
  * local experts' d_gate_up_weight, d_down_weight ACCUMULATED (moe.h). The backward
  * redoes the forward exchange and the local experts' forward (for their saved state):
  * nothing is held between the passes (saved_bytes is 0), at the price of one more
- * exchange and expert forward. Workspace depends on the routing and is reserved in
- * ctx->arena after the counts are known; every rank of the group makes the same call.
+ * exchange and expert forward. Workspace is reserved in ctx->arena: on the host-planned
+ * rows after the counts are known, on the CUDA alltoall by the bound; every rank of the
+ * group makes the same call.
  *
  * Each comes as a CPU and a CUDA row. The CUDA rows take CUDA tensors, a device arena
  * and the CUDA experts (`fused` by default); across ranks the group must be NCCL (its
  * collectives take device memory: a host-memory group is refused with LK_EDEVICE, and
- * so is NCCL with CPU tensors), with one rank any comm or NULL. The routing plan is made
- * on the host: the [T, k] ids come down once a call (and once more in the facade, which
- * checks them before anything is written), so a call synchronizes with the host. */
+ * so is NCCL with CPU tensors), with one rank any comm or NULL. The CUDA `local` and
+ * `alltoall` make no host read and no synchronization (a forward and a backward can be
+ * captured in a CUDA graph): `alltoall` counts the routes per owner on the device,
+ * exchanges the counts over NCCL and sends every peer a slot of B = max(T, max_tokens)·k
+ * rows, the most one rank can route to one owner, so no token is dropped; the rows past a
+ * peer's count are zero padding the experts run as zeros (memory and compute of P·B rows
+ * a rank; src/ops/moe_dispatch/alltoall_cuda.c says what it costs). Their ids are never
+ * read on the host: an id outside [0, E) makes out (forward) and d_hidden and
+ * d_topk_weights (backward) NaN, as the CUDA experts op does, instead of an error status.
+ * The CUDA `allgather` still plans on the host: the gathered ids come down (and the
+ * facade checks the ids there), so a call synchronizes with the host. */
 #ifndef LLMKERN_MOE_DISPATCH_H
 #define LLMKERN_MOE_DISPATCH_H
 
@@ -52,6 +61,9 @@ typedef struct {
     lk_tensor d_down_weight;    /* ACCUMULATED; NULL = not wanted */
     int n_experts;              /* E over the group; a multiple of the group size */
     const lk_impl *experts;     /* the moe_experts implementation run locally; NULL = "fused" */
+    int64_t max_tokens;         /* CUDA alltoall over a group: the most tokens any rank passes, the same on
+                                   every rank (its slots' bound); 0 = T, then T must be equal on every rank.
+                                   0 or >= T; other rows check it and ignore it */
 } lk_moe_dispatch_args;
 
 #define LK_MOE_DISPATCH_VTABLE_VERSION 1
@@ -62,7 +74,8 @@ typedef struct {
     lk_status (*backward)(const lk_moe_dispatch_args *a, lk_ctx *ctx);
 } lk_moe_dispatch_vtable;
 
-/* Facade: every argument checked (expert ids in range, E divisible by the group size,
+/* Facade: every argument checked (expert ids in range where the plan is on the host,
+ * max_tokens 0 or >= T, E divisible by the group size,
  * the weights' expert count E/P, every tensor, the arena, the experts and the group on
  * the implementation's device) before any collective or write. Errors LK_EINVAL,
  * LK_ESHAPE, LK_EDTYPE, LK_EDEVICE, LK_ECOMM. */

@@ -4,10 +4,11 @@
  * sent back and summed per token in f32. The backward repeats the dispatch, sends dout
  * the same way, and returns d_hidden rows and d_topk_weights along the reverse path.
  *
- * One algorithm for both devices: the plan (counts, the sort of routes by owner) is made
- * on the host from the ids (a CUDA call's come down once, [T, k] int32), and the moves go
- * through rows.c — host loops on the CPU, kernels over an NCCL group's device buffers on
- * CUDA, with order and pos uploaded for them. */
+ * The CPU row: the plan (counts, the sort of routes by owner) is made on the host from the
+ * ids, and the moves go through rows.c's host loops over lk_comm's all-to-all-v. (Its
+ * device branches would run this plan for CUDA tensors too, the ids brought down and
+ * order and pos uploaded; the CUDA row is alltoall_cuda.c instead, which keeps the plan
+ * on the device.) */
 #include <stdlib.h>
 #include <string.h>
 #include "core/checked.h"

@@ -2,8 +2,9 @@
  * entry, its registry rows and the members its vtables must have; it has no harness (the
  * dispatchers are checked by tests/test_moe.c and tests/dist). The multi-process
  * dispatchers take any communicator (the single-process one included), so they need no
- * LK_NEED_MPI: without MPI they run, on one process. The CUDA rows share the CPU rows'
- * vtables (the moves follow the tensors' device, rows.c) and run the CUDA experts; across
+ * LK_NEED_MPI: without MPI they run, on one process. The CUDA local and allgather share
+ * the CPU rows' vtables (the moves follow the tensors' device, rows.c); the CUDA alltoall
+ * is its own (alltoall_cuda.c: the plan on the device). All run the CUDA experts; across
  * ranks they need an NCCL group, which the facade checks per call. */
 #include "ops/moe_dispatch/internal.h"
 #include "ops/op_def.h"
@@ -22,8 +23,8 @@ static const lk_impl rows[] = {
      .needs = {.min_cc = 80, .dtypes = LK_F32_BF16},
      .vtable = &lk_moe_dispatch_local_vtable, .summary = "one GPU owns every expert: the CUDA experts op itself"},
     {.op = LK_OP_MOE_DISPATCH, .name = "alltoall", .device = LK_DEVICE_CUDA,
-     .needs = {.min_cc = 80, .dtypes = LK_F32_BF16}, .vtable = &lk_moe_dispatch_alltoall_vtable,
-     .summary = "the CPU row's plan on the host, rows moved by kernels and NCCL, CUDA experts"},
+     .needs = {.min_cc = 80, .dtypes = LK_F32_BF16}, .vtable = &lk_moe_dispatch_alltoall_cuda_vtable,
+     .summary = "counts exchanged on the device, rows in bound-sized slots over NCCL, no host read"},
     {.op = LK_OP_MOE_DISPATCH, .name = "allgather", .device = LK_DEVICE_CUDA,
      .needs = {.min_cc = 80, .dtypes = LK_F32_BF16}, .vtable = &lk_moe_dispatch_allgather_vtable,
      .summary = "all tokens gathered over NCCL, own CUDA experts run, reduce-scatter back"},

@@ -2,7 +2,9 @@
  * call's sizes, a two-pass workspace layout (sum, reserve, then carve the same list),
  * the local experts run over rows received from other ranks, and the moves and
  * collectives on the call's memory (rows.c): host loops for CPU tensors, the kernels of
- * rows.cu for CUDA ones, so one algorithm per dispatcher serves both. Not installed. */
+ * rows.cu for CUDA ones, so one algorithm per dispatcher serves both (local, allgather,
+ * the CPU alltoall). The CUDA alltoall is alltoall_cuda.c, whose plan stays on the device
+ * (rows.h). Not installed. */
 #ifndef LLMKERN_MOE_DISPATCH_INTERNAL_H
 #define LLMKERN_MOE_DISPATCH_INTERNAL_H
 
@@ -21,6 +23,7 @@ typedef struct {
     const lk_impl *experts;
     int P, r;
     int64_t T, k, H, I, E, El;
+    int64_t Tb;                 /* max(T, a->max_tokens): the tokens a slot is sized for (alltoall_cuda.c) */
     lk_dtype dt;
     size_t es;
     int dev;                    /* CUDA tensors: rows move by kernels, on ctx->stream */
@@ -55,6 +58,8 @@ lk_status lk_ep_reserve(const lk_ep_call *c, lk_ep_bump *b, size_t extra, size_t
 extern const lk_moe_dispatch_vtable lk_moe_dispatch_local_vtable;
 extern const lk_moe_dispatch_vtable lk_moe_dispatch_alltoall_vtable;
 extern const lk_moe_dispatch_vtable lk_moe_dispatch_allgather_vtable;
+/* The CUDA alltoall row: device counts, bound-sized slots, no host read (alltoall_cuda.c). */
+extern const lk_moe_dispatch_vtable lk_moe_dispatch_alltoall_cuda_vtable;
 
 /* The call's sizes and device; the facade has checked a and ctx. */
 lk_status lk_ep_call_of(const lk_moe_dispatch_args *a, lk_ctx *ctx, lk_ep_call *c);

@@ -1,8 +1,10 @@
 /* moe_dispatch.c — the expert-parallel dispatch facade (include/llmkern/moe_dispatch.h):
  * every argument checked before any collective or write, then the implementation; and
  * the pieces the dispatchers share (common sizes, workspace layout, the local experts
- * over received rows). CUDA tensors: the ids come to the host to be checked, and the
- * group must take device memory (NCCL) when it has more than one rank. */
+ * over received rows). The ids are checked on the host for the rows that plan there (the
+ * CPU rows, the CUDA allgather); the CUDA local and alltoall never read them on the host
+ * (a bad id turns their outputs NaN on the device). CUDA tensors need a group that takes
+ * device memory (NCCL) when it has more than one rank. */
 #include <stdlib.h>
 #include <string.h>
 #include "core/checked.h"
@@ -38,9 +40,11 @@ lk_status lk_ep_call_of(const lk_moe_dispatch_args *a, lk_ctx *ctx, lk_ep_call *
     c->T = a->hidden.shape[0], c->H = a->hidden.shape[1], c->k = a->topk_ids.shape[1];
     c->E = a->n_experts, c->El = a->gate_up_weight.shape[0], c->I = a->gate_up_weight.shape[1] / 2;
     c->dt = a->hidden.dtype, c->es = lk_dtype_size(c->dt);
+    c->Tb = a->max_tokens > c->T ? a->max_tokens : c->T;
     /* The largest workspace a dispatcher sizes is every rank's routes' rows (allgather's
-     * P x T x k rows of H): checked once here, so no product below can wrap. */
-    int64_t f[5] = {c->P, c->T, c->k, c->H, (int64_t)c->es + 8}, n;
+     * P x T x k rows of H, the CUDA alltoall's P x Tb x k): checked once here, so no
+     * product below can wrap. */
+    int64_t f[5] = {c->P, c->Tb, c->k, c->H, (int64_t)c->es + 8}, n;
     return lk_checked_prod(OP ": ranks x T x k x H x (element size + 8)", f, 5, &n);
 }
 
@@ -72,16 +76,19 @@ static lk_status check_place(const lk_impl *impl, const lk_moe_dispatch_args *a,
     return LK_OK;
 }
 
+/* The rows whose plan is made on the host, which read the ids there anyway (the CPU rows,
+ * the CUDA allgather). The CUDA local and alltoall leave them on the device. */
+static int plans_on_host(const lk_impl *impl) {
+    return impl->device == LK_DEVICE_CPU || impl->vtable == &lk_moe_dispatch_allgather_vtable;
+}
+
 /* Every id in [0, E), read on the host (a CUDA call's ids come down first). */
-static lk_status check_ids(const lk_moe_dispatch_args *a, lk_ctx *ctx) {
-    lk_ep_call c;
-    lk_status s = lk_ep_call_of(a, ctx, &c);
-    if (s) return s;
+static lk_status check_ids(const lk_moe_dispatch_args *a, const lk_ep_call *c) {
     const void *h;
     void *own;
-    s = lk_ep_host(&c, a->topk_ids.data, lk_tensor_bytes(&a->topk_ids), &h, &own);
+    lk_status s = lk_ep_host(c, a->topk_ids.data, lk_tensor_bytes(&a->topk_ids), &h, &own);
     const int32_t *ids = h;
-    for (int64_t i = 0; !s && i < c.T * c.k; i++)
+    for (int64_t i = 0; !s && i < c->T * c->k; i++)
         if (ids[i] < 0 || ids[i] >= a->n_experts)
             s = lk_error(LK_EINVAL, OP ": topk_ids: expected ids in [0, %d), got %d at %lld", a->n_experts, ids[i],
                          (long long)i);
@@ -106,6 +113,9 @@ static lk_status check_tensors(lk_device_type dev, unsigned dtypes, const lk_moe
     if ((s = check_t(dev, "topk_ids", &a->topk_ids, 2, tk, LK_DTYPE_BIT(LK_I32))) ||
         (s = check_t(dev, "topk_weights", &a->topk_weights, 2, tk, LK_DTYPE_BIT(LK_F32))))
         return s;
+    if (a->max_tokens < 0 || (a->max_tokens > 0 && a->max_tokens < T))
+        return lk_error(LK_EINVAL, OP ": max_tokens: expected 0 or at least T = %lld, got %lld", (long long)T,
+                        (long long)a->max_tokens);
     if (a->n_experts < 1 || a->n_experts % P)
         return lk_error(LK_EINVAL, OP ": n_experts: expected a multiple >= 1 of the group size %d, got %d", P,
                         a->n_experts);
@@ -136,8 +146,9 @@ static lk_status check(const lk_impl *impl, const lk_moe_dispatch_args *a, lk_ct
     *vt = impl->vtable;
     if ((s = lk_expect_call(OP, impl, a, ctx)) || (s = check_place(impl, a, ctx))) return s;
     const unsigned fl = LK_DTYPE_BIT(LK_F32) | LK_DTYPE_BIT(LK_BF16);
+    lk_ep_call c;
     if ((s = check_tensors(impl->device, impl->needs.dtypes & fl, a, ctx->comm ? ctx->comm->size : 1, backward)) ||
-        (s = check_ids(a, ctx)) || !backward)
+        (s = lk_ep_call_of(a, ctx, &c)) || (plans_on_host(impl) && (s = check_ids(a, &c))) || !backward)
         return s;
     lk_region outs[4] = {{"d_hidden", a->d_hidden.data, lk_tensor_bytes(&a->d_hidden)},
                          lk_tensor_region("d_topk_weights", &a->d_topk_weights),

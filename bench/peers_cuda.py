@@ -8,8 +8,9 @@ around each call, median of the repeats after warm-up; random bf16 inputs. GB/s 
 each tensor a pass must read or write once: fwd+bwd adds the forward's bytes to the
 backward's (RMSNorm: x, y | x, dy, dx; silu(a)*b: a, b, c | dc, a, b, da, db). The
 copy ceiling (2 GiB device-to-device, read + write) is measured in the same run.
-MoE experts (moe_rows): TFLOP/s of the whole layer against torch._grouped_mm's pipeline
-and the HF per-expert loop, and of each grouped GEMM against torch._grouped_mm's
+MoE experts (moe_rows): TFLOP/s of the whole layer against torch._grouped_mm's pipeline,
+Liger-Kernel's fused MoE (LigerFusedMoEFunction, autotuned before the timing) and the HF
+per-expert loop, and of each grouped GEMM against torch._grouped_mm's
 (llmkern's kernels timed by the profiler inside its calls). LK_BENCH_ONLY=moe_rows runs
 that part alone.
 
@@ -632,10 +633,25 @@ def moe_rows():
     def fb(f):
         return lambda: torch.autograd.grad(f(xg, wg, gug, wdg), (xg, wg, gug, wdg), dout)
 
+    peers = [("llmkern fused", lk_f, lambda: (lk_f(), lk_b())),
+             ("torch _grouped_mm", lambda: gmm_layer(x, w, wgu, wd), fb(gmm_layer)),
+             ("HF per-expert loop", lambda: hf_loop(x, w, wgu, wd), fb(hf_loop))]
+    try:   # Liger's fused MoE (Triton grouped GEMMs, autotuned at the first call of a shape)
+        from liger_kernel.ops.fused_moe import LigerFusedMoEFunction
+
+        def liger_moe(x, w, wgu, wd):
+            return LigerFusedMoEFunction.apply(x, wgu, wd, ids, w)
+        t0 = time.time()
+        lo = liger_moe(x, w, wgu, wd)   # the autotune, outside the timing
+        check_close("moe liger fused out", lo, out, 3e-2)
+        fb(liger_moe)()
+        torch.cuda.synchronize()
+        print(f"  moe liger fused: first fwd+bwd (autotune) {time.time() - t0:.0f} s", flush=True)
+        peers.append(("Liger fused MoE", lambda: liger_moe(x, w, wgu, wd), fb(liger_moe)))
+    except Exception as e:  # noqa: BLE001 - no Liger, or a Liger without fused MoE: n/a
+        print(f"  moe liger fused: n/a ({e!r})", flush=True)
     t = {}
-    for name, fwd, both in (("llmkern fused", lk_f, lambda: (lk_f(), lk_b())),
-                            ("torch _grouped_mm", lambda: gmm_layer(x, w, wgu, wd), fb(gmm_layer)),
-                            ("HF per-expert loop", lambda: hf_loop(x, w, wgu, wd), fb(hf_loop))):
+    for name, fwd, both in peers:
         for pas, fn, f in (("fwd", fwd, fl), ("fwd+bwd", both, 3 * fl)):
             try:
                 t[(name, pas)] = ms(fn, 10)

@@ -3,7 +3,9 @@
  * seeded full problem (all ranks' tokens, E = 3P experts), runs it whole on its GPU with
  * the CUDA `local` dispatcher (the single-GPU reference: every token, every expert, no
  * group), then runs its own tokens (a different T on every rank) and its E/P experts
- * through the CUDA `alltoall` dispatcher over the NCCL world, and compares its rows of
+ * through the CUDA `alltoall` dispatcher over the NCCL world (device counts, slots of
+ * max_tokens·k rows: max_tokens = the largest T of the case, the same on every rank), and
+ * compares its rows of
  * out, d_hidden, d_topk_weights and its slices of d_gate_up_weight and d_down_weight
  * (added onto random values already there): f32 1e-5 and bf16 2e-2 relative (the same
  * GEMMs per route; only the k-way sums reorder, and bf16 rounds each route's row once
@@ -170,6 +172,7 @@ static void ep_run(const char *label, const char *name, const problem *pb, const
     int r = nccl->rank;
     dev_bufs b;
     lk_moe_dispatch_args a = upload(pb, pb->t0[r], pb->T[r], r * pb->El, pb->El, &b);
+    for (int p = 0; p < pb->P; p++) a.max_tokens = pb->T[p] > a.max_tokens ? pb->T[p] : a.max_tokens;
     ctx->comm = nccl;
     lk_status s = lk_moe_dispatch_forward(impl, &a, ctx);
     DIST_CHECK(s == LK_OK, "%s: %s forward: %s", label, name, lk_status_name(s));

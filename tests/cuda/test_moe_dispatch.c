@@ -1,26 +1,43 @@
-/* test_moe_dispatch.c (GPU) — the CUDA moe_dispatch rows on one GPU: `alltoall` with no
- * group (ctx.comm NULL) and with lk_comm_self(), and `allgather`, against the CUDA `local`
- * (the experts op itself): out, d_hidden, d_topk_weights, and the weight gradients added
- * onto random values already there; f32 (1e-5) and bf16 (2e-2: each route's row is
- * rounded once more before the k-way sum), skewed routing (experts with no token) and
- * uniform, outputs poisoned with NaN first. The f32 CUDA `alltoall` is also held to the
- * CPU `local` (1e-5). Bad input is refused before anything is written: an expert id out
- * of range (read from device memory), a CPU tensor, CPU experts, a host arena. Skipped
- * (77) where there is no GPU. ctest: cuda_test_moe_dispatch. */
+/* test_moe_dispatch.c (GPU) — the CUDA moe_dispatch rows on one GPU, a group of one:
+ * `alltoall` (device counts, alltoall_cuda.c) with no group (ctx.comm NULL), with
+ * lk_comm_self(), with max_tokens above T (so its slots hold padding rows), and over an
+ * NCCL communicator of one rank (lk_comm_all_to_all_on's send/recv to itself; where the
+ * build has NCCL), and `allgather`, against the CUDA `local` (the experts op itself): out,
+ * d_hidden, d_topk_weights, and the weight gradients added onto random values already
+ * there; f32 (1e-5) and bf16 (2e-2: each route's row is rounded once more before the
+ * k-way sum); skewed routing (experts with no token), uniform, and every token on the same
+ * experts (one expert with k = 1), T 1, 37, 64, 130, 257 (no tile multiple); outputs
+ * poisoned with NaN first. The alltoall is also held to the float64 oracle
+ * (ops/moe/reference.h; f32 1e-4, bf16 3e-2) and, in f32, to the CPU `local` (1e-5).
+ * A CUDA graph captures alltoall's forward + backward (global capture mode: any host
+ * sync or synchronous copy fails it) with no group and over NCCL, and its replays match
+ * the uncaptured calls bit for bit. Bad input: an expert id out of range makes the CUDA
+ * local's and alltoall's outputs NaN (the ids stay on the device) and is refused by
+ * allgather (LK_EINVAL, its plan reads them); max_tokens below T, a CPU tensor, CPU
+ * experts and a host arena are refused before anything is written, lk_last_error()
+ * naming the argument. Skipped (77) where there is no GPU. ctest: cuda_test_moe_dispatch. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <cuda_runtime_api.h>
 #include "cuda_util.h"
+#include "ops/moe/reference.h"
+
+#define SKEW 1     /* routes avoid the first and the last expert */
+#define SAME 2     /* every token takes experts 1 .. k */
+
+/* An NCCL communicator of this one process (NULL in a build without NCCL). */
+static lk_comm *nccl1;
 
 typedef struct {
     int64_t T, H, I, E, k;
-    int skew;           /* routes avoid the first and the last expert */
+    int mode;           /* 0 uniform, SKEW, SAME */
 } dcase;
 
 /* One problem: host values already rounded to their dtypes (lkt_upload does it). */
@@ -45,12 +62,12 @@ static void make(problem *pb, const dcase *c, lk_dtype dt, lk_dtype gdt, uint32_
     lkt_randn(pb->x, NH, &seed, 1.0), lkt_randn(pb->dout, NH, &seed, 1.0);
     lkt_randn(pb->gu, G, &seed, 0.2), lkt_randn(pb->dn, D, &seed, 0.2);
     lkt_randn(pb->ggu, G, &seed, 0.1), lkt_randn(pb->gdn, D, &seed, 0.1);
-    uint32_t lo = c->skew ? 1 : 0, n = (uint32_t)c->E - 2 * lo;
+    uint32_t lo = c->mode == SKEW ? 1 : 0, n = (uint32_t)c->E - 2 * lo;
     for (int64_t t = 0; t < c->T; t++)
         for (int64_t j = 0; j < c->k; j++) {   /* k distinct experts */
             int again;
             do {
-                pb->ids[t * c->k + j] = (int32_t)(lo + next(&seed) % n), again = 0;
+                pb->ids[t * c->k + j] = c->mode == SAME ? (int32_t)(1 + j) : (int32_t)(lo + next(&seed) % n), again = 0;
                 for (int64_t q = 0; q < j; q++) again |= pb->ids[t * c->k + q] == pb->ids[t * c->k + j];
             } while (again);
             pb->w[t * c->k + j] = 0.1 + (next(&seed) % 1000) / 1000.0;
@@ -144,6 +161,16 @@ static void cpu_local(const problem *pb, double *o[5]) {
     lk_arena_free(&arena);
 }
 
+/* The float64 oracle on the same (rounded) values; the gradients onto pb's. */
+static void f64_ref(const problem *pb, double *o[5]) {
+    int64_t T = pb->T, H = pb->H, I = pb->I, E = pb->E, k = pb->k, G = E * 2 * I * H, D = E * H * I;
+    o[0] = lkt_alloc(T * H), o[1] = lkt_alloc(T * H), o[2] = lkt_alloc(T * k), o[3] = lkt_alloc(G), o[4] = lkt_alloc(D);
+    memcpy(o[3], pb->ggu, 8 * (size_t)G), memcpy(o[4], pb->gdn, 8 * (size_t)D);
+    lk_moe_experts_ref_forward(pb->x, pb->ids, pb->w, pb->gu, pb->dn, T, k, E, H, I, o[0]);
+    lk_moe_experts_ref_backward(pb->x, pb->ids, pb->w, pb->gu, pb->dn, pb->dout, T, k, E, H, I, o[1], o[2], o[3],
+                                o[4]);
+}
+
 static void run_case(const dcase *c, lk_dtype dt, lk_dtype gdt, uint32_t seed) {
     problem pb;
     make(&pb, c, dt, gdt, seed);
@@ -153,22 +180,35 @@ static void run_case(const dcase *c, lk_dtype dt, lk_dtype gdt, uint32_t seed) {
     lk_moe_dispatch_args a = on_gpu(&pb);
     run(lk_impl_find(LK_OP_MOE_DISPATCH, "local", LK_DEVICE_CUDA), &a, &ctx, ref);
     double tol = dt == LK_F32 ? 1e-5 : 2e-2;
-    struct { const char *name; lk_comm *comm; } rows[3] = {{"alltoall", NULL}, {"alltoall", lk_comm_self()},
-                                                           {"allgather", NULL}};
-    for (int i = 0; i < 3; i++) {
+    struct { const char *name; lk_comm *comm; int64_t extra; } rows[6] = {
+        {"alltoall", NULL, 0}, {"alltoall", lk_comm_self(), 0}, {"alltoall", NULL, 3},
+        {"allgather", NULL, 0}, {"alltoall", nccl1, 0}, {"alltoall", nccl1, 5}};
+    for (int i = 0; i < 6; i++) {
+        if (i >= 4 && !nccl1) break;
         a = on_gpu(&pb);
         ctx.comm = rows[i].comm;
+        a.max_tokens = rows[i].extra ? pb.T + rows[i].extra : 0;   /* above T: padding rows in the slots */
         run(lk_impl_find(LK_OP_MOE_DISPATCH, rows[i].name, LK_DEVICE_CUDA), &a, &ctx, got);
-        expect_close(rows[i].name, &pb, got, ref, tol);
-        if (i == 0 && dt == LK_F32 && gdt == LK_F32) {   /* and the CPU row, the repository's reference */
-            double *cpu[5];
-            cpu_local(&pb, cpu);
-            expect_close("alltoall vs CPU local", &pb, got, cpu, 1e-5);
+        char what[64];
+        snprintf(what, sizeof what, "%s%s max_tokens %lld", rows[i].name, i >= 4 ? " (nccl)" : "",
+                 (long long)a.max_tokens);
+        expect_close(what, &pb, got, ref, tol);
+        if (i == 0) {   /* and the float64 oracle; in f32 the CPU row, the repository's reference, too */
+            double *f64[5];
+            f64_ref(&pb, f64);
+            expect_close("alltoall vs float64", &pb, got, f64, dt == LK_F32 ? 1e-4 : 3e-2);
+            if (dt == LK_F32 && gdt == LK_F32) {
+                double *cpu[5];
+                cpu_local(&pb, cpu);
+                expect_close("alltoall vs CPU local", &pb, got, cpu, 1e-5);
+            }
         }
     }
-    print_message("  %s T %lld H %lld I %lld E %lld k %lld%s grads %s: alltoall (NULL, self), allgather = local\n",
-                  lk_dtype_name(dt), (long long)c->T, (long long)c->H, (long long)c->I, (long long)c->E,
-                  (long long)c->k, c->skew ? " skewed" : "", lk_dtype_name(gdt));
+    ctx.comm = NULL;
+    print_message("  %s T %lld H %lld I %lld E %lld k %lld%s grads %s: alltoall (NULL, self, padded%s), allgather "
+                  "= local\n", lk_dtype_name(dt), (long long)c->T, (long long)c->H, (long long)c->I, (long long)c->E,
+                  (long long)c->k, c->mode == SKEW ? " skewed" : c->mode == SAME ? " same experts" : "",
+                  lk_dtype_name(gdt), nccl1 ? ", nccl" : "");
     lk_arena_free(&arena);
     lkt_free_all();
 }
@@ -176,14 +216,16 @@ static void run_case(const dcase *c, lk_dtype dt, lk_dtype gdt, uint32_t seed) {
 static void against_local(void **state) {
     (void)state;
     const dcase cases[] = {
-        {37, 48, 40, 6, 2, 1},      /* experts 0 and 5 get no token */
+        {37, 48, 40, 6, 2, SKEW},   /* experts 0 and 5 get no token */
         {64, 64, 24, 8, 3, 0},
         {1, 32, 16, 4, 4, 0},       /* one token, every expert */
+        {130, 40, 24, 4, 1, SAME},  /* every token on expert 1, the others none */
+        {257, 72, 56, 8, 2, SAME},  /* experts 1 and 2 take every token */
     };
     for (int d = 0; d < 2; d++)
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
             lk_dtype dt = d ? LK_BF16 : LK_F32;
-            run_case(&cases[i], dt, i == 1 ? LK_F32 : dt, 17u + (uint32_t)i);
+            run_case(&cases[i], dt, i % 2 ? LK_F32 : dt, 17u + (uint32_t)i);
         }
 }
 
@@ -201,6 +243,27 @@ static void expect_refused(const lk_impl *impl, const lk_moe_dispatch_args *a, l
     free(o);
 }
 
+/* Every element of t NaN (downloaded as doubles). */
+static void expect_all_nan(const char *what, const lk_tensor *t) {
+    int64_t n = lk_tensor_numel(t);
+    double *h = lkt_alloc(n);
+    lkt_download(t->data, n, t->dtype, h);
+    int64_t finite = 0;
+    for (int64_t i = 0; i < n; i++) finite += !isnan(h[i]);
+    if (finite) print_message("  %s: %lld of %lld elements not NaN\n", what, (long long)finite, (long long)n);
+    assert_int_equal(finite, 0);
+}
+
+/* A bad id on the rows that keep the ids on the device: LK_OK, and out (forward), d_hidden
+ * and d_topk_weights (backward) NaN, every element (zeroed first, so NaN is written). */
+static void bad_id_nan(const lk_impl *impl, const lk_moe_dispatch_args *a, lk_ctx *ctx, const char *what) {
+    const lk_tensor *outs[3] = {&a->out, &a->d_hidden, &a->d_topk_weights};
+    for (int i = 0; i < 3; i++) assert_int_equal(cudaMemset(outs[i]->data, 0, lk_tensor_bytes(outs[i])), cudaSuccess);
+    assert_int_equal(lk_moe_dispatch_forward(impl, a, ctx), LK_OK);
+    assert_int_equal(lk_moe_dispatch_backward(impl, a, ctx), LK_OK);
+    for (int i = 0; i < 3; i++) expect_all_nan(what, outs[i]);
+}
+
 static void bad_input_refused(void **state) {
     (void)state;
     const dcase c = {5, 16, 8, 4, 2, 0};
@@ -210,16 +273,29 @@ static void bad_input_refused(void **state) {
     lk_moe_dispatch_args a = on_gpu(&pb);
     lk_arena arena = {.device = LK_DEVICE_CUDA};
     lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
-    const char *rows[3] = {"local", "alltoall", "allgather"};
-    for (int i = 0; i < 3; i++) {
-        const lk_impl *impl = lk_impl_find(LK_OP_MOE_DISPATCH, rows[i], LK_DEVICE_CUDA);
-        assert_non_null(impl);
-        expect_refused(impl, &a, &ctx, LK_EINVAL, "topk_ids");
+    const lk_impl *local = lk_impl_find(LK_OP_MOE_DISPATCH, "local", LK_DEVICE_CUDA);
+    const lk_impl *impl = lk_impl_find(LK_OP_MOE_DISPATCH, "alltoall", LK_DEVICE_CUDA);
+    const lk_impl *ag = lk_impl_find(LK_OP_MOE_DISPATCH, "allgather", LK_DEVICE_CUDA);
+    assert_true(local && impl && ag);
+    expect_refused(ag, &a, &ctx, LK_EINVAL, "topk_ids");
+    bad_id_nan(local, &a, &ctx, "local, id == E");
+    bad_id_nan(impl, &a, &ctx, "alltoall, id == E");
+    pb.ids[7] = -1;
+    a = on_gpu(&pb);
+    bad_id_nan(impl, &a, &ctx, "alltoall, id -1");
+    if (nccl1) {
+        ctx.comm = nccl1;
+        bad_id_nan(impl, &a, &ctx, "alltoall over nccl, id -1");
+        ctx.comm = NULL;
     }
     pb.ids[7] = 3;
     a = on_gpu(&pb);
-    const lk_impl *impl = lk_impl_find(LK_OP_MOE_DISPATCH, "alltoall", LK_DEVICE_CUDA);
     lk_moe_dispatch_args bad = a;
+    bad.max_tokens = pb.T - 1;
+    expect_refused(impl, &bad, &ctx, LK_EINVAL, "max_tokens");
+    bad.max_tokens = -1;
+    expect_refused(impl, &bad, &ctx, LK_EINVAL, "max_tokens");
+    bad = a;
     bad.topk_weights.device.type = LK_DEVICE_CPU;
     expect_refused(impl, &bad, &ctx, LK_EDEVICE, "topk_weights");
     bad = a;
@@ -232,11 +308,120 @@ static void bad_input_refused(void **state) {
     lkt_free_all();
 }
 
+/* --- CUDA graph -------------------------------------------------------------------- */
+
+/* The five outputs' device buffers and bytes; the gradients' starting values. */
+typedef struct {
+    void *p[5];
+    size_t n[5];
+    void *g0[2];
+} outs;
+
+static outs outs_of(const lk_moe_dispatch_args *a, const problem *pb) {
+    const lk_tensor *t[5] = {&a->out, &a->d_hidden, &a->d_topk_weights, &a->d_gate_up_weight, &a->d_down_weight};
+    outs o;
+    for (int i = 0; i < 5; i++) o.p[i] = t[i]->data, o.n[i] = lk_tensor_bytes(t[i]);
+    int64_t G = pb->E * 2 * pb->I * pb->H, D = pb->E * pb->H * pb->I;
+    o.g0[0] = lkt_upload(pb->ggu, G, pb->gdt), o.g0[1] = lkt_upload(pb->gdn, D, pb->gdt);
+    return o;
+}
+
+/* Outputs poisoned, the gradients back to their starting values. */
+static void reset(const outs *o) {
+    for (int i = 0; i < 3; i++) lkt_poison(o->p[i], o->n[i]);
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(cudaMemcpy(o->p[3 + i], o->g0[i], o->n[3 + i], cudaMemcpyDeviceToDevice), cudaSuccess);
+    assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+}
+
+static void *host_copy(const void *dev, size_t n) {
+    void *h = malloc(n ? n : 1);
+    assert_non_null(h);
+    assert_int_equal(cudaMemcpy(h, dev, n, cudaMemcpyDeviceToHost), cudaSuccess);
+    return h;
+}
+
+/* alltoall's forward + backward on a created stream, eager (which also grows the arena, so
+ * the captured calls allocate nothing), then captured in global mode, instantiated and
+ * replayed twice: every output matches the eager bits. */
+static void graph_case(lk_dtype dt, lk_comm *comm, int64_t extra, uint32_t seed) {
+    const dcase c = {53, 64, 32, 8, 2, SKEW};
+    problem pb;
+    make(&pb, &c, dt, LK_F32, seed);
+    lk_moe_dispatch_args a = on_gpu(&pb);
+    a.max_tokens = extra ? pb.T + extra : 0;
+    const lk_impl *impl = lk_impl_find(LK_OP_MOE_DISPATCH, "alltoall", LK_DEVICE_CUDA);
+    cudaStream_t s;
+    assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    lk_arena arena = {.device = LK_DEVICE_CUDA};
+    lk_ctx ctx = lk_ctx_cuda(&arena, s, 0);
+    ctx.comm = comm;
+    outs o = outs_of(&a, &pb);
+    reset(&o);
+    lk_status st = lk_moe_dispatch_forward(impl, &a, &ctx);
+    if (!st) st = lk_moe_dispatch_backward(impl, &a, &ctx);
+    if (st) print_message("  eager: %s\n", lk_last_error());
+    assert_int_equal(st, LK_OK);
+    assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+    void *want[5];
+    for (int i = 0; i < 5; i++) want[i] = host_copy(o.p[i], o.n[i]);
+    reset(&o);
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    lk_status f = lk_moe_dispatch_forward(impl, &a, &ctx);
+    lk_status b = f ? f : lk_moe_dispatch_backward(impl, &a, &ctx);
+    cudaError_t ce = cudaStreamEndCapture(s, &graph);
+    if (f || b) print_message("  captured call: %s\n", lk_last_error());
+    assert_int_equal(f, LK_OK);
+    assert_int_equal(b, LK_OK);
+    assert_int_equal(ce, cudaSuccess);
+    assert_non_null(graph);
+    assert_int_equal(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int rep = 0; rep < 2; rep++) {
+        reset(&o);
+        assert_int_equal(cudaGraphLaunch(exec, s), cudaSuccess);
+        assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+        for (int i = 0; i < 5; i++) {
+            void *h = host_copy(o.p[i], o.n[i]);
+            assert_memory_equal(h, want[i], o.n[i]);
+            free(h);
+        }
+    }
+    print_message("  graph %s alltoall%s max_tokens %lld: captured forward + backward replayed to the same bits\n",
+                  lk_dtype_name(dt), comm ? " over nccl" : "", (long long)a.max_tokens);
+    for (int i = 0; i < 5; i++) free(want[i]);
+    assert_int_equal(cudaGraphExecDestroy(exec), cudaSuccess);
+    assert_int_equal(cudaGraphDestroy(graph), cudaSuccess);
+    lk_arena_free(&arena);
+    assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
+    lkt_free_all();
+}
+
+static void graph_capture(void **state) {
+    (void)state;
+    graph_case(LK_BF16, NULL, 0, 61u);
+    graph_case(LK_F32, NULL, 4, 62u);
+    if (nccl1) {
+        graph_case(LK_BF16, nccl1, 0, 63u);
+        graph_case(LK_F32, nccl1, 7, 64u);
+    }
+}
+
 int main(void) {
     if (!lkt_have_gpu("cuda_test_moe_dispatch")) return LKT_SKIP;
+#ifdef LLMKERN_HAVE_NCCL
+    if (lk_comm_nccl_create(lk_comm_self(), 0, &nccl1)) {
+        fprintf(stderr, "cuda_test_moe_dispatch: an NCCL communicator of one: %s\n", lk_last_error());
+        return 1;
+    }
+#endif
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(against_local),
         cmocka_unit_test(bad_input_refused),
+        cmocka_unit_test(graph_capture),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    if (nccl1) lk_comm_destroy(nccl1);
+    return rc;
 }

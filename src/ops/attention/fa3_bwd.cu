@@ -490,7 +490,7 @@ static lk_status variant_of(int *v) {
 lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
     const lk_attn_dims d = lk_attn_dims_of(a);
     if (d.Sq == 0 || d.B * d.Hq == 0) return LK_OK;
-    int variant;
+    int variant = 1;
     lk_status s = variant_of(&variant);
     if (s) return s;
     cudaStream_t st = (cudaStream_t)ctx->stream;

@@ -6,6 +6,9 @@
  * without a delta, its norm bit-identical to the plain norm of the x it wrote (what a
  * recompute runs), in f32 bit-identical to a separate add and the plain norm, and its
  * bad arguments.
+ * An f32 weight beside bf16 x (bf16 training's f32 master weight, rms_norm.h): against
+ * the reference in every mode, y the correct rounding of the f32 product and dweight an
+ * f32 sum (not a bf16 one), and a weight or dweight of a third dtype refused.
  * Run: ctest -R test_rms_norm, or ./build/test_rms_norm. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -51,11 +54,12 @@ static void expect_matches(const char *name, lk_dtype dt, lk_shape shape, const 
     if (s) print_error("%s\n", lk_last_error());
     assert_int_equal(s, LK_OK);
     double tol = tol_for(name, dt);
-    print_message("  %-10s %-4s %-10s y %.2e  dx %.2e  dw %.2e  res %.2e  (tol %.0e)%s%s%s%s\n", name,
+    print_message("  %-10s %-4s %-10s y %.2e  dx %.2e  dw %.2e  res %.2e  (tol %.0e)%s%s%s%s%s\n", name,
                   lk_dtype_name(dt), row.shape, e.y, e.dx, e.dweight, e.residual, tol,
                   c && c->no_weight ? " no weight" : "", c && c->weight_offset ? " offset 1" : "",
                   c && c->inplace_dx ? " inplace" : "",
-                  c && c->residual ? (c->no_delta ? " residual, no delta" : " residual") : "");
+                  c && c->residual ? (c->no_delta ? " residual, no delta" : " residual") : "",
+                  c && c->f32_weight ? " f32 weight" : "");
     assert_true(e.y <= tol);
     assert_true(e.dx <= tol);
     assert_true(e.dweight <= tol);
@@ -332,6 +336,73 @@ static void fused_dweight_is_deterministic(void **state) {
     fx_free(&f);
 }
 
+/* --- an f32 weight beside bf16 x ------------------------------------------------------ */
+
+/* Every mode against the reference (odd shapes, poisoned outputs: check_case). With f32
+ * math (fused, eager_fp32) dweight is an f32 sum of the rows: far inside what one bf16
+ * rounding (2^-9 = 2e-3) would leave, so a dweight rounded to bf16 on the way fails. */
+static void f32_weight_matches_reference(void **state) {
+    (void)state;
+    static const lk_shape shapes[] = {{2, {1, 1}}, {2, {3, 7}}, {2, {5, 33}}, {2, {4, 1023}}, {2, {3, 4099}},
+                                      {3, {2, 3, 65}}, {2, {64, 1024}}};
+    const lk_rms_norm_case cases[] = {
+        {.f32_weight = 1}, {.f32_weight = 1, .weight_offset = 1.0f}, {.f32_weight = 1, .inplace_dx = 1},
+        {.f32_weight = 1, .residual = 1}, {.f32_weight = 1, .residual = 1, .no_delta = 1},
+        {.f32_weight = 1, .residual = 1, .inplace_dx = 1},
+    };
+    for (size_t i = 0; i < N_NAMES; i++)
+        for (size_t d = 0; d < 2; d++)
+            for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+                for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+                    lk_shape sh = shapes[k];
+                    expect_matches(names[i], dtypes[d], sh, &cases[c], 400 + 10 * c + k);
+                    if (strcmp(names[i], "eager") == 0 || dtypes[d] != LK_BF16) continue;
+                    lk_check_row row;
+                    lk_rms_norm_errors e;
+                    assert_int_equal(lk_rms_norm_check_case(impl_named(names[i]), LK_BF16, &sh, 400 + 10 * c + k,
+                                                            &cases[c], &row, &e), LK_OK);
+                    assert_true(e.dweight <= 1e-5);
+                }
+    expect_matches("fused", LK_BF16, shape2(2048, 4096), &cases[3], 490);   /* streams its dx stores */
+}
+
+/* The weight is not rounded: y = x̂·w in f32 rounded once is the bf16 rounding of the
+ * exact product for all but the rare element within an f32 ulp of a tie; a weight rounded
+ * to bf16 first (its step near 1 is 2^-7) moves about one y in four off it (73% left,
+ * measured). */
+static void f32_weight_is_not_rounded(void **state) {
+    (void)state;
+    const int64_t rows = 64, n = 1024;
+    const char *const f32_math[] = {"fused", "eager_fp32"};
+    for (size_t i = 0; i < 2; i++) {
+        lk_rng rng = lk_rng_make(17);
+        double *xd = NULL, *wd = NULL;
+        void *x = lk_random_tensor(&rng, LK_BF16, rows * n, 1.0f, &xd);
+        float *w = lk_random_tensor(&rng, LK_F32, n, 0.2f, &wd);
+        uint16_t *y = malloc(sizeof(uint16_t) * (size_t)(rows * n));
+        double *ref = malloc(sizeof(double) * (size_t)(rows * n));
+        for (int64_t j = 0; j < n; j++) w[j] += 1.0f, wd[j] = w[j];
+        const lk_impl *impl = impl_named(f32_math[i]);
+        lk_tensor xt = lk_tensor_2d(x, LK_BF16, rows, n);
+        size_t sb = 0;
+        assert_int_equal(lk_rms_norm_saved_bytes(impl, &xt, &sb), LK_OK);
+        void *saved = malloc(sb);
+        lk_arena arena = {0};
+        lk_ctx ctx = lk_ctx_cpu(&arena);
+        lk_rms_norm_args a = {.x = xt, .weight = lk_tensor_1d(w, LK_F32, n), .y = lk_tensor_2d(y, LK_BF16, rows, n),
+                              .saved = {saved, sb}, .eps = 1e-6};
+        assert_int_equal(lk_rms_norm_forward(impl, &a, &ctx), LK_OK);
+        lk_rms_norm_ref_forward(xd, wd, 0.0, 1e-6, rows, n, ref, NULL);
+        int64_t same = 0;
+        for (int64_t k = 0; k < rows * n; k++) same += y[k] == lk_f32_to_bf16((float)ref[k]);
+        print_message("  %-10s y the rounding of the exact product: %lld of %lld\n", f32_math[i], (long long)same,
+                      (long long)(rows * n));
+        assert_true(same >= rows * n * 99 / 100);
+        free(x); free(w); free(y); free(ref); free(xd); free(wd); free(saved);
+        lk_arena_free(&arena);
+    }
+}
+
 /* --- the residual mode ------------------------------------------------------------- */
 
 /* Against the reference: x (written) and the forward's residual exact, y as the plain
@@ -577,6 +648,39 @@ static void residual_bad_arguments_are_refused(void **state) {
     }
 }
 
+/* A weight of neither x's dtype nor f32, and a dweight not of the weight's dtype: refused
+ * by name, nothing written. f32 x takes only an f32 weight. */
+static void f32_weight_bad_dtypes_are_refused(void **state) {
+    (void)state;
+    for (size_t i = 0; i < N_NAMES; i++) {
+        fixture f;
+        fx_init(&f, names[i], LK_BF16, 4, 16, 102);
+        lk_rms_norm_args a;
+        for (int bwd = 0; bwd <= 1; bwd++) {
+            a = f.a;                                    /* an f16 weight beside bf16 x */
+            a.weight.dtype = a.dweight.dtype = LK_F16;
+            expect_refused(&f, f.impl, &a, &f.ctx, bwd, LK_EDTYPE, "weight");
+            a.weight.dtype = a.dweight.dtype = LK_I32;
+            expect_refused(&f, f.impl, &a, &f.ctx, bwd, LK_EDTYPE, "weight");
+        }
+        a = f.a;                                        /* an f32 weight, a bf16 dweight */
+        a.weight.dtype = LK_F32;
+        expect_refused(&f, f.impl, &a, &f.ctx, 1, LK_EDTYPE, "dweight");
+        a = f.a;                                        /* a bf16 weight, an f32 dweight */
+        a.dweight.dtype = LK_F32;
+        expect_refused(&f, f.impl, &a, &f.ctx, 1, LK_EDTYPE, "dweight");
+        fx_free(&f);
+
+        fx_init(&f, names[i], LK_F32, 4, 16, 103);     /* f32 x: a bf16 weight is refused */
+        for (int bwd = 0; bwd <= 1; bwd++) {
+            a = f.a;
+            a.weight.dtype = a.dweight.dtype = LK_BF16;
+            expect_refused(&f, f.impl, &a, &f.ctx, bwd, LK_EDTYPE, "weight");
+        }
+        fx_free(&f);
+    }
+}
+
 static void saved_bytes_query(void **state) {
     (void)state;
     const lk_impl *fused = impl_named("fused");
@@ -616,6 +720,9 @@ int main(void) {
         cmocka_unit_test(residual_mode_is_the_plain_norm_of_x),
         cmocka_unit_test(residual_bad_arguments_are_refused),
         cmocka_unit_test(saved_bytes_query),
+        cmocka_unit_test(f32_weight_matches_reference),
+        cmocka_unit_test(f32_weight_is_not_rounded),
+        cmocka_unit_test(f32_weight_bad_dtypes_are_refused),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

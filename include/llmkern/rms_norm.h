@@ -16,7 +16,14 @@
  *             reads as its dy).
  * Every implementation runs it: the fused rows in their one pass, the eager rows as a
  * pass of their own before the forward's steps and after the backward's (dx rounded to
- * the intermediate dtype before it is added). */
+ * the intermediate dtype before it is added).
+ *
+ * The weight may be f32 while x is bf16 (the f32 master weight of bf16 training, as
+ * autocast multiplies by it; issue 17: the bf16 rounding of a norm weight near 1 moved
+ * a whole channel of every token, most of the bf16-vs-f32 loss gap). The product
+ * x̂·(offset + w) is then f32 and y rounded once; dweight is f32 too (the weight's
+ * dtype), summed over the rows in f32 and never rounded to bf16. Every implementation
+ * runs it (eager: x̂ in bf16 as its steps keep it, times the f32 weight). */
 #ifndef LLMKERN_RMS_NORM_H
 #define LLMKERN_RMS_NORM_H
 
@@ -29,7 +36,7 @@ extern "C" {
 
 typedef struct {
     lk_tensor x;            /* [..., n], contiguous, f32 or bf16 */
-    lk_tensor weight;       /* [n], dtype of x; data NULL = no weight */
+    lk_tensor weight;       /* [n], dtype of x or f32; data NULL = no weight */
     lk_tensor y;            /* forward output: shape and dtype of x */
     lk_tensor dy;           /* backward input: shape and dtype of x */
     lk_tensor dx;           /* backward output: shape and dtype of x; may be dy (inplace_dx) */

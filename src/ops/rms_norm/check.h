@@ -1,5 +1,6 @@
 /* check.h — one RMSNorm comparison with the float64 reference, with the options the
- * lk_harness check() leaves at their defaults (no weight, Gemma's offset, dx over dy).
+ * lk_harness check() leaves at their defaults (no weight, Gemma's offset, dx over dy, the
+ * residual mode, an f32 weight; `llmkern check` runs bf16 with and without the last).
  * harness.c builds `llmkern check` on it; tests/test_rms_norm.c calls it directly. */
 #ifndef LLMKERN_RMS_NORM_CHECK_H
 #define LLMKERN_RMS_NORM_CHECK_H
@@ -14,6 +15,8 @@ typedef struct {
     int residual;           /* the residual mode: an f32 residual and a delta in, x written; the
                              * backward adds dx into a second f32 residual */
     int no_delta;           /* with residual: delta.data NULL (the first layer's norm) */
+    int f32_weight;         /* weight and dweight f32 whatever x's dtype (bf16 training's f32
+                             * master weight, rms_norm.h) */
 } lk_rms_norm_case;
 
 /* The error of each output: y, dx, dweight (0 without a weight), and in the residual mode

@@ -14,7 +14,11 @@
  * The residual mode (rms_norm.h) is one more step each way, as a framework runs it: the
  * add into the f32 residual and the cast to x before the forward's steps, and after the
  * backward's (dx as the steps left it, in `it`: rounded to bf16 for `eager` bf16) the
- * add into the residual and the cast of the sum to dx. */
+ * add into the residual and the cast of the sum to dx.
+ *
+ * An f32 weight beside bf16 x (rms_norm.h) stays f32, as a framework's bf16 · f32
+ * promotes: the weight steps multiply in f32 and round once to `it` (for `eager`,
+ * x̂ and g = dy·w are still bf16 tensors), and dweight's f32 column sum is stored as is. */
 #include "llmkern/rms_norm.h"
 
 #include <math.h>
@@ -102,14 +106,16 @@ static void mul_per_row(const void *a, const void *s, void *out, int64_t rows, i
     }
 }
 
-/* out[r, j] = a[r, j] · v[j]  (an [n] operand broadcast over rows) */
-static void mul_per_col(const void *a, const void *v, void *out, int64_t rows, int64_t n, lk_dtype dt) {
+/* out[r, j] = a[r, j] · v[j]  (an [n] operand broadcast over rows, of vt: dt, or the
+ * f32 weight beside bf16 a, the product then f32 rounded once as a framework's
+ * bf16 · f32 promotes) */
+static void mul_per_col(const void *a, const void *v, lk_dtype vt, void *out, int64_t rows, int64_t n, lk_dtype dt) {
     #pragma omp parallel for schedule(static) if (rows * n >= EAGER_PAR_MIN)
     for (int64_t r = 0; r < rows; r++) {
         float ba[CHUNK], bv[CHUNK], bo[CHUNK];
         for (int64_t c = 0; c < n; c += CHUNK) {
             int64_t len = chunk_len(c, n);
-            const float *x = chunk_in(a, dt, r * n + c, len, ba), *y = chunk_in(v, dt, c, len, bv);
+            const float *x = chunk_in(a, dt, r * n + c, len, ba), *y = chunk_in(v, vt, c, len, bv);
             float *o = chunk_dst(out, dt, r * n + c, bo);
             for (int64_t i = 0; i < len; i++) o[i] = x[i] * y[i];
             chunk_out(out, dt, r * n + c, len, bo);
@@ -132,9 +138,9 @@ static void row_sum(const void *a, void *out, int64_t rows, int64_t n, float sca
     }
 }
 
-/* out[j] = Σ_r a[r, j] into f32 acc [n]; each thread owns a band of columns and walks
- * the rows in order, so the sum is the same whatever the thread count. */
-static void col_sum(const void *a, void *out, float *acc, int64_t rows, int64_t n, lk_dtype dt) {
+/* out[j] = Σ_r a[r, j] into f32 acc [n], stored as ot; each thread owns a band of
+ * columns and walks the rows in order, so the sum is the same whatever the thread count. */
+static void col_sum(const void *a, void *out, lk_dtype ot, float *acc, int64_t rows, int64_t n, lk_dtype dt) {
     #pragma omp parallel if (rows * n >= EAGER_PAR_MIN)
     {
         int t = omp_get_thread_num(), nt = omp_get_num_threads();
@@ -147,7 +153,7 @@ static void col_sum(const void *a, void *out, float *acc, int64_t rows, int64_t 
                 const float *x = chunk_in(a, dt, r * n + c, len, ba);
                 for (int64_t i = 0; i < len; i++) acc[c + i] += x[i];
             }
-        for (int64_t j = j0; j < j1; j++) st(out, dt, j, acc[j]);
+        for (int64_t j = j0; j < j1; j++) st(out, ot, j, acc[j]);
     }
 }
 
@@ -191,13 +197,19 @@ static size_t steps_saved_bytes(int64_t rows, int64_t n, lk_dtype it) {
     return piece((size_t)rows * isz) + (size_t)(rows * n) * isz;
 }
 
-/* Mirrors the take() calls below, in order. */
+/* Mirrors the take() calls below, in order; a vector [n] counted as f32 (the weight's
+ * may be, whatever it). */
 static size_t steps_workspace_bytes(int64_t rows, int64_t n, lk_dtype dt, lk_dtype it, int backward) {
     size_t isz = lk_dtype_size(it), whole = piece((size_t)(rows * n) * isz);
-    size_t vec = piece((size_t)n * isz), per_row = piece((size_t)rows * isz);
+    size_t vec = piece((size_t)n * sizeof(float)), per_row = piece((size_t)rows * isz);
     size_t upcast = dt != it ? (backward ? 2 * whole : whole) + vec : 0;
     if (!backward) return upcast + whole + per_row + vec;                  /* sq, mean, w_eff */
-    return upcast + vec + 2 * whole + piece((size_t)n * sizeof(float)) + vec + 2 * per_row;
+    return upcast + vec + 2 * whole + vec + 2 * per_row;                   /* w_eff, A, B, acc, dr, dm */
+}
+
+/* The dtype the weight's steps run in: it, or f32 for an f32 weight (rms_norm.h). */
+static lk_dtype weight_it(const lk_rms_norm_args *a, lk_dtype it) {
+    return a->weight.data && a->weight.dtype == LK_F32 ? LK_F32 : it;
 }
 
 static lk_status steps_forward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype it) {
@@ -206,9 +218,10 @@ static lk_status steps_forward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype 
     taker tk = {ctx->arena, LK_OK};
     void *rstd = a->saved.data, *xhat = (char *)a->saved.data + piece((size_t)rows * lk_dtype_size(it));
 
+    lk_dtype wi = weight_it(a, it);
     const void *x = as_it(&tk, a->x.data, dt, all, it);
-    const void *w = as_it(&tk, a->weight.data, dt, n, it);
-    void *sq = take(&tk, all, it), *ms = take(&tk, rows, it), *weff = take(&tk, n, it);
+    const void *w = as_it(&tk, a->weight.data, a->weight.dtype, n, wi);
+    void *sq = take(&tk, all, it), *ms = take(&tk, rows, it), *weff = take(&tk, n, wi);
     if (tk.status) return tk.status;
 
     ew(x, x, sq, all, EW_MUL, it);                               /* x²               */
@@ -224,10 +237,10 @@ static lk_status steps_forward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype 
         return LK_OK;
     }
     if (a->weight_offset != 0.0f) {
-        for (int64_t j = 0; j < n; j++) st(weff, it, j, a->weight_offset + ld(w, it, j));
+        for (int64_t j = 0; j < n; j++) st(weff, wi, j, a->weight_offset + ld(w, wi, j));
         w = weff;
     }
-    mul_per_col(xhat, w, y, rows, n, it);
+    mul_per_col(xhat, w, wi, y, rows, n, it);
     if (y != a->y.data) lk_convert(y, it, a->y.data, dt, all);
     return LK_OK;
 }
@@ -242,27 +255,26 @@ static lk_status steps_backward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype
     const void *rstd = a->saved.data;
     const void *xhat = (const char *)a->saved.data + piece((size_t)rows * lk_dtype_size(it));
 
+    lk_dtype wi = weight_it(a, it);
     const void *x = as_it(&tk, a->x.data, dt, all, it);
     const void *dy = as_it(&tk, a->dy.data, dt, all, it);
-    const void *w = as_it(&tk, a->weight.data, dt, n, it);
-    void *weff = take(&tk, n, it), *A = take(&tk, all, it), *B = take(&tk, all, it);
+    const void *w = as_it(&tk, a->weight.data, a->weight.dtype, n, wi);
+    void *weff = take(&tk, n, wi), *A = take(&tk, all, it), *B = take(&tk, all, it);
     float *acc = take(&tk, n, LK_F32);
-    void *dw = take(&tk, n, it), *dr = take(&tk, rows, it), *dm = take(&tk, rows, it);
+    void *dr = take(&tk, rows, it), *dm = take(&tk, rows, it);
     if (tk.status) return tk.status;
 
     const void *g = dy;
     if (w) {
         if (a->weight_offset != 0.0f) {
-            for (int64_t j = 0; j < n; j++) st(weff, it, j, a->weight_offset + ld(w, it, j));
+            for (int64_t j = 0; j < n; j++) st(weff, wi, j, a->weight_offset + ld(w, wi, j));
             w = weff;
         }
-        mul_per_col(dy, w, A, rows, n, it);                      /* g = dy · w_eff   */
+        mul_per_col(dy, w, wi, A, rows, n, it);                  /* g = dy · w_eff   */
         g = A;
         if (a->dweight.data) {
             ew(dy, xhat, B, all, EW_MUL, it);                    /* dy · x̂           */
-            void *out = dt == it ? a->dweight.data : dw;
-            col_sum(B, out, acc, rows, n, it);                   /* dw               */
-            if (out != a->dweight.data) lk_convert(out, it, a->dweight.data, dt, n);
+            col_sum(B, a->dweight.data, a->dweight.dtype, acc, rows, n, it);   /* dw, the weight's dtype */
         }
     }
     ew(g, x, B, all, EW_MUL, it);                                /* g · x            */

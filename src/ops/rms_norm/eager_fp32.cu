@@ -5,7 +5,9 @@
  * the fused kernels are measured against, not a fast path. Saves rstd, f32 [rows].
  * The residual mode (rms_norm.h) is one more kernel each way: the add into the f32
  * residual and the cast to x before the forward, and after the backward the add of the
- * f32 dx into the residual and the cast of the sum to dx (in place of the downcast). */
+ * f32 dx into the residual and the cast of the sum to dx (in place of the downcast).
+ * An f32 weight beside bf16 x (rms_norm.h) is read as f32 by the weight kernel (TW), and
+ * dweight's column sum is stored in f32. */
 #include "common.cuh"
 
 #define THREADS 256
@@ -73,7 +75,7 @@ static size_t workspace_bytes(int64_t rows, int64_t n, lk_dtype dt, int backward
     return backward ? 3 * t + (size_t)rows * sizeof(float) + 4 * LK_ARENA_ALIGN : t;
 }
 
-template <typename T>
+template <typename T, typename TW>
 static lk_status run_forward(const lk_rms_norm_args *a, float *xf, int64_t rows, int n, cudaStream_t st) {
     int64_t count = rows * n;
     float *rstd = (float *)a->saved.data;
@@ -84,13 +86,13 @@ static lk_status run_forward(const lk_rms_norm_args *a, float *xf, int64_t rows,
     row_reduce<<<(unsigned)rows, THREADS, 0, st>>>(xf, NULL, rstd, n, (float)a->eps, 1);
     scale_rows<<<grid_of(count), THREADS, 0, st>>>(xf, rstd, count, n);
     if (a->weight.data)
-        mul_weight<T><<<grid_of(count), THREADS, 0, st>>>(xf, (const T *)a->weight.data, a->weight_offset, count, n);
+        mul_weight<TW><<<grid_of(count), THREADS, 0, st>>>(xf, (const TW *)a->weight.data, a->weight_offset, count, n);
     downcast<T><<<grid_of(count), THREADS, 0, st>>>(xf, (T *)a->y.data, count);
     LK_CUDA_LAUNCHED("rms_norm: eager_fp32 (cuda) forward");
     return LK_OK;
 }
 
-template <typename T>
+template <typename T, typename TW>
 static lk_status run_backward(const lk_rms_norm_args *a, lk_arena *ar, int64_t rows, int n, cudaStream_t st) {
     int64_t count = rows * n;
     size_t t = (size_t)count * sizeof(float);
@@ -105,7 +107,7 @@ static lk_status run_backward(const lk_rms_norm_args *a, lk_arena *ar, int64_t r
     upcast<T><<<grid_of(count), THREADS, 0, st>>>((const T *)a->dy.data, g, count);
     if (want_dw) mul<<<grid_of(count), THREADS, 0, st>>>(g, xh, p, count);               /* dy·x̂ */
     if (a->weight.data)
-        mul_weight<T><<<grid_of(count), THREADS, 0, st>>>(g, (const T *)a->weight.data, a->weight_offset, count, n);
+        mul_weight<TW><<<grid_of(count), THREADS, 0, st>>>(g, (const TW *)a->weight.data, a->weight_offset, count, n);
     row_reduce<<<(unsigned)rows, THREADS, 0, st>>>(g, xh, m, n, 0.0f, 0);                /* mean(g·x̂) */
     dx_of<<<grid_of(count), THREADS, 0, st>>>(g, xh, m, rstd, count, n);
     if (a->residual.data)
@@ -124,6 +126,9 @@ static lk_status check_dims(int64_t rows, int64_t n) {
     return LK_OK;
 }
 
+/* bf16 x with the f32 master weight (rms_norm.h): the weight kernel reads it as f32. */
+static int f32_weight(const lk_rms_norm_args *a) { return a->weight.data && a->weight.dtype == LK_F32; }
+
 static lk_status forward(const lk_rms_norm_args *a, lk_ctx *ctx) {
     int64_t n = a->x.shape[a->x.ndim - 1], rows = lk_tensor_numel(&a->x) / n;
     lk_status s = check_dims(rows, n);
@@ -131,8 +136,9 @@ static lk_status forward(const lk_rms_norm_args *a, lk_ctx *ctx) {
     float *xf = (float *)lk_arena_alloc(ctx->arena, workspace_bytes(rows, n, a->x.dtype, 0));
     if (xf == NULL) return lk_error(LK_EINTERNAL, "rms_norm: eager_fp32 (cuda): the workspace was not reserved");
     cudaStream_t st = (cudaStream_t)ctx->stream;
-    return a->x.dtype == LK_F32 ? run_forward<float>(a, xf, rows, (int)n, st)
-                                : run_forward<lk_bf16_t>(a, xf, rows, (int)n, st);
+    return a->x.dtype == LK_F32 ? run_forward<float, float>(a, xf, rows, (int)n, st)
+           : f32_weight(a)      ? run_forward<lk_bf16_t, float>(a, xf, rows, (int)n, st)
+                                : run_forward<lk_bf16_t, lk_bf16_t>(a, xf, rows, (int)n, st);
 }
 
 static lk_status backward(const lk_rms_norm_args *a, lk_ctx *ctx) {
@@ -141,8 +147,9 @@ static lk_status backward(const lk_rms_norm_args *a, lk_ctx *ctx) {
     if (rows == 0) return lk_rms_dw_zero(a, st);
     lk_status s = check_dims(rows, n);
     if (s) return s;
-    return a->x.dtype == LK_F32 ? run_backward<float>(a, ctx->arena, rows, (int)n, st)
-                                : run_backward<lk_bf16_t>(a, ctx->arena, rows, (int)n, st);
+    return a->x.dtype == LK_F32 ? run_backward<float, float>(a, ctx->arena, rows, (int)n, st)
+           : f32_weight(a)      ? run_backward<lk_bf16_t, float>(a, ctx->arena, rows, (int)n, st)
+                                : run_backward<lk_bf16_t, lk_bf16_t>(a, ctx->arena, rows, (int)n, st);
 }
 
 extern "C" const lk_rms_norm_vtable lk_rms_norm_cuda_eager_fp32_vtable = {

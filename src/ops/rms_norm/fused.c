@@ -6,6 +6,8 @@
  * threads; each thread sums dweight into its own f32 buffer from the arena, and the
  * buffers are added in thread order at the end, so a run is deterministic for a given
  * thread count. bf16 is loaded to f32, computed in f32 and rounded once on the store.
+ * bf16 x may come with an f32 weight (rms_norm.h): it is loaded as f32 (wt), and the
+ * f32 dweight sums are stored as they are.
  *
  * The residual mode (rms_norm.h) adds a pass over the row before the forward's (residual
  * += delta in f32, x = its rounding, then the row code above reads x back from L1: the
@@ -61,33 +63,33 @@ INLINE float row_dot(const void *a, const void *b, lk_dtype dt, int64_t n) {
     return lk_v16_sum(lk_v16_add(lk_v16_add(s0, s1), lk_v16_add(s2, s3)));
 }
 
-/* Σ dy·(off + w)·x over a row: the backward's one reduction. */
+/* Σ dy·(off + w)·x over a row: the backward's one reduction. w is of wt (dt, or f32). */
 INLINE float row_dot_weighted(const void *dy, const void *w, float off, const void *x,
-                              lk_dtype dt, int64_t n) {
+                              lk_dtype dt, lk_dtype wt, int64_t n) {
     if (w == NULL) return row_dot(dy, x, dt, n);
     lk_v16 s0 = lk_v16_set1(0), s1 = s0, vo = lk_v16_set1(off);
     int64_t j = 0;
     for (; j + 32 <= n; j += 32) {
-        lk_v16 g0 = lk_v16_mul(lk_v16_load(dy, dt, j, 16), lk_v16_add(lk_v16_load(w, dt, j, 16), vo));
-        lk_v16 g1 = lk_v16_mul(lk_v16_load(dy, dt, j + 16, 16), lk_v16_add(lk_v16_load(w, dt, j + 16, 16), vo));
+        lk_v16 g0 = lk_v16_mul(lk_v16_load(dy, dt, j, 16), lk_v16_add(lk_v16_load(w, wt, j, 16), vo));
+        lk_v16 g1 = lk_v16_mul(lk_v16_load(dy, dt, j + 16, 16), lk_v16_add(lk_v16_load(w, wt, j + 16, 16), vo));
         s0 = lk_v16_fma(g0, lk_v16_load(x, dt, j, 16), s0);
         s1 = lk_v16_fma(g1, lk_v16_load(x, dt, j + 16, 16), s1);
     }
     for (; j < n; j += 16) {
         int k = n - j < 16 ? (int)(n - j) : 16;
-        lk_v16 g = lk_v16_mul(lk_v16_load(dy, dt, j, k), lk_v16_add(lk_v16_load(w, dt, j, k), vo));
+        lk_v16 g = lk_v16_mul(lk_v16_load(dy, dt, j, k), lk_v16_add(lk_v16_load(w, wt, j, k), vo));
         s0 = lk_v16_fma(g, lk_v16_load(x, dt, j, k), s0);
     }
     return lk_v16_sum(lk_v16_add(s0, s1));
 }
 
-INLINE void row_forward(const void *x, const void *w, float off, void *y, lk_dtype dt, int64_t n,
-                        float rs, int nt) {
+INLINE void row_forward(const void *x, const void *w, float off, void *y, lk_dtype dt, lk_dtype wt,
+                        int64_t n, float rs, int nt) {
     lk_v16 vr = lk_v16_set1(rs), vo = lk_v16_set1(off);
     for (int64_t j = 0; j < n; j += 16) {
         int k = n - j < 16 ? (int)(n - j) : 16;
         lk_v16 v = lk_v16_mul(lk_v16_load(x, dt, j, k), vr);
-        if (w) v = lk_v16_mul(v, lk_v16_add(lk_v16_load(w, dt, j, k), vo));
+        if (w) v = lk_v16_mul(v, lk_v16_add(lk_v16_load(w, wt, j, k), vo));
         lk_v16_store(y, dt, j, v, k, nt);
     }
 }
@@ -96,13 +98,14 @@ INLINE void row_forward(const void *x, const void *w, float off, void *y, lk_dty
  * read before element j of dx is written, so dx may be dy. dx is stored as dxt (dt, or
  * f32 for the residual mode's row). */
 INLINE void row_backward(const void *x, const void *w, float off, const void *dy, void *dx,
-                         float *dwp, lk_dtype dt, lk_dtype dxt, int64_t n, float rs, float m, int nt) {
+                         float *dwp, lk_dtype dt, lk_dtype wt, lk_dtype dxt, int64_t n, float rs, float m,
+                         int nt) {
     lk_v16 vr = lk_v16_set1(rs), vm = lk_v16_set1(m), vo = lk_v16_set1(off);
     for (int64_t j = 0; j < n; j += 16) {
         int k = n - j < 16 ? (int)(n - j) : 16;
         lk_v16 d = lk_v16_load(dy, dt, j, k);
         lk_v16 xh = lk_v16_mul(lk_v16_load(x, dt, j, k), vr);
-        lk_v16 g = w ? lk_v16_mul(d, lk_v16_add(lk_v16_load(w, dt, j, k), vo)) : d;
+        lk_v16 g = w ? lk_v16_mul(d, lk_v16_add(lk_v16_load(w, wt, j, k), vo)) : d;
         if (dwp) lk_v16_store(dwp, LK_F32, j, lk_v16_fma(d, xh, lk_v16_load(dwp, LK_F32, j, k)), k, 0);
         lk_v16_store(dx, dxt, j, lk_v16_mul(lk_v16_fnma(xh, vm, g), vr), k, nt);
     }
@@ -132,7 +135,7 @@ INLINE void row_residual_out(float *res, const float *dxf, void *dx, lk_dtype dt
     }
 }
 
-INLINE void forward_rows(const lk_rms_norm_args *a, lk_dtype dt, int64_t rows, int64_t n) {
+INLINE void forward_rows(const lk_rms_norm_args *a, lk_dtype dt, lk_dtype wt, int64_t rows, int64_t n) {
     size_t rb = (size_t)n * lk_dtype_size(dt);
     char *x = a->x.data;                  /* written only in the residual mode */
     char *y = a->y.data;
@@ -148,13 +151,13 @@ INLINE void forward_rows(const lk_rms_norm_args *a, lk_dtype dt, int64_t rows, i
             if (res) row_residual_in(res + r * n, delta ? delta + r * rb : NULL, xr, dt, n);
             float rs = (float)(1.0 / sqrt((double)row_dot(xr, xr, dt, n) / (double)n + a->eps));
             rstd[r] = rs;
-            row_forward(xr, w, off, y + r * rb, dt, n, rs, nt);
+            row_forward(xr, w, off, y + r * rb, dt, wt, n, rs, nt);
         }
         if (nt) lk_v16_fence();
     }
 }
 
-INLINE void backward_rows(const lk_rms_norm_args *a, lk_dtype dt, int64_t rows, int64_t n,
+INLINE void backward_rows(const lk_rms_norm_args *a, lk_dtype dt, lk_dtype wt, int64_t rows, int64_t n,
                           float *partials, float *rowbufs, int threads) {
     size_t rb = (size_t)n * lk_dtype_size(dt);
     const char *x = a->x.data, *dy = a->dy.data;
@@ -175,12 +178,12 @@ INLINE void backward_rows(const lk_rms_norm_args *a, lk_dtype dt, int64_t rows, 
         for (int64_t r = 0; r < rows; r++) {
             const char *xr = x + r * rb, *dyr = dy + r * rb;
             float rs = rstd[r];
-            float m = rs * row_dot_weighted(dyr, w, off, xr, dt, n) / (float)n;   /* mean(g·x̂) */
+            float m = rs * row_dot_weighted(dyr, w, off, xr, dt, wt, n) / (float)n;   /* mean(g·x̂) */
             if (!res) {
-                row_backward(xr, w, off, dyr, dx + r * rb, dwp, dt, dt, n, rs, m, nt);
+                row_backward(xr, w, off, dyr, dx + r * rb, dwp, dt, wt, dt, n, rs, m, nt);
             } else {
                 float *dxf = dt == LK_F32 ? (float *)(dx + r * rb) : rowf;
-                row_backward(xr, w, off, dyr, dxf, dwp, dt, LK_F32, n, rs, m, 0);
+                row_backward(xr, w, off, dyr, dxf, dwp, dt, wt, LK_F32, n, rs, m, 0);
                 row_residual_out(res + r * n, dxf, dx + r * rb, dt, n, nt);
             }
         }
@@ -192,7 +195,7 @@ INLINE void backward_rows(const lk_rms_norm_args *a, lk_dtype dt, int64_t rows, 
                 int k = n - j < 16 ? (int)(n - j) : 16;
                 lk_v16 s = lk_v16_load(partials, LK_F32, j, k);
                 for (int t = 1; t < team; t++) s = lk_v16_add(s, lk_v16_load(partials + t * stride, LK_F32, j, k));
-                lk_v16_store(a->dweight.data, dt, j, s, k, 0);
+                lk_v16_store(a->dweight.data, wt, j, s, k, 0);   /* the weight's dtype */
             }
         }
     }
@@ -211,8 +214,9 @@ static size_t fused_workspace_bytes(int64_t rows, int64_t n, lk_dtype dt, int ba
 
 static lk_status fused_forward(const lk_rms_norm_args *a, lk_ctx *ctx) {
     int64_t n = a->x.shape[a->x.ndim - 1], rows = lk_tensor_numel(&a->x) / n;
-    if (a->x.dtype == LK_F32) forward_rows(a, LK_F32, rows, n);
-    else forward_rows(a, LK_BF16, rows, n);
+    if (a->x.dtype == LK_F32) forward_rows(a, LK_F32, LK_F32, rows, n);
+    else if (a->weight.data && a->weight.dtype == LK_F32) forward_rows(a, LK_BF16, LK_F32, rows, n);
+    else forward_rows(a, LK_BF16, LK_BF16, rows, n);
     return LK_OK;
 }
 
@@ -225,8 +229,10 @@ static lk_status fused_backward(const lk_rms_norm_args *a, lk_ctx *ctx) {
         return lk_error(LK_EINTERNAL, "rms_norm: fused: workspace for %d threads was not reserved", threads);
     if (a->residual.data && a->x.dtype != LK_F32 && !(rowbufs = lk_arena_alloc(ctx->arena, row)))
         return lk_error(LK_EINTERNAL, "rms_norm: fused: workspace for %d threads was not reserved", threads);
-    if (a->x.dtype == LK_F32) backward_rows(a, LK_F32, rows, n, partials, rowbufs, threads);
-    else backward_rows(a, LK_BF16, rows, n, partials, rowbufs, threads);
+    if (a->x.dtype == LK_F32) backward_rows(a, LK_F32, LK_F32, rows, n, partials, rowbufs, threads);
+    else if (a->weight.data && a->weight.dtype == LK_F32)
+        backward_rows(a, LK_BF16, LK_F32, rows, n, partials, rowbufs, threads);
+    else backward_rows(a, LK_BF16, LK_BF16, rows, n, partials, rowbufs, threads);
     return LK_OK;
 }
 

@@ -29,10 +29,16 @@
  * f32 they are the separate adds of before. The f32 residual is read 16 bytes at a time
  * (two accesses per bf16 group).
  *
+ * An f32 weight beside bf16 x (rms_norm.h; issue 17's parity: autocast multiplies by the
+ * f32 weight) is a type parameter TW of every kernel: the weights load as f32 (two
+ * 16-byte loads per bf16 group), the math was f32 already, y is rounded once, and the
+ * column sum stores dweight's f32 sums as they are.
+ *
  * Reached through lk_rms_norm_forward / _backward (rms_norm.c), which validated every
  * argument; the workspace comes from ctx->arena (a device arena). */
 #include "common.cuh"
 #include "llmkern/registry.h"
+#include <type_traits>
 
 #define MAX_VPT 8           /* 16-byte groups per thread held in registers */
 /* Threads a row of the block kernels aims at (rounded by plan_of). At 65536x4096 bf16 on
@@ -173,6 +179,26 @@ static __device__ __forceinline__ void residual_out(float *res, const float *o, 
     lk_stw<T, W>(dx, r);
 }
 
+/* W weights at p into f: of x's type T (then as the rows' 16-byte or scalar accesses), or
+ * f32 beside bf16 x (rms_norm.h: bf16 training's master weight; W = 8: two 16-byte
+ * loads, aligned when the row's 16-byte path is). Read through the read-only cache:
+ * every row of the block reads the same weights. */
+template <typename T, typename TW, int W>
+static __device__ __forceinline__ void ld_weight(const TW *p, float *f) {
+    if constexpr (std::is_same<TW, T>::value) {
+        lk_ldw<T, W>(p, f, false);
+    } else if constexpr (W % 4 == 0) {
+#pragma unroll
+        for (int q = 0; q < W / 4; q++) {
+            float4 v = __ldg(reinterpret_cast<const float4 *>(p) + q);
+            f[4 * q] = v.x, f[4 * q + 1] = v.y, f[4 * q + 2] = v.z, f[4 * q + 3] = v.w;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < W; j++) f[j] = __ldg(p + j);
+    }
+}
+
 /* The residual mode's pointers, NULL when off. */
 typedef struct {
     float *res;
@@ -184,8 +210,8 @@ typedef struct {
 
 /* Blocks walk rows r = blockIdx.x, + gridDim.x, ...; the next row's loads are issued
  * before this row's reduction, so every block always has a row on its way in. */
-template <typename T, int W, int VPT, bool RES>
-__global__ void __launch_bounds__(REG_THREADS(VPT)) fwd_reg(const T *__restrict__ x, const T *__restrict__ w,
+template <typename T, typename TW, int W, int VPT, bool RES>
+__global__ void __launch_bounds__(REG_THREADS(VPT)) fwd_reg(const T *__restrict__ x, const TW *__restrict__ w,
                                                            T *__restrict__ y, float *__restrict__ rstd,
                                                            int64_t rows, int n, float eps, float off, res_args ra) {
     __shared__ float scratch[32];
@@ -219,7 +245,7 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) fwd_reg(const T *__restrict_
             int u = threadIdx.x + k * blockDim.x;
             if (u < units) {
                 float o[W], wv[W];
-                if (w) lk_ldw<T, W>(w + u * W, wv, false);
+                if (w) ld_weight<T, TW, W>(w + u * W, wv);
 #pragma unroll
                 for (int j = 0; j < W; j++) o[j] = cur[k].f(j) * rs * (w ? wv[j] + off : 1.0f);
                 lk_stw<T, W>(yr + u * W, o);
@@ -235,8 +261,8 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) fwd_reg(const T *__restrict_
  * hidden by the many short-lived warps an SM holds (at ~90 registers, ~20 rows of 8 KiB
  * in flight an SM), the way the SwiGLU kernel's one-group threads reach the copy rate,
  * instead of by the block kernels' next-row double buffer. Rows need not fill a block. */
-template <typename T, int W, int VPT, bool RES>
-__global__ void __launch_bounds__(WARP_ROWS * 32) fwd_warp(const T *__restrict__ x, const T *__restrict__ w,
+template <typename T, typename TW, int W, int VPT, bool RES>
+__global__ void __launch_bounds__(WARP_ROWS * 32) fwd_warp(const T *__restrict__ x, const TW *__restrict__ w,
                                                           T *__restrict__ y, float *__restrict__ rstd, int64_t rows,
                                                           int n, float eps, float off, res_args ra) {
     const int lane = threadIdx.x & 31, units = n / W;
@@ -266,7 +292,7 @@ __global__ void __launch_bounds__(WARP_ROWS * 32) fwd_warp(const T *__restrict__
         int u = lane + 32 * k;
         if (u < units) {
             float o[W], wv[W];
-            if (w) lk_ldw<T, W>(w + u * W, wv, false);
+            if (w) ld_weight<T, TW, W>(w + u * W, wv);
 #pragma unroll
             for (int j = 0; j < W; j++) o[j] = v[k].f(j) * rs * (w ? wv[j] + off : 1.0f);
             lk_stw<T, W>(yr + u * W, o);
@@ -282,15 +308,15 @@ typedef struct {
     res_args ra;
 } fwd_ptrs;
 
-template <typename T, int W, bool RES>
+template <typename T, typename TW, int W, bool RES>
 static void run_fwd_warp(int vpt, unsigned grid, cudaStream_t st, const fwd_ptrs &p, int64_t rows, int n, float eps,
                          float off) {
-    void (*k)(const T *, const T *, T *, float *, int64_t, int, float, float, res_args) =
-        vpt == 2   ? fwd_warp<T, W, 2, RES>
-        : vpt == 4 ? fwd_warp<T, W, 4, RES>
-        : vpt == 8 ? fwd_warp<T, W, 8, RES>
-                   : fwd_warp<T, W, 16, RES>;
-    k<<<grid, WARP_ROWS * 32, 0, st>>>((const T *)p.x, (const T *)p.w, (T *)p.y, p.rstd, rows, n, eps, off, p.ra);
+    void (*k)(const T *, const TW *, T *, float *, int64_t, int, float, float, res_args) =
+        vpt == 2   ? fwd_warp<T, TW, W, 2, RES>
+        : vpt == 4 ? fwd_warp<T, TW, W, 4, RES>
+        : vpt == 8 ? fwd_warp<T, TW, W, 8, RES>
+                   : fwd_warp<T, TW, W, 16, RES>;
+    k<<<grid, WARP_ROWS * 32, 0, st>>>((const T *)p.x, (const TW *)p.w, (T *)p.y, p.rstd, rows, n, eps, off, p.ra);
 }
 
 static fwd_ptrs fwd_ptrs_of(const lk_rms_norm_args *a) {
@@ -298,7 +324,7 @@ static fwd_ptrs fwd_ptrs_of(const lk_rms_norm_args *a) {
             {(float *)a->residual.data, a->delta.data, a->x.data}};
 }
 
-template <typename T, int W>
+template <typename T, typename TW, int W>
 static lk_status launch_fwd_warp(const lk_rms_norm_args *a, int64_t rows, int n, cudaStream_t st, int *taken) {
     int units = n / W, per = (int)lk_cdiv(units, 32), vpt = 2;
     *taken = 0;
@@ -306,16 +332,16 @@ static lk_status launch_fwd_warp(const lk_rms_norm_args *a, int64_t rows, int n,
     while (vpt < per) vpt *= 2;
     fwd_ptrs p = fwd_ptrs_of(a);
     unsigned grid = (unsigned)lk_cdiv(rows, WARP_ROWS);
-    if (p.ra.res) run_fwd_warp<T, W, true>(vpt, grid, st, p, rows, n, (float)a->eps, a->weight_offset);
-    else run_fwd_warp<T, W, false>(vpt, grid, st, p, rows, n, (float)a->eps, a->weight_offset);
+    if (p.ra.res) run_fwd_warp<T, TW, W, true>(vpt, grid, st, p, rows, n, (float)a->eps, a->weight_offset);
+    else run_fwd_warp<T, TW, W, false>(vpt, grid, st, p, rows, n, (float)a->eps, a->weight_offset);
     LK_CUDA_LAUNCHED("rms_norm: fused (cuda) forward, a warp a row");
     *taken = 1;
     return LK_OK;
 }
 
 /* Any row length: the row is read twice, the second time from L1/L2. */
-template <typename T, bool RES>
-__global__ void fwd_loop(const T *__restrict__ x, const T *__restrict__ w, T *__restrict__ y,
+template <typename T, typename TW, bool RES>
+__global__ void fwd_loop(const T *__restrict__ x, const TW *__restrict__ w, T *__restrict__ y,
                          float *__restrict__ rstd, int64_t rows, int n, float eps, float off, res_args ra) {
     __shared__ float scratch[32];
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -340,28 +366,29 @@ __global__ void fwd_loop(const T *__restrict__ x, const T *__restrict__ w, T *__
     }
 }
 
-template <typename T, int W, bool RES>
+template <typename T, typename TW, int W, bool RES>
 static lk_status run_fwd(const plan *p, const lk_rms_norm_args *a, int64_t rows, int n, cudaStream_t st) {
-    void (*k)(const T *, const T *, T *, float *, int64_t, int, float, float, res_args);
+    void (*k)(const T *, const TW *, T *, float *, int64_t, int, float, float, res_args);
     switch (p->vpt) {
-    case 1: k = fwd_reg<T, W, 1, RES>; break;
-    case 2: k = fwd_reg<T, W, 2, RES>; break;
-    case 4: k = fwd_reg<T, W, 4, RES>; break;
-    case 8: k = fwd_reg<T, W, 8, RES>; break;
-    default: k = fwd_loop<T, RES>; break;
+    case 1: k = fwd_reg<T, TW, W, 1, RES>; break;
+    case 2: k = fwd_reg<T, TW, W, 2, RES>; break;
+    case 4: k = fwd_reg<T, TW, W, 4, RES>; break;
+    case 8: k = fwd_reg<T, TW, W, 8, RES>; break;
+    default: k = fwd_loop<T, TW, RES>; break;
     }
     int64_t grid;
     lk_status s = fit_grid(k, p->threads, rows, &grid);
     if (s) return s;
     fwd_ptrs q = fwd_ptrs_of(a);
-    k<<<(unsigned)grid, p->threads, 0, st>>>((const T *)q.x, (const T *)q.w, (T *)q.y, q.rstd, rows, n, (float)a->eps,
+    k<<<(unsigned)grid, p->threads, 0, st>>>((const T *)q.x, (const TW *)q.w, (T *)q.y, q.rstd, rows, n, (float)a->eps,
                                              a->weight_offset, q.ra);
     return LK_OK;
 }
 
-template <typename T, int W>
+template <typename T, typename TW, int W>
 static lk_status launch_fwd(const plan *p, const lk_rms_norm_args *a, int64_t rows, int n, cudaStream_t st) {
-    lk_status s = a->residual.data ? run_fwd<T, W, true>(p, a, rows, n, st) : run_fwd<T, W, false>(p, a, rows, n, st);
+    lk_status s = a->residual.data ? run_fwd<T, TW, W, true>(p, a, rows, n, st)
+                                   : run_fwd<T, TW, W, false>(p, a, rows, n, st);
     if (s) return s;
     LK_CUDA_LAUNCHED("rms_norm: fused (cuda) forward");
     return LK_OK;
@@ -373,8 +400,8 @@ static lk_status launch_fwd(const plan *p, const lk_rms_norm_args *a, int64_t ro
  * over the block's rows, in registers until the end. Rows are walked as in the forward,
  * the next row's x and dy loaded before this row's reduction. Element j of dy is read
  * before dx's element j is written by the same thread, so dx may be dy. */
-template <typename T, int W, int VPT>
-__global__ void __launch_bounds__(REG_THREADS(VPT)) bwd_reg(const T *__restrict__ x, const T *__restrict__ w,
+template <typename T, typename TW, int W, int VPT>
+__global__ void __launch_bounds__(REG_THREADS(VPT)) bwd_reg(const T *__restrict__ x, const TW *__restrict__ w,
                                                            const T *dy,
                                                            T *dx, const float *__restrict__ rstd,
                                                            float *__restrict__ partial, int64_t rows, int n,
@@ -404,7 +431,7 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) bwd_reg(const T *__restrict_
             int u = threadIdx.x + k * blockDim.x;
             if (u < units) {
                 float wv[W];
-                if (w) lk_ldw<T, W>(w + u * W, wv, false);
+                if (w) ld_weight<T, TW, W>(w + u * W, wv);
 #pragma unroll
                 for (int j = 0; j < W; j++) dot = fmaf(dc[k].f(j) * (w ? wv[j] + off : 1.0f), xc[k].f(j), dot);
             }
@@ -417,7 +444,7 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) bwd_reg(const T *__restrict_
             int u = threadIdx.x + k * blockDim.x;
             if (u < units) {
                 float wv[W], o[W];
-                if (w) lk_ldw<T, W>(w + u * W, wv, false);
+                if (w) ld_weight<T, TW, W>(w + u * W, wv);
 #pragma unroll
                 for (int j = 0; j < W; j++) {
                     float d = dc[k].f(j), xh = xc[k].f(j) * rs, g = d * (w ? wv[j] + off : 1.0f);
@@ -443,8 +470,8 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) bwd_reg(const T *__restrict_
 
 /* Any row length: each thread owns columns c ≡ threadIdx.x and adds into its block's
  * partial row in place. */
-template <typename T>
-__global__ void bwd_loop(const T *__restrict__ x, const T *__restrict__ w, const T *dy, T *dx,
+template <typename T, typename TW>
+__global__ void bwd_loop(const T *__restrict__ x, const TW *__restrict__ w, const T *dy, T *dx,
                          const float *__restrict__ rstd, float *__restrict__ partial, int64_t rows, int n,
                          float off, float *__restrict__ res) {
     __shared__ float scratch[32];
@@ -471,20 +498,20 @@ __global__ void bwd_loop(const T *__restrict__ x, const T *__restrict__ w, const
 
 /* Launches the backward on as many blocks as fit on the GPU at once (at most max_parts,
  * what the workspace holds) and says how many in *parts. */
-template <typename T, int W>
+template <typename T, typename TW, int W>
 static lk_status launch_bwd(const plan *p, const lk_rms_norm_args *a, float *partial, int64_t max_parts,
                             int64_t rows, int n, cudaStream_t st, int64_t *parts) {
-    void (*k)(const T *, const T *, const T *, T *, const float *, float *, int64_t, int, float, float *);
+    void (*k)(const T *, const TW *, const T *, T *, const float *, float *, int64_t, int, float, float *);
     switch (p->vpt) {
-    case 1: k = bwd_reg<T, W, 1>; break;
-    case 2: k = bwd_reg<T, W, 2>; break;
-    case 4: k = bwd_reg<T, W, 4>; break;
-    case 8: k = bwd_reg<T, W, 8>; break;
-    default: k = bwd_loop<T>; break;
+    case 1: k = bwd_reg<T, TW, W, 1>; break;
+    case 2: k = bwd_reg<T, TW, W, 2>; break;
+    case 4: k = bwd_reg<T, TW, W, 4>; break;
+    case 8: k = bwd_reg<T, TW, W, 8>; break;
+    default: k = bwd_loop<T, TW>; break;
     }
     lk_status s = fit_grid(k, p->threads, max_parts, parts);
     if (s) return s;
-    k<<<(unsigned)*parts, p->threads, 0, st>>>((const T *)a->x.data, (const T *)a->weight.data,
+    k<<<(unsigned)*parts, p->threads, 0, st>>>((const T *)a->x.data, (const TW *)a->weight.data,
                                               (const T *)a->dy.data, (T *)a->dx.data, (const float *)a->saved.data,
                                               partial, rows, n, a->weight_offset, (float *)a->residual.data);
     LK_CUDA_LAUNCHED("rms_norm: fused (cuda) backward");
@@ -507,6 +534,28 @@ static size_t workspace_bytes(int64_t rows, int64_t n, lk_dtype dt, int backward
     return backward ? (size_t)bwd_parts(rows, n) * (size_t)n * sizeof(float) : 0;
 }
 
+/* bf16 x with the f32 master weight (rms_norm.h): TW = float. */
+static int f32_weight(const lk_rms_norm_args *a) { return a->weight.data && a->weight.dtype == LK_F32; }
+
+/* One pass for x of T and a weight of TW, at the plan's access width. */
+template <typename T, typename TW>
+static lk_status forward_as(const plan *p, const lk_rms_norm_args *a, int64_t rows, int n, cudaStream_t st) {
+    const int V = lk_vec<T>::N;
+    int taken = 0;
+    lk_status s = p->w == 1 ? launch_fwd_warp<T, TW, 1>(a, rows, n, st, &taken)
+                            : launch_fwd_warp<T, TW, V>(a, rows, n, st, &taken);
+    if (s || taken) return s;
+    return p->w == 1 ? launch_fwd<T, TW, 1>(p, a, rows, n, st) : launch_fwd<T, TW, V>(p, a, rows, n, st);
+}
+
+template <typename T, typename TW>
+static lk_status backward_as(const plan *p, const lk_rms_norm_args *a, float *partial, int64_t mp, int64_t rows,
+                             int n, cudaStream_t st, int64_t *parts) {
+    const int V = lk_vec<T>::N;
+    return p->w == 1 ? launch_bwd<T, TW, 1>(p, a, partial, mp, rows, n, st, parts)
+                     : launch_bwd<T, TW, V>(p, a, partial, mp, rows, n, st, parts);
+}
+
 static lk_status forward(const lk_rms_norm_args *a, lk_ctx *ctx) {
     int64_t n = a->x.shape[a->x.ndim - 1], rows = lk_tensor_numel(&a->x) / n;
     cudaStream_t st = (cudaStream_t)ctx->stream;
@@ -515,19 +564,9 @@ static lk_status forward(const lk_rms_norm_args *a, lk_ctx *ctx) {
                         (long long)rows, (long long)n);
     const void *ptrs[] = {a->x.data, a->weight.data, a->y.data, a->residual.data, a->delta.data};
     plan p = plan_of(n, a->x.dtype, ptrs, 5);
-    int taken = 0;
-    lk_status s;
-    if (a->x.dtype == LK_F32)
-        s = p.w == 1 ? launch_fwd_warp<float, 1>(a, rows, (int)n, st, &taken)
-                     : launch_fwd_warp<float, 4>(a, rows, (int)n, st, &taken);
-    else
-        s = p.w == 1 ? launch_fwd_warp<lk_bf16_t, 1>(a, rows, (int)n, st, &taken)
-                     : launch_fwd_warp<lk_bf16_t, 8>(a, rows, (int)n, st, &taken);
-    if (s || taken) return s;
-    if (a->x.dtype == LK_F32)
-        return p.w == 1 ? launch_fwd<float, 1>(&p, a, rows, (int)n, st) : launch_fwd<float, 4>(&p, a, rows, (int)n, st);
-    return p.w == 1 ? launch_fwd<lk_bf16_t, 1>(&p, a, rows, (int)n, st)
-                    : launch_fwd<lk_bf16_t, 8>(&p, a, rows, (int)n, st);
+    if (a->x.dtype == LK_F32) return forward_as<float, float>(&p, a, rows, (int)n, st);
+    if (f32_weight(a)) return forward_as<lk_bf16_t, float>(&p, a, rows, (int)n, st);
+    return forward_as<lk_bf16_t, lk_bf16_t>(&p, a, rows, (int)n, st);
 }
 
 static lk_status backward(const lk_rms_norm_args *a, lk_ctx *ctx) {
@@ -544,13 +583,9 @@ static lk_status backward(const lk_rms_norm_args *a, lk_ctx *ctx) {
     const void *ptrs[] = {a->x.data, a->weight.data, a->dy.data, a->dx.data, a->residual.data};
     plan p = plan_of(n, a->x.dtype, ptrs, 5);
     int64_t mp = bwd_parts(rows, n);
-    lk_status s;
-    if (a->x.dtype == LK_F32)
-        s = p.w == 1 ? launch_bwd<float, 1>(&p, a, partial, mp, rows, (int)n, st, &parts)
-                     : launch_bwd<float, 4>(&p, a, partial, mp, rows, (int)n, st, &parts);
-    else
-        s = p.w == 1 ? launch_bwd<lk_bf16_t, 1>(&p, a, partial, mp, rows, (int)n, st, &parts)
-                     : launch_bwd<lk_bf16_t, 8>(&p, a, partial, mp, rows, (int)n, st, &parts);
+    lk_status s = a->x.dtype == LK_F32 ? backward_as<float, float>(&p, a, partial, mp, rows, (int)n, st, &parts)
+                  : f32_weight(a)    ? backward_as<lk_bf16_t, float>(&p, a, partial, mp, rows, (int)n, st, &parts)
+                                     : backward_as<lk_bf16_t, lk_bf16_t>(&p, a, partial, mp, rows, (int)n, st, &parts);
     if (s) return s;
     return want_dw ? lk_rms_dw_finish(partial, parts, (int)n, a->dweight.data, a->dweight.dtype, st) : LK_OK;
 }

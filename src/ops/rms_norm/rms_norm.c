@@ -1,9 +1,10 @@
 /* rms_norm.c — the RMSNorm facade (include/llmkern/rms_norm.h): every argument is
  * checked before anything is written, the implementation's workspace is reserved in
  * ctx->arena and given back after the call. Implementations (eager.c: eager and
- * eager_fp32; fused.c) may therefore assume well-formed, non-overlapping arguments and
- * rows >= 1. In the residual mode (rms_norm.h) x is an output of the forward and the
- * f32 residual an output of both passes: they stand apart from everything else. */
+ * eager_fp32; fused.c) may therefore assume well-formed, non-overlapping arguments,
+ * rows >= 1, and a weight of x's dtype or f32 (dweight of the weight's). In the residual
+ * mode (rms_norm.h) x is an output of the forward and the f32 residual an output of both
+ * passes: they stand apart from everything else. */
 #include <math.h>
 #include <stdint.h>
 #include "ops/validate.h"
@@ -28,14 +29,14 @@ static lk_status check_like_x(const lk_impl *impl, const char *arg, const lk_ten
     return lk_expect_tensor_like(OP, impl->device, arg, t, x, 1);
 }
 
-/* An [n] vector in the dtype of x (weight, dweight). */
+/* An [n] vector of dtype dt (dweight: the weight's), or with dt < 0 of x's dtype or
+ * f32 (weight: bf16 x may take the f32 master weight, rms_norm.h). */
 static lk_status check_vector(const lk_impl *impl, const char *arg, const lk_tensor *t, const lk_tensor *x,
-                              int64_t n) {
+                              int64_t n, int dt) {
     lk_status s;
-    if ((s = lk_expect_operand(OP, impl->device, arg, t, 0, 1)) || (s = lk_expect_shape(OP, arg, t, 1, &n)) ||
-        (s = lk_expect_dtype_eq(OP, arg, t, x->dtype)))
+    if ((s = lk_expect_operand(OP, impl->device, arg, t, 0, 1)) || (s = lk_expect_shape(OP, arg, t, 1, &n)))
         return s;
-    return LK_OK;
+    return lk_expect_dtype(OP, arg, t, dt >= 0 ? LK_DTYPE_BIT(dt) : LK_DTYPE_BIT(x->dtype) | LK_DTYPE_BIT(LK_F32));
 }
 
 /* The residual mode's tensors: residual f32 shaped like x; delta (forward, optional)
@@ -67,7 +68,7 @@ static lk_status check_common(const lk_impl *impl, const lk_rms_norm_args *a, co
     lk_status s = lk_impl_check(OP, impl, LK_OP_RMS_NORM);
     if (s || (s = lk_expect_call(OP, impl, a, ctx))) return s;
     if ((s = check_x(impl, &a->x, 1, si))) return s;
-    if (a->weight.data && (s = check_vector(impl, "weight", &a->weight, &a->x, si->n))) return s;
+    if (a->weight.data && (s = check_vector(impl, "weight", &a->weight, &a->x, si->n, -1))) return s;
     if (!(a->eps > 0.0) || !isfinite(a->eps))
         return lk_error(LK_EINVAL, OP ": eps: expected a finite value > 0, got %g", a->eps);
     if (!isfinite(a->weight_offset))
@@ -122,7 +123,7 @@ lk_status lk_rms_norm_backward(const lk_impl *impl, const lk_rms_norm_args *a, l
     if (s || (s = check_like_x(impl, "dy", &a->dy, &a->x)) || (s = check_like_x(impl, "dx", &a->dx, &a->x)))
         return s;
     int want_dw = a->weight.data != NULL && a->dweight.data != NULL;
-    if (want_dw && (s = check_vector(impl, "dweight", &a->dweight, &a->x, si.n))) return s;
+    if (want_dw && (s = check_vector(impl, "dweight", &a->dweight, &a->x, si.n, (int)a->weight.dtype))) return s;
     size_t rb;
     if ((s = check_residual(impl, a, 0, &rb))) return s;
     size_t tb = lk_tensor_bytes(&a->x), wb = a->weight.data ? lk_tensor_bytes(&a->weight) : 0;

@@ -57,9 +57,12 @@ static lk_status add_into(lk_model *m, void *dst, const void *a, const void *b, 
     return m->dev->add(dst, a, b, n, m->dt, &m->ctx);
 }
 
-static lk_rms_norm_args norm_args(const lk_model *m, const void *x, int64_t rows, int64_t n, const void *w,
+/* A norm's weight is the f32 master at w_off whatever the dtype (rms_norm.h: bf16 x times
+ * an f32 weight, as autocast runs it; issue 17: the weight's bf16 rounding was most of
+ * the bf16-vs-f32 loss gap). In f32 the master is the compute copy: the same bits. */
+static lk_rms_norm_args norm_args(const lk_model *m, const void *x, int64_t rows, int64_t n, int64_t w_off,
                                   void *y, void *saved, size_t saved_bytes) {
-    return (lk_rms_norm_args){.x = t2(m, x, rows, n), .weight = lk_on(m, lk_tensor_1d((void *)w, m->dt, n)),
+    return (lk_rms_norm_args){.x = t2(m, x, rows, n), .weight = lk_on(m, lk_tensor_1d(m->w + w_off, LK_F32, n)),
                               .y = t2(m, y, rows, n), .saved = sv(saved, saved_bytes), .eps = m->cfg.rms_norm_eps};
 }
 
@@ -72,17 +75,17 @@ static lk_rms_norm_args with_stream(const lk_model *m, lk_rms_norm_args a, const
     return a;
 }
 
-/* The op writes dweight in the weight's dtype (bf16: rounded once over the rows); the
- * f32 grads add it. */
+/* The op writes dweight in the weight's dtype, f32 (summed over the rows in f32, never
+ * rounded); the f32 grads add it (they accumulate over micro-batches, the op writes). */
 static lk_status norm_backward(lk_model *m, const lk_impl *impl, lk_rms_norm_args a, const void *dy, void *dx,
                                int64_t w_off) {
     int64_t rows = a.x.shape[0], n = a.x.shape[1];
     a.dy = t2(m, dy, rows, n);
     a.dx = t2(m, dx, rows, n);
     a.inplace_dx = dx == dy;
-    a.dweight = lk_on(m, lk_tensor_1d(m->sc.dw, m->dt, n));
+    a.dweight = lk_on(m, lk_tensor_1d(m->sc.dw, LK_F32, n));
     lk_status s = lk_rms_norm_backward(impl, &a, &m->ctx);
-    return s ? s : m->dev->acc(G(w_off), m->sc.dw, n, m->dt, &m->ctx);
+    return s ? s : m->dev->acc(G(w_off), m->sc.dw, n, LK_F32, &m->ctx);
 }
 
 static lk_linear_args lin(const lk_model *m, const void *x, int64_t T, int64_t in, const void *w, int64_t out,
@@ -131,7 +134,7 @@ lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, con
     lk_scratch *sc = &m->sc;
     int64_t T = m->T, H = m->H, Q = m->Hq * m->D, K = m->Hk * m->D;
     lk_status s;
-    lk_rms_norm_args n = norm_args(m, a->x, T, H, W(L->in), a->h1, a->s[S_IN], L->saved[S_IN]);
+    lk_rms_norm_args n = norm_args(m, a->x, T, H, L->in, a->h1, a->s[S_IN], L->saved[S_IN]);
     if (first) n = with_stream(m, n, l ? sc->tmp : NULL);   /* + the previous layer's MLP output */
     if ((s = lk_rms_norm_forward(op->in_norm, &n, ctx))) return s;
     lk_linear_args pq = lin(m, a->h1, T, H, W(L->q), Q, sc->q), pk = lin(m, a->h1, T, H, W(L->k), K, sc->k),
@@ -144,8 +147,8 @@ lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, con
         return s;
     /* q_norm / k_norm over the head dim, written where RoPE then rotates in place; their
      * inputs are not kept (the backward makes them again) */
-    lk_rms_norm_args nq = norm_args(m, sc->dqt, m->Hq * T, m->D, W(L->qn), a->qr, a->s[S_QN], L->saved[S_QN]);
-    lk_rms_norm_args nk = norm_args(m, sc->dkt, m->Hk * T, m->D, W(L->kn), a->kr, a->s[S_KN], L->saved[S_KN]);
+    lk_rms_norm_args nq = norm_args(m, sc->dqt, m->Hq * T, m->D, L->qn, a->qr, a->s[S_QN], L->saved[S_QN]);
+    lk_rms_norm_args nk = norm_args(m, sc->dkt, m->Hk * T, m->D, L->kn, a->kr, a->s[S_KN], L->saved[S_KN]);
     if ((s = lk_rms_norm_forward(op->q_norm, &nq, ctx)) || (s = lk_rms_norm_forward(op->k_norm, &nk, ctx)))
         return s;
     lk_rope_args r = rope_args(m, l, a);
@@ -156,7 +159,7 @@ lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, con
     ctx->comm = NULL;
     if (s) return s;
     /* x2 = x + o_proj(attention) on the stream; a recompute has x2 kept and skips o_proj */
-    lk_rms_norm_args np = norm_args(m, a->x2, T, H, W(L->post), a->h2, a->s[S_POST], L->saved[S_POST]);
+    lk_rms_norm_args np = norm_args(m, a->x2, T, H, L->post, a->h2, a->s[S_POST], L->saved[S_POST]);
     if (first) {
         lk_linear_args po = lin(m, a->ao, T, Q, W(L->o), H, sc->tmp);
         if ((s = lk_linear_forward(op->o_proj, &po, ctx))) return s;
@@ -199,7 +202,7 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
                                 .saved = sv(a->s[S_MLP], L->saved[S_MLP])};
         if ((s = lk_swiglu_mlp_backward(op->mlp, &f, ctx))) return s;
     }
-    lk_rms_norm_args np = norm_args(m, a->x2, T, H, W(L->post), a->h2, a->s[S_POST], L->saved[S_POST]);
+    lk_rms_norm_args np = norm_args(m, a->x2, T, H, L->post, a->h2, a->s[S_POST], L->saved[S_POST]);
     np = with_stream(m, np, NULL);                                  /* d(x2) into the stream */
     if ((s = norm_backward(m, op->post_norm, np, sc->dh, sc->dres, L->post))) return s;
     /* attention */
@@ -224,8 +227,8 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
     if ((s = lk_linear_forward(op->q_proj, &rq, ctx)) || (s = lk_linear_forward(op->k_proj, &rk, ctx)) ||
         (s = to_heads(m, sc->q, sc->dqt, m->Hq)) || (s = to_heads(m, sc->k, sc->dkt, m->Hk)))
         return s;
-    lk_rms_norm_args nq = norm_args(m, sc->dqt, m->Hq * T, m->D, W(L->qn), a->qr, a->s[S_QN], L->saved[S_QN]);
-    lk_rms_norm_args nk = norm_args(m, sc->dkt, m->Hk * T, m->D, W(L->kn), a->kr, a->s[S_KN], L->saved[S_KN]);
+    lk_rms_norm_args nq = norm_args(m, sc->dqt, m->Hq * T, m->D, L->qn, a->qr, a->s[S_QN], L->saved[S_QN]);
+    lk_rms_norm_args nk = norm_args(m, sc->dkt, m->Hk * T, m->D, L->kn, a->kr, a->s[S_KN], L->saved[S_KN]);
     if ((s = norm_backward(m, op->q_norm, nq, sc->dqr, sc->dqr, L->qn)) ||
         (s = norm_backward(m, op->k_norm, nk, sc->dkr, sc->dkr, L->kn)))
         return s;
@@ -240,6 +243,6 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
         (s = lin_backward(m, op->v_proj, pv, sc->v, L->v, sc->dh2)) ||
         (s = add_into(m, sc->dh, sc->dh, sc->dh2, T * H)))
         return s;
-    lk_rms_norm_args n = norm_args(m, a->x, T, H, W(L->in), a->h1, a->s[S_IN], L->saved[S_IN]);
+    lk_rms_norm_args n = norm_args(m, a->x, T, H, L->in, a->h1, a->s[S_IN], L->saved[S_IN]);
     return norm_backward(m, op->in_norm, with_stream(m, n, NULL), sc->dh, sc->dres, L->in);   /* d(x) */
 }

@@ -383,7 +383,7 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
         c->dqr = lk_carve(sb, &su, Q * es); c->dkr = lk_carve(sb, &su, Kv * es); c->dvt = lk_carve(sb, &su, Kv * es);
         c->dqt = lk_carve(sb, &su, Q * es); c->dkt = lk_carve(sb, &su, Kv * es);
         c->dtw = lk_carve(sb, &su, Tk * 4);
-        c->dw = lk_carve(sb, &su, nw * es);
+        c->dw = lk_carve(sb, &su, nw * 4);
         if (!pass && !(m->scratch_block = m->dev->alloc(lk_align64(su)))) {
             free_acts(m);
             return lk_error(LK_ENOMEM, "model: scratch: out of memory");
@@ -472,7 +472,7 @@ lk_status lk_model_stage_batch(lk_model *m, const lk_batch *batch) {
 static lk_rms_norm_args final_norm_args(lk_model *m) {
     int64_t T = m->T, H = m->H, N = (int64_t)m->cfg.num_hidden_layers;
     return (lk_rms_norm_args){.x = lk_on(m, lk_tensor_2d(m->inputs[N], m->dt, T, H)),
-                              .weight = lk_on(m, lk_tensor_1d(lk_wc(m, m->final_norm), m->dt, H)),
+                              .weight = lk_on(m, lk_tensor_1d(m->w + m->final_norm, LK_F32, H)),   /* the f32 master */
                               .y = lk_on(m, lk_tensor_2d(m->hf, m->dt, T, H)), .saved = {m->s_final, m->s_final_bytes},
                               .eps = m->cfg.rms_norm_eps};
 }
@@ -614,10 +614,10 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
     lk_rms_norm_args n = final_norm_args(m);
     n.dy = lk_on(m, lk_tensor_2d(m->sc.dh, m->dt, T, H));
     n.dx = lk_on(m, lk_tensor_2d(m->sc.dres, m->dt, T, H));
-    n.dweight = lk_on(m, lk_tensor_1d(m->sc.dw, m->dt, H));
+    n.dweight = lk_on(m, lk_tensor_1d(m->sc.dw, LK_F32, H));
     n.residual = lk_on(m, lk_tensor_2d(m->sc.res, LK_F32, T, H));
     if ((s = m->dev->fill(m->sc.res, -0.0f, T * H, &m->ctx)) || (s = lk_rms_norm_backward(m->final_norm_impl, &n, &m->ctx)) ||
-        (s = m->dev->acc(m->g + m->final_norm, m->sc.dw, H, m->dt, &m->ctx)))
+        (s = m->dev->acc(m->g + m->final_norm, m->sc.dw, H, LK_F32, &m->ctx)))
         return s;
     grads_ready(m, m->final_norm);   /* the final norm and an untied lm_head follow the layers */
     /* the aux loss is the mean over MoE layers, scaled by its coefficient */

@@ -7,7 +7,8 @@
  *   - Parameters live in one flat f32 buffer (and grads in a twin at the same offsets);
  *     each lk_param is a view with its Hugging Face name. The ops read a compute copy
  *     at the same offsets in the model's dtype (lk_model_set_dtype): the f32 buffer
- *     itself, or its bf16 rounding refreshed at the start of every forward; the
+ *     itself, or its bf16 rounding refreshed at the start of every forward (the norms read
+ *     the f32 master itself, and write f32 dweights: issue 17's parity, rms_norm.h); the
  *     activations are of that dtype, the gradients always f32 (mixed precision). gate_proj/up_proj of a layer
  *     are adjacent, so together they are the swiglu_mlp op's gate_up [2I, H]; a MoE
  *     layer's experts are stacked [E, 2I, H] and [E, H, I] for the experts op, and the
@@ -83,7 +84,7 @@ typedef struct {
     void *dqr, *dkr, *dvt;       /* head-major grads */
     void *dqt, *dkt;             /* q and k before their norms (head-major): made again in the backward */
     float *dtw;                  /* [T, k] f32 */
-    void *dw;                    /* [max(H, D)]: a norm's written dweight before it is added */
+    float *dw;                   /* [max(H, D)] f32: a norm's written dweight before it is added */
 } lk_scratch;
 
 struct lk_model {

@@ -9,7 +9,7 @@
 # pipeline and the HF loop). Logs and the bench's table land in $OUT.
 #   run: bash tests/cuda/moe_h200.sh            (carry: [".carry"]; tests/cuda/carry.sh fills it)
 # The bench runs once per schedule of grouped_sm90.cu / grouped_wgrad_sm90.cu (MOE_SCHEDULES,
-# default "coop pingpong": LLMKERN_GG_SM90 for each run), tables in $OUT/<schedule>/.
+# default "coop pingpong pingpong_v4": LLMKERN_GG_SM90 for each run), tables in $OUT/<schedule>/.
 # MOE_TESTS=0 skips the tests, MOE_BENCH=0 the bench (to split it over two calls while the
 # machine stays warm: the build directory, outside the repository, survives); MOE_NCU=1 adds
 # an Nsight Compute profile of the grouped GEMM kernels (bench/peers_cuda.py's moe part).
@@ -50,14 +50,14 @@ fi
 wait $PTXAS
 echo "== ptxas (grouped_sm90.cu, grouped_wgrad_sm90.cu, sm_90a)"; cat "$OUT/ptxas_sm90.log"
 if [ "${MOE_BENCH:-1}" = 1 ]; then
-  for sched in ${MOE_SCHEDULES:-coop pingpong}; do   # grouped_sm90.cu's schedules, one bench run each
+  for sched in ${MOE_SCHEDULES:-coop pingpong pingpong_v4}; do   # grouped_sm90.cu's schedules, one bench run each
     echo "== bench (moe_rows, LLMKERN_GG_SM90=$sched)"
     mkdir -p "$OUT/$sched"
     LLMKERN_GG_SM90=$sched LK_BENCH_ONLY=moe_rows timeout ${MOE_BENCH_S:-300} python3 bench/peers_cuda.py \
       --build "$BUILD" --out "$OUT/$sched" 2>&1 | grep -v "^W[0-9]" | tee "$OUT/bench_moe_$sched.log" | tail -24
   done
   echo "== the grouped GEMMs and the layer, by schedule"
-  for sched in ${MOE_SCHEDULES:-coop pingpong}; do
+  for sched in ${MOE_SCHEDULES:-coop pingpong pingpong_v4}; do
     grep -E "^moe (gemm|layer)|check |WARNING|Error" "$OUT/bench_moe_$sched.log" | sed "s/^/$sched: /"
   done
 fi

@@ -19,8 +19,8 @@
  * H and I are multiples of 8, grouped_wgrad_sm90.cu), with lk_moe_cuda_gg_sm80_only
  * (mma.sync), with lk_moe_cuda_gg_simt_only (CUDA cores); and the fused_sm90 row by name
  * where the GPU is sm_90. On an sm_90 GPU the bf16 cases and a graph case run once more on
- * each of grouped_sm90.cu's schedules (lk_moe_cuda_gg_sm90_variant: coop, pingpong), whatever
- * LLMKERN_GG_SM90 says. Skipped (77) where there is no GPU. */
+ * each of grouped_sm90.cu's schedules (lk_moe_cuda_gg_sm90_variant: coop, pingpong,
+ * pingpong_v4), whatever LLMKERN_GG_SM90 says. Skipped (77) where there is no GPU. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -441,9 +441,9 @@ static void graph_capture(void **state) {
  * so both stay checked whichever LLMKERN_GG_SM90 picks; on another GPU a repeat of the mma.sync run. */
 static void sm90_schedules(void **state) {
     (void)state;
-    static const char *names[] = {"coop", "pingpong"};
+    static const char *names[LK_GG_SM90_VARIANTS] = {"coop", "pingpong", "pingpong_v4"};
     const mcase c = {300, 128, 96, 8, 2, RANDOM, 1, 0};
-    for (int v = LK_GG_SM90_COOP; v <= LK_GG_SM90_PINGPONG; v++) {
+    for (int v = 0; v < LK_GG_SM90_VARIANTS; v++) {
         lk_moe_cuda_gg_sm90_variant(v);
         print_message("  grouped_sm90.cu schedule %s%s\n", names[v],
                       lk_hw_get()->cuda_cc == 90 ? "" : " (not an sm_90 GPU: mma.sync)");

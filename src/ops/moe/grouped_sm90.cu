@@ -49,6 +49,8 @@
  *   pingpong   gg_sm90_pp (below the first kernel): each consumer warpgroup a 128 × 128 tile of
  *              its own, its epilogue under the other's mainloop; not yet run (bench/NOTES.md,
  *              "Issue 18: grouped GEMM speed, tenth session", has the count and the prediction).
+ *   pingpong_v4  pingpong with DSWIGLU's epilogue on 16-byte loads and stores (V4: a quad
+ *              transpose of the accumulators, 8 consecutive columns a lane); not yet run.
  * Measured (H200, bench/NOTES.md, ninth session's call 4, every cuda_test_moe_experts case
  * passing): gate/up 530, down 486, dh' 234, d_rows 633 TFLOP/s (torch._grouped_mm 700 / 592;
  * the first version, call 3: 506 / 458 / 176 / 579).
@@ -370,7 +372,28 @@ static __device__ __forceinline__ void order_pass(int cg) {
 }
 #endif
 
-template <int EPI, bool AG, bool BKM>
+#if FA3_ARCH
+/* A 4 × 4 transpose across the 4 lanes of a quad: v[j] of lane l becomes v[l] of lane j (two
+ * butterfly stages, xor 2 then xor 1). On an m64 fragment with v[j] = the pair of column group
+ * 4g + j a lane holds (columns 2·(lane % 4) + b of the group), lane l ends with the 8
+ * consecutive columns of group 4g + l, v[k] being columns 2k + b. */
+static __device__ __forceinline__ void quad_transpose(float *v, int lane) {
+    const bool b1 = lane & 2, b0 = lane & 1;
+    float s0 = b1 ? v[0] : v[2], s1 = b1 ? v[1] : v[3];
+    s0 = __shfl_xor_sync(0xffffffffu, s0, 2), s1 = __shfl_xor_sync(0xffffffffu, s1, 2);
+    if (b1) v[0] = s0, v[1] = s1;
+    else v[2] = s0, v[3] = s1;
+    s0 = b0 ? v[0] : v[1], s1 = b0 ? v[2] : v[3];
+    s0 = __shfl_xor_sync(0xffffffffu, s0, 1), s1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+    if (b0) v[0] = s0, v[2] = s1;
+    else v[1] = s0, v[3] = s1;
+}
+#endif
+
+/* V4 (DSWIGLU only, LLMKERN_GG_SM90=pingpong_v4): the epilogue on 16-byte accesses, each
+ * lane 8 consecutive columns of a row after a quad transpose of the accumulators, a quarter
+ * of the memory instructions of the pair-wise one (320 a thread there). */
+template <int EPI, bool AG, bool BKM, bool V4 = false>
 __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__ CUtensorMap ta,
                                                          const __grid_constant__ CUtensorMap tb, sargs p) {
 #if FA3_ARCH
@@ -516,6 +539,59 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
                     if (bad) h0 = h1 = __int_as_float(0x7fffffff);
                     st_bf16x2(p.h + row * I + j, h0, h1);
                 }
+        } else if constexpr (V4) {   /* DSWIGLU on 16-byte accesses: a row's 8 columns a lane */
+            const int64_t I = p.inter, n0 = (int64_t)nt * PN;
+            const int l = lane % 4;
+#pragma unroll
+            for (int x = 0; x < 4; x++) {   /* [m block · 2 + hf] */
+                const int mb = x >> 1, hf = x & 1;
+                const int64_t row = rows[x];
+                const bool rok = row < mlim;
+                const float wr = rok ? p.w[p.order[row]] : 0.0f;
+                uint4 gv[4], uv[4];   /* the saved gate/up of the lane's 8 columns of groups 4g + l, g < 4 */
+#pragma unroll
+                for (int g = 0; g < 4; g++) {
+                    const int64_t j = n0 + 8 * (4 * g + l);   /* I a multiple of 8: all 8 in or out */
+                    const bool ok = rok && j < I;
+                    gv[g] = ok ? __ldg(reinterpret_cast<const uint4 *>(p.gsv + row * 2 * I + j)) : make_uint4(0, 0, 0, 0);
+                    uv[g] = ok ? __ldg(reinterpret_cast<const uint4 *>(p.gsv + row * 2 * I + I + j)) : make_uint4(0, 0, 0, 0);
+                }
+                float dot = 0.0f;
+#pragma unroll
+                for (int g = 0; g < 4; g++) {
+                    float d0[4], d1[4];   /* dh' of the pairs of groups 4g .. 4g + 3, then of this lane's 8 columns */
+#pragma unroll
+                    for (int jj = 0; jj < 4; jj++)
+                        d0[jj] = acc[64 * mb + 4 * (4 * g + jj) + 2 * hf], d1[jj] = acc[64 * mb + 4 * (4 * g + jj) + 2 * hf + 1];
+                    quad_transpose(d0, lane), quad_transpose(d1, lane);
+                    const int64_t j = n0 + 8 * (4 * g + l);
+                    if (!rok || j >= I) continue;
+                    const uint32_t gw[4] = {gv[g].x, gv[g].y, gv[g].z, gv[g].w}, uw[4] = {uv[g].x, uv[g].y, uv[g].z, uv[g].w};
+                    uint32_t og[4], ou[4], oh[4];
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        const float2 gt = bf16x2_f2(gw[k]), up = bf16x2_f2(uw[k]);
+                        float dg[2], du[2], whv[2];
+#pragma unroll
+                        for (int y = 0; y < 2; y++) {
+                            const float gg = y ? gt.y : gt.x, uu = y ? up.y : up.x, dhp = y ? d1[k] : d0[k];
+                            const float sg = 1.0f / (1.0f + expf(-gg)), silu = gg * sg, hv = silu * uu, dh = wr * dhp;
+                            dg[y] = dh * uu * sg * (1.0f + gg * (1.0f - sg)), du[y] = dh * silu, whv[y] = wr * hv;
+                            if (bad) dg[y] = du[y] = whv[y] = __int_as_float(0x7fffffff);
+                            dot += dhp * hv;
+                        }
+                        og[k] = lk_pack_bf16x2(dg[0], dg[1]), ou[k] = lk_pack_bf16x2(du[0], du[1]);
+                        oh[k] = lk_pack_bf16x2(whv[0], whv[1]);
+                    }
+                    *reinterpret_cast<uint4 *>(p.dgu + row * 2 * I + j) = make_uint4(og[0], og[1], og[2], og[3]);
+                    *reinterpret_cast<uint4 *>(p.dgu + row * 2 * I + I + j) = make_uint4(ou[0], ou[1], ou[2], ou[3]);
+                    *reinterpret_cast<uint4 *>(p.wh + row * I + j) = make_uint4(oh[0], oh[1], oh[2], oh[3]);
+                }
+                dot += __shfl_xor_sync(0xffffffffu, dot, 1);   /* the row's 128 columns: its quad */
+                dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+                if (p.dwp && l == 0 && rok && nt < p.dwt)
+                    p.dwp[row * p.dwt + nt] = bad ? __int_as_float(0x7fffffff) : dot;
+            }
         } else {   /* DSWIGLU: the tile's 128 columns are dw_part's slot nt; one m block at a time */
             const int64_t I = p.inter, n0 = (int64_t)nt * PN;
 #pragma unroll
@@ -598,9 +674,22 @@ static lk_status map_error(lk_status s) {
 }
 
 template <int EPI, bool AG, bool BKM>
-static lk_status launch(const CUtensorMap &ta, const CUtensorMap &tb, const sargs &p, int grid, int pp,
+static lk_status launch(const CUtensorMap &ta, const CUtensorMap &tb, const sargs &p, int grid, int pp, int v4,
                         cudaStream_t st) {
-    static int opted[2];   /* once a process: a host-side attribute, no stream work (fa3.cu sets its own per call, captured too) */
+    static int opted[3];   /* once a process: a host-side attribute, no stream work (fa3.cu sets its own per call, captured too) */
+    if constexpr (EPI == DSWIGLU) {
+        if (pp && v4) {
+            if (!opted[2]) {
+                LK_CUDA_TRY(cudaFuncSetAttribute(gg_sm90_pp<EPI, AG, BKM, true>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize, PSMEM_BYTES));
+                opted[2] = 1;
+            }
+            gg_sm90_pp<EPI, AG, BKM, true><<<grid, THREADS, PSMEM_BYTES, st>>>(ta, tb, p);
+            LK_CUDA_LAUNCHED("moe_experts: grouped gemm (sm90)");
+            return LK_OK;
+        }
+    }
+    (void)v4;
     if (pp) {
         if (!opted[1]) {
             LK_CUDA_TRY(cudaFuncSetAttribute(gg_sm90_pp<EPI, AG, BKM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -621,7 +710,8 @@ static lk_status launch(const CUtensorMap &ta, const CUtensorMap &tb, const sarg
 }
 
 /* The schedule: lk_moe_cuda_gg_sm90_variant's, else LLMKERN_GG_SM90's (read once, by
- * lk_init's strict table in config/env.c). */
+ * lk_init's strict table in config/env.c): coop, pingpong, or pingpong_v4 (pingpong with
+ * gg_sm90_pp's 16-byte DSWIGLU epilogue). */
 static int variant_set = -1;
 
 extern "C" void lk_moe_cuda_gg_sm90_variant(int v) { variant_set = v < 0 ? -1 : v; }
@@ -631,7 +721,10 @@ extern "C" int lk_moe_cuda_gg_sm90_variant_in_force(void) {
     static int from_env = -1;
     if (from_env < 0) {
         const lk_env_value *v = lk_env(LK_ENV_GG_SM90);
-        from_env = v && strcmp(v->value, "pingpong") == 0 ? LK_GG_SM90_PINGPONG : LK_GG_SM90_COOP;
+        from_env = !v                                   ? LK_GG_SM90_COOP
+                   : strcmp(v->value, "pingpong") == 0    ? LK_GG_SM90_PINGPONG
+                   : strcmp(v->value, "pingpong_v4") == 0 ? LK_GG_SM90_PINGPONG_V4
+                                                          : LK_GG_SM90_COOP;
     }
     return from_env;
 }
@@ -643,7 +736,10 @@ extern "C" lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream) {
     memset(&p, 0, sizeof p);
     p.a = (const lk_bf16_t *)g->a.src, p.lda = g->a.ld, p.kdiv = g->a.kdiv, p.aorder = g->a.order;
     p.n = g->epi == LK_GG_STORE_F32 ? g->n : g->inter, p.k = g->k, p.e = g->experts;
-    const int pp = lk_moe_cuda_gg_sm90_variant_in_force() == LK_GG_SM90_PINGPONG;
+    const int variant = lk_moe_cuda_gg_sm90_variant_in_force(), pp = variant != LK_GG_SM90_COOP;
+    /* pingpong_v4's 16-byte DSWIGLU accesses: the saved and written rows 16-byte aligned */
+    const int v4 = variant == LK_GG_SM90_PINGPONG_V4 && lk_aligned16(g->gu_saved) && lk_aligned16(g->dgu) &&
+                   lk_aligned16(g->wh);
     const int tn = pp ? PN : BN;   /* columns a tile */
     p.ny = (int)lk_cdiv(p.n, g->epi == LK_GG_SWIGLU ? tn / 2 : tn);
     p.offs = g->offs, p.tiles = g->tiles;
@@ -677,7 +773,8 @@ extern "C" lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream) {
     const int64_t bound = (g->rows / BM + g->experts) * p.ny;
     if (bound < 1) return LK_OK;
     const int grid = (int)(bound < sms ? bound : sms);
-    if (g->epi == LK_GG_SWIGLU) return launch<SWIGLU, true, true>(ta, tb, p, grid, pp, st);
-    if (g->epi == LK_GG_DSWIGLU) return launch<DSWIGLU, true, false>(ta, tb, p, grid, pp, st);
-    return bk ? launch<STORE, false, true>(ta, tb, p, grid, pp, st) : launch<STORE, false, false>(ta, tb, p, grid, pp, st);
+    if (g->epi == LK_GG_SWIGLU) return launch<SWIGLU, true, true>(ta, tb, p, grid, pp, 0, st);
+    if (g->epi == LK_GG_DSWIGLU) return launch<DSWIGLU, true, false>(ta, tb, p, grid, pp, v4, st);
+    return bk ? launch<STORE, false, true>(ta, tb, p, grid, pp, 0, st)
+              : launch<STORE, false, false>(ta, tb, p, grid, pp, 0, st);
 }

@@ -564,7 +564,7 @@ extern "C" lk_status lk_moe_cuda_gg_sm90_wgrad(const lk_gg *g, void *stream) {
     p.a = wopnd{(const lk_bf16_t *)g->a.src, g->a.ld, g->a.kdiv, g->a.order};
     p.b = wopnd{(const lk_bf16_t *)g->b.src, g->b.ld, g->b.kdiv, g->b.order};
     p.m = g->m, p.n = g->n, p.e = g->experts;
-    const int pp = lk_moe_cuda_gg_sm90_variant_in_force() == LK_GG_SM90_PINGPONG;
+    const int pp = lk_moe_cuda_gg_sm90_variant_in_force() != LK_GG_SM90_COOP;
     p.mt = (int)lk_cdiv(g->m, BM), p.nt = (int)lk_cdiv(g->n, pp ? PN : BN);
     p.offs = g->offs;
     p.c = g->c, p.ldc = g->ldc, p.ces = g->c_e_stride, p.c_bf16 = g->c_dt == LK_BF16;

@@ -121,11 +121,12 @@ lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream);
 
 /* grouped_sm90.cu's schedules: COOP, two consumer warpgroups sharing a 128 × 256 tile (the
  * measured default), or PINGPONG, each warpgroup a 128 × 128 tile of its own, its epilogue
- * under the other's mainloop. */
-enum { LK_GG_SM90_COOP = 0, LK_GG_SM90_PINGPONG = 1 };
+ * under the other's mainloop; PINGPONG_V4, PINGPONG with the DSWIGLU epilogue on 16-byte
+ * accesses. grouped_wgrad_sm90.cu: any ping-pong value its ping-pong kernel. */
+enum { LK_GG_SM90_COOP = 0, LK_GG_SM90_PINGPONG = 1, LK_GG_SM90_PINGPONG_V4 = 2, LK_GG_SM90_VARIANTS = 3 };
 
-/* v >= 0: the Hopper ROWS kernel runs schedule v until called again; v < 0: the environment's
- * (LLMKERN_GG_SM90: coop | pingpong, read once). tests/cuda run both. Not thread-safe;
+/* v >= 0: the Hopper kernels run schedule v until called again; v < 0: the environment's
+ * (LLMKERN_GG_SM90: coop | pingpong | pingpong_v4, read once). tests/cuda run both. Not thread-safe;
  * never set on the hot path. */
 void lk_moe_cuda_gg_sm90_variant(int v);
 

@@ -10,7 +10,7 @@ backward's (RMSNorm: x, y | x, dy, dx; silu(a)*b: a, b, c | dc, a, b, da, db). T
 copy ceiling (2 GiB device-to-device, read + write) is measured in the same run.
 MoE experts (moe_rows): TFLOP/s of the whole layer against torch._grouped_mm's pipeline,
 Liger-Kernel's fused MoE (LigerFusedMoEFunction, autotuned before the timing) and the HF
-per-expert loop, and of each grouped GEMM against torch._grouped_mm's
+per-expert loop (LK_MOE_LIGER=0 leaves Liger's out), and of each grouped GEMM against torch._grouped_mm's
 (llmkern's kernels timed by the profiler inside its calls). LK_BENCH_ONLY=moe_rows runs
 that part alone.
 
@@ -636,7 +636,9 @@ def moe_rows():
     peers = [("llmkern fused", lk_f, lambda: (lk_f(), lk_b())),
              ("torch _grouped_mm", lambda: gmm_layer(x, w, wgu, wd), fb(gmm_layer)),
              ("HF per-expert loop", lambda: hf_loop(x, w, wgu, wd), fb(hf_loop))]
-    try:   # Liger's fused MoE (Triton grouped GEMMs, autotuned at the first call of a shape)
+    try:   # Liger's fused MoE (Triton grouped GEMMs, autotuned at the first call of a shape: minutes)
+        if os.environ.get("LK_MOE_LIGER", "1") == "0":
+            raise RuntimeError("LK_MOE_LIGER=0")
         from liger_kernel.ops.fused_moe import LigerFusedMoEFunction
 
         def liger_moe(x, w, wgu, wd):

@@ -49,8 +49,9 @@
  *   pingpong   gg_sm90_pp (below the first kernel): each consumer warpgroup a 128 × 128 tile of
  *              its own, its epilogue under the other's mainloop; not yet run (bench/NOTES.md,
  *              "Issue 18: grouped GEMM speed, tenth session", has the count and the prediction).
- *   pingpong_v4  pingpong with DSWIGLU's epilogue on 16-byte loads and stores (V4: a quad
- *              transpose of the accumulators, 8 consecutive columns a lane); not yet run.
+ *   pingpong_v4  pingpong with the DSWIGLU and f32 STORE epilogues on 16-byte loads and stores
+ *              (V4: a quad transpose of the accumulators, 8 consecutive columns a lane), and
+ *              grouped_wgrad_sm90.cu's likewise; not yet run.
  * Measured (H200, bench/NOTES.md, ninth session's call 4, every cuda_test_moe_experts case
  * passing): gate/up 530, down 486, dh' 234, d_rows 633 TFLOP/s (torch._grouped_mm 700 / 592;
  * the first version, call 3: 506 / 458 / 176 / 579).
@@ -390,9 +391,10 @@ static __device__ __forceinline__ void quad_transpose(float *v, int lane) {
 }
 #endif
 
-/* V4 (DSWIGLU only, LLMKERN_GG_SM90=pingpong_v4): the epilogue on 16-byte accesses, each
- * lane 8 consecutive columns of a row after a quad transpose of the accumulators, a quarter
- * of the memory instructions of the pair-wise one (320 a thread there). */
+/* V4 (DSWIGLU and STORE, LLMKERN_GG_SM90=pingpong_v4): the epilogue on 16-byte accesses, each
+ * lane 8 consecutive columns of a row after a quad transpose of the accumulators: a quarter
+ * of the memory instructions of the pair-wise one for DSWIGLU (320 a thread there), half for
+ * the f32 store (64), each warp instruction whole 64- or 128-byte row pieces. */
 template <int EPI, bool AG, bool BKM, bool V4 = false>
 __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__ CUtensorMap ta,
                                                          const __grid_constant__ CUtensorMap tb, sargs p) {
@@ -505,7 +507,29 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
         int32_t rows[4];   /* [m block · 2 + hf]; rows <= INT32_MAX (lk_moe_cuda_gg_sm90_takes) */
 #pragma unroll
         for (int x = 0; x < 4; x++) rows[x] = (int32_t)m0 + 64 * (x >> 1) + rl + 8 * (x & 1);
-        if constexpr (EPI == STORE) {
+        if constexpr (EPI == STORE && V4) {   /* a row's 8 columns a lane: two 16-byte stores */
+            const int64_t n0 = (int64_t)nt * PN;
+#pragma unroll
+            for (int x = 0; x < 4; x++) {   /* [m block · 2 + hf] */
+                const int mb = x >> 1, hf = x & 1;
+                const int64_t row = rows[x];
+#pragma unroll
+                for (int g = 0; g < 4; g++) {
+                    float d0[4], d1[4];
+#pragma unroll
+                    for (int jj = 0; jj < 4; jj++) {
+                        d0[jj] = acc[64 * mb + 4 * (4 * g + jj) + 2 * hf];
+                        d1[jj] = acc[64 * mb + 4 * (4 * g + jj) + 2 * hf + 1];
+                    }
+                    quad_transpose(d0, lane), quad_transpose(d1, lane);
+                    const int64_t col = n0 + 8 * (4 * g + lane % 4);   /* n a multiple of 8: all 8 in or out */
+                    if (row >= mlim || col >= p.n) continue;
+                    float4 *dst = reinterpret_cast<float4 *>(p.c + row * p.ldc + col);
+                    __stcs(dst, make_float4(d0[0], d1[0], d0[1], d1[1]));
+                    __stcs(dst + 1, make_float4(d0[2], d1[2], d0[3], d1[3]));
+                }
+            }
+        } else if constexpr (EPI == STORE) {
             const int64_t n0 = (int64_t)nt * PN;
 #pragma unroll
             for (int q = 0; q < PN; q += 2) {
@@ -561,8 +585,10 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
                 for (int g = 0; g < 4; g++) {
                     float d0[4], d1[4];   /* dh' of the pairs of groups 4g .. 4g + 3, then of this lane's 8 columns */
 #pragma unroll
-                    for (int jj = 0; jj < 4; jj++)
-                        d0[jj] = acc[64 * mb + 4 * (4 * g + jj) + 2 * hf], d1[jj] = acc[64 * mb + 4 * (4 * g + jj) + 2 * hf + 1];
+                    for (int jj = 0; jj < 4; jj++) {
+                        d0[jj] = acc[64 * mb + 4 * (4 * g + jj) + 2 * hf];
+                        d1[jj] = acc[64 * mb + 4 * (4 * g + jj) + 2 * hf + 1];
+                    }
                     quad_transpose(d0, lane), quad_transpose(d1, lane);
                     const int64_t j = n0 + 8 * (4 * g + l);
                     if (!rok || j >= I) continue;
@@ -677,7 +703,7 @@ template <int EPI, bool AG, bool BKM>
 static lk_status launch(const CUtensorMap &ta, const CUtensorMap &tb, const sargs &p, int grid, int pp, int v4,
                         cudaStream_t st) {
     static int opted[3];   /* once a process: a host-side attribute, no stream work (fa3.cu sets its own per call, captured too) */
-    if constexpr (EPI == DSWIGLU) {
+    if constexpr (EPI == DSWIGLU || EPI == STORE) {
         if (pp && v4) {
             if (!opted[2]) {
                 LK_CUDA_TRY(cudaFuncSetAttribute(gg_sm90_pp<EPI, AG, BKM, true>,
@@ -737,9 +763,10 @@ extern "C" lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream) {
     p.a = (const lk_bf16_t *)g->a.src, p.lda = g->a.ld, p.kdiv = g->a.kdiv, p.aorder = g->a.order;
     p.n = g->epi == LK_GG_STORE_F32 ? g->n : g->inter, p.k = g->k, p.e = g->experts;
     const int variant = lk_moe_cuda_gg_sm90_variant_in_force(), pp = variant != LK_GG_SM90_COOP;
-    /* pingpong_v4's 16-byte DSWIGLU accesses: the saved and written rows 16-byte aligned */
-    const int v4 = variant == LK_GG_SM90_PINGPONG_V4 && lk_aligned16(g->gu_saved) && lk_aligned16(g->dgu) &&
-                   lk_aligned16(g->wh);
+    /* pingpong_v4's 16-byte epilogue accesses (DSWIGLU and STORE): the rows 16-byte aligned */
+    const int v4 = variant == LK_GG_SM90_PINGPONG_V4 &&
+                   (g->epi == LK_GG_DSWIGLU ? lk_aligned16(g->gu_saved) && lk_aligned16(g->dgu) && lk_aligned16(g->wh)
+                                            : lk_aligned16(g->c) && g->ldc % 4 == 0 && g->n % 8 == 0);
     const int tn = pp ? PN : BN;   /* columns a tile */
     p.ny = (int)lk_cdiv(p.n, g->epi == LK_GG_SWIGLU ? tn / 2 : tn);
     p.offs = g->offs, p.tiles = g->tiles;
@@ -775,6 +802,6 @@ extern "C" lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream) {
     const int grid = (int)(bound < sms ? bound : sms);
     if (g->epi == LK_GG_SWIGLU) return launch<SWIGLU, true, true>(ta, tb, p, grid, pp, 0, st);
     if (g->epi == LK_GG_DSWIGLU) return launch<DSWIGLU, true, false>(ta, tb, p, grid, pp, v4, st);
-    return bk ? launch<STORE, false, true>(ta, tb, p, grid, pp, 0, st)
-              : launch<STORE, false, false>(ta, tb, p, grid, pp, 0, st);
+    return bk ? launch<STORE, false, true>(ta, tb, p, grid, pp, v4, st)
+              : launch<STORE, false, false>(ta, tb, p, grid, pp, v4, st);
 }

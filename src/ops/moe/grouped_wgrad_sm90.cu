@@ -35,8 +35,9 @@
  *
  * Variants (LLMKERN_GG_SM90, as grouped_sm90.cu's; the tests run both): coop, gg_sm90_wgrad
  * above (the default, measured below); pingpong, gg_sm90_wgrad_pp below: 128 × 128 items, one
- * a consumer warpgroup, C's read-add-write under the other's K loop (not yet run; bench/NOTES.md,
- * "Issue 18: grouped GEMM speed, tenth session").
+ * a consumer warpgroup, C's read-add-write under the other's K loop; pingpong_v4, the same with
+ * the read-add-write on 16-byte accesses (V4) (not yet run; bench/NOTES.md, "Issue 18: grouped
+ * GEMM speed, tenth session").
  *
  * Count (PEERS-H200.md's shape, R 131072, H 2048, I 768, E 128): d_down 2·R·H·I = 412 GFLOP,
  * d_gate_up 2·R·2I·H = 825 GFLOP, 1.24 TFLOP: 1.6 ms at 790 TFLOP/s; the f32 gradients read
@@ -325,7 +326,27 @@ static __device__ __forceinline__ void order_pass(int cg) {
 }
 #endif
 
-template <bool AG, bool BG>
+#if FA3_ARCH
+/* A 4 × 4 transpose across the 4 lanes of a quad: v[j] of lane l becomes v[l] of lane j
+ * (grouped_sm90.cu's quad_transpose: on an m64 fragment, lane l ends with the 8 consecutive
+ * columns of column group 4g + l). */
+static __device__ __forceinline__ void quad_transpose(float *v, int lane) {
+    const bool b1 = lane & 2, b0 = lane & 1;
+    float s0 = b1 ? v[0] : v[2], s1 = b1 ? v[1] : v[3];
+    s0 = __shfl_xor_sync(0xffffffffu, s0, 2), s1 = __shfl_xor_sync(0xffffffffu, s1, 2);
+    if (b1) v[0] = s0, v[1] = s1;
+    else v[2] = s0, v[3] = s1;
+    s0 = b0 ? v[0] : v[1], s1 = b0 ? v[2] : v[3];
+    s0 = __shfl_xor_sync(0xffffffffu, s0, 1), s1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+    if (b0) v[0] = s0, v[2] = s1;
+    else v[1] = s0, v[3] = s1;
+}
+#endif
+
+/* V4 (LLMKERN_GG_SM90=pingpong_v4, C's rows 16-byte aligned): the read-add-write on 16-byte
+ * accesses, 8 consecutive columns of a row a lane after a quad transpose of the accumulators
+ * (f32: 16 + 16 instructions a thread where the pair-wise one has 64 + 64; bf16 8 + 8). */
+template <bool AG, bool BG, bool V4 = false>
 __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad_pp(const __grid_constant__ CUtensorMap ta,
                                                                const __grid_constant__ CUtensorMap tb, wargs p) {
 #if FA3_ARCH
@@ -448,47 +469,118 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad_pp(const __grid_cons
         mbar_arrive(&empty[(it - 1) % PSTAGES]);
 
         /* --- epilogue (under the other warpgroup's K loop): C += acc, one m block at a time --- */
+        if constexpr (V4) {
 #pragma unroll
-        for (int mb = 0; mb < 2; mb++) {
-            const int64_t rows[2] = {m0 + 64 * mb + rl, m0 + 64 * mb + rl + 8};
-            if (p.c_bf16) {
-                lk_bf16_t *c = (lk_bf16_t *)p.c + e * p.ces;
+            for (int x = 0; x < 4; x++) {   /* [m block · 2 + hf] */
+                const int mb = x >> 1, hf = x & 1;
+                const int64_t row = m0 + 64 * mb + rl + 8 * hf;
+                float d[4][8];   /* the lane's 8 columns of groups 4g + lane % 4 */
 #pragma unroll
-                for (int e0 = 0; e0 < 64; e0 += 2 * PEB) {
-                    uint32_t v[PEB];
+                for (int g = 0; g < 4; g++) {
+                    float d0[4], d1[4];
 #pragma unroll
-                    for (int u = 0; u < PEB; u++) {
-                        const int ef = e0 + 2 * u;
-                        const int64_t row = rows[(ef >> 1) & 1], col = n0 + 8 * (ef / 4) + cq;
-                        v[u] = row < p.m && col < p.n ? *reinterpret_cast<const uint32_t *>(c + row * p.ldc + col) : 0u;
+                    for (int jj = 0; jj < 4; jj++) {
+                        d0[jj] = acc[64 * mb + 4 * (4 * g + jj) + 2 * hf];
+                        d1[jj] = acc[64 * mb + 4 * (4 * g + jj) + 2 * hf + 1];
+                    }
+                    quad_transpose(d0, lane), quad_transpose(d1, lane);
+#pragma unroll
+                    for (int k = 0; k < 4; k++) d[g][2 * k] = d0[k], d[g][2 * k + 1] = d1[k];
+                }
+                if (row >= p.m) continue;
+                if (p.c_bf16) {
+                    lk_bf16_t *c = (lk_bf16_t *)p.c + e * p.ces + row * p.ldc;
+                    uint4 v[4];
+#pragma unroll
+                    for (int g = 0; g < 4; g++) {
+                        const int64_t col = n0 + 8 * (4 * g + lane % 4);   /* N a multiple of 8 */
+                        v[g] = col < p.n ? *reinterpret_cast<const uint4 *>(c + col) : make_uint4(0, 0, 0, 0);
                     }
 #pragma unroll
-                    for (int u = 0; u < PEB; u++) {
-                        const int ef = e0 + 2 * u, q = 64 * mb + ef;
-                        const int64_t row = rows[(ef >> 1) & 1], col = n0 + 8 * (ef / 4) + cq;
-                        if (row >= p.m || col >= p.n) continue;
-                        const float2 o = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v[u]));
-                        *reinterpret_cast<uint32_t *>(c + row * p.ldc + col) = lk_pack_bf16x2(o.x + acc[q], o.y + acc[q + 1]);
+                    for (int g = 0; g < 4; g++) {
+                        const int64_t col = n0 + 8 * (4 * g + lane % 4);
+                        if (col >= p.n) continue;
+                        const uint32_t w[4] = {v[g].x, v[g].y, v[g].z, v[g].w};
+                        uint32_t o[4];
+#pragma unroll
+                        for (int k = 0; k < 4; k++) {
+                            const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&w[k]));
+                            o[k] = lk_pack_bf16x2(f.x + d[g][2 * k], f.y + d[g][2 * k + 1]);
+                        }
+                        *reinterpret_cast<uint4 *>(c + col) = make_uint4(o[0], o[1], o[2], o[3]);
+                    }
+                } else {
+                    float *c = (float *)p.c + e * p.ces + row * p.ldc;
+#pragma unroll
+                    for (int h2 = 0; h2 < 2; h2++) {   /* two groups' 16 columns loaded before their stores */
+                        float4 v[4];
+#pragma unroll
+                        for (int g = 2 * h2; g < 2 * h2 + 2; g++) {
+                            const int64_t col = n0 + 8 * (4 * g + lane % 4);
+                            const bool ok = col < p.n;
+                            const float4 z = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                            v[2 * (g - 2 * h2)] = ok ? *reinterpret_cast<const float4 *>(c + col) : z;
+                            v[2 * (g - 2 * h2) + 1] = ok ? *reinterpret_cast<const float4 *>(c + col + 4) : z;
+                        }
+#pragma unroll
+                        for (int g = 2 * h2; g < 2 * h2 + 2; g++) {
+                            const int64_t col = n0 + 8 * (4 * g + lane % 4);
+                            if (col >= p.n) continue;
+                            const float4 a = v[2 * (g - 2 * h2)], b = v[2 * (g - 2 * h2) + 1];
+                            *reinterpret_cast<float4 *>(c + col) =
+                                make_float4(a.x + d[g][0], a.y + d[g][1], a.z + d[g][2], a.w + d[g][3]);
+                            *reinterpret_cast<float4 *>(c + col + 4) =
+                                make_float4(b.x + d[g][4], b.y + d[g][5], b.z + d[g][6], b.w + d[g][7]);
+                        }
                     }
                 }
-            } else {
-                float *c = (float *)p.c + e * p.ces;
+            }
+        } else {   /* pair-wise */
 #pragma unroll
-                for (int e0 = 0; e0 < 64; e0 += 2 * PEB) {
-                    float2 v[PEB];
+            for (int mb = 0; mb < 2; mb++) {
+                const int64_t rows[2] = {m0 + 64 * mb + rl, m0 + 64 * mb + rl + 8};
+                if (p.c_bf16) {
+                    lk_bf16_t *c = (lk_bf16_t *)p.c + e * p.ces;
 #pragma unroll
-                    for (int u = 0; u < PEB; u++) {
-                        const int ef = e0 + 2 * u;
-                        const int64_t row = rows[(ef >> 1) & 1], col = n0 + 8 * (ef / 4) + cq;
-                        v[u] = row < p.m && col < p.n ? *reinterpret_cast<const float2 *>(c + row * p.ldc + col)
-                                                      : make_float2(0.0f, 0.0f);
+                    for (int e0 = 0; e0 < 64; e0 += 2 * PEB) {
+                        uint32_t v[PEB];
+#pragma unroll
+                        for (int u = 0; u < PEB; u++) {
+                            const int ef = e0 + 2 * u;
+                            const int64_t row = rows[(ef >> 1) & 1], col = n0 + 8 * (ef / 4) + cq;
+                            v[u] = row < p.m && col < p.n ? *reinterpret_cast<const uint32_t *>(c + row * p.ldc + col)
+                                                          : 0u;
+                        }
+#pragma unroll
+                        for (int u = 0; u < PEB; u++) {
+                            const int ef = e0 + 2 * u, q = 64 * mb + ef;
+                            const int64_t row = rows[(ef >> 1) & 1], col = n0 + 8 * (ef / 4) + cq;
+                            if (row >= p.m || col >= p.n) continue;
+                            const float2 o = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v[u]));
+                            *reinterpret_cast<uint32_t *>(c + row * p.ldc + col) =
+                                lk_pack_bf16x2(o.x + acc[q], o.y + acc[q + 1]);
+                        }
                     }
+                } else {
+                    float *c = (float *)p.c + e * p.ces;
 #pragma unroll
-                    for (int u = 0; u < PEB; u++) {
-                        const int ef = e0 + 2 * u, q = 64 * mb + ef;
-                        const int64_t row = rows[(ef >> 1) & 1], col = n0 + 8 * (ef / 4) + cq;
-                        if (row >= p.m || col >= p.n) continue;
-                        *reinterpret_cast<float2 *>(c + row * p.ldc + col) = make_float2(v[u].x + acc[q], v[u].y + acc[q + 1]);
+                    for (int e0 = 0; e0 < 64; e0 += 2 * PEB) {
+                        float2 v[PEB];
+#pragma unroll
+                        for (int u = 0; u < PEB; u++) {
+                            const int ef = e0 + 2 * u;
+                            const int64_t row = rows[(ef >> 1) & 1], col = n0 + 8 * (ef / 4) + cq;
+                            v[u] = row < p.m && col < p.n ? *reinterpret_cast<const float2 *>(c + row * p.ldc + col)
+                                                          : make_float2(0.0f, 0.0f);
+                        }
+#pragma unroll
+                        for (int u = 0; u < PEB; u++) {
+                            const int ef = e0 + 2 * u, q = 64 * mb + ef;
+                            const int64_t row = rows[(ef >> 1) & 1], col = n0 + 8 * (ef / 4) + cq;
+                            if (row >= p.m || col >= p.n) continue;
+                            *reinterpret_cast<float2 *>(c + row * p.ldc + col) =
+                                make_float2(v[u].x + acc[q], v[u].y + acc[q + 1]);
+                        }
                     }
                 }
             }
@@ -543,15 +635,15 @@ static lk_status launch(const CUtensorMap &ta, const CUtensorMap &tb, const warg
     return LK_OK;
 }
 
-template <bool AG, bool BG>
+template <bool AG, bool BG, bool V4>
 static lk_status launch_pp(const CUtensorMap &ta, const CUtensorMap &tb, const wargs &p, int grid, cudaStream_t st) {
     static int opted;
     if (!opted) {
-        LK_CUDA_TRY(cudaFuncSetAttribute(gg_sm90_wgrad_pp<AG, BG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        LK_CUDA_TRY(cudaFuncSetAttribute(gg_sm90_wgrad_pp<AG, BG, V4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          PSMEM_BYTES));
         opted = 1;
     }
-    gg_sm90_wgrad_pp<AG, BG><<<grid, THREADS, PSMEM_BYTES, st>>>(ta, tb, p);
+    gg_sm90_wgrad_pp<AG, BG, V4><<<grid, THREADS, PSMEM_BYTES, st>>>(ta, tb, p);
     LK_CUDA_LAUNCHED("moe_experts: grouped gemm (sm90 wgrad, ping-pong)");
     return LK_OK;
 }
@@ -564,7 +656,10 @@ extern "C" lk_status lk_moe_cuda_gg_sm90_wgrad(const lk_gg *g, void *stream) {
     p.a = wopnd{(const lk_bf16_t *)g->a.src, g->a.ld, g->a.kdiv, g->a.order};
     p.b = wopnd{(const lk_bf16_t *)g->b.src, g->b.ld, g->b.kdiv, g->b.order};
     p.m = g->m, p.n = g->n, p.e = g->experts;
-    const int pp = lk_moe_cuda_gg_sm90_variant_in_force() != LK_GG_SM90_COOP;
+    const int variant = lk_moe_cuda_gg_sm90_variant_in_force(), pp = variant != LK_GG_SM90_COOP;
+    const size_t es = g->c_dt == LK_BF16 ? 2 : 4;   /* pingpong_v4: C's rows and slices 16-byte aligned */
+    const int v4 = variant == LK_GG_SM90_PINGPONG_V4 && lk_aligned16(g->c) && (g->ldc * es) % 16 == 0 &&
+                   (g->c_e_stride * es) % 16 == 0;
     p.mt = (int)lk_cdiv(g->m, BM), p.nt = (int)lk_cdiv(g->n, pp ? PN : BN);
     p.offs = g->offs;
     p.c = g->c, p.ldc = g->ldc, p.ces = g->c_e_stride, p.c_bf16 = g->c_dt == LK_BF16;
@@ -580,9 +675,15 @@ extern "C" lk_status lk_moe_cuda_gg_sm90_wgrad(const lk_gg *g, void *stream) {
     const int sms = lk_hw_get()->cuda_sms > 0 ? lk_hw_get()->cuda_sms : 1;
     const int64_t bound = g->experts * p.mt * p.nt;
     const int grid = (int)(bound < sms ? bound : sms);
-    if (pp) {   /* LLMKERN_GG_SM90=pingpong */
-        if (ag) return launch_pp<true, false>(ta, tb, p, grid, st);
-        return bg ? launch_pp<false, true>(ta, tb, p, grid, st) : launch_pp<false, false>(ta, tb, p, grid, st);
+    if (pp && v4) {   /* LLMKERN_GG_SM90=pingpong_v4 */
+        if (ag) return launch_pp<true, false, true>(ta, tb, p, grid, st);
+        return bg ? launch_pp<false, true, true>(ta, tb, p, grid, st)
+                  : launch_pp<false, false, true>(ta, tb, p, grid, st);
+    }
+    if (pp) {   /* LLMKERN_GG_SM90=pingpong (or pingpong_v4 on rows that are not 16-byte aligned) */
+        if (ag) return launch_pp<true, false, false>(ta, tb, p, grid, st);
+        return bg ? launch_pp<false, true, false>(ta, tb, p, grid, st)
+                  : launch_pp<false, false, false>(ta, tb, p, grid, st);
     }
     if (ag) return launch<true, false>(ta, tb, p, grid, st);
     return bg ? launch<false, true>(ta, tb, p, grid, st) : launch<false, false>(ta, tb, p, grid, st);

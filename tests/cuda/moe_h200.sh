@@ -50,11 +50,13 @@ fi
 wait $PTXAS
 echo "== ptxas (grouped_sm90.cu, grouped_wgrad_sm90.cu, sm_90a)"; cat "$OUT/ptxas_sm90.log"
 if [ "${MOE_BENCH:-1}" = 1 ]; then
+  liger=${LK_MOE_LIGER:-1}   # Liger's fused MoE (minutes of autotune) in the first run at most
   for sched in ${MOE_SCHEDULES:-coop pingpong pingpong_v4}; do   # grouped_sm90.cu's schedules, one bench run each
     echo "== bench (moe_rows, LLMKERN_GG_SM90=$sched)"
     mkdir -p "$OUT/$sched"
-    LLMKERN_GG_SM90=$sched LK_BENCH_ONLY=moe_rows timeout ${MOE_BENCH_S:-300} python3 bench/peers_cuda.py \
+    LK_MOE_LIGER=$liger LLMKERN_GG_SM90=$sched LK_BENCH_ONLY=moe_rows timeout ${MOE_BENCH_S:-300} python3 bench/peers_cuda.py \
       --build "$BUILD" --out "$OUT/$sched" 2>&1 | grep -v "^W[0-9]" | tee "$OUT/bench_moe_$sched.log" | tail -24
+    liger=0
   done
   echo "== the grouped GEMMs and the layer, by schedule"
   for sched in ${MOE_SCHEDULES:-coop pingpong pingpong_v4}; do

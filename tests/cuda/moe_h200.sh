@@ -10,6 +10,7 @@
 #   run: bash tests/cuda/moe_h200.sh            (carry: [".carry"]; tests/cuda/carry.sh fills it)
 # The bench runs once per schedule of grouped_sm90.cu / grouped_wgrad_sm90.cu (MOE_SCHEDULES,
 # default "coop pingpong pingpong_v4": LLMKERN_GG_SM90 for each run), tables in $OUT/<schedule>/.
+# MOE_TEST_S bounds each test binary (ctest --timeout, default 400 s), MOE_BENCH_S each bench run.
 # MOE_TESTS=0 skips the tests, MOE_BENCH=0 the bench (to split it over two calls while the
 # machine stays warm: the build directory, outside the repository, survives); MOE_NCU=1 adds
 # an Nsight Compute profile of the grouped GEMM kernels (bench/peers_cuda.py's moe part).
@@ -42,7 +43,7 @@ PTXAS=$!
 rc=0
 if [ "${MOE_TESTS:-1}" = 1 ]; then
   echo "== tests"
-  ctest --test-dir "$BUILD" -R cuda_test_moe -V -j 1 --timeout 400 >"$OUT/ctest.log" 2>&1 || rc=1
+  ctest --test-dir "$BUILD" -R cuda_test_moe -V -j 1 --timeout ${MOE_TEST_S:-400} >"$OUT/ctest.log" 2>&1 || rc=1
   grep -E "tests passed|Passed|\*\*\*Failed|Failed|Timeout" "$OUT/ctest.log" | head -20
   grep -E "\[ *(OK|FAILED|PASSED|  ERROR) |grouped GEMMs on|not run here|graph|forward:|backward:|tol|LINE" \
     "$OUT/ctest.log" | grep -v "^[0-9]*: *$" | head -120

@@ -606,25 +606,33 @@ static lk_status record_step(trainer *t, const lk_train_opts *o, lk_train_result
     return s;
 }
 
-/* Whether a queued step ends a log interval: its losses are read there, and before a
+/* train.cuda_graph's steps queued since the last read: their tokens, then their losses
+ * and norms once read; the wall clock from the first one's queueing. */
+typedef struct {
+    int64_t *tokens;
+    double *loss, *norm;
+    int n, cap;
+    double since;
+} queue;
+
+/* Whether the queued step `done` ends a log interval: the losses are read there, before a
  * checkpoint (which must not hold a step not yet checked) and at the run's end. */
-static int flush_after(const trainer *t, const lk_train_opts *o, const loop_state *ls, int64_t done, int queued) {
+static int flush_after(const trainer *t, const lk_train_opts *o, const loop_state *ls, const queue *q, int64_t done) {
     const lk_train_config *tc = t->tc;
-    return done % ls->every == 0 || queued >= ls->every || done == tc->steps ||
-           (o->stop_at > 0 && done >= o->stop_at) || (tc->save_every > 0 && done % tc->save_every == 0);
+    return done % ls->every == 0 || q->n >= q->cap || done == tc->steps || (o->stop_at > 0 && done >= o->stop_at) ||
+           (tc->save_every > 0 && done % tc->save_every == 0);
 }
 
-/* train.cuda_graph: the queued steps' losses and norms read at once, each recorded in
- * order; the interval's wall time shared out among them. */
-static lk_status flush(trainer *t, const lk_train_opts *o, lk_train_result *r, loop_state *ls, const int64_t *tokens,
-                       int queued, double since) {
-    double loss[queued], norm[queued];
-    int n = 0;
-    lk_status s = t->dev->graph_read(t, loss, norm, queued, &n);
+/* The queued steps' losses and norms read at once, each recorded in order; the interval's
+ * wall time shared out among them. */
+static lk_status flush(trainer *t, const lk_train_opts *o, lk_train_result *r, loop_state *ls, queue *q) {
+    int n = 0, queued = q->n;
+    q->n = 0;
+    lk_status s = t->dev->graph_read(t, q->loss, q->norm, q->cap, &n);
     if (!s && n != queued)
         s = lk_error(LK_EINTERNAL, "train: train.cuda_graph: %d steps queued, %d logged", queued, n);
-    double dt = (now_s() - since) / (queued > 0 ? queued : 1);
-    for (int i = 0; !s && i < n; i++) s = record_step(t, o, r, ls, loss[i], norm[i], tokens[i], dt);
+    double dt = (now_s() - q->since) / (queued > 0 ? queued : 1);
+    for (int i = 0; !s && i < n; i++) s = record_step(t, o, r, ls, q->loss[i], q->norm[i], q->tokens[i], dt);
     return s;
 }
 
@@ -638,43 +646,41 @@ static lk_status run_loop(trainer *t, const lk_train_opts *o, lk_train_result *r
     ls.csv = t->writer ? open_csv(t) : NULL;
     if (t->writer && ls.csv == NULL) return dp_agree(t, LK_EIO);
     if ((s0 = dp_agree(t, LK_OK))) return s0;
-    int graph = tc->cuda_graph, cap = ls.every < 4096 ? (int)ls.every : 4096;
-    if (graph) ls.every = cap;
-    int64_t *queued_tokens = graph ? calloc((size_t)cap, sizeof *queued_tokens) : NULL;
-    if (graph && !queued_tokens) return lk_error(LK_ENOMEM, "train: train.cuda_graph: out of memory");
+    queue q = {0};
+    if (tc->cuda_graph) {   /* at most a log interval queued (4096 steps) */
+        ls.every = q.cap = ls.every < 4096 ? (int)ls.every : 4096;
+        q.tokens = malloc((size_t)q.cap * (sizeof *q.tokens + 2 * sizeof *q.loss));
+        if (!q.tokens) return lk_error(LK_ENOMEM, "train: train.cuda_graph: out of memory");
+        q.loss = (double *)(q.tokens + q.cap), q.norm = q.loss + q.cap;
+    }
     lk_status s = LK_OK;
-    int queued = 0;
     ls.t0 = now_s();
-    double since = ls.t0;
     for (;;) {
-        int64_t step = t->step + queued;   /* the step to run next, from 0 */
+        int64_t step = t->step + q.n;   /* the step to run next, from 0 */
         if (step >= tc->steps || (o->stop_at > 0 && step >= o->stop_at)) break;
         if (t->world) lk_comm_watchdog_step(step + 1);   /* the step a stuck collective's message names */
         if (o->before_step) o->before_step(o->user, step, t->model);
         int profiled = t->dev->profile && step + 1 == tc->profile_step;
         if (profiled) t->dev->profile(1);
-        if (graph && step > t->start_step) {   /* queued; read once per log interval */
-            if (queued == 0) since = now_s();
-            s = graph_queue(t, step, cap, &queued_tokens[queued]);
+        if (q.cap && step > t->start_step) {   /* queued; read once per log interval */
+            if (q.n == 0) q.since = now_s();
+            s = graph_queue(t, step, q.cap, &q.tokens[q.n]);
             if (profiled) t->dev->profile(0);
-            if (s) break;
-            if (!flush_after(t, o, &ls, step + 1, ++queued)) continue;
-            s = flush(t, o, r, &ls, queued_tokens, queued, since);
-            queued = 0;
-            if (s) break;
-            continue;
+            if (!s && ++q.n && flush_after(t, o, &ls, &q, step + 1)) s = flush(t, o, r, &ls, &q);
+        } else {
+            double ts = now_s(), loss = NAN, norm = NAN;
+            int64_t tokens;
+            s = train_step(t, o, &loss, &norm, &tokens);
+            if (profiled) t->dev->profile(0);
+            if (!s) s = record_step(t, o, r, &ls, loss, norm, tokens, now_s() - ts);
         }
-        double ts = now_s(), loss = NAN, norm = NAN;
-        int64_t tokens;
-        s = train_step(t, o, &loss, &norm, &tokens);
-        if (profiled) t->dev->profile(0);
-        if (s || (s = record_step(t, o, r, &ls, loss, norm, tokens, now_s() - ts))) break;
+        if (s) break;
     }
-    if (queued) {   /* a step failed to queue: the ones before it still count */
-        lk_status f = flush(t, o, r, &ls, queued_tokens, queued, since);
+    if (q.n) {   /* a step failed to queue: the ones before it still count */
+        lk_status f = flush(t, o, r, &ls, &q);
         if (!s) s = f;
     }
-    free(queued_tokens);
+    free(q.tokens);
     if (ls.csv) fclose(ls.csv);
     if (ls.tty && s) printf("\n");   /* end the in-place line before the error is printed */
     r->seconds = now_s() - ls.t0;

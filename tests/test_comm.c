@@ -2,7 +2,9 @@
  * collectives, the wrappers' checks and byte counts, the mesh (sizes that do not divide
  * the world refused), the SP loss reduction, and the EP dispatchers over the
  * single-process communicator held against `local`; the non-blocking all-reduce (several
- * requests in flight, bad arguments, the blocking fallback of a version 1 communicator).
+ * requests in flight, bad arguments, the blocking fallback of a version 1 communicator);
+ * the collectives queued on a stream (versions 3 and 4: the single comm says it has none,
+ * a stand-in version 4 comm is checked and counted, an older one refused).
  * tests/dist runs P > 1 under mpirun; tests/cuda/test_comm_nccl.c the NCCL backend. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -83,6 +85,13 @@ static void requests_single(void **state) {
     int64_t one[1] = {0};
     assert_int_equal(lk_comm_all_to_all_on(c, NULL, one, one, NULL, one, one, NULL), LK_EUNAVAILABLE);
     assert_non_null(strstr(lk_last_error(), "all_to_all_on"));
+    /* and version 4's all-gather and reduce-scatter on a stream */
+    float f[2] = {1, 2}, g[2] = {0};
+    assert_int_equal(lk_comm_all_gather_on(c, f, g, sizeof f, NULL), LK_EUNAVAILABLE);
+    assert_non_null(strstr(lk_last_error(), "all_gather_on"));
+    assert_int_equal(lk_comm_reduce_scatter_on(c, f, g, 2, LK_COMM_F32, NULL), LK_EUNAVAILABLE);
+    assert_non_null(strstr(lk_last_error(), "reduce_scatter_on"));
+    assert_true(g[0] == 0 && g[1] == 0);
     lk_rng rng = lk_rng_make(0x5eed ^ (uint64_t)time(NULL));
     enum { NB = 4 };
     const int64_t n[NB] = {1, 7, 1023, 0};
@@ -178,6 +187,60 @@ static void requests_fallback(void **state) {
     future.version = LK_COMM_VERSION + 1;
     assert_int_equal(lk_comm_check("test", "future", &future), LK_EINVAL);
     assert_non_null(strstr(lk_last_error(), "future"));
+}
+
+/* Stand-ins for version 4's queued members: they record the stream they were handed. */
+static void *queued_on;
+static lk_status fake_all_gather_on(lk_comm *c, const void *send, void *recv, size_t bytes, void *stream) {
+    memcpy(recv, send, bytes);
+    queued_on = stream;
+    return LK_OK;
+}
+static lk_status fake_reduce_scatter_on(lk_comm *c, const void *send, void *recv, int64_t n, lk_comm_type dt,
+                                        void *stream) {
+    memcpy(recv, send, (size_t)n * lk_comm_type_size(dt));
+    queued_on = stream;
+    return LK_OK;
+}
+
+/* The queued wrappers: a version 4 comm with the members runs them (checked and counted
+ * as the blocking twins); a version 3 one, or NULL members, is LK_EUNAVAILABLE. */
+static void queued_collectives(void **state) {
+    (void)state;
+    lk_comm v4 = *lk_comm_self();
+    lk_comm_reset_stats(&v4);
+    v4.all_gather_on = fake_all_gather_on, v4.reduce_scatter_on = fake_reduce_scatter_on;
+    int tag;
+    float s[3] = {1, 2, 3}, r[3] = {0};
+    assert_int_equal(lk_comm_all_gather_on(&v4, s, r, sizeof s, &tag), LK_OK);
+    assert_memory_equal(s, r, sizeof s);
+    assert_ptr_equal(queued_on, &tag);
+    assert_int_equal(v4.stats.calls[LK_COLL_ALL_GATHER], 1);
+    assert_int_equal(v4.stats.bytes_in[LK_COLL_ALL_GATHER], sizeof s);
+    memset(r, 0, sizeof r), queued_on = NULL;
+    assert_int_equal(lk_comm_reduce_scatter_on(&v4, s, r, 3, LK_COMM_F32, &tag), LK_OK);
+    assert_memory_equal(s, r, sizeof s);
+    assert_ptr_equal(queued_on, &tag);
+    assert_int_equal(v4.stats.calls[LK_COLL_REDUCE_SCATTER], 1);
+    assert_int_equal(v4.stats.bytes_in[LK_COLL_REDUCE_SCATTER], sizeof s);
+    /* bad arguments named before the backend runs */
+    queued_on = NULL;
+    assert_int_equal(lk_comm_all_gather_on(&v4, NULL, r, 4, &tag), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "all_gather_on"));
+    assert_int_equal(lk_comm_reduce_scatter_on(&v4, s, r, -1, LK_COMM_F32, &tag), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "reduce_scatter_on"));
+    assert_int_equal(lk_comm_reduce_scatter_on(&v4, s, r, 3, LK_COMM_TYPE_COUNT, &tag), LK_EINVAL);
+    assert_int_equal(lk_comm_all_gather_on(NULL, s, r, 4, &tag), LK_EINVAL);
+    assert_null(queued_on);
+    /* an older communicator does not have the members, whatever sits past its end */
+    lk_comm v3 = v4;
+    v3.version = 3;
+    assert_int_equal(lk_comm_all_gather_on(&v3, s, r, sizeof s, &tag), LK_EUNAVAILABLE);
+    assert_int_equal(lk_comm_reduce_scatter_on(&v3, s, r, 3, LK_COMM_F32, &tag), LK_EUNAVAILABLE);
+    v4.reduce_scatter_on = NULL;
+    assert_int_equal(lk_comm_reduce_scatter_on(&v4, s, r, 3, LK_COMM_F32, &tag), LK_EUNAVAILABLE);
+    assert_non_null(strstr(lk_last_error(), "'single'"));
+    assert_null(queued_on);
 }
 
 static void mesh(void **state) {
@@ -305,6 +368,7 @@ int main(void) {
         cmocka_unit_test(single_collectives),
         cmocka_unit_test(requests_single),
         cmocka_unit_test(requests_fallback),
+        cmocka_unit_test(queued_collectives),
         cmocka_unit_test(mesh),
         cmocka_unit_test(sp_loss),
         cmocka_unit_test(dispatch_single),

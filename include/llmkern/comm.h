@@ -52,8 +52,10 @@ LK_API size_t lk_comm_type_size(lk_comm_type t);
 
 /* Version 2 appended the non-blocking all-reduce; a version 1 communicator stays valid
  * (the wrappers run its blocking all_reduce instead). Version 3 appended the all-to-all
- * queued on a stream (all_to_all_on); without it lk_comm_all_to_all_on says so. */
-#define LK_COMM_VERSION 3
+ * queued on a stream (all_to_all_on); without it lk_comm_all_to_all_on says so. Version 4
+ * appended the all-gather and the reduce-scatter queued on a stream (all_gather_on,
+ * reduce_scatter_on), likewise optional. */
+#define LK_COMM_VERSION 4
 
 typedef struct lk_comm lk_comm;
 
@@ -103,6 +105,12 @@ struct lk_comm {
      * the buffers, so a CUDA graph can capture it. The NCCL backend has it. */
     lk_status (*all_to_all_on)(lk_comm *c, const void *send, const int64_t *scount, const int64_t *sdispl,
                                void *recv, const int64_t *rcount, const int64_t *rdispl, void *stream);
+    /* --- version 4; each optional (NULL: its lk_comm_*_on wrapper returns LK_EUNAVAILABLE) --- */
+    /* all_gather's and reduce_scatter's exchanges queued on `stream` as all_to_all_on is:
+     * no synchronization, no host read, capturable. The NCCL backend has them. */
+    lk_status (*all_gather_on)(lk_comm *c, const void *send, void *recv, size_t bytes, void *stream);
+    lk_status (*reduce_scatter_on)(lk_comm *c, const void *send, void *recv, int64_t count, lk_comm_type dt,
+                                   void *stream);
 };
 
 /* The single-process communicator (rank 0 of 1). */
@@ -149,6 +157,15 @@ LK_API lk_status lk_comm_all_to_all(lk_comm *c, const void *send, const int64_t 
  * LK_EUNAVAILABLE for a communicator without it (single, mpi, version < 3). */
 LK_API lk_status lk_comm_all_to_all_on(lk_comm *c, const void *send, const int64_t *scount, const int64_t *sdispl,
                                        void *recv, const int64_t *rcount, const int64_t *rdispl, void *stream);
+/* lk_comm_all_gather and lk_comm_reduce_scatter queued on a CUDA stream (version 4): the
+ * same arguments and results, the buffers device memory read and written in stream order;
+ * they return before the bytes have moved. Counted in stats as their blocking twins.
+ * LK_EUNAVAILABLE for a communicator without them (single, mpi, version < 4): those are
+ * host-memory groups, and a caller with device buffers and one rank copies on its own
+ * stream instead (moe_dispatch does). */
+LK_API lk_status lk_comm_all_gather_on(lk_comm *c, const void *send, void *recv, size_t bytes, void *stream);
+LK_API lk_status lk_comm_reduce_scatter_on(lk_comm *c, const void *send, void *recv, int64_t count, lk_comm_type dt,
+                                           void *stream);
 LK_API lk_status lk_comm_broadcast(lk_comm *c, void *buf, size_t bytes, int root);
 LK_API lk_status lk_comm_barrier(lk_comm *c);
 LK_API lk_status lk_comm_split(lk_comm *c, int color, int key, lk_comm **out);

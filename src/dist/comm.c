@@ -116,21 +116,36 @@ lk_status lk_comm_test(lk_comm *c, lk_comm_request *req, int *done) {
     return s;
 }
 
-lk_status lk_comm_all_gather(lk_comm *c, const void *send, void *recv, size_t bytes) {
-    CHECK_COMM("all_gather");
+/* all_gather's checks and counts, shared by the blocking and the queued one. */
+static lk_status all_gather_begin(lk_comm *c, const char *op, const void *send, const void *recv, size_t bytes) {
+    CHECK_COMM(op);
     if (bytes && (!send || !recv))
-        return lk_error(LK_EINVAL, "comm: all_gather: expected send and recv buffers, got NULL");
+        return lk_error(LK_EINVAL, "comm: %s: expected send and recv buffers, got NULL", op);
     count(c, LK_COLL_ALL_GATHER, bytes, (uint64_t)bytes * (uint64_t)(c->size - 1));
+    return LK_OK;
+}
+
+lk_status lk_comm_all_gather(lk_comm *c, const void *send, void *recv, size_t bytes) {
+    lk_status s = all_gather_begin(c, "all_gather", send, recv, bytes);
+    if (s) return s;
     WATCHED(c, "all_gather", c->all_gather(c, send, recv, bytes));
 }
 
-lk_status lk_comm_reduce_scatter(lk_comm *c, const void *send, void *recv, int64_t n, lk_comm_type dt) {
-    CHECK_COMM("reduce_scatter");
+/* reduce_scatter's checks and counts, shared by the blocking and the queued one. */
+static lk_status reduce_scatter_begin(lk_comm *c, const char *op, const void *send, const void *recv, int64_t n,
+                                      lk_comm_type dt) {
+    CHECK_COMM(op);
     if (!reducible(dt) || n < 0 || (n > 0 && (!send || !recv)))
-        return lk_error(LK_EINVAL, "comm: reduce_scatter: expected f32, f64, i64 or bf16, count >= 0 and buffers, got "
-                        "type %d, count %lld", (int)dt, (long long)n);
+        return lk_error(LK_EINVAL, "comm: %s: expected f32, f64, i64 or bf16, count >= 0 and buffers, got "
+                        "type %d, count %lld", op, (int)dt, (long long)n);
     uint64_t b = (uint64_t)n * lk_comm_type_size(dt);
     count(c, LK_COLL_REDUCE_SCATTER, b * (uint64_t)c->size, b * (uint64_t)(c->size - 1));
+    return LK_OK;
+}
+
+lk_status lk_comm_reduce_scatter(lk_comm *c, const void *send, void *recv, int64_t n, lk_comm_type dt) {
+    lk_status s = reduce_scatter_begin(c, "reduce_scatter", send, recv, n, dt);
+    if (s) return s;
     WATCHED(c, "reduce_scatter", c->reduce_scatter(c, send, recv, n, dt));
 }
 
@@ -171,6 +186,26 @@ lk_status lk_comm_all_to_all_on(lk_comm *c, const void *send, const int64_t *sco
                         "on a stream (NCCL can)", c->backend ? c->backend : "?");
     lk_status s = all_to_all_begin(c, "all_to_all_on", send, scount, sdispl, recv, rcount, rdispl);
     return s ? s : c->all_to_all_on(c, send, scount, sdispl, recv, rcount, rdispl, stream);
+}
+
+/* Version 4's queued all-gather and reduce-scatter: as all_to_all_on, nothing to time. */
+lk_status lk_comm_all_gather_on(lk_comm *c, const void *send, void *recv, size_t bytes, void *stream) {
+    CHECK_COMM("all_gather_on");
+    if (c->version < 4 || !c->all_gather_on)
+        return lk_error(LK_EUNAVAILABLE, "comm: all_gather_on: the '%s' communicator cannot queue an all-gather "
+                        "on a stream (NCCL can)", c->backend ? c->backend : "?");
+    lk_status s = all_gather_begin(c, "all_gather_on", send, recv, bytes);
+    return s || !bytes ? s : c->all_gather_on(c, send, recv, bytes, stream);
+}
+
+lk_status lk_comm_reduce_scatter_on(lk_comm *c, const void *send, void *recv, int64_t n, lk_comm_type dt,
+                                    void *stream) {
+    CHECK_COMM("reduce_scatter_on");
+    if (c->version < 4 || !c->reduce_scatter_on)
+        return lk_error(LK_EUNAVAILABLE, "comm: reduce_scatter_on: the '%s' communicator cannot queue a "
+                        "reduce-scatter on a stream (NCCL can)", c->backend ? c->backend : "?");
+    lk_status s = reduce_scatter_begin(c, "reduce_scatter_on", send, recv, n, dt);
+    return s || !n ? s : c->reduce_scatter_on(c, send, recv, n, dt, stream);
 }
 
 lk_status lk_comm_broadcast(lk_comm *c, void *buf, size_t bytes, int root) {

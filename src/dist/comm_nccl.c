@@ -8,8 +8,10 @@
  * polls NCCL's asynchronous error while the GPU works (a peer gone, a broken link: NCCL's
  * way of not hanging), and an error there aborts the communicator. all_to_all_on posts the
  * same point-to-point group on the caller's stream and returns (no event, no wait), the
- * piece a captured CUDA graph can hold (moe_dispatch's device-count alltoall). Errors come back as
- * LK_ECOMM with NCCL's or CUDA's text and the call's name. */
+ * piece a captured CUDA graph can hold (moe_dispatch's device-count alltoall);
+ * all_gather_on and reduce_scatter_on do the same with ncclAllGather and ncclReduceScatter
+ * (its device-count allgather). Errors come back as LK_ECOMM with NCCL's or CUDA's text
+ * and the call's name. */
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -150,6 +152,20 @@ static lk_status n_all_to_all_on(lk_comm *c, const void *send, const int64_t *sc
     return post_all_to_all(c, send, sc, sd, recv, rc, rd, (cudaStream_t)stream);
 }
 
+/* Version 4: the all-gather and the reduce-scatter on the caller's stream, likewise. */
+static lk_status n_all_gather_on(lk_comm *c, const void *send, void *recv, size_t bytes, void *stream) {
+    NCCL_TRY(ncclAllGather(send, recv, bytes, ncclChar, state_of(c)->comm, (cudaStream_t)stream), "ncclAllGather");
+    return LK_OK;
+}
+
+static lk_status n_reduce_scatter_on(lk_comm *c, const void *send, void *recv, int64_t n, lk_comm_type dt,
+                                     void *stream) {
+    ncclComm_t nc = state_of(c)->comm;
+    NCCL_TRY(ncclReduceScatter(send, recv, (size_t)n, nccl_type(dt), ncclSum, nc, (cudaStream_t)stream),
+             "ncclReduceScatter");
+    return LK_OK;
+}
+
 static lk_status n_broadcast(lk_comm *c, void *buf, size_t bytes, int root) {
     nccl_state *st = state_of(c);
     lk_status s = order(st);
@@ -252,7 +268,8 @@ static lk_status wrap(ncclComm_t nc, int device, lk_comm **out) {
         .all_reduce = n_all_reduce, .all_gather = n_all_gather, .reduce_scatter = n_reduce_scatter,
         .all_to_all = n_all_to_all, .broadcast = n_broadcast, .barrier = n_barrier, .split = n_split,
         .destroy = n_destroy, .all_reduce_start = n_all_reduce_start, .wait = n_wait, .test = n_test,
-        .all_to_all_on = n_all_to_all_on,
+        .all_to_all_on = n_all_to_all_on, .all_gather_on = n_all_gather_on,
+        .reduce_scatter_on = n_reduce_scatter_on,
     };
     st->comm = nc, st->device = device;
     ncclResult_t r = ncclCommCount(nc, &c->size);

@@ -2,7 +2,8 @@
  * from lk_comm_single, every collective on device buffers (all_reduce f32/f64/i64,
  * all_gather, reduce_scatter, broadcast, all_to_all with byte splits and offsets,
  * barrier, a split communicator), the non-blocking all_reduce (several in flight, test,
- * wait), and bad arguments refused. Each output sits between NaN-poisoned guards that
+ * wait), the collectives queued on a caller's stream (all_gather_on, reduce_scatter_on
+ * f32/bf16, all_to_all_on; eager and captured in a CUDA graph), and bad arguments refused. Each output sits between NaN-poisoned guards that
  * must survive, and equals what the host computes from the same random inputs, bit for
  * bit (one rank: nothing is rounded). Built only with NCCL; skipped (77) without a GPU.
  * Run: ctest -R cuda_test_comm_nccl (tests/cuda/run_h200.sh on the GPU machine). */
@@ -72,6 +73,7 @@ static void *values(lk_comm_type t, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         if (t == LK_COMM_F32) ((float *)h)[i] = (float)x[i];
         else if (t == LK_COMM_F64) ((double *)h)[i] = x[i];
+        else if (t == LK_COMM_BF16) ((uint16_t *)h)[i] = lk_f32_to_bf16((float)x[i]);
         else ((int64_t *)h)[i] = (int64_t)(x[i] * 1e6);
     }
     free(x);
@@ -131,6 +133,67 @@ static void collectives(void **state) {
     expect(dst, h, nb);
     lk_comm_destroy(sub);
     free(h), free(want);
+    lk_comm_destroy(c);
+    lkt_free_all();
+}
+
+/* Version 4's all-gather and reduce-scatter (and version 3's all-to-all) queued on a
+ * stream of the caller's: right after the call nothing is required to have moved; after
+ * the stream's sync each result is the input's bits, the guards intact. Then the same
+ * three captured in a CUDA graph (global mode) and replayed into cleared outputs. */
+static void queued(void **state) {
+    (void)state;
+    lk_comm *c = world();
+    cudaStream_t st;
+    assert_int_equal(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+    size_t nb = 4099;
+    int64_t n = 1031;   /* f32 and bf16 elements */
+    unsigned char *h = random_bytes(nb);
+    char *src = guarded(nb), *ag = guarded(nb), *rs = guarded(4 * (size_t)n), *rb = guarded(2 * (size_t)n);
+    char *a2a = guarded(nb);
+    void *hf = values(LK_COMM_F32, n), *hb = values(LK_COMM_BF16, n);
+    char *sf = guarded(4 * (size_t)n), *sb = guarded(2 * (size_t)n);
+    put(src, h, nb), put(sf, hf, 4 * (size_t)n), put(sb, hb, 2 * (size_t)n);
+    int64_t sc[1] = {1001}, sd[1] = {13}, rd[1] = {7};
+    unsigned char *want = malloc(nb);
+    memset(want, 0xff, nb);
+    memcpy(want + 7, h + 13, 1001);
+    for (int graph = 0; graph < 2; graph++) {
+        cudaGraph_t g = NULL;
+        cudaGraphExec_t ex = NULL;
+        if (graph) assert_int_equal(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), cudaSuccess);
+        lk_status s1 = lk_comm_all_gather_on(c, src, ag, nb, st);
+        lk_status s2 = lk_comm_reduce_scatter_on(c, sf, rs, n, LK_COMM_F32, st);
+        lk_status s3 = lk_comm_reduce_scatter_on(c, sb, rb, n, LK_COMM_BF16, st);
+        lk_status s4 = lk_comm_all_to_all_on(c, src, sc, sd, a2a, sc, rd, st);
+        if (graph) {
+            assert_int_equal(cudaStreamEndCapture(st, &g), cudaSuccess);
+            assert_int_equal(cudaGraphInstantiate(&ex, g, 0), cudaSuccess);
+            assert_int_equal(cudaGraphLaunch(ex, st), cudaSuccess);
+        }
+        assert_true(s1 == LK_OK && s2 == LK_OK && s3 == LK_OK && s4 == LK_OK);
+        assert_int_equal(cudaStreamSynchronize(st), cudaSuccess);
+        expect(ag, h, nb), expect(rs, hf, 4 * (size_t)n), expect(rb, hb, 2 * (size_t)n), expect(a2a, want, nb);
+        if (graph) {
+            assert_int_equal(cudaGraphExecDestroy(ex), cudaSuccess);
+            assert_int_equal(cudaGraphDestroy(g), cudaSuccess);
+        }
+        lkt_poison(ag, nb), lkt_poison(rs, 4 * (size_t)n), lkt_poison(rb, 2 * (size_t)n), lkt_poison(a2a, nb);
+    }
+    assert_int_equal(c->stats.calls[LK_COLL_ALL_GATHER], 2);
+    assert_int_equal(c->stats.calls[LK_COLL_REDUCE_SCATTER], 4);
+    assert_int_equal(c->stats.bytes_in[LK_COLL_ALL_GATHER], 2 * nb);
+    /* refused before anything is queued */
+    assert_int_equal(lk_comm_all_gather_on(c, NULL, ag, nb, st), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "all_gather_on"));
+    assert_int_equal(lk_comm_reduce_scatter_on(c, sf, rs, n, LK_COMM_TYPE_COUNT, st), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "reduce_scatter_on"));
+    assert_int_equal(cudaStreamSynchronize(st), cudaSuccess);
+    unsigned char *poison = malloc(nb);
+    memset(poison, 0xff, nb);
+    expect(ag, poison, nb), expect(rs, poison, 4 * (size_t)n);
+    assert_int_equal(cudaStreamDestroy(st), cudaSuccess);
+    free(h), free(want), free(hf), free(hb), free(poison);
     lk_comm_destroy(c);
     lkt_free_all();
 }
@@ -208,6 +271,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(collectives),
         cmocka_unit_test(requests),
+        cmocka_unit_test(queued),
         cmocka_unit_test(bad_arguments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -12,7 +12,8 @@
  *             row, weighted); the weighted rows come back and are summed per token in f32.
  *   allgather every rank gathers all tokens, runs its experts on the routes it owns,
  *             and a reduce-scatter sums each token's outputs back to its rank (more
- *             bytes; no count exchange; T equal on every rank).
+ *             bytes; no count exchange; T equal on every rank, or on CUDA within
+ *             max_tokens).
  * alltoall and allgather take any communicator: with the single-process one (or NULL)
  * they run on one process too, which is how the tests hold them against `local`, so
  * they need no MPI in the registry. Backward: d_hidden, d_topk_weights WRITTEN; the
@@ -26,17 +27,19 @@
  * Each comes as a CPU and a CUDA row. The CUDA rows take CUDA tensors, a device arena
  * and the CUDA experts (`fused` by default); across ranks the group must be NCCL (its
  * collectives take device memory: a host-memory group is refused with LK_EDEVICE, and
- * so is NCCL with CPU tensors), with one rank any comm or NULL. The CUDA `local` and
- * `alltoall` make no host read and no synchronization (a forward and a backward can be
- * captured in a CUDA graph): `alltoall` counts the routes per owner on the device,
- * exchanges the counts over NCCL and sends every peer a slot of B = max(T, max_tokens)·k
- * rows, the most one rank can route to one owner, so no token is dropped; the rows past a
- * peer's count are zero padding the experts run as zeros (memory and compute of P·B rows
- * a rank; src/ops/moe_dispatch/alltoall_cuda.c says what it costs). Their ids are never
+ * so is NCCL with CPU tensors), with one rank any comm or NULL. The CUDA rows make no
+ * host read and no synchronization (a forward and a backward can be captured in a CUDA
+ * graph): `alltoall` counts the routes per owner on the device, exchanges the counts over
+ * NCCL and sends every peer a slot of B = max(T, max_tokens)·k rows, the most one rank can
+ * route to one owner, so no token is dropped; the rows past a peer's count are zero
+ * padding the experts run as zeros (memory and compute of P·B rows a rank;
+ * src/ops/moe_dispatch/alltoall_cuda.c says what it costs). `allgather` gathers every
+ * rank's slot of max(T, max_tokens) tokens with their routes and counts, so T may differ
+ * between ranks within the bound, and runs all P·max(T, max_tokens)·k routes, the ones
+ * it does not own as zero rows (allgather_cuda.c says what it costs). Their ids are never
  * read on the host: an id outside [0, E) makes out (forward) and d_hidden and
- * d_topk_weights (backward) NaN, as the CUDA experts op does, instead of an error status.
- * The CUDA `allgather` still plans on the host: the gathered ids come down (and the
- * facade checks the ids there), so a call synchronizes with the host. */
+ * d_topk_weights (backward) NaN, as the CUDA experts op does, instead of an error status
+ * (the allgather's on every rank of the group, each of which sees every id). */
 #ifndef LLMKERN_MOE_DISPATCH_H
 #define LLMKERN_MOE_DISPATCH_H
 
@@ -61,9 +64,9 @@ typedef struct {
     lk_tensor d_down_weight;    /* ACCUMULATED; NULL = not wanted */
     int n_experts;              /* E over the group; a multiple of the group size */
     const lk_impl *experts;     /* the moe_experts implementation run locally; NULL = "fused" */
-    int64_t max_tokens;         /* CUDA alltoall over a group: the most tokens any rank passes, the same on
-                                   every rank (its slots' bound); 0 = T, then T must be equal on every rank.
-                                   0 or >= T; other rows check it and ignore it */
+    int64_t max_tokens;         /* CUDA alltoall and allgather over a group: the most tokens any rank passes,
+                                   the same on every rank (their slots' bound); 0 = T, then T must be equal on
+                                   every rank. 0 or >= T; the other rows check it and ignore it */
 } lk_moe_dispatch_args;
 
 #define LK_MOE_DISPATCH_VTABLE_VERSION 1

@@ -5,8 +5,10 @@
  * equal on every rank (checked with one small all-gather). The backward gathers dout
  * the same way and reduce-scatters d_hidden and d_topk_weights.
  *
- * Both devices (as alltoall.c): the gathered ids come to the host, which picks the owned
- * routes; the moves go through rows.c (kernels on CUDA, route and pos uploaded). */
+ * The CPU row: the gathered ids are read on the host, which picks the owned routes; the
+ * moves go through rows.c. (Its device branches would run this plan for CUDA tensors too,
+ * the ids brought down and route and pos uploaded; the CUDA row is allgather_cuda.c
+ * instead, which keeps the plan on the device.) */
 #include <stdlib.h>
 #include <string.h>
 #include "ops/moe_dispatch/internal.h"

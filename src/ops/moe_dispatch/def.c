@@ -2,10 +2,10 @@
  * entry, its registry rows and the members its vtables must have; it has no harness (the
  * dispatchers are checked by tests/test_moe.c and tests/dist). The multi-process
  * dispatchers take any communicator (the single-process one included), so they need no
- * LK_NEED_MPI: without MPI they run, on one process. The CUDA local and allgather share
- * the CPU rows' vtables (the moves follow the tensors' device, rows.c); the CUDA alltoall
- * is its own (alltoall_cuda.c: the plan on the device). All run the CUDA experts; across
- * ranks they need an NCCL group, which the facade checks per call. */
+ * LK_NEED_MPI: without MPI they run, on one process. The CUDA local shares the CPU row's
+ * vtable (the experts op of the tensors' device); the CUDA alltoall and allgather are their
+ * own (alltoall_cuda.c, allgather_cuda.c: the plan on the device). All run the CUDA
+ * experts; across ranks they need an NCCL group, which the facade checks per call. */
 #include "ops/moe_dispatch/internal.h"
 #include "ops/op_def.h"
 
@@ -26,8 +26,8 @@ static const lk_impl rows[] = {
      .needs = {.min_cc = 80, .dtypes = LK_F32_BF16}, .vtable = &lk_moe_dispatch_alltoall_cuda_vtable,
      .summary = "counts exchanged on the device, rows in bound-sized slots over NCCL, no host read"},
     {.op = LK_OP_MOE_DISPATCH, .name = "allgather", .device = LK_DEVICE_CUDA,
-     .needs = {.min_cc = 80, .dtypes = LK_F32_BF16}, .vtable = &lk_moe_dispatch_allgather_vtable,
-     .summary = "all tokens gathered over NCCL, own CUDA experts run, reduce-scatter back"},
+     .needs = {.min_cc = 80, .dtypes = LK_F32_BF16}, .vtable = &lk_moe_dispatch_allgather_cuda_vtable,
+     .summary = "all tokens gathered over NCCL in bound-sized slots, own routes run, reduce-scatter back"},
 #endif
     {.name = NULL},
 };

@@ -2,9 +2,9 @@
  * call's sizes, a two-pass workspace layout (sum, reserve, then carve the same list),
  * the local experts run over rows received from other ranks, and the moves and
  * collectives on the call's memory (rows.c): host loops for CPU tensors, the kernels of
- * rows.cu for CUDA ones, so one algorithm per dispatcher serves both (local, allgather,
- * the CPU alltoall). The CUDA alltoall is alltoall_cuda.c, whose plan stays on the device
- * (rows.h). Not installed. */
+ * rows.cu for CUDA ones, so one algorithm per dispatcher serves both (local; the CPU
+ * allgather and alltoall). The CUDA alltoall and allgather are alltoall_cuda.c and
+ * allgather_cuda.c, whose plans stay on the device (rows.h). Not installed. */
 #ifndef LLMKERN_MOE_DISPATCH_INTERNAL_H
 #define LLMKERN_MOE_DISPATCH_INTERNAL_H
 
@@ -23,7 +23,7 @@ typedef struct {
     const lk_impl *experts;
     int P, r;
     int64_t T, k, H, I, E, El;
-    int64_t Tb;                 /* max(T, a->max_tokens): the tokens a slot is sized for (alltoall_cuda.c) */
+    int64_t Tb;                 /* max(T, a->max_tokens): the tokens a slot is sized for (the *_cuda.c rows) */
     lk_dtype dt;
     size_t es;
     int dev;                    /* CUDA tensors: rows move by kernels, on ctx->stream */
@@ -60,13 +60,16 @@ extern const lk_moe_dispatch_vtable lk_moe_dispatch_alltoall_vtable;
 extern const lk_moe_dispatch_vtable lk_moe_dispatch_allgather_vtable;
 /* The CUDA alltoall row: device counts, bound-sized slots, no host read (alltoall_cuda.c). */
 extern const lk_moe_dispatch_vtable lk_moe_dispatch_alltoall_cuda_vtable;
+/* The CUDA allgather row: device counts, bound-sized slots, no host read (allgather_cuda.c). */
+extern const lk_moe_dispatch_vtable lk_moe_dispatch_allgather_cuda_vtable;
 
 /* The call's sizes and device; the facade has checked a and ctx. */
 lk_status lk_ep_call_of(const lk_moe_dispatch_args *a, lk_ctx *ctx, lk_ep_call *c);
 
 /* --- moves in the call's memory (rows.c) -------------------------------------------- */
 
-/* dst[p] = src[order[p] / k], p < n: rows of H elements of c->dt. */
+/* dst[p] = src[order[p] / k], p < n: rows of H elements of c->dt (CUDA: order[p] < 0 gives
+ * a zero row). */
 lk_status lk_ep_gather(const lk_ep_call *c, void *dst, const void *src, const int32_t *order, int64_t n, int64_t k);
 /* meta[2p] = ids[order[p]] % El (the owner's local expert), meta[2p + 1] = the bits of
  * w[order[p]], p < n: what travels with each route's row. */

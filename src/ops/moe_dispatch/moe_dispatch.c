@@ -2,9 +2,9 @@
  * every argument checked before any collective or write, then the implementation; and
  * the pieces the dispatchers share (common sizes, workspace layout, the local experts
  * over received rows). The ids are checked on the host for the rows that plan there (the
- * CPU rows, the CUDA allgather); the CUDA local and alltoall never read them on the host
- * (a bad id turns their outputs NaN on the device). CUDA tensors need a group that takes
- * device memory (NCCL) when it has more than one rank. */
+ * CPU rows); the CUDA rows never read them on the host (a bad id turns their outputs NaN
+ * on the device). CUDA tensors need a group that takes device memory (NCCL) when it has
+ * more than one rank. */
 #include <stdlib.h>
 #include <string.h>
 #include "core/checked.h"
@@ -41,9 +41,9 @@ lk_status lk_ep_call_of(const lk_moe_dispatch_args *a, lk_ctx *ctx, lk_ep_call *
     c->E = a->n_experts, c->El = a->gate_up_weight.shape[0], c->I = a->gate_up_weight.shape[1] / 2;
     c->dt = a->hidden.dtype, c->es = lk_dtype_size(c->dt);
     c->Tb = a->max_tokens > c->T ? a->max_tokens : c->T;
-    /* The largest workspace a dispatcher sizes is every rank's routes' rows (allgather's
-     * P x T x k rows of H, the CUDA alltoall's P x Tb x k): checked once here, so no
-     * product below can wrap. */
+    /* The largest workspace a dispatcher sizes is every rank's routes' rows (the CPU
+     * allgather's P x T x k rows of H, the CUDA rows' P x Tb x k): checked once here, so
+     * no product below can wrap. */
     int64_t f[5] = {c->P, c->Tb, c->k, c->H, (int64_t)c->es + 8}, n;
     return lk_checked_prod(OP ": ranks x T x k x H x (element size + 8)", f, 5, &n);
 }
@@ -76,11 +76,9 @@ static lk_status check_place(const lk_impl *impl, const lk_moe_dispatch_args *a,
     return LK_OK;
 }
 
-/* The rows whose plan is made on the host, which read the ids there anyway (the CPU rows,
- * the CUDA allgather). The CUDA local and alltoall leave them on the device. */
-static int plans_on_host(const lk_impl *impl) {
-    return impl->device == LK_DEVICE_CPU || impl->vtable == &lk_moe_dispatch_allgather_vtable;
-}
+/* The rows whose plan is made on the host, which read the ids there anyway: the CPU rows.
+ * Every CUDA row leaves them on the device. */
+static int plans_on_host(const lk_impl *impl) { return impl->device == LK_DEVICE_CPU; }
 
 /* Every id in [0, E), read on the host (a CUDA call's ids come down first). */
 static lk_status check_ids(const lk_moe_dispatch_args *a, const lk_ep_call *c) {

@@ -1,23 +1,25 @@
 /* rows.cu — the moves of the expert-parallel dispatchers on CUDA tensors (rows.h; called
- * through rows.c and alltoall_cuda.c): rows gathered by a permutation or scattered into
- * per-peer slots, the (local id, weight) pairs packed for the exchange and split after
- * it, the slots' padding cleared by the received counts, each token's returned rows
- * summed in f32, a gradient picked back by position, outputs turned NaN on a device flag,
- * and copies. One thread an element (a row's bytes move in the widest unit its size and
- * pointers allow); everything on the caller's stream, no host read. */
+ * through rows.c, alltoall_cuda.c and allgather_cuda.c): rows gathered by a permutation or
+ * scattered into per-peer slots, the (local id, weight) pairs packed for the exchange and
+ * split after it (or, all gathered, the routes owned here picked out), the slots' padding
+ * cleared by the received counts, each token's returned rows summed in f32, a gradient
+ * picked back by position, outputs turned NaN on a device flag, and copies. One thread an
+ * element (a row's bytes move in the widest unit its size and pointers allow); everything
+ * on the caller's stream, no host read. */
 #include "core/cuda_check.h"
 #include "ops/cuda_util.cuh"
 #include "ops/moe_dispatch/rows.h"
 
 static unsigned grid(int64_t n) { return (unsigned)((n + 255) / 256); }
 
-/* dst[p, :] = src[order[p] / k, :], rows of w units. */
+/* dst[p, :] = src[order[p] / k, :], rows of w units; order[p] < 0: a zero row. */
 template <typename U>
 __global__ void gather_rows(U *dst, const U *src, const int32_t *order, int64_t n, int64_t w, int64_t k) {
     int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (e >= n * w) return;
     int64_t p = e / w, c = e - p * w;
-    dst[e] = src[(int64_t)(order[p] / k) * w + c];
+    int32_t o = order[p];
+    dst[e] = o >= 0 ? src[(int64_t)(o / k) * w + c] : U{};
 }
 
 template <typename U>
@@ -185,6 +187,53 @@ extern "C" lk_status lk_ep_cuda_clear_padding(void *rows, const int64_t *rcnt, i
         clear_padding<uint16_t><<<grid(n * w), 256, 0, st>>>((uint16_t *)rows, rcnt, B, n, w, flag);
     }
     LK_CUDA_LAUNCHED("moe_dispatch: padding rows cleared");
+    return LK_OK;
+}
+
+/* --- the device-count plan (allgather_cuda.c) ------------------------------------------ */
+
+/* meta[2r ..] = (ids[r], bits of w[r]), r < R; thread 0 also writes the token count and
+ * clears the flag. */
+__global__ void pack_routes(int32_t *meta, int64_t *cnt, int *flag, const int32_t *ids, const float *w, int64_t R,
+                            int64_t T) {
+    int64_t r = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (r == 0) cnt[0] = T, *flag = 0;
+    if (r >= R) return;
+    meta[2 * r] = ids[r];
+    meta[2 * r + 1] = __float_as_int(w[r]);
+}
+
+extern "C" lk_status lk_ep_cuda_pack_routes(int32_t *meta, int64_t *cnt, int *flag, const int32_t *ids, const float *w,
+                                            int64_t R, int64_t T, void *stream) {
+    pack_routes<<<grid(R > 1 ? R : 1), 256, 0, (cudaStream_t)stream>>>(meta, cnt, flag, ids, w, R, T);
+    LK_CUDA_LAUNCHED("moe_dispatch: routes packed for the all-gather");
+    return LK_OK;
+}
+
+/* Gathered route q = (slot p, token i, route j), q = (p·Tb + i)·k + j: owned here or
+ * (0, 0, -1). Padding tokens (i >= cnt[p]) are owned by no one and never flagged. */
+__global__ void own_routes(const int32_t *meta, const int64_t *cnt, int64_t Tb, int64_t k, int64_t n, int32_t E,
+                           int32_t e0, int32_t El, int32_t *lid, float *w, int32_t *own, int *flag) {
+    int64_t q = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    if (q >= n) return;
+    int64_t t = q / k;
+    int p = (int)(t / Tb);
+    bool real = t - p * Tb < held(cnt, p, Tb, flag);
+    int32_t id = meta[2 * q];
+    if (real && (id < 0 || id >= E)) *flag = 1;
+    bool mine = real && id >= e0 && id - e0 < El;
+    lid[q] = mine ? id - e0 : 0;
+    w[q] = mine ? __int_as_float(meta[2 * q + 1]) : 0.0f;
+    own[q] = mine ? (int32_t)q : -1;
+}
+
+extern "C" lk_status lk_ep_cuda_own_routes(const int32_t *meta, const int64_t *cnt, int P, int64_t Tb, int64_t k,
+                                           int64_t E, int64_t e0, int64_t El, int32_t *lid, float *w, int32_t *own,
+                                           int *flag, void *stream) {
+    int64_t n = P * Tb * k;
+    own_routes<<<grid(n), 256, 0, (cudaStream_t)stream>>>(meta, cnt, Tb, k, n, (int32_t)E, (int32_t)e0, (int32_t)El,
+                                                          lid, w, own, flag);
+    LK_CUDA_LAUNCHED("moe_dispatch: gathered routes owned here picked");
     return LK_OK;
 }
 

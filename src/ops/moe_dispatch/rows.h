@@ -1,7 +1,7 @@
 /* rows.h — the CUDA side of the dispatchers' moves (rows.cu), called by rows.c for CUDA
  * tensors (each the lk_ep_* of internal.h of the same name, on device pointers) and by
- * alltoall_cuda.c (the device-count plan: owners, slots, padding), all queued on
- * `stream` with no host read. Built only with CUDA. */
+ * alltoall_cuda.c and allgather_cuda.c (the device-count plans: owners, slots, padding),
+ * all queued on `stream` with no host read. Built only with CUDA. */
 #ifndef LLMKERN_MOE_DISPATCH_ROWS_H
 #define LLMKERN_MOE_DISPATCH_ROWS_H
 
@@ -12,7 +12,7 @@
 extern "C" {
 #endif
 
-/* row: bytes a row (H elements). */
+/* row: bytes a row (H elements). dst[p] = src[order[p] / k], a zero row where order[p] < 0. */
 lk_status lk_ep_cuda_gather(void *dst, const void *src, const int32_t *order, int64_t n, int64_t k, size_t row,
                             void *stream);
 /* dst[spos[r]] = src[r / k], r < n: rows into their per-peer slots. */
@@ -41,6 +41,18 @@ lk_status lk_ep_cuda_unmeta_slots(const int32_t *meta, const int64_t *rcnt, int 
 /* The rows i >= rcnt[p] of every slot zeroed (row bytes each, even). */
 lk_status lk_ep_cuda_clear_padding(void *rows, const int64_t *rcnt, int P, int64_t B, size_t row, int *flag,
                                    void *stream);
+/* --- the device-count plan of allgather_cuda.c ---
+ * What this rank sends: meta[2r ..] = (ids[r], the bits of w[r]) for r < R, cnt[0] = T,
+ * and *flag = 0 (the call's bad-input flag, raised by what follows on the stream). */
+lk_status lk_ep_cuda_pack_routes(int32_t *meta, int64_t *cnt, int *flag, const int32_t *ids, const float *w, int64_t R,
+                                 int64_t T, void *stream);
+/* The gathered routes, P slots of Tb tokens of k routes (slot p: cnt[p] real tokens, the
+ * rest padding): route q is owned here when real with an id in [e0, e0 + El); then
+ * lid[q] = id - e0, w[q] = its weight, own[q] = q; else (0, 0.0f, -1). A real id outside
+ * [0, E), or a count outside [0, Tb], raises *flag (the slot's count then taken as 0). */
+lk_status lk_ep_cuda_own_routes(const int32_t *meta, const int64_t *cnt, int P, int64_t Tb, int64_t k, int64_t E,
+                                int64_t e0, int64_t El, int32_t *lid, float *w, int32_t *own, int *flag,
+                                void *stream);
 /* dst[0..n) of dt (f32, bf16) = NaN when *flag, else untouched. */
 lk_status lk_ep_cuda_nan_if(const int *flag, void *dst, lk_dtype dt, int64_t n, void *stream);
 /* Any direction (unified addressing tells); wait: the stream synchronized after. */

@@ -3,17 +3,18 @@
  * seeded full problem (all ranks' tokens, E = 3P experts), runs it whole on its GPU with
  * the CUDA `local` dispatcher (the single-GPU reference: every token, every expert, no
  * group), then runs its own tokens (a different T on every rank) and its E/P experts
- * through the CUDA `alltoall` dispatcher over the NCCL world (device counts, slots of
- * max_tokens·k rows: max_tokens = the largest T of the case, the same on every rank), and
- * compares its rows of
- * out, d_hidden, d_topk_weights and its slices of d_gate_up_weight and d_down_weight
- * (added onto random values already there): f32 1e-5 and bf16 2e-2 relative (the same
- * GEMMs per route; only the k-way sums reorder, and bf16 rounds each route's row once
- * more). Cases: skewed routing (expert 1 and the last rank's experts get no token, so
- * that rank receives nothing) and uniform routing with equal T, which runs `allgather`
- * too; outputs poisoned with NaN first. Refusals: CUDA tensors with the MPI (host
- * memory) group -> LK_EDEVICE naming NCCL, out untouched; allgather with unequal T ->
- * LK_ECOMM on every rank. Skipped (77) with fewer GPUs than ranks.
+ * through the CUDA `alltoall` and `allgather` dispatchers over the NCCL world (device
+ * counts, slots bounded by max_tokens = the largest T of the case, the same on every rank,
+ * and again with max_tokens 3 above it, so every slot holds padding), and compares its
+ * rows of out, d_hidden, d_topk_weights and its slices of d_gate_up_weight and
+ * d_down_weight (added onto random values already there): f32 1e-5 and bf16 2e-2
+ * relative (the same GEMMs per route; only the k-way sums reorder, and bf16 rounds each
+ * route's row once more). Cases: skewed routing (expert 1 and the last rank's experts get
+ * no token, so that rank receives nothing) with T 5 + 4r (allgather's unequal T within
+ * the bound), and uniform routing with equal T; outputs poisoned with NaN first.
+ * Refusals: CUDA tensors with the MPI (host memory) group -> LK_EDEVICE naming NCCL, out
+ * untouched. A bad id on rank 0 makes allgather's outputs NaN on every rank. Skipped (77)
+ * with fewer GPUs than ranks.
  * ctest: cuda_dist_moe_np2 / _np4 (tests/cuda/run_h200.sh on a multi-GPU machine). */
 #include <math.h>
 #include <stdlib.h>
@@ -29,7 +30,7 @@ static lk_comm *nccl;
 typedef struct {
     const char *name;
     int skew;           /* routes avoid expert 1 and the last rank's experts */
-    int equal_T;        /* the same T on every rank (else 5 + 4r): allgather runs too */
+    int equal_T;        /* the same T on every rank (else 5 + 4r) */
     int64_t k, H, I;
 } mcase;
 
@@ -164,8 +165,35 @@ static void host_group_refused(const char *label, const lk_impl *impl, lk_moe_di
     ctx->comm = nccl;
 }
 
+/* t's elements all NaN (f32 or bf16 on the device). */
+static int all_nan(const lk_tensor *t) {
+    size_t n = (size_t)lk_tensor_numel(t), es = lk_dtype_size(t->dtype);
+    char *h = host_copy(t->data, n * es);
+    float *f = malloc(4 * n);
+    lk_convert(h, t->dtype, f, LK_F32, (int64_t)n);
+    int ok = 1;
+    for (size_t i = 0; i < n; i++) ok &= isnan(f[i]) != 0;
+    free(h), free(f);
+    return ok;
+}
+
+/* allgather: rank 0's route 1 given id E; every rank sees it, so every rank's out,
+ * d_hidden and d_topk_weights come out NaN (LK_OK: the ids stay on the device). */
+static void bad_id_everywhere(const char *label, const lk_impl *impl, lk_moe_dispatch_args *a, lk_ctx *ctx) {
+    int32_t bad = (int32_t)a->n_experts;
+    if (nccl->rank == 0) cudaMemcpy((int32_t *)a->topk_ids.data + 1, &bad, 4, cudaMemcpyHostToDevice);
+    lk_status s = lk_moe_dispatch_forward(impl, a, ctx);
+    if (!s) s = lk_moe_dispatch_backward(impl, a, ctx);
+    cudaDeviceSynchronize();
+    DIST_CHECK(s == LK_OK, "%s: a bad id on rank 0: %s", label, lk_status_name(s));
+    DIST_CHECK(all_nan(&a->out) && all_nan(&a->d_hidden) && all_nan(&a->d_topk_weights),
+               "%s: a bad id on rank 0: this rank's outputs not all NaN", label);
+}
+
+/* The row over the NCCL world: max_tokens = the case's largest T + extra (the slots' bound;
+ * extra > 0 leaves padding in every rank's slots). */
 static void ep_run(const char *label, const char *name, const problem *pb, const lk_moe_dispatch_args *ref,
-                   lk_ctx *ctx) {
+                   lk_ctx *ctx, int64_t extra) {
     const lk_impl *impl = lk_impl_find(LK_OP_MOE_DISPATCH, name, LK_DEVICE_CUDA);
     DIST_CHECK(impl != NULL, "%s: the CUDA %s row", label, name);
     if (!impl) return;
@@ -173,21 +201,17 @@ static void ep_run(const char *label, const char *name, const problem *pb, const
     dev_bufs b;
     lk_moe_dispatch_args a = upload(pb, pb->t0[r], pb->T[r], r * pb->El, pb->El, &b);
     for (int p = 0; p < pb->P; p++) a.max_tokens = pb->T[p] > a.max_tokens ? pb->T[p] : a.max_tokens;
+    a.max_tokens += extra;
     ctx->comm = nccl;
     lk_status s = lk_moe_dispatch_forward(impl, &a, ctx);
     DIST_CHECK(s == LK_OK, "%s: %s forward: %s", label, name, lk_status_name(s));
     if (!s) s = lk_moe_dispatch_backward(impl, &a, ctx);
     DIST_CHECK(s == LK_OK, "%s: %s backward: %s", label, name, lk_status_name(s));
-    char what[96];
-    snprintf(what, sizeof what, "%s %s", label, name);
+    char what[128];
+    snprintf(what, sizeof what, "%s %s max_tokens %lld", label, name, (long long)a.max_tokens);
     if (!s) compare(what, pb, ref, &a);
-    if (pb->T[0] != pb->T[pb->P - 1]) {   /* allgather needs the same T everywhere: every rank refuses */
-        const lk_impl *ag = lk_impl_find(LK_OP_MOE_DISPATCH, "allgather", LK_DEVICE_CUDA);
-        s = lk_moe_dispatch_forward(ag, &a, ctx);
-        DIST_CHECK(s == LK_ECOMM && strstr(lk_last_error(), "same T"), "%s: allgather, unequal T: %s", label,
-                   lk_status_name(s));
-    }
     host_group_refused(what, impl, &a, ctx);
+    if (!strcmp(name, "allgather")) bad_id_everywhere(what, impl, &a, ctx);
     dev_free(&b);
 }
 
@@ -205,8 +229,10 @@ static void run_case(const mcase *c, lk_dtype dt, lk_dtype gdt, uint64_t seed) {
         lk_status s = lk_moe_dispatch_forward(local, &ref, &ctx);
         if (!s) s = lk_moe_dispatch_backward(local, &ref, &ctx);
         DIST_CHECK(s == LK_OK, "%s: one GPU: %s", c->name, lk_status_name(s));
-        ep_run(c->name, "alltoall", &pb, &ref, &ctx);
-        if (c->equal_T) ep_run(c->name, "allgather", &pb, &ref, &ctx);
+        for (int64_t extra = 0; extra <= 3; extra += 3) {
+            ep_run(c->name, "alltoall", &pb, &ref, &ctx, extra);
+            ep_run(c->name, "allgather", &pb, &ref, &ctx, extra);
+        }
     }
     if (nccl->rank == 0) printf("dist_moe (cuda): %s %s (grads %s) done\n", c->name, lk_dtype_name(dt),
                                 lk_dtype_name(gdt));

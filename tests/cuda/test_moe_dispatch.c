@@ -1,21 +1,22 @@
 /* test_moe_dispatch.c (GPU) — the CUDA moe_dispatch rows on one GPU, a group of one:
- * `alltoall` (device counts, alltoall_cuda.c) with no group (ctx.comm NULL), with
- * lk_comm_self(), with max_tokens above T (so its slots hold padding rows), and over an
- * NCCL communicator of one rank (lk_comm_all_to_all_on's send/recv to itself; where the
- * build has NCCL), and `allgather`, against the CUDA `local` (the experts op itself): out,
- * d_hidden, d_topk_weights, and the weight gradients added onto random values already
- * there; f32 (1e-5) and bf16 (2e-2: each route's row is rounded once more before the
- * k-way sum); skewed routing (experts with no token), uniform, and every token on the same
- * experts (one expert with k = 1), T 1, 37, 64, 130, 257 (no tile multiple); outputs
- * poisoned with NaN first. The alltoall is also held to the float64 oracle
- * (ops/moe/reference.h; f32 1e-4, bf16 3e-2) and, in f32, to the CPU `local` (1e-5).
- * A CUDA graph captures alltoall's forward + backward (global capture mode: any host
- * sync or synchronous copy fails it) with no group and over NCCL, and its replays match
- * the uncaptured calls bit for bit. Bad input: an expert id out of range makes the CUDA
- * local's and alltoall's outputs NaN (the ids stay on the device) and is refused by
- * allgather (LK_EINVAL, its plan reads them); max_tokens below T, a CPU tensor, CPU
- * experts and a host arena are refused before anything is written, lk_last_error()
- * naming the argument. Skipped (77) where there is no GPU. ctest: cuda_test_moe_dispatch. */
+ * the device-count `alltoall` (alltoall_cuda.c) and `allgather` (allgather_cuda.c), each
+ * with no group (ctx.comm NULL), with lk_comm_self(), with max_tokens above T (so their
+ * slots hold padding), and over an NCCL communicator of one rank (lk_comm_all_to_all_on,
+ * all_gather_on and reduce_scatter_on to itself; where the build has NCCL), against the
+ * CUDA `local` (the experts op itself): out, d_hidden, d_topk_weights, and the weight
+ * gradients added onto random values already there; f32 (1e-5) and bf16 (2e-2: each
+ * route's row is rounded once more before the k-way sum); skewed routing (experts with no
+ * token), uniform, and every token on the same experts (one expert with k = 1), T 1, 37,
+ * 64, 130, 257 (no tile multiple); outputs poisoned with NaN first. Both are also held to
+ * the float64 oracle (ops/moe/reference.h; f32 1e-4, bf16 3e-2) and, in f32, to the CPU
+ * `local` (1e-5). A CUDA graph captures each one's forward + backward (global capture
+ * mode: any host sync or synchronous copy fails it) with no group and over NCCL, and its
+ * replays match the uncaptured calls bit for bit. Bad input: an expert id out of range
+ * makes the CUDA local's, alltoall's and allgather's outputs NaN (the ids stay on the
+ * device); max_tokens below T, a CPU tensor, f32 topk_ids, weights of
+ * the wrong expert count, CPU experts and a host arena are refused by both rows before
+ * anything is written, lk_last_error() naming the argument. Skipped (77) where there is
+ * no GPU. ctest: cuda_test_moe_dispatch. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -180,32 +181,36 @@ static void run_case(const dcase *c, lk_dtype dt, lk_dtype gdt, uint32_t seed) {
     lk_moe_dispatch_args a = on_gpu(&pb);
     run(lk_impl_find(LK_OP_MOE_DISPATCH, "local", LK_DEVICE_CUDA), &a, &ctx, ref);
     double tol = dt == LK_F32 ? 1e-5 : 2e-2;
-    struct { const char *name; lk_comm *comm; int64_t extra; } rows[6] = {
-        {"alltoall", NULL, 0}, {"alltoall", lk_comm_self(), 0}, {"alltoall", NULL, 3},
-        {"allgather", NULL, 0}, {"alltoall", nccl1, 0}, {"alltoall", nccl1, 5}};
-    for (int i = 0; i < 6; i++) {
-        if (i >= 4 && !nccl1) break;
+    double *f64[5], *cpu[5];
+    f64_ref(&pb, f64);
+    int with_cpu = dt == LK_F32 && gdt == LK_F32;
+    if (with_cpu) cpu_local(&pb, cpu);
+    /* each device-count row with no group, self, padded slots, and an NCCL group of one */
+    struct { const char *name; int nccl; int self; int64_t extra; } rows[10] = {
+        {"alltoall", 0, 0, 0}, {"alltoall", 0, 1, 0}, {"alltoall", 0, 0, 3}, {"alltoall", 1, 0, 0},
+        {"alltoall", 1, 0, 5}, {"allgather", 0, 0, 0}, {"allgather", 0, 1, 0}, {"allgather", 0, 0, 3},
+        {"allgather", 1, 0, 0}, {"allgather", 1, 0, 5}};
+    for (int i = 0; i < 10; i++) {
+        if (rows[i].nccl && !nccl1) continue;
         a = on_gpu(&pb);
-        ctx.comm = rows[i].comm;
-        a.max_tokens = rows[i].extra ? pb.T + rows[i].extra : 0;   /* above T: padding rows in the slots */
+        ctx.comm = rows[i].nccl ? nccl1 : rows[i].self ? lk_comm_self() : NULL;
+        a.max_tokens = rows[i].extra ? pb.T + rows[i].extra : 0;   /* above T: padding in the slots */
         run(lk_impl_find(LK_OP_MOE_DISPATCH, rows[i].name, LK_DEVICE_CUDA), &a, &ctx, got);
-        char what[64];
-        snprintf(what, sizeof what, "%s%s max_tokens %lld", rows[i].name, i >= 4 ? " (nccl)" : "",
-                 (long long)a.max_tokens);
+        char what[96];
+        snprintf(what, sizeof what, "%s%s%s max_tokens %lld", rows[i].name, rows[i].nccl ? " (nccl)" : "",
+                 rows[i].self ? " (self)" : "", (long long)a.max_tokens);
         expect_close(what, &pb, got, ref, tol);
-        if (i == 0) {   /* and the float64 oracle; in f32 the CPU row, the repository's reference, too */
-            double *f64[5];
-            f64_ref(&pb, f64);
-            expect_close("alltoall vs float64", &pb, got, f64, dt == LK_F32 ? 1e-4 : 3e-2);
-            if (dt == LK_F32 && gdt == LK_F32) {
-                double *cpu[5];
-                cpu_local(&pb, cpu);
-                expect_close("alltoall vs CPU local", &pb, got, cpu, 1e-5);
-            }
+        if (rows[i].extra == 0 && !rows[i].self) {
+            /* and the float64 oracle; in f32 the CPU row, the repository's reference, too */
+            char vs[128];
+            snprintf(vs, sizeof vs, "%s vs float64", what);
+            expect_close(vs, &pb, got, f64, dt == LK_F32 ? 1e-4 : 3e-2);
+            snprintf(vs, sizeof vs, "%s vs CPU local", what);
+            if (with_cpu) expect_close(vs, &pb, got, cpu, 1e-5);
         }
     }
     ctx.comm = NULL;
-    print_message("  %s T %lld H %lld I %lld E %lld k %lld%s grads %s: alltoall (NULL, self, padded%s), allgather "
+    print_message("  %s T %lld H %lld I %lld E %lld k %lld%s grads %s: alltoall, allgather (NULL, self, padded%s) "
                   "= local\n", lk_dtype_name(dt), (long long)c->T, (long long)c->H, (long long)c->I, (long long)c->E,
                   (long long)c->k, c->mode == SKEW ? " skewed" : c->mode == SAME ? " same experts" : "",
                   lk_dtype_name(gdt), nccl1 ? ", nccl" : "");
@@ -277,33 +282,46 @@ static void bad_input_refused(void **state) {
     const lk_impl *impl = lk_impl_find(LK_OP_MOE_DISPATCH, "alltoall", LK_DEVICE_CUDA);
     const lk_impl *ag = lk_impl_find(LK_OP_MOE_DISPATCH, "allgather", LK_DEVICE_CUDA);
     assert_true(local && impl && ag);
-    expect_refused(ag, &a, &ctx, LK_EINVAL, "topk_ids");
     bad_id_nan(local, &a, &ctx, "local, id == E");
     bad_id_nan(impl, &a, &ctx, "alltoall, id == E");
+    bad_id_nan(ag, &a, &ctx, "allgather, id == E");
+    a.max_tokens = pb.T + 2;
+    bad_id_nan(ag, &a, &ctx, "allgather padded, id == E");
     pb.ids[7] = -1;
     a = on_gpu(&pb);
     bad_id_nan(impl, &a, &ctx, "alltoall, id -1");
+    bad_id_nan(ag, &a, &ctx, "allgather, id -1");
     if (nccl1) {
         ctx.comm = nccl1;
         bad_id_nan(impl, &a, &ctx, "alltoall over nccl, id -1");
+        bad_id_nan(ag, &a, &ctx, "allgather over nccl, id -1");
         ctx.comm = NULL;
     }
     pb.ids[7] = 3;
     a = on_gpu(&pb);
-    lk_moe_dispatch_args bad = a;
-    bad.max_tokens = pb.T - 1;
-    expect_refused(impl, &bad, &ctx, LK_EINVAL, "max_tokens");
-    bad.max_tokens = -1;
-    expect_refused(impl, &bad, &ctx, LK_EINVAL, "max_tokens");
-    bad = a;
-    bad.topk_weights.device.type = LK_DEVICE_CPU;
-    expect_refused(impl, &bad, &ctx, LK_EDEVICE, "topk_weights");
-    bad = a;
-    bad.experts = lk_impl_find(LK_OP_MOE_EXPERTS, "fused", LK_DEVICE_CPU);
-    expect_refused(impl, &bad, &ctx, LK_EDEVICE, "experts");
-    lk_arena host = {0};
-    lk_ctx hctx = lk_ctx_cuda(&host, NULL, 0);
-    expect_refused(impl, &a, &hctx, LK_EDEVICE, "arena");
+    const lk_impl *dev_rows[2] = {impl, ag};
+    for (int i = 0; i < 2; i++) {
+        lk_moe_dispatch_args bad = a;
+        bad.max_tokens = pb.T - 1;
+        expect_refused(dev_rows[i], &bad, &ctx, LK_EINVAL, "max_tokens");
+        bad.max_tokens = -1;
+        expect_refused(dev_rows[i], &bad, &ctx, LK_EINVAL, "max_tokens");
+        bad = a;
+        bad.topk_weights.device.type = LK_DEVICE_CPU;
+        expect_refused(dev_rows[i], &bad, &ctx, LK_EDEVICE, "topk_weights");
+        bad = a;
+        bad.topk_ids.dtype = LK_F32;
+        expect_refused(dev_rows[i], &bad, &ctx, LK_EDTYPE, "topk_ids");
+        bad = a;
+        bad.n_experts = 5;   /* the weights hold 4 */
+        expect_refused(dev_rows[i], &bad, &ctx, LK_ESHAPE, "gate_up_weight");
+        bad = a;
+        bad.experts = lk_impl_find(LK_OP_MOE_EXPERTS, "fused", LK_DEVICE_CPU);
+        expect_refused(dev_rows[i], &bad, &ctx, LK_EDEVICE, "experts");
+        lk_arena host = {0};
+        lk_ctx hctx = lk_ctx_cuda(&host, NULL, 0);
+        expect_refused(dev_rows[i], &a, &hctx, LK_EDEVICE, "arena");
+    }
     lk_arena_free(&arena);
     lkt_free_all();
 }
@@ -341,16 +359,17 @@ static void *host_copy(const void *dev, size_t n) {
     return h;
 }
 
-/* alltoall's forward + backward on a created stream, eager (which also grows the arena, so
+/* The row's forward + backward on a created stream, eager (which also grows the arena, so
  * the captured calls allocate nothing), then captured in global mode, instantiated and
  * replayed twice: every output matches the eager bits. */
-static void graph_case(lk_dtype dt, lk_comm *comm, int64_t extra, uint32_t seed) {
+static void graph_case(const char *name, lk_dtype dt, lk_comm *comm, int64_t extra, uint32_t seed) {
     const dcase c = {53, 64, 32, 8, 2, SKEW};
     problem pb;
     make(&pb, &c, dt, LK_F32, seed);
     lk_moe_dispatch_args a = on_gpu(&pb);
     a.max_tokens = extra ? pb.T + extra : 0;
-    const lk_impl *impl = lk_impl_find(LK_OP_MOE_DISPATCH, "alltoall", LK_DEVICE_CUDA);
+    const lk_impl *impl = lk_impl_find(LK_OP_MOE_DISPATCH, name, LK_DEVICE_CUDA);
+    assert_non_null(impl);
     cudaStream_t s;
     assert_int_equal(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
     lk_arena arena = {.device = LK_DEVICE_CUDA};
@@ -388,8 +407,8 @@ static void graph_case(lk_dtype dt, lk_comm *comm, int64_t extra, uint32_t seed)
             free(h);
         }
     }
-    print_message("  graph %s alltoall%s max_tokens %lld: captured forward + backward replayed to the same bits\n",
-                  lk_dtype_name(dt), comm ? " over nccl" : "", (long long)a.max_tokens);
+    print_message("  graph %s %s%s max_tokens %lld: captured forward + backward replayed to the same bits\n",
+                  lk_dtype_name(dt), name, comm ? " over nccl" : "", (long long)a.max_tokens);
     for (int i = 0; i < 5; i++) free(want[i]);
     assert_int_equal(cudaGraphExecDestroy(exec), cudaSuccess);
     assert_int_equal(cudaGraphDestroy(graph), cudaSuccess);
@@ -400,11 +419,15 @@ static void graph_case(lk_dtype dt, lk_comm *comm, int64_t extra, uint32_t seed)
 
 static void graph_capture(void **state) {
     (void)state;
-    graph_case(LK_BF16, NULL, 0, 61u);
-    graph_case(LK_F32, NULL, 4, 62u);
-    if (nccl1) {
-        graph_case(LK_BF16, nccl1, 0, 63u);
-        graph_case(LK_F32, nccl1, 7, 64u);
+    const char *const dev_rows[2] = {"alltoall", "allgather"};
+    for (int i = 0; i < 2; i++) {
+        uint32_t seed = 61u + 4u * (uint32_t)i;
+        graph_case(dev_rows[i], LK_BF16, NULL, 0, seed);
+        graph_case(dev_rows[i], LK_F32, NULL, 4, seed + 1);
+        if (nccl1) {
+            graph_case(dev_rows[i], LK_BF16, nccl1, 0, seed + 2);
+            graph_case(dev_rows[i], LK_F32, nccl1, 7, seed + 3);
+        }
     }
 }
 

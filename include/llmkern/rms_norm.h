@@ -8,15 +8,24 @@
  * with the backward's half too):
  *   forward:  residual += delta (f32 sum; no delta: nothing added); x = residual rounded
  *             to x's dtype (x is WRITTEN: the copy the backward reads); then the norm of
- *             x as above. The norm reads the rounded x, not the f32 sum, so the backward
- *             differentiates the very function the forward ran, and a recompute from
- *             the kept x gives the same bits.
- *   backward: dx of the norm as above, kept in f32, then residual += dx (the stream's
- *             f32 gradient); dx = residual rounded to x's dtype (the copy the next GEMM
- *             reads as its dy).
+ *             the f32 residual itself, y = round(residual · rstd · (offset + w)) with rstd
+ *             of the f32 values, as autocast's norm reads the f32 stream (issue 17: the
+ *             norm of the rounded x was the last known difference). With norm_of_x set,
+ *             the norm of the written x instead: the bits a plain forward on the kept x
+ *             gives, which a recompute from x runs (the model sets it when it recomputes).
+ *   backward: reads only the kept x and the saved rstd: dx and dweight are the formulas
+ *             above at x̂ = x·rstd, i.e. the forward's rstd (of the f32 stream, unless
+ *             norm_of_x) with the rounded x — the exact gradient of the norm of x only
+ *             with norm_of_x; without it the f32 values the forward normalized are gone
+ *             (the residual then holds the gradient stream). dx is kept in f32, then
+ *             residual += dx (the stream's f32 gradient); dx = residual rounded to x's
+ *             dtype (the copy the next GEMM reads as its dy).
  * Every implementation runs it: the fused rows in their one pass, the eager rows as a
  * pass of their own before the forward's steps and after the backward's (dx rounded to
- * the intermediate dtype before it is added).
+ * the intermediate dtype before it is added). The eager rows' steps take the stream in
+ * their intermediate dtype: eager_fp32 the f32 residual, eager in x's dtype its
+ * rounding, which is x (bf16 steps cannot see the f32 bits). In f32 the residual and x
+ * are the same values: the mode is the plain norm of x, bit for bit, either way.
  *
  * The weight may be f32 while x is bf16 (the f32 master weight of bf16 training, as
  * autocast multiplies by it; issue 17: the bf16 rounding of a norm weight near 1 moved
@@ -48,6 +57,8 @@ typedef struct {
     lk_tensor residual;     /* the residual mode: f32, shape of x, read and written; data NULL = off */
     lk_tensor delta;        /* the residual mode's forward: shape and dtype of x, added into residual
                              * first; data NULL = nothing added */
+    int norm_of_x;          /* the residual mode's forward: 1 = normalize the written x (the stream
+                             * rounded), as a recompute from the kept x does; 0 = the f32 stream */
 } lk_rms_norm_args;
 
 #define LK_RMS_NORM_VTABLE_VERSION 1

@@ -8,7 +8,9 @@
  * 0.6B model's step for ~0.3 ms a layer of GEMMs.
  * The residual stream is f32 (qwen3_internal.h): the input and post-attention norms run
  * rms_norm's residual mode on sc.res, adding the branch output before them (forward)
- * and their dx into the gradient after them (backward). */
+ * and their dx into the gradient after them (backward). They normalize the f32 stream,
+ * or with recompute (m->norm_of_x) its rounding x, which a recompute normalizes again
+ * with the plain norm to the same bits. */
 #include "model/qwen3_internal.h"
 
 #define W(off) lk_wc(m, off)
@@ -67,10 +69,11 @@ static lk_rms_norm_args norm_args(const lk_model *m, const void *x, int64_t rows
 }
 
 /* The residual mode on the stream sc.res: forward, delta (NULL: none) added and x
- * written; backward, dx added. */
+ * written, the stream normalized (x with recompute); backward, dx added. */
 static lk_rms_norm_args with_stream(const lk_model *m, lk_rms_norm_args a, const void *delta) {
     int64_t rows = a.x.shape[0], n = a.x.shape[1];
     a.residual = g2(m, m->sc.res, rows, n);
+    a.norm_of_x = m->norm_of_x;
     if (delta) a.delta = t2(m, delta, rows, n);
     return a;
 }

@@ -125,6 +125,7 @@ lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, ui
     if (!m) return lk_error(LK_ENOMEM, "model_create: out of memory");
     m->cfg = *cfg;
     m->recompute = recompute ? 1 : 0;
+    m->norm_of_x = m->recompute;   /* the first forward's norms as the recompute's (qwen3_internal.h) */
     m->dt = LK_F32, m->es = 4;
     m->d_loss_put = NAN;   /* scal[1] holds no d_loss yet */
     m->H = cfg->hidden_size; m->Hq = cfg->num_attention_heads; m->Hk = cfg->num_key_value_heads;

@@ -26,10 +26,21 @@
  *     residual gradient through the backward (each norm's dx added in f32). What a
  *     layer keeps is as before, in the model's dtype: x and x2 are the stream rounded,
  *     written by the norm that reads them; the backward's GEMMs read the gradient's
- *     rounding (sc.dres). A recompute runs the plain norms on the kept x and x2, the
- *     bits the residual mode's norms computed; x2 cannot be made again from x without
- *     the stream, so with recompute it is kept per layer (x2s) outside the shared
- *     block. In f32 every sum is the f32 add of before: the bits of the old scheme. */
+ *     rounding (sc.dres). The norms normalize the f32 stream itself, as autocast's do
+ *     (issue 17), and keep its rounding x for their backward. A recompute restarts from
+ *     the kept x and x2 and so can only normalize the rounded values: with recompute the
+ *     layers' residual-mode norms normalize the rounded stream already in the first
+ *     forward (norm_of_x, rms_norm.h), so the recompute runs the plain norms on the
+ *     kept x and x2 to the bits the first forward computed — the h1 and h2 its GEMMs,
+ *     the MoE router and the backward saw — and recompute stays bit-identical with the
+ *     model that keeps its activations and sets norm_of_x. The other design, the stream
+ *     kept per layer in f32 for the recompute, costs twice the kept bytes the recompute
+ *     is there to save; a recompute that normalized x while the first forward had
+ *     normalized the stream would route MoE tokens and differentiate other h1/h2 than
+ *     the forward used. The final norm is never recomputed: it reads the stream
+ *     always. x2 cannot be made again from x without the stream, so with recompute it
+ *     is kept per layer (x2s) outside the shared block. In f32 x is the stream and
+ *     every sum the f32 add of before: the bits of the old scheme, recompute or not. */
 #ifndef LLMKERN_MODEL_QWEN3_INTERNAL_H
 #define LLMKERN_MODEL_QWEN3_INTERNAL_H
 
@@ -90,6 +101,8 @@ typedef struct {
 struct lk_model {
     lk_qwen3_config cfg;
     int recompute;
+    int norm_of_x;       /* the layers' residual-mode norms normalize the rounded stream x (rms_norm.h's
+                          * norm_of_x): set with recompute, what a recompute from the kept x runs */
     int deterministic;   /* attention's ordered backward (lk_model_set_deterministic) */
     int64_t H, Hq, Hk, D, I, V, E, K, Ie;    /* sizes; K = experts per token, Ie = moe_intermediate */
     int n_moe_layers;

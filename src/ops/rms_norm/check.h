@@ -15,6 +15,8 @@ typedef struct {
     int residual;           /* the residual mode: an f32 residual and a delta in, x written; the
                              * backward adds dx into a second f32 residual */
     int no_delta;           /* with residual: delta.data NULL (the first layer's norm) */
+    int norm_of_x;          /* with residual: the norm of the written x, not of the f32 stream
+                             * (what a recompute runs, rms_norm.h) */
     int f32_weight;         /* weight and dweight f32 whatever x's dtype (bf16 training's f32
                              * master weight, rms_norm.h) */
 } lk_rms_norm_case;

@@ -14,7 +14,12 @@
  * The residual mode (rms_norm.h) is one more step each way, as a framework runs it: the
  * add into the f32 residual and the cast to x before the forward's steps, and after the
  * backward's (dx as the steps left it, in `it`: rounded to bf16 for `eager` bf16) the
- * add into the residual and the cast of the sum to dx.
+ * add into the residual and the cast of the sum to dx. The forward's steps take the
+ * stream in `it`: eager_fp32 the f32 residual itself, `eager` its rounding to x's dtype,
+ * which is x (with norm_of_x both take x). The saved x̂ is then the stream's; the
+ * backward differentiates x̂ = x·rstd of the kept x (rms_norm.h), so in this mode it
+ * makes that x̂ again for dweight (the same bits as the saved one wherever the forward
+ * read x).
  *
  * An f32 weight beside bf16 x (rms_norm.h) stays f32, as a framework's bf16 · f32
  * promotes: the weight steps multiply in f32 and round once to `it` (for `eager`,
@@ -212,14 +217,15 @@ static lk_dtype weight_it(const lk_rms_norm_args *a, lk_dtype it) {
     return a->weight.data && a->weight.dtype == LK_F32 ? LK_F32 : it;
 }
 
-static lk_status steps_forward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype it) {
+/* The norm of src (of sdt: x, or the residual mode's f32 stream) into y. */
+static lk_status steps_forward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype it, const void *src, lk_dtype sdt) {
     lk_dtype dt = a->x.dtype;
     int64_t n = a->x.shape[a->x.ndim - 1], rows = lk_tensor_numel(&a->x) / n, all = rows * n;
     taker tk = {ctx->arena, LK_OK};
     void *rstd = a->saved.data, *xhat = (char *)a->saved.data + piece((size_t)rows * lk_dtype_size(it));
 
     lk_dtype wi = weight_it(a, it);
-    const void *x = as_it(&tk, a->x.data, dt, all, it);
+    const void *x = as_it(&tk, src, sdt, all, it);
     const void *w = as_it(&tk, a->weight.data, a->weight.dtype, n, wi);
     void *sq = take(&tk, all, it), *ms = take(&tk, rows, it), *weff = take(&tk, n, wi);
     if (tk.status) return tk.status;
@@ -273,6 +279,10 @@ static lk_status steps_backward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype
         mul_per_col(dy, w, wi, A, rows, n, it);                  /* g = dy · w_eff   */
         g = A;
         if (a->dweight.data) {
+            if (a->residual.data) {                              /* x̂ of the kept x  */
+                mul_per_row(x, rstd, B, rows, n, it);
+                xhat = B;
+            }
             ew(dy, xhat, B, all, EW_MUL, it);                    /* dy · x̂           */
             col_sum(B, a->dweight.data, a->dweight.dtype, acc, rows, n, it);   /* dw, the weight's dtype */
         }
@@ -297,10 +307,13 @@ static lk_status steps_backward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype
     return LK_OK;
 }
 
+/* The residual mode's step first; the steps then read the stream in it: the f32
+ * residual for it = f32, else x (its rounding); with norm_of_x, x. */
 static lk_status residual_forward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype it) {
-    if (a->residual.data)
-        residual_step(a->residual.data, a->delta.data, a->x.data, a->x.dtype, a->x.dtype, lk_tensor_numel(&a->x));
-    return steps_forward(a, ctx, it);
+    if (!a->residual.data) return steps_forward(a, ctx, it, a->x.data, a->x.dtype);
+    residual_step(a->residual.data, a->delta.data, a->x.data, a->x.dtype, a->x.dtype, lk_tensor_numel(&a->x));
+    if (a->norm_of_x || it != LK_F32) return steps_forward(a, ctx, it, a->x.data, a->x.dtype);
+    return steps_forward(a, ctx, it, a->residual.data, LK_F32);
 }
 
 /* --- the rows: `eager` runs the steps in the input dtype, `eager_fp32` in f32 -------- */

@@ -4,8 +4,10 @@
  * backward likewise, dweight as a column sum of the materialized dy·x̂). The baseline
  * the fused kernels are measured against, not a fast path. Saves rstd, f32 [rows].
  * The residual mode (rms_norm.h) is one more kernel each way: the add into the f32
- * residual and the cast to x before the forward, and after the backward the add of the
- * f32 dx into the residual and the cast of the sum to dx (in place of the downcast).
+ * residual and the cast to x before the forward, which then normalizes the f32 residual
+ * (a copy in place of the upcast; with norm_of_x the upcast of x), and after the backward
+ * the add of the f32 dx into the residual and the cast of the sum to dx (in place of the
+ * downcast). The backward makes x̂ from x and the saved rstd, as rms_norm.h says.
  * An f32 weight beside bf16 x (rms_norm.h) is read as f32 by the weight kernel (TW), and
  * dweight's column sum is stored in f32. */
 #include "common.cuh"
@@ -82,7 +84,10 @@ static lk_status run_forward(const lk_rms_norm_args *a, float *xf, int64_t rows,
     if (a->residual.data)
         residual_step<T, T><<<grid_of(count), THREADS, 0, st>>>((float *)a->residual.data, (const T *)a->delta.data,
                                                                (T *)a->x.data, count);
-    upcast<T><<<grid_of(count), THREADS, 0, st>>>((const T *)a->x.data, xf, count);
+    if (a->residual.data && !a->norm_of_x)   /* the f32 stream itself */
+        upcast<float><<<grid_of(count), THREADS, 0, st>>>((const float *)a->residual.data, xf, count);
+    else
+        upcast<T><<<grid_of(count), THREADS, 0, st>>>((const T *)a->x.data, xf, count);
     row_reduce<<<(unsigned)rows, THREADS, 0, st>>>(xf, NULL, rstd, n, (float)a->eps, 1);
     scale_rows<<<grid_of(count), THREADS, 0, st>>>(xf, rstd, count, n);
     if (a->weight.data)

@@ -10,8 +10,10 @@
  * f32 dweight sums are stored as they are.
  *
  * The residual mode (rms_norm.h) adds a pass over the row before the forward's (residual
- * += delta in f32, x = its rounding, then the row code above reads x back from L1: the
- * same bits as the plain norm of that x, which a recompute runs) and one after the
+ * += delta in f32, x = its rounding), after which the row code above reads the f32
+ * residual back from L1 (the stream autocast normalizes; with norm_of_x the written x
+ * instead: the same bits as the plain norm of that x, which a recompute runs; in f32
+ * the two are the same values) and one after the
  * backward's (dx kept in f32 — in dx itself for f32, a per-thread row for bf16 — then
  * residual += dx, dx = its rounding). The add is its own loop on stored values, so no
  * FMA contraction can fuse it with dx's last multiply: in f32 the stream's sums are the
@@ -83,15 +85,19 @@ INLINE float row_dot_weighted(const void *dy, const void *w, float off, const vo
     return lk_v16_sum(lk_v16_add(s0, s1));
 }
 
-INLINE void row_forward(const void *x, const void *w, float off, void *y, lk_dtype dt, lk_dtype wt,
-                        int64_t n, float rs, int nt) {
+/* The forward of a row of x (of xt: dt, or the residual mode's f32 stream): rstd
+ * returned, y (dt) written. */
+INLINE float row_forward(const void *x, lk_dtype xt, const void *w, float off, void *y, lk_dtype dt, lk_dtype wt,
+                         int64_t n, double eps, int nt) {
+    float rs = (float)(1.0 / sqrt((double)row_dot(x, x, xt, n) / (double)n + eps));
     lk_v16 vr = lk_v16_set1(rs), vo = lk_v16_set1(off);
     for (int64_t j = 0; j < n; j += 16) {
         int k = n - j < 16 ? (int)(n - j) : 16;
-        lk_v16 v = lk_v16_mul(lk_v16_load(x, dt, j, k), vr);
+        lk_v16 v = lk_v16_mul(lk_v16_load(x, xt, j, k), vr);
         if (w) v = lk_v16_mul(v, lk_v16_add(lk_v16_load(w, wt, j, k), vo));
         lk_v16_store(y, dt, j, v, k, nt);
     }
+    return rs;
 }
 
 /* dx = rs·(g − x̂·m) with g = dy·(off + w), x̂ = x·rs; dwp += dy·x̂. Element j of dy is
@@ -149,9 +155,8 @@ INLINE void forward_rows(const lk_rms_norm_args *a, lk_dtype dt, lk_dtype wt, in
         for (int64_t r = 0; r < rows; r++) {
             char *xr = x + r * rb;
             if (res) row_residual_in(res + r * n, delta ? delta + r * rb : NULL, xr, dt, n);
-            float rs = (float)(1.0 / sqrt((double)row_dot(xr, xr, dt, n) / (double)n + a->eps));
-            rstd[r] = rs;
-            row_forward(xr, w, off, y + r * rb, dt, wt, n, rs, nt);
+            rstd[r] = res && !a->norm_of_x ? row_forward(res + r * n, LK_F32, w, off, y + r * rb, dt, wt, n, a->eps, nt)
+                                           : row_forward(xr, dt, w, off, y + r * rb, dt, wt, n, a->eps, nt);
         }
         if (nt) lk_v16_fence();
     }

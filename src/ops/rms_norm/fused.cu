@@ -21,11 +21,15 @@
  *
  * The residual mode (rms_norm.h; the f32 stream of bf16 training, issue 17) is a flag
  * of the same kernels (RES): the forward makes the row it would have loaded — residual
- * += delta in f32, x = its rounding, stored, and held as loaded — so the sum of squares,
- * rstd and y are the plain kernel's on that x, bit for bit (a recompute runs the plain
- * one); the block kernel drops its next-row double buffer there (the next row's x does
- * not exist yet). The backward adds its f32 dx into the residual before the rounding
- * store. The adds are __fadd_rn: never contracted into the multiply before them, so in
+ * += delta in f32, x = its rounding, stored, and held as loaded — and normalizes the f32
+ * stream: the sum of squares of the f32 sums as they are made, and y from the f32
+ * residual read back (this thread's own stores, from L1/L2: 4 bytes an element more,
+ * not measured yet) rather than from registers, which hold x as T. With norm_of_x it
+ * normalizes the held x instead: the sum of squares, rstd and y are then the plain
+ * kernel's on that x, bit for bit (a recompute runs the plain one). The block kernel
+ * drops its next-row double buffer there (the next row's x does not exist yet). The
+ * backward reads x and rstd as the plain one does, and adds its f32 dx into the residual
+ * before the rounding store. The adds are __fadd_rn: never contracted into the multiply before them, so in
  * f32 they are the separate adds of before. The f32 residual is read 16 bytes at a time
  * (two accesses per bf16 group).
  *
@@ -148,9 +152,10 @@ static __device__ __forceinline__ void st_f32(float *p, const float *f) {
 }
 
 /* The residual mode's forward for one access: res += delta (NULL: nothing), then x = its
- * rounding, stored and held in v as the plain kernel would have loaded it. */
+ * rounding, stored and held in v as the plain kernel would have loaded it; ss (NULL:
+ * norm_of_x) takes the squares of the f32 sums, the stream's. */
 template <typename T, int W>
-static __device__ __forceinline__ void residual_in(float *res, const T *delta, T *x, lk_pack<T, W> &v) {
+static __device__ __forceinline__ void residual_in(float *res, const T *delta, T *x, lk_pack<T, W> &v, float *ss) {
     float r[W];
     ld_f32<W>(res, r);
     if (delta) {
@@ -160,6 +165,9 @@ static __device__ __forceinline__ void residual_in(float *res, const T *delta, T
         for (int j = 0; j < W; j++) r[j] = __fadd_rn(r[j], d[j]);
         st_f32<W>(res, r);
     }
+    if (ss)
+#pragma unroll
+        for (int j = 0; j < W; j++) *ss = fmaf(r[j], r[j], *ss);
 #pragma unroll
     for (int j = 0; j < W; j++) v.e[j] = lk_from_f32<T>(r[j]);
     if (W == lk_vec<T>::N) *reinterpret_cast<uint4 *>(x) = *reinterpret_cast<const uint4 *>(v.e);
@@ -199,12 +207,26 @@ static __device__ __forceinline__ void ld_weight(const TW *p, float *f) {
     }
 }
 
-/* The residual mode's pointers, NULL when off. */
+/* The residual mode's pointers, NULL when off; of_x: norm_of_x (rms_norm.h). */
 typedef struct {
     float *res;
     const void *delta;
     void *x;
+    int of_x;
 } res_args;
+
+/* The residual mode's W elements of the row the forward normalizes, into f: the f32
+ * stream at res (which this thread stored or read), or with norm_of_x the held x. */
+template <typename T, int W>
+static __device__ __forceinline__ void norm_in(const lk_pack<T, W> &v, const res_args &ra, int64_t e, float *f) {
+    if (!ra.of_x) {
+        ld_f32<W>(ra.res + e, f);
+    } else {
+#pragma unroll
+        for (int j = 0; j < W; j++) f[j] = v.f(j);
+    }
+}
+
 
 /* ---- forward ------------------------------------------------------------------ */
 
@@ -219,24 +241,25 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) fwd_reg(const T *__restrict_
     lk_pack<T, W> cur[VPT], nxt[VPT];
     if (!RES) load_row<T, W, VPT>(x + (int64_t)blockIdx.x * n, units, cur);
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+        float ss = 0.0f;   /* RES: the stream's squares (norm_of_x: x's, below) */
         if (RES) {
 #pragma unroll
             for (int k = 0; k < VPT; k++) {
                 int u = threadIdx.x + k * blockDim.x;
                 if (u < units)
                     residual_in<T, W>(ra.res + row * n + u * W, ra.delta ? (const T *)ra.delta + row * n + u * W : NULL,
-                                      (T *)ra.x + row * n + u * W, cur[k]);
+                                      (T *)ra.x + row * n + u * W, cur[k], ra.of_x ? NULL : &ss);
             }
         } else {
             if (row + gridDim.x < rows) load_row<T, W, VPT>(x + (row + gridDim.x) * n, units, nxt);
             if (row + 2 * gridDim.x < rows) prefetch_row<T, W, VPT>(x + (row + 2 * gridDim.x) * n, n, units);
         }
-        float ss = 0.0f;
+        if (!RES || ra.of_x)
 #pragma unroll
-        for (int k = 0; k < VPT; k++)
-            if (threadIdx.x + k * blockDim.x < units)
+            for (int k = 0; k < VPT; k++)
+                if (threadIdx.x + k * blockDim.x < units)
 #pragma unroll
-                for (int j = 0; j < W; j++) ss = fmaf(cur[k].f(j), cur[k].f(j), ss);
+                    for (int j = 0; j < W; j++) ss = fmaf(cur[k].f(j), cur[k].f(j), ss);
         const float rs = rsqrtf(lk_block_sum(ss, scratch) / (float)n + eps);
         if (threadIdx.x == 0) rstd[row] = rs;
         T *yr = y + row * n;
@@ -246,8 +269,15 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) fwd_reg(const T *__restrict_
             if (u < units) {
                 float o[W], wv[W];
                 if (w) ld_weight<T, TW, W>(w + u * W, wv);
+                if constexpr (RES) {   /* the f32 stream this thread stored or read, or x */
+                    float xs[W];
+                    norm_in<T, W>(cur[k], ra, row * n + u * W, xs);
 #pragma unroll
-                for (int j = 0; j < W; j++) o[j] = cur[k].f(j) * rs * (w ? wv[j] + off : 1.0f);
+                    for (int j = 0; j < W; j++) o[j] = xs[j] * rs * (w ? wv[j] + off : 1.0f);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < W; j++) o[j] = cur[k].f(j) * rs * (w ? wv[j] + off : 1.0f);
+                }
                 lk_stw<T, W>(yr + u * W, o);
             }
             if (!RES) cur[k] = nxt[k];
@@ -270,20 +300,23 @@ __global__ void __launch_bounds__(WARP_ROWS * 32) fwd_warp(const T *__restrict__
     if (row >= rows) return;   /* the whole warp: the shuffles below see every lane */
     const T *xr = x + row * n;
     lk_pack<T, W> v[VPT];
+    float ss = 0.0f;   /* RES: the stream's squares (norm_of_x: x's, below) */
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
         int64_t e = row * n + (lane + 32 * k) * W;
         if (lane + 32 * k < units) {
-            if (RES) residual_in<T, W>(ra.res + e, ra.delta ? (const T *)ra.delta + e : NULL, (T *)ra.x + e, v[k]);
+            if (RES)
+                residual_in<T, W>(ra.res + e, ra.delta ? (const T *)ra.delta + e : NULL, (T *)ra.x + e, v[k],
+                                  ra.of_x ? NULL : &ss);
             else lk_ldp<T, W>(xr + (lane + 32 * k) * W, v[k]);
         }
     }
-    float ss = 0.0f;
+    if (!RES || ra.of_x)
 #pragma unroll
-    for (int k = 0; k < VPT; k++)
-        if (lane + 32 * k < units)
+        for (int k = 0; k < VPT; k++)
+            if (lane + 32 * k < units)
 #pragma unroll
-            for (int j = 0; j < W; j++) ss = fmaf(v[k].f(j), v[k].f(j), ss);
+                for (int j = 0; j < W; j++) ss = fmaf(v[k].f(j), v[k].f(j), ss);
     const float rs = rsqrtf(lk_warp_sum(ss) / (float)n + eps);
     if (lane == 0) rstd[row] = rs;
     T *yr = y + row * n;
@@ -293,8 +326,15 @@ __global__ void __launch_bounds__(WARP_ROWS * 32) fwd_warp(const T *__restrict__
         if (u < units) {
             float o[W], wv[W];
             if (w) ld_weight<T, TW, W>(w + u * W, wv);
+            if constexpr (RES) {   /* the f32 stream this thread stored or read, or x */
+                float xs[W];
+                norm_in<T, W>(v[k], ra, row * n + u * W, xs);
 #pragma unroll
-            for (int j = 0; j < W; j++) o[j] = v[k].f(j) * rs * (w ? wv[j] + off : 1.0f);
+                for (int j = 0; j < W; j++) o[j] = xs[j] * rs * (w ? wv[j] + off : 1.0f);
+            } else {
+#pragma unroll
+                for (int j = 0; j < W; j++) o[j] = v[k].f(j) * rs * (w ? wv[j] + off : 1.0f);
+            }
             lk_stw<T, W>(yr + u * W, o);
         }
     }
@@ -321,7 +361,7 @@ static void run_fwd_warp(int vpt, unsigned grid, cudaStream_t st, const fwd_ptrs
 
 static fwd_ptrs fwd_ptrs_of(const lk_rms_norm_args *a) {
     return {a->x.data, a->weight.data, a->y.data, (float *)a->saved.data,
-            {(float *)a->residual.data, a->delta.data, a->x.data}};
+            {(float *)a->residual.data, a->delta.data, a->x.data, a->norm_of_x}};
 }
 
 template <typename T, typename TW, int W>
@@ -356,13 +396,15 @@ __global__ void fwd_loop(const T *__restrict__ x, const TW *__restrict__ w, T *_
                 }
                 ((T *)ra.x)[row * n + c] = lk_from_f32<T>(r);
             }
-            float v = lk_to_f32(xr[c]);
+            float v = RES && !ra.of_x ? ra.res[row * n + c] : lk_to_f32(xr[c]);   /* the stream, or x */
             ss = fmaf(v, v, ss);
         }
         const float rs = rsqrtf(lk_block_sum(ss, scratch) / (float)n + eps);
         if (threadIdx.x == 0) rstd[row] = rs;
-        for (int c = threadIdx.x; c < n; c += blockDim.x)
-            y[row * n + c] = lk_from_f32<T>(lk_to_f32(xr[c]) * rs * (w ? lk_to_f32(w[c]) + off : 1.0f));
+        for (int c = threadIdx.x; c < n; c += blockDim.x) {
+            float v = RES && !ra.of_x ? ra.res[row * n + c] : lk_to_f32(xr[c]);
+            y[row * n + c] = lk_from_f32<T>(v * rs * (w ? lk_to_f32(w[c]) + off : 1.0f));
+        }
     }
 }
 

@@ -49,14 +49,17 @@ static double dx_err(const void *got, lk_dtype dt, const double *ref, const doub
 }
 
 /* The residual mode's reference (rms_norm.h): the forward's sum is an f32 add, rounded
- * to f32 as the contract says (sum32); x is its rounding to dt (xd, in place of the
- * random x); the backward's residual is res + dx in double (rb_ref), and dx its rounding,
- * so the reference for dx is rb_ref itself. */
+ * to f32 as the contract says (sum32, and s64 its values in double); x is its rounding to
+ * dt (xd, in place of the random x). The forward normalizes s64 (xd with norm_of_x); the
+ * backward is the formulas at the forward's rstd with xd; the backward's residual is
+ * res + dx in double (rb_ref), and dx its rounding, so the reference for dx is rb_ref
+ * itself. */
 static void residual_reference(const float *rf, const void *delta, lk_dtype dt, int64_t all, float *sum32,
-                               double *xd) {
+                               double *s64, double *xd) {
     for (int64_t i = 0; i < all; i++) {
         float d = delta ? (float)lk_load(delta, dt, i) : 0.0f;
         sum32[i] = delta ? rf[i] + d : rf[i];
+        s64[i] = sum32[i];
         xd[i] = lk_bf16_to_f32(lk_f32_to_bf16(sum32[i]));
         if (dt == LK_F32) xd[i] = sum32[i];
     }
@@ -93,8 +96,10 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
     void *delta = res && !c->no_delta ? lk_random_tensor(&rng, dt, all, 0.5f, &dd) : NULL;
     float *rb = res ? lk_random_tensor(&rng, LK_F32, all, 1.0f, &rbd) : NULL;
     float *sum32 = res ? malloc(sizeof(float) * (size_t)(all ? all : 1)) : NULL;
+    double *s64 = res ? malloc(sizeof(double) * (size_t)(all ? all : 1)) : NULL;
     lk_arena arena = {0};
-    if (!x || !w || !dy || !y || !dx || !dw || !saved || !ref || (res && (!rf || !rb || !sum32 || (!delta && !c->no_delta)))) {
+    if (!x || !w || !dy || !y || !dx || !dw || !saved || !ref ||
+        (res && (!rf || !rb || !sum32 || !s64 || (!delta && !c->no_delta)))) {
         s = lk_error(LK_ENOMEM, "rms_norm: check: out of memory for shape %s", row->shape);
         goto done;
     }
@@ -107,11 +112,14 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
     const double *wref = c->no_weight ? NULL : wd;
     double eps = c->eps > 0 ? c->eps : 1e-6;
     if (res) {
-        residual_reference(rf, delta, dt, all, sum32, xd);
+        residual_reference(rf, delta, dt, all, sum32, s64, xd);
         lk_poison(x, dt, all);              /* written by the forward */
     }
-    lk_rms_norm_ref_forward(xd, wref, c->weight_offset, eps, rows, n, yref, rstd);
-    lk_rms_norm_ref_backward(xd, wref, c->weight_offset, eps, dyd, rows, n, dxref, dwref);
+    /* the residual mode normalizes the f32 stream, or x with norm_of_x; `eager` in bf16
+     * runs its steps in bf16, where the stream enters as x (rms_norm.h) */
+    int of_x = c->norm_of_x || (impl && dt != LK_F32 && strcmp(impl->name, "eager") == 0);
+    lk_rms_norm_ref_forward(res && !of_x ? s64 : xd, wref, c->weight_offset, eps, rows, n, yref, rstd);
+    lk_rms_norm_ref_backward_at(xd, rstd, wref, c->weight_offset, eps, dyd, rows, n, dxref, dwref);
 
     lk_poison(y, dt, all);
     lk_poison(dw, wt, n);
@@ -125,7 +133,7 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
         .dx = lk_tensor_view(dx, dt, shape->ndim, shape->d),
         .weight = lk_tensor_1d(c->no_weight ? NULL : w, wt, n), .dweight = lk_tensor_1d(dw, wt, n),
         .saved = {saved, saved_bytes}, .eps = eps, .weight_offset = c->weight_offset,
-        .inplace_dx = c->inplace_dx,
+        .inplace_dx = c->inplace_dx, .norm_of_x = c->norm_of_x,
     };
     lk_tensor rft = lk_tensor_view(rf, LK_F32, shape->ndim, shape->d), rbt = rft;
     rbt.data = rb;
@@ -155,21 +163,16 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
         .dx = dx_err(dx, dt, dxref, rstd, dyd, wref, c->weight_offset, rows, n),
         .dweight = c->no_weight ? 0.0 : lk_rel_err(dw, wt, dwref, n),
     };
-    if (res) {   /* x and the forward's residual are exact; the backward's residual as dx, in f32 */
-        double *s64 = malloc(sizeof(double) * (size_t)(all ? all : 1));
-        if (!s64) { s = lk_error(LK_ENOMEM, "rms_norm: check: out of memory for shape %s", row->shape); goto done; }
-        for (int64_t i = 0; i < all; i++) s64[i] = sum32[i];
+    if (res)     /* x and the forward's residual are exact; the backward's residual as dx, in f32 */
         e.residual = fmax(fmax(lk_rel_err(x, dt, xd, all), lk_rel_err(rf, LK_F32, s64, all)),
                           lk_rel_err(rb, LK_F32, dxref, all));
-        free(s64);
-    }
     double worst = fmax(fmax(e.y, e.dx), fmax(e.dweight, e.residual));
     lk_check_row_end(row, isnan(e.y) || isnan(e.dx) || isnan(e.dweight) || isnan(e.residual) ? NAN : worst);
     if (err) *err = e;
 done:
     free(x); free(w); free(dy); free(y); free(dx); free(dw); free(saved); free(ref);
     free(xd); free(wd); free(dyd);
-    free(rf); free(rb); free(delta); free(sum32); free(rfd); free(rbd); free(dd);
+    free(rf); free(rb); free(delta); free(sum32); free(s64); free(rfd); free(rbd); free(dd);
     lk_place_end(&pl);
     lk_arena_free(&arena);
     return s;

@@ -26,12 +26,17 @@ void lk_rms_norm_ref_forward(const double *x, const double *w, double offset, do
 
 void lk_rms_norm_ref_backward(const double *x, const double *w, double offset, double eps,
                               const double *dy, int64_t rows, int64_t n, double *dx, double *dw) {
+    lk_rms_norm_ref_backward_at(x, NULL, w, offset, eps, dy, rows, n, dx, dw);
+}
+
+void lk_rms_norm_ref_backward_at(const double *x, const double *rstd, const double *w, double offset, double eps,
+                                 const double *dy, int64_t rows, int64_t n, double *dx, double *dw) {
     int want_dw = w != NULL && dw != NULL;
     if (want_dw)
         for (int64_t j = 0; j < n; j++) dw[j] = 0.0;
     for (int64_t r = 0; r < rows; r++) {
         const double *xr = x + r * n, *dyr = dy + r * n;
-        double s = row_rstd(xr, n, eps), dot = 0.0;
+        double s = rstd ? rstd[r] : row_rstd(xr, n, eps), dot = 0.0;
         for (int64_t j = 0; j < n; j++)
             dot += dyr[j] * (w ? offset + w[j] : 1.0) * xr[j] * s;
         dot /= (double)n;

@@ -16,4 +16,10 @@ void lk_rms_norm_ref_forward(const double *x, const double *w, double offset, do
 void lk_rms_norm_ref_backward(const double *x, const double *w, double offset, double eps,
                               const double *dy, int64_t rows, int64_t n, double *dx, double *dw);
 
+/* The same formulas at a given rstd [rows] (NULL: rstd of x, the call above): what the
+ * residual mode's backward computes (rms_norm.h), x̂ = x·rstd with the rounded x and the
+ * rstd of the f32 stream the forward normalized. */
+void lk_rms_norm_ref_backward_at(const double *x, const double *rstd, const double *w, double offset, double eps,
+                                 const double *dy, int64_t rows, int64_t n, double *dx, double *dw);
+
 #endif

@@ -25,7 +25,7 @@ LK_MAX_DIMS = 6
 LK_OP_COUNT = 9
 LK_MAX_OVERRIDES = 64
 LK_MAX_MODULE_BINDINGS = 64
-LK_ENV_COUNT = 4
+LK_ENV_COUNT = 5
 
 # enums (status.h, tensor.h, registry.h, cross_entropy.h)
 STATUS_NAMES = ["LK_OK", "LK_EINVAL", "LK_ESHAPE", "LK_EDTYPE", "LK_EUNAVAILABLE", "LK_ENOMEM", "LK_EIO",
@@ -87,7 +87,7 @@ class Ctx(Structure):
 class RmsNormArgs(Structure):
     _fields_ = [("x", Tensor), ("weight", Tensor), ("y", Tensor), ("dy", Tensor), ("dx", Tensor),
                 ("dweight", Tensor), ("saved", Saved), ("eps", c_double), ("weight_offset", c_float),
-                ("inplace_dx", c_int)]
+                ("inplace_dx", c_int), ("residual", Tensor), ("delta", Tensor), ("norm_of_x", c_int)]
 
 
 class RopeArgs(Structure):

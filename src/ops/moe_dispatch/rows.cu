@@ -22,30 +22,31 @@ __global__ void gather_rows(U *dst, const U *src, const int32_t *order, int64_t 
     dst[e] = o >= 0 ? src[(int64_t)(o / k) * w + c] : U{};
 }
 
-template <typename U>
-static void gather_as(void *dst, const void *src, const int32_t *order, int64_t n, int64_t k, size_t row,
-                      cudaStream_t st) {
-    int64_t w = (int64_t)(row / sizeof(U));
-    gather_rows<U><<<grid(n * w), 256, 0, st>>>((U *)dst, (const U *)src, order, n, w, k);
-}
-
 /* The widest unit that divides the row and every base (then every row's start). */
 static size_t unit_of(size_t row, const void *a, const void *b) {
     size_t al = row | (size_t)(uintptr_t)a | (size_t)(uintptr_t)b;
     return al % 16 == 0 ? 16 : al % 8 == 0 ? 8 : al % 4 == 0 ? 4 : al % 2 == 0 ? 2 : 1;
 }
 
+/* launch(U{}, w) with U that unit and w = the row's units: one switch for every row move. */
+template <typename F>
+static void by_unit(size_t row, const void *dst, const void *src, F launch) {
+    switch (unit_of(row, dst, src)) {
+    case 16: launch(uint4{}, (int64_t)(row / 16)); break;
+    case 8: launch(uint2{}, (int64_t)(row / 8)); break;
+    case 4: launch(uint32_t{}, (int64_t)(row / 4)); break;
+    case 2: launch(uint16_t{}, (int64_t)(row / 2)); break;
+    default: launch(uint8_t{}, (int64_t)row);
+    }
+}
+
 extern "C" lk_status lk_ep_cuda_gather(void *dst, const void *src, const int32_t *order, int64_t n, int64_t k,
                                        size_t row, void *stream) {
     if (n == 0 || row == 0) return LK_OK;
-    cudaStream_t st = (cudaStream_t)stream;
-    switch (unit_of(row, dst, src)) {
-    case 16: gather_as<uint4>(dst, src, order, n, k, row, st); break;
-    case 8: gather_as<uint2>(dst, src, order, n, k, row, st); break;
-    case 4: gather_as<uint32_t>(dst, src, order, n, k, row, st); break;
-    case 2: gather_as<uint16_t>(dst, src, order, n, k, row, st); break;
-    default: gather_as<uint8_t>(dst, src, order, n, k, row, st);
-    }
+    by_unit(row, dst, src, [&](auto u, int64_t w) {
+        using U = decltype(u);
+        gather_rows<U><<<grid(n * w), 256, 0, (cudaStream_t)stream>>>((U *)dst, (const U *)src, order, n, w, k);
+    });
     LK_CUDA_LAUNCHED("moe_dispatch: rows gathered");
     return LK_OK;
 }
@@ -59,24 +60,13 @@ __global__ void scatter_rows(U *dst, const U *src, const int32_t *spos, int64_t 
     dst[(int64_t)spos[r] * w + c] = src[(r / k) * w + c];
 }
 
-template <typename U>
-static void scatter_as(void *dst, const void *src, const int32_t *spos, int64_t n, int64_t k, size_t row,
-                       cudaStream_t st) {
-    int64_t w = (int64_t)(row / sizeof(U));
-    scatter_rows<U><<<grid(n * w), 256, 0, st>>>((U *)dst, (const U *)src, spos, n, w, k);
-}
-
 extern "C" lk_status lk_ep_cuda_scatter(void *dst, const void *src, const int32_t *spos, int64_t n, int64_t k,
                                         size_t row, void *stream) {
     if (n == 0 || row == 0) return LK_OK;
-    cudaStream_t st = (cudaStream_t)stream;
-    switch (unit_of(row, dst, src)) {
-    case 16: scatter_as<uint4>(dst, src, spos, n, k, row, st); break;
-    case 8: scatter_as<uint2>(dst, src, spos, n, k, row, st); break;
-    case 4: scatter_as<uint32_t>(dst, src, spos, n, k, row, st); break;
-    case 2: scatter_as<uint16_t>(dst, src, spos, n, k, row, st); break;
-    default: scatter_as<uint8_t>(dst, src, spos, n, k, row, st);
-    }
+    by_unit(row, dst, src, [&](auto u, int64_t w) {
+        using U = decltype(u);
+        scatter_rows<U><<<grid(n * w), 256, 0, (cudaStream_t)stream>>>((U *)dst, (const U *)src, spos, n, w, k);
+    });
     LK_CUDA_LAUNCHED("moe_dispatch: rows scattered into slots");
     return LK_OK;
 }

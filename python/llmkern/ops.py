@@ -75,8 +75,10 @@ class RMSNormFunction(torch.autograd.Function):
 
 
 def rms_norm(x, weight, eps=1e-6, impl="fused", offset=0.0):
-    """RMSNorm of x over its last dim; weight [n] (None: no weight) in x's dtype."""
-    if weight is not None and weight.dtype != x.dtype:
+    """RMSNorm of x over its last dim; weight [n] (None: no weight) in x's dtype, or f32 beside
+    a bf16 x (autocast's f32 master weight: multiplied in f32, y rounded once; its gradient
+    f32); any other weight dtype is converted to x's."""
+    if weight is not None and weight.dtype != x.dtype and weight.dtype != torch.float32:
         weight = weight.to(x.dtype)
     return RMSNormFunction.apply(x, weight, float(eps), float(offset), _impl("rms_norm", impl, x))
 

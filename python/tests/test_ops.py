@@ -64,6 +64,28 @@ def test_rms_norm_matches_qwen3_rmsnorm(dev, impl, dt):
     assert_close(wl.grad, ref.weight.grad, dt, f"{impl} dw", tol)
 
 
+@pytest.mark.parametrize("dev,impl,dt", [c for c in cases("rms_norm") if c[2] == torch.bfloat16])
+def test_rms_norm_bf16_with_an_f32_weight(dev, impl, dt):
+    """bf16 activations with the f32 weight autocast keeps: y = round(x̂ · w) against float64,
+    dweight f32 (the weight's dtype) and as close as f32 math gives."""
+    w64 = torch.rand(64, dtype=torch.float64, device=dev) + 0.5
+    x = (torch.randn(7, 64, device=dev) * 2).to(dt)
+    dy = torch.randn(7, 64, device=dev).to(dt)
+    xl, wl = leaf(x), leaf(w64.float())
+    y = llmkern.rms_norm(xl, wl, 1e-6, impl=impl)
+    y.backward(dy)
+    x64, dy64 = x.double().requires_grad_(True), dy.double()
+    w64 = w64.float().double().requires_grad_(True)
+    y64 = x64 * torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + 1e-6) * w64
+    y64.backward(dy64)
+    assert y.dtype == dt and wl.grad.dtype == torch.float32
+    tol = TOL[dt] * (2 if impl == "eager" else 1)   # eager keeps x̂ in bf16
+    assert_close(y, y64, dt, f"{impl} y", tol)
+    assert_close(xl.grad, x64.grad, dt, f"{impl} dx", tol)
+    # dweight summed in f32 from the stored bf16 values: 1e-4; eager's x̂ is bf16
+    assert_close(wl.grad, w64.grad, torch.float32, f"{impl} dw f32", tol if impl == "eager" else 1e-4)
+
+
 def test_rms_norm_on_a_non_contiguous_view():
     x = torch.randn(4, 6, 32).transpose(0, 1)          # [6, 4, 32], not contiguous
     w = torch.rand(32) + 0.5

@@ -30,7 +30,8 @@ gradients clipped to norm 1.0; llmkern reads its loss every step (train.log_ever
 (200) of llmkern bf16 and f32 and of transformers in f32 and in both its bf16s (autocast over f32
 weights, as Trainer(bf16=True) trains, and bf16 weights, as the throughput runs do;
 --parity-hf-bf16 amp|weights names the verdict's); prints the mean absolute loss difference of
-each pair (OUT/e2e_parity.md, .json). A 4-layer dense
+each pair (OUT/e2e_parity.md, .json), averaged over --parity-repeats repetitions from other
+initial weights and batches (1; transformers' own pair moves by ~10% between runs). A 4-layer dense
 Qwen3 of the same width at seq 1024 x 4 unless --parity-layers / --parity-seq / --parity-batch.
 
 Run (the H200; B = the build directory, after `source tests/cuda/h200_env.sh`, Liger's
@@ -328,13 +329,13 @@ def run_lk(A, label, dtype, init, tokens, B, S, steps, work, extra=None, attn=No
     return r
 
 
-def write_init(A, name, model, tokens, work):
+def write_init(A, name, model, tokens, work, seed=1234):
     """llmkern's random initial weights as a HF checkpoint (`llmkern train --save-init`: no step)."""
     d = os.path.join(work, f"init-{name}")
     cfg = os.path.join(work, f"init-{name}.yaml")
     with open(cfg, "w") as f:
         f.write(yaml_of(dict(model=dict(model, torch_dtype="bfloat16"),
-                             train=dict(steps=1, batch_size=1, seq_len=64, out=d, seed=1234),
+                             train=dict(steps=1, batch_size=1, seq_len=64, out=d, seed=seed),
                              data=dict(tokens=tokens, eos_id=-1))))
     shutil.rmtree(d, ignore_errors=True)
     t0 = time.time()
@@ -431,15 +432,12 @@ def perf(A):
               indent=1)
 
 
-def parity(A):
-    model = dict(TINY if A.tiny else DENSE, num_hidden_layers=A.parity_layers or (2 if A.tiny else 4))
-    S, B = A.parity_seq or (64 if A.tiny else 1024), A.parity_batch or (2 if A.tiny else 4)
-    steps = A.parity_steps or (30 if A.tiny else 200)
-    print(f"== parity: Qwen3 {model['num_hidden_layers']} layers, hidden {model['hidden_size']}, seq {S} x batch {B}, "
-          f"{steps} steps, {A.batches} batches in turn", flush=True)
-    tokens = os.path.join(A.work, "tokens-parity.lktok")
-    write_tokens(tokens, model["vocab_size"], A.batches * B * S, seed=2)
-    init = write_init(A, "parity", model, tokens, A.work)
+def parity_once(A, model, S, B, steps, rep):
+    """One repetition: its own initial weights and batches (seeded by rep), the five runs and
+    the mean absolute loss difference of each pair."""
+    tokens = os.path.join(A.work, f"tokens-parity{rep}.lktok")
+    write_tokens(tokens, model["vocab_size"], A.batches * B * S, seed=2 + rep)
+    init = write_init(A, f"parity{rep}", model, tokens, A.work, seed=1234 + rep)
     # transformers' two bf16s: autocast over f32 weights (Trainer(bf16=True)) and bf16 weights (the
     # throughput runs' and PEERS-H200.md's setting); --parity-hf-bf16 names the one the verdict uses
     runs = {"llmkern bf16": run_lk(A, "parity llmkern bf16", "bf16", init, tokens, B, S, steps, A.work),
@@ -449,6 +447,8 @@ def parity(A):
             "hf f32": run_hf(A, "parity hf f32", "hf", "f32", init, tokens, B, S, steps, A.work)}
     if not runs["llmkern bf16"].get("dtype", "").startswith("bf16"):
         runs["llmkern bf16"]["error"] = "this llmkern has no train.dtype: no bf16 run"
+    if not A.keep:
+        shutil.rmtree(init, ignore_errors=True)
 
     def mad(a, b):
         x, y = runs[a].get("losses"), runs[b].get("losses")
@@ -461,16 +461,39 @@ def parity(A):
              "hf autocast bf16 vs f32": mad("hf autocast", "hf f32"),
              "hf bf16 weights vs f32": mad("hf bf16 weights", "hf f32"),
              "llmkern f32 vs hf f32 (same model?)": mad("llmkern f32", "hf f32")}
+    return runs, pairs
+
+
+def parity(A):
+    """--parity-repeats N runs the comparison N times from other weights and batches: one pair of
+    runs moved transformers' own autocast pair by 10% between two calls, so the verdict is on
+    the pairs' means over the repetitions."""
+    model = dict(TINY if A.tiny else DENSE, num_hidden_layers=A.parity_layers or (2 if A.tiny else 4))
+    S, B = A.parity_seq or (64 if A.tiny else 1024), A.parity_batch or (2 if A.tiny else 4)
+    steps = A.parity_steps or (30 if A.tiny else 200)
+    n_rep = max(1, A.parity_repeats)
+    print(f"== parity: Qwen3 {model['num_hidden_layers']} layers, hidden {model['hidden_size']}, seq {S} x batch {B}, "
+          f"{steps} steps, {A.batches} batches in turn, {n_rep} repetition(s)", flush=True)
+    reps = [parity_once(A, model, S, B, steps, r) for r in range(n_rep)]
+    names = list(reps[0][1])
+    pairs = {}
+    for k in names:
+        got = [p[k] for _, p in reps if p[k]]
+        pairs[k] = (dict(mean=sum(v["mean"] for v in got) / len(got), max=max(v["max"] for v in got),
+                         steps=got[0]["steps"], each=[v["mean"] for v in got]) if len(got) == n_rep else None)
     verdict = "hf autocast bf16 vs f32" if A.parity_hf_bf16 == "amp" else "hf bf16 weights vs f32"
-    lines = [f"# Loss parity, {steps} steps from the same weights on the same batches ({A.device})\n",
-             "| pair | mean abs loss diff | max | steps |", "|---|---|---|---|"]
+    lines = [f"# Loss parity, {steps} steps from the same weights on the same batches ({A.device}), "
+             f"mean over {n_rep} repetition(s)\n",
+             "| pair | mean abs loss diff | max | steps | each repetition |", "|---|---|---|---|---|"]
     for k, v in pairs.items():
-        lines.append(f"| {k} | " + (f"{v['mean']:.5f} | {v['max']:.5f} | {v['steps']} |" if v else
-                                    "not measured | | |"))
+        lines.append(f"| {k} | " + (f"{v['mean']:.5f} | {v['max']:.5f} | {v['steps']} | "
+                                    f"{', '.join(f'{e:.5f}' for e in v['each'])} |" if v else "not measured | | | |"))
     lines.append("")
-    for k, r in runs.items():
-        if r.get("error") or r.get("losses"):
-            lines.append(f"- {k}: " + (r.get("error") or f"loss {r['losses'][0]:.4f} -> {r['losses'][-1]:.4f}"))
+    for r, (runs, _) in enumerate(reps):
+        for k, run in runs.items():
+            if run.get("error") or run.get("losses"):
+                lines.append(f"- {k} ({r}): " + (run.get("error") or
+                                                 f"loss {run['losses'][0]:.4f} -> {run['losses'][-1]:.4f}"))
     a = pairs["llmkern bf16 vs f32"]
     for name in ("hf autocast bf16 vs f32", "hf bf16 weights vs f32"):
         b = pairs[name]
@@ -480,10 +503,8 @@ def parity(A):
     text = "\n".join(lines) + "\n"
     print("\n" + text, flush=True)
     open(os.path.join(A.out, "e2e_parity.md"), "w").write(text)
-    json.dump(dict(pairs=pairs, runs=runs),
+    json.dump(dict(pairs=pairs, runs=[runs for runs, _ in reps]),
               open(os.path.join(A.out, "e2e_parity.json"), "w"), indent=1)
-    if not A.keep:
-        shutil.rmtree(init, ignore_errors=True)
 
 
 def main():
@@ -508,6 +529,8 @@ def main():
     P.add_argument("--parity-seq", type=int)
     P.add_argument("--parity-batch", type=int)
     P.add_argument("--parity-hf-bf16", default="amp", choices=["amp", "weights"])
+    P.add_argument("--parity-repeats", type=int, default=1,
+                   help="the comparison again from other initial weights and batches; the verdict on the means")
     P.add_argument("--tiny", action="store_true", help="2-layer models, seq 64 x 2, 8 steps (checks the script)")
     P.add_argument("--out", default=os.environ.get("OUT", "."))
     P.add_argument("--work", help="where checkpoints and token files go (default: a temporary directory)")

@@ -5,7 +5,8 @@
 #   bash tests/cuda/e2e_h200.sh tests     build, ctest -R cuda_ (GPU tests), the step profile
 #   bash tests/cuda/e2e_h200.sh e2e       bench/e2e_peers.py: HF, HF + Liger, llmkern with
 #                                         and without train.cuda_graph, dense and MoE
-#   bash tests/cuda/e2e_h200.sh parity    bench/e2e_peers.py --parity (200 steps bf16 vs f32)
+#   bash tests/cuda/e2e_h200.sh parity    bench/e2e_peers.py --parity (200 steps bf16 vs f32),
+#                                         PARITY_REPEATS (2) sets of weights and batches
 # carry [".carry"] (tests/cuda/carry.sh fills it); logs and tables land in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -32,7 +33,8 @@ e2e)
   timeout $(( 590 - $(date +%s) + t0 )) python3 bench/e2e_peers.py --llmkern "$B/llmkern" --out "$OUT" --steps 20 \
     --warmup 4 --run-timeout 150 2>&1 | grep -v "^W[0-9]" | tail -40 ;;
 parity)
-  timeout $(( 590 - $(date +%s) + t0 )) python3 bench/e2e_peers.py --llmkern "$B/llmkern" --out "$OUT" --parity 2>&1 |
+  timeout $(( 590 - $(date +%s) + t0 )) python3 bench/e2e_peers.py --llmkern "$B/llmkern" --out "$OUT" --parity \
+    --parity-repeats "${PARITY_REPEATS:-2}" 2>&1 |
     grep -v "^W[0-9]" | tail -20 ;;
 esac
 echo "t=$(( $(date +%s) - t0 )) s"

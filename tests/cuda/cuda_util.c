@@ -103,3 +103,20 @@ lk_tensor lkt_view(void *dev, lk_dtype dt, int ndim, const int64_t *shape) {
     t.device.type = LK_DEVICE_CUDA;
     return t;
 }
+
+cudaGraphExec_t lkt_capture(cudaStream_t s, lkt_pass pass, void *user) {
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+    lk_status f = pass(user, 0);
+    lk_status b = f ? f : pass(user, 1);
+    cudaError_t ce = cudaStreamEndCapture(s, &graph);
+    if (f || b) print_message("  captured call: %s\n", lk_last_error());
+    assert_int_equal(f, LK_OK);
+    assert_int_equal(b, LK_OK);
+    assert_int_equal(ce, cudaSuccess);
+    assert_non_null(graph);
+    assert_int_equal(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    assert_int_equal(cudaGraphDestroy(graph), cudaSuccess);   /* exec keeps what it needs */
+    return exec;
+}

@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <cuda_runtime_api.h>
 #include "llmkern/llmkern.h"
 
 #define LKT_SKIP 77
@@ -30,5 +31,11 @@ void lkt_randn(double *x, int64_t n, uint32_t *seed, double scale);
 /* A contiguous view of device memory. */
 lk_tensor lkt_view(void *dev, lk_dtype dt, int ndim, const int64_t *shape);
 double *lkt_alloc(int64_t n);   /* host doubles, zeroed; freed by lkt_free_all */
+/* An op's forward (backward 0) or backward (1), for lkt_capture. */
+typedef lk_status (*lkt_pass)(void *user, int backward);
+/* The forward then the backward captured on stream s in global mode (any host sync or
+ * read fails the capture), both calls and the capture asserted to succeed, instantiated;
+ * the caller launches and destroys the returned exec. */
+cudaGraphExec_t lkt_capture(cudaStream_t s, lkt_pass pass, void *user);
 
 #endif

@@ -359,6 +359,18 @@ static void *host_copy(const void *dev, size_t n) {
     return h;
 }
 
+/* lkt_capture's pass: the dispatch row's forward or backward. */
+typedef struct {
+    const lk_impl *impl;
+    const lk_moe_dispatch_args *a;
+    lk_ctx *ctx;
+} dispatch_call;
+
+static lk_status dispatch_pass(void *user, int backward) {
+    const dispatch_call *c = user;
+    return backward ? lk_moe_dispatch_backward(c->impl, c->a, c->ctx) : lk_moe_dispatch_forward(c->impl, c->a, c->ctx);
+}
+
 /* The row's forward + backward on a created stream, eager (which also grows the arena, so
  * the captured calls allocate nothing), then captured in global mode, instantiated and
  * replayed twice: every output matches the eager bits. */
@@ -385,18 +397,7 @@ static void graph_case(const char *name, lk_dtype dt, lk_comm *comm, int64_t ext
     void *want[5];
     for (int i = 0; i < 5; i++) want[i] = host_copy(o.p[i], o.n[i]);
     reset(&o);
-    cudaGraph_t graph = NULL;
-    cudaGraphExec_t exec = NULL;
-    assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
-    lk_status f = lk_moe_dispatch_forward(impl, &a, &ctx);
-    lk_status b = f ? f : lk_moe_dispatch_backward(impl, &a, &ctx);
-    cudaError_t ce = cudaStreamEndCapture(s, &graph);
-    if (f || b) print_message("  captured call: %s\n", lk_last_error());
-    assert_int_equal(f, LK_OK);
-    assert_int_equal(b, LK_OK);
-    assert_int_equal(ce, cudaSuccess);
-    assert_non_null(graph);
-    assert_int_equal(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    cudaGraphExec_t exec = lkt_capture(s, dispatch_pass, &(dispatch_call){impl, &a, &ctx});
     for (int rep = 0; rep < 2; rep++) {
         reset(&o);
         assert_int_equal(cudaGraphLaunch(exec, s), cudaSuccess);
@@ -411,7 +412,6 @@ static void graph_case(const char *name, lk_dtype dt, lk_comm *comm, int64_t ext
                   lk_dtype_name(dt), name, comm ? " over nccl" : "", (long long)a.max_tokens);
     for (int i = 0; i < 5; i++) free(want[i]);
     assert_int_equal(cudaGraphExecDestroy(exec), cudaSuccess);
-    assert_int_equal(cudaGraphDestroy(graph), cudaSuccess);
     lk_arena_free(&arena);
     assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
     lkt_free_all();

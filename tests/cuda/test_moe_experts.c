@@ -342,6 +342,18 @@ static void *host_copy(dbuf b) {
     return h;
 }
 
+/* lkt_capture's pass: the experts row's forward or backward. */
+typedef struct {
+    const lk_impl *impl;
+    const lk_moe_experts_args *a;
+    lk_ctx *ctx;
+} experts_call;
+
+static lk_status experts_pass(void *user, int backward) {
+    const experts_call *c = user;
+    return backward ? lk_moe_experts_backward(c->impl, c->a, c->ctx) : lk_moe_experts_forward(c->impl, c->a, c->ctx);
+}
+
 /* Forward + backward queued on a created stream, captured with cudaStreamCaptureModeGlobal
  * (a host sync or a synchronous copy anywhere in them invalidates the capture and the
  * test fails), instantiated and replayed twice: out, d_hidden, d_topk_weights and the
@@ -394,18 +406,7 @@ static void graph_case(lk_dtype dt, const mcase *c, uint32_t seed) {
     lkt_download(bufs[0].p, T * H, dt, got);
     assert_true(lkt_rel_err(got, oref, T * H) <= (dt == LK_F32 ? 1e-5 : 3e-2));
 
-    cudaGraph_t graph = NULL;
-    cudaGraphExec_t exec = NULL;
-    assert_int_equal(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
-    lk_status f = lk_moe_experts_forward(impl, &a, &ctx);
-    lk_status b = f ? f : lk_moe_experts_backward(impl, &a, &ctx);
-    cudaError_t ce = cudaStreamEndCapture(s, &graph);
-    if (f || b) print_message("  captured call: %s\n", lk_last_error());
-    assert_int_equal(f, LK_OK);
-    assert_int_equal(b, LK_OK);
-    assert_int_equal(ce, cudaSuccess);
-    assert_non_null(graph);
-    assert_int_equal(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    cudaGraphExec_t exec = lkt_capture(s, experts_pass, &(experts_call){impl, &a, &ctx});
     for (int rep = 0; rep < 2; rep++) {
         for (int i = 0; i < 5; i++) lkt_poison(bufs[i].p, bufs[i].n);
         assert_int_equal(cudaMemcpy(bufs[3].p, gu0.p, gu0.n, cudaMemcpyDeviceToDevice), cudaSuccess);
@@ -423,7 +424,6 @@ static void graph_case(lk_dtype dt, const mcase *c, uint32_t seed) {
                   lk_dtype_name(dt), (long long)T, (long long)E, (long long)K);
     for (int i = 0; i < 5; i++) free(want[i]);
     assert_int_equal(cudaGraphExecDestroy(exec), cudaSuccess);
-    assert_int_equal(cudaGraphDestroy(graph), cudaSuccess);
     lk_arena_free(&arena);
     assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
     lkt_free_all();

@@ -617,6 +617,18 @@ static void fake_balanced_cases(void **state) {
 
 /* --- CUDA graphs --------------------------------------------------------------------- */
 
+/* lkt_capture's pass: a router row's forward or backward. */
+typedef struct {
+    const lk_impl *impl;
+    const lk_moe_router_args *a;
+    lk_ctx *ctx;
+} router_call;
+
+static lk_status router_pass(void *user, int backward) {
+    const router_call *c = user;
+    return backward ? lk_moe_router_backward(c->impl, c->a, c->ctx) : lk_moe_router_forward(c->impl, c->a, c->ctx);
+}
+
 /* One router's forward + backward captured on a stream (any synchronization or host read
  * fails the capture) and replayed twice, each time to the eager run's bits, outputs
  * poisoned and the accumulated gate gradient reset before each. */
@@ -652,18 +664,7 @@ static void graph_case(const char *name, lk_dtype dt, const rcase *c, float nois
         assert_non_null(want[i]);
         down(want[i], outs[i].p, outs[i].n);
     }
-    cudaGraph_t graph = NULL;
-    cudaGraphExec_t exec = NULL;
-    assert_int_equal(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), cudaSuccess);
-    lk_status f = lk_moe_router_forward(impl, &r.a, &r.ctx);
-    lk_status b = f ? f : lk_moe_router_backward(impl, &r.a, &r.ctx);
-    cudaError_t ce = cudaStreamEndCapture(st, &graph);
-    if (f || b) print_message("  captured call: %s\n", lk_last_error());
-    assert_int_equal(f, LK_OK);
-    assert_int_equal(b, LK_OK);
-    assert_int_equal(ce, cudaSuccess);
-    assert_non_null(graph);
-    assert_int_equal(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    cudaGraphExec_t exec = lkt_capture(st, router_pass, &(router_call){impl, &r.a, &r.ctx});
     for (int rep = 0; rep < 2; rep++) {
         for (int i = 0; i < NOUT - 1; i++) lkt_poison(outs[i].p, outs[i].n);
         lkt_poison(r.a.saved.data, r.a.saved.bytes);
@@ -683,7 +684,6 @@ static void graph_case(const char *name, lk_dtype dt, const rcase *c, float nois
                   name, lk_dtype_name(dt), (long long)T, (long long)E, (long long)K, noise > 0 ? " (noise)" : "");
     for (int i = 0; i < NOUT; i++) free(want[i]);
     assert_int_equal(cudaGraphExecDestroy(exec), cudaSuccess);
-    assert_int_equal(cudaGraphDestroy(graph), cudaSuccess);
     lk_arena_free(&r.arena);
     assert_int_equal(cudaStreamDestroy(st), cudaSuccess);
     lkt_free_all();

@@ -130,72 +130,64 @@ static void every_impl_dtype_shape(void **state) {
     }
 }
 
-/* The residual mode against the float64 reference (check.h), each forward kernel: the
- * warp a row (7x4096, 5x520 with idle lanes), the block register kernel (17x8, 64x200),
- * the looped one (3x40000, 29x4097 scalar), odd lengths (9x301, 7x13). */
+/* Every CUDA row (fused, eager_fp32) on each shape and case against the float64 reference
+ * (check.h), f32 and bf16, seeds from seed0: y, dx and the residual within the dtype's
+ * tolerance, dweight within dw_tol (< 0: the same tolerance). */
+static void check_cases(const lk_shape *shapes, size_t n_shapes, const lk_rms_norm_case *cs, const char *const *labels,
+                        size_t n_cs, uint32_t seed0, double dw_tol) {
+    const char *names[] = {"fused", "eager_fp32"};
+    for (int k = 0; k < 2; k++) {
+        const lk_impl *impl = lk_impl_find(LK_OP_RMS_NORM, names[k], LK_DEVICE_CUDA);
+        assert_non_null(impl);
+        for (int d = 0; d < 2; d++)
+            for (size_t i = 0; i < n_shapes; i++)
+                for (size_t c = 0; c < n_cs; c++) {
+                    lk_dtype dt = d ? LK_BF16 : LK_F32;
+                    lk_check_row row;
+                    lk_rms_norm_errors e;
+                    lk_status st = lk_rms_norm_check_case(impl, dt, &shapes[i], seed0 + i, &cs[c], &row, &e);
+                    if (st) print_error("%s\n", lk_last_error());
+                    assert_int_equal(st, LK_OK);
+                    double t = tol(impl, dt, 1);
+                    print_message("  %-10s %-4s %-9s %s: y %.2e dx %.2e dw %.2e res %.2e\n", impl->name,
+                                  lk_dtype_name(dt), row.shape, labels[c], e.y, e.dx, e.dweight, e.residual);
+                    assert_true(e.y <= t && e.dx <= t && e.residual <= t);
+                    assert_true(e.dweight <= (dw_tol < 0 ? t : dw_tol));
+                }
+    }
+}
+
+/* The residual mode, each forward kernel: the warp a row (7x4096, 5x520 with idle lanes),
+ * the block register kernel (17x8, 64x200), the looped one (3x40000, 29x4097 scalar), odd
+ * lengths (9x301, 7x13), more rows than the backward grid (4099x1024). */
 static void residual_mode_matches_reference(void **state) {
     (void)state;
     static const lk_shape shapes[] = {{2, {7, 4096}}, {2, {5, 520}}, {2, {17, 8}}, {2, {64, 200}},
                                       {2, {3, 40000}}, {2, {29, 4097}}, {2, {9, 301}}, {2, {7, 13}},
                                       {2, {4099, 1024}}};
-    const char *names[] = {"fused", "eager_fp32"};
-    lk_rms_norm_case cs[] = {{.residual = 1}, {.residual = 1, .no_delta = 1}, {.residual = 1, .inplace_dx = 1},
-                             {.residual = 1, .norm_of_x = 1}};
-    for (int k = 0; k < 2; k++) {
-        const lk_impl *impl = lk_impl_find(LK_OP_RMS_NORM, names[k], LK_DEVICE_CUDA);
-        assert_non_null(impl);
-        for (int d = 0; d < 2; d++)
-            for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
-                for (size_t c = 0; c < sizeof cs / sizeof *cs; c++) {
-                    lk_dtype dt = d ? LK_BF16 : LK_F32;
-                    lk_check_row row;
-                    lk_rms_norm_errors e;
-                    lk_status st = lk_rms_norm_check_case(impl, dt, &shapes[i], 900 + i, &cs[c], &row, &e);
-                    if (st) print_error("%s\n", lk_last_error());
-                    assert_int_equal(st, LK_OK);
-                    double t = tol(impl, dt, 1);
-                    print_message("  %-10s %-4s %-9s residual%s: y %.2e dx %.2e dw %.2e res %.2e\n", impl->name,
-                                  lk_dtype_name(dt), row.shape,
-                                  c == 1 ? " (no delta)" : c == 2 ? " (inplace)" : c == 3 ? " (norm_of_x)" : "",
-                                  e.y, e.dx, e.dweight, e.residual);
-                    assert_true(e.y <= t && e.dx <= t && e.dweight <= t && e.residual <= t);
-                }
-    }
+    const lk_rms_norm_case cs[] = {{.residual = 1}, {.residual = 1, .no_delta = 1}, {.residual = 1, .inplace_dx = 1},
+                                   {.residual = 1, .norm_of_x = 1}};
+    const char *const labels[] = {"residual", "residual (no delta)", "residual (inplace)", "residual (norm_of_x)"};
+    check_cases(shapes, sizeof shapes / sizeof *shapes, cs, labels, sizeof cs / sizeof *cs, 900, -1);
 }
 
-/* An f32 weight beside bf16 x (and beside f32 x: the plain case) against the reference,
- * every kernel: the warp a row (7x4096, 5x520), the block register kernels (17x8,
- * 64x200, 5x16384), the looped ones (3x40000, 29x4097 scalar), odd lengths (9x301, 7x13),
- * more rows than the backward grid (4099x1024); plain, offset 1, dx over dy, residual. */
+/* An f32 weight beside bf16 x (and beside f32 x: the plain case), every kernel: the warp a
+ * row (7x4096, 5x520), the block register kernels (17x8, 64x200, 5x16384), the looped ones
+ * (3x40000, 29x4097 scalar), odd lengths (9x301, 7x13), more rows than the backward grid
+ * (4099x1024); plain, offset 1, dx over dy, residual. */
 static void f32_weight_matches_reference(void **state) {
     (void)state;
     static const lk_shape shapes[] = {{2, {7, 4096}}, {2, {5, 520}}, {2, {17, 8}}, {2, {64, 200}},
                                       {2, {5, 16384}}, {2, {3, 40000}}, {2, {29, 4097}}, {2, {9, 301}},
                                       {2, {7, 13}}, {2, {4099, 1024}}};
-    const char *names[] = {"fused", "eager_fp32"};
     const lk_rms_norm_case cs[] = {
         {.f32_weight = 1}, {.f32_weight = 1, .weight_offset = 1.0f}, {.f32_weight = 1, .inplace_dx = 1},
         {.f32_weight = 1, .residual = 1}, {.f32_weight = 1, .residual = 1, .no_delta = 1},
     };
-    for (int k = 0; k < 2; k++) {
-        const lk_impl *impl = lk_impl_find(LK_OP_RMS_NORM, names[k], LK_DEVICE_CUDA);
-        assert_non_null(impl);
-        for (int d = 0; d < 2; d++)
-            for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
-                for (size_t c = 0; c < sizeof cs / sizeof *cs; c++) {
-                    lk_dtype dt = d ? LK_BF16 : LK_F32;
-                    lk_check_row row;
-                    lk_rms_norm_errors e;
-                    lk_status st = lk_rms_norm_check_case(impl, dt, &shapes[i], 950 + i, &cs[c], &row, &e);
-                    if (st) print_error("%s\n", lk_last_error());
-                    assert_int_equal(st, LK_OK);
-                    double t = tol(impl, dt, 1);
-                    print_message("  %-10s %-4s %-9s f32 weight, case %zu: y %.2e dx %.2e dw %.2e res %.2e\n",
-                                  impl->name, lk_dtype_name(dt), row.shape, c, e.y, e.dx, e.dweight, e.residual);
-                    assert_true(e.y <= t && e.dx <= t && e.residual <= t);
-                    assert_true(e.dweight <= 2e-5);   /* an f32 sum: no bf16 rounding on the way */
-                }
-    }
+    const char *const labels[] = {"f32 weight", "f32 weight, offset 1", "f32 weight, inplace",
+                                  "f32 weight, residual", "f32 weight, residual (no delta)"};
+    /* dweight: an f32 sum, no bf16 rounding on the way */
+    check_cases(shapes, sizeof shapes / sizeof *shapes, cs, labels, sizeof cs / sizeof *cs, 950, 2e-5);
 }
 
 /* A weight neither x's dtype nor f32, or a dweight not of the weight's dtype: refused by

@@ -99,6 +99,8 @@ static inline void assert_resume_bit_identical(lk_train_config *tc, lk_ops_confi
     assert_int_equal(lk_train_run(tc, ops, db, &o, &r), LK_OK);   /* resume from the output dir */
     assert_int_equal(r.first_step, N / 2);
     assert_int_equal(r.steps_done, N);
+    for (int i = 0; i < N; i++)
+        if (memcmp(&la[i], &lb[i], sizeof la[i])) print_error("loss %d: %a straight, %a resumed\n", i, la[i], lb[i]);
     assert_memory_equal(la, lb, sizeof la);   /* every loss, bit for bit */
     snprintf(pa, sizeof pa, "%s/checkpoint-%d/optimizer.safetensors", da, N);
     snprintf(pb, sizeof pb, "%s/checkpoint-%d/optimizer.safetensors", db, N);

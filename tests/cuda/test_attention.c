@@ -18,6 +18,7 @@
 #include <cuda_runtime_api.h>
 #include "cuda_util.h"
 #include "ops/attention/check.h"
+#include "ops/attention/internal.h"   /* lk_attn_fa3_bwd_set_variant */
 
 /* A copy of host tensor t on the device (contents copied, or NaN when poison). */
 static lk_tensor to_dev(lk_tensor t, int poison) {
@@ -163,7 +164,8 @@ static void refusals(void **state) {
 
 /* flash_attention_3's Hopper kernels: bf16 at head dims that are multiples of 8 up to 128,
  * every masking option; multi-tile shapes with partial tiles. The backward is fa3_bwd.cu's
- * (wgmma) except with softcap, which runs flash_attention_2's, as does `deterministic`. */
+ * (wgmma) except with softcap, which runs flash_attention_2's, as does `deterministic`;
+ * every case runs under each of fa3_bwd.cu's kernel variants. */
 static void fa3_against_reference(void **state) {
     (void)state;
     const lk_impl *gpu = lk_impl_find(LK_OP_ATTENTION, "flash_attention_3", LK_DEVICE_CUDA);
@@ -193,8 +195,14 @@ static void fa3_against_reference(void **state) {
         {.B = 3, .Hq = 6, .Hkv = 3, .Sq = 257, .D = 64, .scale = 0.2f},
         {.B = 2, .Hq = 8, .Hkv = 2, .Sq = 300, .D = 128, .causal = 1, .deterministic = 1},   /* fa2's dq pass */
     };
-    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
-        run_case("flash_attention_3", LK_BF16, &cases[i], 300u + i);
+    const int was = lk_attn_fa3_bwd_set_variant(1);
+    for (int v = 1; v <= 2; v++) {
+        print_message("  flash_attention_3, backward kernel variant %d\n", v);
+        lk_attn_fa3_bwd_set_variant(v);
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+            run_case("flash_attention_3", LK_BF16, &cases[i], 300u + i);
+    }
+    lk_attn_fa3_bwd_set_variant(was);
 }
 
 /* What the Hopper kernel does not take runs on flash_attention_2's kernels under the

@@ -1,8 +1,9 @@
 /* test_train_resume.c (GPU) — the trainer on a GPU (train.device: cuda) stopped and
  * resumed: N steps straight against N/2 steps, a stop, --resume from the output directory
- * and N/2 more, on a tiny Qwen3-MoE, in f32 and in bf16. The GPU's kernels are
- * deterministic (test_model.c's recompute check), so every loss and every f32 master weight and AdamW moment of the
- * final checkpoint must match bit for bit: tests/train_util.h's check, the one
+ * and N/2 more, on a tiny Qwen3-MoE, in f32 and in bf16. With train.deterministic (the
+ * attention backward's ordered dQ; its default adds dQ with atomics, in any order) every
+ * loss and every f32 master weight and AdamW moment of the final checkpoint must match bit
+ * for bit: tests/train_util.h's check, the one
  * tests/test_train_loop.c runs on the CPU trainer. What it tests here is the
  * checkpoint's host copies of the device state and their way back. Skipped (77) where
  * there is no GPU.
@@ -35,6 +36,7 @@ static void tiny_config(const char *out, int64_t steps, int64_t save_every) {
     tc.corpus_docs = 64;
     tc.device = LK_DEVICE_CUDA;
     tc.dtype = dtype;
+    tc.deterministic = 1;
     snprintf(tc.out, sizeof tc.out, "%s", out);
     lk_ops_config_init(&ops);
 }

@@ -31,10 +31,24 @@
  *              contiguous bytes), and the convert pass puts the sums back in
  *              [B, H, S, D], times the scale, in bf16. Not bit-reproducible (the adds land
  *              in any order): `deterministic` runs fa2.cu's separate dQ pass.
+ * Variant 2 (LK_FA3_BWD_VARIANT=2; 1, the above, is the default until it is measured):
+ *   the math warpgroups leave dQ: warpgroup 0 (setmaxnreg 64) is producer and dQ warpgroup
+ *              at once. Its thread 0 issues the loads, two steps ahead as before (step
+ *              it + 2 once step it − 1 has freed its stage); all 128 threads take dQ of
+ *              every step, both 64-column halves in turn over all 128 keys (wgmma from the
+ *              dSᵀ buffer and K), and add each half from the registers as variant 1 does.
+ *              dSᵀ buffers hand over on mbarriers both ways (`dsfull`: both math
+ *              warpgroups wrote it; `dsempty`: the dQ warpgroup read it). The math
+ *              warpgroups (setmaxnreg 224) keep Sᵀ, dPᵀ, dV, dK: no dQ GEMM to wait on, no
+ *              L2 reductions in their step, and the dQ GEMMs fill the tensor pipe while
+ *              both compute P or dS. A fourth warpgroup for dQ alone does not fit the
+ *              registers (24 + 64 + 2 · 224 > 512 a thread).
  * Layouts are fa3.cu's (rows of 64 elements in TMA's 128-byte swizzle). What this kernel
  * does not take — softcap, `deterministic`, and everything fa3.cu's forward hands to
  * fa2.cu — runs on fa2.cu's backward under the same row. */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 #include <type_traits>
 #include "core/cuda_check.h"
 #include "ops/attention/hopper.cuh"
@@ -48,7 +62,16 @@
 /* dSᵀ buffers: dQ of step t runs in step t + 1 and a warpgroup may be a step ahead of the
  * other, so a buffer is rewritten two steps after its last reader finished. */
 #define NDS 3
-#define THREADS 384
+#define THREADS 384       /* producer (variant 2: producer and dQ) + 2 math warpgroups */
+/* setmaxnreg budgets (a block's 384 threads share 64K registers: 512 a thread summed over the
+ * three warpgroups, in multiples of 8). Variant 1: producer 24, math 240 + 240. Variant 2:
+ * producer-and-dQ 64 (one m64n64 dQ accumulator, 32, and its addresses: ptxas gave up at
+ * 56), math 224 + 224 (dK, dV 128; Sᵀ, dPᵀ 64; their bf16 packs: 216 spilled 332 bytes at D 128).
+ * A fourth warpgroup for dQ alone did not fit: 24 + 64 + 2 · 224 > 512. */
+#define REG_PRODUCER 24
+#define REG_MATH1 240
+#define REG_DQ 64
+#define REG_MATH2 224
 #define LOG2E 1.4426950408889634f
 #define CHUNK 4096        /* f32 of one 64 x 64 dQ chunk */
 
@@ -151,6 +174,15 @@ static __device__ __forceinline__ void issue_dq(float *dq, const uint8_t *sds, c
     wgmma_commit();
 }
 
+/* Variant 2's dQ warpgroup: dQ[:, 64h, 64h + 64) = dS·K over all BNK keys of the block. */
+static __device__ __forceinline__ void issue_dq_half(float *dq, const uint8_t *dsb, const uint8_t *kh) {
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < BNK / 16; k++)
+        wgmma_ss_n64_tt(dq, desc(dsb + k * 2048, BMQ * 128, 1024), desc(kh + k * 2048, BNK * 128, 1024), k > 0);
+    wgmma_commit();
+}
+
 static __device__ __forceinline__ void add_dq(float *chunk, const float *dq) {
 #pragma unroll
     for (int j = 0; j < 8; j++) red_add_v4(chunk + j * 512, dq + 4 * j);
@@ -160,7 +192,7 @@ static __device__ __forceinline__ void add_dq(float *chunk, const float *dq) {
 
 /* Fragment element e of an m64nN accumulator is row (e & 2 ? 8 : 0) + lane / 4 of the
  * warp's 16, column 8 (e / 4) + 2 (lane % 4) + (e & 1). */
-template <int DP>
+template <int DP, bool DQWG>
 __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CUtensorMap tq,
                                                       const __grid_constant__ CUtensorMap tk,
                                                       const __grid_constant__ CUtensorMap tv,
@@ -174,7 +206,9 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     uint8_t *sds = sdo + STAGES * NC * QB;              /* dSᵀ [NDS][BNK keys][64 queries] bf16 */
     float *sst = (float *)(sds + NDS * KB);             /* [STAGES][lse2 | delta | lo | hi] x 64 */
     uint64_t *kvfull = (uint64_t *)(sst + STAGES * 4 * BMQ), *full = kvfull + 1, *empty = full + STAGES;
-    uint64_t *dsfull = empty + STAGES;                  /* [2 warpgroups][NDS] */
+    /* variant 1: dsfull [2 math warpgroups][NDS]; variant 2: dsfull [NDS] (both math
+     * warpgroups' dSᵀ written) and dsempty [NDS] (the dQ warpgroup has read it) */
+    uint64_t *dsfull = empty + STAGES, *dsempty = dsfull + NDS;
 
     const int tid = threadIdx.x, wg = tid / 128;
     const int bhk = g.head_major ? blockIdx.x : blockIdx.y, kt = g.head_major ? blockIdx.y : blockIdx.x;
@@ -186,35 +220,70 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     if (tid == 0) {
         mbar_init(kvfull, 1);
         for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 256);
-        for (int x = 0; x < 2 * NDS; x++) mbar_init(&dsfull[x], 128);
+        for (int x = 0; x < NDS; x++) {
+            mbar_init(&dsfull[x], DQWG ? 256 : 128);
+            mbar_init(&dsempty[x], 128);
+        }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
 
-    if (wg == 0) {   /* producer */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    /* step it's Q, dO and stats into stage it % STAGES, once the math warpgroups have freed it */
+    auto produce = [&](const int it) {
+        const int s = it % STAGES, hh = hk * g.G + it / nq, qt = qt0 + (it % nq + kt) % nq;
+        const int64_t bh = (int64_t)b * g.Hq + hh;
+        if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
+        mbar_expect_tx(&full[s], 2 * NC * QB + 4 * BMQ * 4);
+        for (int c = 0; c < NC; c++) {
+            tma_load(sq + (s * NC + c) * QB, &tq, &full[s], c * 64, qt * BMQ, (int)bh);
+            tma_load4(sdo + (s * NC + c) * QB, &tdo, &full[s], c * 64, hh, qt * BMQ, b);
+        }
+        bulk_load(sst + s * 4 * BMQ, g.stats + (bh * g.nqt + qt) * 2 * BMQ, 2 * BMQ * 4, &full[s]);
+        bulk_load(sst + s * 4 * BMQ + 2 * BMQ, g.rows + qt * 2 * BMQ, 2 * BMQ * 4, &full[s]);
+    };
+    auto produce_kv = [&]() {
+        mbar_expect_tx(kvfull, 2 * NC * KB);
+        for (int c = 0; c < NC; c++) {
+            tma_load(sk + c * KB, &tk, kvfull, c * 64, k0, bhk);
+            tma_load(sv + c * KB, &tv, kvfull, c * 64, k0, bhk);
+        }
+    };
+    if (wg == 0 && !DQWG) {   /* variant 1's producer */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_PRODUCER));
         if (tid == 0 && n > 0) {
-            mbar_expect_tx(kvfull, 2 * NC * KB);
-            for (int c = 0; c < NC; c++) {
-                tma_load(sk + c * KB, &tk, kvfull, c * 64, k0, bhk);
-                tma_load(sv + c * KB, &tv, kvfull, c * 64, k0, bhk);
-            }
-            for (int it = 0; it < n; it++) {
-                const int s = it % STAGES, hh = hk * g.G + it / nq, qt = qt0 + (it % nq + kt) % nq;
-                const int64_t bh = (int64_t)b * g.Hq + hh;
-                if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
-                mbar_expect_tx(&full[s], 2 * NC * QB + 4 * BMQ * 4);
-                for (int c = 0; c < NC; c++) {
-                    tma_load(sq + (s * NC + c) * QB, &tq, &full[s], c * 64, qt * BMQ, (int)bh);
-                    tma_load4(sdo + (s * NC + c) * QB, &tdo, &full[s], c * 64, hh, qt * BMQ, b);
-                }
-                bulk_load(sst + s * 4 * BMQ, g.stats + (bh * g.nqt + qt) * 2 * BMQ, 2 * BMQ * 4, &full[s]);
-                bulk_load(sst + s * 4 * BMQ + 2 * BMQ, g.rows + qt * 2 * BMQ, 2 * BMQ * 4, &full[s]);
+            produce_kv();
+            for (int it = 0; it < n; it++) produce(it);
+        }
+        return;
+    }
+    if (wg == 0 && DQWG) {   /* variant 2's producer and dQ warpgroup */
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_DQ));
+        if (n == 0) return;
+        if (tid == 0) {
+            produce_kv();
+            for (int it = 0; it < min(n, STAGES); it++) produce(it);
+        }
+        mbar_wait(kvfull, 0);
+        for (int it = 0; it < n; it++) {
+            /* step it + STAGES − 1 into the stage step it − 1 frees: two steps ahead of the math */
+            if (tid == 0 && it >= 1 && it + STAGES - 1 < n) produce(it + STAGES - 1);
+            __syncwarp();
+            const int buf = it % NDS, hh = hk * g.G + it / nq, qt = qt0 + (it % nq + kt) % nq;
+            float *chunk = g.dq_acc + (((int64_t)b * g.Hq + hh) * g.nqt + qt) * NC * CHUNK + tid * 4;
+            mbar_wait(&dsfull[buf], (it / NDS) & 1);
+#pragma unroll
+            for (int h = 0; h < NC; h++) {
+                float dq[32];
+                issue_dq_half(dq, sds + buf * KB, sk + h * KB);
+                wgmma_wait<0>();
+                fence_regs<32>(dq);
+                if (h == NC - 1) mbar_arrive(&dsempty[buf]);
+                add_dq(chunk + h * CHUNK, dq);
             }
         }
         return;
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(DQWG ? REG_MATH2 : REG_MATH1));
     const int ct = tid - 128, cg = ct / 128, wt = ct % 128, w = wt / 32, lane = tid % 32, t4 = lane % 4;
     const int kb = k0 + cg * 64, key0 = kb + w * 16 + lane / 4;   /* this thread's keys: key0, key0 + 8 */
     float dk[DP / 2], dv[DP / 2];
@@ -231,7 +300,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         const float *lse2 = sst + s * 4 * BMQ, *delta = lse2 + BMQ;
         const int *lo = (const int *)(lse2 + 2 * BMQ), *hi = lo + BMQ;
         mbar_wait(&full[s], (it / STAGES) & 1);
-        if constexpr (LAG) wait_ds<DP>(dsfull, it - 1, cg);
+        if constexpr (LAG && !DQWG) wait_ds<DP>(dsfull, it - 1, cg);
 
         float sc[32], dp[32];
         wgmma_fence();
@@ -279,6 +348,9 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         pack_a<64>(dp, ds);
         const int buf = it % NDS;
         uint8_t *dsb = sds + buf * KB;
+        /* variant 2: the dQ warpgroup has read what this buffer held NDS steps ago (the
+         * first NDS waits, on parity 1 of a fresh barrier, pass at once) */
+        if constexpr (DQWG) mbar_wait(&dsempty[buf], ((it / NDS) & 1) ^ 1);
 #pragma unroll
         for (int e = 0; e < 32; e += 2) {
             const int r = cg * 64 + w * 16 + (e & 2 ? 8 : 0) + lane / 4;
@@ -286,11 +358,13 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
                 ds[e / 8][((e / 4) & 1) * 2 + ((e >> 1) & 1)];
         }
         fence_async_smem();
-        mbar_arrive(&dsfull[cg * NDS + buf]);
+        mbar_arrive(&dsfull[(DQWG ? 0 : cg * NDS) + buf]);
         wgmma_fence();
         issue_rs<DP, BMQ>(dk, ds, q);   /* dK += dSᵀ·Q */
         wgmma_commit();
-        if constexpr (LAG) {
+        if constexpr (DQWG) {
+            wgmma_wait<0>();
+        } else if constexpr (LAG) {
             issue_dq<DP>(dq, sds, sk, it - 1, cg);
             wgmma_wait<1>();
         } else {
@@ -301,7 +375,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         fence_regs_u32<16>(&pp[0][0]);
         fence_regs_u32<16>(&ds[0][0]);
         mbar_arrive(&empty[s]);
-        if constexpr (LAG) {
+        if constexpr (LAG && !DQWG) {
             wgmma_wait<0>();
             fence_regs<32>(dq);
             add_dq(chunk, dq);
@@ -310,7 +384,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     };
     if (n > 0) step(0, std::false_type{});
     for (int it = 1; it < n; it++) step(it, std::true_type{});
-    if (n > 0) {
+    if (!DQWG && n > 0) {
         wait_ds<DP>(dsfull, n - 1, cg);
         issue_dq<DP>(dq, sds, sk, n - 1, cg);
         wgmma_wait<0>();
@@ -378,27 +452,52 @@ size_t lk_attn_fa3_bwd_workspace(const lk_attention_args *a) {
     return lk_attn_vis_bytes(a) + p.stats + p.rows + p.dq_acc + p.sink_part;
 }
 
-template <int DP>
+template <int DP, bool DQWG>
 static lk_status launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const CUtensorMap &tdo,
                         const bwd_geom &g, int64_t B, cudaStream_t st) {
     const size_t sh = bwd_smem(DP);
-    LK_CUDA_TRY(cudaFuncSetAttribute(fa3_bwd<DP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
+    LK_CUDA_TRY(cudaFuncSetAttribute(fa3_bwd<DP, DQWG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
     const unsigned nkt = (unsigned)lk_cdiv(g.Skv, BNK), heads = (unsigned)(B * g.Hkv);
     const dim3 grid = g.head_major ? dim3(heads, nkt) : dim3(nkt, heads);
-    fa3_bwd<DP><<<grid, THREADS, sh, st>>>(tq, tk, tv, tdo, g);
+    fa3_bwd<DP, DQWG><<<grid, THREADS, sh, st>>>(tq, tk, tv, tdo, g);
     LK_CUDA_LAUNCHED("attention: flash_attention_3 backward");
+    return LK_OK;
+}
+
+/* Which kernel variant runs (the file's opening names them): 0 until the first backward
+ * or lk_attn_fa3_bwd_set_variant, then 1 or 2. LK_FA3_BWD_VARIANT is read once, here and not
+ * in config/env.c, because it is a measuring switch that goes with the variant that loses
+ * (bench/NOTES.md, issue 16, tenth session). */
+static int bwd_variant;
+
+int lk_attn_fa3_bwd_set_variant(int v) {
+    const int was = bwd_variant;
+    if (v >= 0 && v <= 2) bwd_variant = v;
+    return was;
+}
+
+static lk_status variant_of(int *v) {
+    if (!bwd_variant) {
+        const char *e = getenv("LK_FA3_BWD_VARIANT");
+        if (e && strcmp(e, "1") && strcmp(e, "2"))
+            return lk_error(LK_EINVAL, "attention: flash_attention_3: LK_FA3_BWD_VARIANT=%s (valid: 1 | 2)", e);
+        bwd_variant = e && !strcmp(e, "2") ? 2 : 1;
+    }
+    *v = bwd_variant;
     return LK_OK;
 }
 
 lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
     const lk_attn_dims d = lk_attn_dims_of(a);
     if (d.Sq == 0 || d.B * d.Hq == 0) return LK_OK;
+    int variant = 1;
+    lk_status s = variant_of(&variant);
+    if (s) return s;
     cudaStream_t st = (cudaStream_t)ctx->stream;
     const pieces pc = pieces_of(a);
     const int DP = dp_of(d.D), nqt = (int)lk_cdiv(d.Sq, BMQ);
     bwd_geom g = {};
-    lk_status s = lk_attn_vis_make(a, ctx->arena, st, &g.vis);
-    if (s) return s;
+    if ((s = lk_attn_vis_make(a, ctx->arena, st, &g.vis))) return s;
     float *stats = (float *)lk_arena_alloc(ctx->arena, pc.stats);
     int *rows = (int *)lk_arena_alloc(ctx->arena, pc.rows);
     g.dq_acc = (float *)lk_arena_alloc(ctx->arena, pc.dq_acc);
@@ -429,7 +528,11 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
             (s = tensor_map(&tv, a->v.data, d.B * d.Hkv, d.Skv, d.D, BNK)) ||
             (s = bf16_map(&tdo, a->dout.data, 4, ddims, dstr, dbox)))
             return s;
-        s = DP == 64 ? launch<64>(tq, tk, tv, tdo, g, d.B, st) : launch<128>(tq, tk, tv, tdo, g, d.B, st);
+        if (variant == 2)
+            s = DP == 64 ? launch<64, true>(tq, tk, tv, tdo, g, d.B, st) : launch<128, true>(tq, tk, tv, tdo, g, d.B, st);
+        else
+            s = DP == 64 ? launch<64, false>(tq, tk, tv, tdo, g, d.B, st)
+                         : launch<128, false>(tq, tk, tv, tdo, g, d.B, st);
         if (s) return s;
     }   /* no keys: dK and dV are empty, dQ is 0 */
     const int64_t dq_rows = d.B * d.Hq * d.Sq;

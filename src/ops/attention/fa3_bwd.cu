@@ -32,17 +32,22 @@
  *              [B, H, S, D], times the scale, in bf16. Not bit-reproducible (the adds land
  *              in any order): `deterministic` runs fa2.cu's separate dQ pass.
  * Variant 2 (LK_FA3_BWD_VARIANT=2; 1, the above, is the default until it is measured):
- *   the math warpgroups leave dQ: warpgroup 0 (setmaxnreg 64) is producer and dQ warpgroup
+ *   the math warpgroups leave dQ: warpgroup 0 (setmaxnreg 56) is producer and dQ warpgroup
  *              at once. Its thread 0 issues the loads, two steps ahead as before (step
  *              it + 2 once step it − 1 has freed its stage); all 128 threads take dQ of
- *              every step, both 64-column halves in turn over all 128 keys (wgmma from the
- *              dSᵀ buffer and K), and add each half from the registers as variant 1 does.
- *              dSᵀ buffers hand over on mbarriers both ways (`dsfull`: both math
- *              warpgroups wrote it; `dsempty`: the dQ warpgroup read it). The math
- *              warpgroups (setmaxnreg 224) keep Sᵀ, dPᵀ, dV, dK: no dQ GEMM to wait on, no
- *              L2 reductions in their step, and the dQ GEMMs fill the tensor pipe while
- *              both compute P or dS. A fourth warpgroup for dQ alone does not fit the
- *              registers (24 + 64 + 2 · 224 > 512 a thread).
+ *              every step as dQᵀ = Kᵀ·dSᵀ in m64n32 chunks (d block h x 32 queries, all
+ *              128 keys; 2·(DP / 64) chunks a step, 16 f32 accumulators a thread) and add
+ *              each chunk from the registers as variant 1 does, into a workspace in that
+ *              accumulator's order (fa3_dq_convert_t reads it back). The math warpgroups
+ *              store dS (not dSᵀ: rows of queries, keys contiguous, stmatrix .trans) so that
+ *              it is a K-major B of n32; both operands are canonical wgmma layouts. dS buffers
+ *              hand over on mbarriers both ways (`dsfull`: both math warpgroups wrote it;
+ *              `dsempty`: the dQ warpgroup read it). The math warpgroups (setmaxnreg 224)
+ *              keep Sᵀ, dPᵀ, dV, dK: no dQ GEMM to wait on, no L2 reductions in their step,
+ *              and the dQ GEMMs fill the tensor pipe while both compute P or dS. A fourth
+ *              warpgroup for dQ alone does not fit the registers (24 + 56 + 2 · 224 > 512 a
+ *              thread). Its first version (9981edd) hung on the H200: setmaxnreg budgets of
+ *              64 + 2 · 224 (the REG_ comment below).
  * Layouts are fa3.cu's (rows of 64 elements in TMA's 128-byte swizzle). What this kernel
  * does not take — softcap, `deterministic`, and everything fa3.cu's forward hands to
  * fa2.cu — runs on fa2.cu's backward under the same row. */
@@ -63,14 +68,21 @@
  * other, so a buffer is rewritten two steps after its last reader finished. */
 #define NDS 3
 #define THREADS 384       /* producer (variant 2: producer and dQ) + 2 math warpgroups */
-/* setmaxnreg budgets (a block's 384 threads share 64K registers: 512 a thread summed over the
- * three warpgroups, in multiples of 8). Variant 1: producer 24, math 240 + 240. Variant 2:
- * producer-and-dQ 64 (one m64n64 dQ accumulator, 32, and its addresses: ptxas gave up at
- * 56), math 224 + 224 (dK, dV 128; Sᵀ, dPᵀ 64; their bf16 packs: 216 spilled 332 bytes at D 128).
- * A fourth warpgroup for dQ alone did not fit: 24 + 64 + 2 · 224 > 512. */
+/* setmaxnreg budgets. setmaxnreg only moves registers within the block's allocation at
+ * launch: 168 a thread (the most __launch_bounds__(384, 1) allows; ptxas -v says 168 for
+ * every instantiation) x 384 = 64,512, so the three warpgroups' budgets, multiples of 8,
+ * must sum to at most 168 · 3 = 504 a thread. A setmaxnreg.inc that the pool cannot meet
+ * waits for ever (USETMAXREG.TRY_ALLOC in a loop): variant 2's first budgets, 64 + 224 +
+ * 224 = 512 (65,536), hung on the H200 in the math warpgroups' inc. Now:
+ *   variant 1  producer 24 + math 240 + 240 = 504 (24·128 + 240·256 = 64,512)
+ *   variant 2  producer-and-dQ 56 + math 224 + 224 = 504 (56·128 + 224·256 = 64,512)
+ * The dQ warpgroup's 56 holds one m64n32 accumulator (16) and its addresses: ptxas wants at
+ * least 64 for a region with an m64n64 wgmma (and drops setmaxnreg below that, C7507), 48
+ * for m64n32. The math warpgroups need 224 at D 128 (dK, dV 128; Sᵀ, dPᵀ 64; their bf16
+ * packs: 216 spilled 332 bytes). */
 #define REG_PRODUCER 24
 #define REG_MATH1 240
-#define REG_DQ 64
+#define REG_DQ 56
 #define REG_MATH2 224
 #define LOG2E 1.4426950408889634f
 #define CHUNK 4096        /* f32 of one 64 x 64 dQ chunk */
@@ -144,6 +156,30 @@ static __global__ void fa3_dq_convert(const float *acc, lk_bf16_t *dq, int64_t r
     }
 }
 
+/* The same for variant 2's workspace: per query tile, 2·(DP / 64) chunks of an m64n32 dQᵀ
+ * accumulator, chunk 2h + qh holding columns d of block h (rows of the m64) by queries
+ * 32qh.. (its n32), element e of thread t at (e / 4)·512 + 4t + e % 4. Rows i and i + 1 (i
+ * even) are adjacent columns of the n32, so a warp takes such a pair: one 8-byte load gives
+ * both rows' sums of column d, each written as one bf16 (32 lanes: 64 contiguous bytes). */
+static __global__ void fa3_dq_convert_t(const float *acc, lk_bf16_t *dq, int64_t pairs, int Sq, int D, int DP, int nqt,
+                                        float scale) {
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5, hp = (Sq + 1) / 2;
+    for (int64_t p = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); p < pairs; p += (int64_t)gridDim.x * warps) {
+        const int64_t bh = p / hp;
+        const int i = 2 * (int)(p - bh * hp), r = i % BMQ, rq = r % 32;
+        const int tq = (rq % 8) / 2, eq = (rq / 8) * 4;   /* rq even: e % 4 is 0 or 2 */
+        const float *src = acc + ((bh * nqt + i / BMQ) * (DP / 64) * 2 + r / 32) * (CHUNK / 2);
+        lk_bf16_t *out = dq + (bh * Sq + i) * D;
+        const bool two = i + 1 < Sq;
+        for (int d = lane; d < D; d += 32) {
+            const int dm = d % 64, t = (dm / 16) * 32 + (dm % 8) * 4 + tq, e = eq + ((dm / 8) & 1) * 2;
+            const float2 v = *reinterpret_cast<const float2 *>(src + (d / 64) * CHUNK + (e / 4) * 512 + 4 * t + e % 4);
+            out[d] = __float2bfloat16_rn(v.x * scale);
+            if (two) out[D + d] = __float2bfloat16_rn(v.y * scale);
+        }
+    }
+}
+
 /* --- the kernel ---------------------------------------------------------------------- */
 
 #if FA3_ARCH
@@ -174,13 +210,24 @@ static __device__ __forceinline__ void issue_dq(float *dq, const uint8_t *sds, c
     wgmma_commit();
 }
 
-/* Variant 2's dQ warpgroup: dQ[:, 64h, 64h + 64) = dS·K over all BNK keys of the block. */
-static __device__ __forceinline__ void issue_dq_half(float *dq, const uint8_t *dsb, const uint8_t *kh) {
+/* Variant 2's dQ warpgroup, one chunk: dQᵀ[64h, 64h + 64)[32qh, 32qh + 32) = Kᵀ·dSᵀ over all
+ * BNK keys of the block, m64n32 (16 f32 a thread). A is K's column block h read MN-major
+ * (d contiguous: one 128-byte swizzle atom is m64); B is the dS buffer, stored K-major by
+ * the math warpgroups ([query][key]: keys 64c..64c + 63 in the 8 KB block c, a query's 64
+ * keys one 128-byte row), so n32 is four 8-row groups SBO apart: canonical layouts only. */
+static __device__ __forceinline__ void issue_dqt(float *dq, const uint8_t *dsb, const uint8_t *kh, int qh) {
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < BNK / 16; k++)
-        wgmma_ss_n64_tt(dq, desc(dsb + k * 2048, BMQ * 128, 1024), desc(kh + k * 2048, BNK * 128, 1024), k > 0);
+        wgmma_ss_n32_ta(dq, desc(kh + k * 2048, BNK * 128, 1024),
+                        desc(dsb + (k / 4) * (BMQ * 128) + qh * (32 * 128) + (k % 4) * 32, 16, 1024), k > 0);
     wgmma_commit();
+}
+
+/* An m64n32 chunk (16 f32 a thread) into its 2,048 workspace floats, in the accumulator's order. */
+static __device__ __forceinline__ void add_dqt(float *chunk, const float *dq) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) red_add_v4(chunk + j * 512, dq + 4 * j);
 }
 
 static __device__ __forceinline__ void add_dq(float *chunk, const float *dq) {
@@ -207,7 +254,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     float *sst = (float *)(sds + NDS * KB);             /* [STAGES][lse2 | delta | lo | hi] x 64 */
     uint64_t *kvfull = (uint64_t *)(sst + STAGES * 4 * BMQ), *full = kvfull + 1, *empty = full + STAGES;
     /* variant 1: dsfull [2 math warpgroups][NDS]; variant 2: dsfull [NDS] (both math
-     * warpgroups' dSᵀ written) and dsempty [NDS] (the dQ warpgroup has read it) */
+     * warpgroups' dS written, 256 arrivals) and dsempty [NDS] (the dQ warpgroup has read
+     * it, 128), the same 2·NDS barriers */
     uint64_t *dsfull = empty + STAGES, *dsempty = dsfull + NDS;
 
     const int tid = threadIdx.x, wg = tid / 128;
@@ -220,10 +268,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     if (tid == 0) {
         mbar_init(kvfull, 1);
         for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 256);
-        for (int x = 0; x < NDS; x++) {
-            mbar_init(&dsfull[x], DQWG ? 256 : 128);
-            mbar_init(&dsempty[x], 128);
-        }
+        for (int x = 0; x < 2 * NDS; x++) mbar_init(&dsfull[x], DQWG && x < NDS ? 256 : 128);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -256,6 +301,26 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         }
         return;
     }
+    /* Variant 2's hand-over, and why it cannot deadlock. Step t's stage s = t % STAGES and
+     * dS buffer x = t % NDS are used for the (t / 3)-th time, so every wait below is for
+     * phase t / 3 of its barrier (parity (t / 3) & 1; dsempty's, for the phase before:
+     * parity ((t / 3) & 1) ^ 1, which a fresh barrier passes for t < 3, so the math
+     * warpgroups write the first three buffers at once). Every thread of a role waits and
+     * arrives on the same n steps (n, nq, the heads and tiles depend on blockIdx alone:
+     * causal blocks skip no step inside the walk, GQA's heads are steps), one arrival a thread
+     * a step, so a phase counts exactly one step's arrivals (full 1 + bytes, empty 256,
+     * dsfull 256, dsempty 128). Who waits for whom:
+     *   math step t       full[t] (loaded at dQ iteration t − 2, or before the loop for
+     *                     t < 3) and dsempty of step t − 3 (dQ finished step t − 3)
+     *   dQ iteration t    thread 0 first loads step t + 2, which waits empty of step t − 1
+     *                     (both math warpgroups finished step t − 1); then dsfull of step t
+     * So math step t needs the dQ warpgroup only up to step t − 2 (the load) and t − 3 (the
+     * buffer); dQ iteration t needs the math warpgroups only up to step t. Induction on t:
+     * no cycle, and no phase can run two ahead of its waiter (a buffer is rewritten only
+     * after dsempty of its last use; a stage refilled only after empty of its last), so no
+     * parity is ever read for the wrong phase. n = 0: both roles skip everything (no loads,
+     * no waits); n = 1, 2: only the loads before the loop. The budgets fit the pool (the
+     * REG_ comment), so neither setmaxnreg waits for ever. */
     if (wg == 0 && DQWG) {   /* variant 2's producer and dQ warpgroup */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_DQ));
         if (n == 0) return;
@@ -271,14 +336,17 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
             const int buf = it % NDS, hh = hk * g.G + it / nq, qt = qt0 + (it % nq + kt) % nq;
             float *chunk = g.dq_acc + (((int64_t)b * g.Hq + hh) * g.nqt + qt) * NC * CHUNK + tid * 4;
             mbar_wait(&dsfull[buf], (it / NDS) & 1);
+            __syncwarp();
+            /* 2·NC chunks of m64n32 (d block h, query half qh), each issued, waited for and
+             * added before the next: 16 accumulators live, not 32 (the budget above) */
 #pragma unroll
-            for (int h = 0; h < NC; h++) {
-                float dq[32];
-                issue_dq_half(dq, sds + buf * KB, sk + h * KB);
+            for (int c = 0; c < 2 * NC; c++) {
+                float dq[16];
+                issue_dqt(dq, sds + buf * KB, sk + (c / 2) * KB, c % 2);
                 wgmma_wait<0>();
-                fence_regs<32>(dq);
-                if (h == NC - 1) mbar_arrive(&dsempty[buf]);
-                add_dq(chunk + h * CHUNK, dq);
+                fence_regs<16>(dq);
+                if (c == 2 * NC - 1) mbar_arrive(&dsempty[buf]);   /* every wgmma read of buf is done */
+                add_dqt(chunk + c * (CHUNK / 2), dq);
             }
         }
         return;
@@ -351,11 +419,23 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         /* variant 2: the dQ warpgroup has read what this buffer held NDS steps ago (the
          * first NDS waits, on parity 1 of a fresh barrier, pass at once) */
         if constexpr (DQWG) mbar_wait(&dsempty[buf], ((it / NDS) & 1) ^ 1);
+        if constexpr (DQWG) {
+            /* dS, not dSᵀ, for variant 2's dQᵀ = Kᵀ·dSᵀ (issue_dqt): rows of queries, this
+             * warpgroup's 64 keys a 128-byte row of block cg, 16-byte pieces swizzled by the
+             * query's row % 8. ds[g] holds the 8 x 8 tiles (queries 8j.., keys kh·8..) with j
+             * = 2g + m / 2, kh = m % 2 as its matrices m; stored transposed, tile m's column x
+             * (query 16g + 8 (m / 2) + x) is the 16 bytes of keys 16w + 8kh.. of that row. */
+            const int m = lane / 8, x = lane % 8;
+            uint8_t *row = dsb + cg * (BMQ * 128) + (8 * (m / 2) + x) * 128 + (((2 * w + (m & 1)) ^ x) << 4);
 #pragma unroll
-        for (int e = 0; e < 32; e += 2) {
-            const int r = cg * 64 + w * 16 + (e & 2 ? 8 : 0) + lane / 4;
-            *reinterpret_cast<uint32_t *>(dsb + r * 128 + (((e / 4) ^ (r & 7)) << 4) + 4 * t4) =
-                ds[e / 8][((e / 4) & 1) * 2 + ((e >> 1) & 1)];
+            for (int gq = 0; gq < 4; gq++) stmatrix_x4_trans(row + gq * 16 * 128, ds[gq]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 32; e += 2) {
+                const int r = cg * 64 + w * 16 + (e & 2 ? 8 : 0) + lane / 4;
+                *reinterpret_cast<uint32_t *>(dsb + r * 128 + (((e / 4) ^ (r & 7)) << 4) + 4 * t4) =
+                    ds[e / 8][((e / 4) & 1) * 2 + ((e >> 1) & 1)];
+            }
         }
         fence_async_smem();
         mbar_arrive(&dsfull[(DQWG ? 0 : cg * NDS) + buf]);
@@ -537,7 +617,11 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
     }   /* no keys: dK and dV are empty, dQ is 0 */
     const int64_t dq_rows = d.B * d.Hq * d.Sq;
     const unsigned grid = (unsigned)(lk_cdiv(dq_rows, 8) < 16384 ? lk_cdiv(dq_rows, 8) : 16384);   /* 8 warps a block */
-    if (((uintptr_t)a->dq.data & 3) == 0)
+    const int64_t pairs = d.B * d.Hq * ((d.Sq + 1) / 2);
+    if (variant == 2 && d.Skv > 0)   /* the dQᵀ chunks' order; with no keys the workspace is zeros in any order */
+        fa3_dq_convert_t<<<(unsigned)(lk_cdiv(pairs, 8) < 16384 ? lk_cdiv(pairs, 8) : 16384), 256, 0, st>>>(
+            g.dq_acc, (lk_bf16_t *)a->dq.data, pairs, (int)d.Sq, (int)d.D, DP, nqt, d.scale);
+    else if (((uintptr_t)a->dq.data & 3) == 0)
         fa3_dq_convert<2><<<grid, 256, 0, st>>>(g.dq_acc, (lk_bf16_t *)a->dq.data, dq_rows, (int)d.Sq, (int)d.D, DP, nqt,
                                                 d.scale);
     else

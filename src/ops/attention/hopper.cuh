@@ -145,6 +145,22 @@ static __device__ __forceinline__ void wgmma_ss_n64_tt(float *d, uint64_t da, ui
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                  : "l"(da), "l"(db), "r"(acc));
 }
+/* d[m64 x n32] (+)= A · Bᵀ (acc 0: =), A MN-major in shared memory (stored as Aᵀ: K rows
+ * of M), B K-major (rows of N, K contiguous). fa3_bwd.cu's variant-2 dQᵀ = Kᵀ·dSᵀ. */
+static __device__ __forceinline__ void wgmma_ss_n32_ta(float *d, uint64_t da, uint64_t db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 1, 0;\n}"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "l"(da), "l"(db), "r"(acc));
+}
+/* Four 8 x 8 b16 matrices stored transposed: r[m] is this thread's piece of matrix m (row
+ * lane / 4, columns 2 (lane % 4) and + 1, the lower half the even column: the accumulator's
+ * and pack_a's layout), and lane 8m + x gives the address of the 16 bytes that receive
+ * column x of matrix m (stmatrix .trans). */
+static __device__ __forceinline__ void stmatrix_x4_trans(void *p, const uint32_t *r) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(smem_u32(p)),
+                 "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3]) : "memory");
+}
 /* d (m64 x nN) (+)= A·Bᵀ over DP columns, A and B K-major tiles of 64-column blocks: A
  * the warpgroup's 64 rows of a tile of RA rows, B a tile of N rows in blocks RB rows
  * apart; the first k-step sets d. */

@@ -31,12 +31,15 @@ from e2e_peers import DENSE, MOE, write_tokens, yaml_of  # noqa: E402
 # kernel function name -> op, first match wins (the names of src/**/*.cu and cuBLAS's)
 CATEGORIES = [
     ("attention", r"^(fa3_|fa2_|dq_tiles|dkv_tiles|fwd_tiles|fwd_warp|sink_sum|flash)"),
+    ("MoE grouped GEMMs", r"^(gg_sm90|gg_mma)"),
     ("GEMMs (cuBLASLt)", r"(gemm|nvjet|xmma|cutlass|sm90_|sm80_|splitK|Kernel2|cublas)"),
     ("loss (cross-entropy kernels)", r"^(ce_block|ce_rows|d_logits|count_valid|gather|scatter_rows|axpy)$"),
     ("rms_norm", r"^(fwd_reg|bwd_reg|fwd_loop|bwd_loop|row_reduce|scale_rows|upcast|downcast|mul_weight|dx_of)"),
     ("rope", r"^rope_kernel"),
     ("swiglu", r"^act_(fwd|bwd)$"),
-    ("moe", r"^(softmax_topk|aux_|count_routes|act_forward|act_backward|gather_rows|unpermute_sum|convert)"),
+    ("moe (routing, permutation, combine)", r"^(softmax_topk|sigmoid|fake_|aux_|count_routes|act_forward|act_backward|"
+     r"gather_rows|unpermute_sum|convert|check_ids|clear_padding|combine_rows|dw_reduce|expert_bias|nan_if|"
+     r"own_routes|owners_of|pack_|pick_by_pos|round_robin|route_|slot_plan|split_meta|unpack_slots|tile_scan|topk)"),
     ("embedding", r"^(make_keys|segment_sum|token_of|.*Radix|.*radix|.*DeviceScan|.*Histogram)"),
     ("model's moves (transposes, adds, bf16 copy)", r"^(heads_k|add_k|acc_k|round_k)$"),
     ("optimizer (norm, clip, AdamW)", r"^(adamw_kernel|sumsq_kernel|final_kernel|scale_kernel|finish|lk_mt)"),

@@ -43,15 +43,18 @@
  *              128 columns (grouped.cu's dw_part layout, lk_moe_cuda_dw_tiles(I) a row): a
  *              row lives in one warp, summed by two shuffles, no shared memory.
  *
- * Variants (LLMKERN_GG_SM90, read once; lk_moe_cuda_gg_sm90_variant in the tests, which run both):
+ * Variants (LLMKERN_GG_SM90, read once; lk_moe_cuda_gg_sm90_variant in the tests, which run each):
  *   coop       gg_sm90, the schedule above: both consumer warpgroups on one 128 × 256 tile,
- *              the tensor cores idle through the epilogue (the default: measured below).
+ *              the tensor cores idle through the epilogue.
  *   pingpong   gg_sm90_pp (below the first kernel): each consumer warpgroup a 128 × 128 tile of
- *              its own, its epilogue under the other's mainloop; not yet run (bench/NOTES.md,
- *              "Issue 18: grouped GEMM speed, tenth session", has the count and the prediction).
+ *              its own, its epilogue under the other's mainloop.
  *   pingpong_v4  pingpong with the DSWIGLU and f32 STORE epilogues on 16-byte loads and stores
  *              (V4: a quad transpose of the accumulators, 8 consecutive columns a lane), and
- *              grouped_wgrad_sm90.cu's likewise; not yet run.
+ *              grouped_wgrad_sm90.cu's likewise.
+ *   auto       (the default) each GEMM on its winner (lk_moe_cuda_gg_sm90_schedule): dh' and
+ *              the forward's down on pingpong_v4, gate/up, d_rows and the weight gradients on
+ *              coop. The ping-pong halves the MMA time a tile but not its operand traffic;
+ *              it wins only where the epilogue is heavy (dh' +46%).
  * Measured (H200, bench/NOTES.md, ninth session's call 4, every cuda_test_moe_experts case
  * passing): gate/up 530, down 486, dh' 234, d_rows 633 TFLOP/s (torch._grouped_mm 700 / 592;
  * the first version, call 3: 506 / 458 / 176 / 579).
@@ -747,12 +750,24 @@ extern "C" int lk_moe_cuda_gg_sm90_variant_in_force(void) {
     static int from_env = -1;
     if (from_env < 0) {
         const lk_env_value *v = lk_env(LK_ENV_GG_SM90);
-        from_env = !v                                   ? LK_GG_SM90_COOP
+        from_env = !v                                   ? LK_GG_SM90_AUTO
+                   : strcmp(v->value, "coop") == 0        ? LK_GG_SM90_COOP
                    : strcmp(v->value, "pingpong") == 0    ? LK_GG_SM90_PINGPONG
                    : strcmp(v->value, "pingpong_v4") == 0 ? LK_GG_SM90_PINGPONG_V4
-                                                          : LK_GG_SM90_COOP;
+                                                          : LK_GG_SM90_AUTO;
     }
     return from_env;
+}
+
+/* AUTO: the measured winner per GEMM (bench/NOTES.md, eleventh session, PEERS-H200.md's MoE
+ * shape, TFLOP/s coop / pingpong_v4): dh' (DSWIGLU) 233 / 340 and the forward's down (STORE,
+ * B K-major) 485 / 511 on pingpong_v4; gate/up (SWIGLU) 537 / 418 and d_rows (STORE, B
+ * N-major) 633 / 614 on coop. */
+extern "C" int lk_moe_cuda_gg_sm90_schedule(const lk_gg *g) {
+    const int v = lk_moe_cuda_gg_sm90_variant_in_force();
+    if (v != LK_GG_SM90_AUTO) return v;
+    return g->epi == LK_GG_DSWIGLU || (g->epi == LK_GG_STORE_F32 && g->b.kmajor) ? LK_GG_SM90_PINGPONG_V4
+                                                                               : LK_GG_SM90_COOP;
 }
 
 extern "C" lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream) {
@@ -762,7 +777,7 @@ extern "C" lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream) {
     memset(&p, 0, sizeof p);
     p.a = (const lk_bf16_t *)g->a.src, p.lda = g->a.ld, p.kdiv = g->a.kdiv, p.aorder = g->a.order;
     p.n = g->epi == LK_GG_STORE_F32 ? g->n : g->inter, p.k = g->k, p.e = g->experts;
-    const int variant = lk_moe_cuda_gg_sm90_variant_in_force(), pp = variant != LK_GG_SM90_COOP;
+    const int variant = lk_moe_cuda_gg_sm90_schedule(g), pp = variant != LK_GG_SM90_COOP;
     /* pingpong_v4's 16-byte epilogue accesses (DSWIGLU and STORE): the rows 16-byte aligned */
     const int v4 = variant == LK_GG_SM90_PINGPONG_V4 &&
                    (g->epi == LK_GG_DSWIGLU ? lk_aligned16(g->gu_saved) && lk_aligned16(g->dgu) && lk_aligned16(g->wh)

@@ -656,7 +656,8 @@ extern "C" lk_status lk_moe_cuda_gg_sm90_wgrad(const lk_gg *g, void *stream) {
     p.a = wopnd{(const lk_bf16_t *)g->a.src, g->a.ld, g->a.kdiv, g->a.order};
     p.b = wopnd{(const lk_bf16_t *)g->b.src, g->b.ld, g->b.kdiv, g->b.order};
     p.m = g->m, p.n = g->n, p.e = g->experts;
-    const int variant = lk_moe_cuda_gg_sm90_variant_in_force(), pp = variant != LK_GG_SM90_COOP;
+    const int variant = lk_moe_cuda_gg_sm90_variant_in_force();   /* AUTO: coop (243 against 209) */
+    const int pp = variant == LK_GG_SM90_PINGPONG || variant == LK_GG_SM90_PINGPONG_V4;
     const size_t es = g->c_dt == LK_BF16 ? 2 : 4;   /* pingpong_v4: C's rows and slices 16-byte aligned */
     const int v4 = variant == LK_GG_SM90_PINGPONG_V4 && lk_aligned16(g->c) && (g->ldc * es) % 16 == 0 &&
                    (g->c_e_stride * es) % 16 == 0;

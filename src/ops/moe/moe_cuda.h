@@ -119,19 +119,25 @@ int lk_moe_cuda_gg_sm90_takes(const lk_gg *g);
  * tile list already built by grouped.cu's tile scan). Errors: LK_EDEVICE. */
 lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream);
 
-/* grouped_sm90.cu's schedules: COOP, two consumer warpgroups sharing a 128 × 256 tile (the
- * measured default), or PINGPONG, each warpgroup a 128 × 128 tile of its own, its epilogue
- * under the other's mainloop; PINGPONG_V4, PINGPONG with the DSWIGLU epilogue on 16-byte
- * accesses. grouped_wgrad_sm90.cu: any ping-pong value its ping-pong kernel. */
-enum { LK_GG_SM90_COOP = 0, LK_GG_SM90_PINGPONG = 1, LK_GG_SM90_PINGPONG_V4 = 2, LK_GG_SM90_VARIANTS = 3 };
+/* grouped_sm90.cu's schedules: COOP, two consumer warpgroups sharing a 128 × 256 tile, or
+ * PINGPONG, each warpgroup a 128 × 128 tile of its own, its epilogue under the other's
+ * mainloop; PINGPONG_V4, PINGPONG with the DSWIGLU and f32 STORE epilogues on 16-byte
+ * accesses; AUTO (the default), each GEMM on the schedule measured fastest for it
+ * (lk_moe_cuda_gg_sm90_schedule). grouped_wgrad_sm90.cu: PINGPONG and PINGPONG_V4 its
+ * ping-pong kernel, COOP and AUTO its cooperative one. */
+enum { LK_GG_SM90_COOP = 0, LK_GG_SM90_PINGPONG = 1, LK_GG_SM90_PINGPONG_V4 = 2, LK_GG_SM90_AUTO = 3,
+       LK_GG_SM90_VARIANTS = 4 };
 
 /* v >= 0: the Hopper kernels run schedule v until called again; v < 0: the environment's
- * (LLMKERN_GG_SM90: coop | pingpong | pingpong_v4, read once). tests/cuda run both. Not thread-safe;
- * never set on the hot path. */
+ * (LLMKERN_GG_SM90: auto | coop | pingpong | pingpong_v4, read once). tests/cuda run each.
+ * Not thread-safe; never set on the hot path. */
 void lk_moe_cuda_gg_sm90_variant(int v);
 
-/* The schedule the next lk_moe_cuda_gg_sm90 call runs. */
+/* The schedule in force (AUTO included). */
 int lk_moe_cuda_gg_sm90_variant_in_force(void);
+
+/* The schedule lk_moe_cuda_gg_sm90 runs g on: the one in force, AUTO resolved for g. */
+int lk_moe_cuda_gg_sm90_schedule(const lk_gg *g);
 
 /* grouped_wgrad_sm90.cu: 1 when the Hopper weight-gradient kernel takes g (bf16 WGRAD,
  * ACCUM into f32 or bf16 C with element pairs aligned and ldc, c_e_stride even; A and B M /

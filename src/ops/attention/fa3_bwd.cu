@@ -31,7 +31,9 @@
  *              contiguous bytes), and the convert pass puts the sums back in
  *              [B, H, S, D], times the scale, in bf16. Not bit-reproducible (the adds land
  *              in any order): `deterministic` runs fa2.cu's separate dQ pass.
- * Variant 2 (LK_FA3_BWD_VARIANT=2; 1, the above, is the default until it is measured):
+ * Variant 2 (the default; LK_FA3_BWD_VARIANT=1 runs the above): measured on the H200 (bench/NOTES.md,
+ *   eleventh session, call 3) at 0.86-0.90x SDPA-cuDNN fwd+bwd in the four cells, where
+ *   variant 1 ran 0.80-0.84x:
  *   the math warpgroups leave dQ: warpgroup 0 (setmaxnreg 56) is producer and dQ warpgroup
  *              at once. Its thread 0 issues the loads, two steps ahead as before (step
  *              it + 2 once step it − 1 has freed its stage); all 128 threads take dQ of
@@ -545,9 +547,9 @@ static lk_status launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUte
 }
 
 /* Which kernel variant runs (the file's opening names them): 0 until the first backward
- * or lk_attn_fa3_bwd_set_variant, then 1 or 2. LK_FA3_BWD_VARIANT is read once, here and not
- * in config/env.c, because it is a measuring switch that goes with the variant that loses
- * (bench/NOTES.md, issue 16, tenth session). */
+ * or lk_attn_fa3_bwd_set_variant, then 1 or 2 (the default). LK_FA3_BWD_VARIANT is read
+ * once, here and not in config/env.c, because it is a measuring switch that goes with the
+ * variant that loses (variant 1, once measured beside variant 2 in one run). */
 static int bwd_variant;
 
 int lk_attn_fa3_bwd_set_variant(int v) {
@@ -561,7 +563,7 @@ static lk_status variant_of(int *v) {
         const char *e = getenv("LK_FA3_BWD_VARIANT");
         if (e && strcmp(e, "1") && strcmp(e, "2"))
             return lk_error(LK_EINVAL, "attention: flash_attention_3: LK_FA3_BWD_VARIANT=%s (valid: 1 | 2)", e);
-        bwd_variant = e && !strcmp(e, "2") ? 2 : 1;
+        bwd_variant = e && !strcmp(e, "1") ? 1 : 2;
     }
     *v = bwd_variant;
     return LK_OK;
@@ -570,7 +572,7 @@ static lk_status variant_of(int *v) {
 lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
     const lk_attn_dims d = lk_attn_dims_of(a);
     if (d.Sq == 0 || d.B * d.Hq == 0) return LK_OK;
-    int variant = 1;
+    int variant = 2;
     lk_status s = variant_of(&variant);
     if (s) return s;
     cudaStream_t st = (cudaStream_t)ctx->stream;

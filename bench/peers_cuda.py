@@ -679,7 +679,7 @@ def moe_rows():
     # grouped.cu's instantiations, gg_mma<mode, epilogue, A k-major, B k-major>, and on sm_90
     # grouped_sm90.cu's, gg_sm90<epilogue, A gathered, B k-major> (gg_sm90_pp<...> under
     # LLMKERN_GG_SM90=pingpong), and grouped_wgrad_sm90.cu's gg_sm90_wgrad<A gathered, B
-    # gathered> (gg_sm90_wgrad_pp<...>; both weight gradients): a row sums whichever ran
+    # gathered, TMA epilogue> (gg_sm90_wgrad_pp<...>; both weight gradients): a row sums whichever ran
     kinds = {("gg_mma<0, 2, true, true>", "gg_sm90<2, true, true>", "gg_sm90_pp<2, true, true,"):
                  ("gemm gate/up", "fwd", 2.0 * R * H * 2 * I),
              ("gg_mma<0, 0, true, true>", "gg_sm90<0, false, true>", "gg_sm90_pp<0, false, true,"):

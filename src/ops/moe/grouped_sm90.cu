@@ -739,8 +739,9 @@ static lk_status launch(const CUtensorMap &ta, const CUtensorMap &tb, const sarg
 }
 
 /* The schedule: lk_moe_cuda_gg_sm90_variant's, else LLMKERN_GG_SM90's (read once, by
- * lk_init's strict table in config/env.c): coop, pingpong, or pingpong_v4 (pingpong with
- * gg_sm90_pp's 16-byte DSWIGLU epilogue). */
+ * lk_init's strict table in config/env.c): auto, coop, pingpong, pingpong_v4 (pingpong with
+ * gg_sm90_pp's 16-byte DSWIGLU epilogue) or wgrad_tma (auto here; grouped_wgrad_sm90.cu's TMA
+ * epilogue there). */
 static int variant_set = -1;
 
 extern "C" void lk_moe_cuda_gg_sm90_variant(int v) { variant_set = v < 0 ? -1 : v; }
@@ -754,6 +755,7 @@ extern "C" int lk_moe_cuda_gg_sm90_variant_in_force(void) {
                    : strcmp(v->value, "coop") == 0        ? LK_GG_SM90_COOP
                    : strcmp(v->value, "pingpong") == 0    ? LK_GG_SM90_PINGPONG
                    : strcmp(v->value, "pingpong_v4") == 0 ? LK_GG_SM90_PINGPONG_V4
+                   : strcmp(v->value, "wgrad_tma") == 0   ? LK_GG_SM90_WGRAD_TMA
                                                           : LK_GG_SM90_AUTO;
     }
     return from_env;
@@ -762,10 +764,11 @@ extern "C" int lk_moe_cuda_gg_sm90_variant_in_force(void) {
 /* AUTO: the measured winner per GEMM (bench/NOTES.md, eleventh session, PEERS-H200.md's MoE
  * shape, TFLOP/s coop / pingpong_v4): dh' (DSWIGLU) 233 / 340 and the forward's down (STORE,
  * B K-major) 485 / 511 on pingpong_v4; gate/up (SWIGLU) 537 / 418 and d_rows (STORE, B
- * N-major) 633 / 614 on coop. */
+ * N-major) 633 / 614 on coop. WGRAD_TMA changes only the weight gradients (grouped_wgrad_sm90.cu),
+ * so these GEMMs run as under AUTO. */
 extern "C" int lk_moe_cuda_gg_sm90_schedule(const lk_gg *g) {
     const int v = lk_moe_cuda_gg_sm90_variant_in_force();
-    if (v != LK_GG_SM90_AUTO) return v;
+    if (v != LK_GG_SM90_AUTO && v != LK_GG_SM90_WGRAD_TMA) return v;
     return g->epi == LK_GG_DSWIGLU || (g->epi == LK_GG_STORE_F32 && g->b.kmajor) ? LK_GG_SM90_PINGPONG_V4
                                                                                : LK_GG_SM90_COOP;
 }

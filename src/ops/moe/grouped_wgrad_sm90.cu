@@ -25,19 +25,27 @@
  *   consumers  warpgroups 1 and 2 (setmaxnreg 224), 64 M rows each: per stage four
  *              wgmma.m64n256k16 (f32, 128 accumulators a thread), one group kept in flight,
  *              the stage before it released on `empty` (256 arrivals). Epilogue: C += acc,
- *              read, add, rounded once into C's dtype (f32 or bf16), as grouped.cu's put;
- *              the tile's lines of C prefetched into L2 when its K loop starts.
+ *              read, add, rounded once into C's dtype (f32 or bf16), as grouped.cu's put
+ *              (wgrad_tma: by TMA reductions, below); the tile's lines of C prefetched into
+ *              L2 when its K loop starts.
  *   schedule   persistent: CTA b walks items t = b, b + grid, ... < E · (M / 128) · (N / 256)
  *              (a host bound), item t = (expert, M tile, N tile), N fastest; an expert
  *              without rows is skipped by producer and consumers alike (its slice left
  *              as it was, as grouped.cu does). Each output element is one thread's, summed
  *              over the expert's rows in order: deterministic, no atomics.
  *
- * Variants (LLMKERN_GG_SM90, as grouped_sm90.cu's; the tests run both): coop, gg_sm90_wgrad
- * above (the default, measured below); pingpong, gg_sm90_wgrad_pp below: 128 × 128 items, one
- * a consumer warpgroup, C's read-add-write under the other's K loop; pingpong_v4, the same with
- * the read-add-write on 16-byte accesses (V4) (not yet run; bench/NOTES.md, "Issue 18: grouped
- * GEMM speed, tenth session").
+ * Variants (LLMKERN_GG_SM90, as grouped_sm90.cu's; the tests run each): coop and auto,
+ * gg_sm90_wgrad<AG, BG, false> above (the default, measured below); pingpong, gg_sm90_wgrad_pp
+ * below: 128 × 128 items, one a consumer warpgroup, C's read-add-write under the other's K
+ * loop (178 TFLOP/s); pingpong_v4, the same with the read-add-write on 16-byte accesses (V4,
+ * 209); wgrad_tma, gg_sm90_wgrad<AG, BG, true> where C is f32 and TMA can address it
+ * (tma_c_ok; else coop): the epilogue writes the accumulators into two 8 KiB staging buffers a
+ * consumer warpgroup (64 rows × 32 columns, 128-byte swizzled; the ring's 4 stages stay, 231,488
+ * bytes of shared memory) and TMA adds them into C in L2 (cp.reduce.async.bulk.tensor .add,
+ * 8 slices a warpgroup, slice j staged while slice j - 1 is read out), so the SM is back in the
+ * next item's K loop after writing 128 KiB to shared memory instead of reading and writing
+ * 256 KiB of HBM; the same sums, each element added once (bench/NOTES.md, "Issue 18: the
+ * weight gradients' TMA reduce epilogue"; not yet run on a GPU).
  *
  * Count (PEERS-H200.md's shape, R 131072, H 2048, I 768, E 128): d_down 2·R·H·I = 412 GFLOP,
  * d_gate_up 2·R·2I·H = 825 GFLOP, 1.24 TFLOP: 1.6 ms at 790 TFLOP/s; the f32 gradients read
@@ -64,6 +72,9 @@
 #define EB 16           /* column pairs of C loaded before the epilogue's stores */
 #endif
 #define SMEM_BYTES (STAGES * (A_BYTES + B_BYTES) + 2 * STAGES * 8 + STAGES * BK * 4 + 1024)
+#define SLICE_BYTES (64 * 32 * 4)   /* TMA epilogue: one slice, 64 rows × 32 f32 columns (128 bytes a row) */
+#define STG_BYTES (4 * SLICE_BYTES) /* two slices a consumer warpgroup */
+#define TSMEM_BYTES (SMEM_BYTES + STG_BYTES)   /* 231,488 of the 232,448 a block may have */
 
 typedef struct {
     const lk_bf16_t *p;       /* rows of ld elements: row i at p + i·ld, or gathered p + (order[i] / kdiv)·ld */
@@ -85,6 +96,22 @@ typedef struct {
 
 static __device__ __forceinline__ void cp_arrive_noinc_w(uint64_t *bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+/* The TMA epilogue (PTX ISA: cp.reduce.async.bulk.tensor, cp.async.bulk.commit_group /
+ * wait_group): a box of the tensor map added element-wise into global memory from shared
+ * memory (the add done in L2, the type the map's), completing in this thread's bulk group. */
+static __device__ __forceinline__ void tma_reduce_add(const CUtensorMap *map, const void *src, int c0, int c1, int c2) {
+    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];"
+                 ::"l"((uint64_t)map), "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+static __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+/* every bulk group of this thread has read its shared memory */
+static __device__ __forceinline__ void bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+/* every bulk group of this thread is complete */
+static __device__ __forceinline__ void bulk_wait0() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+static __device__ __forceinline__ void st_shared_v2(void *p, float a, float b) {
+    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(smem_u32(p)), "f"(a), "f"(b) : "memory");
 }
 
 /* d[m64 x n256] (+)= A · B (acc 0: =), both MN-major in shared memory (A stored as rows
@@ -146,14 +173,16 @@ static __device__ __forceinline__ void cp_rows(uint8_t *dst, const wopnd &o, con
  * register q of the m64n256 fragment (consumer warpgroup cg, warp w, lane): gradient row
  * cg·64 + w·16 + lane / 4 + 8·((q >> 1) & 1) of the tile, column 8·(q / 4) + 2·(lane % 4) +
  * (q & 1). */
-template <bool AG, bool BG>
+template <bool AG, bool BG, bool TMA>
 __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constant__ CUtensorMap ta,
-                                                            const __grid_constant__ CUtensorMap tb, wargs p) {
+                                                            const __grid_constant__ CUtensorMap tb,
+                                                            const __grid_constant__ CUtensorMap tc, wargs p) {
 #if FA3_ARCH
     extern __shared__ uint8_t smem_raw[];
     uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
     uint8_t *sa = sm, *sb = sa + STAGES * A_BYTES;
-    uint64_t *full = (uint64_t *)(sb + STAGES * B_BYTES), *empty = full + STAGES;
+    uint8_t *stg = sb + STAGES * B_BYTES;   /* TMA: the epilogue's staging, 2 × 2 slices (1024-aligned) */
+    uint64_t *full = (uint64_t *)(stg + (TMA ? STG_BYTES : 0)), *empty = full + STAGES;
     int32_t *toks = (int32_t *)(empty + STAGES);   /* [STAGES][BK] */
     const int tid = threadIdx.x, wg = tid / 128;
     const int64_t total = p.e * p.mt * p.nt;
@@ -249,6 +278,44 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
         fence_regs<BN / 2>(acc);
         mbar_arrive(&empty[(it - 1) % STAGES]);
 
+        if constexpr (TMA) {   /* --- epilogue: C += acc by TMA reductions in L2 (f32 C) --- */
+            /* 8 slices of the warpgroup's 64 rows × 32 columns, two buffers: each thread writes
+             * its 16 accumulators of slice j into buffer j & 1 (tc's 128-byte swizzle: row r's
+             * 16-byte chunk c at c ^ (r & 7), two wavefronts a warp store), the leader (the
+             * warpgroup's thread 0, whose bulk groups these are) waits until slice j - 1 has
+             * been read out of the other buffer (slice j + 1's), the warpgroup meets on named
+             * barrier 2 + cg, the leader hands slice j to TMA. The last slices are read and
+             * added while the next item's K loop runs; the wait and meeting before slice 0
+             * frees both buffers whichever slices the previous item issued (the slices past M
+             * or N are skipped: TMA would clip them to nothing). */
+            uint8_t *const buf0 = stg + cg * 2 * SLICE_BYTES;
+            const int r = w * 16 + lane / 4;   /* the thread's rows r and r + 8 of the warpgroup's 64 */
+            const bool leader = tid % 128 == 0;
+            if (leader) bulk_wait_read0();
+            asm volatile("bar.sync %0, 128;" ::"r"(2 + cg) : "memory");
+            if (m0 + 64 * cg >= p.m) continue;
+#pragma unroll
+            for (int j = 0; j < BN / 32; j++) {
+                if (n0 + 32 * j >= p.n) break;
+                uint8_t *const buf = buf0 + (j & 1) * SLICE_BYTES;
+#pragma unroll
+                for (int g = 0; g < 4; g++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        const int q = 16 * j + 4 * g + 2 * h, row = r + 8 * h, chunk = 2 * g + (lane % 4) / 2;
+                        st_shared_v2(buf + row * 128 + ((chunk ^ (row & 7)) << 4) + 8 * (lane & 1), acc[q], acc[q + 1]);
+                    }
+                fence_async_smem();                 /* these writes, before TMA's reads */
+                if (leader) bulk_wait_read0();      /* slice j - 1 read: buffer (j + 1) & 1 free */
+                asm volatile("bar.sync %0, 128;" ::"r"(2 + cg) : "memory");
+                if (leader) {
+                    tma_reduce_add(&tc, buf, (int)n0 + 32 * j, (int)m0 + 64 * cg, (int)e);
+                    bulk_commit();
+                }
+            }
+            continue;
+        }
+
         /* --- epilogue: C += acc, EB column pairs loaded before any store --- */
         const int64_t rows[2] = {m0 + rl, m0 + rl + 8};
         const int cq = 2 * (lane % 4);
@@ -294,6 +361,8 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
             }
         }
     }
+    if constexpr (TMA)   /* the reductions read and done before the CTA's shared memory goes */
+        if (tid % 128 == 0) bulk_wait0();
 #endif
 }
 
@@ -623,15 +692,41 @@ static lk_status rows_map(CUtensorMap *m, const lk_gg_operand *o, int64_t rows, 
     return s ? map_error(s) : LK_OK;
 }
 
-template <bool AG, bool BG>
-static lk_status launch(const CUtensorMap &ta, const CUtensorMap &tb, const wargs &p, int grid, cudaStream_t st) {
+template <bool AG, bool BG, bool TMA>
+static lk_status launch(const CUtensorMap &ta, const CUtensorMap &tb, const CUtensorMap &tc, const wargs &p, int grid,
+                        cudaStream_t st) {
     static int opted;   /* once a process: a host-side attribute, no stream work */
+    const int bytes = TMA ? TSMEM_BYTES : SMEM_BYTES;
     if (!opted) {
-        LK_CUDA_TRY(cudaFuncSetAttribute(gg_sm90_wgrad<AG, BG>, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_BYTES));
+        LK_CUDA_TRY(cudaFuncSetAttribute(gg_sm90_wgrad<AG, BG, TMA>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
         opted = 1;
     }
-    gg_sm90_wgrad<AG, BG><<<grid, THREADS, SMEM_BYTES, st>>>(ta, tb, p);
-    LK_CUDA_LAUNCHED("moe_experts: grouped gemm (sm90 wgrad)");
+    gg_sm90_wgrad<AG, BG, TMA><<<grid, THREADS, bytes, st>>>(ta, tb, tc, p);
+    LK_CUDA_LAUNCHED(TMA ? "moe_experts: grouped gemm (sm90 wgrad, TMA reduce)" : "moe_experts: grouped gemm (sm90 wgrad)");
+    return LK_OK;
+}
+
+/* LLMKERN_GG_SM90=wgrad_tma: C f32 and laid out as TMA can address it (the base and both
+ * strides 16-byte aligned, rows and expert slices that do not overlap); else the cooperative
+ * kernel's read-add-write. */
+static int tma_c_ok(const lk_gg *g) {
+    return g->c_dt == LK_F32 && lk_aligned16(g->c) && g->ldc % 4 == 0 && g->c_e_stride % 4 == 0 && g->ldc >= g->n &&
+           g->c_e_stride >= g->m * g->ldc && g->experts <= INT32_MAX && (uint64_t)g->c_e_stride * 4 < (1ull << 40);
+}
+
+/* C [E, M, N] f32 (element (e, i, j) at c + e·ces + i·ldc + j) in boxes of 32 columns × 64
+ * rows of one expert, 128-byte swizzled (the staging buffers' layout); TMA's reductions
+ * leave what lies outside M, N untouched. */
+static lk_status c_map(CUtensorMap *m, const lk_gg *g) {
+    encode_fn enc = encoder();
+    if (!enc) return lk_error(LK_EDEVICE, "moe_experts: grouped gemm (sm90 wgrad): the driver has no cuTensorMapEncodeTiled");
+    const cuuint64_t dims[3] = {(cuuint64_t)g->n, (cuuint64_t)g->m, (cuuint64_t)g->experts};
+    const cuuint64_t strides[2] = {(cuuint64_t)g->ldc * 4, (cuuint64_t)g->c_e_stride * 4};
+    const cuuint32_t box[3] = {32, 64, 1}, el[3] = {1, 1, 1};
+    CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, g->c, dims, strides, box, el, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        return lk_error(LK_EDEVICE, "moe_experts: grouped gemm (sm90 wgrad): cuTensorMapEncodeTiled (C) failed (%d)", (int)r);
     return LK_OK;
 }
 
@@ -656,7 +751,7 @@ extern "C" lk_status lk_moe_cuda_gg_sm90_wgrad(const lk_gg *g, void *stream) {
     p.a = wopnd{(const lk_bf16_t *)g->a.src, g->a.ld, g->a.kdiv, g->a.order};
     p.b = wopnd{(const lk_bf16_t *)g->b.src, g->b.ld, g->b.kdiv, g->b.order};
     p.m = g->m, p.n = g->n, p.e = g->experts;
-    const int variant = lk_moe_cuda_gg_sm90_variant_in_force();   /* AUTO: coop (243 against 209) */
+    const int variant = lk_moe_cuda_gg_sm90_variant_in_force();   /* AUTO: coop (243 against 209); WGRAD_TMA below */
     const int pp = variant == LK_GG_SM90_PINGPONG || variant == LK_GG_SM90_PINGPONG_V4;
     const size_t es = g->c_dt == LK_BF16 ? 2 : 4;   /* pingpong_v4: C's rows and slices 16-byte aligned */
     const int v4 = variant == LK_GG_SM90_PINGPONG_V4 && lk_aligned16(g->c) && (g->ldc * es) % 16 == 0 &&
@@ -686,6 +781,13 @@ extern "C" lk_status lk_moe_cuda_gg_sm90_wgrad(const lk_gg *g, void *stream) {
         return bg ? launch_pp<false, true, false>(ta, tb, p, grid, st)
                   : launch_pp<false, false, false>(ta, tb, p, grid, st);
     }
-    if (ag) return launch<true, false>(ta, tb, p, grid, st);
-    return bg ? launch<false, true>(ta, tb, p, grid, st) : launch<false, false>(ta, tb, p, grid, st);
+    CUtensorMap tc;
+    memset(&tc, 0, sizeof tc);
+    if (variant == LK_GG_SM90_WGRAD_TMA && tma_c_ok(g)) {   /* LLMKERN_GG_SM90=wgrad_tma */
+        if ((s = c_map(&tc, g))) return s;
+        if (ag) return launch<true, false, true>(ta, tb, tc, p, grid, st);
+        return bg ? launch<false, true, true>(ta, tb, tc, p, grid, st) : launch<false, false, true>(ta, tb, tc, p, grid, st);
+    }
+    if (ag) return launch<true, false, false>(ta, tb, tc, p, grid, st);
+    return bg ? launch<false, true, false>(ta, tb, tc, p, grid, st) : launch<false, false, false>(ta, tb, tc, p, grid, st);
 }

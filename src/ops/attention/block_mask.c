@@ -179,32 +179,47 @@ bool lk_mask_or(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const void 
     return c->a(b, h, q_idx, kv_idx, c->a_ctx) || c->b(b, h, q_idx, kv_idx, c->b_ctx);
 }
 
-/* --- row forms of the predicates (the builders set them): plain loops that vectorize */
+/* --- row forms of the predicates (the builders set them): the interval families as two
+ * memsets, documents as one compare loop that vectorizes (no branch in it) */
+
+/* out[j] = 1 for j in [lo, hi) of [0, n), else 0 (kv0 + j the key). */
+static void row_interval(int64_t kv0, int64_t n, int64_t lo, int64_t hi, uint8_t *out) {
+    lo = lo - kv0 < 0 ? 0 : lo - kv0 > n ? n : lo - kv0;
+    hi = hi - kv0 < lo ? lo : hi - kv0 > n ? n : hi - kv0;
+    memset(out, 0, (size_t)lo);
+    memset(out + lo, 1, (size_t)(hi - lo));
+    memset(out + hi, 0, (size_t)(n - hi));
+}
 
 static void row_causal(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint8_t *out, const void *ctx) {
     int64_t last = q + ((const lk_causal_ctx *)ctx)->offset;
-    for (int64_t j = 0; j < n; j++) out[j] = kv0 + j <= last;
+    row_interval(kv0, n, INT64_MIN / 2, last + 1, out);
 }
 
 static void row_window(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint8_t *out, const void *ctx) {
     const lk_window_ctx *c = ctx;
     int64_t p = q + c->offset;
-    for (int64_t j = 0; j < n; j++) out[j] = kv0 + j <= p && kv0 + j - p > -c->window;
+    int64_t w = c->window < INT64_MAX / 4 ? c->window : INT64_MAX / 4;   /* p - window must not overflow */
+    row_interval(kv0, n, p - w + 1, p + 1, out);                           /* kv - p > -window */
 }
 
 static void row_prefix(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint8_t *out, const void *ctx) {
     const lk_prefix_lm_ctx *c = ctx;
     int64_t pre = c->prefix_len[c->n_prefix == 1 ? 0 : b];
-    for (int64_t j = 0; j < n; j++) out[j] = kv0 + j < pre || kv0 + j <= q;
+    row_interval(kv0, n, INT64_MIN / 2, pre > q + 1 ? pre : q + 1, out);   /* kv < pre || kv <= q */
 }
 
 /* Builders' documents always come as ids (q_doc set). */
 static void row_document(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint8_t *out, const void *ctx) {
     const lk_document_ctx *c = ctx;
     int64_t row = c->per_batch ? b : 0;
-    int32_t dq = c->q_doc[row * c->q_len + q];
+    const int32_t dq = c->q_doc[row * c->q_len + q];
     const int32_t *kd = c->kv_doc + row * c->kv_len + kv0;
-    for (int64_t j = 0; j < n; j++) out[j] = kd[j] == dq && (!c->causal || kv0 + j <= q);
+    for (int64_t j = 0; j < n; j++) out[j] = (uint8_t)(kd[j] == dq);
+    if (c->causal && q + 1 - kv0 < n) {   /* keys after q hidden */
+        int64_t from = q + 1 - kv0 < 0 ? 0 : q + 1 - kv0;
+        memset(out + from, 0, (size_t)(n - from));
+    }
 }
 
 /* AND / OR of two row forms: lk_mask_pair_ctx first, so lk_mask_and/or read it too. */

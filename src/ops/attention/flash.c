@@ -15,13 +15,17 @@
  * at the end. Extra memory is O(S) either way. GQA/MQA index K/V by h / G.
  *
  * The engine asks a tile source (internal.h) which tiles to visit and which are full;
- * flex.c supplies one from the BlockMask. */
+ * flex.c supplies one from the BlockMask. A partial tile's mask is made first, and each
+ * group of GROUP_ROWS rows runs its products only over the columns it sees (16-column
+ * steps): a document mask's partial blocks are mostly empty, and a causal diagonal tile
+ * half (issue 19: the flex document mask's time follows its density). */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 #include "ops/attention/internal.h"
 
 #define FLASH_TILE 64
+#define GROUP_ROWS 32   /* a partial tile's rows per column span */
 /* Calls with fewer multiply-adds than this run on one thread: a parallel region's
  * wake-up and barrier cost more, and much more on a loaded machine. */
 #define PAR_MIN_WORK ((double)(1 << 22))
@@ -35,14 +39,15 @@ static int64_t pad_cols(int64_t tk) { return cdiv(tk, LK_ATTN_COLS) * LK_ATTN_CO
 static size_t up64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 /* Per-thread scratch, in floats. */
-typedef struct { size_t q, o, kt, vt, kf, sc, dp, g, tr, dk, dv, m, l, idx, full, total; } thread_layout;
+typedef struct { size_t q, o, kt, vt, kf, sc, seen, span, dp, g, tr, dk, dv, m, l, idx, full, total; } thread_layout;
 
 static thread_layout layout(const lk_attn_dims *d, int64_t tq, int64_t tk, int backward) {
     thread_layout t = {0};
     size_t tkp = (size_t)pad_cols(tk), D = (size_t)d->D, n = 0, nt = (size_t)(cdiv(d->Sq, tq) + cdiv(d->Skv, tk));
 #define TAKE(f, cnt) (t.f = n, n += up64((cnt) * sizeof(float)) / sizeof(float))
     TAKE(q, tq * D); TAKE(o, tq * D); TAKE(kt, D * tkp); TAKE(vt, D * tkp); TAKE(kf, tkp * D);
-    TAKE(sc, tq * tkp); TAKE(m, tq); TAKE(l, tq); TAKE(idx, nt); TAKE(full, nt);
+    TAKE(sc, tq * tkp); TAKE(seen, cdiv(tq * tkp, 4)); TAKE(span, 2 * cdiv(tq, GROUP_ROWS) + 2); TAKE(m, tq); TAKE(l, tq);
+    TAKE(idx, nt); TAKE(full, nt);
     if (backward) { TAKE(dp, tq * tkp); TAKE(g, tq * tkp); TAKE(tr, tkp * tq); TAKE(dk, tk * D); TAKE(dv, tk * D); }
 #undef TAKE
     t.total = n;
@@ -83,18 +88,68 @@ static void load_transposed(const void *src, lk_dtype dt, int64_t nk, int64_t D,
         for (int64_t j = nk; j < tkp; j++) kt[c * tkp + j] = 0.0f;
 }
 
-/* Scores of one tile after scale, softcap and score_mod, hidden ones -inf. With g set,
- * g[i, j] = d(score)/d(q·k), what the backward multiplies dS by. */
-static void tile_scores(const lk_attention_args *a, const lk_attn_dims *d, const lk_attn_src *src, int64_t b,
-                        int64_t h, int64_t q0, int64_t nq, int64_t k0, int64_t nk, int full, float *sc,
-                        int64_t ld, float *g) {
+/* The row groups of a tile and the columns [lo, hi) each one computes (16-aligned, hi <=
+ * tkp): a full tile is one group over every column; a partial tile's mask goes to seen
+ * (nq x tkp bytes) first, and each GROUP_ROWS rows get the span of the columns any of them
+ * sees (lo == hi: none). Returns the number of groups; span holds lo, hi pairs. */
+static int64_t tile_spans(const lk_attn_src *src, int64_t b, int64_t h, int64_t q0, int64_t nq, int64_t k0,
+                          int64_t nk, int64_t tkp, int full, uint8_t *seen, int32_t *span) {
+    if (full) {
+        span[0] = 0, span[1] = (int32_t)tkp;
+        return 1;
+    }
+    src->mask_tile(src, b, h, q0, nq, k0, nk, seen, tkp);
+    int64_t ng = cdiv(nq, GROUP_ROWS);
+    for (int64_t g = 0; g < ng; g++) {
+        int64_t lo = nk, hi = 0;
+        for (int64_t i = g * GROUP_ROWS; i < (g + 1) * GROUP_ROWS && i < nq; i++) {
+            const uint8_t *r = seen + i * tkp;
+            int64_t j = 0, e = nk;
+            while (j < lo && !r[j]) j++;
+            while (e > hi && e > j && !r[e - 1]) e--;
+            if (j < e) { lo = j < lo ? j : lo; hi = e > hi ? e : hi; }
+        }
+        lo = lo < hi ? lo / 16 * 16 : 0;
+        hi = lo < hi ? cdiv(hi, 16) * 16 : 0;
+        span[2 * g] = (int32_t)lo, span[2 * g + 1] = (int32_t)hi;
+    }
+    return ng;
+}
+
+/* Group g's rows [*r0, *r1) of ng groups over nq rows. */
+static void group_rows(int64_t g, int64_t ng, int64_t nq, int64_t *r0, int64_t *r1) {
+    *r0 = ng > 1 ? g * GROUP_ROWS : 0;
+    *r1 = ng > 1 && *r0 + GROUP_ROWS < nq ? *r0 + GROUP_ROWS : nq;
+}
+
+/* Rows [r0, r1) of C[., lo:hi) = A · BT[:, lo:hi) for each group (its span). */
+static void group_abt(const float *A, int64_t lda, int64_t nq, const float *BT, int64_t tkp, int64_t D, float *C,
+                      int64_t ng, const int32_t *span) {
+    for (int64_t g = 0; g < ng; g++) {
+        int64_t r0, r1;
+        group_rows(g, ng, nq, &r0, &r1);
+        if (span[2 * g] < span[2 * g + 1])
+            lk_attn_abt(A + r0 * lda, lda, r1 - r0, BT + span[2 * g], tkp, span[2 * g + 1] - span[2 * g], D,
+                        C + r0 * tkp + span[2 * g], tkp);
+    }
+}
+
+/* Scores of one tile after scale, softcap and score_mod, hidden ones -inf (outside row i's
+ * span [lo, hi), and where seen says so in a partial tile). With g set, g[i, j] =
+ * d(score)/d(q·k), what the backward multiplies dS by. */
+static void tile_scores(const lk_attention_args *a, const lk_attn_dims *d, int64_t b, int64_t h, int64_t q0,
+                        int64_t nq, int64_t k0, int64_t nk, int64_t ng, const int32_t *span, const uint8_t *seen,
+                        float *sc, int64_t ld, float *g) {
     const float cap = a->softcap, scale = d->scale;
     const lk_score_mod_fn mod = a->score_mod.fn;
     for (int64_t i = 0; i < nq; i++) {
+        const int32_t *sp = span + 2 * (ng > 1 ? i / GROUP_ROWS : 0);
+        int64_t lo = sp[0], hi = sp[1] < nk ? sp[1] : nk;
         float *s = sc + i * ld, *gi = g ? g + i * ld : NULL;
-        for (int64_t j = 0; j < nk; j++) s[j] *= scale;
+        for (int64_t j = 0; j < lo; j++) s[j] = -INFINITY;
+        for (int64_t j = lo; j < hi; j++) s[j] *= scale;
         if (cap > 0.0f || mod) {
-            for (int64_t j = 0; j < nk; j++) {
+            for (int64_t j = lo; j < hi; j++) {
                 float f = scale, gm = 1.0f;
                 if (cap > 0.0f) {
                     float t = tanhf(s[j] / cap);
@@ -105,9 +160,10 @@ static void tile_scores(const lk_attention_args *a, const lk_attn_dims *d, const
                 if (gi) gi[j] = f * gm;
             }
         }
-        for (int64_t j = nk; j < ld; j++) s[j] = -INFINITY;
+        if (seen)
+            for (int64_t j = lo; j < hi; j++) s[j] = seen[i * ld + j] ? s[j] : -INFINITY;
+        for (int64_t j = hi > lo ? hi : lo; j < ld; j++) s[j] = -INFINITY;
     }
-    if (!full) src->mask_tile(src, b, h, q0, nq, k0, nk, sc, ld);
 }
 
 static const void *rows_at(const void *base, lk_dtype dt, int64_t row, int64_t D) {
@@ -128,7 +184,8 @@ static void forward_tile(const lk_attention_args *a, const lk_attn_dims *d, cons
     const int64_t nq = d->Sq - q0 < src->tq ? d->Sq - q0 : src->tq, hk = h / d->G;
     float *qf = w + L->q, *o = w + L->o, *kt = w + L->kt, *vf = w + L->kf, *sc = w + L->sc, *m = w + L->m,
           *l = w + L->l, *tmp = w + L->vt;
-    int32_t *idx = (int32_t *)(w + L->idx);
+    uint8_t *seen = (uint8_t *)(w + L->seen);
+    int32_t *idx = (int32_t *)(w + L->idx), *span = (int32_t *)(w + L->span);
     uint8_t *full = (uint8_t *)(w + L->full);
     lk_attn_load_rows(rows_at(a->q.data, d->dt, (b * d->Hq + h) * d->Sq + q0, D), d->dt, D, nq, D, qf, D);
     memset(o, 0, sizeof(float) * (size_t)(nq * D));
@@ -141,21 +198,28 @@ static void forward_tile(const lk_attention_args *a, const lk_attn_dims *d, cons
         const float *vr = vf;
         if (d->dt == LK_F32) vr = rows_at(a->v.data, d->dt, krow, D);     /* f32 rows are used in place */
         else lk_attn_load_rows(rows_at(a->v.data, d->dt, krow, D), d->dt, D, nk, D, vf, D);
-        lk_attn_abt(qf, D, nq, kt, tkp, tkp, D, sc, tkp);
-        tile_scores(a, d, src, b, h, q0, nq, k0, nk, full[t], sc, tkp, NULL);
-        int64_t rlo = nq, rhi = 0;      /* rows that see something in this tile: the only ones P·V needs */
-        for (int64_t i = 0; i < nq; i++) {
-            float *s = sc + i * tkp, mx = lk_attn_row_max(s, nk);
-            if (mx != -INFINITY) { rlo = i < rlo ? i : rlo; rhi = i + 1; }
-            float mn = mx > m[i] ? mx : m[i];
-            if (mn == -INFINITY) { memset(s, 0, sizeof(float) * (size_t)nk); continue; }
-            float alpha = expf(m[i] - mn);
-            l[i] = l[i] * alpha + lk_attn_exp_sum(s, nk, mn);
-            m[i] = mn;
-            if (alpha != 1.0f)
-                for (int64_t c = 0; c < D; c++) o[i * D + c] *= alpha;
+        int64_t ng = tile_spans(src, b, h, q0, nq, k0, nk, tkp, full[t], seen, span);
+        group_abt(qf, D, nq, kt, tkp, D, sc, ng, span);
+        tile_scores(a, d, b, h, q0, nq, k0, nk, ng, span, full[t] ? NULL : seen, sc, tkp, NULL);
+        for (int64_t g = 0; g < ng; g++) {
+            int64_t r0, r1, lo = span[2 * g], hi = span[2 * g + 1] < nk ? span[2 * g + 1] : nk;
+            group_rows(g, ng, nq, &r0, &r1);
+            if (lo >= hi) continue;
+            int64_t rlo = r1, rhi = r0;     /* rows that see something in this tile: the only ones P·V needs */
+            for (int64_t i = r0; i < r1; i++) {
+                float *s = sc + i * tkp + lo, mx = lk_attn_row_max(s, hi - lo);
+                if (mx != -INFINITY) { rlo = i < rlo ? i : rlo; rhi = i + 1; }
+                float mn = mx > m[i] ? mx : m[i];
+                if (mn == -INFINITY) { memset(s, 0, sizeof(float) * (size_t)(hi - lo)); continue; }
+                float alpha = expf(m[i] - mn);
+                l[i] = l[i] * alpha + lk_attn_exp_sum(s, hi - lo, mn);
+                m[i] = mn;
+                if (alpha != 1.0f)
+                    for (int64_t c = 0; c < D; c++) o[i * D + c] *= alpha;
+            }
+            if (rlo < rhi)
+                lk_attn_acc_ab(sc + rlo * tkp + lo, tkp, rhi - rlo, hi - lo, vr + lo * D, D, D, o + rlo * D, D);
         }
-        if (rlo < rhi) lk_attn_acc_ab(sc + rlo * tkp, tkp, rhi - rlo, nk, vr, D, D, o + rlo * D, D);
     }
     const float *sink = a->s_aux.data;
     for (int64_t i = 0; i < nq; i++) {
@@ -209,33 +273,42 @@ static void backward_pair(const lk_attention_args *a, const lk_attn_dims *d, con
         dof = w + L->o;
         ldd = D;
     }
-    lk_attn_abt(qf, D, nq, w + L->kt, tkp, tkp, D, sc, tkp);
-    tile_scores(a, d, src, b, h, q0, nq, k0, nk, full, sc, tkp, g);
-    lk_attn_abt(dof, ldd, nq, w + L->vt, tkp, tkp, D, dp, tkp);
+    uint8_t *seen = (uint8_t *)(w + L->seen);
+    int32_t *span = (int32_t *)(w + L->span);
+    int64_t ng = tile_spans(src, b, h, q0, nq, k0, nk, tkp, full, seen, span);
+    group_abt(qf, D, nq, w + L->kt, tkp, D, sc, ng, span);
+    tile_scores(a, d, b, h, q0, nq, k0, nk, ng, span, full ? NULL : seen, sc, tkp, g);
+    group_abt(dof, ldd, nq, w + L->vt, tkp, D, dp, ng, span);
     const float *lr = lse + (b * d->Hq + h) * d->Sq + q0, *dr = delta + (b * d->Hq + h) * d->Sq + q0;
-    int64_t rlo = nq, rhi = 0;          /* rows with a visible key here: the only ones the products need */
-    for (int64_t i = 0; i < nq; i++) {
-        float *s = sc + i * tkp, *p = dp + i * tkp;
-        if (lr[i] == -INFINITY || lk_attn_row_max(s, nk) == -INFINITY) {
-            memset(s, 0, sizeof(float) * (size_t)nk);
-            memset(p, 0, sizeof(float) * (size_t)nk);
-            continue;
+    for (int64_t gi = 0; gi < ng; gi++) {
+        int64_t r0, r1, lo = span[2 * gi], n = (span[2 * gi + 1] < nk ? span[2 * gi + 1] : nk) - lo;
+        group_rows(gi, ng, nq, &r0, &r1);
+        if (n <= 0) continue;
+        int64_t rlo = r1, rhi = r0;     /* rows with a visible key here: the only ones the products need */
+        for (int64_t i = r0; i < r1; i++) {
+            float *s = sc + i * tkp + lo, *p = dp + i * tkp + lo;
+            if (lr[i] == -INFINITY || lk_attn_row_max(s, n) == -INFINITY) {
+                memset(s, 0, sizeof(float) * (size_t)n);
+                memset(p, 0, sizeof(float) * (size_t)n);
+                continue;
+            }
+            rlo = i < rlo ? i : rlo;
+            rhi = i + 1;
+            lk_attn_exp_sum(s, n, lr[i]);                           /* s becomes P */
+            if (g)                                                  /* dp becomes dS */
+                for (int64_t j = 0; j < n; j++) p[j] = s[j] * (p[j] - dr[i]) * g[i * tkp + lo + j];
+            else
+                for (int64_t j = 0; j < n; j++) p[j] = s[j] * (p[j] - dr[i]) * d->scale;
         }
-        rlo = i < rlo ? i : rlo;
-        rhi = i + 1;
-        lk_attn_exp_sum(s, nk, lr[i]);                          /* s becomes P */
-        if (g)                                                  /* dp becomes dS */
-            for (int64_t j = 0; j < nk; j++) p[j] = s[j] * (p[j] - dr[i]) * g[i * tkp + j];
-        else
-            for (int64_t j = 0; j < nk; j++) p[j] = s[j] * (p[j] - dr[i]) * d->scale;
+        if (rlo >= rhi) continue;
+        int64_t nr = rhi - rlo;
+        lk_attn_transpose(sc + rlo * tkp + lo, tkp, nr, n, tr, tq);
+        lk_attn_acc_ab(tr, tq, n, nr, dof + rlo * ldd, ldd, D, w + L->dv + lo * D, D);
+        lk_attn_transpose(dp + rlo * tkp + lo, tkp, nr, n, tr, tq);
+        lk_attn_acc_ab(tr, tq, n, nr, qf + rlo * D, D, D, w + L->dk + lo * D, D);
+        lk_attn_acc_ab(dp + rlo * tkp + lo, tkp, nr, n, w + L->kf + lo * D, D, D,
+                       dqa + ((b * d->Hq + h) * d->Sq + q0 + rlo) * D, D);
     }
-    if (rlo >= rhi) return;
-    int64_t nr = rhi - rlo;
-    lk_attn_transpose(sc + rlo * tkp, tkp, nr, nk, tr, tq);
-    lk_attn_acc_ab(tr, tq, nk, nr, dof + rlo * ldd, ldd, D, w + L->dv, D);
-    lk_attn_transpose(dp + rlo * tkp, tkp, nr, nk, tr, tq);
-    lk_attn_acc_ab(tr, tq, nk, nr, qf + rlo * D, D, D, w + L->dk, D);
-    lk_attn_acc_ab(dp + rlo * tkp, tkp, nr, nk, w + L->kf, D, D, dqa + ((b * d->Hq + h) * d->Sq + q0 + rlo) * D, D);
 }
 
 static void backward_kv_tile(const lk_attention_args *a, const lk_attn_dims *d, const lk_attn_src *src,
@@ -335,11 +408,10 @@ static int64_t flash_q_tiles(const lk_attn_src *s, int64_t b, int64_t h, int64_t
 }
 
 static void flash_mask(const lk_attn_src *s, int64_t b, int64_t h, int64_t q0, int64_t nq, int64_t k0, int64_t nk,
-                       float *sc, int64_t lds) {
+                       uint8_t *seen, int64_t lds) {
     const flash_src *f = s->self;
     for (int64_t i = 0; i < nq; i++)
-        for (int64_t j = 0; j < nk; j++)
-            if (k0 + j < f->lo[q0 + i] || k0 + j >= f->hi[q0 + i]) sc[i * lds + j] = -INFINITY;
+        for (int64_t j = 0; j < nk; j++) seen[i * lds + j] = k0 + j >= f->lo[q0 + i] && k0 + j < f->hi[q0 + i];
 }
 
 static size_t flash_meta_bytes(const lk_attention_args *a) {

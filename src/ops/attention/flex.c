@@ -37,24 +37,16 @@ static int64_t flex_q_tiles(const lk_attn_src *s, int64_t b, int64_t h, int64_t 
 }
 
 static void flex_mask(const lk_attn_src *s, int64_t b, int64_t h, int64_t q0, int64_t nq, int64_t k0, int64_t nk,
-                      float *sc, int64_t lds) {
+                      uint8_t *seen, int64_t lds) {
     const lk_block_mask *m = s->self;
-    if (m->mask_row) {                  /* the builder's row form: one call per row and chunk */
-        uint8_t seen[256];
-        for (int64_t i = 0; i < nq; i++)
-            for (int64_t j0 = 0; j0 < nk; j0 += 256) {
-                int64_t n = nk - j0 < 256 ? nk - j0 : 256;
-                m->mask_row(b, h, q0 + i, k0 + j0, n, seen, m->mask_ctx);
-                for (int64_t j = 0; j < n; j++)
-                    if (!seen[j]) sc[i * lds + j0 + j] = -INFINITY;
-            }
+    if (m->mask_row) {                  /* the builder's row form: one call a row */
+        for (int64_t i = 0; i < nq; i++) m->mask_row(b, h, q0 + i, k0, nk, seen + i * lds, m->mask_ctx);
         return;
     }
     lk_mask_fn fn = m->mask_mod;
     const void *ctx = m->mask_ctx;
     for (int64_t i = 0; i < nq; i++)
-        for (int64_t j = 0; j < nk; j++)
-            if (!fn(b, h, q0 + i, k0 + j, ctx)) sc[i * lds + j] = -INFINITY;
+        for (int64_t j = 0; j < nk; j++) seen[i * lds + j] = fn(b, h, q0 + i, k0 + j, ctx);
 }
 
 static lk_attn_src source(const lk_attention_args *a) {

@@ -40,7 +40,7 @@ void lk_attn_load_rows(const void *src, lk_dtype dt, int64_t row_stride, int64_t
 
 #define LK_ATTN_COLS 64     /* BT tiles are padded to a multiple of this */
 
-/* C[m, ncols] = A[m, D] · BT[D, ncols]; ncols a multiple of 64, BT rows ldb apart. */
+/* C[m, ncols] = A[m, D] · BT[D, ncols]; ncols a multiple of 16, BT rows ldb apart. */
 void lk_attn_abt(const float *A, int64_t lda, int64_t m, const float *BT, int64_t ldb, int64_t ncols, int64_t D,
                  float *C, int64_t ldc);
 /* C[m, D] += A[m, n] · B[n, D]. */
@@ -63,9 +63,10 @@ struct lk_attn_src {
     int64_t (*kv_tiles)(const lk_attn_src *s, int64_t b, int64_t h, int64_t qt, int32_t *idx, uint8_t *full);
     /* The q tiles that visit kv tile kt. */
     int64_t (*q_tiles)(const lk_attn_src *s, int64_t b, int64_t h, int64_t kt, int32_t *idx, uint8_t *full);
-    /* Sets sc[i * lds + j] to -inf where (q0 + i, k0 + j) is hidden, in a partial tile. */
+    /* seen[i * lds + j] = 1 where (q0 + i, k0 + j) is visible, else 0 (j < nk), in a
+     * partial tile. */
     void (*mask_tile)(const lk_attn_src *s, int64_t b, int64_t h, int64_t q0, int64_t nq, int64_t k0, int64_t nk,
-                      float *sc, int64_t lds);
+                      uint8_t *seen, int64_t lds);
     const void *self;
 };
 

@@ -31,13 +31,23 @@ INLINE void abt_block(const float *A, int64_t lda, int rows, const float *BT, in
         for (int c = 0; c < 4; c++) lk_v16_store(C + r * ldc, LK_F32, 16 * c, acc[r][c], 16, 0);
 }
 
+/* One row of C[., 0:16) = A · BT[:, 0:16): the columns of a span past its last 64. */
+INLINE void abt_vec(const float *A, const float *BT, int64_t ldb, int64_t D, float *C) {
+    lk_v16 acc = lk_v16_set1(0.0f);
+    for (int64_t d = 0; d < D; d++) acc = lk_v16_fma(lk_v16_set1(A[d]), lk_v16_load(BT + d * ldb, LK_F32, 0, 16), acc);
+    lk_v16_store(C, LK_F32, 0, acc, 16, 0);
+}
+
 void lk_attn_abt(const float *A, int64_t lda, int64_t m, const float *BT, int64_t ldb, int64_t ncols, int64_t D,
                  float *C, int64_t ldc) {
-    for (int64_t c0 = 0; c0 < ncols; c0 += LK_ATTN_COLS) {
+    int64_t c0 = 0;
+    for (; c0 + LK_ATTN_COLS <= ncols; c0 += LK_ATTN_COLS) {
         int64_t i = 0;
         for (; i + 4 <= m; i += 4) abt_block(A + i * lda, lda, 4, BT + c0, ldb, D, C + i * ldc + c0, ldc);
         for (; i < m; i++) abt_block(A + i * lda, lda, 1, BT + c0, ldb, D, C + i * ldc + c0, ldc);
     }
+    for (; c0 < ncols; c0 += 16)
+        for (int64_t i = 0; i < m; i++) abt_vec(A + i * lda, BT + c0, ldb, D, C + i * ldc + c0);
 }
 
 /* rows (1..4) rows of C[., c0:c0+64) += A · B[:, c0:c0+64), lanes per vector in k[]. */

@@ -18,8 +18,10 @@ Run:  python3 bench/peers_cuda.py --build build [--out DIR]   (writes DIR/peers_
 """
 import argparse
 import ctypes
+import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -462,6 +464,22 @@ ATT_GOALS = {"flash_attention_3": ("sdpa cudnn", 1.05), "cudnn": ("sdpa cudnn", 
              "flash_attention_2": ("sdpa flash", 1.00)}
 
 
+def attention_alone(name, shape, causal):
+    """{"fwd": ms, "fwd+bwd": ms} of a row timed by bench/attention_alone.py in a process
+    without torch, or None (printed why)."""
+    cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "attention_alone.py"),
+           "--build", ARGS.build, "--impl", name, "--shape", ",".join(map(str, shape)), "--causal", str(causal)]
+    try:
+        r = json.loads(subprocess.run(cmd, capture_output=True, text=True, timeout=300).stdout.strip().splitlines()[-1])
+    except Exception as e:  # noqa: BLE001 - a crash or a timeout of the child is reported, not fatal
+        print(f"  {name} alone: {e!r}", flush=True)
+        return None
+    if "error" in r:
+        print(f"  {name} alone: {r['error']}", flush=True)
+        return None
+    return {"fwd": r["fwd_ms"], "fwd+bwd": r["fwd+bwd_ms"]}
+
+
 def attention_rows():
     """TFLOP/s of llmkern's CUDA attention rows (LK_ATT_IMPLS, default every one this build
     has) beside torch SDPA's cuDNN and flash backends, in one process, at each shape of
@@ -538,6 +556,12 @@ def attention_rows():
                     if both:
                         lk_b()
                 except Exception as e:  # noqa: BLE001 - one row's refusal must not lose the others
+                    alone = attention_alone(name, (B, Hq, Hkv, S, D), causal) if name == "cudnn" else None
+                    if alone:   # refused beside torch's own cuDNN: timed in a process of its own
+                        print(f"attention {shape} causal {causal}: {name} refused in this process ({e}); timed "
+                              f"alone (bench/attention_alone.py; checked by cuda_test_attention)", flush=True)
+                        cells.update({(name, p): alone[p] for p in ("fwd", "fwd+bwd") if p in ATT_PASSES})
+                        continue
                     print(f"attention {shape} causal {causal}: {name} FAILED: {e}", flush=True)
                     BAD.append(f"attention {name}")
                     continue

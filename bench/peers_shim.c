@@ -9,6 +9,7 @@
  * run 28). dt: 0 = f32, 1 = bf16 (lk_dtype). lkp_run returns an lk_status;
  * lkp_last_error() gives the text. Built with CUDA only, as libllmkern_peers_shim.so
  * beside libllmkern.so. */
+#include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include "llmkern/llmkern.h"
@@ -195,6 +196,63 @@ lkp_call *lkp_attention(const char *impl, int backward, int dt, void *q, void *k
     }
     return keep((lkp_call){run_attention, backward, impl_of(LK_OP_ATTENTION, impl), lk_ctx_cuda(&arena, stream, 0),
                            .u.attention = a});
+}
+
+/* The attention row impl timed in a process of its own (bench/attention_alone.py): the
+ * cudnn row cannot share a process with torch when torch's cuDNN is another version than
+ * the one llmkern was built against (bench/NOTES.md, issue 16's cudnn row). Random bf16
+ * inputs, q [b, hq, s, d], k, v [b, hkv, s, d]; one untimed forward + backward, then `reps`
+ * forwards and `reps` forward + backward pairs between CUDA events: ms[0] the forward's
+ * mean, ms[1] the pair's. Returns an lk_status (lkp_last_error() says why). */
+int lkp_time_attention(const char *impl, int64_t b, int64_t hq, int64_t hkv, int64_t s, int64_t d, int causal,
+                       int reps, double ms[2]) {
+    const lk_impl *im = impl_of(LK_OP_ATTENTION, impl);
+    if (!im) return lk_error(LK_EUNAVAILABLE, "lkp_time_attention: no CUDA attention row '%s'", impl);
+    const size_t nq = (size_t)(b * hq * s * d), nk = (size_t)(b * hkv * s * d), nl = (size_t)(b * hq * s);
+    const size_t elems[8] = {nq, nk, nk, nq, nq, nq, nk, nk};   /* q k v out dout dq dk dv */
+    void *p[9] = {0};
+    uint16_t *h = malloc(nq * sizeof *h);
+    lk_status st = h ? LK_OK : lk_error(LK_ENOMEM, "lkp_time_attention: out of host memory");
+    uint32_t x = 2463534242u;
+    for (size_t i = 0; !st && i < nq; i++) {
+        x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+        h[i] = lk_f32_to_bf16((float)(x >> 8) / 8388608.0f - 1.0f);   /* uniform in [-1, 1) */
+    }
+    for (int i = 0; !st && i < 9; i++) {
+        size_t bytes = i < 8 ? elems[i] * 2 : nl * sizeof(float);
+        if (cudaMalloc(&p[i], bytes) != cudaSuccess) st = lk_error(LK_ENOMEM, "lkp_time_attention: cudaMalloc");
+        else if (i < 5 && cudaMemcpy(p[i], h, bytes, cudaMemcpyHostToDevice) != cudaSuccess)
+            st = lk_error(LK_EDEVICE, "lkp_time_attention: cudaMemcpy");
+    }
+    free(h);
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    if (!st && (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess))
+        st = lk_error(LK_EDEVICE, "lkp_time_attention: cudaEventCreate");
+    lkp_call *f = NULL, *bw = NULL;
+    if (!st) {
+        f = lkp_attention(impl, 0, LK_BF16, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], b, hq, hkv, s, d,
+                          causal, NULL);
+        bw = lkp_attention(impl, 1, LK_BF16, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], b, hq, hkv, s, d,
+                           causal, NULL);
+        if (!f || !bw) st = lk_error(LK_ENOMEM, "lkp_time_attention: out of host memory");
+    }
+    if (!st) st = lkp_run(f);
+    if (!st) st = lkp_run(bw);
+    for (int pass = 0; !st && pass < 2; pass++) {
+        float t = 0.0f;
+        cudaEventRecord(e0, NULL);
+        for (int r = 0; !st && r < reps; r++)
+            if (!(st = lkp_run(f)) && pass) st = lkp_run(bw);
+        cudaEventRecord(e1, NULL);
+        if (!st && (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&t, e0, e1) != cudaSuccess))
+            st = lk_error(LK_EDEVICE, "lkp_time_attention: the CUDA events");
+        ms[pass] = (double)t / (reps > 0 ? reps : 1);
+    }
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    for (int i = 0; i < 9; i++) cudaFree(p[i]);
+    free(f), free(bw);
+    return st;
 }
 
 /* MoE experts `fused` (include/llmkern/moe.h): hidden [T, H], ids i32 [T, k], weights f32

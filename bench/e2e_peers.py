@@ -549,13 +549,17 @@ def main():
     made = A.work is None
     A.work = A.work or tempfile.mkdtemp(prefix="e2e_peers.", dir=os.environ.get("TMPDIR", "/tmp"))
     os.makedirs(A.work, exist_ok=True)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import triton_cache
+    cache = triton_cache.seed()   # Liger's MoE autotune results for the runs (their processes inherit it)
     t0 = time.time()
     try:
         parity(A) if A.parity else perf(A)
     finally:
         if made and not A.keep:
             shutil.rmtree(A.work, ignore_errors=True)
-    print(f"e2e_peers: {time.time() - t0:.0f} s; {A.out}/e2e_{'parity' if A.parity else 'peers'}.md", flush=True)
+    print(f"e2e_peers: {time.time() - t0:.0f} s; {A.out}/e2e_{'parity' if A.parity else 'peers'}.md; Triton's "
+          f"autotune results in {cache} (bench/triton_cache.py)", flush=True)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ each tensor a pass must read or write once: fwd+bwd adds the forward's bytes to 
 backward's (RMSNorm: x, y | x, dy, dx; silu(a)*b: a, b, c | dc, a, b, da, db). The
 copy ceiling (2 GiB device-to-device, read + write) is measured in the same run.
 MoE experts (moe_rows): TFLOP/s of the whole layer against torch._grouped_mm's pipeline,
-Liger-Kernel's fused MoE (LigerFusedMoEFunction, autotuned before the timing) and the HF
+Liger-Kernel's fused MoE (LigerFusedMoEFunction, autotuned before the timing, from the
+results in bench/liger_autotune/ where they match: bench/triton_cache.py) and the HF
 per-expert loop (LK_MOE_LIGER=0 leaves Liger's out), and of each grouped GEMM against torch._grouped_mm's
 (llmkern's kernels timed by the profiler inside its calls). LK_BENCH_ONLY=moe_rows runs
 that part alone.
@@ -25,8 +26,12 @@ import subprocess
 import sys
 import time
 
-import torch
-import torch.nn.functional as F
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import triton_cache  # noqa: E402
+
+triton_cache.seed()   # Liger's fused-MoE autotune results, carried (before Triton loads)
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 P = argparse.ArgumentParser()
 P.add_argument("--build", default="build")

@@ -109,8 +109,8 @@ static int64_t tile_spans(const lk_attn_src *src, int64_t b, int64_t h, int64_t 
             while (e > hi && e > j && !r[e - 1]) e--;
             if (j < e) { lo = j < lo ? j : lo; hi = e > hi ? e : hi; }
         }
-        lo = lo < hi ? lo / 16 * 16 : 0;
-        hi = lo < hi ? cdiv(hi, 16) * 16 : 0;
+        if (lo < hi) lo = lo / 16 * 16, hi = cdiv(hi, 16) * 16;
+        else lo = hi = 0;
         span[2 * g] = (int32_t)lo, span[2 * g + 1] = (int32_t)hi;
     }
     return ng;

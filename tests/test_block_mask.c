@@ -112,6 +112,12 @@ static void builders_follow_their_rules(void **state) {
     expect_consistent(&m);
     expect_row_agrees(&m);
     lk_block_mask_free(&m);
+    /* a window wider than any sequence: causal (the row form's interval must not overflow) */
+    assert_int_equal(lk_block_mask_sliding_window(INT64_MAX, 1, 1, 30, 41, 8, 8, &m), LK_OK);
+    for (int64_t i = 0; i < 30; i++)
+        for (int64_t j = 0; j < 41; j++) assert_int_equal(m.mask_mod(0, 0, i, j, m.mask_ctx), j <= i + 11);
+    expect_row_agrees(&m);
+    lk_block_mask_free(&m);
     /* prefix-LM per batch row */
     int64_t pre[2] = {5, 12};
     assert_int_equal(lk_block_mask_prefix_lm(pre, 2, 1, 20, 20, 8, 8, &m), LK_OK);
@@ -138,6 +144,10 @@ static void builders_follow_their_rules(void **state) {
     expect_consistent(&a);
     expect_row_agrees(&a);
     expect_row_agrees(&b);
+    lk_block_mask nc;                        /* documents without the causal part */
+    assert_int_equal(lk_block_mask_document_ids(ids, 0, 1, 1, 23, 8, 8, &nc), LK_OK);
+    expect_row_agrees(&nc);
+    lk_block_mask_free(&nc);
     /* AND / OR of the documents with a window */
     lk_block_mask w, and_m, or_m;
     assert_int_equal(lk_block_mask_sliding_window(3, 1, 1, 23, 23, 8, 8, &w), LK_OK);

@@ -124,8 +124,8 @@ lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream);
  * mainloop; PINGPONG_V4, PINGPONG with the DSWIGLU and f32 STORE epilogues on 16-byte
  * accesses; AUTO (the default), each GEMM on the schedule measured fastest for it
  * (lk_moe_cuda_gg_sm90_schedule); WGRAD_TMA, AUTO's schedules for grouped_sm90.cu with the
- * weight gradients' f32 C added by TMA reductions (not yet run on a GPU). grouped_wgrad_sm90.cu:
- * PINGPONG and PINGPONG_V4 its ping-pong kernel, COOP and AUTO its cooperative one, WGRAD_TMA
+ * weight gradients' f32 C added by TMA reductions (correct on the H200, not yet timed).
+ * grouped_wgrad_sm90.cu: PINGPONG and PINGPONG_V4 its ping-pong kernel, COOP and AUTO its cooperative one, WGRAD_TMA
  * the cooperative one with the TMA epilogue where C is f32 and TMA can address it. */
 enum { LK_GG_SM90_COOP = 0, LK_GG_SM90_PINGPONG = 1, LK_GG_SM90_PINGPONG_V4 = 2, LK_GG_SM90_AUTO = 3,
        LK_GG_SM90_WGRAD_TMA = 4, LK_GG_SM90_VARIANTS = 5 };

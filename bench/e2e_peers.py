@@ -558,8 +558,9 @@ def main():
     finally:
         if made and not A.keep:
             shutil.rmtree(A.work, ignore_errors=True)
-    print(f"e2e_peers: {time.time() - t0:.0f} s; {A.out}/e2e_{'parity' if A.parity else 'peers'}.md; Triton's "
-          f"autotune results in {cache} (bench/triton_cache.py)", flush=True)
+    n = triton_cache.harvest(cache, A.out)   # new Liger autotune results, to keep in bench/liger_autotune/
+    print(f"e2e_peers: {time.time() - t0:.0f} s; {A.out}/e2e_{'parity' if A.parity else 'peers'}.md"
+          + (f"; {n} new Triton autotune results in {A.out}/liger_autotune_new.tgz" if n else ""), flush=True)
 
 
 if __name__ == "__main__":

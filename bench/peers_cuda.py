@@ -29,7 +29,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import triton_cache  # noqa: E402
 
-triton_cache.seed()   # Liger's fused-MoE autotune results, carried (before Triton loads)
+triton_cache.seed()   # Liger's fused-MoE autotune results, carried (before Triton loads); sets TRITON_CACHE_DIR
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
@@ -794,6 +794,8 @@ for part in PARTS:
     torch.cuda.empty_cache()
     write_table()
 print(f"bench took {time.time() - t0:.0f} s")
+if triton_cache.harvest(os.environ["TRITON_CACHE_DIR"], ARGS.out):   # new Liger autotune results, to keep
+    print(f"new Triton autotune results in {ARGS.out}/liger_autotune_new.tgz (bench/triton_cache.py)")
 if BAD:
     print(f"outputs that disagreed with torch eager: {', '.join(BAD)}")
 ce_ok = all(r[1] for r in CE_ROWS if r[0] == "goal met")

@@ -5,6 +5,10 @@
 #   bash tests/cuda/e2e_h200.sh tests     build, ctest -R cuda_ (GPU tests), the step profile
 #   bash tests/cuda/e2e_h200.sh e2e       bench/e2e_peers.py: HF, HF + Liger, llmkern with
 #                                         and without train.cuda_graph, dense and MoE
+#                                         (E2E_CONFIGS, E2E_RUNS, E2E_RUN_TIMEOUT choose; HF +
+#                                         Liger's MoE autotunes for minutes the first time:
+#                                         E2E_CONFIGS=moe E2E_RUNS=liger,llmkern
+#                                         E2E_RUN_TIMEOUT=400, then keep $OUT/liger_autotune_new.tgz)
 #   bash tests/cuda/e2e_h200.sh parity    bench/e2e_peers.py --parity (200 steps bf16 vs f32),
 #                                         PARITY_REPEATS (2) sets of weights and batches
 # carry [".carry"] (tests/cuda/carry.sh fills it); logs and tables land in $OUT.
@@ -31,7 +35,8 @@ tests)
   timeout 240 python3 bench/step_profile.py --llmkern "$B/llmkern" --model dense --out "$OUT" 2>&1 | head -24 ;;
 e2e)
   timeout $(( 590 - $(date +%s) + t0 )) python3 bench/e2e_peers.py --llmkern "$B/llmkern" --out "$OUT" --steps 20 \
-    --warmup 4 --run-timeout 150 2>&1 | grep -v "^W[0-9]" | tail -40 ;;
+    --warmup 4 --configs "${E2E_CONFIGS:-dense,moe}" --runs "${E2E_RUNS:-hf,liger,llmkern,llmkern_graph}" \
+    --run-timeout "${E2E_RUN_TIMEOUT:-150}" 2>&1 | grep -v "^W[0-9]" | tail -40 ;;
 parity)
   timeout $(( 590 - $(date +%s) + t0 )) python3 bench/e2e_peers.py --llmkern "$B/llmkern" --out "$OUT" --parity \
     --parity-repeats "${PARITY_REPEATS:-2}" 2>&1 |

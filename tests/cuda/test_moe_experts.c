@@ -197,6 +197,8 @@ static const mcase cases[] = {
     {200, 320, 264, 4, 2, RANDOM, 1, 0},  /* several 256-column tiles, partial ones, K tails (64-wide K steps) */
     {1295, 136, 72, 8, 1, COUNTS, 1, 0},  /* experts of 0, 1, 37, 1000, 64, 65, 128 rows (the weight grads' K) */
     {1295, 264, 48, 8, 1, COUNTS, 0, 0},  /* bf16 gradients; d_down: 3 M tiles, the last of 8 rows */
+    {600, 256, 128, 128, 2, RANDOM, 1, 0}, /* 256 weight-gradient items: more than an H200's 132 CTAs,
+                                            * so a CTA walks several (wgrad_tma's epilogue across items) */
 };
 
 static void against_reference_f32(void **state) {

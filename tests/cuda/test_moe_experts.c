@@ -20,7 +20,7 @@
  * (mma.sync), with lk_moe_cuda_gg_simt_only (CUDA cores); and the fused_sm90 row by name
  * where the GPU is sm_90. On an sm_90 GPU the bf16 cases and a graph case run once more on
  * each of grouped_sm90.cu's schedules (lk_moe_cuda_gg_sm90_variant: coop, pingpong,
- * pingpong_v4, auto, wgrad_tma), whatever LLMKERN_GG_SM90 says. Skipped (77) where there is no GPU. */
+ * pingpong_v4, auto), whatever LLMKERN_GG_SM90 says. Skipped (77) where there is no GPU. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -198,7 +198,7 @@ static const mcase cases[] = {
     {1295, 136, 72, 8, 1, COUNTS, 1, 0},  /* experts of 0, 1, 37, 1000, 64, 65, 128 rows (the weight grads' K) */
     {1295, 264, 48, 8, 1, COUNTS, 0, 0},  /* bf16 gradients; d_down: 3 M tiles, the last of 8 rows */
     {600, 256, 128, 128, 2, RANDOM, 1, 0}, /* 256 weight-gradient items: more than an H200's 132 CTAs,
-                                            * so a CTA walks several (wgrad_tma's epilogue across items) */
+                                            * so a CTA walks several (auto's TMA epilogue across items) */
 };
 
 static void against_reference_f32(void **state) {
@@ -443,7 +443,7 @@ static void graph_capture(void **state) {
  * so both stay checked whichever LLMKERN_GG_SM90 picks; on another GPU a repeat of the mma.sync run. */
 static void sm90_schedules(void **state) {
     (void)state;
-    static const char *names[LK_GG_SM90_VARIANTS] = {"coop", "pingpong", "pingpong_v4", "auto", "wgrad_tma"};
+    static const char *names[LK_GG_SM90_VARIANTS] = {"coop", "pingpong", "pingpong_v4", "auto"};
     const mcase c = {300, 128, 96, 8, 2, RANDOM, 1, 0};
     for (int v = 0; v < LK_GG_SM90_VARIANTS; v++) {
         lk_moe_cuda_gg_sm90_variant(v);

@@ -235,6 +235,16 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
         int64_t e, m0, mlim;
         int nt;
         tile_of(p, t, e, m0, mlim, nt);
+        /* (D)SWIGLU: the rows' routing weights (two dependent loads) issued before the K loop,
+         * whose MMAs hide them, not at the epilogue with the tensor cores idle */
+        float wr[2] = {0.0f, 0.0f};
+        if constexpr (EPI != STORE) {
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int64_t row = m0 + rl + 8 * hf;
+                if (row < mlim) wr[hf] = p.w[p.order[row]];
+            }
+        }
         for (int kb = 0; kb < nk; kb++, it++) {
             const int s = it % STAGES;
             mbar_wait(&full[s], (it / STAGES) & 1);
@@ -275,9 +285,6 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
             }
         } else if constexpr (EPI == SWIGLU) {
             const int64_t I = p.inter, j0 = (int64_t)nt * (BN / 2);
-            float wr[2];
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) wr[hf] = rows[hf] < mlim ? p.w[p.order[rows[hf]]] : 0.0f;
 #pragma unroll
             for (int q = 0; q < BN / 4; q += 2) {
                 const int hf = (q >> 1) & 1;
@@ -292,9 +299,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
             }
         } else {   /* DSWIGLU */
             const int64_t I = p.inter, n0 = (int64_t)nt * BN;
-            float wr[2], dot[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};   /* [128-column half][row] */
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) wr[hf] = rows[hf] < mlim ? p.w[p.order[rows[hf]]] : 0.0f;
+            float dot[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};   /* [128-column half][row] */
             /* the saved gate/up of 16 column pairs loaded together before any store (a store
              * to dgu might alias gsv for all the compiler knows, which would serialize each
              * load behind the previous pair's stores: 176 TFLOP/s in the first version) */
@@ -480,6 +485,15 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
         int64_t e, m0, mlim;
         int nt;
         tile_of(p, t, e, m0, mlim, nt);
+        int32_t rows[4];   /* [m block · 2 + hf]; rows <= INT32_MAX (lk_moe_cuda_gg_sm90_takes) */
+#pragma unroll
+        for (int x = 0; x < 4; x++) rows[x] = (int32_t)m0 + 64 * (x >> 1) + rl + 8 * (x & 1);
+        float wr[4] = {0.0f, 0.0f, 0.0f, 0.0f};   /* (D)SWIGLU: the rows' routing weights, under the K loop */
+        if constexpr (EPI != STORE) {
+#pragma unroll
+            for (int x = 0; x < 4; x++)
+                if (rows[x] < mlim) wr[x] = p.w[p.order[rows[x]]];
+        }
         int it = i * nk;   /* the ring's count at this tile's first stage */
         if (i > 0) order_wait(cg);   /* the other warpgroup has issued tile i - 1's last stage */
         for (int kb = 0; kb < nk; kb++, it++) {
@@ -507,9 +521,6 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
         mbar_arrive(&empty[(it - 1) % PSTAGES]);
 
         /* --- epilogue (under the other warpgroup's mainloop): registers to global memory --- */
-        int32_t rows[4];   /* [m block · 2 + hf]; rows <= INT32_MAX (lk_moe_cuda_gg_sm90_takes) */
-#pragma unroll
-        for (int x = 0; x < 4; x++) rows[x] = (int32_t)m0 + 64 * (x >> 1) + rl + 8 * (x & 1);
         if constexpr (EPI == STORE && V4) {   /* a row's 8 columns a lane: two 16-byte stores */
             const int64_t n0 = (int64_t)nt * PN;
 #pragma unroll
@@ -549,9 +560,6 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
             }
         } else if constexpr (EPI == SWIGLU) {
             const int64_t I = p.inter, j0 = (int64_t)nt * (PN / 2);
-            float wr[4];
-#pragma unroll
-            for (int x = 0; x < 4; x++) wr[x] = rows[x] < mlim ? p.w[p.order[rows[x]]] : 0.0f;
 #pragma unroll
             for (int mb = 0; mb < 2; mb++)
 #pragma unroll
@@ -574,7 +582,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
                 const int mb = x >> 1, hf = x & 1;
                 const int64_t row = rows[x];
                 const bool rok = row < mlim;
-                const float wr = rok ? p.w[p.order[row]] : 0.0f;
+                const float wrx = wr[x];
                 uint4 gv[4], uv[4];   /* the saved gate/up of the lane's 8 columns of groups 4g + l, g < 4 */
 #pragma unroll
                 for (int g = 0; g < 4; g++) {
@@ -604,8 +612,8 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
 #pragma unroll
                         for (int y = 0; y < 2; y++) {
                             const float gg = y ? gt.y : gt.x, uu = y ? up.y : up.x, dhp = y ? d1[k] : d0[k];
-                            const float sg = 1.0f / (1.0f + expf(-gg)), silu = gg * sg, hv = silu * uu, dh = wr * dhp;
-                            dg[y] = dh * uu * sg * (1.0f + gg * (1.0f - sg)), du[y] = dh * silu, whv[y] = wr * hv;
+                            const float sg = 1.0f / (1.0f + expf(-gg)), silu = gg * sg, hv = silu * uu, dh = wrx * dhp;
+                            dg[y] = dh * uu * sg * (1.0f + gg * (1.0f - sg)), du[y] = dh * silu, whv[y] = wrx * hv;
                             if (bad) dg[y] = du[y] = whv[y] = __int_as_float(0x7fffffff);
                             dot += dhp * hv;
                         }
@@ -625,9 +633,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
             const int64_t I = p.inter, n0 = (int64_t)nt * PN;
 #pragma unroll
             for (int mb = 0; mb < 2; mb++) {
-                float wr[2], dot[2] = {0.0f, 0.0f};
-#pragma unroll
-                for (int hf = 0; hf < 2; hf++) wr[hf] = rows[2 * mb + hf] < mlim ? p.w[p.order[rows[2 * mb + hf]]] : 0.0f;
+                float dot[2] = {0.0f, 0.0f};
                 /* the saved gate/up of PEB column pairs loaded together before any store (as in gg_sm90) */
 #pragma unroll
                 for (int e0 = 0; e0 < 64; e0 += 2 * PEB) {
@@ -650,8 +656,8 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
 #pragma unroll
                         for (int y = 0; y < 2; y++) {
                             const float g = y ? gt.y : gt.x, uu = y ? up.y : up.x, dhp = acc[q + y];
-                            const float sg = 1.0f / (1.0f + expf(-g)), silu = g * sg, hv = silu * uu, dh = wr[hf] * dhp;
-                            dg[y] = dh * uu * sg * (1.0f + g * (1.0f - sg)), du[y] = dh * silu, whv[y] = wr[hf] * hv;
+                            const float sg = 1.0f / (1.0f + expf(-g)), silu = g * sg, hv = silu * uu, dh = wr[2 * mb + hf] * dhp;
+                            dg[y] = dh * uu * sg * (1.0f + g * (1.0f - sg)), du[y] = dh * silu, whv[y] = wr[2 * mb + hf] * hv;
                             if (bad) dg[y] = du[y] = whv[y] = __int_as_float(0x7fffffff);
                             dot[hf] += dhp * hv;
                         }
@@ -740,8 +746,7 @@ static lk_status launch(const CUtensorMap &ta, const CUtensorMap &tb, const sarg
 
 /* The schedule: lk_moe_cuda_gg_sm90_variant's, else LLMKERN_GG_SM90's (read once, by
  * lk_init's strict table in config/env.c): auto, coop, pingpong, pingpong_v4 (pingpong with
- * gg_sm90_pp's 16-byte DSWIGLU epilogue) or wgrad_tma (auto here; grouped_wgrad_sm90.cu's TMA
- * epilogue there). */
+ * gg_sm90_pp's 16-byte DSWIGLU epilogue). */
 static int variant_set = -1;
 
 extern "C" void lk_moe_cuda_gg_sm90_variant(int v) { variant_set = v < 0 ? -1 : v; }
@@ -755,7 +760,6 @@ extern "C" int lk_moe_cuda_gg_sm90_variant_in_force(void) {
                    : strcmp(v->value, "coop") == 0        ? LK_GG_SM90_COOP
                    : strcmp(v->value, "pingpong") == 0    ? LK_GG_SM90_PINGPONG
                    : strcmp(v->value, "pingpong_v4") == 0 ? LK_GG_SM90_PINGPONG_V4
-                   : strcmp(v->value, "wgrad_tma") == 0   ? LK_GG_SM90_WGRAD_TMA
                                                           : LK_GG_SM90_AUTO;
     }
     return from_env;
@@ -764,11 +768,10 @@ extern "C" int lk_moe_cuda_gg_sm90_variant_in_force(void) {
 /* AUTO: the measured winner per GEMM (bench/NOTES.md, eleventh session, PEERS-H200.md's MoE
  * shape, TFLOP/s coop / pingpong_v4): dh' (DSWIGLU) 233 / 340 and the forward's down (STORE,
  * B K-major) 485 / 511 on pingpong_v4; gate/up (SWIGLU) 537 / 418 and d_rows (STORE, B
- * N-major) 633 / 614 on coop. WGRAD_TMA changes only the weight gradients (grouped_wgrad_sm90.cu),
- * so these GEMMs run as under AUTO. */
+ * N-major) 633 / 614 on coop. (The weight gradients: grouped_wgrad_sm90.cu.) */
 extern "C" int lk_moe_cuda_gg_sm90_schedule(const lk_gg *g) {
     const int v = lk_moe_cuda_gg_sm90_variant_in_force();
-    if (v != LK_GG_SM90_AUTO && v != LK_GG_SM90_WGRAD_TMA) return v;
+    if (v != LK_GG_SM90_AUTO) return v;
     return g->epi == LK_GG_DSWIGLU || (g->epi == LK_GG_STORE_F32 && g->b.kmajor) ? LK_GG_SM90_PINGPONG_V4
                                                                                : LK_GG_SM90_COOP;
 }

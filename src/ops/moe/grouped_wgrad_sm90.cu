@@ -26,7 +26,7 @@
  *              wgmma.m64n256k16 (f32, 128 accumulators a thread), one group kept in flight,
  *              the stage before it released on `empty` (256 arrivals). Epilogue: C += acc,
  *              read, add, rounded once into C's dtype (f32 or bf16), as grouped.cu's put
- *              (wgrad_tma: by TMA reductions, below); the tile's lines of C prefetched into
+ *              (auto: by TMA reductions, below); the tile's lines of C prefetched into
  *              L2 when its K loop starts.
  *   schedule   persistent: CTA b walks items t = b, b + grid, ... < E · (M / 128) · (N / 256)
  *              (a host bound), item t = (expert, M tile, N tile), N fastest; an expert
@@ -34,19 +34,20 @@
  *              as it was, as grouped.cu does). Each output element is one thread's, summed
  *              over the expert's rows in order: deterministic, no atomics.
  *
- * Variants (LLMKERN_GG_SM90, as grouped_sm90.cu's; the tests run each): coop and auto,
- * gg_sm90_wgrad<AG, BG, false> above (the default, measured below); pingpong, gg_sm90_wgrad_pp
- * below: 128 × 128 items, one a consumer warpgroup, C's read-add-write under the other's K
- * loop (178 TFLOP/s); pingpong_v4, the same with the read-add-write on 16-byte accesses (V4,
- * 209); wgrad_tma, gg_sm90_wgrad<AG, BG, true> where C is f32 and TMA can address it
- * (tma_c_ok; else coop): the epilogue writes the accumulators into two 8 KiB staging buffers a
- * consumer warpgroup (64 rows × 32 columns, 128-byte swizzled; the ring's 4 stages stay, 231,488
- * bytes of shared memory) and TMA adds them into C in L2 (cp.reduce.async.bulk.tensor .add,
- * 8 slices a warpgroup, slice j staged while slice j - 1 is read out), so the SM is back in the
- * next item's K loop after writing 128 KiB to shared memory instead of reading and writing
- * 256 KiB of HBM; the same sums, each element added once (bench/NOTES.md, "Issue 18: the
- * weight gradients' TMA reduce epilogue"; on the H200 every cuda_test_moe_experts case
- * passes, not yet timed).
+ * Variants (LLMKERN_GG_SM90, as grouped_sm90.cu's; the tests run each): coop,
+ * gg_sm90_wgrad<AG, BG, false> above (242 TFLOP/s); pingpong, gg_sm90_wgrad_pp below: 128 × 128
+ * items, one a consumer warpgroup, C's read-add-write under the other's K loop (178);
+ * pingpong_v4, the same with the read-add-write on 16-byte accesses (V4, 209); auto (the
+ * default), gg_sm90_wgrad<AG, BG, true> where C is f32 and TMA can address it (tma_c_ok; else
+ * coop): the epilogue writes the accumulators into two 8 KiB staging buffers a consumer
+ * warpgroup (64 rows × 32 columns, 128-byte swizzled; the ring's 4 stages stay, 231,488 bytes of
+ * shared memory) and TMA adds them into C in L2 (cp.reduce.async.bulk.tensor .add, 8 slices a
+ * warpgroup, slice j staged while slice j - 1 is read out), so the SM is back in the next item's
+ * K loop after writing 128 KiB to shared memory instead of reading and writing 256 KiB of HBM;
+ * the same sums, each element added once. Measured (twelfth session, call 1, same run): 253.5
+ * against coop's 234.8 TFLOP/s (4.88 against 5.27 ms) — 8%, where the prediction was 2.3 ms:
+ * the read-add-write was not what held the kernel (bench/NOTES.md, "Issue 18: the weight
+ * gradients' TMA reduce epilogue").
  *
  * Count (PEERS-H200.md's shape, R 131072, H 2048, I 768, E 128): d_down 2·R·H·I = 412 GFLOP,
  * d_gate_up 2·R·2I·H = 825 GFLOP, 1.24 TFLOP: 1.6 ms at 790 TFLOP/s; the f32 gradients read
@@ -196,8 +197,24 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
 
     if (wg == 0) {   /* --- producer ------------------------------------------------------ */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
+        /* The CTA's non-empty items in turn. The gathered operand's source rows (order[],
+         * a dependent global load) are read a step ahead, across items too, so the load's
+         * latency lies under the previous step's copies and the wait on `empty`: read
+         * where they were used, they held each step for a round trip to L2 (ncu, twelfth
+         * session: 58% of the warps' cycles waiting on L1TEX, 2.3 us a step where the
+         * MMAs take 0.7). */
+        const wopnd &g = AG ? p.a : p.b;
+        const int64_t per = (int64_t)p.mt * p.nt;   /* items an expert */
+        auto next_item = [&](int64_t t) {   /* the first non-empty item from t (total: none) */
+            while (t < total && p.offs[t / per] >= p.offs[t / per + 1]) t += gridDim.x;
+            return t;
+        };
+        int64_t t = next_item(blockIdx.x);
+        int32_t nxt = -1;   /* this thread's order[] value of the next step (tid < BK) */
+        if ((AG || BG) && tid < BK && t < total && p.offs[t / per] + tid < p.offs[t / per + 1])
+            nxt = g.order[p.offs[t / per] + tid];
         int it = 0;
-        for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
+        for (; t < total; t = next_item(t + gridDim.x)) {
             int64_t e, k0, klim, m0, n0;
             item_of(p, t, e, k0, klim, m0, n0);
             for (int64_t kr = k0; kr < klim; kr += BK, it++) {
@@ -206,8 +223,17 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
                 uint8_t *a = sa + s * A_BYTES, *b = sb + s * B_BYTES;
                 int32_t *tk = toks + s * BK;   /* the gathered operand's rows of this step */
                 if (AG || BG) {
-                    const wopnd &g = AG ? p.a : p.b;
-                    if (tid < BK) tk[tid] = kr + tid < klim ? (int32_t)(g.order[kr + tid] / g.kdiv) : -1;
+                    if (tid < BK) {
+                        tk[tid] = nxt >= 0 ? (int32_t)(nxt / g.kdiv) : -1;
+                        nxt = -1;
+                        if (kr + BK < klim) {
+                            if (kr + BK + tid < klim) nxt = g.order[kr + BK + tid];
+                        } else {   /* the next non-empty item's first step */
+                            const int64_t t2 = next_item(t + gridDim.x);
+                            if (t2 < total && p.offs[t2 / per] + tid < p.offs[t2 / per + 1])
+                                nxt = g.order[p.offs[t2 / per] + tid];
+                        }
+                    }
                     asm volatile("bar.sync 1, 128;" ::: "memory");   /* the producer's warps: tk written */
                 }
                 if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
@@ -707,7 +733,7 @@ static lk_status launch(const CUtensorMap &ta, const CUtensorMap &tb, const CUte
     return LK_OK;
 }
 
-/* LLMKERN_GG_SM90=wgrad_tma: C f32 and laid out as TMA can address it (the base and both
+/* AUTO's TMA epilogue: C f32 and laid out as TMA can address it (the base and both
  * strides 16-byte aligned, rows and expert slices that do not overlap); else the cooperative
  * kernel's read-add-write. */
 static int tma_c_ok(const lk_gg *g) {
@@ -752,7 +778,7 @@ extern "C" lk_status lk_moe_cuda_gg_sm90_wgrad(const lk_gg *g, void *stream) {
     p.a = wopnd{(const lk_bf16_t *)g->a.src, g->a.ld, g->a.kdiv, g->a.order};
     p.b = wopnd{(const lk_bf16_t *)g->b.src, g->b.ld, g->b.kdiv, g->b.order};
     p.m = g->m, p.n = g->n, p.e = g->experts;
-    const int variant = lk_moe_cuda_gg_sm90_variant_in_force();   /* AUTO: coop (243 against 209); WGRAD_TMA below */
+    const int variant = lk_moe_cuda_gg_sm90_variant_in_force();   /* AUTO: coop's kernel with the TMA epilogue */
     const int pp = variant == LK_GG_SM90_PINGPONG || variant == LK_GG_SM90_PINGPONG_V4;
     const size_t es = g->c_dt == LK_BF16 ? 2 : 4;   /* pingpong_v4: C's rows and slices 16-byte aligned */
     const int v4 = variant == LK_GG_SM90_PINGPONG_V4 && lk_aligned16(g->c) && (g->ldc * es) % 16 == 0 &&
@@ -784,7 +810,7 @@ extern "C" lk_status lk_moe_cuda_gg_sm90_wgrad(const lk_gg *g, void *stream) {
     }
     CUtensorMap tc;
     memset(&tc, 0, sizeof tc);
-    if (variant == LK_GG_SM90_WGRAD_TMA && tma_c_ok(g)) {   /* LLMKERN_GG_SM90=wgrad_tma */
+    if (variant == LK_GG_SM90_AUTO && tma_c_ok(g)) {   /* the default: the TMA epilogue */
         if ((s = c_map(&tc, g))) return s;
         if (ag) return launch<true, false, true>(ta, tb, tc, p, grid, st);
         return bg ? launch<false, true, true>(ta, tb, tc, p, grid, st) : launch<false, false, true>(ta, tb, tc, p, grid, st);

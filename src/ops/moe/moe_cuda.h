@@ -123,23 +123,21 @@ lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream);
  * PINGPONG, each warpgroup a 128 × 128 tile of its own, its epilogue under the other's
  * mainloop; PINGPONG_V4, PINGPONG with the DSWIGLU and f32 STORE epilogues on 16-byte
  * accesses; AUTO (the default), each GEMM on the schedule measured fastest for it
- * (lk_moe_cuda_gg_sm90_schedule); WGRAD_TMA, AUTO's schedules for grouped_sm90.cu with the
- * weight gradients' f32 C added by TMA reductions (correct on the H200, not yet timed).
- * grouped_wgrad_sm90.cu: PINGPONG and PINGPONG_V4 its ping-pong kernel, COOP and AUTO its cooperative one, WGRAD_TMA
- * the cooperative one with the TMA epilogue where C is f32 and TMA can address it. */
+ * (lk_moe_cuda_gg_sm90_schedule). grouped_wgrad_sm90.cu: PINGPONG and PINGPONG_V4 its ping-pong
+ * kernel, COOP its cooperative one with C read, added and written by the consumers, AUTO the
+ * cooperative one with C added by TMA reductions where C is f32 and TMA can address it. */
 enum { LK_GG_SM90_COOP = 0, LK_GG_SM90_PINGPONG = 1, LK_GG_SM90_PINGPONG_V4 = 2, LK_GG_SM90_AUTO = 3,
-       LK_GG_SM90_WGRAD_TMA = 4, LK_GG_SM90_VARIANTS = 5 };
+       LK_GG_SM90_VARIANTS = 4 };
 
 /* v >= 0: the Hopper kernels run schedule v until called again; v < 0: the environment's
- * (LLMKERN_GG_SM90: auto | coop | pingpong | pingpong_v4 | wgrad_tma, read once). tests/cuda run each.
+ * (LLMKERN_GG_SM90: auto | coop | pingpong | pingpong_v4, read once). tests/cuda run each.
  * Not thread-safe; never set on the hot path. */
 void lk_moe_cuda_gg_sm90_variant(int v);
 
 /* The schedule in force (AUTO included). */
 int lk_moe_cuda_gg_sm90_variant_in_force(void);
 
-/* The schedule lk_moe_cuda_gg_sm90 runs g on: the one in force, AUTO (and WGRAD_TMA) resolved
- * for g. */
+/* The schedule lk_moe_cuda_gg_sm90 runs g on: the one in force, AUTO resolved for g. */
 int lk_moe_cuda_gg_sm90_schedule(const lk_gg *g);
 
 /* grouped_wgrad_sm90.cu: 1 when the Hopper weight-gradient kernel takes g (bf16 WGRAD,

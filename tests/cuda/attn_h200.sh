@@ -7,10 +7,8 @@
 # in $OUT. ATT_NCU=1 adds an Nsight Compute profile of one launch of each kernel matching
 # ATT_NCU_KERNELS (default the tensor-core forwards and fa2's dk/dv) for the row
 # ATT_NCU_IMPL (default flash_attention_3), through bench/attention_once.py.
-# ATT_FA3_BWD_VARIANTS="1 2" runs the bench once a variant of fa3_bwd.cu's kernel
-# (LK_FA3_BWD_VARIANT), each table in $OUT/v<variant>; cuda_test_attention runs both anyway,
-# each case under a 60 s hang guard (a "HANG:" line, then the test ends and that variant's
-# bench is skipped).
+# cuda_test_attention runs each case under a 60 s hang guard (a "HANG:" line, then the test
+# ends and the bench is skipped).
 #   run: bash tests/cuda/attn_h200.sh            (carry: [".carry"])
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -37,14 +35,13 @@ for t in cuda_test_attention_select cuda_test_attention; do
   grep -E "^\[ *(OK|FAILED|PASSED|  ERROR) |^HANG|refuse|not run|error|Error|assert" "$OUT/$t.log" | head -40
   grep -cE "^  (flash|sdpa|cudnn)" "$OUT/$t.log" | sed "s/^/  $t cases: /"
 done
-for v in ${ATT_FA3_BWD_VARIANTS:-default}; do
-  if [ "$v" = default ]; then bout=$OUT; var=(); echo "== bench"
-  else bout=$OUT/v$v; var=("LK_FA3_BWD_VARIANT=$v"); echo "== bench, LK_FA3_BWD_VARIANT=$v"; fi
-  if [ "$v" != default ] && grep -q "^HANG.*variant $v)" "$OUT/cuda_test_attention.log" 2>/dev/null; then
-    echo "  skipped: variant $v hung in cuda_test_attention"; continue; fi
-  env PYTHONUNBUFFERED=1 LK_BENCH_ONLY=attention_rows "${var[@]}" timeout ${ATT_BENCH_S:-240} \
-    python3 bench/peers_cuda.py --build "$BUILD" --out "$bout" 2>&1 | grep -v "^W[0-9]"
-done
+echo "== bench"
+if grep -q "^HANG" "$OUT/cuda_test_attention.log" 2>/dev/null; then
+  echo "  skipped: a case hung in cuda_test_attention"
+else
+  env PYTHONUNBUFFERED=1 LK_BENCH_ONLY=attention_rows timeout ${ATT_BENCH_S:-240} \
+    python3 bench/peers_cuda.py --build "$BUILD" --out "$OUT" 2>&1 | grep -v "^W[0-9]"
+fi
 if [ "${ATT_NCU:-0}" = 1 ] && command -v ncu >/dev/null; then
   timeout ${ATT_NCU_S:-90} ncu --clock-control none --kernel-name regex:"${ATT_NCU_KERNELS:-fa3_fwd|fa2_(fwd|dkv)}" \
     --launch-count 2 --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \

@@ -20,7 +20,6 @@
 #include <cuda_runtime_api.h>
 #include "cuda_util.h"
 #include "ops/attention/check.h"
-#include "ops/attention/internal.h"   /* lk_attn_fa3_bwd_set_variant */
 
 /* A copy of host tensor t on the device (contents copied, or NaN when poison). */
 static lk_tensor to_dev(lk_tensor t, int poison) {
@@ -62,17 +61,17 @@ static double lse_err(const void *dev, const double *ref, int64_t n) {
 
 /* The hang guard: waits for the queued forward and backward like a synchronize, but gives
  * up after HANG_S seconds (the cases here take well under one). A deadlocked kernel cannot
- * be stopped from the host (fa3_bwd's variant 2 hung in its first version), so the test
+ * be stopped from the host (fa3_bwd's dQ warpgroup hung in its first version), so the test
  * says which case hung and ends the process at once (_Exit: no CUDA teardown to wait in);
- * attn_h200.sh skips that variant's bench when it sees the HANG line. */
+ * attn_h200.sh skips the bench when it sees the HANG line. */
 #define HANG_S 60
 static void sync_or_exit(const char *name, const lk_attention_case *c) {
     const time_t t0 = time(NULL);
     cudaError_t r;
     while ((r = cudaStreamQuery(NULL)) == cudaErrorNotReady) {
         if (difftime(time(NULL), t0) > HANG_S) {
-            printf("HANG: %s (fa3_bwd variant %d) B %lld Hq %lld Sq %lld Skv %lld D %lld causal %d: not done after %d s\n",
-                   name, lk_attn_fa3_bwd_set_variant(-1), (long long)c->B, (long long)c->Hq, (long long)c->Sq,
+            printf("HANG: %s B %lld Hq %lld Sq %lld Skv %lld D %lld causal %d: not done after %d s\n", name,
+                   (long long)c->B, (long long)c->Hq, (long long)c->Sq,
                    (long long)(c->Skv ? c->Skv : c->Sq), (long long)c->D, c->causal, HANG_S);
             fflush(stdout);
             _Exit(3);
@@ -219,14 +218,7 @@ static void fa3_against_reference(void **state) {
         {.B = 3, .Hq = 6, .Hkv = 3, .Sq = 257, .D = 64, .scale = 0.2f},
         {.B = 2, .Hq = 8, .Hkv = 2, .Sq = 300, .D = 128, .causal = 1, .deterministic = 1},   /* fa2's dq pass */
     };
-    const int was = lk_attn_fa3_bwd_set_variant(1);
-    for (int v = 1; v <= 2; v++) {
-        print_message("  flash_attention_3, backward kernel variant %d\n", v);
-        lk_attn_fa3_bwd_set_variant(v);
-        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
-            run_case("flash_attention_3", LK_BF16, &cases[i], 300u + i);
-    }
-    lk_attn_fa3_bwd_set_variant(was);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case("flash_attention_3", LK_BF16, &cases[i], 300u + i);
 }
 
 /* What the Hopper kernel does not take runs on flash_attention_2's kernels under the

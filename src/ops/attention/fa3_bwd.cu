@@ -7,56 +7,43 @@
  *              P is 0), each row's visible keys [lo, hi), the sink's share; laid out so
  *              one 512-byte bulk copy brings a tile's LSE and delta, another its lo/hi.
  *   a block    128 keys of one (b, h_kv); three warpgroups (384 threads):
- *   producer   warpgroup 0 (setmaxnreg 24): one thread loads K and V once by TMA, then
- *              for every q head of the group and every 64-row query tile that sees the
- *              keys, Q, dO (a 4-D tensor map over [B, S, H, D]) and the tile's stats into
- *              a three-stage ring (mbarriers: `full` by TMA's transaction bytes, `empty`
- *              by the consumers' arrivals).
- *   consumers  warpgroups 1 and 2 own 64 keys each (setmaxnreg 240). With keys as the M
+ *   producer   warpgroup 0 (setmaxnreg 56) is producer and dQ warpgroup at once. Its thread 0
+ *   and dQ     loads K and V once by TMA, then, for every q head of the group and every
+ *              64-row query tile that sees the keys, Q, dO (a 4-D tensor map over [B, S, H,
+ *              D]) and the tile's stats into a three-stage ring (mbarriers: `full` by TMA's
+ *              transaction bytes, `empty` by the math warpgroups' arrivals), two steps ahead
+ *              of the math (step it + 2 once step it - 1 has freed its stage). All 128 threads
+ *              then take dQ of every step as dQᵀ = Kᵀ·dSᵀ in m64n32 chunks (d block h x 32
+ *              queries over all 128 keys; 2·(DP / 64) chunks a step, 16 f32 accumulators a
+ *              thread), each chunk added from the registers with 16-byte reductions in L2
+ *              (red.global.add.v4.f32) into an f32 workspace kept in the accumulator's own
+ *              order (a warp's adds are 512 contiguous bytes); fa3_dq_convert_t puts the sums
+ *              back in [B, H, S, D], times the scale, in bf16. Not bit-reproducible (the adds
+ *              land in any order): `deterministic` runs fa2.cu's separate dQ pass.
+ *   math       warpgroups 1 and 2 own 64 keys each (setmaxnreg 224). With keys as the M
  *              dimension, Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (wgmma from shared memory, issued
  *              together; P is formed while dPᵀ runs) leave Pᵀ and dSᵀ = Pᵀ ∘ (dPᵀ − δ)
  *              in the accumulator layout that is already the A operand of
  *              dV += Pᵀ·dO and dK += dSᵀ·Q (wgmma with A in registers, dV and dK in
  *              registers for the whole walk, GQA's G heads summed there: no atomics on
- *              dK/dV). dSᵀ also goes to shared memory (three buffers), and
- *              dQ = dS·K is one more wgmma with both operands read transposed: at D 128
- *              each warpgroup takes half of D over all 128 keys, at D 64 all of D over
- *              its own 64 keys. dQ of step t is issued in step t + 1, after dK, once
- *              the dSᵀ rows it reads are written (an mbarrier per warpgroup and buffer):
- *              the two warpgroups never meet at a barrier and drift apart, so one's
- *              softmax meets the other's GEMMs.
- *   dQ sums    each warpgroup adds its 64 x 64 f32 dQ into the f32 workspace straight
- *              from the registers with 16-byte reductions in L2 (red.global.add.v4.f32):
- *              the workspace keeps the accumulator's own order (a warp's adds are 512
- *              contiguous bytes), and the convert pass puts the sums back in
- *              [B, H, S, D], times the scale, in bf16. Not bit-reproducible (the adds land
- *              in any order): `deterministic` runs fa2.cu's separate dQ pass.
- * Variant 2 (the default; LK_FA3_BWD_VARIANT=1 runs the above): measured on the H200 (bench/NOTES.md,
- *   eleventh session, call 3) at 0.86-0.90x SDPA-cuDNN fwd+bwd in the four cells, where
- *   variant 1 ran 0.80-0.84x:
- *   the math warpgroups leave dQ: warpgroup 0 (setmaxnreg 56) is producer and dQ warpgroup
- *              at once. Its thread 0 issues the loads, two steps ahead as before (step
- *              it + 2 once step it − 1 has freed its stage); all 128 threads take dQ of
- *              every step as dQᵀ = Kᵀ·dSᵀ in m64n32 chunks (d block h x 32 queries, all
- *              128 keys; 2·(DP / 64) chunks a step, 16 f32 accumulators a thread) and add
- *              each chunk from the registers as variant 1 does, into a workspace in that
- *              accumulator's order (fa3_dq_convert_t reads it back). The math warpgroups
- *              store dS (not dSᵀ: rows of queries, keys contiguous, stmatrix .trans) so that
- *              it is a K-major B of n32; both operands are canonical wgmma layouts. dS buffers
- *              hand over on mbarriers both ways (`dsfull`: both math warpgroups wrote it;
- *              `dsempty`: the dQ warpgroup read it). The math warpgroups (setmaxnreg 224)
- *              keep Sᵀ, dPᵀ, dV, dK: no dQ GEMM to wait on, no L2 reductions in their step,
- *              and the dQ GEMMs fill the tensor pipe while both compute P or dS. A fourth
- *              warpgroup for dQ alone does not fit the registers (24 + 56 + 2 · 224 > 512 a
- *              thread). Its first version (9981edd) hung on the H200: setmaxnreg budgets of
- *              64 + 2 · 224 (the REG_ comment below).
+ *              dK/dV). They store dS (not dSᵀ: rows of queries, keys contiguous, stmatrix
+ *              .trans) into one of three buffers, a K-major B of n32 for the dQ warpgroup:
+ *              both operands canonical wgmma layouts. The buffers hand over on mbarriers
+ *              both ways (`dsfull`: both math warpgroups wrote it; `dsempty`: the dQ
+ *              warpgroup read it). No dQ GEMM to wait on and no L2 reductions in the math
+ *              warpgroups' step: the dQ GEMMs fill the tensor pipe while both compute P or
+ *              dS, and the two math warpgroups never meet at a barrier, so they drift apart
+ *              and one's softmax meets the other's GEMMs.
+ * Measured on the H200 (bench/NOTES.md, twelfth session, call 1): fwd+bwd 0.83-0.94x SDPA-cuDNN
+ * in the four cells, where the first design — each math warpgroup its own dQ = dS·K a step
+ * late, producer a lone thread with 24 registers — ran 0.73-0.87x in the same run (it is
+ * gone; git has it, 9981edd and before). A fourth warpgroup for dQ alone does not fit the
+ * registers (24 + 56 + 2 · 224 > 504 a thread).
  * Layouts are fa3.cu's (rows of 64 elements in TMA's 128-byte swizzle). What this kernel
  * does not take — softcap, `deterministic`, and everything fa3.cu's forward hands to
  * fa2.cu — runs on fa2.cu's backward under the same row. */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
-#include <type_traits>
 #include "core/cuda_check.h"
 #include "ops/attention/hopper.cuh"
 #include "ops/attention/internal.h"
@@ -69,23 +56,19 @@
 /* dSᵀ buffers: dQ of step t runs in step t + 1 and a warpgroup may be a step ahead of the
  * other, so a buffer is rewritten two steps after its last reader finished. */
 #define NDS 3
-#define THREADS 384       /* producer (variant 2: producer and dQ) + 2 math warpgroups */
+#define THREADS 384       /* producer and dQ + 2 math warpgroups */
 /* setmaxnreg budgets. setmaxnreg only moves registers within the block's allocation at
  * launch: 168 a thread (the most __launch_bounds__(384, 1) allows; ptxas -v says 168 for
  * every instantiation) x 384 = 64,512, so the three warpgroups' budgets, multiples of 8,
  * must sum to at most 168 · 3 = 504 a thread. A setmaxnreg.inc that the pool cannot meet
- * waits for ever (USETMAXREG.TRY_ALLOC in a loop): variant 2's first budgets, 64 + 224 +
- * 224 = 512 (65,536), hung on the H200 in the math warpgroups' inc. Now:
- *   variant 1  producer 24 + math 240 + 240 = 504 (24·128 + 240·256 = 64,512)
- *   variant 2  producer-and-dQ 56 + math 224 + 224 = 504 (56·128 + 224·256 = 64,512)
- * The dQ warpgroup's 56 holds one m64n32 accumulator (16) and its addresses: ptxas wants at
- * least 64 for a region with an m64n64 wgmma (and drops setmaxnreg below that, C7507), 48
- * for m64n32. The math warpgroups need 224 at D 128 (dK, dV 128; Sᵀ, dPᵀ 64; their bf16
- * packs: 216 spilled 332 bytes). */
-#define REG_PRODUCER 24
-#define REG_MATH1 240
+ * waits for ever (USETMAXREG.TRY_ALLOC in a loop): the first budgets, 64 + 224 + 224 = 512
+ * (65,536), hung on the H200 in the math warpgroups' inc. Now producer-and-dQ 56 + math 224
+ * + 224 = 504. The dQ warpgroup's 56 holds one m64n32 accumulator (16) and its addresses:
+ * ptxas wants at least 64 for a region with an m64n64 wgmma (and drops setmaxnreg below
+ * that, C7507), 48 for m64n32. The math warpgroups need 224 at D 128 (dK, dV 128; Sᵀ, dPᵀ
+ * 64; their bf16 packs: 216 spilled 332 bytes). */
 #define REG_DQ 56
-#define REG_MATH2 224
+#define REG_MATH 224
 #define LOG2E 1.4426950408889634f
 #define CHUNK 4096        /* f32 of one 64 x 64 dQ chunk */
 
@@ -129,36 +112,7 @@ static __global__ void fa3_bwd_prep(const lk_bf16_t *out, const lk_bf16_t *dout,
     }
 }
 
-/* dq[b, h, i, d] = scale · the sum the chunks hold for it (their order: fragment element e
- * of thread t of the warpgroup at (e / 4)·512 + 4t + e % 4). A warp a row: the row's
- * place in the chunks once, then columns d, d + 1 (W 2: one 8-byte load of adjacent sums,
- * one bf16x2 store; D is a multiple of 8 here) or one at a time (W 1: dq not 4-byte
- * aligned). 10.6 ms of a 0.6B model's 420 ms step when it was one thread an element with
- * 64-bit divisions (bench/NOTES.md). */
-template <int W>
-static __global__ void fa3_dq_convert(const float *acc, lk_bf16_t *dq, int64_t rows, int Sq, int D, int DP, int nqt,
-                                      float scale) {
-    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    for (int64_t row = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); row < rows; row += (int64_t)gridDim.x * warps) {
-        const int64_t bh = row / Sq;
-        const int i = (int)(row - bh * Sq), r = i % BMQ, rr = r % 16;
-        const int tb = (r / 16) * 32 + (rr % 8) * 4, eb = (rr / 8) * 2;
-        const float *src = acc + (bh * nqt + i / BMQ) * (DP / 64) * CHUNK;
-        lk_bf16_t *out = dq + (int64_t)row * D;
-        for (int d = W * lane; d < D; d += 32 * W) {
-            const int c = d % 64, t = tb + (c % 8) / 2, e = (c / 8) * 4 + eb + (c & 1);
-            const float *at = src + (d / 64) * CHUNK + (e / 4) * 512 + t * 4 + e % 4;
-            if constexpr (W == 2) {
-                const float2 v = *reinterpret_cast<const float2 *>(at);   /* e even: e, e + 1 adjacent */
-                *reinterpret_cast<__nv_bfloat162 *>(out + d) = __floats2bfloat162_rn(v.x * scale, v.y * scale);
-            } else {
-                out[d] = __float2bfloat16_rn(*at * scale);
-            }
-        }
-    }
-}
-
-/* The same for variant 2's workspace: per query tile, 2·(DP / 64) chunks of an m64n32 dQᵀ
+/* dq[b, h, i, d] = scale · the sum the workspace holds for it: per query tile, 2·(DP / 64) chunks of an m64n32 dQᵀ
  * accumulator, chunk 2h + qh holding columns d of block h (rows of the m64) by queries
  * 32qh.. (its n32), element e of thread t at (e / 4)·512 + 4t + e % 4. Rows i and i + 1 (i
  * even) are adjacent columns of the n32, so a warp takes such a pair: one 8-byte load gives
@@ -185,34 +139,7 @@ static __global__ void fa3_dq_convert_t(const float *acc, lk_bf16_t *dq, int64_t
 /* --- the kernel ---------------------------------------------------------------------- */
 
 #if FA3_ARCH
-/* Waits until the dSᵀ rows dQ of step t reads are written (D 128: both warpgroups'). */
-template <int DP>
-static __device__ __forceinline__ void wait_ds(uint64_t *dsfull, int t, int cg) {
-    const int buf = t % NDS, ph = (t / NDS) & 1;
-    if constexpr (DP == 128) {
-        mbar_wait(&dsfull[buf], ph);
-        mbar_wait(&dsfull[NDS + buf], ph);
-    } else {
-        mbar_wait(&dsfull[cg * NDS + buf], ph);
-    }
-}
-
-/* dQ = dS·K of step t: at D 128 half of D over both warpgroups' keys, at D 64 all of D
- * over this warpgroup's. */
-template <int DP>
-static __device__ __forceinline__ void issue_dq(float *dq, const uint8_t *sds, const uint8_t *sk, int t, int cg) {
-    constexpr int KSTEPS = DP == 128 ? BNK / 16 : 4;
-    const int k0 = DP == 128 ? 0 : 4 * cg;
-    const uint8_t *dsb = sds + (t % NDS) * BNK * 128, *kq = sk + (DP == 128 ? cg * BNK * 128 : 0);
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < KSTEPS; k++)
-        wgmma_ss_n64_tt(dq, desc(dsb + (k0 + k) * 2048, BMQ * 128, 1024), desc(kq + (k0 + k) * 2048, BNK * 128, 1024),
-                        k > 0);
-    wgmma_commit();
-}
-
-/* Variant 2's dQ warpgroup, one chunk: dQᵀ[64h, 64h + 64)[32qh, 32qh + 32) = Kᵀ·dSᵀ over all
+/* The dQ warpgroup, one chunk: dQᵀ[64h, 64h + 64)[32qh, 32qh + 32) = Kᵀ·dSᵀ over all
  * BNK keys of the block, m64n32 (16 f32 a thread). A is K's column block h read MN-major
  * (d contiguous: one 128-byte swizzle atom is m64); B is the dS buffer, stored K-major by
  * the math warpgroups ([query][key]: keys 64c..64c + 63 in the 8 KB block c, a query's 64
@@ -232,16 +159,11 @@ static __device__ __forceinline__ void add_dqt(float *chunk, const float *dq) {
     for (int j = 0; j < 4; j++) red_add_v4(chunk + j * 512, dq + 4 * j);
 }
 
-static __device__ __forceinline__ void add_dq(float *chunk, const float *dq) {
-#pragma unroll
-    for (int j = 0; j < 8; j++) red_add_v4(chunk + j * 512, dq + 4 * j);
-}
-
 #endif
 
 /* Fragment element e of an m64nN accumulator is row (e & 2 ? 8 : 0) + lane / 4 of the
  * warp's 16, column 8 (e / 4) + 2 (lane % 4) + (e & 1). */
-template <int DP, bool DQWG>
+template <int DP>
 __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CUtensorMap tq,
                                                       const __grid_constant__ CUtensorMap tk,
                                                       const __grid_constant__ CUtensorMap tv,
@@ -255,9 +177,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     uint8_t *sds = sdo + STAGES * NC * QB;              /* dSᵀ [NDS][BNK keys][64 queries] bf16 */
     float *sst = (float *)(sds + NDS * KB);             /* [STAGES][lse2 | delta | lo | hi] x 64 */
     uint64_t *kvfull = (uint64_t *)(sst + STAGES * 4 * BMQ), *full = kvfull + 1, *empty = full + STAGES;
-    /* variant 1: dsfull [2 math warpgroups][NDS]; variant 2: dsfull [NDS] (both math
-     * warpgroups' dS written, 256 arrivals) and dsempty [NDS] (the dQ warpgroup has read
-     * it, 128), the same 2·NDS barriers */
+    /* dsfull [NDS]: both math warpgroups' dS written (256 arrivals); dsempty [NDS]: the dQ
+     * warpgroup has read it (128) */
     uint64_t *dsfull = empty + STAGES, *dsempty = dsfull + NDS;
 
     const int tid = threadIdx.x, wg = tid / 128;
@@ -270,7 +191,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     if (tid == 0) {
         mbar_init(kvfull, 1);
         for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 256);
-        for (int x = 0; x < 2 * NDS; x++) mbar_init(&dsfull[x], DQWG && x < NDS ? 256 : 128);
+        for (int x = 0; x < 2 * NDS; x++) mbar_init(&dsfull[x], x < NDS ? 256 : 128);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -295,15 +216,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
             tma_load(sv + c * KB, &tv, kvfull, c * 64, k0, bhk);
         }
     };
-    if (wg == 0 && !DQWG) {   /* variant 1's producer */
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_PRODUCER));
-        if (tid == 0 && n > 0) {
-            produce_kv();
-            for (int it = 0; it < n; it++) produce(it);
-        }
-        return;
-    }
-    /* Variant 2's hand-over, and why it cannot deadlock. Step t's stage s = t % STAGES and
+    /* The hand-over, and why it cannot deadlock. Step t's stage s = t % STAGES and
      * dS buffer x = t % NDS are used for the (t / 3)-th time, so every wait below is for
      * phase t / 3 of its barrier (parity (t / 3) & 1; dsempty's, for the phase before:
      * parity ((t / 3) & 1) ^ 1, which a fresh barrier passes for t < 3, so the math
@@ -323,7 +236,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
      * parity is ever read for the wrong phase. n = 0: both roles skip everything (no loads,
      * no waits); n = 1, 2: only the loads before the loop. The budgets fit the pool (the
      * REG_ comment), so neither setmaxnreg waits for ever. */
-    if (wg == 0 && DQWG) {   /* variant 2's producer and dQ warpgroup */
+    if (wg == 0) {   /* the producer and dQ warpgroup */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_DQ));
         if (n == 0) return;
         if (tid == 0) {
@@ -353,24 +266,19 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         }
         return;
     }
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(DQWG ? REG_MATH2 : REG_MATH1));
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REG_MATH));
     const int ct = tid - 128, cg = ct / 128, wt = ct % 128, w = wt / 32, lane = tid % 32, t4 = lane % 4;
     const int kb = k0 + cg * 64, key0 = kb + w * 16 + lane / 4;   /* this thread's keys: key0, key0 + 8 */
     float dk[DP / 2], dv[DP / 2];
 #pragma unroll
     for (int e = 0; e < DP / 2; e++) dk[e] = dv[e] = 0.0f;
-    float dq[32];
-    float *chunk = NULL;
     if (n > 0) mbar_wait(kvfull, 0);
-    auto step = [&](const int it, auto lagged) {
-        constexpr bool LAG = decltype(lagged)::value;
-        const int s = it % STAGES, hh = hk * g.G + it / nq, qt = qt0 + (it % nq + kt) % nq;
-        const int64_t bh = (int64_t)b * g.Hq + hh;
+    for (int it = 0; it < n; it++) {
+        const int s = it % STAGES;
         const uint8_t *q = sq + s * NC * QB, *o = sdo + s * NC * QB;
         const float *lse2 = sst + s * 4 * BMQ, *delta = lse2 + BMQ;
         const int *lo = (const int *)(lse2 + 2 * BMQ), *hi = lo + BMQ;
         mbar_wait(&full[s], (it / STAGES) & 1);
-        if constexpr (LAG && !DQWG) wait_ds<DP>(dsfull, it - 1, cg);
 
         float sc[32], dp[32];
         wgmma_fence();
@@ -418,60 +326,29 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         pack_a<64>(dp, ds);
         const int buf = it % NDS;
         uint8_t *dsb = sds + buf * KB;
-        /* variant 2: the dQ warpgroup has read what this buffer held NDS steps ago (the
-         * first NDS waits, on parity 1 of a fresh barrier, pass at once) */
-        if constexpr (DQWG) mbar_wait(&dsempty[buf], ((it / NDS) & 1) ^ 1);
-        if constexpr (DQWG) {
-            /* dS, not dSᵀ, for variant 2's dQᵀ = Kᵀ·dSᵀ (issue_dqt): rows of queries, this
-             * warpgroup's 64 keys a 128-byte row of block cg, 16-byte pieces swizzled by the
-             * query's row % 8. ds[g] holds the 8 x 8 tiles (queries 8j.., keys kh·8..) with j
-             * = 2g + m / 2, kh = m % 2 as its matrices m; stored transposed, tile m's column x
-             * (query 16g + 8 (m / 2) + x) is the 16 bytes of keys 16w + 8kh.. of that row. */
-            const int m = lane / 8, x = lane % 8;
-            uint8_t *row = dsb + cg * (BMQ * 128) + (8 * (m / 2) + x) * 128 + (((2 * w + (m & 1)) ^ x) << 4);
+        /* the dQ warpgroup has read what this buffer held NDS steps ago (the first NDS
+         * waits, on parity 1 of a fresh barrier, pass at once) */
+        mbar_wait(&dsempty[buf], ((it / NDS) & 1) ^ 1);
+        /* dS, not dSᵀ, for the dQ warpgroup's dQᵀ = Kᵀ·dSᵀ (issue_dqt): rows of queries, this
+         * warpgroup's 64 keys a 128-byte row of block cg, 16-byte pieces swizzled by the
+         * query's row % 8. ds[g] holds the 8 x 8 tiles (queries 8j.., keys kh·8..) with j
+         * = 2g + m / 2, kh = m % 2 as its matrices m; stored transposed, tile m's column x
+         * (query 16g + 8 (m / 2) + x) is the 16 bytes of keys 16w + 8kh.. of that row. */
+        const int m = lane / 8, x = lane % 8;
+        uint8_t *row = dsb + cg * (BMQ * 128) + (8 * (m / 2) + x) * 128 + (((2 * w + (m & 1)) ^ x) << 4);
 #pragma unroll
-            for (int gq = 0; gq < 4; gq++) stmatrix_x4_trans(row + gq * 16 * 128, ds[gq]);
-        } else {
-#pragma unroll
-            for (int e = 0; e < 32; e += 2) {
-                const int r = cg * 64 + w * 16 + (e & 2 ? 8 : 0) + lane / 4;
-                *reinterpret_cast<uint32_t *>(dsb + r * 128 + (((e / 4) ^ (r & 7)) << 4) + 4 * t4) =
-                    ds[e / 8][((e / 4) & 1) * 2 + ((e >> 1) & 1)];
-            }
-        }
+        for (int gq = 0; gq < 4; gq++) stmatrix_x4_trans(row + gq * 16 * 128, ds[gq]);
         fence_async_smem();
-        mbar_arrive(&dsfull[(DQWG ? 0 : cg * NDS) + buf]);
+        mbar_arrive(&dsfull[buf]);
         wgmma_fence();
         issue_rs<DP, BMQ>(dk, ds, q);   /* dK += dSᵀ·Q */
         wgmma_commit();
-        if constexpr (DQWG) {
-            wgmma_wait<0>();
-        } else if constexpr (LAG) {
-            issue_dq<DP>(dq, sds, sk, it - 1, cg);
-            wgmma_wait<1>();
-        } else {
-            wgmma_wait<0>();
-        }
+        wgmma_wait<0>();
         fence_regs<DP / 2>(dv);
         fence_regs<DP / 2>(dk);
         fence_regs_u32<16>(&pp[0][0]);
         fence_regs_u32<16>(&ds[0][0]);
         mbar_arrive(&empty[s]);
-        if constexpr (LAG && !DQWG) {
-            wgmma_wait<0>();
-            fence_regs<32>(dq);
-            add_dq(chunk, dq);
-        }
-        chunk = g.dq_acc + ((bh * g.nqt + qt) * NC + (DP == 128 ? cg : 0)) * CHUNK + wt * 4;
-    };
-    if (n > 0) step(0, std::false_type{});
-    for (int it = 1; it < n; it++) step(it, std::true_type{});
-    if (!DQWG && n > 0) {
-        wait_ds<DP>(dsfull, n - 1, cg);
-        issue_dq<DP>(dq, sds, sk, n - 1, cg);
-        wgmma_wait<0>();
-        fence_regs<32>(dq);
-        add_dq(chunk, dq);
     }
 
 #pragma unroll
@@ -534,47 +411,22 @@ size_t lk_attn_fa3_bwd_workspace(const lk_attention_args *a) {
     return lk_attn_vis_bytes(a) + p.stats + p.rows + p.dq_acc + p.sink_part;
 }
 
-template <int DP, bool DQWG>
+template <int DP>
 static lk_status launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const CUtensorMap &tdo,
                         const bwd_geom &g, int64_t B, cudaStream_t st) {
     const size_t sh = bwd_smem(DP);
-    LK_CUDA_TRY(cudaFuncSetAttribute(fa3_bwd<DP, DQWG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
+    LK_CUDA_TRY(cudaFuncSetAttribute(fa3_bwd<DP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
     const unsigned nkt = (unsigned)lk_cdiv(g.Skv, BNK), heads = (unsigned)(B * g.Hkv);
     const dim3 grid = g.head_major ? dim3(heads, nkt) : dim3(nkt, heads);
-    fa3_bwd<DP, DQWG><<<grid, THREADS, sh, st>>>(tq, tk, tv, tdo, g);
+    fa3_bwd<DP><<<grid, THREADS, sh, st>>>(tq, tk, tv, tdo, g);
     LK_CUDA_LAUNCHED("attention: flash_attention_3 backward");
-    return LK_OK;
-}
-
-/* Which kernel variant runs (the file's opening names them): 0 until the first backward
- * or lk_attn_fa3_bwd_set_variant, then 1 or 2 (the default). LK_FA3_BWD_VARIANT is read
- * once, here and not in config/env.c, because it is a measuring switch that goes with the
- * variant that loses (variant 1, once measured beside variant 2 in one run). */
-static int bwd_variant;
-
-int lk_attn_fa3_bwd_set_variant(int v) {
-    const int was = bwd_variant;
-    if (v >= 0 && v <= 2) bwd_variant = v;
-    return was;
-}
-
-static lk_status variant_of(int *v) {
-    if (!bwd_variant) {
-        const char *e = getenv("LK_FA3_BWD_VARIANT");
-        if (e && strcmp(e, "1") && strcmp(e, "2"))
-            return lk_error(LK_EINVAL, "attention: flash_attention_3: LK_FA3_BWD_VARIANT=%s (valid: 1 | 2)", e);
-        bwd_variant = e && !strcmp(e, "1") ? 1 : 2;
-    }
-    *v = bwd_variant;
     return LK_OK;
 }
 
 lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
     const lk_attn_dims d = lk_attn_dims_of(a);
     if (d.Sq == 0 || d.B * d.Hq == 0) return LK_OK;
-    int variant = 2;
-    lk_status s = variant_of(&variant);
-    if (s) return s;
+    lk_status s;
     cudaStream_t st = (cudaStream_t)ctx->stream;
     const pieces pc = pieces_of(a);
     const int DP = dp_of(d.D), nqt = (int)lk_cdiv(d.Sq, BMQ);
@@ -610,25 +462,12 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
             (s = tensor_map(&tv, a->v.data, d.B * d.Hkv, d.Skv, d.D, BNK)) ||
             (s = bf16_map(&tdo, a->dout.data, 4, ddims, dstr, dbox)))
             return s;
-        if (variant == 2)
-            s = DP == 64 ? launch<64, true>(tq, tk, tv, tdo, g, d.B, st) : launch<128, true>(tq, tk, tv, tdo, g, d.B, st);
-        else
-            s = DP == 64 ? launch<64, false>(tq, tk, tv, tdo, g, d.B, st)
-                         : launch<128, false>(tq, tk, tv, tdo, g, d.B, st);
+        s = DP == 64 ? launch<64>(tq, tk, tv, tdo, g, d.B, st) : launch<128>(tq, tk, tv, tdo, g, d.B, st);
         if (s) return s;
     }   /* no keys: dK and dV are empty, dQ is 0 */
-    const int64_t dq_rows = d.B * d.Hq * d.Sq;
-    const unsigned grid = (unsigned)(lk_cdiv(dq_rows, 8) < 16384 ? lk_cdiv(dq_rows, 8) : 16384);   /* 8 warps a block */
-    const int64_t pairs = d.B * d.Hq * ((d.Sq + 1) / 2);
-    if (variant == 2 && d.Skv > 0)   /* the dQᵀ chunks' order; with no keys the workspace is zeros in any order */
-        fa3_dq_convert_t<<<(unsigned)(lk_cdiv(pairs, 8) < 16384 ? lk_cdiv(pairs, 8) : 16384), 256, 0, st>>>(
-            g.dq_acc, (lk_bf16_t *)a->dq.data, pairs, (int)d.Sq, (int)d.D, DP, nqt, d.scale);
-    else if (((uintptr_t)a->dq.data & 3) == 0)
-        fa3_dq_convert<2><<<grid, 256, 0, st>>>(g.dq_acc, (lk_bf16_t *)a->dq.data, dq_rows, (int)d.Sq, (int)d.D, DP, nqt,
-                                                d.scale);
-    else
-        fa3_dq_convert<1><<<grid, 256, 0, st>>>(g.dq_acc, (lk_bf16_t *)a->dq.data, dq_rows, (int)d.Sq, (int)d.D, DP, nqt,
-                                                d.scale);
+    const int64_t pairs = d.B * d.Hq * ((d.Sq + 1) / 2);   /* with no keys the workspace is zeros: dQ 0 */
+    fa3_dq_convert_t<<<(unsigned)(lk_cdiv(pairs, 8) < 16384 ? lk_cdiv(pairs, 8) : 16384), 256, 0, st>>>(
+        g.dq_acc, (lk_bf16_t *)a->dq.data, pairs, (int)d.Sq, (int)d.D, DP, nqt, d.scale);
     LK_CUDA_LAUNCHED("attention: flash_attention_3 backward dq convert");
     return sink_part ? lk_attn_cuda_sink_sum(sink_part, (float *)a->ds_aux.data, d.B, d.Hq, d.Sq, st) : LK_OK;
 }

@@ -92,10 +92,6 @@ extern const lk_attention_vtable lk_attention_fa3_cuda_backend;     /* fa3.cu: H
 int lk_attn_fa3_bwd_takes(const lk_attention_args *a);
 size_t lk_attn_fa3_bwd_workspace(const lk_attention_args *a);
 lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx);
-/* The backward kernel's variant, 1 or 2 (fa3_bwd.cu's opening), for tests that run both;
- * 0: LK_FA3_BWD_VARIANT's at the next backward (unset: 2); another v leaves it. Returns
- * the one set before (0: not chosen yet). */
-int lk_attn_fa3_bwd_set_variant(int v);
 #endif
 #ifdef LLMKERN_HAVE_CUDNN
 extern const lk_attention_vtable lk_attention_cudnn_backend;        /* sdpa_cudnn.cpp */

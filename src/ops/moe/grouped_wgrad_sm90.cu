@@ -169,6 +169,39 @@ static __device__ __forceinline__ void cp_rows(uint8_t *dst, const wopnd &o, con
     }
 }
 
+/* The cooperative kernel's gathered operand, a step's 64 rows: row r's source starts tk[r]
+ * 16-byte chunks past p (~0u: past the expert, zeros), columns c0 .. c0 + 8·CH (< ncols),
+ * into the stage at shared address dst (CH / 8 blocks of 64 columns, swizzled as TMA
+ * writes). Warp w copies rows 16w .. 16w + 15, 32 / CH rows a warp instruction (a row's
+ * chunks contiguous on both sides), their offsets read four at a time (ld.shared.v4, the
+ * same words for every lane). cp_rows spent its time on the address of each copy (a
+ * generic load of the row, the operand's stride reloaded from the constant bank, a 64-bit
+ * multiply: ncu's per-instruction samples, twelfth session) while the consumers waited. */
+template <int CH>
+static __device__ __forceinline__ void cp_gathered(uint32_t dst, const lk_bf16_t *p, uint32_t tk, int64_t c0,
+                                                   int64_t ncols, int tid) {
+    constexpr int RPW = 32 / CH;
+    const int lane = tid % 32, w = tid / 32, c = lane % CH, h = lane / CH;
+    const bool cok = c0 + c * 8 < ncols;
+    const lk_bf16_t *pc = p + c0 + c * 8;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {   /* rows 16w + 4j .. 16w + 4j + 3 */
+        uint32_t off[4];
+        asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(off[0]), "=r"(off[1]), "=r"(off[2]), "=r"(off[3])
+                     : "r"(tk + (16 * w + 4 * j) * 4));
+#pragma unroll
+        for (int i = 0; i < 4 / RPW; i++) {
+            const uint32_t o = RPW == 1 ? off[i] : (h ? off[RPW * i + 1] : off[RPW * i]);
+            const int r = 16 * w + 4 * j + RPW * i + h;
+            const bool ok = cok && o != ~0u;
+            const uint32_t d = dst + (c / 8) * BLK + r * 128 + (((c % 8) ^ (r & 7)) << 4);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d),
+                         "l"(ok ? pc + (uint64_t)o * 8 : p), "r"(ok ? 16 : 0));
+        }
+    }
+}
+
 #endif
 
 /* AG / BG: A / B gathered (cp.async always); otherwise TMA on the full K steps. Accumulator
@@ -185,7 +218,8 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
     uint8_t *sa = sm, *sb = sa + STAGES * A_BYTES;
     uint8_t *stg = sb + STAGES * B_BYTES;   /* TMA: the epilogue's staging, 2 × 2 slices (1024-aligned) */
     uint64_t *full = (uint64_t *)(stg + (TMA ? STG_BYTES : 0)), *empty = full + STAGES;
-    int32_t *toks = (int32_t *)(empty + STAGES);   /* [STAGES][BK] */
+    /* [STAGES][BK]: the gathered operand's source rows of a step, in 16-byte chunks from its base */
+    const uint32_t toks = smem_u32(empty + STAGES);
     const int tid = threadIdx.x, wg = tid / 128;
     const int64_t total = p.e * p.mt * p.nt;
 
@@ -203,34 +237,37 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
          * where they were used, they held each step for a round trip to L2 (ncu, twelfth
          * session: 58% of the warps' cycles waiting on L1TEX, 2.3 us a step where the
          * MMAs take 0.7). */
+        /* 32-bit item and row arithmetic (lk_moe_cuda_gg_sm90_wgrad_takes bounds both): the
+         * 56 registers spilled with 64-bit divisions */
         const wopnd &g = AG ? p.a : p.b;
-        const int64_t per = (int64_t)p.mt * p.nt;   /* items an expert */
-        auto next_item = [&](int64_t t) {   /* the first non-empty item from t (total: none) */
-            while (t < total && p.offs[t / per] >= p.offs[t / per + 1]) t += gridDim.x;
+        const int per = p.mt * p.nt, items = (int)total, kdiv = (int)g.kdiv, ld16 = (int)(g.ld / 8);
+        auto next_item = [&](int t) {   /* the first non-empty item from t (items: none) */
+            while (t < items && p.offs[t / per] >= p.offs[t / per + 1]) t += gridDim.x;
             return t;
         };
-        int64_t t = next_item(blockIdx.x);
+        int t = next_item(blockIdx.x);
         int32_t nxt = -1;   /* this thread's order[] value of the next step (tid < BK) */
-        if ((AG || BG) && tid < BK && t < total && p.offs[t / per] + tid < p.offs[t / per + 1])
+        if ((AG || BG) && tid < BK && t < items && p.offs[t / per] + tid < p.offs[t / per + 1])
             nxt = g.order[p.offs[t / per] + tid];
         int it = 0;
-        for (; t < total; t = next_item(t + gridDim.x)) {
-            int64_t e, k0, klim, m0, n0;
-            item_of(p, t, e, k0, klim, m0, n0);
-            for (int64_t kr = k0; kr < klim; kr += BK, it++) {
+        for (; t < items; t = next_item(t + gridDim.x)) {
+            const int e = t / per, r = t - e * per, m0 = (r / p.nt) * BM, n0 = (r % p.nt) * BN;
+            const int k0 = (int)p.offs[e], klim = (int)p.offs[e + 1];
+            for (int kr = k0; kr < klim; kr += BK, it++) {
                 const int s = it % STAGES;
                 const bool whole = kr + BK <= klim;   /* TMA may read these 64 rows */
                 uint8_t *a = sa + s * A_BYTES, *b = sb + s * B_BYTES;
-                int32_t *tk = toks + s * BK;   /* the gathered operand's rows of this step */
+                const uint32_t tk = toks + s * BK * 4;   /* the gathered operand's rows of this step */
                 if (AG || BG) {
-                    if (tid < BK) {
-                        tk[tid] = nxt >= 0 ? (int32_t)(nxt / g.kdiv) : -1;
+                    if (tid < BK) {   /* lk_moe_cuda_gg_sm90_wgrad_takes: every row's offset < 2^32 - 1 */
+                        const uint32_t o = nxt >= 0 ? (uint32_t)(nxt / kdiv) * (uint32_t)ld16 : ~0u;
+                        asm volatile("st.shared.u32 [%0], %1;" ::"r"(tk + tid * 4), "r"(o) : "memory");
                         nxt = -1;
                         if (kr + BK < klim) {
                             if (kr + BK + tid < klim) nxt = g.order[kr + BK + tid];
                         } else {   /* the next non-empty item's first step */
-                            const int64_t t2 = next_item(t + gridDim.x);
-                            if (t2 < total && p.offs[t2 / per] + tid < p.offs[t2 / per + 1])
+                            const int t2 = next_item(t + gridDim.x);
+                            if (t2 < items && p.offs[t2 / per] + tid < p.offs[t2 / per + 1])
                                 nxt = g.order[p.offs[t2 / per] + tid];
                         }
                     }
@@ -253,8 +290,10 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
                         mbar_arrive(&full[s]);
                     }
                 }
-                if (AG || !whole) cp_rows<BM / 8>(a, p.a, AG ? tk : nullptr, kr, klim, m0, p.m, tid);
-                if (BG || !whole) cp_rows<BN / 8>(b, p.b, BG ? tk : nullptr, kr, klim, n0, p.n, tid);
+                if (AG) cp_gathered<BM / 8>(smem_u32(a), p.a.p, tk, m0, p.m, tid);
+                else if (!whole) cp_rows<BM / 8>(a, p.a, nullptr, kr, klim, m0, p.m, tid);
+                if (BG) cp_gathered<BN / 8>(smem_u32(b), p.b.p, tk, n0, p.n, tid);
+                else if (!whole) cp_rows<BN / 8>(b, p.b, nullptr, kr, klim, n0, p.n, tid);
                 cp_arrive_noinc_w(&full[s]);   /* arrives when this thread's copies have landed */
             }
         }
@@ -689,19 +728,23 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad_pp(const __grid_cons
 
 /* Rows of whole 16-byte chunks from a 16-byte aligned base (TMA's and cp.async's rule), no
  * expert stride (WGRAD's operands are the sorted or token rows themselves), M / N contiguous. */
-static int operand_ok(const lk_gg_operand *o, int64_t cols) {
+/* rows: the sorted rows' bound; a gathered operand's source rows are fewer than rows / kdiv,
+ * and the cooperative kernel keeps each one's offset in 16-byte chunks in 32 bits. */
+static int operand_ok(const lk_gg_operand *o, int64_t cols, int64_t rows) {
     return !o->kmajor && o->e_stride == 0 && lk_aligned16(o->src) && o->ld % 8 == 0 && cols % 8 == 0 &&
-           cols <= o->ld && (!o->order || o->kdiv >= 1);
+           cols <= o->ld && (!o->order || (o->kdiv >= 1 && (uint64_t)(rows / o->kdiv + 1) * (uint64_t)(o->ld / 8) <
+                                                                   0xffffffffull));
 }
 
 extern "C" int lk_moe_cuda_gg_sm90_wgrad_takes(const lk_gg *g) {
     if (g->dt != LK_BF16 || g->mode != LK_GG_WGRAD || g->epi != LK_GG_ACCUM || g->m < 8 || g->n < 8 ||
         g->m > INT32_MAX || g->n > INT32_MAX || g->rows > INT32_MAX - 2 * BK || g->experts < 1 ||
-        !operand_ok(&g->a, g->m) || !operand_ok(&g->b, g->n) || (g->a.order && g->b.order))
+        !operand_ok(&g->a, g->m, g->rows) || !operand_ok(&g->b, g->n, g->rows) || (g->a.order && g->b.order))
         return 0;
     /* C: f32 or bf16, element pairs (8 or 4 bytes) aligned */
     const size_t es = g->c_dt == LK_F32 ? 4 : g->c_dt == LK_BF16 ? 2 : 0;
-    return es && ((uintptr_t)g->c % (2 * es)) == 0 && g->ldc % 2 == 0 && g->c_e_stride % 2 == 0 && g->ldc >= g->n;
+    const int64_t items = g->experts * lk_cdiv(g->m, BM) * lk_cdiv(g->n, PN);   /* the ping-pong's, the most */
+    return es && items <= INT32_MAX && ((uintptr_t)g->c % (2 * es)) == 0 && g->ldc % 2 == 0 && g->c_e_stride % 2 == 0 && g->ldc >= g->n;
 }
 
 static lk_status map_error(lk_status s) {

@@ -130,38 +130,6 @@ static __device__ __forceinline__ void cp_arrive_noinc(uint64_t *bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
 
-/* Gathered A (token rows order[i] / kdiv, the permutation fused into the load): the source
- * offsets of the tile's rows r0 + 16 i that this producer thread copies, in 16-byte chunks
- * past p.a (~0u: past the expert; lk_moe_cuda_gg_sm90_takes bounds them below 2^32 - 1),
- * worked out once a tile, so that each copy of the K loop is one multiply-add from a
- * register (the weight gradients' producer spent its time on each copy's address: ncu,
- * twelfth session). */
-static __device__ __forceinline__ void gather_offsets(const sargs &p, int64_t m0, int64_t mlim, int r0, uint32_t *off) {
-    const uint32_t ld16 = (uint32_t)(p.lda / 8);
-    const int kdiv = (int)p.kdiv;
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const int64_t row = m0 + r0 + 16 * i;
-        off[i] = row < mlim ? (uint32_t)(p.aorder[row] / kdiv) * ld16 : ~0u;
-    }
-}
-
-/* K step kb of those rows, chunk c (16 bytes), into the stage at shared address a, in the
- * 128-byte swizzle TMA writes (chunk c of row r at c ^ (r & 7)); zeros past K or the expert. */
-static __device__ __forceinline__ void cp_gathered_a(uint32_t a, const sargs &p, const uint32_t *off, int kb, int c,
-                                                     int r0) {
-    const int k0 = kb * BK + c * 8;
-    const bool kok = k0 < p.k;
-    const lk_bf16_t *pk = p.a + k0;
-    const uint32_t d = a + r0 * 128 + ((c ^ (r0 & 7)) << 4);   /* rows r0 + 16 i: the same swizzle */
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-        const bool ok = kok && off[i] != ~0u;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d + 16 * i * 128),
-                     "l"(ok ? pk + (uint64_t)off[i] * 8 : p.a), "r"(ok ? 16 : 0));
-    }
-}
-
 static __device__ __forceinline__ void st_bf16x2(lk_bf16_t *p, float lo, float hi) {
     *reinterpret_cast<uint32_t *>(p) = lk_pack_bf16x2(lo, hi);
 }
@@ -212,8 +180,14 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
             int64_t e, m0, mlim;
             int nt;
             tile_of(p, t, e, m0, mlim, nt);
-            uint32_t off[AG ? 8 : 1];
-            if (AG) gather_offsets(p, m0, mlim, r0, off);
+            int32_t tok[AG ? 8 : 1];
+            if (AG) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const int64_t row = m0 + r0 + 16 * i;
+                    tok[i] = row < mlim ? (int32_t)(p.aorder[row] / p.kdiv) : -1;
+                }
+            }
             for (int kb = 0; kb < nk; kb++, it++) {
                 const int s = it % STAGES;
                 if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
@@ -233,7 +207,15 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
                     }
                 }
                 if (AG) {
-                    cp_gathered_a(smem_u32(a), p, off, kb, c, r0);
+                    const int64_t k0 = (int64_t)kb * BK + c * 8;
+                    const bool kok = k0 < p.k;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        const int r = r0 + 16 * i;
+                        const bool ok = kok && tok[i] >= 0;
+                        const lk_bf16_t *src = ok ? p.a + (int64_t)tok[i] * p.lda + k0 : p.a;
+                        cp16(a + r * 128 + ((c ^ (r & 7)) << 4), src, ok);
+                    }
                     cp_arrive_noinc(&full[s]);   /* arrives when this thread's copies have landed */
                 }
             }
@@ -448,8 +430,14 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
             int64_t e, m0, mlim;
             int nt;
             tile_of(p, t, e, m0, mlim, nt);
-            uint32_t off[AG ? 8 : 1];
-            if (AG) gather_offsets(p, m0, mlim, r0, off);
+            int32_t tok[AG ? 8 : 1];
+            if (AG) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    const int64_t row = m0 + r0 + 16 * i;
+                    tok[i] = row < mlim ? (int32_t)(p.aorder[row] / p.kdiv) : -1;
+                }
+            }
             for (int kb = 0; kb < nk; kb++, it++) {
                 const int s = it % PSTAGES;
                 if (it >= PSTAGES) mbar_wait(&empty[s], ((it / PSTAGES) - 1) & 1);
@@ -469,7 +457,15 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
                     }
                 }
                 if (AG) {
-                    cp_gathered_a(smem_u32(a), p, off, kb, c, r0);
+                    const int64_t k0 = (int64_t)kb * BK + c * 8;
+                    const bool kok = k0 < p.k;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) {
+                        const int r = r0 + 16 * i;
+                        const bool ok = kok && tok[i] >= 0;
+                        const lk_bf16_t *src = ok ? p.a + (int64_t)tok[i] * p.lda + k0 : p.a;
+                        cp16(a + r * 128 + ((c ^ (r & 7)) << 4), src, ok);
+                    }
                     cp_arrive_noinc(&full[s]);   /* arrives when this thread's copies have landed */
                 }
             }
@@ -693,21 +689,14 @@ static int tma_ok(const lk_gg_operand *o) {
     return lk_aligned16(o->src) && o->ld % 8 == 0 && o->e_stride % 8 == 0;
 }
 
-/* A gathered, every source row's offset in 16-byte chunks below 2^32 - 1 (gather_offsets);
- * the source rows are fewer than rows / kdiv. */
-static int gathered_ok(const lk_gg *g) {
-    return g->a.order && g->a.kdiv >= 1 && g->a.kdiv <= INT32_MAX && g->a.ld % 8 == 0 &&
-           (uint64_t)(g->rows / g->a.kdiv + 1) * (uint64_t)(g->a.ld / 8) < 0xffffffffull;
-}
-
 extern "C" int lk_moe_cuda_gg_sm90_takes(const lk_gg *g) {
     if (g->dt != LK_BF16 || g->mode != LK_GG_ROWS || !g->a.kmajor || g->k < 8 || g->k % 8 || g->k > INT32_MAX ||
         g->rows > INT32_MAX || g->experts > INT32_MAX || !tma_ok(&g->a) || !tma_ok(&g->b) || g->a.e_stride != 0)
         return 0;
     switch (g->epi) {
     case LK_GG_STORE_F32: return !g->a.order && g->c_dt == LK_F32 && g->n <= INT32_MAX;   /* h, d_gate_up */
-    case LK_GG_SWIGLU: return g->b.kmajor && gathered_ok(g) && g->inter % 8 == 0 && 2 * g->inter <= INT32_MAX;
-    case LK_GG_DSWIGLU: return !g->b.kmajor && gathered_ok(g) && g->inter % 8 == 0 && g->inter <= INT32_MAX;
+    case LK_GG_SWIGLU: return g->b.kmajor && g->a.order && g->inter % 8 == 0 && 2 * g->inter <= INT32_MAX;
+    case LK_GG_DSWIGLU: return !g->b.kmajor && g->a.order && g->inter % 8 == 0 && g->inter <= INT32_MAX;
     default: return 0;
     }
 }

@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
     constexpr int NC = DP / 64, STAGES = tiling<DP, BN>::stages;   /* NC: 64-column blocks of a row */
     constexpr uint32_t QB = BM * 128, KB = BN * 128; /* bytes of one 64-column block */
     extern __shared__ uint8_t smem_raw[];
-    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sm = smem_align1024(smem_raw);
     uint8_t *sq = sm, *sk = sq + NC * QB, *sv = sk + STAGES * NC * KB;
     /* K and V of a stage complete on barriers of their own: Q·Kᵀ need not wait for V */
     uint64_t *bars = (uint64_t *)(sv + STAGES * NC * KB), *qfull = bars, *kfull = bars + 1, *vfull = kfull + STAGES,

@@ -172,7 +172,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     constexpr int NC = DP / 64;
     constexpr uint32_t KB = BNK * 128, QB = BMQ * 128;   /* bytes of one 64-column block */
     extern __shared__ uint8_t smem_raw[];
-    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sm = smem_align1024(smem_raw);
     uint8_t *sk = sm, *sv = sk + NC * KB, *sq = sv + NC * KB, *sdo = sq + STAGES * NC * QB;
     uint8_t *sds = sdo + STAGES * NC * QB;              /* dSᵀ [NDS][BNK keys][64 queries] bf16 */
     float *sst = (float *)(sds + NDS * KB);             /* [STAGES][lse2 | delta | lo | hi] x 64 */

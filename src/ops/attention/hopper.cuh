@@ -24,6 +24,15 @@
 
 #if FA3_ARCH
 
+/* The dynamic shared memory's first 1024-aligned byte (TMA's 128-byte swizzle wants its
+ * boxes 1024-aligned), as a pointer the compiler still knows to be shared. Aligned through
+ * uintptr_t it was a generic pointer, and every access through it a generic load or store
+ * (LD.E: the global pipe's queue and latency, where LDS takes ~30 cycles): fa3_bwd's stats
+ * reads were its math warpgroups' largest stall (ncu, twelfth session). */
+static __device__ __forceinline__ uint8_t *smem_align1024(uint8_t *raw) {
+    return raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
+}
+
 static __device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count));
 }

@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
                                                       const __grid_constant__ CUtensorMap tb, sargs p) {
 #if FA3_ARCH
     extern __shared__ uint8_t smem_raw[];
-    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sm = smem_align1024(smem_raw);
     uint8_t *sa = sm, *sb = sa + STAGES * A_BYTES;
     uint64_t *full = (uint64_t *)(sb + STAGES * B_BYTES), *empty = full + STAGES;
     const int tid = threadIdx.x, wg = tid / 128;
@@ -408,7 +408,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
                                                          const __grid_constant__ CUtensorMap tb, sargs p) {
 #if FA3_ARCH
     extern __shared__ uint8_t smem_raw[];
-    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sm = smem_align1024(smem_raw);
     uint8_t *sa = sm, *sb = sa + PSTAGES * A_BYTES;
     uint64_t *full = (uint64_t *)(sb + PSTAGES * PB_BYTES), *empty = full + PSTAGES;
     const int tid = threadIdx.x, wg = tid / 128;

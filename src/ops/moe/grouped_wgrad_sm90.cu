@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
                                                             const __grid_constant__ CUtensorMap tc, wargs p) {
 #if FA3_ARCH
     extern __shared__ uint8_t smem_raw[];
-    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sm = smem_align1024(smem_raw);
     uint8_t *sa = sm, *sb = sa + STAGES * A_BYTES;
     uint8_t *stg = sb + STAGES * B_BYTES;   /* TMA: the epilogue's staging, 2 × 2 slices (1024-aligned) */
     uint64_t *full = (uint64_t *)(stg + (TMA ? STG_BYTES : 0)), *empty = full + STAGES;
@@ -486,7 +486,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad_pp(const __grid_cons
                                                                const __grid_constant__ CUtensorMap tb, wargs p) {
 #if FA3_ARCH
     extern __shared__ uint8_t smem_raw[];
-    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sm = smem_align1024(smem_raw);
     uint8_t *sa = sm, *sb = sa + PSTAGES * A_BYTES;
     uint64_t *full = (uint64_t *)(sb + PSTAGES * PB_BYTES), *empty = full + PSTAGES;
     int32_t *toks = (int32_t *)(empty + PSTAGES);   /* [PSTAGES][BK] */

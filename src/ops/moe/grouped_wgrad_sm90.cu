@@ -17,11 +17,13 @@
  *              belong to the expert; a gathered one (dout[order / k], x[order / k]), and
  *              both on an expert's last, partial step (TMA would read the next expert's
  *              rows: they must read as zeros), by cp.async from the 128 threads, 16 bytes
- *              a copy, zero-filled past the expert's rows and past M / N (the step's 64
- *              source rows, order[k] / kdiv, read once into shared memory by 64 threads
- *              and handed over by a named barrier of the 4 producer warps), each thread's
+ *              a copy, zero-filled past the expert's rows and past M / N, each thread's
  *              cp.async.mbarrier.arrive.noinc arriving on `full` when its copies land
- *              (128 arrivals + thread 0's, every step).
+ *              (128 arrivals + thread 0's, every step). The gathered rows' sources: 64
+ *              threads read order[] a step ahead (across items too) and store each row's
+ *              offset in 16-byte chunks into shared memory, handed over by a named barrier
+ *              of the 4 producer warps; cp_gathered reads them four at a time, a warp
+ *              instruction whole row segments.
  *   consumers  warpgroups 1 and 2 (setmaxnreg 224), 64 M rows each: per stage four
  *              wgmma.m64n256k16 (f32, 128 accumulators a thread), one group kept in flight,
  *              the stage before it released on `empty` (256 arrivals). Epilogue: C += acc,
@@ -52,8 +54,10 @@
  * Count (PEERS-H200.md's shape, R 131072, H 2048, I 768, E 128): d_down 2·R·H·I = 412 GFLOP,
  * d_gate_up 2·R·2I·H = 825 GFLOP, 1.24 TFLOP: 1.6 ms at 790 TFLOP/s; the f32 gradients read
  * and written once (E·3·H·I·4 B = 2.4 GB each way, ~1 ms of HBM) overlap only with other
- * items' K loops. mma.sync (gg_mma WGRAD): 10.7 ms, 115.6 TFLOP/s; this kernel (H200, ninth
- * session's call 4, every cuda_test_moe_experts case passing): 5.1 ms, 242 TFLOP/s. */
+ * items' K loops. mma.sync (gg_mma WGRAD): 10.7 ms, 115.6 TFLOP/s; this kernel (H200, every
+ * cuda_test_moe_experts case passing): 5.1 ms, 242 TFLOP/s in the ninth session; 3.15 ms, 392
+ * TFLOP/s in the twelfth (the TMA epilogue, order[] a step ahead, cp_gathered: the producer
+ * had been the bottleneck, bench/NOTES.md). */
 #include <stdio.h>
 #include <string.h>
 #include "core/cuda_check.h"

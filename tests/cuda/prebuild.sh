@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# prebuild.sh — builds the CUDA test binaries, the CLI and the bench's shim on this CPU machine
+# and packs them for the H200, so a device call only runs them (a build there cost 87-122 s of
+# the session's 30 device minutes; here it is 2-3 minutes from scratch, seconds after a change).
+# Release, no -march=native (the H200 host is another CPU), no MPI (the device has no libmpi;
+# the tests/dist programs are not packed). The binaries link the library statically (18-19 MB
+# each); xz's 64 MiB dictionary packs them together into a few MB. Needs scripts/install-deps.sh
+# first; .prebuilt/ is git-ignored, carried beside .carry:
+#   bash tests/cuda/prebuild.sh [target ...]      (default: every tests/cuda/test_*.c, the CLI, the shim)
+#   device: carry [".carry", ".prebuilt"], then `source tests/cuda/h200_env.sh; source
+#   tests/cuda/prebuilt_env.sh` and run "$B/cuda_test_..." / bench/*.py --build "$B".
+# .prebuilt/rev names the commit (and "+ uncommitted" when the tree differed): check it in the log.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+BUILD=${PREBUILD_DIR:-$(cd .. && pwd)/build-pre}
+TARGETS=("$@")
+[ ${#TARGETS[@]} -gt 0 ] || TARGETS=($(ls tests/cuda/test_*.c | sed 's|.*/test_|cuda_test_|; s|\.c$||') llmkern_cli llmkern_peers_shim)
+[ -f "$BUILD/CMakeCache.txt" ] || cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLLMKERN_CUDA=ON -DLLMKERN_NATIVE=OFF \
+  -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON >/dev/null
+cmake --build "$BUILD" -j "$(nproc)" --target "${TARGETS[@]}" >/dev/null
+mkdir -p .prebuilt
+bins=(llmkern libllmkern.so libllmkern_peers_shim.so)
+for t in "${TARGETS[@]}"; do case $t in cuda_test_*) bins+=("$t") ;; esac; done
+tar -C "$BUILD" -cf - "${bins[@]}" | xz -9 -T2 >.prebuilt/bins.tar.xz
+{ git log --oneline -1 | cut -c1-72; git diff --quiet HEAD -- src include tests bench CMakeLists.txt || echo "+ uncommitted"; } >.prebuilt/rev
+echo "prebuild: ${#bins[@]} files, $(du -h .prebuilt/bins.tar.xz | cut -f1) in .prebuilt/bins.tar.xz ($(head -1 .prebuilt/rev))"

@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     extern __shared__ uint8_t smem_raw[];
     uint8_t *sm = smem_align1024(smem_raw);
     uint8_t *sk = sm, *sv = sk + NC * KB, *sq = sv + NC * KB, *sdo = sq + STAGES * NC * QB;
-    uint8_t *sds = sdo + STAGES * NC * QB;              /* dSᵀ [NDS][BNK keys][64 queries] bf16 */
+    uint8_t *sds = sdo + STAGES * NC * QB;              /* dS [NDS][2 key blocks][64 queries][64 keys] bf16 */
     float *sst = (float *)(sds + NDS * KB);             /* [STAGES][lse2 | delta | lo | hi] x 64 */
     uint64_t *kvfull = (uint64_t *)(sst + STAGES * 4 * BMQ), *full = kvfull + 1, *empty = full + STAGES;
     /* dsfull [NDS]: both math warpgroups' dS written (256 arrivals); dsempty [NDS]: the dQ
@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REG_MATH));
-    const int ct = tid - 128, cg = ct / 128, wt = ct % 128, w = wt / 32, lane = tid % 32, t4 = lane % 4;
+    const int ct = tid - 128, cg = ct / 128, w = (ct % 128) / 32, lane = tid % 32, t4 = lane % 4;
     const int kb = k0 + cg * 64, key0 = kb + w * 16 + lane / 4;   /* this thread's keys: key0, key0 + 8 */
     float dk[DP / 2], dv[DP / 2];
 #pragma unroll

@@ -54,7 +54,11 @@
  *   auto       (the default) each GEMM on its winner (lk_moe_cuda_gg_sm90_schedule): dh' and
  *              the forward's down on pingpong_v4, gate/up, d_rows and the weight gradients on
  *              coop. The ping-pong halves the MMA time a tile but not its operand traffic;
- *              it wins only where the epilogue is heavy (dh' +46%).
+ *              it wins only where the epilogue is heavy (dh' +46%). gate/up under auto stores
+ *              its SWIGLU epilogue 16 bytes a lane (gg_sm90<..., V4>: a quad transpose, three
+ *              uint4 stores for 8 columns where coop makes twelve 4-byte ones, each warp
+ *              instruction 16 bytes of a row, half a sector); written after V4 gave the
+ *              ping-pong's epilogues +11-14%, not yet measured (coop beside auto will say).
  * Measured (H200, bench/NOTES.md, ninth session's call 4, every cuda_test_moe_experts case
  * passing): gate/up 530, down 486, dh' 234, d_rows 633 TFLOP/s (torch._grouped_mm 700 / 592;
  * the first version, call 3: 506 / 458 / 176 / 579).
@@ -137,6 +141,22 @@ static __device__ __forceinline__ float2 bf16x2_f2(uint32_t v) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v));
 }
 
+/* A 4 × 4 transpose across the 4 lanes of a quad: v[j] of lane l becomes v[l] of lane j (two
+ * butterfly stages, xor 2 then xor 1). On an m64 fragment with v[j] = the pair of column group
+ * 4g + j a lane holds (columns 2·(lane % 4) + b of the group), lane l ends with the 8
+ * consecutive columns of group 4g + l, v[k] being columns 2k + b. */
+static __device__ __forceinline__ void quad_transpose(float *v, int lane) {
+    const bool b1 = lane & 2, b0 = lane & 1;
+    float s0 = b1 ? v[0] : v[2], s1 = b1 ? v[1] : v[3];
+    s0 = __shfl_xor_sync(0xffffffffu, s0, 2), s1 = __shfl_xor_sync(0xffffffffu, s1, 2);
+    if (b1) v[0] = s0, v[1] = s1;
+    else v[2] = s0, v[3] = s1;
+    s0 = b0 ? v[0] : v[1], s1 = b0 ? v[2] : v[3];
+    s0 = __shfl_xor_sync(0xffffffffu, s0, 1), s1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+    if (b0) v[0] = s0, v[2] = s1;
+    else v[1] = s0, v[3] = s1;
+}
+
 /* d[m64 x n128] (+)= A · B (acc 0: =), both from shared memory: A K-major; B K-major (TB 0)
  * or N-major (TB 1). hopper.cuh's wgmma_ss_n128 with the transpose bit free: the ping-pong
  * tile's instruction. */
@@ -152,8 +172,9 @@ static __device__ __forceinline__ void wgmma_ss_n128_tb(float *d, uint64_t da, u
 
 /* Accumulator register e of an m64n256 fragment (consumer warpgroup cg, warp w, lane):
  * row cg·64 + w·16 + lane / 4 + 8·((e >> 1) & 1) of the tile, column 8·(e / 4) +
- * 2·(lane % 4) + (e & 1). AG: A gathered (cp.async); BKM: B K-major. */
-template <int EPI, bool AG, bool BKM>
+ * 2·(lane % 4) + (e & 1). AG: A gathered (cp.async); BKM: B K-major. V4 (SWIGLU, under
+ * auto): the epilogue's stores 16 bytes a lane, as gg_sm90_pp's V4 (below). */
+template <int EPI, bool AG, bool BKM, bool V4 = false>
 __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CUtensorMap ta,
                                                       const __grid_constant__ CUtensorMap tb, sargs p) {
 #if FA3_ARCH
@@ -283,6 +304,35 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
                     if (col + 1 < p.n) dst[1] = acc[q + 1];
                 }
             }
+        } else if constexpr (EPI == SWIGLU && V4) {   /* a row's 8 columns a lane: three 16-byte stores */
+            const int64_t I = p.inter, j0 = (int64_t)nt * (BN / 2);
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+#pragma unroll
+                for (int g = 0; g < 4; g++) {   /* gate column groups 4g .. 4g + 3 (their up: 16 groups on) */
+                    float g0[4], g1[4], u0[4], u1[4];
+#pragma unroll
+                    for (int jj = 0; jj < 4; jj++) {
+                        const int q = 4 * (4 * g + jj) + 2 * hf;
+                        g0[jj] = acc[q], g1[jj] = acc[q + 1], u0[jj] = acc[q + BN / 4], u1[jj] = acc[q + 1 + BN / 4];
+                    }
+                    quad_transpose(g0, lane), quad_transpose(g1, lane), quad_transpose(u0, lane), quad_transpose(u1, lane);
+                    const int64_t row = rows[hf], j = j0 + 8 * (4 * g + lane % 4);   /* I a multiple of 8: all 8 in or out */
+                    if (row >= mlim || j >= I) continue;
+                    uint32_t kg[4], ku[4], hv[4];
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {   /* columns j + 2k, j + 2k + 1 */
+                        kg[k] = lk_pack_bf16x2(g0[k], g1[k]), ku[k] = lk_pack_bf16x2(u0[k], u1[k]);
+                        float h0 = wr[hf] * (g0[k] / (1.0f + expf(-g0[k]))) * u0[k];
+                        float h1 = wr[hf] * (g1[k] / (1.0f + expf(-g1[k]))) * u1[k];
+                        if (bad) h0 = h1 = __int_as_float(0x7fffffff);
+                        hv[k] = lk_pack_bf16x2(h0, h1);
+                    }
+                    *reinterpret_cast<uint4 *>(p.keep + row * 2 * I + j) = make_uint4(kg[0], kg[1], kg[2], kg[3]);
+                    *reinterpret_cast<uint4 *>(p.keep + row * 2 * I + I + j) = make_uint4(ku[0], ku[1], ku[2], ku[3]);
+                    *reinterpret_cast<uint4 *>(p.h + row * I + j) = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+                }
+            }
         } else if constexpr (EPI == SWIGLU) {
             const int64_t I = p.inter, j0 = (int64_t)nt * (BN / 2);
 #pragma unroll
@@ -381,23 +431,6 @@ static __device__ __forceinline__ void order_pass(int cg) {
 }
 #endif
 
-#if FA3_ARCH
-/* A 4 × 4 transpose across the 4 lanes of a quad: v[j] of lane l becomes v[l] of lane j (two
- * butterfly stages, xor 2 then xor 1). On an m64 fragment with v[j] = the pair of column group
- * 4g + j a lane holds (columns 2·(lane % 4) + b of the group), lane l ends with the 8
- * consecutive columns of group 4g + l, v[k] being columns 2k + b. */
-static __device__ __forceinline__ void quad_transpose(float *v, int lane) {
-    const bool b1 = lane & 2, b0 = lane & 1;
-    float s0 = b1 ? v[0] : v[2], s1 = b1 ? v[1] : v[3];
-    s0 = __shfl_xor_sync(0xffffffffu, s0, 2), s1 = __shfl_xor_sync(0xffffffffu, s1, 2);
-    if (b1) v[0] = s0, v[1] = s1;
-    else v[2] = s0, v[3] = s1;
-    s0 = b0 ? v[0] : v[1], s1 = b0 ? v[2] : v[3];
-    s0 = __shfl_xor_sync(0xffffffffu, s0, 1), s1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-    if (b0) v[0] = s0, v[2] = s1;
-    else v[1] = s0, v[3] = s1;
-}
-#endif
 
 /* V4 (DSWIGLU and STORE, LLMKERN_GG_SM90=pingpong_v4): the epilogue on 16-byte accesses, each
  * lane 8 consecutive columns of a row after a quad transpose of the accumulators: a quarter
@@ -711,7 +744,7 @@ static lk_status map_error(lk_status s) {
 template <int EPI, bool AG, bool BKM>
 static lk_status launch(const CUtensorMap &ta, const CUtensorMap &tb, const sargs &p, int grid, int pp, int v4,
                         cudaStream_t st) {
-    static int opted[3];   /* once a process: a host-side attribute, no stream work (fa3.cu sets its own per call, captured too) */
+    static int opted[4];   /* once a process: a host-side attribute, no stream work (fa3.cu sets its own per call, captured too) */
     if constexpr (EPI == DSWIGLU || EPI == STORE) {
         if (pp && v4) {
             if (!opted[2]) {
@@ -724,7 +757,18 @@ static lk_status launch(const CUtensorMap &ta, const CUtensorMap &tb, const sarg
             return LK_OK;
         }
     }
-    (void)v4;
+    if constexpr (EPI == SWIGLU) {
+        if (!pp && v4) {
+            if (!opted[3]) {
+                LK_CUDA_TRY(cudaFuncSetAttribute(gg_sm90<EPI, AG, BKM, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 SMEM_BYTES));
+                opted[3] = 1;
+            }
+            gg_sm90<EPI, AG, BKM, true><<<grid, THREADS, SMEM_BYTES, st>>>(ta, tb, p);
+            LK_CUDA_LAUNCHED("moe_experts: grouped gemm (sm90)");
+            return LK_OK;
+        }
+    }
     if (pp) {
         if (!opted[1]) {
             LK_CUDA_TRY(cudaFuncSetAttribute(gg_sm90_pp<EPI, AG, BKM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -784,10 +828,15 @@ extern "C" lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream) {
     p.a = (const lk_bf16_t *)g->a.src, p.lda = g->a.ld, p.kdiv = g->a.kdiv, p.aorder = g->a.order;
     p.n = g->epi == LK_GG_STORE_F32 ? g->n : g->inter, p.k = g->k, p.e = g->experts;
     const int variant = lk_moe_cuda_gg_sm90_schedule(g), pp = variant != LK_GG_SM90_COOP;
-    /* pingpong_v4's 16-byte epilogue accesses (DSWIGLU and STORE): the rows 16-byte aligned */
-    const int v4 = variant == LK_GG_SM90_PINGPONG_V4 &&
-                   (g->epi == LK_GG_DSWIGLU ? lk_aligned16(g->gu_saved) && lk_aligned16(g->dgu) && lk_aligned16(g->wh)
-                                            : lk_aligned16(g->c) && g->ldc % 4 == 0 && g->n % 8 == 0);
+    /* 16-byte epilogue accesses, the rows 16-byte aligned: pingpong_v4's (DSWIGLU and STORE), and
+     * auto's SWIGLU on coop (coop itself keeps the 4-byte one, to measure them side by side) */
+    const int v4 = g->epi == LK_GG_SWIGLU
+                       ? lk_moe_cuda_gg_sm90_variant_in_force() == LK_GG_SM90_AUTO && lk_aligned16(g->keep) &&
+                             lk_aligned16(g->h)
+                       : variant == LK_GG_SM90_PINGPONG_V4 &&
+                             (g->epi == LK_GG_DSWIGLU
+                                  ? lk_aligned16(g->gu_saved) && lk_aligned16(g->dgu) && lk_aligned16(g->wh)
+                                  : lk_aligned16(g->c) && g->ldc % 4 == 0 && g->n % 8 == 0);
     const int tn = pp ? PN : BN;   /* columns a tile */
     p.ny = (int)lk_cdiv(p.n, g->epi == LK_GG_SWIGLU ? tn / 2 : tn);
     p.offs = g->offs, p.tiles = g->tiles;
@@ -821,7 +870,7 @@ extern "C" lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream) {
     const int64_t bound = (g->rows / BM + g->experts) * p.ny;
     if (bound < 1) return LK_OK;
     const int grid = (int)(bound < sms ? bound : sms);
-    if (g->epi == LK_GG_SWIGLU) return launch<SWIGLU, true, true>(ta, tb, p, grid, pp, 0, st);
+    if (g->epi == LK_GG_SWIGLU) return launch<SWIGLU, true, true>(ta, tb, p, grid, pp, v4, st);
     if (g->epi == LK_GG_DSWIGLU) return launch<DSWIGLU, true, false>(ta, tb, p, grid, pp, v4, st);
     return bk ? launch<STORE, false, true>(ta, tb, p, grid, pp, v4, st)
               : launch<STORE, false, false>(ta, tb, p, grid, pp, v4, st);

@@ -123,7 +123,7 @@ lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream);
  * PINGPONG, each warpgroup a 128 × 128 tile of its own, its epilogue under the other's
  * mainloop; PINGPONG_V4, PINGPONG with the DSWIGLU and f32 STORE epilogues on 16-byte
  * accesses; AUTO (the default), each GEMM on the schedule measured fastest for it
- * (lk_moe_cuda_gg_sm90_schedule). grouped_wgrad_sm90.cu: PINGPONG and PINGPONG_V4 its ping-pong
+ * (lk_moe_cuda_gg_sm90_schedule), gate/up's SWIGLU epilogue on 16-byte stores. grouped_wgrad_sm90.cu: PINGPONG and PINGPONG_V4 its ping-pong
  * kernel, COOP its cooperative one with C read, added and written by the consumers, AUTO the
  * cooperative one with C added by TMA reductions where C is f32 and TMA can address it. */
 enum { LK_GG_SM90_COOP = 0, LK_GG_SM90_PINGPONG = 1, LK_GG_SM90_PINGPONG_V4 = 2, LK_GG_SM90_AUTO = 3,

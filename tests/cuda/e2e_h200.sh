@@ -12,6 +12,8 @@
 #   bash tests/cuda/e2e_h200.sh parity    bench/e2e_peers.py --parity (200 steps bf16 vs f32),
 #                                         PARITY_REPEATS (2) sets of weights and batches
 # carry [".carry"] (tests/cuda/carry.sh fills it); logs and tables land in $OUT.
+# With tests/cuda/prebuild.sh's binaries (carry [".carry", ".prebuilt"]): `source
+# tests/cuda/prebuilt_env.sh && bash tests/cuda/e2e_h200.sh e2e` runs them (B=/tmp/pre), no build.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}

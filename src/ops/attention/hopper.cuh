@@ -33,6 +33,13 @@ static __device__ __forceinline__ uint8_t *smem_align1024(uint8_t *raw) {
     return raw + ((1024u - (smem_u32(raw) & 1023u)) & 1023u);
 }
 
+/* One 16-byte global store. `*(uint4 *)p = make_uint4(...)` is split into four 4-byte
+ * stores inside the large MoE kernels (NVVM; their SASS had no STG.E.128: helper-15's
+ * review, twelfth session), so the epilogues that mean 16 bytes say it. */
+static __device__ __forceinline__ void st_global_v4(void *p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
 static __device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count));
 }

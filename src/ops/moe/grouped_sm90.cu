@@ -56,9 +56,9 @@
  *              coop. The ping-pong halves the MMA time a tile but not its operand traffic;
  *              it wins only where the epilogue is heavy (dh' +46%). gate/up under auto stores
  *              its SWIGLU epilogue 16 bytes a lane (gg_sm90<..., V4>: a quad transpose, three
- *              uint4 stores for 8 columns where coop makes twelve 4-byte ones, each warp
- *              instruction 16 bytes of a row, half a sector); written after V4 gave the
- *              ping-pong's epilogues +11-14%, not yet measured (coop beside auto will say).
+ *              16-byte stores for 8 columns where coop makes twelve 4-byte ones, each warp
+ *              instruction 16 bytes of a row, half a sector); not yet measured (coop beside
+ *              auto will say).
  * Measured (H200, bench/NOTES.md, ninth session's call 4, every cuda_test_moe_experts case
  * passing): gate/up 530, down 486, dh' 234, d_rows 633 TFLOP/s (torch._grouped_mm 700 / 592;
  * the first version, call 3: 506 / 458 / 176 / 579).
@@ -328,9 +328,9 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
                         if (bad) h0 = h1 = __int_as_float(0x7fffffff);
                         hv[k] = lk_pack_bf16x2(h0, h1);
                     }
-                    *reinterpret_cast<uint4 *>(p.keep + row * 2 * I + j) = make_uint4(kg[0], kg[1], kg[2], kg[3]);
-                    *reinterpret_cast<uint4 *>(p.keep + row * 2 * I + I + j) = make_uint4(ku[0], ku[1], ku[2], ku[3]);
-                    *reinterpret_cast<uint4 *>(p.h + row * I + j) = make_uint4(hv[0], hv[1], hv[2], hv[3]);
+                    st_global_v4(p.keep + row * 2 * I + j, kg[0], kg[1], kg[2], kg[3]);
+                    st_global_v4(p.keep + row * 2 * I + I + j, ku[0], ku[1], ku[2], ku[3]);
+                    st_global_v4(p.h + row * I + j, hv[0], hv[1], hv[2], hv[3]);
                 }
             }
         } else if constexpr (EPI == SWIGLU) {
@@ -338,7 +338,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
 #pragma unroll
             for (int q = 0; q < BN / 4; q += 2) {
                 const int hf = (q >> 1) & 1;
-                const int64_t row = rows[hf], j = j0 + 8 * (q / 4) + cq;   /* I even: j + 1 < I too */
+                const int64_t row = rows[hf], j = j0 + 8 * (q / 4) + cq;   /* I a multiple of 8 (_takes): j + 1 < I too */
                 if (row >= mlim || j >= I) continue;
                 const float g0 = acc[q], g1 = acc[q + 1], u0 = acc[q + BN / 4], u1 = acc[q + 1 + BN / 4];
                 st_bf16x2(p.keep + row * 2 * I + j, g0, g1);
@@ -431,11 +431,12 @@ static __device__ __forceinline__ void order_pass(int cg) {
 }
 #endif
 
-
 /* V4 (DSWIGLU and STORE, LLMKERN_GG_SM90=pingpong_v4): the epilogue on 16-byte accesses, each
  * lane 8 consecutive columns of a row after a quad transpose of the accumulators: a quarter
  * of the memory instructions of the pair-wise one for DSWIGLU (320 a thread there), half for
- * the f32 store (64), each warp instruction whole 64- or 128-byte row pieces. */
+ * the f32 store (64), each warp instruction whole 64- or 128-byte row pieces. The DSWIGLU
+ * stores were four 4-byte ones each until st_global_v4 (NVVM split the uint4 stores; its
+ * measured +46% against coop came from the 16-byte loads and the ping-pong). */
 template <int EPI, bool AG, bool BKM, bool V4 = false>
 __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__ CUtensorMap ta,
                                                          const __grid_constant__ CUtensorMap tb, sargs p) {
@@ -598,7 +599,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
 #pragma unroll
                 for (int ef = 0; ef < 32; ef += 2) {   /* gate: registers 0..31 of the block, up: 32..63 */
                     const int x = 2 * mb + ((ef >> 1) & 1), q = 64 * mb + ef;
-                    const int64_t row = rows[x], j = j0 + 8 * (ef / 4) + cq;   /* I even: j + 1 < I too */
+                    const int64_t row = rows[x], j = j0 + 8 * (ef / 4) + cq;   /* I a multiple of 8 (_takes): j + 1 < I too */
                     if (row >= mlim || j >= I) continue;
                     const float g0 = acc[q], g1 = acc[q + 1], u0 = acc[q + 32], u1 = acc[q + 33];
                     st_bf16x2(p.keep + row * 2 * I + j, g0, g1);
@@ -653,9 +654,9 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
                         og[k] = lk_pack_bf16x2(dg[0], dg[1]), ou[k] = lk_pack_bf16x2(du[0], du[1]);
                         oh[k] = lk_pack_bf16x2(whv[0], whv[1]);
                     }
-                    *reinterpret_cast<uint4 *>(p.dgu + row * 2 * I + j) = make_uint4(og[0], og[1], og[2], og[3]);
-                    *reinterpret_cast<uint4 *>(p.dgu + row * 2 * I + I + j) = make_uint4(ou[0], ou[1], ou[2], ou[3]);
-                    *reinterpret_cast<uint4 *>(p.wh + row * I + j) = make_uint4(oh[0], oh[1], oh[2], oh[3]);
+                    st_global_v4(p.dgu + row * 2 * I + j, og[0], og[1], og[2], og[3]);
+                    st_global_v4(p.dgu + row * 2 * I + I + j, ou[0], ou[1], ou[2], ou[3]);
+                    st_global_v4(p.wh + row * I + j, oh[0], oh[1], oh[2], oh[3]);
                 }
                 dot += __shfl_xor_sync(0xffffffffu, dot, 1);   /* the row's 128 columns: its quad */
                 dot += __shfl_xor_sync(0xffffffffu, dot, 2);

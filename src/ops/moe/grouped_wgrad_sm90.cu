@@ -646,7 +646,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad_pp(const __grid_cons
                             const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&w[k]));
                             o[k] = lk_pack_bf16x2(f.x + d[g][2 * k], f.y + d[g][2 * k + 1]);
                         }
-                        *reinterpret_cast<uint4 *>(c + col) = make_uint4(o[0], o[1], o[2], o[3]);
+                        st_global_v4(c + col, o[0], o[1], o[2], o[3]);
                     }
                 } else {
                     float *c = (float *)p.c + e * p.ces + row * p.ldc;
@@ -736,7 +736,8 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad_pp(const __grid_cons
  * and the cooperative kernel keeps each one's offset in 16-byte chunks in 32 bits. */
 static int operand_ok(const lk_gg_operand *o, int64_t cols, int64_t rows) {
     return !o->kmajor && o->e_stride == 0 && lk_aligned16(o->src) && o->ld % 8 == 0 && cols % 8 == 0 &&
-           cols <= o->ld && (!o->order || (o->kdiv >= 1 && (uint64_t)(rows / o->kdiv + 1) * (uint64_t)(o->ld / 8) <
+           cols <= o->ld && (!o->order || (o->kdiv >= 1 && o->kdiv <= INT32_MAX &&
+                                           (uint64_t)(rows / o->kdiv + 1) * (uint64_t)(o->ld / 8) <
                                                                    0xffffffffull));
 }
 
@@ -747,8 +748,9 @@ extern "C" int lk_moe_cuda_gg_sm90_wgrad_takes(const lk_gg *g) {
         return 0;
     /* C: f32 or bf16, element pairs (8 or 4 bytes) aligned */
     const size_t es = g->c_dt == LK_F32 ? 4 : g->c_dt == LK_BF16 ? 2 : 0;
-    const int64_t items = g->experts * lk_cdiv(g->m, BM) * lk_cdiv(g->n, PN);   /* the ping-pong's, the most */
-    return es && items <= INT32_MAX && ((uintptr_t)g->c % (2 * es)) == 0 && g->ldc % 2 == 0 && g->c_e_stride % 2 == 0 && g->ldc >= g->n;
+    /* the ping-pong's, the most; the producer's int item index steps past the last by a grid */
+    const int64_t items = g->experts * lk_cdiv(g->m, BM) * lk_cdiv(g->n, PN);
+    return es && items <= INT32_MAX / 2 && ((uintptr_t)g->c % (2 * es)) == 0 && g->ldc % 2 == 0 && g->c_e_stride % 2 == 0 && g->ldc >= g->n;
 }
 
 static lk_status map_error(lk_status s) {

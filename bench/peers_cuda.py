@@ -706,16 +706,16 @@ def moe_rows():
             lk_f(), lk_b()
         torch.cuda.synchronize()
     # grouped.cu's instantiations, gg_mma<mode, epilogue, A k-major, B k-major>, and on sm_90
-    # grouped_sm90.cu's, gg_sm90<epilogue, A gathered, B k-major> (gg_sm90_pp<...> under
+    # grouped_sm90.cu's, gg_sm90<epilogue, A gathered, B k-major, V4> (gg_sm90_pp<...> under
     # LLMKERN_GG_SM90=pingpong), and grouped_wgrad_sm90.cu's gg_sm90_wgrad<A gathered, B
     # gathered, TMA epilogue> (gg_sm90_wgrad_pp<...>; both weight gradients): a row sums whichever ran
-    kinds = {("gg_mma<0, 2, true, true>", "gg_sm90<2, true, true>", "gg_sm90_pp<2, true, true,"):
+    kinds = {("gg_mma<0, 2, true, true>", "gg_sm90<2, true, true,", "gg_sm90_pp<2, true, true,"):
                  ("gemm gate/up", "fwd", 2.0 * R * H * 2 * I),
-             ("gg_mma<0, 0, true, true>", "gg_sm90<0, false, true>", "gg_sm90_pp<0, false, true,"):
+             ("gg_mma<0, 0, true, true>", "gg_sm90<0, false, true,", "gg_sm90_pp<0, false, true,"):
                  ("gemm down", "fwd", 2.0 * R * I * H),
-             ("gg_mma<0, 3, true, false>", "gg_sm90<3, true, false>", "gg_sm90_pp<3, true, false,"):
+             ("gg_mma<0, 3, true, false>", "gg_sm90<3, true, false,", "gg_sm90_pp<3, true, false,"):
                  ("gemm down", "bwd dh'", 2.0 * R * I * H),
-             ("gg_mma<0, 0, true, false>", "gg_sm90<0, false, false>", "gg_sm90_pp<0, false, false,"):
+             ("gg_mma<0, 0, true, false>", "gg_sm90<0, false, false,", "gg_sm90_pp<0, false, false,"):
                  ("gemm gate/up", "bwd d_rows", 2.0 * R * H * 2 * I),
              ("gg_mma<1, 1, false, false>", "gg_sm90_wgrad<", "gg_sm90_wgrad_pp<"):
                  ("gemm wgrad", "bwd d_down + d_gate_up", 2.0 * R * H * 3 * I)}

@@ -1,9 +1,10 @@
 /* hopper.cuh — the sm_90a instructions flash_attention_3's kernels are written with
  * (fa3.cu forward, fa3_bwd.cu backward), shared with the MoE experts' Hopper grouped GEMM
  * (moe/grouped_sm90.cu, which adds wgmma_ss_n256): mbarriers, TMA and bulk copies, 16-byte f32
- * reductions into global memory, wgmma and its shared-memory descriptors; and on
- * the host the tensor maps TMA reads through. Inline PTX, one
- * instruction a function; the PTX ISA's names. */
+ * reductions and stores into global memory, wgmma and its shared-memory descriptors, the
+ * aligned shared-memory base, the quad transpose of the 16-byte epilogues; and on the host the
+ * tensor maps TMA reads through. Inline PTX, one instruction a function where it can be; the
+ * PTX ISA's names. */
 #ifndef LLMKERN_OPS_ATTENTION_HOPPER_CUH
 #define LLMKERN_OPS_ATTENTION_HOPPER_CUH
 
@@ -38,6 +39,23 @@ static __device__ __forceinline__ uint8_t *smem_align1024(uint8_t *raw) {
  * review, twelfth session), so the epilogues that mean 16 bytes say it. */
 static __device__ __forceinline__ void st_global_v4(void *p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
     asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+/* A 4 × 4 transpose across the 4 lanes of a quad: v[j] of lane l becomes v[l] of lane j (two
+ * butterfly stages, xor 2 then xor 1). On an m64 fragment with v[j] = the pair of column group
+ * 4g + j a lane holds (columns 2·(lane % 4) + b of the group), lane l ends with the 8
+ * consecutive columns of group 4g + l, v[k] being columns 2k + b: the MoE grouped GEMMs'
+ * 16-byte epilogues (moe/grouped_sm90.cu, moe/grouped_wgrad_sm90.cu). */
+static __device__ __forceinline__ void quad_transpose(float *v, int lane) {
+    const bool b1 = lane & 2, b0 = lane & 1;
+    float s0 = b1 ? v[0] : v[2], s1 = b1 ? v[1] : v[3];
+    s0 = __shfl_xor_sync(0xffffffffu, s0, 2), s1 = __shfl_xor_sync(0xffffffffu, s1, 2);
+    if (b1) v[0] = s0, v[1] = s1;
+    else v[2] = s0, v[3] = s1;
+    s0 = b0 ? v[0] : v[1], s1 = b0 ? v[2] : v[3];
+    s0 = __shfl_xor_sync(0xffffffffu, s0, 1), s1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+    if (b0) v[0] = s0, v[2] = s1;
+    else v[1] = s0, v[3] = s1;
 }
 
 static __device__ __forceinline__ void mbar_init(uint64_t *b, int count) {

@@ -141,22 +141,6 @@ static __device__ __forceinline__ float2 bf16x2_f2(uint32_t v) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v));
 }
 
-/* A 4 × 4 transpose across the 4 lanes of a quad: v[j] of lane l becomes v[l] of lane j (two
- * butterfly stages, xor 2 then xor 1). On an m64 fragment with v[j] = the pair of column group
- * 4g + j a lane holds (columns 2·(lane % 4) + b of the group), lane l ends with the 8
- * consecutive columns of group 4g + l, v[k] being columns 2k + b. */
-static __device__ __forceinline__ void quad_transpose(float *v, int lane) {
-    const bool b1 = lane & 2, b0 = lane & 1;
-    float s0 = b1 ? v[0] : v[2], s1 = b1 ? v[1] : v[3];
-    s0 = __shfl_xor_sync(0xffffffffu, s0, 2), s1 = __shfl_xor_sync(0xffffffffu, s1, 2);
-    if (b1) v[0] = s0, v[1] = s1;
-    else v[2] = s0, v[3] = s1;
-    s0 = b0 ? v[0] : v[1], s1 = b0 ? v[2] : v[3];
-    s0 = __shfl_xor_sync(0xffffffffu, s0, 1), s1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-    if (b0) v[0] = s0, v[2] = s1;
-    else v[1] = s0, v[3] = s1;
-}
-
 /* d[m64 x n128] (+)= A · B (acc 0: =), both from shared memory: A K-major; B K-major (TB 0)
  * or N-major (TB 1). hopper.cuh's wgmma_ss_n128 with the transpose bit free: the ping-pong
  * tile's instruction. */

@@ -465,23 +465,6 @@ static __device__ __forceinline__ void order_pass(int cg) {
 }
 #endif
 
-#if FA3_ARCH
-/* A 4 × 4 transpose across the 4 lanes of a quad: v[j] of lane l becomes v[l] of lane j
- * (grouped_sm90.cu's quad_transpose: on an m64 fragment, lane l ends with the 8 consecutive
- * columns of column group 4g + l). */
-static __device__ __forceinline__ void quad_transpose(float *v, int lane) {
-    const bool b1 = lane & 2, b0 = lane & 1;
-    float s0 = b1 ? v[0] : v[2], s1 = b1 ? v[1] : v[3];
-    s0 = __shfl_xor_sync(0xffffffffu, s0, 2), s1 = __shfl_xor_sync(0xffffffffu, s1, 2);
-    if (b1) v[0] = s0, v[1] = s1;
-    else v[2] = s0, v[3] = s1;
-    s0 = b0 ? v[0] : v[1], s1 = b0 ? v[2] : v[3];
-    s0 = __shfl_xor_sync(0xffffffffu, s0, 1), s1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-    if (b0) v[0] = s0, v[2] = s1;
-    else v[1] = s0, v[3] = s1;
-}
-#endif
-
 /* V4 (LLMKERN_GG_SM90=pingpong_v4, C's rows 16-byte aligned): the read-add-write on 16-byte
  * accesses, 8 consecutive columns of a row a lane after a quad transpose of the accumulators
  * (f32: 16 + 16 instructions a thread where the pair-wise one has 64 + 64; bf16 8 + 8). */

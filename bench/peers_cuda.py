@@ -27,6 +27,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import moe_problem  # noqa: E402
 import triton_cache  # noqa: E402
 
 triton_cache.seed()   # Liger's fused-MoE autotune results, carried (before Triton loads); sets TRITON_CACHE_DIR
@@ -604,23 +605,14 @@ def moe_rows():
     SiLU·up weighted, index_add in f32) under autograd, and the HF per-expert loop. The
     grouped GEMMs alone: torch._grouped_mm's gate/up and down beside llmkern's gate/up
     (SwiGLU epilogue) and down kernels, timed by the profiler inside one llmkern call."""
-    T, H, I, E, K = 16384, 2048, 768, 128, 8
+    pb = moe_problem.make(dev)   # the tensors bench/moe_once.py profiles too
+    T, H, I, E, K = pb.T, pb.H, pb.I, pb.E, pb.K
     R = T * K
     bf = torch.bfloat16
-    x = torch.randn(T, H, dtype=bf, device=dev)
-    wgu = (torch.randn(E, 2 * I, H, device=dev) / H ** 0.5).to(bf)
-    wd = (torch.randn(E, H, I, device=dev) / I ** 0.5).to(bf)
-    ids = ((torch.arange(T, device=dev)[:, None] * K + torch.arange(K, device=dev)[None, :]) % E).to(torch.int32)
-    w = torch.full((T, K), 1.0 / K, device=dev)
-    dout = torch.randn(T, H, dtype=bf, device=dev)
-    out, dx = torch.empty_like(x), torch.empty_like(x)
-    dw = torch.empty(T, K, device=dev)
-    dgu, ddn = torch.zeros(E, 2 * I, H, device=dev), torch.zeros(E, H, I, device=dev)
+    x, wgu, wd, ids, w, dout, out, dx, dw = pb.x, pb.wgu, pb.wd, pb.ids, pb.w, pb.dout, pb.out, pb.dx, pb.dw
     sb = LIB.lkp_moe_experts_saved_bytes(BF16, T, K, E, H, I)
     saved = torch.empty(sb, dtype=torch.uint8, device=dev)
-    args = [x.data_ptr(), ids.data_ptr(), w.data_ptr(), wgu.data_ptr(), wd.data_ptr(), out.data_ptr(),
-            dout.data_ptr(), dx.data_ptr(), dw.data_ptr(), dgu.data_ptr(), ddn.data_ptr(), 0, saved.data_ptr(), sb,
-            T, H, I, E, K, stream()]
+    args = moe_problem.call_args(pb, saved, sb, stream())
     lk_f = bound(LIB.lkp_moe_experts, 0, BF16, *args)
     lk_b = bound(LIB.lkp_moe_experts, 1, BF16, *args)
 
@@ -739,7 +731,7 @@ def moe_rows():
     for r in MOE_ROWS:
         print(f"moe {r[0]:14s} {r[1]:20s} {r[2]:24s} {r[3]:8.3f} ms {r[4]:6.1f} TFLOP/s", flush=True)
     anatomy("moe fwd+bwd llmkern", lambda: (lk_f(), lk_b()), 5)
-    del x, wgu, wd, out, dx, dgu, ddn, saved, xs, hs, xg, wg, gug, wdg
+    del pb, x, wgu, wd, out, dx, saved, xs, hs, xg, wg, gug, wdg
 
 
 def write_table():

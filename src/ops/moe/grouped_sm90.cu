@@ -137,6 +137,11 @@ static __device__ __forceinline__ void cp_arrive_noinc(uint64_t *bar) {
 static __device__ __forceinline__ void st_bf16x2(lk_bf16_t *p, float lo, float hi) {
     *reinterpret_cast<uint32_t *>(p) = lk_pack_bf16x2(lo, hi);
 }
+/* The epilogues' sigmoid on the special-function unit: expf and an IEEE division are ~20
+ * instructions with a slow path, 64 of each a thread a tile while coop's tensor cores wait; this
+ * is two MUFU ops and an add. Error a few ulp of f32, far under the bf16 the result is stored in;
+ * x -> -inf gives 1/inf = 0 (silu -> -0), as the exact form does. */
+static __device__ __forceinline__ float sigmoid_fast(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
 static __device__ __forceinline__ float2 bf16x2_f2(uint32_t v) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v));
 }
@@ -307,8 +312,8 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
 #pragma unroll
                     for (int k = 0; k < 4; k++) {   /* columns j + 2k, j + 2k + 1 */
                         kg[k] = lk_pack_bf16x2(g0[k], g1[k]), ku[k] = lk_pack_bf16x2(u0[k], u1[k]);
-                        float h0 = wr[hf] * (g0[k] / (1.0f + expf(-g0[k]))) * u0[k];
-                        float h1 = wr[hf] * (g1[k] / (1.0f + expf(-g1[k]))) * u1[k];
+                        float h0 = wr[hf] * (g0[k] * sigmoid_fast(g0[k])) * u0[k];
+                        float h1 = wr[hf] * (g1[k] * sigmoid_fast(g1[k])) * u1[k];
                         if (bad) h0 = h1 = __int_as_float(0x7fffffff);
                         hv[k] = lk_pack_bf16x2(h0, h1);
                     }
@@ -327,7 +332,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
                 const float g0 = acc[q], g1 = acc[q + 1], u0 = acc[q + BN / 4], u1 = acc[q + 1 + BN / 4];
                 st_bf16x2(p.keep + row * 2 * I + j, g0, g1);
                 st_bf16x2(p.keep + row * 2 * I + I + j, u0, u1);
-                float h0 = wr[hf] * (g0 / (1.0f + expf(-g0))) * u0, h1 = wr[hf] * (g1 / (1.0f + expf(-g1))) * u1;
+                float h0 = wr[hf] * (g0 * sigmoid_fast(g0)) * u0, h1 = wr[hf] * (g1 * sigmoid_fast(g1)) * u1;
                 if (bad) h0 = h1 = __int_as_float(0x7fffffff);
                 st_bf16x2(p.h + row * I + j, h0, h1);
             }
@@ -358,7 +363,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
 #pragma unroll
                     for (int x = 0; x < 2; x++) {
                         const float g = x ? gt.y : gt.x, u = x ? up.y : up.x, dhp = acc[q + x];
-                        const float sg = 1.0f / (1.0f + expf(-g)), silu = g * sg, hv = silu * u, dh = wr[hf] * dhp;
+                        const float sg = sigmoid_fast(g), silu = g * sg, hv = silu * u, dh = wr[hf] * dhp;
                         dg[x] = dh * u * sg * (1.0f + g * (1.0f - sg)), du[x] = dh * silu, whv[x] = wr[hf] * hv;
                         if (bad) dg[x] = du[x] = whv[x] = __int_as_float(0x7fffffff);
                         dot[half][hf] += dhp * hv;
@@ -588,7 +593,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
                     const float g0 = acc[q], g1 = acc[q + 1], u0 = acc[q + 32], u1 = acc[q + 33];
                     st_bf16x2(p.keep + row * 2 * I + j, g0, g1);
                     st_bf16x2(p.keep + row * 2 * I + I + j, u0, u1);
-                    float h0 = wr[x] * (g0 / (1.0f + expf(-g0))) * u0, h1 = wr[x] * (g1 / (1.0f + expf(-g1))) * u1;
+                    float h0 = wr[x] * (g0 * sigmoid_fast(g0)) * u0, h1 = wr[x] * (g1 * sigmoid_fast(g1)) * u1;
                     if (bad) h0 = h1 = __int_as_float(0x7fffffff);
                     st_bf16x2(p.h + row * I + j, h0, h1);
                 }
@@ -630,7 +635,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
 #pragma unroll
                         for (int y = 0; y < 2; y++) {
                             const float gg = y ? gt.y : gt.x, uu = y ? up.y : up.x, dhp = y ? d1[k] : d0[k];
-                            const float sg = 1.0f / (1.0f + expf(-gg)), silu = gg * sg, hv = silu * uu, dh = wrx * dhp;
+                            const float sg = sigmoid_fast(gg), silu = gg * sg, hv = silu * uu, dh = wrx * dhp;
                             dg[y] = dh * uu * sg * (1.0f + gg * (1.0f - sg)), du[y] = dh * silu, whv[y] = wrx * hv;
                             if (bad) dg[y] = du[y] = whv[y] = __int_as_float(0x7fffffff);
                             dot += dhp * hv;
@@ -674,7 +679,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
 #pragma unroll
                         for (int y = 0; y < 2; y++) {
                             const float g = y ? gt.y : gt.x, uu = y ? up.y : up.x, dhp = acc[q + y];
-                            const float sg = 1.0f / (1.0f + expf(-g)), silu = g * sg, hv = silu * uu, dh = wr[2 * mb + hf] * dhp;
+                            const float sg = sigmoid_fast(g), silu = g * sg, hv = silu * uu, dh = wr[2 * mb + hf] * dhp;
                             dg[y] = dh * uu * sg * (1.0f + g * (1.0f - sg)), du[y] = dh * silu, whv[y] = wr[2 * mb + hf] * hv;
                             if (bad) dg[y] = du[y] = whv[y] = __int_as_float(0x7fffffff);
                             dot[hf] += dhp * hv;

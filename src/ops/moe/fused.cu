@@ -9,13 +9,15 @@
  *             fused into the A load), bf16: the SwiGLU in its epilogue, h = w · silu(gate)
  *             · up (routing weight folded in, as on the CPU) and the saved pre-activations
  *             written from the f32 accumulators; f32: gate_up straight into saved (f32),
- *             then the activation kernel; y = h · Wdᵀ (f32); the un-permute sums each
- *             token's k rows in route order, rounds once.
+ *             then the activation kernel; y = h · Wdᵀ in the storage dtype (bf16: each row
+ *             rounded once, as torch's grouped_mm gives it; f32 rows would be 1 GB at
+ *             PEERS-H200.md's shape); the un-permute sums each token's k rows in route order
+ *             in f32, rounds once.
  *   backward  dh' = dout[order / k] · Wd, bf16: the activation's backward in that GEMM's
  *             epilogue (d_gate_up and w·h from dh' and the saved gate/up; d_topk_weights =
  *             dh'·h from per-tile partials summed in order); f32: dh' in f32, then a warp a
  *             row recomputes the activation; d_down += dout[order / k]ᵀ·(w·h),
- *             d_rows = d_gate_up · Wgu (f32), d_gate_up_weight += d_gate_upᵀ·x[order / k]
+ *             d_rows = d_gate_up · Wgu (storage dtype, as y), d_gate_up_weight += d_gate_upᵀ·x[order / k]
  *             — each expert's gradient slice read and written by one CTA a tile, so a
  *             bf16 gradient is rounded once per call; the un-permute sums d_rows into
  *             d_hidden.
@@ -54,15 +56,43 @@ __global__ void act_forward(const float *gu, T *keep, T *h, const float *w, cons
     h[e] = lk_from_f32<T>(*flag ? qnan() : w[order[p]] * g * sigmoid(g) * u);
 }
 
-/* dst[t, :] = Σ_j src[pos[t·k + j], :] in route order, f32, rounded once. */
-template <typename T>
-__global__ void unpermute_sum(T *dst, const float *src, const int32_t *pos, int64_t t, int64_t k, int64_t h) {
-    int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+/* 8 columns of a row added into s / stored from s, 16 bytes an access (16-byte aligned) */
+static __device__ __forceinline__ void add8(float *s, const float *r) {
+    const float4 a = __ldg(reinterpret_cast<const float4 *>(r)), b = __ldg(reinterpret_cast<const float4 *>(r) + 1);
+    s[0] += a.x, s[1] += a.y, s[2] += a.z, s[3] += a.w, s[4] += b.x, s[5] += b.y, s[6] += b.z, s[7] += b.w;
+}
+static __device__ __forceinline__ void add8(float *s, const lk_bf16_t *r) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4 *>(r));
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) s[2 * i] += __uint_as_float(w[i] << 16), s[2 * i + 1] += __uint_as_float(w[i] & 0xffff0000u);
+}
+static __device__ __forceinline__ void put8(float *d, const float *s) {
+    reinterpret_cast<float4 *>(d)[0] = make_float4(s[0], s[1], s[2], s[3]);
+    reinterpret_cast<float4 *>(d)[1] = make_float4(s[4], s[5], s[6], s[7]);
+}
+static __device__ __forceinline__ void put8(lk_bf16_t *d, const float *s) {
+    *reinterpret_cast<uint4 *>(d) = make_uint4(lk_pack_bf16x2(s[0], s[1]), lk_pack_bf16x2(s[2], s[3]),
+                                               lk_pack_bf16x2(s[4], s[5]), lk_pack_bf16x2(s[6], s[7]));
+}
+
+/* dst[t, :] = Σ_j src[pos[t·k + j], :] in route order, in f32, rounded once; src is the
+ * GEMM's rows in the storage dtype (bf16 halves the 1 GB that y and d_rows are in f32 at
+ * PEERS-H200.md's MoE shape). V8: 8 columns a thread (h a multiple of 8, both 16-byte aligned). */
+template <typename T, bool V8>
+__global__ void unpermute_sum(T *dst, const T *src, const int32_t *pos, int64_t t, int64_t k, int64_t h) {
+    const int64_t e = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * (V8 ? 8 : 1);
     if (e >= t * h) return;
-    int64_t tok = e / h, c = e - tok * h;
-    float s = 0.0f;
-    for (int64_t j = 0; j < k; j++) s += src[(int64_t)pos[tok * k + j] * h + c];
-    dst[e] = lk_from_f32<T>(s);
+    const int64_t tok = e / h, c = e - tok * h;
+    if constexpr (V8) {
+        float s[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        for (int64_t j = 0; j < k; j++) add8(s, src + (int64_t)pos[tok * k + j] * h + c);
+        put8(dst + e, s);
+    } else {
+        float s = 0.0f;
+        for (int64_t j = 0; j < k; j++) s += lk_to_f32(src[(int64_t)pos[tok * k + j] * h + c]);
+        dst[e] = lk_from_f32<T>(s);
+    }
 }
 
 /* A warp a sorted row: from dh' (hb) and the saved pre-activations, d_gate_up, w·h and
@@ -100,13 +130,13 @@ static size_t small_bytes(const lk_moe_dims *d) { return al(sizeof(int)) + al(si
 static size_t workspace_bytes(const lk_moe_experts_args *a, int backward) {
     lk_moe_dims d = lk_moe_dims_of(a);
     size_t es = lk_dtype_size(d.dt), R = (size_t)d.r, H = (size_t)d.h, I = (size_t)d.i;
-    if (!backward) {   /* route scratch, gate_up f32 (bf16 without the fused epilogue), h, y f32 */
+    if (!backward) {   /* route scratch, gate_up f32 (bf16 without the fused epilogue), h, y */
         size_t gu32 = d.dt != LK_F32 && !lk_moe_cuda_gg_fuses_swiglu(d.dt) ? al(R * 2 * I * 4) : 0;
-        return small_bytes(&d) + al(lk_moe_cuda_route_ws_bytes(d.r, d.e)) + gu32 + al(R * I * es) + al(R * H * 4);
+        return small_bytes(&d) + al(lk_moe_cuda_route_ws_bytes(d.r, d.e)) + gu32 + al(R * I * es) + al(R * H * es);
     }
-    /* dh' f32 (or, fused into its GEMM, the d_topk_weights partials), w·h, d_gate_up, d_rows f32 */
+    /* dh' f32 (or, fused into its GEMM, the d_topk_weights partials), w·h, d_gate_up, d_rows */
     size_t dh = lk_moe_cuda_gg_fuses_swiglu(d.dt) ? al(R * (size_t)lk_moe_cuda_dw_tiles(d.i) * 4) : al(R * I * 4);
-    return small_bytes(&d) + dh + al(R * I * es) + al(R * 2 * I * es) + al(R * H * 4);
+    return small_bytes(&d) + dh + al(R * I * es) + al(R * 2 * I * es) + al(R * H * es);
 }
 
 /* An operand: rows of ld elements, expert slices e_stride apart, gathered through order
@@ -125,11 +155,11 @@ static lk_gg gg_base(const lk_moe_dims *d, const lk_moe_fused_saved *sv, int32_t
     return g;
 }
 
-/* C [rows, n] f32 = A [rows, k] · B_e, B kmajor (the weight as stored, [n, k]) or not ([k, n]). */
-static lk_status rows_gemm(lk_gg g, lk_gg_operand a, lk_gg_operand b, int64_t n, int64_t k, float *c,
+/* C [rows, n] in c_dt = A [rows, k] · B_e, B kmajor (the weight as stored, [n, k]) or not ([k, n]). */
+static lk_status rows_gemm(lk_gg g, lk_gg_operand a, lk_gg_operand b, int64_t n, int64_t k, void *c, lk_dtype c_dt,
                            cudaStream_t st) {
-    g.mode = LK_GG_ROWS, g.epi = LK_GG_STORE_F32, g.a = a, g.b = b, g.n = n, g.k = k;
-    g.c = c, g.c_dt = LK_F32, g.ldc = n;
+    g.mode = LK_GG_ROWS, g.epi = LK_GG_STORE, g.a = a, g.b = b, g.n = n, g.k = k;
+    g.c = c, g.c_dt = c_dt, g.ldc = n;
     return lk_moe_cuda_grouped_gemm(&g, st);
 }
 
@@ -139,6 +169,24 @@ static lk_status wgrad_gemm(lk_gg g, lk_gg_operand a, lk_gg_operand b, int64_t m
     g.mode = LK_GG_WGRAD, g.epi = LK_GG_ACCUM, g.a = a, g.b = b, g.m = m, g.n = n;
     g.c = grad->data, g.c_dt = grad->dtype, g.ldc = n, g.c_e_stride = m * n;
     return lk_moe_cuda_grouped_gemm(&g, st);
+}
+
+/* dst [T, H] = the sum of each token's k rows of src [R, H], both in the storage dtype */
+static void unpermute(void *dst, const void *src, const lk_moe_dims *d, const int32_t *pos, cudaStream_t st) {
+    const int64_t n = d->t * d->h;
+    const int v8 = d->h % 8 == 0 && lk_aligned16(dst) && lk_aligned16(src);
+    const unsigned blocks = grid(v8 ? n / 8 : n);
+    if (d->dt == LK_F32) {
+        if (v8) unpermute_sum<float, true><<<blocks, 256, 0, st>>>((float *)dst, (const float *)src, pos, d->t, d->k, d->h);
+        else unpermute_sum<float, false><<<blocks, 256, 0, st>>>((float *)dst, (const float *)src, pos, d->t, d->k, d->h);
+    } else {
+        if (v8)
+            unpermute_sum<lk_bf16_t, true><<<blocks, 256, 0, st>>>((lk_bf16_t *)dst, (const lk_bf16_t *)src, pos, d->t,
+                                                                    d->k, d->h);
+        else
+            unpermute_sum<lk_bf16_t, false><<<blocks, 256, 0, st>>>((lk_bf16_t *)dst, (const lk_bf16_t *)src, pos, d->t,
+                                                                     d->k, d->h);
+    }
 }
 
 static lk_status forward_on(const lk_moe_experts_args *a, lk_ctx *ctx, int hopper) {
@@ -154,7 +202,7 @@ static lk_status forward_on(const lk_moe_experts_args *a, lk_ctx *ctx, int hoppe
     void *rws = lk_arena_alloc(ar, lk_moe_cuda_route_ws_bytes(R, d.e));
     float *gu = d.dt == LK_F32 ? (float *)sv.gu : fused_act ? NULL : (float *)lk_arena_alloc(ar, (size_t)(R * 2 * I) * 4);
     void *h = lk_arena_alloc(ar, (size_t)(R * I) * es);
-    float *y = (float *)lk_arena_alloc(ar, (size_t)(R * H) * 4);
+    void *y = lk_arena_alloc(ar, (size_t)(R * H) * es);
     if (!flag || !tiles || !rws || (!gu && !fused_act) || !h || !y) return NOMEM;
     lk_status s = lk_moe_cuda_route((const int32_t *)a->topk_ids.data, R, d.e, sv.offs, sv.order, sv.pos, flag, rws, st);
     if (s) return s;
@@ -168,7 +216,7 @@ static lk_status forward_on(const lk_moe_experts_args *a, lk_ctx *ctx, int hoppe
         f.flag = flag;
         if ((s = lk_moe_cuda_grouped_gemm(&f, st))) return s;
     } else {
-        if ((s = rows_gemm(g, x, wgu, 2 * I, H, gu, st))) return s;
+        if ((s = rows_gemm(g, x, wgu, 2 * I, H, gu, LK_F32, st))) return s;
         if (d.dt == LK_F32)
             act_forward<float><<<grid(R * I), 256, 0, st>>>(gu, NULL, (float *)h, (const float *)a->topk_weights.data,
                                                            sv.order, R, I, flag);
@@ -178,12 +226,10 @@ static lk_status forward_on(const lk_moe_experts_args *a, lk_ctx *ctx, int hoppe
                                                                flag);
         LK_CUDA_LAUNCHED("moe_experts: fused (cuda): act_forward");
     }
-    if ((s = rows_gemm(g, opnd(h, I, 0, NULL, 0, 1), opnd(a->down_weight.data, I, H * I, NULL, 0, 1), H, I, y, st)))
+    if ((s = rows_gemm(g, opnd(h, I, 0, NULL, 0, 1), opnd(a->down_weight.data, I, H * I, NULL, 0, 1), H, I, y, d.dt,
+                       st)))
         return s;
-    if (d.dt == LK_F32)
-        unpermute_sum<float><<<grid(d.t * H), 256, 0, st>>>((float *)a->out.data, y, sv.pos, d.t, K, H);
-    else
-        unpermute_sum<lk_bf16_t><<<grid(d.t * H), 256, 0, st>>>((lk_bf16_t *)a->out.data, y, sv.pos, d.t, K, H);
+    unpermute(a->out.data, y, &d, sv.pos, st);
     LK_CUDA_LAUNCHED("moe_experts: fused (cuda) forward");
     return LK_OK;
 }
@@ -217,7 +263,7 @@ static lk_status backward_on(const lk_moe_experts_args *a, lk_ctx *ctx, int hopp
     int32_t *tiles = (int32_t *)lk_arena_alloc(ar, sizeof(int32_t) * (size_t)(d.e + 1));
     float *hb = (float *)lk_arena_alloc(ar, fused_act ? (size_t)(R * dwt) * 4 : (size_t)(R * I) * 4);
     void *wh = lk_arena_alloc(ar, (size_t)(R * I) * es), *dgu = lk_arena_alloc(ar, (size_t)(R * 2 * I) * es);
-    float *dr = (float *)lk_arena_alloc(ar, (size_t)(R * H) * 4);
+    void *dr = lk_arena_alloc(ar, (size_t)(R * H) * es);
     if (!flag || !tiles || !hb || !wh || !dgu || !dr) return NOMEM;
     lk_status s = lk_moe_cuda_check_ids((const int32_t *)a->topk_ids.data, R, d.e, flag, st);
     if (s) return s;
@@ -234,7 +280,7 @@ static lk_status backward_on(const lk_moe_experts_args *a, lk_ctx *ctx, int hopp
         if (dw && (s = lk_moe_cuda_dw_reduce(hb, dwt, sv.order, R, dw, st))) return s;
     } else {
         /* dh' = dout rows · Wd_e, then the activation's backward */
-        if ((s = rows_gemm(g, dout, wd_kn, I, H, hb, st))) return s;
+        if ((s = rows_gemm(g, dout, wd_kn, I, H, hb, LK_F32, st))) return s;
         if ((s = act_backward_launch(a, &d, &sv, hb, wh, dgu, flag, st))) return s;
     }
     /* d_down_e [H, I] += dout_eᵀ · (w·h)_e: both along the expert's rows, M / N contiguous */
@@ -244,18 +290,14 @@ static lk_status backward_on(const lk_moe_experts_args *a, lk_ctx *ctx, int hopp
         return s;
     /* d_rows = d_gate_up · Wgu_e ([2I, H] read as [k, n]) */
     if ((s = rows_gemm(g, opnd(dgu, 2 * I, 0, NULL, 0, 1), opnd(a->gate_up_weight.data, H, 2 * I * H, NULL, 0, 0), H,
-                       2 * I, dr, st)))
+                       2 * I, dr, d.dt, st)))
         return s;
     /* d_gate_up_e [2I, H] += d_gate_up_eᵀ · x_e */
     if (a->d_gate_up_weight.data &&
         (s = wgrad_gemm(g, opnd(dgu, 2 * I, 0, NULL, 0, 0), opnd(a->hidden.data, H, 0, sv.order, K, 0), 2 * I, H,
                         &a->d_gate_up_weight, st)))
         return s;
-    if (d.dt == LK_F32)
-        unpermute_sum<float><<<grid(d.t * H), 256, 0, st>>>((float *)a->d_hidden.data, dr, sv.pos, d.t, K, H);
-    else
-        unpermute_sum<lk_bf16_t><<<grid(d.t * H), 256, 0, st>>>((lk_bf16_t *)a->d_hidden.data, dr, sv.pos, d.t, K,
-                                                                H);
+    unpermute(a->d_hidden.data, dr, &d, sv.pos, st);
     LK_CUDA_LAUNCHED("moe_experts: fused (cuda) backward");
     return LK_OK;
 }

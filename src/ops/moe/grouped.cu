@@ -58,7 +58,7 @@
 #define SK 16
 
 enum { ROWS = LK_GG_ROWS, WGRAD = LK_GG_WGRAD };
-enum { STORE = LK_GG_STORE_F32, ACCUM = LK_GG_ACCUM, SWIGLU = LK_GG_SWIGLU, DSWIGLU = LK_GG_DSWIGLU };
+enum { STORE = LK_GG_STORE, ACCUM = LK_GG_ACCUM, SWIGLU = LK_GG_SWIGLU, DSWIGLU = LK_GG_DSWIGLU };
 
 typedef struct {
     const void *p;
@@ -160,7 +160,10 @@ __global__ void __launch_bounds__(1024) tile_scan(const int64_t *offs, int32_t E
 template <int EPI>
 static __device__ __forceinline__ void put(const kargs &p, int64_t e, int64_t row, int64_t col, float v) {
     if (EPI == STORE) {
-        ((float *)p.c)[row * p.ldc + col] = v;
+        if (p.c_bf16)
+            ((lk_bf16_t *)p.c)[row * p.ldc + col] = __float2bfloat16_rn(v);
+        else
+            ((float *)p.c)[row * p.ldc + col] = v;
     } else {
         int64_t i = e * p.ces + row * p.ldc + col;
         if (p.c_bf16) {
@@ -469,7 +472,7 @@ extern "C" lk_status lk_moe_cuda_grouped_gemm(const lk_gg *g, void *stream) {
     const int tc = use_tc(g->dt), rows = g->mode == LK_GG_ROWS;
     const int ak = g->a.kmajor, bk = g->b.kmajor;
     /* the combinations fused.cu uses, each instantiated below */
-    const int known = rows ? ak && (g->epi == LK_GG_STORE_F32 || (g->epi == LK_GG_SWIGLU && bk && tc) ||
+    const int known = rows ? ak && (g->epi == LK_GG_STORE || (g->epi == LK_GG_SWIGLU && bk && tc) ||
                                     (g->epi == LK_GG_DSWIGLU && !bk && tc))
                            : !ak && !bk && g->epi == LK_GG_ACCUM;
     if (!known || (g->dt != LK_F32 && g->dt != LK_BF16) || g->experts < 1 || g->experts > INT32_MAX)

@@ -85,7 +85,7 @@
 #define B_BYTES (BN * BK * 2)
 #define SMEM_BYTES (STAGES * (A_BYTES + B_BYTES) + 2 * STAGES * 8 + 1024)
 
-enum { STORE = LK_GG_STORE_F32, SWIGLU = LK_GG_SWIGLU, DSWIGLU = LK_GG_DSWIGLU };
+enum { STORE = LK_GG_STORE, SWIGLU = LK_GG_SWIGLU, DSWIGLU = LK_GG_DSWIGLU };
 
 typedef struct {
     const lk_bf16_t *a;       /* gathered A: token rows of lda elements, row order[i] / kdiv */
@@ -95,9 +95,10 @@ typedef struct {
     int ny;                   /* column tiles */
     const int64_t *offs;
     const int32_t *tiles;
-    float *c;                 /* STORE */
+    void *c;                  /* STORE: f32, or bf16 when c_bf16 */
     int64_t ldc;
-    int vec_c;                /* STORE: pairs of columns as one 8-byte store */
+    int c_bf16;
+    int vec_c;                /* STORE: pairs of columns as one 8-byte (bf16: 4-byte) store */
     lk_bf16_t *keep, *h;      /* SWIGLU */
     const lk_bf16_t *gsv;     /* DSWIGLU */
     lk_bf16_t *dgu, *wh;
@@ -144,6 +145,43 @@ static __device__ __forceinline__ void st_bf16x2(lk_bf16_t *p, float lo, float h
 static __device__ __forceinline__ float sigmoid_fast(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
 static __device__ __forceinline__ float2 bf16x2_f2(uint32_t v) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v));
+}
+
+/* STORE: C's columns col, col + 1 of row `row`, f32 or bf16 (rounded once); one store when
+ * vec_c. f32 evict-first: y passes L2 once, the weights stay. */
+static __device__ __forceinline__ void store_pair(const sargs &p, int64_t row, int64_t col, float a, float b) {
+    const int64_t i = row * p.ldc + col;
+    if (p.c_bf16) {
+        lk_bf16_t *c = (lk_bf16_t *)p.c;
+        if (p.vec_c) {
+            st_bf16x2(c + i, a, b);
+        } else {
+            c[i] = __float2bfloat16_rn(a);
+            if (col + 1 < p.n) c[i + 1] = __float2bfloat16_rn(b);
+        }
+    } else {
+        float *c = (float *)p.c;
+        if (p.vec_c) {
+            __stcs(reinterpret_cast<float2 *>(c + i), make_float2(a, b));
+        } else {
+            c[i] = a;
+            if (col + 1 < p.n) c[i + 1] = b;
+        }
+    }
+}
+
+/* STORE, V4: a row's 8 columns col.. (all in C: n a multiple of 8), d0[k] / d1[k] = columns
+ * col + 2k / + 1 (quad_transpose's output): two 16-byte f32 stores or one of bf16. */
+static __device__ __forceinline__ void store_row8(const sargs &p, int64_t row, int64_t col, const float *d0,
+                                                  const float *d1) {
+    if (p.c_bf16) {
+        st_global_v4((lk_bf16_t *)p.c + row * p.ldc + col, lk_pack_bf16x2(d0[0], d1[0]), lk_pack_bf16x2(d0[1], d1[1]),
+                     lk_pack_bf16x2(d0[2], d1[2]), lk_pack_bf16x2(d0[3], d1[3]));
+    } else {
+        float4 *dst = reinterpret_cast<float4 *>((float *)p.c + row * p.ldc + col);
+        __stcs(dst, make_float4(d0[0], d1[0], d0[1], d1[1]));
+        __stcs(dst + 1, make_float4(d0[2], d1[2], d0[3], d1[3]));
+    }
 }
 
 /* d[m64 x n128] (+)= A · B (acc 0: =), both from shared memory: A K-major; B K-major (TB 0)
@@ -279,19 +317,28 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
         /* --- epilogue: registers to global memory --- */
         const int64_t rows[2] = {m0 + rl, m0 + rl + 8};
         const int cq = 2 * (lane % 4);
-        if constexpr (EPI == STORE) {
+        if constexpr (EPI == STORE && V4) {   /* a row's 8 columns a lane (SWIGLU V4's order) */
+            const int64_t n0 = (int64_t)nt * BN;
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+                for (int g = 0; g < BN / 32; g++) {
+                    float d0[4], d1[4];
+#pragma unroll
+                    for (int jj = 0; jj < 4; jj++) {
+                        const int q = 4 * (4 * g + jj) + 2 * hf;
+                        d0[jj] = acc[q], d1[jj] = acc[q + 1];
+                    }
+                    quad_transpose(d0, lane), quad_transpose(d1, lane);
+                    const int64_t col = n0 + 8 * (4 * g + lane % 4);   /* n a multiple of 8: all 8 in or out */
+                    if (rows[hf] < mlim && col < p.n) store_row8(p, rows[hf], col, d0, d1);
+                }
+        } else if constexpr (EPI == STORE) {
             const int64_t n0 = (int64_t)nt * BN;
 #pragma unroll
             for (int q = 0; q < BN / 2; q += 2) {
                 const int64_t row = rows[(q >> 1) & 1], col = n0 + 8 * (q / 4) + cq;
-                if (row >= mlim || col >= p.n) continue;
-                float *dst = p.c + row * p.ldc + col;
-                if (p.vec_c) {   /* evict-first: 1 GB of y passes L2 once; keep the weights there */
-                    __stcs(reinterpret_cast<float2 *>(dst), make_float2(acc[q], acc[q + 1]));
-                } else {
-                    dst[0] = acc[q];
-                    if (col + 1 < p.n) dst[1] = acc[q + 1];
-                }
+                if (row < mlim && col < p.n) store_pair(p, row, col, acc[q], acc[q + 1]);
             }
         } else if constexpr (EPI == SWIGLU && V4) {   /* a row's 8 columns a lane: three 16-byte stores */
             const int64_t I = p.inter, j0 = (int64_t)nt * (BN / 2);
@@ -560,10 +607,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
                     }
                     quad_transpose(d0, lane), quad_transpose(d1, lane);
                     const int64_t col = n0 + 8 * (4 * g + lane % 4);   /* n a multiple of 8: all 8 in or out */
-                    if (row >= mlim || col >= p.n) continue;
-                    float4 *dst = reinterpret_cast<float4 *>(p.c + row * p.ldc + col);
-                    __stcs(dst, make_float4(d0[0], d1[0], d0[1], d1[1]));
-                    __stcs(dst + 1, make_float4(d0[2], d1[2], d0[3], d1[3]));
+                    if (row < mlim && col < p.n) store_row8(p, row, col, d0, d1);
                 }
             }
         } else if constexpr (EPI == STORE) {
@@ -572,14 +616,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
             for (int q = 0; q < PN; q += 2) {
                 const int mb = q >> 6, ef = q & 63;
                 const int64_t row = rows[2 * mb + ((ef >> 1) & 1)], col = n0 + 8 * (ef / 4) + cq;
-                if (row >= mlim || col >= p.n) continue;
-                float *dst = p.c + row * p.ldc + col;
-                if (p.vec_c) {
-                    __stcs(reinterpret_cast<float2 *>(dst), make_float2(acc[q], acc[q + 1]));
-                } else {
-                    dst[0] = acc[q];
-                    if (col + 1 < p.n) dst[1] = acc[q + 1];
-                }
+                if (row < mlim && col < p.n) store_pair(p, row, col, acc[q], acc[q + 1]);
             }
         } else if constexpr (EPI == SWIGLU) {
             const int64_t I = p.inter, j0 = (int64_t)nt * (PN / 2);
@@ -717,7 +754,8 @@ extern "C" int lk_moe_cuda_gg_sm90_takes(const lk_gg *g) {
         g->rows > INT32_MAX || g->experts > INT32_MAX || !tma_ok(&g->a) || !tma_ok(&g->b) || g->a.e_stride != 0)
         return 0;
     switch (g->epi) {
-    case LK_GG_STORE_F32: return !g->a.order && g->c_dt == LK_F32 && g->n <= INT32_MAX;   /* h, d_gate_up */
+    case LK_GG_STORE:   /* y = h · Wd_e, d_rows = d_gate_up · Wgu_e */
+        return !g->a.order && (g->c_dt == LK_F32 || g->c_dt == LK_BF16) && g->n <= INT32_MAX;
     case LK_GG_SWIGLU: return g->b.kmajor && g->a.order && g->inter % 8 == 0 && 2 * g->inter <= INT32_MAX;
     case LK_GG_DSWIGLU: return !g->b.kmajor && g->a.order && g->inter % 8 == 0 && g->inter <= INT32_MAX;
     default: return 0;
@@ -747,7 +785,7 @@ static lk_status launch(const CUtensorMap &ta, const CUtensorMap &tb, const sarg
             return LK_OK;
         }
     }
-    if constexpr (EPI == SWIGLU) {
+    if constexpr (EPI == SWIGLU || EPI == STORE) {
         if (!pp && v4) {
             if (!opted[3]) {
                 LK_CUDA_TRY(cudaFuncSetAttribute(gg_sm90<EPI, AG, BKM, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -806,7 +844,7 @@ extern "C" int lk_moe_cuda_gg_sm90_variant_in_force(void) {
 extern "C" int lk_moe_cuda_gg_sm90_schedule(const lk_gg *g) {
     const int v = lk_moe_cuda_gg_sm90_variant_in_force();
     if (v != LK_GG_SM90_AUTO) return v;
-    return g->epi == LK_GG_DSWIGLU || (g->epi == LK_GG_STORE_F32 && g->b.kmajor) ? LK_GG_SM90_PINGPONG_V4
+    return g->epi == LK_GG_DSWIGLU || (g->epi == LK_GG_STORE && g->b.kmajor) ? LK_GG_SM90_PINGPONG_V4
                                                                                : LK_GG_SM90_COOP;
 }
 
@@ -816,22 +854,24 @@ extern "C" lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream) {
     sargs p;
     memset(&p, 0, sizeof p);
     p.a = (const lk_bf16_t *)g->a.src, p.lda = g->a.ld, p.kdiv = g->a.kdiv, p.aorder = g->a.order;
-    p.n = g->epi == LK_GG_STORE_F32 ? g->n : g->inter, p.k = g->k, p.e = g->experts;
+    p.n = g->epi == LK_GG_STORE ? g->n : g->inter, p.k = g->k, p.e = g->experts;
     const int variant = lk_moe_cuda_gg_sm90_schedule(g), pp = variant != LK_GG_SM90_COOP;
     /* 16-byte epilogue accesses, the rows 16-byte aligned: pingpong_v4's (DSWIGLU and STORE), and
-     * auto's SWIGLU on coop (coop itself keeps the 4-byte one, to measure them side by side) */
-    const int v4 = g->epi == LK_GG_SWIGLU
-                       ? lk_moe_cuda_gg_sm90_variant_in_force() == LK_GG_SM90_AUTO && lk_aligned16(g->keep) &&
-                             lk_aligned16(g->h)
+     * auto's SWIGLU and STORE on coop (coop itself keeps the narrow ones, to measure them side by side) */
+    const int c_bf16 = g->c_dt == LK_BF16;
+    const int c_v4 = g->epi == LK_GG_STORE && lk_aligned16(g->c) && g->ldc % (c_bf16 ? 8 : 4) == 0 && g->n % 8 == 0;
+    const int v4 = variant == LK_GG_SM90_COOP
+                       ? lk_moe_cuda_gg_sm90_variant_in_force() == LK_GG_SM90_AUTO &&
+                             (g->epi == LK_GG_SWIGLU ? lk_aligned16(g->keep) && lk_aligned16(g->h) : c_v4)
                        : variant == LK_GG_SM90_PINGPONG_V4 &&
                              (g->epi == LK_GG_DSWIGLU
                                   ? lk_aligned16(g->gu_saved) && lk_aligned16(g->dgu) && lk_aligned16(g->wh)
-                                  : lk_aligned16(g->c) && g->ldc % 4 == 0 && g->n % 8 == 0);
+                                  : c_v4);
     const int tn = pp ? PN : BN;   /* columns a tile */
     p.ny = (int)lk_cdiv(p.n, g->epi == LK_GG_SWIGLU ? tn / 2 : tn);
     p.offs = g->offs, p.tiles = g->tiles;
-    p.c = (float *)g->c, p.ldc = g->ldc;
-    p.vec_c = g->epi == LK_GG_STORE_F32 && ((uintptr_t)g->c & 7) == 0 && g->ldc % 2 == 0 && g->n % 2 == 0;
+    p.c = g->c, p.ldc = g->ldc, p.c_bf16 = c_bf16;
+    p.vec_c = g->epi == LK_GG_STORE && ((uintptr_t)g->c & (c_bf16 ? 3 : 7)) == 0 && g->ldc % 2 == 0 && g->n % 2 == 0;
     p.keep = (lk_bf16_t *)g->keep, p.h = (lk_bf16_t *)g->h;
     p.gsv = (const lk_bf16_t *)g->gu_saved, p.dgu = (lk_bf16_t *)g->dgu, p.wh = (lk_bf16_t *)g->wh;
     p.dwp = g->dw_part, p.dwt = lk_moe_cuda_dw_tiles(g->inter);

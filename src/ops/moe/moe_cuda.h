@@ -41,7 +41,7 @@ lk_status lk_moe_cuda_check_ids(const int32_t *ids, int64_t routes, int64_t expe
  *   LK_GG_WGRAD: M and N fixed (a weight's dims), K runs over expert e's rows; C is
  *                expert e's slice (c + e·c_e_stride), ACCUMULATED (C += A·B, rounded
  *                once into c_dt); an expert without rows leaves its slice as it was.
- * Epilogues: STORE_F32 (C written as f32), ACCUM (WGRAD), SWIGLU (ROWS, bf16 on tensor
+ * Epilogues: STORE (C written in c_dt: f32, or bf16 rounded once), ACCUM (WGRAD), SWIGLU (ROWS, bf16 on tensor
  * cores only: N = 2I is gate | up, and the epilogue writes keep = [gate | up] in bf16
  * and h = w[order[row]] · silu(gate) · up in bf16, NaN when *flag is set); DSWIGLU (ROWS,
  * bf16 on tensor cores: C = dh', N = I; from the saved [gate | up] (gu_saved) it writes
@@ -54,7 +54,7 @@ lk_status lk_moe_cuda_check_ids(const int32_t *ids, int64_t routes, int64_t expe
  * m16n8k16 (sm_80+, grouped.cu); f32 on CUDA cores in f32 (the exact path f32 training is
  * checked against). */
 typedef enum { LK_GG_ROWS, LK_GG_WGRAD } lk_gg_mode;
-typedef enum { LK_GG_STORE_F32, LK_GG_ACCUM, LK_GG_SWIGLU, LK_GG_DSWIGLU } lk_gg_epi;
+typedef enum { LK_GG_STORE, LK_GG_ACCUM, LK_GG_SWIGLU, LK_GG_DSWIGLU } lk_gg_epi;
 
 typedef struct {
     const void *src;
@@ -73,7 +73,7 @@ typedef struct {
     int64_t experts, rows;        /* E, and the bound on sorted rows (R = T·k) */
     const int64_t *offs;          /* [E + 1] on the device */
     int32_t *tiles;               /* ROWS: [E + 1] ints of device workspace */
-    void *c;                      /* STORE_F32 / ACCUM */
+    void *c;                      /* STORE / ACCUM */
     lk_dtype c_dt;
     int64_t ldc, c_e_stride;
     void *keep, *h;               /* SWIGLU: [rows, 2I] and [rows, I], bf16 */
@@ -109,7 +109,7 @@ void lk_moe_cuda_gg_simt_only(int on);
  * cases both ways. Not thread-safe; never set on the hot path. */
 void lk_moe_cuda_gg_sm80_only(int on);
 
-/* grouped_sm90.cu: 1 when the Hopper kernel takes g (bf16 ROWS: STORE_F32 with the sorted
+/* grouped_sm90.cu: 1 when the Hopper kernel takes g (bf16 ROWS: STORE with the sorted
  * rows as A, SWIGLU with B K-major, DSWIGLU with B N-major, the last two with A gathered;
  * K >= 8; K, the row strides and the expert stride multiples of 8 elements, the operands
  * 16-byte aligned; (D)SWIGLU: I a multiple of 8). Says nothing of the GPU. */

@@ -34,7 +34,7 @@
  *              L2 once read); the expert by binary search over tiles. Zero-row experts take
  *              no tile; nothing is read back on the host.
  * Epilogues (grouped.cu's, element for element):
- *   STORE      C f32 (y = h·Wdᵀ, d_rows = d_gate_up·Wgu).
+ *   STORE      C f32 or bf16 (y = h·Wdᵀ, d_rows = d_gate_up·Wgu).
  *   SWIGLU     the B tile is 128 gate rows j0.. then the 128 up rows I + j0.. (two TMA
  *              boxes), so accumulator column c < 128 (register e) is gate j0 + c and its up
  *              is register e + 64 of the same thread: keep = [gate | up] bf16, h = w ·
@@ -45,20 +45,18 @@
  *
  * Variants (LLMKERN_GG_SM90, read once; lk_moe_cuda_gg_sm90_variant in the tests, which run each):
  *   coop       gg_sm90, the schedule above: both consumer warpgroups on one 128 × 256 tile,
- *              the tensor cores idle through the epilogue.
+ *              the tensor cores idle through the epilogue; every epilogue on 16-byte stores
+ *              where the rows are 16-byte aligned (V4: a quad transpose of the accumulators,
+ *              8 consecutive columns a lane, whole row pieces a warp instruction).
  *   pingpong   gg_sm90_pp (below the first kernel): each consumer warpgroup a 128 × 128 tile of
- *              its own, its epilogue under the other's mainloop.
- *   pingpong_v4  pingpong with the DSWIGLU and f32 STORE epilogues on 16-byte loads and stores
- *              (V4: a quad transpose of the accumulators, 8 consecutive columns a lane), and
+ *              its own, its epilogue under the other's mainloop; 4- and 8-byte epilogues.
+ *   pingpong_v4  pingpong with the DSWIGLU and STORE epilogues on 16-byte accesses, and
  *              grouped_wgrad_sm90.cu's likewise.
- *   auto       (the default) each GEMM on its winner (lk_moe_cuda_gg_sm90_schedule): dh' and
- *              the forward's down on pingpong_v4, gate/up, d_rows and the weight gradients on
- *              coop. The ping-pong halves the MMA time a tile but not its operand traffic;
- *              it wins only where the epilogue is heavy (dh' +46%). gate/up under auto stores
- *              its SWIGLU epilogue 16 bytes a lane (gg_sm90<..., V4>: a quad transpose, three
- *              16-byte stores for 8 columns where coop makes twelve 4-byte ones, each warp
- *              instruction 16 bytes of a row, half a sector); not yet measured (coop beside
- *              auto will say).
+ *   auto       (the default) each GEMM on its winner (lk_moe_cuda_gg_sm90_schedule): the
+ *              forward's down on pingpong_v4, the rest on coop. The ping-pong halves the MMA
+ *              time a tile but not its operand traffic (a 128 × 128 tile reads 2/3 the bytes
+ *              a FLOP of 128 × 256 does more); with the epilogues on 16-byte accesses and the
+ *              sigmoid on the SFU, coop's unhidden epilogue costs less than that.
  * Measured (H200, bench/NOTES.md, ninth session's call 4, every cuda_test_moe_experts case
  * passing): gate/up 530, down 486, dh' 234, d_rows 633 TFLOP/s (torch._grouped_mm 700 / 592;
  * the first version, call 3: 506 / 458 / 176 / 579).
@@ -382,6 +380,65 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
                 float h0 = wr[hf] * (g0 * sigmoid_fast(g0)) * u0, h1 = wr[hf] * (g1 * sigmoid_fast(g1)) * u1;
                 if (bad) h0 = h1 = __int_as_float(0x7fffffff);
                 st_bf16x2(p.h + row * I + j, h0, h1);
+            }
+        } else if constexpr (V4) {   /* DSWIGLU on 16-byte accesses, a row's 8 columns a lane (gg_sm90_pp's V4) */
+            const int64_t I = p.inter, n0 = (int64_t)nt * BN;
+            const int l = lane % 4;
+#pragma unroll
+            for (int hf = 0; hf < 2; hf++) {
+                const int64_t row = rows[hf];
+                const bool rok = row < mlim;
+#pragma unroll
+                for (int half = 0; half < 2; half++) {   /* 128 columns: dw_part's slot 2·nt + half */
+                    uint4 gv[4], uv[4];   /* the saved gate/up of the lane's 8 columns of groups 4g + l */
+#pragma unroll
+                    for (int g = 0; g < 4; g++) {
+                        const int64_t j = n0 + 8 * (4 * (4 * half + g) + l);   /* I a multiple of 8 */
+                        const bool ok = rok && j < I;
+                        gv[g] = ok ? __ldg(reinterpret_cast<const uint4 *>(p.gsv + row * 2 * I + j)) : make_uint4(0, 0, 0, 0);
+                        uv[g] = ok ? __ldg(reinterpret_cast<const uint4 *>(p.gsv + row * 2 * I + I + j)) : make_uint4(0, 0, 0, 0);
+                    }
+                    float dot = 0.0f;
+#pragma unroll
+                    for (int g = 0; g < 4; g++) {
+                        const int gg4 = 4 * half + g;
+                        float d0[4], d1[4];
+#pragma unroll
+                        for (int jj = 0; jj < 4; jj++) {
+                            d0[jj] = acc[4 * (4 * gg4 + jj) + 2 * hf];
+                            d1[jj] = acc[4 * (4 * gg4 + jj) + 2 * hf + 1];
+                        }
+                        quad_transpose(d0, lane), quad_transpose(d1, lane);
+                        const int64_t j = n0 + 8 * (4 * gg4 + l);
+                        if (!rok || j >= I) continue;
+                        const uint32_t gw[4] = {gv[g].x, gv[g].y, gv[g].z, gv[g].w};
+                        const uint32_t uw[4] = {uv[g].x, uv[g].y, uv[g].z, uv[g].w};
+                        uint32_t og[4], ou[4], oh[4];
+#pragma unroll
+                        for (int k = 0; k < 4; k++) {
+                            const float2 gt = bf16x2_f2(gw[k]), up = bf16x2_f2(uw[k]);
+                            float dg[2], du[2], whv[2];
+#pragma unroll
+                            for (int y = 0; y < 2; y++) {
+                                const float gg = y ? gt.y : gt.x, uu = y ? up.y : up.x, dhp = y ? d1[k] : d0[k];
+                                const float sg = sigmoid_fast(gg), silu = gg * sg, hv = silu * uu, dh = wr[hf] * dhp;
+                                dg[y] = dh * uu * sg * (1.0f + gg * (1.0f - sg)), du[y] = dh * silu, whv[y] = wr[hf] * hv;
+                                if (bad) dg[y] = du[y] = whv[y] = __int_as_float(0x7fffffff);
+                                dot += dhp * hv;
+                            }
+                            og[k] = lk_pack_bf16x2(dg[0], dg[1]), ou[k] = lk_pack_bf16x2(du[0], du[1]);
+                            oh[k] = lk_pack_bf16x2(whv[0], whv[1]);
+                        }
+                        st_global_v4(p.dgu + row * 2 * I + j, og[0], og[1], og[2], og[3]);
+                        st_global_v4(p.dgu + row * 2 * I + I + j, ou[0], ou[1], ou[2], ou[3]);
+                        st_global_v4(p.wh + row * I + j, oh[0], oh[1], oh[2], oh[3]);
+                    }
+                    dot += __shfl_xor_sync(0xffffffffu, dot, 1);   /* the row's 128 columns: its quad */
+                    dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+                    const int64_t slot = 2 * (int64_t)nt + half;
+                    if (p.dwp && l == 0 && rok && slot < p.dwt)
+                        p.dwp[row * p.dwt + slot] = bad ? __int_as_float(0x7fffffff) : dot;
+                }
             }
         } else {   /* DSWIGLU */
             const int64_t I = p.inter, n0 = (int64_t)nt * BN;
@@ -785,7 +842,7 @@ static lk_status launch(const CUtensorMap &ta, const CUtensorMap &tb, const sarg
             return LK_OK;
         }
     }
-    if constexpr (EPI == SWIGLU || EPI == STORE) {
+    if constexpr (EPI == SWIGLU || EPI == STORE || EPI == DSWIGLU) {
         if (!pp && v4) {
             if (!opted[3]) {
                 LK_CUDA_TRY(cudaFuncSetAttribute(gg_sm90<EPI, AG, BKM, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -837,15 +894,16 @@ extern "C" int lk_moe_cuda_gg_sm90_variant_in_force(void) {
     return from_env;
 }
 
-/* AUTO: the measured winner per GEMM (bench/NOTES.md, eleventh session, PEERS-H200.md's MoE
- * shape, TFLOP/s coop / pingpong_v4): dh' (DSWIGLU) 233 / 340 and the forward's down (STORE,
- * B K-major) 485 / 511 on pingpong_v4; gate/up (SWIGLU) 537 / 418 and d_rows (STORE, B
- * N-major) 633 / 614 on coop. (The weight gradients: grouped_wgrad_sm90.cu.) */
+/* AUTO: the measured winner per GEMM (bench/NOTES.md, PEERS-H200.md's MoE shape, TFLOP/s
+ * coop / pingpong_v4, the same call): dh' (DSWIGLU) 465-492 / 394-407 (thirteenth session,
+ * both on 16-byte epilogues; 233 / 340 in the eleventh, coop's on 4-byte ones) and gate/up
+ * (SWIGLU) 537 / 418 and d_rows (STORE, B N-major) 633 / 614 on coop; the forward's down
+ * (STORE, B K-major) 567-602 / 574-576 (bf16 y) on pingpong_v4, within the noise. (The weight
+ * gradients: grouped_wgrad_sm90.cu.) */
 extern "C" int lk_moe_cuda_gg_sm90_schedule(const lk_gg *g) {
     const int v = lk_moe_cuda_gg_sm90_variant_in_force();
     if (v != LK_GG_SM90_AUTO) return v;
-    return g->epi == LK_GG_DSWIGLU || (g->epi == LK_GG_STORE && g->b.kmajor) ? LK_GG_SM90_PINGPONG_V4
-                                                                               : LK_GG_SM90_COOP;
+    return g->epi == LK_GG_STORE && g->b.kmajor ? LK_GG_SM90_PINGPONG_V4 : LK_GG_SM90_COOP;
 }
 
 extern "C" lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream) {
@@ -856,17 +914,15 @@ extern "C" lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream) {
     p.a = (const lk_bf16_t *)g->a.src, p.lda = g->a.ld, p.kdiv = g->a.kdiv, p.aorder = g->a.order;
     p.n = g->epi == LK_GG_STORE ? g->n : g->inter, p.k = g->k, p.e = g->experts;
     const int variant = lk_moe_cuda_gg_sm90_schedule(g), pp = variant != LK_GG_SM90_COOP;
-    /* 16-byte epilogue accesses, the rows 16-byte aligned: pingpong_v4's (DSWIGLU and STORE), and
-     * auto's SWIGLU and STORE on coop (coop itself keeps the narrow ones, to measure them side by side) */
+    /* 16-byte epilogue accesses wherever the rows are 16-byte aligned: coop's (every epilogue) and
+     * pingpong_v4's (DSWIGLU and STORE); pingpong keeps the narrow ones */
     const int c_bf16 = g->c_dt == LK_BF16;
+    const int dsw_v4 = lk_aligned16(g->gu_saved) && lk_aligned16(g->dgu) && lk_aligned16(g->wh);
     const int c_v4 = g->epi == LK_GG_STORE && lk_aligned16(g->c) && g->ldc % (c_bf16 ? 8 : 4) == 0 && g->n % 8 == 0;
-    const int v4 = variant == LK_GG_SM90_COOP
-                       ? lk_moe_cuda_gg_sm90_variant_in_force() == LK_GG_SM90_AUTO &&
-                             (g->epi == LK_GG_SWIGLU ? lk_aligned16(g->keep) && lk_aligned16(g->h) : c_v4)
-                       : variant == LK_GG_SM90_PINGPONG_V4 &&
-                             (g->epi == LK_GG_DSWIGLU
-                                  ? lk_aligned16(g->gu_saved) && lk_aligned16(g->dgu) && lk_aligned16(g->wh)
-                                  : c_v4);
+    const int v4 = g->epi == LK_GG_SWIGLU    ? variant == LK_GG_SM90_COOP && lk_aligned16(g->keep) && lk_aligned16(g->h)
+                   : variant == LK_GG_SM90_PINGPONG ? 0
+                   : g->epi == LK_GG_DSWIGLU        ? dsw_v4
+                                                    : c_v4;
     const int tn = pp ? PN : BN;   /* columns a tile */
     p.ny = (int)lk_cdiv(p.n, g->epi == LK_GG_SWIGLU ? tn / 2 : tn);
     p.offs = g->offs, p.tiles = g->tiles;

@@ -119,11 +119,11 @@ int lk_moe_cuda_gg_sm90_takes(const lk_gg *g);
  * tile list already built by grouped.cu's tile scan). Errors: LK_EDEVICE. */
 lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream);
 
-/* grouped_sm90.cu's schedules: COOP, two consumer warpgroups sharing a 128 × 256 tile, or
- * PINGPONG, each warpgroup a 128 × 128 tile of its own, its epilogue under the other's
- * mainloop; PINGPONG_V4, PINGPONG with the DSWIGLU and f32 STORE epilogues on 16-byte
- * accesses; AUTO (the default), each GEMM on the schedule measured fastest for it
- * (lk_moe_cuda_gg_sm90_schedule), gate/up's SWIGLU epilogue on 16-byte stores. grouped_wgrad_sm90.cu: PINGPONG and PINGPONG_V4 its ping-pong
+/* grouped_sm90.cu's schedules: COOP, two consumer warpgroups sharing a 128 × 256 tile, its
+ * epilogues on 16-byte accesses where the rows allow, or PINGPONG, each warpgroup a 128 × 128
+ * tile of its own, its epilogue under the other's mainloop; PINGPONG_V4, PINGPONG with the
+ * DSWIGLU and STORE epilogues on 16-byte accesses; AUTO (the default), each GEMM on the
+ * schedule measured fastest for it (lk_moe_cuda_gg_sm90_schedule). grouped_wgrad_sm90.cu: PINGPONG and PINGPONG_V4 its ping-pong
  * kernel, COOP its cooperative one with C read, added and written by the consumers, AUTO the
  * cooperative one with C added by TMA reductions where C is f32 and TMA can address it. */
 enum { LK_GG_SM90_COOP = 0, LK_GG_SM90_PINGPONG = 1, LK_GG_SM90_PINGPONG_V4 = 2, LK_GG_SM90_AUTO = 3,

@@ -171,22 +171,18 @@ static lk_status wgrad_gemm(lk_gg g, lk_gg_operand a, lk_gg_operand b, int64_t m
     return lk_moe_cuda_grouped_gemm(&g, st);
 }
 
-/* dst [T, H] = the sum of each token's k rows of src [R, H], both in the storage dtype */
-static void unpermute(void *dst, const void *src, const lk_moe_dims *d, const int32_t *pos, cudaStream_t st) {
+/* dst [T, H] = the sum of each token's k rows of src [R, H], both in the storage dtype T */
+template <typename T>
+static void unpermute_as(void *dst, const void *src, const lk_moe_dims *d, const int32_t *pos, cudaStream_t st) {
     const int64_t n = d->t * d->h;
-    const int v8 = d->h % 8 == 0 && lk_aligned16(dst) && lk_aligned16(src);
-    const unsigned blocks = grid(v8 ? n / 8 : n);
-    if (d->dt == LK_F32) {
-        if (v8) unpermute_sum<float, true><<<blocks, 256, 0, st>>>((float *)dst, (const float *)src, pos, d->t, d->k, d->h);
-        else unpermute_sum<float, false><<<blocks, 256, 0, st>>>((float *)dst, (const float *)src, pos, d->t, d->k, d->h);
-    } else {
-        if (v8)
-            unpermute_sum<lk_bf16_t, true><<<blocks, 256, 0, st>>>((lk_bf16_t *)dst, (const lk_bf16_t *)src, pos, d->t,
-                                                                    d->k, d->h);
-        else
-            unpermute_sum<lk_bf16_t, false><<<blocks, 256, 0, st>>>((lk_bf16_t *)dst, (const lk_bf16_t *)src, pos, d->t,
-                                                                     d->k, d->h);
-    }
+    if (d->h % 8 == 0 && lk_aligned16(dst) && lk_aligned16(src))
+        unpermute_sum<T, true><<<grid(n / 8), 256, 0, st>>>((T *)dst, (const T *)src, pos, d->t, d->k, d->h);
+    else
+        unpermute_sum<T, false><<<grid(n), 256, 0, st>>>((T *)dst, (const T *)src, pos, d->t, d->k, d->h);
+}
+static void unpermute(void *dst, const void *src, const lk_moe_dims *d, const int32_t *pos, cudaStream_t st) {
+    if (d->dt == LK_F32) unpermute_as<float>(dst, src, d, pos, st);
+    else unpermute_as<lk_bf16_t>(dst, src, d, pos, st);
 }
 
 static lk_status forward_on(const lk_moe_experts_args *a, lk_ctx *ctx, int hopper) {

@@ -10,17 +10,32 @@
 #   device: carry [".carry", ".prebuilt"], then `source tests/cuda/h200_env.sh; source
 #   tests/cuda/prebuilt_env.sh` and run "$B/cuda_test_..." / bench/*.py --build "$B".
 # .prebuilt/rev names the commit (and "+ uncommitted" when the tree differed): check it in the log.
+# The A side of an A/B: `ALT=<rev> bash tests/cuda/prebuild.sh` builds commit <rev> (a worktree in
+# ../prebuild-alt, built in ../build-alt; default targets the CLI and the shim) into
+# .prebuilt/alt.tar.xz and .prebuilt/alt_rev; prebuilt_env.sh unpacks it into A=/tmp/alt, and
+# bench/ab.sh runs a bench on B and A alternately in one call (both sides under the same clocks
+# and the same peers: the peers moved 5-15% between calls in the thirteenth session).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-BUILD=${PREBUILD_DIR:-$(cd .. && pwd)/build-pre}
+ROOT=$PWD
+SRC=$ROOT NAME=bins BUILD=${PREBUILD_DIR:-$(cd .. && pwd)/build-pre}
+if [ -n "${ALT:-}" ]; then
+  SRC=$(cd .. && pwd)/prebuild-alt NAME=alt BUILD=$(cd .. && pwd)/build-alt
+  [ -d "$SRC" ] || git worktree add -q --detach "$SRC" "$ALT"
+  git -C "$SRC" checkout -q --detach "$ALT"
+fi
 TARGETS=("$@")
-[ ${#TARGETS[@]} -gt 0 ] || TARGETS=($(ls tests/cuda/test_*.c | sed 's|.*/test_|cuda_test_|; s|\.c$||') llmkern_cli llmkern_peers_shim)
-[ -f "$BUILD/CMakeCache.txt" ] || cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLLMKERN_CUDA=ON -DLLMKERN_NATIVE=OFF \
-  -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON >/dev/null
+if [ ${#TARGETS[@]} -eq 0 ]; then
+  [ -n "${ALT:-}" ] && TARGETS=(llmkern_cli llmkern_peers_shim) ||
+    TARGETS=($(ls tests/cuda/test_*.c | sed 's|.*/test_|cuda_test_|; s|\.c$||') llmkern_cli llmkern_peers_shim)
+fi
+[ -f "$BUILD/CMakeCache.txt" ] || cmake -S "$SRC" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLLMKERN_CUDA=ON \
+  -DLLMKERN_NATIVE=OFF -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON >/dev/null
 cmake --build "$BUILD" -j "$(nproc)" --target "${TARGETS[@]}" >/dev/null
 mkdir -p .prebuilt
 bins=(llmkern libllmkern.so libllmkern_peers_shim.so)
 for t in "${TARGETS[@]}"; do case $t in cuda_test_*) bins+=("$t") ;; esac; done
-tar -C "$BUILD" -cf - "${bins[@]}" | xz -9 -T2 >.prebuilt/bins.tar.xz
-{ git log --oneline -1 | cut -c1-72; git diff --quiet HEAD -- src include tests bench CMakeLists.txt || echo "+ uncommitted"; } >.prebuilt/rev
-echo "prebuild: ${#bins[@]} files, $(du -h .prebuilt/bins.tar.xz | cut -f1) in .prebuilt/bins.tar.xz ($(head -1 .prebuilt/rev))"
+tar -C "$BUILD" -cf - "${bins[@]}" | xz -9 -T2 >".prebuilt/$NAME.tar.xz"
+REV=.prebuilt/rev; [ "$NAME" = bins ] || REV=.prebuilt/${NAME}_rev
+{ git -C "$SRC" log --oneline -1 | cut -c1-72; git -C "$SRC" diff --quiet HEAD -- src include tests bench CMakeLists.txt || echo "+ uncommitted"; } >"$REV"
+echo "prebuild: ${#bins[@]} files, $(du -h ".prebuilt/$NAME.tar.xz" | cut -f1) in .prebuilt/$NAME.tar.xz ($(head -1 "$REV"))"

@@ -20,7 +20,7 @@ for r in $(seq 1 "$ROUNDS"); do
   for side in B A; do
     D=${!side}
     log=$OUT/ab_${PART}_$side$r.log
-    LD_LIBRARY_PATH=${LK_TORCH_CUDNN:+$LK_TORCH_CUDNN:}$D:$LD_LIBRARY_PATH LK_BENCH_ONLY=$PART \
+    LD_LIBRARY_PATH=${LK_TORCH_CUDNN:+$LK_TORCH_CUDNN:}$D${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} LK_BENCH_ONLY=$PART \
       python3 bench/peers_cuda.py --build "$D" --out "$OUT/ab_$side$r" 2>&1 | grep -v "^W[0-9]" >"$log"
     grep -E "[0-9] ms" "$log" | grep -v "^  check" | sed "s/^/$side$r  /"
   done

@@ -182,6 +182,36 @@ static __device__ __forceinline__ void store_row8(const sargs &p, int64_t row, i
     }
 }
 
+/* DSWIGLU, V4: a row's 8 columns j.. (I a multiple of 8: all in C), d0[k] / d1[k] = dh' of
+ * columns j + 2k / + 1 (quad_transpose's output), gv / uv their saved gate / up: d_gate_up and
+ * w·h stored 16 bytes at a time, NaN when bad; returns the 8 columns' Σ dh'·h (h unweighted). */
+static __device__ __forceinline__ float dswiglu_row8(const sargs &p, int64_t row, int64_t j, const float *d0,
+                                                     const float *d1, uint4 gv, uint4 uv, float wr, bool bad) {
+    const int64_t I = p.inter;
+    const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
+    uint32_t og[4], ou[4], oh[4];
+    float dot = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const float2 gt = bf16x2_f2(gw[k]), up = bf16x2_f2(uw[k]);
+        float dg[2], du[2], whv[2];
+#pragma unroll
+        for (int y = 0; y < 2; y++) {
+            const float g = y ? gt.y : gt.x, u = y ? up.y : up.x, dhp = y ? d1[k] : d0[k];
+            const float sg = sigmoid_fast(g), silu = g * sg, hv = silu * u, dh = wr * dhp;
+            dg[y] = dh * u * sg * (1.0f + g * (1.0f - sg)), du[y] = dh * silu, whv[y] = wr * hv;
+            if (bad) dg[y] = du[y] = whv[y] = __int_as_float(0x7fffffff);
+            dot += dhp * hv;
+        }
+        og[k] = lk_pack_bf16x2(dg[0], dg[1]), ou[k] = lk_pack_bf16x2(du[0], du[1]);
+        oh[k] = lk_pack_bf16x2(whv[0], whv[1]);
+    }
+    st_global_v4(p.dgu + row * 2 * I + j, og[0], og[1], og[2], og[3]);
+    st_global_v4(p.dgu + row * 2 * I + I + j, ou[0], ou[1], ou[2], ou[3]);
+    st_global_v4(p.wh + row * I + j, oh[0], oh[1], oh[2], oh[3]);
+    return dot;
+}
+
 /* d[m64 x n128] (+)= A · B (acc 0: =), both from shared memory: A K-major; B K-major (TB 0)
  * or N-major (TB 1). hopper.cuh's wgmma_ss_n128 with the transpose bit free: the ping-pong
  * tile's instruction. */
@@ -411,27 +441,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
                         quad_transpose(d0, lane), quad_transpose(d1, lane);
                         const int64_t j = n0 + 8 * (4 * gg4 + l);
                         if (!rok || j >= I) continue;
-                        const uint32_t gw[4] = {gv[g].x, gv[g].y, gv[g].z, gv[g].w};
-                        const uint32_t uw[4] = {uv[g].x, uv[g].y, uv[g].z, uv[g].w};
-                        uint32_t og[4], ou[4], oh[4];
-#pragma unroll
-                        for (int k = 0; k < 4; k++) {
-                            const float2 gt = bf16x2_f2(gw[k]), up = bf16x2_f2(uw[k]);
-                            float dg[2], du[2], whv[2];
-#pragma unroll
-                            for (int y = 0; y < 2; y++) {
-                                const float gg = y ? gt.y : gt.x, uu = y ? up.y : up.x, dhp = y ? d1[k] : d0[k];
-                                const float sg = sigmoid_fast(gg), silu = gg * sg, hv = silu * uu, dh = wr[hf] * dhp;
-                                dg[y] = dh * uu * sg * (1.0f + gg * (1.0f - sg)), du[y] = dh * silu, whv[y] = wr[hf] * hv;
-                                if (bad) dg[y] = du[y] = whv[y] = __int_as_float(0x7fffffff);
-                                dot += dhp * hv;
-                            }
-                            og[k] = lk_pack_bf16x2(dg[0], dg[1]), ou[k] = lk_pack_bf16x2(du[0], du[1]);
-                            oh[k] = lk_pack_bf16x2(whv[0], whv[1]);
-                        }
-                        st_global_v4(p.dgu + row * 2 * I + j, og[0], og[1], og[2], og[3]);
-                        st_global_v4(p.dgu + row * 2 * I + I + j, ou[0], ou[1], ou[2], ou[3]);
-                        st_global_v4(p.wh + row * I + j, oh[0], oh[1], oh[2], oh[3]);
+                        dot += dswiglu_row8(p, row, j, d0, d1, gv[g], uv[g], wr[hf], bad);
                     }
                     dot += __shfl_xor_sync(0xffffffffu, dot, 1);   /* the row's 128 columns: its quad */
                     dot += __shfl_xor_sync(0xffffffffu, dot, 2);
@@ -720,26 +730,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
                     quad_transpose(d0, lane), quad_transpose(d1, lane);
                     const int64_t j = n0 + 8 * (4 * g + l);
                     if (!rok || j >= I) continue;
-                    const uint32_t gw[4] = {gv[g].x, gv[g].y, gv[g].z, gv[g].w}, uw[4] = {uv[g].x, uv[g].y, uv[g].z, uv[g].w};
-                    uint32_t og[4], ou[4], oh[4];
-#pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        const float2 gt = bf16x2_f2(gw[k]), up = bf16x2_f2(uw[k]);
-                        float dg[2], du[2], whv[2];
-#pragma unroll
-                        for (int y = 0; y < 2; y++) {
-                            const float gg = y ? gt.y : gt.x, uu = y ? up.y : up.x, dhp = y ? d1[k] : d0[k];
-                            const float sg = sigmoid_fast(gg), silu = gg * sg, hv = silu * uu, dh = wrx * dhp;
-                            dg[y] = dh * uu * sg * (1.0f + gg * (1.0f - sg)), du[y] = dh * silu, whv[y] = wrx * hv;
-                            if (bad) dg[y] = du[y] = whv[y] = __int_as_float(0x7fffffff);
-                            dot += dhp * hv;
-                        }
-                        og[k] = lk_pack_bf16x2(dg[0], dg[1]), ou[k] = lk_pack_bf16x2(du[0], du[1]);
-                        oh[k] = lk_pack_bf16x2(whv[0], whv[1]);
-                    }
-                    st_global_v4(p.dgu + row * 2 * I + j, og[0], og[1], og[2], og[3]);
-                    st_global_v4(p.dgu + row * 2 * I + I + j, ou[0], ou[1], ou[2], ou[3]);
-                    st_global_v4(p.wh + row * I + j, oh[0], oh[1], oh[2], oh[3]);
+                    dot += dswiglu_row8(p, row, j, d0, d1, gv[g], uv[g], wrx, bad);
                 }
                 dot += __shfl_xor_sync(0xffffffffu, dot, 1);   /* the row's 128 columns: its quad */
                 dot += __shfl_xor_sync(0xffffffffu, dot, 2);

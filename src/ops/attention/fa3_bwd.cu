@@ -296,17 +296,19 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         wgmma_wait<1>();
         fence_regs<32>(sc);
 
-        /* Pᵀ = exp2(scale2 · s − lse2 of the query), 0 where the query does not see the key */
+        /* Pᵀ = exp2(scale2 · s − lse2 of the query), 0 where the query does not see the key. One
+         * branch a step: `whole` tested inside the loop cost a BSSY / branch / BSYNC / PLOP3 around
+         * each of the 32 elements (160 instructions a step in the SASS, for the common case) */
         uint32_t pp[4][4], ds[4][4];
+        if (whole) {
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int c = 8 * j + 2 * t4;
+            for (int e = 0; e < 32; e++) sc[e] = lk_ex2(fmaf(sc[e], g.scale2, -(e & 1 ? L[e / 4].y : L[e / 4].x)));
+        } else {
 #pragma unroll
-            for (int x = 0; x < 4; x++) {
-                const int e = 4 * j + x, key = key0 + (x & 2 ? 8 : 0), col = c + (x & 1);
-                float pv = lk_ex2(fmaf(sc[e], g.scale2, -(x & 1 ? L[j].y : L[j].x)));
-                if (!whole && (key < lo[col] || key >= hi[col])) pv = 0.0f;
-                sc[e] = pv;
+            for (int e = 0; e < 32; e++) {
+                const int key = key0 + (e & 2 ? 8 : 0), col = 8 * (e / 4) + 2 * t4 + (e & 1);
+                const float pv = lk_ex2(fmaf(sc[e], g.scale2, -(e & 1 ? L[e / 4].y : L[e / 4].x)));
+                sc[e] = key < lo[col] || key >= hi[col] ? 0.0f : pv;
             }
         }
         pack_a<64>(sc, pp);

@@ -10,12 +10,12 @@
 set -uo pipefail
 PART=${1:?usage: ab.sh PART [ROUNDS] (PART: a part of bench/peers_cuda.py, as LK_BENCH_ONLY takes)}
 ROUNDS=${2:-2}
-OUT=${OUT:-$PWD/out}
-mkdir -p "$OUT"
 if [ -z "${A:-}" ] || [ -z "${B:-}" ]; then
   echo "ab.sh: no A or B side: source tests/cuda/prebuilt_env.sh with .prebuilt/alt.tar.xz packed" >&2
   exit 2
 fi
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
 for r in $(seq 1 "$ROUNDS"); do
   for side in B A; do
     D=${!side}

@@ -17,8 +17,7 @@
 # and the same peers: the peers moved 5-15% between calls in the thirteenth session).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-ROOT=$PWD
-SRC=$ROOT NAME=bins BUILD=${PREBUILD_DIR:-$(cd .. && pwd)/build-pre}
+SRC=$PWD NAME=bins BUILD=${PREBUILD_DIR:-$(cd .. && pwd)/build-pre}
 if [ -n "${ALT:-}" ]; then
   SRC=$(cd .. && pwd)/prebuild-alt NAME=alt BUILD=$(cd .. && pwd)/build-alt
   [ -d "$SRC" ] || git worktree add -q --detach "$SRC" "$ALT"

@@ -227,8 +227,8 @@ static __device__ __forceinline__ void wgmma_ss_n128_tb(float *d, uint64_t da, u
 
 /* Accumulator register e of an m64n256 fragment (consumer warpgroup cg, warp w, lane):
  * row cg·64 + w·16 + lane / 4 + 8·((e >> 1) & 1) of the tile, column 8·(e / 4) +
- * 2·(lane % 4) + (e & 1). AG: A gathered (cp.async); BKM: B K-major. V4 (SWIGLU, under
- * auto): the epilogue's stores 16 bytes a lane, as gg_sm90_pp's V4 (below). */
+ * 2·(lane % 4) + (e & 1). AG: A gathered (cp.async); BKM: B K-major. V4 (every epilogue,
+ * rows 16-byte aligned): a row's 8 columns a lane, 16-byte accesses, as gg_sm90_pp's V4. */
 template <int EPI, bool AG, bool BKM, bool V4 = false>
 __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CUtensorMap ta,
                                                       const __grid_constant__ CUtensorMap tb, sargs p) {

@@ -57,14 +57,15 @@
  *              time a tile but not its operand traffic (a 128 × 128 tile reads 2/3 the bytes
  *              a FLOP of 128 × 256 does more); with the epilogues on 16-byte accesses and the
  *              sigmoid on the SFU, coop's unhidden epilogue costs less than that.
- * Measured (H200, bench/NOTES.md, ninth session's call 4, every cuda_test_moe_experts case
- * passing): gate/up 530, down 486, dh' 234, d_rows 633 TFLOP/s (torch._grouped_mm 700 / 592;
- * the first version, call 3: 506 / 458 / 176 / 579).
+ * Measured (H200, bench/NOTES.md, every cuda_test_moe_experts case passing): thirteenth
+ * session's call 5, gate/up 644, down 577 (bf16 y), dh' 481, d_rows 671 TFLOP/s (torch._grouped_mm
+ * 664 / 511 in the same run); the ninth session's 530 / 486 / 234 / 633; the first version 506 /
+ * 458 / 176 / 579.
  * Count (PEERS-H200.md's shape, T 16384 · top-8 = R 131072 rows,
  * H 2048, I 768, E 128): gate/up 2·R·H·2I = 824.6 GFLOP, 1.04 ms at 790 TFLOP/s (torch's
  * 665: 1.24 ms); down 2·R·I·H = 412.3 GFLOP, 0.52 ms at 790 (torch's 519: 0.79 ms) — its
- * f32 y (R·H·4 = 1.07 GB written) is ~0.3 ms of HBM beside it, hidden only while other
- * tiles' GEMMs run. */
+ * y (bf16: R·H·2 = 0.54 GB written; f32 was twice that) is ~0.13 ms of HBM beside it, hidden
+ * only while other tiles' GEMMs run. */
 #include <stdio.h>
 #include <string.h>
 #include "core/cuda_check.h"

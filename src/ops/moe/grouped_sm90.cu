@@ -169,6 +169,15 @@ static __device__ __forceinline__ void store_pair(const sargs &p, int64_t row, i
     }
 }
 
+/* V4: the 8 columns of column groups 4g .. 4g + 3 of an m64 fragment's row half hf that this
+ * lane stores (group 4g + lane % 4): acc is the m64 block's accumulators, d0[k] / d1[k] the
+ * columns 2k / 2k + 1 after the quad transpose. */
+static __device__ __forceinline__ void row8_of(const float *acc, int g, int hf, int lane, float *d0, float *d1) {
+#pragma unroll
+    for (int jj = 0; jj < 4; jj++) d0[jj] = acc[4 * (4 * g + jj) + 2 * hf], d1[jj] = acc[4 * (4 * g + jj) + 2 * hf + 1];
+    quad_transpose(d0, lane), quad_transpose(d1, lane);
+}
+
 /* STORE, V4: a row's 8 columns col.. (all in C: n a multiple of 8), d0[k] / d1[k] = columns
  * col + 2k / + 1 (quad_transpose's output): two 16-byte f32 stores or one of bf16. */
 static __device__ __forceinline__ void store_row8(const sargs &p, int64_t row, int64_t col, const float *d0,
@@ -353,12 +362,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
 #pragma unroll
                 for (int g = 0; g < BN / 32; g++) {
                     float d0[4], d1[4];
-#pragma unroll
-                    for (int jj = 0; jj < 4; jj++) {
-                        const int q = 4 * (4 * g + jj) + 2 * hf;
-                        d0[jj] = acc[q], d1[jj] = acc[q + 1];
-                    }
-                    quad_transpose(d0, lane), quad_transpose(d1, lane);
+                    row8_of(acc, g, hf, lane, d0, d1);
                     const int64_t col = n0 + 8 * (4 * g + lane % 4);   /* n a multiple of 8: all 8 in or out */
                     if (rows[hf] < mlim && col < p.n) store_row8(p, rows[hf], col, d0, d1);
                 }
@@ -434,12 +438,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
                     for (int g = 0; g < 4; g++) {
                         const int gg4 = 4 * half + g;
                         float d0[4], d1[4];
-#pragma unroll
-                        for (int jj = 0; jj < 4; jj++) {
-                            d0[jj] = acc[4 * (4 * gg4 + jj) + 2 * hf];
-                            d1[jj] = acc[4 * (4 * gg4 + jj) + 2 * hf + 1];
-                        }
-                        quad_transpose(d0, lane), quad_transpose(d1, lane);
+                        row8_of(acc, gg4, hf, lane, d0, d1);
                         const int64_t j = n0 + 8 * (4 * gg4 + l);
                         if (!rok || j >= I) continue;
                         dot += dswiglu_row8(p, row, j, d0, d1, gv[g], uv[g], wr[hf], bad);
@@ -668,12 +667,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
 #pragma unroll
                 for (int g = 0; g < 4; g++) {
                     float d0[4], d1[4];
-#pragma unroll
-                    for (int jj = 0; jj < 4; jj++) {
-                        d0[jj] = acc[64 * mb + 4 * (4 * g + jj) + 2 * hf];
-                        d1[jj] = acc[64 * mb + 4 * (4 * g + jj) + 2 * hf + 1];
-                    }
-                    quad_transpose(d0, lane), quad_transpose(d1, lane);
+                    row8_of(acc + 64 * mb, g, hf, lane, d0, d1);
                     const int64_t col = n0 + 8 * (4 * g + lane % 4);   /* n a multiple of 8: all 8 in or out */
                     if (row < mlim && col < p.n) store_row8(p, row, col, d0, d1);
                 }
@@ -722,13 +716,8 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
                 float dot = 0.0f;
 #pragma unroll
                 for (int g = 0; g < 4; g++) {
-                    float d0[4], d1[4];   /* dh' of the pairs of groups 4g .. 4g + 3, then of this lane's 8 columns */
-#pragma unroll
-                    for (int jj = 0; jj < 4; jj++) {
-                        d0[jj] = acc[64 * mb + 4 * (4 * g + jj) + 2 * hf];
-                        d1[jj] = acc[64 * mb + 4 * (4 * g + jj) + 2 * hf + 1];
-                    }
-                    quad_transpose(d0, lane), quad_transpose(d1, lane);
+                    float d0[4], d1[4];
+                    row8_of(acc + 64 * mb, g, hf, lane, d0, d1);
                     const int64_t j = n0 + 8 * (4 * g + l);
                     if (!rok || j >= I) continue;
                     dot += dswiglu_row8(p, row, j, d0, d1, gv[g], uv[g], wrx, bad);

@@ -1,24 +1,34 @@
 #!/usr/bin/env bash
-# ab.sh — an A/B of two builds in one device call: bench/peers_cuda.py's part PART (LK_BENCH_ONLY:
+# ab.sh — an A/B of builds in one device call: bench/peers_cuda.py's part PART (LK_BENCH_ONLY:
 # moe_rows, attention_rows, ...) on the B side ($B: tests/cuda/prebuild.sh's build) and the A side
 # ($A: `ALT=<rev> bash tests/cuda/prebuild.sh`) in turn, B A B A ..., ROUNDS times each, so both
 # see the same clocks and the same peers (the peers moved 5-15% between calls; alternating runs in
-# one call made 2-8% differences readable: bench/NOTES.md, thirteenth session). Each run's output
-# lands in $OUT/ab_<part>_<side><round>.log; its table rows are printed with the side in front.
-# The environment passes through (LLMKERN_GG_SM90=coop, LK_MOE_LIGER=0, ...).
+# one call made 2-8% differences readable: bench/NOTES.md, thirteenth session). Build folders
+# named after ROUNDS replace B and A (an A/B/C/...; each side is labelled by its folder's name).
+# Each run's output lands in $OUT/ab_<part>_<side><round>.log; its table rows are printed with
+# the side in front. The environment passes through (LLMKERN_GG_SM90=coop, LK_MOE_LIGER=0, ...).
 #   device: source tests/cuda/h200_env.sh; source tests/cuda/prebuilt_env.sh; bash bench/ab.sh moe_rows 2
+#           bash bench/ab.sh attention_rows 2 "$B" /tmp/defer "$A" 
 set -uo pipefail
 PART=${1:?usage: ab.sh PART [ROUNDS] (PART: a part of bench/peers_cuda.py, as LK_BENCH_ONLY takes)}
 ROUNDS=${2:-2}
-if [ -z "${A:-}" ] || [ -z "${B:-}" ]; then
-  echo "ab.sh: no A or B side: source tests/cuda/prebuilt_env.sh with .prebuilt/alt.tar.xz packed" >&2
-  exit 2
+shift $(($# < 2 ? $# : 2))
+SIDES=("$@")
+if [ ${#SIDES[@]} -eq 0 ]; then
+  if [ -z "${A:-}" ] || [ -z "${B:-}" ]; then
+    echo "ab.sh: no A or B side: source tests/cuda/prebuilt_env.sh with .prebuilt/alt.tar.xz packed" >&2
+    exit 2
+  fi
+  SIDES=("$B" "$A")
 fi
+for D in "${SIDES[@]}"; do
+  [ -x "$D/llmkern" ] || { echo "ab.sh: $D holds no llmkern build" >&2; exit 2; }
+done
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 for r in $(seq 1 "$ROUNDS"); do
-  for side in B A; do
-    D=${!side}
+  for D in "${SIDES[@]}"; do
+    side=$(basename "$D")
     log=$OUT/ab_${PART}_$side$r.log
     LD_LIBRARY_PATH=${LK_TORCH_CUDNN:+$LK_TORCH_CUDNN:}$D${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} LK_BENCH_ONLY=$PART \
       python3 bench/peers_cuda.py --build "$D" --out "$OUT/ab_$side$r" 2>&1 | grep -v "^W[0-9]" >"$log"

@@ -15,11 +15,14 @@
 # .prebuilt/alt.tar.xz and .prebuilt/alt_rev; prebuilt_env.sh unpacks it into A=/tmp/alt, and
 # bench/ab.sh runs a bench on B and A alternately in one call (both sides under the same clocks
 # and the same peers: the peers moved 5-15% between calls in the thirteenth session).
+# More sides: `ALT=wip-x ALT_NAME=x bash tests/cuda/prebuild.sh` packs .prebuilt/x.tar.xz, unpacked
+# into /tmp/x; `bash bench/ab.sh PART ROUNDS $B /tmp/x $A` rotates over them. The variants share
+# the worktree and ../build-alt, so each after the first rebuilds only what its commit changed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SRC=$PWD NAME=bins BUILD=${PREBUILD_DIR:-$(cd .. && pwd)/build-pre}
 if [ -n "${ALT:-}" ]; then
-  SRC=$(cd .. && pwd)/prebuild-alt NAME=alt BUILD=$(cd .. && pwd)/build-alt
+  SRC=$(cd .. && pwd)/prebuild-alt NAME=${ALT_NAME:-alt} BUILD=$(cd .. && pwd)/build-alt
   [ -d "$SRC" ] || git worktree add -q --detach "$SRC" "$ALT"
   git -C "$SRC" checkout -q --detach "$ALT"
 fi

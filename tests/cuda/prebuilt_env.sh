@@ -7,12 +7,13 @@
 B=/tmp/pre
 mkdir -p "$B" && tar -xJf .prebuilt/bins.tar.xz -C "$B" && echo "prebuilt: $(head -1 .prebuilt/rev)"
 export B LD_LIBRARY_PATH=$B${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-# the A side of an A/B (ALT=<rev> prebuild.sh), when packed: A=/tmp/alt, not on the library path
-# (bench/ab.sh puts each side first in turn)
-if [ -f .prebuilt/alt.tar.xz ]; then
-  A=/tmp/alt
-  mkdir -p "$A" && tar -xJf .prebuilt/alt.tar.xz -C "$A" && echo "alt: $(head -1 .prebuilt/alt_rev)"
-  export A
-fi
+# the other sides of an A/B (ALT=<rev> [ALT_NAME=<name>] prebuild.sh), each unpacked into
+# /tmp/<name>, not on the library path (bench/ab.sh puts each side first in turn); alt is A
+for t in .prebuilt/*.tar.xz; do
+  n=$(basename "$t" .tar.xz)
+  [ "$n" = bins ] && continue
+  mkdir -p "/tmp/$n" && tar -xJf "$t" -C "/tmp/$n" && echo "$n: $(head -1 ".prebuilt/${n}_rev")"
+done
+[ -d /tmp/alt ] && export A=/tmp/alt
 LK_TORCH_CUDNN=$(python3 -c "import nvidia.cudnn as m; print(list(m.__path__)[0] + '/lib')" 2>/dev/null || true)
 export LK_TORCH_CUDNN

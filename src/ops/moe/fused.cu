@@ -17,7 +17,8 @@
  *             epilogue (d_gate_up and w·h from dh' and the saved gate/up; d_topk_weights =
  *             dh'·h from per-tile partials summed in order); f32: dh' in f32, then a warp a
  *             row recomputes the activation; d_down += dout[order / k]ᵀ·(w·h),
- *             d_rows = d_gate_up · Wgu (storage dtype, as y), d_gate_up_weight += d_gate_upᵀ·x[order / k]
+ *             d_gate_up_weight += d_gate_upᵀ·x[order / k] (x's rows gathered first, into the
+ *             buffer d_rows = d_gate_up · Wgu (storage dtype, as y) then takes)
  *             — each expert's gradient slice read and written by one CTA a tile, so a
  *             bf16 gradient is rounded once per call; the un-permute sums d_rows into
  *             d_hidden.
@@ -95,6 +96,21 @@ __global__ void unpermute_sum(T *dst, const T *src, const int32_t *pos, int64_t 
     }
 }
 
+/* dst[p, :] = src[order[p] / k, :] for the n sorted rows: the tokens' rows in expert order,
+ * 16 bytes a thread (h · sizeof(T) a multiple of 16, both 16-byte aligned) or an element. */
+template <typename T, bool V>
+__global__ void gather_rows(T *dst, const T *src, const int32_t *order, int64_t n, int64_t k, int64_t h) {
+    constexpr int W = V ? 16 / (int)sizeof(T) : 1;
+    const int64_t e = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * W;
+    if (e >= n * h) return;
+    const int64_t p = e / h, c = e - p * h;
+    const T *s = src + (int64_t)(order[p] / k) * h + c;
+    if constexpr (V)
+        *reinterpret_cast<uint4 *>(dst + e) = __ldg(reinterpret_cast<const uint4 *>(s));
+    else
+        dst[e] = *s;
+}
+
 /* A warp a sorted row: from dh' (hb) and the saved pre-activations, d_gate_up, w·h and
  * d_topk_weights = Σ dh'·h (h unweighted); NaN everywhere when the ids were bad. */
 template <typename T>
@@ -169,6 +185,20 @@ static lk_status wgrad_gemm(lk_gg g, lk_gg_operand a, lk_gg_operand b, int64_t m
     g.mode = LK_GG_WGRAD, g.epi = LK_GG_ACCUM, g.a = a, g.b = b, g.m = m, g.n = n;
     g.c = grad->data, g.c_dt = grad->dtype, g.ldc = n, g.c_e_stride = m * n;
     return lk_moe_cuda_grouped_gemm(&g, st);
+}
+
+/* dst [R, H] = x[order / k]: the sorted rows of x, in the storage dtype T */
+template <typename T>
+static void gather_as(void *dst, const void *x, const lk_moe_dims *d, const int32_t *order, cudaStream_t st) {
+    const int64_t n = d->r * d->h, w = 16 / (int64_t)sizeof(T);
+    if (d->h % w == 0 && lk_aligned16(dst) && lk_aligned16(x))
+        gather_rows<T, true><<<grid(n / w), 256, 0, st>>>((T *)dst, (const T *)x, order, d->r, d->k, d->h);
+    else
+        gather_rows<T, false><<<grid(n), 256, 0, st>>>((T *)dst, (const T *)x, order, d->r, d->k, d->h);
+}
+static void gather(void *dst, const void *x, const lk_moe_dims *d, const int32_t *order, cudaStream_t st) {
+    if (d->dt == LK_F32) gather_as<float>(dst, x, d, order, st);
+    else gather_as<lk_bf16_t>(dst, x, d, order, st);
 }
 
 /* dst [T, H] = the sum of each token's k rows of src [R, H], both in the storage dtype T */
@@ -284,14 +314,19 @@ static lk_status backward_on(const lk_moe_experts_args *a, lk_ctx *ctx, int hopp
         (s = wgrad_gemm(g, opnd(a->dout.data, H, 0, sv.order, K, 0), opnd(wh, I, 0, NULL, 0, 0), H, I,
                         &a->d_down_weight, st)))
         return s;
+    /* d_gate_up_e [2I, H] += d_gate_up_eᵀ · x_e, x's rows gathered first into dr's buffer (free
+     * until d_rows, below, writes it): both operands contiguous, so the Hopper kernel loads
+     * both by TMA (a gathered operand's cp.async copies starved it: bench/NOTES.md) */
+    if (a->d_gate_up_weight.data) {
+        gather(dr, a->hidden.data, &d, sv.order, st);
+        LK_CUDA_LAUNCHED("moe_experts: fused (cuda): gather x");
+        if ((s = wgrad_gemm(g, opnd(dgu, 2 * I, 0, NULL, 0, 0), opnd(dr, H, 0, NULL, 0, 0), 2 * I, H,
+                            &a->d_gate_up_weight, st)))
+            return s;
+    }
     /* d_rows = d_gate_up · Wgu_e ([2I, H] read as [k, n]) */
     if ((s = rows_gemm(g, opnd(dgu, 2 * I, 0, NULL, 0, 1), opnd(a->gate_up_weight.data, H, 2 * I * H, NULL, 0, 0), H,
                        2 * I, dr, d.dt, st)))
-        return s;
-    /* d_gate_up_e [2I, H] += d_gate_up_eᵀ · x_e */
-    if (a->d_gate_up_weight.data &&
-        (s = wgrad_gemm(g, opnd(dgu, 2 * I, 0, NULL, 0, 0), opnd(a->hidden.data, H, 0, sv.order, K, 0), 2 * I, H,
-                        &a->d_gate_up_weight, st)))
         return s;
     unpermute(a->d_hidden.data, dr, &d, sv.pos, st);
     LK_CUDA_LAUNCHED("moe_experts: fused (cuda) backward");

@@ -3,9 +3,8 @@
  *
  *   a block      128 query rows of one (b, h); three warpgroups (384 threads):
  *   producer     warpgroup 0 gives back its registers (setmaxnreg 24) and one thread issues
- *                TMA loads: the Q tile once, then K and V tiles (BN keys: 176 where the
- *                block masks nothing inside its key range, else 128) into a ring of two or
- *                three stages. K and V of a stage complete on mbarriers
+ *                TMA loads: the Q tile once, then K and V tiles of BN = 128 keys into a
+ *                ring of three stages (D 128). K and V of a stage complete on mbarriers
  *                of their own (TMA's transaction bytes); an `empty` mbarrier takes the
  *                consumers' arrivals when a stage may be refilled.
  *   consumers    warpgroups 1 and 2 take 64 rows each (setmaxnreg 240): S = Q·Kᵀ by
@@ -39,10 +38,10 @@
 #include "ops/cuda_util.cuh"
 
 #define BM 128            /* query rows a block */
-/* Keys a tile, BN: 176 where no row is masked inside the block's range (no causal, no
- * window: fewer, longer tiles amortize each tile's softmax bookkeeping), else 128.
- * Stages of the K/V ring: as many as the 227 KiB a block may take hold (D 128: 32 KiB of
- * Q + 3 x 64 KiB at BN 128, 2 x 88 KiB at BN 176). */
+/* Keys a tile, BN: 128 for every mask. Stages of the K/V ring: as many as the 227 KiB a
+ * block may take hold (D 128: 32 KiB of Q + 3 x 64 KiB). Unmasked blocks ran 176-key tiles
+ * in two stages (fewer tiles' softmax bookkeeping) until the fourteenth session's A/B: three
+ * stages of 128 keys were 10-13% faster on the full cells' forward (bench/NOTES.md). */
 template <int DP, int BN>
 struct tiling {
     static constexpr int stages = (DP / 64) * (BM + 3 * 2 * BN) * 128 + 1024 <= 227 * 1024 ? 3 : 2;
@@ -319,16 +318,14 @@ static lk_status forward(const lk_attention_args *a, lk_ctx *ctx) {
     cudaStream_t st = (cudaStream_t)ctx->stream;
     fwd_geom g = {d.Sq, d.Skv, d.Hq, d.Hkv, d.G, (int)d.D, d.scale * LOG2E, d.scale, a->softcap,
                   a->softcap * LOG2E, {}, (const float *)a->s_aux.data, a->causal};
-    /* 176-key tiles where no row is masked inside the block's key range (D 128) */
-    const int bn = d.D > 64 && !a->causal && !a->window_left && !a->window_right ? 176 : 128;
+    const int bn = 128;
     CUtensorMap tq, tk, tv;
     lk_status s;
     if ((s = lk_attn_vis_make(a, ctx->arena, st, &g.vis)) || (s = tensor_map(&tq, a->q.data, d.B * d.Hq, d.Sq, d.D, BM)) ||
         (s = tensor_map(&tk, a->k.data, d.B * d.Hkv, d.Skv, d.D, bn)) ||
         (s = tensor_map(&tv, a->v.data, d.B * d.Hkv, d.Skv, d.D, bn)))
         return s;
-    if (d.D <= 64) return launch<64, 128>(tq, tk, tv, a, &d, g, st);
-    return bn == 176 ? launch<128, 176>(tq, tk, tv, a, &d, g, st) : launch<128, 128>(tq, tk, tv, a, &d, g, st);
+    return d.D <= 64 ? launch<64, 128>(tq, tk, tv, a, &d, g, st) : launch<128, 128>(tq, tk, tv, a, &d, g, st);
 }
 
 static lk_status backward(const lk_attention_args *a, lk_ctx *ctx) {

@@ -18,7 +18,7 @@ typedef enum {
     LK_ENV_USE_FUSED,           /* 1 | 0                        (alias VEOMNI_USE_LIGER_KERNEL) */
     LK_ENV_USE_GROUP_GEMM,      /* 1 | 0                        (alias USE_GROUP_GEMM) */
     LK_ENV_ENABLE_CHUNK_LOSS,   /* 0 | 1                        (alias VEOMNI_ENABLE_CHUNK_LOSS) */
-    LK_ENV_GG_SM90,             /* coop | pingpong | pingpong_v4 (the Hopper MoE grouped GEMM's schedule) */
+    LK_ENV_GG_SM90,             /* auto | coop | pingpong | pingpong_v4 | coop_cluster (the Hopper MoE grouped GEMM's schedule) */
     LK_ENV_COUNT
 } lk_env_id;
 

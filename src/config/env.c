@@ -33,11 +33,12 @@ static const lk_env_var table[LK_ENV_COUNT] = {
     },
     [LK_ENV_GG_SM90] = {
         .name = "LLMKERN_GG_SM90", .def = "auto",
-        .values = VALUES("auto", "coop", "pingpong", "pingpong_v4"),
+        .values = VALUES("auto", "coop", "pingpong", "pingpong_v4", "coop_cluster"),
         .meaning = "the Hopper MoE grouped GEMM's schedule (moe/grouped_sm90.cu): auto, each GEMM on "
                    "the one measured fastest for it; coop, two consumer warpgroups on one 128x256 "
                    "tile; pingpong, each on its own 128x128 tile, one's epilogue under the other's "
-                   "mainloop; pingpong_v4, with 16-byte epilogue accesses",
+                   "mainloop; pingpong_v4, with 16-byte epilogue accesses; coop_cluster, coop on "
+                   "two-CTA clusters sharing the weight tile's loads (TMA multicast)",
     },
 };
 

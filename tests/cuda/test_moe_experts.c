@@ -443,7 +443,7 @@ static void graph_capture(void **state) {
  * so both stay checked whichever LLMKERN_GG_SM90 picks; on another GPU a repeat of the mma.sync run. */
 static void sm90_schedules(void **state) {
     (void)state;
-    static const char *names[LK_GG_SM90_VARIANTS] = {"coop", "pingpong", "pingpong_v4", "auto"};
+    static const char *names[LK_GG_SM90_VARIANTS] = {"coop", "pingpong", "pingpong_v4", "auto", "coop_cluster"};
     const mcase c = {300, 128, 96, 8, 2, RANDOM, 1, 0};
     for (int v = 0; v < LK_GG_SM90_VARIANTS; v++) {
         lk_moe_cuda_gg_sm90_variant(v);

@@ -79,6 +79,34 @@ static __device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *ma
                  ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2) : "memory");
 }
 
+/* tma_load's box into the same shared-memory offset of every CTA of the cluster named in
+ * mask (bit r: CTA rank r), completing on the barrier at bar's offset in each. */
+static __device__ __forceinline__ void tma_load_mc(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1,
+                                                   int c2, uint16_t mask) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+                 " [%0], [%1, {%3, %4, %5}], [%2], %6;"
+                 ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "h"(mask)
+                 : "memory");
+}
+/* An arrival on the barrier at bar's offset in the cluster's CTA `cta` (this one included).
+ * The default .release.cta, as CUTLASS's ClusterBarrier: enough to hand back a stage whose
+ * reads (wgmma's) are complete; .release.cluster put a MEMBAR.ALL.GPU before every arrival
+ * (SASS), a stall a stage that made the first cluster kernel 40% slower than coop. */
+static __device__ __forceinline__ void mbar_arrive_cta(uint64_t *bar, uint32_t cta) {
+    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                 "mbarrier.arrive.shared::cluster.b64 _, [ra];\n}" ::"r"(smem_u32(bar)), "r"(cta)
+                 : "memory");
+}
+static __device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+/* Every thread of the cluster's CTAs (exited ones count as arrived). */
+static __device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+
 /* The same through a 4-D tensor map. */
 static __device__ __forceinline__ void tma_load4(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1,
                                                  int c2, int c3) {

@@ -111,20 +111,42 @@ typedef struct {
 
 #if FA3_ARCH
 
-/* Tile t's expert, rows [m0, mlim) and column tile nt. */
-static __device__ __forceinline__ void tile_of(const sargs &p, int t, int64_t &e, int64_t &m0, int64_t &mlim,
-                                               int &nt) {
-    const int32_t mt = t / p.ny;
-    nt = t - mt * p.ny;
-    int32_t lo = 0, hi = (int32_t)p.e - 1;   /* the last expert whose first tile is <= mt */
+/* The expert of row tile mt: the last whose first tile is <= mt. */
+static __device__ __forceinline__ int64_t expert_of(const sargs &p, int32_t mt) {
+    int32_t lo = 0, hi = (int32_t)p.e - 1;
     while (lo < hi) {
         int32_t mid = (lo + hi + 1) >> 1;
         if (p.tiles[mid] <= mt) lo = mid;
         else hi = mid - 1;
     }
-    e = lo;
+    return lo;
+}
+
+/* Tile t's expert, rows [m0, mlim) and column tile nt. */
+static __device__ __forceinline__ void tile_of(const sargs &p, int t, int64_t &e, int64_t &m0, int64_t &mlim,
+                                               int &nt) {
+    const int32_t mt = t / p.ny;
+    nt = t - mt * p.ny;
+    e = expert_of(p, mt);
     m0 = p.offs[e] + (int64_t)(mt - p.tiles[e]) * BM;
     mlim = p.offs[e + 1];
+}
+
+/* Work unit u of a cluster of CL CTAs (CL 1: the unit is tile u): this CTA's (rank's) row
+ * tile CL·(u / ny) + rank, column tile u % ny; its expert, rows [m0, mlim). mc (CL 2): both
+ * row tiles exist and share their expert, so the two CTAs share the expert's B tile (each
+ * loads half, multicast to both). Past the last row tile (an odd count's last unit) a CTA
+ * gets the last tile's expert and no rows: it still runs the unit's stages, the ring's
+ * hand-over counting both CTAs' arrivals. */
+template <int CL>
+static __device__ __forceinline__ void unit_of(const sargs &p, int u, int rank, int64_t &e, int64_t &m0,
+                                               int64_t &mlim, int &nt, bool &mc) {
+    const int32_t rt = p.tiles[p.e], mp = u / p.ny, mt = mp * CL + rank, m = mt < rt ? mt : rt - 1;
+    nt = u - mp * p.ny;
+    e = expert_of(p, m);
+    m0 = p.offs[e] + (int64_t)(m - p.tiles[e]) * BM;
+    mlim = mt < rt ? p.offs[e + 1] : m0;
+    mc = CL == 2 && mp * 2 + 1 < rt && expert_of(p, mp * 2 + (rank ^ 1)) == e;
 }
 
 /* An arrival on bar once every cp.async this thread issued so far has landed (the
@@ -239,7 +261,7 @@ static __device__ __forceinline__ void wgmma_ss_n128_tb(float *d, uint64_t da, u
  * row cg·64 + w·16 + lane / 4 + 8·((e >> 1) & 1) of the tile, column 8·(e / 4) +
  * 2·(lane % 4) + (e & 1). AG: A gathered (cp.async); BKM: B K-major. V4 (every epilogue,
  * rows 16-byte aligned): a row's 8 columns a lane, 16-byte accesses, as gg_sm90_pp's V4. */
-template <int EPI, bool AG, bool BKM, bool V4 = false>
+template <int EPI, bool AG, bool BKM, bool V4 = false, int CL = 1>
 __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CUtensorMap ta,
                                                       const __grid_constant__ CUtensorMap tb, sargs p) {
 #if FA3_ARCH
@@ -248,13 +270,15 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
     uint8_t *sa = sm, *sb = sa + STAGES * A_BYTES;
     uint64_t *full = (uint64_t *)(sb + STAGES * B_BYTES), *empty = full + STAGES;
     const int tid = threadIdx.x, wg = tid / 128;
-    const int total = p.tiles[p.e] * p.ny, nk = (int)((p.k + BK - 1) / BK);
+    const int units = (p.tiles[p.e] + CL - 1) / CL * p.ny, nk = (int)((p.k + BK - 1) / BK);
+    const int rank = CL > 1 ? (int)cluster_rank() : 0, cid = blockIdx.x / CL, ncl = gridDim.x / CL;
 
-    if (tid == 0) {
-        for (int s = 0; s < STAGES; s++) mbar_init(&full[s], AG ? 129 : 1), mbar_init(&empty[s], 256);
+    if (tid == 0) {   /* empty: CL 1, every consumer thread; CL 2, each consumer warp of both CTAs */
+        for (int s = 0; s < STAGES; s++) mbar_init(&full[s], AG ? 129 : 1), mbar_init(&empty[s], CL > 1 ? 8 * CL : 256);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    __syncthreads();
+    if constexpr (CL > 1) cluster_sync();   /* the peer's barriers are initialized before any multicast */
+    else __syncthreads();
 
     if (wg == 0) {   /* --- producer ------------------------------------------------------ */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
@@ -262,10 +286,11 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
         constexpr uint32_t bytes = B_BYTES + (AG ? 0 : A_BYTES);
         const int c = tid & 7, r0 = tid >> 3;   /* gathering: chunk c of rows r0 + 16 i */
         int it = 0;
-        for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        for (int u = cid; u < units; u += ncl) {
             int64_t e, m0, mlim;
             int nt;
-            tile_of(p, t, e, m0, mlim, nt);
+            bool mc;
+            unit_of<CL>(p, u, rank, e, m0, mlim, nt, mc);
             int32_t tok[AG ? 8 : 1];
             if (AG) {
 #pragma unroll
@@ -284,12 +309,19 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
                     if (BKM) {   /* two boxes of 128 rows: SWIGLU gate j0.. and up I + j0.. */
                         const int r1 = EPI == SWIGLU ? nt * (BN / 2) : nt * BN;
                         const int r2 = EPI == SWIGLU ? (int)p.inter + r1 : r1 + BN / 2;
-                        tma_load(b, &tb, &full[s], kb * BK, r1, (int)e);
-                        tma_load(b + B_BYTES / 2, &tb, &full[s], kb * BK, r2, (int)e);
-                    } else {     /* four 64-column blocks of 64 k-rows */
+                        if (mc) {   /* this CTA's box into both */
+                            tma_load_mc(b + rank * (B_BYTES / 2), &tb, &full[s], kb * BK, rank ? r2 : r1, (int)e, 3);
+                        } else {
+                            tma_load(b, &tb, &full[s], kb * BK, r1, (int)e);
+                            tma_load(b + B_BYTES / 2, &tb, &full[s], kb * BK, r2, (int)e);
+                        }
+                    } else {     /* four 64-column blocks of 64 k-rows (mc: blocks 2·rank, + 1 into both) */
 #pragma unroll
-                        for (int j = 0; j < 4; j++)
-                            tma_load(b + j * (BK * 128), &tb, &full[s], nt * BN + 64 * j, kb * BK, (int)e);
+                        for (int j = 0; j < 4; j++) {
+                            if (!mc) tma_load(b + j * (BK * 128), &tb, &full[s], nt * BN + 64 * j, kb * BK, (int)e);
+                            else if (j / 2 == rank)
+                                tma_load_mc(b + j * (BK * 128), &tb, &full[s], nt * BN + 64 * j, kb * BK, (int)e, 3);
+                        }
                     }
                 }
                 if (AG) {
@@ -317,10 +349,18 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
     float acc[BN / 2];
     int it = 0;
     const bool bad = (EPI == SWIGLU || EPI == DSWIGLU) && *p.flag != 0;
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+    /* a stage goes back to its producers: CL 2, one arrival a warp on each CTA's barrier (the
+     * peer's producer multicasts into this CTA's stage too) */
+    auto release = [&](int s) {
+        if constexpr (CL == 1) mbar_arrive(&empty[s]);
+        else if (lane == 0)
+            for (int r = 0; r < CL; r++) mbar_arrive_cta(&empty[s], r);
+    };
+    for (int u = cid; u < units; u += ncl) {
         int64_t e, m0, mlim;
         int nt;
-        tile_of(p, t, e, m0, mlim, nt);
+        bool mc;
+        unit_of<CL>(p, u, rank, e, m0, mlim, nt, mc);
         /* (D)SWIGLU: the rows' routing weights (two dependent loads) issued before the K loop,
          * whose MMAs hide them, not at the epilogue with the tensor cores idle */
         float wr[2] = {0.0f, 0.0f};
@@ -345,12 +385,12 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
             wgmma_commit();
             if (kb > 0) {   /* the previous stage's group is done: its stage goes back */
                 wgmma_wait<1>();
-                mbar_arrive(&empty[(it - 1) % STAGES]);
+                release((it - 1) % STAGES);
             }
         }
         wgmma_wait<0>();
         fence_regs<BN / 2>(acc);
-        mbar_arrive(&empty[(it - 1) % STAGES]);
+        release((it - 1) % STAGES);
 
         /* --- epilogue: registers to global memory --- */
         const int64_t rows[2] = {m0 + rl, m0 + rl + 8};
@@ -500,6 +540,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
                 }
         }
     }
+    if constexpr (CL > 1) cluster_sync();   /* the peer's arrivals on this CTA's barriers are done */
 #endif
 }
 
@@ -807,10 +848,35 @@ static lk_status map_error(lk_status s) {
     return lk_error(s, "moe_experts: grouped gemm (sm90): tensor map: %s", why);
 }
 
+/* The coop V4 kernel on clusters of two CTAs: as many clusters as fit at once (the
+ * occupancy query once a process), at most one a unit of two row tiles. */
 template <int EPI, bool AG, bool BKM>
-static lk_status launch(const CUtensorMap &ta, const CUtensorMap &tb, const sargs &p, int grid, int pp, int v4,
+static lk_status launch_cluster(const CUtensorMap &ta, const CUtensorMap &tb, const sargs &p, int grid,
+                                cudaStream_t st) {
+    static int fit;
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeClusterDimension;
+    at.val.clusterDim.x = 2, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.blockDim = dim3(THREADS), cfg.dynamicSmemBytes = SMEM_BYTES, cfg.stream = st, cfg.attrs = &at, cfg.numAttrs = 1;
+    if (!fit) {
+        LK_CUDA_TRY(cudaFuncSetAttribute(gg_sm90<EPI, AG, BKM, true, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         SMEM_BYTES));
+        cfg.gridDim = dim3(2 * (unsigned)grid);
+        LK_CUDA_TRY(cudaOccupancyMaxActiveClusters(&fit, gg_sm90<EPI, AG, BKM, true, 2>, &cfg));
+        if (fit < 1) return lk_error(LK_EDEVICE, "moe_experts: grouped gemm (sm90): no cluster of two CTAs fits");
+    }
+    const int clusters = (grid + 1) / 2 < fit ? (grid + 1) / 2 : fit;
+    cfg.gridDim = dim3(2 * (unsigned)clusters);
+    LK_CUDA_TRY(cudaLaunchKernelEx(&cfg, gg_sm90<EPI, AG, BKM, true, 2>, ta, tb, p));
+    return LK_OK;
+}
+
+template <int EPI, bool AG, bool BKM>
+static lk_status launch(const CUtensorMap &ta, const CUtensorMap &tb, const sargs &p, int grid, int pp, int v4, int cl,
                         cudaStream_t st) {
     static int opted[4];   /* once a process: a host-side attribute, no stream work (fa3.cu sets its own per call, captured too) */
+    if (cl == 2 && v4) return launch_cluster<EPI, AG, BKM>(ta, tb, p, grid, st);
     if constexpr (EPI == DSWIGLU || EPI == STORE) {
         if (pp && v4) {
             if (!opted[2]) {
@@ -870,6 +936,7 @@ extern "C" int lk_moe_cuda_gg_sm90_variant_in_force(void) {
                    : strcmp(v->value, "coop") == 0        ? LK_GG_SM90_COOP
                    : strcmp(v->value, "pingpong") == 0    ? LK_GG_SM90_PINGPONG
                    : strcmp(v->value, "pingpong_v4") == 0 ? LK_GG_SM90_PINGPONG_V4
+                   : strcmp(v->value, "coop_cluster") == 0 ? LK_GG_SM90_COOP_CLUSTER
                                                           : LK_GG_SM90_AUTO;
     }
     return from_env;
@@ -894,13 +961,15 @@ extern "C" lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream) {
     memset(&p, 0, sizeof p);
     p.a = (const lk_bf16_t *)g->a.src, p.lda = g->a.ld, p.kdiv = g->a.kdiv, p.aorder = g->a.order;
     p.n = g->epi == LK_GG_STORE ? g->n : g->inter, p.k = g->k, p.e = g->experts;
-    const int variant = lk_moe_cuda_gg_sm90_schedule(g), pp = variant != LK_GG_SM90_COOP;
+    const int variant = lk_moe_cuda_gg_sm90_schedule(g);
+    const int cl = variant == LK_GG_SM90_COOP_CLUSTER ? 2 : 1;
+    const int pp = variant != LK_GG_SM90_COOP && cl == 1;
     /* 16-byte epilogue accesses wherever the rows are 16-byte aligned: coop's (every epilogue) and
      * pingpong_v4's (DSWIGLU and STORE); pingpong keeps the narrow ones */
     const int c_bf16 = g->c_dt == LK_BF16;
     const int dsw_v4 = lk_aligned16(g->gu_saved) && lk_aligned16(g->dgu) && lk_aligned16(g->wh);
     const int c_v4 = g->epi == LK_GG_STORE && lk_aligned16(g->c) && g->ldc % (c_bf16 ? 8 : 4) == 0 && g->n % 8 == 0;
-    const int v4 = g->epi == LK_GG_SWIGLU    ? variant == LK_GG_SM90_COOP && lk_aligned16(g->keep) && lk_aligned16(g->h)
+    const int v4 = g->epi == LK_GG_SWIGLU    ? !pp && lk_aligned16(g->keep) && lk_aligned16(g->h)
                    : variant == LK_GG_SM90_PINGPONG ? 0
                    : g->epi == LK_GG_DSWIGLU        ? dsw_v4
                                                     : c_v4;
@@ -937,8 +1006,8 @@ extern "C" lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream) {
     const int64_t bound = (g->rows / BM + g->experts) * p.ny;
     if (bound < 1) return LK_OK;
     const int grid = (int)(bound < sms ? bound : sms);
-    if (g->epi == LK_GG_SWIGLU) return launch<SWIGLU, true, true>(ta, tb, p, grid, pp, v4, st);
-    if (g->epi == LK_GG_DSWIGLU) return launch<DSWIGLU, true, false>(ta, tb, p, grid, pp, v4, st);
-    return bk ? launch<STORE, false, true>(ta, tb, p, grid, pp, v4, st)
-              : launch<STORE, false, false>(ta, tb, p, grid, pp, v4, st);
+    if (g->epi == LK_GG_SWIGLU) return launch<SWIGLU, true, true>(ta, tb, p, grid, pp, v4, cl, st);
+    if (g->epi == LK_GG_DSWIGLU) return launch<DSWIGLU, true, false>(ta, tb, p, grid, pp, v4, cl, st);
+    return bk ? launch<STORE, false, true>(ta, tb, p, grid, pp, v4, cl, st)
+              : launch<STORE, false, false>(ta, tb, p, grid, pp, v4, cl, st);
 }

@@ -842,7 +842,7 @@ extern "C" lk_status lk_moe_cuda_gg_sm90_wgrad(const lk_gg *g, void *stream) {
     }
     CUtensorMap tc;
     memset(&tc, 0, sizeof tc);
-    if (variant == LK_GG_SM90_AUTO && tma_c_ok(g)) {   /* the default: the TMA epilogue */
+    if ((variant == LK_GG_SM90_AUTO || variant == LK_GG_SM90_COOP_CLUSTER) && tma_c_ok(g)) {   /* the default: the TMA epilogue */
         if ((s = c_map(&tc, g))) return s;
         if (ag) return launch<true, false, true>(ta, tb, tc, p, grid, st);
         return bg ? launch<false, true, true>(ta, tb, tc, p, grid, st) : launch<false, false, true>(ta, tb, tc, p, grid, st);

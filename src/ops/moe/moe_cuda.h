@@ -123,14 +123,16 @@ lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream);
  * epilogues on 16-byte accesses where the rows allow, or PINGPONG, each warpgroup a 128 × 128
  * tile of its own, its epilogue under the other's mainloop; PINGPONG_V4, PINGPONG with the
  * DSWIGLU and STORE epilogues on 16-byte accesses; AUTO (the default), each GEMM on the
- * schedule measured fastest for it (lk_moe_cuda_gg_sm90_schedule). grouped_wgrad_sm90.cu: PINGPONG and PINGPONG_V4 its ping-pong
+ * schedule measured fastest for it (lk_moe_cuda_gg_sm90_schedule); COOP_CLUSTER, COOP on
+ * clusters of two CTAs on adjacent row tiles of one expert, sharing the B tile's loads (TMA
+ * multicast). grouped_wgrad_sm90.cu: PINGPONG and PINGPONG_V4 its ping-pong
  * kernel, COOP its cooperative one with C read, added and written by the consumers, AUTO the
  * cooperative one with C added by TMA reductions where C is f32 and TMA can address it. */
 enum { LK_GG_SM90_COOP = 0, LK_GG_SM90_PINGPONG = 1, LK_GG_SM90_PINGPONG_V4 = 2, LK_GG_SM90_AUTO = 3,
-       LK_GG_SM90_VARIANTS = 4 };
+       LK_GG_SM90_COOP_CLUSTER = 4, LK_GG_SM90_VARIANTS = 5 };
 
 /* v >= 0: the Hopper kernels run schedule v until called again; v < 0: the environment's
- * (LLMKERN_GG_SM90: auto | coop | pingpong | pingpong_v4, read once). tests/cuda run each.
+ * (LLMKERN_GG_SM90: auto | coop | pingpong | pingpong_v4 | coop_cluster, read once). tests/cuda run each.
  * Not thread-safe; never set on the hot path. */
 void lk_moe_cuda_gg_sm90_variant(int v);
 

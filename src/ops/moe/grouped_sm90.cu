@@ -82,7 +82,7 @@
 #define THREADS 384     /* producer + two consumer warpgroups */
 #define A_BYTES (BM * BK * 2)
 #define B_BYTES (BN * BK * 2)
-#define SMEM_BYTES (STAGES * (A_BYTES + B_BYTES) + 2 * STAGES * 8 + 1024)
+#define SMEM_BYTES (STAGES * (A_BYTES + B_BYTES) + 2 * STAGES * 8 + STAGES * 32 + 1024)
 
 enum { STORE = LK_GG_STORE, SWIGLU = LK_GG_SWIGLU, DSWIGLU = LK_GG_DSWIGLU };
 
@@ -269,6 +269,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
     uint8_t *sm = smem_align1024(smem_raw);
     uint8_t *sa = sm, *sb = sa + STAGES * A_BYTES;
     uint64_t *full = (uint64_t *)(sb + STAGES * B_BYTES), *empty = full + STAGES;
+    int64_t *tinfo = (int64_t *)(empty + STAGES);   /* [stage][4]: m0, mlim, nt of the tile a stage begins */
     const int tid = threadIdx.x, wg = tid / 128;
     const int units = (p.tiles[p.e] + CL - 1) / CL * p.ny, nk = (int)((p.k + BK - 1) / BK);
     const int rank = CL > 1 ? (int)cluster_rank() : 0, cid = blockIdx.x / CL, ncl = gridDim.x / CL;
@@ -304,7 +305,8 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
                 if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
                 uint8_t *a = sa + s * A_BYTES, *b = sb + s * B_BYTES;
                 if (tid == 0) {
-                    mbar_expect_tx(&full[s], bytes);
+                    if (kb == 0) tinfo[4 * s] = m0, tinfo[4 * s + 1] = mlim, tinfo[4 * s + 2] = nt;
+                    mbar_expect_tx(&full[s], bytes);   /* releases tinfo[s] with the stage */
                     if (!AG) tma_load(a, &ta, &full[s], kb * BK, (int)m0, 0);
                     if (BKM) {   /* two boxes of 128 rows: SWIGLU gate j0.. and up I + j0.. */
                         const int r1 = EPI == SWIGLU ? nt * (BN / 2) : nt * BN;
@@ -357,23 +359,16 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
             for (int r = 0; r < CL; r++) mbar_arrive_cta(&empty[s], r);
     };
     for (int u = cid; u < units; u += ncl) {
-        int64_t e, m0, mlim;
-        int nt;
-        bool mc;
-        unit_of<CL>(p, u, rank, e, m0, mlim, nt, mc);
-        /* (D)SWIGLU: the rows' routing weights (two dependent loads) issued before the K loop,
-         * whose MMAs hide them, not at the epilogue with the tensor cores idle */
+        int64_t m0 = 0, mlim = 0;
+        int nt = 0;
         float wr[2] = {0.0f, 0.0f};
-        if constexpr (EPI != STORE) {
-#pragma unroll
-            for (int hf = 0; hf < 2; hf++) {
-                const int64_t row = m0 + rl + 8 * hf;
-                if (row < mlim) wr[hf] = p.w[p.order[row]];
-            }
-        }
+        int32_t ord[2] = {-1, -1};
         for (int kb = 0; kb < nk; kb++, it++) {
             const int s = it % STAGES;
             mbar_wait(&full[s], (it / STAGES) & 1);
+            if (kb == 0)   /* the tile, from the producer: its search over the experts (a chain of
+                            * dependent loads) stays off this path, where the tensor cores wait */
+                m0 = tinfo[4 * s], mlim = tinfo[4 * s + 1], nt = (int)tinfo[4 * s + 2];
             const uint8_t *a = sa + s * A_BYTES + cg * 64 * 128, *b = sb + s * B_BYTES;
             wgmma_fence();
 #pragma unroll
@@ -383,6 +378,15 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
                 wgmma_ss_n256<BKM ? 0 : 1>(acc, da, db, kb > 0 || kk > 0);
             }
             wgmma_commit();
+            if constexpr (EPI != STORE) {   /* (D)SWIGLU: the rows' routing weights, order[] under this
+                                             * stage's MMAs, w[] under the next's, not at the epilogue */
+#pragma unroll
+                for (int hf = 0; hf < 2; hf++) {
+                    const int64_t row = m0 + rl + 8 * hf;
+                    if (kb == 0 && row < mlim) ord[hf] = p.order[row];
+                    if (kb == (nk > 1) && ord[hf] >= 0) wr[hf] = p.w[ord[hf]];
+                }
+            }
             if (kb > 0) {   /* the previous stage's group is done: its stage goes back */
                 wgmma_wait<1>();
                 release((it - 1) % STAGES);

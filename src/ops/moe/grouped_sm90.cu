@@ -161,9 +161,24 @@ static __device__ __forceinline__ void st_bf16x2(lk_bf16_t *p, float lo, float h
 }
 /* The epilogues' sigmoid on the special-function unit: expf and an IEEE division are ~20
  * instructions with a slow path, 64 of each a thread a tile while coop's tensor cores wait; this
- * is two MUFU ops and an add. Error a few ulp of f32, far under the bf16 the result is stored in;
- * x -> -inf gives 1/inf = 0 (silu -> -0), as the exact form does. */
-static __device__ __forceinline__ float sigmoid_fast(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
+ * is two MUFU ops, a multiply and an add. Error a few ulp of f32, far under the bf16 the result is
+ * stored in; x -> -inf gives 1/inf = 0 (silu -> -0), as the exact form does. The .ftz forms: for
+ * __expf, ex2.approx without it wrapped each MUFU.EX2 in a compare and two predicated multiplies
+ * (denormal results, SASS), 3 of the SWIGLU epilogue's ~11 instructions an element; a denormal
+ * e^-x added to 1 rounds to 1 anyway, so the sigmoid is bit for bit the same. */
+static __device__ __forceinline__ float sigmoid_fast(float x) {
+    float e, r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * -1.44269504088896341f));
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
+    return r;
+}
+/* quad_transpose on packed pairs (the shuffles move bits) */
+static __device__ __forceinline__ void quad_transpose_u32(uint32_t *v, int lane) {
+    float f[4] = {__uint_as_float(v[0]), __uint_as_float(v[1]), __uint_as_float(v[2]), __uint_as_float(v[3])};
+    quad_transpose(f, lane);
+#pragma unroll
+    for (int k = 0; k < 4; k++) v[k] = __float_as_uint(f[k]);
+}
 static __device__ __forceinline__ float2 bf16x2_f2(uint32_t v) {
     return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&v));
 }
@@ -216,9 +231,10 @@ static __device__ __forceinline__ void store_row8(const sargs &p, int64_t row, i
 
 /* DSWIGLU, V4: a row's 8 columns j.. (I a multiple of 8: all in C), d0[k] / d1[k] = dh' of
  * columns j + 2k / + 1 (quad_transpose's output), gv / uv their saved gate / up: d_gate_up and
- * w·h stored 16 bytes at a time, NaN when bad; returns the 8 columns' Σ dh'·h (h unweighted). */
+ * w·h stored 16 bytes at a time (NaN where wr is: bad ids); returns the 8 columns' Σ dh'·h (h
+ * unweighted). */
 static __device__ __forceinline__ float dswiglu_row8(const sargs &p, int64_t row, int64_t j, const float *d0,
-                                                     const float *d1, uint4 gv, uint4 uv, float wr, bool bad) {
+                                                     const float *d1, uint4 gv, uint4 uv, float wr) {
     const int64_t I = p.inter;
     const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
     uint32_t og[4], ou[4], oh[4];
@@ -232,7 +248,6 @@ static __device__ __forceinline__ float dswiglu_row8(const sargs &p, int64_t row
             const float g = y ? gt.y : gt.x, u = y ? up.y : up.x, dhp = y ? d1[k] : d0[k];
             const float sg = sigmoid_fast(g), silu = g * sg, hv = silu * u, dh = wr * dhp;
             dg[y] = dh * u * sg * (1.0f + g * (1.0f - sg)), du[y] = dh * silu, whv[y] = wr * hv;
-            if (bad) dg[y] = du[y] = whv[y] = __int_as_float(0x7fffffff);
             dot += dhp * hv;
         }
         og[k] = lk_pack_bf16x2(dg[0], dg[1]), ou[k] = lk_pack_bf16x2(du[0], du[1]);
@@ -397,6 +412,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
         release((it - 1) % STAGES);
 
         /* --- epilogue: registers to global memory --- */
+        if (bad) wr[0] = wr[1] = __int_as_float(0x7fffffff);   /* bad ids: NaN through every h, d_gate_up, w·h */
         const int64_t rows[2] = {m0 + rl, m0 + rl + 8};
         const int cq = 2 * (lane % 4);
         if constexpr (EPI == STORE && V4) {   /* a row's 8 columns a lane (SWIGLU V4's order) */
@@ -418,32 +434,29 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
                 if (row < mlim && col < p.n) store_pair(p, row, col, acc[q], acc[q + 1]);
             }
         } else if constexpr (EPI == SWIGLU && V4) {   /* a row's 8 columns a lane: three 16-byte stores */
-            const int64_t I = p.inter, j0 = (int64_t)nt * (BN / 2);
+            const int64_t I = p.inter, jl = (int64_t)nt * (BN / 2) + 8 * (lane % 4);   /* this lane's first column */
 #pragma unroll
             for (int hf = 0; hf < 2; hf++) {
+                const bool rok = rows[hf] < mlim;
+                lk_bf16_t *kr = p.keep + (rok ? rows[hf] * 2 * I + jl : 0), *hr = p.h + (rok ? rows[hf] * I + jl : 0);
 #pragma unroll
                 for (int g = 0; g < 4; g++) {   /* gate column groups 4g .. 4g + 3 (their up: 16 groups on) */
-                    float g0[4], g1[4], u0[4], u1[4];
+                    /* h where the accumulators lie (a gate and its up are one thread's), then the
+                     * packed bf16 pairs transposed: three quad transposes where four of f32 were */
+                    uint32_t kg[4], ku[4], hv[4];
 #pragma unroll
                     for (int jj = 0; jj < 4; jj++) {
                         const int q = 4 * (4 * g + jj) + 2 * hf;
-                        g0[jj] = acc[q], g1[jj] = acc[q + 1], u0[jj] = acc[q + BN / 4], u1[jj] = acc[q + 1 + BN / 4];
+                        const float g0 = acc[q], g1 = acc[q + 1], u0 = acc[q + BN / 4], u1 = acc[q + 1 + BN / 4];
+                        kg[jj] = lk_pack_bf16x2(g0, g1), ku[jj] = lk_pack_bf16x2(u0, u1);
+                        float h0 = wr[hf] * (g0 * sigmoid_fast(g0)) * u0, h1 = wr[hf] * (g1 * sigmoid_fast(g1)) * u1;
+                        hv[jj] = lk_pack_bf16x2(h0, h1);
                     }
-                    quad_transpose(g0, lane), quad_transpose(g1, lane), quad_transpose(u0, lane), quad_transpose(u1, lane);
-                    const int64_t row = rows[hf], j = j0 + 8 * (4 * g + lane % 4);   /* I a multiple of 8: all 8 in or out */
-                    if (row >= mlim || j >= I) continue;
-                    uint32_t kg[4], ku[4], hv[4];
-#pragma unroll
-                    for (int k = 0; k < 4; k++) {   /* columns j + 2k, j + 2k + 1 */
-                        kg[k] = lk_pack_bf16x2(g0[k], g1[k]), ku[k] = lk_pack_bf16x2(u0[k], u1[k]);
-                        float h0 = wr[hf] * (g0[k] * sigmoid_fast(g0[k])) * u0[k];
-                        float h1 = wr[hf] * (g1[k] * sigmoid_fast(g1[k])) * u1[k];
-                        if (bad) h0 = h1 = __int_as_float(0x7fffffff);
-                        hv[k] = lk_pack_bf16x2(h0, h1);
-                    }
-                    st_global_v4(p.keep + row * 2 * I + j, kg[0], kg[1], kg[2], kg[3]);
-                    st_global_v4(p.keep + row * 2 * I + I + j, ku[0], ku[1], ku[2], ku[3]);
-                    st_global_v4(p.h + row * I + j, hv[0], hv[1], hv[2], hv[3]);
+                    quad_transpose_u32(kg, lane), quad_transpose_u32(ku, lane), quad_transpose_u32(hv, lane);
+                    if (!rok || jl + 32 * g >= I) continue;   /* I a multiple of 8: a lane's 8 all in or out */
+                    st_global_v4(kr + 32 * g, kg[0], kg[1], kg[2], kg[3]);
+                    st_global_v4(kr + I + 32 * g, ku[0], ku[1], ku[2], ku[3]);
+                    st_global_v4(hr + 32 * g, hv[0], hv[1], hv[2], hv[3]);
                 }
             }
         } else if constexpr (EPI == SWIGLU) {
@@ -457,7 +470,6 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
                 st_bf16x2(p.keep + row * 2 * I + j, g0, g1);
                 st_bf16x2(p.keep + row * 2 * I + I + j, u0, u1);
                 float h0 = wr[hf] * (g0 * sigmoid_fast(g0)) * u0, h1 = wr[hf] * (g1 * sigmoid_fast(g1)) * u1;
-                if (bad) h0 = h1 = __int_as_float(0x7fffffff);
                 st_bf16x2(p.h + row * I + j, h0, h1);
             }
         } else if constexpr (V4) {   /* DSWIGLU on 16-byte accesses, a row's 8 columns a lane (gg_sm90_pp's V4) */
@@ -485,7 +497,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
                         row8_of(acc, gg4, hf, lane, d0, d1);
                         const int64_t j = n0 + 8 * (4 * gg4 + l);
                         if (!rok || j >= I) continue;
-                        dot += dswiglu_row8(p, row, j, d0, d1, gv[g], uv[g], wr[hf], bad);
+                        dot += dswiglu_row8(p, row, j, d0, d1, gv[g], uv[g], wr[hf]);
                     }
                     dot += __shfl_xor_sync(0xffffffffu, dot, 1);   /* the row's 128 columns: its quad */
                     dot += __shfl_xor_sync(0xffffffffu, dot, 2);
@@ -523,7 +535,6 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
                         const float g = x ? gt.y : gt.x, u = x ? up.y : up.x, dhp = acc[q + x];
                         const float sg = sigmoid_fast(g), silu = g * sg, hv = silu * u, dh = wr[hf] * dhp;
                         dg[x] = dh * u * sg * (1.0f + g * (1.0f - sg)), du[x] = dh * silu, whv[x] = wr[hf] * hv;
-                        if (bad) dg[x] = du[x] = whv[x] = __int_as_float(0x7fffffff);
                         dot[half][hf] += dhp * hv;
                     }
                     st_bf16x2(p.dgu + row * 2 * I + j, dg[0], dg[1]);
@@ -674,7 +685,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
         if constexpr (EPI != STORE) {
 #pragma unroll
             for (int x = 0; x < 4; x++)
-                if (rows[x] < mlim) wr[x] = p.w[p.order[rows[x]]];
+                if (rows[x] < mlim) wr[x] = bad ? __int_as_float(0x7fffffff) : p.w[p.order[rows[x]]];
         }
         int it = i * nk;   /* the ring's count at this tile's first stage */
         if (i > 0) order_wait(cg);   /* the other warpgroup has issued tile i - 1's last stage */
@@ -738,7 +749,6 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
                     st_bf16x2(p.keep + row * 2 * I + j, g0, g1);
                     st_bf16x2(p.keep + row * 2 * I + I + j, u0, u1);
                     float h0 = wr[x] * (g0 * sigmoid_fast(g0)) * u0, h1 = wr[x] * (g1 * sigmoid_fast(g1)) * u1;
-                    if (bad) h0 = h1 = __int_as_float(0x7fffffff);
                     st_bf16x2(p.h + row * I + j, h0, h1);
                 }
         } else if constexpr (V4) {   /* DSWIGLU on 16-byte accesses: a row's 8 columns a lane */
@@ -765,7 +775,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
                     row8_of(acc + 64 * mb, g, hf, lane, d0, d1);
                     const int64_t j = n0 + 8 * (4 * g + l);
                     if (!rok || j >= I) continue;
-                    dot += dswiglu_row8(p, row, j, d0, d1, gv[g], uv[g], wrx, bad);
+                    dot += dswiglu_row8(p, row, j, d0, d1, gv[g], uv[g], wrx);
                 }
                 dot += __shfl_xor_sync(0xffffffffu, dot, 1);   /* the row's 128 columns: its quad */
                 dot += __shfl_xor_sync(0xffffffffu, dot, 2);
@@ -801,7 +811,6 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
                             const float g = y ? gt.y : gt.x, uu = y ? up.y : up.x, dhp = acc[q + y];
                             const float sg = sigmoid_fast(g), silu = g * sg, hv = silu * uu, dh = wr[2 * mb + hf] * dhp;
                             dg[y] = dh * uu * sg * (1.0f + g * (1.0f - sg)), du[y] = dh * silu, whv[y] = wr[2 * mb + hf] * hv;
-                            if (bad) dg[y] = du[y] = whv[y] = __int_as_float(0x7fffffff);
                             dot[hf] += dhp * hv;
                         }
                         st_bf16x2(p.dgu + row * 2 * I + j, dg[0], dg[1]);

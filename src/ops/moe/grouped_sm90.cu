@@ -57,10 +57,10 @@
  *              time a tile but not its operand traffic (a 128 × 128 tile reads 2/3 the bytes
  *              a FLOP of 128 × 256 does more); with the epilogues on 16-byte accesses and the
  *              sigmoid on the SFU, coop's unhidden epilogue costs less than that.
- * Measured (H200, bench/NOTES.md, every cuda_test_moe_experts case passing): thirteenth
- * session's call 5, gate/up 644, down 577 (bf16 y), dh' 481, d_rows 671 TFLOP/s (torch._grouped_mm
- * 664 / 511 in the same run); the ninth session's 530 / 486 / 234 / 633; the first version 506 /
- * 458 / 176 / 579.
+ * Measured (H200, bench/NOTES.md, every cuda_test_moe_experts case passing): fourteenth
+ * session's call 6, gate/up 664, down 587 (bf16 y), dh' 518, d_rows 714 TFLOP/s (torch._grouped_mm
+ * 675 / 501 in the same run); the thirteenth session's 644 / 577 / 481 / 671; the ninth's 530 /
+ * 486 / 234 / 633; the first version 506 / 458 / 176 / 579.
  * Count (PEERS-H200.md's shape, T 16384 · top-8 = R 131072 rows,
  * H 2048, I 768, E 128): gate/up 2·R·H·2I = 824.6 GFLOP, 1.04 ms at 790 TFLOP/s (torch's
  * 665: 1.24 ms); down 2·R·I·H = 412.3 GFLOP, 0.52 ms at 790 (torch's 519: 0.79 ms) — its
@@ -165,7 +165,7 @@ static __device__ __forceinline__ void st_bf16x2(lk_bf16_t *p, float lo, float h
  * stored in; x -> -inf gives 1/inf = 0 (silu -> -0), as the exact form does. The .ftz forms: for
  * __expf, ex2.approx without it wrapped each MUFU.EX2 in a compare and two predicated multiplies
  * (denormal results, SASS), 3 of the SWIGLU epilogue's ~11 instructions an element; a denormal
- * e^-x added to 1 rounds to 1 anyway, so the sigmoid is bit for bit the same. */
+ * e^-x added to 1 rounds to 1 anyway, so the sigmoid is unchanged. */
 static __device__ __forceinline__ float sigmoid_fast(float x) {
     float e, r;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * -1.44269504088896341f));

@@ -167,9 +167,8 @@ static __device__ __forceinline__ void st_bf16x2(lk_bf16_t *p, float lo, float h
  * (denormal results, SASS), 3 of the SWIGLU epilogue's ~11 instructions an element; a denormal
  * e^-x added to 1 rounds to 1 anyway, so the sigmoid is unchanged. */
 static __device__ __forceinline__ float sigmoid_fast(float x) {
-    float e, r;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x * -1.44269504088896341f));
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + lk_ex2(x * -1.44269504088896341f)));
     return r;
 }
 /* quad_transpose on packed pairs (the shuffles move bits) */

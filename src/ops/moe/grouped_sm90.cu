@@ -25,7 +25,11 @@
  *              (B K-major, or N-major through the descriptor's transpose bit for the
  *              backward's Wd_e / Wgu_e read as [k, n]); one wgmma group kept in flight, the
  *              stage before it released to the producer on its `empty` barrier (256
- *              arrivals). The epilogue reads the accumulators straight to global memory
+ *              arrivals). A tile's rows and column tile come from the producer (tinfo, a
+ *              slot a stage, released with the stage's `full` barrier), which has already
+ *              searched them out: the consumers used to repeat its binary search, seven
+ *              dependent loads a tile with the tensor cores idle (3% of gate/up's stall
+ *              samples). The epilogue reads the accumulators straight to global memory
  *              while the producer already fills the ring for the next tile.
  *   schedule   persistent: one CTA an SM walks tiles t = blockIdx.x, + gridDim.x, ... <
  *              tiles[E] · ny (tiles[]: grouped.cu's tile_scan, the experts' 128-row tiles
@@ -52,6 +56,13 @@
  *              its own, its epilogue under the other's mainloop; 4- and 8-byte epilogues.
  *   pingpong_v4  pingpong with the DSWIGLU and STORE epilogues on 16-byte accesses, and
  *              grouped_wgrad_sm90.cu's likewise.
+ *   coop_cluster  coop (V4 epilogues) on clusters of two CTAs (CL 2) walking units of two
+ *              adjacent row tiles at one column tile; where both row tiles are one expert's,
+ *              each CTA loads half of the B tile and multicasts it to both (torch._grouped_mm's
+ *              CUTLASS kernel runs this tile on 2 x 1 clusters). A stage's `empty` barrier
+ *              counts one arrival a consumer warp of both CTAs, since the peer writes into it.
+ *              Measured a draw against coop (fourteenth session): B's L2 traffic was not what
+ *              held the tile back.
  *   auto       (the default) each GEMM on its winner (lk_moe_cuda_gg_sm90_schedule): the
  *              forward's down on pingpong_v4, the rest on coop. The ping-pong halves the MMA
  *              time a tile but not its operand traffic (a 128 × 128 tile reads 2/3 the bytes

@@ -11,10 +11,13 @@
 # environment passes through to every side (LLMKERN_GG_SM90=coop, LK_MOE_LIGER=0, ...).
 #   device: source tests/cuda/h200_env.sh; source tests/cuda/prebuilt_env.sh; bash bench/ab.sh moe_rows 2
 #           bash bench/ab.sh attention_rows 2 "$B" /tmp/defer "$A"
-#           LK_MOE_LIGER=0 bash bench/ab.sh moe_rows 2 "$B" "$B,LLMKERN_GG_SM90=coop_cluster" 
+#           LK_MOE_LIGER=0 bash bench/ab.sh moe_rows 2 "$B" "$B,LLMKERN_GG_SM90=coop_cluster"
+#   then, anywhere: python3 bench/ab_table.py $OUT [--ms] [--grep gemm]   (the sides in columns; at
+#   most 9 rounds)
 set -uo pipefail
 PART=${1:?usage: ab.sh PART [ROUNDS] (PART: a part of bench/peers_cuda.py, as LK_BENCH_ONLY takes)}
 ROUNDS=${2:-2}
+case $ROUNDS in [1-9]) ;; *) echo "ab.sh: ROUNDS is 1-9 (the logs' names end in it), got $ROUNDS" >&2; exit 2 ;; esac
 shift $(($# < 2 ? $# : 2))
 SIDES=("$@")
 if [ ${#SIDES[@]} -eq 0 ]; then

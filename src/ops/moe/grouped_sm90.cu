@@ -239,6 +239,20 @@ static __device__ __forceinline__ void store_row8(const sargs &p, int64_t row, i
     }
 }
 
+/* DSWIGLU, V4: the saved gate / up of a row's 8-column groups at columns j0 + 32·g, g < 4 (I a
+ * multiple of 8: a group all in or all out), zeros where out or !rok. */
+static __device__ __forceinline__ void saved_gu4(const sargs &p, int64_t row, bool rok, int64_t j0, uint4 *gv,
+                                                 uint4 *uv) {
+    const int64_t I = p.inter;
+#pragma unroll
+    for (int g = 0; g < 4; g++) {
+        const int64_t j = j0 + 32 * g;
+        const bool ok = rok && j < I;
+        gv[g] = ok ? __ldg(reinterpret_cast<const uint4 *>(p.gsv + row * 2 * I + j)) : make_uint4(0, 0, 0, 0);
+        uv[g] = ok ? __ldg(reinterpret_cast<const uint4 *>(p.gsv + row * 2 * I + I + j)) : make_uint4(0, 0, 0, 0);
+    }
+}
+
 /* DSWIGLU, V4: a row's 8 columns j.. (I a multiple of 8: all in C), d0[k] / d1[k] = dh' of
  * columns j + 2k / + 1 (quad_transpose's output), gv / uv their saved gate / up: d_gate_up and
  * w·h stored 16 bytes at a time (NaN where wr is: bad ids); returns the 8 columns' Σ dh'·h (h
@@ -492,13 +506,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
 #pragma unroll
                 for (int half = 0; half < 2; half++) {   /* 128 columns: dw_part's slot 2·nt + half */
                     uint4 gv[4], uv[4];   /* the saved gate/up of the lane's 8 columns of groups 4g + l */
-#pragma unroll
-                    for (int g = 0; g < 4; g++) {
-                        const int64_t j = n0 + 8 * (4 * (4 * half + g) + l);   /* I a multiple of 8 */
-                        const bool ok = rok && j < I;
-                        gv[g] = ok ? __ldg(reinterpret_cast<const uint4 *>(p.gsv + row * 2 * I + j)) : make_uint4(0, 0, 0, 0);
-                        uv[g] = ok ? __ldg(reinterpret_cast<const uint4 *>(p.gsv + row * 2 * I + I + j)) : make_uint4(0, 0, 0, 0);
-                    }
+                    saved_gu4(p, row, rok, n0 + 8 * (16 * half + l), gv, uv);
                     float dot = 0.0f;
 #pragma unroll
                     for (int g = 0; g < 4; g++) {
@@ -771,13 +779,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
                 const bool rok = row < mlim;
                 const float wrx = wr[x];
                 uint4 gv[4], uv[4];   /* the saved gate/up of the lane's 8 columns of groups 4g + l, g < 4 */
-#pragma unroll
-                for (int g = 0; g < 4; g++) {
-                    const int64_t j = n0 + 8 * (4 * g + l);   /* I a multiple of 8: all 8 in or out */
-                    const bool ok = rok && j < I;
-                    gv[g] = ok ? __ldg(reinterpret_cast<const uint4 *>(p.gsv + row * 2 * I + j)) : make_uint4(0, 0, 0, 0);
-                    uv[g] = ok ? __ldg(reinterpret_cast<const uint4 *>(p.gsv + row * 2 * I + I + j)) : make_uint4(0, 0, 0, 0);
-                }
+                saved_gu4(p, row, rok, n0 + 8 * l, gv, uv);
                 float dot = 0.0f;
 #pragma unroll
                 for (int g = 0; g < 4; g++) {

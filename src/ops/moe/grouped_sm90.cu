@@ -63,11 +63,14 @@
  *              counts one arrival a consumer warp of both CTAs, since the peer writes into it.
  *              Measured a draw against coop (fourteenth session): B's L2 traffic was not what
  *              held the tile back.
- *   auto       (the default) each GEMM on its winner (lk_moe_cuda_gg_sm90_schedule): the
- *              forward's down on pingpong_v4, the rest on coop. The ping-pong halves the MMA
- *              time a tile but not its operand traffic (a 128 × 128 tile reads 2/3 the bytes
- *              a FLOP of 128 × 256 does more); with the epilogues on 16-byte accesses and the
- *              sigmoid on the SFU, coop's unhidden epilogue costs less than that.
+ *   auto       (the default) each GEMM on its winner (lk_moe_cuda_gg_sm90_schedule): coop,
+ *              for all four since the fifteenth session. The ping-pong halves the MMA time a
+ *              tile but not its operand traffic (a 128 × 128 tile reads 2/3 the bytes a FLOP of
+ *              128 × 256 does more); with the epilogues on 16-byte accesses, the sigmoid on the
+ *              SFU and the tile handed over by the producer, coop's unhidden epilogue costs less
+ *              than that. The forward's down was pingpong_v4's until the leaner epilogues
+ *              (1812aec): then coop ran it in 0.643-0.647 ms against 0.705-0.732 (H200, two
+ *              rounds of bench/ab.sh, fifteenth session's call 2).
  * Measured (H200, bench/NOTES.md, every cuda_test_moe_experts case passing): fourteenth
  * session's call 6, gate/up 664, down 587 (bf16 y), dh' 518, d_rows 714 TFLOP/s (torch._grouped_mm
  * 675 / 501 in the same run); the thirteenth session's 644 / 577 / 481 / 671; the ninth's 530 /
@@ -975,8 +978,7 @@ extern "C" int lk_moe_cuda_gg_sm90_variant_in_force(void) {
  * gradients: grouped_wgrad_sm90.cu.) */
 extern "C" int lk_moe_cuda_gg_sm90_schedule(const lk_gg *g) {
     const int v = lk_moe_cuda_gg_sm90_variant_in_force();
-    if (v != LK_GG_SM90_AUTO) return v;
-    return g->epi == LK_GG_STORE && g->b.kmajor ? LK_GG_SM90_PINGPONG_V4 : LK_GG_SM90_COOP;
+    return v == LK_GG_SM90_AUTO ? LK_GG_SM90_COOP : v;
 }
 
 extern "C" lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream) {

@@ -71,9 +71,9 @@
  *              than that. The forward's down was pingpong_v4's until the leaner epilogues
  *              (1812aec): then coop ran it in 0.643-0.647 ms against 0.705-0.732 (H200, two
  *              rounds of bench/ab.sh, fifteenth session's call 2).
- * Measured (H200, bench/NOTES.md, every cuda_test_moe_experts case passing): fourteenth
- * session's call 6, gate/up 664, down 587 (bf16 y), dh' 518, d_rows 714 TFLOP/s (torch._grouped_mm
- * 675 / 501 in the same run); the thirteenth session's 644 / 577 / 481 / 671; the ninth's 530 /
+ * Measured (H200, bench/NOTES.md, every cuda_test_moe_experts case passing): fifteenth
+ * session's call 4, gate/up 656, down 633 (coop), dh' 519, d_rows 692 TFLOP/s (torch._grouped_mm
+ * 650 / 522 in the same run); the fourteenth's 664 / 587 / 518 / 714 (torch 675 / 501); the thirteenth session's 644 / 577 / 481 / 671; the ninth's 530 /
  * 486 / 234 / 633; the first version 506 / 458 / 176 / 579.
  * Count (PEERS-H200.md's shape, T 16384 · top-8 = R 131072 rows,
  * H 2048, I 768, E 128): gate/up 2·R·H·2I = 824.6 GFLOP, 1.04 ms at 790 TFLOP/s (torch's

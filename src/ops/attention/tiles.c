@@ -91,13 +91,43 @@ void lk_attn_acc_ab(const float *A, int64_t lda, int64_t m, int64_t n, const flo
     }
 }
 
-void lk_attn_transpose(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst, int64_t ldd) {
-    for (int64_t r0 = 0; r0 < rows; r0 += 16)
-        for (int64_t c = 0; c < cols; c++)
-            for (int64_t r = r0; r < r0 + 16 && r < rows; r++) dst[c * ldd + r] = src[r * lds + c];
+#if LK_V16_NATIVE
+/* One block of up to 16 x 16 in registers: the four unpack / shuffle stages of the
+ * 16 x 16 transpose. The scalar loop it replaced was an eighth of the forward (the K
+ * tile of every visited block) and of the backward (P and dS of every pair). */
+INLINE void transpose16(const float *src, int64_t lds, int rows, int cols, float *dst, int64_t ldd) {
+    __m512 a[16], b[16];
+    __mmask16 kc = (__mmask16)((1u << cols) - 1u), kr = (__mmask16)((1u << rows) - 1u);
+    for (int i = 0; i < 16; i++) a[i] = i < rows ? _mm512_maskz_loadu_ps(kc, src + i * lds) : _mm512_setzero_ps();
+    for (int i = 0; i < 16; i += 2) {
+        b[i] = _mm512_unpacklo_ps(a[i], a[i + 1]);
+        b[i + 1] = _mm512_unpackhi_ps(a[i], a[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4)
+        for (int k = 0; k < 2; k++) {
+            __m512d x = _mm512_castps_pd(b[i + k]), y = _mm512_castps_pd(b[i + k + 2]);
+            a[i + 2 * k] = _mm512_castpd_ps(_mm512_unpacklo_pd(x, y));
+            a[i + 2 * k + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(x, y));
+        }
+    for (int i = 0; i < 16; i += 8)
+        for (int k = 0; k < 4; k++) {
+            b[i + k] = _mm512_shuffle_f32x4(a[i + k], a[i + k + 4], 0x88);
+            b[i + k + 4] = _mm512_shuffle_f32x4(a[i + k], a[i + k + 4], 0xdd);
+        }
+    for (int i = 0; i < 8; i++) {
+        a[i] = _mm512_shuffle_f32x4(b[i], b[i + 8], 0x88);
+        a[i + 8] = _mm512_shuffle_f32x4(b[i], b[i + 8], 0xdd);
+    }
+    for (int c = 0; c < cols; c++) _mm512_mask_storeu_ps(dst + c * ldd, kr, a[c]);
 }
 
-#if LK_V16_NATIVE
+void lk_attn_transpose(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst, int64_t ldd) {
+    for (int64_t r0 = 0; r0 < rows; r0 += 16)
+        for (int64_t c0 = 0; c0 < cols; c0 += 16)
+            transpose16(src + r0 * lds + c0, lds, rows - r0 < 16 ? (int)(rows - r0) : 16,
+                        cols - c0 < 16 ? (int)(cols - c0) : 16, dst + c0 * ldd + r0, ldd);
+}
+
 float lk_attn_row_max(const float *x, int64_t n) {
     __m512 m = _mm512_set1_ps(-INFINITY);
     int64_t j = 0;
@@ -142,6 +172,12 @@ float lk_attn_exp_sum(float *x, int64_t n, float m) {
     return _mm512_reduce_add_ps(s);
 }
 #else
+void lk_attn_transpose(const float *src, int64_t lds, int64_t rows, int64_t cols, float *dst, int64_t ldd) {
+    for (int64_t r0 = 0; r0 < rows; r0 += 16)
+        for (int64_t c = 0; c < cols; c++)
+            for (int64_t r = r0; r < r0 + 16 && r < rows; r++) dst[c * ldd + r] = src[r * lds + c];
+}
+
 float lk_attn_row_max(const float *x, int64_t n) {
     float m = -INFINITY;
     for (int64_t j = 0; j < n; j++) m = x[j] > m ? x[j] : m;

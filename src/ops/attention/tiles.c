@@ -31,11 +31,34 @@ INLINE void abt_block(const float *A, int64_t lda, int rows, const float *BT, in
         for (int c = 0; c < 4; c++) lk_v16_store(C + r * ldc, LK_F32, 16 * c, acc[r][c], 16, 0);
 }
 
-/* One row of C[., 0:16) = A · BT[:, 0:16): the columns of a span past its last 64. */
-INLINE void abt_vec(const float *A, const float *BT, int64_t ldb, int64_t D, float *C) {
-    lk_v16 acc = lk_v16_set1(0.0f);
-    for (int64_t d = 0; d < D; d++) acc = lk_v16_fma(lk_v16_set1(A[d]), lk_v16_load(BT + d * ldb, LK_F32, 0, 16), acc);
-    lk_v16_store(C, LK_F32, 0, acc, 16, 0);
+/* rows (1..4) rows of C[., 0:16 nv) = A · BT[:, 0:16 nv), nv 1..3: the columns of a span
+ * past its last 64 (a partial tile's spans are often 16-48 wide). Four rows share each
+ * load of BT; the one-row loop it replaced did a load per FMA, a quarter of lk_attn_abt
+ * in a document mask's forward. A separate function from abt_block, called with
+ * constant nv, so that the 64-column block stays as gcc schedules it. */
+INLINE void abt_tail(const float *A, int64_t lda, int rows, const float *BT, int64_t ldb, int64_t D, float *C,
+                     int64_t ldc, int nv) {
+    lk_v16 acc[4][3];
+    for (int r = 0; r < 4; r++)
+        for (int c = 0; c < nv; c++) acc[r][c] = lk_v16_set1(0.0f);
+    for (int64_t d = 0; d < D; d++) {
+        lk_v16 b[3];
+        for (int c = 0; c < nv; c++) b[c] = lk_v16_load(BT + d * ldb, LK_F32, 16 * c, 16);
+        for (int r = 0; r < rows; r++) {
+            lk_v16 x = lk_v16_set1(A[r * lda + d]);
+            for (int c = 0; c < nv; c++) acc[r][c] = lk_v16_fma(x, b[c], acc[r][c]);
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < nv; c++) lk_v16_store(C + r * ldc, LK_F32, 16 * c, acc[r][c], 16, 0);
+}
+
+/* The rows of C[., 0:16 nv) in fours, then one by one. */
+INLINE void abt_tail_rows(const float *A, int64_t lda, int64_t m, const float *BT, int64_t ldb, int64_t D, float *C,
+                          int64_t ldc, int nv) {
+    int64_t i = 0;
+    for (; i + 4 <= m; i += 4) abt_tail(A + i * lda, lda, 4, BT, ldb, D, C + i * ldc, ldc, nv);
+    for (; i < m; i++) abt_tail(A + i * lda, lda, 1, BT, ldb, D, C + i * ldc, ldc, nv);
 }
 
 void lk_attn_abt(const float *A, int64_t lda, int64_t m, const float *BT, int64_t ldb, int64_t ncols, int64_t D,
@@ -46,8 +69,12 @@ void lk_attn_abt(const float *A, int64_t lda, int64_t m, const float *BT, int64_
         for (; i + 4 <= m; i += 4) abt_block(A + i * lda, lda, 4, BT + c0, ldb, D, C + i * ldc + c0, ldc);
         for (; i < m; i++) abt_block(A + i * lda, lda, 1, BT + c0, ldb, D, C + i * ldc + c0, ldc);
     }
-    for (; c0 < ncols; c0 += 16)
-        for (int64_t i = 0; i < m; i++) abt_vec(A + i * lda, BT + c0, ldb, D, C + i * ldc + c0);
+    switch ((ncols - c0) / 16) {
+    case 1: abt_tail_rows(A, lda, m, BT + c0, ldb, D, C + c0, ldc, 1); break;
+    case 2: abt_tail_rows(A, lda, m, BT + c0, ldb, D, C + c0, ldc, 2); break;
+    case 3: abt_tail_rows(A, lda, m, BT + c0, ldb, D, C + c0, ldc, 3); break;
+    default: break;
+    }
 }
 
 /* rows (1..4) rows of C[., c0:c0+64) += A · B[:, c0:c0+64), lanes per vector in k[]. */

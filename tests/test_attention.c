@@ -2,8 +2,9 @@
  * float64 reference (non-causal, causal, GQA 8:1, MQA, windows, softcap, sinks, varlen
  * with 1..7 packed documents, q_len != kv_len, odd head dims; eager's dense masks;
  * flex with every BlockMask family, per-head and ragged), finite-difference gradients,
- * the facade's dispatch slots, the padding -> varlen helper, block skipping, and the
- * rejections (each a status, an error naming the argument, outputs untouched).
+ * the facade's dispatch slots, the padding -> varlen helper, block skipping (blocks listed
+ * that nobody sees included), and the rejections (each a status, an error naming the
+ * argument, outputs untouched).
  * Run: ctest -R test_attention, or ./build/test_attention. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -125,7 +126,11 @@ static void flex_families_match_reference(void **state) {
                                   .block = 16, .score_mod = 1, .sinks = 1};
         lk_attention_case alibi = {.B = 1, .Hq = 4, .Sq = 70, .D = 16, .family = LK_AM_SLIDING, .block = 32,
                                    .score_mod = 2, .softcap = 3.0f};
+        /* the bench's document lengths (S/16..S/4), no multiple of the block, D 64: spans
+         * of 16..112 columns, partial tiles whose rows mostly see nothing */
+        lk_attention_case docs = {.B = 1, .Hq = 2, .Sq = 400, .D = 64, .family = LK_AM_DOCUMENT, .block = 64};
         expect_case("flex_attention", dtypes[d], &big, 1, "128 blocks");
+        expect_case("flex_attention", dtypes[d], &docs, 5, "documents, 64 blocks");
         expect_case("flex_attention", dtypes[d], &qk, 2, "q<kv");
         expect_case("flex_attention", dtypes[d], &mods, 3, "per-head+softcap mod");
         expect_case("flex_attention", dtypes[d], &alibi, 4, "alibi");
@@ -366,6 +371,52 @@ static void flex_calls_predicate_only_in_partial_blocks(void **state) {
     lk_arena_free(&arena);
 }
 
+/* A block listed as partial that no query of it sees (PyTorch's lists may be coarser than
+ * the predicate) changes nothing: the engine skips it. Outputs poisoned before each run. */
+static void run_poisoned(lk_attention_problem *pb, lk_ctx *ctx, float *keep[4]) {
+    float *outs[4] = {pb->out, pb->dq, pb->dk, pb->dv};
+    int64_t n[4] = {pb->nq, pb->nq, pb->nk, pb->nk};
+    for (int k = 0; k < 4; k++)
+        for (int64_t i = 0; i < n[k]; i++) outs[k][i] = NAN;
+    assert_int_equal(lk_attention_forward(impl_named("flex_attention"), &pb->a, ctx), LK_OK);
+    assert_int_equal(lk_attention_backward(impl_named("flex_attention"), &pb->a, ctx), LK_OK);
+    for (int k = 0; k < 4; k++) {
+        if (!keep[k]) {
+            keep[k] = malloc(sizeof(float) * (size_t)n[k]);
+            assert_non_null(keep[k]);
+            memcpy(keep[k], outs[k], sizeof(float) * (size_t)n[k]);
+            continue;
+        }
+        for (int64_t i = 0; i < n[k]; i++) assert_true(outs[k][i] == keep[k][i]);   /* NaN fails too */
+    }
+}
+
+static void flex_skips_listed_blocks_nobody_sees(void **state) {
+    (void)state;
+    lk_attention_case c = {.B = 1, .Hq = 2, .Sq = 150, .D = 16, .family = LK_AM_DOCUMENT, .block = 32, .n_docs = 3};
+    lk_attention_problem pb;
+    lk_arena arena = {0};
+    lk_ctx ctx = lk_ctx_cpu(&arena);
+    float *keep[4] = {0};
+    assert_int_equal(lk_attention_problem_make(impl_named("flex_attention"), LK_F32, &c, 9, 0, &pb), LK_OK);
+    run_poisoned(&pb, &ctx, keep);
+    lk_block_mask *m = &pb.bm[0];
+    int64_t nq = m->num_q_blocks, nk = m->num_kv_blocks, qb = nq - 1, kb = nk - 1;
+    for (int64_t b = 0; b < nk && kb == nk - 1; b++) {        /* a block of the last q row nobody sees */
+        int seen = 0;
+        for (int32_t t = 0; t < m->kv_num_blocks[qb]; t++) seen |= m->kv_indices[qb * nk + t] == b;
+        for (int32_t t = 0; t < m->full_kv_num_blocks[qb]; t++) seen |= m->full_kv_indices[qb * nk + t] == b;
+        if (!seen) kb = b;
+    }
+    assert_true(kb < nk - 1);                                 /* seed 9: the last document starts past it */
+    m->kv_indices[qb * nk + m->kv_num_blocks[qb]++] = (int32_t)kb;
+    m->q_indices[kb * nq + m->q_num_blocks[kb]++] = (int32_t)qb;
+    run_poisoned(&pb, &ctx, keep);
+    for (int k = 0; k < 4; k++) free(keep[k]);
+    lk_attention_problem_free(&pb);
+    lk_arena_free(&arena);
+}
+
 /* --- rejections --------------------------------------------------------------------- */
 
 typedef void (*breaker)(lk_attention_args *a, lk_attention_problem *pb);
@@ -513,6 +564,7 @@ int main(void) {
         cmocka_unit_test(slots_are_swappable),
         cmocka_unit_test(padding_mask_to_varlen),
         cmocka_unit_test(flex_calls_predicate_only_in_partial_blocks),
+        cmocka_unit_test(flex_skips_listed_blocks_nobody_sees),
         cmocka_unit_test(bad_inputs_are_rejected),
         cmocka_unit_test(wrong_impl_and_sp_comm),
     };

@@ -1,7 +1,8 @@
 /* test_block_mask.c — BlockMask construction: every block's class (empty, partial,
  * full) against brute force over the predicate, the q_* lists the exact transpose of
  * the kv_* lists, ragged lengths, per-head and broadcast masks, the density, each
- * family builder's visibility rule, AND/OR, and bad arguments.
+ * family builder's visibility rule (and its blocks, which it classifies through its row
+ * form), AND/OR, and bad arguments.
  * Run: ctest -R test_block_mask, or ./build/test_block_mask. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -144,6 +145,18 @@ static void builders_follow_their_rules(void **state) {
     expect_consistent(&a);
     expect_row_agrees(&a);
     expect_row_agrees(&b);
+    expect_consistent(&b);
+    /* the builders classify blocks through their row forms: per-batch documents whose
+     * lengths are no multiple of the (unequal) blocks, causal and not */
+    int32_t ids2[2 * 45];
+    for (int i = 0; i < 45; i++) ids2[i] = i / 11, ids2[45 + i] = i < 3 ? 0 : i < 30 ? 4 : 5;
+    for (int causal = 0; causal < 2; causal++) {
+        lk_block_mask p;
+        assert_int_equal(lk_block_mask_document_ids(ids2, causal, 2, 1, 45, 8, 16, &p), LK_OK);
+        expect_consistent(&p);
+        assert_true(fabs(lk_block_mask_density(&p) - brute_density(&p)) < 1e-12);
+        lk_block_mask_free(&p);
+    }
     lk_block_mask nc;                        /* documents without the causal part */
     assert_int_equal(lk_block_mask_document_ids(ids, 0, 1, 1, 23, 8, 8, &nc), LK_OK);
     expect_row_agrees(&nc);

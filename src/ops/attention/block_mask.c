@@ -1,6 +1,7 @@
 /* block_mask.c — building BlockMasks (include/llmkern/block_mask.h): the predicate is
- * evaluated on every element once, each (q block, kv block) classified empty, partial
- * or full, and the lists and their transposes written into one allocation. Also the
+ * evaluated on every element once (a row at a time through the builders' row forms),
+ * each (q block, kv block) classified empty, partial or full, and the lists and their
+ * transposes written into one allocation. Also the
  * standard predicates, the ready builders (which own a copy of their context) and the
  * score_mod examples. */
 #include <math.h>
@@ -48,8 +49,30 @@ static lk_status check_sizes(int64_t B, int64_t H, int64_t Q_LEN, int64_t KV_LEN
     return lk_check_fits_memory(what, (uint64_t)z->bytes + (uint64_t)z->cells);
 }
 
-lk_status lk_block_mask_create(lk_mask_fn mask_mod, const void *ctx, int64_t B, int64_t H, int64_t Q_LEN,
-                               int64_t KV_LEN, int64_t q_block, int64_t kv_block, lk_block_mask *out) {
+/* Visible elements of rows [q0, q1) x keys [k0, k1) of (b, h): through the row form when
+ * there is one (a vectorized compare or a memset a row; the builders' masks at S = 4096
+ * were 20-30 ms of one indirect call an element, more than the flex forward they serve). */
+static int64_t count_seen(lk_mask_fn fn, lk_mask_row_fn row, const void *ctx, int64_t b, int64_t h, int64_t q0,
+                          int64_t q1, int64_t k0, int64_t k1) {
+    int64_t seen = 0;
+    uint8_t buf[256];
+    for (int64_t i = q0; i < q1; i++) {
+        if (!row) {
+            for (int64_t j = k0; j < k1; j++) seen += fn(b, h, i, j, ctx);
+            continue;
+        }
+        for (int64_t j0 = k0; j0 < k1; j0 += 256) {
+            int64_t n = k1 - j0 < 256 ? k1 - j0 : 256;
+            row(b, h, i, j0, n, buf, ctx);
+            for (int64_t j = 0; j < n; j++) seen += buf[j] != 0;
+        }
+    }
+    return seen;
+}
+
+/* lk_block_mask_create, with the predicate's row form when there is one. */
+static lk_status create(lk_mask_fn mask_mod, lk_mask_row_fn row, const void *ctx, int64_t B, int64_t H,
+                        int64_t Q_LEN, int64_t KV_LEN, int64_t q_block, int64_t kv_block, lk_block_mask *out) {
     if (!mask_mod || !out)
         return lk_error(LK_EINVAL, "block_mask: %s: expected a pointer, got NULL", out ? "mask_mod" : "out");
     if (q_block == 0) q_block = LK_BLOCK_MASK_DEFAULT_BLOCK;
@@ -69,11 +92,10 @@ lk_status lk_block_mask_create(lk_mask_fn mask_mod, const void *ctx, int64_t B, 
     for (int64_t r = 0; r < bh; r++)
         for (int64_t qb = 0; qb < nq; qb++)
             for (int64_t kb = 0; kb < nk; kb++) {
-                int64_t seen = 0, n = 0;
-                for (int64_t i = qb * q_block; i < (qb + 1) * q_block && i < Q_LEN; i++)
-                    for (int64_t j = kb * kv_block; j < (kb + 1) * kv_block && j < KV_LEN; j++, n++)
-                        seen += mask_mod(r / H, r % H, i, j, ctx);
-                kind[(r * nq + qb) * nk + kb] = seen == 0 ? 0 : seen == n ? 2 : 1;
+                int64_t q1 = (qb + 1) * q_block < Q_LEN ? (qb + 1) * q_block : Q_LEN;
+                int64_t k1 = (kb + 1) * kv_block < KV_LEN ? (kb + 1) * kv_block : KV_LEN;
+                int64_t seen = count_seen(mask_mod, row, ctx, r / H, r % H, qb * q_block, q1, kb * kv_block, k1);
+                kind[(r * nq + qb) * nk + kb] = seen == 0 ? 0 : seen == (q1 - qb * q_block) * (k1 - kb * kv_block) ? 2 : 1;
             }
     lk_block_mask m = {.B = B, .H = H, .Q_LEN = Q_LEN, .KV_LEN = KV_LEN, .Q_BLOCK_SIZE = q_block,
                        .KV_BLOCK_SIZE = kv_block, .num_q_blocks = nq, .num_kv_blocks = nk, .mask_mod = mask_mod,
@@ -103,6 +125,11 @@ lk_status lk_block_mask_create(lk_mask_fn mask_mod, const void *ctx, int64_t B, 
     return LK_OK;
 }
 
+lk_status lk_block_mask_create(lk_mask_fn mask_mod, const void *ctx, int64_t B, int64_t H, int64_t Q_LEN,
+                               int64_t KV_LEN, int64_t q_block, int64_t kv_block, lk_block_mask *out) {
+    return create(mask_mod, NULL, ctx, B, H, Q_LEN, KV_LEN, q_block, kv_block, out);
+}
+
 void lk_block_mask_free(lk_block_mask *m) {
     if (!m) return;
     free(m->kv_num_blocks);
@@ -122,10 +149,10 @@ double lk_block_mask_density(const lk_block_mask *m) {
                 seen += (double)(qn * kn);
             }
             for (int32_t t = 0; t < m->kv_num_blocks[rq]; t++) {
-                int64_t kb = m->kv_indices[rq * nk + t];
-                for (int64_t i = qb * m->Q_BLOCK_SIZE; i < (qb + 1) * m->Q_BLOCK_SIZE && i < m->Q_LEN; i++)
-                    for (int64_t j = kb * m->KV_BLOCK_SIZE; j < (kb + 1) * m->KV_BLOCK_SIZE && j < m->KV_LEN; j++)
-                        seen += m->mask_mod(r / m->H, r % m->H, i, j, m->mask_ctx);
+                int64_t kb = m->kv_indices[rq * nk + t], k0 = kb * m->KV_BLOCK_SIZE;
+                seen += (double)count_seen(m->mask_mod, m->mask_row, m->mask_ctx, r / m->H, r % m->H,
+                                           qb * m->Q_BLOCK_SIZE, qb * m->Q_BLOCK_SIZE + qn, k0,
+                                           k0 + m->KV_BLOCK_SIZE < m->KV_LEN ? k0 + m->KV_BLOCK_SIZE : m->KV_LEN);
             }
         }
     return seen / ((double)(m->B * m->H) * (double)m->Q_LEN * (double)m->KV_LEN);
@@ -250,7 +277,7 @@ static void row_or(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint
 static lk_status build_owned(lk_mask_fn fn, lk_mask_row_fn row, void *owned, int64_t B, int64_t H, int64_t Q,
                              int64_t KV, int64_t qb, int64_t kb, lk_block_mask *out) {
     if (!owned) return lk_error(LK_ENOMEM, "block_mask: out of memory for the mask's context");
-    lk_status s = lk_block_mask_create(fn, owned, B, H, Q, KV, qb, kb, out);
+    lk_status s = create(fn, row, owned, B, H, Q, KV, qb, kb, out);
     if (s) { free(owned); return s; }
     out->owned = owned;
     out->mask_row = row;

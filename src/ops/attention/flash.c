@@ -75,17 +75,49 @@ size_t lk_attn_tiled_workspace(const lk_attention_args *a, int64_t tq, int64_t t
     return bytes;
 }
 
-/* K rows [k0, k0+nk) of a [S, D] block, transposed into kt[D, tkp] (zero columns past nk). */
-static void load_transposed(const void *src, lk_dtype dt, int64_t nk, int64_t D, float *tmp, float *kt,
-                            int64_t tkp) {
-    if (dt == LK_F32) {
-        lk_attn_transpose(src, D, nk, D, kt, tkp);
-    } else {
-        lk_attn_load_rows(src, dt, D, nk, D, tmp, D);
-        lk_attn_transpose(tmp, D, nk, D, kt, tkp);
+static const void *rows_at(const void *base, lk_dtype dt, int64_t row, int64_t D) {
+    return (const char *)base + (size_t)(row * D) * lk_dtype_size(dt);
+}
+
+/* Rows [c0, c1) of a tile of nk K rows (src its first row), transposed into columns [c0,
+ * c1) of kt[D, tkp]; columns past nk zero. A partial tile needs only the columns its spans
+ * cover (a document's boundary block often half of them). */
+static void load_transposed(const void *src, lk_dtype dt, int64_t c0, int64_t c1, int64_t nk, int64_t D,
+                            float *tmp, float *kt, int64_t tkp) {
+    int64_t n = (c1 < nk ? c1 : nk) - c0;
+    if (n > 0 && dt == LK_F32) {
+        lk_attn_transpose(rows_at(src, dt, c0, D), D, n, D, kt + c0, tkp);
+    } else if (n > 0) {
+        lk_attn_load_rows(rows_at(src, dt, c0, D), dt, D, n, D, tmp, D);
+        lk_attn_transpose(tmp, D, n, D, kt + c0, tkp);
     }
     for (int64_t c = 0; c < D; c++)
-        for (int64_t j = nk; j < tkp; j++) kt[c * tkp + j] = 0.0f;
+        for (int64_t j = nk > c0 ? nk : c0; j < c1; j++) kt[c * tkp + j] = 0.0f;
+}
+
+/* First nonzero byte of r[0, n) (n when none), a word at a time: a document mask's
+ * partial rows are mostly zeros, and the byte loop was 6% of its forward. */
+static int64_t first_seen(const uint8_t *r, int64_t n) {
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        uint64_t w;
+        memcpy(&w, r + j, 8);
+        if (w) break;
+    }
+    while (j < n && !r[j]) j++;
+    return j;
+}
+
+/* One past the last nonzero byte of r[0, n) (0 when none). */
+static int64_t last_seen(const uint8_t *r, int64_t n) {
+    int64_t e = n;
+    for (; e >= 8; e -= 8) {
+        uint64_t w;
+        memcpy(&w, r + e - 8, 8);
+        if (w) break;
+    }
+    while (e > 0 && !r[e - 1]) e--;
+    return e;
 }
 
 /* The row groups of a tile and the columns [lo, hi) each one computes (16-aligned, hi <=
@@ -104,9 +136,7 @@ static int64_t tile_spans(const lk_attn_src *src, int64_t b, int64_t h, int64_t 
         int64_t lo = nk, hi = 0;
         for (int64_t i = g * GROUP_ROWS; i < (g + 1) * GROUP_ROWS && i < nq; i++) {
             const uint8_t *r = seen + i * tkp;
-            int64_t j = 0, e = nk;
-            while (j < lo && !r[j]) j++;
-            while (e > hi && e > j && !r[e - 1]) e--;
+            int64_t j = first_seen(r, lo), m = hi > j ? hi : j, e = m + last_seen(r + m, nk - m);
             if (j < e) { lo = j < lo ? j : lo; hi = e > hi ? e : hi; }
         }
         if (lo < hi) lo = lo / 16 * 16, hi = cdiv(hi, 16) * 16;
@@ -134,9 +164,10 @@ static void group_abt(const float *A, int64_t lda, int64_t nq, const float *BT, 
     }
 }
 
-/* Scores of one tile after scale, softcap and score_mod, hidden ones -inf (outside row i's
- * span [lo, hi), and where seen says so in a partial tile). With g set, g[i, j] =
- * d(score)/d(q·k), what the backward multiplies dS by. */
+/* Scores of one tile after scale, softcap and score_mod over row i's span [lo, hi) (hi
+ * at most nk), hidden ones -inf where seen says so in a partial tile; nothing outside
+ * the span is written, since nothing reads it. With g set, g[i, j] = d(score)/d(q·k),
+ * what the backward multiplies dS by. */
 static void tile_scores(const lk_attention_args *a, const lk_attn_dims *d, int64_t b, int64_t h, int64_t q0,
                         int64_t nq, int64_t k0, int64_t nk, int64_t ng, const int32_t *span, const uint8_t *seen,
                         float *sc, int64_t ld, float *g) {
@@ -146,7 +177,6 @@ static void tile_scores(const lk_attention_args *a, const lk_attn_dims *d, int64
         const int32_t *sp = span + 2 * (ng > 1 ? i / GROUP_ROWS : 0);
         int64_t lo = sp[0], hi = sp[1] < nk ? sp[1] : nk;
         float *s = sc + i * ld, *gi = g ? g + i * ld : NULL;
-        for (int64_t j = 0; j < lo; j++) s[j] = -INFINITY;
         for (int64_t j = lo; j < hi; j++) s[j] *= scale;
         if (cap > 0.0f || mod) {
             for (int64_t j = lo; j < hi; j++) {
@@ -162,12 +192,7 @@ static void tile_scores(const lk_attention_args *a, const lk_attn_dims *d, int64
         }
         if (seen)
             for (int64_t j = lo; j < hi; j++) s[j] = seen[i * ld + j] ? s[j] : -INFINITY;
-        for (int64_t j = hi > lo ? hi : lo; j < ld; j++) s[j] = -INFINITY;
     }
-}
-
-static const void *rows_at(const void *base, lk_dtype dt, int64_t row, int64_t D) {
-    return (const char *)base + (size_t)(row * D) * lk_dtype_size(dt);
 }
 
 static void store_row(void *dst, lk_dtype dt, int64_t off, const float *x, float mul, int64_t D) {
@@ -194,11 +219,17 @@ static void forward_tile(const lk_attention_args *a, const lk_attn_dims *d, cons
     for (int64_t t = 0; t < nt; t++) {
         int64_t k0 = (int64_t)idx[t] * tk, nk = d->Skv - k0 < tk ? d->Skv - k0 : tk;
         int64_t krow = (b * d->Hkv + hk) * d->Skv + k0;
-        load_transposed(rows_at(a->k.data, d->dt, krow, D), d->dt, nk, D, tmp, kt, tkp);
+        int64_t ng = tile_spans(src, b, h, q0, nq, k0, nk, tkp, full[t], seen, span), c0 = tkp, c1 = 0;
+        for (int64_t g = 0; g < ng; g++)
+            if (span[2 * g] < span[2 * g + 1]) {
+                c0 = span[2 * g] < c0 ? span[2 * g] : c0;
+                c1 = span[2 * g + 1] > c1 ? span[2 * g + 1] : c1;
+            }
+        if (c0 >= c1) continue;             /* no row of this q tile sees a key of it */
+        load_transposed(rows_at(a->k.data, d->dt, krow, D), d->dt, c0, c1, nk, D, tmp, kt, tkp);
         const float *vr = vf;
         if (d->dt == LK_F32) vr = rows_at(a->v.data, d->dt, krow, D);     /* f32 rows are used in place */
         else lk_attn_load_rows(rows_at(a->v.data, d->dt, krow, D), d->dt, D, nk, D, vf, D);
-        int64_t ng = tile_spans(src, b, h, q0, nq, k0, nk, tkp, full[t], seen, span);
         group_abt(qf, D, nq, kt, tkp, D, sc, ng, span);
         tile_scores(a, d, b, h, q0, nq, k0, nk, ng, span, full[t] ? NULL : seen, sc, tkp, NULL);
         for (int64_t g = 0; g < ng; g++) {
@@ -320,7 +351,7 @@ static void backward_kv_tile(const lk_attention_args *a, const lk_attn_dims *d, 
     uint8_t *full = (uint8_t *)(w + L->full);
     lk_attn_load_rows(rows_at(a->k.data, d->dt, krow, D), d->dt, D, nk, D, w + L->kf, D);
     lk_attn_transpose(w + L->kf, D, nk, D, w + L->kt, tkp);
-    load_transposed(rows_at(a->v.data, d->dt, krow, D), d->dt, nk, D, w + L->dv, w + L->vt, tkp);
+    load_transposed(rows_at(a->v.data, d->dt, krow, D), d->dt, 0, tkp, nk, D, w + L->dv, w + L->vt, tkp);
     for (int64_t c = 0; c < D; c++)
         for (int64_t j = nk; j < tkp; j++) w[L->kt + c * tkp + j] = 0.0f;
     memset(w + L->dk, 0, sizeof(float) * (size_t)(tk * D));

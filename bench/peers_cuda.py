@@ -701,7 +701,7 @@ def moe_rows():
     # grouped_sm90.cu's, gg_sm90<epilogue, A gathered, B k-major, V4> (gg_sm90_pp<...> under
     # LLMKERN_GG_SM90=pingpong), and grouped_wgrad_sm90.cu's gg_sm90_wgrad<A gathered, B
     # gathered, TMA epilogue> (gg_sm90_wgrad_pp<...>; both weight gradients): a row sums whichever ran
-    kinds = {("gg_mma<0, 2, true, true>", "gg_sm90<2, true, true,", "gg_sm90_pp<2, true, true,", "gg_sm90<2, false, true,"):
+    kinds = {("gg_mma<0, 2, true, true>", "gg_sm90<2, true, true,", "gg_sm90_pp<2, true, true,"):
                  ("gemm gate/up", "fwd", 2.0 * R * H * 2 * I),
              ("gg_mma<0, 0, true, true>", "gg_sm90<0, false, true,", "gg_sm90_pp<0, false, true,"):
                  ("gemm down", "fwd", 2.0 * R * I * H),

@@ -73,8 +73,9 @@
  *              rounds of bench/ab.sh, fifteenth session's call 2).
  * Measured (H200, bench/NOTES.md, every cuda_test_moe_experts case passing): fifteenth
  * session's call 4, gate/up 656, down 633 (coop), dh' 519, d_rows 692 TFLOP/s (torch._grouped_mm
- * 650 / 522 in the same run); the fourteenth's 664 / 587 / 518 / 714 (torch 675 / 501); the thirteenth session's 644 / 577 / 481 / 671; the ninth's 530 /
- * 486 / 234 / 633; the first version 506 / 458 / 176 / 579.
+ * 650 / 522 in the same run); the fourteenth's 664 / 587 / 518 / 714 (torch 675 / 501); the
+ * thirteenth's 644 / 577 / 481 / 671; the ninth's 530 / 486 / 234 / 633; the first version 506 /
+ * 458 / 176 / 579.
  * Count (PEERS-H200.md's shape, T 16384 · top-8 = R 131072 rows,
  * H 2048, I 768, E 128): gate/up 2·R·H·2I = 824.6 GFLOP, 1.04 ms at 790 TFLOP/s (torch's
  * 665: 1.24 ms); down 2·R·I·H = 412.3 GFLOP, 0.52 ms at 790 (torch's 519: 0.79 ms) — its
@@ -970,12 +971,12 @@ extern "C" int lk_moe_cuda_gg_sm90_variant_in_force(void) {
     return from_env;
 }
 
-/* AUTO: the measured winner per GEMM (bench/NOTES.md, PEERS-H200.md's MoE shape, TFLOP/s
- * coop / pingpong_v4, the same call): dh' (DSWIGLU) 465-492 / 394-407 (thirteenth session,
- * both on 16-byte epilogues; 233 / 340 in the eleventh, coop's on 4-byte ones) and gate/up
- * (SWIGLU) 537 / 418 and d_rows (STORE, B N-major) 633 / 614 on coop; the forward's down
- * (STORE, B K-major) 567-602 / 574-576 (bf16 y) on pingpong_v4, within the noise. (The weight
- * gradients: grouped_wgrad_sm90.cu.) */
+/* AUTO: the measured winner per GEMM (bench/NOTES.md, PEERS-H200.md's MoE shape, the same
+ * call), coop for all four: dh' (DSWIGLU) 465-492 / 394-407 TFLOP/s against pingpong_v4
+ * (thirteenth session, both on 16-byte epilogues), gate/up (SWIGLU) 537 / 418, d_rows (STORE,
+ * B N-major) 633 / 614, and the forward's down (STORE, B K-major) 0.643-0.647 / 0.705-0.732 ms
+ * (fifteenth session; within the noise of each other before 1812aec). g is the GEMM a later
+ * winner may depend on. (The weight gradients: grouped_wgrad_sm90.cu.) */
 extern "C" int lk_moe_cuda_gg_sm90_schedule(const lk_gg *g) {
     const int v = lk_moe_cuda_gg_sm90_variant_in_force();
     return v == LK_GG_SM90_AUTO ? LK_GG_SM90_COOP : v;

@@ -210,8 +210,7 @@ static void fa3_against_reference(void **state) {
         {.B = 1, .Hq = 4, .Sq = 333, .Skv = 517, .D = 64},                            /* several tiles, odd */
         {.B = 2, .Hq = 16, .Hkv = 2, .Sq = 1000, .D = 128, .causal = 1},              /* GQA 8:1, 256 blocks */
         {.B = 1, .Hq = 8, .Sq = 515, .Skv = 260, .D = 128, .causal = 1, .scale = 0.3f},
-        /* every row sees every key, D > 64: clusters of two blocks sharing K/V (4 query tiles;
-         * 3 and 1: a last block past S_q fills the pair; D 96: the zero-filled columns) */
+        /* every row sees every key, D > 64 (D 96: the zero-filled columns) */
         {.B = 2, .Hq = 4, .Hkv = 2, .Sq = 400, .Skv = 500, .D = 128, .softcap = 30.0f},
         {.B = 1, .Hq = 3, .Sq = 100, .Skv = 300, .D = 96, .sinks = 1},
         {.B = 1, .Hq = 2, .Sq = 512, .Skv = 384, .D = 128, .scale = 0.25f},

@@ -15,13 +15,6 @@
  *                and P·V of tile t are issued together and the softmax of t + 1 runs while
  *                P·V does; and across the two (ping-pong): they take turns issuing their
  *                GEMMs (named barriers 1 and 2), so one's softmax meets the other's GEMMs.
- *   clusters     where every row sees every key (no causal, window or documents) and D is
- *                past 64, blocks run in clusters of two query tiles of one head that share
- *                the K/V ring: each CTA's producer loads one 64-column half of a stage and
- *                multicasts it into both (FlashAttention-3 does the same at these shapes).
- *                A 128-row block reads its head's whole K and V, 5 TB/s of L2 at B 2, H 32,
- *                S 8192 on 132 SMs, near what L2 gives; a pair reads them once. A stage then
- *                goes back to a producer only when both CTAs' consumers have left it.
  *   layouts      every tile is rows of 64 elements (128 bytes) in TMA's 128-byte swizzle,
  *                the layout wgmma's descriptors name (K-major: +32 bytes a k-step; V
  *                N-major: +2048 bytes a k-step, 64-column blocks BN·128 bytes apart).
@@ -121,14 +114,13 @@ static __device__ __forceinline__ void softmax_tile(float *sc, float *m, float *
 /* Consumer registers are indexed only by unrolled constants: fragment element e of an
  * m64nN accumulator is row (e & 2 ? 8 : 0) + lane / 4 of the warp's 16, column
  * 8 (e / 4) + 2 (lane % 4) + (e & 1). */
-template <int DP, int BN, int CL>
+template <int DP, int BN>
 __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CUtensorMap tq,
                                                       const __grid_constant__ CUtensorMap tk,
                                                       const __grid_constant__ CUtensorMap tv, lk_bf16_t *out,
                                                       float *lse, fwd_geom g) {
 #if FA3_ARCH
     constexpr int NC = DP / 64, STAGES = tiling<DP, BN>::stages;   /* NC: 64-column blocks of a row */
-    static_assert(CL == 1 || CL == NC, "a cluster's CTAs load one 64-column block of a stage each");
     constexpr uint32_t QB = BM * 128, KB = BN * 128; /* bytes of one 64-column block */
     extern __shared__ uint8_t smem_raw[];
     uint8_t *sm = smem_align1024(smem_raw);
@@ -139,9 +131,6 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
 
     const int tid = threadIdx.x, wg = tid / 128;
     const int64_t bh = blockIdx.y, h = bh % g.Hq, b = bh / g.Hq;
-    /* CL 2: the grid's x is even, so a last block past S_q may fill a pair: its rows are not
-     * stored, and it sees every key like the others (the clusters' rule), so both CTAs of a
-     * cluster walk the same tiles */
     const int nqt = (int)((g.Sq + BM - 1) / BM);
     const int qt = g.reverse ? nqt - 1 - (int)blockIdx.x : (int)blockIdx.x, i0 = qt * BM;
 
@@ -154,13 +143,10 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
 
     if (tid == 0) {
         mbar_init(qfull, 1);
-        /* empty: every consumer thread (CL 1), or each consumer warp of both CTAs */
-        for (int s = 0; s < STAGES; s++)
-            mbar_init(&kfull[s], 1), mbar_init(&vfull[s], 1), mbar_init(&empty[s], CL == 1 ? 256 : 8 * CL);
+        for (int s = 0; s < STAGES; s++) mbar_init(&kfull[s], 1), mbar_init(&vfull[s], 1), mbar_init(&empty[s], 256);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    if constexpr (CL > 1) cluster_sync();   /* the peer's barriers are initialized before any multicast */
 
     if (wg == 0) {   /* producer */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
@@ -171,18 +157,10 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
             for (int it = 0; it < nt; it++) {
                 const int s = it % STAGES, k0 = (t0 + it) * BN;
                 if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
-                /* CL 2: this CTA's column block c = rank into both; the peer's lands here on the
-                 * same barrier, so each still expects the whole stage */
                 mbar_expect_tx(&kfull[s], NC * KB);
-                for (int c = 0; c < NC; c++) {
-                    if (CL == 1) tma_load(sk + (s * NC + c) * KB, &tk, &kfull[s], c * 64, k0, zk);
-                    else if (c == (int)cluster_rank()) tma_load_mc(sk + (s * NC + c) * KB, &tk, &kfull[s], c * 64, k0, zk, 3);
-                }
+                for (int c = 0; c < NC; c++) tma_load(sk + (s * NC + c) * KB, &tk, &kfull[s], c * 64, k0, zk);
                 mbar_expect_tx(&vfull[s], NC * KB);
-                for (int c = 0; c < NC; c++) {
-                    if (CL == 1) tma_load(sv + (s * NC + c) * KB, &tv, &vfull[s], c * 64, k0, zk);
-                    else if (c == (int)cluster_rank()) tma_load_mc(sv + (s * NC + c) * KB, &tv, &vfull[s], c * 64, k0, zk, 3);
-                }
+                for (int c = 0; c < NC; c++) tma_load(sv + (s * NC + c) * KB, &tv, &vfull[s], c * 64, k0, zk);
             }
         }
         return;
@@ -190,13 +168,6 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
     const int ct = tid - 128, cg = ct / 128, w = (ct % 128) / 32, lane = tid % 32;
     const int rw = cg * 64 + w * 16 + lane / 4;     /* this thread's rows: rw and rw + 8 of the block */
-    /* a stage back to the producers: CL 2, each warp (its wgmma reads done: wgmma_wait is
-     * warp-synchronous) on both CTAs' barriers, since both producers load into this CTA */
-    auto release = [&](int s) {
-        if constexpr (CL == 1) mbar_arrive(&empty[s]);
-        else if (lane == 0)
-            for (int r = 0; r < CL; r++) mbar_arrive_cta(&empty[s], r);
-    };
     int lo[2], hi[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -250,7 +221,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
             softmax_tile<BN>(sc, m, alpha, sum, (t0 + it) * BN, maxlo, minhi, lo, hi, lane, g);
             wgmma_wait<0>();
             fence_regs<DP / 2>(o);
-            release(sp);
+            mbar_arrive(&empty[sp]);
 #pragma unroll
             for (int e = 0; e < DP / 2; e++) o[e] *= alpha[(e >> 1) & 1];
 #pragma unroll
@@ -267,7 +238,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
         sched_signal(1 - cg);
         wgmma_wait<0>();
         fence_regs<DP / 2>(o);
-        release(sl);
+        mbar_arrive(&empty[sl]);
     }
     if (cg == 0) sched_wait(0);   /* warpgroup 1's last turn signal */
 
@@ -295,7 +266,6 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
         }
         if (lane % 4 == 0) lse[bh * g.Sq + i] = l[r] > 0.0f ? (m[r] + log2f(l[r])) / LOG2E : -INFINITY;
     }
-    if constexpr (CL > 1) cluster_sync();   /* the peer's arrivals on this CTA's barriers are done */
 #else
     __trap();   /* built for sm_90a only: the row needs compute capability 9.0 */
 #endif
@@ -331,26 +301,13 @@ static size_t fwd_smem(void) {
     return 1024 + (size_t)(DP / 64) * (BM + 2 * st * BN) * 128 + 8 * (1 + 3 * st);
 }
 
-/* CL 2 (clusters of two query tiles sharing K/V) where every row sees every key: no causal,
- * window or documents, and D past 64 (a CTA loads one of the two 64-column blocks). */
-static int clustered(const lk_attention_args *a) {
-    return a->q.shape[3] > 64 && !a->causal && !a->window_left && !a->window_right && !a->cu_seqlens_q.data;
-}
-
-template <int DP, int BN, int CL>
+template <int DP, int BN>
 static lk_status launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
                         const lk_attention_args *a, const lk_attn_dims *d, const fwd_geom &g, cudaStream_t st) {
     const size_t sh = fwd_smem<DP, BN>();
-    LK_CUDA_TRY(cudaFuncSetAttribute(fa3_fwd<DP, BN, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
-    const unsigned nqt = (unsigned)((d->Sq + BM - 1) / BM);
-    cudaLaunchAttribute at;
-    at.id = cudaLaunchAttributeClusterDimension;
-    at.val.clusterDim.x = CL, at.val.clusterDim.y = 1, at.val.clusterDim.z = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((nqt + CL - 1) / CL * CL, (unsigned)(d->B * d->Hq));
-    cfg.blockDim = dim3(THREADS), cfg.dynamicSmemBytes = sh, cfg.stream = st, cfg.attrs = &at, cfg.numAttrs = CL > 1;
-    LK_CUDA_TRY(cudaLaunchKernelEx(&cfg, fa3_fwd<DP, BN, CL>, tq, tk, tv, (lk_bf16_t *)a->out.data,
-                                   (float *)a->saved.data, g));
+    LK_CUDA_TRY(cudaFuncSetAttribute(fa3_fwd<DP, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
+    dim3 grid((unsigned)((d->Sq + BM - 1) / BM), (unsigned)(d->B * d->Hq));
+    fa3_fwd<DP, BN><<<grid, THREADS, sh, st>>>(tq, tk, tv, (lk_bf16_t *)a->out.data, (float *)a->saved.data, g);
     LK_CUDA_LAUNCHED("attention: flash_attention_3 forward");
     return LK_OK;
 }
@@ -368,8 +325,7 @@ static lk_status forward(const lk_attention_args *a, lk_ctx *ctx) {
         (s = tensor_map(&tk, a->k.data, d.B * d.Hkv, d.Skv, d.D, bn)) ||
         (s = tensor_map(&tv, a->v.data, d.B * d.Hkv, d.Skv, d.D, bn)))
         return s;
-    if (d.D <= 64) return launch<64, 128, 1>(tq, tk, tv, a, &d, g, st);
-    return clustered(a) ? launch<128, 128, 2>(tq, tk, tv, a, &d, g, st) : launch<128, 128, 1>(tq, tk, tv, a, &d, g, st);
+    return d.D <= 64 ? launch<64, 128>(tq, tk, tv, a, &d, g, st) : launch<128, 128>(tq, tk, tv, a, &d, g, st);
 }
 
 static lk_status backward(const lk_attention_args *a, lk_ctx *ctx) {

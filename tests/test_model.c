@@ -618,6 +618,19 @@ static void bad_configs_rejected(void **state) {
     assert_int_equal(lk_model_create(&c, &missing, 1, 0, &m), LK_EUNAVAILABLE);
     assert_non_null(strstr(lk_last_error(), "self_attn"));
     assert_non_null(strstr(lk_last_error(), "attention"));
+    /* q_proj, k_proj and v_proj are one GEMM: another implementation for k_proj alone is refused */
+    lk_op_table split = t;
+    static lk_impl other;
+    other = *t.op[LK_OP_LINEAR].impl;
+    other.name = "another_linear";
+    lk_binding *k = &split.module[split.n_module++];
+    *k = t.op[LK_OP_LINEAR];
+    snprintf(k->module, sizeof k->module, "layers.0.self_attn.k_proj");
+    k->impl = &other;
+    assert_int_equal(lk_model_create(&c, &split, 1, 0, &m), LK_EUNAVAILABLE);
+    assert_null(m);
+    assert_non_null(strstr(lk_last_error(), "layers.0.self_attn"));
+    assert_non_null(strstr(lk_last_error(), "another_linear"));
     /* a table of the other family */
     lk_op_table moe_t;
     table(1, NULL, NULL, &moe_t);

@@ -74,29 +74,30 @@ static lk_status fill(float *p, float v, int64_t n, lk_ctx *ctx) {
 }
 
 /* Element i of the [T, H, D] side, in units of U (16 bytes when a head row allows): token
- * t, head h, column c. */
+ * t, head h, column c; that side's token rows are ldw units apart. */
 template <typename U>
-__global__ void heads_k(const U *src, U *dst, int64_t T, int64_t H, int64_t Dw, int back) {
+__global__ void heads_k(const U *src, U *dst, int64_t T, int64_t H, int64_t Dw, int64_t ldw, int back) {
     int64_t i = blockIdx.x * (int64_t)THREADS + threadIdx.x;
     if (i >= T * H * Dw) return;
-    int64_t c = i % Dw, th = i / Dw, h = th % H, t = th / H, j = (h * T + t) * Dw + c;
-    if (back) dst[i] = src[j];
-    else dst[j] = src[i];
+    int64_t c = i % Dw, th = i / Dw, h = th % H, t = th / H, j = (h * T + t) * Dw + c, r = t * ldw + h * Dw + c;
+    if (back) dst[r] = src[j];
+    else dst[j] = src[r];
 }
 
-static lk_status heads(const void *src, void *dst, int64_t T, int64_t H, int64_t D, int back, lk_dtype dt,
-                       lk_ctx *ctx) {
+static lk_status heads(const void *src, void *dst, int64_t T, int64_t H, int64_t D, int64_t ld, int back,
+                       lk_dtype dt, lk_ctx *ctx) {
     cudaStream_t st = (cudaStream_t)ctx->stream;
-    int64_t row = D * (int64_t)lk_dtype_size(dt);   /* bytes */
-    if (row % 16 == 0) {
+    const int64_t es = (int64_t)lk_dtype_size(dt), row = D * es, ldb = ld * es;   /* bytes */
+    const uintptr_t at = (uintptr_t)src | (uintptr_t)dst | (uintptr_t)row | (uintptr_t)ldb;
+    if (at % 16 == 0) {
         heads_k<uint4><<<blocks(T * H * row / 16), THREADS, 0, st>>>((const uint4 *)src, (uint4 *)dst, T, H, row / 16,
-                                                                    back);
-    } else if (row % 4 == 0) {
+                                                                    ldb / 16, back);
+    } else if (at % 4 == 0) {
         heads_k<uint32_t><<<blocks(T * H * row / 4), THREADS, 0, st>>>((const uint32_t *)src, (uint32_t *)dst, T, H,
-                                                                      row / 4, back);
+                                                                      row / 4, ldb / 4, back);
     } else {
         heads_k<uint16_t><<<blocks(T * H * row / 2), THREADS, 0, st>>>((const uint16_t *)src, (uint16_t *)dst, T, H,
-                                                                      row / 2, back);
+                                                                      row / 2, ldb / 2, back);
     }
     LK_CUDA_LAUNCHED("model: head transpose");
     return LK_OK;

@@ -39,8 +39,9 @@ typedef struct {
      * x bit for bit, a zero's sign included, where +0.0 would turn a -0.0 into +0.0). */
     lk_status (*fill)(float *p, float v, int64_t n, lk_ctx *ctx);
     /* The activations' moves, in their dtype dt (f32 or bf16):
-     * [T, H, D] -> [H, T, D]; back: [H, T, D] -> [T, H, D]. */
-    lk_status (*heads)(const void *src, void *dst, int64_t T, int64_t H, int64_t D, int back, lk_dtype dt,
+     * [T, H, D] -> [H, T, D]; back: [H, T, D] -> [T, H, D]. The token-major side's rows are
+     * ld >= H·D elements apart (q, k and v are column blocks of one [T, Q + 2K] GEMM output). */
+    lk_status (*heads)(const void *src, void *dst, int64_t T, int64_t H, int64_t D, int64_t ld, int back, lk_dtype dt,
                        lk_ctx *ctx);
     /* dst[i] = a[i] + b[i] (in f32, rounded once); dst may be a or b. */
     lk_status (*add)(void *dst, const void *a, const void *b, int64_t n, lk_dtype dt, lk_ctx *ctx);

@@ -37,8 +37,8 @@ static lk_status fill(float *p, float v, int64_t n, lk_ctx *ctx) {
     return LK_OK;
 }
 
-static lk_status heads(const void *src, void *dst, int64_t T, int64_t H, int64_t D, int back, lk_dtype dt,
-                       lk_ctx *ctx) {
+static lk_status heads(const void *src, void *dst, int64_t T, int64_t H, int64_t D, int64_t ld, int back,
+                       lk_dtype dt, lk_ctx *ctx) {
     (void)ctx;
     size_t es = lk_dtype_size(dt), row = (size_t)D * es;
     const char *s = src;
@@ -46,11 +46,11 @@ static lk_status heads(const void *src, void *dst, int64_t T, int64_t H, int64_t
     if (!back) {
         #pragma omp parallel for schedule(static)
         for (int64_t h = 0; h < H; h++)
-            for (int64_t t = 0; t < T; t++) memcpy(d + (size_t)(h * T + t) * row, s + (size_t)(t * H + h) * row, row);
+            for (int64_t t = 0; t < T; t++) memcpy(d + (size_t)(h * T + t) * row, s + (size_t)(t * ld + h * D) * es, row);
     } else {
         #pragma omp parallel for schedule(static)
         for (int64_t t = 0; t < T; t++)
-            for (int64_t h = 0; h < H; h++) memcpy(d + (size_t)(t * H + h) * row, s + (size_t)(h * T + t) * row, row);
+            for (int64_t h = 0; h < H; h++) memcpy(d + (size_t)(t * ld + h * D) * es, s + (size_t)(h * T + t) * row, row);
     }
     return LK_OK;
 }

@@ -2,6 +2,10 @@
  * bound in the op table (resolved at create into lk_layer_ops):
  *   h1 = rms(x); q, k, v = h1·Wᵀ; q, k = rope(rms_q(q), rms_k(k)) per head;
  *   x2 = x + o_proj(attention(q, k, v, varlen causal)); out = x2 + mlp(rms(x2))
+ * q, k and v are one GEMM each way: params.c lays their weights out as one [Q + 2K, H]
+ * matrix, qwen3.c binds one linear implementation to the three, and the output is one
+ * [T, Q + 2K] buffer whose column blocks the head moves read (d(h1) then sums the three
+ * in f32 inside one GEMM, not in bf16 adds after three).
  * The MLP is the swiglu_mlp op or the MoE block (moe_block.c). The backward makes q and k
  * before their norms again (two GEMMs from the kept h1) rather than keeping them: at
  * 32k tokens a step, 16 + 8 heads of 128 in bf16 are 200 MB a layer, 5.6 GB of a 28-layer
@@ -48,15 +52,13 @@ size_t lk_qwen3_layer_carve(const lk_model *m, int l, void *base, lk_layer_acts 
     return lk_align64(u);
 }
 
-/* The model's own moves, on its device (device.h): [T, H, D] <-> [H, T, D], dst = a + b. */
-static lk_status to_heads(lk_model *m, const void *src, void *dst, int64_t H) {
-    return m->dev->heads(src, dst, m->T, H, m->D, 0, m->dt, &m->ctx);
+/* The model's own moves, on its device (device.h): [T, H, D] (token rows ld apart) <->
+ * [H, T, D]. */
+static lk_status to_heads(lk_model *m, const void *src, int64_t ld, void *dst, int64_t H) {
+    return m->dev->heads(src, dst, m->T, H, m->D, ld, 0, m->dt, &m->ctx);
 }
-static lk_status from_heads(lk_model *m, const void *src, void *dst, int64_t H) {
-    return m->dev->heads(src, dst, m->T, H, m->D, 1, m->dt, &m->ctx);
-}
-static lk_status add_into(lk_model *m, void *dst, const void *a, const void *b, int64_t n) {
-    return m->dev->add(dst, a, b, n, m->dt, &m->ctx);
+static lk_status from_heads(lk_model *m, const void *src, void *dst, int64_t ld, int64_t H) {
+    return m->dev->heads(src, dst, m->T, H, m->D, ld, 1, m->dt, &m->ctx);
 }
 
 /* A norm's weight is the f32 master at w_off whatever the dtype (rms_norm.h: bf16 x times
@@ -135,18 +137,18 @@ lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, con
     const lk_layer_ops *op = &L->ops;
     lk_ctx *ctx = &m->ctx;
     lk_scratch *sc = &m->sc;
-    int64_t T = m->T, H = m->H, Q = m->Hq * m->D, K = m->Hk * m->D;
+    int64_t T = m->T, H = m->H, Q = m->Hq * m->D, K = m->Hk * m->D, QKV = Q + 2 * K;
+    char *qkv = sc->qkv;
+    size_t es = m->es;
     lk_status s;
     lk_rms_norm_args n = norm_args(m, a->x, T, H, L->in, a->h1, a->s[S_IN], L->saved[S_IN]);
     if (first) n = with_stream(m, n, l ? sc->tmp : NULL);   /* + the previous layer's MLP output */
     if ((s = lk_rms_norm_forward(op->in_norm, &n, ctx))) return s;
-    lk_linear_args pq = lin(m, a->h1, T, H, W(L->q), Q, sc->q), pk = lin(m, a->h1, T, H, W(L->k), K, sc->k),
-                   pv = lin(m, a->h1, T, H, W(L->v), K, sc->v);
-    if ((s = lk_linear_forward(op->q_proj, &pq, ctx)) || (s = lk_linear_forward(op->k_proj, &pk, ctx)) ||
-        (s = lk_linear_forward(op->v_proj, &pv, ctx)))
-        return s;
-    if ((s = to_heads(m, sc->q, sc->dqt, m->Hq)) || (s = to_heads(m, sc->k, sc->dkt, m->Hk)) ||
-        (s = to_heads(m, sc->v, a->vt, m->Hk)))
+    /* q, k and v in one GEMM, as column blocks of qkv */
+    lk_linear_args p = lin(m, a->h1, T, H, W(L->q), QKV, qkv);
+    if ((s = lk_linear_forward(op->q_proj, &p, ctx))) return s;
+    if ((s = to_heads(m, qkv, QKV, sc->dqt, m->Hq)) || (s = to_heads(m, qkv + Q * es, QKV, sc->dkt, m->Hk)) ||
+        (s = to_heads(m, qkv + (Q + K) * es, QKV, a->vt, m->Hk)))
         return s;
     /* q_norm / k_norm over the head dim, written where RoPE then rotates in place; their
      * inputs are not kept (the backward makes them again) */
@@ -191,7 +193,9 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
     const lk_layer_ops *op = &L->ops;
     lk_ctx *ctx = &m->ctx;
     lk_scratch *sc = &m->sc;
-    int64_t T = m->T, H = m->H, Q = m->Hq * m->D, K = m->Hk * m->D;
+    int64_t T = m->T, H = m->H, Q = m->Hq * m->D, K = m->Hk * m->D, QKV = Q + 2 * K;
+    char *qkv = sc->qkv;
+    size_t es = m->es;
     lk_status s;
     /* MLP: dres is d(out) = d(mlp out), and part of d(x2) */
     if (L->moe) {
@@ -224,28 +228,24 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
     r.dq_out = r.dq = at.dq;                                      /* rotated back in place */
     r.dk_out = r.dk = at.dk;
     if ((s = lk_rope_backward(op->rope, &r, ctx))) return s;
-    /* the norms' inputs again (the same GEMMs on the same h1: the same bits), head-major
-     * in dqt / dkt; their dx written over dy */
-    lk_linear_args rq = lin(m, a->h1, T, H, W(L->q), Q, sc->q), rk = lin(m, a->h1, T, H, W(L->k), K, sc->k);
-    if ((s = lk_linear_forward(op->q_proj, &rq, ctx)) || (s = lk_linear_forward(op->k_proj, &rk, ctx)) ||
-        (s = to_heads(m, sc->q, sc->dqt, m->Hq)) || (s = to_heads(m, sc->k, sc->dkt, m->Hk)))
+    /* the norms' inputs again (q and k by one GEMM of the weights' first Q + K rows, on the
+     * same h1), head-major in dqt / dkt; their dx written over dy */
+    lk_linear_args r2 = lin(m, a->h1, T, H, W(L->q), Q + K, qkv);
+    if ((s = lk_linear_forward(op->q_proj, &r2, ctx)) || (s = to_heads(m, qkv, Q + K, sc->dqt, m->Hq)) ||
+        (s = to_heads(m, qkv + Q * es, Q + K, sc->dkt, m->Hk)))
         return s;
     lk_rms_norm_args nq = norm_args(m, sc->dqt, m->Hq * T, m->D, L->qn, a->qr, a->s[S_QN], L->saved[S_QN]);
     lk_rms_norm_args nk = norm_args(m, sc->dkt, m->Hk * T, m->D, L->kn, a->kr, a->s[S_KN], L->saved[S_KN]);
     if ((s = norm_backward(m, op->q_norm, nq, sc->dqr, sc->dqr, L->qn)) ||
         (s = norm_backward(m, op->k_norm, nk, sc->dkr, sc->dkr, L->kn)))
         return s;
-    if ((s = from_heads(m, sc->dqr, sc->q, m->Hq)) || (s = from_heads(m, sc->dkr, sc->k, m->Hk)) ||
-        (s = from_heads(m, sc->dvt, sc->v, m->Hk)))
+    /* d(q, k, v) as the column blocks of one [T, Q + 2K] dy: d(h1) in one GEMM over all
+     * three (summed in f32 and rounded once), their weights' gradients in another */
+    if ((s = from_heads(m, sc->dqr, qkv, QKV, m->Hq)) || (s = from_heads(m, sc->dkr, qkv + Q * es, QKV, m->Hk)) ||
+        (s = from_heads(m, sc->dvt, qkv + (Q + K) * es, QKV, m->Hk)))
         return s;
-    lk_linear_args pq = lin(m, a->h1, T, H, W(L->q), Q, NULL), pk = lin(m, a->h1, T, H, W(L->k), K, NULL),
-                   pv = lin(m, a->h1, T, H, W(L->v), K, NULL);
-    if ((s = lin_backward(m, op->q_proj, pq, sc->q, L->q, sc->dh))) return s;
-    if ((s = lin_backward(m, op->k_proj, pk, sc->k, L->k, sc->dh2)) ||
-        (s = add_into(m, sc->dh, sc->dh, sc->dh2, T * H)) ||
-        (s = lin_backward(m, op->v_proj, pv, sc->v, L->v, sc->dh2)) ||
-        (s = add_into(m, sc->dh, sc->dh, sc->dh2, T * H)))
-        return s;
+    lk_linear_args p = lin(m, a->h1, T, H, W(L->q), QKV, NULL);
+    if ((s = lin_backward(m, op->q_proj, p, qkv, L->q, sc->dh))) return s;
     lk_rms_norm_args n = norm_args(m, a->x, T, H, L->in, a->h1, a->s[S_IN], L->saved[S_IN]);
     return norm_backward(m, op->in_norm, with_stream(m, n, NULL), sc->dh, sc->dres, L->in);   /* d(x) */
 }

@@ -36,6 +36,8 @@ static lk_status layout(lk_model *m) {
         lk_layer *L = r.layer >= 0 ? &m->layers[r.layer] : NULL;
         switch (r.kind) {
         case LK_QW_MLP_UP_PROJ:        /* right after gate_proj: the pair is gate_up [2I, H] */
+        case LK_QW_K_PROJ:             /* right after q_proj, v_proj after it: the three are qkv [Q + 2K, H] */
+        case LK_QW_V_PROJ:
             off = cur; cur += numel; break;
         case LK_QW_EXPERT_GATE_PROJ: off = gu + r.expert * 2 * numel; break;
         case LK_QW_EXPERT_UP_PROJ:   off = gu + (2 * r.expert + 1) * numel; break;

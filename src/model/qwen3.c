@@ -55,6 +55,11 @@ static lk_status bind_layer(lk_model *m, const lk_op_table *t, int l) {
         lk_status s = bind(t, op, module, want[i].slot);
         if (s) return s;
     }
+    /* layer.c runs q, k and v as one GEMM */
+    if (o->k_proj != o->q_proj || o->v_proj != o->q_proj)
+        return lk_error(LK_EUNAVAILABLE, "model: layers.%d.self_attn: q_proj, k_proj and v_proj run as one GEMM; "
+                        "expected one linear implementation for the three, got '%s', '%s' and '%s'", l,
+                        o->q_proj->name, o->k_proj->name, o->v_proj->name);
     const lk_attention_entry *e = o->attn->vtable;
     m->flex |= e && e->adapter == LK_ATTN_FLEX;   /* then every batch gets its document BlockMask */
     return LK_OK;
@@ -375,7 +380,7 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
         unsigned char *sb = pass ? m->scratch_block : NULL;
         su = 0;
         lk_scratch *c = &m->sc;
-        c->q = lk_carve(sb, &su, Q * es); c->k = lk_carve(sb, &su, Kv * es); c->v = lk_carve(sb, &su, Kv * es);
+        c->qkv = lk_carve(sb, &su, (Q + 2 * Kv) * es);
         c->res = lk_carve(sb, &su, (size_t)(T * m->H) * 4);
         c->tmp = c->dres = lk_carve(sb, &su, TH);
         c->dh = lk_carve(sb, &su, TH);

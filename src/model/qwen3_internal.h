@@ -87,7 +87,8 @@ typedef struct {
  * puts the MLP's output in dh), and dh2 lies in dao when Hq·D >= H (dao is dead by the
  * time the projections' dx or the router's d_hidden are made). */
 typedef struct {
-    void *q, *k, *v;             /* token-major projections (forward), their grads (backward) */
+    void *qkv;                   /* [T, Q + 2K]: the q, k, v projections as column blocks (forward), their
+                                  * grads (backward); [T, Q + K] for the backward's q, k again */
     void *tmp;                   /* [T, H]: o_proj / MLP output (the delta the next norm adds) */
     float *res;                  /* [T, H] f32: the residual stream (forward), its gradient (backward) */
     void *dres, *dh, *dh2;       /* [T, H]: dres the rounding of res's gradient (the GEMMs' dy) */

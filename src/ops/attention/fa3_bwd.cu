@@ -311,26 +311,23 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
                 sc[e] = key < lo[col] || key >= hi[col] ? 0.0f : pv;
             }
         }
-        pack_a<64>(sc, pp);
-        wgmma_fence();
-        issue_rs<DP, BMQ>(dv, pp, o);   /* dV += Pᵀ·dO */
-        wgmma_commit();
-        wgmma_wait<1>();
+        wgmma_wait<0>();
         fence_regs<32>(dp);
-
-        /* dSᵀ = Pᵀ ∘ (dPᵀ − δ of the query), with Pᵀ as rounded for dV */
+        /* dSᵀ = Pᵀ ∘ (dPᵀ − δ of the query), from the f32 Pᵀ (as FlashAttention-2 and -3 do), in
+         * place of dPᵀ; then both bf16 A operands, and dV and dK issued together */
 #pragma unroll
         for (int j = 0; j < 8; j++) {
             const float2 dd = j ? *reinterpret_cast<const float2 *>(delta + 8 * j + 2 * t4) : D0;
 #pragma unroll
-            for (int hh2 = 0; hh2 < 2; hh2++) {
-                const uint32_t u = pp[j / 2][(j & 1) * 2 + hh2];
-                const float p0 = __uint_as_float(u << 16), p1 = __uint_as_float(u & 0xffff0000u);
-                dp[4 * j + 2 * hh2] = p0 * (dp[4 * j + 2 * hh2] - dd.x);
-                dp[4 * j + 2 * hh2 + 1] = p1 * (dp[4 * j + 2 * hh2 + 1] - dd.y);
-            }
+            for (int e = 4 * j; e < 4 * j + 4; e++) dp[e] = sc[e] * (dp[e] - (e & 1 ? dd.y : dd.x));
         }
+        pack_a<64>(sc, pp);
         pack_a<64>(dp, ds);
+        wgmma_fence();
+        issue_rs<DP, BMQ>(dv, pp, o);   /* dV += Pᵀ·dO */
+        wgmma_commit();
+        issue_rs<DP, BMQ>(dk, ds, q);   /* dK += dSᵀ·Q */
+        wgmma_commit();
         const int buf = it % NDS;
         uint8_t *dsb = sds + buf * KB;
         /* the dQ warpgroup has read what this buffer held NDS steps ago (the first NDS
@@ -347,9 +344,6 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         for (int gq = 0; gq < 4; gq++) stmatrix_x4_trans(row + gq * 16 * 128, ds[gq]);
         fence_async_smem();
         mbar_arrive(&dsfull[buf]);
-        wgmma_fence();
-        issue_rs<DP, BMQ>(dk, ds, q);   /* dK += dSᵀ·Q */
-        wgmma_commit();
         wgmma_wait<0>();
         fence_regs<DP / 2>(dv);
         fence_regs<DP / 2>(dk);

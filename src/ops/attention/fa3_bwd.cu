@@ -34,6 +34,8 @@
  *              warpgroups' step: the dQ GEMMs fill the tensor pipe while both compute P or
  *              dS, and the two math warpgroups never meet at a barrier, so they drift apart
  *              and one's softmax meets the other's GEMMs.
+ * dSᵀ comes from the f32 Pᵀ, not its bf16 rounding: the tests' dq and dk errors fell 20-45% at
+ * the same speed (sixteenth session), and dV and dK are then issued together.
  * Measured on the H200 (bench/NOTES.md, twelfth session, call 1): fwd+bwd 0.83-0.94x SDPA-cuDNN
  * in the four cells, where the first design — each math warpgroup its own dQ = dS·K a step
  * late, producer a lone thread with 24 registers — ran 0.73-0.87x in the same run (it is

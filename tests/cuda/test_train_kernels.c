@@ -142,6 +142,15 @@ static void adamw_ref(double *p, const double *g, double *m, double *v, int64_t 
     }
 }
 
+/* A copy of n elements of device array d one element into a fresh one: a tensor whose
+ * blocks are all misaligned, so the kernels take their element-at-a-time path. */
+static void *shifted(const void *d, int64_t n, lk_dtype dt) {
+    size_t es = lk_dtype_size(dt);
+    char *s = lkt_dev((size_t)(n + 1) * es);
+    assert_int_equal(cudaMemcpy(s + es, d, (size_t)n * es, cudaMemcpyDeviceToDevice), 0);
+    return s + es;
+}
+
 #define NT 4
 static void adamw_matches_reference(void **state) {
     (void)state;
@@ -169,7 +178,7 @@ static void adamw_matches_reference(void **state) {
         for (int i = 0; i < NT; i++) {
             lkt_randn(g[i], n[i], &seed, 0.5);
             void *dg = lkt_upload(g[i], n[i], gdt[i]);   /* g rounded as the GPU sees it */
-            t[i].grad = dg;
+            t[i].grad = i == 2 ? shifted(dg, n[i], gdt[i]) : dg;   /* 24 whole blocks, none aligned */
             adamw_ref(p[i], g[i], m[i], v[i], n[i], &hp, i != 3);
         }
         assert_int_equal(lk_cuda_adamw_step(t, NT, &hp, &ctx), LK_OK);
@@ -216,6 +225,7 @@ static void grad_norm_and_clip(void **state) {
         x[i] = lkt_alloc(n[i]);
         lkt_randn(x[i], n[i], &seed, 0.01);
         b[i] = (lk_cuda_buf){lkt_upload(x[i], n[i], dt[i]), n[i], dt[i]};
+        if (i == 2) b[i].data = shifted(b[i].data, n[i], dt[i]);   /* whole blocks, none aligned */
         for (int64_t j = 0; j < n[i]; j++) ss += x[i][j] * x[i][j];
     }
     double ref = sqrt(ss), nrm = -1.0, nrm2 = -2.0;

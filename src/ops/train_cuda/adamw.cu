@@ -1,6 +1,7 @@
 /* adamw.cu — multi-tensor AdamW on CUDA (cuda_train.h): every parameter tensor of a
- * step in one launch (multi_tensor.cuh cuts them into 4096-element blocks). One thread
- * per element, 16 elements a thread strided by the block so each load is coalesced;
+ * step in one launch (multi_tensor.cuh cuts them into 4096-element blocks). 16 elements a
+ * thread: four runs of four consecutive ones (16-byte loads) where the block is whole and
+ * aligned, else strided by the block, so each load is coalesced either way;
  * memory-bound (a bf16 parameter with f32 master and bf16 grad moves 2+2+4·3 read and
  * 2+4·3 written bytes an element), so the math is the CPU trainer's, in f32. */
 #include <math.h>
@@ -29,22 +30,48 @@ typedef struct {
  * these products into FMAs one way in adamw_kernel and another in the plan's kernel,
  * whose gscale is not a constant, so an eager step and a CUDA graph's replay of it
  * updated the weights a few ulps apart (bench/NOTES.md, issue 17's graph test). */
+static __device__ __forceinline__ float adamw_one(float g, float &m, float &v, float w, const ascal &s, float decay) {
+    m = __fadd_rn(__fmul_rn(s.b1, m), __fmul_rn(1.0f - s.b1, g));
+    v = __fadd_rn(__fmul_rn(s.b2, v), __fmul_rn(__fmul_rn(1.0f - s.b2, g), g));
+    const float den = __fadd_rn(__fmul_rn(__fsqrt_rn(v), s.vcorr), s.eps);
+    return __fsub_rn(__fmul_rn(w, decay), __fdiv_rn(__fmul_rn(s.step, m), den));
+}
+
 static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list, const ascal &s, float gscale) {
     const adesc d = list[lk_mt_find(list, n_list, blockIdx.x)];
-    const int64_t base = (blockIdx.x - d.block0) * (int64_t)LK_MT_CHUNK + threadIdx.x;
+    const int64_t start = (blockIdx.x - d.block0) * (int64_t)LK_MT_CHUNK;
     const float decay = d.no_decay ? 1.0f : s.decay;
     float *w = d.p_bf16 ? d.master : static_cast<float *>(d.p);
+    const uintptr_t f32p = (uintptr_t)(w + start) | (uintptr_t)(d.m + start) | (uintptr_t)(d.v + start) |
+                           (d.g_bf16 ? 0 : (uintptr_t)(static_cast<const float *>(d.g) + start));
+    const uintptr_t bf16p = (d.p_bf16 ? (uintptr_t)(static_cast<lk_bf16_t *>(d.p) + start) : 0) |
+                            (d.g_bf16 ? (uintptr_t)(static_cast<const lk_bf16_t *>(d.g) + start) : 0);
+    if (lk_mt_vec(start, d.n, f32p, bf16p)) {   /* the same arithmetic, element for element */
+#pragma unroll
+        for (int k = 0; k < LK_MT_PER_THREAD / 4; k++) {
+            const int64_t i = start + 4 * ((int64_t)k * LK_MT_THREADS + threadIdx.x);
+            const float4 g4 = lk_mt_ld4(d.g, d.g_bf16, i);
+            float4 m = *reinterpret_cast<const float4 *>(d.m + i), v = *reinterpret_cast<const float4 *>(d.v + i);
+            float4 p = *reinterpret_cast<const float4 *>(w + i);
+            p.x = adamw_one(__fmul_rn(g4.x, gscale), m.x, v.x, p.x, s, decay);
+            p.y = adamw_one(__fmul_rn(g4.y, gscale), m.y, v.y, p.y, s, decay);
+            p.z = adamw_one(__fmul_rn(g4.z, gscale), m.z, v.z, p.z, s, decay);
+            p.w = adamw_one(__fmul_rn(g4.w, gscale), m.w, v.w, p.w, s, decay);
+            *reinterpret_cast<float4 *>(d.m + i) = m;
+            *reinterpret_cast<float4 *>(d.v + i) = v;
+            *reinterpret_cast<float4 *>(w + i) = p;
+            if (d.p_bf16) lk_mt_st4_bf16(static_cast<lk_bf16_t *>(d.p) + i, p);
+        }
+        return;
+    }
 #pragma unroll 4
     for (int k = 0; k < LK_MT_PER_THREAD; k++) {
-        int64_t i = base + (int64_t)k * LK_MT_THREADS;
+        int64_t i = start + (int64_t)k * LK_MT_THREADS + threadIdx.x;
         if (i >= d.n) break;
-        float g = __fmul_rn(lk_mt_ld(d.g, d.g_bf16, i), gscale);
-        float m = __fadd_rn(__fmul_rn(s.b1, d.m[i]), __fmul_rn(1.0f - s.b1, g));
-        float v = __fadd_rn(__fmul_rn(s.b2, d.v[i]), __fmul_rn(__fmul_rn(1.0f - s.b2, g), g));
+        float m = d.m[i], v = d.v[i];
+        const float p = adamw_one(__fmul_rn(lk_mt_ld(d.g, d.g_bf16, i), gscale), m, v, w[i], s, decay);
         d.m[i] = m;
         d.v[i] = v;
-        float den = __fadd_rn(__fmul_rn(__fsqrt_rn(v), s.vcorr), s.eps);
-        float p = __fsub_rn(__fmul_rn(w[i], decay), __fdiv_rn(__fmul_rn(s.step, m), den));
         w[i] = p;
         if (d.p_bf16) static_cast<lk_bf16_t *>(d.p)[i] = __float2bfloat16_rn(p);
     }

@@ -1,7 +1,8 @@
 /* grad_norm.cu — the global gradient norm and clipping on CUDA (cuda_train.h). Two
  * passes, both in a fixed order so the norm has the same bits on every run: each
- * 4096-element block (multi_tensor.cuh) sums its squares in f64 (a thread's 16 strided
- * elements in order, then the block's tree) into part[block]; one block of 1024 threads
+ * 4096-element block (multi_tensor.cuh) sums its squares in f64 (a thread's 16 elements in
+ * order: four runs of four consecutive ones where the block is whole and aligned, else 16
+ * strided by the block; then the block's tree) into part[block]; one block of 1024 threads
  * then sums part[] the same way. f64 throughout: the norm's squares of large gradients
  * neither overflow nor lose the small ones, and the GPU's f64 rate is far above what
  * the memory delivers here. */
@@ -30,14 +31,26 @@ static __device__ __forceinline__ double block_sum_f64(double v, double *scratch
 __global__ void __launch_bounds__(LK_MT_THREADS) sumsq_kernel(const ndesc *list, int n_list, double *part) {
     __shared__ double scratch[32];
     const ndesc d = list[lk_mt_find(list, n_list, blockIdx.x)];
-    const int64_t base = (blockIdx.x - d.block0) * (int64_t)LK_MT_CHUNK + threadIdx.x;
+    const int64_t start = (blockIdx.x - d.block0) * (int64_t)LK_MT_CHUNK;
+    const uintptr_t at = d.bf16 ? (uintptr_t)(static_cast<const lk_bf16_t *>(d.p) + start)
+                                : (uintptr_t)(static_cast<const float *>(d.p) + start);
     double s = 0.0;
+    if (lk_mt_vec(start, d.n, d.bf16 ? 0 : at, d.bf16 ? at : 0)) {   /* all four loads in flight at once */
+        float4 x[LK_MT_PER_THREAD / 4];
+#pragma unroll
+        for (int k = 0; k < LK_MT_PER_THREAD / 4; k++)
+            x[k] = lk_mt_ld4(d.p, d.bf16, start + 4 * ((int64_t)k * LK_MT_THREADS + threadIdx.x));
+#pragma unroll
+        for (int k = 0; k < LK_MT_PER_THREAD / 4; k++)
+            s += (double)x[k].x * x[k].x + (double)x[k].y * x[k].y + (double)x[k].z * x[k].z + (double)x[k].w * x[k].w;
+    } else {
 #pragma unroll 4
-    for (int k = 0; k < LK_MT_PER_THREAD; k++) {
-        int64_t i = base + (int64_t)k * LK_MT_THREADS;
-        if (i >= d.n) break;
-        double x = lk_mt_ld(d.p, d.bf16, i);
-        s += x * x;
+        for (int k = 0; k < LK_MT_PER_THREAD; k++) {
+            int64_t i = start + (int64_t)k * LK_MT_THREADS + threadIdx.x;
+            if (i >= d.n) break;
+            double x = lk_mt_ld(d.p, d.bf16, i);
+            s += x * x;
+        }
     }
     s = block_sum_f64(s, scratch);
     if (threadIdx.x == 0) part[blockIdx.x] = s;

@@ -39,6 +39,26 @@ static __device__ __forceinline__ void lk_mt_st(void *p, int bf16, int64_t i, fl
     else static_cast<float *>(p)[i] = v;
 }
 
+/* Four consecutive f32 or bf16 elements from i (16 or 8 bytes, aligned by the caller), and back. */
+static __device__ __forceinline__ float4 lk_mt_ld4(const void *p, int bf16, int64_t i) {
+    if (!bf16) return *reinterpret_cast<const float4 *>(static_cast<const float *>(p) + i);
+    const uint2 u = *reinterpret_cast<const uint2 *>(static_cast<const lk_bf16_t *>(p) + i);
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
+                       __uint_as_float(u.y & 0xffff0000u));
+}
+static __device__ __forceinline__ void lk_mt_st4_bf16(lk_bf16_t *p, float4 v) {
+    const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+    *reinterpret_cast<uint2 *>(p) = make_uint2(*reinterpret_cast<const uint32_t *>(&a), *reinterpret_cast<const uint32_t *>(&b));
+}
+
+/* Whether block `start`'s LK_MT_CHUNK elements are all there and every pointer's piece of
+ * them 16-byte aligned: the blocks take 4 elements a load then (a thread 4 x 4 consecutive
+ * elements, a warp's load 512 contiguous bytes), where one 4-byte load each left memory
+ * with too few requests in flight (bench/NOTES.md, sixteenth session). bf16 pieces need 8. */
+static __device__ __forceinline__ bool lk_mt_vec(int64_t start, int64_t n, uintptr_t f32_ptrs, uintptr_t bf16_ptrs) {
+    return start + LK_MT_CHUNK <= n && f32_ptrs % 16 == 0 && bf16_ptrs % 8 == 0;
+}
+
 /* A CUDA context with a device arena; the error names fn and the field. */
 static inline lk_status lk_mt_check_ctx(const char *fn, const lk_ctx *ctx) {
     if (ctx == NULL) return lk_error(LK_EINVAL, "%s: ctx: expected a CUDA context, got NULL", fn);

@@ -7,7 +7,7 @@
  * [T, Q + 2K] buffer whose column blocks the head moves read (d(h1) then sums the three
  * in f32 inside one GEMM, not in bf16 adds after three).
  * The MLP is the swiglu_mlp op or the MoE block (moe_block.c). The backward makes q and k
- * before their norms again (two GEMMs from the kept h1) rather than keeping them: at
+ * before their norms again (one GEMM from the kept h1) rather than keeping them: at
  * 32k tokens a step, 16 + 8 heads of 128 in bf16 are 200 MB a layer, 5.6 GB of a 28-layer
  * 0.6B model's step for ~0.3 ms a layer of GEMMs.
  * The residual stream is f32 (qwen3_internal.h): the input and post-attention norms run

@@ -85,7 +85,7 @@ typedef struct {
  * and dtw. Some share memory (alloc_acts in qwen3.c): tmp is dres (the forward's
  * deltas are dead by the backward, and a recompute writes neither: it skips o_proj and
  * puts the MLP's output in dh), and dh2 lies in dao when Hq·D >= H (dao is dead by the
- * time the projections' dx or the router's d_hidden are made). */
+ * time the router's d_hidden is made). */
 typedef struct {
     void *qkv;                   /* [T, Q + 2K]: the q, k, v projections as column blocks (forward), their
                                   * grads (backward); [T, Q + K] for the backward's q, k again */

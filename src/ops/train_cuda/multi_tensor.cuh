@@ -47,8 +47,7 @@ static __device__ __forceinline__ float4 lk_mt_ld4(const void *p, int bf16, int6
                        __uint_as_float(u.y & 0xffff0000u));
 }
 static __device__ __forceinline__ void lk_mt_st4_bf16(lk_bf16_t *p, float4 v) {
-    const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
-    *reinterpret_cast<uint2 *>(p) = make_uint2(*reinterpret_cast<const uint32_t *>(&a), *reinterpret_cast<const uint32_t *>(&b));
+    *reinterpret_cast<uint2 *>(p) = make_uint2(lk_pack_bf16x2(v.x, v.y), lk_pack_bf16x2(v.z, v.w));
 }
 
 /* Whether block `start`'s LK_MT_CHUNK elements are all there and every pointer's piece of

@@ -187,6 +187,7 @@ static const mcase cases[] = {
     {50, 64, 24, 16, 1, RANDOM, 1, 0},    /* more experts than tokens need */
     {300, 256, 192, 8, 2, RANDOM, 1, 0},  /* E 8 top-2: 2 row tiles an expert, 3 N tiles, 8 K steps */
     {257, 128, 96, 64, 8, RANDOM, 0, 0},  /* E 64 top-8, bf16 gradients */
+    {77, 64, 32, 8, 6, RANDOM, 1, 0},     /* top-6: the un-permute's four-route step and a tail of two */
     {515, 128, 64, 128, 8, RANDOM, 1, 0}, /* E 128 top-8: 4120 routes, 5 routing chunks */
     {200, 96, 80, 32, 4, DUP, 1, 0},      /* experts 16..31 with no token */
     {300, 64, 48, 8, 1, ONE, 1, 0},       /* every token on expert 7: one expert of 3 row tiles */

@@ -62,11 +62,13 @@ static __device__ __forceinline__ void add8(float *s, const float *r) {
     const float4 a = __ldg(reinterpret_cast<const float4 *>(r)), b = __ldg(reinterpret_cast<const float4 *>(r) + 1);
     s[0] += a.x, s[1] += a.y, s[2] += a.z, s[3] += a.w, s[4] += b.x, s[5] += b.y, s[6] += b.z, s[7] += b.w;
 }
-static __device__ __forceinline__ void add8(float *s, const lk_bf16_t *r) {
-    const uint4 v = __ldg(reinterpret_cast<const uint4 *>(r));
+static __device__ __forceinline__ void add8(float *s, uint4 v) {   /* 8 bf16 */
     const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) s[2 * i] += __uint_as_float(w[i] << 16), s[2 * i + 1] += __uint_as_float(w[i] & 0xffff0000u);
+}
+static __device__ __forceinline__ void add8(float *s, const lk_bf16_t *r) {
+    add8(s, __ldg(reinterpret_cast<const uint4 *>(r)));
 }
 static __device__ __forceinline__ void put8(float *d, const float *s) {
     reinterpret_cast<float4 *>(d)[0] = make_float4(s[0], s[1], s[2], s[3]);
@@ -86,8 +88,24 @@ __global__ void unpermute_sum(T *dst, const T *src, const int32_t *pos, int64_t 
     if (e >= t * h) return;
     const int64_t tok = e / h, c = e - tok * h;
     if constexpr (V8) {
+        /* four rows' loads in flight at once, added in route order: one at a time, the
+         * kernel waited out a gather's latency per route (0.15 ms a call at PEERS-H200.md's
+         * MoE shape, ~half the memory's rate) */
         float s[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-        for (int64_t j = 0; j < k; j++) add8(s, src + (int64_t)pos[tok * k + j] * h + c);
+        const int32_t *p = pos + tok * k;
+        int64_t j = 0;
+        if constexpr (sizeof(T) == 2) {
+            for (; j + 4 <= k; j += 4) {
+                const int4 q = (uintptr_t)(p + j) % 16 == 0 ? __ldg(reinterpret_cast<const int4 *>(p + j))
+                                                            : make_int4(p[j], p[j + 1], p[j + 2], p[j + 3]);
+                const uint4 a0 = __ldg(reinterpret_cast<const uint4 *>(src + (int64_t)q.x * h + c)),
+                            a1 = __ldg(reinterpret_cast<const uint4 *>(src + (int64_t)q.y * h + c)),
+                            a2 = __ldg(reinterpret_cast<const uint4 *>(src + (int64_t)q.z * h + c)),
+                            a3 = __ldg(reinterpret_cast<const uint4 *>(src + (int64_t)q.w * h + c));
+                add8(s, a0), add8(s, a1), add8(s, a2), add8(s, a3);
+            }
+        }
+        for (; j < k; j++) add8(s, src + (int64_t)p[j] * h + c);
         put8(dst + e, s);
     } else {
         float s = 0.0f;

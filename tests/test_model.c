@@ -395,6 +395,24 @@ static void bf16_follows_f32(void **state) {
             lk_step_stats s2;
             assert_int_equal(lk_model_loss(h, &b, &s2), LK_OK);
             assert_int_equal(wc[h->embed], lk_f32_to_bf16(h->w[h->embed]));
+            /* an optimizer that writes the copy itself says so, and that forward alone skips the
+             * rounding: a master changed behind it is not seen then, and is by the next one */
+            const lk_param *p0 = lk_model_param(h, 0);
+            assert_ptr_equal(lk_model_param_copy(h, 0),
+                             (const char *)h->wc + ((const float *)p0->value.data - h->w) * 2);
+            assert_null(lk_model_param_copy(f, 0));   /* f32: the master is the copy */
+            assert_null(lk_model_param_copy(h, lk_model_param_count(h)));
+            const int64_t q0 = h->layers[0].q;   /* a weight the ops read from the copy alone */
+            const uint16_t before = wc[q0];
+            h->w[q0] += 1.0f;
+            lk_model_copy_is_current(h);
+            lk_step_stats s3, s4;
+            assert_int_equal(lk_model_loss(h, &b, &s3), LK_OK);
+            assert_int_equal(wc[q0], before);
+            assert_true(s3.loss == s2.loss);
+            assert_int_equal(lk_model_loss(h, &b, &s4), LK_OK);
+            assert_int_equal(wc[q0], lk_f32_to_bf16(h->w[q0]));
+            assert_true(s4.loss != s2.loss);
             lk_batch_free(&b);
             lk_model_free(f);
             lk_model_free(h);

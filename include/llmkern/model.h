@@ -60,12 +60,20 @@ LK_API void lk_model_free(lk_model *m);
 /* The compute dtype (f32 at create): LK_BF16 runs every op on bf16 weights and
  * activations (mixed precision) while the parameters' values stay the f32 master
  * (lk_param) and the gradients f32: each forward first rounds the master into a bf16
- * copy of the weights (one pass; the optimizer and the loaders write only the master),
+ * copy of the weights (one pass, skipped where an optimizer wrote the copy as well:
+ * lk_model_copy_is_current below),
  * the ops keep norms, softmax and the loss in f32 inside their kernels and accumulate
  * the weight gradients in f32. Call before the first step (or between steps: the
  * activations are re-made). Errors (the model unchanged): LK_EDTYPE (not f32 or bf16, or
  * a module whose implementation does not take it, named), LK_ENOMEM. */
 LK_API lk_status lk_model_set_dtype(lk_model *m, lk_dtype dt);
+/* The bf16 compute copy of parameter i (device memory, beside the f32 master at the same
+ * index), or NULL when the model computes in f32 (the master is the copy). An optimizer
+ * that writes the copy along with the master (the master rounded to nearest even) calls
+ * lk_model_copy_is_current before the next forward, which then skips its rounding pass:
+ * for that one forward only, so a master changed any other way is rounded as before. */
+LK_API void *lk_model_param_copy(lk_model *m, int i);
+LK_API void lk_model_copy_is_current(lk_model *m);
 LK_API lk_dtype lk_model_dtype(const lk_model *m);
 /* On: every attention backward runs its ordered path (lk_attention_args.deterministic), so
  * a step gives the same bits on every run; off (the default): a GPU row may add dQ with

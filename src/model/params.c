@@ -147,6 +147,15 @@ lk_param *lk_model_param(lk_model *m, int i) {
     return m && i >= 0 && i < m->n_params ? &m->params[i] : NULL;
 }
 
+void *lk_model_param_copy(lk_model *m, int i) {
+    if (!m || i < 0 || i >= m->n_params || m->wc == (void *)m->w) return NULL;
+    return (char *)m->wc + ((float *)m->params[i].value.data - m->w) * (ptrdiff_t)m->es;
+}
+
+void lk_model_copy_is_current(lk_model *m) {
+    if (m) m->copy_current = 1;
+}
+
 void lk_model_zero_grad(lk_model *m) {
     if (m) m->dev->zero(m->g, (size_t)m->n_floats * sizeof(float), &m->ctx);
 }

@@ -258,7 +258,7 @@ lk_status lk_model_set_dtype(lk_model *m, lk_dtype dt) {
                         (long long)m->n_floats, lk_device_name(m->dev->type));
     free_acts(m);   /* every buffer's size changes */
     if (m->wc != m->w) m->dev->free(m->wc);
-    m->dt = dt, m->es = lk_dtype_size(dt), m->wc = wc;
+    m->dt = dt, m->es = lk_dtype_size(dt), m->wc = wc, m->copy_current = 0;
     return LK_OK;
 }
 
@@ -519,8 +519,11 @@ static lk_status forward(lk_model *m, const lk_batch *whole, lk_step_stats *st) 
                                            &m->doc_mask)))
             return s;
     }
-    /* the compute copy from the master, which the optimizer (or a load) changed */
-    if (m->wc != m->w && (s = m->dev->round(m->wc, m->w, m->n_floats, m->dt, &m->ctx))) return s;
+    /* the compute copy from the master, which the optimizer (or a load) changed; not when
+     * the optimizer wrote both (lk_model_copy_is_current, for this forward alone) */
+    const int current = m->copy_current;
+    m->copy_current = 0;
+    if (m->wc != m->w && !current && (s = m->dev->round(m->wc, m->w, m->n_floats, m->dt, &m->ctx))) return s;
     /* the stream starts as the f32 embedding (the master's row: what autocast gathers) */
     if ((s = m->dev->embed(m->w + m->embed, m->ids, m->sc.res, T, H, m->V, LK_F32, &m->ctx))) return s;
     int N = (int)m->cfg.num_hidden_layers;

@@ -114,6 +114,7 @@ struct lk_model {
     lk_dtype dt;                  /* the compute dtype: the activations' and wc's (f32 or bf16) */
     size_t es;                    /* its bytes */
     void *wc;                     /* the weights the ops read: w itself in f32, else its rounding */
+    int copy_current;             /* lk_model_copy_is_current: the next forward need not round w into wc */
     int64_t embed, final_norm, lm_head;      /* offsets; lm_head = embed when tied */
     lk_param *params;
     int n_params;

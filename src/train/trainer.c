@@ -518,7 +518,9 @@ static lk_status train_step(trainer *t, const lk_train_opts *o, double *loss, do
             lk_model_on_grads_ready(t->model, start_ready, t);
         }
         lk_status s = next_batch(t);
+        if (!s && t->copy_current) lk_model_copy_is_current(t->model);
         if (!s) s = lk_model_forward_backward(t->model, &t->batch, (float)(1.0 / (double)tc->grad_accum), &st);
+        if (!s) t->copy_current = 1;   /* it rounded the master, or was told it need not */
         if (last) {
             lk_model_on_grads_ready(t->model, NULL, NULL);
             lk_status f = finish_grads(t);
@@ -544,6 +546,7 @@ static lk_status train_step(trainer *t, const lk_train_opts *o, double *loss, do
     if (!isfinite(*loss)) return LK_OK;   /* the caller stops before touching the weights */
     double lr = lk_lr_schedule(t->step, tc->warmup_steps, tc->steps, tc->lr, tc->min_lr);
     lk_status s = t->dev->update(t, lr, grad_norm);
+    t->copy_current = t->dev->updates_copy;
     if (s || !isfinite(*grad_norm)) return s;
     float *row = t->hist + t->step * LK_HIST_COLS;
     row[LK_HIST_LR] = (float)lr;

@@ -29,6 +29,9 @@ typedef struct {
     /* *norm = the global gradient norm, grads clipped to grad_clip, then one AdamW step at
      * lr for update number t->step + 1. */
     lk_status (*update)(struct trainer *t, double lr, double *norm);
+    /* 1: update (and graph_step's) AdamW writes the model's bf16 compute copy along with the
+     * master (lk_model_param_copy), so the next forward need not round it again */
+    int updates_copy;
     /* Bytes in use on the device now (NULL: not measured, the CPU). */
     uint64_t (*mem_used)(void);
     /* The device profiler on (1) or off (0) around train.profile_step (NULL: none). */
@@ -76,6 +79,7 @@ typedef struct trainer {
     uint64_t mem_peak;                /* the most dev->mem_used after a step */
     lk_comm_request *reqs;    /* [n_buckets] */
     void *graph;              /* train.cuda_graph: the device's captured step (trainer_cuda.c) */
+    int copy_current;         /* the model's compute copy is its master rounded: said before each forward */
     lk_status start_error;
 } trainer;
 

@@ -51,9 +51,11 @@ static lk_cuda_adamw_tensor *adamw_tensors(trainer *t) {
     lk_cuda_adamw_tensor *p = calloc((size_t)t->n_params, sizeof *p);
     for (int i = 0; p && i < t->n_params; i++) {
         const lk_param *q = lk_model_param(t->model, i);
+        void *copy = lk_model_param_copy(t->model, i);   /* bf16: AdamW writes the ops' copy too */
         /* Decay matrices only, as on the CPU. */
-        p[i] = (lk_cuda_adamw_tensor){.param = q->value.data, .grad = t->grads[i], .m = t->m[i], .v = t->v[i],
-                                      .n = t->lens[i], .param_dtype = LK_F32, .grad_dtype = LK_F32,
+        p[i] = (lk_cuda_adamw_tensor){.param = copy ? copy : q->value.data, .grad = t->grads[i], .m = t->m[i],
+                                      .v = t->v[i], .master = copy ? q->value.data : NULL, .n = t->lens[i],
+                                      .param_dtype = copy ? LK_BF16 : LK_F32, .grad_dtype = LK_F32,
                                       .no_decay = q->value.ndim < 2};
     }
     return p;
@@ -149,6 +151,7 @@ static lk_status capture(trainer *t, graph_state *g, int i, int64_t step) {
     lk_status s = lk_model_defer_stats(t->model, 1);
     lk_step_stats st;
     lk_model_zero_grad(t->model);
+    if (t->copy_current) lk_model_copy_is_current(t->model);   /* the step before wrote it: no rounding captured */
     if (!s) s = lk_model_forward_backward(t->model, &t->batch, 1.0f, &st);   /* grad_accum 1 */
     lk_ctx c = t->ctx;
     c.stream = g->stream;
@@ -228,6 +231,6 @@ const lk_train_device lk_train_device_cuda = {
      * after the backward (per-call cost and SMs taken from the backward's GEMMs), 128 MiB
      * hid 40% of the exposed all-reduce (bench/NOTES.md, run 26) */
     .type = LK_DEVICE_CUDA, .bucket_bytes = (int64_t)128 << 20, .pick = pick, .grads_comm = grads_comm,
-    .scale = scale, .update = update, .mem_used = mem_used, .profile = profile,
+    .scale = scale, .update = update, .updates_copy = 1, .mem_used = mem_used, .profile = profile,
     .graph_init = graph_init, .graph_step = graph_step, .graph_read = graph_read, .graph_free = graph_free,
 };

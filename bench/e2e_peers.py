@@ -12,7 +12,8 @@ document, so llmkern's rows are the file's consecutive seq-long slices, batch i 
          top-8, expert FFN 512, vocab 151936, untied (PEERS-H200.md's 2007 M / 442 M active);
          seq 4096 x batch 4
 
-llmkern runs twice, eager and with train.cuda_graph (the step captured once and replayed:
+llmkern runs twice, eager and with train.cuda_graph (and, as the run kind llmkern_bf16m, with
+AdamW's moments in bf16: train.exp_avg_dtype / exp_avg_sq_dtype) (the step captured once and replayed:
 the step time with and without the graph). Per run: tokens/s (median step after the warm-up); MFU = FLOPs/token x tokens/s / 989e12
 (the H200's dense bf16 peak), and the fraction of the 790 TFLOP/s cuBLAS reaches here
 (8192^3), FLOPs/token = 6 x active matmul parameters + 6 x layers x seq x heads x head_dim
@@ -27,7 +28,7 @@ that rejects the key runs without it, and the row says f32. Both sides train ali
 gradients clipped to norm 1.0; llmkern reads its loss every step (train.log_every: 1).
 
 --parity: issue 17's loss parity. From the same weights on the same batches, --parity-steps
-(200) of llmkern bf16 and f32 and of transformers in f32 and in both its bf16s (autocast over f32
+(200) of llmkern bf16 (also with bf16 AdamW moments) and f32 and of transformers in f32 and in both its bf16s (autocast over f32
 weights, as Trainer(bf16=True) trains, and bf16 weights, as the throughput runs do;
 --parity-hf-bf16 amp|weights names the verdict's); prints the mean absolute loss difference of
 each pair (OUT/e2e_parity.md, .json), averaged over --parity-repeats repetitions from other
@@ -264,6 +265,9 @@ def run_hf(A, label, kind, dtype, ckpt, tokens, B, S, steps, work):
 PEAK_RE = re.compile(r"peak[^\n]*?([0-9]+(?:\.[0-9]+)?)\s*(KiB|MiB|GiB|KB|MB|GB)", re.I)
 
 
+BF16_MOMENTS = {"exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}   # train.exp_avg(_sq)_dtype
+
+
 def run_lk(A, label, dtype, init, tokens, B, S, steps, work, extra=None, attn=None):
     """`llmkern train --init INIT --json` of steps; per-step rates from its loss.csv; attn: an
     attention implementation in place of the default selection's."""
@@ -376,9 +380,11 @@ def perf(A):
             base, _, attn = kind.partition(":")   # llmkern:cudnn: that attention row instead of the default's
             if base == "llmkern_graph" and A.device != "cuda":
                 r = dict(skip="train.cuda_graph needs a GPU")
-            elif base in ("llmkern", "llmkern_graph"):   # llmkern_graph: train.cuda_graph, the step replayed
-                # the graph's losses are read once per log interval (10 steps): its steps queue
-                extra = {"cuda_graph": True, "log_every": 10} if base == "llmkern_graph" else None
+            elif base in ("llmkern", "llmkern_graph", "llmkern_bf16m"):
+                # llmkern_graph: train.cuda_graph, the step replayed; its losses are read once per log
+                # interval (10 steps): its steps queue. llmkern_bf16m: AdamW's moments in bf16
+                extra = {"cuda_graph": True, "log_every": 10} if base == "llmkern_graph" else \
+                    BF16_MOMENTS if base == "llmkern_bf16m" else None
                 r = run_lk(A, label, A.lk_dtype, init, tokens, B, S, A.steps, work, extra, attn or None)
             else:
                 r = run_hf(A, label, kind, A.hf_dtype, init, tokens, B, S, A.steps, work)
@@ -442,6 +448,8 @@ def parity_once(A, model, S, B, steps, rep):
     # throughput runs' and PEERS-H200.md's setting); --parity-hf-bf16 names the one the verdict uses
     runs = {"llmkern bf16": run_lk(A, "parity llmkern bf16", "bf16", init, tokens, B, S, steps, A.work),
             "llmkern f32": run_lk(A, "parity llmkern f32", "f32", init, tokens, B, S, steps, A.work),
+            "llmkern bf16m": run_lk(A, "parity llmkern bf16m", "bf16", init, tokens, B, S, steps, A.work,
+                                    BF16_MOMENTS),
             "hf autocast": run_hf(A, "parity hf autocast", "hf", "amp", init, tokens, B, S, steps, A.work),
             "hf bf16 weights": run_hf(A, "parity hf bf16 weights", "hf", "bf16", init, tokens, B, S, steps, A.work),
             "hf f32": run_hf(A, "parity hf f32", "hf", "f32", init, tokens, B, S, steps, A.work)}
@@ -458,6 +466,7 @@ def parity_once(A, model, S, B, steps, rep):
         return dict(mean=sum(abs(p - q) for p, q in zip(x, y)) / n, max=max(abs(p - q) for p, q in zip(x, y)),
                     steps=n)
     pairs = {"llmkern bf16 vs f32": mad("llmkern bf16", "llmkern f32"),
+             "llmkern bf16 + bf16 moments vs f32": mad("llmkern bf16m", "llmkern f32"),
              "hf autocast bf16 vs f32": mad("hf autocast", "hf f32"),
              "hf bf16 weights vs f32": mad("hf bf16 weights", "hf f32"),
              "llmkern f32 vs hf f32 (same model?)": mad("llmkern f32", "hf f32")}
@@ -494,12 +503,13 @@ def parity(A):
             if run.get("error") or run.get("losses"):
                 lines.append(f"- {k} ({r}): " + (run.get("error") or
                                                  f"loss {run['losses'][0]:.4f} -> {run['losses'][-1]:.4f}"))
-    a = pairs["llmkern bf16 vs f32"]
-    for name in ("hf autocast bf16 vs f32", "hf bf16 weights vs f32"):
-        b = pairs[name]
-        if a and b:
-            lines.append(f"\nllmkern's pair {'is within' if a['mean'] <= b['mean'] else 'is NOT within'} "
-                         f"{name} ({a['mean']:.5f} vs {b['mean']:.5f}){' (the verdict)' if name == verdict else ''}")
+    for mine in ("llmkern bf16 vs f32", "llmkern bf16 + bf16 moments vs f32"):
+        a = pairs[mine]
+        for name in ("hf autocast bf16 vs f32", "hf bf16 weights vs f32"):
+            b = pairs[name]
+            if a and b:
+                lines.append(f"\n{mine} {'is within' if a['mean'] <= b['mean'] else 'is NOT within'} "
+                             f"{name} ({a['mean']:.5f} vs {b['mean']:.5f}){' (the verdict)' if name == verdict else ''}")
     text = "\n".join(lines) + "\n"
     print("\n" + text, flush=True)
     open(os.path.join(A.out, "e2e_parity.md"), "w").write(text)
@@ -516,6 +526,7 @@ def main():
     P.add_argument("--configs", default="dense,moe")
     P.add_argument("--runs", default="hf,liger,llmkern,llmkern_graph",
                    help="hf before liger: each is its own process anyway; llmkern_graph: train.cuda_graph; "
+                        "llmkern_bf16m: AdamW moments in bf16; "
                         "llmkern[_graph]:NAME runs attention implementation NAME (cudnn, flash_attention_2)")
     P.add_argument("--seq", type=int, help="override both configs' seq")
     P.add_argument("--batch", type=int, help="override both configs' batch")

@@ -17,6 +17,7 @@
 #include "llmkern/llmkern.h"
 #include "llmkern/data.h"
 #include "llmkern/train.h"
+#include "core/sround.h"
 
 /* --- AdamW ------------------------------------------------------------------------------- */
 static void adamw_matches_f64_reference(void **state) {
@@ -24,7 +25,7 @@ static void adamw_matches_f64_reference(void **state) {
     enum { N = 37, STEPS = 5 };
     float p[N], g[N], m[N] = {0}, v[N] = {0};
     double rp[N], rm[N] = {0}, rv[N] = {0};
-    const lk_adamw_hparams h = {0.9, 0.95, 1e-8, 0.1};
+    const lk_adamw_hparams h = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
     for (int i = 0; i < N; i++) rp[i] = p[i] = (float)sin(i * 0.7) * 0.5f;
     for (int t = 1; t <= STEPS; t++) {
         double lr = 1e-2 * t;
@@ -50,11 +51,133 @@ static void adamw_matches_f64_reference(void **state) {
 static void adamw_zero_lr_and_decay_only(void **state) {
     (void)state;
     float p[3] = {1, -2, 3}, g[3] = {0, 0, 0}, m[3] = {0}, v[3] = {0};
-    const lk_adamw_hparams h = {0.9, 0.999, 1e-8, 0.5};
+    const lk_adamw_hparams h = {.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.5};
     lk_adamw_update(p, g, m, v, 3, &h, 0.0, 1);
     assert_true(p[0] == 1 && p[1] == -2 && p[2] == 3);
     lk_adamw_update(p, g, m, v, 3, &h, 0.1, 2);       /* zero gradient: only the decay */
     assert_true(fabsf(p[0] - 0.95f) < 1e-7f && fabsf(p[1] + 1.9f) < 1e-6f && fabsf(p[2] - 2.85f) < 1e-6f);
+}
+
+/* Stochastic rounding: over all 2^16 random draws, f rounds up exactly (dropped bits)
+ * times, so its mean is f; bf16 values, NaN and Inf pass unchanged. */
+static void sround_is_exact_in_expectation(void **state) {
+    (void)state;
+    const float xs[] = {1.0f + 0x1p-9f, -3.0f - 0x1p-14f, 0x1p-100f * 1.37f, 5e-39f /* subnormal */, 1234.567f};
+    for (size_t k = 0; k < sizeof xs / sizeof *xs; k++) {
+        uint32_t u;
+        memcpy(&u, &xs[k], 4);
+        const uint16_t lo = (uint16_t)(u >> 16), hi = (uint16_t)(lo + 1);
+        long ups = 0;
+        for (uint32_t r = 0; r < 65536; r++) {
+            uint16_t b = lk_sround_bf16(xs[k], r);
+            assert_true(b == lo || b == hi);   /* a neighbour, never further */
+            ups += b == hi;
+        }
+        assert_int_equal(ups, (long)(u & 0xffffu));
+    }
+    const float exact = lk_bf16_to_f32(lk_f32_to_bf16(0.8125f)), inf = INFINITY;
+    for (uint32_t r = 0; r < 65536; r += 4099) {
+        assert_int_equal(lk_sround_bf16(exact, r), lk_f32_to_bf16(exact));
+        assert_int_equal(lk_sround_bf16(inf, r), 0x7f80);
+        assert_true(isnan(lk_bf16_to_f32(lk_sround_bf16(NAN, r))));
+    }
+}
+
+/* bf16 moments (train.exp_avg_dtype / exp_avg_sq_dtype bf16): one step from random bf16
+ * state against float64. The weight takes the f32 moments before they are stored, so it
+ * meets the f32 tolerance; each stored moment is one of the two bf16 neighbours of the
+ * exact value (1 ulp, with f32's own error on top); the same key gives the same bits and
+ * another key other roundings. Odd lengths, f32 m with bf16 v and the reverse. */
+static void adamw_bf16_moments_one_step(void **state) {
+    (void)state;
+    const int64_t ns[] = {1, 37, 1001};
+    const lk_dtype mdt[] = {LK_BF16, LK_F32, LK_BF16}, vdt[] = {LK_BF16, LK_BF16, LK_F32};
+    for (int c = 0; c < 3; c++) {
+        const int64_t n = ns[c];
+        float *p = malloc((size_t)n * 4), *g = malloc((size_t)n * 4), *p2 = malloc((size_t)n * 4);
+        void *m = malloc((size_t)n * 4), *v = malloc((size_t)n * 4), *m2 = malloc((size_t)n * 4),
+             *v2 = malloc((size_t)n * 4);
+        double *rp = malloc((size_t)n * 8), *rm = malloc((size_t)n * 8), *rv = malloc((size_t)n * 8),
+               *m0 = malloc((size_t)n * 8);
+        lk_rng rng = lk_rng_make(100 + (uint64_t)c);
+        lk_rng_normal(&rng, p, n, 0.0f, 0.5f);
+        lk_rng_normal(&rng, g, n, 0.0f, 1.0f);
+        float *tmp = malloc((size_t)n * 4);
+        lk_rng_normal(&rng, tmp, n, 0.0f, 0.1f);
+        for (int64_t i = 0; i < n; i++) {   /* start from random moments, in their dtypes */
+            lk_store(m, mdt[c], i, tmp[i]);
+            lk_store(v, vdt[c], i, tmp[i] * tmp[i] + 1e-3);
+            rm[i] = lk_load(m, mdt[c], i), rv[i] = lk_load(v, vdt[c], i), rp[i] = p[i];
+        }
+        memcpy(p2, p, (size_t)n * 4), memcpy(m2, m, (size_t)n * 4), memcpy(v2, v, (size_t)n * 4);
+        const double lr = 1e-2;
+        const int64_t t = 3;
+        lk_adamw_hparams h = {.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1, .m_dtype = mdt[c],
+                              .v_dtype = vdt[c], .sround_key = lk_sround_tensor_key(lk_sround_step_key(7, t), c)};
+        lk_adamw_update(p, g, m, v, n, &h, lr, t);
+        double worst_p = 0;
+        for (int64_t i = 0; i < n; i++) {
+            m0[i] = rm[i];
+            rm[i] = h.beta1 * rm[i] + (1 - h.beta1) * g[i];
+            rv[i] = h.beta2 * rv[i] + (1 - h.beta2) * (double)g[i] * g[i];
+            rp[i] = rp[i] * (1.0 - lr * h.weight_decay) -
+                    lr * (rm[i] / (1 - pow(h.beta1, t))) / (sqrt(rv[i] / (1 - pow(h.beta2, t))) + h.eps);
+            worst_p = fmax(worst_p, fabs(p[i] - rp[i]));
+            const double got[2] = {lk_load(m, mdt[c], i), lk_load(v, vdt[c], i)}, want[2] = {rm[i], rv[i]};
+            /* f32's own error is of the terms summed, not of their (possibly cancelling) sum, and
+             * 1 - b2 taken in f32 (1 - 0.999f) is 2e-5 off */
+            const double gg = (1 - h.beta2) * (double)g[i] * g[i];
+            const double scale[2] = {h.beta1 * fabs(m0[i]) + (1 - h.beta1) * fabs(g[i]), rv[i] + 40 * gg};
+            const lk_dtype dt[2] = {mdt[c], vdt[c]};
+            for (int k = 0; k < 2; k++) {
+                /* bf16: within one ulp (2^-7 of the larger one's binade) of the exact value */
+                double ulp = dt[k] == LK_BF16 ? ldexp(1.0, ilogb(fmax(fabs(got[k]), fabs(want[k]))) - 7) : 0.0;
+                assert_true(fabs(got[k] - want[k]) <= ulp + 5e-7 * scale[k] + 1e-30);   /* f32: ~4 eps */
+            }
+        }
+        assert_true(worst_p <= 2e-6);   /* f32: p ~ 0.5-2 after a step of ~lr */
+        /* from the same start, the same key rounds the same way and another key some
+         * elements the other way (n > 100: ~half of them) */
+        for (int other = 0; other < 2 && (n > 100 || !other); other++) {
+            float *q = malloc((size_t)n * 4);
+            void *m3 = malloc((size_t)n * 4), *v3 = malloc((size_t)n * 4);
+            memcpy(q, p2, (size_t)n * 4), memcpy(m3, m2, (size_t)n * 4), memcpy(v3, v2, (size_t)n * 4);
+            lk_adamw_hparams h2 = h;
+            h2.sround_key ^= (uint64_t)other;
+            lk_adamw_update(q, g, m3, v3, n, &h2, lr, t);
+            const void *bf = mdt[c] == LK_BF16 ? m3 : v3, *bf0 = mdt[c] == LK_BF16 ? m : v;
+            assert_int_equal(memcmp(bf, bf0, (size_t)n * 2) != 0, other);
+            free(q), free(m3), free(v3);
+        }
+        free(p), free(g), free(p2), free(m), free(v), free(m2), free(v2), free(rp), free(rm), free(rv), free(m0), free(tmp);
+    }
+}
+
+/* What the stochastic rounding is for: v's increments under beta2 = 0.999 are smaller
+ * than half a bf16 ulp, so nearest rounding would hold v at 1 for ever; with g² = 2 the
+ * exact v_t = 2 - 0.999^t, and the mean of 20,000 stochastically rounded v's follows it
+ * (per element the rounding noise is ~ulp/2 · sqrt(1/(1 - b2²)) ~ 0.09; the mean's
+ * ~6e-4). m (b1 0.9) follows 1.4142 - 0.4142 · 0.9^t the same way. */
+static void adamw_bf16_v_follows_small_increments(void **state) {
+    (void)state;
+    enum { N = 20000, STEPS = 300 };
+    float *p = calloc(N, 4), *g = malloc(N * 4);
+    uint16_t *m = malloc(N * 2), *v = malloc(N * 2);
+    for (int i = 0; i < N; i++) g[i] = (float)sqrt(2.0), m[i] = v[i] = lk_f32_to_bf16(1.0f);
+    lk_adamw_hparams h = {.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .m_dtype = LK_BF16, .v_dtype = LK_BF16};
+    for (int t = 1; t <= STEPS; t++) {
+        h.sround_key = lk_sround_tensor_key(lk_sround_step_key(11, t), 0);
+        lk_adamw_update(p, g, m, v, N, &h, 1e-4, t);
+    }
+    double mean_v = 0, mean_m = 0;
+    for (int i = 0; i < N; i++) mean_v += lk_bf16_to_f32(v[i]), mean_m += lk_bf16_to_f32(m[i]);
+    mean_v /= N, mean_m /= N;
+    const double want_v = 2.0 - pow(0.999, STEPS), want_m = sqrt(2.0) - (sqrt(2.0) - 1.0) * pow(0.9, STEPS);
+    print_message("  bf16 v after %d steps: mean %.5f, exact %.5f (nearest rounding: 1.0); m %.5f, exact %.5f\n",
+                  STEPS, mean_v, want_v, mean_m, want_m);
+    assert_true(fabs(mean_v - want_v) <= 3e-3);   /* ~5 sigma of the mean's noise */
+    assert_true(fabs(mean_m - want_m) <= 3e-3);
+    free(p), free(g), free(m), free(v);
 }
 
 /* --- schedule ------------------------------------------------------------------------------ */
@@ -247,6 +370,7 @@ static void yaml_train_sections_load(void **state) {
         "train:\n  steps: 7\n  lr: 3e-3\n  min_lr: 1e-4\n  betas: [0.8, 0.99]\n  batch_size: 2\n"
         "  seq_len: 64\n  grad_accum: 3\n  seed: 9\n  save_every: 2\n  out: /tmp/x\n  recompute: true\n"
         "  dtype: bfloat16\n  cuda_graph: true\n  deterministic: true\n  grad_reduce_dtype: bf16\n  profile_step: 3\n"
+        "  exp_avg_dtype: bf16\n  exp_avg_sq_dtype: bfloat16\n"
         "data:\n  text: corpus.txt\n");
     lk_train_config_init(&tc);
     assert_int_equal(lk_train_dtype(&tc), LK_F32);          /* the CPU's default */
@@ -257,6 +381,8 @@ static void yaml_train_sections_load(void **state) {
     assert_int_equal(tc.cuda_graph, 1);
     assert_int_equal(tc.deterministic, 1);
     assert_int_equal(tc.grad_reduce_dtype, LK_BF16);
+    assert_int_equal(tc.exp_avg_dtype, LK_BF16);
+    assert_int_equal(tc.exp_avg_sq_dtype, LK_BF16);
     assert_int_equal(tc.profile_step, 3);
     assert_true(tc.has_model && tc.model.moe && tc.model.num_experts == 4 && tc.model.hidden_size == 32);
     assert_string_equal(tc.model.model_type, "qwen3_moe");
@@ -289,6 +415,8 @@ static void yaml_train_errors_name_the_place(void **state) {
         {"train:\n  grad_reduce_dtype: f16\n", ":2:22",
          "train.grad_reduce_dtype: expected bf16 (bfloat16) or f32 (float32), got 'f16'"},
         {"train:\n  cuda_graph: 2\n", ":2:15", "train.cuda_graph: expected true or false"},
+        {"train:\n  exp_avg_sq_dtype: fp8\n", ":2:21",
+         "train.exp_avg_sq_dtype: expected bf16 (bfloat16) or f32 (float32), got 'fp8'"},
         {"train: [1]\n", ":1:8", "train: expected a mapping"},
         {"data:\n  corpus: builtin\n  text: a.txt\n", ":3:3", "expected one source"},
         {"data:\n  corpus: web\n", ":2:11", "data.corpus: expected builtin"},
@@ -370,6 +498,14 @@ static void memory_estimate(void **state) {
     assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
     assert_int_equal(m.params, params);
     assert_true(m.state_bytes == (uint64_t)params * 16);
+    tc.exp_avg_dtype = LK_BF16;   /* 2 bytes a parameter less, and 2 more for the second moment */
+    assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
+    assert_true(m.state_bytes == (uint64_t)params * 14);
+    tc.exp_avg_sq_dtype = LK_BF16;
+    assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
+    assert_true(m.state_bytes == (uint64_t)params * 12);
+    tc.exp_avg_dtype = tc.exp_avg_sq_dtype = LK_F32;
+    assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
     assert_true(m.activation_bytes >= (uint64_t)tc.batch_size * tc.seq_len * tc.model.vocab_size * 4);
     assert_true(m.total_bytes == m.state_bytes + m.activation_bytes + m.history_bytes);
     assert_true(m.host_bytes == m.total_bytes && m.device_bytes == 0);   /* the CPU holds it all */
@@ -441,6 +577,9 @@ int main(void) {
         cmocka_unit_test(log_every_from_length),
         cmocka_unit_test(adamw_matches_f64_reference),
         cmocka_unit_test(adamw_zero_lr_and_decay_only),
+        cmocka_unit_test(sround_is_exact_in_expectation),
+        cmocka_unit_test(adamw_bf16_moments_one_step),
+        cmocka_unit_test(adamw_bf16_v_follows_small_increments),
         cmocka_unit_test(schedule_warmup_then_cosine),
         cmocka_unit_test(clip_by_global_norm),
         cmocka_unit_test(png_round_trips_pixels),

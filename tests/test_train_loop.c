@@ -58,6 +58,19 @@ static void resume_is_bit_identical_bf16(void **state) {
     assert_resume_bit_identical(&tc, &ops, tiny_config_bf16);
 }
 
+/* bf16 moments (train.exp_avg_dtype, exp_avg_sq_dtype): the checkpoint keeps them in
+ * bf16 and the stochastic rounding's bits hang on (seed, step, tensor, element), so the
+ * resumed run is bit-identical as well. */
+static void tiny_config_bf16_moments(const char *out, int64_t steps, int64_t save_every) {
+    tiny_config_bf16(out, steps, save_every);
+    tc.exp_avg_dtype = tc.exp_avg_sq_dtype = LK_BF16;
+}
+
+static void resume_is_bit_identical_bf16_moments(void **state) {
+    (void)state;
+    assert_resume_bit_identical(&tc, &ops, tiny_config_bf16_moments);
+}
+
 /* Through the loss hook rather than a NaN weight: the cross-entropy kernels' exp
  * converts a NaN logit to an integer, which UBSan rejects (reported to their owner). */
 static void poison(void *user, int64_t step, double *loss) {
@@ -195,22 +208,25 @@ static void eager_and_fused_train_alike(void **state) {
 static void bf16_trains_like_f32(void **state) {
     (void)state;
     enum { N = 30 };
-    float loss[2][N];
+    float loss[3][N];
     char *d = tmpdir();
-    for (int bf16 = 0; bf16 < 2; bf16++) {
-        lk_train_opts o = {.quiet = 1, .loss_log = loss[bf16], .loss_log_cap = N};
+    for (int run = 0; run < 3; run++) {   /* f32; bf16; bf16 with bf16 AdamW moments */
+        lk_train_opts o = {.quiet = 1, .loss_log = loss[run], .loss_log_cap = N};
         tiny_config(d, N, 0);
         set_all(&ops, 1);
-        tc.dtype = bf16 ? LK_BF16 : LK_F32;
+        tc.dtype = run ? LK_BF16 : LK_F32;
+        tc.exp_avg_dtype = tc.exp_avg_sq_dtype = run == 2 ? LK_BF16 : LK_F32;
         assert_int_equal(lk_train_run(&tc, &ops, NULL, &o, NULL), LK_OK);
     }
-    double mad = 0;
-    for (int i = 0; i < N; i++) mad += fabs((double)loss[0][i] - loss[1][i]) / N;
-    print_message("  f32 %.4f -> %.4f, bf16 %.4f -> %.4f, mean |diff| %.2e\n", loss[0][0], loss[0][N - 1],
-                  loss[1][0], loss[1][N - 1], mad);
-    assert_true(mad <= 5e-3);
-    assert_true(mad > 0);
-    assert_true(loss[1][N - 1] < 0.8f * loss[1][0]);
+    for (int run = 1; run < 3; run++) {
+        double mad = 0;
+        for (int i = 0; i < N; i++) mad += fabs((double)loss[0][i] - loss[run][i]) / N;
+        print_message("  f32 %.4f -> %.4f, bf16%s %.4f -> %.4f, mean |diff| %.2e\n", loss[0][0], loss[0][N - 1],
+                      run == 2 ? " + bf16 moments" : "", loss[run][0], loss[run][N - 1], mad);
+        assert_true(mad <= 5e-3);
+        assert_true(mad > 0);
+        assert_true(loss[run][N - 1] < 0.8f * loss[run][0]);
+    }
     rm_rf(d);
 }
 
@@ -272,6 +288,10 @@ static void bad_config_is_an_error(void **state) {
     assert_non_null(strstr(lk_last_error(), "train.cuda_graph: expected train.device cuda, train.grad_accum 1 and one "
                                             "process"));
     assert_non_null(strstr(lk_last_error(), "got cpu, 2"));
+    tiny_config(d, 4, 0);
+    tc.exp_avg_sq_dtype = LK_F16;   /* only f32 and bf16 moments */
+    assert_int_equal(lk_train_run(&tc, &ops, NULL, NULL, NULL), LK_EDTYPE);
+    assert_non_null(strstr(lk_last_error(), "train.exp_avg_sq_dtype: expected f32 or bf16, got f16"));
     rm_rf(d);
 }
 
@@ -285,6 +305,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(resume_is_bit_identical),
         cmocka_unit_test(resume_is_bit_identical_bf16),
+        cmocka_unit_test(resume_is_bit_identical_bf16_moments),
         cmocka_unit_test(bf16_trains_like_f32),
         cmocka_unit_test(nan_loss_stops_and_keeps_checkpoint),
         cmocka_unit_test(failed_checkpoint_keeps_previous),

@@ -96,7 +96,9 @@ static inline void assert_resume_bit_identical(lk_train_config *tc, lk_ops_confi
     snprintf(pb, sizeof pb, "%s/model.safetensors", db);
     assert_true(access(pb, F_OK) != 0);   /* a stopped run writes no final model */
     o.stop_at = 0;
-    assert_int_equal(lk_train_run(tc, ops, db, &o, &r), LK_OK);   /* resume from the output dir */
+    lk_status rs = lk_train_run(tc, ops, db, &o, &r);   /* resume from the output dir */
+    if (rs) print_error("resume: %s\n", lk_last_error());
+    assert_int_equal(rs, LK_OK);
     assert_int_equal(r.first_step, N / 2);
     assert_int_equal(r.steps_done, N);
     for (int i = 0; i < N; i++)

@@ -28,12 +28,18 @@ extern "C" {
  * For step t >= 1 (the number of updates including this one):
  *   p *= 1 - lr*wd;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
  *   p -= lr * (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)
- * State m and v are f32, zero before the first step. */
+ * State m and v are zero before the first step, each f32 or bf16 (m_dtype, v_dtype; zero
+ * = f32): a bf16 moment is computed in f32 and stored by stochastic rounding with the
+ * random bits of (sround_key, element) (src/core/sround.h; train.exp_avg_dtype and
+ * train.exp_avg_sq_dtype, as Megatron's precision-aware optimizer names them). */
 typedef struct {
     double beta1, beta2, eps, weight_decay;
+    lk_dtype m_dtype, v_dtype;   /* LK_F32 (0) or LK_BF16 */
+    uint64_t sround_key;         /* bf16 moments: the tensor's key for this step */
 } lk_adamw_hparams;
 
-LK_API void lk_adamw_update(float *p, const float *g, float *m, float *v, int64_t n,
+/* m and v: n elements of h->m_dtype / h->v_dtype. */
+LK_API void lk_adamw_update(float *p, const float *g, void *m, void *v, int64_t n,
                      const lk_adamw_hparams *h, double lr, int64_t t);
 
 /* Linear warmup over warmup steps to lr, then cosine decay to min_lr at total steps.
@@ -119,6 +125,12 @@ typedef struct {
      * the wire, each bucket rounded once before it and the sums added back into the f32
      * gradients after (NCCL's bf16 sum; over MPI an op of llmkern's). No effect in one process. */
     lk_dtype grad_reduce_dtype;
+    /* train.exp_avg_dtype, train.exp_avg_sq_dtype: how AdamW keeps its first and second
+     * moments (Megatron's --exp-avg-dtype / --exp-avg-sq-dtype): f32 (the default), or bf16,
+     * computed in f32 and stored by stochastic rounding (lk_adamw_hparams), 2 bytes a
+     * parameter less each and as much less optimizer traffic; DeepSeek-V3 trains with both in
+     * bf16. The weights' f32 master and the f32 gradients stay. */
+    lk_dtype exp_avg_dtype, exp_avg_sq_dtype;
     /* train.profile_step: on a GPU, the CUDA profiler records step N alone (1-based;
      * cudaProfilerStart/Stop around it, for `ncu --profile-from-start off`,
      * bench/step_profile.py); 0 = off. */

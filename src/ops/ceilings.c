@@ -39,6 +39,7 @@ static lk_status copy_stream(void *arg) {
     for (int64_t i = 0; i < n; i += 8) _mm256_stream_ps(dst + i, _mm256_load_ps(src + i));
     _mm_sfence();
 #else
+    (void)src, (void)dst, (void)n;
     return copy_memcpy(arg);
 #endif
     return LK_OK;

@@ -27,8 +27,9 @@ lk_status lk_train_memory_estimate(const lk_train_config *tc, lk_train_memory *o
     r.history_bytes = bytes;
     if ((s = lk_checked_mul("train: train.batch_size x train.seq_len", tc->batch_size, tc->seq_len, &tokens))) return s;
     if (tc->has_model) {
-        /* f32 weights, gradients, AdamW m and v; bf16 adds the weights' compute copy */
-        int per_param = 16 + (bf16 ? 2 : 0);
+        /* f32 weights and gradients, AdamW m and v (f32 or bf16 each); bf16 adds the weights' compute copy */
+        int per_param = 8 + (int)lk_dtype_size(tc->exp_avg_dtype) + (int)lk_dtype_size(tc->exp_avg_sq_dtype) +
+                        (bf16 ? 2 : 0);
         if ((s = lk_qwen3_param_count(c, "train: model", &r.params, NULL)) ||
             (s = lk_checked_mul("train: model (bytes a parameter)", r.params, per_param, &state)))
             return s;

@@ -1,6 +1,6 @@
 /* train_state.c — the trainer's checkpoints (internal to src/train, see trainer.h):
  * out/checkpoint-<step>/ holds config.json + model.safetensors (lk_model_save_sharded, the
- * published format: sharded with an index past train.max_shard_size) and optimizer.safetensors (f32 master weights, AdamW m and v, the
+ * published format: sharded with an index past train.max_shard_size) and optimizer.safetensors (f32 master weights, AdamW m and v in their dtypes, the
  * step, the data iterator's state, the seed and the loss history), every file written
  * atomically into a .tmp directory renamed into place; then out/latest is replaced
  * atomically by the directory's name. A write that fails leaves latest naming the
@@ -72,8 +72,8 @@ static lk_status param_state(trainer *t, int i, lk_st_writer *w, lk_st_file *f) 
     static const char *const kinds[3] = {"param", "exp_avg", "exp_avg_sq"};
     lk_param *p = lk_model_param(t->model, i);
     lk_tensor x[3] = {p->value, p->value, p->value};
-    x[1].data = t->m[i];
-    x[2].data = t->v[i];
+    x[1].data = t->m[i], x[1].dtype = t->tc->exp_avg_dtype;
+    x[2].data = t->v[i], x[2].dtype = t->tc->exp_avg_sq_dtype;   /* a resume converts another dtype's */
     lk_status s = LK_OK;
     for (int k = 0; k < 3 && !s; k++)
         s = w ? add_tensor(w, t, kinds[k], p->name, x[k]) : read_tensor(t, f, kinds[k], p->name, x[k]);
@@ -220,10 +220,11 @@ static lk_status check_config_json(const trainer *t, const char *path) {
 }
 
 /* f holds exactly the model's parameters (under each prefix) with their shapes, and
- * `extra` more tensors; each float (f32 where f32 is required). */
+ * `extra` more tensors; each float, f32 under the first n_f32 prefixes. */
 static lk_status check_tensors(trainer *t, const lk_st_file *f, const char *path, const char *const *prefixes,
-                               int n_prefixes, size_t extra, int f32_only) {
-    for (int k = 0; k < n_prefixes; k++)
+                               int n_prefixes, size_t extra, int n_f32) {
+    for (int k = 0; k < n_prefixes; k++) {
+        const int f32_only = k < n_f32;
         for (int i = 0; i < t->n_params; i++) {
             const lk_param *p = lk_model_param(t->model, i);
             char name[200], want[64];
@@ -240,6 +241,7 @@ static lk_status check_tensors(trainer *t, const lk_st_file *f, const char *path
                 return lk_error(LK_EDTYPE, "%s: '%s': expected %s, got %s", path, name, f32_only ? "F32" : "a float dtype",
                                 x->st_dtype);
         }
+    }
     size_t want_n = (size_t)n_prefixes * (size_t)t->n_params + extra;
     if (lk_st_count(f) != want_n)
         return lk_error(LK_EIO, "%s: %zu tensors, expected %zu (the model's %d parameters%s)", path, lk_st_count(f),
@@ -261,7 +263,7 @@ static lk_status verify_checkpoint(trainer *t, const char *dir) {
     if ((s = lk_model_check_weights(t->model, dir))) return s;   /* single or sharded */
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     if ((s = lk_st_open(path, &f))) return s;
-    s = check_tensors(t, f, path, opt, 3, 2, 1);
+    s = check_tensors(t, f, path, opt, 3, 2, 1);   /* the master f32; the moments as saved (read as the run keeps them) */
     const lk_st_tensor *st = lk_st_find(f, "trainer/state");
     if (!s && (st == NULL || st->dtype != LK_I64 || st->ndim != 1 || st->shape[0] != 7))
         s = lk_error(LK_EIO, "%s: trainer/state: expected I64 [7]", path);

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "core/checked.h"
+#include "core/sround.h"
 #include "llmkern/config.h"
 #include "llmkern/registry.h"
 #include "model/device.h"
@@ -156,6 +157,11 @@ static lk_status check_config(const lk_train_config *tc, lk_train_memory *e) {
                         "save_every, warmup_steps and log_every >= 0");
     if (tc->max_shard_size == 0)
         return lk_error(LK_EINVAL, "train: train.max_shard_size: expected at least 1 byte, got 0");
+    const lk_dtype mom[2] = {tc->exp_avg_dtype, tc->exp_avg_sq_dtype};
+    for (int k = 0; k < 2; k++)
+        if (mom[k] != LK_F32 && mom[k] != LK_BF16)
+            return lk_error(LK_EDTYPE, "train: train.%s: expected f32 or bf16, got %s",
+                            k ? "exp_avg_sq_dtype" : "exp_avg_dtype", lk_dtype_name(mom[k]));
     lk_status s = lk_train_memory_estimate(tc, e);   /* first: it checks the products the checks below take */
     if (s) return s;
     if (tc->batch_size * tc->seq_len > INT32_MAX)   /* the product fits: the estimate checked it */
@@ -233,7 +239,9 @@ static lk_status cpu_update(trainer *t, double lr, double *norm) {
     for (int i = 0; i < t->n_params; i++) {
         lk_param *p = lk_model_param(t->model, i);
         /* Decay matrices only: norms' gains decaying toward 0 would fight the model. */
-        lk_adamw_hparams h = {tc->beta1, tc->beta2, tc->eps, p->value.ndim >= 2 ? tc->weight_decay : 0.0};
+        lk_adamw_hparams h = {tc->beta1, tc->beta2, tc->eps, p->value.ndim >= 2 ? tc->weight_decay : 0.0,
+                              tc->exp_avg_dtype, tc->exp_avg_sq_dtype,
+                              lk_sround_tensor_key(lk_sround_step_key(tc->seed, t->step + 1), i)};
         lk_adamw_update(p->value.data, t->grads[i], t->m[i], t->v[i], t->lens[i], &h, lr, t->step + 1);
     }
     return LK_OK;
@@ -257,8 +265,9 @@ static const lk_train_device *device_of(lk_device_type d) {
 static lk_status state_alloc(trainer *t) {
     const lk_model_device *md = lk_model_device_of(t->model);
     for (int i = 0; i < t->n_params; i++) {
-        size_t bytes = (size_t)t->lens[i] * sizeof(float);
-        if (!(t->m[i] = md->alloc(bytes)) || !(t->v[i] = md->alloc(bytes)))
+        size_t n = (size_t)t->lens[i];
+        if (!(t->m[i] = md->alloc(n * lk_dtype_size(t->tc->exp_avg_dtype))) ||
+            !(t->v[i] = md->alloc(n * lk_dtype_size(t->tc->exp_avg_sq_dtype))))
             return lk_error(LK_ENOMEM, "train: optimizer state of %s: out of %s memory",
                             lk_model_param(t->model, i)->name, lk_device_name(md->type));
     }

@@ -55,7 +55,7 @@ typedef struct trainer {
     const lk_train_device *dev;
     lk_model *model;
     int n_params;
-    float **m, **v;           /* AdamW state per param (f32, the param's shape) */
+    void **m, **v;            /* AdamW state per param (the param's shape; train.exp_avg_dtype, _sq_dtype) */
     float **grads;            /* each param's grad data, for the global norm */
     int64_t *lens;            /* each param's element count */
     lk_dataset ds;

@@ -56,7 +56,8 @@ static lk_cuda_adamw_tensor *adamw_tensors(trainer *t) {
         p[i] = (lk_cuda_adamw_tensor){.param = copy ? copy : q->value.data, .grad = t->grads[i], .m = t->m[i],
                                       .v = t->v[i], .master = copy ? q->value.data : NULL, .n = t->lens[i],
                                       .param_dtype = copy ? LK_BF16 : LK_F32, .grad_dtype = LK_F32,
-                                      .no_decay = q->value.ndim < 2};
+                                      .no_decay = q->value.ndim < 2, .m_dtype = t->tc->exp_avg_dtype,
+                                      .v_dtype = t->tc->exp_avg_sq_dtype};
     }
     return p;
 }
@@ -64,7 +65,7 @@ static lk_cuda_adamw_tensor *adamw_tensors(trainer *t) {
 static lk_cuda_adamw_hparams hparams(const trainer *t, double lr, int64_t step) {
     const lk_train_config *tc = t->tc;
     return (lk_cuda_adamw_hparams){.lr = lr, .beta1 = tc->beta1, .beta2 = tc->beta2, .eps = tc->eps,
-                                   .weight_decay = tc->weight_decay, .step = step};
+                                   .weight_decay = tc->weight_decay, .step = step, .seed = tc->seed};
 }
 
 static lk_status update(trainer *t, double lr, double *norm) {

@@ -18,6 +18,7 @@
 #include <cuda_runtime_api.h>
 #include "cuda_util.h"
 #include "llmkern/cuda_train.h"
+#include "core/sround.h"
 
 static lk_ctx ctx_of(lk_arena *a) {
     *a = (lk_arena){.device = LK_DEVICE_CUDA};
@@ -270,6 +271,90 @@ static void grad_norm_and_clip(void **state) {
     lkt_free_all();
 }
 
+/* bf16 moments (train.exp_avg_dtype / exp_avg_sq_dtype): each step from the state the
+ * GPU left, every stored moment is exactly lk_sround_bf16 of the f32 value (computed here
+ * in the kernel's order, each operation rounded) with the documented bits (sround.h), so
+ * the CPU trainer draws the same; and within one bf16 ulp of float64. The master weight
+ * takes the unrounded f32 moments: f32's tolerance against float64. Odd sizes, m and v
+ * bf16 alone and together, a tensor whose moments are misaligned (the element path). */
+#define NB 4
+static void adamw_bf16_moments_round_as_documented(void **state) {
+    (void)state;
+    lk_arena ar;
+    lk_ctx ctx = ctx_of(&ar);
+    const int64_t n[NB] = {4097, 1001, 20001, 33};
+    const lk_dtype mdt[NB] = {LK_BF16, LK_BF16, LK_BF16, LK_F32}, vdt[NB] = {LK_BF16, LK_F32, LK_BF16, LK_BF16};
+    const lk_dtype pdt[NB] = {LK_BF16, LK_F32, LK_BF16, LK_BF16}, gdt[NB] = {LK_BF16, LK_F32, LK_F32, LK_BF16};
+    lk_cuda_adamw_tensor t[NB];
+    double *p[NB], *m[NB], *v[NB], *g[NB];
+    uint32_t seed = 23;
+    for (int i = 0; i < NB; i++) {
+        p[i] = lkt_alloc(n[i]), m[i] = lkt_alloc(n[i]), v[i] = lkt_alloc(n[i]), g[i] = lkt_alloc(n[i]);
+        lkt_randn(p[i], n[i], &seed, 1.0);
+        t[i] = (lk_cuda_adamw_tensor){.param = lkt_upload(p[i], n[i], pdt[i]), .n = n[i], .param_dtype = pdt[i],
+                                      .grad_dtype = gdt[i], .m_dtype = mdt[i], .v_dtype = vdt[i]};
+        t[i].m = lkt_upload(m[i], n[i], mdt[i]);   /* zeros */
+        t[i].v = lkt_upload(v[i], n[i], vdt[i]);
+        if (i == 2) t[i].m = shifted(t[i].m, n[i], mdt[i]), t[i].v = shifted(t[i].v, n[i], vdt[i]);
+        if (pdt[i] == LK_BF16) t[i].master = lkt_upload(p[i], n[i], LK_F32);
+    }
+    lk_cuda_adamw_hparams hp = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1,
+                                .seed = 77};
+    const float b1 = (float)hp.beta1, b2 = (float)hp.beta2;
+    for (int step = 1; step <= 3; step++) {
+        hp.step = step;
+        for (int i = 0; i < NB; i++) {
+            lkt_randn(g[i], n[i], &seed, 0.5);
+            t[i].grad = lkt_upload(g[i], n[i], gdt[i]);   /* g rounded as the GPU sees it */
+            /* the state the GPU holds before the step */
+            lkt_download(t[i].m, n[i], mdt[i], m[i]);
+            lkt_download(t[i].v, n[i], vdt[i], v[i]);
+            lkt_download(pdt[i] == LK_BF16 ? t[i].master : t[i].param, n[i], LK_F32, p[i]);
+        }
+        assert_int_equal(lk_cuda_adamw_step(t, NB, &hp, &ctx), LK_OK);
+        for (int i = 0; i < NB; i++) {
+            double *gm = lkt_alloc(n[i]), *gv = lkt_alloc(n[i]), *gp = lkt_alloc(n[i]);
+            lkt_download(t[i].m, n[i], mdt[i], gm);
+            lkt_download(t[i].v, n[i], vdt[i], gv);
+            lkt_download(pdt[i] == LK_BF16 ? t[i].master : t[i].param, n[i], LK_F32, gp);
+            const uint64_t key = lk_sround_tensor_key(lk_sround_step_key(hp.seed, step), i);
+            double ep = 0, em = 0, ev = 0;
+            for (int64_t j = 0; j < n[i]; j++) {
+                /* the kernel's f32 arithmetic, one rounding an operation (volatile: no contraction) */
+                const float gj = (float)g[i][j];
+                volatile float a = b1 * (float)m[i][j], b = (1.0f - b1) * gj;
+                volatile float c = b2 * (float)v[i][j], d = (1.0f - b2) * gj, e = d * gj;
+                const float mx = a + b, vx = c + e;
+                const uint64_t r = lk_sround_bits(key, j);
+                if (mdt[i] == LK_BF16) assert_true(gm[j] == lk_bf16_to_f32(lk_sround_bf16(mx, (uint32_t)r)));
+                if (vdt[i] == LK_BF16) assert_true(gv[j] == lk_bf16_to_f32(lk_sround_bf16(vx, (uint32_t)(r >> 16))));
+                /* float64 */
+                const double rm = hp.beta1 * m[i][j] + (1 - hp.beta1) * g[i][j];
+                const double rv = hp.beta2 * v[i][j] + (1 - hp.beta2) * g[i][j] * g[i][j];
+                const double rp = p[i][j] * (1 - hp.lr * hp.weight_decay) -
+                                  hp.lr * (rm / (1 - pow(hp.beta1, step))) / (sqrt(rv / (1 - pow(hp.beta2, step))) + hp.eps);
+                ep = fmax(ep, fabs(gp[j] - rp));
+                em = fmax(em, fabs(gm[j] - rm) / (fabs(rm) + 1e-3));
+                ev = fmax(ev, fabs(gv[j] - rv) / (rv + 1e-12));
+            }
+            if (step == 3)
+                print_message("  adamw bf16 moments n %lld m %s v %s: p %.2e, m rel %.2e, v rel %.2e\n", (long long)n[i],
+                              lk_dtype_name(mdt[i]), lk_dtype_name(vdt[i]), ep, em, ev);
+            assert_true(ep <= 1e-5);   /* f32 math, |p| <= ~5 */
+            /* a bf16 neighbour: 2^-7 relative at most (m: of |m| + 1e-3, for cancelling sums),
+             * plus f32's own error, of which 1 - b2 taken in f32 (1.3e-5 off) is the most */
+            assert_true(em <= (mdt[i] == LK_BF16 ? 0x1p-7 : 0.0) + 3e-5);
+            assert_true(ev <= (vdt[i] == LK_BF16 ? 0x1p-7 : 0.0) + 3e-5);
+        }
+    }
+    /* a bad moment dtype is named, nothing queued */
+    t[1].v_dtype = LK_I32;
+    assert_int_equal(lk_cuda_adamw_step(t, NB, &hp, &ctx), LK_EDTYPE);
+    assert_non_null(strstr(lk_last_error(), "tensors[1].v_dtype: expected f32 or bf16, got i32"));
+    lk_arena_free(&ar);
+    lkt_free_all();
+}
+
 /* --- the plan: a whole optimizer step without the host (train.cuda_graph's) ----------------- */
 
 /* The plan against the eager clip + AdamW on twin tensors, bit for bit, over three steps
@@ -281,7 +366,7 @@ static void adamw_plan_matches_eager_and_halts(void **state) {
     lk_ctx ctx = ctx_of(&ar);
     enum { NP = 3, STEPS = 5 };
     const int64_t n[NP] = {4099, 1, 70001};
-    const lk_dtype pdt[NP] = {LK_BF16, LK_F32, LK_BF16};
+    const lk_dtype pdt[NP] = {LK_BF16, LK_F32, LK_BF16}, mdt[NP] = {LK_F32, LK_F32, LK_BF16};   /* + bf16 moments */
     lk_cuda_adamw_tensor te[NP], tp[NP];
     lk_cuda_buf ge[NP];
     void *gp[NP];   /* the plan twin's gradients */
@@ -293,7 +378,8 @@ static void adamw_plan_matches_eager_and_halts(void **state) {
         for (int k = 0; k < 2; k++) {
             *tt[k] = (lk_cuda_adamw_tensor){.param = lkt_upload(x, n[i], pdt[i]), .grad = lkt_dev((size_t)n[i] * 4),
                                             .m = lkt_dev((size_t)n[i] * 4), .v = lkt_dev((size_t)n[i] * 4), .n = n[i],
-                                            .param_dtype = pdt[i], .grad_dtype = LK_F32, .no_decay = i == 1};
+                                            .param_dtype = pdt[i], .grad_dtype = LK_F32, .no_decay = i == 1,
+                                            .m_dtype = mdt[i], .v_dtype = mdt[i]};
             assert_int_equal(cudaMemset(tt[k]->m, 0, (size_t)n[i] * 4), 0);
             assert_int_equal(cudaMemset(tt[k]->v, 0, (size_t)n[i] * 4), 0);
             if (pdt[i] == LK_BF16) tt[k]->master = lkt_upload(x, n[i], LK_F32);
@@ -301,7 +387,7 @@ static void adamw_plan_matches_eager_and_halts(void **state) {
         ge[i] = (lk_cuda_buf){(void *)te[i].grad, n[i], LK_F32};
         gp[i] = (void *)tp[i].grad;
     }
-    lk_cuda_adamw_hparams hp = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    lk_cuda_adamw_hparams hp = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .seed = 5};
     const double max_norm = 1.0;   /* the grads' norm is ~100: every step clips */
     lk_cuda_adamw_plan *plan;
     assert_int_equal(lk_cuda_adamw_plan_create(tp, NP, &hp, max_norm, 8, &plan), LK_OK);
@@ -347,9 +433,9 @@ static void adamw_plan_matches_eager_and_halts(void **state) {
         const void *src[3][2] = {{pdt[i] == LK_BF16 ? te[i].master : te[i].param,
                                   pdt[i] == LK_BF16 ? tp[i].master : tp[i].param},
                                  {te[i].m, tp[i].m}, {te[i].v, tp[i].v}};
-        for (int k = 0; k < 3; k++) {
-            lkt_download(src[k][0], n[i], LK_F32, a);
-            lkt_download(src[k][1], n[i], LK_F32, b);
+        for (int k = 0; k < 3; k++) {   /* the moments in their dtype: the same stochastic rounding */
+            lkt_download(src[k][0], n[i], k ? mdt[i] : LK_F32, a);
+            lkt_download(src[k][1], n[i], k ? mdt[i] : LK_F32, b);
             assert_memory_equal(a, b, sizeof(double) * (size_t)n[i]);
         }
         lkt_download(src[0][1], n[i], LK_F32, b);
@@ -379,6 +465,7 @@ int main(void) {
         cmocka_unit_test(embedding_matches_reference),
         cmocka_unit_test(embedding_bad_id),
         cmocka_unit_test(adamw_matches_reference),
+        cmocka_unit_test(adamw_bf16_moments_round_as_documented),
         cmocka_unit_test(grad_norm_and_clip),
         cmocka_unit_test(adamw_plan_matches_eager_and_halts),
     };

@@ -3,9 +3,11 @@
  * thread: four runs of four consecutive ones (16-byte loads) where the block is whole and
  * aligned, else strided by the block, so each load is coalesced either way;
  * memory-bound (a bf16 parameter with f32 master and bf16 grad moves 2+2+4·3 read and
- * 2+4·3 written bytes an element), so the math is the CPU trainer's, in f32. */
+ * 2+4·3 written bytes an element; bf16 moments 4 fewer each way), so the math is the CPU
+ * trainer's, in f32, and a bf16 moment is rounded stochastically as the CPU's is (sround.h). */
 #include <math.h>
 #include <stdlib.h>
+#include "core/sround.h"
 #include "llmkern/cuda_train.h"
 #include "ops/train_cuda/norm.cuh"
 
@@ -14,15 +16,18 @@ static const char *FN = "adamw (cuda)";
 typedef struct {
     void *p;
     const void *g;
-    float *m, *v, *master;
+    void *m, *v;
+    float *master;
     int64_t n, block0;
-    int p_bf16, g_bf16, no_decay;
+    int p_bf16, g_bf16, no_decay, m_bf16, v_bf16;
+    int tensor;                       /* the index in the list: the stochastic rounding's */
 } adesc;
 
 typedef struct {
     float b1, b2, eps, step, vcorr;   /* step = lr/(1-b1^t), vcorr = 1/sqrt(1-b2^t) */
     float decay;                      /* 1 - lr·wd (a no_decay tensor takes 1) */
     double max_norm;                  /* the plan's clipping (> 0: on) */
+    uint64_t sround_key;              /* lk_sround_step_key(seed, t) */
 } ascal;
 
 /* Block b's elements of its tensor, the gradient times gscale (1, or the clip). Every
@@ -37,28 +42,55 @@ static __device__ __forceinline__ float adamw_one(float g, float &m, float &v, f
     return __fsub_rn(__fmul_rn(w, decay), __fdiv_rn(__fmul_rn(s.step, m), den));
 }
 
+/* Four moments of elements i.. back to memory: f32, or bf16 rounded with bits >> shift of each
+ * element's r (m takes bits 0-15, v 16-31). */
+static __device__ __forceinline__ void st4_moment(void *p, int bf16, int64_t i, float4 x, const uint64_t *r, int shift) {
+    if (!bf16) {
+        *reinterpret_cast<float4 *>(static_cast<float *>(p) + i) = x;
+        return;
+    }
+    const uint32_t a = lk_sround_bf16(x.x, (uint32_t)(r[0] >> shift)), b = lk_sround_bf16(x.y, (uint32_t)(r[1] >> shift));
+    const uint32_t c = lk_sround_bf16(x.z, (uint32_t)(r[2] >> shift)), e = lk_sround_bf16(x.w, (uint32_t)(r[3] >> shift));
+    *reinterpret_cast<uint2 *>(static_cast<lk_bf16_t *>(p) + i) = make_uint2(a | b << 16, c | e << 16);
+}
+
+static __device__ __forceinline__ void st_moment(void *p, int bf16, int64_t i, float x, uint64_t r, int shift) {
+    if (bf16) static_cast<uint16_t *>(p)[i] = lk_sround_bf16(x, (uint32_t)(r >> shift));
+    else static_cast<float *>(p)[i] = x;
+}
+
 static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list, const ascal &s, float gscale) {
     const adesc d = list[lk_mt_find(list, n_list, blockIdx.x)];
     const int64_t start = (blockIdx.x - d.block0) * (int64_t)LK_MT_CHUNK;
     const float decay = d.no_decay ? 1.0f : s.decay;
     float *w = d.p_bf16 ? d.master : static_cast<float *>(d.p);
-    const uintptr_t f32p = (uintptr_t)(w + start) | (uintptr_t)(d.m + start) | (uintptr_t)(d.v + start) |
-                           (d.g_bf16 ? 0 : (uintptr_t)(static_cast<const float *>(d.g) + start));
-    const uintptr_t bf16p = (d.p_bf16 ? (uintptr_t)(static_cast<lk_bf16_t *>(d.p) + start) : 0) |
-                            (d.g_bf16 ? (uintptr_t)(static_cast<const lk_bf16_t *>(d.g) + start) : 0);
+    const int sr = d.m_bf16 | d.v_bf16;
+    const uint64_t key = sr ? lk_sround_tensor_key(s.sround_key, d.tensor) : 0;
+    /* the pieces' addresses by width: f32 ones need 16-byte alignment, bf16 ones 8 */
+    const uintptr_t pieces[5] = {(uintptr_t)(w + start), (uintptr_t)d.m + start * (d.m_bf16 ? 2 : 4),
+                                 (uintptr_t)d.v + start * (d.v_bf16 ? 2 : 4),
+                                 (uintptr_t)d.g + start * (d.g_bf16 ? 2 : 4),
+                                 d.p_bf16 ? (uintptr_t)(static_cast<lk_bf16_t *>(d.p) + start) : 0};
+    const uintptr_t f32p = pieces[0] | (d.m_bf16 ? 0 : pieces[1]) | (d.v_bf16 ? 0 : pieces[2]) |
+                           (d.g_bf16 ? 0 : pieces[3]);
+    const uintptr_t bf16p = (d.m_bf16 ? pieces[1] : 0) | (d.v_bf16 ? pieces[2] : 0) | (d.g_bf16 ? pieces[3] : 0) |
+                            pieces[4];
     if (lk_mt_vec(start, d.n, f32p, bf16p)) {   /* the same arithmetic, element for element */
 #pragma unroll
         for (int k = 0; k < LK_MT_PER_THREAD / 4; k++) {
             const int64_t i = start + 4 * ((int64_t)k * LK_MT_THREADS + threadIdx.x);
             const float4 g4 = lk_mt_ld4(d.g, d.g_bf16, i);
-            float4 m = *reinterpret_cast<const float4 *>(d.m + i), v = *reinterpret_cast<const float4 *>(d.v + i);
+            float4 m = lk_mt_ld4(d.m, d.m_bf16, i), v = lk_mt_ld4(d.v, d.v_bf16, i);
             float4 p = *reinterpret_cast<const float4 *>(w + i);
             p.x = adamw_one(__fmul_rn(g4.x, gscale), m.x, v.x, p.x, s, decay);
             p.y = adamw_one(__fmul_rn(g4.y, gscale), m.y, v.y, p.y, s, decay);
             p.z = adamw_one(__fmul_rn(g4.z, gscale), m.z, v.z, p.z, s, decay);
             p.w = adamw_one(__fmul_rn(g4.w, gscale), m.w, v.w, p.w, s, decay);
-            *reinterpret_cast<float4 *>(d.m + i) = m;
-            *reinterpret_cast<float4 *>(d.v + i) = v;
+            uint64_t r[4] = {0, 0, 0, 0};
+            if (sr)
+                for (int e = 0; e < 4; e++) r[e] = lk_sround_bits(key, i + e);
+            st4_moment(d.m, d.m_bf16, i, m, r, 0);
+            st4_moment(d.v, d.v_bf16, i, v, r, 16);
             *reinterpret_cast<float4 *>(w + i) = p;
             if (d.p_bf16) lk_mt_st4_bf16(static_cast<lk_bf16_t *>(d.p) + i, p);
         }
@@ -68,10 +100,11 @@ static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list
     for (int k = 0; k < LK_MT_PER_THREAD; k++) {
         int64_t i = start + (int64_t)k * LK_MT_THREADS + threadIdx.x;
         if (i >= d.n) break;
-        float m = d.m[i], v = d.v[i];
+        float m = lk_mt_ld(d.m, d.m_bf16, i), v = lk_mt_ld(d.v, d.v_bf16, i);
         const float p = adamw_one(__fmul_rn(lk_mt_ld(d.g, d.g_bf16, i), gscale), m, v, w[i], s, decay);
-        d.m[i] = m;
-        d.v[i] = v;
+        const uint64_t r = sr ? lk_sround_bits(key, i) : 0;
+        st_moment(d.m, d.m_bf16, i, m, r, 0);
+        st_moment(d.v, d.v_bf16, i, v, r, 16);
         w[i] = p;
         if (d.p_bf16) static_cast<lk_bf16_t *>(d.p)[i] = __float2bfloat16_rn(p);
     }
@@ -118,10 +151,12 @@ static lk_status check(const lk_cuda_adamw_tensor *t, int n, const lk_cuda_adamw
         if (!x->param || !x->grad || !x->m || !x->v)
             return lk_error(LK_EINVAL, "%s: tensors[%d]: expected param, grad, m and v, got a NULL %s", FN, i,
                             !x->param ? "param" : !x->grad ? "grad" : !x->m ? "m" : "v");
-        if (!is_fp(x->param_dtype) || !is_fp(x->grad_dtype))
-            return lk_error(LK_EDTYPE, "%s: tensors[%d].%s_dtype: expected f32 or bf16, got %s", FN, i,
-                            is_fp(x->param_dtype) ? "grad" : "param",
-                            lk_dtype_name(is_fp(x->param_dtype) ? x->grad_dtype : x->param_dtype));
+        const lk_dtype dts[4] = {x->param_dtype, x->grad_dtype, x->m_dtype, x->v_dtype};
+        static const char *const names[4] = {"param", "grad", "m", "v"};
+        for (int k = 0; k < 4; k++)
+            if (!is_fp(dts[k]))
+                return lk_error(LK_EDTYPE, "%s: tensors[%d].%s_dtype: expected f32 or bf16, got %s", FN, i, names[k],
+                                lk_dtype_name(dts[k]));
         if (x->param_dtype == LK_BF16 && x->master == NULL)
             return lk_error(LK_EINVAL, "%s: tensors[%d].master: expected f32 master weights for a bf16 param, got NULL",
                             FN, i);
@@ -138,7 +173,7 @@ static int64_t describe(const lk_cuda_adamw_tensor *t, int n, adesc *h) {
     for (int i = 0; i < n; i++) {
         const lk_cuda_adamw_tensor *x = &t[i];
         h[i] = (adesc){x->param, x->grad, x->m, x->v, x->master, x->n, blocks, x->param_dtype == LK_BF16,
-                       x->grad_dtype == LK_BF16, x->no_decay};
+                       x->grad_dtype == LK_BF16, x->no_decay, x->m_dtype == LK_BF16, x->v_dtype == LK_BF16, i};
         blocks += lk_cdiv(x->n, LK_MT_CHUNK);
     }
     return blocks;
@@ -148,7 +183,7 @@ static ascal scalars(const lk_cuda_adamw_hparams *hp, double max_norm) {
     return (ascal){(float)hp->beta1, (float)hp->beta2, (float)hp->eps,
                    (float)(hp->lr / (1.0 - pow(hp->beta1, (double)hp->step))),
                    (float)(1.0 / sqrt(1.0 - pow(hp->beta2, (double)hp->step))),
-                   (float)(1.0 - hp->lr * hp->weight_decay), max_norm};
+                   (float)(1.0 - hp->lr * hp->weight_decay), max_norm, lk_sround_step_key(hp->seed, hp->step)};
 }
 
 extern "C" lk_status lk_cuda_adamw_step(const lk_cuda_adamw_tensor *tensors, int n_tensors,

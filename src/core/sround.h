@@ -1,0 +1,60 @@
+/* sround.h — f32 to bf16 by stochastic rounding, one definition for the CPU (train/adamw.c)
+ * and the GPU (ops/train_cuda/adamw.cu): the AdamW moments kept in bf16
+ * (train.exp_avg_dtype / train.exp_avg_sq_dtype).
+ *
+ * Why not round to nearest: v's step under beta2 = 0.999 adds 0.1% of (g² - v), less than
+ * half a bf16 ulp (0.2-0.4%), so nearest rounding puts v back where it was until g² is
+ * ~3x v: v could only grow, never decay. Rounding up with probability equal to the
+ * dropped fraction keeps every increment in expectation (E[round(x)] = x), which is what
+ * torchao's bf16_stochastic_round and "Revisiting BFloat16 Training" (Zamirai et al. 2020)
+ * rely on.
+ *
+ * The random bits are a pure function of (train.seed, step, tensor, element), so a run,
+ * its resume and the CPU and GPU rows round alike:
+ *   step_key   = lk_sround_step_key(seed, step)             once a step (the host)
+ *   tensor_key = lk_sround_tensor_key(step_key, tensor)     tensor = the parameter's index
+ *   bits       = lk_sround_bits(tensor_key, i)              64 bits for element i:
+ *                the low 16 round m, the next 16 round v. Not installed. */
+#ifndef LLMKERN_CORE_SROUND_H
+#define LLMKERN_CORE_SROUND_H
+
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __CUDACC__
+#define LK_SROUND_FN static __host__ __device__ __forceinline__
+#else
+#define LK_SROUND_FN static inline
+#endif
+
+#define LK_SROUND_PHI 0x9e3779b97f4a7c15ull
+
+LK_SROUND_FN uint64_t lk_sround_mix(uint64_t z) {   /* splitmix64's finalizer */
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+LK_SROUND_FN uint64_t lk_sround_step_key(uint64_t seed, int64_t step) {
+    return lk_sround_mix(lk_sround_mix(seed * LK_SROUND_PHI ^ ((uint64_t)step + 0x632be59bd9b4e019ull)));
+}
+
+LK_SROUND_FN uint64_t lk_sround_tensor_key(uint64_t step_key, int tensor) {
+    return lk_sround_mix(step_key ^ ((uint64_t)tensor + 1) * 0xd1b54a32d192ed03ull);
+}
+
+LK_SROUND_FN uint64_t lk_sround_bits(uint64_t tensor_key, int64_t i) {
+    return lk_sround_mix(tensor_key + ((uint64_t)i + 1) * LK_SROUND_PHI);
+}
+
+/* f rounded to a bf16 neighbour: up (in magnitude) with probability (dropped bits) / 2^16,
+ * r16 = 16 uniform bits. Exact bf16 values stay; a NaN stays a quiet NaN, an Inf an Inf. */
+LK_SROUND_FN uint16_t lk_sround_bf16(float f, uint32_t r16) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    if ((u & 0x7fffffffu) == 0x7f800000u) return (uint16_t)(u >> 16);
+    return (uint16_t)((u + (r16 & 0xffffu)) >> 16);
+}
+
+#endif

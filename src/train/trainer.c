@@ -68,9 +68,12 @@ static void print_header(const lk_train_config *tc, const lk_train_memory *e, in
            (long long)c->num_hidden_layers, (long long)c->hidden_size);
     if (c->moe) printf(", %lld experts, top %lld", (long long)c->num_experts, (long long)c->num_experts_per_tok);
     int bf16 = lk_train_dtype(tc) == LK_BF16;
-    printf("); memory: needs %s (%s weights, gradients, AdamW m and v%s + %s activations%s)",
+    const char *mv = tc->exp_avg_dtype == LK_BF16 && tc->exp_avg_sq_dtype == LK_BF16 ? " (bf16)"
+                     : tc->exp_avg_dtype == LK_BF16 ? " (m bf16)" : tc->exp_avg_sq_dtype == LK_BF16 ? " (v bf16)" : "";
+    printf("); memory: needs %s (%s weights, gradients, AdamW m and v%s%s + %s activations%s)",
            lk_bytes_str(e->state_bytes + e->activation_bytes, t, sizeof t), lk_bytes_str(e->state_bytes, a, sizeof a),
-           bf16 ? ", the weights' bf16 copy" : "", lk_bytes_str(e->activation_bytes, b, sizeof b), bf16 ? " in bf16" : "");
+           mv, bf16 ? ", the weights' bf16 copy" : "", lk_bytes_str(e->activation_bytes, b, sizeof b),
+           bf16 ? " in bf16" : "");
     if (tc->device == LK_DEVICE_CPU) {
         printf("%s on cpu, %s %s\n", ranks > 1 ? " a rank" : "", host ? lk_bytes_str(host, h, sizeof h) : "unknown",
                host_src);
@@ -115,11 +118,12 @@ static lk_status check_memory(const lk_train_config *tc, const lk_train_memory *
                              (long long)c->num_experts, (long long)c->moe_intermediate_size);
         if (ranks > 1) snprintf(per, sizeof per, " a rank x %lld ranks on this node", (long long)ranks);
         return lk_error(LK_ENOMEM, "train: model (hidden_size %lld, num_hidden_layers %lld, intermediate_size %lld, "
-                        "vocab_size %lld%s): %.3g parameters need %s (weights, gradients, AdamW m and v: 16 bytes "
+                        "vocab_size %lld%s): %.3g parameters need %s (weights, gradients, AdamW m and v: %lld bytes "
                         "each) + %s of activations for train.batch_size %lld x train.seq_len %lld = %s%s on %s, more "
                         "than the %s %s", (long long)c->hidden_size, (long long)c->num_hidden_layers,
                         (long long)c->intermediate_size, (long long)c->vocab_size, moe, (double)e->params,
-                        lk_bytes_str(e->state_bytes, a_s, sizeof a_s), lk_bytes_str(e->activation_bytes, b_s, sizeof b_s),
+                        lk_bytes_str(e->state_bytes, a_s, sizeof a_s),
+                        (long long)(e->params ? e->state_bytes / (uint64_t)e->params : 0), lk_bytes_str(e->activation_bytes, b_s, sizeof b_s),
                         (long long)tc->batch_size, (long long)tc->seq_len,
                         lk_bytes_str(need, need_s, sizeof need_s), per, lk_device_name(tc->device), have_s, src);
     }

@@ -12,8 +12,9 @@ document, so llmkern's rows are the file's consecutive seq-long slices, batch i 
          top-8, expert FFN 512, vocab 151936, untied (PEERS-H200.md's 2007 M / 442 M active);
          seq 4096 x batch 4
 
-llmkern runs twice, eager and with train.cuda_graph (and, as the run kind llmkern_bf16m, with
-AdamW's moments in bf16: train.exp_avg_dtype / exp_avg_sq_dtype) (the step captured once and replayed:
+llmkern runs twice, eager and with train.cuda_graph (a kind's +flags add train keys: llmkern+bf16m
+keeps AdamW's moments in bf16 (train.exp_avg_dtype / exp_avg_sq_dtype), +recompute recomputes
+each layer's activations in the backward) (the step captured once and replayed:
 the step time with and without the graph). Per run: tokens/s (median step after the warm-up); MFU = FLOPs/token x tokens/s / 989e12
 (the H200's dense bf16 peak), and the fraction of the 790 TFLOP/s cuBLAS reaches here
 (8192^3), FLOPs/token = 6 x active matmul parameters + 6 x layers x seq x heads x head_dim
@@ -266,6 +267,7 @@ PEAK_RE = re.compile(r"peak[^\n]*?([0-9]+(?:\.[0-9]+)?)\s*(KiB|MiB|GiB|KB|MB|GB)
 
 
 BF16_MOMENTS = {"exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}   # train.exp_avg(_sq)_dtype
+LK_FLAGS = {"bf16m": BF16_MOMENTS, "recompute": {"recompute": True}}     # a run kind's +flags
 
 
 def run_lk(A, label, dtype, init, tokens, B, S, steps, work, extra=None, attn=None):
@@ -378,13 +380,15 @@ def perf(A):
             label = f"{name} {kind}"
             print(f"  {label} ...", flush=True)
             base, _, attn = kind.partition(":")   # llmkern:cudnn: that attention row instead of the default's
+            base, *flags = base.split("+")        # llmkern+bf16m+recompute: those train: keys set
             if base == "llmkern_graph" and A.device != "cuda":
                 r = dict(skip="train.cuda_graph needs a GPU")
-            elif base in ("llmkern", "llmkern_graph", "llmkern_bf16m"):
+            elif base in ("llmkern", "llmkern_graph"):
                 # llmkern_graph: train.cuda_graph, the step replayed; its losses are read once per log
-                # interval (10 steps): its steps queue. llmkern_bf16m: AdamW's moments in bf16
-                extra = {"cuda_graph": True, "log_every": 10} if base == "llmkern_graph" else \
-                    BF16_MOMENTS if base == "llmkern_bf16m" else None
+                # interval (10 steps): its steps queue
+                extra = {"cuda_graph": True, "log_every": 10} if base == "llmkern_graph" else {}
+                for f in flags:
+                    extra.update(LK_FLAGS[f])
                 r = run_lk(A, label, A.lk_dtype, init, tokens, B, S, A.steps, work, extra, attn or None)
             else:
                 r = run_hf(A, label, kind, A.hf_dtype, init, tokens, B, S, A.steps, work)
@@ -526,7 +530,7 @@ def main():
     P.add_argument("--configs", default="dense,moe")
     P.add_argument("--runs", default="hf,liger,llmkern,llmkern_graph",
                    help="hf before liger: each is its own process anyway; llmkern_graph: train.cuda_graph; "
-                        "llmkern_bf16m: AdamW moments in bf16; "
+                        "llmkern+bf16m[+recompute]: AdamW moments in bf16 [, train.recompute]; "
                         "llmkern[_graph]:NAME runs attention implementation NAME (cudnn, flash_attention_2)")
     P.add_argument("--seq", type=int, help="override both configs' seq")
     P.add_argument("--batch", type=int, help="override both configs' batch")

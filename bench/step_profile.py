@@ -12,7 +12,8 @@ the GPU waited on the host).
 
 Run (the H200, B the build directory, after `source tests/cuda/h200_env.sh`):
   python3 bench/step_profile.py --llmkern $B/llmkern --model dense --out $OUT   # writes OUT/step_profile.md
-Uses e2e_peers.py's configs (dense: 4096 x 8, moe: 4096 x 4; --batch / --seq to change).
+Uses e2e_peers.py's configs (dense: 4096 x 8, moe: 4096 x 4; --batch / --seq to change; --set
+KEY=VALUE for any other train: key, e.g. --set exp_avg_dtype=bf16).
 """
 import argparse
 import collections
@@ -42,7 +43,7 @@ CATEGORIES = [
      r"own_routes|owners_of|pack_|pick_by_pos|round_robin|route_|slot_plan|split_meta|unpack_slots|tile_scan|topk)"),
     ("embedding", r"^(make_keys|segment_sum|token_of|.*Radix|.*radix|.*DeviceScan|.*Histogram)"),
     ("model's moves (transposes, adds, bf16 copy)", r"^(heads_k|add_k|acc_k|round_k)$"),
-    ("optimizer (norm, clip, AdamW)", r"^(adamw_kernel|sumsq_kernel|final_kernel|scale_kernel|finish|lk_mt)"),
+    ("optimizer (norm, clip, AdamW)", r"^(adamw_kernel|adamw_plan_kernel|log_kernel|sumsq_kernel|final_kernel|scale_kernel|finish|lk_mt)"),
     ("linear bias", r"^colsum"),
 ]
 
@@ -62,6 +63,9 @@ def config(A, work, profile_step):
         write_tokens(tokens, model["vocab_size"], B * A.seq * 4 + 1, 7)
     train = dict(steps=A.steps, lr=3e-4, min_lr=3e-5, warmup_steps=1, batch_size=B, seq_len=A.seq, log_every=1,
                  out=os.path.join(work, "out"), dtype=A.dtype, profile_step=profile_step)
+    for kv in A.set:   # --set exp_avg_dtype=bf16: any other train: key
+        k, _, v = kv.partition("=")
+        train[k] = {"true": True, "false": False}.get(v, v)
     path = os.path.join(work, f"step_profile_{profile_step}.yaml")
     with open(path, "w") as f:
         f.write(yaml_of(dict(model=dict(model, torch_dtype="bfloat16"), train=train,
@@ -78,6 +82,7 @@ def main():
     P.add_argument("--steps", type=int, default=3, help="the last one is profiled")
     P.add_argument("--dtype", default="bf16")
     P.add_argument("--ncu", default="ncu")
+    P.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train: key (repeatable)")
     P.add_argument("--out", default=os.environ.get("OUT", "."))
     A = P.parse_args()
     work = tempfile.mkdtemp(prefix="lk_step_profile_")
@@ -108,7 +113,8 @@ def main():
         by_kernel[name] += ns
         n += 1
     total = sum(by_cat.values())
-    lines = [f"# One training step's GPU time by op ({A.model}, {B} x {A.seq} tokens, {A.dtype})", "",
+    what = ", ".join([A.dtype] + A.set)
+    lines = [f"# One training step's GPU time by op ({A.model}, {B} x {A.seq} tokens, {what})", "",
              f"{n} kernels, {total / 1e6:.1f} ms of kernel time (ncu, one at a time); the step's wall time "
              f"unprofiled: {wall_ms:.1f} ms ({B * A.seq / wall_ms * 1e3:,.0f} tokens/s); ncu took "
              f"{time.time() - t0:.0f} s", "", "| op | ms | share |", "|---|---|---|"]
@@ -120,7 +126,8 @@ def main():
     md = "\n".join(lines) + "\n"
     print(md)
     os.makedirs(A.out, exist_ok=True)
-    with open(os.path.join(A.out, f"step_profile_{A.model}.md"), "w") as f:
+    tag = "".join("_" + re.sub(r"[^A-Za-z0-9]+", "-", kv) for kv in A.set)
+    with open(os.path.join(A.out, f"step_profile_{A.model}{tag}.md"), "w") as f:
         f.write(md)
 
 

@@ -155,19 +155,25 @@ def worker(spec):
 # --- what the parent runs --------------------------------------------------------------
 
 class GpuMem(threading.Thread):
-    """The GPU's nvidia-smi memory.used, polled, less what it was before the child started."""
+    """The GPU's nvidia-smi memory.used, polled, less what it was before the child started; and
+    the SM clock and power draw of the samples where the GPU was busy (utilization >= 90%):
+    whether a long run holds its clocks (a step at the 700 W cap runs slower than ncu's
+    one-kernel-at-a-time sum)."""
 
     def __init__(self, on):
         super().__init__(daemon=True)
         self.idx = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
         self.on, self.peak, self.done = on and shutil.which("nvidia-smi") is not None, None, threading.Event()
-        self.base = self.read() if self.on else None
+        self.busy = []   # (SM MHz, W) of the busy samples
+        first = self.read() if self.on else None
+        self.base = first[0] if first else None
 
     def read(self):
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
-                                  "-i", self.idx], capture_output=True, text=True, timeout=10).stdout
-            return float(out.split()[0])   # MiB
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,utilization.gpu,clocks.sm,power.draw",
+                                  "--format=csv,noheader,nounits", "-i", self.idx],
+                                 capture_output=True, text=True, timeout=10).stdout
+            return [float(x) for x in out.split(",")]   # MiB, %, MHz, W
         except Exception:  # noqa: BLE001 - no reading: no column
             return None
 
@@ -175,13 +181,22 @@ class GpuMem(threading.Thread):
         while self.on and not self.done.wait(0.2):
             v = self.read()
             if v is not None and self.base is not None:
-                self.peak = max(self.peak or 0.0, v - self.base)
+                self.peak = max(self.peak or 0.0, v[0] - self.base)
+                if v[1] >= 90:
+                    self.busy.append((v[2], v[3]))
 
     def stop(self):
         self.done.set()
         if self.on:
             self.join()
         return None if self.peak is None else self.peak / 1024   # GiB
+
+    def clocks(self):
+        """Median SM MHz and W over the busy samples, and their count (None when none)."""
+        if not self.busy:
+            return None
+        return (statistics.median(c for c, _ in self.busy), statistics.median(w for _, w in self.busy),
+                len(self.busy))
 
 
 def write_tokens(path, vocab, n, seed):
@@ -259,6 +274,7 @@ def run_hf(A, label, kind, dtype, ckpt, tokens, B, S, steps, work):
     tail = (err.strip().splitlines() or [""])[-1][:200]
     r = got[0] if got else dict(error=f"timed out after {A.run_timeout} s" if rc == -9 else f"exit {rc}: {tail}")
     r["smi_gib"] = mem.stop()
+    r["clocks"] = mem.clocks()
     r["wall_s"] = time.time() - t0
     return r
 
@@ -308,7 +324,7 @@ def run_lk(A, label, dtype, init, tokens, B, S, steps, work, extra=None, attn=No
             used = "f32 (no train.dtype in this binary)"
             continue
         break
-    r = dict(cmd=" ".join(cmd), dtype=used, smi_gib=smi, wall_s=time.time() - t0, rc=rc)
+    r = dict(cmd=" ".join(cmd), dtype=used, smi_gib=smi, clocks=mem.clocks(), wall_s=time.time() - t0, rc=rc)
     rows = []
     csv = os.path.join(out, "loss.csv")
     if os.path.exists(csv):
@@ -434,6 +450,11 @@ def perf(A):
     notes += [f"- {r['config']} llmkern: the mean over the steps after the warm-up (its own run-average rates) is "
               f"{r['window_tps']:,.0f} tokens/s, {abs(r['window_tps'] / r['tps'] - 1) * 100:.0f}% off the median"
               for r in results if r.get("window_tps") and r.get("tps") and abs(r["window_tps"] / r["tps"] - 1) > 0.1]
+    clk = [f"{r['config']} {r['kind']} {r['clocks'][0]:,.0f} MHz, {r['clocks'][1]:.0f} W ({r['clocks'][2]})"
+           for r in results if r.get("clocks")]
+    if clk:
+        notes.append("- the GPU while busy (nvidia-smi, utilization >= 90%: median SM clock, power, samples): " +
+                     "; ".join(clk))
     text = "\n".join(lines + ([""] + notes if notes else [])) + "\n"
     print("\n" + text, flush=True)
     open(os.path.join(A.out, "e2e_peers.md"), "w").write(text)

@@ -413,7 +413,7 @@ def perf(A):
             r.update(config=name, kind=kind, seq=S, batch=B, flops_per_token=fpt, params=total, active=active)
             results.append(summarize(r, A, B, S, fpt))
             brief = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()
-                     if k in ("tps", "ms", "alloc_gib", "smi_gib", "error", "skip", "note", "dtype", "window_tps")}
+                     if k in ("tps", "ms", "alloc_gib", "smi_gib", "error", "skip", "note", "dtype", "window_tps", "clocks")}
             print(f"  {label}: {brief}", flush=True)
         if not A.keep:
             shutil.rmtree(init, ignore_errors=True)

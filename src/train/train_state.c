@@ -1,10 +1,10 @@
 /* train_state.c — the trainer's checkpoints (internal to src/train, see trainer.h):
  * out/checkpoint-<step>/ holds config.json + model.safetensors (lk_model_save_sharded, the
- * published format: sharded with an index past train.max_shard_size) and optimizer.safetensors (f32 master weights, AdamW m and v in their dtypes, the
- * step, the data iterator's state, the seed and the loss history), every file written
- * atomically into a .tmp directory renamed into place; then out/latest is replaced
- * atomically by the directory's name. A write that fails leaves latest naming the
- * previous complete checkpoint, untouched. */
+ * published format: sharded with an index past train.max_shard_size) and optimizer.safetensors
+ * (f32 master weights, AdamW m and v in their dtypes, the step, the data iterator's state,
+ * the seed and the loss history), every file written atomically into a .tmp directory
+ * renamed into place; then out/latest is replaced atomically by the directory's name. A
+ * write that fails leaves latest naming the previous complete checkpoint, untouched. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -263,7 +263,7 @@ static lk_status verify_checkpoint(trainer *t, const char *dir) {
     if ((s = lk_model_check_weights(t->model, dir))) return s;   /* single or sharded */
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     if ((s = lk_st_open(path, &f))) return s;
-    s = check_tensors(t, f, path, opt, 3, 2, 1);   /* the master f32; the moments as saved (read as the run keeps them) */
+    s = check_tensors(t, f, path, opt, 3, 2, 1);   /* the master f32; the moments converted as read */
     const lk_st_tensor *st = lk_st_find(f, "trainer/state");
     if (!s && (st == NULL || st->dtype != LK_I64 || st->ndim != 1 || st->shape[0] != 7))
         s = lk_error(LK_EIO, "%s: trainer/state: expected I64 [7]", path);

@@ -68,8 +68,9 @@ static void print_header(const lk_train_config *tc, const lk_train_memory *e, in
            (long long)c->num_hidden_layers, (long long)c->hidden_size);
     if (c->moe) printf(", %lld experts, top %lld", (long long)c->num_experts, (long long)c->num_experts_per_tok);
     int bf16 = lk_train_dtype(tc) == LK_BF16;
-    const char *mv = tc->exp_avg_dtype == LK_BF16 && tc->exp_avg_sq_dtype == LK_BF16 ? " (bf16)"
-                     : tc->exp_avg_dtype == LK_BF16 ? " (m bf16)" : tc->exp_avg_sq_dtype == LK_BF16 ? " (v bf16)" : "";
+    char mv[32] = "";   /* the moments' dtypes, where not both f32 */
+    if (tc->exp_avg_dtype != LK_F32 || tc->exp_avg_sq_dtype != LK_F32)
+        snprintf(mv, sizeof mv, " (%s, %s)", lk_dtype_name(tc->exp_avg_dtype), lk_dtype_name(tc->exp_avg_sq_dtype));
     printf("); memory: needs %s (%s weights, gradients, AdamW m and v%s%s + %s activations%s)",
            lk_bytes_str(e->state_bytes + e->activation_bytes, t, sizeof t), lk_bytes_str(e->state_bytes, a, sizeof a),
            mv, bf16 ? ", the weights' bf16 copy" : "", lk_bytes_str(e->activation_bytes, b, sizeof b),
@@ -123,7 +124,8 @@ static lk_status check_memory(const lk_train_config *tc, const lk_train_memory *
                         "than the %s %s", (long long)c->hidden_size, (long long)c->num_hidden_layers,
                         (long long)c->intermediate_size, (long long)c->vocab_size, moe, (double)e->params,
                         lk_bytes_str(e->state_bytes, a_s, sizeof a_s),
-                        (long long)(e->params ? e->state_bytes / (uint64_t)e->params : 0), lk_bytes_str(e->activation_bytes, b_s, sizeof b_s),
+                        (long long)(e->params ? e->state_bytes / (uint64_t)e->params : 0),
+                        lk_bytes_str(e->activation_bytes, b_s, sizeof b_s),
                         (long long)tc->batch_size, (long long)tc->seq_len,
                         lk_bytes_str(need, need_s, sizeof need_s), per, lk_device_name(tc->device), have_s, src);
     }

@@ -160,6 +160,14 @@ refuse "--resume of another model's checkpoint" "$d" "$d/$latest/config.json: hi
 # (train.memory_limit 24GiB: this machine's size, so the refusal does not depend on the host)
 out=$(OMP_NUM_THREADS=2 "$bin" train --config "$tmp/tiny.yaml" --out "$tmp/hdr" --steps 1 2>&1)
 expect "header" "$out" '^model Qwen3-MoE: [0-9]+ parameters \([0-9.]+ K; 1 layers, hidden 32, 4 experts, top 2\); memory: needs [0-9.]+ KiB \(.* weights, gradients, AdamW m and v \+ .* activations\) on cpu, [0-9.]+ GiB of host RAM'
+# bf16 AdamW moments: 4 bytes a parameter less, and the header says so
+sed 's/warmup_steps: 1 }/warmup_steps: 1, exp_avg_dtype: bf16, exp_avg_sq_dtype: bf16 }/' "$tmp/tiny.yaml" >"$tmp/bf16m.yaml"
+out16=$(OMP_NUM_THREADS=2 "$bin" train --config "$tmp/bf16m.yaml" --out "$tmp/hdr16" --steps 1 2>&1)
+expect "header, bf16 moments" "$out16" 'AdamW m and v \(bf16, bf16\) \+ .* activations\) on cpu'
+st32=$(grep -oE 'needs [0-9.]+ KiB \([0-9.]+' <<<"$out" | grep -oE '[0-9.]+$')
+st16=$(grep -oE 'needs [0-9.]+ KiB \([0-9.]+' <<<"$out16" | grep -oE '[0-9.]+$')
+awk -v a="$st32" -v b="$st16" 'BEGIN { exit !(b > 0 && b < 0.8 * a) }' && ok ||
+  fail "bf16 moments: the state ${st16} KiB, expected 12/16 of the f32 run's ${st32} KiB"
 sed 's/^train:$/train:\n  memory_limit: 24GiB/' "$src/configs/qwen3-moe-2b.yaml" >"$tmp/moe2b.yaml"
 grep -q 'memory_limit: 24GiB' "$tmp/moe2b.yaml" && ok || fail "configs/qwen3-moe-2b.yaml has no train: line to extend"
 # the program's own start-up (a CUDA build maps cuBLAS, cuDNN and NCCL: ~0.7 s on this

@@ -372,7 +372,7 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
     }
     m->activation_bytes = kept + (m->recompute ? 0 : layers_sum);
 
-    /* scratch: tmp is dres, dh2 lies in dao when it fits (lk_scratch says why they may) */
+    /* scratch: tmp is dres, dh2 and dqt lie in dao, dkt in dh when it fits (lk_scratch says why they may) */
     int64_t Q = T * m->Hq * m->D, Kv = T * m->Hk * m->D, Tk = T * (m->K ? m->K : 1);
     int64_t nw = m->H > m->D ? m->H : m->D;
     size_t su = 0;
@@ -387,7 +387,8 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
         c->dao = lk_carve(sb, &su, Q * es);
         c->dh2 = (size_t)Q * es >= TH ? c->dao : lk_carve(sb, &su, TH);
         c->dqr = lk_carve(sb, &su, Q * es); c->dkr = lk_carve(sb, &su, Kv * es); c->dvt = lk_carve(sb, &su, Kv * es);
-        c->dqt = lk_carve(sb, &su, Q * es); c->dkt = lk_carve(sb, &su, Kv * es);
+        c->dqt = c->dao;
+        c->dkt = (size_t)Kv * es <= TH ? c->dh : lk_carve(sb, &su, Kv * es);
         c->dtw = lk_carve(sb, &su, Tk * 4);
         c->dw = lk_carve(sb, &su, nw * 4);
         if (!pass && !(m->scratch_block = m->dev->alloc(lk_align64(su)))) {

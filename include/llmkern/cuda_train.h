@@ -58,7 +58,7 @@ LK_API lk_status lk_cuda_embedding_backward_unchecked(const lk_tensor *dout, con
  * to nearest even into param); an f32 parameter in place, with master NULL. A bf16 moment
  * is computed in f32 and stored by stochastic rounding, with the bits of
  * lk_sround_bits(lk_sround_tensor_key(lk_sround_step_key(hp.seed, hp.step), tensor), i)
- * (src/core/sround.h; tensor = the index in the list): the CPU's lk_adamw_update rounds alike. */
+ * (src/core/sround.h; tensor = the index in the list): the CPU's lk_adamw_update draws the same. */
 typedef struct {
     void *param;           /* n elements of param_dtype (f32 or bf16) */
     const void *grad;      /* n elements of grad_dtype (f32 or bf16) */

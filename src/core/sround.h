@@ -10,7 +10,7 @@
  * rely on.
  *
  * The random bits are a pure function of (train.seed, step, tensor, element), so a run,
- * its resume and the CPU and GPU rows round alike:
+ * its resume, every data-parallel replica and the CPU and GPU rows draw the same:
  *   step_key   = lk_sround_step_key(seed, step)             once a step (the host)
  *   tensor_key = lk_sround_tensor_key(step_key, tensor)     tensor = the parameter's index
  *   bits       = lk_sround_bits(tensor_key, i)              64 bits for element i:

@@ -1,20 +1,12 @@
 /* rng.c — counter-based random numbers: a splitmix64-style finalizer over
  * (seed, counter), so element i never depends on how the work was split. */
 #include <math.h>
+#include "core/mix.h"
 #include "llmkern/rng.h"
 
 lk_rng lk_rng_make(uint64_t seed) { return (lk_rng){.seed = seed, .offset = 0}; }
 
-uint64_t lk_rng_bits(uint64_t seed, uint64_t counter) {
-    uint64_t z = seed * 0x9e3779b97f4a7c15ull ^ (counter + 0x632be59bd9b4e019ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    /* a second round decorrelates neighbouring counters of neighbouring seeds */
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
+uint64_t lk_rng_bits(uint64_t seed, uint64_t counter) { return lk_mix_bits(seed, counter); }
 
 /* (0, 1]: never 0, so log() in Box-Muller is finite. */
 static double unit(uint64_t bits) { return ((double)(bits >> 11) + 1.0) * 0x1.0p-53; }

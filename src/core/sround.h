@@ -20,6 +20,7 @@
 
 #include <stdint.h>
 #include <string.h>
+#include "core/mix.h"
 
 #ifdef __CUDACC__
 #define LK_SROUND_FN static __host__ __device__ __forceinline__
@@ -27,24 +28,14 @@
 #define LK_SROUND_FN static inline
 #endif
 
-#define LK_SROUND_PHI 0x9e3779b97f4a7c15ull
-
-LK_SROUND_FN uint64_t lk_sround_mix(uint64_t z) {   /* splitmix64's finalizer */
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-LK_SROUND_FN uint64_t lk_sround_step_key(uint64_t seed, int64_t step) {
-    return lk_sround_mix(lk_sround_mix(seed * LK_SROUND_PHI ^ ((uint64_t)step + 0x632be59bd9b4e019ull)));
-}
+LK_SROUND_FN uint64_t lk_sround_step_key(uint64_t seed, int64_t step) { return lk_mix_bits(seed, (uint64_t)step); }
 
 LK_SROUND_FN uint64_t lk_sround_tensor_key(uint64_t step_key, int tensor) {
-    return lk_sround_mix(step_key ^ ((uint64_t)tensor + 1) * 0xd1b54a32d192ed03ull);
+    return lk_mix64(step_key ^ ((uint64_t)tensor + 1) * 0xd1b54a32d192ed03ull);
 }
 
 LK_SROUND_FN uint64_t lk_sround_bits(uint64_t tensor_key, int64_t i) {
-    return lk_sround_mix(tensor_key + ((uint64_t)i + 1) * LK_SROUND_PHI);
+    return lk_mix64(tensor_key + ((uint64_t)i + 1) * LK_MIX_PHI);
 }
 
 /* f rounded to a bf16 neighbour: up (in magnitude) with probability (dropped bits) / 2^16,

@@ -242,12 +242,13 @@ static lk_status cpu_update(trainer *t, double lr, double *norm) {
     const lk_train_config *tc = t->tc;
     *norm = lk_clip_grad_norm(t->grads, t->lens, t->n_params, tc->grad_clip);
     if (!isfinite(*norm)) return LK_OK;
+    const uint64_t step_key = lk_sround_step_key(tc->seed, t->step + 1);   /* bf16 moments' rounding */
     for (int i = 0; i < t->n_params; i++) {
         lk_param *p = lk_model_param(t->model, i);
         /* Decay matrices only: norms' gains decaying toward 0 would fight the model. */
         lk_adamw_hparams h = {tc->beta1, tc->beta2, tc->eps, p->value.ndim >= 2 ? tc->weight_decay : 0.0,
                               tc->exp_avg_dtype, tc->exp_avg_sq_dtype,
-                              lk_sround_tensor_key(lk_sround_step_key(tc->seed, t->step + 1), i)};
+                              lk_sround_tensor_key(step_key, i)};
         lk_adamw_update(p->value.data, t->grads[i], t->m[i], t->v[i], t->lens[i], &h, lr, t->step + 1);
     }
     return LK_OK;

@@ -14,13 +14,14 @@
  *             index.
  *   weights   r_j = uniform(seed, 2E + T·E + t·k + j) + 2^-24, summed in order j;
  *             route_scale · ((1 - noise)/k + noise·r_j/Σr), f32, no contraction.
- * uniform(seed, c) is the top 24 bits of lk_rng_bits(seed, c) (core/rng.c, repeated here
- * for the device) as a multiple of 2^-24 in [0, 1). Not installed. */
+ * uniform(seed, c) is the top 24 bits of lk_mix_bits(seed, c) (core/mix.h: lk_rng_bits
+ * on the host and the device alike) as a multiple of 2^-24 in [0, 1). Not installed. */
 #ifndef LLMKERN_MOE_FAKE_GATE_H
 #define LLMKERN_MOE_FAKE_GATE_H
 
 #include <math.h>
 #include <stdint.h>
+#include "core/mix.h"
 
 #ifdef __CUDACC__
 #define LK_FAKE_FN static __host__ __device__ __forceinline__
@@ -28,21 +29,8 @@
 #define LK_FAKE_FN static inline
 #endif
 
-#define LK_FAKE_PHI 0x9e3779b97f4a7c15ull
-
-LK_FAKE_FN uint64_t lk_fake_mix(uint64_t z) {
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* lk_rng_bits: two rounds of the finalizer over (seed, counter). */
-LK_FAKE_FN uint64_t lk_fake_bits(uint64_t seed, uint64_t counter) {
-    return lk_fake_mix(lk_fake_mix(seed * LK_FAKE_PHI ^ (counter + 0x632be59bd9b4e019ull)));
-}
-
 /* Word i's share of the content hash. */
-LK_FAKE_FN uint64_t lk_fake_word(uint64_t v, uint64_t i) { return lk_fake_mix(v + (i + 1) * LK_FAKE_PHI); }
+LK_FAKE_FN uint64_t lk_fake_word(uint64_t v, uint64_t i) { return lk_mix64(v + (i + 1) * LK_MIX_PHI); }
 
 /* The n % 8 bytes after the last whole word, little-endian, zero-padded. */
 LK_FAKE_FN uint64_t lk_fake_tail(const unsigned char *p, uint64_t bytes) {
@@ -53,11 +41,11 @@ LK_FAKE_FN uint64_t lk_fake_tail(const unsigned char *p, uint64_t bytes) {
 
 /* The seed from the sum of every word's share and the byte count. */
 LK_FAKE_FN uint64_t lk_fake_seed(uint64_t sum, uint64_t bytes) {
-    return lk_fake_mix(sum ^ lk_fake_mix(bytes ^ 0x632be59bd9b4e019ull));
+    return lk_mix64(sum ^ lk_mix64(bytes ^ 0x632be59bd9b4e019ull));
 }
 
 LK_FAKE_FN float lk_fake_uniform(uint64_t seed, uint64_t counter) {
-    return (float)(lk_fake_bits(seed, counter) >> 40) * 0x1p-24f;
+    return (float)(lk_mix_bits(seed, counter) >> 40) * 0x1p-24f;
 }
 
 LK_FAKE_FN float lk_fake_bias(uint64_t seed, int64_t x, float noise) {

@@ -12,10 +12,10 @@ document, so llmkern's rows are the file's consecutive seq-long slices, batch i 
          top-8, expert FFN 512, vocab 151936, untied (PEERS-H200.md's 2007 M / 442 M active);
          seq 4096 x batch 4
 
-llmkern runs twice, eager and with train.cuda_graph (a kind's +flags add train keys: llmkern+bf16m
-keeps AdamW's moments in bf16 (train.exp_avg_dtype / exp_avg_sq_dtype), +recompute recomputes
-each layer's activations in the backward) (the step captured once and replayed:
-the step time with and without the graph). Per run: tokens/s (median step after the warm-up); MFU = FLOPs/token x tokens/s / 989e12
+llmkern runs twice, eager and with train.cuda_graph (the step captured once and replayed:
+the step time with and without the graph); a run kind's +flags add train keys (llmkern+bf16m keeps
+AdamW's moments in bf16, train.exp_avg_dtype / exp_avg_sq_dtype; +recompute sets train.recompute).
+Per run: tokens/s (median step after the warm-up); MFU = FLOPs/token x tokens/s / 989e12
 (the H200's dense bf16 peak), and the fraction of the 790 TFLOP/s cuBLAS reaches here
 (8192^3), FLOPs/token = 6 x active matmul parameters + 6 x layers x seq x heads x head_dim
 (PEERS-H200.md); peak GPU memory: torch.cuda.max_memory_allocated for transformers,
@@ -29,9 +29,9 @@ that rejects the key runs without it, and the row says f32. Both sides train ali
 gradients clipped to norm 1.0; llmkern reads its loss every step (train.log_every: 1).
 
 --parity: issue 17's loss parity. From the same weights on the same batches, --parity-steps
-(200) of llmkern bf16 (also with bf16 AdamW moments) and f32 and of transformers in f32 and in both its bf16s (autocast over f32
-weights, as Trainer(bf16=True) trains, and bf16 weights, as the throughput runs do;
---parity-hf-bf16 amp|weights names the verdict's); prints the mean absolute loss difference of
+(200) of llmkern bf16 (also with bf16 AdamW moments) and f32 and of transformers in f32 and in
+both its bf16s (autocast over f32 weights, as Trainer(bf16=True) trains, and bf16 weights, as the
+throughput runs do; --parity-hf-bf16 amp|weights names the verdict's); prints the mean absolute loss difference of
 each pair (OUT/e2e_parity.md, .json), averaged over --parity-repeats repetitions from other
 initial weights and batches (1; transformers' own pair moves by ~10% between runs). A 4-layer dense
 Qwen3 of the same width at seq 1024 x 4 unless --parity-layers / --parity-seq / --parity-batch.
@@ -413,7 +413,8 @@ def perf(A):
             r.update(config=name, kind=kind, seq=S, batch=B, flops_per_token=fpt, params=total, active=active)
             results.append(summarize(r, A, B, S, fpt))
             brief = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()
-                     if k in ("tps", "ms", "alloc_gib", "smi_gib", "error", "skip", "note", "dtype", "window_tps", "clocks")}
+                     if k in ("tps", "ms", "alloc_gib", "smi_gib", "error", "skip", "note", "dtype", "window_tps",
+                              "clocks")}
             print(f"  {label}: {brief}", flush=True)
         if not A.keep:
             shutil.rmtree(init, ignore_errors=True)

@@ -83,6 +83,7 @@ def main():
     P.add_argument("--dtype", default="bf16")
     P.add_argument("--ncu", default="ncu")
     P.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train: key (repeatable)")
+    P.add_argument("--top", type=int, default=40, help="kernels listed by time")
     P.add_argument("--out", default=os.environ.get("OUT", "."))
     A = P.parse_args()
     work = tempfile.mkdtemp(prefix="lk_step_profile_")
@@ -103,7 +104,7 @@ def main():
     if p.returncode:
         sys.exit(f"step_profile: ncu failed ({p.returncode}): {p.stdout[-3000:]}{p.stderr[-3000:]}")
     text = p.stdout[p.stdout.find('"ID"'):]
-    by_cat, by_kernel, n = collections.Counter(), collections.Counter(), 0
+    by_cat, by_kernel, calls, n = collections.Counter(), collections.Counter(), collections.Counter(), 0
     for r in csv.DictReader(io.StringIO(text)):
         if r.get("Metric Name") != "gpu__time_duration.sum":
             continue
@@ -111,6 +112,7 @@ def main():
         name = r["Kernel Name"]
         by_cat[category(name)] += ns
         by_kernel[name] += ns
+        calls[name] += 1
         n += 1
     total = sum(by_cat.values())
     what = ", ".join([A.dtype] + A.set)
@@ -120,9 +122,9 @@ def main():
              f"{time.time() - t0:.0f} s", "", "| op | ms | share |", "|---|---|---|"]
     for cat, ns in by_cat.most_common():
         lines.append(f"| {cat} | {ns / 1e6:.2f} | {ns / total:.1%} |")
-    lines += ["", "Top kernels:", "", "| kernel | ms | op |", "|---|---|---|"]
-    for name, ns in by_kernel.most_common(15):
-        lines.append(f"| `{name[:60]}` | {ns / 1e6:.2f} | {category(name)} |")
+    lines += ["", "Top kernels:", "", "| kernel | calls | ms | us a call | op |", "|---|---|---|---|---|"]
+    for name, ns in by_kernel.most_common(A.top):
+        lines.append(f"| `{name[:60]}` | {calls[name]} | {ns / 1e6:.2f} | {ns / 1e3 / calls[name]:.1f} | {category(name)} |")
     md = "\n".join(lines) + "\n"
     print(md)
     os.makedirs(A.out, exist_ok=True)

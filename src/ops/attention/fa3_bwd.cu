@@ -17,7 +17,7 @@
  *              queries over all 128 keys; 2·(DP / 64) chunks a step, 16 f32 accumulators a
  *              thread), each chunk added from the registers with 16-byte reductions in L2
  *              (red.global.add.v4.f32) into an f32 workspace kept in the accumulator's own
- *              order (a warp's adds are 512 contiguous bytes); fa3_dq_convert_t puts the sums
+ *              order (a warp's adds are 512 contiguous bytes); fa3_dq_convert puts the sums
  *              back in [B, H, S, D], times the scale, in bf16. Not bit-reproducible (the adds
  *              land in any order): `deterministic` runs fa2.cu's separate dQ pass.
  *   math       warpgroups 1 and 2 own 64 keys each (setmaxnreg 224). With keys as the M
@@ -87,24 +87,42 @@ typedef struct {
 
 /* --- prep and convert ----------------------------------------------------------------- */
 
-static __global__ void fa3_bwd_prep(const lk_bf16_t *out, const lk_bf16_t *dout, const float *lse, const float *sink,
-                                    float *stats, int *rows, float *sink_part, lk_attn_vis vis, int64_t BH, int Hq,
-                                    int Sq, int D, int nqt) {
-    const int64_t r = (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    if (r >= BH * nqt * BMQ) return;
-    const int lane = threadIdx.x & 31, i = (int)(r % ((int64_t)nqt * BMQ));
-    const int64_t bh = r / ((int64_t)nqt * BMQ), b = bh / Hq;
+/* Half a warp a query row (padded to 64-row tiles), a lane 8 elements of O and of dO in one
+ * 16-byte load each (D is a multiple of 8 and at most 128; the tensors 16-byte aligned): the
+ * first version, a warp a row and a lane 2 bytes a load, ran at a fraction of HBM's rate. */
+static __global__ void __launch_bounds__(256) fa3_bwd_prep(const lk_bf16_t *out, const lk_bf16_t *dout,
+                                                           const float *lse, const float *sink, float *stats,
+                                                           int *rows, float *sink_part, lk_attn_vis vis, int64_t BH,
+                                                           int Hq, int Sq, int D, int nqt) {
+    const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 4;
+    const int c = threadIdx.x & 15;
+    const bool live = r < BH * nqt * BMQ;
+    const int i = live ? (int)(r % ((int64_t)nqt * BMQ)) : Sq;
+    const int64_t bh = live ? r / ((int64_t)nqt * BMQ) : 0, b = bh / Hq;
     const int h = (int)(bh % Hq), qt = i / BMQ, ri = i % BMQ;
-    float delta = 0.0f, lse2 = INFINITY;
+    float delta = 0.0f;
+    if (i < Sq && 8 * c < D) {
+        const int64_t off = ((b * Sq + i) * Hq + h) * D + 8 * c;
+        const uint4 o = *reinterpret_cast<const uint4 *>(out + off), g = *reinterpret_cast<const uint4 *>(dout + off);
+        const __nv_bfloat162 *o2 = reinterpret_cast<const __nv_bfloat162 *>(&o),
+                             *g2 = reinterpret_cast<const __nv_bfloat162 *>(&g);
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float2 x = __bfloat1622float2(o2[e]), y = __bfloat1622float2(g2[e]);
+            delta += x.x * y.x + x.y * y.y;
+        }
+    }
+#pragma unroll
+    for (int m = 8; m; m >>= 1) delta += __shfl_xor_sync(0xffffffffu, delta, m);
+    if (!live || c) return;
+    float lse2 = INFINITY;
     if (i < Sq) {
-        const int64_t off = ((b * Sq + i) * Hq + h) * D;
-        for (int d = lane; d < D; d += 32) delta += __bfloat162float(dout[off + d]) * __bfloat162float(out[off + d]);
-        delta = lk_warp_sum(delta);
         const float l = lse[bh * Sq + i];
         if (l > -INFINITY) lse2 = l * LOG2E;
-        if (lane == 0 && sink_part) sink_part[bh * Sq + i] = l > -INFINITY ? -expf(sink[h] - l) * delta : 0.0f;
+        if (sink_part) sink_part[bh * Sq + i] = l > -INFINITY ? -expf(sink[h] - l) * delta : 0.0f;
+    } else {
+        delta = 0.0f;
     }
-    if (lane) return;
     float *st = stats + (bh * nqt + qt) * 2 * BMQ;
     st[ri] = lse2, st[BMQ + ri] = delta;
     if (bh == 0) {   /* rows past S_q see nothing: lo = hi = S_kv keeps a tile with them on the masked path */
@@ -114,27 +132,40 @@ static __global__ void fa3_bwd_prep(const lk_bf16_t *out, const lk_bf16_t *dout,
     }
 }
 
-/* dq[b, h, i, d] = scale · the sum the workspace holds for it: per query tile, 2·(DP / 64) chunks of an m64n32 dQᵀ
- * accumulator, chunk 2h + qh holding columns d of block h (rows of the m64) by queries
- * 32qh.. (its n32), element e of thread t at (e / 4)·512 + 4t + e % 4. Rows i and i + 1 (i
- * even) are adjacent columns of the n32, so a warp takes such a pair: one 8-byte load gives
- * both rows' sums of column d, each written as one bf16 (32 lanes: 64 contiguous bytes). */
-static __global__ void fa3_dq_convert_t(const float *acc, lk_bf16_t *dq, int64_t pairs, int Sq, int D, int DP, int nqt,
-                                        float scale) {
-    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5, hp = (Sq + 1) / 2;
-    for (int64_t p = (int64_t)blockIdx.x * warps + (threadIdx.x >> 5); p < pairs; p += (int64_t)gridDim.x * warps) {
-        const int64_t bh = p / hp;
-        const int i = 2 * (int)(p - bh * hp), r = i % BMQ, rq = r % 32;
-        const int tq = (rq % 8) / 2, eq = (rq / 8) * 4;   /* rq even: e % 4 is 0 or 2 */
-        const float *src = acc + ((bh * nqt + i / BMQ) * (DP / 64) * 2 + r / 32) * (CHUNK / 2);
-        lk_bf16_t *out = dq + (bh * Sq + i) * D;
-        const bool two = i + 1 < Sq;
-        for (int d = lane; d < D; d += 32) {
-            const int dm = d % 64, t = (dm / 16) * 32 + (dm % 8) * 4 + tq, e = eq + ((dm / 8) & 1) * 2;
-            const float2 v = *reinterpret_cast<const float2 *>(src + (d / 64) * CHUNK + (e / 4) * 512 + 4 * t + e % 4);
-            out[d] = __float2bfloat16_rn(v.x * scale);
-            if (two) out[D + d] = __float2bfloat16_rn(v.y * scale);
-        }
+/* dq[b, h, i, d] = scale · the sum the workspace holds for it. A block a 64 x 64 chunk (query
+ * tile qt, d block hb): its two m64n32 halves of a dQᵀ accumulator (queries 32qh.. as the
+ * n32, d as the m64; element e of thread t at (e / 4)·512 + 4t + e % 4: rows m and m + 8,
+ * columns n and n + 1 in one float4) read as float4s in that order, so a warp reads 512
+ * contiguous bytes; turned in shared memory (68 floats a row: the float4s' four stores of
+ * a warp fall on 32 different banks); each thread then writes 16 bf16 of one query row.
+ * The first version read the workspace straight into rows (8 useful bytes of each 64) at
+ * ~1/3 of HBM's rate. */
+static __global__ void __launch_bounds__(256) fa3_dq_convert(const float *acc, lk_bf16_t *dq, int Sq, int D, int nqt,
+                                                             int nhb, float scale) {
+    __shared__ float tile[BMQ][68];   /* [query][d] */
+    const int64_t ch = blockIdx.x, bq = ch / nhb, bh = bq / nqt;
+    const int hb = (int)(ch % nhb), qt = (int)(bq % nqt);
+    const float4 *src = reinterpret_cast<const float4 *>(acc + ch * CHUNK);
+#pragma unroll
+    for (int k = threadIdx.x; k < CHUNK / 4; k += 256) {
+        const float4 v = src[k];
+        const int t = k & 127, l = t & 31;
+        const int m = 16 * (t >> 5) + l / 4, n = 32 * (k >> 9) + 8 * ((k >> 7) & 3) + 2 * (l % 4);
+        tile[n][m] = v.x, tile[n + 1][m] = v.y, tile[n][m + 8] = v.z, tile[n + 1][m + 8] = v.w;
+    }
+    __syncthreads();
+    const int q = threadIdx.x >> 2, d0 = (threadIdx.x & 3) * 16, i = qt * BMQ + q, dn = D - hb * 64 - d0;
+    if (i >= Sq || dn <= 0) return;
+    lk_bf16_t *o = dq + (bh * Sq + i) * D + hb * 64 + d0;
+    const float *x = &tile[q][d0];
+    if (dn >= 16) {   /* D % 8 == 0 and dq 16-byte aligned (lk_attn_fa3_bwd_takes) */
+        uint4 u[2];
+        uint32_t *w = reinterpret_cast<uint32_t *>(u);
+#pragma unroll
+        for (int e = 0; e < 8; e++) w[e] = lk_pack_bf16x2(x[2 * e] * scale, x[2 * e + 1] * scale);
+        reinterpret_cast<uint4 *>(o)[0] = u[0], reinterpret_cast<uint4 *>(o)[1] = u[1];
+    } else {
+        for (int e = 0; e < dn; e++) o[e] = __float2bfloat16_rn(x[e] * scale);
     }
 }
 
@@ -405,7 +436,7 @@ int lk_attn_fa3_bwd_takes(const lk_attention_args *a) {
     const lk_hw *hw = lk_hw_get();
     const int grid_ok = a->causal ? lk_cdiv(d.Skv, BNK) <= 65535 : d.B * d.Hkv <= 65535;
     return !(a->softcap > 0.0f) && !a->deterministic && grid_ok && lk_aligned16(a->dout.data) &&
-           lk_aligned16(a->out.data) && lk_aligned16(a->dk.data) && lk_aligned16(a->dv.data) &&
+           lk_aligned16(a->out.data) && lk_aligned16(a->dq.data) && lk_aligned16(a->dk.data) && lk_aligned16(a->dv.data) &&
            (hw->cuda_smem_per_block == 0 || bwd_smem(dp_of(d.D)) <= hw->cuda_smem_per_block);
 }
 
@@ -447,7 +478,7 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
     g.nqt = nqt, g.scale = d.scale, g.scale2 = d.scale * LOG2E, g.head_major = a->causal;
 
     const int64_t prow = d.B * d.Hq * nqt * BMQ;
-    fa3_bwd_prep<<<(unsigned)lk_cdiv(prow, 8), 256, 0, st>>>(
+    fa3_bwd_prep<<<(unsigned)lk_cdiv(prow, 16), 256, 0, st>>>(
         (const lk_bf16_t *)a->out.data, (const lk_bf16_t *)a->dout.data, (const float *)a->saved.data,
         (const float *)a->s_aux.data, stats, rows, sink_part, g.vis, d.B * d.Hq, (int)d.Hq, (int)d.Sq, (int)d.D, nqt);
     LK_CUDA_LAUNCHED("attention: flash_attention_3 backward prep");
@@ -468,9 +499,9 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
         s = DP == 64 ? launch<64>(tq, tk, tv, tdo, g, d.B, st) : launch<128>(tq, tk, tv, tdo, g, d.B, st);
         if (s) return s;
     }   /* no keys: dK and dV are empty, dQ is 0 */
-    const int64_t pairs = d.B * d.Hq * ((d.Sq + 1) / 2);   /* with no keys the workspace is zeros: dQ 0 */
-    fa3_dq_convert_t<<<(unsigned)(lk_cdiv(pairs, 8) < 16384 ? lk_cdiv(pairs, 8) : 16384), 256, 0, st>>>(
-        g.dq_acc, (lk_bf16_t *)a->dq.data, pairs, (int)d.Sq, (int)d.D, DP, nqt, d.scale);
+    /* with no keys the workspace is zeros: dQ 0 */
+    fa3_dq_convert<<<(unsigned)(d.B * d.Hq * nqt * (DP / 64)), 256, 0, st>>>(g.dq_acc, (lk_bf16_t *)a->dq.data,
+                                                                           (int)d.Sq, (int)d.D, nqt, DP / 64, d.scale);
     LK_CUDA_LAUNCHED("attention: flash_attention_3 backward dq convert");
     return sink_part ? lk_attn_cuda_sink_sum(sink_part, (float *)a->ds_aux.data, d.B, d.Hq, d.Sq, st) : LK_OK;
 }

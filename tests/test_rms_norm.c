@@ -83,6 +83,32 @@ static void every_impl_matches_reference(void **state) {
                 expect_matches(names[i], dtypes[d], shapes[k], NULL, 100 + k);
 }
 
+/* Strided views (rms_norm.h): x and dx read and written as [T, H, n] rows of a padded
+ * token-major buffer, y and dy head-major, as a decoder's q/k norms use them; the gaps
+ * between the token rows stay as poisoned. The fused row takes them, odd sizes included
+ * (its streaming stores off: a view's rows may be unaligned), with an f32 weight too; the
+ * eager rows refuse them (rms_norm_takes_views says which) with outputs untouched. */
+static void views_match_reference(void **state) {
+    (void)state;
+    static const lk_shape shapes[] = {{3, {5, 3, 33}}, {3, {17, 4, 128}}, {3, {2, 16, 64}}, {3, {64, 2, 7}}};
+    lk_rms_norm_case c = {.views = 1}, cw = {.views = 1, .f32_weight = 1};
+    for (size_t d = 0; d < 2; d++)
+        for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+            expect_matches("fused", dtypes[d], shapes[k], &c, 600 + k);
+            if (dtypes[d] == LK_BF16) expect_matches("fused", LK_BF16, shapes[k], &cw, 610 + k);
+        }
+    assert_true(lk_rms_norm_takes_views(impl_named("fused")));
+    for (size_t i = 0; i < N_NAMES; i++) {
+        if (strcmp(names[i], "fused") == 0) continue;
+        assert_false(lk_rms_norm_takes_views(impl_named(names[i])));
+        lk_check_row row;
+        lk_status s = lk_rms_norm_check_case(impl_named(names[i]), LK_F32, &shapes[0], 620, &c, &row, NULL);
+        assert_int_equal(s, LK_ESHAPE);
+        assert_non_null(strstr(lk_last_error(), "takes contiguous tensors"));
+        print_message("  %-10s refuses a view: %s\n", names[i], lk_last_error());
+    }
+}
+
 /* Every CPU row of the registry is one of the names above, so none goes untested. */
 static void registry_has_the_three(void **state) {
     (void)state;
@@ -592,9 +618,16 @@ static void bad_arguments_are_refused(void **state) {
             a = f.a;                                    /* unsupported dtype */
             a.x.dtype = a.y.dtype = a.weight.dtype = a.dy.dtype = a.dx.dtype = a.dweight.dtype = LK_I32;
             expect_refused(&f, impl, &a, &f.ctx, bwd, LK_EDTYPE, "x");
-            a = f.a;                                    /* non-contiguous x */
-            a.x.stride[0] = 32;
+            a = f.a;                                    /* x's rows overlapping (a view) */
+            a.x.stride[0] = 8;
             expect_refused(&f, impl, &a, &f.ctx, bwd, LK_ESHAPE, "x");
+            a = f.a;                                    /* x's last dim not contiguous */
+            a.x.stride[1] = 2, a.x.stride[0] = 32;
+            expect_refused(&f, impl, &a, &f.ctx, bwd, LK_ESHAPE, "x");
+            a = f.a;                                    /* the output's rows overlapping */
+            if (bwd) a.dx.stride[0] = 15;
+            else a.y.stride[0] = 15;
+            expect_refused(&f, impl, &a, &f.ctx, bwd, LK_ESHAPE, bwd ? "dx" : "y");
             a = f.a;                                    /* NULL data */
             a.x.data = NULL;
             expect_refused(&f, impl, &a, &f.ctx, bwd, LK_EINVAL, "x");
@@ -770,6 +803,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(registry_has_the_three),
         cmocka_unit_test(every_impl_matches_reference),
+        cmocka_unit_test(views_match_reference),
         cmocka_unit_test(large_rows_stream),
         cmocka_unit_test(weight_absent),
         cmocka_unit_test(weight_offset_one),

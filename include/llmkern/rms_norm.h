@@ -44,11 +44,14 @@ extern "C" {
 #endif
 
 typedef struct {
-    lk_tensor x;            /* [..., n], contiguous, f32 or bf16 */
+    lk_tensor x;            /* [..., n], f32 or bf16: contiguous, or a view whose last dim is
+                             * contiguous and whose leading dims fold into at most two strided
+                             * levels (a decoder's heads read out of the q/k/v projection, or
+                             * written head-major); not in the residual mode */
     lk_tensor weight;       /* [n], dtype of x or f32; data NULL = no weight */
-    lk_tensor y;            /* forward output: shape and dtype of x */
-    lk_tensor dy;           /* backward input: shape and dtype of x */
-    lk_tensor dx;           /* backward output: shape and dtype of x; may be dy (inplace_dx) */
+    lk_tensor y;            /* forward output: shape and dtype of x; a view as x may be */
+    lk_tensor dy;           /* backward input: shape and dtype of x; a view as x may be */
+    lk_tensor dx;           /* backward output: shape and dtype of x; a view; may be dy (inplace_dx) */
     lk_tensor dweight;      /* backward output [n], dtype of weight; data NULL = not wanted */
     lk_saved saved;         /* written by forward, read by backward: lk_rms_norm_saved_bytes */
     double eps;             /* > 0 */
@@ -61,7 +64,7 @@ typedef struct {
                              * rounded), as a recompute from the kept x does; 0 = the f32 stream */
 } lk_rms_norm_args;
 
-#define LK_RMS_NORM_VTABLE_VERSION 1
+#define LK_RMS_NORM_VTABLE_VERSION 2
 
 typedef struct {
     int version;
@@ -71,11 +74,17 @@ typedef struct {
     size_t (*workspace_bytes)(int64_t rows, int64_t n, lk_dtype dt, int backward);
     lk_status (*forward)(const lk_rms_norm_args *a, lk_ctx *ctx);
     lk_status (*backward)(const lk_rms_norm_args *a, lk_ctx *ctx);
+    /* Version 2: 1 when x, y, dy and dx may be strided views (lk_rms_norm_args.x); the
+     * facade refuses a view to an implementation without it. */
+    int takes_views;
 } lk_rms_norm_vtable;
 
 /* The facade: validates every argument before anything is written, reserves the
  * workspace in ctx->arena, and calls impl. */
 LK_API lk_status lk_rms_norm_saved_bytes(const lk_impl *impl, const lk_tensor *x, size_t *bytes);
+/* 1 when impl (an rms_norm implementation) takes strided views of x, y, dy and dx: the
+ * fused rows do; the eager ones, the unfused baseline, take contiguous tensors. */
+LK_API int lk_rms_norm_takes_views(const lk_impl *impl);
 LK_API lk_status lk_rms_norm_forward(const lk_impl *impl, const lk_rms_norm_args *a, lk_ctx *ctx);
 LK_API lk_status lk_rms_norm_backward(const lk_impl *impl, const lk_rms_norm_args *a, lk_ctx *ctx);
 

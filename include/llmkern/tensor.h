@@ -40,6 +40,9 @@ LK_API lk_tensor lk_tensor_2d(void *data, lk_dtype dt, int64_t rows, int64_t col
 
 LK_API int64_t lk_tensor_numel(const lk_tensor *t);
 LK_API size_t lk_tensor_bytes(const lk_tensor *t);           /* numel * dtype size */
+/* The bytes from data to the end of the last element (strides >= 0): lk_tensor_bytes for a
+ * contiguous tensor, more for a view with gaps; 0 when empty. */
+LK_API size_t lk_tensor_span_bytes(const lk_tensor *t);
 LK_API int lk_tensor_is_contiguous(const lk_tensor *t);
 LK_API int lk_tensor_same_shape(const lk_tensor *a, const lk_tensor *b);
 /* "[8192, 4096]" into buf; returns buf. */

@@ -32,6 +32,15 @@ size_t lk_tensor_bytes(const lk_tensor *t) {
     return (size_t)lk_tensor_numel(t) * lk_dtype_size(t->dtype);
 }
 
+size_t lk_tensor_span_bytes(const lk_tensor *t) {
+    int64_t last = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] == 0) return 0;
+        last += (t->shape[i] - 1) * t->stride[i];
+    }
+    return (size_t)(last + 1) * lk_dtype_size(t->dtype);
+}
+
 int lk_tensor_is_contiguous(const lk_tensor *t) {
     int64_t stride = 1;
     for (int i = t->ndim - 1; i >= 0; i--) {

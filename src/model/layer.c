@@ -32,6 +32,26 @@ static lk_tensor t4(const lk_model *m, const void *p, int64_t h, int64_t s, int6
 }
 static lk_saved sv(void *p, size_t n) { return (lk_saved){p, n}; }
 
+/* [T, H, D] heads as q_norm / k_norm read and write them when their implementation takes
+ * views (rms_norm.h): token-major in a buffer of rows ld apart (the q/k/v projection's
+ * column blocks), or head-major ([H, T, D], what RoPE and attention take) seen as [T, H, D]. */
+static lk_tensor heads_tok(const lk_model *m, const void *p, int64_t H, int64_t ld) {
+    lk_tensor t = lk_on(m, lk_tensor_view((void *)p, m->dt, 3, (int64_t[]){m->T, H, m->D}));
+    t.stride[0] = ld;
+    return t;
+}
+static lk_tensor heads_hm(const lk_model *m, const void *p, int64_t H) {
+    lk_tensor t = lk_on(m, lk_tensor_view((void *)p, m->dt, 3, (int64_t[]){m->T, H, m->D}));
+    t.stride[0] = m->D, t.stride[1] = m->T * m->D;
+    return t;
+}
+
+/* Both head norms of layer l read q and k where the projection left them and write them
+ * head-major: no head moves for q and k (only v's remain). */
+static int head_views(const lk_layer_ops *op) {
+    return lk_rms_norm_takes_views(op->q_norm) && lk_rms_norm_takes_views(op->k_norm);
+}
+
 size_t lk_qwen3_layer_carve(const lk_model *m, int l, void *base, lk_layer_acts *a) {
     const lk_layer *L = &m->layers[l];
     int64_t T = m->T, es = (int64_t)m->es, TH = T * m->H * es, TQ = T * m->Hq * m->D * es, TK = T * m->Hk * m->D * es;
@@ -53,7 +73,7 @@ size_t lk_qwen3_layer_carve(const lk_model *m, int l, void *base, lk_layer_acts 
 }
 
 /* The model's own moves, on its device (device.h): [T, H, D] (token rows ld apart) <->
- * [H, T, D]. */
+ * [H, T, D]; for q and k only when a head norm cannot take views. */
 static lk_status to_heads(lk_model *m, const void *src, int64_t ld, void *dst, int64_t H) {
     return m->dev->heads(src, dst, m->T, H, m->D, ld, 0, m->dt, &m->ctx);
 }
@@ -82,12 +102,12 @@ static lk_rms_norm_args with_stream(const lk_model *m, lk_rms_norm_args a, const
 
 /* The op writes dweight in the weight's dtype, f32 (summed over the rows in f32, never
  * rounded); the f32 grads add it (they accumulate over micro-batches, the op writes). */
-static lk_status norm_backward(lk_model *m, const lk_impl *impl, lk_rms_norm_args a, const void *dy, void *dx,
+static lk_status norm_backward(lk_model *m, const lk_impl *impl, lk_rms_norm_args a, lk_tensor dy, lk_tensor dx,
                                int64_t w_off) {
-    int64_t rows = a.x.shape[0], n = a.x.shape[1];
-    a.dy = t2(m, dy, rows, n);
-    a.dx = t2(m, dx, rows, n);
-    a.inplace_dx = dx == dy;
+    int64_t n = a.x.shape[a.x.ndim - 1];
+    a.dy = dy;
+    a.dx = dx;
+    a.inplace_dx = dx.data == dy.data;
     a.dweight = lk_on(m, lk_tensor_1d(m->sc.dw, LK_F32, n));
     lk_status s = lk_rms_norm_backward(impl, &a, &m->ctx);
     return s ? s : m->dev->acc(G(w_off), m->sc.dw, n, LK_F32, &m->ctx);
@@ -147,13 +167,17 @@ lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, con
     /* q, k and v in one GEMM, as column blocks of qkv */
     lk_linear_args p = lin(m, a->h1, T, H, W(L->q), QKV, qkv);
     if ((s = lk_linear_forward(op->q_proj, &p, ctx))) return s;
-    if ((s = to_heads(m, qkv, QKV, sc->dqt, m->Hq)) || (s = to_heads(m, qkv + Q * es, QKV, sc->dkt, m->Hk)) ||
-        (s = to_heads(m, qkv + (Q + K) * es, QKV, a->vt, m->Hk)))
-        return s;
-    /* q_norm / k_norm over the head dim, written where RoPE then rotates in place; their
-     * inputs are not kept (the backward makes them again) */
+    /* q_norm / k_norm over the head dim, written head-major where RoPE then rotates in
+     * place; their inputs are not kept (the backward makes them again) */
     lk_rms_norm_args nq = norm_args(m, sc->dqt, m->Hq * T, m->D, L->qn, a->qr, a->s[S_QN], L->saved[S_QN]);
     lk_rms_norm_args nk = norm_args(m, sc->dkt, m->Hk * T, m->D, L->kn, a->kr, a->s[S_KN], L->saved[S_KN]);
+    if (head_views(op)) {   /* read where the projection left them */
+        nq.x = heads_tok(m, qkv, m->Hq, QKV), nq.y = heads_hm(m, a->qr, m->Hq);
+        nk.x = heads_tok(m, qkv + Q * es, m->Hk, QKV), nk.y = heads_hm(m, a->kr, m->Hk);
+    } else if ((s = to_heads(m, qkv, QKV, sc->dqt, m->Hq)) || (s = to_heads(m, qkv + Q * es, QKV, sc->dkt, m->Hk))) {
+        return s;
+    }
+    if ((s = to_heads(m, qkv + (Q + K) * es, QKV, a->vt, m->Hk))) return s;
     if ((s = lk_rms_norm_forward(op->q_norm, &nq, ctx)) || (s = lk_rms_norm_forward(op->k_norm, &nk, ctx)))
         return s;
     lk_rope_args r = rope_args(m, l, a);
@@ -211,7 +235,7 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
     }
     lk_rms_norm_args np = norm_args(m, a->x2, T, H, L->post, a->h2, a->s[S_POST], L->saved[S_POST]);
     np = with_stream(m, np, NULL);                                  /* d(x2) into the stream */
-    if ((s = norm_backward(m, op->post_norm, np, sc->dh, sc->dres, L->post))) return s;
+    if ((s = norm_backward(m, op->post_norm, np, t2(m, sc->dh, T, H), t2(m, sc->dres, T, H), L->post))) return s;
     /* attention */
     lk_linear_args po = lin(m, a->ao, T, Q, W(L->o), H, sc->tmp);
     if ((s = lin_backward(m, op->o_proj, po, sc->dres, L->o, sc->dao))) return s;
@@ -228,24 +252,38 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
     r.dq_out = r.dq = at.dq;                                      /* rotated back in place */
     r.dk_out = r.dk = at.dk;
     if ((s = lk_rope_backward(op->rope, &r, ctx))) return s;
-    /* the norms' inputs again (q and k by one GEMM of the weights' first Q + K rows, on the
-     * same h1), head-major in dqt / dkt; their dx written over dy */
-    lk_linear_args r2 = lin(m, a->h1, T, H, W(L->q), Q + K, qkv);
-    if ((s = lk_linear_forward(op->q_proj, &r2, ctx)) || (s = to_heads(m, qkv, Q + K, sc->dqt, m->Hq)) ||
-        (s = to_heads(m, qkv + Q * es, Q + K, sc->dkt, m->Hk)))
-        return s;
+    /* the norms' inputs again (q and k from the same h1), and d(q, k, v) as the column
+     * blocks of one [T, Q + 2K] dy: d(h1) in one GEMM over all three (summed in f32 and
+     * rounded once), their weights' gradients in another. With views q and k are made by
+     * a GEMM each, token-major in dqt / dkt, and their norms' dx lands in qkv; else by one
+     * GEMM into qkv, moved head-major into dqt / dkt, dx written over dy and moved back. */
     lk_rms_norm_args nq = norm_args(m, sc->dqt, m->Hq * T, m->D, L->qn, a->qr, a->s[S_QN], L->saved[S_QN]);
     lk_rms_norm_args nk = norm_args(m, sc->dkt, m->Hk * T, m->D, L->kn, a->kr, a->s[S_KN], L->saved[S_KN]);
-    if ((s = norm_backward(m, op->q_norm, nq, sc->dqr, sc->dqr, L->qn)) ||
-        (s = norm_backward(m, op->k_norm, nk, sc->dkr, sc->dkr, L->kn)))
-        return s;
-    /* d(q, k, v) as the column blocks of one [T, Q + 2K] dy: d(h1) in one GEMM over all
-     * three (summed in f32 and rounded once), their weights' gradients in another */
-    if ((s = from_heads(m, sc->dqr, qkv, QKV, m->Hq)) || (s = from_heads(m, sc->dkr, qkv + Q * es, QKV, m->Hk)) ||
-        (s = from_heads(m, sc->dvt, qkv + (Q + K) * es, QKV, m->Hk)))
-        return s;
+    if (head_views(op)) {
+        lk_linear_args rq = lin(m, a->h1, T, H, W(L->q), Q, sc->dqt);
+        lk_linear_args rk = lin(m, a->h1, T, H, W(L->q + Q * H), K, sc->dkt);
+        if ((s = lk_linear_forward(op->q_proj, &rq, ctx)) || (s = lk_linear_forward(op->q_proj, &rk, ctx)))
+            return s;
+        nq.x = heads_tok(m, sc->dqt, m->Hq, Q), nk.x = heads_tok(m, sc->dkt, m->Hk, K);
+        if ((s = norm_backward(m, op->q_norm, nq, heads_hm(m, sc->dqr, m->Hq), heads_tok(m, qkv, m->Hq, QKV), L->qn)) ||
+            (s = norm_backward(m, op->k_norm, nk, heads_hm(m, sc->dkr, m->Hk),
+                               heads_tok(m, qkv + Q * es, m->Hk, QKV), L->kn)))
+            return s;
+    } else {
+        lk_linear_args r2 = lin(m, a->h1, T, H, W(L->q), Q + K, qkv);
+        if ((s = lk_linear_forward(op->q_proj, &r2, ctx)) || (s = to_heads(m, qkv, Q + K, sc->dqt, m->Hq)) ||
+            (s = to_heads(m, qkv + Q * es, Q + K, sc->dkt, m->Hk)) ||
+            (s = norm_backward(m, op->q_norm, nq, t2(m, sc->dqr, m->Hq * T, m->D), t2(m, sc->dqr, m->Hq * T, m->D),
+                               L->qn)) ||
+            (s = norm_backward(m, op->k_norm, nk, t2(m, sc->dkr, m->Hk * T, m->D), t2(m, sc->dkr, m->Hk * T, m->D),
+                               L->kn)) ||
+            (s = from_heads(m, sc->dqr, qkv, QKV, m->Hq)) || (s = from_heads(m, sc->dkr, qkv + Q * es, QKV, m->Hk)))
+            return s;
+    }
+    if ((s = from_heads(m, sc->dvt, qkv + (Q + K) * es, QKV, m->Hk))) return s;
     lk_linear_args p = lin(m, a->h1, T, H, W(L->q), QKV, NULL);
     if ((s = lin_backward(m, op->q_proj, p, qkv, L->q, sc->dh))) return s;
     lk_rms_norm_args n = norm_args(m, a->x, T, H, L->in, a->h1, a->s[S_IN], L->saved[S_IN]);
-    return norm_backward(m, op->in_norm, with_stream(m, n, NULL), sc->dh, sc->dres, L->in);   /* d(x) */
+    return norm_backward(m, op->in_norm, with_stream(m, n, NULL), t2(m, sc->dh, T, H), t2(m, sc->dres, T, H),
+                         L->in);   /* d(x) */
 }

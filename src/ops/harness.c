@@ -178,7 +178,7 @@ void lk_place_tensor(lk_placement *p, const char *name, lk_tensor *t, int out) {
     if (p->device.type == LK_DEVICE_CPU || p->status) return;
     t->device = p->device;
     if (!t->data) return;
-    void *d = place(p, name, t->data, lk_tensor_bytes(t), out);
+    void *d = place(p, name, t->data, lk_tensor_span_bytes(t), out);
     if (d) t->data = d;
 }
 

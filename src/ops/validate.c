@@ -29,7 +29,7 @@ lk_status lk_expect_dtype_eq(const char *op, const char *arg, const lk_tensor *t
     return lk_expect_dtype(op, arg, t, LK_DTYPE_BIT(want));
 }
 
-lk_status lk_expect_contiguous(const char *op, const char *arg, const lk_tensor *t, int min_ndim) {
+static lk_status expect_dims(const char *op, const char *arg, const lk_tensor *t, int min_ndim) {
     if (t->ndim < min_ndim || t->ndim > LK_MAX_DIMS)
         return lk_error(LK_ESHAPE, "%s: %s: expected at least %d dims (at most %d), got %d", op, arg,
                         min_ndim, LK_MAX_DIMS, t->ndim);
@@ -37,6 +37,12 @@ lk_status lk_expect_contiguous(const char *op, const char *arg, const lk_tensor 
         if (t->shape[i] < 0)
             return lk_error(LK_ESHAPE, "%s: %s: expected sizes >= 0, got %lld in dim %d", op, arg,
                             (long long)t->shape[i], i);
+    return LK_OK;
+}
+
+lk_status lk_expect_contiguous(const char *op, const char *arg, const lk_tensor *t, int min_ndim) {
+    lk_status s = expect_dims(op, arg, t, min_ndim);
+    if (s) return s;
     if (!lk_tensor_is_contiguous(t))
         return lk_error(LK_ESHAPE, "%s: %s: expected a contiguous row-major tensor, got strides "
                         "that are not", op, arg);
@@ -112,13 +118,49 @@ lk_status lk_expect_rows(const char *op, lk_device_type dev, const char *arg, co
     return LK_OK;
 }
 
+static const char *strides_str(const lk_tensor *t, char *buf, size_t n) {
+    size_t k = (size_t)snprintf(buf, n, "[");
+    for (int i = 0; i < t->ndim && k < n; i++)
+        k += (size_t)snprintf(buf + k, n - k, i ? ", %lld" : "%lld", (long long)t->stride[i]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+    return buf;
+}
+
+lk_status lk_expect_row_view(const char *op, lk_device_type dev, const char *arg, const lk_tensor *t, int need_data,
+                             int min_ndim, lk_rows *m) {
+    lk_status s;
+    if ((need_data && (s = lk_expect_present(op, arg, t))) || (s = lk_expect_device(op, arg, t, dev)) ||
+        (s = expect_dims(op, arg, t, min_ndim)))
+        return s;
+    char buf[96];
+    for (int i = 0; i < t->ndim; i++)
+        if (t->stride[i] < 0 || (t->stride[i] == 0 && t->shape[i] > 1))
+            return lk_error(LK_ESHAPE, "%s: %s: expected strides > 0, got %s", op, arg, strides_str(t, buf, sizeof buf));
+    if (!lk_rows_of(t, m))
+        return lk_error(LK_ESHAPE, "%s: %s: expected rows with a contiguous last dim whose leading dims fold into "
+                        "at most two strided levels, got strides %s", op, arg, strides_str(t, buf, sizeof buf));
+    /* the rows apart: the level of the smaller step walks past a row, the other past it */
+    const int64_t n = t->shape[t->ndim - 1], rows = n ? lk_tensor_numel(t) / n : 0;
+    if (m->inner > 1 && rows > m->inner) {
+        int64_t small = m->step, big = m->outer, count = m->inner;
+        if (small > big) small = m->outer, big = m->step, count = rows / m->inner;
+        if (small < n || big < count * small)
+            return lk_error(LK_ESHAPE, "%s: %s: expected rows that do not overlap, got strides %s for rows of %lld",
+                            op, arg, strides_str(t, buf, sizeof buf), (long long)n);
+    } else if (rows > 1 && m->outer < n) {
+        return lk_error(LK_ESHAPE, "%s: %s: expected rows that do not overlap, got strides %s for rows of %lld", op,
+                        arg, strides_str(t, buf, sizeof buf), (long long)n);
+    }
+    return LK_OK;
+}
+
 lk_status lk_workspace_done(lk_ctx *ctx, size_t mark, lk_status pass) {
     lk_ctx_workspace_end(ctx, mark);
     return pass;
 }
 
 lk_region lk_tensor_region(const char *name, const lk_tensor *t) {
-    return (lk_region){name, t->data, t->data ? lk_tensor_bytes(t) : 0};
+    return (lk_region){name, t->data, t->data ? lk_tensor_span_bytes(t) : 0};
 }
 
 static int overlap(const lk_region *a, const lk_region *b) {

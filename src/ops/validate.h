@@ -8,6 +8,7 @@
 
 #include "llmkern/llmkern.h"
 #include "ops/op_def.h"
+#include "ops/rows.h"
 
 /* t.data is set. */
 lk_status lk_expect_present(const char *op, const char *arg, const lk_tensor *t);
@@ -48,6 +49,12 @@ lk_status lk_expect_tensor_like(const char *op, lk_device_type dev, const char *
  * >= 1; *len is that dim and *rows the product of the others (0 rows are valid). */
 lk_status lk_expect_rows(const char *op, lk_device_type dev, const char *arg, const lk_tensor *t, int need_data,
                          int min_ndim, unsigned dtypes, int64_t *rows, int64_t *len);
+/* lk_expect_operand for a tensor of rows that may be a strided view (rows.h): present
+ * unless need_data is 0, on dev, at least min_ndim dims, its last dim contiguous and its
+ * leading dims folding into at most two levels that keep every row apart from the
+ * others; *m says where the rows lie. */
+lk_status lk_expect_row_view(const char *op, lk_device_type dev, const char *arg, const lk_tensor *t, int need_data,
+                             int min_ndim, lk_rows *m);
 
 /* The end of a pass run in the workspace lk_ctx_workspace_begin reserved for it: gives
  * the workspace back and returns the pass's own status, so a facade's pass reads
@@ -62,7 +69,8 @@ typedef struct {
     size_t bytes;
 } lk_region;
 
-/* t's bytes as a region named name (absent when t has no data). */
+/* t's bytes as a region named name (absent when t has no data); a view's, from data to
+ * its last element (lk_tensor_span_bytes). */
 lk_region lk_tensor_region(const char *name, const lk_tensor *t);
 /* The region of the tensor member of a call's args (a pointer), named as the member:
  * LK_ARG_REGION(a, dx) is lk_tensor_region("dx", &a->dx). */

@@ -190,6 +190,43 @@ static void f32_weight_matches_reference(void **state) {
     check_cases(shapes, sizeof shapes / sizeof *shapes, cs, labels, sizeof cs / sizeof *cs, 950, 2e-5);
 }
 
+/* Strided views (rms_norm.h; q_norm / k_norm of a decoder read token-major heads and write
+ * them head-major): the fused row on every kernel, the warp a row (9x16x128: a 0.6B's q
+ * heads, a row of 16 accesses a block's; 5x3x520 a warp's), the block register kernels
+ * (17x2x8, 7x3x200), the looped ones (2x2x40000, 3x2x4097 scalar), more rows than the
+ * backward grid (4099x2x64);
+ * plain and with an f32 weight; dx's gaps untouched. eager_fp32 refuses them. */
+static void views_match_reference(void **state) {
+    (void)state;
+    const lk_impl *impl = lk_impl_find(LK_OP_RMS_NORM, "fused", LK_DEVICE_CUDA);
+    assert_non_null(impl);
+    assert_true(lk_rms_norm_takes_views(impl));
+    static const lk_shape shapes[] = {{3, {9, 16, 128}}, {3, {5, 3, 520}}, {3, {17, 2, 8}}, {3, {7, 3, 200}},
+                                      {3, {2, 2, 40000}}, {3, {3, 2, 4097}}, {3, {4099, 2, 64}}};
+    const lk_rms_norm_case cs[] = {{.views = 1}, {.views = 1, .f32_weight = 1}};
+    for (int d = 0; d < 2; d++)
+        for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+            for (size_t c = 0; c < 2; c++) {
+                lk_dtype dt = d ? LK_BF16 : LK_F32;
+                if (cs[c].f32_weight && dt == LK_F32) continue;
+                lk_check_row row;
+                lk_rms_norm_errors e;
+                lk_status st = lk_rms_norm_check_case(impl, dt, &shapes[i], 970 + i, &cs[c], &row, &e);
+                if (st) print_error("%s\n", lk_last_error());
+                assert_int_equal(st, LK_OK);
+                double t = tol(impl, dt, 1);   /* the dtype's tolerance, as above */
+                print_message("  fused %-4s %-12s views%s: y %.2e dx %.2e dw %.2e\n", lk_dtype_name(dt), row.shape,
+                              cs[c].f32_weight ? ", f32 weight" : "", e.y, e.dx, e.dweight);
+                assert_true(e.y <= t && e.dx <= t && e.dweight <= t);
+            }
+    const lk_impl *eager = lk_impl_find(LK_OP_RMS_NORM, "eager_fp32", LK_DEVICE_CUDA);
+    assert_non_null(eager);
+    assert_false(lk_rms_norm_takes_views(eager));
+    lk_check_row row;
+    assert_int_equal(lk_rms_norm_check_case(eager, LK_F32, &shapes[0], 990, &cs[0], &row, NULL), LK_ESHAPE);
+    assert_non_null(strstr(lk_last_error(), "takes contiguous tensors"));
+}
+
 /* A weight neither x's dtype nor f32, or a dweight not of the weight's dtype: refused by
  * name before anything runs (the facade's rule; the CUDA rows see only the two pairs). */
 static void f32_weight_bad_dtypes_refused(void **state) {
@@ -423,6 +460,7 @@ int main(void) {
         cmocka_unit_test(device_mismatch_refused),
         cmocka_unit_test(f32_weight_matches_reference),
         cmocka_unit_test(f32_weight_bad_dtypes_refused),
+        cmocka_unit_test(views_match_reference),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -19,6 +19,10 @@ typedef struct {
                              * (what a recompute runs, rms_norm.h) */
     int f32_weight;         /* weight and dweight f32 whatever x's dtype (bf16 training's f32
                              * master weight, rms_norm.h) */
+    int views;              /* a 3-D shape [T, H, n] as a decoder's q/k norms see it: x and dx
+                             * views of a [T, H·n + 8] token-major buffer, y and dy of a
+                             * head-major [H, T, n] one (rms_norm.h); the gaps must stay as
+                             * poisoned. An implementation without views must refuse. */
 } lk_rms_norm_case;
 
 /* The error of each output: y, dx, dweight (0 without a weight), and in the residual mode

@@ -28,6 +28,7 @@
 #include <math.h>
 #include <omp.h>
 #include "llmkern/rms_norm.h"
+#include "ops/rows.h"
 #include "ops/simd.h"
 
 /* Outputs larger than this are streamed past the caches: they are evicted before anyone
@@ -142,21 +143,23 @@ INLINE void row_residual_out(float *res, const float *dxf, void *dx, lk_dtype dt
 }
 
 INLINE void forward_rows(const lk_rms_norm_args *a, lk_dtype dt, lk_dtype wt, int64_t rows, int64_t n) {
-    size_t rb = (size_t)n * lk_dtype_size(dt);
+    const int64_t es = (int64_t)lk_dtype_size(dt);
+    lk_rows mx, my;                       /* views (rows.h); the facade checked both fold */
+    lk_rows_of(&a->x, &mx), lk_rows_of(&a->y, &my);
     char *x = a->x.data;                  /* written only in the residual mode */
     char *y = a->y.data;
     const void *w = a->weight.data;
     float *rstd = a->saved.data, off = a->weight_offset, *res = a->residual.data;
     const char *delta = a->delta.data;
-    int nt = use_streaming(y, rows, n, dt);
+    int nt = use_streaming(y, rows, n, dt) && lk_tensor_is_contiguous(&a->y);   /* a view's rows: any alignment */
     #pragma omp parallel if (rows * n >= FUSED_PAR_MIN)
     {
         #pragma omp for schedule(static) nowait
         for (int64_t r = 0; r < rows; r++) {
-            char *xr = x + r * rb;
-            if (res) row_residual_in(res + r * n, delta ? delta + r * rb : NULL, xr, dt, n);
-            rstd[r] = res && !a->norm_of_x ? row_forward(res + r * n, LK_F32, w, off, y + r * rb, dt, wt, n, a->eps, nt)
-                                           : row_forward(xr, dt, w, off, y + r * rb, dt, wt, n, a->eps, nt);
+            char *xr = x + lk_row_at(mx, r) * es, *yr = y + lk_row_at(my, r) * es;
+            if (res) row_residual_in(res + r * n, delta ? delta + r * n * es : NULL, xr, dt, n);
+            rstd[r] = res && !a->norm_of_x ? row_forward(res + r * n, LK_F32, w, off, yr, dt, wt, n, a->eps, nt)
+                                           : row_forward(xr, dt, w, off, yr, dt, wt, n, a->eps, nt);
         }
         if (nt) lk_v16_fence();
     }
@@ -164,14 +167,16 @@ INLINE void forward_rows(const lk_rms_norm_args *a, lk_dtype dt, lk_dtype wt, in
 
 INLINE void backward_rows(const lk_rms_norm_args *a, lk_dtype dt, lk_dtype wt, int64_t rows, int64_t n,
                           float *partials, float *rowbufs, int threads) {
-    size_t rb = (size_t)n * lk_dtype_size(dt);
+    const int64_t es = (int64_t)lk_dtype_size(dt);
+    lk_rows mx, mdy, mdx;                 /* views (rows.h) */
+    lk_rows_of(&a->x, &mx), lk_rows_of(&a->dy, &mdy), lk_rows_of(&a->dx, &mdx);
     const char *x = a->x.data, *dy = a->dy.data;
     char *dx = a->dx.data;
     const void *w = a->weight.data;
     const float *rstd = a->saved.data;
     float off = a->weight_offset, *res = a->residual.data;
     int64_t stride = round16(n);
-    int nt = use_streaming(dx, rows, n, dt);
+    int nt = use_streaming(dx, rows, n, dt) && lk_tensor_is_contiguous(&a->dx);
     #pragma omp parallel num_threads(threads) if (rows * n >= FUSED_PAR_MIN)
     {
         int team = omp_get_num_threads();
@@ -181,15 +186,16 @@ INLINE void backward_rows(const lk_rms_norm_args *a, lk_dtype dt, lk_dtype wt, i
             for (int64_t j = 0; j < n; j++) dwp[j] = 0.0f;
         #pragma omp for schedule(static) nowait
         for (int64_t r = 0; r < rows; r++) {
-            const char *xr = x + r * rb, *dyr = dy + r * rb;
+            const char *xr = x + lk_row_at(mx, r) * es, *dyr = dy + lk_row_at(mdy, r) * es;
+            char *dxr = dx + lk_row_at(mdx, r) * es;
             float rs = rstd[r];
             float m = rs * row_dot_weighted(dyr, w, off, xr, dt, wt, n) / (float)n;   /* mean(g·x̂) */
             if (!res) {
-                row_backward(xr, w, off, dyr, dx + r * rb, dwp, dt, wt, dt, n, rs, m, nt);
+                row_backward(xr, w, off, dyr, dxr, dwp, dt, wt, dt, n, rs, m, nt);
             } else {
-                float *dxf = dt == LK_F32 ? (float *)(dx + r * rb) : rowf;
+                float *dxf = dt == LK_F32 ? (float *)dxr : rowf;
                 row_backward(xr, w, off, dyr, dxf, dwp, dt, wt, LK_F32, n, rs, m, 0);
-                row_residual_out(res + r * n, dxf, dx + r * rb, dt, n, nt);
+                row_residual_out(res + r * n, dxf, dxr, dt, n, nt);
             }
         }
         if (nt) lk_v16_fence();
@@ -247,4 +253,5 @@ const lk_rms_norm_vtable lk_rms_norm_fused_vtable = {
     .workspace_bytes = fused_workspace_bytes,
     .forward = fused_forward,
     .backward = fused_backward,
+    .takes_views = 1,
 };

@@ -42,6 +42,7 @@
  * argument; the workspace comes from ctx->arena (a device arena). */
 #include "common.cuh"
 #include "llmkern/registry.h"
+#include "ops/rows.h"
 #include <type_traits>
 
 #define MAX_VPT 8           /* 16-byte groups per thread held in registers */
@@ -75,9 +76,15 @@ static int round32(int64_t v) { return (int)((v + 31) / 32 * 32); }
 
 /* The register path when the row fits in REG_THREADS x MAX_VPT accesses; 16-byte
  * accesses when the row length and every pointer allow them. */
-static plan plan_of(int64_t n, lk_dtype dt, const void *const *ptrs, int nptr) {
+static plan plan_of(int64_t n, lk_dtype dt, const void *const *ptrs, int nptr, const lk_tensor *const *views,
+                    int nview) {
     int vw = dt == LK_F32 ? 4 : 8, aligned = n % vw == 0;
     for (int i = 0; i < nptr; i++) aligned &= ptrs[i] == NULL || lk_aligned16(ptrs[i]);
+    for (int i = 0; i < nview; i++) {   /* every row of a view 16-byte aligned too */
+        lk_rows m = {1, 0, 0};
+        lk_rows_of(views[i], &m);
+        aligned &= m.outer % vw == 0 && m.step % vw == 0;
+    }
     plan p = {aligned ? vw : 1, 0, LOOP_THREADS};
     int64_t units = n / p.w;
     if (p.w == 1) {                               /* odd rows: one width, MAX_VPT deep */
@@ -215,6 +222,15 @@ typedef struct {
     int of_x;
 } res_args;
 
+/* Where each tensor's rows lie (rows.h): views of x, y, dy, dx; in the residual mode
+ * contiguous (inner 1, outer n), where the stream's pointers keep row · n. */
+typedef struct {
+    lk_rows x, y;
+} fwd_rows;
+typedef struct {
+    lk_rows x, dy, dx;
+} bwd_rows;
+
 /* The residual mode's W elements of the row the forward normalizes, into f: the f32
  * stream at res (which this thread stored or read), or with norm_of_x the held x. */
 template <typename T, int W>
@@ -235,11 +251,12 @@ static __device__ __forceinline__ void norm_in(const lk_pack<T, W> &v, const res
 template <typename T, typename TW, int W, int VPT, bool RES>
 __global__ void __launch_bounds__(REG_THREADS(VPT)) fwd_reg(const T *__restrict__ x, const TW *__restrict__ w,
                                                            T *__restrict__ y, float *__restrict__ rstd,
-                                                           int64_t rows, int n, float eps, float off, res_args ra) {
+                                                           int64_t rows, int n, float eps, float off, res_args ra,
+                                                           fwd_rows rw) {
     __shared__ float scratch[32];
     const int units = n / W;
     lk_pack<T, W> cur[VPT], nxt[VPT];
-    if (!RES) load_row<T, W, VPT>(x + (int64_t)blockIdx.x * n, units, cur);
+    if (!RES) load_row<T, W, VPT>(x + lk_row_at(rw.x, blockIdx.x), units, cur);
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
         float ss = 0.0f;   /* RES: the stream's squares (norm_of_x: x's, below) */
         if (RES) {
@@ -251,8 +268,8 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) fwd_reg(const T *__restrict_
                                       (T *)ra.x + row * n + u * W, cur[k], ra.of_x ? NULL : &ss);
             }
         } else {
-            if (row + gridDim.x < rows) load_row<T, W, VPT>(x + (row + gridDim.x) * n, units, nxt);
-            if (row + 2 * gridDim.x < rows) prefetch_row<T, W, VPT>(x + (row + 2 * gridDim.x) * n, n, units);
+            if (row + gridDim.x < rows) load_row<T, W, VPT>(x + lk_row_at(rw.x, row + gridDim.x), units, nxt);
+            if (row + 2 * gridDim.x < rows) prefetch_row<T, W, VPT>(x + lk_row_at(rw.x, row + 2 * gridDim.x), n, units);
         }
         if (!RES || ra.of_x)
 #pragma unroll
@@ -262,7 +279,7 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) fwd_reg(const T *__restrict_
                     for (int j = 0; j < W; j++) ss = fmaf(cur[k].f(j), cur[k].f(j), ss);
         const float rs = rsqrtf(lk_block_sum(ss, scratch) / (float)n + eps);
         if (threadIdx.x == 0) rstd[row] = rs;
-        T *yr = y + row * n;
+        T *yr = y + lk_row_at(rw.y, row);
 #pragma unroll
         for (int k = 0; k < VPT; k++) {
             int u = threadIdx.x + k * blockDim.x;
@@ -294,11 +311,11 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) fwd_reg(const T *__restrict_
 template <typename T, typename TW, int W, int VPT, bool RES>
 __global__ void __launch_bounds__(WARP_ROWS * 32) fwd_warp(const T *__restrict__ x, const TW *__restrict__ w,
                                                           T *__restrict__ y, float *__restrict__ rstd, int64_t rows,
-                                                          int n, float eps, float off, res_args ra) {
+                                                          int n, float eps, float off, res_args ra, fwd_rows rw) {
     const int lane = threadIdx.x & 31, units = n / W;
     const int64_t row = (int64_t)blockIdx.x * WARP_ROWS + (threadIdx.x >> 5);
     if (row >= rows) return;   /* the whole warp: the shuffles below see every lane */
-    const T *xr = x + row * n;
+    const T *xr = x + lk_row_at(rw.x, row);
     lk_pack<T, W> v[VPT];
     float ss = 0.0f;   /* RES: the stream's squares (norm_of_x: x's, below) */
 #pragma unroll
@@ -319,7 +336,7 @@ __global__ void __launch_bounds__(WARP_ROWS * 32) fwd_warp(const T *__restrict__
                 for (int j = 0; j < W; j++) ss = fmaf(v[k].f(j), v[k].f(j), ss);
     const float rs = rsqrtf(lk_warp_sum(ss) / (float)n + eps);
     if (lane == 0) rstd[row] = rs;
-    T *yr = y + row * n;
+    T *yr = y + lk_row_at(rw.y, row);
 #pragma unroll
     for (int k = 0; k < VPT; k++) {
         int u = lane + 32 * k;
@@ -346,22 +363,26 @@ typedef struct {
     void *y;
     float *rstd;
     res_args ra;
+    fwd_rows m;
 } fwd_ptrs;
 
 template <typename T, typename TW, int W, bool RES>
 static void run_fwd_warp(int vpt, unsigned grid, cudaStream_t st, const fwd_ptrs &p, int64_t rows, int n, float eps,
                          float off) {
-    void (*k)(const T *, const TW *, T *, float *, int64_t, int, float, float, res_args) =
+    void (*k)(const T *, const TW *, T *, float *, int64_t, int, float, float, res_args, fwd_rows) =
         vpt == 2   ? fwd_warp<T, TW, W, 2, RES>
         : vpt == 4 ? fwd_warp<T, TW, W, 4, RES>
         : vpt == 8 ? fwd_warp<T, TW, W, 8, RES>
                    : fwd_warp<T, TW, W, 16, RES>;
-    k<<<grid, WARP_ROWS * 32, 0, st>>>((const T *)p.x, (const TW *)p.w, (T *)p.y, p.rstd, rows, n, eps, off, p.ra);
+    k<<<grid, WARP_ROWS * 32, 0, st>>>((const T *)p.x, (const TW *)p.w, (T *)p.y, p.rstd, rows, n, eps, off, p.ra,
+                                       p.m);
 }
 
 static fwd_ptrs fwd_ptrs_of(const lk_rms_norm_args *a) {
-    return {a->x.data, a->weight.data, a->y.data, (float *)a->saved.data,
-            {(float *)a->residual.data, a->delta.data, a->x.data, a->norm_of_x}};
+    fwd_ptrs p = {a->x.data, a->weight.data, a->y.data, (float *)a->saved.data,
+                  {(float *)a->residual.data, a->delta.data, a->x.data, a->norm_of_x}, {}};
+    lk_rows_of(&a->x, &p.m.x), lk_rows_of(&a->y, &p.m.y);   /* the facade checked both fold */
+    return p;
 }
 
 template <typename T, typename TW, int W>
@@ -382,10 +403,12 @@ static lk_status launch_fwd_warp(const lk_rms_norm_args *a, int64_t rows, int n,
 /* Any row length: the row is read twice, the second time from L1/L2. */
 template <typename T, typename TW, bool RES>
 __global__ void fwd_loop(const T *__restrict__ x, const TW *__restrict__ w, T *__restrict__ y,
-                         float *__restrict__ rstd, int64_t rows, int n, float eps, float off, res_args ra) {
+                         float *__restrict__ rstd, int64_t rows, int n, float eps, float off, res_args ra,
+                         fwd_rows rw) {
     __shared__ float scratch[32];
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-        const T *xr = RES ? (const T *)ra.x + row * n : x + row * n;   /* RES: read back what this thread wrote */
+        const T *xr = RES ? (const T *)ra.x + row * n : x + lk_row_at(rw.x, row);   /* RES: read back what this thread wrote */
+        T *yr = y + lk_row_at(rw.y, row);
         float ss = 0.0f;
         for (int c = threadIdx.x; c < n; c += blockDim.x) {
             if (RES) {
@@ -403,14 +426,14 @@ __global__ void fwd_loop(const T *__restrict__ x, const TW *__restrict__ w, T *_
         if (threadIdx.x == 0) rstd[row] = rs;
         for (int c = threadIdx.x; c < n; c += blockDim.x) {
             float v = RES && !ra.of_x ? ra.res[row * n + c] : lk_to_f32(xr[c]);
-            y[row * n + c] = lk_from_f32<T>(v * rs * (w ? lk_to_f32(w[c]) + off : 1.0f));
+            yr[c] = lk_from_f32<T>(v * rs * (w ? lk_to_f32(w[c]) + off : 1.0f));
         }
     }
 }
 
 template <typename T, typename TW, int W, bool RES>
 static lk_status run_fwd(const plan *p, const lk_rms_norm_args *a, int64_t rows, int n, cudaStream_t st) {
-    void (*k)(const T *, const TW *, T *, float *, int64_t, int, float, float, res_args);
+    void (*k)(const T *, const TW *, T *, float *, int64_t, int, float, float, res_args, fwd_rows);
     switch (p->vpt) {
     case 1: k = fwd_reg<T, TW, W, 1, RES>; break;
     case 2: k = fwd_reg<T, TW, W, 2, RES>; break;
@@ -423,7 +446,7 @@ static lk_status run_fwd(const plan *p, const lk_rms_norm_args *a, int64_t rows,
     if (s) return s;
     fwd_ptrs q = fwd_ptrs_of(a);
     k<<<(unsigned)grid, p->threads, 0, st>>>((const T *)q.x, (const TW *)q.w, (T *)q.y, q.rstd, rows, n, (float)a->eps,
-                                             a->weight_offset, q.ra);
+                                             a->weight_offset, q.ra, q.m);
     return LK_OK;
 }
 
@@ -447,7 +470,7 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) bwd_reg(const T *__restrict_
                                                            const T *dy,
                                                            T *dx, const float *__restrict__ rstd,
                                                            float *__restrict__ partial, int64_t rows, int n,
-                                                           float off, float *__restrict__ res) {
+                                                           float off, float *__restrict__ res, bwd_rows rw) {
     __shared__ float scratch[32];
     const int units = n / W;
     float acc[VPT][W];
@@ -456,16 +479,16 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) bwd_reg(const T *__restrict_
 #pragma unroll
         for (int j = 0; j < W; j++) acc[k][j] = 0.0f;
     lk_pack<T, W> xc[VPT], dc[VPT], xn[VPT], dn[VPT];
-    load_row<T, W, VPT>(x + (int64_t)blockIdx.x * n, units, xc);
-    load_row<T, W, VPT>(dy + (int64_t)blockIdx.x * n, units, dc);
+    load_row<T, W, VPT>(x + lk_row_at(rw.x, blockIdx.x), units, xc);
+    load_row<T, W, VPT>(dy + lk_row_at(rw.dy, blockIdx.x), units, dc);
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
         if (row + gridDim.x < rows) {
-            load_row<T, W, VPT>(x + (row + gridDim.x) * n, units, xn);
-            load_row<T, W, VPT>(dy + (row + gridDim.x) * n, units, dn);
+            load_row<T, W, VPT>(x + lk_row_at(rw.x, row + gridDim.x), units, xn);
+            load_row<T, W, VPT>(dy + lk_row_at(rw.dy, row + gridDim.x), units, dn);
         }
         if (row + 2 * gridDim.x < rows) {
-            prefetch_row<T, W, VPT>(x + (row + 2 * gridDim.x) * n, n, units);
-            prefetch_row<T, W, VPT>(dy + (row + 2 * gridDim.x) * n, n, units);
+            prefetch_row<T, W, VPT>(x + lk_row_at(rw.x, row + 2 * gridDim.x), n, units);
+            prefetch_row<T, W, VPT>(dy + lk_row_at(rw.dy, row + 2 * gridDim.x), n, units);
         }
         float dot = 0.0f;
 #pragma unroll
@@ -480,7 +503,7 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) bwd_reg(const T *__restrict_
         }
         const float rs = rstd[row];
         const float m = lk_block_sum(dot, scratch) * rs / (float)n;
-        T *dxr = dx + row * n;
+        T *dxr = dx + lk_row_at(rw.dx, row);
 #pragma unroll
         for (int k = 0; k < VPT; k++) {
             int u = threadIdx.x + k * blockDim.x;
@@ -515,13 +538,14 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) bwd_reg(const T *__restrict_
 template <typename T, typename TW>
 __global__ void bwd_loop(const T *__restrict__ x, const TW *__restrict__ w, const T *dy, T *dx,
                          const float *__restrict__ rstd, float *__restrict__ partial, int64_t rows, int n,
-                         float off, float *__restrict__ res) {
+                         float off, float *__restrict__ res, bwd_rows rw) {
     __shared__ float scratch[32];
     float *pp = partial ? partial + (int64_t)blockIdx.x * n : NULL;
     if (pp)
         for (int c = threadIdx.x; c < n; c += blockDim.x) pp[c] = 0.0f;
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-        const T *xr = x + row * n, *dyr = dy + row * n;
+        const T *xr = x + lk_row_at(rw.x, row), *dyr = dy + lk_row_at(rw.dy, row);
+        T *dxr = dx + lk_row_at(rw.dx, row);
         float dot = 0.0f;
         for (int c = threadIdx.x; c < n; c += blockDim.x)
             dot = fmaf(lk_to_f32(dyr[c]) * (w ? lk_to_f32(w[c]) + off : 1.0f), lk_to_f32(xr[c]), dot);
@@ -533,7 +557,7 @@ __global__ void bwd_loop(const T *__restrict__ x, const TW *__restrict__ w, cons
             if (pp) pp[c] = fmaf(d, xh, pp[c]);
             float o = rs * (g - xh * m);
             if (res) o = res[row * n + c] = __fadd_rn(res[row * n + c], o);
-            dx[row * n + c] = lk_from_f32<T>(o);
+            dxr[c] = lk_from_f32<T>(o);
         }
     }
 }
@@ -543,7 +567,7 @@ __global__ void bwd_loop(const T *__restrict__ x, const TW *__restrict__ w, cons
 template <typename T, typename TW, int W>
 static lk_status launch_bwd(const plan *p, const lk_rms_norm_args *a, float *partial, int64_t max_parts,
                             int64_t rows, int n, cudaStream_t st, int64_t *parts) {
-    void (*k)(const T *, const TW *, const T *, T *, const float *, float *, int64_t, int, float, float *);
+    void (*k)(const T *, const TW *, const T *, T *, const float *, float *, int64_t, int, float, float *, bwd_rows);
     switch (p->vpt) {
     case 1: k = bwd_reg<T, TW, W, 1>; break;
     case 2: k = bwd_reg<T, TW, W, 2>; break;
@@ -553,9 +577,11 @@ static lk_status launch_bwd(const plan *p, const lk_rms_norm_args *a, float *par
     }
     lk_status s = fit_grid(k, p->threads, max_parts, parts);
     if (s) return s;
+    bwd_rows rw;
+    lk_rows_of(&a->x, &rw.x), lk_rows_of(&a->dy, &rw.dy), lk_rows_of(&a->dx, &rw.dx);   /* the facade checked them */
     k<<<(unsigned)*parts, p->threads, 0, st>>>((const T *)a->x.data, (const TW *)a->weight.data,
                                               (const T *)a->dy.data, (T *)a->dx.data, (const float *)a->saved.data,
-                                              partial, rows, n, a->weight_offset, (float *)a->residual.data);
+                                              partial, rows, n, a->weight_offset, (float *)a->residual.data, rw);
     LK_CUDA_LAUNCHED("rms_norm: fused (cuda) backward");
     return LK_OK;
 }
@@ -605,7 +631,8 @@ static lk_status forward(const lk_rms_norm_args *a, lk_ctx *ctx) {
         return lk_error(LK_ESHAPE, "rms_norm: fused (cuda): x: expected rows and n below 2^31, got %lld x %lld",
                         (long long)rows, (long long)n);
     const void *ptrs[] = {a->x.data, a->weight.data, a->y.data, a->residual.data, a->delta.data};
-    plan p = plan_of(n, a->x.dtype, ptrs, 5);
+    const lk_tensor *views[] = {&a->x, &a->y};
+    plan p = plan_of(n, a->x.dtype, ptrs, 5, views, 2);
     if (a->x.dtype == LK_F32) return forward_as<float, float>(&p, a, rows, (int)n, st);
     if (f32_weight(a)) return forward_as<lk_bf16_t, float>(&p, a, rows, (int)n, st);
     return forward_as<lk_bf16_t, lk_bf16_t>(&p, a, rows, (int)n, st);
@@ -623,7 +650,8 @@ static lk_status backward(const lk_rms_norm_args *a, lk_ctx *ctx) {
     if (want_dw && (partial = (float *)lk_arena_alloc(ctx->arena, workspace_bytes(rows, n, a->x.dtype, 1))) == NULL)
         return lk_error(LK_EINTERNAL, "rms_norm: fused (cuda): the dweight workspace was not reserved");
     const void *ptrs[] = {a->x.data, a->weight.data, a->dy.data, a->dx.data, a->residual.data};
-    plan p = plan_of(n, a->x.dtype, ptrs, 5);
+    const lk_tensor *views[] = {&a->x, &a->dy, &a->dx};
+    plan p = plan_of(n, a->x.dtype, ptrs, 5, views, 3);
     int64_t mp = bwd_parts(rows, n);
     lk_status s = a->x.dtype == LK_F32 ? backward_as<float, float>(&p, a, partial, mp, rows, (int)n, st, &parts)
                   : f32_weight(a)    ? backward_as<lk_bf16_t, float>(&p, a, partial, mp, rows, (int)n, st, &parts)
@@ -633,5 +661,5 @@ static lk_status backward(const lk_rms_norm_args *a, lk_ctx *ctx) {
 }
 
 extern "C" const lk_rms_norm_vtable lk_rms_norm_cuda_fused_vtable = {
-    LK_RMS_NORM_VTABLE_VERSION, saved_bytes, workspace_bytes, forward, backward,
+    LK_RMS_NORM_VTABLE_VERSION, saved_bytes, workspace_bytes, forward, backward, /* takes_views */ 1,
 };

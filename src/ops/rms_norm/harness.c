@@ -65,6 +65,40 @@ static void residual_reference(const float *rf, const void *delta, lk_dtype dt, 
     }
 }
 
+/* The views case's layouts of a [T, H, n] shape: token-major rows in a padded buffer
+ * (x, dx), or head-major (y, dy). */
+#define VIEW_GAP 8
+static lk_tensor view_of(void *p, lk_dtype dt, const lk_shape *shape, int head_major) {
+    lk_tensor t = lk_tensor_view(p, dt, 3, shape->d);
+    int64_t T = shape->d[0], H = shape->d[1], n = shape->d[2];
+    t.stride[0] = head_major ? n : H * n + VIEW_GAP;
+    t.stride[1] = head_major ? T * n : n;
+    return t;
+}
+
+/* Contiguous row-major src into the view t (scatter), or t's elements back (gather). */
+static void view_copy(const lk_tensor *t, void *contig, int gather) {
+    int64_t n = t->shape[2], es = (int64_t)lk_dtype_size(t->dtype);
+    for (int64_t i = 0; i < t->shape[0]; i++)
+        for (int64_t h = 0; h < t->shape[1]; h++) {
+            char *v = (char *)t->data + (i * t->stride[0] + h * t->stride[1]) * es;
+            char *c = (char *)contig + ((i * t->shape[1] + h) * n) * es;
+            if (gather) memcpy(c, v, (size_t)(n * es));
+            else memcpy(v, c, (size_t)(n * es));
+        }
+}
+
+/* 1 when every gap of a token-major view (the VIEW_GAP elements after each row of heads)
+ * still holds the poison it was given. */
+static int gaps_untouched(const lk_tensor *t) {
+    int64_t T = t->shape[0], hn = t->shape[1] * t->shape[2], es = (int64_t)lk_dtype_size(t->dtype);
+    unsigned char poison[VIEW_GAP * 4];
+    lk_poison(poison, t->dtype, VIEW_GAP);
+    for (int64_t i = 0; i < T; i++)
+        if (memcmp((char *)t->data + (i * t->stride[0] + hn) * es, poison, (size_t)(VIEW_GAP * es))) return 0;
+    return 1;
+}
+
 lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, uint64_t seed,
                                  const lk_rms_norm_case *c, lk_check_row *row, lk_rms_norm_errors *err) {
     static const lk_rms_norm_case defaults = {0};
@@ -97,8 +131,13 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
     float *rb = res ? lk_random_tensor(&rng, LK_F32, all, 1.0f, &rbd) : NULL;
     float *sum32 = res ? malloc(sizeof(float) * (size_t)(all ? all : 1)) : NULL;
     double *s64 = res ? malloc(sizeof(double) * (size_t)(all ? all : 1)) : NULL;
+    /* the views case: x and dx in a padded token-major buffer, y and dy head-major */
+    int views = c->views && shape->ndim == 3 && !res && !c->inplace_dx;
+    size_t vtok = views ? (size_t)(shape->d[0] * (shape->d[1] * n + VIEW_GAP)) * esz : 0;
+    void *vx = views ? malloc(vtok) : NULL, *vdx = views ? malloc(vtok) : NULL;
+    void *vy = views ? malloc((size_t)all * esz) : NULL, *vdy = views ? malloc((size_t)all * esz) : NULL;
     lk_arena arena = {0};
-    if (!x || !w || !dy || !y || !dx || !dw || !saved || !ref ||
+    if (!x || !w || !dy || !y || !dx || !dw || !saved || !ref || (views && (!vx || !vdx || !vy || !vdy)) ||
         (res && (!rf || !rb || !sum32 || !s64 || (!delta && !c->no_delta)))) {
         s = lk_error(LK_ENOMEM, "rms_norm: check: out of memory for shape %s", row->shape);
         goto done;
@@ -135,6 +174,16 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
         .saved = {saved, saved_bytes}, .eps = eps, .weight_offset = c->weight_offset,
         .inplace_dx = c->inplace_dx, .norm_of_x = c->norm_of_x,
     };
+    lk_tensor hx = view_of(vx, dt, shape, 0), hy = view_of(vy, dt, shape, 1), hdy = view_of(vdy, dt, shape, 1),
+              hdx = view_of(vdx, dt, shape, 0);   /* the views case's host views */
+    if (views) {
+        lk_poison(vx, dt, (int64_t)(vtok / esz));
+        lk_poison(vdx, dt, (int64_t)(vtok / esz));
+        lk_poison(vy, dt, all);
+        view_copy(&hx, x, 0);
+        view_copy(&hdy, dy, 0);
+        a.x = hx, a.y = hy, a.dy = hdy, a.dx = hdx;
+    }
     lk_tensor rft = lk_tensor_view(rf, LK_F32, shape->ndim, shape->d), rbt = rft;
     rbt.data = rb;
     if (res) {
@@ -154,6 +203,12 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
     if ((s = lk_rms_norm_forward(impl, &a, &ctx))) goto done;
     a.residual = res ? rbt : (lk_tensor){0};
     if ((s = lk_rms_norm_backward(impl, &a, &ctx)) || (s = lk_place_fetch(&pl))) goto done;
+    int gaps_ok = 1;
+    if (views) {   /* the outputs back in row order; dx's gaps must be as poisoned */
+        view_copy(&hy, y, 1);
+        view_copy(&hdx, dx, 1);
+        gaps_ok = gaps_untouched(&hdx);
+    }
     if (res) {   /* the backward's residual and dx: res + dx; dx_err's scale covers both */
         for (int64_t i = 0; i < all; i++) dxref[i] += rbd[i];
     }
@@ -166,6 +221,7 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
     if (res)     /* x and the forward's residual are exact; the backward's residual as dx, in f32 */
         e.residual = fmax(fmax(lk_rel_err(x, dt, xd, all), lk_rel_err(rf, LK_F32, s64, all)),
                           lk_rel_err(rb, LK_F32, dxref, all));
+    if (!gaps_ok) e.dx = INFINITY;
     double worst = fmax(fmax(e.y, e.dx), fmax(e.dweight, e.residual));
     lk_check_row_end(row, isnan(e.y) || isnan(e.dx) || isnan(e.dweight) || isnan(e.residual) ? NAN : worst);
     if (err) *err = e;
@@ -173,6 +229,7 @@ done:
     free(x); free(w); free(dy); free(y); free(dx); free(dw); free(saved); free(ref);
     free(xd); free(wd); free(dyd);
     free(rf); free(rb); free(delta); free(sum32); free(s64); free(rfd); free(rbd); free(dd);
+    free(vx); free(vdx); free(vy); free(vdy);
     lk_place_end(&pl);
     lk_arena_free(&arena);
     return s;

@@ -2,11 +2,14 @@
  * checked before anything is written, the implementation's workspace is reserved in
  * ctx->arena and given back after the call. Implementations (eager.c: eager and
  * eager_fp32; fused.c) may therefore assume well-formed, non-overlapping arguments,
- * rows >= 1, and a weight of x's dtype or f32 (dweight of the weight's). In the residual
+ * rows >= 1, and a weight of x's dtype or f32 (dweight of the weight's). x, y, dy and dx
+ * may be strided views whose rows lie as src/ops/rows.h says (each its own; every
+ * implementation walks them with lk_row_at), except in the residual mode. In the residual
  * mode (rms_norm.h) x is an output of the forward and the f32 residual an output of both
  * passes: they stand apart from everything else. */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 #include "ops/validate.h"
 #include "llmkern/rms_norm.h"
 
@@ -18,15 +21,40 @@ typedef struct {
 } shape_info;
 
 /* After lk_impl_check: x is the tensor the others are measured against; its data is
- * needed unless querying. */
+ * needed unless querying. x, y, dy and dx may be strided views (rows.h). */
 static lk_status check_x(const lk_impl *impl, const lk_tensor *x, int need_data, shape_info *si) {
+    lk_rows m;
+    lk_status s;
     si->vt = impl->vtable;
-    return lk_expect_rows(OP, impl->device, "x", x, need_data, 1, impl->needs.dtypes, &si->rows, &si->n);
+    if ((s = lk_expect_row_view(OP, impl->device, "x", x, need_data, 1, &m)) ||
+        (s = lk_expect_dtype(OP, "x", x, impl->needs.dtypes)))
+        return s;
+    si->n = x->shape[x->ndim - 1];
+    if (si->n < 1) return lk_error(LK_ESHAPE, OP ": x: expected a last dim >= 1, got %lld", (long long)si->n);
+    si->rows = lk_tensor_numel(x) / si->n;
+    return LK_OK;
 }
 
-/* A tensor shaped and typed like x, on x's device. */
+/* A tensor shaped and typed like x, on x's device; a view of rows like x may be. */
 static lk_status check_like_x(const lk_impl *impl, const char *arg, const lk_tensor *t, const lk_tensor *x) {
-    return lk_expect_tensor_like(OP, impl->device, arg, t, x, 1);
+    lk_rows m;
+    lk_status s = lk_expect_row_view(OP, impl->device, arg, t, 1, 1, &m);
+    return s ? s : lk_expect_like(OP, arg, t, x);
+}
+
+int lk_rms_norm_takes_views(const lk_impl *impl) {
+    const lk_rms_norm_vtable *vt = impl && impl->op == LK_OP_RMS_NORM ? impl->vtable : NULL;
+    return vt && vt->version >= 2 && vt->takes_views;
+}
+
+/* Views only for an implementation that takes them. */
+static lk_status check_views(const lk_impl *impl, const lk_tensor *const *t, const char *const *names, int n) {
+    if (lk_rms_norm_takes_views(impl)) return LK_OK;
+    for (int i = 0; i < n; i++)
+        if (!lk_tensor_is_contiguous(t[i]))
+            return lk_error(LK_ESHAPE, OP ": %s: %s takes contiguous tensors, got a strided view (the fused rows "
+                            "take views)", names[i], impl->name);
+    return LK_OK;
 }
 
 /* An [n] vector of dtype dt (dweight: the weight's), or with dt < 0 of x's dtype or
@@ -49,6 +77,13 @@ static lk_status check_residual(const lk_impl *impl, const lk_rms_norm_args *a, 
             return lk_error(LK_EINVAL, OP ": delta: expected residual too (delta is added into it), got residual NULL");
         return LK_OK;
     }
+    /* the stream's rows are the tensors' own: no views there */
+    const lk_tensor *rows[] = {&a->x, forward ? &a->y : &a->dy, forward ? &a->y : &a->dx, &a->delta};
+    const char *names[] = {"x", forward ? "y" : "dy", forward ? "y" : "dx", "delta"};
+    for (int i = 0; i < 4; i++)
+        if (rows[i]->data && !lk_tensor_is_contiguous(rows[i]))
+            return lk_error(LK_ESHAPE, OP ": %s: expected a contiguous tensor in the residual mode, got a strided view",
+                            names[i]);
     if ((s = lk_expect_operand(OP, impl->device, "residual", &a->residual, 1, 1)) ||
         (s = lk_expect_shape(OP, "residual", &a->residual, a->x.ndim, a->x.shape)) ||
         (s = lk_expect_dtype_eq(OP, "residual", &a->residual, LK_F32)))
@@ -86,7 +121,7 @@ static lk_status run(const shape_info *si, int backward, const lk_rms_norm_args 
 }
 
 lk_status lk_rms_norm_saved_bytes(const lk_impl *impl, const lk_tensor *x, size_t *bytes) {
-    shape_info si;
+    shape_info si = {0};
     lk_status s = lk_impl_check(OP, impl, LK_OP_RMS_NORM);
     if (s) return s;
     if (x == NULL) return lk_error(LK_EINVAL, OP ": x: expected a tensor, got NULL");
@@ -97,19 +132,22 @@ lk_status lk_rms_norm_saved_bytes(const lk_impl *impl, const lk_tensor *x, size_
 }
 
 lk_status lk_rms_norm_forward(const lk_impl *impl, const lk_rms_norm_args *a, lk_ctx *ctx) {
-    shape_info si;
+    shape_info si = {0};
     lk_status s = check_common(impl, a, ctx, &si);
     size_t rb;
-    if (s || (s = check_like_x(impl, "y", &a->y, &a->x)) || (s = check_residual(impl, a, 1, &rb))) return s;
-    size_t tb = lk_tensor_bytes(&a->x), wb = a->weight.data ? lk_tensor_bytes(&a->weight) : 0;
-    size_t db = rb && a->delta.data ? tb : 0;
+    if (s || (s = check_like_x(impl, "y", &a->y, &a->x)) ||
+        (s = check_views(impl, (const lk_tensor *[]){&a->x, &a->y}, (const char *[]){"x", "y"}, 2)) ||
+        (s = check_residual(impl, a, 1, &rb)))
+        return s;
+    size_t tb = lk_tensor_span_bytes(&a->x), yb = lk_tensor_span_bytes(&a->y);
+    size_t wb = a->weight.data ? lk_tensor_bytes(&a->weight) : 0, db = rb && a->delta.data ? tb : 0;
     if (rb) {   /* x is written: an output like the others */
-        const lk_region outs[] = {{"y", a->y.data, tb}, {"saved", a->saved.data, a->saved.bytes},
+        const lk_region outs[] = {{"y", a->y.data, yb}, {"saved", a->saved.data, a->saved.bytes},
                                   {"x", a->x.data, tb}, {"residual", a->residual.data, rb}};
         const lk_region ins[] = {{"weight", a->weight.data, wb}, {"delta", a->delta.data, db}};
         if ((s = lk_expect_apart(OP, outs, 4, ins, 2))) return s;
     } else {
-        const lk_region outs[] = {{"y", a->y.data, tb}, {"saved", a->saved.data, a->saved.bytes}};
+        const lk_region outs[] = {{"y", a->y.data, yb}, {"saved", a->saved.data, a->saved.bytes}};
         const lk_region ins[] = {{"x", a->x.data, tb}, {"weight", a->weight.data, wb}};
         if ((s = lk_expect_apart(OP, outs, 2, ins, 2))) return s;
     }
@@ -118,28 +156,29 @@ lk_status lk_rms_norm_forward(const lk_impl *impl, const lk_rms_norm_args *a, lk
 }
 
 lk_status lk_rms_norm_backward(const lk_impl *impl, const lk_rms_norm_args *a, lk_ctx *ctx) {
-    shape_info si;
+    shape_info si = {0};
     lk_status s = check_common(impl, a, ctx, &si);
-    if (s || (s = check_like_x(impl, "dy", &a->dy, &a->x)) || (s = check_like_x(impl, "dx", &a->dx, &a->x)))
+    if (s || (s = check_like_x(impl, "dy", &a->dy, &a->x)) || (s = check_like_x(impl, "dx", &a->dx, &a->x)) ||
+        (s = check_views(impl, (const lk_tensor *[]){&a->x, &a->dy, &a->dx}, (const char *[]){"x", "dy", "dx"}, 3)))
         return s;
     int want_dw = a->weight.data != NULL && a->dweight.data != NULL;
     if (want_dw && (s = check_vector(impl, "dweight", &a->dweight, &a->x, si.n, (int)a->weight.dtype))) return s;
     size_t rb;
     if ((s = check_residual(impl, a, 0, &rb))) return s;
-    size_t tb = lk_tensor_bytes(&a->x), wb = a->weight.data ? lk_tensor_bytes(&a->weight) : 0;
-    size_t dwb = want_dw ? wb : 0, sb = a->saved.bytes;
-    if (a->inplace_dx && a->dx.data != a->dy.data)
-        return lk_error(LK_EINVAL, OP ": dx: inplace_dx expects dx.data == dy.data, got %p and %p",
+    size_t tb = lk_tensor_span_bytes(&a->x), dyb = lk_tensor_span_bytes(&a->dy), dxb = lk_tensor_span_bytes(&a->dx);
+    size_t wb = a->weight.data ? lk_tensor_bytes(&a->weight) : 0, dwb = want_dw ? wb : 0, sb = a->saved.bytes;
+    if (a->inplace_dx && (a->dx.data != a->dy.data || memcmp(a->dx.stride, a->dy.stride, sizeof a->dx.stride)))
+        return lk_error(LK_EINVAL, OP ": dx: inplace_dx expects dx to be dy (data and strides), got %p and %p",
                         a->dx.data, a->dy.data);
     /* dx may be dy exactly (inplace_dx); otherwise every output stands apart */
-    const lk_region outs[] = {{"dx", a->dx.data, tb}, {"dweight", a->dweight.data, dwb},
+    const lk_region outs[] = {{"dx", a->dx.data, dxb}, {"dweight", a->dweight.data, dwb},
                               {"residual", a->residual.data, rb}};
     const lk_region ins[] = {{a->inplace_dx ? "dy" : "dy (set inplace_dx to write over it)",
-                              a->inplace_dx ? NULL : a->dy.data, tb},
+                              a->inplace_dx ? NULL : a->dy.data, dyb},
                              {"x", a->x.data, tb}, {"weight", a->weight.data, wb}, {"saved", a->saved.data, sb}};
     if ((s = lk_expect_apart(OP, outs, 3, ins, 4))) return s;
     if (a->inplace_dx) {            /* dy is dx: dweight and residual must still stand apart from it */
-        const lk_region dy[] = {{"dy", a->dy.data, tb}};
+        const lk_region dy[] = {{"dy", a->dy.data, dyb}};
         if ((s = lk_expect_apart(OP, outs + 1, 2, dy, 1))) return s;
     }
     /* no rows: dx is empty and dweight a sum of nothing. On the GPU dweight is device

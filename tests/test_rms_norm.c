@@ -740,6 +740,16 @@ static void residual_bad_arguments_are_refused(void **state) {
         a = good;                                       /* delta over the residual */
         a.delta.data = res;
         expect_refused(&f, f.impl, &a, &f.ctx, 0, LK_EINVAL, "residual");
+        for (int bwd = 0; bwd <= 1; bwd++) {            /* x a view (rows in head-major order) */
+            const int64_t sh[3] = {2, 2, 16};
+            lk_tensor *t[] = {&a.x, &a.y, &a.dy, &a.dx, &a.residual, &a.delta};
+            a = good;
+            for (int k = 0; k < 6; k++) *t[k] = lk_tensor_view(t[k]->data, t[k]->dtype, 3, sh);
+            a.x.stride[0] = 16, a.x.stride[1] = 32;
+            memset(res, SENTINEL, rbytes);
+            expect_refused(&f, f.impl, &a, &f.ctx, bwd, LK_ESHAPE, "x");
+            assert_true(untouched(res, rbytes));
+        }
         free(res); free(delta);
         fx_free(&f);
     }

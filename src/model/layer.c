@@ -4,8 +4,10 @@
  *   x2 = x + o_proj(attention(q, k, v, varlen causal)); out = x2 + mlp(rms(x2))
  * q, k and v are one GEMM each way: params.c lays their weights out as one [Q + 2K, H]
  * matrix, qwen3.c binds one linear implementation to the three, and the output is one
- * [T, Q + 2K] buffer whose column blocks the head moves read (d(h1) then sums the three
- * in f32 inside one GEMM, not in bf16 adds after three).
+ * [T, Q + 2K] buffer (d(h1) then sums the three in f32 inside one GEMM, not in bf16 adds
+ * after three). q_norm and k_norm read q and k there and write them head-major when their
+ * implementation takes views (the fused rows); v, and q and k for the eager norms, are
+ * moved to head-major by the model's own kernel.
  * The MLP is the swiglu_mlp op or the MoE block (moe_block.c). The backward makes q and k
  * before their norms again (one GEMM from the kept h1) rather than keeping them: at
  * 32k tokens a step, 16 + 8 heads of 128 in bf16 are 200 MB a layer, 5.6 GB of a 28-layer

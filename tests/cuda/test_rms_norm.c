@@ -111,11 +111,17 @@ static const rcase cases[] = {
     {6, 2048, 0, 0, 0, 0.0f},       /* warp a row, no weight (f32: 16 accesses, bf16: 8) */
     {5, 520, 1, 1, 0, 1.0f},        /* warp a row with idle lanes on the last access */
     {9, 301, 1, 0, 0, 0.0f},        /* odd length: the warp kernel's scalar path */
+    {4099, 128, 1, 0, 0, 0.0f},     /* short rows, a group of lanes a row (bf16 16 lanes, f32 32); more
+                                     * rows than the backward grid */
+    {37, 64, 0, 1, 0, 0.0f},        /* short, no weight, dx over dy */
+    {37, 24, 1, 0, 0, 1.0f},        /* short with idle lanes in each group, Gemma's offset */
+    {1, 16, 1, 0, 0, 0.0f},         /* one row of two accesses (bf16) */
 };
 
-/* The cases reach every kernel of fused.cu: the forward's warp a row (rows of 2-16
- * accesses a lane), the block register kernels (shorter and longer rows: 8, 16384) and
- * the looped ones (40000; 4097 with scalar accesses). */
+/* The cases reach every kernel of fused.cu: the short rows' lane groups (2-32 accesses a
+ * row), the forward's warp a row (rows of 2-16 accesses a lane), the block register
+ * kernels (shorter and longer rows: 8, 16384) and the looped ones (40000; 4097 with
+ * scalar accesses). */
 static void every_impl_dtype_shape(void **state) {
     (void)state;
     const char *names[] = {"fused", "eager_fp32"};

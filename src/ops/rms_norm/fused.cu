@@ -10,7 +10,9 @@
  * too 84-87% and 89-90% (runs 3-5: forward 82-84% at the 256-thread default).
  * The forward now takes one warp per row (fwd_warp) when a row fits 16 accesses a lane
  * (4096 bf16, 2048 f32): no block barrier, many short-lived warps in flight; the block
- * kernels remain for longer rows and for the backward.
+ * kernels remain for longer rows and for the backward. Rows of 2-32 accesses (a head's
+ * q_norm / k_norm) take a group of lanes a row both ways (fwd_short, bwd_short).
+ * x, y, dy and dx may be views (rows.h): each kernel finds a row with lk_row_at.
  * Forward: the row's sum of squares, y from the registers; rstd saved as f32 [rows].
  * Backward: Σ g·x reduced over the block, then dx written and the thread's columns of
  * dy·x̂ added into registers; each block leaves one f32 partial row of dweight in the
@@ -586,6 +588,165 @@ static lk_status launch_bwd(const plan *p, const lk_rms_norm_args *a, float *par
     return LK_OK;
 }
 
+/* ---- short rows: a group of lanes a row ----------------------------------------------
+
+ * Rows of at most 32 accesses of 16 bytes (a head's q_norm / k_norm: 128 bf16, 16 accesses)
+ * take G lanes a row (G the power of two at or above the row's accesses), 32 / G rows a
+ * warp at once and SR such sets a warp: every load of a warp's rows issued before any is
+ * used, the sums by shuffles within the group, no shared memory and no barrier in the row
+ * loop. The block kernels ran such rows one at a time a block (a warp of 16 busy lanes):
+ * latency-bound at ~1.2 TB/s, and on the views of q_norm / k_norm (rows.h) slower still
+ * (fwd 178 us a call at the dense config, eighteenth session). The forward's warps are
+ * short-lived; the backward's blocks walk row sets (a persistent grid, what the dweight
+ * workspace holds) and sum their lanes' dweight columns in shared memory at the end, in a
+ * fixed order. */
+#define SR 4
+#define SHORT_THREADS 128
+
+template <typename T, typename TW, int W, int G>
+__global__ void __launch_bounds__(SHORT_THREADS) fwd_short(const T *__restrict__ x, const TW *__restrict__ w,
+                                                           T *__restrict__ y, float *__restrict__ rstd, int64_t rows,
+                                                           int n, float eps, float off, fwd_rows rw) {
+    constexpr int RPW = 32 / G;   /* rows a set */
+    const int lane = threadIdx.x & 31, g = lane % G, units = n / W;
+    const int64_t base = ((int64_t)blockIdx.x * (SHORT_THREADS / 32) + (threadIdx.x >> 5)) * RPW * SR + lane / G;
+    lk_pack<T, W> v[SR];
+#pragma unroll
+    for (int s = 0; s < SR; s++) {
+        const int64_t r = base + s * RPW;
+        if (r < rows && g < units) lk_ldp<T, W>(x + lk_row_at(rw.x, r) + g * W, v[s]);
+    }
+    float wv[W];
+    if (w && g < units) ld_weight<T, TW, W>(w + g * W, wv);
+#pragma unroll
+    for (int s = 0; s < SR; s++) {
+        const int64_t r = base + s * RPW;
+        const bool live = r < rows && g < units;
+        float ss = 0.0f;
+        if (live)
+#pragma unroll
+            for (int j = 0; j < W; j++) ss = fmaf(v[s].f(j), v[s].f(j), ss);
+#pragma unroll
+        for (int m = G / 2; m; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);   /* within the group */
+        const float rs = rsqrtf(ss / (float)n + eps);
+        if (r < rows && g == 0) rstd[r] = rs;
+        if (live) {
+            float o[W];
+#pragma unroll
+            for (int j = 0; j < W; j++) o[j] = v[s].f(j) * rs * (w ? wv[j] + off : 1.0f);
+            lk_stw<T, W>(y + lk_row_at(rw.y, r) + g * W, o);
+        }
+    }
+}
+
+template <typename T, typename TW, int W, int G>
+__global__ void __launch_bounds__(SHORT_THREADS) bwd_short(const T *__restrict__ x, const TW *__restrict__ w,
+                                                           const T *dy, T *dx, const float *__restrict__ rstd,
+                                                           float *__restrict__ partial, int64_t rows, int n, float off,
+                                                           bwd_rows rw) {
+    constexpr int RPW = 32 / G, PER_BLOCK = (SHORT_THREADS / 32) * RPW * SR;
+    __shared__ float red[SHORT_THREADS][W + 1];
+    const int lane = threadIdx.x & 31, g = lane % G, units = n / W;
+    float acc[W], wv[W];
+#pragma unroll
+    for (int j = 0; j < W; j++) acc[j] = 0.0f, wv[j] = 1.0f - off;   /* no weight: g = dy */
+    if (w && g < units) ld_weight<T, TW, W>(w + g * W, wv);
+    for (int64_t c0 = (int64_t)blockIdx.x * PER_BLOCK; c0 < rows; c0 += (int64_t)gridDim.x * PER_BLOCK) {
+        const int64_t base = c0 + (threadIdx.x >> 5) * RPW * SR + lane / G;
+        lk_pack<T, W> xv[SR], dv[SR];
+#pragma unroll
+        for (int s = 0; s < SR; s++) {
+            const int64_t r = base + s * RPW;
+            if (r < rows && g < units) {
+                lk_ldp<T, W>(x + lk_row_at(rw.x, r) + g * W, xv[s]);
+                lk_ldp<T, W>(dy + lk_row_at(rw.dy, r) + g * W, dv[s]);
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < SR; s++) {
+            const int64_t r = base + s * RPW;
+            const bool live = r < rows && g < units;
+            float dot = 0.0f;
+            if (live)
+#pragma unroll
+                for (int j = 0; j < W; j++) dot = fmaf(dv[s].f(j) * (wv[j] + off), xv[s].f(j), dot);
+#pragma unroll
+            for (int m = G / 2; m; m >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, m);
+            if (!live) continue;
+            const float rs = rstd[r], mean = dot * rs / (float)n;
+            float o[W];
+#pragma unroll
+            for (int j = 0; j < W; j++) {
+                const float d = dv[s].f(j), xh = xv[s].f(j) * rs;
+                acc[j] = fmaf(d, xh, acc[j]);
+                o[j] = rs * (d * (wv[j] + off) - xh * mean);
+            }
+            lk_stw<T, W>(dx + lk_row_at(rw.dx, r) + g * W, o);
+        }
+    }
+    if (partial == NULL) return;
+#pragma unroll
+    for (int j = 0; j < W; j++) red[threadIdx.x][j] = acc[j];
+    __syncthreads();
+    /* unit u of the row: the lanes u, u + G, ... of every warp, in that order */
+    for (int u = threadIdx.x; u < units; u += SHORT_THREADS)
+#pragma unroll
+        for (int j = 0; j < W; j++) {
+            float sum = 0.0f;
+            for (int t = u; t < SHORT_THREADS; t += G) sum += red[t][j];
+            partial[(int64_t)blockIdx.x * n + u * W + j] = sum;
+        }
+}
+
+/* The short-row kernels for rows of 2 .. 32 accesses of 16 bytes (not the residual mode:
+ * its rows are a model's hidden size); *taken says whether they ran. */
+static int short_group(int units) {
+    int G = 2;
+    while (G < units) G *= 2;
+    return G;
+}
+
+template <typename T, typename TW, int W>
+static lk_status launch_fwd_short(const lk_rms_norm_args *a, int64_t rows, int n, cudaStream_t st, int *taken) {
+    const int units = n / W, G = short_group(units);
+    *taken = 0;
+    if (a->residual.data || W != lk_vec<T>::N || units < 2 || units > 32 || rows == 0) return LK_OK;
+    void (*k)(const T *, const TW *, T *, float *, int64_t, int, float, float, fwd_rows) =
+        G == 2 ? fwd_short<T, TW, W, 2> : G == 4 ? fwd_short<T, TW, W, 4> : G == 8 ? fwd_short<T, TW, W, 8>
+        : G == 16 ? fwd_short<T, TW, W, 16> : fwd_short<T, TW, W, 32>;
+    const fwd_ptrs p = fwd_ptrs_of(a);
+    const int64_t per_block = (SHORT_THREADS / 32) * (32 / G) * SR;
+    k<<<(unsigned)lk_cdiv(rows, per_block), SHORT_THREADS, 0, st>>>((const T *)p.x, (const TW *)p.w, (T *)p.y,
+                                                                    p.rstd, rows, n, (float)a->eps,
+                                                                    a->weight_offset, p.m);
+    LK_CUDA_LAUNCHED("rms_norm: fused (cuda) forward, short rows");
+    *taken = 1;
+    return LK_OK;
+}
+
+template <typename T, typename TW, int W>
+static lk_status launch_bwd_short(const lk_rms_norm_args *a, float *partial, int64_t max_parts, int64_t rows, int n,
+                                  cudaStream_t st, int64_t *parts, int *taken) {
+    const int units = n / W, G = short_group(units);
+    *taken = 0;
+    if (a->residual.data || W != lk_vec<T>::N || units < 2 || units > 32 || rows == 0) return LK_OK;
+    void (*k)(const T *, const TW *, const T *, T *, const float *, float *, int64_t, int, float, bwd_rows) =
+        G == 2 ? bwd_short<T, TW, W, 2> : G == 4 ? bwd_short<T, TW, W, 4> : G == 8 ? bwd_short<T, TW, W, 8>
+        : G == 16 ? bwd_short<T, TW, W, 16> : bwd_short<T, TW, W, 32>;
+    const int64_t per_block = (SHORT_THREADS / 32) * (32 / G) * SR;
+    lk_status s = fit_grid(k, SHORT_THREADS, max_parts < lk_cdiv(rows, per_block) ? max_parts : lk_cdiv(rows, per_block),
+                           parts);
+    if (s) return s;
+    bwd_rows rw;
+    lk_rows_of(&a->x, &rw.x), lk_rows_of(&a->dy, &rw.dy), lk_rows_of(&a->dx, &rw.dx);
+    k<<<(unsigned)*parts, SHORT_THREADS, 0, st>>>((const T *)a->x.data, (const TW *)a->weight.data,
+                                                 (const T *)a->dy.data, (T *)a->dx.data, (const float *)a->saved.data,
+                                                 partial, rows, n, a->weight_offset, rw);
+    LK_CUDA_LAUNCHED("rms_norm: fused (cuda) backward, short rows");
+    *taken = 1;
+    return LK_OK;
+}
+
 /* ---- the vtable --------------------------------------------------------------- */
 
 /* The most blocks of the backward grid, hence f32 partial rows of dweight the workspace
@@ -610,8 +771,9 @@ template <typename T, typename TW>
 static lk_status forward_as(const plan *p, const lk_rms_norm_args *a, int64_t rows, int n, cudaStream_t st) {
     const int V = lk_vec<T>::N;
     int taken = 0;
-    lk_status s = p->w == 1 ? launch_fwd_warp<T, TW, 1>(a, rows, n, st, &taken)
-                            : launch_fwd_warp<T, TW, V>(a, rows, n, st, &taken);
+    lk_status s = p->w == V ? launch_fwd_short<T, TW, V>(a, rows, n, st, &taken) : LK_OK;
+    if (s || taken) return s;
+    s = p->w == 1 ? launch_fwd_warp<T, TW, 1>(a, rows, n, st, &taken) : launch_fwd_warp<T, TW, V>(a, rows, n, st, &taken);
     if (s || taken) return s;
     return p->w == 1 ? launch_fwd<T, TW, 1>(p, a, rows, n, st) : launch_fwd<T, TW, V>(p, a, rows, n, st);
 }
@@ -620,6 +782,9 @@ template <typename T, typename TW>
 static lk_status backward_as(const plan *p, const lk_rms_norm_args *a, float *partial, int64_t mp, int64_t rows,
                              int n, cudaStream_t st, int64_t *parts) {
     const int V = lk_vec<T>::N;
+    int taken = 0;
+    lk_status s = p->w == V ? launch_bwd_short<T, TW, V>(a, partial, mp, rows, n, st, parts, &taken) : LK_OK;
+    if (s || taken) return s;
     return p->w == 1 ? launch_bwd<T, TW, 1>(p, a, partial, mp, rows, n, st, parts)
                      : launch_bwd<T, TW, V>(p, a, partial, mp, rows, n, st, parts);
 }

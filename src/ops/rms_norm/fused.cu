@@ -595,8 +595,9 @@ static lk_status launch_bwd(const plan *p, const lk_rms_norm_args *a, float *par
  * warp at once and SR such sets a warp: every load of a warp's rows issued before any is
  * used, the sums by shuffles within the group, no shared memory and no barrier in the row
  * loop. The block kernels ran such rows one at a time a block (a warp of 16 busy lanes):
- * latency-bound at ~1.2 TB/s, and on the views of q_norm / k_norm (rows.h) slower still
- * (fwd 178 us a call at the dense config, eighteenth session). The forward's warps are
+ * latency-bound at ~1.2 TB/s, and on the views of q_norm / k_norm (rows.h) slower still:
+ * at the 0.6B dense config a forward took 178 us a call, 69 us here (q and k: ~2.8 TB/s),
+ * the backward 108 us (bench/NOTES.md, eighteenth session). The forward's warps are
  * short-lived; the backward's blocks walk row sets (a persistent grid, what the dweight
  * workspace holds) and sum their lanes' dweight columns in shared memory at the end, in a
  * fixed order. */

@@ -89,7 +89,9 @@ typedef struct {
 
 /* Half a warp a query row (padded to 64-row tiles), a lane 8 elements of O and of dO in one
  * 16-byte load each (D is a multiple of 8 and at most 128; the tensors 16-byte aligned): the
- * first version, a warp a row and a lane 2 bytes a load, ran at a fraction of HBM's rate. */
+ * first version, a warp a row and a lane 2 bytes a load, ran at a fraction of HBM's rate
+ * (with the convert's first version ~7.8 ms of a 0.6B dense step; now 79 + 93 us a layer,
+ * 4.8 ms: bench/NOTES.md, eighteenth session). */
 static __global__ void __launch_bounds__(256) fa3_bwd_prep(const lk_bf16_t *out, const lk_bf16_t *dout,
                                                            const float *lse, const float *sink, float *stats,
                                                            int *rows, float *sink_part, lk_attn_vis vis, int64_t BH,
@@ -138,8 +140,7 @@ static __global__ void __launch_bounds__(256) fa3_bwd_prep(const lk_bf16_t *out,
  * columns n and n + 1 in one float4) read as float4s in that order, so a warp reads 512
  * contiguous bytes; turned in shared memory (68 floats a row: the float4s' four stores of
  * a warp fall on 32 different banks); each thread then writes 16 bf16 of one query row.
- * The first version read the workspace straight into rows (8 useful bytes of each 64) at
- * ~1/3 of HBM's rate. */
+ * The first version read the workspace straight into rows (8 useful bytes of each 64). */
 static __global__ void __launch_bounds__(256) fa3_dq_convert(const float *acc, lk_bf16_t *dq, int Sq, int D, int nqt,
                                                              int nhb, float scale) {
     __shared__ float tile[BMQ][68];   /* [query][d] */

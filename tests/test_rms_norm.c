@@ -624,6 +624,10 @@ static void bad_arguments_are_refused(void **state) {
             a = f.a;                                    /* x's last dim not contiguous */
             a.x.stride[1] = 2, a.x.stride[0] = 32;
             expect_refused(&f, impl, &a, &f.ctx, bwd, LK_ESHAPE, "x");
+            a = f.a;                                    /* two levels of rows over each other */
+            a.x = lk_tensor_view(f.a.x.data, f.a.x.dtype, 3, (int64_t[]){2, 2, 16});
+            a.x.device = f.a.x.device, a.x.stride[0] = 16, a.x.stride[1] = 16;
+            expect_refused(&f, impl, &a, &f.ctx, bwd, LK_ESHAPE, "x");
             a = f.a;                                    /* the output's rows overlapping */
             if (bwd) a.dx.stride[0] = 15;
             else a.y.stride[0] = 15;

@@ -139,18 +139,18 @@ lk_status lk_expect_row_view(const char *op, lk_device_type dev, const char *arg
     if (!lk_rows_of(t, m))
         return lk_error(LK_ESHAPE, "%s: %s: expected rows with a contiguous last dim whose leading dims fold into "
                         "at most two strided levels, got strides %s", op, arg, strides_str(t, buf, sizeof buf));
-    /* the rows apart: the level of the smaller step walks past a row, the other past it */
+    /* the rows apart: the level of the smaller step walks past a row, the other past the
+     * whole of that level (one level: rows outer apart) */
     const int64_t n = t->shape[t->ndim - 1], rows = n ? lk_tensor_numel(t) / n : 0;
-    if (m->inner > 1 && rows > m->inner) {
-        int64_t small = m->step, big = m->outer, count = m->inner;
-        if (small > big) small = m->outer, big = m->step, count = rows / m->inner;
-        if (small < n || big < count * small)
-            return lk_error(LK_ESHAPE, "%s: %s: expected rows that do not overlap, got strides %s for rows of %lld",
-                            op, arg, strides_str(t, buf, sizeof buf), (long long)n);
-    } else if (rows > 1 && m->outer < n) {
+    int64_t small = m->outer, big = 0, count = 0;
+    if (m->inner > 1) {
+        const int inner_small = m->step < m->outer;
+        small = inner_small ? m->step : m->outer, big = inner_small ? m->outer : m->step;
+        count = inner_small ? m->inner : rows / m->inner;
+    }
+    if (rows > 1 && (small < n || big < count * small))
         return lk_error(LK_ESHAPE, "%s: %s: expected rows that do not overlap, got strides %s for rows of %lld", op,
                         arg, strides_str(t, buf, sizeof buf), (long long)n);
-    }
     return LK_OK;
 }
 

@@ -104,6 +104,9 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
     static const lk_rms_norm_case defaults = {0};
     if (!c) c = &defaults;
     lk_check_row_begin(row, "rms_norm", impl, dt, shape, impl ? lk_rms_norm_tol(impl, dt) : 0.0);
+    if (c->views && (shape->ndim != 3 || c->residual || c->inplace_dx))
+        return lk_error(LK_EINVAL, "rms_norm: check: the views case takes a 3-D shape, without the residual mode or "
+                        "inplace_dx");
     int64_t all = lk_shape_numel(shape), n = shape->d[shape->ndim - 1], rows = all / n;
     lk_dtype wt = c->f32_weight ? LK_F32 : dt;      /* weight and dweight */
     size_t esz = lk_dtype_size(dt), wsz = lk_dtype_size(wt), saved_bytes = 0;
@@ -132,7 +135,7 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
     float *sum32 = res ? malloc(sizeof(float) * (size_t)(all ? all : 1)) : NULL;
     double *s64 = res ? malloc(sizeof(double) * (size_t)(all ? all : 1)) : NULL;
     /* the views case: x and dx in a padded token-major buffer, y and dy head-major */
-    int views = c->views && shape->ndim == 3 && !res && !c->inplace_dx;
+    int views = c->views;
     size_t vtok = views ? (size_t)(shape->d[0] * (shape->d[1] * n + VIEW_GAP)) * esz : 0;
     void *vx = views ? malloc(vtok) : NULL, *vdx = views ? malloc(vtok) : NULL;
     void *vy = views ? malloc((size_t)all * esz) : NULL, *vdy = views ? malloc((size_t)all * esz) : NULL;

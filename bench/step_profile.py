@@ -21,6 +21,7 @@ import csv
 import io
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -95,6 +96,9 @@ def main():
         sys.exit(f"step_profile: the plain run failed: {p.stdout[-2000:]}{p.stderr[-2000:]}")
     rows = [ln.split(",") for ln in open(os.path.join(work, "out", "loss.csv")).read().splitlines()[1:] if ln]
     wall_ms = B * A.seq / float(rows[-1][4]) * 1e3
+    # each run ends with a checkpoint (weights and AdamW state: ~24 GB at the MoE config; two of them
+    # filled the H200 machine's disk in the eighteenth session)
+    shutil.rmtree(os.path.join(work, "out"), ignore_errors=True)
     # the profiled one
     cfg, _ = config(A, work, A.steps)
     cmd = [A.ncu, "--clock-control", "none", "--profile-from-start", "off", "--metrics", "gpu__time_duration.sum",
@@ -102,6 +106,7 @@ def main():
            A.llmkern, "train", "--config", cfg, "--device", "cuda"]
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True)
+    shutil.rmtree(work, ignore_errors=True)
     if p.returncode:
         sys.exit(f"step_profile: ncu failed ({p.returncode}): {p.stdout[-3000:]}{p.stderr[-3000:]}")
     text = p.stdout[p.stdout.find('"ID"'):]

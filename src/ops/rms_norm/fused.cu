@@ -588,9 +588,9 @@ static lk_status launch_bwd(const plan *p, const lk_rms_norm_args *a, float *par
     return LK_OK;
 }
 
-/* ---- short rows: a group of lanes a row ----------------------------------------------
+/* ---- short rows: a group of lanes a row ------------------------------------------ */
 
- * Rows of at most 32 accesses of 16 bytes (a head's q_norm / k_norm: 128 bf16, 16 accesses)
+/* Rows of 2-32 accesses of 16 bytes (a head's q_norm / k_norm: 128 bf16, 16 accesses)
  * take G lanes a row (G the power of two at or above the row's accesses), 32 / G rows a
  * warp at once and SR such sets a warp: every load of a warp's rows issued before any is
  * used, the sums by shuffles within the group, no shared memory and no barrier in the row

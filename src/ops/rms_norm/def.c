@@ -23,11 +23,11 @@ static const lk_impl rows[] = {
      .summary = "unfused composition, one pass per step, intermediates in f32"},
     {.op = LK_OP_RMS_NORM, .name = "fused", .device = LK_DEVICE_CPU, .needs = {.dtypes = LK_F32_BF16},
      .vtable = &lk_rms_norm_fused_vtable,
-     .summary = "one pass per row each way, f32 math, OpenMP + AVX-512, streaming stores"},
+     .summary = "one pass per row each way, f32 math, OpenMP + AVX-512, streaming stores; strided views"},
 #ifdef LLMKERN_HAVE_CUDA
     {.op = LK_OP_RMS_NORM, .name = "fused", .device = LK_DEVICE_CUDA, .needs = {.min_cc = 80, .dtypes = LK_F32_BF16},
      .vtable = &lk_rms_norm_cuda_fused_vtable,
-     .summary = "one pass each way, row in registers, 16-byte accesses, deterministic f32 dweight"},
+     .summary = "one pass each way, row in registers, 16-byte accesses, deterministic f32 dweight; strided views"},
     {.op = LK_OP_RMS_NORM, .name = "eager_fp32", .device = LK_DEVICE_CUDA,
      .needs = {.min_cc = 80, .dtypes = LK_F32_BF16}, .vtable = &lk_rms_norm_cuda_eager_fp32_vtable,
      .summary = "one kernel per step, every intermediate an f32 tensor (the unfused baseline)"},

@@ -107,11 +107,16 @@ static __device__ __forceinline__ void lk_prefetch_l2(const void *p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-static __device__ __forceinline__ float lk_warp_sum(float v) {
+/* The sum of v over each aligned group of G lanes (G a power of two up to 32), returned to
+ * every lane of the group; every lane of the warp must take part. */
+template <int G>
+static __device__ __forceinline__ float lk_group_sum(float v) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+
+static __device__ __forceinline__ float lk_warp_sum(float v) { return lk_group_sum<32>(v); }
 
 /* The sum of v over the block, returned to every thread. scratch: 32 floats of shared
  * memory; blockDim.x a multiple of 32. Ends with a barrier, so scratch can be reused. */

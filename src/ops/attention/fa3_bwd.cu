@@ -114,8 +114,7 @@ static __global__ void __launch_bounds__(256) fa3_bwd_prep(const lk_bf16_t *out,
             delta += x.x * y.x + x.y * y.y;
         }
     }
-#pragma unroll
-    for (int m = 8; m; m >>= 1) delta += __shfl_xor_sync(0xffffffffu, delta, m);
+    delta = lk_group_sum<16>(delta);
     if (!live || c) return;
     float lse2 = INFINITY;
     if (i < Sq) {

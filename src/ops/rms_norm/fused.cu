@@ -627,9 +627,7 @@ __global__ void __launch_bounds__(SHORT_THREADS) fwd_short(const T *__restrict__
         if (live)
 #pragma unroll
             for (int j = 0; j < W; j++) ss = fmaf(v[s].f(j), v[s].f(j), ss);
-#pragma unroll
-        for (int m = G / 2; m; m >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, m);   /* within the group */
-        const float rs = rsqrtf(ss / (float)n + eps);
+        const float rs = rsqrtf(lk_group_sum<G>(ss) / (float)n + eps);
         if (r < rows && g == 0) rstd[r] = rs;
         if (live) {
             float o[W];
@@ -671,8 +669,7 @@ __global__ void __launch_bounds__(SHORT_THREADS) bwd_short(const T *__restrict__
             if (live)
 #pragma unroll
                 for (int j = 0; j < W; j++) dot = fmaf(dv[s].f(j) * (wv[j] + off), xv[s].f(j), dot);
-#pragma unroll
-            for (int m = G / 2; m; m >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, m);
+            dot = lk_group_sum<G>(dot);
             if (!live) continue;
             const float rs = rstd[r], mean = dot * rs / (float)n;
             float o[W];
@@ -701,6 +698,11 @@ __global__ void __launch_bounds__(SHORT_THREADS) bwd_short(const T *__restrict__
 
 /* The short-row kernels for rows of 2 .. 32 accesses of 16 bytes (not the residual mode:
  * its rows are a model's hidden size); *taken says whether they ran. */
+template <typename T, int W>
+static int takes_short(const lk_rms_norm_args *a, int units, int64_t rows) {
+    return !a->residual.data && W == lk_vec<T>::N && units >= 2 && units <= 32 && rows > 0;
+}
+
 static int short_group(int units) {
     int G = 2;
     while (G < units) G *= 2;
@@ -711,7 +713,7 @@ template <typename T, typename TW, int W>
 static lk_status launch_fwd_short(const lk_rms_norm_args *a, int64_t rows, int n, cudaStream_t st, int *taken) {
     const int units = n / W, G = short_group(units);
     *taken = 0;
-    if (a->residual.data || W != lk_vec<T>::N || units < 2 || units > 32 || rows == 0) return LK_OK;
+    if (!takes_short<T, W>(a, units, rows)) return LK_OK;
     void (*k)(const T *, const TW *, T *, float *, int64_t, int, float, float, fwd_rows) =
         G == 2 ? fwd_short<T, TW, W, 2> : G == 4 ? fwd_short<T, TW, W, 4> : G == 8 ? fwd_short<T, TW, W, 8>
         : G == 16 ? fwd_short<T, TW, W, 16> : fwd_short<T, TW, W, 32>;
@@ -730,7 +732,7 @@ static lk_status launch_bwd_short(const lk_rms_norm_args *a, float *partial, int
                                   cudaStream_t st, int64_t *parts, int *taken) {
     const int units = n / W, G = short_group(units);
     *taken = 0;
-    if (a->residual.data || W != lk_vec<T>::N || units < 2 || units > 32 || rows == 0) return LK_OK;
+    if (!takes_short<T, W>(a, units, rows)) return LK_OK;
     void (*k)(const T *, const TW *, const T *, T *, const float *, float *, int64_t, int, float, bwd_rows) =
         G == 2 ? bwd_short<T, TW, W, 2> : G == 4 ? bwd_short<T, TW, W, 4> : G == 8 ? bwd_short<T, TW, W, 8>
         : G == 16 ? bwd_short<T, TW, W, 16> : bwd_short<T, TW, W, 32>;

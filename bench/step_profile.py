@@ -86,6 +86,7 @@ def main():
     P.add_argument("--ncu", default="ncu")
     P.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train: key (repeatable)")
     P.add_argument("--top", type=int, default=40, help="kernels listed by time")
+    P.add_argument("--launches", metavar="REGEX", help="also list each launch of the kernels it matches, in order")
     P.add_argument("--out", default=os.environ.get("OUT", "."))
     A = P.parse_args()
     work = tempfile.mkdtemp(prefix="lk_step_profile_")
@@ -111,6 +112,7 @@ def main():
         sys.exit(f"step_profile: ncu failed ({p.returncode}): {p.stdout[-3000:]}{p.stderr[-3000:]}")
     text = p.stdout[p.stdout.find('"ID"'):]
     by_cat, by_kernel, calls, n = collections.Counter(), collections.Counter(), collections.Counter(), 0
+    launches = []   # (name, us) of each launch --launches matches, in the step's order
     for r in csv.DictReader(io.StringIO(text)):
         if r.get("Metric Name") != "gpu__time_duration.sum":
             continue
@@ -120,6 +122,8 @@ def main():
         by_kernel[name] += ns
         calls[name] += 1
         n += 1
+        if A.launches and re.search(A.launches, name):
+            launches.append((name, ns / 1e3))
     total = sum(by_cat.values())
     what = ", ".join([A.dtype] + A.set)
     lines = [f"# One training step's GPU time by op ({A.model}, {B} x {A.seq} tokens, {what})", "",
@@ -131,6 +135,9 @@ def main():
     lines += ["", "Top kernels:", "", "| kernel | calls | ms | us a call | op |", "|---|---|---|---|---|"]
     for name, ns in by_kernel.most_common(A.top):
         lines.append(f"| `{name[:60]}` | {calls[name]} | {ns / 1e6:.2f} | {ns / 1e3 / calls[name]:.1f} | {category(name)} |")
+    if A.launches:
+        lines += ["", f"Launches of `{A.launches}`, in order (us):", ""]
+        lines += [f"{i}. `{name[:60]}` {us:.1f}" for i, (name, us) in enumerate(launches)]
     md = "\n".join(lines) + "\n"
     print(md)
     os.makedirs(A.out, exist_ok=True)

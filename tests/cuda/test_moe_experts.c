@@ -200,6 +200,8 @@ static const mcase cases[] = {
     {1295, 264, 48, 8, 1, COUNTS, 0, 0},  /* bf16 gradients; d_down: 3 M tiles, the last of 8 rows */
     {600, 256, 128, 128, 2, RANDOM, 1, 0}, /* 256 weight-gradient items: more than an H200's 132 CTAs,
                                             * so a CTA walks several (auto's TMA epilogue across items) */
+    {700, 64, 32, 257, 2, RANDOM, 1, 0},  /* more experts than the sm90 weight gradients rank (EMAX 256):
+                                            * their walk in expert order, skipping the empty ones */
 };
 
 static void against_reference_f32(void **state) {

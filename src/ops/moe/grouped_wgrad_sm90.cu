@@ -30,11 +30,18 @@
  *              read, add, rounded once into C's dtype (f32 or bf16), as grouped.cu's put
  *              (auto: by TMA reductions, below); the tile's lines of C prefetched into
  *              L2 when its K loop starts.
- *   schedule   persistent: CTA b walks items t = b, b + grid, ... < E · (M / 128) · (N / 256)
- *              (a host bound), item t = (expert, M tile, N tile), N fastest; an expert
- *              without rows is skipped by producer and consumers alike (its slice left
- *              as it was, as grouped.cu does). Each output element is one thread's, summed
- *              over the expert's rows in order: deterministic, no atomics.
+ *   schedule   persistent, items ranked longest first: every CTA ranks the experts by
+ *              their rows (most first, ties by index; up to EMAX experts, in shared
+ *              memory; more keep their order), item rank u = (expert of rank u / per,
+ *              M tile, N tile), N fastest, per = (M / 128) · (N / 256). CTA b takes ranks
+ *              j·G + b on even rounds j and j·G + G - 1 - b on odd ones (G the grid): a
+ *              snake, so each round's items are alike and the CTAs that took a round's
+ *              largest take the next one's smallest. A training step's router is far from
+ *              balanced, and the former walk t = b, b + G, ... in expert order left the
+ *              CTAs that drew the large experts running after the rest. Experts without
+ *              rows rank last and end the walk (their slices left as they were, as
+ *              grouped.cu does). Each output element is one thread's, summed over the
+ *              expert's rows in order, whichever CTA holds it: deterministic, no atomics.
  *
  * Variants (LLMKERN_GG_SM90, as grouped_sm90.cu's; the tests run each): coop,
  * gg_sm90_wgrad<AG, BG, false> above (242 TFLOP/s); pingpong, gg_sm90_wgrad_pp below: 128 × 128
@@ -42,7 +49,7 @@
  * pingpong_v4, the same with the read-add-write on 16-byte accesses (V4, 209); auto (the
  * default), gg_sm90_wgrad<AG, BG, true> where C is f32 and TMA can address it (tma_c_ok; else
  * coop): the epilogue writes the accumulators into two 8 KiB staging buffers a consumer
- * warpgroup (64 rows × 32 columns, 128-byte swizzled; the ring's 4 stages stay, 231,488 bytes of
+ * warpgroup (64 rows × 32 columns, 128-byte swizzled; the ring's 4 stages stay, 232,000 bytes of
  * shared memory) and TMA adds them into C in L2 (cp.reduce.async.bulk.tensor .add, 8 slices a
  * warpgroup, slice j staged while slice j - 1 is read out), so the SM is back in the next item's
  * K loop after writing 128 KiB to shared memory instead of reading and writing 256 KiB of HBM;
@@ -77,10 +84,11 @@
 #ifndef EB
 #define EB 16           /* column pairs of C loaded before the epilogue's stores */
 #endif
-#define SMEM_BYTES (STAGES * (A_BYTES + B_BYTES) + 2 * STAGES * 8 + STAGES * BK * 4 + 1024)
+#define EMAX 256        /* experts ranked by their rows (the schedule); more keep their order */
+#define SMEM_BYTES (STAGES * (A_BYTES + B_BYTES) + 2 * STAGES * 8 + STAGES * BK * 4 + EMAX * 2 + 1024)
 #define SLICE_BYTES (64 * 32 * 4)   /* TMA epilogue: one slice, 64 rows × 32 f32 columns (128 bytes a row) */
 #define STG_BYTES (4 * SLICE_BYTES) /* two slices a consumer warpgroup */
-#define TSMEM_BYTES (SMEM_BYTES + STG_BYTES)   /* 231,488 of the 232,448 a block may have */
+#define TSMEM_BYTES (SMEM_BYTES + STG_BYTES)   /* 232,000 of the 232,448 a block may have */
 
 typedef struct {
     const lk_bf16_t *p;       /* rows of ld elements: row i at p + i·ld, or gathered p + (order[i] / kdiv)·ld */
@@ -149,6 +157,41 @@ static __device__ __forceinline__ void item_of(const wargs &p, int64_t t, int64_
     k0 = p.offs[e];
     klim = p.offs[e + 1];
 }
+
+#if FA3_ARCH
+/* The cooperative kernel's walk (the header's schedule): round j of CTA b takes item rank
+ * j·G + b (even j) or j·G + G - 1 - b (odd j); rank u is expert ex[u / per]'s, or expert
+ * u / per's when the experts were too many to rank. Ranks grow with j, so rank u's round is
+ * u / G. */
+struct walk {
+    const uint16_t *ex;
+    int ranked, per;   /* ranked: experts in ex (0: none) */
+    __device__ __forceinline__ int rank(int j) const {
+        const int g = (int)gridDim.x, b = (int)blockIdx.x;
+        return j * g + ((j & 1) ? g - 1 - b : b);
+    }
+    __device__ __forceinline__ int expert(int u) const {
+        const int i = u / per;
+        return i < ranked ? (int)ex[i] : i;
+    }
+};
+
+/* Every thread of the CTA: the experts ranked by their rows into ex (most first, ties by
+ * index), the counts staged in cnt (EMAX words); nothing when there are more than EMAX. */
+static __device__ __forceinline__ int rank_experts(const int64_t *offs, int64_t experts, int32_t *cnt, uint16_t *ex,
+                                                   int tid) {
+    const int n = experts <= EMAX ? (int)experts : 0;
+    for (int e = tid; e < n; e += THREADS) cnt[e] = (int32_t)(offs[e + 1] - offs[e]);
+    __syncthreads();
+    for (int e = tid; e < n; e += THREADS) {
+        const int32_t c = cnt[e];
+        int r = 0;
+        for (int f = 0; f < n; f++) r += cnt[f] > c || (cnt[f] == c && f < e);
+        ex[r] = (uint16_t)e;
+    }
+    return n;
+}
+#endif
 
 /* Rows kr .. kr + 63 (< klim) of operand o, columns c0 .. c0 + 8·CH (< ncols), into a stage
  * of CH / 8 blocks of 64 columns; zeros elsewhere. tk: the gathered operand's source rows of
@@ -222,10 +265,14 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
     uint8_t *sa = sm, *sb = sa + STAGES * A_BYTES;
     uint8_t *stg = sb + STAGES * B_BYTES;   /* TMA: the epilogue's staging, 2 × 2 slices (1024-aligned) */
     uint64_t *full = (uint64_t *)(stg + (TMA ? STG_BYTES : 0)), *empty = full + STAGES;
-    /* [STAGES][BK]: the gathered operand's source rows of a step, in 16-byte chunks from its base */
+    /* [STAGES][BK]: the gathered operand's source rows of a step, in 16-byte chunks from its base
+     * (the experts' counts while they are ranked, before the first step) */
     const uint32_t toks = smem_u32(empty + STAGES);
+    uint16_t *ex = (uint16_t *)(empty + STAGES + STAGES * BK / 2);   /* [EMAX]: the experts, most rows first */
+    static_assert(STAGES * BK >= EMAX, "the experts' counts are staged where the steps' rows go");
     const int tid = threadIdx.x, wg = tid / 128;
-    const int64_t total = p.e * p.mt * p.nt;
+    const int items = (int)(p.e * p.mt * p.nt);   /* lk_moe_cuda_gg_sm90_wgrad_takes bounds it */
+    const walk W{ex, rank_experts(p.offs, p.e, (int32_t *)(empty + STAGES), ex, tid), p.mt * p.nt};
 
     if (tid == 0) {
         for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 129), mbar_init(&empty[s], 256);
@@ -244,18 +291,25 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
         /* 32-bit item and row arithmetic (lk_moe_cuda_gg_sm90_wgrad_takes bounds both): the
          * 56 registers spilled with 64-bit divisions */
         const wopnd &g = AG ? p.a : p.b;
-        const int per = p.mt * p.nt, items = (int)total, kdiv = (int)g.kdiv, ld16 = (int)(g.ld / 8);
-        auto next_item = [&](int t) {   /* the first non-empty item from t (items: none) */
-            while (t < items && p.offs[t / per] >= p.offs[t / per + 1]) t += gridDim.x;
-            return t;
+        const int kdiv = (int)g.kdiv, ld16 = (int)(g.ld / 8);
+        auto next_item = [&](int j) {   /* the rank of the CTA's first item with rows from round j (items: none) */
+            for (;; j++) {
+                const int u = W.rank(j);
+                if (u >= items) return items;
+                const int e = W.expert(u);
+                if (p.offs[e] < p.offs[e + 1]) return u;
+                if (W.ranked) return items;   /* the rest have no rows either */
+            }
         };
-        int t = next_item(blockIdx.x);
+        int u = next_item(0);
         int32_t nxt = -1;   /* this thread's order[] value of the next step (tid < BK) */
-        if ((AG || BG) && tid < BK && t < items && p.offs[t / per] + tid < p.offs[t / per + 1])
-            nxt = g.order[p.offs[t / per] + tid];
+        if ((AG || BG) && tid < BK && u < items) {
+            const int e = W.expert(u);
+            if (p.offs[e] + tid < p.offs[e + 1]) nxt = g.order[p.offs[e] + tid];
+        }
         int it = 0;
-        for (; t < items; t = next_item(t + gridDim.x)) {
-            const int e = t / per, r = t - e * per, m0 = (r / p.nt) * BM, n0 = (r % p.nt) * BN;
+        for (; u < items; u = next_item(u / (int)gridDim.x + 1)) {
+            const int e = W.expert(u), r = u % W.per, m0 = (r / p.nt) * BM, n0 = (r % p.nt) * BN;
             const int k0 = (int)p.offs[e], klim = (int)p.offs[e + 1];
             for (int kr = k0; kr < klim; kr += BK, it++) {
                 const int s = it % STAGES;
@@ -270,9 +324,11 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
                         if (kr + BK < klim) {
                             if (kr + BK + tid < klim) nxt = g.order[kr + BK + tid];
                         } else {   /* the next non-empty item's first step */
-                            const int t2 = next_item(t + gridDim.x);
-                            if (t2 < items && p.offs[t2 / per] + tid < p.offs[t2 / per + 1])
-                                nxt = g.order[p.offs[t2 / per] + tid];
+                            const int u2 = next_item(u / (int)gridDim.x + 1);
+                            if (u2 < items) {
+                                const int e2 = W.expert(u2);
+                                if (p.offs[e2] + tid < p.offs[e2 + 1]) nxt = g.order[p.offs[e2] + tid];
+                            }
                         }
                     }
                     asm volatile("bar.sync 1, 128;" ::: "memory");   /* the producer's warps: tk written */
@@ -311,10 +367,16 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
     const int rl = cg * 64 + w * 16 + lane / 4;   /* this thread's gradient rows: rl and rl + 8 of the tile */
     float acc[BN / 2];
     int it = 0;
-    for (int64_t t = blockIdx.x; t < total; t += gridDim.x) {
-        int64_t e, k0, klim, m0, n0;
-        item_of(p, t, e, k0, klim, m0, n0);
-        if (k0 >= klim) continue;   /* no rows: the slice stays as it was (the producer skips it too) */
+    for (int round = 0;; round++) {
+        const int u = W.rank(round);
+        if (u >= items) break;
+        const int64_t e = W.expert(u), k0 = p.offs[e], klim = p.offs[e + 1];
+        if (k0 >= klim) {   /* no rows: the slice stays as it was (the producer skips it too) */
+            if (W.ranked) break;   /* and so have the rest */
+            continue;
+        }
+        const int r = u % W.per;
+        const int64_t m0 = (int64_t)(r / p.nt) * BM, n0 = (int64_t)(r % p.nt) * BN;
         {   /* C's lines this thread's epilogue reads, into L2 while the K loop runs (a hint) */
             const int64_t per = p.c_bf16 ? 64 : 32;   /* elements a 128-byte line */
             const size_t es = p.c_bf16 ? 2 : 4;

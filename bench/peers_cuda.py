@@ -600,7 +600,8 @@ MOE_ROWS = []
 def moe_rows():
     """The experts layer (permute, gate/up, SwiGLU, down, weighted un-permute) with the fake
     gate's balanced routing (token t takes experts (t·k + j) mod E: 1024 rows an expert,
-    the shape of PEERS-H200.md's torch._grouped_mm rows), bf16, weight gradients in f32.
+    the shape of PEERS-H200.md's torch._grouped_mm rows; LK_MOE_SHAPE / LK_MOE_SKEW for another
+    shape and an uneven router: bench/moe_problem.py), bf16, weight gradients in f32.
     Peers: torch._grouped_mm in the same pipeline (argsort, gather, two grouped GEMMs,
     SiLU·up weighted, index_add in f32) under autograd, and the HF per-expert loop. The
     grouped GEMMs alone: torch._grouped_mm's gate/up and down beside llmkern's gate/up

@@ -313,7 +313,7 @@ static lk_status act_backward_launch(const lk_moe_experts_args *a, const lk_moe_
 
 static lk_status backward_on(const lk_moe_experts_args *a, lk_ctx *ctx, int hopper) {
     lk_moe_dims d = lk_moe_dims_of(a);
-    int64_t H = d.h, I = d.i, R = d.r;
+    int64_t H = d.h, I = d.i, R = d.r, K = d.k;
     size_t es = lk_dtype_size(d.dt);
     cudaStream_t st = (cudaStream_t)ctx->stream;
     lk_moe_fused_saved sv = lk_moe_fused_saved_view(a->saved.data, &d);

@@ -13,13 +13,12 @@
  *             rounded once, as torch's grouped_mm gives it; f32 rows would be 1 GB at
  *             PEERS-H200.md's shape); the un-permute sums each token's k rows in route order
  *             in f32, rounds once.
- *   backward  dout's rows gathered into expert order (dout[order / k], into the buffer
- *             d_rows takes last); dh' = those rows · Wd, bf16: the activation's backward in
- *             that GEMM's epilogue (d_gate_up and w·h from dh' and the saved gate/up;
- *             d_topk_weights = dh'·h from per-tile partials summed in order); f32: dh' in
- *             f32, then a warp a row recomputes the activation; d_down += dout[order / k]ᵀ·
- *             (w·h), d_gate_up_weight += d_gate_upᵀ·x[order / k] (x's rows gathered into
- *             the same buffer, which d_rows = d_gate_up · Wgu (storage dtype, as y) then takes)
+ *   backward  dh' = dout[order / k] · Wd, bf16: the activation's backward in that GEMM's
+ *             epilogue (d_gate_up and w·h from dh' and the saved gate/up; d_topk_weights =
+ *             dh'·h from per-tile partials summed in order); f32: dh' in f32, then a warp a
+ *             row recomputes the activation; d_down += dout[order / k]ᵀ·(w·h),
+ *             d_gate_up_weight += d_gate_upᵀ·x[order / k] (x's rows gathered first, into the
+ *             buffer d_rows = d_gate_up · Wgu (storage dtype, as y) then takes)
  *             — each expert's gradient slice read and written by one CTA a tile, so a
  *             bf16 gradient is rounded once per call; the un-permute sums d_rows into
  *             d_hidden.
@@ -116,34 +115,18 @@ __global__ void unpermute_sum(T *dst, const T *src, const int32_t *pos, int64_t 
 }
 
 /* dst[p, :] = src[order[p] / k, :] for the n sorted rows: the tokens' rows in expert order,
- * an element a thread. */
-template <typename T>
+ * 16 bytes a thread (h · sizeof(T) a multiple of 16, both 16-byte aligned) or an element. */
+template <typename T, bool V>
 __global__ void gather_rows(T *dst, const T *src, const int32_t *order, int64_t n, int64_t k, int64_t h) {
-    const int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    constexpr int W = V ? 16 / (int)sizeof(T) : 1;
+    const int64_t e = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * W;
     if (e >= n * h) return;
     const int64_t p = e / h, c = e - p * h;
-    dst[e] = src[(int64_t)(order[p] / k) * h + c];
-}
-
-/* The same, rows of h16 16-byte chunks (both 16-byte aligned): a warp a row, each lane's
- * four chunks loaded before any is stored. A thread a chunk, with the row's division and
- * order[] read per thread and one load in flight behind them, ran at ~2.3 TB/s (130 us a
- * call at e2e_peers' MoE shape, bench/NOTES.md nineteenth session). */
-__global__ void gather_rows16(uint4 *dst, const uint4 *src, const int32_t *order, int64_t n, int64_t k, int64_t h16) {
-    const int64_t p = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
-    const int lane = threadIdx.x % 32;
-    if (p >= n) return;
-    const uint4 *s = src + (int64_t)(order[p] / k) * h16;
-    uint4 *d = dst + p * h16;
-    for (int64_t c = lane; c < h16; c += 128) {
-        uint4 v[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-            if (c + 32 * u < h16) v[u] = __ldg(s + c + 32 * u);
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-            if (c + 32 * u < h16) d[c + 32 * u] = v[u];
-    }
+    const T *s = src + (int64_t)(order[p] / k) * h + c;
+    if constexpr (V)
+        *reinterpret_cast<uint4 *>(dst + e) = __ldg(reinterpret_cast<const uint4 *>(s));
+    else
+        dst[e] = *s;
 }
 
 /* A warp a sorted row: from dh' (hb) and the saved pre-activations, d_gate_up, w·h and
@@ -225,11 +208,11 @@ static lk_status wgrad_gemm(lk_gg g, lk_gg_operand a, lk_gg_operand b, int64_t m
 /* dst [R, H] = x[order / k]: the sorted rows of x, in the storage dtype T */
 template <typename T>
 static void gather_as(void *dst, const void *x, const lk_moe_dims *d, const int32_t *order, cudaStream_t st) {
-    const int64_t w = 16 / (int64_t)sizeof(T);
+    const int64_t n = d->r * d->h, w = 16 / (int64_t)sizeof(T);
     if (d->h % w == 0 && lk_aligned16(dst) && lk_aligned16(x))
-        gather_rows16<<<grid(d->r * 32), 256, 0, st>>>((uint4 *)dst, (const uint4 *)x, order, d->r, d->k, d->h / w);
+        gather_rows<T, true><<<grid(n / w), 256, 0, st>>>((T *)dst, (const T *)x, order, d->r, d->k, d->h);
     else
-        gather_rows<T><<<grid(d->r * d->h), 256, 0, st>>>((T *)dst, (const T *)x, order, d->r, d->k, d->h);
+        gather_rows<T, false><<<grid(n), 256, 0, st>>>((T *)dst, (const T *)x, order, d->r, d->k, d->h);
 }
 static void gather(void *dst, const void *x, const lk_moe_dims *d, const int32_t *order, cudaStream_t st) {
     if (d->dt == LK_F32) gather_as<float>(dst, x, d, order, st);
@@ -329,13 +312,7 @@ static lk_status backward_on(const lk_moe_experts_args *a, lk_ctx *ctx, int hopp
     lk_status s = lk_moe_cuda_check_ids((const int32_t *)a->topk_ids.data, R, d.e, flag, st);
     if (s) return s;
     lk_gg g = gg_base(&d, &sv, tiles, hopper);
-    /* dout's rows in expert order, gathered once into dr's buffer (free until d_rows, below,
-     * writes it) for dh' and d_down's weight gradient: gathered inside them, by cp.async, the
-     * weight gradient ran at ~390 TFLOP/s where d_gate_up's, both operands by TMA, ran ~620
-     * (e2e_peers' MoE step, bench/NOTES.md nineteenth session) */
-    gather(dr, a->dout.data, &d, sv.order, st);
-    LK_CUDA_LAUNCHED("moe_experts: fused (cuda): gather dout");
-    lk_gg_operand dout = opnd(dr, H, 0, NULL, 0, 1);
+    lk_gg_operand dout = opnd(a->dout.data, H, 0, sv.order, K, 1);
     lk_gg_operand wd_kn = opnd(a->down_weight.data, I, H * I, NULL, 0, 0);   /* Wd_e [H, I] read as [k, n] */
     float *dw = (float *)a->d_topk_weights.data;
     if (fused_act) {   /* dh' = dout rows · Wd_e with the activation's backward in the epilogue */
@@ -352,12 +329,12 @@ static lk_status backward_on(const lk_moe_experts_args *a, lk_ctx *ctx, int hopp
     }
     /* d_down_e [H, I] += dout_eᵀ · (w·h)_e: both along the expert's rows, M / N contiguous */
     if (a->d_down_weight.data &&
-        (s = wgrad_gemm(g, opnd(dr, H, 0, NULL, 0, 0), opnd(wh, I, 0, NULL, 0, 0), H, I,
+        (s = wgrad_gemm(g, opnd(a->dout.data, H, 0, sv.order, K, 0), opnd(wh, I, 0, NULL, 0, 0), H, I,
                         &a->d_down_weight, st)))
         return s;
-    /* d_gate_up_e [2I, H] += d_gate_up_eᵀ · x_e, x's rows gathered into dr's buffer in dout's
-     * place: both operands contiguous, so the Hopper kernel loads both by TMA (a gathered
-     * operand's cp.async copies starved it: bench/NOTES.md) */
+    /* d_gate_up_e [2I, H] += d_gate_up_eᵀ · x_e, x's rows gathered first into dr's buffer (free
+     * until d_rows, below, writes it): both operands contiguous, so the Hopper kernel loads
+     * both by TMA (a gathered operand's cp.async copies starved it: bench/NOTES.md) */
     if (a->d_gate_up_weight.data) {
         gather(dr, a->hidden.data, &d, sv.order, st);
         LK_CUDA_LAUNCHED("moe_experts: fused (cuda): gather x");

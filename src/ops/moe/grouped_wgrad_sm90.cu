@@ -40,10 +40,11 @@
  *              balanced, and the former walk t = b, b + G, ... in expert order left the
  *              CTAs that drew the large experts running after the rest (e2e_peers' MoE
  *              step: 18.9 -> 12.8 ms of these kernels, 160.7 -> 154.3 ms a step; H200,
- *              bench/NOTES.md nineteenth session). Experts without
- *              rows rank last and end the walk (their slices left as they were, as
- *              grouped.cu does). Each output element is one thread's, summed over the
- *              expert's rows in order, whichever CTA holds it: deterministic, no atomics.
+ *              bench/NOTES.md nineteenth session). Experts without rows rank last and
+ *              end the walk (their slices left as they were, as grouped.cu does). Each
+ *              output element is one thread's, summed over the expert's rows in order,
+ *              whichever CTA holds it: deterministic, no atomics. (The ping-pong variant
+ *              below keeps the walk in expert order.)
  *
  * Variants (LLMKERN_GG_SM90, as grouped_sm90.cu's; the tests run each): coop,
  * gg_sm90_wgrad<AG, BG, false> above (242 TFLOP/s); pingpong, gg_sm90_wgrad_pp below: 128 × 128

@@ -165,10 +165,12 @@ static __device__ __forceinline__ void item_of(const wargs &p, int64_t t, int64_
 /* The cooperative kernel's walk (the header's schedule): round j of CTA b takes item rank
  * j·G + b (even j) or j·G + G - 1 - b (odd j); rank u is expert ex[u / per]'s, or expert
  * u / per's when the experts were too many to rank. Ranks grow with j, so rank u's round is
- * u / G. */
+ * u / G. Producer and consumers take their items from first() and after() alike: they
+ * must walk the same items. */
 struct walk {
     const uint16_t *ex;
-    int ranked, per;   /* ranked: experts in ex (0: none) */
+    const int64_t *offs;
+    int ranked, per, items;   /* ranked: experts in ex (0: none) */
     __device__ __forceinline__ int rank(int j) const {
         const int g = (int)gridDim.x, b = (int)blockIdx.x;
         return j * g + ((j & 1) ? g - 1 - b : b);
@@ -177,6 +179,19 @@ struct walk {
         const int i = u / per;
         return i < ranked ? (int)ex[i] : i;
     }
+    /* the rank of the CTA's first item with rows from round j on (items: none); experts
+     * without rows rank last, so the first such ranked one ends the walk */
+    __device__ __forceinline__ int from(int j) const {
+        for (;; j++) {
+            const int u = rank(j);
+            if (u >= items) return items;
+            const int e = expert(u);
+            if (offs[e] < offs[e + 1]) return u;
+            if (ranked) return items;
+        }
+    }
+    __device__ __forceinline__ int first() const { return from(0); }
+    __device__ __forceinline__ int after(int u) const { return from(u / (int)gridDim.x + 1); }
 };
 
 /* Every thread of the CTA: the experts ranked by their rows into ex (most first, ties by
@@ -275,7 +290,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
     static_assert(STAGES * BK >= EMAX, "the experts' counts are staged where the steps' rows go");
     const int tid = threadIdx.x, wg = tid / 128;
     const int items = (int)(p.e * p.mt * p.nt);   /* lk_moe_cuda_gg_sm90_wgrad_takes bounds it */
-    const walk W{ex, rank_experts(p.offs, p.e, (int32_t *)(empty + STAGES), ex, tid), p.mt * p.nt};
+    const walk W{ex, p.offs, rank_experts(p.offs, p.e, (int32_t *)(empty + STAGES), ex, tid), p.mt * p.nt, items};
 
     if (tid == 0) {
         for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 129), mbar_init(&empty[s], 256);
@@ -295,23 +310,14 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
          * 56 registers spilled with 64-bit divisions */
         const wopnd &g = AG ? p.a : p.b;
         const int kdiv = (int)g.kdiv, ld16 = (int)(g.ld / 8);
-        auto next_item = [&](int j) {   /* the rank of the CTA's first item with rows from round j (items: none) */
-            for (;; j++) {
-                const int u = W.rank(j);
-                if (u >= items) return items;
-                const int e = W.expert(u);
-                if (p.offs[e] < p.offs[e + 1]) return u;
-                if (W.ranked) return items;   /* the rest have no rows either */
-            }
-        };
-        int u = next_item(0);
+        int u = W.first();
         int32_t nxt = -1;   /* this thread's order[] value of the next step (tid < BK) */
         if ((AG || BG) && tid < BK && u < items) {
             const int e = W.expert(u);
             if (p.offs[e] + tid < p.offs[e + 1]) nxt = g.order[p.offs[e] + tid];
         }
         int it = 0;
-        for (; u < items; u = next_item(u / (int)gridDim.x + 1)) {
+        for (; u < items; u = W.after(u)) {
             const int e = W.expert(u), r = u % W.per, m0 = (r / p.nt) * BM, n0 = (r % p.nt) * BN;
             const int k0 = (int)p.offs[e], klim = (int)p.offs[e + 1];
             for (int kr = k0; kr < klim; kr += BK, it++) {
@@ -327,7 +333,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
                         if (kr + BK < klim) {
                             if (kr + BK + tid < klim) nxt = g.order[kr + BK + tid];
                         } else {   /* the next non-empty item's first step */
-                            const int u2 = next_item(u / (int)gridDim.x + 1);
+                            const int u2 = W.after(u);
                             if (u2 < items) {
                                 const int e2 = W.expert(u2);
                                 if (p.offs[e2] + tid < p.offs[e2 + 1]) nxt = g.order[p.offs[e2] + tid];
@@ -370,14 +376,8 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
     const int rl = cg * 64 + w * 16 + lane / 4;   /* this thread's gradient rows: rl and rl + 8 of the tile */
     float acc[BN / 2];
     int it = 0;
-    for (int round = 0;; round++) {
-        const int u = W.rank(round);
-        if (u >= items) break;
+    for (int u = W.first(); u < items; u = W.after(u)) {   /* experts without rows: slices left as they were */
         const int64_t e = W.expert(u), k0 = p.offs[e], klim = p.offs[e + 1];
-        if (k0 >= klim) {   /* no rows: the slice stays as it was (the producer skips it too) */
-            if (W.ranked) break;   /* and so have the rest */
-            continue;
-        }
         const int r = u % W.per;
         const int64_t m0 = (int64_t)(r / p.nt) * BM, n0 = (int64_t)(r % p.nt) * BN;
         {   /* C's lines this thread's epilogue reads, into L2 while the K loop runs (a hint) */

@@ -12,7 +12,9 @@
  *             among its k + 1 best logits; weights and aux loss at the GPU's own choice
  *             (a near-tie may be decided either way); a second call bit for bit the same.
  *   backward  d_hidden, and d_gate_weight added onto random values already there (f32
- *             or the gate's dtype), with and without an aux-loss gradient.
+ *             or the gate's dtype), with and without an aux-loss gradient; bf16 hidden and
+ *             gate with f32 logits and an f32 d_gate_weight held to f32's tolerance (the
+ *             backward's bf16 GEMMs take dz in two parts).
  * Every output and the saved block are NaN-poisoned first. Tolerances (max-normalized,
  * as harness_router.c): f32 2e-5 (exact f32 GEMMs and softmax against float64); bf16
  * 2e-2 (logits rounded to bf16 move each probability by up to ~|z|·2^-9, d_hidden and a
@@ -245,6 +247,10 @@ static void run_case(lk_dtype dt, const rcase *c, uint32_t seed) {
      * to bf16, a near-tie among the k + 1 best is common, so it may hold few) */
     assert_true(bf16_logits || held * 2 >= T);
     assert_true(ew <= tol && ea <= tol && edx <= tol && edg <= tol);   /* tol: f32 2e-5, bf16 2e-2 */
+    /* bf16 hidden and gate: the backward's GEMMs take dz as two bf16 parts (router_cuda.c), dz to
+     * 2^-17 of it; with unrounded logits and an f32 d_gate_weight that holds f32's tolerance, where
+     * dz rounded to bf16 alone would miss it by ~2^-9 */
+    if (dt == LK_BF16 && !c->gw32 && c->gate_f32 && c->grad_f32) assert_true(edg <= 2e-5);
     lk_arena_free(&r.arena);
     lkt_free_all();
 }
@@ -260,6 +266,7 @@ static void against_reference(void **state) {
         {7, 129, 128, 1, 0, 1, 1.5f, 0.0f, 0, 0, 0, 0, 0, 0, 0},    /* softmax_after_topk, no aux gradient */
         {1, 64, 8, 8, 1, 0, 1.0f, 0.37f, 0, 1, 0, 0, 0, 0, 0},      /* k = E; gate_f32 */
         {333, 5, 4, 2, 1, 0, 0.5f, 1.0f, 1, 1, 1, 0, 0, 0, 0},      /* gate_f32 with an f32 gate */
+        {333, 129, 60, 8, 1, 0, 1.0f, 0.37f, 0, 1, 1, 0, 0, 0, 0},  /* bf16 gate, f32 logits and d_gate_weight */
         {64, 64, 200, 8, 1, 0, 1.0f, 0.37f, 0, 0, 0, 0, 0, 0, 0},
         {33, 64, 512, 8, 1, 0, 1.0f, 0.37f, 0, 0, 1, 0, 0, 0, 0},   /* the largest row kept in registers */
         {33, 64, 600, 9, 1, 0, 1.0f, 0.37f, 0, 0, 0, 0, 0, 0, 0},   /* longer rows: read back from the saved scores */

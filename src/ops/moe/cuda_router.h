@@ -68,6 +68,11 @@ lk_status lk_router_cuda_d_logits(const lk_router_cuda_dims *d, const float *v, 
 lk_status lk_router_cuda_convert(int64_t n, lk_dtype src_dt, const void *src, lk_dtype dst_dt, void *dst, int add,
                                  void *stream);
 
+/* dz [T, E] (f32) as two bf16 parts side by side, row t of dz2 [T, 2E] = hi | lo with
+ * hi = bf16(dz), lo = bf16(dz - hi): hi + lo is dz to 2^-17 of it, so bf16 GEMMs with f32
+ * accumulation over K = 2E (or two of them over hi and lo) keep f32's precision. */
+lk_status lk_router_cuda_split_bf16(int64_t t, int64_t e, const float *dz, void *dz2, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

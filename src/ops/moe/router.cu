@@ -188,6 +188,16 @@ __global__ void convert(int64_t n, const S *src, D *dst, int add) {
     }
 }
 
+__global__ void split_bf16(int64_t t, int64_t e, const float *dz, lk_bf16_t *dz2) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < t * e; i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / e, c = i - r * e;
+        float f = dz[i];
+        lk_bf16_t hi = lk_from_f32<lk_bf16_t>(f);
+        dz2[r * 2 * e + c] = hi;
+        dz2[r * 2 * e + e + c] = lk_from_f32<lk_bf16_t>(f - lk_to_f32(hi));
+    }
+}
+
 /* --- launchers ------------------------------------------------------------------------ */
 
 static unsigned token_blocks(int64_t t) { return (unsigned)lk_cdiv(t, WARPS); }
@@ -251,5 +261,11 @@ extern "C" lk_status lk_router_cuda_convert(int64_t n, lk_dtype src_dt, const vo
     else
         convert<lk_bf16_t, lk_bf16_t><<<g, 256, 0, st>>>(n, (const lk_bf16_t *)src, (lk_bf16_t *)dst, add);
     LK_CUDA_LAUNCHED("moe_router (cuda): conversion");
+    return LK_OK;
+}
+
+extern "C" lk_status lk_router_cuda_split_bf16(int64_t t, int64_t e, const float *dz, void *dz2, void *stream) {
+    split_bf16<<<flat_blocks(t * e), 256, 0, (cudaStream_t)stream>>>(t, e, dz, (lk_bf16_t *)dz2);
+    LK_CUDA_LAUNCHED("moe_router (cuda): d_logits in two bf16 parts");
     return LK_OK;
 }

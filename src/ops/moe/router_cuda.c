@@ -14,9 +14,13 @@
  *             product added and rounded once); d_hidden = dz · gate_weight, written.
  *
  * Precision: f32 math throughout, as on the CPU. cuBLASLt takes one operand dtype, so a
- * bf16 operand meeting an f32 one (bf16 hidden with an f32 gate, and every backward GEMM
- * of bf16 storage, dz being f32) is widened to f32 in the workspace first: exact, and
- * the router's GEMMs are small (N or K is E).
+ * bf16 operand meeting an f32 one (bf16 hidden with an f32 gate) is widened to f32 in the
+ * workspace first: exact. The backward of bf16 hidden and gate (the trainer's) keeps the
+ * GEMMs on bf16 tensor cores instead: dz goes in as two bf16 parts, hi + lo (dz to 2^-17
+ * of it; the products of bf16 operands are exact in the f32 accumulators), so d_gate_weight
+ * is two GEMMs over T and d_hidden one over K = 2E with the gate stacked twice. Widening
+ * hidden and running the f32 GEMMs on CUDA cores took 3.6 ms of e2e_peers' MoE step (16
+ * layers; bench/NOTES.md, twentieth session). Other dtypes widen as the forward does.
  *
  * Not yet: ctx->comm must be NULL. Over a sequence-parallel group the aux loss sums the
  * expert counts and scores of every rank (router_core.c's lk_router_group_sum), which is
@@ -52,6 +56,10 @@ static lk_router_cuda_dims dims_of(const lk_moe_router_args *a, lk_router_kind k
 
 static int mixed(const lk_moe_router_args *a) { return a->hidden.dtype != a->gate_weight.dtype; }
 static int want_dgw(const lk_moe_router_args *a) { return a->d_gate_weight.data != NULL; }
+/* The backward's GEMMs on bf16 tensor cores, dz in two bf16 parts (the opening's precision). */
+static int split(const lk_moe_router_args *a) {
+    return a->hidden.dtype == LK_BF16 && a->gate_weight.dtype == LK_BF16;
+}
 
 /* forward: z, hidden widened (mixed dtypes), sigmoid_bias's group scores and flags, and
  * for the aux loss the scores' row sums, the counts and the partials. backward: dz,
@@ -68,9 +76,10 @@ static size_t workspace_bytes(const lk_moe_router_args *a, int backward, lk_rout
         if (a->aux_loss.data) n += al(T * 4) + al(sizeof(double) * (size_t)lk_router_cuda_aux_scratch(d.t, d.e));
         return n;
     }
+    if (want_dgw(a) && a->d_gate_weight.dtype != LK_F32) n += al(E * H * 4);
+    if (split(a)) return n + al(T * E * 4) + al(E * H * 4);   /* dz2 [T, 2E], the gate twice [2E, H] */
     if (a->hidden.dtype != LK_F32) n += al(T * H * 4);
     if (a->gate_weight.dtype != LK_F32) n += al(E * H * 4);
-    if (want_dgw(a) && a->d_gate_weight.dtype != LK_F32) n += al(E * H * 4);
     return n;
 }
 
@@ -173,6 +182,37 @@ static lk_status d_hidden(const lk_moe_router_args *a, const gemm_ctx *g, const 
                     a->hidden.dtype, 0, x32);
 }
 
+/* bf16 hidden and gate: dz into dz2 [T, 2E] = hi | lo (bf16), then d_gate_weight (+)= hiᵀ·x
+ * + loᵀ·x (f32 out, or through acc for a bf16 one, added and rounded once) and d_hidden =
+ * dz2 · [gate; gate] (K = 2E, rounded once). */
+static lk_status backward_split(const lk_moe_router_args *a, lk_router_kind kind, const gemm_ctx *g, const float *dz,
+                                float *acc, lk_arena *ar) {
+    int64_t T = a->hidden.shape[0], H = a->hidden.shape[1], E = lk_router_experts(a);
+    uint16_t *dz2 = lk_arena_alloc(ar, sizeof(uint16_t) * (size_t)(T * 2 * E));
+    uint16_t *w2 = lk_arena_alloc(ar, sizeof(uint16_t) * (size_t)(2 * E * H));
+    if (!dz2 || !w2) return nomem(kind);
+    lk_status s = lk_router_cuda_split_bf16(T, E, dz, dz2, g->stream);
+    if (s) return s;
+    if (want_dgw(a)) {
+        int f32 = a->d_gate_weight.dtype == LK_F32;
+        float *out = f32 ? a->d_gate_weight.data : acc;
+        for (int part = 0; part < 2; part++) {
+            lk_lt_gemm_args x = {.trans_a = 1, .m = E, .n = H, .k = T, .ab_dt = LK_BF16, .a = dz2 + part * E,
+                                 .lda = 2 * E, .b = a->hidden.data, .ldb = H, .alpha = 1.0f,
+                                 .beta = f32 || part ? 1.0f : 0.0f, .c_dt = LK_F32, .c = out, .ldc = H};
+            if ((s = lk_lt_gemm(g->dev, g->stream, g->ws, LK_LT_WORKSPACE_BYTES, &x))) return s;
+        }
+        if (!f32 && (s = lk_router_cuda_convert(E * H, LK_F32, acc, a->d_gate_weight.dtype, a->d_gate_weight.data, 1,
+                                                g->stream)))
+            return s;
+    }
+    for (int part = 0; part < 2; part++)
+        if ((s = lk_router_cuda_convert(E * H, LK_BF16, a->gate_weight.data, LK_BF16, w2 + part * E * H, 0,
+                                        g->stream)))
+            return s;
+    return gemm(g, 0, 0, T, H, 2 * E, LK_BF16, dz2, w2, 0.0f, LK_BF16, a->d_hidden.data);
+}
+
 static lk_status backward(const lk_moe_router_args *a, lk_ctx *ctx, lk_router_kind kind) {
     lk_status s = refuse_group(ctx, kind);
     if (s) return s;
@@ -184,9 +224,10 @@ static lk_status backward(const lk_moe_router_args *a, lk_ctx *ctx, lk_router_ki
     gemm_ctx g = {ctx->device.index, ctx->stream, lk_arena_alloc(ar, LK_LT_WORKSPACE_BYTES)};
     float *dz = lk_arena_alloc(ar, sizeof(float) * (size_t)(d.t * d.e));
     int32_t *counts = lk_arena_alloc(ar, sizeof(int32_t) * (size_t)d.e);
+    float *acc = bf_g ? lk_arena_alloc(ar, sizeof(float) * EH) : NULL;
+    bf_x = bf_x && !split(a), bf_w = bf_w && !split(a);   /* the split path widens neither */
     float *x32 = bf_x ? lk_arena_alloc(ar, sizeof(float) * TH) : NULL;
     float *w32 = bf_w ? lk_arena_alloc(ar, sizeof(float) * EH) : NULL;
-    float *acc = bf_g ? lk_arena_alloc(ar, sizeof(float) * EH) : NULL;
     if (!g.ws || !dz || !counts || (bf_x && !x32) || (bf_w && !w32) || (bf_g && !acc)) return nomem(kind);
     const int32_t *ids = lk_router_saved_ids(a);
     int aux = a->d_aux_loss != 0.0f;
@@ -195,6 +236,7 @@ static lk_status backward(const lk_moe_router_args *a, lk_ctx *ctx, lk_router_ki
     if ((s = lk_router_cuda_d_logits(&d, lk_router_saved_v(a), ids, a->d_topk_weights.data, aux ? counts : NULL,
                                      coef, dz, ctx->stream)))
         return s;
+    if (split(a)) return backward_split(a, kind, &g, dz, acc, ar);
     if (want_dgw(a) && (s = d_gate_weight(a, &g, dz, x32, acc))) return s;
     return d_hidden(a, &g, dz, x32, w32);
 }

@@ -115,18 +115,34 @@ __global__ void unpermute_sum(T *dst, const T *src, const int32_t *pos, int64_t 
 }
 
 /* dst[p, :] = src[order[p] / k, :] for the n sorted rows: the tokens' rows in expert order,
- * 16 bytes a thread (h · sizeof(T) a multiple of 16, both 16-byte aligned) or an element. */
-template <typename T, bool V>
+ * an element a thread. */
+template <typename T>
 __global__ void gather_rows(T *dst, const T *src, const int32_t *order, int64_t n, int64_t k, int64_t h) {
-    constexpr int W = V ? 16 / (int)sizeof(T) : 1;
-    const int64_t e = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * W;
+    const int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (e >= n * h) return;
     const int64_t p = e / h, c = e - p * h;
-    const T *s = src + (int64_t)(order[p] / k) * h + c;
-    if constexpr (V)
-        *reinterpret_cast<uint4 *>(dst + e) = __ldg(reinterpret_cast<const uint4 *>(s));
-    else
-        dst[e] = *s;
+    dst[e] = src[(int64_t)(order[p] / k) * h + c];
+}
+
+/* The same, rows of h16 16-byte chunks (both 16-byte aligned): a warp a row, each lane's
+ * four chunks loaded before any is stored. A thread a chunk, with the row's division and
+ * order[] read per thread and one load in flight behind them, ran at ~2.3 TB/s (130 us a
+ * call at e2e_peers' MoE shape, bench/NOTES.md nineteenth session). */
+__global__ void gather_rows16(uint4 *dst, const uint4 *src, const int32_t *order, int64_t n, int64_t k, int64_t h16) {
+    const int64_t p = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (p >= n) return;
+    const uint4 *s = src + (int64_t)(order[p] / k) * h16;
+    uint4 *d = dst + p * h16;
+    for (int64_t c = lane; c < h16; c += 128) {
+        uint4 v[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (c + 32 * u < h16) v[u] = __ldg(s + c + 32 * u);
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (c + 32 * u < h16) d[c + 32 * u] = v[u];
+    }
 }
 
 /* A warp a sorted row: from dh' (hb) and the saved pre-activations, d_gate_up, w·h and
@@ -208,11 +224,11 @@ static lk_status wgrad_gemm(lk_gg g, lk_gg_operand a, lk_gg_operand b, int64_t m
 /* dst [R, H] = x[order / k]: the sorted rows of x, in the storage dtype T */
 template <typename T>
 static void gather_as(void *dst, const void *x, const lk_moe_dims *d, const int32_t *order, cudaStream_t st) {
-    const int64_t n = d->r * d->h, w = 16 / (int64_t)sizeof(T);
+    const int64_t w = 16 / (int64_t)sizeof(T);
     if (d->h % w == 0 && lk_aligned16(dst) && lk_aligned16(x))
-        gather_rows<T, true><<<grid(n / w), 256, 0, st>>>((T *)dst, (const T *)x, order, d->r, d->k, d->h);
+        gather_rows16<<<grid(d->r * 32), 256, 0, st>>>((uint4 *)dst, (const uint4 *)x, order, d->r, d->k, d->h / w);
     else
-        gather_rows<T, false><<<grid(n), 256, 0, st>>>((T *)dst, (const T *)x, order, d->r, d->k, d->h);
+        gather_rows<T><<<grid(d->r * d->h), 256, 0, st>>>((T *)dst, (const T *)x, order, d->r, d->k, d->h);
 }
 static void gather(void *dst, const void *x, const lk_moe_dims *d, const int32_t *order, cudaStream_t st) {
     if (d->dt == LK_F32) gather_as<float>(dst, x, d, order, st);

@@ -243,22 +243,6 @@ static __device__ __forceinline__ void store_row8(const sargs &p, int64_t row, i
     }
 }
 
-/* DSWIGLU: the saved gate / up a tile's epilogue will read (rows m0 + first, + step, ... <
- * mlim; columns n0 .. n0 + BN of each half), asked into L2 by the producer as it starts the
- * tile, so the epilogue's loads wait on L2 under the tile's MMAs rather than on HBM after
- * them: they are a third of the epilogue's 0.67 GB a layer at e2e_peers' MoE shape, and coop
- * runs the epilogue with the tensor cores idle. */
-static __device__ __forceinline__ void prefetch_saved_gu(const sargs &p, int64_t m0, int64_t mlim, int64_t n0,
-                                                         int first, int step) {
-    const int64_t I = p.inter;
-    if (n0 >= I) return;
-    const unsigned bytes = (unsigned)(2 * (I - n0 < BN ? I - n0 : BN));   /* I a multiple of 8: 16-byte pieces */
-    for (int64_t row = m0 + first; row < mlim && row < m0 + BM; row += step) {
-        lk_prefetch_l2_bulk(p.gsv + row * 2 * I + n0, bytes);
-        lk_prefetch_l2_bulk(p.gsv + row * 2 * I + I + n0, bytes);
-    }
-}
-
 /* DSWIGLU, V4: the saved gate / up of a row's 8-column groups at columns j0 + 32·g, g < 4 (I a
  * multiple of 8: a group all in or all out), zeros where out or !rok. */
 static __device__ __forceinline__ void saved_gu4(const sargs &p, int64_t row, bool rok, int64_t j0, uint4 *gv,
@@ -351,8 +335,6 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
             int nt;
             bool mc;
             unit_of<CL>(p, u, rank, e, m0, mlim, nt, mc);
-            if constexpr (EPI == DSWIGLU)   /* gathering: a row a thread; else thread 0 takes all */
-                prefetch_saved_gu(p, m0, mlim, (int64_t)nt * BN, AG ? tid : 0, AG ? 128 : 1);
             int32_t tok[AG ? 8 : 1];
             if (AG) {
 #pragma unroll

@@ -316,12 +316,9 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
     const int tid = threadIdx.x, wg = tid / 128;
     const int units = (p.tiles[p.e] + CL - 1) / CL * p.ny, nk = (int)((p.k + BK - 1) / BK);
     const int rank = CL > 1 ? (int)cluster_rank() : 0, cid = blockIdx.x / CL, ncl = gridDim.x / CL;
-    /* A gathered, CL 1: by TMA, a box of one row a producer thread (tile row tid), into its place
-     * in the swizzled stage (the swizzle follows the shared-memory address); CL 2 keeps cp.async */
-    constexpr bool RG = AG && CL == 1, CP = AG && !RG;
 
     if (tid == 0) {   /* empty: CL 1, every consumer thread; CL 2, each consumer warp of both CTAs */
-        for (int s = 0; s < STAGES; s++) mbar_init(&full[s], CP ? 129 : 1), mbar_init(&empty[s], CL > 1 ? 8 * CL : 256);
+        for (int s = 0; s < STAGES; s++) mbar_init(&full[s], AG ? 129 : 1), mbar_init(&empty[s], CL > 1 ? 8 * CL : 256);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     if constexpr (CL > 1) cluster_sync();   /* the peer's barriers are initialized before any multicast */
@@ -330,7 +327,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
     if (wg == 0) {   /* --- producer ------------------------------------------------------ */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\n");
         if (!AG && tid != 0) return;
-        constexpr uint32_t bytes = B_BYTES + (CP ? 0 : A_BYTES);
+        constexpr uint32_t bytes = B_BYTES + (AG ? 0 : A_BYTES);
         const int c = tid & 7, r0 = tid >> 3;   /* gathering: chunk c of rows r0 + 16 i */
         int it = 0;
         for (int u = cid; u < units; u += ncl) {
@@ -338,15 +335,13 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
             int nt;
             bool mc;
             unit_of<CL>(p, u, rank, e, m0, mlim, nt, mc);
-            int32_t tok[CP ? 8 : 1];
-            if (CP) {
+            int32_t tok[AG ? 8 : 1];
+            if (AG) {
 #pragma unroll
                 for (int i = 0; i < 8; i++) {
                     const int64_t row = m0 + r0 + 16 * i;
                     tok[i] = row < mlim ? (int32_t)(p.aorder[row] / p.kdiv) : -1;
                 }
-            } else if (RG) {   /* past the expert: row -1, which TMA reads as zeros */
-                tok[0] = m0 + tid < mlim ? (int32_t)(p.aorder[m0 + tid] / p.kdiv) : -1;
             }
             for (int kb = 0; kb < nk; kb++, it++) {
                 const int s = it % STAGES;
@@ -374,9 +369,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
                         }
                     }
                 }
-                if (RG) {
-                    tma_load(a + tid * 128, &ta, &full[s], kb * BK, tok[0], 0);
-                } else if (CP) {
+                if (AG) {
                     const int64_t k0 = (int64_t)kb * BK + c * 8;
                     const bool kok = k0 < p.k;
 #pragma unroll
@@ -390,7 +383,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
                 }
             }
         }
-        if (CP) cp_wait<0>();
+        if (AG) cp_wait<0>();
         return;
     }
 
@@ -1024,11 +1017,10 @@ extern "C" lk_status lk_moe_cuda_gg_sm90(const lk_gg *g, void *stream) {
     CUtensorMap ta, tb;
     memset(&ta, 0, sizeof ta), memset(&tb, 0, sizeof tb);
     lk_status s;
-    if (!ag || cl == 1) {   /* gathered: the source rows [rows / kdiv, K], a box of one row (coop's RG) */
-        const int64_t rows = ag ? lk_cdiv(g->rows, g->a.kdiv) : g->rows;
-        const cuuint64_t dims[3] = {(cuuint64_t)g->k, (cuuint64_t)rows, 1};
-        const cuuint64_t strides[2] = {(cuuint64_t)g->a.ld * 2, (cuuint64_t)(g->a.ld * rows * 2)};
-        const cuuint32_t box[3] = {BK, ag ? 1u : (cuuint32_t)BM, 1};
+    if (!ag) {
+        const cuuint64_t dims[3] = {(cuuint64_t)g->k, (cuuint64_t)g->rows, 1};
+        const cuuint64_t strides[2] = {(cuuint64_t)g->a.ld * 2, (cuuint64_t)(g->a.ld * g->rows * 2)};
+        const cuuint32_t box[3] = {BK, BM, 1};
         if ((s = bf16_map(&ta, g->a.src, 3, dims, strides, box))) return map_error(s);
     }
     const int64_t nphys = g->epi == LK_GG_SWIGLU ? 2 * g->inter : p.n;

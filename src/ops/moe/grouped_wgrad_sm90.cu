@@ -291,8 +291,6 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
     const int tid = threadIdx.x, wg = tid / 128;
     const int items = (int)(p.e * p.mt * p.nt);   /* lk_moe_cuda_gg_sm90_wgrad_takes bounds it */
     const walk W{ex, p.offs, rank_experts(p.offs, p.e, (int32_t *)(empty + STAGES), ex, tid), p.mt * p.nt, items};
-    constexpr bool RG = AG && TMA;   /* A gathered by TMA, a box of one row (the opening's producer) */
-    static_assert(BM / 64 * BK == 128, "RG: one row's 64-column block a producer thread");
 
     if (tid == 0) {
         for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 129), mbar_init(&empty[s], 256);
@@ -329,7 +327,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
                 const uint32_t tk = toks + s * BK * 4;   /* the gathered operand's rows of this step */
                 if (AG || BG) {
                     if (tid < BK) {   /* lk_moe_cuda_gg_sm90_wgrad_takes: every row's offset < 2^32 - 1 */
-                        const uint32_t o = nxt < 0 ? ~0u : RG ? (uint32_t)(nxt / kdiv) : (uint32_t)(nxt / kdiv) * (uint32_t)ld16;
+                        const uint32_t o = nxt >= 0 ? (uint32_t)(nxt / kdiv) * (uint32_t)ld16 : ~0u;
                         asm volatile("st.shared.u32 [%0], %1;" ::"r"(tk + tid * 4), "r"(o) : "memory");
                         nxt = -1;
                         if (kr + BK < klim) {
@@ -345,29 +343,24 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
                     asm volatile("bar.sync 1, 128;" ::: "memory");   /* the producer's warps: tk written */
                 }
                 if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
-                if (tid == 0) {   /* RG: every step's A by TMA, rows past the expert zero-filled */
-                    const uint32_t bytes = (RG ? (uint32_t)A_BYTES : 0u) +
-                                           (whole ? (AG ? 0u : (uint32_t)A_BYTES) + (BG ? 0u : (uint32_t)B_BYTES) : 0u);
-                    if (bytes) mbar_expect_tx(&full[s], bytes);
-                    else mbar_arrive(&full[s]);
-                    if (whole && !AG)
+                if (tid == 0) {
+                    const uint32_t bytes = whole ? (AG ? 0u : (uint32_t)A_BYTES) + (BG ? 0u : (uint32_t)B_BYTES) : 0u;
+                    if (bytes) {
+                        mbar_expect_tx(&full[s], bytes);
+                        if (!AG)
 #pragma unroll
-                        for (int j = 0; j < BM / 64; j++)
-                            tma_load(a + j * BLK, &ta, &full[s], (int)m0 + 64 * j, (int)kr, 0);
-                    if (whole && !BG)
+                            for (int j = 0; j < BM / 64; j++)
+                                tma_load(a + j * BLK, &ta, &full[s], (int)m0 + 64 * j, (int)kr, 0);
+                        if (!BG)
 #pragma unroll
-                        for (int j = 0; j < BN / 64; j++)
-                            tma_load(b + j * BLK, &tb, &full[s], (int)n0 + 64 * j, (int)kr, 0);
+                            for (int j = 0; j < BN / 64; j++)
+                                tma_load(b + j * BLK, &tb, &full[s], (int)n0 + 64 * j, (int)kr, 0);
+                    } else {
+                        mbar_arrive(&full[s]);
+                    }
                 }
-                if (RG) {   /* row tid / 2's block tid % 2; a row past the expert is -1: TMA's zeros */
-                    uint32_t row;
-                    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(row) : "r"(tk + (tid >> 1) * 4));
-                    tma_load(a + (tid & 1) * BLK + (tid >> 1) * 128, &ta, &full[s], m0 + 64 * (tid & 1), (int)row, 0);
-                } else if (AG) {
-                    cp_gathered<BM / 8>(smem_u32(a), p.a.p, tk, m0, p.m, tid);
-                } else if (!whole) {
-                    cp_rows<BM / 8>(a, p.a, nullptr, kr, klim, m0, p.m, tid);
-                }
+                if (AG) cp_gathered<BM / 8>(smem_u32(a), p.a.p, tk, m0, p.m, tid);
+                else if (!whole) cp_rows<BM / 8>(a, p.a, nullptr, kr, klim, m0, p.m, tid);
                 if (BG) cp_gathered<BN / 8>(smem_u32(b), p.b.p, tk, n0, p.n, tid);
                 else if (!whole) cp_rows<BN / 8>(b, p.b, nullptr, kr, klim, n0, p.n, tid);
                 cp_arrive_noinc_w(&full[s]);   /* arrives when this thread's copies have landed */
@@ -823,19 +816,6 @@ static lk_status rows_map(CUtensorMap *m, const lk_gg_operand *o, int64_t rows, 
     return s ? map_error(s) : LK_OK;
 }
 
-/* The gathered A's source [rows / kdiv, cols] in boxes of 64 columns × 1 row: the TMA kernel
- * (RG) loads each of a step's rows on its own into its place in the swizzled stage (the
- * swizzle follows the shared-memory address, so a row at offset 128·r of a 1024-aligned
- * block lands as a 64-row box would put it). */
-static lk_status gather_map(CUtensorMap *m, const lk_gg_operand *o, int64_t rows, int64_t cols) {
-    const int64_t src = lk_cdiv(rows, o->kdiv);
-    const cuuint64_t dims[3] = {(cuuint64_t)cols, (cuuint64_t)src, 1};
-    const cuuint64_t strides[2] = {(cuuint64_t)o->ld * 2, (cuuint64_t)(o->ld * src * 2)};
-    const cuuint32_t box[3] = {64, 1, 1};
-    lk_status s = bf16_map(m, o->src, 3, dims, strides, box);
-    return s ? map_error(s) : LK_OK;
-}
-
 template <bool AG, bool BG, bool TMA>
 static lk_status launch(const CUtensorMap &ta, const CUtensorMap &tb, const CUtensorMap &tc, const wargs &p, int grid,
                         cudaStream_t st) {
@@ -929,7 +909,7 @@ extern "C" lk_status lk_moe_cuda_gg_sm90_wgrad(const lk_gg *g, void *stream) {
     memset(&tc, 0, sizeof tc);
     if ((variant == LK_GG_SM90_AUTO || variant == LK_GG_SM90_COOP_CLUSTER) && tma_c_ok(g)) {   /* the default: the TMA epilogue */
         if ((s = c_map(&tc, g))) return s;
-        if (ag) return (s = gather_map(&ta, &g->a, g->rows, g->m)) ? s : launch<true, false, true>(ta, tb, tc, p, grid, st);
+        if (ag) return launch<true, false, true>(ta, tb, tc, p, grid, st);
         return bg ? launch<false, true, true>(ta, tb, tc, p, grid, st) : launch<false, false, true>(ta, tb, tc, p, grid, st);
     }
     if (ag) return launch<true, false, false>(ta, tb, tc, p, grid, st);

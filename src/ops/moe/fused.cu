@@ -124,10 +124,10 @@ __global__ void gather_rows(T *dst, const T *src, const int32_t *order, int64_t 
     dst[e] = src[(int64_t)(order[p] / k) * h + c];
 }
 
-/* The same, rows of h16 16-byte chunks (both 16-byte aligned): a warp a row, each lane's
- * four chunks loaded before any is stored. A thread a chunk, with the row's division and
- * order[] read per thread and one load in flight behind them, ran at ~2.3 TB/s (130 us a
- * call at e2e_peers' MoE shape, bench/NOTES.md nineteenth session). */
+/* The same, rows of h16 16-byte chunks (both 16-byte aligned): a warp a row, order[] and
+ * the division read once a row, each lane's four chunks loaded before any is stored. (The
+ * thread-a-chunk gather before it ran ~2.3 TB/s, 130 us a call at e2e_peers' MoE shape;
+ * the MoE layer alone timed the same with either, bench/NOTES.md twentieth session.) */
 __global__ void gather_rows16(uint4 *dst, const uint4 *src, const int32_t *order, int64_t n, int64_t k, int64_t h16) {
     const int64_t p = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;

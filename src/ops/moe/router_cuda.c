@@ -218,16 +218,15 @@ static lk_status backward(const lk_moe_router_args *a, lk_ctx *ctx, lk_router_ki
     if (s) return s;
     lk_router_cuda_dims d = dims_of(a, kind);
     size_t TH = (size_t)(d.t * a->hidden.shape[1]), EH = (size_t)(d.e * a->hidden.shape[1]);
-    int bf_x = a->hidden.dtype != LK_F32, bf_w = a->gate_weight.dtype != LK_F32;
+    int bf_x = !split(a) && a->hidden.dtype != LK_F32, bf_w = !split(a) && a->gate_weight.dtype != LK_F32;
     int bf_g = want_dgw(a) && a->d_gate_weight.dtype != LK_F32;
     lk_arena *ar = ctx->arena;
     gemm_ctx g = {ctx->device.index, ctx->stream, lk_arena_alloc(ar, LK_LT_WORKSPACE_BYTES)};
     float *dz = lk_arena_alloc(ar, sizeof(float) * (size_t)(d.t * d.e));
     int32_t *counts = lk_arena_alloc(ar, sizeof(int32_t) * (size_t)d.e);
-    float *acc = bf_g ? lk_arena_alloc(ar, sizeof(float) * EH) : NULL;
-    bf_x = bf_x && !split(a), bf_w = bf_w && !split(a);   /* the split path widens neither */
     float *x32 = bf_x ? lk_arena_alloc(ar, sizeof(float) * TH) : NULL;
     float *w32 = bf_w ? lk_arena_alloc(ar, sizeof(float) * EH) : NULL;
+    float *acc = bf_g ? lk_arena_alloc(ar, sizeof(float) * EH) : NULL;
     if (!g.ws || !dz || !counts || (bf_x && !x32) || (bf_w && !w32) || (bf_g && !acc)) return nomem(kind);
     const int32_t *ids = lk_router_saved_ids(a);
     int aux = a->d_aux_loss != 0.0f;

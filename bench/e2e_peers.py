@@ -154,28 +154,55 @@ def worker(spec):
 
 # --- what the parent runs --------------------------------------------------------------
 
+# nvidia-smi's clock event (throttle) reasons, the bits of clocks_event_reasons.active
+EVENT_REASONS = ((0x4, "SwPowerCap"), (0x8, "HwSlowdown"), (0x20, "SwThermal"), (0x40, "HwThermal"),
+                 (0x80, "HwPowerBrake"), (0x2, "AppClocks"), (0x10, "SyncBoost"))
+
+
 class GpuMem(threading.Thread):
     """The GPU's nvidia-smi memory.used, polled, less what it was before the child started; and
-    the SM clock and power draw of the samples where the GPU was busy (utilization >= 90%):
-    whether a long run holds its clocks (a step at the 700 W cap runs slower than ncu's
-    one-kernel-at-a-time sum)."""
+    the SM clock, power draw, temperature and clock event reasons of the samples where the GPU
+    was busy (utilization >= 90%): whether a long run holds its clocks, and if not, why (a step
+    at the 700 W cap runs slower than ncu's one-kernel-at-a-time sum; bench/NOTES.md asked
+    which limit held llmkern's MoE run at ~1,720 MHz and ~630 W). The optional fields are
+    probed once: a driver that lacks one still gives the others."""
+
+    BASE = ["memory.used", "utilization.gpu", "clocks.sm", "power.draw"]
 
     def __init__(self, on):
         super().__init__(daemon=True)
         self.idx = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
         self.on, self.peak, self.done = on and shutil.which("nvidia-smi") is not None, None, threading.Event()
-        self.busy = []   # (SM MHz, W) of the busy samples
+        self.busy = []   # (SM MHz, W, degrees C or None, reasons bitmask or None) of the busy samples
+        self.fields = list(self.BASE)
+        if self.on:   # the first of each group the driver answers (the reasons' field was renamed)
+            for group in (["temperature.gpu"], ["clocks_event_reasons.active", "clocks_throttle_reasons.active"]):
+                for f in group:
+                    if self.query([f]) is not None:
+                        self.fields.append(f)
+                        break
         first = self.read() if self.on else None
         self.base = first[0] if first else None
 
-    def read(self):
+    def query(self, fields):
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used,utilization.gpu,clocks.sm,power.draw",
-                                  "--format=csv,noheader,nounits", "-i", self.idx],
-                                 capture_output=True, text=True, timeout=10).stdout
-            return [float(x) for x in out.split(",")]   # MiB, %, MHz, W
+            out = subprocess.run(["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits",
+                                  "-i", self.idx], capture_output=True, text=True, timeout=10)
+            vals = [x.strip() for x in out.stdout.split(",")]
+            if out.returncode != 0 or len(vals) != len(fields):
+                return None
+            return [int(v, 16) if v.startswith("0x") else float(v) for v in vals]
         except Exception:  # noqa: BLE001 - no reading: no column
             return None
+
+    def read(self):
+        """MiB, %, MHz, W, then the optional fields (temperature C, reasons) or None each."""
+        v = self.query(self.fields)
+        if v is None:
+            return None
+        opt = dict(zip(self.fields[4:], v[4:]))
+        return v[:4] + [opt.get("temperature.gpu"),
+                        opt.get("clocks_event_reasons.active", opt.get("clocks_throttle_reasons.active"))]
 
     def run(self):
         while self.on and not self.done.wait(0.2):
@@ -183,7 +210,7 @@ class GpuMem(threading.Thread):
             if v is not None and self.base is not None:
                 self.peak = max(self.peak or 0.0, v[0] - self.base)
                 if v[1] >= 90:
-                    self.busy.append((v[2], v[3]))
+                    self.busy.append((v[2], v[3], v[4], v[5]))
 
     def stop(self):
         self.done.set()
@@ -192,11 +219,27 @@ class GpuMem(threading.Thread):
         return None if self.peak is None else self.peak / 1024   # GiB
 
     def clocks(self):
-        """Median SM MHz and W over the busy samples, and their count (None when none)."""
+        """Median SM MHz and W over the busy samples, their count, the median temperature (None
+        when not read) and the share of them each clock event reason held (None when not read);
+        None when there were none."""
         if not self.busy:
             return None
-        return (statistics.median(c for c, _ in self.busy), statistics.median(w for _, w in self.busy),
-                len(self.busy))
+        temps = [t for _, _, t, _ in self.busy if t is not None]
+        reasons = [r for _, _, _, r in self.busy if r is not None]
+        held = {name: sum(1 for r in reasons if int(r) & bit) / len(reasons)
+                for bit, name in EVENT_REASONS if any(int(r) & bit for r in reasons)} if reasons else None
+        return (statistics.median(c for c, _, _, _ in self.busy), statistics.median(w for _, w, _, _ in self.busy),
+                len(self.busy), statistics.median(temps) if temps else None, held)
+
+
+def clocks_text(c):
+    """'1,720 MHz, 630 W (6), 71 C, SwPowerCap 100%' from GpuMem.clocks() (older results: 3 fields)."""
+    t = f"{c[0]:,.0f} MHz, {c[1]:.0f} W ({c[2]})"
+    if len(c) > 3 and c[3] is not None:
+        t += f", {c[3]:.0f} C"
+    if len(c) > 4 and c[4] is not None:
+        t += ", " + (", ".join(f"{k} {v:.0%}" for k, v in c[4].items()) or "no clock event reason")
+    return t
 
 
 def write_tokens(path, vocab, n, seed):
@@ -451,11 +494,10 @@ def perf(A):
     notes += [f"- {r['config']} llmkern: the mean over the steps after the warm-up (its own run-average rates) is "
               f"{r['window_tps']:,.0f} tokens/s, {abs(r['window_tps'] / r['tps'] - 1) * 100:.0f}% off the median"
               for r in results if r.get("window_tps") and r.get("tps") and abs(r["window_tps"] / r["tps"] - 1) > 0.1]
-    clk = [f"{r['config']} {r['kind']} {r['clocks'][0]:,.0f} MHz, {r['clocks'][1]:.0f} W ({r['clocks'][2]})"
-           for r in results if r.get("clocks")]
+    clk = [f"{r['config']} {r['kind']} {clocks_text(r['clocks'])}" for r in results if r.get("clocks")]
     if clk:
-        notes.append("- the GPU while busy (nvidia-smi, utilization >= 90%: median SM clock, power, samples): " +
-                     "; ".join(clk))
+        notes.append("- the GPU while busy (nvidia-smi, utilization >= 90%: median SM clock, power, samples, "
+                     "temperature, and the share of samples each clock event reason held): " + "; ".join(clk))
     text = "\n".join(lines + ([""] + notes if notes else [])) + "\n"
     print("\n" + text, flush=True)
     open(os.path.join(A.out, "e2e_peers.md"), "w").write(text)

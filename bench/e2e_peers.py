@@ -226,19 +226,20 @@ class GpuMem(threading.Thread):
             return None
         temps = [t for _, _, t, _ in self.busy if t is not None]
         reasons = [r for _, _, _, r in self.busy if r is not None]
-        held = {name: sum(1 for r in reasons if int(r) & bit) / len(reasons)
-                for bit, name in EVENT_REASONS if any(int(r) & bit for r in reasons)} if reasons else None
+        held = {name: sum(1 for r in reasons if r & bit) / len(reasons)
+                for bit, name in EVENT_REASONS if any(r & bit for r in reasons)} if reasons else None
         return (statistics.median(c for c, _, _, _ in self.busy), statistics.median(w for _, w, _, _ in self.busy),
                 len(self.busy), statistics.median(temps) if temps else None, held)
 
 
 def clocks_text(c):
-    """'1,720 MHz, 630 W (6), 71 C, SwPowerCap 100%' from GpuMem.clocks() (older results: 3 fields)."""
-    t = f"{c[0]:,.0f} MHz, {c[1]:.0f} W ({c[2]})"
-    if len(c) > 3 and c[3] is not None:
-        t += f", {c[3]:.0f} C"
-    if len(c) > 4 and c[4] is not None:
-        t += ", " + (", ".join(f"{k} {v:.0%}" for k, v in c[4].items()) or "no clock event reason")
+    """'1,720 MHz, 630 W (6), 71 C, SwPowerCap 100%' from GpuMem.clocks()."""
+    mhz, watts, n, temp, held = c
+    t = f"{mhz:,.0f} MHz, {watts:.0f} W ({n})"
+    if temp is not None:
+        t += f", {temp:.0f} C"
+    if held is not None:
+        t += ", " + (", ".join(f"{k} {v:.0%}" for k, v in held.items()) or "no clock event reason")
     return t
 
 

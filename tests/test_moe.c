@@ -58,6 +58,21 @@ static void test_experts_reference(void **state) {
                         .dt = (lk_dtype)dt, .seed = 100 + s, .dup_routes = dup, .grad_f32 = (int)s & 1});
 }
 
+/* write_weight_grads: the weight gradients start poisoned (NaN) and must come out as the
+ * reference's from zeros: every expert's slice written, zeros for the experts without a
+ * token (dup_routes leaves the upper half without), and T = 0 (all zeros). */
+static void test_experts_write_grads(void **state) {
+    (void)state;
+    static const int64_t shapes[][5] = {{13, 19, 11, 8, 2}, {37, 16, 8, 8, 8}, {5, 7, 3, 64, 8}, {0, 8, 4, 4, 2}};
+    const char *names[] = {"eager", "fused"};
+    for (int n = 0; n < 2; n++)
+        for (int dt = LK_F32; dt <= LK_BF16; dt++)
+            for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+                expect_experts_ref(names[n], (lk_moe_experts_problem){
+                    .t = shapes[s][0], .h = shapes[s][1], .i = shapes[s][2], .e = shapes[s][3], .k = shapes[s][4],
+                    .dt = (lk_dtype)dt, .seed = 300 + s, .dup_routes = 1, .grad_f32 = (int)s & 1, .write_grads = 1});
+}
+
 /* fused == eager in f32 within 1e-5 of max|eager| on every output and gradient. */
 static void test_fused_equals_eager(void **state) {
     (void)state;
@@ -387,6 +402,15 @@ static void test_bad_inputs(void **state) {
         assert_non_null(strstr(lk_last_error(), cases[c].arg));
         for (int j = 0; j < T * H; j++) assert_true(out[j] == 42.0f);
     }
+    float dgu[E * 2 * I * H], dd[E * H * I], dx[T * H];   /* write_weight_grads neither 0 nor 1 */
+    lk_moe_experts_args wb = good;
+    wb.dout = lk_tensor_2d(x, LK_F32, T, H), wb.d_hidden = lk_tensor_2d(dx, LK_F32, T, H);
+    wb.d_gate_up_weight = lk_tensor_view(dgu, LK_F32, 3, gus), wb.d_down_weight = lk_tensor_view(dd, LK_F32, 3, dws);
+    wb.write_weight_grads = 2;
+    for (int j = 0; j < E * H * I; j++) dd[j] = 42.0f;
+    assert_int_equal(lk_moe_experts_backward(experts("fused"), &wb, &ctx), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "write_weight_grads"));
+    for (int j = 0; j < E * H * I; j++) assert_true(dd[j] == 42.0f);
     ids[5] = E;                              /* an expert id out of range */
     assert_int_equal(lk_moe_experts_forward(experts("eager"), &good, &ctx), LK_EINVAL);
     assert_non_null(strstr(lk_last_error(), "topk_ids"));
@@ -435,6 +459,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_experts_reference),
         cmocka_unit_test(test_fused_equals_eager),
+        cmocka_unit_test(test_experts_write_grads),
         cmocka_unit_test(test_experts_finite_differences),
         cmocka_unit_test(test_routers_reference),
         cmocka_unit_test(test_fake_gate),

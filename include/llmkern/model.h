@@ -130,6 +130,9 @@ LK_API lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, f
                                     lk_step_stats *stats);
 /* Forward only: the loss (for evaluation and finite differences). */
 LK_API lk_status lk_model_loss(lk_model *m, const lk_batch *batch, lk_step_stats *stats);
+/* Every gradient zero. A MoE model's expert stacks (without EP) lazily: the next
+ * lk_model_forward_backward writes them instead of adding (no zeroing pass over most of
+ * its parameters), and lk_model_grads / lk_model_param zero them first if called before. */
 LK_API void lk_model_zero_grad(lk_model *m);
 /* Every parameter's gradient lies in one flat f32 buffer of *n floats (each lk_param's
  * grad a view into it, alignment padding zero): what a data-parallel all-reduce sums. */

@@ -36,7 +36,11 @@
  *   and lk_moe_unstack_weights convert from and to the per-expert tensors of the hub
  *   checkpoints (mlp.experts.{e}.{gate,up,down}_proj.weight).
  * Backward: d_hidden and d_topk_weights WRITTEN; d_gate_up_weight, d_down_weight
- *   ACCUMULATED (+=) into f32 or the weights' dtype, as linear.h and swiglu_mlp.h do.
+ *   ACCUMULATED (+=) into f32 or the weights' dtype, as linear.h and swiglu_mlp.h do —
+ *   or, with write_weight_grads, WRITTEN (every expert's slice; zeros for an expert
+ *   without a route), as PyTorch's first backward into a .grad of None: a trainer's
+ *   first micro-batch, whose gradients then need no zeroing pass (most of a MoE model's
+ *   parameters are its experts) and no read of the old values.
  *   Experts with no token and a token routed twice to one expert are ordinary input.
  * Implementations: eager (a loop over experts: find, gather, two GEMMs, scatter-add, as
  *   the per-expert modules run under autograd), fused (one stable counting-sort
@@ -111,6 +115,7 @@ typedef struct {
     lk_tensor d_gate_up_weight; /* ACCUMULATED: [E, 2I, H], f32 or dtype of hidden; data NULL = not wanted */
     lk_tensor d_down_weight;    /* ACCUMULATED: [E, H, I], f32 or dtype of hidden; data NULL = not wanted */
     lk_saved saved;             /* lk_moe_experts_saved_bytes */
+    int write_weight_grads;     /* 1: the two weight gradients WRITTEN instead of accumulated (above) */
 } lk_moe_experts_args;
 
 #define LK_MOE_EXPERTS_VTABLE_VERSION 1

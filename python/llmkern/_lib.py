@@ -140,7 +140,7 @@ class MoeExpertsArgs(Structure):
     _fields_ = [("hidden", Tensor), ("topk_ids", Tensor), ("topk_weights", Tensor), ("gate_up_weight", Tensor),
                 ("down_weight", Tensor), ("out", Tensor), ("dout", Tensor), ("d_hidden", Tensor),
                 ("d_topk_weights", Tensor), ("d_gate_up_weight", Tensor), ("d_down_weight", Tensor),
-                ("saved", Saved)]
+                ("saved", Saved), ("write_weight_grads", c_int)]
 
 
 class Requirements(Structure):

@@ -102,6 +102,7 @@ lk_status lk_qwen3_moe_backward(lk_model *m, int l, const lk_layer_acts *a, cons
         e.d_topk_weights = dtw;
         e.d_gate_up_weight = t3(m, m->g + L->gate_up, LK_F32, m->E, 2 * m->Ie, m->H);
         e.d_down_weight = t3(m, m->g + L->down, LK_F32, m->E, m->H, m->Ie);
+        e.write_weight_grads = m->experts_unwritten;   /* the step's first backward: written, not added */
         s = lk_moe_experts_backward(L->ops.experts, &e, &m->ctx);
     }
     if (s) return s;

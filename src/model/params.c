@@ -138,13 +138,49 @@ lk_status lk_qwen3_params_init(lk_model *m, uint64_t seed) {
 
 int lk_model_param_count(const lk_model *m) { return m ? m->n_params : 0; }
 
+/* The MoE layers' expert stacks in m->g, as [start, end) float ranges, in layer order
+ * (gate_up then down each); their count. None under EP, where the moe_dispatch op
+ * accumulates a rank's experts. */
+static int expert_ranges(const lk_model *m, int64_t (*r)[2]) {
+    int n = 0;
+    for (int l = 0; m->ep == NULL && l < m->cfg.num_hidden_layers; l++) {
+        const lk_layer *L = &m->layers[l];
+        if (!L->moe) continue;
+        r[n][0] = L->gate_up, r[n][1] = L->gate_up + m->E * 2 * m->Ie * m->H, n++;
+        r[n][0] = L->down, r[n][1] = L->down + m->E * m->H * m->Ie, n++;
+    }
+    return n;
+}
+
+static int by_start(const void *a, const void *b) {
+    int64_t x = ((const int64_t *)a)[0], y = ((const int64_t *)b)[0];
+    return (x > y) - (x < y);
+}
+
+/* The gradients reached before a backward wrote the experts': zeros, as zero_grad promised. */
+static void experts_zeroed(lk_model *m) {
+    if (!m->experts_unwritten) return;
+    int64_t (*r)[2] = malloc(sizeof *r * 2 * (size_t)m->n_moe_layers);
+    if (!r) {   /* no room for the ranges: all of them, as zero_grad once did */
+        m->dev->zero(m->g, (size_t)m->n_floats * sizeof(float), &m->ctx);
+    } else {
+        int k = expert_ranges(m, r);
+        for (int i = 0; i < k; i++) m->dev->zero(m->g + r[i][0], (size_t)(r[i][1] - r[i][0]) * sizeof(float), &m->ctx);
+    }
+    m->experts_unwritten = 0;
+    free(r);
+}
+
 float *lk_model_grads(lk_model *m, int64_t *n) {
     if (n) *n = m ? m->n_floats : 0;
+    if (m) experts_zeroed(m);
     return m ? m->g : NULL;
 }
 
 lk_param *lk_model_param(lk_model *m, int i) {
-    return m && i >= 0 && i < m->n_params ? &m->params[i] : NULL;
+    if (!m || i < 0 || i >= m->n_params) return NULL;
+    experts_zeroed(m);   /* its grad may be read */
+    return &m->params[i];
 }
 
 void *lk_model_param_copy(lk_model *m, int i) {
@@ -156,8 +192,23 @@ void lk_model_copy_is_current(lk_model *m) {
     if (m) m->copy_current = 1;
 }
 
+/* Zeros every gradient but the experts' stacks, which the next backward writes instead
+ * (most of a MoE model's parameters: no zeroing pass, and their weight-gradient GEMMs
+ * store where they would read and add). Until then lk_model_grads() and lk_model_param()
+ * zero them first. */
 void lk_model_zero_grad(lk_model *m) {
-    if (m) m->dev->zero(m->g, (size_t)m->n_floats * sizeof(float), &m->ctx);
+    if (!m) return;
+    int64_t (*r)[2] = m->n_moe_layers ? malloc(sizeof *r * 2 * (size_t)m->n_moe_layers) : NULL;
+    int k = r ? expert_ranges(m, r) : 0;
+    if (k > 1) qsort(r, (size_t)k, sizeof *r, by_start);
+    int64_t at = 0;
+    for (int i = 0; i <= k; i++) {   /* the gaps between the stacks, and after the last */
+        int64_t end = i < k ? r[i][0] : m->n_floats;
+        if (end > at) m->dev->zero(m->g + at, (size_t)(end - at) * sizeof(float), &m->ctx);
+        if (i < k) at = r[i][1];
+    }
+    m->experts_unwritten = k > 0;
+    free(r);
 }
 
 static lk_status join(char *buf, size_t n, const char *dir, const char *file) {

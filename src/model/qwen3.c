@@ -637,6 +637,7 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
         if (s || (s = lk_qwen3_layer_backward(m, l, a, b, d_aux))) return s;
         grads_ready(m, m->layers[l].first);
     }
+    m->experts_unwritten = 0;   /* every MoE layer wrote its experts' gradients */
     /* embedding: scatter-add by token, repeated ids in one fixed order */
     if ((s = m->dev->embed_backward(m->g + m->embed, m->ids, m->sc.res, T, H, m->V, LK_F32, &m->ctx))) return s;
     grads_ready(m, 0);

@@ -115,6 +115,8 @@ struct lk_model {
     const lk_model_device *dev;   /* where w, g, the tables and the activations live (device.h) */
     float *w, *g;                 /* all parameter values (the f32 master) and grads */
     int64_t n_floats;
+    int experts_unwritten;        /* after lk_model_zero_grad: the experts' gradients hold nothing yet; the
+                                   * next backward writes them (moe.h's write_weight_grads) */
     lk_dtype dt;                  /* the compute dtype: the activations' and wc's (f32 or bf16) */
     size_t es;                    /* its bytes */
     void *wc;                     /* the weights the ops read: w itself in f32, else its rounding */

@@ -20,7 +20,8 @@
  * (mma.sync), with lk_moe_cuda_gg_simt_only (CUDA cores); and the fused_sm90 row by name
  * where the GPU is sm_90. On an sm_90 GPU the bf16 cases and a graph case run once more on
  * each of grouped_sm90.cu's schedules (lk_moe_cuda_gg_sm90_variant: coop, pingpong,
- * pingpong_v4, auto), whatever LLMKERN_GG_SM90 says. Skipped (77) where there is no GPU. */
+ * pingpong_v4, auto), whatever LLMKERN_GG_SM90 says. And write_weight_grads (the weight gradients
+ * written, not added) on every one of those paths, T = 0 included. Skipped (77) where there is no GPU. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -119,6 +120,7 @@ static void check_routing(const void *saved, const int32_t *ids, const lk_moe_di
 }
 
 static const char *row = "fused";   /* the row run_case runs: fused, or fused_sm90 by name */
+static int write_grads;             /* run_case's weight gradients written (write_weight_grads), not added */
 
 static void run_case(lk_dtype dt, const mcase *c, uint32_t seed) {
     const lk_impl *impl = lk_impl_find(LK_OP_MOE_EXPERTS, row, LK_DEVICE_CUDA);
@@ -135,6 +137,10 @@ static void run_case(lk_dtype dt, const mcase *c, uint32_t seed) {
     void *dx_ = lkt_upload(x, T * H, dt), *dw_ = lkt_upload(w, R, LK_F32), *dgu_w = lkt_upload(wgu, ngu, dt);
     void *dd_w = lkt_upload(wd, nd, dt), *ddout = lkt_upload(dout, T * H, dt), *dids = up_i32(ids, R);
     void *gdgu = lkt_upload(dgu, ngu, gdt), *gdd = lkt_upload(dd, nd, gdt);   /* rounded: the ref adds onto these */
+    if (write_grads) {   /* written: the reference's from zeros, whatever lay there (NaN) must not show */
+        memset(dgu, 0, sizeof(double) * (size_t)ngu), memset(dd, 0, sizeof(double) * (size_t)nd);
+        lkt_poison(gdgu, (size_t)ngu * lk_dtype_size(gdt)), lkt_poison(gdd, (size_t)nd * lk_dtype_size(gdt));
+    }
     void *out = lkt_dev((size_t)(T * H) * es), *dh = lkt_dev((size_t)(T * H) * es), *dwt = lkt_dev((size_t)R * 4);
     lkt_poison(out, (size_t)(T * H) * es), lkt_poison(dh, (size_t)(T * H) * es), lkt_poison(dwt, (size_t)R * 4);
     double *oref = lkt_alloc(T * H), *dxr = lkt_alloc(T * H), *dwr = lkt_alloc(R);
@@ -146,7 +152,7 @@ static void run_case(lk_dtype dt, const mcase *c, uint32_t seed) {
         .hidden = lkt_view(dx_, dt, 2, sx), .topk_ids = lkt_view(dids, LK_I32, 2, sk),
         .topk_weights = lkt_view(dw_, LK_F32, 2, sk), .gate_up_weight = lkt_view(dgu_w, dt, 3, sgu),
         .down_weight = lkt_view(dd_w, dt, 3, sd), .out = lkt_view(out, dt, 2, sx), .dout = lkt_view(ddout, dt, 2, sx),
-        .d_hidden = lkt_view(dh, dt, 2, sx),
+        .d_hidden = lkt_view(dh, dt, 2, sx), .write_weight_grads = write_grads,
     };
     if (!c->no_grads) {
         a.d_topk_weights = lkt_view(dwt, LK_F32, 2, sk);
@@ -464,6 +470,64 @@ static int variant_off(void **state) {   /* a teardown: runs after a failed asse
     return 0;
 }
 
+/* write_weight_grads: every case with the weight gradients poisoned first, f32 and bf16, on
+ * every path: the Hopper kernel's TMA epilogue (auto, the default: it stores, and walks the
+ * experts without rows to store their zeros), its other schedules, mma.sync and CUDA cores
+ * (zeros queued, then added onto); and T = 0, where only zeros are written. */
+static void write_weight_grads(void **state) {
+    (void)state;
+    write_grads = 1;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(LK_F32, &cases[i], 531u + (uint32_t)i);
+    for (int v = -1; v < LK_GG_SM90_VARIANTS; v++) {   /* -1: LLMKERN_GG_SM90 or auto */
+        lk_moe_cuda_gg_sm90_variant(v);
+        print_message("  write_weight_grads, bf16, sm90 schedule %d\n", v);
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(LK_BF16, &cases[i], 631u + (uint32_t)i);
+    }
+    lk_moe_cuda_gg_sm90_variant(-1);
+    lk_moe_cuda_gg_sm80_only(1);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(LK_BF16, &cases[i], 731u + (uint32_t)i);
+    lk_moe_cuda_gg_sm80_only(0);
+    lk_moe_cuda_gg_simt_only(1);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(LK_BF16, &cases[i], 831u + (uint32_t)i);
+    lk_moe_cuda_gg_simt_only(0);
+    write_grads = 0;
+
+    enum { H = 16, I = 8, E = 4, K = 2 };   /* no token: the gradients come back zeros */
+    const lk_impl *impl = lk_impl_find(LK_OP_MOE_EXPERTS, "fused", LK_DEVICE_CUDA);
+    int64_t sx[2] = {0, H}, sk[2] = {0, K}, sgu[3] = {E, 2 * I, H}, sd[3] = {E, H, I};
+    size_t sb = 0;
+    assert_int_equal(lk_moe_experts_saved_bytes(impl, 0, K, E, H, I, LK_BF16, &sb), LK_OK);
+    void *gdgu = lkt_dev((size_t)E * 2 * I * H * 4), *gdd = lkt_dev((size_t)E * H * I * 4);
+    lkt_poison(gdgu, (size_t)E * 2 * I * H * 4), lkt_poison(gdd, (size_t)E * H * I * 4);
+    lk_moe_experts_args a = {
+        .hidden = lkt_view(lkt_dev(0), LK_BF16, 2, sx), .topk_ids = lkt_view(lkt_dev(0), LK_I32, 2, sk),
+        .topk_weights = lkt_view(lkt_dev(0), LK_F32, 2, sk),
+        .gate_up_weight = lkt_view(lkt_dev((size_t)E * 2 * I * H * 2), LK_BF16, 3, sgu),
+        .down_weight = lkt_view(lkt_dev((size_t)E * H * I * 2), LK_BF16, 3, sd), .dout = lkt_view(lkt_dev(0), LK_BF16, 2, sx),
+        .d_hidden = lkt_view(lkt_dev(0), LK_BF16, 2, sx), .d_gate_up_weight = lkt_view(gdgu, LK_F32, 3, sgu),
+        .d_down_weight = lkt_view(gdd, LK_F32, 3, sd), .saved = {lkt_dev(sb), sb}, .write_weight_grads = 1,
+    };
+    lk_arena arena = {.device = LK_DEVICE_CUDA};
+    lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
+    lk_status st = lk_moe_experts_backward(impl, &a, &ctx);
+    if (st) print_message("  T 0: %s\n", lk_last_error());
+    assert_int_equal(st, LK_OK);
+    double *v = lkt_alloc(E * 2 * I * H);
+    lkt_download(gdgu, E * 2 * I * H, LK_F32, v);
+    for (int64_t i = 0; i < E * 2 * I * H; i++) assert_true(v[i] == 0.0);
+    lkt_download(gdd, E * H * I, LK_F32, v);
+    for (int64_t i = 0; i < E * H * I; i++) assert_true(v[i] == 0.0);
+    lk_arena_free(&arena);
+    lkt_free_all();
+}
+
+static int write_off(void **state) {   /* a teardown: runs after a failed assertion too */
+    (void)state;
+    write_grads = 0;
+    lk_moe_cuda_gg_sm90_variant(-1), lk_moe_cuda_gg_sm80_only(0), lk_moe_cuda_gg_simt_only(0);
+    return 0;
+}
+
 int main(void) {
     if (!lkt_have_gpu("cuda_test_moe_experts")) return LKT_SKIP;
     const struct CMUnitTest tests[] = {
@@ -476,6 +540,7 @@ int main(void) {
         cmocka_unit_test(bad_id_poisons),
         cmocka_unit_test(graph_capture),
         cmocka_unit_test_setup_teardown(sm90_schedules, NULL, variant_off),
+        cmocka_unit_test_setup_teardown(write_weight_grads, NULL, write_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

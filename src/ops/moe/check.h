@@ -14,6 +14,8 @@ typedef struct {
     int dup_routes;     /* ids drawn with repetition from the lower half of the experts: a token
                            may take one expert twice and the upper experts get no token */
     int grad_f32;       /* weight gradients in f32 rather than the storage dtype */
+    int write_grads;    /* write_weight_grads: the weight gradients start poisoned (NaN), not random,
+                           and the reference's from zeros */
 } lk_moe_experts_problem;
 
 typedef struct {
@@ -25,7 +27,7 @@ typedef struct {
 } lk_moe_experts_errors;
 
 /* Runs impl forward then backward (outputs poisoned, weight gradients pre-filled with
- * random values the backward must add to). */
+ * random values the backward must add to, or with write_grads poisoned). */
 lk_status lk_moe_experts_run(const lk_impl *impl, const lk_moe_experts_problem *p, lk_moe_experts_result *r);
 /* The float64 reference on the same (dtype-rounded) inputs. */
 lk_status lk_moe_experts_run_ref(const lk_moe_experts_problem *p, lk_moe_experts_result *r);

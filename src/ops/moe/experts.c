@@ -2,6 +2,7 @@
  * ids included, is checked before anything is written; the implementation's workspace
  * is reserved in ctx->arena and given back after the call. Implementations (eager.c,
  * fused.c) may assume well-formed, non-overlapping arguments and T >= 1. */
+#include <string.h>
 #include "ops/validate.h"
 #include "ops/moe/internal.h"
 
@@ -120,6 +121,15 @@ lk_status lk_moe_experts_backward(const lk_impl *impl, const lk_moe_experts_args
                              lk_tensor_region("dout", &a->dout),
                              {"saved", a->saved.data, a->saved.bytes}};
     if ((s = lk_expect_apart(OP, outs, 4, ins, 7))) return s;
-    if (d.t == 0) return LK_OK;
-    return run(vt, 1, a, ctx);
+    if (a->write_weight_grads != 0 && a->write_weight_grads != 1)
+        return lk_error(LK_EINVAL, OP ": write_weight_grads: expected 0 (accumulate) or 1 (write), got %d",
+                        a->write_weight_grads);
+    if (d.t == 0 && !a->write_weight_grads) return LK_OK;
+    if (d.t == 0 && impl->device == LK_DEVICE_CPU) {   /* nothing routed: written means zeros */
+        const lk_tensor *g[2] = {&a->d_gate_up_weight, &a->d_down_weight};
+        for (int i = 0; i < 2; i++)
+            if (g[i]->data) memset(g[i]->data, 0, (size_t)lk_tensor_numel(g[i]) * lk_dtype_size(g[i]->dtype));
+        return LK_OK;
+    }
+    return run(vt, 1, a, ctx);   /* a GPU row writes the zeros of T = 0 itself */
 }

@@ -115,8 +115,8 @@ static lk_status backward(const lk_moe_experts_args *a, lk_ctx *ctx) {
     lk_grad_acc agu = {0}, ad = {0};
     int want_gu = a->d_gate_up_weight.data != NULL, want_d = a->d_down_weight.data != NULL;
     lk_status st;
-    if ((want_gu && (st = lk_moe_grad_begin(&agu, &a->d_gate_up_weight, d.e * 2 * I * H, ar))) ||
-        (want_d && (st = lk_moe_grad_begin(&ad, &a->d_down_weight, d.e * H * I, ar))))
+    if ((want_gu && (st = lk_moe_grad_begin(&agu, &a->d_gate_up_weight, d.e * 2 * I * H, a->write_weight_grads, ar))) ||
+        (want_d && (st = lk_moe_grad_begin(&ad, &a->d_down_weight, d.e * H * I, a->write_weight_grads, ar))))
         return st;
     float *drows = f32_alloc(ar, d.r * H), *xrows = f32_alloc(ar, d.r * H);
     float *hb = f32_alloc(ar, d.r * I), *dgu = f32_alloc(ar, d.r * 2 * I);

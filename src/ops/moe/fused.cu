@@ -213,10 +213,11 @@ static lk_status rows_gemm(lk_gg g, lk_gg_operand a, lk_gg_operand b, int64_t n,
     return lk_moe_cuda_grouped_gemm(&g, st);
 }
 
-/* grad_e [m, n] += A_eᵀ · B_e over expert e's rows (A [rows, m], B [rows, n]). */
+/* grad_e [m, n] += A_eᵀ · B_e over expert e's rows (A [rows, m], B [rows, n]); write: = (every
+ * expert's slice, zeros where an expert has no rows). */
 static lk_status wgrad_gemm(lk_gg g, lk_gg_operand a, lk_gg_operand b, int64_t m, int64_t n, const lk_tensor *grad,
-                            cudaStream_t st) {
-    g.mode = LK_GG_WGRAD, g.epi = LK_GG_ACCUM, g.a = a, g.b = b, g.m = m, g.n = n;
+                            int write, cudaStream_t st) {
+    g.mode = LK_GG_WGRAD, g.epi = write ? LK_GG_STORE : LK_GG_ACCUM, g.a = a, g.b = b, g.m = m, g.n = n;
     g.c = grad->data, g.c_dt = grad->dtype, g.ldc = n, g.c_e_stride = m * n;
     return lk_moe_cuda_grouped_gemm(&g, st);
 }
@@ -315,6 +316,13 @@ static lk_status backward_on(const lk_moe_experts_args *a, lk_ctx *ctx, int hopp
     int64_t H = d.h, I = d.i, R = d.r, K = d.k;
     size_t es = lk_dtype_size(d.dt);
     cudaStream_t st = (cudaStream_t)ctx->stream;
+    if (d.t == 0) {   /* the facade calls with no token only to have the gradients written: zeros */
+        const lk_tensor *g[2] = {&a->d_gate_up_weight, &a->d_down_weight};
+        for (int i = 0; i < 2; i++)
+            if (g[i]->data)
+                LK_CUDA_TRY(cudaMemsetAsync(g[i]->data, 0, (size_t)lk_tensor_numel(g[i]) * lk_dtype_size(g[i]->dtype), st));
+        return LK_OK;
+    }
     lk_moe_fused_saved sv = lk_moe_fused_saved_view(a->saved.data, &d);
     lk_arena *ar = ctx->arena;
     const int fused_act = lk_moe_cuda_gg_fuses_swiglu(d.dt);
@@ -346,7 +354,7 @@ static lk_status backward_on(const lk_moe_experts_args *a, lk_ctx *ctx, int hopp
     /* d_down_e [H, I] += dout_eᵀ · (w·h)_e: both along the expert's rows, M / N contiguous */
     if (a->d_down_weight.data &&
         (s = wgrad_gemm(g, opnd(a->dout.data, H, 0, sv.order, K, 0), opnd(wh, I, 0, NULL, 0, 0), H, I,
-                        &a->d_down_weight, st)))
+                        &a->d_down_weight, a->write_weight_grads, st)))
         return s;
     /* d_gate_up_e [2I, H] += d_gate_up_eᵀ · x_e, x's rows gathered first into dr's buffer (free
      * until d_rows, below, writes it): both operands contiguous, so the Hopper kernel loads
@@ -355,7 +363,7 @@ static lk_status backward_on(const lk_moe_experts_args *a, lk_ctx *ctx, int hopp
         gather(dr, a->hidden.data, &d, sv.order, st);
         LK_CUDA_LAUNCHED("moe_experts: fused (cuda): gather x");
         if ((s = wgrad_gemm(g, opnd(dgu, 2 * I, 0, NULL, 0, 0), opnd(dr, H, 0, NULL, 0, 0), 2 * I, H,
-                            &a->d_gate_up_weight, st)))
+                            &a->d_gate_up_weight, a->write_weight_grads, st)))
             return s;
     }
     /* d_rows = d_gate_up · Wgu_e ([2I, H] read as [k, n]) */

@@ -467,6 +467,18 @@ static int vec_ok(const lk_gg_operand *o, int64_t inner) {
 #define LAUNCH_TC(MODE, EPI, AK, BK) gg_mma<MODE, EPI, AK, BK><<<grid, NT, 0, st>>>(p)
 #define LAUNCH_SIMT(T, MODE, EPI, AK, BK) gg_simt<T, MODE, EPI, AK, BK><<<grid, NT, 0, st>>>(p)
 
+extern "C" lk_status lk_moe_cuda_wgrad_zero(const lk_gg *g, void *stream) {
+    cudaStream_t st = (cudaStream_t)stream;
+    const size_t es = lk_dtype_size(g->c_dt), pitch = (size_t)g->ldc * es, width = (size_t)g->n * es;
+    if (g->c_e_stride == g->m * g->ldc)   /* the slices back to back: one region of E·m rows */
+        LK_CUDA_TRY(cudaMemset2DAsync(g->c, pitch, 0, width, (size_t)(g->experts * g->m), st));
+    else
+        for (int64_t e = 0; e < g->experts; e++)
+            LK_CUDA_TRY(cudaMemset2DAsync((char *)g->c + (size_t)(e * g->c_e_stride) * es, pitch, 0, width,
+                                          (size_t)g->m, st));
+    return LK_OK;
+}
+
 extern "C" lk_status lk_moe_cuda_grouped_gemm(const lk_gg *g, void *stream) {
     cudaStream_t st = (cudaStream_t)stream;
     const int tc = use_tc(g->dt), rows = g->mode == LK_GG_ROWS;
@@ -474,7 +486,7 @@ extern "C" lk_status lk_moe_cuda_grouped_gemm(const lk_gg *g, void *stream) {
     /* the combinations fused.cu uses, each instantiated below */
     const int known = rows ? ak && (g->epi == LK_GG_STORE || (g->epi == LK_GG_SWIGLU && bk && tc) ||
                                     (g->epi == LK_GG_DSWIGLU && !bk && tc))
-                           : !ak && !bk && g->epi == LK_GG_ACCUM;
+                           : !ak && !bk && (g->epi == LK_GG_ACCUM || g->epi == LK_GG_STORE);
     if (!known || (g->dt != LK_F32 && g->dt != LK_BF16) || g->experts < 1 || g->experts > INT32_MAX)
         return lk_error(LK_EINTERNAL, "moe_experts: grouped gemm: mode %d epilogue %d kmajor %d/%d dtype %s E %lld: "
                         "not a combination this build has", (int)g->mode, (int)g->epi, ak, bk, lk_dtype_name(g->dt),
@@ -516,6 +528,10 @@ extern "C" lk_status lk_moe_cuda_grouped_gemm(const lk_gg *g, void *stream) {
         if (LK_MOE_WGRAD_SM90 && tc && (g->hopper || !sm80_only) && lk_hw_get()->cuda_cc == 90 &&
             lk_moe_cuda_gg_sm90_wgrad_takes(g))
             return lk_moe_cuda_gg_sm90_wgrad(g, st);
+        if (g->epi == LK_GG_STORE) {   /* written: zeros first, then accumulated onto them */
+            lk_status s = lk_moe_cuda_wgrad_zero(g, st);
+            if (s) return s;
+        }
         grid = dim3((unsigned)nx, (unsigned)ny, (unsigned)g->experts);
     }
     if (tc) {

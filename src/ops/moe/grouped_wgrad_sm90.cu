@@ -107,6 +107,7 @@ typedef struct {
     void *c;                  /* [E, M, N]: element (e, i, j) at c + e·ces + i·ldc + j */
     int64_t ldc, ces;
     int c_bf16;
+    int store;                /* the TMA epilogue writes C (every expert's slice) instead of adding */
 } wargs;
 
 #if FA3_ARCH
@@ -120,6 +121,11 @@ static __device__ __forceinline__ void cp_arrive_noinc_w(uint64_t *bar) {
  * memory (the add done in L2, the type the map's), completing in this thread's bulk group. */
 static __device__ __forceinline__ void tma_reduce_add(const CUtensorMap *map, const void *src, int c0, int c1, int c2) {
     asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];"
+                 ::"l"((uint64_t)map), "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+/* the same box written, not added */
+static __device__ __forceinline__ void tma_store(const CUtensorMap *map, const void *src, int c0, int c1, int c2) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];"
                  ::"l"((uint64_t)map), "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2) : "memory");
 }
 static __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
@@ -171,6 +177,7 @@ struct walk {
     const uint16_t *ex;
     const int64_t *offs;
     int ranked, per, items;   /* ranked: experts in ex (0: none) */
+    int all;                  /* the items of experts without rows too (a written C's zeros) */
     __device__ __forceinline__ int rank(int j) const {
         const int g = (int)gridDim.x, b = (int)blockIdx.x;
         return j * g + ((j & 1) ? g - 1 - b : b);
@@ -179,14 +186,14 @@ struct walk {
         const int i = u / per;
         return i < ranked ? (int)ex[i] : i;
     }
-    /* the rank of the CTA's first item with rows from round j on (items: none); experts
-     * without rows rank last, so the first such ranked one ends the walk */
+    /* the rank of the CTA's first item with rows (all: any item) from round j on (items:
+     * none); experts without rows rank last, so the first such ranked one ends the walk */
     __device__ __forceinline__ int from(int j) const {
         for (;; j++) {
             const int u = rank(j);
             if (u >= items) return items;
             const int e = expert(u);
-            if (offs[e] < offs[e + 1]) return u;
+            if (all || offs[e] < offs[e + 1]) return u;
             if (ranked) return items;
         }
     }
@@ -290,7 +297,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
     static_assert(STAGES * BK >= EMAX, "the experts' counts are staged where the steps' rows go");
     const int tid = threadIdx.x, wg = tid / 128;
     const int items = (int)(p.e * p.mt * p.nt);   /* lk_moe_cuda_gg_sm90_wgrad_takes bounds it */
-    const walk W{ex, p.offs, rank_experts(p.offs, p.e, (int32_t *)(empty + STAGES), ex, tid), p.mt * p.nt, items};
+    const walk W{ex, p.offs, rank_experts(p.offs, p.e, (int32_t *)(empty + STAGES), ex, tid), p.mt * p.nt, items, 0};
 
     if (tid == 0) {
         for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 129), mbar_init(&empty[s], 256);
@@ -376,11 +383,13 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
     const int rl = cg * 64 + w * 16 + lane / 4;   /* this thread's gradient rows: rl and rl + 8 of the tile */
     float acc[BN / 2];
     int it = 0;
-    for (int u = W.first(); u < items; u = W.after(u)) {   /* experts without rows: slices left as they were */
+    /* experts without rows: their slices left as they were, or (store) written with zeros */
+    const walk Wc{W.ex, W.offs, W.ranked, W.per, W.items, TMA && p.store};
+    for (int u = Wc.first(); u < items; u = Wc.after(u)) {
         const int64_t e = W.expert(u), k0 = p.offs[e], klim = p.offs[e + 1];
         const int r = u % W.per;
         const int64_t m0 = (int64_t)(r / p.nt) * BM, n0 = (int64_t)(r % p.nt) * BN;
-        {   /* C's lines this thread's epilogue reads, into L2 while the K loop runs (a hint) */
+        if (!(TMA && p.store)) {   /* C's lines this thread's epilogue reads, into L2 while the K loop runs (a hint) */
             const int64_t per = p.c_bf16 ? 64 : 32;   /* elements a 128-byte line */
             const size_t es = p.c_bf16 ? 2 : 4;
 #pragma unroll
@@ -411,7 +420,13 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
         }
         wgmma_wait<0>();
         fence_regs<BN / 2>(acc);
-        mbar_arrive(&empty[(it - 1) % STAGES]);
+        if (kb > 0) mbar_arrive(&empty[(it - 1) % STAGES]);
+        if constexpr (TMA) {   /* an expert without rows (store only): its slice is zeros (a select, not a
+                                * branch: wgmma's registers written on a divergent path serialize it) */
+            const bool none = kb == 0;
+#pragma unroll
+            for (int q = 0; q < BN / 2; q++) acc[q] = none ? 0.0f : acc[q];
+        }
 
         if constexpr (TMA) {   /* --- epilogue: C += acc by TMA reductions in L2 (f32 C) --- */
             /* 8 slices of the warpgroup's 64 rows × 32 columns, two buffers: each thread writes
@@ -444,7 +459,8 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
                 if (leader) bulk_wait_read0();      /* slice j - 1 read: buffer (j + 1) & 1 free */
                 asm volatile("bar.sync %0, 128;" ::"r"(2 + cg) : "memory");
                 if (leader) {
-                    tma_reduce_add(&tc, buf, (int)n0 + 32 * j, (int)m0 + 64 * cg, (int)e);
+                    if (p.store) tma_store(&tc, buf, (int)n0 + 32 * j, (int)m0 + 64 * cg, (int)e);
+                    else tma_reduce_add(&tc, buf, (int)n0 + 32 * j, (int)m0 + 64 * cg, (int)e);
                     bulk_commit();
                 }
             }
@@ -790,7 +806,7 @@ static int operand_ok(const lk_gg_operand *o, int64_t cols, int64_t rows) {
 }
 
 extern "C" int lk_moe_cuda_gg_sm90_wgrad_takes(const lk_gg *g) {
-    if (g->dt != LK_BF16 || g->mode != LK_GG_WGRAD || g->epi != LK_GG_ACCUM || g->m < 8 || g->n < 8 ||
+    if (g->dt != LK_BF16 || g->mode != LK_GG_WGRAD || (g->epi != LK_GG_ACCUM && g->epi != LK_GG_STORE) || g->m < 8 || g->n < 8 ||
         g->m > INT32_MAX || g->n > INT32_MAX || g->rows > INT32_MAX - 2 * BK || g->experts < 1 ||
         !operand_ok(&g->a, g->m, g->rows) || !operand_ok(&g->b, g->n, g->rows) || (g->a.order && g->b.order))
         return 0;
@@ -883,12 +899,17 @@ extern "C" lk_status lk_moe_cuda_gg_sm90_wgrad(const lk_gg *g, void *stream) {
     p.mt = (int)lk_cdiv(g->m, BM), p.nt = (int)lk_cdiv(g->n, pp ? PN : BN);
     p.offs = g->offs;
     p.c = g->c, p.ldc = g->ldc, p.ces = g->c_e_stride, p.c_bf16 = g->c_dt == LK_BF16;
+    /* the default: coop's kernel with the TMA epilogue, which writes a STORE's C itself (zeros
+     * for the experts without rows); the other kernels only add, onto zeros queued first */
+    const int tma_epi = (variant == LK_GG_SM90_AUTO || variant == LK_GG_SM90_COOP_CLUSTER) && !pp && tma_c_ok(g);
+    p.store = g->epi == LK_GG_STORE && tma_epi && g->rows >= 1;
+    lk_status s;
+    if (g->epi == LK_GG_STORE && !p.store && (s = lk_moe_cuda_wgrad_zero(g, st))) return s;
     if (g->rows < 1) return LK_OK;
 
     /* the tensor maps of the operands that are not gathered: [rows, M] / [rows, N] */
     CUtensorMap ta, tb;
     memset(&ta, 0, sizeof ta), memset(&tb, 0, sizeof tb);
-    lk_status s;
     if (!ag && (s = rows_map(&ta, &g->a, g->rows, g->m))) return s;
     if (!bg && (s = rows_map(&tb, &g->b, g->rows, g->n))) return s;
 
@@ -907,7 +928,7 @@ extern "C" lk_status lk_moe_cuda_gg_sm90_wgrad(const lk_gg *g, void *stream) {
     }
     CUtensorMap tc;
     memset(&tc, 0, sizeof tc);
-    if ((variant == LK_GG_SM90_AUTO || variant == LK_GG_SM90_COOP_CLUSTER) && tma_c_ok(g)) {   /* the default: the TMA epilogue */
+    if (tma_epi) {   /* the default: the TMA epilogue */
         if ((s = c_map(&tc, g))) return s;
         if (ag) return launch<true, false, true>(ta, tb, tc, p, grid, st);
         return bg ? launch<false, true, true>(ta, tb, tc, p, grid, st) : launch<false, false, true>(ta, tb, tc, p, grid, st);

@@ -50,6 +50,11 @@ static lk_status make_inputs(const lk_moe_experts_problem *p, inputs *in) {
     in->wdbl = malloc(sizeof(double) * (size_t)(R > 0 ? R : 1));
     if (!in->x || !in->wgu || !in->wd || !in->dout || !in->dgu0 || !in->dd0 || !in->ids || !in->w || !in->wdbl)
         return lk_error(LK_ENOMEM, "moe_experts: check: out of memory");
+    if (p->write_grads) {   /* written, not added: whatever was there must not show */
+        int64_t ngu = p->e * 2 * p->i * p->h, nd = p->e * p->h * p->i;
+        lk_poison(in->dgu0, gdt, ngu), lk_poison(in->dd0, gdt, nd);
+        memset(in->dgu0d, 0, sizeof(double) * (size_t)ngu), memset(in->dd0d, 0, sizeof(double) * (size_t)nd);
+    }
     int64_t span = p->dup_routes && p->e > 1 ? (p->e + 1) / 2 : p->e;
     for (int64_t tok = 0; tok < p->t; tok++)
         for (int64_t j = 0; j < p->k; j++) {
@@ -101,7 +106,7 @@ lk_status lk_moe_experts_run(const lk_impl *impl, const lk_moe_experts_problem *
             .dout = lk_tensor_2d(in.dout, p->dt, T, H), .d_hidden = lk_tensor_2d(dx, p->dt, T, H),
             .d_topk_weights = lk_tensor_2d(dw, LK_F32, T, K),
             .d_gate_up_weight = lk_tensor_view(in.dgu0, gdt, 3, gus), .d_down_weight = lk_tensor_view(in.dd0, gdt, 3, dws),
-            .saved = {saved, sb},
+            .saved = {saved, sb}, .write_weight_grads = p->write_grads,
         };
         lk_place_tensor(&pl, "hidden", &a.hidden, 0);
         lk_place_tensor(&pl, "topk_ids", &a.topk_ids, 0);

@@ -20,8 +20,9 @@ void lk_moe_unpermute_sum(void *dst, lk_dtype dt, const float *src, int64_t h, c
 
 /* A gradient buffer of n elements accumulated over experts: lk_grad_acc whose f32
  * accumulator starts at zero, so experts without a token leave their slice unchanged
- * and every expert's GEMM adds with beta 1. */
-lk_status lk_moe_grad_begin(lk_grad_acc *g, const lk_tensor *dst, int64_t n, lk_arena *arena);
+ * and every expert's GEMM adds with beta 1. write (write_weight_grads): dst is zeroed
+ * first, so every slice is written. */
+lk_status lk_moe_grad_begin(lk_grad_acc *g, const lk_tensor *dst, int64_t n, int write, lk_arena *arena);
 
 #define LK_MOE_NOMEM(op) lk_error(LK_ENOMEM, op ": arena: expected the reserved workspace, got too little")
 

@@ -40,7 +40,9 @@ lk_status lk_moe_cuda_check_ids(const int32_t *ids, int64_t routes, int64_t expe
  *                sized by the bound rows / tile + E, so no count is read back.
  *   LK_GG_WGRAD: M and N fixed (a weight's dims), K runs over expert e's rows; C is
  *                expert e's slice (c + e·c_e_stride), ACCUMULATED (C += A·B, rounded
- *                once into c_dt); an expert without rows leaves its slice as it was.
+ *                once into c_dt; an expert without rows leaves its slice as it was), or
+ *                with STORE written (C = A·B; zeros for an expert without rows): natively
+ *                by the Hopper kernel's TMA epilogue, elsewhere as zeros, then ACCUM.
  * Epilogues: STORE (C written in c_dt: f32, or bf16 rounded once), ACCUM (WGRAD), SWIGLU (ROWS, bf16 on tensor
  * cores only: N = 2I is gate | up, and the epilogue writes keep = [gate | up] in bf16
  * and h = w[order[row]] · silu(gate) · up in bf16, NaN when *flag is set); DSWIGLU (ROWS,
@@ -143,7 +145,7 @@ int lk_moe_cuda_gg_sm90_variant_in_force(void);
 int lk_moe_cuda_gg_sm90_schedule(const lk_gg *g);
 
 /* grouped_wgrad_sm90.cu: 1 when the Hopper weight-gradient kernel takes g (bf16 WGRAD,
- * ACCUM into f32 or bf16 C with element pairs aligned and ldc, c_e_stride even; A and B M /
+ * ACCUM or STORE into f32 or bf16 C with element pairs aligned and ldc, c_e_stride even; A and B M /
  * N contiguous, no expert stride, at most one of them gathered, 16-byte aligned, row strides
  * and M, N multiples of 8 elements). Says nothing of the GPU. */
 int lk_moe_cuda_gg_sm90_wgrad_takes(const lk_gg *g);
@@ -152,6 +154,10 @@ int lk_moe_cuda_gg_sm90_wgrad_takes(const lk_gg *g);
  * (an sm_90 GPU): the same sums as the mma.sync kernel's, each gradient element one
  * thread's, in row order. Errors: LK_EDEVICE. */
 lk_status lk_moe_cuda_gg_sm90_wgrad(const lk_gg *g, void *stream);
+
+/* Queues zeros over every expert's slice of WGRAD g's C (m rows of n elements, ldc apart):
+ * a written weight gradient (STORE) on a kernel that only accumulates. Errors: LK_EDEVICE. */
+lk_status lk_moe_cuda_wgrad_zero(const lk_gg *g, void *stream);
 
 /* Queues the grouped GEMM on stream. Errors: LK_EINTERNAL (a combination this file does
  * not build), LK_EDEVICE (a launch; a grid dim over the device's limit). */

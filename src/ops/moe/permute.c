@@ -95,7 +95,8 @@ void lk_moe_unpermute_sum(void *dst, lk_dtype dt, const float *src, int64_t h, c
     }
 }
 
-lk_status lk_moe_grad_begin(lk_grad_acc *g, const lk_tensor *dst, int64_t n, lk_arena *arena) {
+lk_status lk_moe_grad_begin(lk_grad_acc *g, const lk_tensor *dst, int64_t n, int write, lk_arena *arena) {
+    if (write) memset(dst->data, 0, (size_t)n * lk_dtype_size(dst->dtype));   /* written: added onto zeros */
     lk_status s = lk_grad_acc_begin(g, dst->data, dst->dtype, n, arena);
     if (s) return s;
     if (g->beta == 0.0f) {

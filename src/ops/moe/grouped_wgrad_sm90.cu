@@ -41,7 +41,8 @@
  *              CTAs that drew the large experts running after the rest (e2e_peers' MoE
  *              step: 18.9 -> 12.8 ms of these kernels, 160.7 -> 154.3 ms a step; H200,
  *              bench/NOTES.md nineteenth session). Experts without rows rank last and
- *              end the walk (their slices left as they were, as grouped.cu does). Each
+ *              end the walk (their slices left as they were, as grouped.cu does; a
+ *              written C's consumers walk them too, and store their zeros). Each
  *              output element is one thread's, summed over the expert's rows in order,
  *              whichever CTA holds it: deterministic, no atomics. (The ping-pong variant
  *              below keeps the walk in expert order.)
@@ -56,7 +57,9 @@
  * shared memory) and TMA adds them into C in L2 (cp.reduce.async.bulk.tensor .add, 8 slices a
  * warpgroup, slice j staged while slice j - 1 is read out), so the SM is back in the next item's
  * K loop after writing 128 KiB to shared memory instead of reading and writing 256 KiB of HBM;
- * the same sums, each element added once. Measured (twelfth session, call 1, same run): 253.5
+ * the same sums, each element added once. A written
+ * gradient (STORE, moe.h's write_weight_grads) takes TMA stores instead: C is neither zeroed
+ * beforehand nor read. Measured (twelfth session, call 1, same run): 253.5
  * against coop's 234.8 TFLOP/s (4.88 against 5.27 ms) — 8%, where the prediction was 2.3 ms:
  * the read-add-write was not what held the kernel (bench/NOTES.md, "Issue 18: the weight
  * gradients' TMA reduce epilogue").

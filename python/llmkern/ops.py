@@ -276,11 +276,13 @@ class MoeExpertsFunction(torch.autograd.Function):
         dout = dout.contiguous()
         dh = torch.empty_like(hidden)
         dw = torch.empty_like(weights) if ctx.needs_input_grad[2] else None
-        dgu, dd = _zeros_if(ctx.needs_input_grad[3], gate_up), _zeros_if(ctx.needs_input_grad[4], down)
+        # written by the op (write_weight_grads), not added onto zeros made here first
+        dgu = torch.empty_like(gate_up) if ctx.needs_input_grad[3] else None
+        dd = torch.empty_like(down) if ctx.needs_input_grad[4] else None
         a = L.MoeExpertsArgs(hidden=view(hidden), topk_ids=view(ids), topk_weights=view(weights),
                              gate_up_weight=view(gate_up), down_weight=view(down), dout=view(dout), d_hidden=view(dh),
                              d_topk_weights=view(dw), d_gate_up_weight=view(dgu), d_down_weight=view(dd),
-                             saved=_saved(sv))
+                             saved=_saved(sv), write_weight_grads=1)
         _call(lambda p, c: L.lib.lk_moe_experts_backward(ctx.impl, p, c), hidden, ctypes.byref(a),
               "moe_experts backward")
         return dh, None, dw, dgu, dd, None

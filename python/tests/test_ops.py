@@ -317,8 +317,9 @@ class _StackedExperts(torch.nn.Module):
         return out
 
 
+@pytest.mark.parametrize("idle", [False, True])   # idle: expert 4 takes no token (its written gradients: zeros)
 @pytest.mark.parametrize("dev,impl,dt", cases("moe_experts"))
-def test_moe_experts_match_qwen3_moe_experts(dev, impl, dt):
+def test_moe_experts_match_qwen3_moe_experts(dev, impl, dt, idle):
     cfg = Qwen3MoeConfig(hidden_size=32, moe_intermediate_size=24, num_experts=5, num_experts_per_tok=2)
     ref = (mqm.Qwen3MoeExperts(cfg) if hasattr(mqm, "Qwen3MoeExperts") else _StackedExperts(cfg)).to(dev, dt)
     with torch.no_grad():
@@ -326,7 +327,7 @@ def test_moe_experts_match_qwen3_moe_experts(dev, impl, dt):
         ref.down_proj.normal_(0, 0.2)
     T = 13
     x = torch.randn(T, 32, device=dev, dtype=dt)
-    ids = torch.stack([torch.randperm(5, device=dev)[:2] for _ in range(T)])
+    ids = torch.stack([torch.randperm(4 if idle else 5, device=dev)[:2] for _ in range(T)])
     ids[:, 0] = torch.where(ids[:, 0] == 4, 0, ids[:, 0])  # expert 4 may get few tokens; 0 takes more
     w = torch.rand(T, 2, device=dev, dtype=dt)
     xr, xl, wr, wl = leaf(x), leaf(x), leaf(w), leaf(w)

@@ -1,7 +1,8 @@
 /* experts.c — the MoE experts facade (include/llmkern/moe.h): every argument, the expert
  * ids included, is checked before anything is written; the implementation's workspace
  * is reserved in ctx->arena and given back after the call. Implementations (eager.c,
- * fused.c) may assume well-formed, non-overlapping arguments and T >= 1. */
+ * fused.c) may assume well-formed, non-overlapping arguments and T >= 1 (a GPU row's
+ * backward is also called with T = 0 under write_weight_grads: zeros to write). */
 #include <string.h>
 #include "ops/validate.h"
 #include "ops/moe/internal.h"

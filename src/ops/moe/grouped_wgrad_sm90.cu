@@ -387,12 +387,13 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
     float acc[BN / 2];
     int it = 0;
     /* experts without rows: their slices left as they were, or (store) written with zeros */
-    const walk Wc{W.ex, W.offs, W.ranked, W.per, W.items, TMA && p.store};
+    const bool store = TMA && p.store;
+    const walk Wc{W.ex, W.offs, W.ranked, W.per, W.items, store};
     for (int u = Wc.first(); u < items; u = Wc.after(u)) {
-        const int64_t e = W.expert(u), k0 = p.offs[e], klim = p.offs[e + 1];
-        const int r = u % W.per;
+        const int64_t e = Wc.expert(u), k0 = p.offs[e], klim = p.offs[e + 1];
+        const int r = u % Wc.per;
         const int64_t m0 = (int64_t)(r / p.nt) * BM, n0 = (int64_t)(r % p.nt) * BN;
-        if (!(TMA && p.store)) {   /* C's lines this thread's epilogue reads, into L2 while the K loop runs (a hint) */
+        if (!store) {   /* C's lines this thread's epilogue reads, into L2 while the K loop runs (a hint) */
             const int64_t per = p.c_bf16 ? 64 : 32;   /* elements a 128-byte line */
             const size_t es = p.c_bf16 ? 2 : 4;
 #pragma unroll
@@ -424,14 +425,14 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
         wgmma_wait<0>();
         fence_regs<BN / 2>(acc);
         if (kb > 0) mbar_arrive(&empty[(it - 1) % STAGES]);
-        if constexpr (TMA) {   /* an expert without rows (store only): its slice is zeros (a select, not a
-                                * branch: wgmma's registers written on a divergent path serialize it) */
-            const bool none = kb == 0;
-#pragma unroll
-            for (int q = 0; q < BN / 2; q++) acc[q] = none ? 0.0f : acc[q];
-        }
 
         if constexpr (TMA) {   /* --- epilogue: C += acc by TMA reductions in L2 (f32 C) --- */
+            {   /* an expert without rows (store only): its slice is zeros (a select, not a branch:
+                 * wgmma's registers written on a divergent path serialize it) */
+                const bool none = kb == 0;
+#pragma unroll
+                for (int q = 0; q < BN / 2; q++) acc[q] = none ? 0.0f : acc[q];
+            }
             /* 8 slices of the warpgroup's 64 rows × 32 columns, two buffers: each thread writes
              * its 16 accumulators of slice j into buffer j & 1 (tc's 128-byte swizzle: row r's
              * 16-byte chunk c at c ^ (r & 7), two wavefronts a warp store), the leader (the
@@ -462,7 +463,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
                 if (leader) bulk_wait_read0();      /* slice j - 1 read: buffer (j + 1) & 1 free */
                 asm volatile("bar.sync %0, 128;" ::"r"(2 + cg) : "memory");
                 if (leader) {
-                    if (p.store) tma_store(&tc, buf, (int)n0 + 32 * j, (int)m0 + 64 * cg, (int)e);
+                    if (store) tma_store(&tc, buf, (int)n0 + 32 * j, (int)m0 + 64 * cg, (int)e);
                     else tma_reduce_add(&tc, buf, (int)n0 + 32 * j, (int)m0 + 64 * cg, (int)e);
                     bulk_commit();
                 }

@@ -13,10 +13,8 @@
  * its resume, every data-parallel replica and the CPU and GPU rows draw the same:
  *   step_key   = lk_sround_step_key(seed, step)             once a step (the host)
  *   tensor_key = lk_sround_tensor_key(step_key, tensor)     tensor = the parameter's index
- *   bits       = lk_sround_bits(tensor_key, i)              32 bits for element i:
- *                the low 16 round m, the next 16 round v. One 64-bit draw serves a pair
- *                of elements (lk_sround_pair): half the hashing, which the GPU's AdamW
- *                with bf16 moments pays in ALU beside its bytes. Not installed. */
+ *   bits       = lk_sround_bits(tensor_key, i)              64 bits for element i:
+ *                the low 16 round m, the next 16 round v. Not installed. */
 #ifndef LLMKERN_CORE_SROUND_H
 #define LLMKERN_CORE_SROUND_H
 
@@ -36,13 +34,8 @@ LK_SROUND_FN uint64_t lk_sround_tensor_key(uint64_t step_key, int tensor) {
     return lk_mix64(step_key ^ ((uint64_t)tensor + 1) * 0xd1b54a32d192ed03ull);
 }
 
-/* 64 bits for the pair of elements 2j, 2j + 1: element 2j takes the low 32, 2j + 1 the high. */
-LK_SROUND_FN uint64_t lk_sround_pair(uint64_t tensor_key, int64_t j) {
-    return lk_mix64(tensor_key + ((uint64_t)j + 1) * LK_MIX_PHI);
-}
-
-LK_SROUND_FN uint32_t lk_sround_bits(uint64_t tensor_key, int64_t i) {
-    return (uint32_t)(lk_sround_pair(tensor_key, i >> 1) >> (32 * (i & 1)));
+LK_SROUND_FN uint64_t lk_sround_bits(uint64_t tensor_key, int64_t i) {
+    return lk_mix64(tensor_key + ((uint64_t)i + 1) * LK_MIX_PHI);
 }
 
 /* f rounded to a bf16 neighbour: up (in magnitude) with probability (dropped bits) / 2^16,

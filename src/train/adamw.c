@@ -31,10 +31,10 @@ void lk_adamw_update(float *p, const float *g, void *m, void *v, int64_t n,
     for (int64_t i = 0; i < n; i++) {
         float mi = mb ? lk_bf16_to_f32(mh[i]) : mf[i], vi = vb ? lk_bf16_to_f32(vh[i]) : vf[i];
         p[i] = adamw_one(g[i], &mi, &vi, p[i], b1, b2, eps, step, vcorr, decay);
-        const uint32_t r = mb || vb ? lk_sround_bits(key, i) : 0;
-        if (mb) mh[i] = lk_sround_bf16(mi, r);
+        const uint64_t r = mb || vb ? lk_sround_bits(key, i) : 0;
+        if (mb) mh[i] = lk_sround_bf16(mi, (uint32_t)r);
         else mf[i] = mi;
-        if (vb) vh[i] = lk_sround_bf16(vi, r >> 16);
+        if (vb) vh[i] = lk_sround_bf16(vi, (uint32_t)(r >> 16));
         else vf[i] = vi;
     }
 }

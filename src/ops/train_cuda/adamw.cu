@@ -44,18 +44,18 @@ static __device__ __forceinline__ float adamw_one(float g, float &m, float &v, f
 
 /* Four moments of elements i.. back to memory: f32, or bf16 rounded with bits >> shift of each
  * element's r (m takes bits 0-15, v 16-31). */
-static __device__ __forceinline__ void st4_moment(void *p, int bf16, int64_t i, float4 x, const uint32_t *r, int shift) {
+static __device__ __forceinline__ void st4_moment(void *p, int bf16, int64_t i, float4 x, const uint64_t *r, int shift) {
     if (!bf16) {
         *reinterpret_cast<float4 *>(static_cast<float *>(p) + i) = x;
         return;
     }
-    const uint32_t a = lk_sround_bf16(x.x, r[0] >> shift), b = lk_sround_bf16(x.y, r[1] >> shift);
-    const uint32_t c = lk_sround_bf16(x.z, r[2] >> shift), e = lk_sround_bf16(x.w, r[3] >> shift);
+    const uint32_t a = lk_sround_bf16(x.x, (uint32_t)(r[0] >> shift)), b = lk_sround_bf16(x.y, (uint32_t)(r[1] >> shift));
+    const uint32_t c = lk_sround_bf16(x.z, (uint32_t)(r[2] >> shift)), e = lk_sround_bf16(x.w, (uint32_t)(r[3] >> shift));
     *reinterpret_cast<uint2 *>(static_cast<lk_bf16_t *>(p) + i) = make_uint2(a | b << 16, c | e << 16);
 }
 
-static __device__ __forceinline__ void st_moment(void *p, int bf16, int64_t i, float x, uint32_t r, int shift) {
-    if (bf16) static_cast<uint16_t *>(p)[i] = lk_sround_bf16(x, r >> shift);
+static __device__ __forceinline__ void st_moment(void *p, int bf16, int64_t i, float x, uint64_t r, int shift) {
+    if (bf16) static_cast<uint16_t *>(p)[i] = lk_sround_bf16(x, (uint32_t)(r >> shift));
     else static_cast<float *>(p)[i] = x;
 }
 
@@ -86,11 +86,9 @@ static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list
             p.y = adamw_one(__fmul_rn(g4.y, gscale), m.y, v.y, p.y, s, decay);
             p.z = adamw_one(__fmul_rn(g4.z, gscale), m.z, v.z, p.z, s, decay);
             p.w = adamw_one(__fmul_rn(g4.w, gscale), m.w, v.w, p.w, s, decay);
-            uint32_t r[4] = {0, 0, 0, 0};
-            if (sr) {   /* i is even: two draws serve the four (lk_sround_bits' bits, element for element) */
-                const uint64_t lo = lk_sround_pair(key, i >> 1), hi = lk_sround_pair(key, (i >> 1) + 1);
-                r[0] = (uint32_t)lo, r[1] = (uint32_t)(lo >> 32), r[2] = (uint32_t)hi, r[3] = (uint32_t)(hi >> 32);
-            }
+            uint64_t r[4] = {0, 0, 0, 0};
+            if (sr)
+                for (int e = 0; e < 4; e++) r[e] = lk_sround_bits(key, i + e);
             st4_moment(d.m, d.m_bf16, i, m, r, 0);
             st4_moment(d.v, d.v_bf16, i, v, r, 16);
             *reinterpret_cast<float4 *>(w + i) = p;
@@ -104,7 +102,7 @@ static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list
         if (i >= d.n) break;
         float m = lk_mt_ld(d.m, d.m_bf16, i), v = lk_mt_ld(d.v, d.v_bf16, i);
         const float p = adamw_one(__fmul_rn(lk_mt_ld(d.g, d.g_bf16, i), gscale), m, v, w[i], s, decay);
-        const uint32_t r = sr ? lk_sround_bits(key, i) : 0;
+        const uint64_t r = sr ? lk_sround_bits(key, i) : 0;
         st_moment(d.m, d.m_bf16, i, m, r, 0);
         st_moment(d.v, d.v_bf16, i, v, r, 16);
         w[i] = p;

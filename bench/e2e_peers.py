@@ -327,7 +327,9 @@ PEAK_RE = re.compile(r"peak[^\n]*?([0-9]+(?:\.[0-9]+)?)\s*(KiB|MiB|GiB|KB|MB|GB)
 
 
 BF16_MOMENTS = {"exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}   # train.exp_avg(_sq)_dtype
-LK_FLAGS = {"bf16m": BF16_MOMENTS, "recompute": {"recompute": True}}     # a run kind's +flags
+# a run kind's +flags: bf16m both moments in bf16, bf16m1 the first (exp_avg) alone, bf16m2 the second alone
+LK_FLAGS = {"bf16m": BF16_MOMENTS, "bf16m1": {"exp_avg_dtype": "bf16"}, "bf16m2": {"exp_avg_sq_dtype": "bf16"},
+            "recompute": {"recompute": True}}
 
 
 def run_lk(A, label, dtype, init, tokens, B, S, steps, work, extra=None, attn=None):
@@ -517,8 +519,8 @@ def parity_once(A, model, S, B, steps, rep):
     # throughput runs' and PEERS-H200.md's setting); --parity-hf-bf16 names the one the verdict uses
     runs = {"llmkern bf16": run_lk(A, "parity llmkern bf16", "bf16", init, tokens, B, S, steps, A.work),
             "llmkern f32": run_lk(A, "parity llmkern f32", "f32", init, tokens, B, S, steps, A.work),
-            "llmkern bf16m": run_lk(A, "parity llmkern bf16m", "bf16", init, tokens, B, S, steps, A.work,
-                                    BF16_MOMENTS),
+            **{f"llmkern {f}": run_lk(A, f"parity llmkern {f}", "bf16", init, tokens, B, S, steps, A.work,
+                                      LK_FLAGS[f]) for f in ("bf16m", "bf16m1", "bf16m2")},
             "hf autocast": run_hf(A, "parity hf autocast", "hf", "amp", init, tokens, B, S, steps, A.work),
             "hf bf16 weights": run_hf(A, "parity hf bf16 weights", "hf", "bf16", init, tokens, B, S, steps, A.work),
             "hf f32": run_hf(A, "parity hf f32", "hf", "f32", init, tokens, B, S, steps, A.work)}
@@ -536,6 +538,8 @@ def parity_once(A, model, S, B, steps, rep):
                     steps=n)
     pairs = {"llmkern bf16 vs f32": mad("llmkern bf16", "llmkern f32"),
              "llmkern bf16 + bf16 moments vs f32": mad("llmkern bf16m", "llmkern f32"),
+             "llmkern bf16 + bf16 exp_avg vs f32": mad("llmkern bf16m1", "llmkern f32"),
+             "llmkern bf16 + bf16 exp_avg_sq vs f32": mad("llmkern bf16m2", "llmkern f32"),
              "hf autocast bf16 vs f32": mad("hf autocast", "hf f32"),
              "hf bf16 weights vs f32": mad("hf bf16 weights", "hf f32"),
              "llmkern f32 vs hf f32 (same model?)": mad("llmkern f32", "hf f32")}
@@ -572,7 +576,7 @@ def parity(A):
             if run.get("error") or run.get("losses"):
                 lines.append(f"- {k} ({r}): " + (run.get("error") or
                                                  f"loss {run['losses'][0]:.4f} -> {run['losses'][-1]:.4f}"))
-    for mine in ("llmkern bf16 vs f32", "llmkern bf16 + bf16 moments vs f32"):
+    for mine in [k for k in pairs if k.startswith("llmkern bf16")]:
         a = pairs[mine]
         for name in ("hf autocast bf16 vs f32", "hf bf16 weights vs f32"):
             b = pairs[name]
@@ -595,7 +599,8 @@ def main():
     P.add_argument("--configs", default="dense,moe")
     P.add_argument("--runs", default="hf,liger,llmkern,llmkern_graph",
                    help="hf before liger: each is its own process anyway; llmkern_graph: train.cuda_graph; "
-                        "llmkern+bf16m[+recompute]: AdamW moments in bf16 [, train.recompute]; "
+                        "llmkern+bf16m[+recompute]: AdamW moments in bf16 [, train.recompute] (bf16m1: exp_avg alone, "
+                        "bf16m2: exp_avg_sq alone); "
                         "llmkern[_graph]:NAME runs attention implementation NAME (cudnn, flash_attention_2)")
     P.add_argument("--seq", type=int, help="override both configs' seq")
     P.add_argument("--batch", type=int, help="override both configs' batch")

@@ -138,6 +138,32 @@ static void flex_families_match_reference(void **state) {
     }
 }
 
+/* Document masks, the family whose partial blocks carry most of their work: documents of
+ * random odd lengths whose boundaries fall inside blocks and inside the engine's row groups
+ * (flash.c GROUP_ROWS), S no multiple of the block, blocks smaller and larger than the
+ * documents, GQA, causal documents (cu_seqlens) and bidirectional per-batch ones (ids);
+ * forward and gradients against the float64 reference on fresh inputs, outputs poisoned
+ * (lk_attention_check_case). A row group or span that skipped a row's keys, or a row that
+ * sees nothing in a tile but something elsewhere, shows here as an error. */
+static void flex_documents_match_reference(void **state) {
+    (void)state;
+    static const lk_attention_case cases[] = {
+        {.B = 1, .Hq = 2, .Sq = 259, .D = 64, .family = LK_AM_DOCUMENT, .n_docs = 7, .block = 128},
+        {.B = 1, .Hq = 4, .Hkv = 2, .Sq = 333, .D = 40, .family = LK_AM_DOCUMENT, .n_docs = 11, .block = 48},
+        {.B = 1, .Hq = 2, .Sq = 517, .D = 64, .family = LK_AM_DOCUMENT, .n_docs = 3, .block = 64},
+        {.B = 1, .Hq = 2, .Sq = 97, .D = 24, .family = LK_AM_DOCUMENT, .n_docs = 9, .block = 16},
+        {.B = 2, .Hq = 2, .Hkv = 1, .Sq = 201, .D = 32, .family = LK_AM_DOC_IDS, .block = 32},
+        {.B = 2, .Hq = 2, .Sq = 150, .D = 64, .family = LK_AM_DOC_IDS, .block = 128},
+    };
+    for (size_t d = 0; d < COUNT(dtypes); d++)
+        for (size_t i = 0; i < COUNT(cases); i++)
+            for (uint64_t seed = 11; seed < 13; seed++) {
+                char what[64];
+                snprintf(what, sizeof what, "documents case %zu seed %llu", i, (unsigned long long)seed);
+                expect_case("flex_attention", dtypes[d], &cases[i], seed + 17 * i, what);
+            }
+}
+
 /* --- finite differences ---------------------------------------------------------- */
 
 /* L = Σ out · dout in double, from one forward of impl. */
@@ -559,6 +585,7 @@ int main(void) {
         cmocka_unit_test(varlen_matches_reference),
         cmocka_unit_test(eager_dense_masks),
         cmocka_unit_test(flex_families_match_reference),
+        cmocka_unit_test(flex_documents_match_reference),
         cmocka_unit_test(gradients_by_finite_differences),
         cmocka_unit_test(reference_gradient_is_its_derivative),
         cmocka_unit_test(slots_are_swappable),

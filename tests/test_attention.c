@@ -1,7 +1,8 @@
 /* test_attention.c — attention: every CPU implementation in f32 and bf16 against the
  * float64 reference (non-causal, causal, GQA 8:1, MQA, windows, softcap, sinks, varlen
  * with 1..7 packed documents, q_len != kv_len, odd head dims; eager's dense masks;
- * flex with every BlockMask family, per-head and ragged), finite-difference gradients,
+ * flex with every BlockMask family, per-head and ragged; document masks of odd lengths
+ * across blocks and row groups), finite-difference gradients,
  * the facade's dispatch slots, the padding -> varlen helper, block skipping (blocks listed
  * that nobody sees included), and the rejections (each a status, an error naming the
  * argument, outputs untouched).

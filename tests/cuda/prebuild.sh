@@ -21,6 +21,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SRC=$PWD NAME=bins BUILD=${PREBUILD_DIR:-$(cd .. && pwd)/build-pre}
+case ${ALT_NAME:-alt} in bins | pre)   # prebuilt_env.sh unpacks bins into B=/tmp/pre: a side named so overwrites B
+  echo "prebuild: ALT_NAME ${ALT_NAME} is taken (B's binaries unpack into /tmp/pre); name the side otherwise" >&2
+  exit 2 ;;
+esac
 if [ -n "${ALT:-}" ]; then
   SRC=$(cd .. && pwd)/prebuild-alt NAME=${ALT_NAME:-alt} BUILD=$(cd .. && pwd)/build-alt
   [ -d "$SRC" ] || git worktree add -q --detach "$SRC" "$ALT"

@@ -14,7 +14,8 @@ document, so llmkern's rows are the file's consecutive seq-long slices, batch i 
 
 llmkern runs twice, eager and with train.cuda_graph (the step captured once and replayed:
 the step time with and without the graph); a run kind's +flags add train keys (llmkern+bf16m keeps
-AdamW's moments in bf16, train.exp_avg_dtype / exp_avg_sq_dtype; +recompute sets train.recompute).
+AdamW's moments in bf16, train.exp_avg_dtype / exp_avg_sq_dtype; +recompute sets train.recompute;
++keepqk train.keep_qk).
 Per run: tokens/s (median step after the warm-up); MFU = FLOPs/token x tokens/s / 989e12
 (the H200's dense bf16 peak), and the fraction of the 790 TFLOP/s cuBLAS reaches here
 (8192^3), FLOPs/token = 6 x active matmul parameters + 6 x layers x seq x heads x head_dim
@@ -327,9 +328,10 @@ PEAK_RE = re.compile(r"peak[^\n]*?([0-9]+(?:\.[0-9]+)?)\s*(KiB|MiB|GiB|KB|MB|GB)
 
 
 BF16_MOMENTS = {"exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}   # train.exp_avg(_sq)_dtype
-# a run kind's +flags: bf16m both moments in bf16, bf16m1 the first (exp_avg) alone, bf16m2 the second alone
+# a run kind's +flags: bf16m both moments in bf16, bf16m1 the first (exp_avg) alone, bf16m2 the second alone;
+# keepqk the layers' q/k/v projection kept for the backward (train.keep_qk)
 LK_FLAGS = {"bf16m": BF16_MOMENTS, "bf16m1": {"exp_avg_dtype": "bf16"}, "bf16m2": {"exp_avg_sq_dtype": "bf16"},
-            "recompute": {"recompute": True}}
+            "recompute": {"recompute": True}, "keepqk": {"keep_qk": True}}
 
 
 def run_lk(A, label, dtype, init, tokens, B, S, steps, work, extra=None, attn=None):

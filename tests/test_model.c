@@ -293,6 +293,49 @@ static void recompute_identical(void **state) {
     }
 }
 
+/* lk_model_set_keep_qk: the backward reads q and k where the forward's projection left them
+ * instead of making them again by a GEMM. The same forward (the loss bit for bit) and the
+ * same gradients up to that GEMM's summation order (f32: 1e-6 of the largest), on both norm
+ * paths (eager: head moves; fused: views), with and without recompute, over two batches (a
+ * stale kept buffer would show in the second); the kept bytes are the projection's. */
+static void keep_qk_matches(void **state) {
+    (void)state;
+    const char *modes[] = {"eager", "fused"};
+    assert_int_equal(lk_model_set_keep_qk(NULL, 1), LK_EINVAL);
+    for (int moe = 0; moe <= 1; moe++)
+        for (int mi = 0; mi < 2; mi++)
+            for (int rc = 0; rc <= 1; rc++) {
+                lk_model *a = create(moe, modes[mi], rc, 17), *k = create(moe, modes[mi], rc, 17);
+                assert_int_equal(lk_model_set_keep_qk(k, 1), LK_OK);
+                for (int round = 0; round < 2; round++) {
+                    lk_batch b;
+                    make_batch(&b, 21 + round);
+                    lk_step_stats sa, sk;
+                    lk_model_zero_grad(a);
+                    lk_model_zero_grad(k);
+                    fwd_bwd(a, &b, 1.0f, &sa);
+                    fwd_bwd(k, &b, 1.0f, &sk);
+                    double scale, d = grad_diff(a, k, &scale);
+                    assert_true(sa.loss == sk.loss && sa.aux_loss == sk.aux_loss);
+                    assert_true(scale > 0 && d <= 1e-6 * scale);
+                    if (round == 1) {
+                        int64_t QKV = (k->Hq + 2 * k->Hk) * k->D;
+                        size_t ka = lk_model_activation_bytes(a), kk = lk_model_activation_bytes(k);
+                        size_t want = (size_t)(rc ? 1 : k->cfg.num_hidden_layers) * (size_t)(k->T * QKV) * 4;
+                        print_message("  %s %s recompute %d: grad diff %.2e of %.2e, activations %zu -> %zu bytes\n",
+                                      moe ? "moe" : "dense", modes[mi], rc, d, scale, ka, kk);
+                        /* with recompute the one shared block grows by a layer's projection, which
+                         * activation_bytes does not count (the kept inputs only) */
+                        if (rc) assert_true(kk == ka);
+                        else assert_true(kk >= ka + want && kk <= ka + want + 64 * (size_t)k->cfg.num_hidden_layers);
+                    }
+                    lk_batch_free(&b);
+                }
+                lk_model_free(a);
+                lk_model_free(k);
+            }
+}
+
 /* bf16's residual stream is f32 (issue 17): after a forward the stream buffer holds the
  * final norm's input, of which the kept inputs[N] is the rounding, and it carries bits a
  * bf16 stream would have lost; in f32 inputs[N] is the stream itself. */
@@ -723,7 +766,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(grad_check_dense),       cmocka_unit_test(grad_check_moe),
         cmocka_unit_test(eager_matches_fused),    cmocka_unit_test(flex_matches_flash),
-        cmocka_unit_test(recompute_identical),    cmocka_unit_test(bf16_follows_f32),
+        cmocka_unit_test(recompute_identical),    cmocka_unit_test(keep_qk_matches),    cmocka_unit_test(bf16_follows_f32),
         cmocka_unit_test(residual_stream_is_f32),
         cmocka_unit_test(accumulation_adds),      cmocka_unit_test(save_load_round_trip),
         cmocka_unit_test(override_reaches_module), cmocka_unit_test(bad_configs_rejected),

@@ -369,7 +369,8 @@ static void yaml_train_sections_load(void **state) {
         "  rope_theta: 10000\n  torch_dtype: float32\n"
         "train:\n  steps: 7\n  lr: 3e-3\n  min_lr: 1e-4\n  betas: [0.8, 0.99]\n  batch_size: 2\n"
         "  seq_len: 64\n  grad_accum: 3\n  seed: 9\n  save_every: 2\n  out: /tmp/x\n  recompute: true\n"
-        "  dtype: bfloat16\n  cuda_graph: true\n  deterministic: true\n  grad_reduce_dtype: bf16\n  profile_step: 3\n"
+        "  dtype: bfloat16\n  cuda_graph: true\n  deterministic: true\n  keep_qk: true\n  grad_reduce_dtype: bf16\n"
+        "  profile_step: 3\n"
         "  exp_avg_dtype: bf16\n  exp_avg_sq_dtype: bfloat16\n"
         "data:\n  text: corpus.txt\n");
     lk_train_config_init(&tc);
@@ -380,6 +381,7 @@ static void yaml_train_sections_load(void **state) {
     assert_int_equal(tc.dtype, LK_BF16);
     assert_int_equal(tc.cuda_graph, 1);
     assert_int_equal(tc.deterministic, 1);
+    assert_int_equal(tc.keep_qk, 1);
     assert_int_equal(tc.grad_reduce_dtype, LK_BF16);
     assert_int_equal(tc.exp_avg_dtype, LK_BF16);
     assert_int_equal(tc.exp_avg_sq_dtype, LK_BF16);
@@ -509,6 +511,12 @@ static void memory_estimate(void **state) {
     assert_true(m.activation_bytes >= (uint64_t)tc.batch_size * tc.seq_len * tc.model.vocab_size * 4);
     assert_true(m.total_bytes == m.state_bytes + m.activation_bytes + m.history_bytes);
     assert_true(m.host_bytes == m.total_bytes && m.device_bytes == 0);   /* the CPU holds it all */
+    uint64_t lean = m.activation_bytes;   /* train.keep_qk: q, k and v once more a token and layer */
+    tc.keep_qk = 1;
+    assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
+    assert_true(m.activation_bytes == lean + (uint64_t)tc.batch_size * tc.seq_len * 2 * (32 + 2 * 16) * 4);
+    tc.keep_qk = 0;
+    assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
     /* on a GPU: state and activations there, a host copy of the weights and the history here */
     tc.device = LK_DEVICE_CUDA;
     assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);

@@ -79,6 +79,13 @@ LK_API lk_dtype lk_model_dtype(const lk_model *m);
  * a step gives the same bits on every run; off (the default): a GPU row may add dQ with
  * atomics. */
 LK_API void lk_model_set_deterministic(lk_model *m, int on);
+/* On: each layer keeps its q/k/v projection's output ([T, Q + 2K] in the model's dtype) for
+ * the backward, whose q_norm / k_norm read q and k there; off (the default): the backward
+ * makes q and k again by a GEMM from the kept h1 (layer.c). On spends layers x T x (Q + 2K)
+ * elements of activations (v's columns too: one GEMM writes all three) to save that GEMM,
+ * 2·T·H·(Q + K) FLOPs a layer; the gradients are the same up to that GEMM's summation order.
+ * Call between steps: the activations are made again. */
+LK_API lk_status lk_model_set_keep_qk(lk_model *m, int on);
 /* For a step captured in a CUDA graph (the trainer's train.cuda_graph):
  *   lk_model_set_stream     the stream the model's work goes on (a cudaStream_t; NULL: the
  *                           legacy default stream, which cannot be captured)

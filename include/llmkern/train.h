@@ -120,6 +120,10 @@ typedef struct {
      * percent slower). Off by default: the tensor-core rows add dQ with atomics. The CPU
      * rows are always deterministic. */
     int deterministic;
+    /* train.keep_qk: each layer keeps its q/k/v projection for the backward instead of making
+     * q and k again there by a GEMM (lk_model_set_keep_qk): ~1-2% of a GPU step for layers x
+     * tokens x (q + 2 kv) more activations. Off by default (the leaner memory). */
+    int keep_qk;
     /* train.grad_reduce_dtype: the type the data-parallel all-reduce sums the gradients in
      * (as FSDP's MixedPrecision reduce_dtype): f32 (the default), or bf16, half the bytes on
      * the wire, each bucket rounded once before it and the sums added back into the f32

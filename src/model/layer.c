@@ -8,10 +8,12 @@
  * after three). q_norm and k_norm read q and k there and write them head-major when their
  * implementation takes views (the fused rows); v, and q and k for the eager norms, are
  * moved to head-major by the model's own kernel.
- * The MLP is the swiglu_mlp op or the MoE block (moe_block.c). The backward makes q and k
- * before their norms again (one GEMM from the kept h1) rather than keeping them: at
+ * The MLP is the swiglu_mlp op or the MoE block (moe_block.c). By default the backward makes
+ * q and k before their norms again (one GEMM from the kept h1) rather than keeping them: at
  * 32k tokens a step, 16 + 8 heads of 128 in bf16 are 200 MB a layer, 5.6 GB of a 28-layer
- * 0.6B model's step for ~0.3 ms a layer of GEMMs.
+ * 0.6B model's step for ~0.3 ms a layer of GEMMs. lk_model_set_keep_qk keeps the whole
+ * projection output instead (v's columns too: one GEMM writes them; 268 MB a layer there),
+ * and the backward reads q and k where the forward's GEMM left them.
  * The residual stream is f32 (qwen3_internal.h): the input and post-attention norms run
  * rms_norm's residual mode on sc.res, adding the branch output before them (forward)
  * and their dx into the gradient after them (backward). They normalize the f32 stream,
@@ -66,6 +68,7 @@ size_t lk_qwen3_layer_carve(const lk_model *m, int l, void *base, lk_layer_acts 
     a->qr = lk_carve(b, &u, TQ);
     a->kr = lk_carve(b, &u, TK);
     a->ao = lk_carve(b, &u, TQ);
+    a->qkv = m->keep_qk ? lk_carve(b, &u, TQ + 2 * TK) : NULL;
     a->x2 = m->recompute ? NULL : lk_carve(b, &u, TH);   /* recompute: kept in x2s */
     a->h2 = lk_carve(b, &u, TH);
     a->ids = L->moe ? lk_carve(b, &u, T * m->K * 4) : NULL;
@@ -160,7 +163,7 @@ lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, con
     lk_ctx *ctx = &m->ctx;
     lk_scratch *sc = &m->sc;
     int64_t T = m->T, H = m->H, Q = m->Hq * m->D, K = m->Hk * m->D, QKV = Q + 2 * K;
-    char *qkv = sc->qkv;
+    char *qkv = a->qkv ? a->qkv : sc->qkv;   /* kept for the backward, or scratch */
     size_t es = m->es;
     lk_status s;
     lk_rms_norm_args n = norm_args(m, a->x, T, H, L->in, a->h1, a->s[S_IN], L->saved[S_IN]);
@@ -170,7 +173,7 @@ lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, con
     lk_linear_args p = lin(m, a->h1, T, H, W(L->q), QKV, qkv);
     if ((s = lk_linear_forward(op->q_proj, &p, ctx))) return s;
     /* q_norm / k_norm over the head dim, written head-major where RoPE then rotates in
-     * place; their inputs are not kept (the backward makes them again) */
+     * place; their inputs kept only in a->qkv (else the backward makes them again) */
     lk_rms_norm_args nq = norm_args(m, sc->dqt, m->Hq * T, m->D, L->qn, a->qr, a->s[S_QN], L->saved[S_QN]);
     lk_rms_norm_args nk = norm_args(m, sc->dkt, m->Hk * T, m->D, L->kn, a->kr, a->s[S_KN], L->saved[S_KN]);
     if (head_views(op)) {   /* read where the projection left them */
@@ -254,27 +257,35 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
     r.dq_out = r.dq = at.dq;                                      /* rotated back in place */
     r.dk_out = r.dk = at.dk;
     if ((s = lk_rope_backward(op->rope, &r, ctx))) return s;
-    /* the norms' inputs again (q and k from the same h1), and d(q, k, v) as the column
-     * blocks of one [T, Q + 2K] dy: d(h1) in one GEMM over all three (summed in f32 and
-     * rounded once), their weights' gradients in another. With views q and k are made by
-     * a GEMM each, token-major in dqt / dkt, and their norms' dx lands in qkv; else by one
-     * GEMM into qkv, moved head-major into dqt / dkt, dx written over dy and moved back. */
+    /* the norms' inputs (kept in a->qkv, or made again from the same h1), and d(q, k, v) as
+     * the column blocks of one [T, Q + 2K] dy: d(h1) in one GEMM over all three (summed in
+     * f32 and rounded once), their weights' gradients in another. With views the norms read
+     * q and k token-major (kept, or made by a GEMM each into dqt / dkt) and their dx lands in
+     * qkv; else q and k are moved head-major into dqt / dkt (from the kept qkv, or from one
+     * GEMM into qkv), dx written over dy and moved back. */
     lk_rms_norm_args nq = norm_args(m, sc->dqt, m->Hq * T, m->D, L->qn, a->qr, a->s[S_QN], L->saved[S_QN]);
     lk_rms_norm_args nk = norm_args(m, sc->dkt, m->Hk * T, m->D, L->kn, a->kr, a->s[S_KN], L->saved[S_KN]);
+    const char *kept = a->qkv;
     if (head_views(op)) {
-        lk_linear_args rq = lin(m, a->h1, T, H, W(L->q), Q, sc->dqt);
-        lk_linear_args rk = lin(m, a->h1, T, H, W(L->q + Q * H), K, sc->dkt);
-        if ((s = lk_linear_forward(op->q_proj, &rq, ctx)) || (s = lk_linear_forward(op->q_proj, &rk, ctx)))
-            return s;
-        nq.x = heads_tok(m, sc->dqt, m->Hq, Q), nk.x = heads_tok(m, sc->dkt, m->Hk, K);
+        if (kept) {
+            nq.x = heads_tok(m, kept, m->Hq, QKV), nk.x = heads_tok(m, kept + Q * es, m->Hk, QKV);
+        } else {
+            lk_linear_args rq = lin(m, a->h1, T, H, W(L->q), Q, sc->dqt);
+            lk_linear_args rk = lin(m, a->h1, T, H, W(L->q + Q * H), K, sc->dkt);
+            if ((s = lk_linear_forward(op->q_proj, &rq, ctx)) || (s = lk_linear_forward(op->q_proj, &rk, ctx)))
+                return s;
+            nq.x = heads_tok(m, sc->dqt, m->Hq, Q), nk.x = heads_tok(m, sc->dkt, m->Hk, K);
+        }
         if ((s = norm_backward(m, op->q_norm, nq, heads_hm(m, sc->dqr, m->Hq), heads_tok(m, qkv, m->Hq, QKV), L->qn)) ||
             (s = norm_backward(m, op->k_norm, nk, heads_hm(m, sc->dkr, m->Hk),
                                heads_tok(m, qkv + Q * es, m->Hk, QKV), L->kn)))
             return s;
     } else {
+        const char *src = kept ? kept : qkv;
+        const int64_t ld = kept ? QKV : Q + K;
         lk_linear_args r2 = lin(m, a->h1, T, H, W(L->q), Q + K, qkv);
-        if ((s = lk_linear_forward(op->q_proj, &r2, ctx)) || (s = to_heads(m, qkv, Q + K, sc->dqt, m->Hq)) ||
-            (s = to_heads(m, qkv + Q * es, Q + K, sc->dkt, m->Hk)) ||
+        if ((!kept && (s = lk_linear_forward(op->q_proj, &r2, ctx))) || (s = to_heads(m, src, ld, sc->dqt, m->Hq)) ||
+            (s = to_heads(m, src + Q * es, ld, sc->dkt, m->Hk)) ||
             (s = norm_backward(m, op->q_norm, nq, t2(m, sc->dqr, m->Hq * T, m->D), t2(m, sc->dqr, m->Hq * T, m->D),
                                L->qn)) ||
             (s = norm_backward(m, op->k_norm, nk, t2(m, sc->dkr, m->Hk * T, m->D), t2(m, sc->dkr, m->Hk * T, m->D),

@@ -268,6 +268,13 @@ void lk_model_set_deterministic(lk_model *m, int on) {
     if (m) m->deterministic = on != 0;
 }
 
+lk_status lk_model_set_keep_qk(lk_model *m, int on) {
+    if (!m) return lk_error(LK_EINVAL, "model_set_keep_qk: expected a model");
+    if (m->keep_qk != (on != 0)) free_acts(m);   /* every layer's block changes size */
+    m->keep_qk = on != 0;
+    return LK_OK;
+}
+
 void lk_model_free(lk_model *m) {
     if (!m) return;
     if (m->dev) {

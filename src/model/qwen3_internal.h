@@ -73,9 +73,11 @@ typedef struct {
 } lk_layer;
 
 /* One layer's activations: what its backward reads (x is the layer input, kept apart
- * in the model's inputs array; with recompute x2 too, in x2s). */
+ * in the model's inputs array; with recompute x2 too, in x2s). qkv is the q/k/v
+ * projection's [T, Q + 2K] output, kept only with lk_model_set_keep_qk (else NULL: the
+ * forward writes it to the scratch and the backward makes q and k again). */
 typedef struct {
-    void *x, *h1, *vt, *qr, *kr, *ao, *x2, *h2;   /* the model's dtype */
+    void *x, *h1, *vt, *qr, *kr, *ao, *x2, *h2, *qkv;   /* the model's dtype */
     int32_t *ids;
     float *tw;
     void *s[S_COUNT];
@@ -106,6 +108,7 @@ typedef struct {
 struct lk_model {
     lk_qwen3_config cfg;
     int recompute;
+    int keep_qk;         /* lk_model_set_keep_qk: each layer keeps its q/k/v projection (acts.qkv) */
     int norm_of_x;       /* the layers' residual-mode norms normalize the rounded stream x (rms_norm.h's
                           * norm_of_x): set with recompute, what a recompute from the kept x runs */
     int deterministic;   /* attention's ordered backward (lk_model_set_deterministic) */

@@ -218,6 +218,7 @@ static lk_status build_model(const lk_train_config *tc, const lk_ops_config *ops
         *out = NULL;
     }
     if (!s) lk_model_set_deterministic(*out, tc->deterministic);
+    if (!s) s = lk_model_set_keep_qk(*out, tc->keep_qk);   /* before any activation exists: cannot fail */
     free(cfg);
     free(table);
     return s;

@@ -6,9 +6,9 @@
  * CPU tables' eager-vs-fused tolerance in tests/test_model.c), dense and MoE (the CUDA
  * router and experts; the routing must come out the same). Recompute on the GPU gives
  * the very same bits (its kernels are deterministic; in bf16 those of the model that sets
- * norm_of_x, as a recompute does); bf16 compute follows the CPU's
- * f32 within bf16 tolerance; a step captured in a CUDA graph replays bit for bit (and the
- * capture fails while the forward reads its loss back); a checkpoint saved from the GPU
+ * norm_of_x, as a recompute does); bf16 compute follows the CPU's f32 within bf16
+ * tolerance; keep_qk follows the default; a step captured in a CUDA graph replays bit for
+ * bit (and the capture fails while the forward reads its loss back); a checkpoint saved from the GPU
  * loads back exactly; bad batches and a CPU-only module are refused with clear errors.
  * Skipped (77) where there is no GPU.
  *
@@ -295,6 +295,49 @@ static void recompute_identical(void **state) {
     lk_model_free(r);
 }
 
+/* lk_model_set_keep_qk on the GPU: the same forward (the loss bit for bit) and gradients
+ * within attention's dQ atomics (f32: 1e-5 of the largest) or, in bf16, the recompute GEMM's
+ * other rounding of q and k (rel L2 1e-2), dense and MoE, over two batches (a stale kept
+ * projection would show in the second). */
+static void keep_qk_matches(void **state) {
+    (void)state;
+    for (int moe = 0; moe <= 1; moe++)
+        for (int bf = 0; bf <= 1; bf++) {
+            lk_model *a = create(moe, LK_DEVICE_CUDA, 9, 0), *k = create(moe, LK_DEVICE_CUDA, 9, 0);
+            assert_int_equal(lk_model_set_keep_qk(k, 1), LK_OK);
+            if (bf) {
+                assert_int_equal(lk_model_set_dtype(a, LK_BF16), LK_OK);
+                assert_int_equal(lk_model_set_dtype(k, LK_BF16), LK_OK);
+            }
+            for (int round = 0; round < 2; round++) {
+                lk_batch b;
+                make_batch(&b, 11 + round);
+                lk_step_stats sa, sk;
+                lk_model_zero_grad(a);
+                lk_model_zero_grad(k);
+                step(a, &b, &sa);
+                step(k, &b, &sk);
+                float *ga = fetch(a, 0), *gk = fetch(k, 0);
+                double d = 0, mx = 0, d2 = 0, n2 = 0;
+                for (int64_t i = 0; i < a->n_floats; i++) {
+                    double e = (double)ga[i] - gk[i];
+                    d = fmax(d, fabs(e)), mx = fmax(mx, fabs(ga[i]));
+                    d2 += e * e, n2 += (double)ga[i] * ga[i];
+                    if (isnan(gk[i])) d = d2 = INFINITY;
+                }
+                print_message("  %s %s batch %d: loss %.7f / %.7f, grad diff %.2e of %.2e, rel L2 %.2e\n",
+                              moe ? "moe" : "dense", bf ? "bf16" : "f32", round, sa.loss, sk.loss, d, mx, sqrt(d2 / n2));
+                assert_true(sa.loss == sk.loss && sa.aux_loss == sk.aux_loss);
+                if (bf) assert_true(n2 > 0 && sqrt(d2 / n2) <= 1e-2);
+                else assert_true(mx > 0 && d <= 1e-5 * mx);
+                free(ga), free(gk);
+                lk_batch_free(&b);
+            }
+            lk_model_free(a);
+            lk_model_free(k);
+        }
+}
+
 static void save_load_round_trip(void **state) {
     (void)state;
     char dir[64] = "/tmp/lk_cuda_model_XXXXXX";
@@ -352,6 +395,7 @@ int main(void) {
         cmocka_unit_test(gpu_bf16_follows_cpu_f32),
         cmocka_unit_test(graph_capture),
         cmocka_unit_test(recompute_identical),
+        cmocka_unit_test(keep_qk_matches),
         cmocka_unit_test(save_load_round_trip),
         cmocka_unit_test(bad_input_refused),
     };

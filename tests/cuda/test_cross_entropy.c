@@ -2,7 +2,8 @@
  * fused softmax/loss/gradient kernel per chunk) against the float64 reference: mean, sum
  * and none; label smoothing, z-loss, softcap; ignored labels; logits_to_keep; several
  * chunks; fp32_lm_head; d_weight f32 or bf16 holding values before (accumulated); odd
- * vocab and hidden sizes (the scalar kernel path); d_hidden poisoned with NaN first.
+ * vocab and hidden sizes (the scalar kernel path); rows long enough for the Hopper kernel
+ * (rows_sm90.cu); d_hidden poisoned with NaN first.
  * Each case runs on both of the op's algorithms, picked by the budget (chunk >= H: dW
  * accumulated in f32 over chunks; chunk < H: the lean path, dW per vocab block in the
  * backward), and the test checks from the saved size which one ran: the lean cases have
@@ -141,6 +142,24 @@ static void lean_path(void **state) {
             run_case(d ? LK_BF16 : LK_F32, &cases[i], 25u + (uint32_t)i);
 }
 
+/* Rows of at least 64 KiB: on an sm_90 GPU rows_sm90.cu's kernel takes them, each row split
+ * over a cluster of 1, 2, 4 or 8 CTAs by its length and dtype (bf16 40000: one slice;
+ * 65544: two of unequal length; 151936, Qwen3's vocab: four, f32 logits eight), elsewhere
+ * fused.cu's ce_rows; either way the same float64 reference and tolerances. */
+static void long_rows(void **state) {
+    (void)state;
+    const ccase cases[] = {
+        {1, 40, 16, 151936, LK_CE_MEAN, 0.1, 1e-3, 30.0, 0, 16, 0, 1, 0},  /* 3 chunks, softcap */
+        {2, 10, 16, 40000, LK_CE_SUM, 0.0, 1e-3, 0.0, 0, 16, 0, 0, 0},
+        {1, 18, 16, 65544, LK_CE_NONE, 0.05, 0.0, 20.0, 0, 16, 0, 1, 0},   /* none: by token */
+        {4, 9, 16, 151936, LK_CE_MEAN, 0.0, 1e-4, 0.0, 5, 16, 1, 1, 0},    /* fp32_lm_head, logits_to_keep */
+        {1, 11, 48, 65544, LK_CE_MEAN, 0.1, 0.0, 0.0, 0, 4, 0, 1, 1},      /* lean: the rows give the lse */
+    };
+    for (int d = 0; d < 2; d++)
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+            run_case(d ? LK_BF16 : LK_F32, &cases[i], 45u + (uint32_t)i);
+}
+
 /* A label outside [0, V) is not read on the host: the kernel makes that loss NaN. */
 static void bad_label_is_nan(void **state) {
     (void)state;
@@ -196,6 +215,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(accumulating_path),
         cmocka_unit_test(lean_path),
+        cmocka_unit_test(long_rows),
         cmocka_unit_test(bad_label_is_nan),
         cmocka_unit_test(default_budget_is_the_gpus),
     };

@@ -37,6 +37,12 @@ lk_status lk_ce_cuda_gather(const lk_ce_cuda_plan *p, lk_dtype dt, const void *h
 lk_status lk_ce_cuda_rows(const lk_ce_cuda_plan *p, lk_dtype zt, const void *z, lk_dtype gt, void *dz, int64_t k0,
                           int64_t n, const int64_t *n_valid, const float *d_loss, float *loss, float *zl,
                           float *lse, int by_token, void *stream);
+/* lk_ce_cuda_rows on Hopper (rows_sm90.cu): the same contract, each row read from global memory
+ * once. *taken = 0 (nothing launched) off sm_90 or where the row's length or alignment does
+ * not fit it; lk_ce_cuda_rows asks it first. */
+lk_status lk_ce_cuda_rows_sm90(const lk_ce_cuda_plan *p, lk_dtype zt, const void *z, lk_dtype gt, void *dz,
+                               int64_t k0, int64_t n, const int64_t *n_valid, const float *d_loss, float *loss,
+                               float *zl, float *lse, int by_token, void *stream, int *taken);
 /* The lean path's second pass: z [K, wb] holds the raw logits of vocab columns v0 .. v0+wb
  * for every kept row (ld wb); dz [K, wb] (may be z, same dtype) gets their gradient with
  * the saved lse [K], weighted as lk_ce_cuda_rows weights it. */

@@ -2,8 +2,9 @@
  * matters is ce_rows: ONE kernel per chunk of logits, a block per token, doing softcap,
  * the online softmax (a running max and rescaled sum per thread, merged over the block),
  * loss, z-loss and label smoothing, then the gradient written over the logits in place.
- * It reads the row twice (the second pass mostly from L2) and writes it once: at 8192 x
- * 151936 bf16 about 7.5 GB, ~2 ms at the H200's copy rate, against ~39 ms of GEMMs.
+ * It reads the row twice and writes it once; a long row's second read comes from HBM again
+ * (rows_sm90.cu says why), so on Hopper lk_ce_cuda_rows hands such rows to rows_sm90.cu's
+ * kernel, which reads each once into the shared memory of a cluster.
  * The lean path (fused_cuda.c) adds ce_block: a block of vocab columns for every kept
  * token, turned into its gradient with the saved lse (the same per-element arithmetic).
  * The rest are small: counting valid labels, gathering kept rows, the final reduction
@@ -12,22 +13,11 @@
 #include "ops/cuda_util.cuh"
 #include "core/cuda_check.h"
 #include "ops/cross_entropy/cuda_ce.h"
+#include "ops/cross_entropy/row_math.cuh"
 
 #define ROW_THREADS 512
 #define RED_THREADS 1024
 #define BLOCK_THREADS 256
-
-static __device__ __forceinline__ int64_t token_of(const lk_ce_cuda_plan &p, int64_t k) {
-    if (p.idx) return p.idx[k];
-    if (p.keep_n > 0) return (k / p.keep_n) * p.S + (p.S - p.keep_n) + k % p.keep_n;
-    return k;
-}
-
-/* The label of token t (t may be out of range when keep_indices is bad: -2 then). */
-static __device__ __forceinline__ int64_t label_of(const lk_ce_cuda_plan &p, int64_t t) {
-    if (t < 0 || t >= p.T) return -2;
-    return p.labels_i32 ? (int64_t)((const int32_t *)p.labels)[t] : ((const int64_t *)p.labels)[t];
-}
 
 __global__ void count_valid(lk_ce_cuda_plan p, int64_t *out) {
     __shared__ float scratch[32];
@@ -45,53 +35,12 @@ __global__ void gather(lk_ce_cuda_plan p, const T *__restrict__ h, int64_t H, in
     for (int64_t c = threadIdx.x; c < H; c += blockDim.x) o[c] = bad ? lk_from_f32<T>(NAN) : h[t * H + c];
 }
 
-static __device__ __forceinline__ float softcap(float v, float cap) { return cap > 0.0f ? cap * tanhf(v / cap) : v; }
-
-/* (m, s) pairs: s = Σ exp(v - m); merging rescales the smaller-max side. */
-static __device__ __forceinline__ void merge(float &m, float &s, float m2, float s2) {
-    float M = fmaxf(m, m2);
-    s = (m == M ? s : s * __expf(m - M)) + (m2 == M ? s2 : s2 * __expf(m2 - M));
-    m = M;
-}
-
-/* What the gradient of kept row k needs besides its logits: the weight g of the row
- * (d_loss, per token for none, / n_valid for mean; 0 when ignored; NaN for a bad label)
- * and the coefficients of ∂loss/∂v = a·softmax(v) − b − gy·[col = y]. */
-typedef struct {
-    float g, a, b, gy, inv;
-    int64_t y;
-} grad_coef;
-
-static __device__ __forceinline__ grad_coef coef_of(const lk_ce_cuda_plan &p, int64_t k, float lse,
-                                                    const int64_t *nv, const float *d_loss) {
-    const int64_t tok = token_of(p, k), y = label_of(p, tok);
-    const bool ignored = y == p.ignore, bad = !ignored && (y < 0 || y >= p.V);
-    float g = 0.0f;
-    if (!ignored) {
-        g = d_loss ? d_loss[tok < 0 || tok >= p.T ? 0 : (p.reduction == 2 ? tok : 0)] : 1.0f;
-        if (p.reduction == 0) g = *nv > 0 ? g / (float)*nv : 0.0f;
-        if (bad) g = NAN;
-    }
-    grad_coef c = {g, g * (1.0f + 2.0f * p.zs * lse), g * p.eps / (float)p.V, g * (1.0f - p.eps),
-                   p.cap > 0.0f ? 1.0f / p.cap : 0.0f, y};
-    return c;
-}
-
-/* The gradient wrt the raw logit `raw` in column col (softcap's derivative included). */
-static __device__ __forceinline__ float grad_at(const grad_coef &c, float raw, int64_t col, float lse, float cap) {
-    float v = softcap(raw, cap), d = c.a * __expf(v - lse) - c.b;
-    if (col == c.y) d -= c.gy;
-    if (cap > 0.0f) d *= 1.0f - (v * c.inv) * (v * c.inv);
-    return c.g == 0.0f ? 0.0f : d;
-}
-
 template <typename TZ, typename TG, int W>
 __global__ void __launch_bounds__(ROW_THREADS) ce_rows(lk_ce_cuda_plan p, const TZ *z, TG *dz, int64_t k0,
                                                        const int64_t *nv, const float *d_loss, float *loss,
                                                        float *zl, float *lse_out, int by_token) {
     __shared__ float sm[32], ss[32], ssz[32], res[2];
-    const int64_t V = p.V, k = k0 + blockIdx.x, tok = token_of(p, k), y = label_of(p, tok);
-    const bool ignored = y == p.ignore, bad = !ignored && (y < 0 || y >= V);
+    const int64_t V = p.V, k = k0 + blockIdx.x;
     const TZ *zr = z + (int64_t)blockIdx.x * V;
     const int units = (int)(V / W);
     float m = -INFINITY, s = 0.0f, sz = 0.0f;
@@ -123,23 +72,7 @@ __global__ void __launch_bounds__(ROW_THREADS) ce_rows(lk_ce_cuda_plan p, const 
             merge(m, s, m2, s2);
             sz += __shfl_xor_sync(0xffffffffu, sz, o);
         }
-        if (lane == 0) {
-            float lse = m + logf(s), l = 0.0f, zlv = 0.0f;
-            if (bad) {
-                l = zlv = NAN;
-            } else if (!ignored) {
-                float zy = softcap(lk_to_f32(zr[y]), p.cap);
-                zlv = p.zs * lse * lse;
-                l = (1.0f - p.eps) * (lse - zy) + p.eps * (lse - sz / (float)V) + zlv;
-            }
-            int64_t j = by_token ? tok : k;
-            if (j >= 0 && j < (by_token ? p.T : p.K)) {
-                loss[j] = l;
-                if (zl) zl[j] = zlv;
-            }
-            if (lse_out) lse_out[k] = lse;
-            res[0] = lse;
-        }
+        if (lane == 0) res[0] = row_loss(p, k, zr, m + logf(s), sz, loss, zl, lse_out, by_token);
     }
     if (dz == NULL) return;
     __syncthreads();
@@ -272,6 +205,12 @@ extern "C" lk_status lk_ce_cuda_rows(const lk_ce_cuda_plan *p, lk_dtype zt, cons
                                      float *zl, float *lse, int by_token, void *stream) {
     if (n == 0) return LK_OK;
     if (p->V > INT32_MAX) return lk_error(LK_ESHAPE, "cross_entropy: fused (cuda): vocab above 2^31");
+    int taken;   /* on Hopper each row read once (rows_sm90.cu) where its shape allows */
+    lk_status s = lk_ce_cuda_rows_sm90(p, zt, z, gt, dz, k0, n, n_valid, d_loss, loss, zl, lse, by_token, stream, &taken);
+    if (s || taken) {
+        if (!s) LK_CUDA_LAUNCHED("cross_entropy: fused (cuda): softmax + loss + gradient rows (sm90)");
+        return s;
+    }
     cudaStream_t st = (cudaStream_t)stream;
     if (zt == LK_BF16 && gt == LK_BF16)
         rows_launch<lk_bf16_t, lk_bf16_t>(*p, z, dz, k0, n, n_valid, d_loss, loss, zl, lse, by_token, st);

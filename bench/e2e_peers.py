@@ -28,6 +28,9 @@ transformers modules do not reach the next run. llmkern runs `train.dtype: bf16`
 that rejects the key runs without it, and the row says f32. Both sides train alike: AdamW
 (0.9, 0.95, eps 1e-8, weight decay 0.1), lr 3e-4 with llmkern's warm-up + cosine to 3e-5,
 gradients clipped to norm 1.0; llmkern reads its loss every step (train.log_every: 1).
+--rounds N runs the kinds N times in turn and adds each kind's median over the rounds and the
+ratio of the medians: one peer run is not enough where the peer itself moves by 8% between
+calls (HF + Liger's MoE run: 70.7k-76.3k tokens/s in bench/NOTES.md's twenty-third session).
 
 --parity: issue 17's loss parity. From the same weights on the same batches, --parity-steps
 (200) of llmkern bf16 (also with bf16 AdamW moments) and f32 and of transformers in f32 and in
@@ -427,6 +430,28 @@ def summarize(r, A, B, S, fpt):
     return r
 
 
+def rounds_table(A, results):
+    """--rounds N: each run kind's median tokens/s over its rounds, and an llmkern kind's ratio of
+    medians to the peer's (Liger's run alone moved 70.7k-76.3k tokens/s between calls)."""
+    if A.rounds < 2:
+        return []
+    out = ["", f"Over {A.rounds} rounds (the run kinds in turn, each round in the same order): median tokens/s",
+           "", "| config | run | rounds | tokens/s (median) | each round | llmkern / peer (medians) |",
+           "|---|---|---|---|---|---|"]
+    med = {}
+    for r in results:
+        if r.get("tps"):
+            med.setdefault((r["config"], r["kind"]), []).append(r["tps"])
+    for (cfg, kind), v in med.items():
+        ratio = ""
+        peer = next((med[(cfg, k)] for k in ("liger", "hf") if (cfg, k) in med), None)
+        if kind.startswith("llmkern") and peer:
+            ratio = f"{statistics.median(v) / statistics.median(peer):.3f}x"
+        out.append(f"| {cfg} | {kind} | {len(v)} | {statistics.median(v):,.0f} | "
+                   f"{' / '.join(f'{t:,.0f}' for t in v)} | {ratio} |")
+    return out
+
+
 def perf(A):
     cfgs = {"dense": (TINY if A.tiny else DENSE, 64 if A.tiny else 4096, 2 if A.tiny else 8),
             "moe": (TINY_MOE if A.tiny else MOE, 64 if A.tiny else 4096, 2 if A.tiny else 4)}
@@ -440,8 +465,8 @@ def perf(A):
         tokens = os.path.join(work, f"tokens-{name}.lktok")
         write_tokens(tokens, model["vocab_size"], A.batches * B * S, seed=1)
         init = write_init(A, name, model, tokens, work)
-        for kind in A.runs.split(","):
-            label = f"{name} {kind}"
+        for rnd, kind in ((rnd, kind) for rnd in range(A.rounds) for kind in A.runs.split(",")):
+            label = f"{name} {kind}" + (f" #{rnd + 1}" if A.rounds > 1 else "")
             print(f"  {label} ...", flush=True)
             base, _, attn = kind.partition(":")   # llmkern:cudnn: that attention row instead of the default's
             base, *flags = base.split("+")        # llmkern+bf16m+recompute: those train: keys set
@@ -458,7 +483,8 @@ def perf(A):
                 r = run_hf(A, label, kind, A.hf_dtype, init, tokens, B, S, A.steps, work)
                 r["dtype"] = A.hf_dtype
                 r.setdefault("alloc_src", "torch max_memory_allocated")
-            r.update(config=name, kind=kind, seq=S, batch=B, flops_per_token=fpt, params=total, active=active)
+            r.update(config=name, kind=kind, round=rnd + 1, seq=S, batch=B, flops_per_token=fpt, params=total,
+                     active=active)
             results.append(summarize(r, A, B, S, fpt))
             brief = {k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()
                      if k in ("tps", "ms", "alloc_gib", "smi_gib", "error", "skip", "note", "dtype", "window_tps",
@@ -486,15 +512,17 @@ def perf(A):
                          f"| | | | | | {f2(r.get('smi_gib'))} | |")
             continue
         ratio = ""
-        if r["kind"].startswith("llmkern"):
-            peer = next((p for k in ("liger", "hf") for p in results
-                         if p["config"] == r["config"] and p["kind"] == k and p.get("tps")), None)
+        if r["kind"].startswith("llmkern"):   # against the peer of the same round
+            peer = next((p for k in ("liger", "hf") for p in results if p["config"] == r["config"] and
+                         p["kind"] == k and p["round"] == r["round"] and p.get("tps")), None)
             if peer:
                 r["ratio"] = r["tps"] / peer["tps"]
                 ratio = f"{r['ratio']:.2f}x HF{'+Liger' if peer['kind'] == 'liger' else ''}"
-        lines.append(f"| {r['config']} | {r['kind']} | {r['dtype']} | {r['tps']:,.0f} | {r['ms']:.1f} "
+        kind = r["kind"] + (f" #{r['round']}" if A.rounds > 1 else "")
+        lines.append(f"| {r['config']} | {kind} | {r['dtype']} | {r['tps']:,.0f} | {r['ms']:.1f} "
                      f"| {r['tflops']:.3g} | {r['mfu'] * 100:.1f}% | {r['of_cublas'] * 100:.1f}% "
                      f"| {f2(r.get('alloc_gib'))} | {f2(r.get('smi_gib'))} | {ratio} |")
+    lines += rounds_table(A, results)
     notes = [f"- {r['config']} {r['kind']}: {r['note']}" for r in results if r.get("note")]
     notes += [f"- {r['config']} llmkern: the mean over the steps after the warm-up (its own run-average rates) is "
               f"{r['window_tps']:,.0f} tokens/s, {abs(r['window_tps'] / r['tps'] - 1) * 100:.0f}% off the median"
@@ -604,6 +632,9 @@ def main():
                         "llmkern+bf16m[+recompute]: AdamW moments in bf16 [, train.recompute] (bf16m1: exp_avg alone, "
                         "bf16m2: exp_avg_sq alone); "
                         "llmkern[_graph]:NAME runs attention implementation NAME (cudnn, flash_attention_2)")
+    P.add_argument("--rounds", type=int, default=1,
+                   help="every run kind N times, in turn (round 1's kinds, then round 2's ...); each llmkern run's "
+                        "ratio against the peer of its round, and a table of the medians")
     P.add_argument("--seq", type=int, help="override both configs' seq")
     P.add_argument("--batch", type=int, help="override both configs' batch")
     P.add_argument("--batches", type=int, default=4, help="distinct random batches, used in turn")

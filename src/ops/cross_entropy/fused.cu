@@ -45,21 +45,11 @@ __global__ void __launch_bounds__(ROW_THREADS) ce_rows(lk_ce_cuda_plan p, const 
     const int units = (int)(V / W);
     float m = -INFINITY, s = 0.0f, sz = 0.0f;
     for (int u = threadIdx.x; u < units; u += blockDim.x) {
-        float f[W], vm = -INFINITY;
+        float f[W];
         lk_ldw<TZ, W>(zr + (int64_t)u * W, f, false);
-#pragma unroll
-        for (int j = 0; j < W; j++) f[j] = softcap(f[j], p.cap), vm = fmaxf(vm, f[j]), sz += f[j];
-        float M = fmaxf(m, vm), add = 0.0f;
-#pragma unroll
-        for (int j = 0; j < W; j++) add += __expf(f[j] - M);
-        s = (m == M ? s : s * __expf(m - M)) + add;
-        m = M;
+        fold<W>(f, p.cap, m, s, sz);
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-        merge(m, s, m2, s2);
-        sz += __shfl_xor_sync(0xffffffffu, sz, o);
-    }
+    warp_merge(m, s, sz);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) sm[warp] = m, ss[warp] = s, ssz[warp] = sz;
     __syncthreads();
@@ -67,11 +57,7 @@ __global__ void __launch_bounds__(ROW_THREADS) ce_rows(lk_ce_cuda_plan p, const 
         const int warps = blockDim.x >> 5;
         m = lane < warps ? sm[lane] : -INFINITY, s = lane < warps ? ss[lane] : 0.0f;
         sz = lane < warps ? ssz[lane] : 0.0f;
-        for (int o = 16; o > 0; o >>= 1) {
-            float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-            merge(m, s, m2, s2);
-            sz += __shfl_xor_sync(0xffffffffu, sz, o);
-        }
+        warp_merge(m, s, sz);
         if (lane == 0) res[0] = row_loss(p, k, zr, m + logf(s), sz, loss, zl, lse_out, by_token);
     }
     if (dz == NULL) return;

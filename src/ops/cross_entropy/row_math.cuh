@@ -1,6 +1,6 @@
 /* row_math.cuh — what every cross-entropy row kernel on CUDA computes the same way (fused.cu's
  * ce_rows and ce_block, rows_sm90.cu's ce_rows_smem): which token a kept row is and its label,
- * softcap, the merge of online-softmax partials, a row's loss from its log-sum-exp, and the
+ * softcap, pass 1's fold and the merge of online-softmax partials, a row's loss from its log-sum-exp, and the
  * gradient's per-element arithmetic. One definition, so the paths agree element for element
  * given the same lse. Built only with CUDA; not installed. */
 #ifndef LLMKERN_CROSS_ENTROPY_ROW_MATH_CUH
@@ -29,6 +29,29 @@ static __device__ __forceinline__ void merge(float &m, float &s, float m2, float
     float M = fmaxf(m, m2);
     s = (m == M ? s : s * __expf(m - M)) + (m2 == M ? s2 : s2 * __expf(m2 - M));
     m = M;
+}
+
+/* W logits of a row (loaded into f, softcapped in place) folded into a thread's running
+ * (m, s) and sz, the sum of the softcapped values: pass 1 of every row kernel. */
+template <int W>
+static __device__ __forceinline__ void fold(float (&f)[W], float cap, float &m, float &s, float &sz) {
+    float vm = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < W; j++) f[j] = softcap(f[j], cap), vm = fmaxf(vm, f[j]), sz += f[j];
+    float M = fmaxf(m, vm), add = 0.0f;
+#pragma unroll
+    for (int j = 0; j < W; j++) add += __expf(f[j] - M);
+    s = (m == M ? s : s * __expf(m - M)) + add;
+    m = M;
+}
+
+/* A warp's (m, s, sz) merged by shuffles: every lane ends with the warp's. */
+static __device__ __forceinline__ void warp_merge(float &m, float &s, float &sz) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
+        merge(m, s, m2, s2);
+        sz += __shfl_xor_sync(0xffffffffu, sz, o);
+    }
 }
 
 /* What the gradient of kept row k needs besides its logits: the weight g of the row

@@ -99,21 +99,11 @@ __global__ void __launch_bounds__(SM_THREADS, 2) ce_rows_smem(lk_ce_cuda_plan p,
     const int units = (int)(nc / W);
     float m = -INFINITY, s = 0.0f, sz = 0.0f;
     for (int u = tid; u < units; u += SM_THREADS) {
-        float f[W], vm = -INFINITY;
+        float f[W];
         ld_smem<TZ, W>(row + (int64_t)u * W, f);
-#pragma unroll
-        for (int j = 0; j < W; j++) f[j] = softcap(f[j], p.cap), vm = fmaxf(vm, f[j]), sz += f[j];
-        float M = fmaxf(m, vm), add = 0.0f;
-#pragma unroll
-        for (int j = 0; j < W; j++) add += __expf(f[j] - M);
-        s = (m == M ? s : s * __expf(m - M)) + add;
-        m = M;
+        fold<W>(f, p.cap, m, s, sz);
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-        merge(m, s, m2, s2);
-        sz += __shfl_xor_sync(0xffffffffu, sz, o);
-    }
+    warp_merge(m, s, sz);
     if (lane == 0) red[warp][0] = m, red[warp][1] = s, red[warp][2] = sz;
     __syncthreads();
     asm volatile("barrier.cluster.wait;" ::: "memory");   /* every peer has started */
@@ -121,11 +111,7 @@ __global__ void __launch_bounds__(SM_THREADS, 2) ce_rows_smem(lk_ce_cuda_plan p,
         constexpr int WARPS = SM_THREADS / 32;
         m = lane < WARPS ? red[lane][0] : -INFINITY, s = lane < WARPS ? red[lane][1] : 0.0f;
         sz = lane < WARPS ? red[lane][2] : 0.0f;
-        for (int o = 16; o > 0; o >>= 1) {
-            float m2 = __shfl_xor_sync(0xffffffffu, m, o), s2 = __shfl_xor_sync(0xffffffffu, s, o);
-            merge(m, s, m2, s2);
-            sz += __shfl_xor_sync(0xffffffffu, sz, o);
-        }
+        warp_merge(m, s, sz);
         if (lane < (int)C) {   /* this CTA's triple into slot r of CTA `lane` */
             st_cluster(&part[r][0], (uint32_t)lane, m);
             st_cluster(&part[r][1], (uint32_t)lane, s);

@@ -145,7 +145,8 @@ static void lean_path(void **state) {
 /* Rows of at least 64 KiB: on an sm_90 GPU rows_sm90.cu's kernel takes them, each row split
  * over a cluster of 1, 2, 4 or 8 CTAs by its length and dtype (bf16 40000: one slice;
  * 65544: two of unequal length; 151936, Qwen3's vocab: four, f32 logits eight), elsewhere
- * fused.cu's ce_rows; either way the same float64 reference and tolerances. */
+ * fused.cu's ce_rows; either way the same float64 reference and tolerances. The gradient is
+ * written over the logits in place, so the last case has many rows in flight at once. */
 static void long_rows(void **state) {
     (void)state;
     const ccase cases[] = {
@@ -154,6 +155,9 @@ static void long_rows(void **state) {
         {1, 18, 16, 65544, LK_CE_NONE, 0.05, 0.0, 20.0, 0, 16, 0, 1, 0},   /* none: by token */
         {4, 9, 16, 151936, LK_CE_MEAN, 0.0, 1e-4, 0.0, 5, 16, 1, 1, 0},    /* fp32_lm_head, logits_to_keep */
         {1, 11, 48, 65544, LK_CE_MEAN, 0.1, 0.0, 0.0, 0, 4, 0, 1, 1},      /* lean: the rows give the lse */
+        /* 1024 rows in one chunk, hundreds of clusters in flight: the label's logit must be read
+         * before a peer CTA writes its gradient over it (f32: one row's loss off is 2e-4) */
+        {1, 1024, 8, 151936, LK_CE_MEAN, 0.0, 0.0, 0.0, 0, 1024, 0, 1, 0},
     };
     for (int d = 0; d < 2; d++)
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)

@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(ROW_THREADS) ce_rows(lk_ce_cuda_plan p, const 
         m = lane < warps ? sm[lane] : -INFINITY, s = lane < warps ? ss[lane] : 0.0f;
         sz = lane < warps ? ssz[lane] : 0.0f;
         warp_merge(m, s, sz);
-        if (lane == 0) res[0] = row_loss(p, k, zr, m + logf(s), sz, loss, zl, lse_out, by_token);
+        if (lane == 0) res[0] = row_loss(p, k, label_logit(p, k, zr), m + logf(s), sz, loss, zl, lse_out, by_token);
     }
     if (dz == NULL) return;
     __syncthreads();

@@ -85,21 +85,27 @@ static __device__ __forceinline__ float grad_at(const grad_coef &c, float raw, i
     return c.g == 0.0f ? 0.0f : d;
 }
 
-/* Kept row k's loss and z-loss (by token or by row: j) and its lse, from lse and sz = the
- * sum of its softcapped logits; zr is the row of raw logits (its label's is read from it).
- * Returns lse. */
+/* The raw logit of kept row k's label in its row zr (0 when the label is out of range: ignored
+ * or bad). Read before any gradient may be written over the logits in place: a cluster's CTAs
+ * write theirs as soon as the lse is merged, so ce_rows_smem reads it before that barrier. */
 template <typename TZ>
-static __device__ __forceinline__ float row_loss(const lk_ce_cuda_plan &p, int64_t k, const TZ *zr, float lse,
-                                                 float sz, float *loss, float *zl, float *lse_out, int by_token) {
+static __device__ __forceinline__ float label_logit(const lk_ce_cuda_plan &p, int64_t k, const TZ *zr) {
+    const int64_t y = label_of(p, token_of(p, k));
+    return y >= 0 && y < p.V ? lk_to_f32(zr[y]) : 0.0f;
+}
+
+/* Kept row k's loss and z-loss (by token or by row: j) and its lse, from lse, sz = the sum of
+ * its softcapped logits and zy = its label's raw logit (label_logit). Returns lse. */
+static __device__ __forceinline__ float row_loss(const lk_ce_cuda_plan &p, int64_t k, float zy, float lse, float sz,
+                                                 float *loss, float *zl, float *lse_out, int by_token) {
     const int64_t tok = token_of(p, k), y = label_of(p, tok);
     const bool ignored = y == p.ignore, bad = !ignored && (y < 0 || y >= p.V);
     float l = 0.0f, zlv = 0.0f;
     if (bad) {
         l = zlv = NAN;
     } else if (!ignored) {
-        float zy = softcap(lk_to_f32(zr[y]), p.cap);
         zlv = p.zs * lse * lse;
-        l = (1.0f - p.eps) * (lse - zy) + p.eps * (lse - sz / (float)p.V) + zlv;
+        l = (1.0f - p.eps) * (lse - softcap(zy, p.cap)) + p.eps * (lse - sz / (float)p.V) + zlv;
     }
     int64_t j = by_token ? tok : k;
     if (j >= 0 && j < (by_token ? p.T : p.K)) {

@@ -12,8 +12,8 @@
  * (one mbarrier), sums its (max, Σexp, Σz) from there, and hands the triple to every CTA of
  * the cluster through distributed shared memory; after one cluster barrier each merges the
  * C triples in rank order (fused.cu's merge), so all hold the same lse. Rank 0 writes the
- * row's loss (row_math.cuh's row_loss); every CTA writes its slice's gradient from shared
- * memory. Two row-passes of traffic, not three. The arithmetic of every element is
+ * row's loss (row_math.cuh's row_loss) from the label's logit it read before that barrier;
+ * every CTA writes its slice's gradient from shared memory, over the logits when dz is z. Two row-passes of traffic, not three. The arithmetic of every element is
  * row_math.cuh's; only the order of the sums differs from ce_rows (a fixed order: the same
  * bits every run).
  *
@@ -79,6 +79,9 @@ __global__ void __launch_bounds__(SM_THREADS, 2) ce_rows_smem(lk_ce_cuda_plan p,
     const TZ *zr = z + i * V;
     const TZ *row = reinterpret_cast<const TZ *>(smem_raw);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    /* the label's logit, read before the cluster barrier below: past it the CTA whose slice
+     * holds the label may already be writing the gradient over it (dz is z in place) */
+    const float zy = r == 0 && tid == 0 ? label_logit(p, k, zr) : 0.0f;
     if (tid == 0) {
         mbar_init(&full, 1);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -123,7 +126,7 @@ __global__ void __launch_bounds__(SM_THREADS, 2) ce_rows_smem(lk_ce_cuda_plan p,
         m = part[0][0], s = part[0][1], sz = part[0][2];
         for (uint32_t q = 1; q < C; q++) merge(m, s, part[q][0], part[q][1]), sz += part[q][2];
         const float lse = m + logf(s);
-        res = r == 0 ? row_loss(p, k, zr, lse, sz, loss, zl, lse_out, by_token) : lse;
+        res = r == 0 ? row_loss(p, k, zy, lse, sz, loss, zl, lse_out, by_token) : lse;
     }
     if (dz == NULL) return;
     __syncthreads();

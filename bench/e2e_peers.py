@@ -550,7 +550,7 @@ def parity_once(A, model, S, B, steps, rep):
     runs = {"llmkern bf16": run_lk(A, "parity llmkern bf16", "bf16", init, tokens, B, S, steps, A.work),
             "llmkern f32": run_lk(A, "parity llmkern f32", "f32", init, tokens, B, S, steps, A.work),
             **{f"llmkern {f}": run_lk(A, f"parity llmkern {f}", "bf16", init, tokens, B, S, steps, A.work,
-                                      LK_FLAGS[f]) for f in ("bf16m", "bf16m1", "bf16m2")},
+                                      LK_FLAGS[f]) for f in A.parity_kinds.split(",") if f},
             "hf autocast": run_hf(A, "parity hf autocast", "hf", "amp", init, tokens, B, S, steps, A.work),
             "hf bf16 weights": run_hf(A, "parity hf bf16 weights", "hf", "bf16", init, tokens, B, S, steps, A.work),
             "hf f32": run_hf(A, "parity hf f32", "hf", "f32", init, tokens, B, S, steps, A.work)}
@@ -566,10 +566,10 @@ def parity_once(A, model, S, B, steps, rep):
         n = min(len(x), len(y))
         return dict(mean=sum(abs(p - q) for p, q in zip(x, y)) / n, max=max(abs(p - q) for p, q in zip(x, y)),
                     steps=n)
+    moments = {"bf16m": "bf16 moments", "bf16m1": "bf16 exp_avg", "bf16m2": "bf16 exp_avg_sq"}
     pairs = {"llmkern bf16 vs f32": mad("llmkern bf16", "llmkern f32"),
-             "llmkern bf16 + bf16 moments vs f32": mad("llmkern bf16m", "llmkern f32"),
-             "llmkern bf16 + bf16 exp_avg vs f32": mad("llmkern bf16m1", "llmkern f32"),
-             "llmkern bf16 + bf16 exp_avg_sq vs f32": mad("llmkern bf16m2", "llmkern f32"),
+             **{f"llmkern bf16 + {moments[f]} vs f32": mad(f"llmkern {f}", "llmkern f32")
+                for f in A.parity_kinds.split(",") if f},
              "hf autocast bf16 vs f32": mad("hf autocast", "hf f32"),
              "hf bf16 weights vs f32": mad("hf bf16 weights", "hf f32"),
              "llmkern f32 vs hf f32 (same model?)": mad("llmkern f32", "hf f32")}
@@ -585,8 +585,8 @@ def parity(A):
     steps = A.parity_steps or (30 if A.tiny else 200)
     n_rep = max(1, A.parity_repeats)
     print(f"== parity: Qwen3 {model['num_hidden_layers']} layers, hidden {model['hidden_size']}, seq {S} x batch {B}, "
-          f"{steps} steps, {A.batches} batches in turn, {n_rep} repetition(s)", flush=True)
-    reps = [parity_once(A, model, S, B, steps, r) for r in range(n_rep)]
+          f"{steps} steps, {A.batches} batches in turn, {n_rep} repetition(s) from seed {A.parity_first}", flush=True)
+    reps = [parity_once(A, model, S, B, steps, r) for r in range(A.parity_first, A.parity_first + n_rep)]
     names = list(reps[0][1])
     pairs = {}
     for k in names:
@@ -649,12 +649,19 @@ def main():
     P.add_argument("--parity-hf-bf16", default="amp", choices=["amp", "weights"])
     P.add_argument("--parity-repeats", type=int, default=1,
                    help="the comparison again from other initial weights and batches; the verdict on the means")
+    P.add_argument("--parity-first", type=int, default=0,
+                   help="the first repetition's seeds (repetition r draws its weights and batches from seed r)")
+    P.add_argument("--parity-kinds", default="bf16m,bf16m1,bf16m2",
+                   help="the llmkern bf16 runs with moments in bf16 beside the plain one (bf16m, bf16m1, bf16m2)")
     P.add_argument("--tiny", action="store_true", help="2-layer models, seq 64 x 2, 8 steps (checks the script)")
     P.add_argument("--out", default=os.environ.get("OUT", "."))
     P.add_argument("--work", help="where checkpoints and token files go (default: a temporary directory)")
     P.add_argument("--keep", action="store_true", help="keep the work directory's checkpoints")
     P.add_argument("--worker", help=argparse.SUPPRESS)
     A = P.parse_args()
+    bad = [f for f in A.parity_kinds.split(",") if f and f not in ("bf16m", "bf16m1", "bf16m2")]
+    if bad:
+        P.error(f"--parity-kinds: {', '.join(bad)} unknown (bf16m, bf16m1, bf16m2)")
     if A.worker:
         res = worker(json.load(open(A.worker)))
         print(json.dumps({"result": res}), flush=True)

@@ -82,8 +82,27 @@ typedef struct {
     lk_attn_vis vis;
     int Sq, Skv, Hq, Hkv, G, D, nqt;
     float scale, scale2;  /* scale, scale · log2e */
-    int head_major;       /* causal: grid x = head, so every head's longest key blocks go first */
+    int heads, nkt;       /* B·Hkv and the key blocks of each: the grid is heads·nkt blocks */
+    int bands;            /* causal: the blocks in bands (block_of) */
 } bwd_geom;
+
+/* Which key block kt of which (b, h_kv) the grid's block L takes. Blocks of one head share
+ * its Q, dO and dQ sums (8 MB a head at S 8192, D 128), so blocks running together should
+ * be few heads' (L2 holds 50 MB): kt fastest, a head's blocks side by side. Under a causal
+ * mask a block's walk is as long as the queries after its keys, and the longest must start
+ * first or they finish alone at the end; a head at a time puts each head's longest block
+ * after the previous head's shortest. So `bands` splits the key blocks into bands of
+ * halving width, [0, nkt/2), [nkt/2, 3nkt/4), ..., each taken head by head with kt fastest:
+ * the last bands hold only short walks, and each band's heads at once times its blocks'
+ * shorter walks keep the bytes in flight about the same. (Head-major order, the longest
+ * block of every head first, read Q and dO from HBM at 55% of its rate on the causal cell,
+ * 3% unmasked: bench/NOTES.md, twenty-fourth session.) */
+static __device__ __forceinline__ void block_of(const bwd_geom &g, int L, int &bhk, int &kt) {
+    int lo = 0, w = g.nkt;
+    if (g.bands)
+        for (w = (g.nkt + 1) / 2; L >= g.heads * w; w = (g.nkt - lo + 1) / 2) L -= g.heads * w, lo += w;
+    bhk = L / w, kt = lo + L % w;
+}
 
 /* --- prep and convert ----------------------------------------------------------------- */
 
@@ -215,7 +234,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     uint64_t *dsfull = empty + STAGES, *dsempty = dsfull + NDS;
 
     const int tid = threadIdx.x, wg = tid / 128;
-    const int bhk = g.head_major ? blockIdx.x : blockIdx.y, kt = g.head_major ? blockIdx.y : blockIdx.x;
+    int bhk, kt;
+    block_of(g, blockIdx.x, bhk, kt);
     const int hk = bhk % g.Hkv, b = bhk / g.Hkv, k0 = kt * BNK;
     /* the query tiles whose rows see any of the block's keys */
     const int qa = lk_attn_first_row(g.vis, k0, 1), qb = max(qa, lk_attn_first_row(g.vis, min(k0 + BNK, g.Skv), 0));
@@ -434,7 +454,7 @@ static pieces pieces_of(const lk_attention_args *a) {
 int lk_attn_fa3_bwd_takes(const lk_attention_args *a) {
     const lk_attn_dims d = lk_attn_dims_of(a);
     const lk_hw *hw = lk_hw_get();
-    const int grid_ok = a->causal ? lk_cdiv(d.Skv, BNK) <= 65535 : d.B * d.Hkv <= 65535;
+    const int grid_ok = d.B * d.Hkv * lk_cdiv(d.Skv, BNK) <= INT32_MAX;   /* block_of's L */
     return !(a->softcap > 0.0f) && !a->deterministic && grid_ok && lk_aligned16(a->dout.data) &&
            lk_aligned16(a->out.data) && lk_aligned16(a->dq.data) && lk_aligned16(a->dk.data) && lk_aligned16(a->dv.data) &&
            (hw->cuda_smem_per_block == 0 || bwd_smem(dp_of(d.D)) <= hw->cuda_smem_per_block);
@@ -447,12 +467,10 @@ size_t lk_attn_fa3_bwd_workspace(const lk_attention_args *a) {
 
 template <int DP>
 static lk_status launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const CUtensorMap &tdo,
-                        const bwd_geom &g, int64_t B, cudaStream_t st) {
+                        const bwd_geom &g, cudaStream_t st) {
     const size_t sh = bwd_smem(DP);
     LK_CUDA_TRY(cudaFuncSetAttribute(fa3_bwd<DP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
-    const unsigned nkt = (unsigned)lk_cdiv(g.Skv, BNK), heads = (unsigned)(B * g.Hkv);
-    const dim3 grid = g.head_major ? dim3(heads, nkt) : dim3(nkt, heads);
-    fa3_bwd<DP><<<grid, THREADS, sh, st>>>(tq, tk, tv, tdo, g);
+    fa3_bwd<DP><<<(unsigned)g.heads * (unsigned)g.nkt, THREADS, sh, st>>>(tq, tk, tv, tdo, g);
     LK_CUDA_LAUNCHED("attention: flash_attention_3 backward");
     return LK_OK;
 }
@@ -475,7 +493,8 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
     g.stats = stats, g.rows = rows;
     g.dk = (lk_bf16_t *)a->dk.data, g.dv = (lk_bf16_t *)a->dv.data;
     g.Sq = (int)d.Sq, g.Skv = (int)d.Skv, g.Hq = (int)d.Hq, g.Hkv = (int)d.Hkv, g.G = (int)d.G, g.D = (int)d.D;
-    g.nqt = nqt, g.scale = d.scale, g.scale2 = d.scale * LOG2E, g.head_major = a->causal;
+    g.nqt = nqt, g.scale = d.scale, g.scale2 = d.scale * LOG2E;
+    g.heads = (int)(d.B * d.Hkv), g.nkt = (int)lk_cdiv(d.Skv, BNK), g.bands = a->causal;
 
     const int64_t prow = d.B * d.Hq * nqt * BMQ;
     fa3_bwd_prep<<<(unsigned)lk_cdiv(prow, 16), 256, 0, st>>>(
@@ -496,7 +515,7 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
             (s = tensor_map(&tv, a->v.data, d.B * d.Hkv, d.Skv, d.D, BNK)) ||
             (s = bf16_map(&tdo, a->dout.data, 4, ddims, dstr, dbox)))
             return s;
-        s = DP == 64 ? launch<64>(tq, tk, tv, tdo, g, d.B, st) : launch<128>(tq, tk, tv, tdo, g, d.B, st);
+        s = DP == 64 ? launch<64>(tq, tk, tv, tdo, g, st) : launch<128>(tq, tk, tv, tdo, g, st);
         if (s) return s;
     }   /* no keys: dK and dV are empty, dQ is 0 */
     /* with no keys the workspace is zeros: dQ 0 */

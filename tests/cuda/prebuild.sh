@@ -39,8 +39,15 @@ fi
   -DLLMKERN_NATIVE=OFF -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON >/dev/null
 cmake --build "$BUILD" -j "$(nproc)" --target "${TARGETS[@]}" >/dev/null
 mkdir -p .prebuilt
-bins=(llmkern libllmkern.so libllmkern_peers_shim.so)
-for t in "${TARGETS[@]}"; do case $t in cuda_test_*) bins+=("$t") ;; esac; done
+bins=()   # what the targets built, not an older build's leftovers (the tests link the library statically)
+for t in "${TARGETS[@]}"; do
+  case $t in
+    cuda_test_*) bins+=("$t") ;;
+    llmkern_cli) bins+=(llmkern libllmkern.so) ;;
+    llmkern_peers_shim) bins+=(libllmkern_peers_shim.so libllmkern.so) ;;
+  esac
+done
+bins=($(printf '%s\n' "${bins[@]}" | sort -u))
 tar -C "$BUILD" -cf - "${bins[@]}" | xz -9 -T2 >".prebuilt/$NAME.tar.xz"
 REV=.prebuilt/rev; [ "$NAME" = bins ] || REV=.prebuilt/${NAME}_rev
 { git -C "$SRC" log --oneline -1 | cut -c1-72; git -C "$SRC" diff --quiet HEAD -- src include tests bench CMakeLists.txt || echo "+ uncommitted"; } >"$REV"

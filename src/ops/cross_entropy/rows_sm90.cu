@@ -13,9 +13,9 @@
  * the cluster through distributed shared memory; after one cluster barrier each merges the
  * C triples in rank order (fused.cu's merge), so all hold the same lse. Rank 0 writes the
  * row's loss (row_math.cuh's row_loss) from the label's logit it read before that barrier;
- * every CTA writes its slice's gradient from shared memory, over the logits when dz is z. Two row-passes of traffic, not three. The arithmetic of every element is
- * row_math.cuh's; only the order of the sums differs from ce_rows (a fixed order: the same
- * bits every run).
+ * every CTA writes its slice's gradient from shared memory, over the logits when dz is z.
+ * Two row-passes of traffic, not three. The arithmetic of every element is row_math.cuh's;
+ * only the order of the sums differs from ce_rows (a fixed order: the same bits every run).
  *
  * Taken (lk_ce_cuda_rows_sm90) on an sm_90 GPU when the row is at least SMEM_MIN bytes (a
  * shorter row's two reads hit L2 anyway), fits 8 slices, and every row and slice starts

@@ -241,26 +241,27 @@ static void fa3_elsewhere(void **state) {
     run_case("flash_attention_3", LK_BF16, &c[2], 403);
 }
 
-/* fa3_bwd's grid orders: every key block of every head taken by exactly one block of the
- * grid (a pair taken twice or never leaves dK / dV of those keys written twice or not at
- * all); head-major order takes the longest walks first (kt never falls); bands take a head's
- * first half of key blocks side by side (kt fastest) and end on the shortest walks. */
-static void fa3_grid_orders(void **state) {
+/* The tensor-core kernels' grid orders (grid_order.cuh): every tile of every head taken by
+ * exactly one block of the grid (a pair taken twice or never leaves those rows or keys
+ * written twice or not at all); head-major order takes the longest walks first (the tile
+ * never falls); bands take a head's first half of tiles side by side and end on the
+ * shortest walks. */
+static void grid_orders(void **state) {
     (void)state;
     const int shapes[][2] = {{1, 1}, {1, 7}, {3, 5}, {8, 32}, {16, 33}, {64, 64}, {5, 65}};
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
         const int heads = shapes[i][0], nkt = shapes[i][1], n = heads * nkt;
-        for (int o = LK_FA3_ORDER_KT; o <= LK_FA3_ORDER_BANDS; o++) {
+        for (int o = LK_ATTN_ORDER_TILES; o <= LK_ATTN_ORDER_BANDS; o++) {
             unsigned char *seen = (unsigned char *)calloc((size_t)n, 1);
             int last_kt = 0;
             for (int L = 0; L < n; L++) {
                 int bhk = -1, kt = -1;
-                lk_attn_fa3_bwd_block((lk_fa3_order)o, heads, nkt, L, &bhk, &kt);
+                lk_attn_grid_block((lk_attn_order)o, heads, nkt, L, &bhk, &kt);
                 assert_true(bhk >= 0 && bhk < heads && kt >= 0 && kt < nkt);
                 assert_int_equal(seen[bhk * nkt + kt]++, 0);
-                if (o == LK_FA3_ORDER_HEADS) assert_true(kt >= last_kt);
-                if (o != LK_FA3_ORDER_HEADS && L < (nkt + 1) / 2) assert_true(bhk == 0 && kt == L);
-                if (o == LK_FA3_ORDER_BANDS && L >= n - heads) assert_int_equal(kt, nkt - 1);
+                if (o == LK_ATTN_ORDER_HEADS) assert_true(kt >= last_kt);
+                if (o != LK_ATTN_ORDER_HEADS && L < (nkt + 1) / 2) assert_true(bhk == 0 && kt == L);
+                if (o == LK_ATTN_ORDER_BANDS && L >= n - heads) assert_int_equal(kt, nkt - 1);
                 last_kt = kt;
             }
             free(seen);
@@ -470,7 +471,7 @@ int main(void) {
         cmocka_unit_test(cudnn_refusals_determinism),
         cmocka_unit_test(fa3_against_reference),
         cmocka_unit_test(fa3_elsewhere),
-        cmocka_unit_test(fa3_grid_orders),
+        cmocka_unit_test(grid_orders),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -47,6 +47,7 @@
 #include <math.h>
 #include <string.h>
 #include "core/cuda_check.h"
+#include "ops/attention/grid_order.cuh"
 #include "ops/attention/hopper.cuh"
 #include "ops/attention/internal.h"
 #include "ops/attention/visible.cuh"
@@ -83,36 +84,11 @@ typedef struct {
     int Sq, Skv, Hq, Hkv, G, D, nqt;
     float scale, scale2;  /* scale, scale · log2e */
     int heads, nkt;       /* B·Hkv and the key blocks of each: the grid is heads·nkt blocks */
-    lk_fa3_order order;   /* block_of's: LK_FA3_ORDER_KT unmasked, _HEADS or _BANDS causal */
+    lk_attn_order order;  /* grid_order.cuh's, for heads x nkt */
 } bwd_geom;
-#define BAND_WAVES 8      /* the fewest waves of blocks that take LK_FA3_ORDER_BANDS */
 
-/* Which key block kt of which (b, h_kv) the grid's block L takes. Blocks of one head share
- * its Q, dO and dQ sums (8 MB a head at S 8192, D 128), so blocks running together should
- * be few heads' (L2 holds 50 MB): kt fastest, a head's blocks side by side. Under a causal
- * mask a block's walk is as long as the queries after its keys, and the longest must start
- * first or they finish alone at the end: head-major order (kt slowest) does that, but runs
- * every head at once (on the B 2, H 32, S 8192 causal cell it read Q and dO from HBM at 55%
- * of its rate, 3% unmasked: bench/NOTES.md, twenty-fifth session). LK_FA3_ORDER_BANDS splits the key
- * blocks into bands of halving width, [0, nkt/2), [nkt/2, 3nkt/4), ..., each taken head by
- * head with kt fastest: few heads at a time, and the last bands hold only short walks. Its
- * order is not longest-first inside a band, which a grid of few waves pays for at its end
- * (the GQA causal cell's 256 blocks: 6% slower); so only grids of BAND_WAVES waves or more
- * take it, the others keep head-major order (LK_FA3_ORDER_HEADS). */
-static __host__ __device__ __forceinline__ void block_of(lk_fa3_order order, int heads, int nkt, int L, int &bhk,
-                                                         int &kt) {
-    if (order == LK_FA3_ORDER_HEADS) {
-        bhk = L % heads, kt = L / heads;
-        return;
-    }
-    int lo = 0, w = nkt;
-    if (order == LK_FA3_ORDER_BANDS)
-        for (w = (nkt + 1) / 2; L >= heads * w; w = (nkt - lo + 1) / 2) L -= heads * w, lo += w;
-    bhk = L / w, kt = lo + L % w;
-}
-
-extern "C" void lk_attn_fa3_bwd_block(lk_fa3_order order, int heads, int nkt, int L, int *bhk, int *kt) {
-    block_of(order, heads, nkt, L, *bhk, *kt);
+extern "C" void lk_attn_grid_block(lk_attn_order order, int heads, int tiles, int L, int *head, int *tile) {
+    lk_attn_block_of(order, heads, tiles, L, head, tile);
 }
 
 /* --- prep and convert ----------------------------------------------------------------- */
@@ -246,7 +222,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
 
     const int tid = threadIdx.x, wg = tid / 128;
     int bhk, kt;
-    block_of(g.order, g.heads, g.nkt, blockIdx.x, bhk, kt);
+    lk_attn_block_of(g.order, g.heads, g.nkt, blockIdx.x, &bhk, &kt);   /* grid_order.cuh */
     const int hk = bhk % g.Hkv, b = bhk / g.Hkv, k0 = kt * BNK;
     /* the query tiles whose rows see any of the block's keys */
     const int qa = lk_attn_first_row(g.vis, k0, 1), qb = max(qa, lk_attn_first_row(g.vis, min(k0 + BNK, g.Skv), 0));
@@ -465,7 +441,7 @@ static pieces pieces_of(const lk_attention_args *a) {
 int lk_attn_fa3_bwd_takes(const lk_attention_args *a) {
     const lk_attn_dims d = lk_attn_dims_of(a);
     const lk_hw *hw = lk_hw_get();
-    const int grid_ok = d.B * d.Hkv * lk_cdiv(d.Skv, BNK) <= INT32_MAX;   /* block_of's L */
+    const int grid_ok = d.B * d.Hkv * lk_cdiv(d.Skv, BNK) <= INT32_MAX;   /* a 1-D grid (grid_order.cuh) */
     return !(a->softcap > 0.0f) && !a->deterministic && grid_ok && lk_aligned16(a->dout.data) &&
            lk_aligned16(a->out.data) && lk_aligned16(a->dq.data) && lk_aligned16(a->dk.data) && lk_aligned16(a->dv.data) &&
            (hw->cuda_smem_per_block == 0 || bwd_smem(dp_of(d.D)) <= hw->cuda_smem_per_block);
@@ -506,10 +482,7 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
     g.Sq = (int)d.Sq, g.Skv = (int)d.Skv, g.Hq = (int)d.Hq, g.Hkv = (int)d.Hkv, g.G = (int)d.G, g.D = (int)d.D;
     g.nqt = nqt, g.scale = d.scale, g.scale2 = d.scale * LOG2E;
     g.heads = (int)(d.B * d.Hkv), g.nkt = (int)lk_cdiv(d.Skv, BNK);
-    const int64_t sms = lk_hw_get()->cuda_sms > 0 ? lk_hw_get()->cuda_sms : 132;
-    g.order = !a->causal                                     ? LK_FA3_ORDER_KT
-              : (int64_t)g.heads * g.nkt >= BAND_WAVES * sms ? LK_FA3_ORDER_BANDS
-                                                             : LK_FA3_ORDER_HEADS;
+    g.order = lk_attn_order_of(a->causal, g.heads, g.nkt);
 
     const int64_t prow = d.B * d.Hq * nqt * BMQ;
     fa3_bwd_prep<<<(unsigned)lk_cdiv(prow, 16), 256, 0, st>>>(

@@ -92,9 +92,10 @@ extern const lk_attention_vtable lk_attention_fa3_cuda_backend;     /* fa3.cu: H
 int lk_attn_fa3_bwd_takes(const lk_attention_args *a);
 size_t lk_attn_fa3_bwd_workspace(const lk_attention_args *a);
 lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx);
-/* The order of its grid: block L takes key block *kt of (b, h_kv) = *bhk, of heads x nkt. */
-typedef enum { LK_FA3_ORDER_KT, LK_FA3_ORDER_HEADS, LK_FA3_ORDER_BANDS } lk_fa3_order;
-void lk_attn_fa3_bwd_block(lk_fa3_order order, int heads, int nkt, int L, int *bhk, int *kt);
+/* The order of the tensor-core kernels' grids (grid_order.cuh): block L of heads x tiles
+ * takes tile *tile of head *head; what the test of the orders calls. */
+typedef enum { LK_ATTN_ORDER_TILES, LK_ATTN_ORDER_HEADS, LK_ATTN_ORDER_BANDS } lk_attn_order;
+void lk_attn_grid_block(lk_attn_order order, int heads, int tiles, int L, int *head, int *tile);
 #endif
 #ifdef LLMKERN_HAVE_CUDNN
 extern const lk_attention_vtable lk_attention_cudnn_backend;        /* sdpa_cudnn.cpp */

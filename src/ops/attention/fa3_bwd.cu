@@ -312,18 +312,9 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     float dk[DP / 2], dv[DP / 2];
 #pragma unroll
     for (int e = 0; e < DP / 2; e++) dk[e] = dv[e] = 0.0f;
-    /* The query tiles every row of which sees all 64 keys [kb, kb + 64): lo and hi never fall
-     * with the row (visible.cuh), so they are the tiles whose first row sees key kb + 63 and
-     * whose last row's lo is at most kb, rows [wr0, wr1) of whole tiles. Kept in registers:
-     * read from the stage's lo / hi in shared memory each step, the test waited on an LDS
-     * queued behind the GEMMs' operand reads and held up their issue (ncu, twenty-fifth
-     * session: 6-7% of the kernel's stall samples). The step's tile qt follows the producer's
-     * walk, qt0 + (it % nq + kt) % nq, as one increment a step. */
-    const int wr0 = lk_attn_first_row(g.vis, kb + 63, 1), wr1 = lk_attn_first_row(g.vis, kb + 1, 0);
-    int qr = nq > 0 ? kt % nq : 0;
     if (n > 0) mbar_wait(kvfull, 0);
-    for (int it = 0; it < n; it++, qr = qr + 1 == nq ? 0 : qr + 1) {
-        const int s = it % STAGES, q0 = (qt0 + qr) * BMQ;
+    for (int it = 0; it < n; it++) {
+        const int s = it % STAGES;
         const uint8_t *q = sq + s * NC * QB, *o = sdo + s * NC * QB;
         const float *lse2 = sst + s * 4 * BMQ, *delta = lse2 + BMQ;
         const int *lo = (const int *)(lse2 + 2 * BMQ), *hi = lo + BMQ;
@@ -337,7 +328,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         wgmma_commit();
         /* the stats the softmax starts with, read while the GEMMs run: read after the wait,
          * every math warp stalled on them at once (7.6% of the kernel's stall samples) */
-        const bool whole = q0 >= wr0 && q0 + BMQ <= wr1;
+        const bool whole = lo[BMQ - 1] <= kb && hi[0] >= kb + 64;
         float2 L[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) L[j] = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t4);

@@ -26,6 +26,7 @@ case ${ALT_NAME:-alt} in bins | pre)   # prebuilt_env.sh unpacks bins into B=/tm
   exit 2 ;;
 esac
 if [ -n "${ALT:-}" ]; then
+  ALT=$(git rev-parse --verify "$ALT^{commit}")   # here, not in the worktree (where HEAD~1 is its own)
   SRC=$(cd .. && pwd)/prebuild-alt NAME=${ALT_NAME:-alt} BUILD=$(cd .. && pwd)/build-alt
   [ -d "$SRC" ] || git worktree add -q --detach "$SRC" "$ALT"
   git -C "$SRC" checkout -q --detach "$ALT"

@@ -37,7 +37,8 @@ calls (HF + Liger's MoE run: 70.7k-76.3k tokens/s in bench/NOTES.md's twenty-thi
 both its bf16s (autocast over f32 weights, as Trainer(bf16=True) trains, and bf16 weights, as the
 throughput runs do; --parity-hf-bf16 amp|weights names the verdict's); prints the mean absolute loss difference of
 each pair (OUT/e2e_parity.md, .json), averaged over --parity-repeats repetitions from other
-initial weights and batches (1; transformers' own pair moves by ~10% between runs). A 4-layer dense
+initial weights and batches (1; transformers' own pair moves by ~10% between runs; repetition r
+draws from seed r, from --parity-first on; --parity-kinds names the bf16-moment runs). A 4-layer dense
 Qwen3 of the same width at seq 1024 x 4 unless --parity-layers / --parity-seq / --parity-batch.
 
 Run (the H200; B = the build directory, after `source tests/cuda/h200_env.sh`, Liger's

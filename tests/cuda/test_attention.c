@@ -250,19 +250,19 @@ static void grid_orders(void **state) {
     (void)state;
     const int shapes[][2] = {{1, 1}, {1, 7}, {3, 5}, {8, 32}, {16, 33}, {64, 64}, {5, 65}};
     for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
-        const int heads = shapes[i][0], nkt = shapes[i][1], n = heads * nkt;
+        const int heads = shapes[i][0], tiles = shapes[i][1], n = heads * tiles;
         for (int o = LK_ATTN_ORDER_TILES; o <= LK_ATTN_ORDER_BANDS; o++) {
             unsigned char *seen = (unsigned char *)calloc((size_t)n, 1);
-            int last_kt = 0;
+            int last = 0;
             for (int L = 0; L < n; L++) {
-                int bhk = -1, kt = -1;
-                lk_attn_grid_block((lk_attn_order)o, heads, nkt, L, &bhk, &kt);
-                assert_true(bhk >= 0 && bhk < heads && kt >= 0 && kt < nkt);
-                assert_int_equal(seen[bhk * nkt + kt]++, 0);
-                if (o == LK_ATTN_ORDER_HEADS) assert_true(kt >= last_kt);
-                if (o != LK_ATTN_ORDER_HEADS && L < (nkt + 1) / 2) assert_true(bhk == 0 && kt == L);
-                if (o == LK_ATTN_ORDER_BANDS && L >= n - heads) assert_int_equal(kt, nkt - 1);
-                last_kt = kt;
+                int head = -1, tile = -1;
+                lk_attn_grid_block((lk_attn_order)o, heads, tiles, L, &head, &tile);
+                assert_true(head >= 0 && head < heads && tile >= 0 && tile < tiles);
+                assert_int_equal(seen[head * tiles + tile]++, 0);
+                if (o == LK_ATTN_ORDER_HEADS) assert_true(tile >= last);
+                if (o != LK_ATTN_ORDER_HEADS && L < (tiles + 1) / 2) assert_true(head == 0 && tile == L);
+                if (o == LK_ATTN_ORDER_BANDS && L >= n - heads) assert_int_equal(tile, tiles - 1);
+                last = tile;
             }
             free(seen);
         }

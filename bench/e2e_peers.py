@@ -602,7 +602,7 @@ def parity(A):
         lines.append(f"| {k} | " + (f"{v['mean']:.5f} | {v['max']:.5f} | {v['steps']} | "
                                     f"{', '.join(f'{e:.5f}' for e in v['each'])} |" if v else "not measured | | | |"))
     lines.append("")
-    for r, (runs, _) in enumerate(reps):
+    for r, (runs, _) in enumerate(reps, A.parity_first):   # r: the repetition's seed
         for k, run in runs.items():
             if run.get("error") or run.get("losses"):
                 lines.append(f"- {k} ({r}): " + (run.get("error") or

@@ -8,7 +8,7 @@ import argparse
 import heapq
 
 
-def block_of(order, heads, tiles, L):   # grid_order.cuh's lk_attn_block_of
+def block_of(order, heads, tiles, L):   # as grid_order.cuh decodes a block index
     if order == "heads":
         return L % heads, L // heads
     lo, w = 0, tiles

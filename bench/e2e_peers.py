@@ -614,6 +614,13 @@ def parity(A):
             if a and b:
                 lines.append(f"\n{mine} {'is within' if a['mean'] <= b['mean'] else 'is NOT within'} "
                              f"{name} ({a['mean']:.5f} vs {b['mean']:.5f}){' (the verdict)' if name == verdict else ''}")
+    # llmkern f32 and transformers f32 run the same model: their gap is rounding (about transformers'
+    # own bf16 pair); ten times it was a wrong loss (bench/NOTES.md, twenty-fifth session)
+    same, ref = pairs.get("llmkern f32 vs hf f32 (same model?)"), pairs.get("hf autocast bf16 vs f32")
+    if same and ref and same["mean"] > 5 * ref["mean"]:
+        lines.append(f"\nWARNING: llmkern f32 and transformers f32 differ by {same['mean']:.5f}, "
+                     f"{same['mean'] / ref['mean']:.1f}x transformers' own bf16 pair: more than rounding, "
+                     f"a loss or a gradient is wrong")
     text = "\n".join(lines) + "\n"
     print("\n" + text, flush=True)
     open(os.path.join(A.out, "e2e_parity.md"), "w").write(text)

@@ -336,6 +336,8 @@ BF16_MOMENTS = {"exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}   # train.e
 # keepqk the layers' q/k/v projection kept for the backward (train.keep_qk)
 LK_FLAGS = {"bf16m": BF16_MOMENTS, "bf16m1": {"exp_avg_dtype": "bf16"}, "bf16m2": {"exp_avg_sq_dtype": "bf16"},
             "recompute": {"recompute": True}, "keepqk": {"keep_qk": True}}
+# the run kinds --parity may add beside plain bf16 (--parity-kinds), and how its table names them
+MOMENT_KINDS = {"bf16m": "bf16 moments", "bf16m1": "bf16 exp_avg", "bf16m2": "bf16 exp_avg_sq"}
 
 
 def run_lk(A, label, dtype, init, tokens, B, S, steps, work, extra=None, attn=None):
@@ -551,7 +553,7 @@ def parity_once(A, model, S, B, steps, rep):
     runs = {"llmkern bf16": run_lk(A, "parity llmkern bf16", "bf16", init, tokens, B, S, steps, A.work),
             "llmkern f32": run_lk(A, "parity llmkern f32", "f32", init, tokens, B, S, steps, A.work),
             **{f"llmkern {f}": run_lk(A, f"parity llmkern {f}", "bf16", init, tokens, B, S, steps, A.work,
-                                      LK_FLAGS[f]) for f in A.parity_kinds.split(",") if f},
+                                      LK_FLAGS[f]) for f in A.parity_kinds},
             "hf autocast": run_hf(A, "parity hf autocast", "hf", "amp", init, tokens, B, S, steps, A.work),
             "hf bf16 weights": run_hf(A, "parity hf bf16 weights", "hf", "bf16", init, tokens, B, S, steps, A.work),
             "hf f32": run_hf(A, "parity hf f32", "hf", "f32", init, tokens, B, S, steps, A.work)}
@@ -567,10 +569,8 @@ def parity_once(A, model, S, B, steps, rep):
         n = min(len(x), len(y))
         return dict(mean=sum(abs(p - q) for p, q in zip(x, y)) / n, max=max(abs(p - q) for p, q in zip(x, y)),
                     steps=n)
-    moments = {"bf16m": "bf16 moments", "bf16m1": "bf16 exp_avg", "bf16m2": "bf16 exp_avg_sq"}
     pairs = {"llmkern bf16 vs f32": mad("llmkern bf16", "llmkern f32"),
-             **{f"llmkern bf16 + {moments[f]} vs f32": mad(f"llmkern {f}", "llmkern f32")
-                for f in A.parity_kinds.split(",") if f},
+             **{f"llmkern bf16 + {MOMENT_KINDS[f]} vs f32": mad(f"llmkern {f}", "llmkern f32") for f in A.parity_kinds},
              "hf autocast bf16 vs f32": mad("hf autocast", "hf f32"),
              "hf bf16 weights vs f32": mad("hf bf16 weights", "hf f32"),
              "llmkern f32 vs hf f32 (same model?)": mad("llmkern f32", "hf f32")}
@@ -667,9 +667,10 @@ def main():
     P.add_argument("--keep", action="store_true", help="keep the work directory's checkpoints")
     P.add_argument("--worker", help=argparse.SUPPRESS)
     A = P.parse_args()
-    bad = [f for f in A.parity_kinds.split(",") if f and f not in ("bf16m", "bf16m1", "bf16m2")]
+    A.parity_kinds = [f for f in A.parity_kinds.split(",") if f]
+    bad = [f for f in A.parity_kinds if f not in MOMENT_KINDS]
     if bad:
-        P.error(f"--parity-kinds: {', '.join(bad)} unknown (bf16m, bf16m1, bf16m2)")
+        P.error(f"--parity-kinds: {', '.join(bad)} unknown ({', '.join(MOMENT_KINDS)})")
     if A.worker:
         res = worker(json.load(open(A.worker)))
         print(json.dumps({"result": res}), flush=True)

@@ -1,6 +1,6 @@
 /* grid_order.cuh — in which order the blocks of a tensor-core attention kernel take their
  * (head, tile) pairs; fa3_bwd.cu's key blocks so far (fa2.cu keeps its 2-D grids: with this
- * header its bf16 D 128 forward spilled 132 bytes, so it waits for a measurement). A kernel runs
+ * header its bf16 D 128 forward spilled 124-132 bytes, so it waits for a measurement). A kernel runs
  * heads x tiles blocks on a 1-D grid; tile 0 is the one with the longest walk under a
  * causal mask (the kernels number their tiles so: the last query tile first, or the first
  * key block). Built only with CUDA; not installed.

@@ -48,6 +48,10 @@ typedef struct lk_block_mask {
     const void *mask_ctx;           /* passed to mask_mod */
     void *owned;                    /* freed by lk_block_mask_free (a builder's context); may be NULL */
     lk_mask_row_fn mask_row;        /* optional row form of mask_mod (mask_ctx too); NULL = per element */
+    /* The mask's copy on a GPU, made by its first flex_attention call there and freed by
+     * lk_block_mask_free: a mask used on a GPU must not change afterwards (as a PyTorch
+     * BlockMask lives on its device). NULL in a new mask. */
+    struct lk_block_mask_gpu *gpu;
 } lk_block_mask;
 
 /* Builds mask over [B, H, Q_LEN, KV_LEN] (B and H may be 1 to broadcast) with blocks of

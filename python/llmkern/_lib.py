@@ -119,7 +119,8 @@ class BlockMask(Structure):
                 ("full_kv_num_blocks", POINTER(c_int32)), ("full_kv_indices", POINTER(c_int32)),
                 ("q_num_blocks", POINTER(c_int32)), ("q_indices", POINTER(c_int32)),
                 ("full_q_num_blocks", POINTER(c_int32)), ("full_q_indices", POINTER(c_int32)),
-                ("mask_mod", c_void_p), ("mask_ctx", c_void_p), ("owned", c_void_p), ("mask_row", c_void_p)]
+                ("mask_mod", c_void_p), ("mask_ctx", c_void_p), ("owned", c_void_p), ("mask_row", c_void_p),
+                ("gpu", c_void_p)]
 
 
 class ScoreMod(Structure):

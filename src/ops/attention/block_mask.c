@@ -11,6 +11,7 @@
 #include "llmkern/block_mask.h"
 
 #include "core/checked.h"
+#include "ops/attention/flex_plan.h"
 
 static int64_t cdiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }   /* a + b - 1 may overflow */
 
@@ -132,6 +133,7 @@ lk_status lk_block_mask_create(lk_mask_fn mask_mod, const void *ctx, int64_t B, 
 
 void lk_block_mask_free(lk_block_mask *m) {
     if (!m) return;
+    if (m->gpu) m->gpu->release(m->gpu);
     free(m->kv_num_blocks);
     free(m->owned);
     memset(m, 0, sizeof *m);

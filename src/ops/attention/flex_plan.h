@@ -1,0 +1,126 @@
+/* flex_plan.h — a BlockMask as the GPU's flex kernels walk it (issue 19): the mask's
+ * lists re-cut into the kernels' 128 x 128 tiles, and each partial tile's elements as
+ * bits. Built on the host (flex_plan.c, testable without a GPU), copied to the device
+ * once per mask (fa2.cu keeps the copy in the mask's `gpu` member).
+ *
+ * Tiles of any mask block size: a 128 x 128 tile is empty when every mask block it
+ * overlaps is empty, full when every one is full and the tile lies inside Q_LEN x KV_LEN,
+ * partial otherwise (so a partial tile may hide nothing or everything: correct, only
+ * slower; PyTorch's default block is 128, where the lists carry over one to one).
+ *
+ * Bits of a partial tile, two copies: by query row (row i: 4 words, bit j = key j) for the
+ * kernels that walk keys (forward, deterministic dq), and by key (key j: 4 words, bit i =
+ * query i) for the dk/dv kernel, whose threads each hold two keys against 64 queries.
+ * Elements outside Q_LEN x KV_LEN are 0. Who makes the bits: the standard families
+ * (causal, sliding window, prefix-LM, documents and their AND/OR, recognized by their
+ * predicates) become a small program (lk_flex_prog) a device kernel evaluates per
+ * element, from its parameters, with no host callback; any other predicate is evaluated
+ * here, on the host, over the partial tiles only (through its row form when it has one). */
+#ifndef LLMKERN_OPS_ATTENTION_FLEX_PLAN_H
+#define LLMKERN_OPS_ATTENTION_FLEX_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "llmkern/block_mask.h"
+
+#ifdef __CUDACC__
+#define LK_FLEX_HD __host__ __device__
+#else
+#define LK_FLEX_HD
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LK_FLEX_TILE 128
+#define LK_FLEX_WORDS (LK_FLEX_TILE / 32)                      /* words a row of a tile's bits */
+#define LK_FLEX_TILE_WORDS (2 * LK_FLEX_TILE * LK_FLEX_WORDS)   /* both copies of a tile's bits */
+#define LK_FLEX_NODES 16
+
+/* The lists the kernels walk (host or device pointers: the same layout). P = B·H of the
+ * mask (its broadcast dims stay 1). */
+typedef struct {
+    int32_t B, H, nq, nk, Q_LEN, KV_LEN;
+    const int32_t *kv_cnt;    /* [P][nq][2]: partial and full kv tiles of a q tile */
+    const int32_t *kv_idx;    /* [P][nq][nk]: the partial kv tiles ascending, then the full ones */
+    const int32_t *kv_bit;    /* [P][nq][nk]: the bits tile of each partial entry */
+    const int32_t *q_cnt, *q_idx, *q_bit;   /* the transpose: [P][nk][2], [P][nk][nq] x 2 */
+    const uint32_t *bits;     /* [tiles][LK_FLEX_TILE_WORDS]: by query row, then by key */
+} lk_flex_map;
+
+/* The pattern of (b, h) in the mask's [B, H] (broadcast dims are 1). */
+static inline LK_FLEX_HD int lk_flex_pattern(const lk_flex_map *m, int b, int h) {
+    return (m->B == 1 ? 0 : b) * m->H + (m->H == 1 ? 0 : h);
+}
+
+/* A standard family as a postfix program over (b, i = q_idx, j = kv_idx). */
+typedef enum { LK_FLEX_CAUSAL, LK_FLEX_WINDOW, LK_FLEX_PREFIX, LK_FLEX_DOC, LK_FLEX_AND, LK_FLEX_OR } lk_flex_op;
+typedef struct {
+    int32_t op, causal;
+    int64_t offset, window;   /* CAUSAL: j <= i + offset; WINDOW: i + offset - window < j <= i + offset */
+    int64_t q_at, kv_at;      /* PREFIX: lengths at data[q_at + b·q_stride]; DOC: ids at q_at / kv_at */
+    int64_t q_stride, kv_stride;   /* per batch row (0: shared by every b) */
+} lk_flex_node;
+typedef struct {
+    int n;
+    lk_flex_node node[LK_FLEX_NODES];
+} lk_flex_prog;
+
+/* Visible? The program's stack lives in the bits of one word. */
+static inline LK_FLEX_HD int lk_flex_eval(const lk_flex_prog *p, const int32_t *data, int64_t b, int64_t i,
+                                          int64_t j) {
+    uint32_t st = 0;
+    for (int k = 0; k < p->n; k++) {
+        const lk_flex_node *x = &p->node[k];
+        int v;
+        switch (x->op) {
+        case LK_FLEX_CAUSAL: v = j <= i + x->offset; break;
+        case LK_FLEX_WINDOW: v = j <= i + x->offset && j - (i + x->offset) > -x->window; break;
+        case LK_FLEX_PREFIX: v = j < data[x->q_at + b * x->q_stride] || j <= i; break;
+        case LK_FLEX_DOC:
+            v = (!x->causal || j <= i) && data[x->q_at + b * x->q_stride + i] == data[x->kv_at + b * x->kv_stride + j];
+            break;
+        default: {   /* AND / OR of the two values on top */
+            const uint32_t y = st & 1u, z = (st >> 1) & 1u;
+            st >>= 2;
+            v = x->op == LK_FLEX_AND ? (int)(y & z) : (int)(y | z);
+        }
+        }
+        st = (st << 1) | (uint32_t)v;
+    }
+    return (int)(st & 1u);
+}
+
+typedef struct {
+    lk_flex_map map;          /* host pointers into buf */
+    int32_t *buf;             /* lists, the bits tiles' (pattern, q tile, kv tile), host bits */
+    size_t list_words;        /* words of buf the device needs before the bits */
+    int64_t ntiles;           /* partial tiles (bits tiles) */
+    const int32_t *tile_of;   /* [ntiles][3]: pattern, q tile, kv tile */
+    int has_prog;             /* 1: the device makes the bits from prog; 0: map.bits holds them */
+    lk_flex_prog prog;
+    int32_t *data;            /* the program's parameters (ids, prefix lengths) */
+    int64_t ndata;
+} lk_flex_plan;
+
+/* Plans mask m (valid: the facade's checks passed), the host bits included when its
+ * predicate is not a standard family. LK_ENOMEM; LK_EINVAL when the mask is too large
+ * for the kernels' int32 tile indices. */
+lk_status lk_flex_plan_make(const lk_block_mask *m, lk_flex_plan *out);
+void lk_flex_plan_free(lk_flex_plan *p);
+
+/* The program of mask m's predicate when it is a standard family (or an AND/OR of them,
+ * at most LK_FLEX_NODES nodes); data is allocated (free it). 0 = not one: its bits come
+ * from the host. */
+int lk_flex_prog_of(const lk_block_mask *m, lk_flex_prog *prog, int32_t **data, int64_t *ndata);
+
+/* The GPU's copy of a mask (lk_block_mask.gpu): lk_block_mask_free calls release. */
+struct lk_block_mask_gpu {
+    void (*release)(struct lk_block_mask_gpu *self);
+};
+
+#ifdef __cplusplus
+}
+#endif
+#endif

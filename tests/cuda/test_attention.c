@@ -20,6 +20,7 @@
 #include <cuda_runtime_api.h>
 #include "cuda_util.h"
 #include "ops/attention/check.h"
+#include "ops/attention/flex_plan.h"
 #include "ops/attention/internal.h"
 
 /* A copy of host tensor t on the device (contents copied, or NaN when poison). */
@@ -81,8 +82,12 @@ static void sync_or_exit(const char *name, const lk_attention_case *c) {
     assert_int_equal(r, cudaSuccess);
 }
 
-static void run_case(const char *name, lk_dtype dt, const lk_attention_case *c, uint64_t seed) {
-    const lk_impl *cpu = lk_impl_find(LK_OP_ATTENTION, "flash_attention_2", LK_DEVICE_CPU);
+/* The GPU row `name` on case c against the reference; the problem is made for the CPU row
+ * of the same adapter (flex: the case's BlockMask; cpu_too: that row also runs on the
+ * host inputs, and the GPU's outputs are compared with its outputs as well). */
+static void run_case_as(const char *cpu_name, int cpu_too, const char *name, lk_dtype dt, const lk_attention_case *c,
+                        uint64_t seed) {
+    const lk_impl *cpu = lk_impl_find(LK_OP_ATTENTION, cpu_name, LK_DEVICE_CPU);
     const lk_impl *gpu = lk_impl_find(LK_OP_ATTENTION, name, LK_DEVICE_CUDA);
     assert_non_null(cpu);
     assert_non_null(gpu);
@@ -107,15 +112,40 @@ static void run_case(const char *name, lk_dtype dt, const lk_attention_case *c, 
      * delta formed from the rounded out: 1e-2 (seen: <= 4e-3), max-normalized */
     double tol = dt == LK_F32 ? 1e-5 : 1e-2;
     print_message("  %-17s %s B %lld Hq %lld Hkv %lld Sq %lld Skv %lld D %lld causal %d win %lld/%lld docs %d "
-                  "cap %g sinks %d: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e ds %.1e (tol %.0e)\n",
+                  "cap %g sinks %d mask %d/%lld mod %d: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e ds %.1e (tol %.0e)\n",
                   name, lk_dtype_name(dt), (long long)c->B, (long long)c->Hq, (long long)(c->Hkv ? c->Hkv : c->Hq),
                   (long long)c->Sq, (long long)(c->Skv ? c->Skv : c->Sq), (long long)c->D, c->causal,
                   (long long)c->window_left, (long long)c->window_right, c->n_docs, (double)c->softcap, c->sinks,
-                  e[0], e[1], e[2], e[3], e[4], e[5], tol);
+                  c->family, (long long)c->block, c->score_mod, e[0], e[1], e[2], e[3], e[4], e[5], tol);
     for (int i = 0; i < 6; i++) assert_true(e[i] <= tol);
+    if (cpu_too) {   /* the CPU row on the same (host) inputs: the GPU's outputs against its own */
+        lk_attention_args h = pb.a;
+        lk_arena harena = {0};
+        lk_ctx hctx = lk_ctx_cpu(&harena);
+        assert_int_equal(lk_attention_forward(cpu, &h, &hctx), LK_OK);
+        assert_int_equal(lk_attention_backward(cpu, &h, &hctx), LK_OK);
+        const lk_tensor *gt[4] = {&a.out, &a.dq, &a.dk, &a.dv}, *ht[4] = {&h.out, &h.dq, &h.dk, &h.dv};
+        double ec[4];
+        for (int i = 0; i < 4; i++) {
+            const int64_t n = lk_tensor_numel(ht[i]);
+            double *want = lkt_alloc(n);
+            for (int64_t j = 0; j < n; j++)
+                want[j] = dt == LK_F32 ? ((const float *)ht[i]->data)[j] : lk_bf16_to_f32(((const uint16_t *)ht[i]->data)[j]);
+            ec[i] = err_of(gt[i], want);
+        }
+        /* two bf16 roundings of the same math: the reference's tolerance */
+        print_message("    against the CPU's %s: out %.1e dq %.1e dk %.1e dv %.1e (tol %.0e)\n", cpu_name, ec[0], ec[1],
+                      ec[2], ec[3], tol);
+        for (int i = 0; i < 4; i++) assert_true(ec[i] <= tol);
+        lk_arena_free(&harena);
+    }
     lk_arena_free(&arena);
     lk_attention_problem_free(&pb);
     lkt_free_all();
+}
+
+static void run_case(const char *name, lk_dtype dt, const lk_attention_case *c, uint64_t seed) {
+    run_case_as("flash_attention_2", 0, name, dt, c, seed);
 }
 
 static void against_reference(void **state) {
@@ -456,6 +486,105 @@ static void fa2_deterministic(void **state) {
     }
 }
 
+/* flex_attention on CUDA (fa2.cu's kernels walking the BlockMask's tiles): every family of
+ * check.h (causal, sliding window, prefix-LM, documents from cu_seqlens and from ids, AND,
+ * OR, a per-head custom predicate whose bits come from the host, everything visible), mask
+ * blocks of 128 and re-cut from 64, 96 and 200, ragged lengths, q_len != kv_len, GQA and
+ * MQA, D 40 to 256, sinks, softcap as the option and as score_mod, the deterministic
+ * backward: against the float64 reference and against the CPU's flex_attention on the
+ * same bf16 inputs. */
+static void flex_against_reference(void **state) {
+    (void)state;
+    const lk_attention_case cases[] = {
+        {.B = 2, .Hq = 4, .Hkv = 2, .Sq = 300, .D = 64, .family = LK_AM_CAUSAL},
+        {.B = 1, .Hq = 4, .Sq = 200, .Skv = 333, .D = 128, .family = LK_AM_CAUSAL, .block = 64},
+        {.B = 2, .Hq = 8, .Hkv = 1, .Sq = 390, .D = 128, .family = LK_AM_SLIDING, .sinks = 1},
+        {.B = 3, .Hq = 4, .Sq = 270, .Skv = 310, .D = 96, .family = LK_AM_PREFIX, .block = 96},
+        {.B = 1, .Hq = 4, .Hkv = 2, .Sq = 700, .D = 128, .family = LK_AM_DOCUMENT, .n_docs = 7},
+        {.B = 2, .Hq = 2, .Sq = 260, .D = 64, .family = LK_AM_DOC_IDS, .score_mod = 1},
+        {.B = 1, .Hq = 4, .Sq = 333, .D = 128, .family = LK_AM_AND},
+        {.B = 2, .Hq = 2, .Sq = 300, .D = 64, .family = LK_AM_OR, .block = 200},
+        {.B = 1, .Hq = 6, .Hkv = 3, .Sq = 257, .Skv = 300, .D = 64, .family = LK_AM_PER_HEAD},
+        {.B = 1, .Hq = 2, .Sq = 130, .D = 256, .family = LK_AM_CAUSAL, .sinks = 1},
+        {.B = 1, .Hq = 4, .Sq = 77, .Skv = 50, .D = 40, .family = LK_AM_FULL},
+        {.B = 1, .Hq = 4, .Sq = 300, .D = 128, .family = LK_AM_SLIDING, .softcap = 20.0f},
+        {.B = 2, .Hq = 16, .Hkv = 2, .Sq = 520, .D = 128, .family = LK_AM_DOCUMENT, .n_docs = 9, .deterministic = 1},
+        {.B = 1, .Hq = 4, .Hkv = 2, .Sq = 301, .D = 200, .family = LK_AM_PER_HEAD, .deterministic = 1,
+         .score_mod = 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        run_case_as("flex_attention", 1, "flex_attention", LK_BF16, &cases[i], 500u + i);
+}
+
+/* One flex call that must be refused before anything is written: the status, the option
+ * named, the output still the poison. */
+static void flex_refused(lk_dtype dt, const lk_attention_case *c, void (*tweak)(lk_attention_args *), lk_status want,
+                         const char *needle) {
+    const lk_impl *cpu = lk_impl_find(LK_OP_ATTENTION, "flex_attention", LK_DEVICE_CPU);
+    const lk_impl *gpu = lk_impl_find(LK_OP_ATTENTION, "flex_attention", LK_DEVICE_CUDA);
+    lk_attention_problem pb;
+    assert_int_equal(lk_attention_problem_make(cpu, dt, c, 11, 0, &pb), LK_OK);
+    lk_attention_args a = on_device(pb.a);
+    if (tweak) tweak(&a);
+    lk_arena arena = {.device = LK_DEVICE_CUDA};
+    lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
+    size_t n = lk_tensor_bytes(&a.out);
+    uint8_t *before = malloc(n), *after = malloc(n);
+    assert_int_equal(cudaMemcpy(before, a.out.data, n, cudaMemcpyDeviceToHost), cudaSuccess);
+    lk_status s = lk_attention_forward(gpu, &a, &ctx);
+    print_message("  flex refuses %-10s -> %d: %s\n", needle, (int)s, lk_last_error());
+    assert_int_equal(s, want);
+    assert_non_null(strstr(lk_last_error(), needle));
+    assert_int_equal(cudaMemcpy(after, a.out.data, n, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_memory_equal(before, after, n);
+    free(before), free(after);
+    lk_arena_free(&arena);
+    lk_attention_problem_free(&pb);
+    lkt_free_all();
+}
+
+static const float two = 2.0f;
+static void both_softcaps(lk_attention_args *a) { a->score_mod = (lk_score_mod){lk_score_mod_softcap, &two}; }
+static void no_mask(lk_attention_args *a) { a->block_mask = NULL; }
+
+/* What flex on CUDA refuses, and a mask's device copy: made once, used by later calls
+ * (the same bits out), freed with the mask. */
+static void flex_refusals_and_reuse(void **state) {
+    (void)state;
+    const lk_attention_case alibi = {.B = 1, .Hq = 2, .Sq = 40, .D = 64, .family = LK_AM_CAUSAL, .score_mod = 2};
+    const lk_attention_case capped = {.B = 1, .Hq = 2, .Sq = 40, .D = 64, .family = LK_AM_CAUSAL, .softcap = 5.0f};
+    const lk_attention_case plain = {.B = 1, .Hq = 2, .Sq = 40, .D = 64, .family = LK_AM_CAUSAL};
+    flex_refused(LK_BF16, &alibi, NULL, LK_EUNAVAILABLE, "score_mod");
+    flex_refused(LK_BF16, &capped, both_softcaps, LK_EINVAL, "score_mod");
+    flex_refused(LK_F32, &plain, NULL, LK_EDTYPE, "expected dtype bf16");
+    flex_refused(LK_BF16, &plain, no_mask, LK_EINVAL, "block_mask");
+
+    const lk_impl *cpu = lk_impl_find(LK_OP_ATTENTION, "flex_attention", LK_DEVICE_CPU);
+    const lk_impl *gpu = lk_impl_find(LK_OP_ATTENTION, "flex_attention", LK_DEVICE_CUDA);
+    const lk_attention_case c = {.B = 2, .Hq = 4, .Sq = 333, .D = 128, .family = LK_AM_PER_HEAD};
+    lk_attention_problem pb;
+    assert_int_equal(lk_attention_problem_make(cpu, LK_BF16, &c, 12, 0, &pb), LK_OK);
+    lk_attention_args a = on_device(pb.a);
+    lk_arena arena = {.device = LK_DEVICE_CUDA};
+    lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
+    assert_null(pb.bm[0].gpu);
+    size_t n = lk_tensor_bytes(&a.out);
+    uint8_t *first = malloc(n), *again = malloc(n);
+    assert_int_equal(lk_attention_forward(gpu, &a, &ctx), LK_OK);
+    const struct lk_block_mask_gpu *copy = pb.bm[0].gpu;
+    assert_non_null(copy);
+    assert_int_equal(cudaMemcpy(first, a.out.data, n, cudaMemcpyDeviceToHost), cudaSuccess);
+    lkt_poison(a.out.data, n);
+    assert_int_equal(lk_attention_forward(gpu, &a, &ctx), LK_OK);
+    assert_ptr_equal(pb.bm[0].gpu, copy);
+    assert_int_equal(cudaMemcpy(again, a.out.data, n, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_memory_equal(first, again, n);
+    free(first), free(again);
+    lk_arena_free(&arena);
+    lk_attention_problem_free(&pb);   /* lk_block_mask_free gives the device copy back */
+    lkt_free_all();
+}
+
 int main(void) {
     if (!lkt_have_gpu("cuda_test_attention")) return LKT_SKIP;
     const struct CMUnitTest tests[] = {
@@ -472,6 +601,8 @@ int main(void) {
         cmocka_unit_test(fa3_against_reference),
         cmocka_unit_test(fa3_elsewhere),
         cmocka_unit_test(grid_orders),
+        cmocka_unit_test(flex_against_reference),
+        cmocka_unit_test(flex_refusals_and_reuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -22,6 +22,10 @@ static const lk_attention_entry flash_fa2 = {.version = LK_ATTENTION_ENTRY_VERSI
                                              .cuda = &lk_attention_fa2_cuda_backend};
 static const lk_attention_entry flash_fa2_sp = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLASH,
                                                 .sp = 1, .cuda = &lk_attention_fa2_cuda_backend};
+static const lk_attention_entry flex_fa2 = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLEX,
+                                            .cuda = &lk_attention_fa2_flex_cuda_backend};
+static const lk_attention_entry flex_fa2_sp = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLEX,
+                                               .sp = 1, .cuda = &lk_attention_fa2_flex_cuda_backend};
 static const lk_attention_entry fa3 = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLASH,
                                        .cuda = &lk_attention_fa3_cuda_backend};
 static const lk_attention_entry fa3_sp = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLASH, .sp = 1,
@@ -79,6 +83,17 @@ static const lk_impl rows[] = {
         .op = LK_OP_ATTENTION, .name = "llmkern_flash_attention_2_with_sp", .device = LK_DEVICE_CUDA,
         .needs = {.min_cc = 80, .dtypes = CPU_DTYPES, .sp_aware = 1}, .vtable = &flash_fa2_sp,
         .summary = "SP-aware flash_attention_2: Ulysses over an NCCL group around its tensor-core kernel",
+    },
+    {
+        .op = LK_OP_ATTENTION, .name = "flex_attention", .device = LK_DEVICE_CUDA,
+        .needs = {.min_cc = 80, .dtypes = LK_DTYPE_BIT(LK_BF16)}, .vtable = &flex_fa2,
+        .summary = "block-sparse over a BlockMask on flash_attention_2's kernels (bf16, D <= 256): empty tiles "
+                   "skipped, full ones unmasked, partial ones by bits; families evaluated on the device",
+    },
+    {
+        .op = LK_OP_ATTENTION, .name = "llmkern_flex_attention_with_sp", .device = LK_DEVICE_CUDA,
+        .needs = {.min_cc = 80, .dtypes = LK_DTYPE_BIT(LK_BF16), .sp_aware = 1}, .vtable = &flex_fa2_sp,
+        .summary = "SP-aware flex_attention: Ulysses over an NCCL group around the BlockMask kernels",
     },
     {
         .op = LK_OP_ATTENTION, .name = "flash_attention_3", .device = LK_DEVICE_CUDA,

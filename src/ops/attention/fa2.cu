@@ -56,6 +56,7 @@
 #include <math.h>
 #include <stdint.h>
 #include "core/cuda_check.h"
+#include "ops/attention/flex_plan.h"
 #include "ops/attention/internal.h"
 #include "ops/attention/visible.cuh"
 #include "ops/cuda_util.cuh"
@@ -78,6 +79,8 @@ typedef struct {
     float scale, cap;
     int vec;                 /* D % 8 == 0 and 16-byte aligned: cp.async of whole chunks */
     int head_major;          /* grid x = head, y = tile (else x = tile, y = head): see grid_of */
+    int flex;                /* flex_attention: fx says which tiles and elements are seen, not vis */
+    lk_flex_map fx;          /* the BlockMask's tiles and bits on the device (flex_plan.h) */
 } fa_args;
 
 /* The grid of `tiles` tiles of `heads` heads. Tile-major (x = tile) keeps the blocks in
@@ -176,9 +179,12 @@ static __device__ __forceinline__ float capped(float x, const fa_args &p, float 
 
 /* --- forward -------------------------------------------------------------------------- */
 
-template <int DP, int WARPS, int MT, bool CAP>
+/* FLEX: the key tiles are the BlockMask's (two of BN a 128-key tile), partial ones masked
+ * by their bits. */
+template <int DP, int WARPS, int MT, bool CAP, bool FLEX>
 static __global__ void __launch_bounds__(WARPS * 32, 1) fa2_fwd(const fa_args p) {
     constexpr int BM = 16 * MT * WARPS, NT = WARPS * 32, NS = BN / 8, ND = DP / 8;
+    static_assert(BM == LK_FLEX_TILE && 2 * BN == LK_FLEX_TILE, "a block's rows are a mask tile's, two key tiles its keys");
     extern __shared__ uint4 smem_[];
     lk_bf16_t *qs = (lk_bf16_t *)smem_, *ks = qs + BM * DP, *vs = ks + 2 * BN * DP;
     int *lo_s = (int *)(vs + 2 * BN * DP), *hi_s = lo_s + BM;
@@ -193,18 +199,28 @@ static __global__ void __launch_bounds__(WARPS * 32, 1) fa2_fwd(const fa_args p)
     const lk_bf16_t *vg = p.v + ((int64_t)b * p.Hkv + h / p.G) * p.Skv * p.D;
     load_tile<DP, NT, BM>(qs, p.q + ((int64_t)bh * p.Sq + q0) * p.D, p.D, nq, p.D, p.vec);
     cp_commit();
-    for (int r = tid; r < BM; r += NT) {
-        int l = 0, u = 0;
-        if (r < nq) row_iv(p, q0 + r, l, u);
-        lo_s[r] = l, hi_s[r] = u;
+    int klo = 0, minhi = 0, maxlo = 0, khi = 0, ntiles, fpart = 0;
+    const int32_t *fidx = nullptr, *fbit = nullptr;
+    if (FLEX) {   /* the mask's partial tiles, then its full ones */
+        const int64_t row = (int64_t)lk_flex_pattern(&p.fx, b, h) * p.fx.nq + q0 / LK_FLEX_TILE;
+        fpart = p.fx.kv_cnt[2 * row];
+        ntiles = 2 * (fpart + p.fx.kv_cnt[2 * row + 1]);
+        fidx = p.fx.kv_idx + row * p.fx.nk, fbit = p.fx.kv_bit + row * p.fx.nk;
+    } else {
+        for (int r = tid; r < BM; r += NT) {
+            int l = 0, u = 0;
+            if (r < nq) row_iv(p, q0 + r, l, u);
+            lo_s[r] = l, hi_s[r] = u;
+        }
+        row_iv(p, q0, klo, minhi);
+        row_iv(p, q0 + nq - 1, maxlo, khi);
+        ntiles = khi > klo ? (khi - klo + BN - 1) / BN : 0;
     }
-    int klo, minhi, maxlo, khi;
-    row_iv(p, q0, klo, minhi);
-    row_iv(p, q0 + nq - 1, maxlo, khi);
-    const int ntiles = khi > klo ? (khi - klo + BN - 1) / BN : 0;
+    auto key0 = [&](int t) { return FLEX ? fidx[t >> 1] * LK_FLEX_TILE + (t & 1) * BN : klo + t * BN; };
     if (ntiles > 0) {
-        load_tile<DP, NT, BN>(ks, kg + (int64_t)klo * p.D, p.D, min(BN, p.Skv - klo), p.D, p.vec);
-        load_tile<DP, NT, BN>(vs, vg + (int64_t)klo * p.D, p.D, min(BN, p.Skv - klo), p.D, p.vec);
+        const int ka = key0(0);
+        load_tile<DP, NT, BN>(ks, kg + (int64_t)ka * p.D, p.D, min(BN, p.Skv - ka), p.D, p.vec);
+        load_tile<DP, NT, BN>(vs, vg + (int64_t)ka * p.D, p.D, min(BN, p.Skv - ka), p.D, p.vec);
     }
     cp_commit();
     const float c2 = p.cap > 0.0f ? LOG2E : p.scale * LOG2E;
@@ -216,11 +232,11 @@ static __global__ void __launch_bounds__(WARPS * 32, 1) fa2_fwd(const fa_args p)
         for (int n = 0; n < ND; n++) o[i][n][0] = o[i][n][1] = o[i][n][2] = o[i][n][3] = 0.0f;
     }
     for (int t = 0; t < ntiles; t++) {
-        const int k0 = klo + t * BN;
+        const int k0 = key0(t);
         cp_wait<0>();      /* Q and tile t landed */
         __syncthreads();   /* ... for every thread; every warp is past tile t-1, whose stage refills now */
         if (t + 1 < ntiles) {
-            const int k1 = k0 + BN, st = (t + 1) & 1;
+            const int k1 = key0(t + 1), st = (t + 1) & 1;
             load_tile<DP, NT, BN>(ks + st * BN * DP, kg + (int64_t)k1 * p.D, p.D, min(BN, p.Skv - k1), p.D, p.vec);
             load_tile<DP, NT, BN>(vs + st * BN * DP, vg + (int64_t)k1 * p.D, p.D, min(BN, p.Skv - k1), p.D, p.vec);
         }
@@ -244,7 +260,8 @@ static __global__ void __launch_bounds__(WARPS * 32, 1) fa2_fwd(const fa_args p)
                 for (int i = 0; i < MT; i++) mma(s[i][2 * np], a[i], bb[0], bb[1]), mma(s[i][2 * np + 1], a[i], bb[2], bb[3]);
             }
         }
-        const bool full = k0 >= maxlo && k0 + BN <= minhi;
+        const bool full = FLEX ? (t >> 1) >= fpart : k0 >= maxlo && k0 + BN <= minhi;
+        const uint32_t *fb = FLEX && !full ? p.fx.bits + (int64_t)fbit[t >> 1] * LK_FLEX_TILE_WORDS + (t & 1) * 2 : nullptr;
         if (CAP)
 #pragma unroll
             for (int i = 0; i < MT; i++)
@@ -261,14 +278,17 @@ static __global__ void __launch_bounds__(WARPS * 32, 1) fa2_fwd(const fa_args p)
             for (int hh = 0; hh < 2; hh++) {
                 const int r = rw + 16 * i + g + 8 * hh;
                 int rlo = 0, rhi = 0;
-                if (!full) rlo = lo_s[r] - k0 - 2 * t4, rhi = hi_s[r] - k0 - 2 * t4;   /* against n*8 + (e&1) */
+                uint64_t seen = 0;   /* FLEX: bit n*8 + e of the row's 64 keys, from this lane's column on */
+                if (!full && FLEX) seen = *reinterpret_cast<const uint64_t *>(fb + r * LK_FLEX_WORDS) >> (2 * t4);
+                else if (!full) rlo = lo_s[r] - k0 - 2 * t4, rhi = hi_s[r] - k0 - 2 * t4;   /* against n*8 + (e&1) */
                 float mx = -INFINITY;
 #pragma unroll
                 for (int n = 0; n < NS; n++)
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
                         float x = s[i][n][2 * hh + e];
-                        if (!full && (n * 8 + e < rlo || n * 8 + e >= rhi)) x = -INFINITY;
+                        if (!full && (FLEX ? !((seen >> (n * 8 + e)) & 1u) : n * 8 + e < rlo || n * 8 + e >= rhi))
+                            x = -INFINITY;
                         s[i][n][2 * hh + e] = x;
                         mx = fmaxf(mx, x);
                     }
@@ -349,13 +369,12 @@ static __global__ void fa2_dq_cvt(const float *acc, lk_bf16_t *dq, int64_t n, fl
         dq[i] = __float2bfloat16_rn(acc[i] * scale);
 }
 
-/* Issues query tile `it` of a dkv block into stage st (Q, dO, LSE, delta by cp.async;
- * lo/hi computed). */
-template <int DP, int NT>
-static __device__ __forceinline__ void dkv_issue(const fa_args &p, int it, int nqt, int qa, int b, int hk,
-                                                 lk_bf16_t *qs, lk_bf16_t *gs, float *ls, float *ds, int *los,
-                                                 int *his) {
-    const int hh = hk * p.G + it / nqt, q0 = qa + (it % nqt) * BMQ, nq = min(BMQ, p.Sq - q0);
+/* Issues the BMQ query rows from q0 of head hh into a dkv block's stage (Q, dO, LSE, delta
+ * by cp.async; lo/hi computed, but for FLEX, whose bits say what is seen). */
+template <int DP, int NT, bool FLEX>
+static __device__ __forceinline__ void dkv_issue(const fa_args &p, int hh, int q0, int b, lk_bf16_t *qs,
+                                                 lk_bf16_t *gs, float *ls, float *ds, int *los, int *his) {
+    const int nq = min(BMQ, p.Sq - q0);
     const int64_t bh = (int64_t)b * p.Hq + hh;
     load_tile<DP, NT, BMQ>(qs, p.q + (bh * p.Sq + q0) * p.D, p.D, nq, p.D, p.vec);
     load_tile<DP, NT, BMQ>(gs, p.dout + (((int64_t)b * p.Sq + q0) * p.Hq + hh) * p.D, (int64_t)p.Hq * p.D, nq, p.D,
@@ -364,10 +383,38 @@ static __device__ __forceinline__ void dkv_issue(const fa_args &p, int it, int n
         const bool ok = r < nq;
         cp4(ls + r, p.lse + bh * p.Sq + (ok ? q0 + r : 0), ok);
         cp4(ds + r, p.delta + bh * p.Sq + (ok ? q0 + r : 0), ok);
+        if (FLEX) continue;
         int l = 0, u = 0;
         if (ok) row_iv(p, q0 + r, l, u);
         los[r] = l, his[r] = u;
     }
+}
+
+/* Step `it` of a flex dk/dv block on mask tile kt: the G query heads of kv head hk in turn,
+ * each head's q tiles of kt (partial first), a tile in two steps of BMQ rows. Returns the
+ * head, the first row and the bits tile (-1: a full tile). */
+static __device__ __forceinline__ int4 flex_step(const fa_args &p, int b, int hk, int kt, int it) {
+    static_assert(LK_FLEX_TILE == 2 * BMQ, "a mask tile's rows are two dkv steps");
+    for (int j = 0; j < p.G; j++) {
+        const int64_t row = (int64_t)lk_flex_pattern(&p.fx, b, hk * p.G + j) * p.fx.nk + kt;
+        const int np = p.fx.q_cnt[2 * row], c = 2 * (np + p.fx.q_cnt[2 * row + 1]);
+        if (it < c) {
+            const int e = it >> 1;
+            return make_int4(hk * p.G + j, p.fx.q_idx[row * p.fx.nq + e] * LK_FLEX_TILE + (it & 1) * BMQ,
+                             e < np ? p.fx.q_bit[row * p.fx.nq + e] : -1, 0);
+        }
+        it -= c;
+    }
+    return make_int4(hk * p.G, 0, -1, 0);   /* past the last step: not reached */
+}
+
+static __device__ __forceinline__ int flex_steps(const fa_args &p, int b, int hk, int kt) {
+    int n = 0;
+    for (int j = 0; j < p.G; j++) {
+        const int64_t row = (int64_t)lk_flex_pattern(&p.fx, b, hk * p.G + j) * p.fx.nk + kt;
+        n += 2 * (p.fx.q_cnt[2 * row] + p.fx.q_cnt[2 * row + 1]);
+    }
+    return n;
 }
 
 /* dQ[q0 + 16mq.., half dh of D] += dS K for one query tile, added into the f32
@@ -420,7 +467,10 @@ static __device__ __forceinline__ void dq_atomic_add(const fa_args &p, const lk_
  * One barrier a step: after it, tile it+1 is issued into the stage every warp finished
  * with in step it-1, and dQ of tile it-1 is formed from the dS^T buffer written then
  * (dS^T is double-buffered), so no warp waits for the others' dS within a step. */
-template <int DP, int DW, bool CAP>
+/* FLEX: the steps are flex_step's (decoded once, at issue, into a ring of three: the
+ * step computed, the one issued and the one whose dQ is added), partial tiles masked by
+ * their bits by key. */
+template <int DP, int DW, bool CAP, bool FLEX>
 static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq_atomic) {
     constexpr int NT = 256, KW = 8 / DW, BNK = 16 * KW, DH = DP / DW, NQ = BMQ / 8;
     extern __shared__ uint4 smem_[];
@@ -428,6 +478,7 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
     lk_bf16_t *dss = gs + 2 * BMQ * DP;   /* dS^T [2][BNK keys][BMQ queries], swizzled */
     float *ls = (float *)(dss + 2 * BNK * BMQ), *dl = ls + 2 * BMQ;
     int *los = (int *)(dl + 2 * BMQ), *his = los + 2 * BMQ;
+    __shared__ int4 steps[3];   /* FLEX */
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     const int kw = w % KW, dw = w / KW, kr0 = 16 * kw;
     int bhk, kt;
@@ -438,9 +489,22 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
     load_tile<DP, NT, BNK>(ks, p.k + kvoff, p.D, nk, p.D, p.vec);
     load_tile<DP, NT, BNK>(vs, p.v + kvoff, p.D, nk, p.D, p.vec);
     cp_commit();
-    const int qa = lk_attn_first_row(p.vis, k0, 1), qb = max(qa, lk_attn_first_row(p.vis, k0 + nk, 0));
-    const int nqt = (qb - qa + BMQ - 1) / BMQ, n = p.G * nqt;
-    if (n > 0) dkv_issue<DP, NT>(p, 0, nqt, qa, b, hk, qs, gs, ls, dl, los, his);
+    int qa = 0, nqt = 1, n;
+    const int ft = k0 / LK_FLEX_TILE;
+    if (FLEX) {
+        n = flex_steps(p, b, hk, ft);
+    } else {
+        qa = lk_attn_first_row(p.vis, k0, 1);
+        const int qb = max(qa, lk_attn_first_row(p.vis, k0 + nk, 0));
+        nqt = (qb - qa + BMQ - 1) / BMQ, n = p.G * nqt;
+    }
+    /* step i's head and first row (and FLEX's bits tile, -1 when full) */
+    auto step = [&](int i) { return FLEX ? flex_step(p, b, hk, ft, i) : make_int4(hk * p.G + i / nqt, qa + (i % nqt) * BMQ, -1, 0); };
+    if (n > 0) {
+        const int4 s0 = step(0);
+        if (FLEX && tid == 0) steps[0] = s0;
+        dkv_issue<DP, NT, FLEX>(p, s0.x, s0.y, b, qs, gs, ls, dl, los, his);
+    }
     cp_commit();
     const float c2 = p.cap > 0.0f ? LOG2E : p.scale * LOG2E;
     float dk[DH / 8][4], dv[DH / 8][4];
@@ -449,18 +513,23 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
 #pragma unroll
         for (int e = 0; e < 4; e++) dk[i][e] = dv[i][e] = 0.0f;
     for (int it = 0; it < n; it++) {
-        const int st = it & 1, q0 = qa + (it % nqt) * BMQ;
         cp_wait<0>();      /* tile it (and K, V) landed */
         __syncthreads();   /* ... for every thread; every warp is past step it-1 */
+        const int st = it & 1;
+        const int4 cur = FLEX ? steps[it % 3] : step(it);
+        const int q0 = cur.y;
         if (it + 1 < n) {
             const int s1 = (it + 1) & 1;
-            dkv_issue<DP, NT>(p, it + 1, nqt, qa, b, hk, qs + s1 * BMQ * DP, gs + s1 * BMQ * DP, ls + s1 * BMQ,
-                              dl + s1 * BMQ, los + s1 * BMQ, his + s1 * BMQ);
+            const int4 nx = step(it + 1);
+            if (FLEX && tid == 0) steps[(it + 1) % 3] = nx;
+            dkv_issue<DP, NT, FLEX>(p, nx.x, nx.y, b, qs + s1 * BMQ * DP, gs + s1 * BMQ * DP, ls + s1 * BMQ,
+                                    dl + s1 * BMQ, los + s1 * BMQ, his + s1 * BMQ);
         }
         cp_commit();
-        if (dq_atomic && it > 0)
-            dq_atomic_add<DP, BNK>(p, dss + ((it - 1) & 1) * BNK * BMQ, ks, qa + ((it - 1) % nqt) * BMQ,
-                                   (int64_t)b * p.Hq + hk * p.G + (it - 1) / nqt, w, lane);
+        if (dq_atomic && it > 0) {
+            const int4 pr = FLEX ? steps[(it - 1) % 3] : step(it - 1);
+            dq_atomic_add<DP, BNK>(p, dss + ((it - 1) & 1) * BNK * BMQ, ks, pr.y, (int64_t)b * p.Hq + pr.x, w, lane);
+        }
         const lk_bf16_t *qt = qs + st * BMQ * DP, *gt = gs + st * BMQ * DP;
         const float *lt = ls + st * BMQ, *dt = dl + st * BMQ;
         const int *lot = los + st * BMQ, *hit = his + st * BMQ;
@@ -481,7 +550,16 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
         }
         /* P^T = exp(score - lse), kept as the bf16 A operand of dV += P^T dO (with softcap
          * its slope beside it): S^T's registers are free before dP^T's are taken */
-        const bool full = q0 + BMQ <= p.Sq && lot[BMQ - 1] <= k0 && hit[0] >= k0 + BNK;
+        const bool full = FLEX ? cur.z < 0 : q0 + BMQ <= p.Sq && lot[BMQ - 1] <= k0 && hit[0] >= k0 + BNK;
+        uint64_t kseen[2] = {0, 0};   /* FLEX: this lane's two keys against the step's rows, from column 2·t4 */
+        if (FLEX && !full) {
+            const uint32_t *fb = p.fx.bits + (int64_t)cur.z * LK_FLEX_TILE_WORDS + LK_FLEX_TILE * LK_FLEX_WORDS +
+                                 (q0 % LK_FLEX_TILE) / 32;
+#pragma unroll
+            for (int x = 0; x < 2; x++)
+                kseen[x] = *reinterpret_cast<const uint64_t *>(
+                               fb + (k0 % LK_FLEX_TILE + kr0 + g + 8 * x) * LK_FLEX_WORDS) >> (2 * t4);
+        }
         uint32_t pp[BMQ / 16][4], pf[CAP ? BMQ / 16 : 1][4];
 #pragma unroll
         for (int j = 0; j < NQ; j++) {
@@ -489,7 +567,7 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
             const float2 L = *reinterpret_cast<const float2 *>(lt + c);
             const float L2[2] = {L.x == -INFINITY ? INFINITY : L.x * LOG2E, L.y == -INFINITY ? INFINITY : L.y * LOG2E};
             int lo2[2] = {0, 0}, hi2[2] = {0, 0};
-            if (!full) {
+            if (!full && !FLEX) {
                 const int2 l = *reinterpret_cast<const int2 *>(lot + c), u = *reinterpret_cast<const int2 *>(hit + c);
                 lo2[0] = l.x, lo2[1] = l.y, hi2[0] = u.x, hi2[1] = u.y;
             }
@@ -500,7 +578,8 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
                 float x = s[j][e];
                 if (CAP) x = capped(x, p, &f[e]);
                 float pv = lk_ex2(fmaf(x, c2, -L2[x1]));
-                if (!full && (key < lo2[x1] || key >= hi2[x1])) pv = 0.0f;
+                if (!full && (FLEX ? !((kseen[e >> 1] >> (8 * j + x1)) & 1u) : key < lo2[x1] || key >= hi2[x1]))
+                    pv = 0.0f;
                 s[j][e] = pv;
             }
             /* the C layout of n-tile j is half of the A layout of k16 step j / 2 */
@@ -570,8 +649,8 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
     }
     if (dq_atomic && n > 0) {
         __syncthreads();   /* the last dS^T */
-        dq_atomic_add<DP, BNK>(p, dss + ((n - 1) & 1) * BNK * BMQ, ks, qa + ((n - 1) % nqt) * BMQ,
-                               (int64_t)b * p.Hq + hk * p.G + (n - 1) / nqt, w, lane);
+        const int4 pr = FLEX ? steps[(n - 1) % 3] : step(n - 1);
+        dq_atomic_add<DP, BNK>(p, dss + ((n - 1) & 1) * BNK * BMQ, ks, pr.y, (int64_t)b * p.Hq + pr.x, w, lane);
     }
     cp_wait<0>();
 #pragma unroll
@@ -589,8 +668,9 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
 }
 
 /* Deterministic dQ: a block takes 64 query rows of one (b, h) (4 warps of 16), walks
- * their keys in BN tiles like the forward and keeps dQ in registers. */
-template <int DP>
+ * their keys in BN tiles like the forward and keeps dQ in registers. FLEX as the forward:
+ * the mask's tiles, partial ones masked by their bits by row. */
+template <int DP, bool FLEX>
 static __global__ void __launch_bounds__(128, 1) fa2_dq(const fa_args p) {
     constexpr int NT = 128, NS = BN / 8, ND = DP / 8;
     extern __shared__ uint4 smem_[];
@@ -613,19 +693,29 @@ static __global__ void __launch_bounds__(128, 1) fa2_dq(const fa_args p) {
         const int r = rw + g + 8 * hh;
         lo[hh] = hi[hh] = 0, L2[hh] = INFINITY, dl[hh] = 0.0f;
         if (r < nq) {
-            row_iv(p, q0 + r, lo[hh], hi[hh]);
+            if (!FLEX) row_iv(p, q0 + r, lo[hh], hi[hh]);
             const float L = p.lse[(int64_t)bh * p.Sq + q0 + r];
             L2[hh] = L == -INFINITY ? INFINITY : L * LOG2E;
             dl[hh] = p.delta[(int64_t)bh * p.Sq + q0 + r];
         }
     }
-    int klo, minhi, maxlo, khi;
-    row_iv(p, q0, klo, minhi);
-    row_iv(p, q0 + nq - 1, maxlo, khi);
-    const int ntiles = khi > klo ? (khi - klo + BN - 1) / BN : 0;
+    int klo = 0, minhi = 0, maxlo = 0, khi = 0, ntiles, fpart = 0;
+    const int32_t *fidx = nullptr, *fbit = nullptr;
+    if (FLEX) {
+        const int64_t row = (int64_t)lk_flex_pattern(&p.fx, b, h) * p.fx.nq + q0 / LK_FLEX_TILE;
+        fpart = p.fx.kv_cnt[2 * row];
+        ntiles = 2 * (fpart + p.fx.kv_cnt[2 * row + 1]);
+        fidx = p.fx.kv_idx + row * p.fx.nk, fbit = p.fx.kv_bit + row * p.fx.nk;
+    } else {
+        row_iv(p, q0, klo, minhi);
+        row_iv(p, q0 + nq - 1, maxlo, khi);
+        ntiles = khi > klo ? (khi - klo + BN - 1) / BN : 0;
+    }
+    auto key0 = [&](int t) { return FLEX ? fidx[t >> 1] * LK_FLEX_TILE + (t & 1) * BN : klo + t * BN; };
     if (ntiles > 0) {
-        load_tile<DP, NT, BN>(ks, kg + (int64_t)klo * p.D, p.D, min(BN, p.Skv - klo), p.D, p.vec);
-        load_tile<DP, NT, BN>(vs, vg + (int64_t)klo * p.D, p.D, min(BN, p.Skv - klo), p.D, p.vec);
+        const int ka = key0(0);
+        load_tile<DP, NT, BN>(ks, kg + (int64_t)ka * p.D, p.D, min(BN, p.Skv - ka), p.D, p.vec);
+        load_tile<DP, NT, BN>(vs, vg + (int64_t)ka * p.D, p.D, min(BN, p.Skv - ka), p.D, p.vec);
     }
     cp_commit();
     const float c2 = p.cap > 0.0f ? LOG2E : p.scale * LOG2E;
@@ -633,11 +723,11 @@ static __global__ void __launch_bounds__(128, 1) fa2_dq(const fa_args p) {
 #pragma unroll
     for (int n = 0; n < ND; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
     for (int t = 0; t < ntiles; t++) {
-        const int k0 = klo + t * BN;
+        const int k0 = key0(t);
         cp_wait<0>();
         __syncthreads();   /* tile t in for every thread; tile t-1's stage free */
         if (t + 1 < ntiles) {
-            const int k1 = k0 + BN, st = (t + 1) & 1;
+            const int k1 = key0(t + 1), st = (t + 1) & 1;
             load_tile<DP, NT, BN>(ks + st * BN * DP, kg + (int64_t)k1 * p.D, p.D, min(BN, p.Skv - k1), p.D, p.vec);
             load_tile<DP, NT, BN>(vs + st * BN * DP, vg + (int64_t)k1 * p.D, p.D, min(BN, p.Skv - k1), p.D, p.vec);
         }
@@ -662,7 +752,15 @@ static __global__ void __launch_bounds__(128, 1) fa2_dq(const fa_args p) {
                 mma(dp[2 * np], ag, bb[0], bb[1]), mma(dp[2 * np + 1], ag, bb[2], bb[3]);
             }
         }
-        const bool full = k0 >= maxlo && k0 + BN <= minhi;
+        const bool full = FLEX ? (t >> 1) >= fpart : k0 >= maxlo && k0 + BN <= minhi;
+        uint64_t seen[2] = {0, 0};   /* FLEX: the two rows' 64 keys, from this lane's column on */
+        if (FLEX && !full) {
+            const uint32_t *fb = p.fx.bits + (int64_t)fbit[t >> 1] * LK_FLEX_TILE_WORDS + (t & 1) * 2;
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++)
+                seen[hh] = *reinterpret_cast<const uint64_t *>(fb + (q0 % LK_FLEX_TILE + rw + g + 8 * hh) *
+                                                                         LK_FLEX_WORDS) >> (2 * t4);
+        }
 #pragma unroll
         for (int n = 0; n < NS; n++)
 #pragma unroll
@@ -671,7 +769,8 @@ static __global__ void __launch_bounds__(128, 1) fa2_dq(const fa_args p) {
                 float x = s[n][e], f = 1.0f;
                 if (p.cap > 0.0f) x = capped(x, p, &f);
                 float pv = lk_ex2(fmaf(x, c2, -L2[hh]));
-                if (!full && (key < lo[hh] || key >= hi[hh])) pv = 0.0f;
+                if (!full && (FLEX ? !((seen[hh] >> (8 * n + (e & 1))) & 1u) : key < lo[hh] || key >= hi[hh]))
+                    pv = 0.0f;
                 dp[n][e] = pv * (dp[n][e] - dl[hh]) * f;
             }
 #pragma unroll
@@ -766,7 +865,8 @@ static lk_status launch_fwd(const fa_args &p, cudaStream_t st) {
     constexpr int BM = 16 * MT * WARPS;
     static_assert(BM == 128, "fwd_smem assumes 128 query rows a block");
     const size_t sh = fwd_smem(DP);
-    void (*kern)(const fa_args) = p.cap > 0.0f ? fa2_fwd<DP, WARPS, MT, true> : fa2_fwd<DP, WARPS, MT, false>;
+    void (*kern)(const fa_args) = p.flex ? (p.cap > 0.0f ? fa2_fwd<DP, WARPS, MT, true, true> : fa2_fwd<DP, WARPS, MT, false, true>)
+                                         : (p.cap > 0.0f ? fa2_fwd<DP, WARPS, MT, true, false> : fa2_fwd<DP, WARPS, MT, false, false>);
     lk_status s = allow_smem(kern, sh);
     if (s) return s;
     const dim3 grid = grid_of(p, (p.Sq + BM - 1) / BM, (int64_t)p.B * p.Hq);
@@ -794,21 +894,25 @@ static int fits(const lk_attention_args *a, int backward) {
     return hw->cuda_smem_per_block == 0 || need <= hw->cuda_smem_per_block;
 }
 
+static lk_status run_fwd(const fa_args &p, cudaStream_t st) {
+    return p.D <= 64 ? launch_fwd<64, 4, 2>(p, st) : p.D <= 128 ? launch_fwd<128, 4, 2>(p, st)
+                                                                 : launch_fwd<256, 8, 1>(p, st);
+}
+
 static lk_status forward(const lk_attention_args *a, lk_ctx *ctx) {
     if (a->q.dtype != LK_BF16 || !fits(a, 0)) return lk_attention_flash_cuda_backend.forward(a, ctx);
     fa_args p;
     lk_status s = args_of(a, ctx, &p);
     if (s || p.Sq == 0 || p.B * p.Hq == 0) return s;
-    cudaStream_t st = (cudaStream_t)ctx->stream;
-    return p.D <= 64 ? launch_fwd<64, 4, 2>(p, st) : p.D <= 128 ? launch_fwd<128, 4, 2>(p, st)
-                                                                 : launch_fwd<256, 8, 1>(p, st);
+    return run_fwd(p, (cudaStream_t)ctx->stream);
 }
 
 template <int DP, int DW>
 static lk_status launch_bwd(const fa_args &p, int det, cudaStream_t st) {
     constexpr int BNK = 16 * 8 / DW;
     const size_t sh = dkv_smem(DP);
-    void (*kern)(const fa_args, int) = p.cap > 0.0f ? fa2_dkv<DP, DW, true> : fa2_dkv<DP, DW, false>;
+    void (*kern)(const fa_args, int) = p.flex ? (p.cap > 0.0f ? fa2_dkv<DP, DW, true, true> : fa2_dkv<DP, DW, false, true>)
+                                              : (p.cap > 0.0f ? fa2_dkv<DP, DW, true, false> : fa2_dkv<DP, DW, false, false>);
     lk_status s = allow_smem(kern, sh);
     if (s) return s;
     if (p.Skv > 0) {
@@ -818,9 +922,10 @@ static lk_status launch_bwd(const fa_args &p, int det, cudaStream_t st) {
     }
     if (det) {
         const size_t shq = dq_smem(DP);
-        if ((s = allow_smem(fa2_dq<DP>, shq))) return s;
+        void (*dq)(const fa_args) = p.flex ? fa2_dq<DP, true> : fa2_dq<DP, false>;
+        if ((s = allow_smem(dq, shq))) return s;
         const dim3 grid = grid_of(p, (p.Sq + BMQ - 1) / BMQ, (int64_t)p.B * p.Hq);
-        fa2_dq<DP><<<grid, 128, shq, st>>>(p);
+        dq<<<grid, 128, shq, st>>>(p);
         LK_CUDA_LAUNCHED("attention: flash_attention_2 (cuda) dq");
     } else {
         const int64_t n = (int64_t)p.B * p.Hq * p.Sq * p.D;
@@ -831,11 +936,18 @@ static lk_status launch_bwd(const fa_args &p, int det, cudaStream_t st) {
     return LK_OK;
 }
 
+static lk_status run_bwd(const lk_attention_args *a, lk_ctx *ctx, fa_args &p);
+
 static lk_status backward(const lk_attention_args *a, lk_ctx *ctx) {
     if (a->q.dtype != LK_BF16 || !fits(a, 1)) return lk_attention_flash_cuda_backend.backward(a, ctx);
     fa_args p;
     lk_status s = args_of(a, ctx, &p);
     if (s || p.Sq == 0 || p.B * p.Hq == 0) return s;
+    return run_bwd(a, ctx, p);
+}
+
+static lk_status run_bwd(const lk_attention_args *a, lk_ctx *ctx, fa_args &p) {
+    lk_status s;
     cudaStream_t st = (cudaStream_t)ctx->stream;
     const int det = a->deterministic, sinks = a->s_aux.data && a->ds_aux.data;
     const size_t rows = lk_attn_lse_bytes(a);
@@ -856,4 +968,141 @@ static lk_status backward(const lk_attention_args *a, lk_ctx *ctx) {
 
 extern "C" const lk_attention_vtable lk_attention_fa2_cuda_backend = {
     LK_ATTENTION_VTABLE_VERSION, saved_bytes, workspace_bytes, forward, backward, NULL,
+};
+
+/* --- flex_attention: the BlockMask's tiles on the same kernels --------------------------
+ * The mask is planned (flex_plan.c) and copied to the GPU on its first call there, then
+ * kept in its `gpu` member until lk_block_mask_free; a standard family's bits are made
+ * on the device by flex_bits from the family's parameters. The mask alone says what is
+ * seen (causal and window options are ignored, as on the CPU); softcap comes as the
+ * option or as score_mod lk_score_mod_softcap. */
+
+typedef struct {
+    struct lk_block_mask_gpu base;
+    int device;
+    void *mem;
+    lk_flex_map map;
+} flex_gpu;
+
+static void flex_release(struct lk_block_mask_gpu *g) {
+    cudaFree(((flex_gpu *)g)->mem);
+    free(g);
+}
+
+/* Each partial tile's bits from the family's program: a warp's ballot a word, by row then
+ * by key (flex_plan.h). */
+static __global__ void __launch_bounds__(256) flex_bits(const __grid_constant__ lk_flex_prog prog,
+                                                       const int32_t *data, const int32_t *tile_of, int H, int Q_LEN,
+                                                       int KV_LEN, uint32_t *bits) {
+    constexpr int TW = LK_FLEX_TILE * LK_FLEX_WORDS;
+    const int t = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31, b = tile_of[3 * t] / H;
+    const int64_t q0 = (int64_t)tile_of[3 * t + 1] * LK_FLEX_TILE, k0 = (int64_t)tile_of[3 * t + 2] * LK_FLEX_TILE;
+    uint32_t *out = bits + (int64_t)t * LK_FLEX_TILE_WORDS;
+    for (int u = w; u < 2 * TW; u += 8) {
+        const int by_key = u >= TW, v = u - by_key * TW, r = v / LK_FLEX_WORDS, c = (v % LK_FLEX_WORDS) * 32 + lane;
+        const int64_t i = q0 + (by_key ? c : r), j = k0 + (by_key ? r : c);
+        const int seen = i < Q_LEN && j < KV_LEN && lk_flex_eval(&prog, data, b, i, j);
+        const uint32_t word = __ballot_sync(0xffffffffu, seen);
+        if (lane == 0) out[u] = word;
+    }
+}
+
+/* The mask's tiles on this GPU: planned and copied on the first call, then the same. */
+static lk_status flex_map_of(const lk_block_mask *m, cudaStream_t st, lk_flex_map *out) {
+    int dev;
+    LK_CUDA_TRY(cudaGetDevice(&dev));
+    if (m->gpu) {
+        const flex_gpu *g = (const flex_gpu *)m->gpu;
+        if (g->device != dev)
+            return lk_error(LK_EINVAL, "attention: block_mask: expected the GPU it was first used on (%d), got GPU "
+                            "%d (one mask a device: build another)", g->device, dev);
+        *out = g->map;
+        return LK_OK;
+    }
+    lk_flex_plan pl;
+    lk_status s = lk_flex_plan_make(m, &pl);
+    if (s) return s;
+    const size_t lists = up(pl.list_words * 4), bits = (size_t)pl.ntiles * LK_FLEX_TILE_WORDS * 4;
+    const size_t data = (size_t)pl.ndata * 4;
+    flex_gpu *g = (flex_gpu *)calloc(1, sizeof *g);
+    char *mem = NULL;
+    if (!g || cudaMalloc((void **)&mem, lists + bits + data + 4) != cudaSuccess) {
+        free(g);
+        lk_flex_plan_free(&pl);
+        cudaGetLastError();
+        return lk_error(LK_ENOMEM, "attention: block_mask: no room on the GPU for its %zu bytes of tiles and bits",
+                        lists + bits + data);
+    }
+    /* from pageable memory: each copy is staged before it returns, so the plan may go */
+    cudaError_t e = cudaMemcpyAsync(mem, pl.buf, pl.list_words * 4, cudaMemcpyHostToDevice, st);
+    if (e == cudaSuccess && !pl.has_prog && bits)
+        e = cudaMemcpyAsync(mem + lists, pl.map.bits, bits, cudaMemcpyHostToDevice, st);
+    if (e == cudaSuccess && pl.has_prog && data)
+        e = cudaMemcpyAsync(mem + lists + bits, pl.data, data, cudaMemcpyHostToDevice, st);
+    const int32_t *base = (const int32_t *)mem;
+    if (e == cudaSuccess && pl.has_prog && pl.ntiles > 0) {
+        flex_bits<<<(unsigned)pl.ntiles, 256, 0, st>>>(pl.prog, (const int32_t *)(mem + lists + bits),
+                                                       base + (pl.tile_of - pl.buf), (int)m->H, (int)m->Q_LEN,
+                                                       (int)m->KV_LEN, (uint32_t *)(mem + lists));
+        e = cudaGetLastError();
+    }
+    if (e != cudaSuccess) {
+        cudaFree(mem);
+        free(g);
+        lk_flex_plan_free(&pl);
+        return lk_error(LK_EDEVICE, "attention: block_mask: copying it to the GPU: %s", cudaGetErrorString(e));
+    }
+    lk_flex_map x = pl.map;
+    x.kv_cnt = base + (pl.map.kv_cnt - pl.buf), x.kv_idx = base + (pl.map.kv_idx - pl.buf);
+    x.kv_bit = base + (pl.map.kv_bit - pl.buf), x.q_cnt = base + (pl.map.q_cnt - pl.buf);
+    x.q_idx = base + (pl.map.q_idx - pl.buf), x.q_bit = base + (pl.map.q_bit - pl.buf);
+    x.bits = (const uint32_t *)(mem + lists);
+    lk_flex_plan_free(&pl);
+    g->base.release = flex_release, g->device = dev, g->mem = mem, g->map = x;
+    ((lk_block_mask *)m)->gpu = &g->base;   /* the mask's cache (block_mask.h): immutable after first use */
+    *out = x;
+    return LK_OK;
+}
+
+/* What these kernels cannot run: an error naming it, before anything is written. */
+static lk_status flex_supports(const lk_attention_args *a, int backward) {
+    if (!fits(a, backward))
+        return lk_error(LK_EUNAVAILABLE, "attention: D: flex_attention on this GPU takes a head dim up to 128 "
+                        "(the shared memory of D 256's tiles is not there), got %lld", (long long)a->q.shape[3]);
+    if (a->score_mod.fn && a->score_mod.fn != lk_score_mod_softcap)
+        return lk_error(LK_EUNAVAILABLE, "attention: score_mod: flex_attention on CUDA takes none or "
+                        "lk_score_mod_softcap (ALiBi and other host functions: the CPU's flex_attention), got "
+                        "another function");
+    if (a->score_mod.fn && a->softcap > 0.0f)
+        return lk_error(LK_EINVAL, "attention: score_mod: expected softcap once, as score_mod or as the softcap "
+                        "option, got both");
+    return LK_OK;
+}
+
+/* The kernels' arguments for a flex call: the mask's tiles instead of the visibility options. */
+static lk_status flex_args(const lk_attention_args *a, lk_ctx *ctx, fa_args *p) {
+    lk_attention_args plain = *a;
+    plain.causal = 0, plain.window_left = plain.window_right = 0;
+    lk_status s = args_of(&plain, ctx, p);
+    if (s) return s;
+    p->head_major = (int64_t)p->B * p->Hq > 65535;
+    if (a->score_mod.fn) p->cap = *(const float *)a->score_mod.ctx;
+    p->flex = 1;
+    return flex_map_of(a->block_mask, (cudaStream_t)ctx->stream, &p->fx);
+}
+
+static lk_status flex_forward(const lk_attention_args *a, lk_ctx *ctx) {
+    fa_args p;
+    lk_status s = flex_args(a, ctx, &p);
+    return s ? s : run_fwd(p, (cudaStream_t)ctx->stream);
+}
+
+static lk_status flex_backward(const lk_attention_args *a, lk_ctx *ctx) {
+    fa_args p;
+    lk_status s = flex_args(a, ctx, &p);
+    return s ? s : run_bwd(a, ctx, p);
+}
+
+extern "C" const lk_attention_vtable lk_attention_fa2_flex_cuda_backend = {
+    LK_ATTENTION_VTABLE_VERSION, saved_bytes, workspace_bytes, flex_forward, flex_backward, flex_supports,
 };

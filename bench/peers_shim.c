@@ -204,8 +204,8 @@ lkp_call *lkp_attention(const char *impl, int backward, int dt, void *q, void *k
  * inputs, q [b, hq, s, d], k, v [b, hkv, s, d]; one untimed forward + backward, then `reps`
  * forwards and `reps` forward + backward pairs between CUDA events: ms[0] the forward's
  * mean, ms[1] the pair's. Returns an lk_status (lkp_last_error() says why). */
-int lkp_time_attention(const char *impl, int64_t b, int64_t hq, int64_t hkv, int64_t s, int64_t d, int causal,
-                       int reps, double ms[2]) {
+static int time_attention(const char *impl, int64_t b, int64_t hq, int64_t hkv, int64_t s, int64_t d, int causal,
+                          const lk_block_mask *mask, int reps, double ms[2]) {
     const lk_impl *im = impl_of(LK_OP_ATTENTION, impl);
     if (!im) return lk_error(LK_EUNAVAILABLE, "lkp_time_attention: no CUDA attention row '%s'", impl);
     const size_t nq = (size_t)(b * hq * s * d), nk = (size_t)(b * hkv * s * d), nl = (size_t)(b * hq * s);
@@ -235,6 +235,7 @@ int lkp_time_attention(const char *impl, int64_t b, int64_t hq, int64_t hkv, int
         bw = lkp_attention(impl, 1, LK_BF16, p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8], b, hq, hkv, s, d,
                            causal, NULL);
         if (!f || !bw) st = lk_error(LK_ENOMEM, "lkp_time_attention: out of host memory");
+        else f->u.attention.block_mask = bw->u.attention.block_mask = mask;
     }
     if (!st) st = lkp_run(f);
     if (!st) st = lkp_run(bw);
@@ -252,6 +253,46 @@ int lkp_time_attention(const char *impl, int64_t b, int64_t hq, int64_t hkv, int
     if (e1) cudaEventDestroy(e1);
     for (int i = 0; i < 9; i++) cudaFree(p[i]);
     free(f), free(bw);
+    return st;
+}
+
+int lkp_time_attention(const char *impl, int64_t b, int64_t hq, int64_t hkv, int64_t s, int64_t d, int causal,
+                       int reps, double ms[2]) {
+    return time_attention(impl, b, hq, hkv, s, d, causal, NULL, reps, ms);
+}
+
+/* A flex row (flex_attention) timed as lkp_time_attention under one of PEERS-H200.md's
+ * BlockMasks, head-broadcast, blocks of 128: 1 causal, 2 causal sliding window of `param`
+ * keys, 3 causal documents of random lengths in [256, param] (per batch row, from ids),
+ * 4 prefix-LM of `param` keys. *density: the visible fraction (the FLOPs' factor). */
+int lkp_time_flex(const char *impl, int64_t b, int64_t hq, int64_t hkv, int64_t s, int64_t d, int kind,
+                  int64_t param, int reps, double ms[2], double *density) {
+    lk_block_mask m = {0};
+    lk_status st = LK_OK;
+    if (kind == 1) st = lk_block_mask_causal(1, 1, s, s, 128, 128, &m);
+    else if (kind == 2) st = lk_block_mask_sliding_window(param, 1, 1, s, s, 128, 128, &m);
+    else if (kind == 4) {
+        int64_t *pre = malloc(sizeof *pre * (size_t)b);
+        for (int64_t i = 0; pre && i < b; i++) pre[i] = param;
+        st = pre ? lk_block_mask_prefix_lm(pre, b, 1, s, s, 128, 128, &m) : lk_error(LK_ENOMEM, "lkp_time_flex");
+        free(pre);
+    } else if (kind == 3) {
+        int32_t *ids = malloc(sizeof *ids * (size_t)(b * s));
+        uint32_t x = 88172645u;
+        for (int64_t r = 0; ids && r < b; r++)
+            for (int64_t i = 0, doc = 0; i < s; doc++) {
+                x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+                for (int64_t n = 256 + x % (uint32_t)(param - 255); n > 0 && i < s; n--) ids[r * s + i++] = (int32_t)doc;
+            }
+        st = ids ? lk_block_mask_document_ids(ids, 1, b, 1, s, 128, 128, &m) : lk_error(LK_ENOMEM, "lkp_time_flex");
+        free(ids);
+    } else {
+        return lk_error(LK_EINVAL, "lkp_time_flex: kind: expected 1-4, got %d", kind);
+    }
+    if (st) return st;
+    *density = lk_block_mask_density(&m);
+    st = time_attention(impl, b, hq, hkv, s, d, 0, &m, reps, ms);
+    lk_block_mask_free(&m);
     return st;
 }
 

@@ -22,10 +22,10 @@ static const lk_attention_entry flash_fa2 = {.version = LK_ATTENTION_ENTRY_VERSI
                                              .cuda = &lk_attention_fa2_cuda_backend};
 static const lk_attention_entry flash_fa2_sp = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLASH,
                                                 .sp = 1, .cuda = &lk_attention_fa2_cuda_backend};
-static const lk_attention_entry flex_fa2 = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLEX,
-                                            .cuda = &lk_attention_fa2_flex_cuda_backend};
-static const lk_attention_entry flex_fa2_sp = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLEX,
-                                               .sp = 1, .cuda = &lk_attention_fa2_flex_cuda_backend};
+static const lk_attention_entry flex_gpu = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLEX,
+                                            .cuda = &lk_attention_fa3_flex_cuda_backend};
+static const lk_attention_entry flex_gpu_sp = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLEX,
+                                               .sp = 1, .cuda = &lk_attention_fa3_flex_cuda_backend};
 static const lk_attention_entry fa3 = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLASH,
                                        .cuda = &lk_attention_fa3_cuda_backend};
 static const lk_attention_entry fa3_sp = {.version = LK_ATTENTION_ENTRY_VERSION, .adapter = LK_ATTN_FLASH, .sp = 1,
@@ -86,13 +86,14 @@ static const lk_impl rows[] = {
     },
     {
         .op = LK_OP_ATTENTION, .name = "flex_attention", .device = LK_DEVICE_CUDA,
-        .needs = {.min_cc = 80, .dtypes = LK_DTYPE_BIT(LK_BF16)}, .vtable = &flex_fa2,
-        .summary = "block-sparse over a BlockMask on flash_attention_2's kernels (bf16, D <= 256): empty tiles "
-                   "skipped, full ones unmasked, partial ones by bits; families evaluated on the device",
+        .needs = {.min_cc = 80, .dtypes = LK_DTYPE_BIT(LK_BF16)}, .vtable = &flex_gpu,
+        .summary = "block-sparse over a BlockMask (bf16): empty tiles skipped, full ones unmasked, partial ones by "
+                   "bits made on the device for the standard families; Hopper's forward (D <= 128), else "
+                   "flash_attention_2's kernels",
     },
     {
         .op = LK_OP_ATTENTION, .name = "llmkern_flex_attention_with_sp", .device = LK_DEVICE_CUDA,
-        .needs = {.min_cc = 80, .dtypes = LK_DTYPE_BIT(LK_BF16), .sp_aware = 1}, .vtable = &flex_fa2_sp,
+        .needs = {.min_cc = 80, .dtypes = LK_DTYPE_BIT(LK_BF16), .sp_aware = 1}, .vtable = &flex_gpu_sp,
         .summary = "SP-aware flex_attention: Ulysses over an NCCL group around the BlockMask kernels",
     },
     {

@@ -1008,7 +1008,8 @@ static __global__ void __launch_bounds__(256) flex_bits(const __grid_constant__ 
 }
 
 /* The mask's tiles on this GPU: planned and copied on the first call, then the same. */
-static lk_status flex_map_of(const lk_block_mask *m, cudaStream_t st, lk_flex_map *out) {
+extern "C" lk_status lk_attn_flex_map(const lk_block_mask *m, void *stream, lk_flex_map *out) {
+    cudaStream_t st = (cudaStream_t)stream;
     int dev;
     LK_CUDA_TRY(cudaGetDevice(&dev));
     if (m->gpu) {
@@ -1088,7 +1089,7 @@ static lk_status flex_args(const lk_attention_args *a, lk_ctx *ctx, fa_args *p) 
     p->head_major = (int64_t)p->B * p->Hq > 65535;
     if (a->score_mod.fn) p->cap = *(const float *)a->score_mod.ctx;
     p->flex = 1;
-    return flex_map_of(a->block_mask, (cudaStream_t)ctx->stream, &p->fx);
+    return lk_attn_flex_map(a->block_mask, ctx->stream, &p->fx);
 }
 
 static lk_status flex_forward(const lk_attention_args *a, lk_ctx *ctx) {

@@ -32,6 +32,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include "core/cuda_check.h"
+#include "ops/attention/flex_plan.h"
 #include "ops/attention/hopper.cuh"
 #include "ops/attention/internal.h"
 #include "ops/attention/visible.cuh"
@@ -57,6 +58,7 @@ typedef struct {
     lk_attn_vis vis;
     const float *sink;    /* [Hq] or NULL */
     int reverse;          /* causal: launch the longest query tiles first */
+    lk_flex_map fx;       /* flex_attention: the BlockMask's tiles on the device (flex_plan.h) */
 } fwd_geom;
 
 
@@ -70,17 +72,31 @@ static __device__ __forceinline__ void sched_signal(int cg) {
 
 /* The online softmax of one tile of scores in place: sc becomes the unnormalized
  * probabilities (f32), m the rows' running max (log2 units), alpha the factor the rows'
- * earlier sums and outputs take, sum this lane's share of the tile's row sums. */
-template <int BN>
+ * earlier sums and outputs take, sum this lane's share of the tile's row sums. FLEX: a
+ * partial tile's bits (fb: this thread's first row, the second 8 rows on; NULL when the
+ * tile is full) hide what [lo, hi) would. */
+template <int BN, bool FLEX>
 static __device__ __forceinline__ void softmax_tile(float *sc, float *m, float *alpha, float *sum, int k0, int maxlo,
-                                                    int minhi, const int *lo, const int *hi, int lane,
-                                                    const fwd_geom &g) {
+                                                    int minhi, const int *lo, const int *hi, const uint32_t *fb,
+                                                    int lane, const fwd_geom &g) {
     if (g.cap > 0.0f) {   /* softcap: the scores themselves in log2 units */
 #pragma unroll
         for (int e = 0; e < BN / 2; e++) sc[e] = g.cap2 * tanhf(sc[e] * g.scale / g.cap);
     }
     const float mul = g.cap > 0.0f ? 1.0f : g.scale2;   /* raw scores: log2 units after one FFMA */
-    if (!(maxlo <= k0 && minhi >= k0 + BN)) {           /* some row does not see the whole tile */
+    if (FLEX && fb) {   /* element e: word e / 16 of its row, bit 8 ((e / 4) % 4) + (e & 1) past the lane's 2 (lane % 4) */
+        static_assert(BN == LK_FLEX_TILE, "a key tile is a mask tile");
+        uint32_t wr[2][4];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const uint4 u = *reinterpret_cast<const uint4 *>(fb + 8 * r * LK_FLEX_WORDS);
+            wr[r][0] = u.x >> (2 * (lane % 4)), wr[r][1] = u.y >> (2 * (lane % 4));
+            wr[r][2] = u.z >> (2 * (lane % 4)), wr[r][3] = u.w >> (2 * (lane % 4));
+        }
+#pragma unroll
+        for (int e = 0; e < BN / 2; e++)
+            if (!((wr[(e >> 1) & 1][e / 16] >> (8 * ((e / 4) % 4) + (e & 1))) & 1u)) sc[e] = -INFINITY;
+    } else if (!FLEX && !(maxlo <= k0 && minhi >= k0 + BN)) {   /* some row does not see the whole tile */
 #pragma unroll
         for (int e = 0; e < BN / 2; e++) {
             const int r = (e >> 1) & 1, j = k0 + 8 * (e / 4) + 2 * (lane % 4) + (e & 1);
@@ -114,7 +130,7 @@ static __device__ __forceinline__ void softmax_tile(float *sc, float *m, float *
 /* Consumer registers are indexed only by unrolled constants: fragment element e of an
  * m64nN accumulator is row (e & 2 ? 8 : 0) + lane / 4 of the warp's 16, column
  * 8 (e / 4) + 2 (lane % 4) + (e & 1). */
-template <int DP, int BN>
+template <int DP, int BN, bool FLEX>
 __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CUtensorMap tq,
                                                       const __grid_constant__ CUtensorMap tk,
                                                       const __grid_constant__ CUtensorMap tv, lk_bf16_t *out,
@@ -134,12 +150,21 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
     const int nqt = (int)((g.Sq + BM - 1) / BM);
     const int qt = g.reverse ? nqt - 1 - (int)blockIdx.x : (int)blockIdx.x, i0 = qt * BM;
 
-    /* the key tiles any row of the block sees, and the keys all of its rows see */
-    const int last = (int)min((int64_t)i0 + BM, g.Sq) - 1;
-    int kmin, maxlo, minhi, kmax;
-    lk_attn_row_iv(g.vis, i0, kmin, minhi);
-    lk_attn_row_iv(g.vis, last, maxlo, kmax);
-    const int t0 = kmax > kmin ? kmin / BN : 0, nt = kmax > kmin ? (kmax + BN - 1) / BN - t0 : 0;
+    /* the key tiles any row of the block sees, and the keys all of its rows see; FLEX: the
+     * mask's partial tiles, then its full ones */
+    int kmin = 0, maxlo = 0, minhi = 0, kmax = 0, t0 = 0, nt, fpart = 0;
+    const int32_t *fidx = nullptr, *fbit = nullptr;
+    if (FLEX) {
+        static_assert(!FLEX || (BM == LK_FLEX_TILE && BN == LK_FLEX_TILE), "a block's tiles are the mask's");
+        const int64_t row = (int64_t)lk_flex_pattern(&g.fx, (int)b, (int)h) * g.fx.nq + qt;
+        fpart = g.fx.kv_cnt[2 * row], nt = fpart + g.fx.kv_cnt[2 * row + 1];
+        fidx = g.fx.kv_idx + row * g.fx.nk, fbit = g.fx.kv_bit + row * g.fx.nk;
+    } else {
+        const int last = (int)min((int64_t)i0 + BM, g.Sq) - 1;
+        lk_attn_row_iv(g.vis, i0, kmin, minhi);
+        lk_attn_row_iv(g.vis, last, maxlo, kmax);
+        t0 = kmax > kmin ? kmin / BN : 0, nt = kmax > kmin ? (kmax + BN - 1) / BN - t0 : 0;
+    }
 
     if (tid == 0) {
         mbar_init(qfull, 1);
@@ -155,7 +180,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
             mbar_expect_tx(qfull, NC * QB);
             for (int c = 0; c < NC; c++) tma_load(sq + c * QB, &tq, qfull, c * 64, i0, zq);
             for (int it = 0; it < nt; it++) {
-                const int s = it % STAGES, k0 = (t0 + it) * BN;
+                const int s = it % STAGES, k0 = FLEX ? fidx[it] * BN : (t0 + it) * BN;
                 if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
                 mbar_expect_tx(&kfull[s], NC * KB);
                 for (int c = 0; c < NC; c++) tma_load(sk + (s * NC + c) * KB, &tk, &kfull[s], c * 64, k0, zk);
@@ -173,8 +198,12 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
     for (int r = 0; r < 2; r++) {
         const int i = i0 + rw + 8 * r;
         lo[r] = hi[r] = 0;
-        if (i < g.Sq) lk_attn_row_iv(g.vis, i, lo[r], hi[r]);
+        if (!FLEX && i < g.Sq) lk_attn_row_iv(g.vis, i, lo[r], hi[r]);
     }
+    /* FLEX: tile it's bits from this thread's first row, or NULL for a full tile */
+    auto bits_of = [&](int it) -> const uint32_t * {
+        return FLEX && it < fpart ? g.fx.bits + (int64_t)fbit[it] * LK_FLEX_TILE_WORDS + rw * LK_FLEX_WORDS : nullptr;
+    };
     const float sink2 = g.sink ? g.sink[h] * LOG2E : -INFINITY;
     /* the sink joins each row as a logit with no value: counted once, by the quad's lane 0 */
     const float l0 = g.sink && lane % 4 == 0 ? 1.0f : 0.0f;
@@ -200,7 +229,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
         sched_signal(1 - cg);
         wgmma_wait<0>();
         fence_regs<BN / 2>(sc);
-        softmax_tile<BN>(sc, m, alpha, sum, t0 * BN, maxlo, minhi, lo, hi, lane, g);
+        softmax_tile<BN, FLEX>(sc, m, alpha, sum, t0 * BN, maxlo, minhi, lo, hi, bits_of(0), lane, g);
 #pragma unroll
         for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
         pack_a<BN>(sc, p);
@@ -218,7 +247,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
             sched_signal(1 - cg);
             wgmma_wait<1>();
             fence_regs<BN / 2>(sc);
-            softmax_tile<BN>(sc, m, alpha, sum, (t0 + it) * BN, maxlo, minhi, lo, hi, lane, g);
+            softmax_tile<BN, FLEX>(sc, m, alpha, sum, (t0 + it) * BN, maxlo, minhi, lo, hi, bits_of(it), lane, g);
             wgmma_wait<0>();
             fence_regs<DP / 2>(o);
             mbar_arrive(&empty[sp]);
@@ -301,31 +330,40 @@ static size_t fwd_smem(void) {
     return 1024 + (size_t)(DP / 64) * (BM + 2 * st * BN) * 128 + 8 * (1 + 3 * st);
 }
 
-template <int DP, int BN>
+template <int DP, int BN, bool FLEX>
 static lk_status launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
                         const lk_attention_args *a, const lk_attn_dims *d, const fwd_geom &g, cudaStream_t st) {
     const size_t sh = fwd_smem<DP, BN>();
-    LK_CUDA_TRY(cudaFuncSetAttribute(fa3_fwd<DP, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
+    LK_CUDA_TRY(cudaFuncSetAttribute(fa3_fwd<DP, BN, FLEX>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
     dim3 grid((unsigned)((d->Sq + BM - 1) / BM), (unsigned)(d->B * d->Hq));
-    fa3_fwd<DP, BN><<<grid, THREADS, sh, st>>>(tq, tk, tv, (lk_bf16_t *)a->out.data, (float *)a->saved.data, g);
+    fa3_fwd<DP, BN, FLEX><<<grid, THREADS, sh, st>>>(tq, tk, tv, (lk_bf16_t *)a->out.data, (float *)a->saved.data, g);
     LK_CUDA_LAUNCHED("attention: flash_attention_3 forward");
     return LK_OK;
 }
 
-static lk_status forward(const lk_attention_args *a, lk_ctx *ctx) {
-    if (!hopper_takes(a)) return fa2->forward(a, ctx);
+/* The forward of the flash row, or with flex of the flex row (the BlockMask's tiles
+ * instead of the visibility options; softcap as the option or as score_mod). */
+static lk_status run_forward(const lk_attention_args *a, lk_ctx *ctx, int flex) {
     lk_attn_dims d = lk_attn_dims_of(a);
     cudaStream_t st = (cudaStream_t)ctx->stream;
-    fwd_geom g = {d.Sq, d.Skv, d.Hq, d.Hkv, d.G, (int)d.D, d.scale * LOG2E, d.scale, a->softcap,
-                  a->softcap * LOG2E, {}, (const float *)a->s_aux.data, a->causal};
+    const float cap = flex && a->score_mod.fn ? *(const float *)a->score_mod.ctx : a->softcap;
+    fwd_geom g = {d.Sq, d.Skv, d.Hq, d.Hkv, d.G, (int)d.D, d.scale * LOG2E, d.scale, cap, cap * LOG2E, {},
+                  (const float *)a->s_aux.data, flex ? 0 : a->causal, {}};
     const int bn = 128;
     CUtensorMap tq, tk, tv;
     lk_status s;
-    if ((s = lk_attn_vis_make(a, ctx->arena, st, &g.vis)) || (s = tensor_map(&tq, a->q.data, d.B * d.Hq, d.Sq, d.D, BM)) ||
+    if ((s = flex ? lk_attn_flex_map(a->block_mask, st, &g.fx) : lk_attn_vis_make(a, ctx->arena, st, &g.vis)) ||
+        (s = tensor_map(&tq, a->q.data, d.B * d.Hq, d.Sq, d.D, BM)) ||
         (s = tensor_map(&tk, a->k.data, d.B * d.Hkv, d.Skv, d.D, bn)) ||
         (s = tensor_map(&tv, a->v.data, d.B * d.Hkv, d.Skv, d.D, bn)))
         return s;
-    return d.D <= 64 ? launch<64, 128>(tq, tk, tv, a, &d, g, st) : launch<128, 128>(tq, tk, tv, a, &d, g, st);
+    if (flex)
+        return d.D <= 64 ? launch<64, 128, true>(tq, tk, tv, a, &d, g, st) : launch<128, 128, true>(tq, tk, tv, a, &d, g, st);
+    return d.D <= 64 ? launch<64, 128, false>(tq, tk, tv, a, &d, g, st) : launch<128, 128, false>(tq, tk, tv, a, &d, g, st);
+}
+
+static lk_status forward(const lk_attention_args *a, lk_ctx *ctx) {
+    return hopper_takes(a) ? run_forward(a, ctx, 0) : fa2->forward(a, ctx);
 }
 
 static lk_status backward(const lk_attention_args *a, lk_ctx *ctx) {
@@ -334,4 +372,27 @@ static lk_status backward(const lk_attention_args *a, lk_ctx *ctx) {
 
 extern "C" const lk_attention_vtable lk_attention_fa3_cuda_backend = {
     LK_ATTENTION_VTABLE_VERSION, saved_bytes, workspace_bytes, forward, backward, NULL,
+};
+
+/* --- flex_attention on Hopper: the forward above under the BlockMask; what it does not
+ * take (f32, D past 128 or not a multiple of 8, unaligned tensors) and the backward run on
+ * flash_attention_2's flex kernels (fa2.cu) ------------------------------------------- */
+static const lk_attention_vtable *const fa2_flex = &lk_attention_fa2_flex_cuda_backend;
+
+/* The flex row is the same on sm_80 (min_cc 80): only a Hopper runs this file's kernel. */
+static int hopper_flex(const lk_attention_args *a) { return lk_hw_get()->cuda_cc >= 90 && hopper_takes(a); }
+
+static size_t flex_workspace(const lk_attention_args *a, int backward) {
+    return backward || !hopper_flex(a) ? fa2_flex->workspace_bytes(a, backward) : 0;
+}
+
+static lk_status flex_forward(const lk_attention_args *a, lk_ctx *ctx) {
+    return hopper_flex(a) ? run_forward(a, ctx, 1) : fa2_flex->forward(a, ctx);
+}
+
+static lk_status flex_backward(const lk_attention_args *a, lk_ctx *ctx) { return fa2_flex->backward(a, ctx); }
+static lk_status flex_supports(const lk_attention_args *a, int backward) { return fa2_flex->supports(a, backward); }
+
+extern "C" const lk_attention_vtable lk_attention_fa3_flex_cuda_backend = {
+    LK_ATTENTION_VTABLE_VERSION, saved_bytes, flex_workspace, flex_forward, flex_backward, flex_supports,
 };

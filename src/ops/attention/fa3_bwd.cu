@@ -47,6 +47,7 @@
 #include <math.h>
 #include <string.h>
 #include "core/cuda_check.h"
+#include "ops/attention/flex_plan.h"
 #include "ops/attention/grid_order.cuh"
 #include "ops/attention/hopper.cuh"
 #include "ops/attention/internal.h"
@@ -85,6 +86,7 @@ typedef struct {
     float scale, scale2;  /* scale, scale · log2e */
     int heads, nkt;       /* B·Hkv and the key blocks of each: the grid is heads·nkt blocks */
     lk_attn_order order;  /* grid_order.cuh's, for heads x nkt */
+    lk_flex_map fx;       /* flex_attention: the BlockMask's tiles on the device (flex_plan.h) */
 } bwd_geom;
 
 extern "C" void lk_attn_grid_block(lk_attn_order order, int heads, int tiles, int L, int *head, int *tile) {
@@ -200,9 +202,49 @@ static __device__ __forceinline__ void add_dqt(float *chunk, const float *dq) {
 
 #endif
 
+/* A flex block's walk: the G query heads of kv head hk in turn, each head's q tiles of mask
+ * tile kt (partial first), a tile in two steps of BMQ rows. Only the producer walks (two
+ * steps ahead of the others; the dQ warpgroup's 56 registers hold no second walk): take()
+ * returns the step's head, its 64-row query tile, the bits tile (-1: full) and the half of
+ * the mask tile, which travel with the stage (the math warpgroups) and on to the dS buffer
+ * (the dQ warpgroup). The walk keeps only its position; the map comes from the geometry. */
+struct flex_walk {
+    int j, e, half, np, nall, row;   /* int: flex_plan.c keeps a map's cells under 2^29 */
+    static __device__ __forceinline__ int row_of(const lk_flex_map &fx, int b, int h, int kt) {
+        return lk_flex_pattern(&fx, b, h) * fx.nk + kt;
+    }
+    /* the next head with any tile, from j on */
+    __device__ __forceinline__ void head(const lk_flex_map &fx, int b, int hk, int G, int kt) {
+        for (; j < G; j++) {
+            row = row_of(fx, b, hk * G + j, kt), np = fx.q_cnt[2 * row], nall = np + fx.q_cnt[2 * row + 1];
+            if (nall) return;
+        }
+    }
+    static __device__ __forceinline__ int steps(const lk_flex_map &fx, int b, int hk, int G, int kt) {
+        int n = 0;
+        for (int jj = 0; jj < G; jj++) {
+            const int r = row_of(fx, b, hk * G + jj, kt);
+            n += 2 * (fx.q_cnt[2 * r] + fx.q_cnt[2 * r + 1]);
+        }
+        return n;
+    }
+    __device__ __forceinline__ int4 take(const lk_flex_map &fx, int b, int hk, int G, int kt) {
+        static_assert(LK_FLEX_TILE == 2 * BMQ, "a mask tile's rows are two steps");
+        const int4 r = make_int4(hk * G + j, 2 * fx.q_idx[row * fx.nq + e] + half,
+                                 e < np ? fx.q_bit[row * fx.nq + e] : -1, half);
+        if (++half == 2) {
+            half = 0;
+            if (++e == nall) e = 0, j++, head(fx, b, hk, G, kt);
+        }
+        return r;
+    }
+};
+
 /* Fragment element e of an m64nN accumulator is row (e & 2 ? 8 : 0) + lane / 4 of the
- * warp's 16, column 8 (e / 4) + 2 (lane % 4) + (e & 1). */
-template <int DP>
+ * warp's 16, column 8 (e / 4) + 2 (lane % 4) + (e & 1). FLEX: the steps are flex_walk's; the
+ * producer puts each step's bits tile and half where a stage's lo/hi would be, and a
+ * partial tile's elements are tested against its bits by key. */
+template <int DP, bool FLEX>
 __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CUtensorMap tq,
                                                       const __grid_constant__ CUtensorMap tk,
                                                       const __grid_constant__ CUtensorMap tv,
@@ -219,14 +261,21 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     /* dsfull [NDS]: both math warpgroups' dS written (256 arrivals); dsempty [NDS]: the dQ
      * warpgroup has read it (128) */
     uint64_t *dsfull = empty + STAGES, *dsempty = dsfull + NDS;
+    __shared__ int2 dsstep[NDS];   /* FLEX: the head and query tile of the step in each dS buffer */
 
     const int tid = threadIdx.x, wg = tid / 128;
     int bhk, kt;
     lk_attn_block_of(g.order, g.heads, g.nkt, blockIdx.x, &bhk, &kt);   /* grid_order.cuh */
     const int hk = bhk % g.Hkv, b = bhk / g.Hkv, k0 = kt * BNK;
     /* the query tiles whose rows see any of the block's keys */
-    const int qa = lk_attn_first_row(g.vis, k0, 1), qb = max(qa, lk_attn_first_row(g.vis, min(k0 + BNK, g.Skv), 0));
-    const int qt0 = qa / BMQ, nq = qb > qa ? (qb + BMQ - 1) / BMQ - qt0 : 0, n = g.G * nq;
+    int qt0 = 0, nq = 1, n;
+    if (FLEX) {
+        static_assert(!FLEX || BNK == LK_FLEX_TILE, "a block's keys are a mask tile's");
+        n = flex_walk::steps(g.fx, b, hk, g.G, kt);
+    } else {
+        const int qa = lk_attn_first_row(g.vis, k0, 1), qb = max(qa, lk_attn_first_row(g.vis, min(k0 + BNK, g.Skv), 0));
+        qt0 = qa / BMQ, nq = qb > qa ? (qb + BMQ - 1) / BMQ - qt0 : 0, n = g.G * nq;
+    }
 
     if (tid == 0) {
         mbar_init(kvfull, 1);
@@ -236,18 +285,24 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     }
     __syncthreads();
 
-    /* step it's Q, dO and stats into stage it % STAGES, once the math warpgroups have freed it */
-    auto produce = [&](const int it) {
-        const int s = it % STAGES, hh = hk * g.G + it / nq, qt = qt0 + (it % nq + kt) % nq;
+    /* step it's Q, dO and stats into stage it % STAGES, once the math warpgroups have freed it
+     * (FLEX: steps taken from the producer's walk, in order) */
+    auto produce = [&](const int it, flex_walk *fw) {
+        const int s = it % STAGES;
+        int hh = hk * g.G + it / nq, qt = qt0 + (it % nq + kt) % nq;
+        int4 fs = make_int4(0, 0, -1, 0);
+        if (FLEX) fs = fw->take(g.fx, b, hk, g.G, kt), hh = fs.x, qt = fs.y;
         const int64_t bh = (int64_t)b * g.Hq + hh;
         if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
-        mbar_expect_tx(&full[s], 2 * NC * QB + 4 * BMQ * 4);
+        if (FLEX)   /* the bits tile, the half, the head and the tile, before the arrival that publishes the stage */
+            *(int4 *)(sst + s * 4 * BMQ + 2 * BMQ) = make_int4(fs.z, fs.w, hh, qt);
+        mbar_expect_tx(&full[s], 2 * NC * QB + (FLEX ? 2 : 4) * BMQ * 4);
         for (int c = 0; c < NC; c++) {
             tma_load(sq + (s * NC + c) * QB, &tq, &full[s], c * 64, qt * BMQ, (int)bh);
             tma_load4(sdo + (s * NC + c) * QB, &tdo, &full[s], c * 64, hh, qt * BMQ, b);
         }
         bulk_load(sst + s * 4 * BMQ, g.stats + (bh * g.nqt + qt) * 2 * BMQ, 2 * BMQ * 4, &full[s]);
-        bulk_load(sst + s * 4 * BMQ + 2 * BMQ, g.rows + qt * 2 * BMQ, 2 * BMQ * 4, &full[s]);
+        if (!FLEX) bulk_load(sst + s * 4 * BMQ + 2 * BMQ, g.rows + qt * 2 * BMQ, 2 * BMQ * 4, &full[s]);
     };
     auto produce_kv = [&]() {
         mbar_expect_tx(kvfull, 2 * NC * KB);
@@ -279,18 +334,22 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     if (wg == 0) {   /* the producer and dQ warpgroup */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_DQ));
         if (n == 0) return;
+        flex_walk ahead = {0, 0, 0, 0, 0, 0};   /* FLEX: the producer's walk */
+        if (FLEX) ahead.head(g.fx, b, hk, g.G, kt);
         if (tid == 0) {
             produce_kv();
-            for (int it = 0; it < min(n, STAGES); it++) produce(it);
+            for (int it = 0; it < min(n, STAGES); it++) produce(it, &ahead);
         }
         mbar_wait(kvfull, 0);
         for (int it = 0; it < n; it++) {
             /* step it + STAGES − 1 into the stage step it − 1 frees: two steps ahead of the math */
-            if (tid == 0 && it >= 1 && it + STAGES - 1 < n) produce(it + STAGES - 1);
+            if (tid == 0 && it >= 1 && it + STAGES - 1 < n) produce(it + STAGES - 1, &ahead);
             __syncwarp();
-            const int buf = it % NDS, hh = hk * g.G + it / nq, qt = qt0 + (it % nq + kt) % nq;
+            int hh = hk * g.G + it / nq, qt = qt0 + (it % nq + kt) % nq;
+            const int buf = it % NDS;
             float *chunk = g.dq_acc + (((int64_t)b * g.Hq + hh) * g.nqt + qt) * NC * CHUNK + tid * 4;
             mbar_wait(&dsfull[buf], (it / NDS) & 1);
+            if (FLEX) hh = dsstep[buf].x, qt = dsstep[buf].y;   /* the math warpgroups' copy of the step */
             __syncwarp();
             /* 2·NC chunks of m64n32 (d block h, query half qh), each issued, waited for and
              * added before the next: 16 accumulators live, not 32 (the budget above) */
@@ -328,7 +387,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         wgmma_commit();
         /* the stats the softmax starts with, read while the GEMMs run: read after the wait,
          * every math warp stalled on them at once (7.6% of the kernel's stall samples) */
-        const bool whole = lo[BMQ - 1] <= kb && hi[0] >= kb + 64;
+        const int fbit = FLEX ? lo[0] : -1, fhalf = FLEX ? lo[1] : 0;
+        const bool whole = FLEX ? fbit < 0 : lo[BMQ - 1] <= kb && hi[0] >= kb + 64;
         float2 L[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) L[j] = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t4);
@@ -343,6 +403,18 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         if (whole) {
 #pragma unroll
             for (int e = 0; e < 32; e++) sc[e] = lk_ex2(fmaf(sc[e], g.scale2, -(e & 1 ? L[e / 4].y : L[e / 4].x)));
+        } else if (FLEX) {   /* the two keys' bits against the step's queries, a word (32) at a time */
+            const uint32_t *fb = g.fx.bits + (int64_t)fbit * LK_FLEX_TILE_WORDS +
+                                 (LK_FLEX_TILE + key0 - k0) * LK_FLEX_WORDS + 2 * fhalf;
+#pragma unroll
+            for (int hw = 0; hw < 2; hw++) {
+                const uint32_t kw[2] = {fb[hw] >> (2 * t4), fb[8 * LK_FLEX_WORDS + hw] >> (2 * t4)};
+#pragma unroll
+                for (int e = 16 * hw; e < 16 * hw + 16; e++) {
+                    const float pv = lk_ex2(fmaf(sc[e], g.scale2, -(e & 1 ? L[e / 4].y : L[e / 4].x)));
+                    sc[e] = (kw[(e >> 1) & 1] >> (8 * ((e / 4) % 4) + (e & 1))) & 1u ? pv : 0.0f;
+                }
+            }
         } else {
 #pragma unroll
             for (int e = 0; e < 32; e++) {
@@ -382,6 +454,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         uint8_t *row = dsb + cg * (BMQ * 128) + (8 * (m / 2) + x) * 128 + (((2 * w + (m & 1)) ^ x) << 4);
 #pragma unroll
         for (int gq = 0; gq < 4; gq++) stmatrix_x4_trans(row + gq * 16 * 128, ds[gq]);
+        if (FLEX && ct == 0) dsstep[buf] = make_int2(lo[2], lo[3]);
         fence_async_smem();
         mbar_arrive(&dsfull[buf]);
         wgmma_wait<0>();
@@ -442,7 +515,7 @@ int lk_attn_fa3_bwd_takes(const lk_attention_args *a) {
     const lk_attn_dims d = lk_attn_dims_of(a);
     const lk_hw *hw = lk_hw_get();
     const int grid_ok = d.B * d.Hkv * lk_cdiv(d.Skv, BNK) <= INT32_MAX;   /* a 1-D grid (grid_order.cuh) */
-    return !(a->softcap > 0.0f) && !a->deterministic && grid_ok && lk_aligned16(a->dout.data) &&
+    return !(a->softcap > 0.0f) && !a->score_mod.fn && !a->deterministic && grid_ok && lk_aligned16(a->dout.data) &&
            lk_aligned16(a->out.data) && lk_aligned16(a->dq.data) && lk_aligned16(a->dk.data) && lk_aligned16(a->dv.data) &&
            (hw->cuda_smem_per_block == 0 || bwd_smem(dp_of(d.D)) <= hw->cuda_smem_per_block);
 }
@@ -452,12 +525,12 @@ size_t lk_attn_fa3_bwd_workspace(const lk_attention_args *a) {
     return lk_attn_vis_bytes(a) + p.stats + p.rows + p.dq_acc + p.sink_part;
 }
 
-template <int DP>
+template <int DP, bool FLEX>
 static lk_status launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const CUtensorMap &tdo,
                         const bwd_geom &g, cudaStream_t st) {
     const size_t sh = bwd_smem(DP);
-    LK_CUDA_TRY(cudaFuncSetAttribute(fa3_bwd<DP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
-    fa3_bwd<DP><<<(unsigned)g.heads * (unsigned)g.nkt, THREADS, sh, st>>>(tq, tk, tv, tdo, g);
+    LK_CUDA_TRY(cudaFuncSetAttribute(fa3_bwd<DP, FLEX>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
+    fa3_bwd<DP, FLEX><<<(unsigned)g.heads * (unsigned)g.nkt, THREADS, sh, st>>>(tq, tk, tv, tdo, g);
     LK_CUDA_LAUNCHED("attention: flash_attention_3 backward");
     return LK_OK;
 }
@@ -470,7 +543,10 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
     const pieces pc = pieces_of(a);
     const int DP = dp_of(d.D), nqt = (int)lk_cdiv(d.Sq, BMQ);
     bwd_geom g = {};
-    if ((s = lk_attn_vis_make(a, ctx->arena, st, &g.vis))) return s;
+    const int flex = a->block_mask != NULL;   /* the flex row: the mask's tiles, not the options */
+    if (flex) g.vis = (lk_attn_vis){NULL, NULL, 0, (int)d.Sq, (int)d.Skv, 0, 0, 0};
+    if ((s = flex ? lk_attn_flex_map(a->block_mask, st, &g.fx) : lk_attn_vis_make(a, ctx->arena, st, &g.vis)))
+        return s;
     float *stats = (float *)lk_arena_alloc(ctx->arena, pc.stats);
     int *rows = (int *)lk_arena_alloc(ctx->arena, pc.rows);
     g.dq_acc = (float *)lk_arena_alloc(ctx->arena, pc.dq_acc);
@@ -482,7 +558,7 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
     g.Sq = (int)d.Sq, g.Skv = (int)d.Skv, g.Hq = (int)d.Hq, g.Hkv = (int)d.Hkv, g.G = (int)d.G, g.D = (int)d.D;
     g.nqt = nqt, g.scale = d.scale, g.scale2 = d.scale * LOG2E;
     g.heads = (int)(d.B * d.Hkv), g.nkt = (int)lk_cdiv(d.Skv, BNK);
-    g.order = lk_attn_order_of(a->causal, g.heads, g.nkt);
+    g.order = lk_attn_order_of(flex ? 0 : a->causal, g.heads, g.nkt);
 
     const int64_t prow = d.B * d.Hq * nqt * BMQ;
     fa3_bwd_prep<<<(unsigned)lk_cdiv(prow, 16), 256, 0, st>>>(
@@ -503,7 +579,8 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
             (s = tensor_map(&tv, a->v.data, d.B * d.Hkv, d.Skv, d.D, BNK)) ||
             (s = bf16_map(&tdo, a->dout.data, 4, ddims, dstr, dbox)))
             return s;
-        s = DP == 64 ? launch<64>(tq, tk, tv, tdo, g, st) : launch<128>(tq, tk, tv, tdo, g, st);
+        if (flex) s = DP == 64 ? launch<64, true>(tq, tk, tv, tdo, g, st) : launch<128, true>(tq, tk, tv, tdo, g, st);
+        else s = DP == 64 ? launch<64, false>(tq, tk, tv, tdo, g, st) : launch<128, false>(tq, tk, tv, tdo, g, st);
         if (s) return s;
     }   /* no keys: dK and dV are empty, dQ is 0 */
     /* with no keys the workspace is zeros: dQ 0 */

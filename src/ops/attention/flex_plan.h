@@ -115,6 +115,11 @@ void lk_flex_plan_free(lk_flex_plan *p);
  * from the host. */
 int lk_flex_prog_of(const lk_block_mask *m, lk_flex_prog *prog, int32_t **data, int64_t *ndata);
 
+/* Mask m's map on the current GPU, planned and copied there on its first call (fa2.cu; the
+ * copy is kept in m->gpu), the family's bits made on stream. LK_EINVAL when the mask was
+ * first used on another GPU; LK_ENOMEM, LK_EDEVICE. */
+lk_status lk_attn_flex_map(const lk_block_mask *m, void *stream, lk_flex_map *out);
+
 /* The GPU's copy of a mask (lk_block_mask.gpu): lk_block_mask_free calls release. */
 struct lk_block_mask_gpu {
     void (*release)(struct lk_block_mask_gpu *self);

@@ -374,23 +374,29 @@ extern "C" const lk_attention_vtable lk_attention_fa3_cuda_backend = {
     LK_ATTENTION_VTABLE_VERSION, saved_bytes, workspace_bytes, forward, backward, NULL,
 };
 
-/* --- flex_attention on Hopper: the forward above under the BlockMask; what it does not
- * take (f32, D past 128 or not a multiple of 8, unaligned tensors) and the backward run on
- * flash_attention_2's flex kernels (fa2.cu) ------------------------------------------- */
+/* --- flex_attention on Hopper: the forward above and fa3_bwd.cu's backward under the
+ * BlockMask; what they do not take (f32, D past 128 or not a multiple of 8, unaligned
+ * tensors; in the backward softcap and `deterministic`) runs on flash_attention_2's flex
+ * kernels (fa2.cu) ------------------------------------------------------------------- */
 static const lk_attention_vtable *const fa2_flex = &lk_attention_fa2_flex_cuda_backend;
 
 /* The flex row is the same on sm_80 (min_cc 80): only a Hopper runs this file's kernel. */
 static int hopper_flex(const lk_attention_args *a) { return lk_hw_get()->cuda_cc >= 90 && hopper_takes(a); }
 
+static int hopper_flex_backward(const lk_attention_args *a) { return hopper_flex(a) && lk_attn_fa3_bwd_takes(a); }
+
 static size_t flex_workspace(const lk_attention_args *a, int backward) {
-    return backward || !hopper_flex(a) ? fa2_flex->workspace_bytes(a, backward) : 0;
+    if (backward) return hopper_flex_backward(a) ? lk_attn_fa3_bwd_workspace(a) : fa2_flex->workspace_bytes(a, 1);
+    return hopper_flex(a) ? 0 : fa2_flex->workspace_bytes(a, 0);
 }
 
 static lk_status flex_forward(const lk_attention_args *a, lk_ctx *ctx) {
     return hopper_flex(a) ? run_forward(a, ctx, 1) : fa2_flex->forward(a, ctx);
 }
 
-static lk_status flex_backward(const lk_attention_args *a, lk_ctx *ctx) { return fa2_flex->backward(a, ctx); }
+static lk_status flex_backward(const lk_attention_args *a, lk_ctx *ctx) {
+    return hopper_flex_backward(a) ? lk_attn_fa3_backward(a, ctx) : fa2_flex->backward(a, ctx);
+}
 static lk_status flex_supports(const lk_attention_args *a, int backward) { return fa2_flex->supports(a, backward); }
 
 extern "C" const lk_attention_vtable lk_attention_fa3_flex_cuda_backend = {

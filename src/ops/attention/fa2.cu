@@ -553,12 +553,12 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
         const bool full = FLEX ? cur.z < 0 : q0 + BMQ <= p.Sq && lot[BMQ - 1] <= k0 && hit[0] >= k0 + BNK;
         uint64_t kseen[2] = {0, 0};   /* FLEX: this lane's two keys against the step's rows, from column 2·t4 */
         if (FLEX && !full) {
-            const uint32_t *fb = p.fx.bits + (int64_t)cur.z * LK_FLEX_TILE_WORDS + LK_FLEX_TILE * LK_FLEX_WORDS +
-                                 (q0 % LK_FLEX_TILE) / 32;
+            const uint32_t *fb = p.fx.bits + (int64_t)cur.z * LK_FLEX_TILE_WORDS;
 #pragma unroll
             for (int x = 0; x < 2; x++)
                 kseen[x] = *reinterpret_cast<const uint64_t *>(
-                               fb + (k0 % LK_FLEX_TILE + kr0 + g + 8 * x) * LK_FLEX_WORDS) >> (2 * t4);
+                               fb + lk_flex_by_key((q0 % LK_FLEX_TILE) / BMQ, k0 % LK_FLEX_TILE + kr0 + g + 8 * x)) >>
+                           (2 * t4);
         }
         uint32_t pp[BMQ / 16][4], pf[CAP ? BMQ / 16 : 1][4];
 #pragma unroll
@@ -999,7 +999,10 @@ static __global__ void __launch_bounds__(256) flex_bits(const __grid_constant__ 
     const int64_t q0 = (int64_t)tile_of[3 * t + 1] * LK_FLEX_TILE, k0 = (int64_t)tile_of[3 * t + 2] * LK_FLEX_TILE;
     uint32_t *out = bits + (int64_t)t * LK_FLEX_TILE_WORDS;
     for (int u = w; u < 2 * TW; u += 8) {
-        const int by_key = u >= TW, v = u - by_key * TW, r = v / LK_FLEX_WORDS, c = (v % LK_FLEX_WORDS) * 32 + lane;
+        /* by row: row r, columns 32 (v % 4)..; by key (lk_flex_by_key): key r of half v / 256, queries 32 (v % 2).. */
+        const int by_key = u >= TW, v = u - by_key * TW;
+        const int r = by_key ? (v % 256) / 2 : v / LK_FLEX_WORDS;
+        const int c = by_key ? 64 * (v / 256) + 32 * (v % 2) + lane : (v % LK_FLEX_WORDS) * 32 + lane;
         const int64_t i = q0 + (by_key ? c : r), j = k0 + (by_key ? r : c);
         const int seen = i < Q_LEN && j < KV_LEN && lk_flex_eval(&prog, data, b, i, j);
         const uint32_t word = __ballot_sync(0xffffffffu, seen);

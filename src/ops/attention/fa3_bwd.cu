@@ -257,7 +257,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     uint8_t *sk = sm, *sv = sk + NC * KB, *sq = sv + NC * KB, *sdo = sq + STAGES * NC * QB;
     uint8_t *sds = sdo + STAGES * NC * QB;              /* dS [NDS][2 key blocks][64 queries][64 keys] bf16 */
     float *sst = (float *)(sds + NDS * KB);             /* [STAGES][lse2 | delta | lo | hi] x 64 */
-    uint64_t *kvfull = (uint64_t *)(sst + STAGES * 4 * BMQ), *full = kvfull + 1, *empty = full + STAGES;
+    uint32_t *sbits = (uint32_t *)(sst + STAGES * 4 * BMQ);   /* FLEX: [STAGES][128 keys][2 words] */
+    uint64_t *kvfull = (uint64_t *)(sbits + STAGES * 2 * LK_FLEX_TILE), *full = kvfull + 1, *empty = full + STAGES;
     /* dsfull [NDS]: both math warpgroups' dS written (256 arrivals); dsempty [NDS]: the dQ
      * warpgroup has read it (128) */
     uint64_t *dsfull = empty + STAGES, *dsempty = dsfull + NDS;
@@ -296,13 +297,16 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
         if (FLEX)   /* the bits tile, the half, the head and the tile, before the arrival that publishes the stage */
             *(int4 *)(sst + s * 4 * BMQ + 2 * BMQ) = make_int4(fs.z, fs.w, hh, qt);
-        mbar_expect_tx(&full[s], 2 * NC * QB + (FLEX ? 2 : 4) * BMQ * 4);
+        mbar_expect_tx(&full[s], 2 * NC * QB + (FLEX ? 2 : 4) * BMQ * 4 + (FLEX && fs.z >= 0 ? 8 * LK_FLEX_TILE : 0));
         for (int c = 0; c < NC; c++) {
             tma_load(sq + (s * NC + c) * QB, &tq, &full[s], c * 64, qt * BMQ, (int)bh);
             tma_load4(sdo + (s * NC + c) * QB, &tdo, &full[s], c * 64, hh, qt * BMQ, b);
         }
         bulk_load(sst + s * 4 * BMQ, g.stats + (bh * g.nqt + qt) * 2 * BMQ, 2 * BMQ * 4, &full[s]);
         if (!FLEX) bulk_load(sst + s * 4 * BMQ + 2 * BMQ, g.rows + qt * 2 * BMQ, 2 * BMQ * 4, &full[s]);
+        if (FLEX && fs.z >= 0)   /* a partial step's bits by key: 1 KB in one piece (flex_plan.h) */
+            bulk_load(sbits + s * 2 * LK_FLEX_TILE, g.fx.bits + (int64_t)fs.z * LK_FLEX_TILE_WORDS + lk_flex_by_key(fs.w, 0),
+                      8 * LK_FLEX_TILE, &full[s]);
     };
     auto produce_kv = [&]() {
         mbar_expect_tx(kvfull, 2 * NC * KB);
@@ -347,9 +351,9 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
             __syncwarp();
             int hh = hk * g.G + it / nq, qt = qt0 + (it % nq + kt) % nq;
             const int buf = it % NDS;
-            float *chunk = g.dq_acc + (((int64_t)b * g.Hq + hh) * g.nqt + qt) * NC * CHUNK + tid * 4;
             mbar_wait(&dsfull[buf], (it / NDS) & 1);
             if (FLEX) hh = dsstep[buf].x, qt = dsstep[buf].y;   /* the math warpgroups' copy of the step */
+            float *chunk = g.dq_acc + (((int64_t)b * g.Hq + hh) * g.nqt + qt) * NC * CHUNK + tid * 4;
             __syncwarp();
             /* 2·NC chunks of m64n32 (d block h, query half qh), each issued, waited for and
              * added before the next: 16 accumulators live, not 32 (the budget above) */
@@ -387,8 +391,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         wgmma_commit();
         /* the stats the softmax starts with, read while the GEMMs run: read after the wait,
          * every math warp stalled on them at once (7.6% of the kernel's stall samples) */
-        const int fbit = FLEX ? lo[0] : -1, fhalf = FLEX ? lo[1] : 0;
-        const bool whole = FLEX ? fbit < 0 : lo[BMQ - 1] <= kb && hi[0] >= kb + 64;
+        const bool whole = FLEX ? lo[0] < 0 : lo[BMQ - 1] <= kb && hi[0] >= kb + 64;
         float2 L[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) L[j] = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t4);
@@ -403,12 +406,11 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         if (whole) {
 #pragma unroll
             for (int e = 0; e < 32; e++) sc[e] = lk_ex2(fmaf(sc[e], g.scale2, -(e & 1 ? L[e / 4].y : L[e / 4].x)));
-        } else if (FLEX) {   /* the two keys' bits against the step's queries, a word (32) at a time */
-            const uint32_t *fb = g.fx.bits + (int64_t)fbit * LK_FLEX_TILE_WORDS +
-                                 (LK_FLEX_TILE + key0 - k0) * LK_FLEX_WORDS + 2 * fhalf;
+        } else if (FLEX) {   /* the two keys' bits (the stage's copy) against the step's queries, a word at a time */
+            const uint32_t *fb = sbits + s * 2 * LK_FLEX_TILE + 2 * (key0 - k0);
 #pragma unroll
             for (int hw = 0; hw < 2; hw++) {
-                const uint32_t kw[2] = {fb[hw] >> (2 * t4), fb[8 * LK_FLEX_WORDS + hw] >> (2 * t4)};
+                const uint32_t kw[2] = {fb[hw] >> (2 * t4), fb[16 + hw] >> (2 * t4)};
 #pragma unroll
                 for (int e = 16 * hw; e < 16 * hw + 16; e++) {
                     const float pv = lk_ex2(fmaf(sc[e], g.scale2, -(e & 1 ? L[e / 4].y : L[e / 4].x)));
@@ -495,7 +497,7 @@ static int dp_of(int64_t D) { return D <= 64 ? 64 : 128; }
 static size_t bwd_smem(int DP) {
     const size_t nc = (size_t)DP / 64;
     return 1024 + 2 * nc * BNK * 128 + 2 * STAGES * nc * BMQ * 128 + NDS * BNK * 128 + STAGES * 4 * BMQ * 4 +
-           8 * (1 + 2 * STAGES + 2 * NDS);
+           STAGES * 8 * LK_FLEX_TILE + 8 * (1 + 2 * STAGES + 2 * NDS);
 }
 
 /* The workspace's pieces, in the order backward takes them. */

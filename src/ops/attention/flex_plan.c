@@ -132,7 +132,7 @@ static void host_bits(const lk_block_mask *m, int64_t b, int64_t h, int64_t qt, 
         for (int64_t j = 0; j < nk; j++)
             if (seen[j]) {
                 w[i * LK_FLEX_WORDS + j / 32] |= 1u << (j % 32);
-                w[(T + j) * LK_FLEX_WORDS + i / 32] |= 1u << (i % 32);
+                w[lk_flex_by_key((int)i / 64, (int)j) + (i % 64) / 32] |= 1u << (i % 32);
             }
     }
 }

@@ -9,8 +9,10 @@
  * slower; PyTorch's default block is 128, where the lists carry over one to one).
  *
  * Bits of a partial tile, two copies: by query row (row i: 4 words, bit j = key j) for the
- * kernels that walk keys (forward, deterministic dq), and by key (key j: 4 words, bit i =
- * query i) for the dk/dv kernel, whose threads each hold two keys against 64 queries.
+ * kernels that walk keys (forward, deterministic dq), and by key for the dk/dv kernels,
+ * whose threads each hold two keys against a step of 64 queries: per half of the queries,
+ * key j's 2 words (bit i = query 64·half + i), so a step's bits are 1 KB in one piece
+ * (lk_flex_by_key).
  * Elements outside Q_LEN x KV_LEN are 0. Who makes the bits: the standard families
  * (causal, sliding window, prefix-LM, documents and their AND/OR, recognized by their
  * predicates) become a small program (lk_flex_prog) a device kernel evaluates per
@@ -48,6 +50,11 @@ typedef struct {
     const int32_t *q_cnt, *q_idx, *q_bit;   /* the transpose: [P][nk][2], [P][nk][nq] x 2 */
     const uint32_t *bits;     /* [tiles][LK_FLEX_TILE_WORDS]: by query row, then by key */
 } lk_flex_map;
+
+/* Word offset in a tile's bits of key j's two words for queries [64·half, 64·half + 64). */
+static inline LK_FLEX_HD int lk_flex_by_key(int half, int j) {
+    return LK_FLEX_TILE * LK_FLEX_WORDS + half * 2 * LK_FLEX_TILE + 2 * j;
+}
 
 /* The pattern of (b, h) in the mask's [B, H] (broadcast dims are 1). */
 static inline LK_FLEX_HD int lk_flex_pattern(const lk_flex_map *m, int b, int h) {

@@ -486,13 +486,13 @@ static void fa2_deterministic(void **state) {
     }
 }
 
-/* flex_attention on CUDA (fa2.cu's kernels walking the BlockMask's tiles): every family of
- * check.h (causal, sliding window, prefix-LM, documents from cu_seqlens and from ids, AND,
- * OR, a per-head custom predicate whose bits come from the host, everything visible), mask
- * blocks of 128 and re-cut from 64, 96 and 200, ragged lengths, q_len != kv_len, GQA and
- * MQA, D 40 to 256, sinks, softcap as the option and as score_mod, the deterministic
- * backward: against the float64 reference and against the CPU's flex_attention on the
- * same bf16 inputs. */
+/* flex_attention on CUDA (fa3.cu / fa3_bwd.cu on Hopper, fa2.cu's kernels for the rest,
+ * walking the BlockMask's tiles): every family of check.h (causal, sliding window,
+ * prefix-LM, documents from cu_seqlens and from ids, AND, OR, a per-head custom predicate
+ * whose bits come from the host, everything visible), mask blocks of 128 and re-cut from
+ * 64, 96 and 200, ragged lengths, q_len != kv_len, GQA and MQA, D 40 to 256, sinks,
+ * softcap as the option and as score_mod, ALiBi, the deterministic backward: against the
+ * float64 reference and against the CPU's flex_attention on the same bf16 inputs. */
 static void flex_against_reference(void **state) {
     (void)state;
     const lk_attention_case cases[] = {
@@ -511,6 +511,14 @@ static void flex_against_reference(void **state) {
         {.B = 2, .Hq = 16, .Hkv = 2, .Sq = 520, .D = 128, .family = LK_AM_DOCUMENT, .n_docs = 9, .deterministic = 1},
         {.B = 1, .Hq = 4, .Hkv = 2, .Sq = 301, .D = 200, .family = LK_AM_PER_HEAD, .deterministic = 1,
          .score_mod = 1},
+        /* ALiBi (score_mod 2): the Hopper kernels, flash_attention_2's (D 256, deterministic) and
+         * after the softcap option */
+        {.B = 2, .Hq = 8, .Hkv = 2, .Sq = 333, .D = 128, .family = LK_AM_CAUSAL, .score_mod = 2},
+        {.B = 1, .Hq = 4, .Sq = 290, .Skv = 350, .D = 64, .family = LK_AM_SLIDING, .score_mod = 2, .sinks = 1},
+        {.B = 1, .Hq = 2, .Sq = 200, .D = 256, .family = LK_AM_DOCUMENT, .n_docs = 3, .score_mod = 2},
+        {.B = 1, .Hq = 4, .Hkv = 1, .Sq = 260, .D = 128, .family = LK_AM_PER_HEAD, .score_mod = 2,
+         .deterministic = 1},
+        {.B = 1, .Hq = 4, .Sq = 270, .D = 96, .family = LK_AM_PREFIX, .score_mod = 2, .softcap = 15.0f},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         run_case_as("flex_attention", 1, "flex_attention", LK_BF16, &cases[i], 500u + i);
@@ -545,16 +553,20 @@ static void flex_refused(lk_dtype dt, const lk_attention_case *c, void (*tweak)(
 
 static const float two = 2.0f;
 static void both_softcaps(lk_attention_args *a) { a->score_mod = (lk_score_mod){lk_score_mod_softcap, &two}; }
+static float halved(float s, int64_t b, int64_t h, int64_t q, int64_t kv, const void *ctx, float *grad) {
+    *grad = 0.5f;
+    return 0.5f * s;
+}
+static void host_score_mod(lk_attention_args *a) { a->score_mod = (lk_score_mod){halved, NULL}; }
 static void no_mask(lk_attention_args *a) { a->block_mask = NULL; }
 
 /* What flex on CUDA refuses, and a mask's device copy: made once, used by later calls
  * (the same bits out), freed with the mask. */
 static void flex_refusals_and_reuse(void **state) {
     (void)state;
-    const lk_attention_case alibi = {.B = 1, .Hq = 2, .Sq = 40, .D = 64, .family = LK_AM_CAUSAL, .score_mod = 2};
     const lk_attention_case capped = {.B = 1, .Hq = 2, .Sq = 40, .D = 64, .family = LK_AM_CAUSAL, .softcap = 5.0f};
     const lk_attention_case plain = {.B = 1, .Hq = 2, .Sq = 40, .D = 64, .family = LK_AM_CAUSAL};
-    flex_refused(LK_BF16, &alibi, NULL, LK_EUNAVAILABLE, "score_mod");
+    flex_refused(LK_BF16, &plain, host_score_mod, LK_EUNAVAILABLE, "score_mod");
     flex_refused(LK_BF16, &capped, both_softcaps, LK_EINVAL, "score_mod");
     flex_refused(LK_F32, &plain, NULL, LK_EDTYPE, "expected dtype bf16");
     flex_refused(LK_BF16, &plain, no_mask, LK_EINVAL, "block_mask");

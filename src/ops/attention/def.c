@@ -88,8 +88,8 @@ static const lk_impl rows[] = {
         .op = LK_OP_ATTENTION, .name = "flex_attention", .device = LK_DEVICE_CUDA,
         .needs = {.min_cc = 80, .dtypes = LK_DTYPE_BIT(LK_BF16)}, .vtable = &flex_gpu,
         .summary = "block-sparse over a BlockMask (bf16): empty tiles skipped, full ones unmasked, partial ones by "
-                   "bits made on the device for the standard families; Hopper's forward (D <= 128), else "
-                   "flash_attention_2's kernels",
+                   "bits made on the device for the standard families; score_mod softcap or ALiBi; Hopper's "
+                   "kernels (D <= 128), else flash_attention_2's",
     },
     {
         .op = LK_OP_ATTENTION, .name = "llmkern_flex_attention_with_sp", .device = LK_DEVICE_CUDA,

@@ -81,6 +81,7 @@ typedef struct {
     int head_major;          /* grid x = head, y = tile (else x = tile, y = head): see grid_of */
     int flex;                /* flex_attention: fx says which tiles and elements are seen, not vis */
     lk_flex_map fx;          /* the BlockMask's tiles and bits on the device (flex_plan.h) */
+    const float *alibi;      /* flex's ALiBi score_mod: log2e · slope of each q head (device), or NULL */
 } fa_args;
 
 /* The grid of `tiles` tiles of `heads` heads. Tile-major (x = tile) keeps the blocks in
@@ -179,9 +180,9 @@ static __device__ __forceinline__ float capped(float x, const fa_args &p, float 
 
 /* --- forward -------------------------------------------------------------------------- */
 
-/* FLEX: the key tiles are the BlockMask's (two of BN a 128-key tile), partial ones masked
- * by their bits. */
-template <int DP, int WARPS, int MT, bool CAP, bool FLEX>
+/* FLEX (1; 2 with ALiBi): the key tiles are the BlockMask's (two of BN a 128-key tile),
+ * partial ones masked by their bits. ALiBi is a flag: tested at run time it spilled. */
+template <int DP, int WARPS, int MT, bool CAP, int FLEX>
 static __global__ void __launch_bounds__(WARPS * 32, 1) fa2_fwd(const fa_args p) {
     constexpr int BM = 16 * MT * WARPS, NT = WARPS * 32, NS = BN / 8, ND = DP / 8;
     static_assert(BM == LK_FLEX_TILE && 2 * BN == LK_FLEX_TILE, "a block's rows are a mask tile's, two key tiles its keys");
@@ -223,7 +224,9 @@ static __global__ void __launch_bounds__(WARPS * 32, 1) fa2_fwd(const fa_args p)
         load_tile<DP, NT, BN>(vs, vg + (int64_t)ka * p.D, p.D, min(BN, p.Skv - ka), p.D, p.vec);
     }
     cp_commit();
-    const float c2 = p.cap > 0.0f ? LOG2E : p.scale * LOG2E;
+    /* ALiBi (FLEX): the scores go to log2 units with the bias added, and the softmax's factor is 1 */
+    constexpr bool alibi = FLEX == 2;
+    const float slope2 = alibi ? p.alibi[h] : 0.0f, c2 = alibi ? 1.0f : p.cap > 0.0f ? LOG2E : p.scale * LOG2E;
     float o[MT][ND][4], m[MT][2], l[MT][2];
 #pragma unroll
     for (int i = 0; i < MT; i++) {
@@ -277,6 +280,8 @@ static __global__ void __launch_bounds__(WARPS * 32, 1) fa2_fwd(const fa_args p)
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
                 const int r = rw + 16 * i + g + 8 * hh;
+                /* ALiBi: log2 units plus slope2 · (key − query), key k0 + n*8 + 2·t4 + e */
+                const float rb = alibi ? slope2 * (float)(k0 + 2 * t4 - (q0 + r)) : 0.0f;
                 int rlo = 0, rhi = 0;
                 uint64_t seen = 0;   /* FLEX: bit n*8 + e of the row's 64 keys, from this lane's column on */
                 if (!full && FLEX) seen = *reinterpret_cast<const uint64_t *>(fb + r * LK_FLEX_WORDS) >> (2 * t4);
@@ -287,6 +292,7 @@ static __global__ void __launch_bounds__(WARPS * 32, 1) fa2_fwd(const fa_args p)
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
                         float x = s[i][n][2 * hh + e];
+                        if (alibi) x = fmaf(x, p.cap > 0.0f ? LOG2E : p.scale * LOG2E, fmaf(slope2, (float)(n * 8 + e), rb));
                         if (!full && (FLEX ? !((seen >> (n * 8 + e)) & 1u) : n * 8 + e < rlo || n * 8 + e >= rhi))
                             x = -INFINITY;
                         s[i][n][2 * hh + e] = x;
@@ -371,7 +377,7 @@ static __global__ void fa2_dq_cvt(const float *acc, lk_bf16_t *dq, int64_t n, fl
 
 /* Issues the BMQ query rows from q0 of head hh into a dkv block's stage (Q, dO, LSE, delta
  * by cp.async; lo/hi computed, but for FLEX, whose bits say what is seen). */
-template <int DP, int NT, bool FLEX>
+template <int DP, int NT, int FLEX>
 static __device__ __forceinline__ void dkv_issue(const fa_args &p, int hh, int q0, int b, lk_bf16_t *qs,
                                                  lk_bf16_t *gs, float *ls, float *ds, int *los, int *his) {
     const int nq = min(BMQ, p.Sq - q0);
@@ -470,7 +476,7 @@ static __device__ __forceinline__ void dq_atomic_add(const fa_args &p, const lk_
 /* FLEX: the steps are flex_step's (decoded once, at issue, into a ring of three: the
  * step computed, the one issued and the one whose dQ is added), partial tiles masked by
  * their bits by key. */
-template <int DP, int DW, bool CAP, bool FLEX>
+template <int DP, int DW, bool CAP, int FLEX>
 static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq_atomic) {
     constexpr int NT = 256, KW = 8 / DW, BNK = 16 * KW, DH = DP / DW, NQ = BMQ / 8;
     extern __shared__ uint4 smem_[];
@@ -551,6 +557,7 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
         /* P^T = exp(score - lse), kept as the bf16 A operand of dV += P^T dO (with softcap
          * its slope beside it): S^T's registers are free before dP^T's are taken */
         const bool full = FLEX ? cur.z < 0 : q0 + BMQ <= p.Sq && lot[BMQ - 1] <= k0 && hit[0] >= k0 + BNK;
+        const float slope2 = FLEX == 2 ? p.alibi[cur.x] : 0.0f;   /* ALiBi: the step's head */
         uint64_t kseen[2] = {0, 0};   /* FLEX: this lane's two keys against the step's rows, from column 2·t4 */
         if (FLEX && !full) {
             const uint32_t *fb = p.fx.bits + (int64_t)cur.z * LK_FLEX_TILE_WORDS;
@@ -577,7 +584,8 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
                 const int key = k0 + kr0 + g + 8 * (e >> 1), x1 = e & 1;
                 float x = s[j][e];
                 if (CAP) x = capped(x, p, &f[e]);
-                float pv = lk_ex2(fmaf(x, c2, -L2[x1]));
+                const float bias = FLEX == 2 ? slope2 * (float)(key - (q0 + c + x1)) : 0.0f;
+                float pv = lk_ex2(fmaf(x, c2, bias - L2[x1]));
                 if (!full && (FLEX ? !((kseen[e >> 1] >> (8 * j + x1)) & 1u) : key < lo2[x1] || key >= hi2[x1]))
                     pv = 0.0f;
                 s[j][e] = pv;
@@ -670,7 +678,7 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
 /* Deterministic dQ: a block takes 64 query rows of one (b, h) (4 warps of 16), walks
  * their keys in BN tiles like the forward and keeps dQ in registers. FLEX as the forward:
  * the mask's tiles, partial ones masked by their bits by row. */
-template <int DP, bool FLEX>
+template <int DP, int FLEX>
 static __global__ void __launch_bounds__(128, 1) fa2_dq(const fa_args p) {
     constexpr int NT = 128, NS = BN / 8, ND = DP / 8;
     extern __shared__ uint4 smem_[];
@@ -718,7 +726,7 @@ static __global__ void __launch_bounds__(128, 1) fa2_dq(const fa_args p) {
         load_tile<DP, NT, BN>(vs, vg + (int64_t)ka * p.D, p.D, min(BN, p.Skv - ka), p.D, p.vec);
     }
     cp_commit();
-    const float c2 = p.cap > 0.0f ? LOG2E : p.scale * LOG2E;
+    const float c2 = p.cap > 0.0f ? LOG2E : p.scale * LOG2E, slope2 = FLEX == 2 ? p.alibi[h] : 0.0f;
     float acc[ND][4];
 #pragma unroll
     for (int n = 0; n < ND; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
@@ -768,7 +776,8 @@ static __global__ void __launch_bounds__(128, 1) fa2_dq(const fa_args p) {
                 const int hh = e >> 1, key = k0 + 8 * n + 2 * t4 + (e & 1);
                 float x = s[n][e], f = 1.0f;
                 if (p.cap > 0.0f) x = capped(x, p, &f);
-                float pv = lk_ex2(fmaf(x, c2, -L2[hh]));
+                const float bias = FLEX == 2 ? slope2 * (float)(key - (q0 + rw + g + 8 * hh)) : 0.0f;
+                float pv = lk_ex2(fmaf(x, c2, bias - L2[hh]));
                 if (!full && (FLEX ? !((seen[hh] >> (8 * n + (e & 1))) & 1u) : key < lo[hh] || key >= hi[hh]))
                     pv = 0.0f;
                 dp[n][e] = pv * (dp[n][e] - dl[hh]) * f;
@@ -810,9 +819,31 @@ static size_t saved_bytes(const lk_attention_args *a) { return lk_attn_lse_bytes
 
 static int fits(const lk_attention_args *a, int backward);
 
+/* flex's ALiBi score_mod on the device: log2e · slope[h] of the H_q heads, in the arena. */
+extern "C" size_t lk_attn_flex_alibi_bytes(const lk_attention_args *a) {
+    return a->score_mod.fn == lk_score_mod_alibi ? up((size_t)a->q.shape[1] * 4) : 0;
+}
+
+extern "C" lk_status lk_attn_flex_alibi(const lk_attention_args *a, lk_arena *ar, void *stream, const float **out) {
+    *out = NULL;
+    if (a->score_mod.fn != lk_score_mod_alibi) return LK_OK;
+    const int64_t H = a->q.shape[1];
+    float *d = (float *)lk_arena_alloc(ar, lk_attn_flex_alibi_bytes(a)), *h = (float *)malloc((size_t)H * 4);
+    if (!d || !h) {
+        free(h);
+        return lk_error(LK_ENOMEM, "attention: score_mod: no room for ALiBi's %lld slopes", (long long)H);
+    }
+    for (int64_t i = 0; i < H; i++) h[i] = ((const float *)a->score_mod.ctx)[i] * LOG2E;
+    cudaError_t e = cudaMemcpyAsync(d, h, (size_t)H * 4, cudaMemcpyHostToDevice, (cudaStream_t)stream);   /* staged */
+    free(h);
+    if (e != cudaSuccess) return lk_error(LK_EDEVICE, "attention: score_mod: ALiBi's slopes: %s", cudaGetErrorString(e));
+    *out = d;
+    return LK_OK;
+}
+
 static size_t workspace_bytes(const lk_attention_args *a, int backward) {
     if (a->q.dtype != LK_BF16 || !fits(a, backward)) return lk_attention_flash_cuda_backend.workspace_bytes(a, backward);
-    size_t n = lk_attn_vis_bytes(a);
+    size_t n = lk_attn_vis_bytes(a) + lk_attn_flex_alibi_bytes(a);
     if (backward) n += 2 * up(lk_attn_lse_bytes(a)) + (a->deterministic ? 0 : dq_acc_bytes(a));
     return n;
 }
@@ -865,8 +896,11 @@ static lk_status launch_fwd(const fa_args &p, cudaStream_t st) {
     constexpr int BM = 16 * MT * WARPS;
     static_assert(BM == 128, "fwd_smem assumes 128 query rows a block");
     const size_t sh = fwd_smem(DP);
-    void (*kern)(const fa_args) = p.flex ? (p.cap > 0.0f ? fa2_fwd<DP, WARPS, MT, true, true> : fa2_fwd<DP, WARPS, MT, false, true>)
-                                         : (p.cap > 0.0f ? fa2_fwd<DP, WARPS, MT, true, false> : fa2_fwd<DP, WARPS, MT, false, false>);
+    const int mode = p.flex ? (p.alibi ? 2 : 1) : 0;
+    void (*const kerns[3][2])(const fa_args) = {{fa2_fwd<DP, WARPS, MT, false, 0>, fa2_fwd<DP, WARPS, MT, true, 0>},
+                                                {fa2_fwd<DP, WARPS, MT, false, 1>, fa2_fwd<DP, WARPS, MT, true, 1>},
+                                                {fa2_fwd<DP, WARPS, MT, false, 2>, fa2_fwd<DP, WARPS, MT, true, 2>}};
+    void (*kern)(const fa_args) = kerns[mode][p.cap > 0.0f];
     lk_status s = allow_smem(kern, sh);
     if (s) return s;
     const dim3 grid = grid_of(p, (p.Sq + BM - 1) / BM, (int64_t)p.B * p.Hq);
@@ -911,8 +945,11 @@ template <int DP, int DW>
 static lk_status launch_bwd(const fa_args &p, int det, cudaStream_t st) {
     constexpr int BNK = 16 * 8 / DW;
     const size_t sh = dkv_smem(DP);
-    void (*kern)(const fa_args, int) = p.flex ? (p.cap > 0.0f ? fa2_dkv<DP, DW, true, true> : fa2_dkv<DP, DW, false, true>)
-                                              : (p.cap > 0.0f ? fa2_dkv<DP, DW, true, false> : fa2_dkv<DP, DW, false, false>);
+    const int mode = p.flex ? (p.alibi ? 2 : 1) : 0;
+    void (*const kerns[3][2])(const fa_args, int) = {{fa2_dkv<DP, DW, false, 0>, fa2_dkv<DP, DW, true, 0>},
+                                                     {fa2_dkv<DP, DW, false, 1>, fa2_dkv<DP, DW, true, 1>},
+                                                     {fa2_dkv<DP, DW, false, 2>, fa2_dkv<DP, DW, true, 2>}};
+    void (*kern)(const fa_args, int) = kerns[mode][p.cap > 0.0f];
     lk_status s = allow_smem(kern, sh);
     if (s) return s;
     if (p.Skv > 0) {
@@ -922,7 +959,7 @@ static lk_status launch_bwd(const fa_args &p, int det, cudaStream_t st) {
     }
     if (det) {
         const size_t shq = dq_smem(DP);
-        void (*dq)(const fa_args) = p.flex ? fa2_dq<DP, true> : fa2_dq<DP, false>;
+        void (*dq)(const fa_args) = !p.flex ? fa2_dq<DP, 0> : p.alibi ? fa2_dq<DP, 2> : fa2_dq<DP, 1>;
         if ((s = allow_smem(dq, shq))) return s;
         const dim3 grid = grid_of(p, (p.Sq + BMQ - 1) / BMQ, (int64_t)p.B * p.Hq);
         dq<<<grid, 128, shq, st>>>(p);
@@ -1073,11 +1110,11 @@ static lk_status flex_supports(const lk_attention_args *a, int backward) {
     if (!fits(a, backward))
         return lk_error(LK_EUNAVAILABLE, "attention: D: flex_attention on this GPU takes a head dim up to 128 "
                         "(the shared memory of D 256's tiles is not there), got %lld", (long long)a->q.shape[3]);
-    if (a->score_mod.fn && a->score_mod.fn != lk_score_mod_softcap)
-        return lk_error(LK_EUNAVAILABLE, "attention: score_mod: flex_attention on CUDA takes none or "
-                        "lk_score_mod_softcap (ALiBi and other host functions: the CPU's flex_attention), got "
-                        "another function");
-    if (a->score_mod.fn && a->softcap > 0.0f)
+    if (a->score_mod.fn && a->score_mod.fn != lk_score_mod_softcap && a->score_mod.fn != lk_score_mod_alibi)
+        return lk_error(LK_EUNAVAILABLE, "attention: score_mod: flex_attention on CUDA takes none, "
+                        "lk_score_mod_softcap or lk_score_mod_alibi (other host functions: the CPU's "
+                        "flex_attention), got another function");
+    if (a->score_mod.fn == lk_score_mod_softcap && a->softcap > 0.0f)
         return lk_error(LK_EINVAL, "attention: score_mod: expected softcap once, as score_mod or as the softcap "
                         "option, got both");
     return LK_OK;
@@ -1090,8 +1127,9 @@ static lk_status flex_args(const lk_attention_args *a, lk_ctx *ctx, fa_args *p) 
     lk_status s = args_of(&plain, ctx, p);
     if (s) return s;
     p->head_major = (int64_t)p->B * p->Hq > 65535;
-    if (a->score_mod.fn) p->cap = *(const float *)a->score_mod.ctx;
+    if (a->score_mod.fn == lk_score_mod_softcap) p->cap = *(const float *)a->score_mod.ctx;
     p->flex = 1;
+    if ((s = lk_attn_flex_alibi(a, ctx->arena, ctx->stream, &p->alibi))) return s;
     return lk_attn_flex_map(a->block_mask, ctx->stream, &p->fx);
 }
 

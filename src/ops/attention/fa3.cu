@@ -59,6 +59,7 @@ typedef struct {
     const float *sink;    /* [Hq] or NULL */
     int reverse;          /* causal: launch the longest query tiles first */
     lk_flex_map fx;       /* flex_attention: the BlockMask's tiles on the device (flex_plan.h) */
+    const float *alibi;   /* flex's ALiBi score_mod: log2e · slope of each q head (device), or NULL */
 } fwd_geom;
 
 
@@ -74,16 +75,23 @@ static __device__ __forceinline__ void sched_signal(int cg) {
  * probabilities (f32), m the rows' running max (log2 units), alpha the factor the rows'
  * earlier sums and outputs take, sum this lane's share of the tile's row sums. FLEX: a
  * partial tile's bits (fb: this thread's first row, the second 8 rows on; NULL when the
- * tile is full) hide what [lo, hi) would. */
+ * tile is full) hide what [lo, hi) would, and ALiBi (slope2 · (key − row), row i the
+ * thread's first) joins the scores in log2 units. */
 template <int BN, bool FLEX>
 static __device__ __forceinline__ void softmax_tile(float *sc, float *m, float *alpha, float *sum, int k0, int maxlo,
                                                     int minhi, const int *lo, const int *hi, const uint32_t *fb,
-                                                    int lane, const fwd_geom &g) {
+                                                    float slope2, int i, int lane, const fwd_geom &g) {
     if (g.cap > 0.0f) {   /* softcap: the scores themselves in log2 units */
 #pragma unroll
         for (int e = 0; e < BN / 2; e++) sc[e] = g.cap2 * tanhf(sc[e] * g.scale / g.cap);
     }
-    const float mul = g.cap > 0.0f ? 1.0f : g.scale2;   /* raw scores: log2 units after one FFMA */
+    float mul = g.cap > 0.0f ? 1.0f : g.scale2;   /* raw scores: log2 units after one FFMA */
+    if (FLEX && g.alibi) {
+#pragma unroll
+        for (int e = 0; e < BN / 2; e++)
+            sc[e] = fmaf(sc[e], mul, slope2 * (float)(k0 + 8 * (e / 4) + 2 * (lane % 4) + (e & 1) - (i + (e & 2 ? 8 : 0))));
+        mul = 1.0f;
+    }
     if (FLEX && fb) {   /* element e: word e / 16 of its row, bit 8 ((e / 4) % 4) + (e & 1) past the lane's 2 (lane % 4) */
         static_assert(BN == LK_FLEX_TILE, "a key tile is a mask tile");
         uint32_t wr[2][4];
@@ -200,10 +208,12 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
         lo[r] = hi[r] = 0;
         if (!FLEX && i < g.Sq) lk_attn_row_iv(g.vis, i, lo[r], hi[r]);
     }
-    /* FLEX: tile it's bits from this thread's first row, or NULL for a full tile */
+    /* FLEX: tile it's bits from this thread's first row, or NULL for a full tile; its first key */
     auto bits_of = [&](int it) -> const uint32_t * {
         return FLEX && it < fpart ? g.fx.bits + (int64_t)fbit[it] * LK_FLEX_TILE_WORDS + rw * LK_FLEX_WORDS : nullptr;
     };
+    auto key_of = [&](int it) { return FLEX ? fidx[it] * BN : (t0 + it) * BN; };
+    const float slope2 = FLEX && g.alibi ? g.alibi[h] : 0.0f;
     const float sink2 = g.sink ? g.sink[h] * LOG2E : -INFINITY;
     /* the sink joins each row as a logit with no value: counted once, by the quad's lane 0 */
     const float l0 = g.sink && lane % 4 == 0 ? 1.0f : 0.0f;
@@ -229,7 +239,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
         sched_signal(1 - cg);
         wgmma_wait<0>();
         fence_regs<BN / 2>(sc);
-        softmax_tile<BN, FLEX>(sc, m, alpha, sum, t0 * BN, maxlo, minhi, lo, hi, bits_of(0), lane, g);
+        softmax_tile<BN, FLEX>(sc, m, alpha, sum, key_of(0), maxlo, minhi, lo, hi, bits_of(0), slope2, i0 + rw, lane, g);
 #pragma unroll
         for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
         pack_a<BN>(sc, p);
@@ -247,7 +257,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
             sched_signal(1 - cg);
             wgmma_wait<1>();
             fence_regs<BN / 2>(sc);
-            softmax_tile<BN, FLEX>(sc, m, alpha, sum, (t0 + it) * BN, maxlo, minhi, lo, hi, bits_of(it), lane, g);
+            softmax_tile<BN, FLEX>(sc, m, alpha, sum, key_of(it), maxlo, minhi, lo, hi, bits_of(it), slope2, i0 + rw,
+                                   lane, g);
             wgmma_wait<0>();
             fence_regs<DP / 2>(o);
             mbar_arrive(&empty[sp]);
@@ -346,13 +357,14 @@ static lk_status launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUte
 static lk_status run_forward(const lk_attention_args *a, lk_ctx *ctx, int flex) {
     lk_attn_dims d = lk_attn_dims_of(a);
     cudaStream_t st = (cudaStream_t)ctx->stream;
-    const float cap = flex && a->score_mod.fn ? *(const float *)a->score_mod.ctx : a->softcap;
+    const float cap = flex && a->score_mod.fn == lk_score_mod_softcap ? *(const float *)a->score_mod.ctx : a->softcap;
     fwd_geom g = {d.Sq, d.Skv, d.Hq, d.Hkv, d.G, (int)d.D, d.scale * LOG2E, d.scale, cap, cap * LOG2E, {},
-                  (const float *)a->s_aux.data, flex ? 0 : a->causal, {}};
+                  (const float *)a->s_aux.data, flex ? 0 : a->causal, {}, NULL};
     const int bn = 128;
     CUtensorMap tq, tk, tv;
     lk_status s;
-    if ((s = flex ? lk_attn_flex_map(a->block_mask, st, &g.fx) : lk_attn_vis_make(a, ctx->arena, st, &g.vis)) ||
+    if ((flex && (s = lk_attn_flex_alibi(a, ctx->arena, st, &g.alibi))) ||
+        (s = flex ? lk_attn_flex_map(a->block_mask, st, &g.fx) : lk_attn_vis_make(a, ctx->arena, st, &g.vis)) ||
         (s = tensor_map(&tq, a->q.data, d.B * d.Hq, d.Sq, d.D, BM)) ||
         (s = tensor_map(&tk, a->k.data, d.B * d.Hkv, d.Skv, d.D, bn)) ||
         (s = tensor_map(&tv, a->v.data, d.B * d.Hkv, d.Skv, d.D, bn)))
@@ -387,7 +399,7 @@ static int hopper_flex_backward(const lk_attention_args *a) { return hopper_flex
 
 static size_t flex_workspace(const lk_attention_args *a, int backward) {
     if (backward) return hopper_flex_backward(a) ? lk_attn_fa3_bwd_workspace(a) : fa2_flex->workspace_bytes(a, 1);
-    return hopper_flex(a) ? 0 : fa2_flex->workspace_bytes(a, 0);
+    return hopper_flex(a) ? lk_attn_flex_alibi_bytes(a) : fa2_flex->workspace_bytes(a, 0);
 }
 
 static lk_status flex_forward(const lk_attention_args *a, lk_ctx *ctx) {

@@ -87,6 +87,7 @@ typedef struct {
     int heads, nkt;       /* B·Hkv and the key blocks of each: the grid is heads·nkt blocks */
     lk_attn_order order;  /* grid_order.cuh's, for heads x nkt */
     lk_flex_map fx;       /* flex_attention: the BlockMask's tiles on the device (flex_plan.h) */
+    const float *alibi;   /* flex's ALiBi score_mod: log2e · slope of each q head (device), or NULL */
 } bwd_geom;
 
 extern "C" void lk_attn_grid_block(lk_attn_order order, int heads, int tiles, int L, int *head, int *tile) {
@@ -244,7 +245,7 @@ struct flex_walk {
  * warp's 16, column 8 (e / 4) + 2 (lane % 4) + (e & 1). FLEX: the steps are flex_walk's; the
  * producer puts each step's bits tile and half where a stage's lo/hi would be, and a
  * partial tile's elements are tested against its bits by key. */
-template <int DP, bool FLEX>
+template <int DP, bool FLEX, bool ALIBI>
 __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CUtensorMap tq,
                                                       const __grid_constant__ CUtensorMap tk,
                                                       const __grid_constant__ CUtensorMap tv,
@@ -392,12 +393,23 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         /* the stats the softmax starts with, read while the GEMMs run: read after the wait,
          * every math warp stalled on them at once (7.6% of the kernel's stall samples) */
         const bool whole = FLEX ? lo[0] < 0 : lo[BMQ - 1] <= kb && hi[0] >= kb + 64;
+
         float2 L[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) L[j] = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t4);
         const float2 D0 = *reinterpret_cast<const float2 *>(delta + 2 * t4);
         wgmma_wait<1>();
         fence_regs<32>(sc);
+        float s2 = g.scale2;
+        if (ALIBI) {   /* the scores in log2 units plus slope2 · (key − query), the step's head (a flag: it
+                        * cost the plain flex kernel 24 bytes of spills at D 128 as a run-time test) */
+            const float slope2 = g.alibi[lo[2]];
+            const int q0 = lo[3] * BMQ + 2 * t4;
+#pragma unroll
+            for (int e = 0; e < 32; e++)
+                sc[e] = fmaf(sc[e], g.scale2, slope2 * (float)(key0 + (e & 2 ? 8 : 0) - (q0 + 8 * (e / 4) + (e & 1))));
+            s2 = 1.0f;
+        }
 
         /* Pᵀ = exp2(scale2 · s − lse2 of the query), 0 where the query does not see the key. One
          * branch a step: `whole` tested inside the loop cost a BSSY / branch / BSYNC / PLOP3 around
@@ -405,7 +417,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         uint32_t pp[4][4], ds[4][4];
         if (whole) {
 #pragma unroll
-            for (int e = 0; e < 32; e++) sc[e] = lk_ex2(fmaf(sc[e], g.scale2, -(e & 1 ? L[e / 4].y : L[e / 4].x)));
+            for (int e = 0; e < 32; e++) sc[e] = lk_ex2(fmaf(sc[e], s2, -(e & 1 ? L[e / 4].y : L[e / 4].x)));
         } else if (FLEX) {   /* the two keys' bits (the stage's copy) against the step's queries, a word at a time */
             const uint32_t *fb = sbits + s * 2 * LK_FLEX_TILE + 2 * (key0 - k0);
 #pragma unroll
@@ -413,7 +425,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
                 const uint32_t kw[2] = {fb[hw] >> (2 * t4), fb[16 + hw] >> (2 * t4)};
 #pragma unroll
                 for (int e = 16 * hw; e < 16 * hw + 16; e++) {
-                    const float pv = lk_ex2(fmaf(sc[e], g.scale2, -(e & 1 ? L[e / 4].y : L[e / 4].x)));
+                    const float pv = lk_ex2(fmaf(sc[e], s2, -(e & 1 ? L[e / 4].y : L[e / 4].x)));
                     sc[e] = (kw[(e >> 1) & 1] >> (8 * ((e / 4) % 4) + (e & 1))) & 1u ? pv : 0.0f;
                 }
             }
@@ -421,7 +433,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
 #pragma unroll
             for (int e = 0; e < 32; e++) {
                 const int key = key0 + (e & 2 ? 8 : 0), col = 8 * (e / 4) + 2 * t4 + (e & 1);
-                const float pv = lk_ex2(fmaf(sc[e], g.scale2, -(e & 1 ? L[e / 4].y : L[e / 4].x)));
+                const float pv = lk_ex2(fmaf(sc[e], s2, -(e & 1 ? L[e / 4].y : L[e / 4].x)));
                 sc[e] = key < lo[col] || key >= hi[col] ? 0.0f : pv;
             }
         }
@@ -524,15 +536,15 @@ int lk_attn_fa3_bwd_takes(const lk_attention_args *a) {
 
 size_t lk_attn_fa3_bwd_workspace(const lk_attention_args *a) {
     const pieces p = pieces_of(a);
-    return lk_attn_vis_bytes(a) + p.stats + p.rows + p.dq_acc + p.sink_part;
+    return lk_attn_vis_bytes(a) + lk_attn_flex_alibi_bytes(a) + p.stats + p.rows + p.dq_acc + p.sink_part;
 }
 
-template <int DP, bool FLEX>
+template <int DP, bool FLEX, bool ALIBI>
 static lk_status launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const CUtensorMap &tdo,
                         const bwd_geom &g, cudaStream_t st) {
     const size_t sh = bwd_smem(DP);
-    LK_CUDA_TRY(cudaFuncSetAttribute(fa3_bwd<DP, FLEX>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
-    fa3_bwd<DP, FLEX><<<(unsigned)g.heads * (unsigned)g.nkt, THREADS, sh, st>>>(tq, tk, tv, tdo, g);
+    LK_CUDA_TRY(cudaFuncSetAttribute(fa3_bwd<DP, FLEX, ALIBI>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
+    fa3_bwd<DP, FLEX, ALIBI><<<(unsigned)g.heads * (unsigned)g.nkt, THREADS, sh, st>>>(tq, tk, tv, tdo, g);
     LK_CUDA_LAUNCHED("attention: flash_attention_3 backward");
     return LK_OK;
 }
@@ -547,6 +559,7 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
     bwd_geom g = {};
     const int flex = a->block_mask != NULL;   /* the flex row: the mask's tiles, not the options */
     if (flex) g.vis = (lk_attn_vis){NULL, NULL, 0, (int)d.Sq, (int)d.Skv, 0, 0, 0};
+    if (flex && (s = lk_attn_flex_alibi(a, ctx->arena, st, &g.alibi))) return s;
     if ((s = flex ? lk_attn_flex_map(a->block_mask, st, &g.fx) : lk_attn_vis_make(a, ctx->arena, st, &g.vis)))
         return s;
     float *stats = (float *)lk_arena_alloc(ctx->arena, pc.stats);
@@ -581,8 +594,13 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
             (s = tensor_map(&tv, a->v.data, d.B * d.Hkv, d.Skv, d.D, BNK)) ||
             (s = bf16_map(&tdo, a->dout.data, 4, ddims, dstr, dbox)))
             return s;
-        if (flex) s = DP == 64 ? launch<64, true>(tq, tk, tv, tdo, g, st) : launch<128, true>(tq, tk, tv, tdo, g, st);
-        else s = DP == 64 ? launch<64, false>(tq, tk, tv, tdo, g, st) : launch<128, false>(tq, tk, tv, tdo, g, st);
+        if (flex && g.alibi)
+            s = DP == 64 ? launch<64, true, true>(tq, tk, tv, tdo, g, st) : launch<128, true, true>(tq, tk, tv, tdo, g, st);
+        else if (flex)
+            s = DP == 64 ? launch<64, true, false>(tq, tk, tv, tdo, g, st) : launch<128, true, false>(tq, tk, tv, tdo, g, st);
+        else
+            s = DP == 64 ? launch<64, false, false>(tq, tk, tv, tdo, g, st)
+                         : launch<128, false, false>(tq, tk, tv, tdo, g, st);
         if (s) return s;
     }   /* no keys: dK and dV are empty, dQ is 0 */
     /* with no keys the workspace is zeros: dQ 0 */

@@ -88,7 +88,11 @@ lk_status lk_attn_cuda_sink_sum(const float *part, float *ds_aux, int64_t B, int
 extern const lk_attention_vtable lk_attention_fa2_cuda_backend;     /* fa2.cu: bf16 on tensor cores */
 extern const lk_attention_vtable lk_attention_fa2_flex_cuda_backend;   /* fa2.cu: flex_attention's BlockMask */
 extern const lk_attention_vtable lk_attention_fa3_cuda_backend;     /* fa3.cu: Hopper, wgmma + TMA */
-extern const lk_attention_vtable lk_attention_fa3_flex_cuda_backend;   /* fa3.cu: flex's forward on Hopper */
+extern const lk_attention_vtable lk_attention_fa3_flex_cuda_backend;   /* fa3.cu: flex on Hopper */
+/* flex's ALiBi score_mod on the device (fa2.cu): log2e · slope[h] of the H_q heads in the arena
+ * (*out NULL when score_mod is not lk_score_mod_alibi), and the arena bytes that takes. */
+size_t lk_attn_flex_alibi_bytes(const lk_attention_args *a);
+lk_status lk_attn_flex_alibi(const lk_attention_args *a, lk_arena *ar, void *stream, const float **out);
 /* fa3_bwd.cu: flash_attention_3's Hopper backward, for the calls its forward takes that
  * lk_attn_fa3_bwd_takes accepts too (the others run on fa2.cu's backward). */
 int lk_attn_fa3_bwd_takes(const lk_attention_args *a);

@@ -109,36 +109,40 @@ static void run_case_as(const char *cpu_name, int cpu_too, const char *name, lk_
     double e[6] = {err_of(&a.out, oref), lse_err(a.saved.data, lref, nl), err_of(&a.dq, dqr), err_of(&a.dk, dkr),
                    err_of(&a.dv, dvr), c->sinks ? err_of(&a.ds_aux, dsr) : 0.0};
     /* f32 math against float64: f32 1e-5 (seen: <= 3e-6); bf16 outputs rounded once and
-     * delta formed from the rounded out: 1e-2 (seen: <= 4e-3), max-normalized */
-    double tol = dt == LK_F32 ? 1e-5 : 1e-2;
+     * delta formed from the rounded out: 1e-2 (seen: <= 7e-3), max-normalized. The sinks'
+     * gradient sums signed terms of every row, each through delta of the rounded out: where
+     * the sink takes much of a row (ALiBi's far keys fade) bf16 gave 2.5e-2 against the
+     * reference, so 3e-2 there, and 1e-2 against the CPU's own bf16 below. */
+    const double tol = dt == LK_F32 ? 1e-5 : 1e-2, tol_ds = dt == LK_F32 ? 1e-5 : 3e-2;
+    double ec[5] = {0};   /* cpu_too: against the CPU row on the same (host) inputs */
+    if (cpu_too) {
+        lk_attention_args h = pb.a;
+        lk_arena harena = {0};
+        lk_ctx hctx = lk_ctx_cpu(&harena);
+        assert_int_equal(lk_attention_forward(cpu, &h, &hctx), LK_OK);
+        assert_int_equal(lk_attention_backward(cpu, &h, &hctx), LK_OK);
+        const lk_tensor *gt[5] = {&a.out, &a.dq, &a.dk, &a.dv, &a.ds_aux}, *ht[5] = {&h.out, &h.dq, &h.dk, &h.dv, &h.ds_aux};
+        for (int i = 0; i < (c->sinks ? 5 : 4); i++) {
+            const int64_t n = lk_tensor_numel(ht[i]);
+            const lk_dtype t = ht[i]->dtype;
+            double *want = lkt_alloc(n);
+            for (int64_t j = 0; j < n; j++)
+                want[j] = t == LK_F32 ? ((const float *)ht[i]->data)[j] : lk_bf16_to_f32(((const uint16_t *)ht[i]->data)[j]);
+            ec[i] = err_of(gt[i], want);
+        }
+        lk_arena_free(&harena);
+    }
     print_message("  %-17s %s B %lld Hq %lld Hkv %lld Sq %lld Skv %lld D %lld causal %d win %lld/%lld docs %d "
                   "cap %g sinks %d mask %d/%lld mod %d: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e ds %.1e (tol %.0e)\n",
                   name, lk_dtype_name(dt), (long long)c->B, (long long)c->Hq, (long long)(c->Hkv ? c->Hkv : c->Hq),
                   (long long)c->Sq, (long long)(c->Skv ? c->Skv : c->Sq), (long long)c->D, c->causal,
                   (long long)c->window_left, (long long)c->window_right, c->n_docs, (double)c->softcap, c->sinks,
                   c->family, (long long)c->block, c->score_mod, e[0], e[1], e[2], e[3], e[4], e[5], tol);
-    for (int i = 0; i < 6; i++) assert_true(e[i] <= tol);
-    if (cpu_too) {   /* the CPU row on the same (host) inputs: the GPU's outputs against its own */
-        lk_attention_args h = pb.a;
-        lk_arena harena = {0};
-        lk_ctx hctx = lk_ctx_cpu(&harena);
-        assert_int_equal(lk_attention_forward(cpu, &h, &hctx), LK_OK);
-        assert_int_equal(lk_attention_backward(cpu, &h, &hctx), LK_OK);
-        const lk_tensor *gt[4] = {&a.out, &a.dq, &a.dk, &a.dv}, *ht[4] = {&h.out, &h.dq, &h.dk, &h.dv};
-        double ec[4];
-        for (int i = 0; i < 4; i++) {
-            const int64_t n = lk_tensor_numel(ht[i]);
-            double *want = lkt_alloc(n);
-            for (int64_t j = 0; j < n; j++)
-                want[j] = dt == LK_F32 ? ((const float *)ht[i]->data)[j] : lk_bf16_to_f32(((const uint16_t *)ht[i]->data)[j]);
-            ec[i] = err_of(gt[i], want);
-        }
-        /* two bf16 roundings of the same math: the reference's tolerance */
-        print_message("    against the CPU's %s: out %.1e dq %.1e dk %.1e dv %.1e (tol %.0e)\n", cpu_name, ec[0], ec[1],
-                      ec[2], ec[3], tol);
-        for (int i = 0; i < 4; i++) assert_true(ec[i] <= tol);
-        lk_arena_free(&harena);
-    }
+    if (cpu_too)
+        print_message("    against the CPU's %s: out %.1e dq %.1e dk %.1e dv %.1e ds %.1e (tol %.0e)\n", cpu_name, ec[0],
+                      ec[1], ec[2], ec[3], ec[4], tol);
+    for (int i = 0; i < 5; i++) assert_true(e[i] <= tol && ec[i] <= tol);
+    assert_true(e[5] <= tol_ds);
     lk_arena_free(&arena);
     lk_attention_problem_free(&pb);
     lkt_free_all();

@@ -110,9 +110,10 @@ static void run_case_as(const char *cpu_name, int cpu_too, const char *name, lk_
                    err_of(&a.dv, dvr), c->sinks ? err_of(&a.ds_aux, dsr) : 0.0};
     /* f32 math against float64: f32 1e-5 (seen: <= 3e-6); bf16 outputs rounded once and
      * delta formed from the rounded out: 1e-2 (seen: <= 7e-3), max-normalized. The sinks'
-     * gradient sums signed terms of every row, each through delta of the rounded out: where
-     * the sink takes much of a row (ALiBi's far keys fade) bf16 gave 2.5e-2 against the
-     * reference, so 3e-2 there, and 1e-2 against the CPU's own bf16 below. */
+     * gradient sums signed terms of every row, each through delta of the rounded out, and
+     * the terms cancel: where the sink takes much of a row (ALiBi's far keys fade) bf16 gave
+     * 2.5e-2 against the reference and 1.9e-2 against the CPU's bf16 (elsewhere <= 2.2e-3),
+     * so 3e-2 for it (the bf16 tolerance of `llmkern check`). */
     const double tol = dt == LK_F32 ? 1e-5 : 1e-2, tol_ds = dt == LK_F32 ? 1e-5 : 3e-2;
     double ec[5] = {0};   /* cpu_too: against the CPU row on the same (host) inputs */
     if (cpu_too) {
@@ -141,8 +142,10 @@ static void run_case_as(const char *cpu_name, int cpu_too, const char *name, lk_
     if (cpu_too)
         print_message("    against the CPU's %s: out %.1e dq %.1e dk %.1e dv %.1e ds %.1e (tol %.0e)\n", cpu_name, ec[0],
                       ec[1], ec[2], ec[3], ec[4], tol);
-    for (int i = 0; i < 5; i++) assert_true(e[i] <= tol && ec[i] <= tol);
+    for (int i = 0; i < 5; i++) assert_true(e[i] <= tol);                  /* out, lse, dq, dk, dv */
     assert_true(e[5] <= tol_ds);
+    for (int i = 0; i < 4; i++) assert_true(ec[i] <= tol);                 /* out, dq, dk, dv against the CPU */
+    assert_true(ec[4] <= tol_ds);
     lk_arena_free(&arena);
     lk_attention_problem_free(&pb);
     lkt_free_all();

@@ -140,8 +140,8 @@ static void run_case_as(const char *cpu_name, int cpu_too, const char *name, lk_
                   (long long)c->window_left, (long long)c->window_right, c->n_docs, (double)c->softcap, c->sinks,
                   c->family, (long long)c->block, c->score_mod, e[0], e[1], e[2], e[3], e[4], e[5], tol);
     if (cpu_too)
-        print_message("    against the CPU's %s: out %.1e dq %.1e dk %.1e dv %.1e ds %.1e (tol %.0e)\n", cpu_name, ec[0],
-                      ec[1], ec[2], ec[3], ec[4], tol);
+        print_message("    against the CPU's %s: out %.1e dq %.1e dk %.1e dv %.1e ds %.1e (tol %.0e, ds %.0e)\n", cpu_name,
+                      ec[0], ec[1], ec[2], ec[3], ec[4], tol, tol_ds);
     for (int i = 0; i < 5; i++) assert_true(e[i] <= tol);                  /* out, lse, dq, dk, dv */
     assert_true(e[5] <= tol_ds);
     for (int i = 0; i < 4; i++) assert_true(ec[i] <= tol);                 /* out, dq, dk, dv against the CPU */
@@ -568,7 +568,7 @@ static void host_score_mod(lk_attention_args *a) { a->score_mod = (lk_score_mod)
 static void no_mask(lk_attention_args *a) { a->block_mask = NULL; }
 
 /* What flex on CUDA refuses, and a mask's device copy: made once, used by later calls
- * (the same bits out), freed with the mask. */
+ * (the same bits out, also from a CUDA graph), refused inside a capture, freed with the mask. */
 static void flex_refusals_and_reuse(void **state) {
     (void)state;
     const lk_attention_case capped = {.B = 1, .Hq = 2, .Sq = 40, .D = 64, .family = LK_AM_CAUSAL, .softcap = 5.0f};
@@ -598,6 +598,39 @@ static void flex_refusals_and_reuse(void **state) {
     assert_ptr_equal(pb.bm[0].gpu, copy);
     assert_int_equal(cudaMemcpy(again, a.out.data, n, cudaMemcpyDeviceToHost), cudaSuccess);
     assert_memory_equal(first, again, n);
+
+    /* in a CUDA graph: a mask already on the GPU is captured and replayed (the same bits);
+     * a mask's first call, which copies it from the host, is refused inside a capture */
+    cudaStream_t st;
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    assert_int_equal(cudaStreamCreate(&st), cudaSuccess);
+    lk_ctx sctx = lk_ctx_cuda(&arena, st, 0);
+    lkt_poison(a.out.data, n);
+    assert_int_equal(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    assert_int_equal(lk_attention_forward(gpu, &a, &sctx), LK_OK);
+    assert_int_equal(cudaStreamEndCapture(st, &graph), cudaSuccess);
+    assert_int_equal(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    assert_int_equal(cudaGraphLaunch(exec, st), cudaSuccess);
+    assert_int_equal(cudaStreamSynchronize(st), cudaSuccess);
+    assert_int_equal(cudaMemcpy(again, a.out.data, n, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_memory_equal(first, again, n);
+    cudaGraphExecDestroy(exec), cudaGraphDestroy(graph);
+    lk_block_mask fresh;
+    assert_int_equal(lk_block_mask_causal(1, 1, c.Sq, c.Sq, 0, 0, &fresh), LK_OK);
+    a.block_mask = &fresh;
+    graph = NULL;
+    assert_int_equal(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    lk_status s = lk_attention_forward(gpu, &a, &sctx);
+    cudaStreamEndCapture(st, &graph);   /* whatever was captured is dropped */
+    if (graph) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    print_message("  flex, a new mask inside a capture -> %d: %s\n", (int)s, lk_last_error());
+    assert_int_equal(s, LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "capture"));
+    assert_null(fresh.gpu);
+    lk_block_mask_free(&fresh);
+    cudaStreamDestroy(st);
     free(first), free(again);
     lk_arena_free(&arena);
     lk_attention_problem_free(&pb);   /* lk_block_mask_free gives the device copy back */

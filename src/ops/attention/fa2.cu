@@ -48,6 +48,10 @@
  * give 0 and LSE -inf (with sinks: 0 and LSE = the sink). The rule lives in visible.cuh,
  * shared with fa3.cu.
  *
+ * flex_attention (the FLEX instances, issue 19; the section at the end): the key tiles or
+ * query steps are the BlockMask's (flex_plan.h), partial ones masked by their bits where
+ * the analytic kernels compare with a row's interval; FLEX 2 adds ALiBi's bias.
+ *
  * D > 128 takes ~200 KiB of shared memory a block: GPUs without it (sm_80: 163 KiB) run
  * those calls on flash.cu. Measured (bench/NOTES.md issue 16, H200, B 2, H 32, S 8192,
  * D 128, run 2): fwd 302 / 285 TFLOP/s full / causal, fwd+bwd 243 / 235, against SDPA's

@@ -28,7 +28,11 @@
  *
  * The backward is fa3_bwd.cu's (wgmma too). What neither takes (f32, other head dims up to
  * 256, unaligned tensors; softcap and `deterministic` in the backward) runs on
- * flash_attention_2's kernels (fa2.cu; the same LSE contract). */
+ * flash_attention_2's kernels (fa2.cu; the same LSE contract).
+ *
+ * flex_attention (the FLEX instances, issue 19): the key tiles are the BlockMask's 128-key
+ * tiles (flex_plan.h), partial ones first; a partial tile's elements are its bits, read as
+ * one 16-byte load a row; ALiBi's bias joins the scores in log2 units. */
 #include <math.h>
 #include <stdlib.h>
 #include "core/cuda_check.h"

@@ -43,7 +43,10 @@
  * registers (24 + 56 + 2 · 224 > 504 a thread).
  * Layouts are fa3.cu's (rows of 64 elements in TMA's 128-byte swizzle). What this kernel
  * does not take — softcap, `deterministic`, and everything fa3.cu's forward hands to
- * fa2.cu — runs on fa2.cu's backward under the same row. */
+ * fa2.cu — runs on fa2.cu's backward under the same row.
+ * flex_attention (FLEX, issue 19): a block's keys are one 128-key tile of the BlockMask; the
+ * producer walks its query steps (flex_walk) and brings a partial step's bits (by key, 1 KB)
+ * into the stage beside the stats; ALiBi (a flag) adds its bias before P is formed. */
 #include <math.h>
 #include <string.h>
 #include "core/cuda_check.h"

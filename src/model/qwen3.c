@@ -521,6 +521,10 @@ static lk_status forward(lk_model *m, const lk_batch *whole, lk_step_stats *st) 
     if (s || (s = copy_tokens(m))) return s;
     const lk_batch *b = &m->local;
     int64_t T = m->T, H = m->H;
+    if (m->flex && m->defer_stats && m->dev->type == LK_DEVICE_CUDA)   /* only a graph capture defers them */
+        return lk_error(LK_EUNAVAILABLE, "model: flex_attention builds each batch's document BlockMask on the host "
+                        "and copies it to the GPU in the step, which a CUDA graph cannot replay: train without "
+                        "train.cuda_graph, or with flash_attention_3 (its documents come as cu_seqlens)");
     if (m->flex) {   /* flex follows its BlockMask alone: causal within each packed document */
         lk_block_mask_free(&m->doc_mask);
         if ((s = lk_block_mask_document_cu(whole->cu_seqlens, whole->n_segs, 1, 1, whole->B * whole->S, 0, 0,

@@ -160,6 +160,22 @@ static void refused_before_a_step(void **state) {
     rm_rf(d);
 }
 
+/* flex_attention's model builds each batch's document BlockMask on the host: the capture
+ * is refused with that reason (it first failed inside the capture, on the old mask's
+ * cudaFree, with an error that named the embedding). */
+static void flex_refused_in_a_graph(void **state) {
+    (void)state;
+    char *d = tmpdir();
+    tiny_config(d, 0, 1);
+    assert_int_equal(lk_ops_config_set(&ops, "attn_implementation", "flex_attention", NULL), LK_OK);
+    lk_train_opts o = {.quiet = 1};
+    lk_status s = lk_train_run(&tc, &ops, NULL, &o, NULL);
+    print_message("  flex_attention with train.cuda_graph -> %d: %s\n", (int)s, lk_last_error());
+    assert_int_equal(s, LK_EUNAVAILABLE);
+    assert_non_null(strstr(lk_last_error(), "flex_attention builds each batch's document BlockMask"));
+    rm_rf(d);
+}
+
 int main(void) {
     if (!lkt_have_gpu("cuda_test_train_graph")) return LKT_SKIP;
     const struct CMUnitTest tests[] = {
@@ -167,6 +183,7 @@ int main(void) {
         cmocka_unit_test(moe_replays_the_eager_steps),
         cmocka_unit_test(nan_stops_the_queued_steps),
         cmocka_unit_test(refused_before_a_step),
+        cmocka_unit_test(flex_refused_in_a_graph),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1029,7 +1029,8 @@ extern "C" const lk_attention_vtable lk_attention_fa2_cuda_backend = {
  * kept in its `gpu` member until lk_block_mask_free; a standard family's bits are made
  * on the device by flex_bits from the family's parameters. The mask alone says what is
  * seen (causal and window options are ignored, as on the CPU); softcap comes as the
- * option or as score_mod lk_score_mod_softcap. */
+ * option or as score_mod lk_score_mod_softcap, ALiBi as lk_score_mod_alibi (FLEX 2). The
+ * Hopper row (fa3.cu) takes the same plan and slopes from here. */
 
 typedef struct {
     struct lk_block_mask_gpu base;

@@ -6,8 +6,10 @@
  * f32 1e-5 and bf16 1e-2 relative (the same kernel on the same heads; only the KV-repeat
  * sum of dk/dv across ranks reorders). Cases: MHA causal, MQA with fewer KV heads than
  * ranks and sinks, GQA with a window and softcap, varlen documents crossing the rank
- * boundaries. And the refusal of CUDA tensors with a host-memory (MPI) group. Skipped (77)
- * with fewer GPUs than ranks. ctest: cuda_dist_attention_np2 / _np4. */
+ * boundaries; and flex_attention's SP row (bf16) under head-broadcast BlockMasks: causal
+ * documents across the rank boundaries, causal MQA with sinks. And the refusal of CUDA
+ * tensors with a host-memory (MPI) group. Skipped (77) with fewer GPUs than ranks.
+ * ctest: cuda_dist_attention_np2 / _np4. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,9 +53,12 @@ static void dev_free(dev_bufs *b) {
     for (size_t i = 0; i < sizeof p / sizeof *p; i++) cudaFree(p[i]);
 }
 
-static void run_case(const char *label, lk_dtype dt, const lk_attention_case *c, uint64_t seed) {
-    const lk_impl *sp = lk_impl_find(LK_OP_ATTENTION, "llmkern_flash_attention_2_with_sp", LK_DEVICE_CUDA);
-    const lk_impl *cpu = lk_impl_find(LK_OP_ATTENTION, "flash_attention_2", LK_DEVICE_CPU);
+/* The SP row `sp_name` on case c (the problem made for the CPU row of its adapter, cpu_name:
+ * a flex case gets its BlockMask there, borrowed by both runs). */
+static void run_case(const char *label, const char *sp_name, const char *cpu_name, lk_dtype dt,
+                     const lk_attention_case *c, uint64_t seed) {
+    const lk_impl *sp = lk_impl_find(LK_OP_ATTENTION, sp_name, LK_DEVICE_CUDA);
+    const lk_impl *cpu = lk_impl_find(LK_OP_ATTENTION, cpu_name, LK_DEVICE_CPU);
     DIST_CHECK(sp && cpu, "%s: the SP row on CUDA", label);
     if (!sp || !cpu) return;
     lk_attention_problem pb;
@@ -138,7 +143,15 @@ int main(void) {
                                 "varlen documents across ranks"};
         for (int d = 0; d < 2; d++)
             for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
-                run_case(labels[i], d ? LK_BF16 : LK_F32, &cases[i], 11 + i);
+                run_case(labels[i], "llmkern_flash_attention_2_with_sp", "flash_attention_2", d ? LK_BF16 : LK_F32,
+                         &cases[i], 11 + i);
+        const lk_attention_case flex[] = {
+            {.B = 1, .Hq = 4, .Hkv = 2, .Sq = 256, .D = 64, .family = LK_AM_DOCUMENT, .n_docs = 5},
+            {.B = 2, .Hq = 8, .Hkv = 1, .Sq = 128, .D = 128, .family = LK_AM_CAUSAL, .sinks = 1},
+        };
+        const char *flex_labels[] = {"flex: documents across ranks", "flex: causal MQA with sinks"};
+        for (size_t i = 0; i < sizeof flex / sizeof *flex; i++)
+            run_case(flex_labels[i], "llmkern_flex_attention_with_sp", "flex_attention", LK_BF16, &flex[i], 21 + i);
         lk_comm_destroy(nccl);
     }
     return dist_end("dist_attention (cuda)");

@@ -532,7 +532,9 @@ int lk_attn_fa3_bwd_takes(const lk_attention_args *a) {
     const lk_attn_dims d = lk_attn_dims_of(a);
     const lk_hw *hw = lk_hw_get();
     const int grid_ok = d.B * d.Hkv * lk_cdiv(d.Skv, BNK) <= INT32_MAX;   /* a 1-D grid (grid_order.cuh) */
-    return !(a->softcap > 0.0f) && !a->score_mod.fn && !a->deterministic && grid_ok && lk_aligned16(a->dout.data) &&
+    /* score_mod: none, or flex's ALiBi (ALIBI); softcap in either form runs on fa2.cu */
+    return !(a->softcap > 0.0f) && (!a->score_mod.fn || a->score_mod.fn == lk_score_mod_alibi) && !a->deterministic &&
+           grid_ok && lk_aligned16(a->dout.data) &&
            lk_aligned16(a->out.data) && lk_aligned16(a->dq.data) && lk_aligned16(a->dk.data) && lk_aligned16(a->dv.data) &&
            (hw->cuda_smem_per_block == 0 || bwd_smem(dp_of(d.D)) <= hw->cuda_smem_per_block);
 }

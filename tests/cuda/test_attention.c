@@ -326,23 +326,30 @@ static lk_attention_args cudnn_args(lk_dtype dt, const lk_attention_case *c, uin
     return on_device(pb->a);
 }
 
+/* A forward that row gpu must refuse before anything is written: the status, the option
+ * named in the error, the output still the poison. */
+static void expect_refused(const char *who, const lk_impl *gpu, lk_attention_args *a, lk_status want,
+                           const char *needle) {
+    lk_arena arena = {.device = LK_DEVICE_CUDA};
+    lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
+    size_t n = lk_tensor_bytes(&a->out);
+    uint8_t *before = malloc(n), *after = malloc(n);
+    assert_int_equal(cudaMemcpy(before, a->out.data, n, cudaMemcpyDeviceToHost), cudaSuccess);
+    lk_status s = lk_attention_forward(gpu, a, &ctx);
+    print_message("  %s refuses %-12s -> %d: %s\n", who, needle, (int)s, lk_last_error());
+    assert_int_equal(s, want);
+    assert_non_null(strstr(lk_last_error(), needle));
+    assert_int_equal(cudaMemcpy(after, a->out.data, n, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_memory_equal(before, after, n);                       /* still the poison: untouched */
+    free(before), free(after);
+    lk_arena_free(&arena);
+}
+
 static void cudnn_refused(const lk_impl *gpu, lk_dtype dt, const lk_attention_case *c, lk_status want,
                           const char *needle) {
     lk_attention_problem pb;
     lk_attention_args a = cudnn_args(dt, c, 5, &pb);
-    lk_arena arena = {.device = LK_DEVICE_CUDA};
-    lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
-    size_t n = lk_tensor_bytes(&a.out);
-    uint8_t *before = malloc(n), *after = malloc(n);
-    assert_int_equal(cudaMemcpy(before, a.out.data, n, cudaMemcpyDeviceToHost), cudaSuccess);
-    lk_status s = lk_attention_forward(gpu, &a, &ctx);
-    print_message("  cudnn refuses %-12s -> %d: %s\n", needle, (int)s, lk_last_error());
-    assert_int_equal(s, want);
-    assert_non_null(strstr(lk_last_error(), needle));
-    assert_int_equal(cudaMemcpy(after, a.out.data, n, cudaMemcpyDeviceToHost), cudaSuccess);
-    assert_memory_equal(before, after, n);                       /* still the poison: untouched */
-    free(before), free(after);
-    lk_arena_free(&arena);
+    expect_refused("cudnn", gpu, &a, want, needle);
     lk_attention_problem_free(&pb);
     lkt_free_all();
 }
@@ -531,8 +538,7 @@ static void flex_against_reference(void **state) {
         run_case_as("flex_attention", 1, "flex_attention", LK_BF16, &cases[i], 500u + i);
 }
 
-/* One flex call that must be refused before anything is written: the status, the option
- * named, the output still the poison. */
+/* One flex call that must be refused before anything is written (expect_refused). */
 static void flex_refused(lk_dtype dt, const lk_attention_case *c, void (*tweak)(lk_attention_args *), lk_status want,
                          const char *needle) {
     const lk_impl *cpu = lk_impl_find(LK_OP_ATTENTION, "flex_attention", LK_DEVICE_CPU);
@@ -541,19 +547,7 @@ static void flex_refused(lk_dtype dt, const lk_attention_case *c, void (*tweak)(
     assert_int_equal(lk_attention_problem_make(cpu, dt, c, 11, 0, &pb), LK_OK);
     lk_attention_args a = on_device(pb.a);
     if (tweak) tweak(&a);
-    lk_arena arena = {.device = LK_DEVICE_CUDA};
-    lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
-    size_t n = lk_tensor_bytes(&a.out);
-    uint8_t *before = malloc(n), *after = malloc(n);
-    assert_int_equal(cudaMemcpy(before, a.out.data, n, cudaMemcpyDeviceToHost), cudaSuccess);
-    lk_status s = lk_attention_forward(gpu, &a, &ctx);
-    print_message("  flex refuses %-10s -> %d: %s\n", needle, (int)s, lk_last_error());
-    assert_int_equal(s, want);
-    assert_non_null(strstr(lk_last_error(), needle));
-    assert_int_equal(cudaMemcpy(after, a.out.data, n, cudaMemcpyDeviceToHost), cudaSuccess);
-    assert_memory_equal(before, after, n);
-    free(before), free(after);
-    lk_arena_free(&arena);
+    expect_refused("flex", gpu, &a, want, needle);
     lk_attention_problem_free(&pb);
     lkt_free_all();
 }

@@ -59,7 +59,6 @@
  * at 2 warps a scheduler, dk/dv near the shared-memory pipe's limit (72.6%). */
 #include <math.h>
 #include <stdint.h>
-#include <string.h>
 #include "core/cuda_check.h"
 #include "ops/attention/flex_plan.h"
 #include "ops/attention/internal.h"
@@ -826,12 +825,11 @@ static int fits(const lk_attention_args *a, int backward);
 
 /* A host-to-device copy from pageable memory cannot be captured in a CUDA graph: the flex
  * row's first call with a mask (and ALiBi's slopes) says so instead of failing inside it. */
-static lk_status not_capturing(cudaStream_t st, const char *what) {
+static lk_status not_capturing(cudaStream_t st, const char *what, const char *more) {
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(st, &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone) return LK_OK;
     return lk_error(LK_EINVAL, "attention: %s: copied from the host, which a CUDA graph capture cannot hold: make "
-                    "the mask's first call before capturing and keep the mask%s", what,
-                    strcmp(what, "score_mod") == 0 ? " (ALiBi's slopes are copied every call: not capturable yet)" : "");
+                    "the mask's first call before capturing and keep the mask%s", what, more);
 }
 
 /* flex's ALiBi score_mod on the device: log2e · slope[h] of the H_q heads, in the arena. */
@@ -842,7 +840,8 @@ extern "C" size_t lk_attn_flex_alibi_bytes(const lk_attention_args *a) {
 extern "C" lk_status lk_attn_flex_alibi(const lk_attention_args *a, lk_arena *ar, void *stream, const float **out) {
     *out = NULL;
     if (a->score_mod.fn != lk_score_mod_alibi) return LK_OK;
-    lk_status s = not_capturing((cudaStream_t)stream, "score_mod");
+    lk_status s = not_capturing((cudaStream_t)stream, "score_mod",
+                                " (ALiBi's slopes are copied every call: not capturable yet)");
     if (s) return s;
     const int64_t H = a->q.shape[1];
     float *d = (float *)lk_arena_alloc(ar, lk_attn_flex_alibi_bytes(a)), *h = (float *)malloc((size_t)H * 4);
@@ -1079,7 +1078,7 @@ extern "C" lk_status lk_attn_flex_map(const lk_block_mask *m, void *stream, lk_f
         return LK_OK;
     }
     lk_flex_plan pl;
-    lk_status s = not_capturing(st, "block_mask");
+    lk_status s = not_capturing(st, "block_mask", "");
     if (s || (s = lk_flex_plan_make(m, &pl))) return s;
     const size_t lists = up(pl.list_words * 4), bits = (size_t)pl.ntiles * LK_FLEX_TILE_WORDS * 4;
     const size_t data = (size_t)pl.ndata * 4;

@@ -6,7 +6,8 @@
  * exact transpose of the kv lists with the same bits tiles, the partial entries before
  * the full ones and each ascending, per-head and broadcast masks, and which predicates
  * become a device program (the families, their AND/OR) and which keep host bits (a dense
- * mask, a custom predicate, a program longer than LK_FLEX_NODES).
+ * mask, a custom predicate, a program longer than LK_FLEX_NODES). The staged image of the
+ * trainer's document masks: their partial tiles within its cap, its packing and refusals.
  * Run: ctest -R test_flex_plan, or ./build/test_flex_plan. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -170,9 +171,76 @@ static void compositions_and_host_bits(void **state) {
     lk_block_mask_free(&m);
 }
 
+/* Causal document masks of random packings stay within lk_flex_documents_cap, and a plan
+ * packed into the staged image is its lists, count, tile_of and data; a plan of another
+ * shape, past the caps or with host bits is refused, the image untouched. */
+static void staged_documents(void **state) {
+    (void)state;
+    const int64_t lens[] = {1, 127, 128, 640, 1000, 4113};
+    uint64_t x = 12345;
+    for (int li = 0; li < 6; li++)
+        for (int rep = 0; rep < 12; rep++) {
+            const int64_t LEN = lens[li], longest = rep % 3 == 0 ? 3 : rep % 3 == 1 ? 200 : 2000;
+            int32_t *cu = malloc((size_t)(LEN + 1) * sizeof *cu);
+            int64_t n = 0;
+            cu[0] = 0;
+            while (cu[n] < LEN) {
+                x = x * 6364136223846793005ull + 1442695040888963407ull;
+                const int64_t d = 1 + (int64_t)((x >> 33) % (uint64_t)longest);
+                cu[n + 1] = (int32_t)(cu[n] + d < LEN ? cu[n] + d : LEN), n++;
+            }
+            lk_block_mask m;
+            assert_int_equal(lk_block_mask_document_cu(cu, n, 1, 1, LEN, 0, 0, &m), LK_OK);
+            if (LEN <= 1000 && rep < 2) expect_plan(&m, 1);
+            lk_flex_plan pl;
+            assert_int_equal(lk_flex_plan_make(&m, &pl), LK_OK);
+            const int64_t cap = lk_flex_documents_cap(LEN);
+            assert_true(pl.ntiles <= cap);
+            const lk_flex_image L = lk_flex_image_of(&pl, cap, pl.ndata);
+            int32_t *img = malloc((size_t)L.words * sizeof *img);
+            memset(img, 0x5a, (size_t)L.words * sizeof *img);
+            assert_int_equal(lk_flex_image_pack(&L, &pl, img), LK_OK);
+            assert_memory_equal(img, pl.buf, (size_t)L.count * sizeof *img);
+            assert_int_equal(img[L.count], pl.ntiles);
+            assert_memory_equal(img + L.tile_of, pl.tile_of, (size_t)(3 * pl.ntiles) * sizeof *img);
+            assert_memory_equal(img + L.data, pl.data, (size_t)pl.ndata * sizeof *img);
+            if (pl.ntiles > 0) {   /* one tile short: refused, the image as it was */
+                const lk_flex_image S = lk_flex_image_of(&pl, pl.ntiles - 1, pl.ndata);
+                memset(img, 0x5a, (size_t)L.words * sizeof *img);
+                assert_int_equal(lk_flex_image_pack(&S, &pl, img), LK_EINVAL);
+                assert_non_null(strstr(lk_last_error(), "partial tiles"));
+                assert_int_equal(img[0], 0x5a5a5a5a);
+            }
+            free(img);
+            lk_flex_plan_free(&pl);
+            lk_block_mask_free(&m);
+            free(cu);
+        }
+    lk_block_mask a, b;
+    const int32_t cu[3] = {0, 100, 300};
+    assert_int_equal(lk_block_mask_document_cu(cu, 2, 1, 1, 300, 0, 0, &a), LK_OK);
+    lk_flex_plan pa, pb;
+    assert_int_equal(lk_flex_plan_make(&a, &pa), LK_OK);
+    const lk_flex_image L = lk_flex_image_of(&pa, lk_flex_documents_cap(300), pa.ndata);
+    int32_t *img = calloc((size_t)L.words, sizeof *img);
+    assert_int_equal(lk_block_mask_causal(1, 1, 299, 299, 0, 0, &b), LK_OK);   /* another shape */
+    assert_int_equal(lk_flex_plan_make(&b, &pb), LK_OK);
+    assert_int_equal(lk_flex_image_pack(&L, &pb, img), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "expected the staged shape [1, 1, 300, 300], got [1, 1, 299, 299]"));
+    lk_flex_plan_free(&pb), lk_block_mask_free(&b);
+    assert_int_equal(lk_block_mask_create(holes, NULL, 1, 1, 300, 300, 0, 0, &b), LK_OK);   /* host bits */
+    assert_int_equal(lk_flex_plan_make(&b, &pb), LK_OK);
+    assert_int_equal(lk_flex_image_pack(&L, &pb, img), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "standard family"));
+    lk_flex_plan_free(&pb), lk_block_mask_free(&b);
+    free(img);
+    lk_flex_plan_free(&pa), lk_block_mask_free(&a);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(families),
+        cmocka_unit_test(staged_documents),
         cmocka_unit_test(compositions_and_host_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -192,9 +192,14 @@ static lk_status embed_backward(float *dtable, const int64_t *ids, const void *d
     return lk_cuda_embedding_backward_unchecked(&d, &id, &dw, ctx);
 }
 
+static lk_status flex_attach(lk_block_mask *m, const lk_flex_image *L, const lk_flex_prog *prog, const int32_t *img,
+                             uint32_t *bits, lk_ctx *ctx) {
+    return lk_attn_flex_attach(m, L, prog, img, bits, ctx->stream);
+}
+
 const lk_model_device lk_model_device_cuda = {
     .type = LK_DEVICE_CUDA, .current = current, .alloc = alloc, .free = release, .put = put, .get = get,
     .host_alloc = host_alloc, .host_free = host_free, .put_async = put_async,
     .zero = zero, .fill = fill, .heads = heads, .add = add, .acc = acc, .round = round_to, .embed = embed,
-    .embed_backward = embed_backward,
+    .embed_backward = embed_backward, .flex_attach = flex_attach,
 };

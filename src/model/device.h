@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include "llmkern/context.h"
 #include "llmkern/status.h"
+#include "ops/attention/flex_plan.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -56,6 +57,11 @@ typedef struct {
      * (deterministic). */
     lk_status (*embed_backward)(float *dtable, const int64_t *ids, const void *dx, int64_t T, int64_t H, int64_t V,
                                 lk_dtype dt, lk_ctx *ctx);
+    /* flex_attention's staged document mask (flex_plan.h): the image at img (copied there on
+     * ctx->stream) attached to m, its bits made into bits. NULL on the CPU (the mask's lists
+     * serve). */
+    lk_status (*flex_attach)(lk_block_mask *m, const lk_flex_image *L, const lk_flex_prog *prog, const int32_t *img,
+                             uint32_t *bits, lk_ctx *ctx);
 } lk_model_device;
 
 struct lk_model;

@@ -169,6 +169,7 @@ lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, ui
 }
 
 static void free_acts(lk_model *m) {
+    lk_qwen3_doc_mask_free(m);
     m->dev->free(m->act_block); m->dev->free(m->scratch_block); m->dev->free(m->dev_tokens);
     m->dev->host_free(m->stage);
     free(m->acts); free(m->inputs); free(m->x2s);
@@ -404,7 +405,7 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
         }
     }
     if (m->dev->type != LK_DEVICE_CPU && (!(m->dev_tokens = m->dev->alloc((size_t)(3 * T) * 8)) ||
-                                          !(m->stage = m->dev->host_alloc(2 * stage_words(T) * 8)))) {
+                                          !(m->stage = m->dev->host_alloc(LK_STAGE_SLOTS * stage_words(T) * 8)))) {
         free_acts(m);
         return lk_error(LK_ENOMEM, "model: token arrays: out of device or pinned host memory");
     }
@@ -475,7 +476,8 @@ static lk_status stage_batch(lk_model *m, const lk_batch *whole) {
     if (s || (s = slice_batch(m, whole))) return s;
     int64_t T = m->local.B * m->local.S / group_size(m->sp);
     if (T != m->T && (s = alloc_acts(m, T))) return s;
-    return stage_tokens(m, whole);
+    if ((s = stage_tokens(m, whole))) return s;
+    return m->flex ? lk_qwen3_doc_mask_stage(m, whole) : LK_OK;
 }
 
 lk_status lk_model_stage_batch(lk_model *m, const lk_batch *batch) {
@@ -521,16 +523,7 @@ static lk_status forward(lk_model *m, const lk_batch *whole, lk_step_stats *st) 
     if (s || (s = copy_tokens(m))) return s;
     const lk_batch *b = &m->local;
     int64_t T = m->T, H = m->H;
-    if (m->flex && m->defer_stats && m->dev->type == LK_DEVICE_CUDA)   /* only a graph capture defers them */
-        return lk_error(LK_EUNAVAILABLE, "model: flex_attention builds each batch's document BlockMask on the host "
-                        "and copies it to the GPU in the step, which a CUDA graph cannot replay: train without "
-                        "train.cuda_graph, or with flash_attention_3 (its documents come as cu_seqlens)");
-    if (m->flex) {   /* flex follows its BlockMask alone: causal within each packed document */
-        lk_block_mask_free(&m->doc_mask);
-        if ((s = lk_block_mask_document_cu(whole->cu_seqlens, whole->n_segs, 1, 1, whole->B * whole->S, 0, 0,
-                                           &m->doc_mask)))
-            return s;
-    }
+    if (m->flex && (s = lk_qwen3_doc_mask_put(m))) return s;
     /* the compute copy from the master, which the optimizer (or a load) changed; not when
      * the optimizer wrote both (lk_model_copy_is_current, for this forward alone) */
     const int current = m->copy_current;

@@ -50,6 +50,9 @@
 #include "llmkern/hf_config.h"
 #include "llmkern/model.h"
 #include "model/device.h"
+#include "ops/attention/flex_plan.h"
+
+#define LK_STAGE_SLOTS 2   /* the pinned slots a step's host side stages into (lk_model_set_stage_slot) */
 
 /* The implementations one layer calls, resolved from the op table once at create. */
 typedef struct {
@@ -152,6 +155,12 @@ struct lk_model {
     float *scal;                  /* device scalars: loss, d_loss, aux loss (f32), then n_valid (i64) */
     int flex;                     /* an attention binding is flex_attention: doc_mask serves it */
     lk_block_mask doc_mask;       /* the current batch's documents, causal, over all B*S tokens */
+    /* On a GPU, doc_mask staged (doc_mask.c): the image's layout and program, LK_STAGE_SLOTS
+     * pinned images, the device's copy with the bits after it. */
+    lk_flex_image flex_img;
+    lk_flex_prog flex_prog;
+    int32_t *flex_host;
+    void *flex_dev;
     double d_loss_unit;           /* d(the loss) / d(the CE op's loss): 1, or 1 / the SP group's count */
     float d_loss_put;             /* the d_loss scal[1] holds (NaN: none yet) */
     void (*grads_ready)(void *user, int64_t first);   /* lk_model_on_grads_ready */
@@ -196,6 +205,12 @@ lk_status lk_qwen3_moe_backward(lk_model *m, int l, const lk_layer_acts *a, cons
                                 float d_aux);
 /* The saved-bytes queries of a MoE block for T tokens. */
 lk_status lk_qwen3_moe_saved(const lk_model *m, int l, int64_t T, size_t *router, size_t *experts);
+
+/* doc_mask.c: flex_attention's document mask, built and (on a GPU) staged in stage_batch,
+ * copied and attached in the forward; the buffers freed with the activations. */
+lk_status lk_qwen3_doc_mask_stage(lk_model *m, const lk_batch *whole);
+lk_status lk_qwen3_doc_mask_put(lk_model *m);
+void lk_qwen3_doc_mask_free(lk_model *m);
 
 /* The compute copy of the weights at offset off (in elements, the master's offsets). */
 static inline void *lk_wc(const lk_model *m, int64_t off) { return (char *)m->wc + (size_t)off * m->es; }

@@ -53,11 +53,23 @@ static lk_status check_sizes(int64_t B, int64_t H, int64_t Q_LEN, int64_t KV_LEN
 /* Visible elements of rows [q0, q1) x keys [k0, k1) of (b, h): through the row form when
  * there is one (a vectorized compare or a memset a row; the builders' masks at S = 4096
  * were 20-30 ms of one indirect call an element, more than the flex forward they serve). */
-static int64_t count_seen(lk_mask_fn fn, lk_mask_row_fn row, const void *ctx, int64_t b, int64_t h, int64_t q0,
-                          int64_t q1, int64_t k0, int64_t k1) {
+/* A row's visible keys as one interval [lo, hi), for the families where they are one
+ * (causal, window, prefix-LM, documents from cu_seqlens): a block is then counted in
+ * O(rows), not O(elements) (the trainer's document mask at 32k tokens: 2^30 elements). */
+typedef void (*span_fn)(int64_t b, int64_t h, int64_t q, const void *ctx, int64_t *lo, int64_t *hi);
+
+static int64_t count_seen(lk_mask_fn fn, lk_mask_row_fn row, span_fn span, const void *ctx, int64_t b, int64_t h,
+                          int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
     int64_t seen = 0;
     uint8_t buf[256];
     for (int64_t i = q0; i < q1; i++) {
+        if (span) {
+            int64_t lo, hi;
+            span(b, h, i, ctx, &lo, &hi);
+            lo = lo > k0 ? lo : k0, hi = hi < k1 ? hi : k1;
+            seen += hi > lo ? hi - lo : 0;
+            continue;
+        }
         if (!row) {
             for (int64_t j = k0; j < k1; j++) seen += fn(b, h, i, j, ctx);
             continue;
@@ -71,8 +83,8 @@ static int64_t count_seen(lk_mask_fn fn, lk_mask_row_fn row, const void *ctx, in
     return seen;
 }
 
-/* lk_block_mask_create, with the predicate's row form when there is one. */
-static lk_status create(lk_mask_fn mask_mod, lk_mask_row_fn row, const void *ctx, int64_t B, int64_t H,
+/* lk_block_mask_create, with the predicate's row and span forms when it has them. */
+static lk_status create(lk_mask_fn mask_mod, lk_mask_row_fn row, span_fn span, const void *ctx, int64_t B, int64_t H,
                         int64_t Q_LEN, int64_t KV_LEN, int64_t q_block, int64_t kv_block, lk_block_mask *out) {
     if (!mask_mod || !out)
         return lk_error(LK_EINVAL, "block_mask: %s: expected a pointer, got NULL", out ? "mask_mod" : "out");
@@ -95,7 +107,7 @@ static lk_status create(lk_mask_fn mask_mod, lk_mask_row_fn row, const void *ctx
             for (int64_t kb = 0; kb < nk; kb++) {
                 int64_t q1 = (qb + 1) * q_block < Q_LEN ? (qb + 1) * q_block : Q_LEN;
                 int64_t k1 = (kb + 1) * kv_block < KV_LEN ? (kb + 1) * kv_block : KV_LEN;
-                int64_t seen = count_seen(mask_mod, row, ctx, r / H, r % H, qb * q_block, q1, kb * kv_block, k1);
+                int64_t seen = count_seen(mask_mod, row, span, ctx, r / H, r % H, qb * q_block, q1, kb * kv_block, k1);
                 kind[(r * nq + qb) * nk + kb] = seen == 0 ? 0 : seen == (q1 - qb * q_block) * (k1 - kb * kv_block) ? 2 : 1;
             }
     lk_block_mask m = {.B = B, .H = H, .Q_LEN = Q_LEN, .KV_LEN = KV_LEN, .Q_BLOCK_SIZE = q_block,
@@ -128,7 +140,7 @@ static lk_status create(lk_mask_fn mask_mod, lk_mask_row_fn row, const void *ctx
 
 lk_status lk_block_mask_create(lk_mask_fn mask_mod, const void *ctx, int64_t B, int64_t H, int64_t Q_LEN,
                                int64_t KV_LEN, int64_t q_block, int64_t kv_block, lk_block_mask *out) {
-    return create(mask_mod, NULL, ctx, B, H, Q_LEN, KV_LEN, q_block, kv_block, out);
+    return create(mask_mod, NULL, NULL, ctx, B, H, Q_LEN, KV_LEN, q_block, kv_block, out);
 }
 
 void lk_block_mask_free(lk_block_mask *m) {
@@ -152,7 +164,7 @@ double lk_block_mask_density(const lk_block_mask *m) {
             }
             for (int32_t t = 0; t < m->kv_num_blocks[rq]; t++) {
                 int64_t kb = m->kv_indices[rq * nk + t], k0 = kb * m->KV_BLOCK_SIZE;
-                seen += (double)count_seen(m->mask_mod, m->mask_row, m->mask_ctx, r / m->H, r % m->H,
+                seen += (double)count_seen(m->mask_mod, m->mask_row, NULL, m->mask_ctx, r / m->H, r % m->H,
                                            qb * m->Q_BLOCK_SIZE, qb * m->Q_BLOCK_SIZE + qn, k0,
                                            k0 + m->KV_BLOCK_SIZE < m->KV_LEN ? k0 + m->KV_BLOCK_SIZE : m->KV_LEN);
             }
@@ -220,23 +232,39 @@ static void row_interval(int64_t kv0, int64_t n, int64_t lo, int64_t hi, uint8_t
     memset(out + hi, 0, (size_t)(n - hi));
 }
 
-static void row_causal(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint8_t *out, const void *ctx) {
-    int64_t last = q + ((const lk_causal_ctx *)ctx)->offset;
-    row_interval(kv0, n, INT64_MIN / 2, last + 1, out);
+static void span_causal(int64_t b, int64_t h, int64_t q, const void *ctx, int64_t *lo, int64_t *hi) {
+    *lo = INT64_MIN / 2, *hi = q + ((const lk_causal_ctx *)ctx)->offset + 1;
 }
 
-static void row_window(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint8_t *out, const void *ctx) {
+static void span_window(int64_t b, int64_t h, int64_t q, const void *ctx, int64_t *lo, int64_t *hi) {
     const lk_window_ctx *c = ctx;
     int64_t p = q + c->offset;
     int64_t w = c->window < INT64_MAX / 4 ? c->window : INT64_MAX / 4;   /* p - window must not overflow */
-    row_interval(kv0, n, p - w + 1, p + 1, out);                           /* kv - p > -window */
+    *lo = p - w + 1, *hi = p + 1;                                          /* kv - p > -window */
 }
 
-static void row_prefix(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint8_t *out, const void *ctx) {
+static void span_prefix(int64_t b, int64_t h, int64_t q, const void *ctx, int64_t *lo, int64_t *hi) {
     const lk_prefix_lm_ctx *c = ctx;
     int64_t pre = c->prefix_len[c->n_prefix == 1 ? 0 : b];
-    row_interval(kv0, n, INT64_MIN / 2, pre > q + 1 ? pre : q + 1, out);   /* kv < pre || kv <= q */
+    *lo = INT64_MIN / 2, *hi = pre > q + 1 ? pre : q + 1;   /* kv < pre || kv <= q */
 }
+
+/* Documents from cu_seqlens: the builder's ids, then its copy of cu_seqlens. */
+static void span_document_cu(int64_t b, int64_t h, int64_t q, const void *ctx, int64_t *lo, int64_t *hi) {
+    const lk_document_ctx *c = ctx;
+    const int32_t d = c->q_doc[q];
+    *lo = c->cu_seqlens[d], *hi = c->causal && q + 1 < c->cu_seqlens[d + 1] ? q + 1 : c->cu_seqlens[d + 1];
+}
+
+#define ROW_OF_SPAN(name)                                                                                    \
+    static void row_##name(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint8_t *out, const void *ctx) { \
+        int64_t lo, hi;                                                                                      \
+        span_##name(b, h, q, ctx, &lo, &hi);                                                                 \
+        row_interval(kv0, n, lo, hi, out);                                                                   \
+    }
+ROW_OF_SPAN(causal)
+ROW_OF_SPAN(window)
+ROW_OF_SPAN(prefix)
 
 /* Builders' documents always come as ids (q_doc set). */
 static void row_document(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint8_t *out, const void *ctx) {
@@ -276,10 +304,10 @@ static void row_or(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint
 
 /* --- builders: the context (and any array it points at) lives in m->owned -------- */
 
-static lk_status build_owned(lk_mask_fn fn, lk_mask_row_fn row, void *owned, int64_t B, int64_t H, int64_t Q,
-                             int64_t KV, int64_t qb, int64_t kb, lk_block_mask *out) {
+static lk_status build_owned(lk_mask_fn fn, lk_mask_row_fn row, span_fn span, void *owned, int64_t B, int64_t H,
+                             int64_t Q, int64_t KV, int64_t qb, int64_t kb, lk_block_mask *out) {
     if (!owned) return lk_error(LK_ENOMEM, "block_mask: out of memory for the mask's context");
-    lk_status s = create(fn, row, owned, B, H, Q, KV, qb, kb, out);
+    lk_status s = create(fn, row, span, owned, B, H, Q, KV, qb, kb, out);
     if (s) { free(owned); return s; }
     out->owned = owned;
     out->mask_row = row;
@@ -302,7 +330,7 @@ lk_status lk_block_mask_causal(int64_t B, int64_t H, int64_t Q_LEN, int64_t KV_L
                                int64_t kv_block, lk_block_mask *out) {
     lk_causal_ctx *c = ctx_with(sizeof *c, NULL, 0);
     if (c) c->offset = offset_of(Q_LEN, KV_LEN);
-    return build_owned(lk_mask_causal, row_causal, c, B, H, Q_LEN, KV_LEN, q_block, kv_block, out);
+    return build_owned(lk_mask_causal, row_causal, span_causal, c, B, H, Q_LEN, KV_LEN, q_block, kv_block, out);
 }
 
 lk_status lk_block_mask_sliding_window(int64_t window, int64_t B, int64_t H, int64_t Q_LEN, int64_t KV_LEN,
@@ -310,7 +338,7 @@ lk_status lk_block_mask_sliding_window(int64_t window, int64_t B, int64_t H, int
     if (window < 1) return lk_error(LK_EINVAL, "block_mask: window: expected >= 1, got %lld", (long long)window);
     lk_window_ctx *c = ctx_with(sizeof *c, NULL, 0);
     if (c) *c = (lk_window_ctx){.window = window, .offset = offset_of(Q_LEN, KV_LEN)};
-    return build_owned(lk_mask_sliding_window, row_window, c, B, H, Q_LEN, KV_LEN, q_block, kv_block, out);
+    return build_owned(lk_mask_sliding_window, row_window, span_window, c, B, H, Q_LEN, KV_LEN, q_block, kv_block, out);
 }
 
 lk_status lk_block_mask_prefix_lm(const int64_t *prefix_len, int64_t B, int64_t H, int64_t Q_LEN, int64_t KV_LEN,
@@ -322,7 +350,7 @@ lk_status lk_block_mask_prefix_lm(const int64_t *prefix_len, int64_t B, int64_t 
     if (s) return s;
     lk_prefix_lm_ctx *c = ctx_with(sizeof *c, prefix_len, (size_t)B * sizeof(int64_t));
     if (c) *c = (lk_prefix_lm_ctx){.prefix_len = (const int64_t *)(c + 1), .n_prefix = B};
-    return build_owned(lk_mask_prefix_lm, row_prefix, c, B, H, Q_LEN, KV_LEN, q_block, kv_block, out);
+    return build_owned(lk_mask_prefix_lm, row_prefix, span_prefix, c, B, H, Q_LEN, KV_LEN, q_block, kv_block, out);
 }
 
 lk_status lk_block_mask_document_cu(const int32_t *cu_seqlens, int64_t n_docs, int causal, int64_t H, int64_t LEN,
@@ -333,15 +361,18 @@ lk_status lk_block_mask_document_cu(const int32_t *cu_seqlens, int64_t n_docs, i
         if (cu_seqlens[i + 1] < cu_seqlens[i])
             return lk_error(LK_EINVAL, "block_mask: cu_seqlens: expected non-decreasing offsets, got %d after %d",
                             cu_seqlens[i + 1], cu_seqlens[i]);
-    /* per-token ids: the predicate, run per element in partial blocks, becomes two loads */
-    lk_document_ctx *c = ctx_with(sizeof *c, NULL, (size_t)LEN * sizeof(int32_t));
+    /* per-token ids: the predicate, run per element in partial blocks, becomes two loads;
+     * the offsets after them give each row's span */
+    lk_document_ctx *c = ctx_with(sizeof *c, NULL, (size_t)(LEN + n_docs + 1) * sizeof(int32_t));
     if (c) {
-        int32_t *ids = (int32_t *)(c + 1);
+        int32_t *ids = (int32_t *)(c + 1), *cu = ids + LEN;
         for (int64_t d = 0; d < n_docs; d++)
             for (int64_t i = cu_seqlens[d]; i < cu_seqlens[d + 1]; i++) ids[i] = (int32_t)d;
-        *c = (lk_document_ctx){.q_doc = ids, .kv_doc = ids, .q_len = LEN, .kv_len = LEN, .causal = causal};
+        memcpy(cu, cu_seqlens, (size_t)(n_docs + 1) * sizeof *cu);
+        *c = (lk_document_ctx){.q_doc = ids, .kv_doc = ids, .q_len = LEN, .kv_len = LEN, .cu_seqlens = cu,
+                               .n_docs = n_docs, .causal = causal};
     }
-    return build_owned(lk_mask_document, row_document, c, 1, H, LEN, LEN, q_block, kv_block, out);
+    return build_owned(lk_mask_document, row_document, span_document_cu, c, 1, H, LEN, LEN, q_block, kv_block, out);
 }
 
 lk_status lk_block_mask_document_ids(const int32_t *doc, int causal, int64_t B, int64_t H, int64_t LEN,
@@ -362,7 +393,7 @@ lk_status lk_block_mask_document_ids(const int32_t *doc, int causal, int64_t B, 
         *c = (lk_document_ctx){.q_doc = ids, .kv_doc = ids, .q_len = LEN, .kv_len = LEN, .per_batch = B > 1,
                                .causal = causal};
     }
-    return build_owned(lk_mask_document, row_document, c, B, H, LEN, LEN, q_block, kv_block, out);
+    return build_owned(lk_mask_document, row_document, NULL, c, B, H, LEN, LEN, q_block, kv_block, out);
 }
 
 /* The dense predicate: the bytes follow the context in the same allocation. */
@@ -395,7 +426,7 @@ lk_status lk_block_mask_dense(const uint8_t *mask, const int64_t dims[4], int64_
         return s;
     dense_ctx *c = ctx_with(sizeof *c, mask, bytes);
     if (c) *c = (dense_ctx){dims[0], dims[1], dims[2], dims[3], (const uint8_t *)(c + 1)};
-    return build_owned(mask_dense, row_dense, c, dims[0], dims[1], dims[2], dims[3], q_block, kv_block, out);
+    return build_owned(mask_dense, row_dense, NULL, c, dims[0], dims[1], dims[2], dims[3], q_block, kv_block, out);
 }
 
 static lk_status combine(lk_mask_fn fn, const lk_block_mask *x, const lk_block_mask *y, lk_block_mask *out) {
@@ -410,7 +441,7 @@ static lk_status combine(lk_mask_fn fn, const lk_block_mask *x, const lk_block_m
     pair_rows *c = ctx_with(sizeof *c, NULL, 0);
     if (c) *c = (pair_rows){{x->mask_mod, x->mask_ctx, y->mask_mod, y->mask_ctx}, x->mask_row, y->mask_row};
     lk_mask_row_fn row = x->mask_row && y->mask_row ? (fn == lk_mask_and ? row_and : row_or) : NULL;
-    return build_owned(fn, row, c, x->B > y->B ? x->B : y->B, x->H > y->H ? x->H : y->H, x->Q_LEN, x->KV_LEN,
+    return build_owned(fn, row, NULL, c, x->B > y->B ? x->B : y->B, x->H > y->H ? x->H : y->H, x->Q_LEN, x->KV_LEN,
                        x->Q_BLOCK_SIZE, x->KV_BLOCK_SIZE, out);
 }
 

@@ -218,3 +218,42 @@ lk_status lk_flex_plan_make(const lk_block_mask *m, lk_flex_plan *out) {
     }
     return LK_OK;
 }
+
+/* --- staged images --------------------------------------------------------------------- */
+
+static int64_t list_words_of(int64_t P, int64_t nq, int64_t nk) { return 2 * P * nq + 4 * P * nq * nk + 2 * P * nk; }
+
+lk_flex_image lk_flex_image_of(const lk_flex_plan *p, int64_t cap_tiles, int64_t cap_data) {
+    const lk_flex_map *x = &p->map;
+    lk_flex_image L = {.B = x->B, .H = x->H, .nq = x->nq, .nk = x->nk, .Q_LEN = x->Q_LEN, .KV_LEN = x->KV_LEN,
+                       .cap_tiles = cap_tiles, .cap_data = cap_data};
+    L.count = list_words_of((int64_t)x->B * x->H, x->nq, x->nk);
+    L.tile_of = L.count + 1, L.data = L.tile_of + 3 * cap_tiles, L.words = L.data + cap_data;
+    return L;
+}
+
+lk_status lk_flex_image_pack(const lk_flex_image *L, const lk_flex_plan *p, int32_t *image) {
+    const lk_flex_map *x = &p->map;
+    if (x->B != L->B || x->H != L->H || x->Q_LEN != L->Q_LEN || x->KV_LEN != L->KV_LEN)
+        return lk_error(LK_EINVAL, "attention: block_mask: expected the staged shape [%d, %d, %d, %d], got [%d, %d, "
+                        "%d, %d]", L->B, L->H, L->Q_LEN, L->KV_LEN, x->B, x->H, x->Q_LEN, x->KV_LEN);
+    if (!p->has_prog)
+        return lk_error(LK_EINVAL, "attention: block_mask: a staged mask must be a standard family (its bits are "
+                        "made on the device), got another predicate");
+    if (p->ntiles > L->cap_tiles || p->ndata > L->cap_data)
+        return lk_error(LK_EINVAL, "attention: block_mask: expected at most %lld partial tiles and %lld words of "
+                        "data staged, got %lld and %lld", (long long)L->cap_tiles, (long long)L->cap_data,
+                        (long long)p->ntiles, (long long)p->ndata);
+    memcpy(image, p->buf, (size_t)L->count * sizeof *image);   /* the lists: the plan's first words */
+    image[L->count] = (int32_t)p->ntiles;
+    memcpy(image + L->tile_of, p->tile_of, (size_t)(3 * p->ntiles) * sizeof *image);
+    memcpy(image + L->data, p->data, (size_t)p->ndata * sizeof *image);
+    return LK_OK;
+}
+
+/* A causal document mask over LEN packed tokens in 128 x 128 tiles (nq of them a side)
+ * has at most 5·nq partial tiles. A q tile inside one document d has at most two: the
+ * diagonal, and the kv tile that holds d's start. A q tile that holds a document's end
+ * (or runs past LEN) sees at most len(doc of its first row) / 128 + 2 tiles, and those
+ * first rows' documents differ from tile to tile: together at most nq + 2·nq. */
+int64_t lk_flex_documents_cap(int64_t LEN) { return 5 * cdiv(LEN, T); }

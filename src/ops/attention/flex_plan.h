@@ -1,7 +1,8 @@
 /* flex_plan.h — a BlockMask as the GPU's flex kernels walk it (issue 19): the mask's
  * lists re-cut into the kernels' 128 x 128 tiles, and each partial tile's elements as
  * bits. Built on the host (flex_plan.c, testable without a GPU), copied to the device
- * once per mask (fa2.cu keeps the copy in the mask's `gpu` member).
+ * once per mask (flex_map.cu keeps the copy in the mask's `gpu` member), or staged into
+ * fixed buffers when a caller makes a new mask of the same shape every step.
  *
  * Tiles of any mask block size: a 128 x 128 tile is empty when every mask block it
  * overlaps is empty, full when every one is full and the tile lies inside Q_LEN x KV_LEN,
@@ -122,7 +123,36 @@ void lk_flex_plan_free(lk_flex_plan *p);
  * from the host. */
 int lk_flex_prog_of(const lk_block_mask *m, lk_flex_prog *prog, int32_t **data, int64_t *ndata);
 
-/* Mask m's map on the current GPU, planned and copied there on its first call (fa2.cu; the
+/* --- masks of one shape, staged (the trainer's documents: a new mask every step) -------
+ * One image of fixed size holds any plan of shape (B, H, Q_LEN, KV_LEN) with at most
+ * cap_tiles partial tiles and cap_data words of program data: the lists, the count of
+ * partial tiles, tile_of and the data (words, in that order). The host packs a plan into
+ * pinned memory; the device copies the image whole and makes the bits after it, so a CUDA
+ * graph's copy and bits kernel replay whatever mask of the shape the host packed last. */
+typedef struct {
+    int32_t B, H, nq, nk, Q_LEN, KV_LEN;
+    int64_t cap_tiles, cap_data;
+    int64_t count, tile_of, data, words;   /* word offsets (the lists start at 0), the size */
+} lk_flex_image;
+
+/* The image of plans shaped like p, with room for cap_tiles partial tiles and cap_data
+ * words of data. */
+lk_flex_image lk_flex_image_of(const lk_flex_plan *p, int64_t cap_tiles, int64_t cap_data);
+/* Packs p into image (L.words words). LK_EINVAL when p is not of L's shape, has more
+ * partial tiles or data than L holds, or has no program (host bits are not staged). */
+lk_status lk_flex_image_pack(const lk_flex_image *L, const lk_flex_plan *p, int32_t *image);
+/* Partial tiles a causal document mask over LEN packed tokens can have, whatever its
+ * documents (flex_plan.c says why): the cap_tiles that staging it needs. */
+int64_t lk_flex_documents_cap(int64_t LEN);
+
+/* Attaches to m the image staged at img on this GPU (copied there on stream before this
+ * call's work), its program's bits made on stream into bits (L.cap_tiles tiles): m's GPU
+ * calls read them until lk_block_mask_free, which leaves img and bits to their owner.
+ * prog must be the program of every mask packed into img. LK_ENOMEM, LK_EDEVICE. */
+lk_status lk_attn_flex_attach(lk_block_mask *m, const lk_flex_image *L, const lk_flex_prog *prog, const int32_t *img,
+                              uint32_t *bits, void *stream);
+
+/* Mask m's map on the current GPU, planned and copied there on its first call (flex_map.cu; the
  * copy is kept in m->gpu), the family's bits made on stream. LK_EINVAL when the mask was
  * first used on another GPU; LK_ENOMEM, LK_EDEVICE. */
 lk_status lk_attn_flex_map(const lk_block_mask *m, void *stream, lk_flex_map *out);

@@ -391,7 +391,9 @@ def run_lk(A, label, dtype, init, tokens, B, S, steps, work, extra=None, attn=No
         r["note"] = f"stopped after {len(rows)} steps (exit {rc})"
     r["losses"] = [float(x[1]) for x in rows]
     r["times"] = [B * S / float(x[4]) for x in rows]
-    if steps_json:   # the trainer's own run-average rates, for a window mean (robust if steps overlap)
+    # the trainer's own run-average rates, for a window mean (robust if steps overlap); not for
+    # train.cuda_graph, whose queued steps all report at the read that ends a log interval
+    if steps_json and not (extra or {}).get("cuda_graph"):
         el = [s["step"] * B * S / s["tokens_per_s"] for s in steps_json]
         w = min(A.warmup, len(el) - 1)
         if len(el) > w + 1 and w > 0:
@@ -527,7 +529,7 @@ def perf(A):
                      f"| {f2(r.get('alloc_gib'))} | {f2(r.get('smi_gib'))} | {ratio} |")
     lines += rounds_table(A, results)
     notes = [f"- {r['config']} {r['kind']}: {r['note']}" for r in results if r.get("note")]
-    notes += [f"- {r['config']} llmkern: the mean over the steps after the warm-up (its own run-average rates) is "
+    notes += [f"- {r['config']} {r['kind']}: the mean over the steps after the warm-up (its own run-average rates) is "
               f"{r['window_tps']:,.0f} tokens/s, {abs(r['window_tps'] / r['tps'] - 1) * 100:.0f}% off the median"
               for r in results if r.get("window_tps") and r.get("tps") and abs(r["window_tps"] / r["tps"] - 1) > 0.1]
     clk = [f"{r['config']} {r['kind']} {clocks_text(r['clocks'])}" for r in results if r.get("clocks")]

@@ -190,16 +190,6 @@ bool lk_mask_prefix_lm(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, cons
     return kv_idx < c->prefix_len[c->n_prefix == 1 ? 0 : b] || kv_idx <= q_idx;
 }
 
-/* Document of position i under cu_seqlens (binary search). */
-static int64_t doc_of(const int32_t *cu, int64_t n_docs, int64_t i) {
-    int64_t lo = 0, hi = n_docs - 1;
-    while (lo < hi) {
-        int64_t mid = (lo + hi + 1) / 2;
-        if (cu[mid] <= i) lo = mid; else hi = mid - 1;
-    }
-    return lo;
-}
-
 bool lk_mask_document(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const void *ctx) {
     const lk_document_ctx *c = ctx;
     if (c->causal && kv_idx > q_idx) return false;
@@ -207,7 +197,7 @@ bool lk_mask_document(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const
         int64_t row = c->per_batch ? b : 0;
         return c->q_doc[row * c->q_len + q_idx] == c->kv_doc[row * c->kv_len + kv_idx];
     }
-    return doc_of(c->cu_seqlens, c->n_docs, q_idx) == doc_of(c->cu_seqlens, c->n_docs, kv_idx);
+    return lk_cu_doc_of(c->cu_seqlens, c->n_docs, q_idx) == lk_cu_doc_of(c->cu_seqlens, c->n_docs, kv_idx);
 }
 
 bool lk_mask_and(int64_t b, int64_t h, int64_t q_idx, int64_t kv_idx, const void *ctx) {

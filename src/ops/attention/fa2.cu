@@ -406,7 +406,7 @@ static __device__ __forceinline__ void dkv_issue(const fa_args &p, int hh, int q
 static __device__ __forceinline__ int4 flex_step(const fa_args &p, int b, int hk, int kt, int it) {
     static_assert(LK_FLEX_TILE == 2 * BMQ, "a mask tile's rows are two dkv steps");
     for (int j = 0; j < p.G; j++) {
-        const int64_t row = (int64_t)lk_flex_pattern(&p.fx, b, hk * p.G + j) * p.fx.nk + kt;
+        const int row = lk_flex_q_row(&p.fx, b, hk * p.G + j, kt);
         const int np = p.fx.q_cnt[2 * row], c = 2 * (np + p.fx.q_cnt[2 * row + 1]);
         if (it < c) {
             const int e = it >> 1;
@@ -416,15 +416,6 @@ static __device__ __forceinline__ int4 flex_step(const fa_args &p, int b, int hk
         it -= c;
     }
     return make_int4(hk * p.G, 0, -1, 0);   /* past the last step: not reached */
-}
-
-static __device__ __forceinline__ int flex_steps(const fa_args &p, int b, int hk, int kt) {
-    int n = 0;
-    for (int j = 0; j < p.G; j++) {
-        const int64_t row = (int64_t)lk_flex_pattern(&p.fx, b, hk * p.G + j) * p.fx.nk + kt;
-        n += 2 * (p.fx.q_cnt[2 * row] + p.fx.q_cnt[2 * row + 1]);
-    }
-    return n;
 }
 
 /* dQ[q0 + 16mq.., half dh of D] += dS K for one query tile, added into the f32
@@ -502,7 +493,7 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
     int qa = 0, nqt = 1, n;
     const int ft = k0 / LK_FLEX_TILE;
     if (FLEX) {
-        n = flex_steps(p, b, hk, ft);
+        n = lk_flex_steps(&p.fx, b, hk, p.G, ft);
     } else {
         qa = lk_attn_first_row(p.vis, k0, 1);
         const int qb = max(qa, lk_attn_first_row(p.vis, k0 + nk, 0));

@@ -214,23 +214,12 @@ static __device__ __forceinline__ void add_dqt(float *chunk, const float *dq) {
  * (the dQ warpgroup). The walk keeps only its position; the map comes from the geometry. */
 struct flex_walk {
     int j, e, half, np, nall, row;   /* int: flex_plan.c keeps a map's cells under 2^29 */
-    static __device__ __forceinline__ int row_of(const lk_flex_map &fx, int b, int h, int kt) {
-        return lk_flex_pattern(&fx, b, h) * fx.nk + kt;
-    }
     /* the next head with any tile, from j on */
     __device__ __forceinline__ void head(const lk_flex_map &fx, int b, int hk, int G, int kt) {
         for (; j < G; j++) {
-            row = row_of(fx, b, hk * G + j, kt), np = fx.q_cnt[2 * row], nall = np + fx.q_cnt[2 * row + 1];
+            row = lk_flex_q_row(&fx, b, hk * G + j, kt), np = fx.q_cnt[2 * row], nall = np + fx.q_cnt[2 * row + 1];
             if (nall) return;
         }
-    }
-    static __device__ __forceinline__ int steps(const lk_flex_map &fx, int b, int hk, int G, int kt) {
-        int n = 0;
-        for (int jj = 0; jj < G; jj++) {
-            const int r = row_of(fx, b, hk * G + jj, kt);
-            n += 2 * (fx.q_cnt[2 * r] + fx.q_cnt[2 * r + 1]);
-        }
-        return n;
     }
     __device__ __forceinline__ int4 take(const lk_flex_map &fx, int b, int hk, int G, int kt) {
         static_assert(LK_FLEX_TILE == 2 * BMQ, "a mask tile's rows are two steps");
@@ -276,7 +265,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     int qt0 = 0, nq = 1, n;
     if (FLEX) {
         static_assert(!FLEX || BNK == LK_FLEX_TILE, "a block's keys are a mask tile's");
-        n = flex_walk::steps(g.fx, b, hk, g.G, kt);
+        n = lk_flex_steps(&g.fx, b, hk, g.G, kt);
     } else {
         const int qa = lk_attn_first_row(g.vis, k0, 1), qb = max(qa, lk_attn_first_row(g.vis, min(k0 + BNK, g.Skv), 0));
         qt0 = qa / BMQ, nq = qb > qa ? (qb + BMQ - 1) / BMQ - qt0 : 0, n = g.G * nq;

@@ -34,7 +34,7 @@ static int64_t put(prog_build *b, const int32_t *src, int64_t n) {
     return b->n - n;
 }
 
-static int64_t doc_of(const int32_t *cu, int64_t n_docs, int64_t i) {
+int64_t lk_cu_doc_of(const int32_t *cu, int64_t n_docs, int64_t i) {
     int64_t lo = 0, hi = n_docs - 1;
     while (lo < hi) {
         int64_t mid = (lo + hi + 1) / 2;
@@ -76,7 +76,7 @@ static int add(prog_build *b, lk_mask_fn fn, const void *ctx) {
         } else {   /* cu_seqlens: the ids of every position, once */
             const int64_t L = b->Q_LEN > b->KV_LEN ? b->Q_LEN : b->KV_LEN;
             if (c->n_docs < 1 || (x.q_at = put(b, NULL, L)) < 0) return -1;
-            for (int64_t i = 0; i < L; i++) b->data[x.q_at + i] = (int32_t)doc_of(c->cu_seqlens, c->n_docs, i);
+            for (int64_t i = 0; i < L; i++) b->data[x.q_at + i] = (int32_t)lk_cu_doc_of(c->cu_seqlens, c->n_docs, i);
             x.kv_at = x.q_at;
         }
     } else if (fn == lk_mask_and || fn == lk_mask_or) {

@@ -62,6 +62,22 @@ static inline LK_FLEX_HD int lk_flex_pattern(const lk_flex_map *m, int b, int h)
     return (m->B == 1 ? 0 : b) * m->H + (m->H == 1 ? 0 : h);
 }
 
+/* Row of kv tile kt of (b, h) in the transposed lists (q_cnt, q_idx, q_bit). */
+static inline LK_FLEX_HD int lk_flex_q_row(const lk_flex_map *m, int b, int h, int kt) {
+    return lk_flex_pattern(m, b, h) * m->nk + kt;
+}
+
+/* Steps of 64 query rows a dk/dv block walks (fa2.cu, fa3_bwd.cu): every q tile of mask
+ * tile kt for each of kv head hk's G query heads, two steps a tile. */
+static inline LK_FLEX_HD int lk_flex_steps(const lk_flex_map *m, int b, int hk, int G, int kt) {
+    int n = 0;
+    for (int j = 0; j < G; j++) {
+        const int r = lk_flex_q_row(m, b, hk * G + j, kt);
+        n += 2 * (m->q_cnt[2 * r] + m->q_cnt[2 * r + 1]);
+    }
+    return n;
+}
+
 /* A standard family as a postfix program over (b, i = q_idx, j = kv_idx). */
 typedef enum { LK_FLEX_CAUSAL, LK_FLEX_WINDOW, LK_FLEX_PREFIX, LK_FLEX_DOC, LK_FLEX_AND, LK_FLEX_OR } lk_flex_op;
 typedef struct {
@@ -117,6 +133,10 @@ typedef struct {
  * for the kernels' int32 tile indices. */
 lk_status lk_flex_plan_make(const lk_block_mask *m, lk_flex_plan *out);
 void lk_flex_plan_free(lk_flex_plan *p);
+
+/* The document of position i under cu_seqlens (n_docs + 1 offsets): the last whose start
+ * is at or before i (lk_mask_document's rule). */
+int64_t lk_cu_doc_of(const int32_t *cu, int64_t n_docs, int64_t i);
 
 /* The program of mask m's predicate when it is a standard family (or an AND/OR of them,
  * at most LK_FLEX_NODES nodes); data is allocated (free it). 0 = not one: its bits come

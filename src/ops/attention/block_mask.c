@@ -1,5 +1,6 @@
 /* block_mask.c — building BlockMasks (include/llmkern/block_mask.h): the predicate is
- * evaluated on every element once (a row at a time through the builders' row forms),
+ * evaluated on every element once (a row at a time through the builders' row forms; the
+ * interval families count a row's keys from its span instead),
  * each (q block, kv block) classified empty, partial or full, and the lists and their
  * transposes written into one allocation. Also the
  * standard predicates, the ready builders (which own a copy of their context) and the
@@ -50,14 +51,15 @@ static lk_status check_sizes(int64_t B, int64_t H, int64_t Q_LEN, int64_t KV_LEN
     return lk_check_fits_memory(what, (uint64_t)z->bytes + (uint64_t)z->cells);
 }
 
-/* Visible elements of rows [q0, q1) x keys [k0, k1) of (b, h): through the row form when
- * there is one (a vectorized compare or a memset a row; the builders' masks at S = 4096
- * were 20-30 ms of one indirect call an element, more than the flex forward they serve). */
 /* A row's visible keys as one interval [lo, hi), for the families where they are one
- * (causal, window, prefix-LM, documents from cu_seqlens): a block is then counted in
- * O(rows), not O(elements) (the trainer's document mask at 32k tokens: 2^30 elements). */
+ * (causal, window, prefix-LM, documents from cu_seqlens). */
 typedef void (*span_fn)(int64_t b, int64_t h, int64_t q, const void *ctx, int64_t *lo, int64_t *hi);
 
+/* Visible elements of rows [q0, q1) x keys [k0, k1) of (b, h): from the span form when
+ * there is one, O(rows) (the trainer's document mask over 32k tokens is 2^30 elements);
+ * else through the row form (a vectorized compare or a memset a row; the builders' masks
+ * at S = 4096 were 20-30 ms of one indirect call an element, more than the flex forward
+ * they serve); else the predicate on every element. */
 static int64_t count_seen(lk_mask_fn fn, lk_mask_row_fn row, span_fn span, const void *ctx, int64_t b, int64_t h,
                           int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
     int64_t seen = 0;

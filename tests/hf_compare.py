@@ -7,7 +7,9 @@
    its index (names per shard, metadata.total_size, format "pt"); then re-saved by
    safetensors in transformers' layout with another shard count, which `llmkern train
    --init` reads to the same step-1 loss;
-with torch and transformers, for a tiny Qwen3 and a tiny Qwen3-MoE built by transformers:
+with torch and transformers, for a tiny Qwen3 and a tiny Qwen3-MoE built by transformers, each
+also with sliding-window attention (use_sliding_window, window 4 over 64 tokens: Qwen3's
+layer 1, every Qwen3-MoE layer; the window is checked to change transformers' loss):
 1. transformers writes the model sharded (save_pretrained, max_shard_size 50KB);
    `llmkern train --init` of that directory (steps 1, lr 0) logs a step-1 loss equal to
    transformers' loss on the same 64 tokens;
@@ -57,10 +59,11 @@ def configs():
     common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
                   rope_theta=10000.0, rms_norm_eps=1e-6, initializer_range=0.2, tie_word_embeddings=False)
-    yield "Qwen3", transformers.Qwen3Config(**common)
-    yield "Qwen3-MoE", transformers.Qwen3MoeConfig(**common, num_experts=4, num_experts_per_tok=2,
-                                                   moe_intermediate_size=32, norm_topk_prob=True,
-                                                   decoder_sparse_step=1, mlp_only_layers=[])
+    moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+               decoder_sparse_step=1, mlp_only_layers=[])
+    for tag, slide in (("", {}), (" sliding", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1))):
+        yield "Qwen3" + tag, transformers.Qwen3Config(**common, **slide)
+        yield "Qwen3-MoE" + tag, transformers.Qwen3MoeConfig(**common, **moe, **slide)
 
 
 TINY = """model: { hidden_size: 64, num_hidden_layers: 2, num_attention_heads: 4, num_key_value_heads: 2, head_dim: 16,
@@ -163,6 +166,15 @@ def main():
             model.save_pretrained(hf_dir, max_shard_size="50KB", safe_serialization=True)
             shards = [f for f in os.listdir(hf_dir) if f.startswith("model-")]
             want = hf_loss(model, ids)
+            if cfg.use_sliding_window:   # the window must move the loss by 5x the comparison's tolerance
+                full_cfg = type(cfg)(**{**cfg.to_dict(), "use_sliding_window": False, "layer_types": None})
+                full = AutoModelForCausalLM.from_config(full_cfg, attn_implementation="eager").float().eval()
+                full.load_state_dict(model.state_dict())
+                want_full = hf_loss(full, ids)
+                binds = abs(want_full - want) > 5e-4 * abs(want)
+                print(f"{name}: transformers' loss with the window {want:.6f}, without {want_full:.6f}: "
+                      f"{'binds' if binds else 'FAIL: the window changes nothing'}")
+                ok &= binds
             out = os.path.join(tmp, f"out-{name}")
             got = llmkern_step1(bin_, tmp, hf_dir, out)
             same = abs(got - want) <= 1e-4 * abs(want)

@@ -360,6 +360,57 @@ static void test_param_count(void **state) {
     assert_non_null(strstr(lk_last_error(), "num_hidden_layers"));
 }
 
+/* Sliding-window layers, transformers' rule: none without use_sliding_window or with a null
+ * sliding_window; else Qwen3's layers from max_window_layers on, or those layer_types names
+ * "sliding_attention" (read, written back only when given, and validated), and every layer
+ * of Qwen3-MoE. */
+static void test_sliding_layers(void **state) {
+    (void)state;
+    lk_qwen3_config c = tiny(0), back;
+    for (int i = 0; i < 4; i++) assert_int_equal(lk_qwen3_layer_window(&c, i), 0);   /* the defaults: off */
+    c.use_sliding_window = 1;
+    for (int i = 0; i < 4; i++) assert_int_equal(lk_qwen3_layer_window(&c, i), 0);   /* sliding_window null */
+    c.sliding_window = 7, c.max_window_layers = 2;
+    const int64_t want[4] = {0, 0, 7, 7};
+    for (int i = 0; i < 4; i++) assert_int_equal(lk_qwen3_layer_window(&c, i), want[i]);
+    char *text;
+    assert_int_equal(lk_qwen3_config_to_json(&c, &text), LK_OK);
+    assert_null(strstr(text, "layer_types"));   /* not given: not written */
+    free(text);
+    c.n_layer_types = 4;
+    const unsigned char kinds[4] = {1, 0, 1, 0};
+    memcpy(c.sliding_layer, kinds, 4);
+    for (int i = 0; i < 4; i++) assert_int_equal(lk_qwen3_layer_window(&c, i), kinds[i] ? 7 : 0);
+    assert_int_equal(lk_qwen3_config_to_json(&c, &text), LK_OK);
+    assert_non_null(strstr(text, "\"layer_types\": [\n    \"sliding_attention\",\n    \"full_attention\""));
+    assert_int_equal(parse(text, &back), LK_OK);
+    assert_int_equal(back.n_layer_types, 4);
+    assert_memory_equal(back.sliding_layer, kinds, 4);
+    assert_true(back.use_sliding_window && back.sliding_window == 7);
+    c.use_sliding_window = 0;   /* layer_types alone slides nothing, as in transformers */
+    for (int i = 0; i < 4; i++) assert_int_equal(lk_qwen3_layer_window(&c, i), 0);
+    /* refusals: an unknown kind, another count, a window of 0 */
+    char *bad = malloc(strlen(text) + 64);
+    const char *at = strstr(text, "\"full_attention\"");
+    snprintf(bad, strlen(text) + 64, "%.*s\"chunked_attention\"%s", (int)(at - text), text, at + strlen("\"full_attention\""));
+    assert_int_equal(parse(bad, &back), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "key 'layer_types': entry 1: expected \"full_attention\" or"));
+    assert_non_null(strstr(lk_last_error(), "chunked_attention"));
+    free(bad);
+    free(text);
+    c = tiny(0);
+    c.n_layer_types = 3;
+    assert_int_equal(lk_qwen3_config_to_json(&c, &text), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "key 'layer_types': expected one entry a layer (4), got 3"));
+    c = tiny(1);   /* Qwen3-MoE: every layer, whatever max_window_layers says */
+    c.use_sliding_window = 1, c.sliding_window = 5, c.max_window_layers = 2;
+    for (int i = 0; i < 4; i++) assert_int_equal(lk_qwen3_layer_window(&c, i), 5);
+    c = tiny(0);
+    c.use_sliding_window = 1, c.sliding_window = 0;
+    assert_int_equal(lk_qwen3_config_to_json(&c, &text), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "sliding_window"));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_published_dense),
@@ -371,6 +422,7 @@ int main(void) {
         cmocka_unit_test(test_atomic_config),
         cmocka_unit_test(test_tensor_names),
         cmocka_unit_test(test_param_count),
+        cmocka_unit_test(test_sliding_layers),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,8 +1,8 @@
 /* test_model.c — the Qwen3 / Qwen3-MoE model (model.h) on tiny configs: whole-model
  * finite-difference gradients, eager-everything vs fused-everything op tables,
  * recompute on/off, gradient accumulation, save -> load round trips (f32 exact, bf16
- * rounded), per-module overrides reaching their module only, and bad configs, tables
- * and batches rejected. Run: ctest -R test_model, or ./build/test_model. */
+ * rounded), per-module overrides reaching their module only, sliding-window layers, and bad
+ * configs, tables and batches rejected. Run: ctest -R test_model, or ./build/test_model. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -17,9 +17,12 @@
 #include "llmkern/llmkern.h"
 #include "model/qwen3_internal.h"
 
+static int64_t sliding;   /* > 0: tiny()'s layer 1 slides with this window (sliding_window_layers) */
+
 static lk_qwen3_config tiny(int moe) {
     lk_qwen3_config c;
     lk_qwen3_config_init(&c, moe);
+    if (sliding) c.use_sliding_window = 1, c.sliding_window = sliding, c.max_window_layers = 1;
     c.hidden_size = 32;
     c.num_hidden_layers = 2;
     c.num_attention_heads = 4;
@@ -269,6 +272,41 @@ static void flex_matches_flash(void **state) {
         lk_model_free(fl);
         lk_model_free(fx);
     }
+}
+
+/* Sliding-window layers (transformers' rule: layer 1 of 2 with max_window_layers 1 in the
+ * dense model, both layers of the MoE one), a window of 4 over documents of 5-12 tokens: the finite differences hold, eager and fused
+ * tables agree, the window binds (the loss moves off full attention's), a window as long
+ * as the longest document changes nothing, and flex_attention (whose document mask has
+ * no window) is refused by name. */
+static void sliding_window_layers(void **state) {
+    sliding = 4;
+    grad_check(0, "eager");
+    grad_check(1, "fused");
+    eager_matches_fused(state);
+    double loss[3];
+    const int64_t windows[3] = {0, 4, 12};
+    for (int i = 0; i < 3; i++) {
+        sliding = windows[i];
+        lk_model *m = create(0, "fused", 0, 17);
+        lk_batch b;
+        make_batch(&b, 5);
+        loss[i] = total_loss(m, &b);
+        lk_batch_free(&b);
+        lk_model_free(m);
+    }
+    print_message("  loss: full attention %.7f, window 4 %.7f, window 12 %.7f\n", loss[0], loss[1], loss[2]);
+    assert_true(fabs(loss[1] - loss[0]) > 1e-4 * fabs(loss[0]));
+    assert_true(fabs(loss[2] - loss[0]) <= 1e-6 * fabs(loss[0]));   /* f32: the same elements, maybe another order */
+    sliding = 4;
+    lk_qwen3_config c = tiny(0);
+    lk_op_table t;
+    table(0, "flex", NULL, &t);
+    lk_model *m = NULL;
+    assert_int_equal(lk_model_create(&c, &t, 1, 0, &m), LK_EUNAVAILABLE);
+    assert_null(m);
+    assert_non_null(strstr(lk_last_error(), "layers.1.self_attn: a sliding-window layer (sliding_window 4)"));
+    sliding = 0;
 }
 
 /* Recompute reruns the same deterministic kernels on the same inputs: bit-identical. */
@@ -767,7 +805,7 @@ int main(void) {
         cmocka_unit_test(grad_check_dense),       cmocka_unit_test(grad_check_moe),
         cmocka_unit_test(eager_matches_fused),    cmocka_unit_test(flex_matches_flash),
         cmocka_unit_test(recompute_identical),    cmocka_unit_test(keep_qk_matches),    cmocka_unit_test(bf16_follows_f32),
-        cmocka_unit_test(residual_stream_is_f32),
+        cmocka_unit_test(residual_stream_is_f32), cmocka_unit_test(sliding_window_layers),
         cmocka_unit_test(accumulation_adds),      cmocka_unit_test(save_load_round_trip),
         cmocka_unit_test(override_reaches_module), cmocka_unit_test(bad_configs_rejected),
         cmocka_unit_test(bad_batch_rejected),     cmocka_unit_test(router_options_reach_every_moe_layer),

@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-#define LK_QWEN3_MAX_LIST 512   /* entries of mlp_only_layers */
+#define LK_QWEN3_MAX_LIST 512   /* entries of mlp_only_layers and layer_types */
 
 typedef struct {
     int moe;                           /* 1: Qwen3MoeForCausalLM / qwen3_moe; 0: Qwen3ForCausalLM / qwen3 */
@@ -39,6 +39,8 @@ typedef struct {
     int64_t bos_token_id, eos_token_id;   /* -1: null or absent */
     int64_t sliding_window;            /* -1: null */
     int64_t max_window_layers;
+    int n_layer_types;                 /* layer_types when config.json has it (0: absent) */
+    unsigned char sliding_layer[LK_QWEN3_MAX_LIST];   /* its entries: 1 "sliding_attention", 0 "full_attention" */
     /* MoE (read and written only when moe) */
     int64_t moe_intermediate_size, num_experts, num_experts_per_tok, decoder_sparse_step;
     int norm_topk_prob, output_router_logits;
@@ -72,6 +74,14 @@ LK_API lk_status lk_qwen3_config_to_json(const lk_qwen3_config *c, char **out);
 /* 1 when layer i has a MoE block, 0 for a dense MLP: transformers' rule, i not in
  * mlp_only_layers and num_experts > 0 and (i + 1) % decoder_sparse_step == 0. */
 LK_API int lk_qwen3_layer_is_moe(const lk_qwen3_config *c, int64_t layer);
+
+/* Layer i's attention window (the attention contract's window_left: a query sees the keys
+ * fewer than that many positions back, itself included), 0 for full attention. Transformers'
+ * rule: sliding_window when use_sliding_window and sliding_window is set and, for Qwen3, the
+ * layer is "sliding_attention" in layer_types or, without layer_types, i >=
+ * max_window_layers; Qwen3-MoE slides every layer then (its attention reads sliding_window
+ * alone). */
+LK_API int64_t lk_qwen3_layer_window(const lk_qwen3_config *c, int64_t layer);
 
 /* Tensor kinds of the published checkpoints. */
 typedef enum {

@@ -2,7 +2,8 @@
  * types, a repeated key refused, unknown keys ignored; transformers 5's names too:
  * get_key), validate, and write as transformers' save_pretrained does (indent 2, keys
  * sorted). One table of plain keys drives both directions; the few keys with structure
- * (architectures, model_type, mlp_only_layers, rope_scaling) are handled beside it. */
+ * (architectures, model_type, layer_types, mlp_only_layers, rope_scaling) are handled
+ * beside it. */
 #include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -33,6 +34,7 @@ static const field fields[] = {
     F(hidden_size, F_INT, 1, BOTH),
     F(initializer_range, F_NUM, 0, BOTH),
     F(intermediate_size, F_INT, 1, BOTH),
+    S(layer_types, BOTH),
     F(max_position_embeddings, F_INT, 0, BOTH),
     F(max_window_layers, F_INT, 0, BOTH),
     S(mlp_only_layers, MOE_ONLY),
@@ -149,6 +151,19 @@ static lk_status read_special(const char *key, const json_t *v, const char *what
                 return bad(LK_EIO, what, "key '%s': expected a list of non-negative integers", key);
             c->mlp_only_layers[c->n_mlp_only_layers++] = (int)i;
         }
+    } else if (strcmp(key, "layer_types") == 0) {
+        if (!json_is_array(v)) return wrong_type(what, key, "a list of strings", v);
+        if (json_array_size(v) > LK_QWEN3_MAX_LIST)
+            return bad(LK_EIO, what, "key '%s': more than %d entries", key, LK_QWEN3_MAX_LIST);
+        c->n_layer_types = 0;
+        for (size_t k = 0; k < json_array_size(v); k++) {
+            const json_t *e = json_array_get(v, k);
+            const char *t = json_is_string(e) ? json_string_value(e) : "";
+            if (strcmp(t, "full_attention") != 0 && strcmp(t, "sliding_attention") != 0)
+                return bad(LK_EINVAL, what, "key '%s': entry %zu: expected \"full_attention\" or \"sliding_attention\" "
+                           "(Qwen3's kinds), got %s", key, k, json_is_string(e) ? t : "a non-string");
+            c->sliding_layer[c->n_layer_types++] = t[0] == 's';
+        }
     } else if (strcmp(key, "rope_scaling") == 0) {
         c->has_rope_scaling = !json_is_null(v);
         if (json_is_null(v)) return LK_OK;
@@ -263,6 +278,10 @@ lk_status lk_qwen3_config_validate(const lk_qwen3_config *c, const char *what) {
          "key 'torch_dtype': expected float32, bfloat16 or float16, got '%s'", c->torch_dtype);
     NEED(!c->has_rope_scaling || c->rope_scaling_factor > 0, "key 'rope_scaling': factor must be > 0");
     NEED(c->n_mlp_only_layers >= 0 && c->n_mlp_only_layers <= LK_QWEN3_MAX_LIST, "key 'mlp_only_layers': bad count");
+    NEED(c->n_layer_types == 0 || c->n_layer_types == c->num_hidden_layers,
+         "key 'layer_types': expected one entry a layer (%lld), got %d", (long long)c->num_hidden_layers, c->n_layer_types);
+    NEED(!c->use_sliding_window || c->sliding_window != 0,
+         "key 'sliding_window': expected a positive integer or null with use_sliding_window, got 0");
     if (!c->moe) return lk_qwen3_param_count(c, what, NULL, NULL);
     NEED(c->num_experts > 0, "key 'num_experts': expected a positive integer, got %lld", (long long)c->num_experts);
     NEED(c->num_experts_per_tok > 0 && c->num_experts_per_tok <= c->num_experts,
@@ -285,6 +304,13 @@ int lk_qwen3_layer_is_moe(const lk_qwen3_config *c, int64_t layer) {
     return (layer + 1) % c->decoder_sparse_step == 0;
 }
 
+int64_t lk_qwen3_layer_window(const lk_qwen3_config *c, int64_t layer) {
+    if (!c->use_sliding_window || c->sliding_window <= 0 || layer < 0) return 0;
+    if (c->moe) return c->sliding_window;   /* Qwen3MoeAttention reads sliding_window alone */
+    const int slides = c->n_layer_types ? layer < c->n_layer_types && c->sliding_layer[layer] : layer >= c->max_window_layers;
+    return slides ? c->sliding_window : 0;
+}
+
 static void write_special(lk_jw *j, const char *key, const lk_qwen3_config *c) {
     if (strcmp(key, "architectures") == 0) {
         lk_jw_arr_begin(j);
@@ -297,6 +323,10 @@ static void write_special(lk_jw *j, const char *key, const lk_qwen3_config *c) {
     } else if (strcmp(key, "mlp_only_layers") == 0) {
         lk_jw_arr_begin(j);
         for (int i = 0; i < c->n_mlp_only_layers; i++) lk_jw_i64(j, c->mlp_only_layers[i]);
+        lk_jw_arr_end(j);
+    } else if (strcmp(key, "layer_types") == 0) {
+        lk_jw_arr_begin(j);
+        for (int i = 0; i < c->n_layer_types; i++) lk_jw_str(j, c->sliding_layer[i] ? "sliding_attention" : "full_attention");
         lk_jw_arr_end(j);
     } else if (!c->has_rope_scaling) {   /* rope_scaling */
         lk_jw_null(j);
@@ -324,7 +354,7 @@ lk_status lk_qwen3_config_to_json(const lk_qwen3_config *c, char **out) {
     lk_jw_obj_begin(&j);
     for (size_t i = 0; i < N_FIELDS; i++) {
         const field *f = &fields[i];
-        if (f->moe_only && !c->moe) continue;
+        if ((f->moe_only && !c->moe) || (strcmp(f->key, "layer_types") == 0 && !c->n_layer_types)) continue;
         const char *p = (const char *)c + f->off;
         lk_jw_key(&j, f->key);
         switch (f->type) {

@@ -136,9 +136,9 @@ static lk_rope_args rope_args(const lk_model *m, int l, const lk_layer_acts *a) 
 }
 
 /* flex (impl's adapter) follows the batch's document BlockMask alone; the others the
- * cu_seqlens, causally. */
-static lk_attention_args attn_args(const lk_model *m, const lk_impl *impl, const lk_layer_acts *a, const lk_batch *b,
-                                   size_t saved) {
+ * cu_seqlens, causally, within layer l's sliding window when it has one. */
+static lk_attention_args attn_args(const lk_model *m, int l, const lk_impl *impl, const lk_layer_acts *a,
+                                   const lk_batch *b, size_t saved) {
     const lk_attention_entry *e = impl->vtable;
     int64_t T = m->T;
     lk_attention_args at = {
@@ -152,6 +152,7 @@ static lk_attention_args attn_args(const lk_model *m, const lk_impl *impl, const
         at.cu_seqlens_q = at.cu_seqlens_k = lk_tensor_1d((void *)m->cu, LK_I32, b->n_segs + 1);   /* host memory */
         at.max_seqlen_q = at.max_seqlen_k = b->max_seqlen;
         at.causal = 1;
+        at.window_left = lk_qwen3_layer_window(&m->cfg, l);
     }
     return at;
 }
@@ -187,7 +188,7 @@ lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, con
         return s;
     lk_rope_args r = rope_args(m, l, a);
     if ((s = lk_rope_forward(op->rope, &r, ctx))) return s;
-    lk_attention_args at = attn_args(m, op->attn, a, b, L->saved[S_ATTN]);
+    lk_attention_args at = attn_args(m, l, op->attn, a, b, L->saved[S_ATTN]);
     ctx->comm = m->sp;   /* Ulysses over the SP group (NULL: one process) */
     s = lk_attention_forward(op->attn, &at, ctx);
     ctx->comm = NULL;
@@ -244,7 +245,7 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
     /* attention */
     lk_linear_args po = lin(m, a->ao, T, Q, W(L->o), H, sc->tmp);
     if ((s = lin_backward(m, op->o_proj, po, sc->dres, L->o, sc->dao))) return s;
-    lk_attention_args at = attn_args(m, op->attn, a, b, L->saved[S_ATTN]);
+    lk_attention_args at = attn_args(m, l, op->attn, a, b, L->saved[S_ATTN]);
     at.dout = lk_on(m, lk_tensor_view(sc->dao, m->dt, 4, (int64_t[]){1, T, m->Hq, m->D}));
     at.dq = t4(m, sc->dqr, m->Hq, T, m->D);
     at.dk = t4(m, sc->dkr, m->Hk, T, m->D);

@@ -61,6 +61,11 @@ static lk_status bind_layer(lk_model *m, const lk_op_table *t, int l) {
                         "expected one linear implementation for the three, got '%s', '%s' and '%s'", l,
                         o->q_proj->name, o->k_proj->name, o->v_proj->name);
     const lk_attention_entry *e = o->attn->vtable;
+    if (e && e->adapter == LK_ATTN_FLEX && lk_qwen3_layer_window(&m->cfg, l) > 0)
+        return lk_error(LK_EUNAVAILABLE, "model: layers.%d.self_attn: a sliding-window layer (sliding_window %lld): "
+                        "flex_attention follows the batch's document BlockMask alone, which has no window yet; "
+                        "expected another attention implementation (flash_attention_3, flash_attention_2, sdpa, "
+                        "eager)", l, (long long)m->cfg.sliding_window);
     m->flex |= e && e->adapter == LK_ATTN_FLEX;   /* then every batch gets its document BlockMask */
     return LK_OK;
 }

@@ -7,10 +7,11 @@
  * router and experts; the routing must come out the same). Recompute on the GPU gives
  * the very same bits (its kernels are deterministic; in bf16 those of the model that sets
  * norm_of_x, as a recompute does); bf16 compute follows the CPU's f32 within bf16
- * tolerance; keep_qk follows the default; a step captured in a CUDA graph replays bit for
- * bit (and the capture fails while the forward reads its loss back); a checkpoint saved from the GPU
- * loads back exactly; bad batches are refused with clear errors; flex_attention's staged
- * document masks follow the default attention.
+ * tolerance; both hold with sliding-window layers too; keep_qk follows the default; a
+ * step captured in a CUDA graph replays bit for bit (and the capture fails while the
+ * forward reads its loss back); a checkpoint saved from the GPU loads back exactly; bad
+ * batches are refused with clear errors; flex_attention's staged document masks follow
+ * the default attention.
  * Skipped (77) where there is no GPU.
  *
  *   build-h200/cuda_test_model */
@@ -28,9 +29,12 @@
 #include "llmkern/config.h"
 #include "model/qwen3_internal.h"
 
+static int64_t sliding;   /* > 0: tiny()'s layer 1 (every MoE layer) slides with this window */
+
 static lk_qwen3_config tiny(int moe) {
     lk_qwen3_config c;
     lk_qwen3_config_init(&c, moe);
+    if (sliding) c.use_sliding_window = 1, c.sliding_window = sliding, c.max_window_layers = 1;
     c.hidden_size = 64;
     c.num_hidden_layers = 2;
     c.num_attention_heads = 4;
@@ -207,6 +211,18 @@ static void bf16_follows_cpu_f32(int moe) {
     lk_model_free(g);
     lk_model_free(r);
     lk_model_free(q);
+}
+
+/* Sliding-window layers (a window of 4 over documents of 5-13 tokens) on the GPU against
+ * the CPU: f32 to matches_cpu's tolerances, bf16 to bf16_follows_cpu_f32's. */
+static void sliding_window_matches_cpu(void **state) {
+    (void)state;
+    sliding = 4;
+    matches_cpu(0);
+    matches_cpu(1);
+    bf16_follows_cpu_f32(0);
+    bf16_follows_cpu_f32(1);
+    sliding = 0;
 }
 
 static void gpu_bf16_follows_cpu_f32(void **state) {
@@ -444,6 +460,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(gpu_matches_cpu),
         cmocka_unit_test(gpu_bf16_follows_cpu_f32),
+        cmocka_unit_test(sliding_window_matches_cpu),
         cmocka_unit_test(graph_capture),
         cmocka_unit_test(recompute_identical),
         cmocka_unit_test(keep_qk_matches),

@@ -367,6 +367,7 @@ static void yaml_train_sections_load(void **state) {
         "  head_dim: 8\n  intermediate_size: 64\n  vocab_size: 320\n  num_experts: 4\n"
         "  num_experts_per_tok: 2\n  moe_intermediate_size: 16\n  tie_word_embeddings: true\n"
         "  rope_theta: 10000\n  torch_dtype: float32\n"
+        "  use_sliding_window: true\n  sliding_window: 16\n  max_window_layers: 1\n"
         "train:\n  steps: 7\n  lr: 3e-3\n  min_lr: 1e-4\n  betas: [0.8, 0.99]\n  batch_size: 2\n"
         "  seq_len: 64\n  grad_accum: 3\n  seed: 9\n  save_every: 2\n  out: /tmp/x\n  recompute: true\n"
         "  dtype: bfloat16\n  cuda_graph: true\n  deterministic: true\n  keep_qk: true\n  grad_reduce_dtype: bf16\n"
@@ -390,6 +391,7 @@ static void yaml_train_sections_load(void **state) {
     assert_string_equal(tc.model.model_type, "qwen3_moe");
     assert_string_equal(tc.model.torch_dtype, "float32");
     assert_true(tc.model.tie_word_embeddings == 1);
+    assert_true(tc.model.use_sliding_window && tc.model.sliding_window == 16 && tc.model.max_window_layers == 1);
     assert_true(tc.steps == 7 && tc.lr == 3e-3 && tc.beta1 == 0.8 && tc.beta2 == 0.99 && tc.grad_accum == 3);
     assert_true(tc.seed == 9 && tc.save_every == 2 && tc.recompute == 1 && tc.batch_size == 2 && tc.seq_len == 64);
     assert_string_equal(tc.out, "/tmp/x");

@@ -157,6 +157,7 @@ static const field arch_fields[] = {
     I(hidden_size, 1), I(num_hidden_layers, 1), I(num_attention_heads, 1), I(num_key_value_heads, 1),
     I(head_dim, 1), I(intermediate_size, 1), I(vocab_size, 1), I(max_position_embeddings, 1),
     I(num_experts, 0), I(num_experts_per_tok, 0), I(moe_intermediate_size, 0), I(decoder_sparse_step, 1),
+    I(sliding_window, 1), I(max_window_layers, 0), B(use_sliding_window),
     D(rope_theta, 1e-9), D(rms_norm_eps, 1e-30), D(initializer_range, 0), D(router_aux_loss_coef, 0),
     B(tie_word_embeddings), B(norm_topk_prob),
     {"torch_dtype", T_STR, offsetof(lk_qwen3_config, torch_dtype), 0},
@@ -168,8 +169,8 @@ static const field arch_fields[] = {
 static const char *const model_keys[] = {"ops_implementation", "moe", "backend", "config_json", "init_from", "hidden_size",
     "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
     "vocab_size", "max_position_embeddings", "num_experts", "num_experts_per_tok", "moe_intermediate_size",
-    "decoder_sparse_step", "rope_theta", "rms_norm_eps", "initializer_range", "router_aux_loss_coef",
-    "tie_word_embeddings", "norm_topk_prob", "torch_dtype", NULL};
+    "decoder_sparse_step", "sliding_window", "max_window_layers", "use_sliding_window", "rope_theta", "rms_norm_eps",
+    "initializer_range", "router_aux_loss_coef", "tie_word_embeddings", "norm_topk_prob", "torch_dtype", NULL};
 
 lk_status lk_yaml_model_begin(loader *l, const yaml_node_t *model) {
     lk_status s = expect(l, model, YAML_MAPPING_NODE, "model");

@@ -724,6 +724,11 @@ static void bad_configs_rejected(void **state) {
     c.head_dim = 7;
     assert_int_equal(lk_model_create(&c, &t, 1, 0, &m), LK_EINVAL);
     assert_non_null(strstr(lk_last_error(), "head_dim"));
+    c = tiny(0);
+    c.attention_dropout = 0.1;   /* would be ignored, training other than transformers does */
+    assert_int_equal(lk_model_create(&c, &t, 1, 0, &m), LK_EUNAVAILABLE);
+    assert_null(m);
+    assert_non_null(strstr(lk_last_error(), "attention_dropout: expected 0 (llmkern's attention has no dropout), got 0.1"));
     /* an op not in this build */
     c = tiny(0);
     lk_op_table missing = t;

@@ -115,6 +115,9 @@ lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, ui
     if (cfg->head_dim % 2 || cfg->max_position_embeddings < 1)
         return lk_error(LK_EINVAL, "model_create: cfg: head_dim: expected even (RoPE) and max_position_embeddings >= 1, "
                         "got %lld and %lld", (long long)cfg->head_dim, (long long)cfg->max_position_embeddings);
+    if (cfg->attention_dropout != 0.0)   /* transformers drops attention probabilities in training then */
+        return lk_error(LK_EUNAVAILABLE, "model_create: cfg: attention_dropout: expected 0 (llmkern's attention has no "
+                        "dropout), got %g", cfg->attention_dropout);
     const lk_model_device *dev = ops->device == LK_DEVICE_CPU ? &lk_model_device_cpu : NULL;
 #ifdef LLMKERN_HAVE_CUDA
     if (ops->device == LK_DEVICE_CUDA) dev = &lk_model_device_cuda;

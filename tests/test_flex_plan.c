@@ -171,7 +171,8 @@ static void compositions_and_host_bits(void **state) {
     lk_block_mask_free(&m);
 }
 
-/* Causal document masks of random packings stay within lk_flex_documents_cap, and a plan
+/* Causal document masks of random packings, alone and within windows of 5, 128 and 300
+ * keys, stay within lk_flex_documents_cap, and a plan
  * packed into the staged image is its lists, count, tile_of and data; a plan of another
  * shape, past the caps or with host bits is refused, the image untouched. */
 static void staged_documents(void **state) {
@@ -179,8 +180,8 @@ static void staged_documents(void **state) {
     const int64_t lens[] = {1, 127, 128, 640, 1000, 4113};
     uint64_t x = 12345;
     for (int li = 0; li < 6; li++)
-        for (int rep = 0; rep < 12; rep++) {
-            const int64_t LEN = lens[li], longest = rep % 3 == 0 ? 3 : rep % 3 == 1 ? 200 : 2000;
+        for (int rep = 0; rep < 16; rep++) {
+            const int64_t LEN = lens[li], longest = rep / 4 % 3 == 0 ? 3 : rep / 4 % 3 == 1 ? 200 : 2000;
             int32_t *cu = malloc((size_t)(LEN + 1) * sizeof *cu);
             int64_t n = 0;
             cu[0] = 0;
@@ -189,12 +190,19 @@ static void staged_documents(void **state) {
                 const int64_t d = 1 + (int64_t)((x >> 33) % (uint64_t)longest);
                 cu[n + 1] = (int32_t)(cu[n] + d < LEN ? cu[n] + d : LEN), n++;
             }
-            lk_block_mask m;
-            assert_int_equal(lk_block_mask_document_cu(cu, n, 1, 1, LEN, 0, 0, &m), LK_OK);
-            if (LEN <= 1000 && rep < 2) expect_plan(&m, 1);
+            lk_block_mask docs, win, m;
+            const int64_t window = rep % 4 == 3 ? 0 : rep % 4 == 0 ? 5 : rep % 4 == 1 ? 128 : 300;
+            assert_int_equal(lk_block_mask_document_cu(cu, n, 1, 1, LEN, 0, 0, &docs), LK_OK);
+            if (window) {
+                assert_int_equal(lk_block_mask_sliding_window(window, 1, 1, LEN, LEN, 0, 0, &win), LK_OK);
+                assert_int_equal(lk_block_mask_and(&docs, &win, &m), LK_OK);
+            } else {
+                m = docs;
+            }
+            if (LEN <= 1000 && rep < 3) expect_plan(&m, 1);
             lk_flex_plan pl;
             assert_int_equal(lk_flex_plan_make(&m, &pl), LK_OK);
-            const int64_t cap = lk_flex_documents_cap(LEN);
+            const int64_t cap = lk_flex_documents_cap(LEN, window);
             assert_true(pl.ntiles <= cap);
             const lk_flex_image L = lk_flex_image_of(&pl, cap, pl.ndata);
             int32_t *img = malloc((size_t)L.words * sizeof *img);
@@ -213,7 +221,8 @@ static void staged_documents(void **state) {
             }
             free(img);
             lk_flex_plan_free(&pl);
-            lk_block_mask_free(&m);
+            if (window) lk_block_mask_free(&m), lk_block_mask_free(&win);
+            lk_block_mask_free(&docs);
             free(cu);
         }
     lk_block_mask a, b;
@@ -221,7 +230,7 @@ static void staged_documents(void **state) {
     assert_int_equal(lk_block_mask_document_cu(cu, 2, 1, 1, 300, 0, 0, &a), LK_OK);
     lk_flex_plan pa, pb;
     assert_int_equal(lk_flex_plan_make(&a, &pa), LK_OK);
-    const lk_flex_image L = lk_flex_image_of(&pa, lk_flex_documents_cap(300), pa.ndata);
+    const lk_flex_image L = lk_flex_image_of(&pa, lk_flex_documents_cap(300, 0), pa.ndata);
     int32_t *img = calloc((size_t)L.words, sizeof *img);
     assert_int_equal(lk_block_mask_causal(1, 1, 299, 299, 0, 0, &b), LK_OK);   /* another shape */
     assert_int_equal(lk_flex_plan_make(&b, &pb), LK_OK);

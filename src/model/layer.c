@@ -135,8 +135,9 @@ static lk_rope_args rope_args(const lk_model *m, int l, const lk_layer_acts *a) 
     return r;
 }
 
-/* flex (impl's adapter) follows the batch's document BlockMask alone; the others the
- * cu_seqlens, causally, within layer l's sliding window when it has one. */
+/* flex (impl's adapter) follows the batch's document BlockMask alone (within the sliding
+ * window for a layer that has one); the others the cu_seqlens, causally, within layer l's
+ * window. */
 static lk_attention_args attn_args(const lk_model *m, int l, const lk_impl *impl, const lk_layer_acts *a,
                                    const lk_batch *b, size_t saved) {
     const lk_attention_entry *e = impl->vtable;
@@ -147,7 +148,7 @@ static lk_attention_args attn_args(const lk_model *m, int l, const lk_impl *impl
         .saved = sv(a->s[S_ATTN], saved), .deterministic = m->deterministic,
     };
     if (e->adapter == LK_ATTN_FLEX) {
-        at.block_mask = &m->doc_mask;
+        at.block_mask = &m->masks[lk_qwen3_layer_window(&m->cfg, l) > 0].mask;
     } else {
         at.cu_seqlens_q = at.cu_seqlens_k = lk_tensor_1d((void *)m->cu, LK_I32, b->n_segs + 1);   /* host memory */
         at.max_seqlen_q = at.max_seqlen_k = b->max_seqlen;

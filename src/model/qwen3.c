@@ -61,12 +61,7 @@ static lk_status bind_layer(lk_model *m, const lk_op_table *t, int l) {
                         "expected one linear implementation for the three, got '%s', '%s' and '%s'", l,
                         o->q_proj->name, o->k_proj->name, o->v_proj->name);
     const lk_attention_entry *e = o->attn->vtable;
-    if (e && e->adapter == LK_ATTN_FLEX && lk_qwen3_layer_window(&m->cfg, l) > 0)
-        return lk_error(LK_EUNAVAILABLE, "model: layers.%d.self_attn: a sliding-window layer (sliding_window %lld): "
-                        "flex_attention follows the batch's document BlockMask alone, which has no window yet; "
-                        "expected another attention implementation (flash_attention_3, flash_attention_2, sdpa, "
-                        "eager)", l, (long long)m->cfg.sliding_window);
-    m->flex |= e && e->adapter == LK_ATTN_FLEX;   /* then every batch gets its document BlockMask */
+    m->flex |= e && e->adapter == LK_ATTN_FLEX;   /* then every batch gets its document BlockMasks */
     return LK_OK;
 }
 
@@ -177,7 +172,7 @@ lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, ui
 }
 
 static void free_acts(lk_model *m) {
-    lk_qwen3_doc_mask_free(m);
+    lk_qwen3_doc_mask_free(m, 0);
     m->dev->free(m->act_block); m->dev->free(m->scratch_block); m->dev->free(m->dev_tokens);
     m->dev->host_free(m->stage);
     free(m->acts); free(m->inputs); free(m->x2s);
@@ -293,7 +288,7 @@ void lk_model_free(lk_model *m) {
         m->dev->free(m->scal);
     }
     free(m->params); free(m->layers);
-    lk_block_mask_free(&m->doc_mask);
+    lk_qwen3_doc_mask_free(m, 1);
     lk_arena_free(&m->arena);
     free(m);
 }

@@ -54,6 +54,17 @@
 
 #define LK_STAGE_SLOTS 2   /* the pinned slots a step's host side stages into (lk_model_set_stage_slot) */
 
+/* A BlockMask the model makes each step for flex_attention (doc_mask.c); on a GPU staged
+ * (flex_plan.h): the image's layout and program, LK_STAGE_SLOTS pinned images, the device's
+ * copy with the bits after it. */
+typedef struct {
+    lk_block_mask mask;
+    lk_flex_image img;
+    lk_flex_prog prog;
+    int32_t *host;
+    void *dev;
+} lk_staged_mask;
+
 /* The implementations one layer calls, resolved from the op table once at create. */
 typedef struct {
     const lk_impl *in_norm, *q_norm, *k_norm, *post_norm, *rope, *attn;
@@ -153,14 +164,11 @@ struct lk_model {
     const int32_t *cu;
     int defer_stats;              /* lk_model_defer_stats: the forward reads no scalar back */
     float *scal;                  /* device scalars: loss, d_loss, aux loss (f32), then n_valid (i64) */
-    int flex;                     /* an attention binding is flex_attention: doc_mask serves it */
-    lk_block_mask doc_mask;       /* the current batch's documents, causal, over all B*S tokens */
-    /* On a GPU, doc_mask staged (doc_mask.c): the image's layout and program, LK_STAGE_SLOTS
-     * pinned images, the device's copy with the bits after it. */
-    lk_flex_image flex_img;
-    lk_flex_prog flex_prog;
-    int32_t *flex_host;
-    void *flex_dev;
+    int flex;                     /* an attention binding is flex_attention: masks[] serve it */
+    /* masks[0] the current batch's documents, causal, over all B*S tokens; masks[1] the same
+     * within the sliding window, when a flex layer slides (the AND of masks[0] and window) */
+    lk_staged_mask masks[2];
+    lk_block_mask window;
     double d_loss_unit;           /* d(the loss) / d(the CE op's loss): 1, or 1 / the SP group's count */
     float d_loss_put;             /* the d_loss scal[1] holds (NaN: none yet) */
     void (*grads_ready)(void *user, int64_t first);   /* lk_model_on_grads_ready */
@@ -206,11 +214,12 @@ lk_status lk_qwen3_moe_backward(lk_model *m, int l, const lk_layer_acts *a, cons
 /* The saved-bytes queries of a MoE block for T tokens. */
 lk_status lk_qwen3_moe_saved(const lk_model *m, int l, int64_t T, size_t *router, size_t *experts);
 
-/* doc_mask.c: flex_attention's document mask, built and (on a GPU) staged in stage_batch,
- * copied and attached in the forward; the buffers freed with the activations. */
+/* doc_mask.c: flex_attention's masks, built and (on a GPU) staged in stage_batch, copied
+ * and attached in the forward; the buffers freed with the activations, the masks with
+ * the model (lk_qwen3_doc_mask_free(m, 1)). */
 lk_status lk_qwen3_doc_mask_stage(lk_model *m, const lk_batch *whole);
 lk_status lk_qwen3_doc_mask_put(lk_model *m);
-void lk_qwen3_doc_mask_free(lk_model *m);
+void lk_qwen3_doc_mask_free(lk_model *m, int masks_too);
 
 /* The compute copy of the weights at offset off (in elements, the master's offsets). */
 static inline void *lk_wc(const lk_model *m, int64_t off) { return (char *)m->wc + (size_t)off * m->es; }

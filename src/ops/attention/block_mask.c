@@ -52,26 +52,18 @@ static lk_status check_sizes(int64_t B, int64_t H, int64_t Q_LEN, int64_t KV_LEN
 }
 
 /* A row's visible keys as one interval [lo, hi), for the families where they are one
- * (causal, window, prefix-LM, documents from cu_seqlens). */
+ * (causal, window, prefix-LM, documents from cu_seqlens, their AND). */
 typedef void (*span_fn)(int64_t b, int64_t h, int64_t q, const void *ctx, int64_t *lo, int64_t *hi);
 
-/* Visible elements of rows [q0, q1) x keys [k0, k1) of (b, h): from the span form when
- * there is one, O(rows) (the trainer's document mask over 32k tokens is 2^30 elements);
- * else through the row form (a vectorized compare or a memset a row; the builders' masks
- * at S = 4096 were 20-30 ms of one indirect call an element, more than the flex forward
- * they serve); else the predicate on every element. */
-static int64_t count_seen(lk_mask_fn fn, lk_mask_row_fn row, span_fn span, const void *ctx, int64_t b, int64_t h,
-                          int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
+/* Visible elements of rows [q0, q1) x keys [k0, k1) of (b, h): through the row form when
+ * there is one (a vectorized compare or a memset a row; the builders' masks at S = 4096
+ * were 20-30 ms of one indirect call an element, more than the flex forward they serve),
+ * else the predicate on every element. */
+static int64_t count_seen(lk_mask_fn fn, lk_mask_row_fn row, const void *ctx, int64_t b, int64_t h, int64_t q0,
+                          int64_t q1, int64_t k0, int64_t k1) {
     int64_t seen = 0;
     uint8_t buf[256];
     for (int64_t i = q0; i < q1; i++) {
-        if (span) {
-            int64_t lo, hi;
-            span(b, h, i, ctx, &lo, &hi);
-            lo = lo > k0 ? lo : k0, hi = hi < k1 ? hi : k1;
-            seen += hi > lo ? hi - lo : 0;
-            continue;
-        }
         if (!row) {
             for (int64_t j = k0; j < k1; j++) seen += fn(b, h, i, j, ctx);
             continue;
@@ -81,6 +73,17 @@ static int64_t count_seen(lk_mask_fn fn, lk_mask_row_fn row, span_fn span, const
             row(b, h, i, j0, n, buf, ctx);
             for (int64_t j = 0; j < n; j++) seen += buf[j] != 0;
         }
+    }
+    return seen;
+}
+
+/* The same from the rows' spans (sp: [lo, hi) of each row): O(rows) a block, where the
+ * trainer's document mask over 32k tokens is 2^30 elements. */
+static int64_t count_spans(const int64_t *sp, int64_t q0, int64_t q1, int64_t k0, int64_t k1) {
+    int64_t seen = 0;
+    for (int64_t i = q0; i < q1; i++) {
+        const int64_t lo = sp[2 * i] > k0 ? sp[2 * i] : k0, hi = sp[2 * i + 1] < k1 ? sp[2 * i + 1] : k1;
+        seen += hi > lo ? hi - lo : 0;
     }
     return seen;
 }
@@ -103,15 +106,27 @@ static lk_status create(lk_mask_fn mask_mod, lk_mask_row_fn row, span_fn span, c
         free(all); free(kind);
         return lk_error(LK_ENOMEM, "block_mask: out of memory for %zu blocks", cells);
     }
-    #pragma omp parallel for collapse(2) schedule(dynamic, 1) if ((double)bh * (double)Q_LEN * (double)KV_LEN >= 65536.0)
-    for (int64_t r = 0; r < bh; r++)
-        for (int64_t qb = 0; qb < nq; qb++)
-            for (int64_t kb = 0; kb < nk; kb++) {
-                int64_t q1 = (qb + 1) * q_block < Q_LEN ? (qb + 1) * q_block : Q_LEN;
-                int64_t k1 = (kb + 1) * kv_block < KV_LEN ? (kb + 1) * kv_block : KV_LEN;
-                int64_t seen = count_seen(mask_mod, row, span, ctx, r / H, r % H, qb * q_block, q1, kb * kv_block, k1);
-                kind[(r * nq + qb) * nk + kb] = seen == 0 ? 0 : seen == (q1 - qb * q_block) * (k1 - kb * kv_block) ? 2 : 1;
-            }
+    /* with a span form, each row's span once a pattern (then one pattern at a time); without
+     * one (or no memory for them), the row form's counts a block */
+    int64_t *sp = span ? malloc((size_t)Q_LEN * 2 * sizeof *sp) : NULL;
+    const int64_t step = sp ? 1 : bh;
+    for (int64_t r0 = 0; r0 < bh; r0 += step) {
+        if (sp) {
+            #pragma omp parallel for if (Q_LEN >= 4096)
+            for (int64_t i = 0; i < Q_LEN; i++) span(r0 / H, r0 % H, i, ctx, &sp[2 * i], &sp[2 * i + 1]);
+        }
+        #pragma omp parallel for collapse(2) schedule(dynamic, 1) if ((double)step * (double)Q_LEN * (double)KV_LEN >= 65536.0)
+        for (int64_t r = r0; r < r0 + step; r++)
+            for (int64_t qb = 0; qb < nq; qb++)
+                for (int64_t kb = 0; kb < nk; kb++) {
+                    int64_t q0 = qb * q_block, q1 = q0 + q_block < Q_LEN ? q0 + q_block : Q_LEN;
+                    int64_t k0 = kb * kv_block, k1 = k0 + kv_block < KV_LEN ? k0 + kv_block : KV_LEN;
+                    int64_t seen = sp ? count_spans(sp, q0, q1, k0, k1)
+                                      : count_seen(mask_mod, row, ctx, r / H, r % H, q0, q1, k0, k1);
+                    kind[(r * nq + qb) * nk + kb] = seen == 0 ? 0 : seen == (q1 - q0) * (k1 - k0) ? 2 : 1;
+                }
+    }
+    free(sp);
     lk_block_mask m = {.B = B, .H = H, .Q_LEN = Q_LEN, .KV_LEN = KV_LEN, .Q_BLOCK_SIZE = q_block,
                        .KV_BLOCK_SIZE = kv_block, .num_q_blocks = nq, .num_kv_blocks = nk, .mask_mod = mask_mod,
                        .mask_ctx = ctx};
@@ -166,7 +181,7 @@ double lk_block_mask_density(const lk_block_mask *m) {
             }
             for (int32_t t = 0; t < m->kv_num_blocks[rq]; t++) {
                 int64_t kb = m->kv_indices[rq * nk + t], k0 = kb * m->KV_BLOCK_SIZE;
-                seen += (double)count_seen(m->mask_mod, m->mask_row, NULL, m->mask_ctx, r / m->H, r % m->H,
+                seen += (double)count_seen(m->mask_mod, m->mask_row, m->mask_ctx, r / m->H, r % m->H,
                                            qb * m->Q_BLOCK_SIZE, qb * m->Q_BLOCK_SIZE + qn, k0,
                                            k0 + m->KV_BLOCK_SIZE < m->KV_LEN ? k0 + m->KV_BLOCK_SIZE : m->KV_LEN);
             }
@@ -225,7 +240,7 @@ static void row_interval(int64_t kv0, int64_t n, int64_t lo, int64_t hi, uint8_t
 }
 
 static void span_causal(int64_t b, int64_t h, int64_t q, const void *ctx, int64_t *lo, int64_t *hi) {
-    *lo = INT64_MIN / 2, *hi = q + ((const lk_causal_ctx *)ctx)->offset + 1;
+    *lo = INT64_MIN / 2, *hi = q + (ctx ? ((const lk_causal_ctx *)ctx)->offset : 0) + 1;
 }
 
 static void span_window(int64_t b, int64_t h, int64_t q, const void *ctx, int64_t *lo, int64_t *hi) {
@@ -241,10 +256,10 @@ static void span_prefix(int64_t b, int64_t h, int64_t q, const void *ctx, int64_
     *lo = INT64_MIN / 2, *hi = pre > q + 1 ? pre : q + 1;   /* kv < pre || kv <= q */
 }
 
-/* Documents from cu_seqlens: the builder's ids, then its copy of cu_seqlens. */
+/* Documents from cu_seqlens (q_doc NULL): its document's offsets, causally cut at q. */
 static void span_document_cu(int64_t b, int64_t h, int64_t q, const void *ctx, int64_t *lo, int64_t *hi) {
     const lk_document_ctx *c = ctx;
-    const int32_t d = c->q_doc[q];
+    const int64_t d = lk_cu_doc_of(c->cu_seqlens, c->n_docs, q);
     *lo = c->cu_seqlens[d], *hi = c->causal && q + 1 < c->cu_seqlens[d + 1] ? q + 1 : c->cu_seqlens[d + 1];
 }
 
@@ -257,8 +272,9 @@ static void span_document_cu(int64_t b, int64_t h, int64_t q, const void *ctx, i
 ROW_OF_SPAN(causal)
 ROW_OF_SPAN(window)
 ROW_OF_SPAN(prefix)
+ROW_OF_SPAN(document_cu)
 
-/* Builders' documents always come as ids (q_doc set). */
+/* Documents as ids (q_doc set). */
 static void row_document(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint8_t *out, const void *ctx) {
     const lk_document_ctx *c = ctx;
     int64_t row = c->per_batch ? b : 0;
@@ -275,6 +291,7 @@ static void row_document(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n
 typedef struct {
     lk_mask_pair_ctx pair;
     lk_mask_row_fn ra, rb;
+    span_fn sa, sb;   /* both set: an AND's span is the intersection of theirs */
 } pair_rows;
 
 static void row_combine(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint8_t *out, const pair_rows *c,
@@ -292,6 +309,32 @@ static void row_and(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uin
 }
 static void row_or(int64_t b, int64_t h, int64_t q, int64_t kv0, int64_t n, uint8_t *out, const void *ctx) {
     row_combine(b, h, q, kv0, n, out, ctx, 0);
+}
+
+static void span_and(int64_t b, int64_t h, int64_t q, const void *ctx, int64_t *lo, int64_t *hi) {
+    const pair_rows *c = ctx;
+    int64_t l2, h2;
+    c->sa(b, h, q, c->pair.a_ctx, lo, hi);
+    c->sb(b, h, q, c->pair.b_ctx, &l2, &h2);
+    *lo = *lo > l2 ? *lo : l2, *hi = *hi < h2 ? *hi : h2;
+}
+
+/* The span form of a built mask's predicate, when it has one: recognized by the predicate
+ * (documents only from cu_seqlens: ids need not be contiguous) or, for an AND that
+ * combine() built (its row form says so), from its two sides'. */
+static span_fn span_of(const lk_block_mask *m) {
+    if (m->mask_mod == lk_mask_causal) return span_causal;
+    if (m->mask_mod == lk_mask_sliding_window) return span_window;
+    if (m->mask_mod == lk_mask_prefix_lm) return span_prefix;
+    if (m->mask_mod == lk_mask_document) {
+        const lk_document_ctx *c = m->mask_ctx;
+        return !c->q_doc && c->cu_seqlens ? span_document_cu : NULL;
+    }
+    if (m->mask_mod == lk_mask_and && m->mask_row == row_and) {
+        const pair_rows *c = m->mask_ctx;
+        return c->sa && c->sb ? span_and : NULL;
+    }
+    return NULL;
 }
 
 /* --- builders: the context (and any array it points at) lives in m->owned -------- */
@@ -353,18 +396,12 @@ lk_status lk_block_mask_document_cu(const int32_t *cu_seqlens, int64_t n_docs, i
         if (cu_seqlens[i + 1] < cu_seqlens[i])
             return lk_error(LK_EINVAL, "block_mask: cu_seqlens: expected non-decreasing offsets, got %d after %d",
                             cu_seqlens[i + 1], cu_seqlens[i]);
-    /* per-token ids: the predicate, run per element in partial blocks, becomes two loads;
-     * the offsets after them give each row's span */
-    lk_document_ctx *c = ctx_with(sizeof *c, NULL, (size_t)(LEN + n_docs + 1) * sizeof(int32_t));
-    if (c) {
-        int32_t *ids = (int32_t *)(c + 1), *cu = ids + LEN;
-        for (int64_t d = 0; d < n_docs; d++)
-            for (int64_t i = cu_seqlens[d]; i < cu_seqlens[d + 1]; i++) ids[i] = (int32_t)d;
-        memcpy(cu, cu_seqlens, (size_t)(n_docs + 1) * sizeof *cu);
-        *c = (lk_document_ctx){.q_doc = ids, .kv_doc = ids, .q_len = LEN, .kv_len = LEN, .cu_seqlens = cu,
-                               .n_docs = n_docs, .causal = causal};
-    }
-    return build_owned(lk_mask_document, row_document, span_document_cu, c, 1, H, LEN, LEN, q_block, kv_block, out);
+    /* the predicate finds each position's document in its copy of the offsets; the row and
+     * span forms once a row */
+    lk_document_ctx *c = ctx_with(sizeof *c, cu_seqlens, (size_t)(n_docs + 1) * sizeof(int32_t));
+    if (c) *c = (lk_document_ctx){.q_len = LEN, .kv_len = LEN, .cu_seqlens = (const int32_t *)(c + 1), .n_docs = n_docs,
+                                  .causal = causal};
+    return build_owned(lk_mask_document, row_document_cu, span_document_cu, c, 1, H, LEN, LEN, q_block, kv_block, out);
 }
 
 lk_status lk_block_mask_document_ids(const int32_t *doc, int causal, int64_t B, int64_t H, int64_t LEN,
@@ -431,9 +468,11 @@ static lk_status combine(lk_mask_fn fn, const lk_block_mask *x, const lk_block_m
                         (long long)x->KV_LEN, (long long)y->B, (long long)y->H, (long long)y->Q_LEN,
                         (long long)y->KV_LEN);
     pair_rows *c = ctx_with(sizeof *c, NULL, 0);
-    if (c) *c = (pair_rows){{x->mask_mod, x->mask_ctx, y->mask_mod, y->mask_ctx}, x->mask_row, y->mask_row};
+    if (c) *c = (pair_rows){{x->mask_mod, x->mask_ctx, y->mask_mod, y->mask_ctx}, x->mask_row, y->mask_row,
+                            span_of(x), span_of(y)};
     lk_mask_row_fn row = x->mask_row && y->mask_row ? (fn == lk_mask_and ? row_and : row_or) : NULL;
-    return build_owned(fn, row, NULL, c, x->B > y->B ? x->B : y->B, x->H > y->H ? x->H : y->H, x->Q_LEN, x->KV_LEN,
+    const int spans = c && fn == lk_mask_and && c->sa && c->sb;   /* an OR of intervals is not one */
+    return build_owned(fn, row, spans ? span_and : NULL, c, x->B > y->B ? x->B : y->B, x->H > y->H ? x->H : y->H, x->Q_LEN, x->KV_LEN,
                        x->Q_BLOCK_SIZE, x->KV_BLOCK_SIZE, out);
 }
 

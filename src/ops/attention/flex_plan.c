@@ -255,5 +255,10 @@ lk_status lk_flex_image_pack(const lk_flex_image *L, const lk_flex_plan *p, int3
  * has at most 5·nq partial tiles. A q tile inside one document d has at most two: the
  * diagonal, and the kv tile that holds d's start. A q tile that holds a document's end
  * (or runs past LEN) sees at most len(doc of its first row) / 128 + 2 tiles, and those
- * first rows' documents differ from tile to tile: together at most nq + 2·nq. */
-int64_t lk_flex_documents_cap(int64_t LEN) { return 5 * cdiv(LEN, T); }
+ * first rows' documents differ from tile to tile: together at most nq + 2·nq. Within a
+ * sliding window, a tile partial in the AND is partial in one of the two (full in both
+ * is full, empty in either is empty). The window's own partial tiles inside the lengths
+ * are at most three a q tile (the diagonal, and the two kv tiles its rows' first keys fall
+ * in; a tile past LEN, when the AND does not hide it, is partial in the document mask
+ * already): 3·nq more. */
+int64_t lk_flex_documents_cap(int64_t LEN, int64_t window) { return (window > 0 ? 8 : 5) * cdiv(LEN, T); }

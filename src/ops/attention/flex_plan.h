@@ -162,8 +162,9 @@ lk_flex_image lk_flex_image_of(const lk_flex_plan *p, int64_t cap_tiles, int64_t
  * partial tiles or data than L holds, or has no program (host bits are not staged). */
 lk_status lk_flex_image_pack(const lk_flex_image *L, const lk_flex_plan *p, int32_t *image);
 /* Partial tiles a causal document mask over LEN packed tokens can have, whatever its
- * documents (flex_plan.c says why): the cap_tiles that staging it needs. */
-int64_t lk_flex_documents_cap(int64_t LEN);
+ * documents, alone or ANDed with a sliding window (window > 0) (flex_plan.c says why):
+ * the cap_tiles that staging it needs. */
+int64_t lk_flex_documents_cap(int64_t LEN, int64_t window);
 
 /* Attaches to m the image staged at img on this GPU (copied there on stream before this
  * call's work), its program's bits made on stream into bits (L.cap_tiles tiles): m's GPU

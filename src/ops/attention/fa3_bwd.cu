@@ -567,11 +567,7 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
     g.Sq = (int)d.Sq, g.Skv = (int)d.Skv, g.Hq = (int)d.Hq, g.Hkv = (int)d.Hkv, g.G = (int)d.G, g.D = (int)d.D;
     g.nqt = nqt, g.scale = d.scale, g.scale2 = d.scale * LOG2E;
     g.heads = (int)(d.B * d.Hkv), g.nkt = (int)lk_cdiv(d.Skv, BNK);
-    /* packed documents (varlen, and flex's masks): a key block's walk is as long as its
-     * document's rest, not the sequence's, so the causal orders' longest-first tiles are not
-     * the longest; tiles fastest, as unmasked (flex's masks ran the dense trainer's step 1.5-2%
-     * faster so than flash_attention_3 on the same documents in bands: bench/NOTES.md) */
-    g.order = lk_attn_order_of(flex || a->cu_seqlens_q.data ? 0 : a->causal, g.heads, g.nkt);
+    g.order = lk_attn_order_of(flex ? 0 : a->causal, g.heads, g.nkt);
 
     const int64_t prow = d.B * d.Hq * nqt * BMQ;
     fa3_bwd_prep<<<(unsigned)lk_cdiv(prow, 16), 256, 0, st>>>(

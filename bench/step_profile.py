@@ -70,8 +70,10 @@ def config(A, work, profile_step):
         train[k] = {"true": True, "false": False}.get(v, v)
     path = os.path.join(work, f"step_profile_{profile_step}.yaml")
     with open(path, "w") as f:
-        f.write(yaml_of(dict(model=dict(model, torch_dtype="bfloat16"), train=train,
-                             data=dict(tokens=tokens, eos_id=-1))))
+        m = dict(model, torch_dtype="bfloat16")
+        if A.attn:
+            m["ops_implementation"] = dict(attn_implementation=A.attn)
+        f.write(yaml_of(dict(model=m, train=train, data=dict(tokens=tokens, eos_id=-1))))
     return path, B
 
 
@@ -85,6 +87,7 @@ def main():
     P.add_argument("--dtype", default="bf16")
     P.add_argument("--ncu", default="ncu")
     P.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a train: key (repeatable)")
+    P.add_argument("--attn", help="model.ops_implementation.attn_implementation (default: the selection's)")
     P.add_argument("--top", type=int, default=40, help="kernels listed by time")
     P.add_argument("--launches", metavar="REGEX", help="also list each launch of the kernels it matches, in order")
     P.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -125,7 +128,7 @@ def main():
         if A.launches and re.search(A.launches, name):
             launches.append((name, ns / 1e3))
     total = sum(by_cat.values())
-    what = ", ".join([A.dtype] + A.set)
+    what = ", ".join([A.dtype] + A.set + ([A.attn] if A.attn else []))
     lines = [f"# One training step's GPU time by op ({A.model}, {B} x {A.seq} tokens, {what})", "",
              f"{n} kernels, {total / 1e6:.1f} ms of kernel time (ncu, one at a time); the step's wall time "
              f"unprofiled: {wall_ms:.1f} ms ({B * A.seq / wall_ms * 1e3:,.0f} tokens/s); ncu took "

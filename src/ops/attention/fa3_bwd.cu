@@ -233,6 +233,14 @@ struct flex_walk {
     }
 };
 
+/* The query tile of step it of key block kt, whose heads' walks are nq tiles from qt0: a
+ * causal block from its diagonal on (as flex's walk, which ran the dense trainer's backward
+ * on packed documents 6% faster: bench/NOTES.md), an unmasked one from kt on, so blocks in
+ * flight add into different dQ tiles. */
+static __device__ __forceinline__ int step_tile(const bwd_geom &g, int qt0, int nq, int kt, int it) {
+    return qt0 + (g.vis.causal ? it % nq : (it % nq + kt) % nq);
+}
+
 /* Fragment element e of an m64nN accumulator is row (e & 2 ? 8 : 0) + lane / 4 of the
  * warp's 16, column 8 (e / 4) + 2 (lane % 4) + (e & 1). FLEX: the steps are flex_walk's; the
  * producer puts each step's bits tile and half where a stage's lo/hi would be, and a
@@ -283,7 +291,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
      * (FLEX: steps taken from the producer's walk, in order) */
     auto produce = [&](const int it, flex_walk *fw) {
         const int s = it % STAGES;
-        int hh = hk * g.G + it / nq, qt = qt0 + (it % nq + kt) % nq;
+        int hh = hk * g.G + it / nq, qt = step_tile(g, qt0, nq, kt, it);
         int4 fs = make_int4(0, 0, -1, 0);
         if (FLEX) fs = fw->take(g.fx, b, hk, g.G, kt), hh = fs.x, qt = fs.y;
         const int64_t bh = (int64_t)b * g.Hq + hh;
@@ -342,7 +350,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
             /* step it + STAGES − 1 into the stage step it − 1 frees: two steps ahead of the math */
             if (tid == 0 && it >= 1 && it + STAGES - 1 < n) produce(it + STAGES - 1, &ahead);
             __syncwarp();
-            int hh = hk * g.G + it / nq, qt = qt0 + (it % nq + kt) % nq;
+            int hh = hk * g.G + it / nq, qt = step_tile(g, qt0, nq, kt, it);
             const int buf = it % NDS;
             mbar_wait(&dsfull[buf], (it / NDS) & 1);
             if (FLEX) hh = dsstep[buf].x, qt = dsstep[buf].y;   /* the math warpgroups' copy of the step */

@@ -14,10 +14,10 @@ static size_t bits_at(const lk_flex_image *L) { return ((size_t)L->words * 4 + 2
 
 /* The sliding window of the model's flex layers (they share config.json's), or 0. */
 static int64_t flex_window(const lk_model *m) {
-    for (int l = 0; l < (int)m->cfg.num_hidden_layers; l++)
-        if (m->layers[l].ops.attn->vtable && ((const lk_attention_entry *)m->layers[l].ops.attn->vtable)->adapter ==
-                                                 LK_ATTN_FLEX && lk_qwen3_layer_window(&m->cfg, l) > 0)
-            return m->cfg.sliding_window;
+    for (int l = 0; l < (int)m->cfg.num_hidden_layers; l++) {
+        const lk_attention_entry *e = m->layers[l].ops.attn->vtable;
+        if (e && e->adapter == LK_ATTN_FLEX && lk_qwen3_layer_window(&m->cfg, l) > 0) return m->cfg.sliding_window;
+    }
     return 0;
 }
 

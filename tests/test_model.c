@@ -509,6 +509,81 @@ static void bf16_follows_f32(void **state) {
     lk_model_free(m);
 }
 
+/* A bf16 master (lk_model_set_master_dtype, train.main_params_dtype): the f32 master is
+ * freed and the values are its nearest-even rounding, now the only copy; every parameter a
+ * bf16 view, no separate compute copy. Its loss and gradients follow the f32 model within
+ * bf16_follows_f32's tolerances (the embedding and the norms' gains now read bf16: at
+ * init the gains are 1, exact, the embedding rounded once). A save and a load give the same
+ * bytes, and the f32 master made again holds the bf16 values exactly. Refused: an f32
+ * model, a dtype not f32 or bf16, and the f32 compute dtype under a bf16 master, each with
+ * the model unchanged. */
+static void bf16_master(void **state) {
+    (void)state;
+    char dir[] = "/tmp/lk_test_master_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    lk_batch b;
+    make_batch(&b, 31);
+    for (int moe = 0; moe <= 1; moe++) {
+        lk_model *f = create(moe, "fused", 0, 19), *h = create(moe, "fused", 0, 19), *q = create(moe, "fused", 0, 19),
+                 *q2 = create(moe, "fused", 0, 23);
+        assert_int_equal(lk_model_set_master_dtype(q, LK_BF16), LK_EDTYPE);   /* an f32 model */
+        assert_non_null(strstr(lk_last_error(), "expected a bf16 model (lk_model_set_dtype), got f32"));
+        assert_non_null(q->w);
+        assert_int_equal(lk_model_set_dtype(h, LK_BF16), LK_OK);
+        assert_int_equal(lk_model_set_dtype(q, LK_BF16), LK_OK);
+        assert_int_equal(lk_model_set_dtype(q2, LK_BF16), LK_OK);
+        assert_int_equal(lk_model_set_master_dtype(q, LK_I32), LK_EDTYPE);
+        assert_non_null(strstr(lk_last_error(), "expected f32 or bf16, got i32"));
+        assert_int_equal(lk_model_set_master_dtype(q, LK_BF16), LK_OK);
+        assert_int_equal(lk_model_set_master_dtype(q2, LK_BF16), LK_OK);
+        assert_int_equal(lk_model_set_master_dtype(NULL, LK_BF16), LK_EINVAL);
+        assert_null(q->w);
+        assert_int_equal(lk_model_master_dtype(q), LK_BF16);
+        assert_int_equal(lk_model_master_dtype(h), LK_F32);
+        const uint16_t *wc = q->wc;
+        for (int64_t i = 0; i < q->n_floats; i++) assert_int_equal(wc[i], lk_f32_to_bf16(h->w[i]));
+        for (int i = 0; i < lk_model_param_count(q); i++) {
+            const lk_param *p = lk_model_param(q, i);
+            assert_int_equal(p->value.dtype, LK_BF16);
+            assert_int_equal(p->grad.dtype, LK_F32);
+            assert_ptr_equal(p->value.data, (const char *)q->wc + ((const float *)p->grad.data - q->g) * 2);
+            assert_null(lk_model_param_copy(q, i));   /* the values are what the ops read */
+        }
+        assert_int_equal(lk_model_set_dtype(q, LK_F32), LK_EDTYPE);
+        assert_non_null(strstr(lk_last_error(), "set the master to f32 first"));
+        assert_int_equal(lk_model_dtype(q), LK_BF16);
+        lk_step_stats sf, sh, sq;
+        fwd_bwd(f, &b, 1.0f, &sf);
+        fwd_bwd(h, &b, 1.0f, &sh);
+        fwd_bwd(q, &b, 1.0f, &sq);
+        double gq = grad_rel_l2(f, q), gqh = grad_rel_l2(h, q);
+        print_message("  %s: loss f32 %.6f, bf16 %.6f, bf16 master %.6f; grads rel L2 %.2e (to f32), %.2e (to bf16)\n",
+                      moe ? "moe" : "dense", sf.loss, sh.loss, sq.loss, gq, gqh);
+        assert_true(fabs(sf.loss - sq.loss) <= 2e-3 * fabs(sf.loss));   /* bf16_follows_f32's tolerances */
+        assert_true(gq <= 4e-2);
+        assert_true(gqh > 0);   /* the embedding's rounding reached the loss */
+        /* save, load into another bf16 master: the same bytes, the same loss */
+        char sub[80];
+        snprintf(sub, sizeof sub, "%s/ckpt%d", dir, moe);
+        assert_int_equal(lk_model_save(q, sub), LK_OK);
+        assert_int_equal(lk_model_load_weights(q2, sub), LK_OK);
+        assert_memory_equal(q2->wc, q->wc, (size_t)q->n_floats * 2);
+        assert_true(total_loss(q2, &b) == total_loss(q, &b));
+        /* the f32 master again: the bf16 values widened, exactly */
+        assert_int_equal(lk_model_set_master_dtype(q, LK_F32), LK_OK);
+        assert_non_null(q->w);
+        for (int64_t i = 0; i < q->n_floats; i++) assert_true(q->w[i] == lk_bf16_to_f32(wc[i]));
+        assert_int_equal(lk_model_param(q, 0)->value.dtype, LK_F32);
+        assert_ptr_equal(lk_model_param(q, 0)->value.data, q->w + ((const float *)lk_model_param(q, 0)->grad.data - q->g));
+        assert_int_equal(lk_model_set_dtype(q, LK_F32), LK_OK);
+        lk_model_free(f), lk_model_free(h), lk_model_free(q), lk_model_free(q2);
+    }
+    lk_batch_free(&b);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* Two micro-batches at scale 1/2 add up to one at scale 1 (to f32 rounding). */
 static void accumulation_adds(void **state) {
     (void)state;
@@ -804,6 +879,7 @@ int main(void) {
         cmocka_unit_test(grad_check_dense),       cmocka_unit_test(grad_check_moe),
         cmocka_unit_test(eager_matches_fused),    cmocka_unit_test(flex_matches_flash),
         cmocka_unit_test(recompute_identical),    cmocka_unit_test(keep_qk_matches),    cmocka_unit_test(bf16_follows_f32),
+        cmocka_unit_test(bf16_master),
         cmocka_unit_test(residual_stream_is_f32), cmocka_unit_test(sliding_window_layers),
         cmocka_unit_test(accumulation_adds),      cmocka_unit_test(save_load_round_trip),
         cmocka_unit_test(override_reaches_module), cmocka_unit_test(bad_configs_rejected),

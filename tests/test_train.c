@@ -180,6 +180,81 @@ static void adamw_bf16_v_follows_small_increments(void **state) {
     free(p), free(g), free(m), free(v);
 }
 
+/* bf16 weights without an f32 master (train.main_params_dtype bf16): one step from random
+ * bf16 weights lands on one of the two bf16 neighbours of float64's update (f32's error on
+ * top), with bits 32-47 of the element's draw, the same key the same bits; and what the
+ * rounding is for: steps of lr = 1e-4 from w = 1 (half an ulp there is 2e-3) leave a
+ * nearest-rounded weight at 1 for ever, where the mean of 20,000 stochastically rounded
+ * ones follows the exact 1 - t·lr (per element the rounding's walk is ~ulp/2 · sqrt(t) ~
+ * 0.03 after 300 steps; the mean's ~2e-4). The moments in bf16 beside them still draw
+ * bits 0-31: their values equal a run with f32 weights. */
+static void adamw_bf16_weights(void **state) {
+    (void)state;
+    const int64_t ns[] = {1, 37, 1001};
+    for (int c = 0; c < 3; c++) {
+        const int64_t n = ns[c];
+        uint16_t *p = malloc((size_t)n * 2), *p2 = malloc((size_t)n * 2);
+        float *g = malloc((size_t)n * 4), *m = calloc((size_t)n, 4), *v = calloc((size_t)n, 4), *tmp = malloc((size_t)n * 4);
+        lk_rng rng = lk_rng_make(200 + (uint64_t)c);
+        lk_rng_normal(&rng, tmp, n, 0.0f, 0.5f);
+        lk_rng_normal(&rng, g, n, 0.0f, 1.0f);
+        for (int64_t i = 0; i < n; i++) p[i] = lk_f32_to_bf16(tmp[i]);
+        memcpy(p2, p, (size_t)n * 2);
+        const double lr = 1e-2;
+        lk_adamw_hparams h = {.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1, .p_dtype = LK_BF16,
+                              .sround_key = lk_sround_tensor_key(lk_sround_step_key(9, 1), c)};
+        lk_adamw_update(p, g, m, v, n, &h, lr, 1);
+        for (int64_t i = 0; i < n; i++) {
+            const double w0 = lk_bf16_to_f32(p2[i]), mi = 0.1 * g[i], vi = 0.001 * (double)g[i] * g[i];
+            const double want = w0 * (1.0 - lr * h.weight_decay) - lr * (mi / 0.1) / (sqrt(vi / 0.001) + h.eps);
+            const double got = lk_bf16_to_f32(p[i]);
+            /* bf16: within one ulp of the exact value (f32's own error, ~1e-7 of w, on top) */
+            const double ulp = ldexp(1.0, ilogb(fmax(fabs(got), fabs(want))) - 7);
+            assert_true(fabs(got - want) <= ulp + 1e-6 * fabs(w0) + 1e-30);
+            assert_true(fabs(m[i] - mi) <= 1e-6 * fabs(mi) + 1e-30);   /* f32 moments: f32's rounding */
+        }
+        uint16_t *q = malloc((size_t)n * 2);
+        for (int other = 0; other < 2 && (n > 100 || !other); other++) {   /* n > 100: some round the other way */
+            float *m3 = calloc((size_t)n, 4), *v3 = calloc((size_t)n, 4);
+            memcpy(q, p2, (size_t)n * 2);
+            lk_adamw_hparams h2 = h;
+            h2.sround_key ^= (uint64_t)other;
+            lk_adamw_update(q, g, m3, v3, n, &h2, lr, 1);
+            assert_int_equal(memcmp(q, p, (size_t)n * 2) != 0, other);
+            free(m3), free(v3);
+        }
+        free(p), free(p2), free(g), free(m), free(v), free(tmp), free(q);
+    }
+    enum { N = 20000, STEPS = 300 };
+    uint16_t *w = malloc(N * 2), *wn = malloc(N * 2), *m = malloc(N * 2), *v = malloc(N * 2), *mf = malloc(N * 2),
+             *vf = malloc(N * 2);
+    float *g = malloc(N * 4), *pf = malloc(N * 4);
+    for (int i = 0; i < N; i++) g[i] = 1.0f, w[i] = wn[i] = lk_f32_to_bf16(1.0f), m[i] = v[i] = mf[i] = vf[i] = 0, pf[i] = 1;
+    lk_adamw_hparams h = {.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .m_dtype = LK_BF16, .v_dtype = LK_BF16,
+                          .p_dtype = LK_BF16};
+    for (int t = 1; t <= STEPS; t++) {
+        h.sround_key = lk_sround_tensor_key(lk_sround_step_key(13, t), 0);
+        lk_adamw_update(w, g, m, v, N, &h, 1e-4, t);
+        lk_adamw_hparams hf = h;   /* f32 weights, the same moments' draws */
+        hf.p_dtype = LK_F32;
+        lk_adamw_update(pf, g, mf, vf, N, &hf, 1e-4, t);
+        for (int i = 0; i < N; i++) {   /* nearest rounding of the same f32 step, by hand */
+            const float step = lk_bf16_to_f32(wn[i]) - (float)(1e-4 / (1.0 + 1e-8));
+            wn[i] = lk_f32_to_bf16(step);
+        }
+    }
+    assert_memory_equal(m, mf, N * 2);
+    assert_memory_equal(v, vf, N * 2);
+    double mean = 0;
+    for (int i = 0; i < N; i++) mean += lk_bf16_to_f32(w[i]) / N;
+    const double want = 1.0 - STEPS * 1e-4;
+    print_message("  bf16 weights after %d steps of 1e-4: mean %.5f, exact %.5f, nearest rounding %.5f\n", STEPS, mean,
+                  want, (double)lk_bf16_to_f32(wn[0]));
+    assert_true(lk_bf16_to_f32(wn[0]) == 1.0f);   /* nearest rounding never moved */
+    assert_true(fabs(mean - want) <= 1.5e-3);     /* ~6 sigma of the mean's noise */
+    free(w), free(wn), free(m), free(v), free(mf), free(vf), free(g), free(pf);
+}
+
 /* --- schedule ------------------------------------------------------------------------------ */
 static void schedule_warmup_then_cosine(void **state) {
     (void)state;
@@ -372,7 +447,7 @@ static void yaml_train_sections_load(void **state) {
         "  seq_len: 64\n  grad_accum: 3\n  seed: 9\n  save_every: 2\n  out: /tmp/x\n  recompute: true\n"
         "  dtype: bfloat16\n  cuda_graph: true\n  deterministic: true\n  keep_qk: true\n  grad_reduce_dtype: bf16\n"
         "  profile_step: 3\n"
-        "  exp_avg_dtype: bf16\n  exp_avg_sq_dtype: bfloat16\n"
+        "  exp_avg_dtype: bf16\n  exp_avg_sq_dtype: bfloat16\n  main_params_dtype: bf16\n"
         "data:\n  text: corpus.txt\n");
     lk_train_config_init(&tc);
     assert_int_equal(lk_train_dtype(&tc), LK_F32);          /* the CPU's default */
@@ -386,6 +461,7 @@ static void yaml_train_sections_load(void **state) {
     assert_int_equal(tc.grad_reduce_dtype, LK_BF16);
     assert_int_equal(tc.exp_avg_dtype, LK_BF16);
     assert_int_equal(tc.exp_avg_sq_dtype, LK_BF16);
+    assert_int_equal(tc.main_params_dtype, LK_BF16);
     assert_int_equal(tc.profile_step, 3);
     assert_true(tc.has_model && tc.model.moe && tc.model.num_experts == 4 && tc.model.hidden_size == 32);
     assert_string_equal(tc.model.model_type, "qwen3_moe");
@@ -508,6 +584,13 @@ static void memory_estimate(void **state) {
     tc.exp_avg_sq_dtype = LK_BF16;
     assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
     assert_true(m.state_bytes == (uint64_t)params * 12);
+    tc.dtype = LK_BF16;   /* the weights' bf16 copy: 2 more; kept alone (main_params_dtype), 4 fewer */
+    assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
+    assert_true(m.state_bytes == (uint64_t)params * 14);
+    tc.main_params_dtype = LK_BF16;
+    assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
+    assert_true(m.state_bytes == (uint64_t)params * 10);
+    tc.dtype = LK_DTYPE_COUNT, tc.main_params_dtype = LK_F32;
     tc.exp_avg_dtype = tc.exp_avg_sq_dtype = LK_F32;
     assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
     assert_true(m.activation_bytes >= (uint64_t)tc.batch_size * tc.seq_len * tc.model.vocab_size * 4);
@@ -590,6 +673,7 @@ int main(void) {
         cmocka_unit_test(sround_is_exact_in_expectation),
         cmocka_unit_test(adamw_bf16_moments_one_step),
         cmocka_unit_test(adamw_bf16_v_follows_small_increments),
+        cmocka_unit_test(adamw_bf16_weights),
         cmocka_unit_test(schedule_warmup_then_cosine),
         cmocka_unit_test(clip_by_global_norm),
         cmocka_unit_test(png_round_trips_pixels),

@@ -55,15 +55,18 @@ LK_API lk_status lk_cuda_embedding_backward_unchecked(const lk_tensor *dout, con
  *   m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g²;
  *   p = p (1 - lr wd) - lr/(1-b1^t) · m / (sqrt(v)/sqrt(1-b2^t) + eps)     (f32 math)
  * A bf16 parameter is updated through its f32 master copy (master updated, then rounded
- * to nearest even into param); an f32 parameter in place, with master NULL. A bf16 moment
- * is computed in f32 and stored by stochastic rounding, with the bits of
+ * to nearest even into param), or, with master NULL, in place by stochastic rounding
+ * (train.main_params_dtype bf16); an f32 parameter in place, with master NULL. A bf16
+ * moment is computed in f32 and stored by stochastic rounding, with the bits of
  * lk_sround_bits(lk_sround_tensor_key(lk_sround_step_key(hp.seed, hp.step), tensor), i)
- * (src/core/sround.h; tensor = the index in the list): the CPU's lk_adamw_update draws the same. */
+ * (src/core/sround.h; tensor = the index in the list; m bits 0-15, v 16-31, a masterless
+ * param 32-47): the CPU's lk_adamw_update draws the same. */
 typedef struct {
     void *param;           /* n elements of param_dtype (f32 or bf16) */
     const void *grad;      /* n elements of grad_dtype (f32 or bf16) */
     void *m, *v;           /* n elements of m_dtype / v_dtype each: the moments, zero before step 1 */
-    float *master;         /* bf16 param: n f32, equal to param before the first step; else NULL */
+    float *master;         /* bf16 param: n f32, equal to param before the first step, or NULL (no
+                            * master: param rounded stochastically); f32 param: NULL */
     int64_t n;
     lk_dtype param_dtype, grad_dtype;
     int no_decay;          /* 1: no weight decay on this tensor (norm weights, biases) */

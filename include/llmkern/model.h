@@ -64,8 +64,8 @@ LK_API void lk_model_free(lk_model *m);
  * lk_model_copy_is_current below),
  * the ops keep norms, softmax and the loss in f32 inside their kernels and accumulate
  * the weight gradients in f32. Call before the first step (or between steps: the
- * activations are re-made). Errors (the model unchanged): LK_EDTYPE (not f32 or bf16, or
- * a module whose implementation does not take it, named), LK_ENOMEM. */
+ * activations are re-made). Errors (the model unchanged): LK_EDTYPE (not f32 or bf16, a
+ * module whose implementation does not take it, named, or f32 under a bf16 master), LK_ENOMEM. */
 LK_API lk_status lk_model_set_dtype(lk_model *m, lk_dtype dt);
 /* The bf16 compute copy of parameter i (device memory, beside the f32 master at the same
  * index), or NULL when the model computes in f32 (the master is the copy). An optimizer
@@ -73,6 +73,16 @@ LK_API lk_status lk_model_set_dtype(lk_model *m, lk_dtype dt);
  * lk_model_copy_is_current before the next forward, which then skips its rounding pass:
  * for that one forward only, so a master changed any other way is rounded as before. */
 LK_API void *lk_model_param_copy(lk_model *m, int i);
+/* Where the parameters' values live: LK_F32 (at create), the f32 master above; or LK_BF16
+ * (train.main_params_dtype), only in a bf16 model: the compute copy becomes the values
+ * themselves and the f32 master is freed, 4 bytes a parameter less (every lk_param's value
+ * is then a bf16 view, lk_model_param_copy NULL, norms and the embedding read bf16; an
+ * optimizer rounds its updates stochastically, lk_adamw_hparams.p_dtype). The values are
+ * kept (rounded to nearest even into bf16; widened exactly back). Saves, loads and inits go
+ * through f32 host copies. Errors (the model unchanged): LK_EDTYPE (not f32 or bf16, or bf16
+ * on an f32 model), LK_ENOMEM. */
+LK_API lk_status lk_model_set_master_dtype(lk_model *m, lk_dtype dt);
+LK_API lk_dtype lk_model_master_dtype(const lk_model *m);
 LK_API void lk_model_copy_is_current(lk_model *m);
 LK_API lk_dtype lk_model_dtype(const lk_model *m);
 /* On: every attention backward runs its ordered path (lk_attention_args.deterministic), so

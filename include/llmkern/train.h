@@ -35,11 +35,15 @@ extern "C" {
 typedef struct {
     double beta1, beta2, eps, weight_decay;
     lk_dtype m_dtype, v_dtype;   /* LK_F32 (0) or LK_BF16 */
-    uint64_t sround_key;         /* bf16 moments: the tensor's key for this step */
+    uint64_t sround_key;         /* bf16 moments or weights: the tensor's key for this step */
+    /* p's: LK_F32 (0), or LK_BF16 (train.main_params_dtype: the weights without an f32
+     * master), the update computed in f32 and stored by stochastic rounding too */
+    lk_dtype p_dtype;
 } lk_adamw_hparams;
 
-/* m and v: n elements of h->m_dtype / h->v_dtype. */
-LK_API void lk_adamw_update(float *p, const float *g, void *m, void *v, int64_t n,
+/* p: n elements of h->p_dtype; m and v: of h->m_dtype / h->v_dtype. The random bits of an
+ * element (lk_sround_bits) round m with bits 0-15, v with 16-31, p with 32-47. */
+LK_API void lk_adamw_update(void *p, const float *g, void *m, void *v, int64_t n,
                      const lk_adamw_hparams *h, double lr, int64_t t);
 
 /* Linear warmup over warmup steps to lr, then cosine decay to min_lr at total steps.
@@ -135,6 +139,12 @@ typedef struct {
      * parameter less each and as much less optimizer traffic; DeepSeek-V3 trains with both in
      * bf16. The weights' f32 master and the f32 gradients stay. */
     lk_dtype exp_avg_dtype, exp_avg_sq_dtype;
+    /* train.main_params_dtype (Megatron's name for the weights the optimizer updates): f32
+     * (the default: an f32 master beside the bf16 copy), or bf16 with train.dtype bf16: the
+     * bf16 weights are the only copy (lk_model_set_master_dtype), AdamW computes in f32 and
+     * stores them by stochastic rounding (torchao's bf16_stochastic_round), 4 bytes a
+     * parameter less and 6 less optimizer traffic; norms and the embedding read bf16. */
+    lk_dtype main_params_dtype;
     /* train.profile_step: on a GPU, the CUDA profiler records step N alone (1-based;
      * cudaProfilerStart/Stop around it, for `ncu --profile-from-start off`,
      * bench/step_profile.py); 0 = off. */

@@ -42,6 +42,7 @@ void lk_train_config_init(lk_train_config *tc) {
     tc->dtype = LK_DTYPE_COUNT;
     tc->grad_reduce_dtype = LK_F32;
     tc->exp_avg_dtype = tc->exp_avg_sq_dtype = LK_F32;
+    tc->main_params_dtype = LK_F32;
 }
 
 lk_dtype lk_train_dtype(const lk_train_config *tc) {
@@ -229,7 +230,7 @@ lk_status lk_yaml_model_arch_entry(loader *l, const yaml_node_t *k, const yaml_n
 static const char *const train_keys[] = {"steps", "lr", "min_lr", "warmup_steps", "weight_decay", "betas",
     "eps", "grad_clip", "batch_size", "seq_len", "grad_accum", "seed", "save_every", "out", "recompute", "device",
     "comm_timeout_s", "max_shard_size", "log_every", "memory_limit", "dtype", "cuda_graph", "deterministic", "keep_qk",
-    "grad_reduce_dtype", "profile_step", "exp_avg_dtype", "exp_avg_sq_dtype", NULL};
+    "grad_reduce_dtype", "profile_step", "exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype", NULL};
 
 lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
     lk_train_config *t = l->train;
@@ -254,6 +255,8 @@ lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t
     if (strcmp(n, "exp_avg_dtype") == 0) return get_float_dtype(l, v, "train.exp_avg_dtype", &t->exp_avg_dtype);
     if (strcmp(n, "exp_avg_sq_dtype") == 0)
         return get_float_dtype(l, v, "train.exp_avg_sq_dtype", &t->exp_avg_sq_dtype);
+    if (strcmp(n, "main_params_dtype") == 0)
+        return get_float_dtype(l, v, "train.main_params_dtype", &t->main_params_dtype);
     if (strcmp(n, "profile_step") == 0) return get_i64(l, v, "train.profile_step", 0, &t->profile_step);
     if (strcmp(n, "dtype") == 0) return get_float_dtype(l, v, "train.dtype", &t->dtype);
     if (strcmp(n, "comm_timeout_s") == 0) return get_f64(l, v, "train.comm_timeout_s", 0, &t->comm_timeout_s);

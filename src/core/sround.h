@@ -1,6 +1,9 @@
 /* sround.h — f32 to bf16 by stochastic rounding, one definition for the CPU (train/adamw.c)
  * and the GPU (ops/train_cuda/adamw.cu): the AdamW moments kept in bf16
- * (train.exp_avg_dtype / train.exp_avg_sq_dtype).
+ * (train.exp_avg_dtype / train.exp_avg_sq_dtype), and the weights kept in bf16 without an
+ * f32 master (train.main_params_dtype: an AdamW step of about lr = 1e-4 is under half an ulp
+ * of every weight above ~0.05 in magnitude, a norm's gain near 1 included, so nearest
+ * rounding would drop it whole).
  *
  * Why not round to nearest: v's step under beta2 = 0.999 adds 0.1% of (g² - v), less than
  * half a bf16 ulp (0.2-0.4%), so nearest rounding puts v back where it was until g² is
@@ -14,7 +17,8 @@
  *   step_key   = lk_sround_step_key(seed, step)             once a step (the host)
  *   tensor_key = lk_sround_tensor_key(step_key, tensor)     tensor = the parameter's index
  *   bits       = lk_sround_bits(tensor_key, i)              64 bits for element i:
- *                the low 16 round m, the next 16 round v. Not installed. */
+ *                the low 16 round m, the next 16 round v, the next 16 the weight.
+ *                Not installed. */
 #ifndef LLMKERN_CORE_SROUND_H
 #define LLMKERN_CORE_SROUND_H
 

@@ -88,10 +88,11 @@ static lk_status from_heads(lk_model *m, const void *src, void *dst, int64_t ld,
 
 /* A norm's weight is the f32 master at w_off whatever the dtype (rms_norm.h: bf16 x times
  * an f32 weight, as autocast runs it; issue 17: the weight's bf16 rounding was most of
- * the bf16-vs-f32 loss gap). In f32 the master is the compute copy: the same bits. */
+ * the bf16-vs-f32 loss gap). In f32 the master is the compute copy: the same bits. Under
+ * a bf16 master the weight is bf16, as transformers' bf16 model holds it. */
 static lk_rms_norm_args norm_args(const lk_model *m, const void *x, int64_t rows, int64_t n, int64_t w_off,
                                   void *y, void *saved, size_t saved_bytes) {
-    return (lk_rms_norm_args){.x = t2(m, x, rows, n), .weight = lk_on(m, lk_tensor_1d(m->w + w_off, LK_F32, n)),
+    return (lk_rms_norm_args){.x = t2(m, x, rows, n), .weight = lk_master_1d(m, w_off, n),
                               .y = t2(m, y, rows, n), .saved = sv(saved, saved_bytes), .eps = m->cfg.rms_norm_eps};
 }
 
@@ -106,16 +107,17 @@ static lk_rms_norm_args with_stream(const lk_model *m, lk_rms_norm_args a, const
 }
 
 /* The op writes dweight in the weight's dtype, f32 (summed over the rows in f32, never
- * rounded); the f32 grads add it (they accumulate over micro-batches, the op writes). */
+ * rounded; bf16 under a bf16 master); the f32 grads add it (they accumulate over
+ * micro-batches, the op writes). */
 static lk_status norm_backward(lk_model *m, const lk_impl *impl, lk_rms_norm_args a, lk_tensor dy, lk_tensor dx,
                                int64_t w_off) {
     int64_t n = a.x.shape[a.x.ndim - 1];
     a.dy = dy;
     a.dx = dx;
     a.inplace_dx = dx.data == dy.data;
-    a.dweight = lk_on(m, lk_tensor_1d(m->sc.dw, LK_F32, n));
+    a.dweight = lk_on(m, lk_tensor_1d(m->sc.dw, a.weight.dtype, n));
     lk_status s = lk_rms_norm_backward(impl, &a, &m->ctx);
-    return s ? s : m->dev->acc(G(w_off), m->sc.dw, n, LK_F32, &m->ctx);
+    return s ? s : m->dev->acc(G(w_off), m->sc.dw, n, a.weight.dtype, &m->ctx);
 }
 
 static lk_linear_args lin(const lk_model *m, const void *x, int64_t T, int64_t in, const void *w, int64_t out,

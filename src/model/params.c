@@ -1,7 +1,8 @@
 /* params.c — the Qwen3 model's parameters: their layout in one flat f32 buffer on the
  * model's device (views named as in the Hugging Face checkpoints, fused where the ops
- * want them fused), their initialization, and checkpoint save / load through
- * checkpoint.h and hf_config.h (on a GPU through a host copy of the whole buffer). */
+ * want them fused; under a bf16 master the bf16 copy alone, at the same offsets), their
+ * initialization, and checkpoint save / load through checkpoint.h and hf_config.h (on a
+ * GPU, or from bf16 values, through an f32 host copy of the whole buffer). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,25 +95,78 @@ static lk_status layout(lk_model *m) {
     return LK_OK;
 }
 
-/* Parameter i viewed in host memory: the values themselves on the CPU, else its place in
- * host, a host copy of the whole buffer. */
+/* Parameter i's offset in the flat buffers (the f32 gradients' view is always there). */
+static int64_t param_off(const lk_model *m, int i) { return (const float *)m->params[i].grad.data - m->g; }
+
+/* Parameter i's value viewed where a master of its dtype holds it (the f32 master, or the
+ * bf16 values themselves). */
+static lk_tensor master_view(const lk_model *m, int i) {
+    lk_tensor t = m->params[i].grad;
+    if (m->w) t.data = m->w + param_off(m, i);
+    else t.data = lk_wc(m, param_off(m, i)), t.dtype = m->dt;
+    return t;
+}
+
+/* Parameter i viewed in host memory as f32: the values themselves where they are f32 on
+ * the CPU, else its place in host, a host copy of the whole buffer. */
 static lk_tensor host_view(const lk_model *m, int i, float *host) {
-    lk_tensor t = m->params[i].value;
-    if (host) t.data = host + ((const float *)t.data - m->w);
+    lk_tensor t = m->params[i].grad;
+    t.data = host ? host + param_off(m, i) : m->params[i].value.data;
     t.device = (lk_device){LK_DEVICE_CPU, 0};
     return t;
 }
 
-/* A host copy of the parameter buffer (NULL on the CPU, where none is needed). */
+/* A host copy of the values in f32 (NULL on the CPU with an f32 master, where none is
+ * needed); fetch: filled from the model, else zeroed. */
 static lk_status host_copy(const lk_model *m, int fetch, float **out) {
     *out = NULL;
-    if (m->dev->type == LK_DEVICE_CPU) return LK_OK;
-    size_t bytes = (size_t)m->n_floats * sizeof(float);
-    float *h = calloc(1, bytes);
-    if (!h) return lk_error(LK_ENOMEM, "model: a host copy of %lld parameters: out of memory", (long long)m->n_floats);
-    lk_status s = fetch ? m->dev->get(h, m->w, bytes) : LK_OK;
+    if (m->w && m->dev->type == LK_DEVICE_CPU) return LK_OK;
+    size_t n = (size_t)m->n_floats;
+    float *h = calloc(n, sizeof(float));
+    uint16_t *b = m->w || !fetch ? NULL : malloc(n * 2);
+    lk_status s = h && (m->w || !fetch || b) ? LK_OK
+        : lk_error(LK_ENOMEM, "model: a host copy of %lld parameters: out of memory", (long long)m->n_floats);
+    if (!s && fetch && m->w) s = m->dev->get(h, m->w, n * sizeof(float));
+    if (!s && b && !(s = m->dev->get(b, m->wc, n * 2))) lk_convert(b, LK_BF16, h, LK_F32, (int64_t)n);
+    free(b);
     if (s) { free(h); return s; }
     *out = h;
+    return LK_OK;
+}
+
+/* host (a host_copy) back into the model: the f32 master, or rounded to nearest even into
+ * the bf16 values. */
+static lk_status host_put(lk_model *m, const float *host) {
+    size_t n = (size_t)m->n_floats;
+    if (!host) return LK_OK;
+    if (m->w) return m->dev->put(m->w, host, n * sizeof(float));
+    uint16_t *b = malloc(n * 2);
+    if (!b) return lk_error(LK_ENOMEM, "model: a bf16 copy of %lld parameters: out of memory", (long long)m->n_floats);
+    lk_convert(host, LK_F32, b, LK_BF16, (int64_t)n);
+    lk_status s = m->dev->put(m->wc, b, n * 2);
+    free(b);
+    return s;
+}
+
+/* The f32 master freed into the bf16 copy (rounded there on the device: the free waits for
+ * it), or made again from it (widened on the host); the views follow. */
+lk_status lk_qwen3_params_move_master(lk_model *m, lk_dtype dt) {
+    lk_status s = LK_OK;
+    if (dt == LK_BF16) {
+        if ((s = m->dev->round(m->wc, m->w, m->n_floats, m->dt, &m->ctx))) return s;
+        m->dev->free(m->w);
+        m->w = NULL;
+    } else {
+        float *host = NULL, *w = m->dev->alloc((size_t)m->n_floats * sizeof(float));
+        if (!w) return lk_error(LK_ENOMEM, "model_set_master_dtype: f32: %lld parameters: out of %s memory",
+                                (long long)m->n_floats, lk_device_name(m->dev->type));
+        if (!(s = host_copy(m, 1, &host)))
+            s = m->dev->put(w, host, (size_t)m->n_floats * sizeof(float));
+        free(host);
+        if (s) { m->dev->free(w); return s; }
+        m->w = w;
+    }
+    for (int i = 0; i < m->n_params; i++) m->params[i].value = master_view(m, i);
     return LK_OK;
 }
 
@@ -131,7 +185,7 @@ lk_status lk_qwen3_params_init(lk_model *m, uint64_t seed) {
             lk_rng_normal(&rng, v.data, n, 0.0f, (float)m->cfg.initializer_range);
         }
     }
-    if (host) s = m->dev->put(m->w, host, (size_t)m->n_floats * sizeof(float));
+    s = host_put(m, host);
     free(host);
     return s;
 }
@@ -184,8 +238,8 @@ lk_param *lk_model_param(lk_model *m, int i) {
 }
 
 void *lk_model_param_copy(lk_model *m, int i) {
-    if (!m || i < 0 || i >= m->n_params || m->wc == (void *)m->w) return NULL;
-    return (char *)m->wc + ((float *)m->params[i].value.data - m->w) * (ptrdiff_t)m->es;
+    if (!m || i < 0 || i >= m->n_params || !m->w || m->wc == (void *)m->w) return NULL;
+    return lk_wc(m, param_off(m, i));
 }
 
 void lk_model_copy_is_current(lk_model *m) {
@@ -311,7 +365,7 @@ lk_status lk_model_load_weights(lk_model *m, const char *dir) {
         s = lk_st_dir_read(d, m->params[i].name, &v);
     }
     lk_st_dir_close(d);
-    if (!s && host) s = m->dev->put(m->w, host, (size_t)m->n_floats * sizeof(float));
+    if (!s) s = host_put(m, host);
     free(host);
     return s;
 }

@@ -254,6 +254,9 @@ lk_status lk_model_set_dtype(lk_model *m, lk_dtype dt) {
     if (dt != LK_F32 && dt != LK_BF16)
         return lk_error(LK_EDTYPE, "model_set_dtype: expected f32 or bf16, got %s", lk_dtype_name(dt));
     if (dt == m->dt) return LK_OK;
+    if (!m->w)
+        return lk_error(LK_EDTYPE, "model_set_dtype: %s: the weights are bf16 alone (lk_model_set_master_dtype): set "
+                        "the master to f32 first", lk_dtype_name(dt));
     lk_status s = check_dtype(m, dt);
     if (s) return s;
     void *wc = m->w;
@@ -267,6 +270,22 @@ lk_status lk_model_set_dtype(lk_model *m, lk_dtype dt) {
 }
 
 lk_dtype lk_model_dtype(const lk_model *m) { return m ? m->dt : LK_F32; }
+
+lk_status lk_model_set_master_dtype(lk_model *m, lk_dtype dt) {
+    if (!m) return lk_error(LK_EINVAL, "model_set_master_dtype: expected a model");
+    if (dt != LK_F32 && dt != LK_BF16)
+        return lk_error(LK_EDTYPE, "model_set_master_dtype: expected f32 or bf16, got %s", lk_dtype_name(dt));
+    if (dt == lk_model_master_dtype(m)) return LK_OK;
+    if (dt == LK_BF16 && m->dt != LK_BF16)
+        return lk_error(LK_EDTYPE, "model_set_master_dtype: bf16: expected a bf16 model (lk_model_set_dtype), got %s",
+                        lk_dtype_name(m->dt));
+    lk_status s = lk_qwen3_params_move_master(m, dt);
+    if (s) return s;
+    m->copy_current = 0;
+    return LK_OK;
+}
+
+lk_dtype lk_model_master_dtype(const lk_model *m) { return !m || m->w ? LK_F32 : m->dt; }
 
 void lk_model_set_deterministic(lk_model *m, int on) {
     if (m) m->deterministic = on != 0;
@@ -491,7 +510,7 @@ lk_status lk_model_stage_batch(lk_model *m, const lk_batch *batch) {
 static lk_rms_norm_args final_norm_args(lk_model *m) {
     int64_t T = m->T, H = m->H, N = (int64_t)m->cfg.num_hidden_layers;
     return (lk_rms_norm_args){.x = lk_on(m, lk_tensor_2d(m->inputs[N], m->dt, T, H)),
-                              .weight = lk_on(m, lk_tensor_1d(m->w + m->final_norm, LK_F32, H)),   /* the f32 master */
+                              .weight = lk_master_1d(m, m->final_norm, H),   /* the f32 master */
                               .y = lk_on(m, lk_tensor_2d(m->hf, m->dt, T, H)), .saved = {m->s_final, m->s_final_bytes},
                               .eps = m->cfg.rms_norm_eps};
 }
@@ -531,9 +550,16 @@ static lk_status forward(lk_model *m, const lk_batch *whole, lk_step_stats *st) 
      * the optimizer wrote both (lk_model_copy_is_current, for this forward alone) */
     const int current = m->copy_current;
     m->copy_current = 0;
-    if (m->wc != m->w && !current && (s = m->dev->round(m->wc, m->w, m->n_floats, m->dt, &m->ctx))) return s;
-    /* the stream starts as the f32 embedding (the master's row: what autocast gathers) */
-    if ((s = m->dev->embed(m->w + m->embed, m->ids, m->sc.res, T, H, m->V, LK_F32, &m->ctx))) return s;
+    if (m->w && m->wc != m->w && !current && (s = m->dev->round(m->wc, m->w, m->n_floats, m->dt, &m->ctx))) return s;
+    /* the stream starts as the f32 embedding (the master's row: what autocast gathers; under
+     * a bf16 master the bf16 row, widened into the stream by adding it to -0.0) */
+    if (m->w) {
+        if ((s = m->dev->embed(m->w + m->embed, m->ids, m->sc.res, T, H, m->V, LK_F32, &m->ctx))) return s;
+    } else if ((s = m->dev->embed(lk_wc(m, m->embed), m->ids, m->sc.tmp, T, H, m->V, m->dt, &m->ctx)) ||
+               (s = m->dev->fill(m->sc.res, -0.0f, T * H, &m->ctx)) ||
+               (s = m->dev->acc(m->sc.res, m->sc.tmp, T * H, m->dt, &m->ctx))) {
+        return s;
+    }
     int N = (int)m->cfg.num_hidden_layers;
     if (m->n_moe_layers && (s = m->dev->zero(m->scal + 3, 4, &m->ctx))) return s;   /* the MoE layers' aux sum */
     for (int l = 0; l < N; l++) {
@@ -631,10 +657,10 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
     lk_rms_norm_args n = final_norm_args(m);
     n.dy = lk_on(m, lk_tensor_2d(m->sc.dh, m->dt, T, H));
     n.dx = lk_on(m, lk_tensor_2d(m->sc.dres, m->dt, T, H));
-    n.dweight = lk_on(m, lk_tensor_1d(m->sc.dw, LK_F32, H));
+    n.dweight = lk_on(m, lk_tensor_1d(m->sc.dw, n.weight.dtype, H));
     n.residual = lk_on(m, lk_tensor_2d(m->sc.res, LK_F32, T, H));
     if ((s = m->dev->fill(m->sc.res, -0.0f, T * H, &m->ctx)) || (s = lk_rms_norm_backward(m->final_norm_impl, &n, &m->ctx)) ||
-        (s = m->dev->acc(m->g + m->final_norm, m->sc.dw, H, LK_F32, &m->ctx)))
+        (s = m->dev->acc(m->g + m->final_norm, m->sc.dw, H, n.weight.dtype, &m->ctx)))
         return s;
     grads_ready(m, m->final_norm);   /* the final norm and an untied lm_head follow the layers */
     /* the aux loss is the mean over MoE layers, scaled by its coefficient */

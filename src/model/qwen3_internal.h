@@ -130,13 +130,15 @@ struct lk_model {
     int n_moe_layers;
 
     const lk_model_device *dev;   /* where w, g, the tables and the activations live (device.h) */
-    float *w, *g;                 /* all parameter values (the f32 master) and grads */
+    float *w, *g;                 /* all parameter values (the f32 master; NULL under a bf16 master, where
+                                   * wc holds them) and grads */
     int64_t n_floats;
     int experts_unwritten;        /* after lk_model_zero_grad: the experts' gradients hold nothing yet; the
                                    * next backward writes them (moe.h's write_weight_grads) */
     lk_dtype dt;                  /* the compute dtype: the activations' and wc's (f32 or bf16) */
     size_t es;                    /* its bytes */
-    void *wc;                     /* the weights the ops read: w itself in f32, else its rounding */
+    void *wc;                     /* the weights the ops read: w itself in f32, else its rounding (or,
+                                   * lk_model_set_master_dtype bf16, the values themselves) */
     int copy_current;             /* lk_model_copy_is_current: the next forward need not round w into wc */
     int64_t embed, final_norm, lm_head;      /* offsets; lm_head = embed when tied */
     lk_param *params;
@@ -221,6 +223,10 @@ lk_status lk_qwen3_doc_mask_stage(lk_model *m, const lk_batch *whole);
 lk_status lk_qwen3_doc_mask_put(lk_model *m);
 void lk_qwen3_doc_mask_free(lk_model *m, int masks_too);
 
+/* params.c: every value moved to a master of dt (f32 or bf16, the model's dtype), rounded
+ * to nearest even or widened exactly; the lk_param views follow (lk_model_set_master_dtype). */
+lk_status lk_qwen3_params_move_master(lk_model *m, lk_dtype dt);
+
 /* The compute copy of the weights at offset off (in elements, the master's offsets). */
 static inline void *lk_wc(const lk_model *m, int64_t off) { return (char *)m->wc + (size_t)off * m->es; }
 
@@ -228,6 +234,12 @@ static inline void *lk_wc(const lk_model *m, int64_t off) { return (char *)m->wc
 static inline lk_tensor lk_on(const lk_model *m, lk_tensor t) {
     t.device = m->ctx.device;
     return t;
+}
+
+/* The n values at off as the norms and the embedding read them: the f32 master, or under
+ * a bf16 master the bf16 values (a norm then writes its dweight in bf16: rms_norm.h). */
+static inline lk_tensor lk_master_1d(const lk_model *m, int64_t off, int64_t n) {
+    return lk_on(m, m->w ? lk_tensor_1d(m->w + off, LK_F32, n) : lk_tensor_1d(lk_wc(m, off), m->dt, n));
 }
 
 static inline size_t lk_align64(size_t n) { return (n + 63) & ~(size_t)63; }

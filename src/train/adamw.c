@@ -2,7 +2,8 @@
  * the warmup + cosine schedule and clipping by the global gradient norm. The update is
  * elementwise and the norm is summed over fixed chunks in a fixed order, so results do
  * not depend on the thread count (resume and eager-vs-fused comparisons rely on it); bf16
- * moments take stochastic rounding whose bits hang on the element, not the thread. */
+ * moments and bf16 weights take stochastic rounding whose bits hang on the element, not
+ * the thread. */
 #include <math.h>
 #include <stdlib.h>
 #include "core/sround.h"
@@ -16,26 +17,28 @@ static inline float adamw_one(float g, float *m, float *v, float w, float b1, fl
     return w * decay - step * *m / (sqrtf(*v) * vcorr + eps);
 }
 
-void lk_adamw_update(float *p, const float *g, void *m, void *v, int64_t n,
+void lk_adamw_update(void *p, const float *g, void *m, void *v, int64_t n,
                      const lk_adamw_hparams *h, double lr, int64_t t) {
     const float b1 = (float)h->beta1, b2 = (float)h->beta2, eps = (float)h->eps;
     /* Bias corrections folded into two scalars, computed once in f64. */
     const float step = (float)(lr / (1.0 - pow(h->beta1, (double)t)));
     const float vcorr = (float)(1.0 / sqrt(1.0 - pow(h->beta2, (double)t)));
     const float decay = (float)(1.0 - lr * h->weight_decay);
-    const int mb = h->m_dtype == LK_BF16, vb = h->v_dtype == LK_BF16;
+    const int mb = h->m_dtype == LK_BF16, vb = h->v_dtype == LK_BF16, pb = h->p_dtype == LK_BF16;
     const uint64_t key = h->sround_key;
-    float *mf = m, *vf = v;
-    uint16_t *mh = m, *vh = v;
+    float *mf = m, *vf = v, *pf = p;
+    uint16_t *mh = m, *vh = v, *ph = p;
 #pragma omp parallel for schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) {
         float mi = mb ? lk_bf16_to_f32(mh[i]) : mf[i], vi = vb ? lk_bf16_to_f32(vh[i]) : vf[i];
-        p[i] = adamw_one(g[i], &mi, &vi, p[i], b1, b2, eps, step, vcorr, decay);
-        const uint64_t r = mb || vb ? lk_sround_bits(key, i) : 0;
+        const float pi = adamw_one(g[i], &mi, &vi, pb ? lk_bf16_to_f32(ph[i]) : pf[i], b1, b2, eps, step, vcorr, decay);
+        const uint64_t r = mb || vb || pb ? lk_sround_bits(key, i) : 0;
         if (mb) mh[i] = lk_sround_bf16(mi, (uint32_t)r);
         else mf[i] = mi;
         if (vb) vh[i] = lk_sround_bf16(vi, (uint32_t)(r >> 16));
         else vf[i] = vi;
+        if (pb) ph[i] = lk_sround_bf16(pi, (uint32_t)(r >> 32));
+        else pf[i] = pi;
     }
 }
 

@@ -263,7 +263,8 @@ static lk_status verify_checkpoint(trainer *t, const char *dir) {
     if ((s = lk_model_check_weights(t->model, dir))) return s;   /* single or sharded */
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     if ((s = lk_st_open(path, &f))) return s;
-    s = check_tensors(t, f, path, opt, 3, 2, 1);   /* the master f32; the moments converted as read */
+    /* an f32 master stays f32; a bf16 one (train.main_params_dtype) and the moments converted as read */
+    s = check_tensors(t, f, path, opt, 3, 2, t->tc->main_params_dtype == LK_F32);
     const lk_st_tensor *st = lk_st_find(f, "trainer/state");
     if (!s && (st == NULL || st->dtype != LK_I64 || st->ndim != 1 || st->shape[0] != 7))
         s = lk_error(LK_EIO, "%s: trainer/state: expected I64 [7]", path);

@@ -71,9 +71,11 @@ static void print_header(const lk_train_config *tc, const lk_train_memory *e, in
     char mv[32] = "";   /* the moments' dtypes, where not both f32 */
     if (tc->exp_avg_dtype != LK_F32 || tc->exp_avg_sq_dtype != LK_F32)
         snprintf(mv, sizeof mv, " (%s, %s)", lk_dtype_name(tc->exp_avg_dtype), lk_dtype_name(tc->exp_avg_sq_dtype));
+    const char *copy = tc->main_params_dtype == LK_BF16 ? " (the weights in bf16 alone)"
+                       : bf16 ? ", the weights' bf16 copy" : "";
     printf("); memory: needs %s (%s weights, gradients, AdamW m and v%s%s + %s activations%s)",
            lk_bytes_str(e->state_bytes + e->activation_bytes, t, sizeof t), lk_bytes_str(e->state_bytes, a, sizeof a),
-           mv, bf16 ? ", the weights' bf16 copy" : "", lk_bytes_str(e->activation_bytes, b, sizeof b),
+           mv, copy, lk_bytes_str(e->activation_bytes, b, sizeof b),
            bf16 ? " in bf16" : "");
     if (tc->device == LK_DEVICE_CPU) {
         printf("%s on cpu, %s %s\n", ranks > 1 ? " a rank" : "", host ? lk_bytes_str(host, h, sizeof h) : "unknown",
@@ -163,11 +165,15 @@ static lk_status check_config(const lk_train_config *tc, lk_train_memory *e) {
                         "save_every, warmup_steps and log_every >= 0");
     if (tc->max_shard_size == 0)
         return lk_error(LK_EINVAL, "train: train.max_shard_size: expected at least 1 byte, got 0");
-    const lk_dtype mom[2] = {tc->exp_avg_dtype, tc->exp_avg_sq_dtype};
-    for (int k = 0; k < 2; k++)
-        if (mom[k] != LK_F32 && mom[k] != LK_BF16)
-            return lk_error(LK_EDTYPE, "train: train.%s: expected f32 or bf16, got %s",
-                            k ? "exp_avg_sq_dtype" : "exp_avg_dtype", lk_dtype_name(mom[k]));
+    const lk_dtype kept[3] = {tc->exp_avg_dtype, tc->exp_avg_sq_dtype, tc->main_params_dtype};
+    static const char *const kept_keys[3] = {"exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype"};
+    for (int k = 0; k < 3; k++)
+        if (kept[k] != LK_F32 && kept[k] != LK_BF16)
+            return lk_error(LK_EDTYPE, "train: train.%s: expected f32 or bf16, got %s", kept_keys[k],
+                            lk_dtype_name(kept[k]));
+    if (tc->main_params_dtype == LK_BF16 && lk_train_dtype(tc) != LK_BF16)
+        return lk_error(LK_EDTYPE, "train: train.main_params_dtype bf16: expected train.dtype bf16 (the bf16 weights "
+                        "are what the ops read), got %s", lk_dtype_name(lk_train_dtype(tc)));
     lk_status s = lk_train_memory_estimate(tc, e);   /* first: it checks the products the checks below take */
     if (s) return s;
     if (tc->batch_size * tc->seq_len > INT32_MAX)   /* the product fits: the estimate checked it */
@@ -213,7 +219,8 @@ static lk_status build_model(const lk_train_config *tc, const lk_ops_config *ops
     }
     if (!s) s = lk_model_build(cfg, fam->name, table);
     if (!s) s = lk_model_create(&tc->model, table, tc->seed, tc->recompute, out);
-    if (!s && (s = lk_model_set_dtype(*out, lk_train_dtype(tc)))) {
+    if (!s && ((s = lk_model_set_dtype(*out, lk_train_dtype(tc))) ||
+               (s = lk_model_set_master_dtype(*out, tc->main_params_dtype)))) {
         lk_model_free(*out);
         *out = NULL;
     }
@@ -243,13 +250,13 @@ static lk_status cpu_update(trainer *t, double lr, double *norm) {
     const lk_train_config *tc = t->tc;
     *norm = lk_clip_grad_norm(t->grads, t->lens, t->n_params, tc->grad_clip);
     if (!isfinite(*norm)) return LK_OK;
-    const uint64_t step_key = lk_sround_step_key(tc->seed, t->step + 1);   /* bf16 moments' rounding */
+    const uint64_t step_key = lk_sround_step_key(tc->seed, t->step + 1);   /* bf16 moments' and weights' rounding */
     for (int i = 0; i < t->n_params; i++) {
         lk_param *p = lk_model_param(t->model, i);
         /* Decay matrices only: norms' gains decaying toward 0 would fight the model. */
         lk_adamw_hparams h = {tc->beta1, tc->beta2, tc->eps, p->value.ndim >= 2 ? tc->weight_decay : 0.0,
                               tc->exp_avg_dtype, tc->exp_avg_sq_dtype,
-                              lk_sround_tensor_key(step_key, i)};
+                              lk_sround_tensor_key(step_key, i), p->value.dtype};
         lk_adamw_update(p->value.data, t->grads[i], t->m[i], t->v[i], t->lens[i], &h, lr, t->step + 1);
     }
     return LK_OK;

@@ -51,11 +51,12 @@ static lk_cuda_adamw_tensor *adamw_tensors(trainer *t) {
     lk_cuda_adamw_tensor *p = calloc((size_t)t->n_params, sizeof *p);
     for (int i = 0; p && i < t->n_params; i++) {
         const lk_param *q = lk_model_param(t->model, i);
-        void *copy = lk_model_param_copy(t->model, i);   /* bf16: AdamW writes the ops' copy too */
+        /* bf16 with an f32 master: AdamW writes the ops' copy too; without (a bf16 value): rounds it */
+        void *copy = lk_model_param_copy(t->model, i);
         /* Decay matrices only, as on the CPU. */
         p[i] = (lk_cuda_adamw_tensor){.param = copy ? copy : q->value.data, .grad = t->grads[i], .m = t->m[i],
                                       .v = t->v[i], .master = copy ? q->value.data : NULL, .n = t->lens[i],
-                                      .param_dtype = copy ? LK_BF16 : LK_F32, .grad_dtype = LK_F32,
+                                      .param_dtype = copy ? LK_BF16 : q->value.dtype, .grad_dtype = LK_F32,
                                       .no_decay = q->value.ndim < 2, .m_dtype = t->tc->exp_avg_dtype,
                                       .v_dtype = t->tc->exp_avg_sq_dtype};
     }

@@ -21,6 +21,7 @@ static lk_train_config tc;
 static lk_ops_config ops;
 static lk_dtype dtype;     /* the run's train.dtype */
 static lk_dtype moments;   /* its train.exp_avg_dtype and exp_avg_sq_dtype */
+static lk_dtype main_params = LK_F32;   /* its train.main_params_dtype */
 
 /* Two MoE layers of 64 wide, 2 x 32-token micro-batches twice a step, on the GPU. */
 static void tiny_config(const char *out, int64_t steps, int64_t save_every) {
@@ -38,6 +39,7 @@ static void tiny_config(const char *out, int64_t steps, int64_t save_every) {
     tc.device = LK_DEVICE_CUDA;
     tc.dtype = dtype;
     tc.exp_avg_dtype = tc.exp_avg_sq_dtype = moments;
+    tc.main_params_dtype = main_params;
     tc.deterministic = 1;
     snprintf(tc.out, sizeof tc.out, "%s", out);
     lk_ops_config_init(&ops);
@@ -64,12 +66,22 @@ static void resume_is_bit_identical_bf16_moments(void **state) {
     assert_resume_bit_identical(&tc, &ops, tiny_config);
 }
 
+/* The weights in bf16 alone (train.main_params_dtype): the optimizer file keeps the bf16
+ * values, which are the model's own, and their stochastic rounding draws as the moments'. */
+static void resume_is_bit_identical_bf16_main(void **state) {
+    (void)state;
+    dtype = LK_BF16, moments = LK_BF16, main_params = LK_BF16;
+    assert_resume_bit_identical(&tc, &ops, tiny_config);
+    main_params = LK_F32;
+}
+
 int main(void) {
     if (!lkt_have_gpu("cuda_test_train_resume")) return LKT_SKIP;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(resume_is_bit_identical),
         cmocka_unit_test(resume_is_bit_identical_bf16),
         cmocka_unit_test(resume_is_bit_identical_bf16_moments),
+        cmocka_unit_test(resume_is_bit_identical_bf16_main),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,8 +3,10 @@
  * thread: four runs of four consecutive ones (16-byte loads) where the block is whole and
  * aligned, else strided by the block, so each load is coalesced either way;
  * memory-bound (a bf16 parameter with f32 master and bf16 grad moves 2+2+4·3 read and
- * 2+4·3 written bytes an element; bf16 moments 4 fewer each way), so the math is the CPU
- * trainer's, in f32, and a bf16 moment is rounded stochastically as the CPU's is (sround.h). */
+ * 2+4·3 written bytes an element; bf16 moments 4 fewer each way; a bf16 param without a
+ * master 4 fewer each way again), so the math is the CPU trainer's, in f32, and a bf16
+ * moment, or a bf16 param without a master, is rounded stochastically as the CPU's is
+ * (sround.h). */
 #include <math.h>
 #include <stdlib.h>
 #include "core/sround.h"
@@ -42,8 +44,8 @@ static __device__ __forceinline__ float adamw_one(float g, float &m, float &v, f
     return __fsub_rn(__fmul_rn(w, decay), __fdiv_rn(__fmul_rn(s.step, m), den));
 }
 
-/* Four moments of elements i.. back to memory: f32, or bf16 rounded with bits >> shift of each
- * element's r (m takes bits 0-15, v 16-31). */
+/* Four moments (or masterless bf16 weights) of elements i.. back to memory: f32, or bf16
+ * rounded with bits >> shift of each element's r (m takes bits 0-15, v 16-31, p 32-47). */
 static __device__ __forceinline__ void st4_moment(void *p, int bf16, int64_t i, float4 x, const uint64_t *r, int shift) {
     if (!bf16) {
         *reinterpret_cast<float4 *>(static_cast<float *>(p) + i) = x;
@@ -63,14 +65,16 @@ static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list
     const adesc d = list[lk_mt_find(list, n_list, blockIdx.x)];
     const int64_t start = (blockIdx.x - d.block0) * (int64_t)LK_MT_CHUNK;
     const float decay = d.no_decay ? 1.0f : s.decay;
+    /* w: the f32 weights updated (an f32 param, or a bf16 param's master); NULL for a bf16
+     * param without a master, read from p and stored by stochastic rounding (bits 32-47) */
     float *w = d.p_bf16 ? d.master : static_cast<float *>(d.p);
-    const int sr = d.m_bf16 | d.v_bf16;
+    lk_bf16_t *pb = d.p_bf16 ? static_cast<lk_bf16_t *>(d.p) : NULL;
+    const int sr = d.m_bf16 | d.v_bf16 | (w == NULL);
     const uint64_t key = sr ? lk_sround_tensor_key(s.sround_key, d.tensor) : 0;
     /* the pieces' addresses by width: f32 ones need 16-byte alignment, bf16 ones 8 */
-    const uintptr_t pieces[5] = {(uintptr_t)(w + start), (uintptr_t)d.m + start * (d.m_bf16 ? 2 : 4),
+    const uintptr_t pieces[5] = {w ? (uintptr_t)(w + start) : 0, (uintptr_t)d.m + start * (d.m_bf16 ? 2 : 4),
                                  (uintptr_t)d.v + start * (d.v_bf16 ? 2 : 4),
-                                 (uintptr_t)d.g + start * (d.g_bf16 ? 2 : 4),
-                                 d.p_bf16 ? (uintptr_t)(static_cast<lk_bf16_t *>(d.p) + start) : 0};
+                                 (uintptr_t)d.g + start * (d.g_bf16 ? 2 : 4), pb ? (uintptr_t)(pb + start) : 0};
     const uintptr_t f32p = pieces[0] | (d.m_bf16 ? 0 : pieces[1]) | (d.v_bf16 ? 0 : pieces[2]) |
                            (d.g_bf16 ? 0 : pieces[3]);
     const uintptr_t bf16p = (d.m_bf16 ? pieces[1] : 0) | (d.v_bf16 ? pieces[2] : 0) | (d.g_bf16 ? pieces[3] : 0) |
@@ -81,7 +85,7 @@ static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list
             const int64_t i = start + 4 * ((int64_t)k * LK_MT_THREADS + threadIdx.x);
             const float4 g4 = lk_mt_ld4(d.g, d.g_bf16, i);
             float4 m = lk_mt_ld4(d.m, d.m_bf16, i), v = lk_mt_ld4(d.v, d.v_bf16, i);
-            float4 p = *reinterpret_cast<const float4 *>(w + i);
+            float4 p = w ? *reinterpret_cast<const float4 *>(w + i) : lk_mt_ld4(pb, 1, i);
             p.x = adamw_one(__fmul_rn(g4.x, gscale), m.x, v.x, p.x, s, decay);
             p.y = adamw_one(__fmul_rn(g4.y, gscale), m.y, v.y, p.y, s, decay);
             p.z = adamw_one(__fmul_rn(g4.z, gscale), m.z, v.z, p.z, s, decay);
@@ -91,8 +95,9 @@ static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list
                 for (int e = 0; e < 4; e++) r[e] = lk_sround_bits(key, i + e);
             st4_moment(d.m, d.m_bf16, i, m, r, 0);
             st4_moment(d.v, d.v_bf16, i, v, r, 16);
-            *reinterpret_cast<float4 *>(w + i) = p;
-            if (d.p_bf16) lk_mt_st4_bf16(static_cast<lk_bf16_t *>(d.p) + i, p);
+            if (w) *reinterpret_cast<float4 *>(w + i) = p;
+            if (w && pb) lk_mt_st4_bf16(pb + i, p);
+            if (!w) st4_moment(pb, 1, i, p, r, 32);
         }
         return;
     }
@@ -101,12 +106,14 @@ static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list
         int64_t i = start + (int64_t)k * LK_MT_THREADS + threadIdx.x;
         if (i >= d.n) break;
         float m = lk_mt_ld(d.m, d.m_bf16, i), v = lk_mt_ld(d.v, d.v_bf16, i);
-        const float p = adamw_one(__fmul_rn(lk_mt_ld(d.g, d.g_bf16, i), gscale), m, v, w[i], s, decay);
+        const float p = adamw_one(__fmul_rn(lk_mt_ld(d.g, d.g_bf16, i), gscale), m, v, w ? w[i] : lk_mt_ld(pb, 1, i),
+                                  s, decay);
         const uint64_t r = sr ? lk_sround_bits(key, i) : 0;
         st_moment(d.m, d.m_bf16, i, m, r, 0);
         st_moment(d.v, d.v_bf16, i, v, r, 16);
-        w[i] = p;
-        if (d.p_bf16) static_cast<lk_bf16_t *>(d.p)[i] = __float2bfloat16_rn(p);
+        if (w) w[i] = p;
+        if (w && pb) pb[i] = __float2bfloat16_rn(p);
+        if (!w) st_moment(pb, 1, i, p, r, 32);
     }
 }
 
@@ -157,9 +164,6 @@ static lk_status check(const lk_cuda_adamw_tensor *t, int n, const lk_cuda_adamw
             if (!is_fp(dts[k]))
                 return lk_error(LK_EDTYPE, "%s: tensors[%d].%s_dtype: expected f32 or bf16, got %s", FN, i, names[k],
                                 lk_dtype_name(dts[k]));
-        if (x->param_dtype == LK_BF16 && x->master == NULL)
-            return lk_error(LK_EINVAL, "%s: tensors[%d].master: expected f32 master weights for a bf16 param, got NULL",
-                            FN, i);
         if (x->param_dtype == LK_F32 && x->master != NULL)
             return lk_error(LK_EINVAL, "%s: tensors[%d].master: expected NULL for an f32 param (updated in place)",
                             FN, i);

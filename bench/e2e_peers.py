@@ -338,7 +338,17 @@ BF16_MOMENTS = {"exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}   # train.e
 LK_FLAGS = {"bf16m": BF16_MOMENTS, "bf16m1": {"exp_avg_dtype": "bf16"}, "bf16m2": {"exp_avg_sq_dtype": "bf16"},
             "recompute": {"recompute": True}, "keepqk": {"keep_qk": True}, "bf16w": {"main_params_dtype": "bf16"}}
 # the run kinds --parity may add beside plain bf16 (--parity-kinds), and how its table names them
-MOMENT_KINDS = {"bf16m": "bf16 moments", "bf16m1": "bf16 exp_avg", "bf16m2": "bf16 exp_avg_sq"}
+MOMENT_KINDS = {"bf16m": "bf16 moments", "bf16m1": "bf16 exp_avg", "bf16m2": "bf16 exp_avg_sq",
+                "bf16w": "bf16 weights alone"}
+
+
+def kind_flags(kind):
+    """A parity kind's train keys: bf16m+bf16w is both kinds' keys."""
+    return {k: v for f in kind.split("+") for k, v in LK_FLAGS[f].items()}
+
+
+def kind_name(kind):
+    return " + ".join(MOMENT_KINDS[f] for f in kind.split("+"))
 
 
 def run_lk(A, label, dtype, init, tokens, B, S, steps, work, extra=None, attn=None):
@@ -556,7 +566,7 @@ def parity_once(A, model, S, B, steps, rep):
     runs = {"llmkern bf16": run_lk(A, "parity llmkern bf16", "bf16", init, tokens, B, S, steps, A.work),
             "llmkern f32": run_lk(A, "parity llmkern f32", "f32", init, tokens, B, S, steps, A.work),
             **{f"llmkern {f}": run_lk(A, f"parity llmkern {f}", "bf16", init, tokens, B, S, steps, A.work,
-                                      LK_FLAGS[f]) for f in A.parity_kinds},
+                                      kind_flags(f)) for f in A.parity_kinds},
             "hf autocast": run_hf(A, "parity hf autocast", "hf", "amp", init, tokens, B, S, steps, A.work),
             "hf bf16 weights": run_hf(A, "parity hf bf16 weights", "hf", "bf16", init, tokens, B, S, steps, A.work),
             "hf f32": run_hf(A, "parity hf f32", "hf", "f32", init, tokens, B, S, steps, A.work)}
@@ -573,7 +583,7 @@ def parity_once(A, model, S, B, steps, rep):
         return dict(mean=sum(abs(p - q) for p, q in zip(x, y)) / n, max=max(abs(p - q) for p, q in zip(x, y)),
                     steps=n)
     pairs = {"llmkern bf16 vs f32": mad("llmkern bf16", "llmkern f32"),
-             **{f"llmkern bf16 + {MOMENT_KINDS[f]} vs f32": mad(f"llmkern {f}", "llmkern f32") for f in A.parity_kinds},
+             **{f"llmkern bf16 + {kind_name(f)} vs f32": mad(f"llmkern {f}", "llmkern f32") for f in A.parity_kinds},
              "hf autocast bf16 vs f32": mad("hf autocast", "hf f32"),
              "hf bf16 weights vs f32": mad("hf bf16 weights", "hf f32"),
              "llmkern f32 vs hf f32 (same model?)": mad("llmkern f32", "hf f32")}
@@ -663,7 +673,7 @@ def main():
     P.add_argument("--parity-first", type=int, default=0,
                    help="the first repetition's seeds (repetition r draws its weights and batches from seed r)")
     P.add_argument("--parity-kinds", default="bf16m,bf16m1,bf16m2",
-                   help="the llmkern bf16 runs with moments in bf16 beside the plain one (bf16m, bf16m1, bf16m2)")
+                   help="the llmkern bf16 runs beside the plain one (bf16m, bf16m1, bf16m2, bf16w; joined by +: bf16m+bf16w)")
     P.add_argument("--tiny", action="store_true", help="2-layer models, seq 64 x 2, 8 steps (checks the script)")
     P.add_argument("--out", default=os.environ.get("OUT", "."))
     P.add_argument("--work", help="where checkpoints and token files go (default: a temporary directory)")
@@ -671,7 +681,7 @@ def main():
     P.add_argument("--worker", help=argparse.SUPPRESS)
     A = P.parse_args()
     A.parity_kinds = [f for f in A.parity_kinds.split(",") if f]
-    bad = [f for f in A.parity_kinds if f not in MOMENT_KINDS]
+    bad = [f for f in A.parity_kinds if any(p not in MOMENT_KINDS for p in f.split("+"))]
     if bad:
         P.error(f"--parity-kinds: {', '.join(bad)} unknown ({', '.join(MOMENT_KINDS)})")
     if A.worker:

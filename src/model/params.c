@@ -123,12 +123,17 @@ static lk_status host_copy(const lk_model *m, int fetch, float **out) {
     if (m->w && m->dev->type == LK_DEVICE_CPU) return LK_OK;
     size_t n = (size_t)m->n_floats;
     float *h = calloc(n, sizeof(float));
-    uint16_t *b = m->w || !fetch ? NULL : malloc(n * 2);
-    lk_status s = h && (m->w || !fetch || b) ? LK_OK
-        : lk_error(LK_ENOMEM, "model: a host copy of %lld parameters: out of memory", (long long)m->n_floats);
-    if (!s && fetch && m->w) s = m->dev->get(h, m->w, n * sizeof(float));
-    if (!s && b && !(s = m->dev->get(b, m->wc, n * 2))) lk_convert(b, LK_BF16, h, LK_F32, (int64_t)n);
-    free(b);
+    if (!h) return lk_error(LK_ENOMEM, "model: a host copy of %lld parameters: out of memory", (long long)m->n_floats);
+    lk_status s = LK_OK;
+    if (fetch && m->w) {
+        s = m->dev->get(h, m->w, n * sizeof(float));
+    } else if (fetch) {   /* the bf16 values, widened */
+        uint16_t *b = malloc(n * 2);
+        s = b ? m->dev->get(b, m->wc, n * 2) : lk_error(LK_ENOMEM, "model: a host copy of %lld parameters: out of "
+                                                        "memory", (long long)m->n_floats);
+        if (!s) lk_convert(b, LK_BF16, h, LK_F32, (int64_t)n);
+        free(b);
+    }
     if (s) { free(h); return s; }
     *out = h;
     return LK_OK;

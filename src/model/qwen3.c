@@ -510,7 +510,7 @@ lk_status lk_model_stage_batch(lk_model *m, const lk_batch *batch) {
 static lk_rms_norm_args final_norm_args(lk_model *m) {
     int64_t T = m->T, H = m->H, N = (int64_t)m->cfg.num_hidden_layers;
     return (lk_rms_norm_args){.x = lk_on(m, lk_tensor_2d(m->inputs[N], m->dt, T, H)),
-                              .weight = lk_master_1d(m, m->final_norm, H),   /* the f32 master */
+                              .weight = lk_master_1d(m, m->final_norm, H),   /* the master's values */
                               .y = lk_on(m, lk_tensor_2d(m->hf, m->dt, T, H)), .saved = {m->s_final, m->s_final_bytes},
                               .eps = m->cfg.rms_norm_eps};
 }

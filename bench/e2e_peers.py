@@ -15,7 +15,8 @@ document, so llmkern's rows are the file's consecutive seq-long slices, batch i 
 llmkern runs twice, eager and with train.cuda_graph (the step captured once and replayed:
 the step time with and without the graph); a run kind's +flags add train keys (llmkern+bf16m keeps
 AdamW's moments in bf16, train.exp_avg_dtype / exp_avg_sq_dtype; +recompute sets train.recompute;
-+keepqk train.keep_qk; +bf16w the weights in bf16 alone, train.main_params_dtype).
++keepqk train.keep_qk; +bf16w the weights in bf16 alone, train.main_params_dtype; +lean
+train.lm_head_chunk_bytes 1.25GB).
 Per run: tokens/s (median step after the warm-up); MFU = FLOPs/token x tokens/s / 989e12
 (the H200's dense bf16 peak), and the fraction of the 790 TFLOP/s cuBLAS reaches here
 (8192^3), FLOPs/token = 6 x active matmul parameters + 6 x layers x seq x heads x head_dim
@@ -334,9 +335,11 @@ PEAK_RE = re.compile(r"peak[^\n]*?([0-9]+(?:\.[0-9]+)?)\s*(KiB|MiB|GiB|KB|MB|GB)
 BF16_MOMENTS = {"exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}   # train.exp_avg(_sq)_dtype
 # a run kind's +flags: bf16m both moments in bf16, bf16m1 the first (exp_avg) alone, bf16m2 the second alone;
 # keepqk the layers' q/k/v projection kept for the backward (train.keep_qk); bf16w the weights in bf16
-# alone, no f32 master (train.main_params_dtype)
+# alone, no f32 master (train.main_params_dtype); lean the LM head's chunks of ~2,000 tokens at vocab 151936
+# (train.lm_head_chunk_bytes 1.25GB, where the default's 4 GiB takes ~7,000)
 LK_FLAGS = {"bf16m": BF16_MOMENTS, "bf16m1": {"exp_avg_dtype": "bf16"}, "bf16m2": {"exp_avg_sq_dtype": "bf16"},
-            "recompute": {"recompute": True}, "keepqk": {"keep_qk": True}, "bf16w": {"main_params_dtype": "bf16"}}
+            "recompute": {"recompute": True}, "keepqk": {"keep_qk": True}, "bf16w": {"main_params_dtype": "bf16"},
+            "lean": {"lm_head_chunk_bytes": "1.25GB"}}
 # the run kinds --parity may add beside plain bf16 (--parity-kinds), and how its table names them
 MOMENT_KINDS = {"bf16m": "bf16 moments", "bf16m1": "bf16 exp_avg", "bf16m2": "bf16 exp_avg_sq",
                 "bf16w": "bf16 weights alone"}
@@ -651,7 +654,7 @@ def main():
     P.add_argument("--runs", default="hf,liger,llmkern,llmkern_graph",
                    help="hf before liger: each is its own process anyway; llmkern_graph: train.cuda_graph; "
                         "llmkern+bf16m[+recompute]: AdamW moments in bf16 [, train.recompute] (bf16m1: exp_avg alone, "
-                        "bf16m2: exp_avg_sq alone); +keepqk: train.keep_qk; +bf16w: train.main_params_dtype bf16; "
+                        "bf16m2: exp_avg_sq alone); +keepqk: train.keep_qk; +bf16w: train.main_params_dtype bf16; +lean: train.lm_head_chunk_bytes 1.25GB; "
                         "llmkern[_graph]:NAME runs attention implementation NAME (cudnn, flash_attention_2)")
     P.add_argument("--rounds", type=int, default=1,
                    help="every run kind N times, in turn (round 1's kinds, then round 2's ...); each llmkern run's "

@@ -584,6 +584,37 @@ static void bf16_master(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* The LM head's chunk budget (lk_model_set_lm_head_chunk_bytes, train.lm_head_chunk_bytes):
+ * chunks of 3 tokens, and of 40 (two f32 dW accumulators' worth, at vocab 320 and hidden
+ * 32: 20 tokens is the accumulator's own size), give the default's loss and gradients to
+ * f32 rounding (the chunks only move where the sums split). */
+static void lm_head_chunks(void **state) {
+    (void)state;
+    lk_batch b;
+    make_batch(&b, 37);
+    for (int moe = 0; moe <= 1; moe++) {
+        lk_model *a = create(moe, "fused", 0, 41);
+        lk_step_stats sa;
+        fwd_bwd(a, &b, 1.0f, &sa);
+        const size_t tokens[2] = {3, 40};
+        for (int k = 0; k < 2; k++) {
+            lk_model *c = create(moe, "fused", 0, 41);
+            assert_int_equal(lk_model_set_lm_head_chunk_bytes(c, tokens[k] * (size_t)c->V * 4), LK_OK);
+            lk_step_stats sc;
+            fwd_bwd(c, &b, 1.0f, &sc);
+            const double g = grad_rel_l2(a, c);
+            print_message("  %s, chunks of %zu tokens: loss %.7f (default %.7f), grads rel L2 %.2e\n",
+                          moe ? "moe" : "dense", tokens[k], sc.loss, sa.loss, g);
+            assert_true(fabs(sc.loss - sa.loss) <= 1e-6 * fabs(sa.loss));
+            assert_true(g <= 1e-5);
+            lk_model_free(c);
+        }
+        lk_model_free(a);
+    }
+    assert_int_equal(lk_model_set_lm_head_chunk_bytes(NULL, 1), LK_EINVAL);
+    lk_batch_free(&b);
+}
+
 /* Two micro-batches at scale 1/2 add up to one at scale 1 (to f32 rounding). */
 static void accumulation_adds(void **state) {
     (void)state;
@@ -879,7 +910,7 @@ int main(void) {
         cmocka_unit_test(grad_check_dense),       cmocka_unit_test(grad_check_moe),
         cmocka_unit_test(eager_matches_fused),    cmocka_unit_test(flex_matches_flash),
         cmocka_unit_test(recompute_identical),    cmocka_unit_test(keep_qk_matches),    cmocka_unit_test(bf16_follows_f32),
-        cmocka_unit_test(bf16_master),
+        cmocka_unit_test(bf16_master),             cmocka_unit_test(lm_head_chunks),
         cmocka_unit_test(residual_stream_is_f32), cmocka_unit_test(sliding_window_layers),
         cmocka_unit_test(accumulation_adds),      cmocka_unit_test(save_load_round_trip),
         cmocka_unit_test(override_reaches_module), cmocka_unit_test(bad_configs_rejected),

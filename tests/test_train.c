@@ -448,6 +448,7 @@ static void yaml_train_sections_load(void **state) {
         "  dtype: bfloat16\n  cuda_graph: true\n  deterministic: true\n  keep_qk: true\n  grad_reduce_dtype: bf16\n"
         "  profile_step: 3\n"
         "  exp_avg_dtype: bf16\n  exp_avg_sq_dtype: bfloat16\n  main_params_dtype: bf16\n"
+        "  lm_head_chunk_bytes: 1GiB\n"
         "data:\n  text: corpus.txt\n");
     lk_train_config_init(&tc);
     assert_int_equal(lk_train_dtype(&tc), LK_F32);          /* the CPU's default */
@@ -462,6 +463,7 @@ static void yaml_train_sections_load(void **state) {
     assert_int_equal(tc.exp_avg_dtype, LK_BF16);
     assert_int_equal(tc.exp_avg_sq_dtype, LK_BF16);
     assert_int_equal(tc.main_params_dtype, LK_BF16);
+    assert_int_equal(tc.lm_head_chunk_bytes, (uint64_t)1 << 30);
     assert_int_equal(tc.profile_step, 3);
     assert_true(tc.has_model && tc.model.moe && tc.model.num_experts == 4 && tc.model.hidden_size == 32);
     assert_string_equal(tc.model.model_type, "qwen3_moe");

@@ -96,6 +96,13 @@ LK_API void lk_model_set_deterministic(lk_model *m, int on);
  * 2·T·H·(Q + K) FLOPs a layer; the gradients are the same up to that GEMM's summation order.
  * Call between steps: the activations are made again. */
 LK_API lk_status lk_model_set_keep_qk(lk_model *m, int on);
+/* The LM head's chunk budget: bytes of f32 logits one chunk of tokens may take
+ * (lk_cross_entropy_args.chunk_bytes; 0, the default: the op's, 4 GiB on a GPU). A chunk's
+ * logits are the fused loss's largest buffer (bf16 logits take half the budget); a smaller
+ * one reads and writes the f32 dW accumulator (V x H x 4 bytes) once more a chunk, and below
+ * that accumulator's size the op takes its lean path (the logits made twice). Call between
+ * steps: the activations are made again. */
+LK_API lk_status lk_model_set_lm_head_chunk_bytes(lk_model *m, size_t bytes);
 /* For a step captured in a CUDA graph (the trainer's train.cuda_graph):
  *   lk_model_set_stream     the stream the model's work goes on (a cudaStream_t; NULL: the
  *                           legacy default stream, which cannot be captured)

@@ -128,6 +128,11 @@ typedef struct {
      * q and k again there by a GEMM (lk_model_set_keep_qk): ~1-2% of a GPU step for layers x
      * tokens x (q + 2 kv) more activations. Off by default (the leaner memory). */
     int keep_qk;
+    /* train.lm_head_chunk_bytes: the fused LM head + loss's budget of f32 logits a chunk of
+     * tokens (lk_model_set_lm_head_chunk_bytes; a size as max_shard_size takes it): 0 (the
+     * default) = the op's, 4 GiB on a GPU. Smaller takes less memory for more passes over the
+     * f32 dW accumulator (bench/NOTES.md, twenty-eighth session). */
+    uint64_t lm_head_chunk_bytes;
     /* train.grad_reduce_dtype: the type the data-parallel all-reduce sums the gradients in
      * (as FSDP's MixedPrecision reduce_dtype): f32 (the default), or bf16, half the bytes on
      * the wire, each bucket rounded once before it and the sums added back into the f32

@@ -230,7 +230,8 @@ lk_status lk_yaml_model_arch_entry(loader *l, const yaml_node_t *k, const yaml_n
 static const char *const train_keys[] = {"steps", "lr", "min_lr", "warmup_steps", "weight_decay", "betas",
     "eps", "grad_clip", "batch_size", "seq_len", "grad_accum", "seed", "save_every", "out", "recompute", "device",
     "comm_timeout_s", "max_shard_size", "log_every", "memory_limit", "dtype", "cuda_graph", "deterministic", "keep_qk",
-    "grad_reduce_dtype", "profile_step", "exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype", NULL};
+    "grad_reduce_dtype", "profile_step", "exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype", "lm_head_chunk_bytes",
+    NULL};
 
 lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
     lk_train_config *t = l->train;
@@ -250,6 +251,8 @@ lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t
     if (strcmp(n, "cuda_graph") == 0) return get_bool(l, v, "train.cuda_graph", &t->cuda_graph);
     if (strcmp(n, "deterministic") == 0) return get_bool(l, v, "train.deterministic", &t->deterministic);
     if (strcmp(n, "keep_qk") == 0) return get_bool(l, v, "train.keep_qk", &t->keep_qk);
+    if (strcmp(n, "lm_head_chunk_bytes") == 0)
+        return get_bytes(l, v, "train.lm_head_chunk_bytes", &t->lm_head_chunk_bytes);
     if (strcmp(n, "grad_reduce_dtype") == 0)
         return get_float_dtype(l, v, "train.grad_reduce_dtype", &t->grad_reduce_dtype);
     if (strcmp(n, "exp_avg_dtype") == 0) return get_float_dtype(l, v, "train.exp_avg_dtype", &t->exp_avg_dtype);

@@ -298,6 +298,13 @@ lk_status lk_model_set_keep_qk(lk_model *m, int on) {
     return LK_OK;
 }
 
+lk_status lk_model_set_lm_head_chunk_bytes(lk_model *m, size_t bytes) {
+    if (!m) return lk_error(LK_EINVAL, "model_set_lm_head_chunk_bytes: expected a model");
+    if (m->ce_chunk_bytes != bytes) free_acts(m);   /* the loss's saved block may change size */
+    m->ce_chunk_bytes = bytes;
+    return LK_OK;
+}
+
 void lk_model_free(lk_model *m) {
     if (!m) return;
     if (m->dev) {
@@ -323,6 +330,7 @@ static lk_cross_entropy_args ce_args(lk_model *m) {
     a.n_valid = lk_on(m, lk_tensor_1d(m->scal + 4, LK_I64, 1));
     a.saved = (lk_saved){m->s_ce, m->s_ce_bytes};
     a.reduction = m->sp ? LK_CE_SUM : LK_CE_MEAN;   /* under SP the mean is over the group */
+    a.chunk_bytes = m->ce_chunk_bytes;
     return a;
 }
 

@@ -123,6 +123,7 @@ struct lk_model {
     lk_qwen3_config cfg;
     int recompute;
     int keep_qk;         /* lk_model_set_keep_qk: each layer keeps its q/k/v projection (acts.qkv) */
+    size_t ce_chunk_bytes;   /* lk_model_set_lm_head_chunk_bytes (0: the op's default) */
     int norm_of_x;       /* the layers' residual-mode norms normalize the rounded stream x (rms_norm.h's
                           * norm_of_x): set with recompute, what a recompute from the kept x runs */
     int deterministic;   /* attention's ordered backward (lk_model_set_deterministic) */

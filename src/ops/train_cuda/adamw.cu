@@ -80,24 +80,12 @@ static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list
     const uintptr_t bf16p = (d.m_bf16 ? pieces[1] : 0) | (d.v_bf16 ? pieces[2] : 0) | (d.g_bf16 ? pieces[3] : 0) |
                             pieces[4];
     if (lk_mt_vec(start, d.n, f32p, bf16p)) {   /* the same arithmetic, element for element */
-        /* every run's loads first: the stores between runs would otherwise keep the next run's
-         * loads behind them (the pointers may alias, for all the compiler knows), one run's
-         * bytes in flight a thread; with bf16 moments and weights 8-byte loads left that too
-         * few for HBM (2.98 TB/s, bench/NOTES.md twenty-eighth session) */
-        constexpr int RUNS = LK_MT_PER_THREAD / 4;
-        float4 G[RUNS], M[RUNS], V[RUNS], P[RUNS];
 #pragma unroll
-        for (int k = 0; k < RUNS; k++) {
+        for (int k = 0; k < LK_MT_PER_THREAD / 4; k++) {
             const int64_t i = start + 4 * ((int64_t)k * LK_MT_THREADS + threadIdx.x);
-            G[k] = lk_mt_ld4(d.g, d.g_bf16, i);
-            M[k] = lk_mt_ld4(d.m, d.m_bf16, i), V[k] = lk_mt_ld4(d.v, d.v_bf16, i);
-            P[k] = w ? *reinterpret_cast<const float4 *>(w + i) : lk_mt_ld4(pb, 1, i);
-        }
-#pragma unroll
-        for (int k = 0; k < RUNS; k++) {
-            const int64_t i = start + 4 * ((int64_t)k * LK_MT_THREADS + threadIdx.x);
-            const float4 g4 = G[k];
-            float4 m = M[k], v = V[k], p = P[k];
+            const float4 g4 = lk_mt_ld4(d.g, d.g_bf16, i);
+            float4 m = lk_mt_ld4(d.m, d.m_bf16, i), v = lk_mt_ld4(d.v, d.v_bf16, i);
+            float4 p = w ? *reinterpret_cast<const float4 *>(w + i) : lk_mt_ld4(pb, 1, i);
             p.x = adamw_one(__fmul_rn(g4.x, gscale), m.x, v.x, p.x, s, decay);
             p.y = adamw_one(__fmul_rn(g4.y, gscale), m.y, v.y, p.y, s, decay);
             p.z = adamw_one(__fmul_rn(g4.z, gscale), m.z, v.z, p.z, s, decay);

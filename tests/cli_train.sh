@@ -168,6 +168,19 @@ st32=$(grep -oE 'needs [0-9.]+ KiB \([0-9.]+' <<<"$out" | grep -oE '[0-9.]+$')
 st16=$(grep -oE 'needs [0-9.]+ KiB \([0-9.]+' <<<"$out16" | grep -oE '[0-9.]+$')
 awk -v a="$st32" -v b="$st16" 'BEGIN { exit !(b > 0 && b < 0.8 * a) }' && ok ||
   fail "bf16 moments: the state ${st16} KiB, expected 12/16 of the f32 run's ${st32} KiB"
+# the weights in bf16 alone (train.main_params_dtype, with train.dtype bf16): 10 bytes a parameter with bf16
+# moments, the header says so, and two steps train; with train.dtype f32 it is refused by name
+sed 's/warmup_steps: 1 }/warmup_steps: 1, dtype: bf16, exp_avg_dtype: bf16, exp_avg_sq_dtype: bf16, main_params_dtype: bf16 }/' \
+  "$tmp/tiny.yaml" >"$tmp/bf16w.yaml"
+outw=$(OMP_NUM_THREADS=2 "$bin" train --config "$tmp/bf16w.yaml" --out "$tmp/hdrw" --steps 2 2>&1)
+expect "header, bf16 weights alone" "$outw" 'AdamW m and v \(bf16, bf16\) \(the weights in bf16 alone\) \+ .* activations in bf16\) on cpu'
+stw=$(grep -oE 'needs [0-9.]+ KiB \([0-9.]+' <<<"$outw" | grep -oE '[0-9.]+$')
+awk -v a="$st32" -v b="$stw" 'BEGIN { exit !(b > 0.55 * a && b < 0.7 * a) }' && ok ||
+  fail "bf16 weights alone: the state ${stw} KiB, expected 10/16 of the f32 run's ${st32} KiB"
+expect "bf16 weights alone, trained" "$outw" 'step 2/2 \| loss [0-9.]+'
+sed 's/warmup_steps: 1 }/warmup_steps: 1, main_params_dtype: bf16 }/' "$tmp/tiny.yaml" >"$tmp/bf16w32.yaml"
+outw32=$(OMP_NUM_THREADS=2 "$bin" train --config "$tmp/bf16w32.yaml" --out "$tmp/hdrw32" --steps 1 2>&1)
+expect "bf16 weights alone refused in f32" "$outw32" 'train.main_params_dtype bf16: expected train.dtype bf16'
 sed 's/^train:$/train:\n  memory_limit: 24GiB/' "$src/configs/qwen3-moe-2b.yaml" >"$tmp/moe2b.yaml"
 grep -q 'memory_limit: 24GiB' "$tmp/moe2b.yaml" && ok || fail "configs/qwen3-moe-2b.yaml has no train: line to extend"
 # the program's own start-up (a CUDA build maps cuBLAS, cuDNN and NCCL: ~0.7 s on this

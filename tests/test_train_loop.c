@@ -121,6 +121,41 @@ static void resume_converts_the_moments(void **state) {
     }
 }
 
+/* A checkpoint of the weights in bf16 alone resumed by a run with the f32 master (widened
+ * exactly), and the reverse (rounded to nearest even): the run goes on from the same step,
+ * its losses within bf16's rounding of the straight run's, which kept its own kind. */
+static void resume_converts_the_weights(void **state) {
+    (void)state;
+    enum { N = 6 };
+    for (int to_bf16 = 1; to_bf16 >= 0; to_bf16--) {
+        char *d = tmpdir(), *ds = tmpdir();
+        float straight[N], got[N];
+        lk_train_opts o = {.quiet = 1, .loss_log = straight, .loss_log_cap = N};
+        tiny_config_bf16(ds, N, 0);
+        tc.main_params_dtype = to_bf16 ? LK_F32 : LK_BF16;   /* the checkpoint's kind, straight on */
+        assert_int_equal(lk_train_run(&tc, &ops, NULL, &o, NULL), LK_OK);
+        memset(got, 0, sizeof got);
+        o.loss_log = got, o.stop_at = N / 2;
+        tiny_config_bf16(d, N, N / 2);
+        tc.main_params_dtype = to_bf16 ? LK_F32 : LK_BF16;
+        assert_int_equal(lk_train_run(&tc, &ops, NULL, &o, NULL), LK_OK);
+        o.stop_at = 0;
+        tiny_config_bf16(d, N, N / 2);
+        tc.main_params_dtype = to_bf16 ? LK_BF16 : LK_F32;   /* the resumed run's */
+        lk_train_result r;
+        lk_status rs = lk_train_run(&tc, &ops, d, &o, &r);
+        if (rs) print_error("resume: %s\n", lk_last_error());
+        assert_int_equal(rs, LK_OK);
+        assert_int_equal(r.first_step, N / 2);
+        for (int i = 0; i < N; i++) {   /* the first N/2 are the same run's */
+            double e = fabs((double)got[i] - straight[i]) / fabs((double)straight[i]);
+            if (!(e <= 1e-2)) print_error("step %d: %g resumed, %g straight\n", i + 1, got[i], straight[i]);
+            assert_true(i < N / 2 ? e == 0 : e <= 1e-2);
+        }
+        rm_rf(d), rm_rf(ds);
+    }
+}
+
 /* Through the loss hook rather than a NaN weight: the cross-entropy kernels' exp
  * converts a NaN logit to an integer, which UBSan rejects (reported to their owner). */
 static void poison(void *user, int64_t step, double *loss) {
@@ -370,6 +405,7 @@ int main(void) {
         cmocka_unit_test(resume_is_bit_identical_bf16_moments),
         cmocka_unit_test(resume_is_bit_identical_bf16_main),
         cmocka_unit_test(resume_converts_the_moments),
+        cmocka_unit_test(resume_converts_the_weights),
         cmocka_unit_test(bf16_trains_like_f32),
         cmocka_unit_test(nan_loss_stops_and_keeps_checkpoint),
         cmocka_unit_test(failed_checkpoint_keeps_previous),

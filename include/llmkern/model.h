@@ -68,7 +68,8 @@ LK_API void lk_model_free(lk_model *m);
  * module whose implementation does not take it, named, or f32 under a bf16 master), LK_ENOMEM. */
 LK_API lk_status lk_model_set_dtype(lk_model *m, lk_dtype dt);
 /* The bf16 compute copy of parameter i (device memory, beside the f32 master at the same
- * index), or NULL when the model computes in f32 (the master is the copy). An optimizer
+ * index), or NULL when the model computes in f32 (the master is the copy) or keeps its
+ * weights in bf16 alone (lk_model_set_master_dtype: the values are the copy). An optimizer
  * that writes the copy along with the master (the master rounded to nearest even) calls
  * lk_model_copy_is_current before the next forward, which then skips its rounding pass:
  * for that one forward only, so a master changed any other way is rounded as before. */

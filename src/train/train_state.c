@@ -220,11 +220,11 @@ static lk_status check_config_json(const trainer *t, const char *path) {
 }
 
 /* f holds exactly the model's parameters (under each prefix) with their shapes, and
- * `extra` more tensors; each float, f32 under the first n_f32 prefixes. */
+ * `extra` more tensors; each of a float dtype (converted as it is read: an f32 master from
+ * bf16 values exactly, bf16 ones from f32 to nearest even). */
 static lk_status check_tensors(trainer *t, const lk_st_file *f, const char *path, const char *const *prefixes,
-                               int n_prefixes, size_t extra, int n_f32) {
+                               int n_prefixes, size_t extra) {
     for (int k = 0; k < n_prefixes; k++) {
-        const int f32_only = k < n_f32;
         for (int i = 0; i < t->n_params; i++) {
             const lk_param *p = lk_model_param(t->model, i);
             char name[200], want[64];
@@ -237,9 +237,8 @@ static lk_status check_tensors(trainer *t, const lk_st_file *f, const char *path
                 return lk_error(LK_ESHAPE, "%s: '%s': expected shape %s, the file's has %d dimensions [%lld%s]", path, name,
                                 lk_shape_str(&p->value, want, sizeof want), x->ndim,
                                 (long long)(x->ndim ? x->shape[0] : 0), x->ndim > 1 ? ", ..." : "");
-            if (f32_only ? x->dtype != LK_F32 : (x->dtype != LK_F32 && x->dtype != LK_BF16 && x->dtype != LK_F16))
-                return lk_error(LK_EDTYPE, "%s: '%s': expected %s, got %s", path, name, f32_only ? "F32" : "a float dtype",
-                                x->st_dtype);
+            if (x->dtype != LK_F32 && x->dtype != LK_BF16 && x->dtype != LK_F16)
+                return lk_error(LK_EDTYPE, "%s: '%s': expected F32, BF16 or F16, got %s", path, name, x->st_dtype);
         }
     }
     size_t want_n = (size_t)n_prefixes * (size_t)t->n_params + extra;
@@ -263,8 +262,7 @@ static lk_status verify_checkpoint(trainer *t, const char *dir) {
     if ((s = lk_model_check_weights(t->model, dir))) return s;   /* single or sharded */
     snprintf(path, sizeof path, "%s/optimizer.safetensors", dir);
     if ((s = lk_st_open(path, &f))) return s;
-    /* an f32 master stays f32; a bf16 one (train.main_params_dtype) and the moments converted as read */
-    s = check_tensors(t, f, path, opt, 3, 2, t->tc->main_params_dtype == LK_F32);
+    s = check_tensors(t, f, path, opt, 3, 2);   /* the weights and moments converted as read */
     const lk_st_tensor *st = lk_st_find(f, "trainer/state");
     if (!s && (st == NULL || st->dtype != LK_I64 || st->ndim != 1 || st->shape[0] != 7))
         s = lk_error(LK_EIO, "%s: trainer/state: expected I64 [7]", path);

@@ -236,6 +236,47 @@ static void gpu_bf16_follows_cpu_f32(void **state) {
     bf16_follows_cpu_f32(1);
 }
 
+/* The weights in bf16 alone on the GPU (lk_model_set_master_dtype, train.main_params_dtype):
+ * the same values as the CPU's bf16 master (both the f32 master's nearest rounding), the
+ * norms' gains and the embedding read in bf16 (the embedding through the bf16 scratch added
+ * to the -0.0 stream); loss and gradients follow the CPU's f32 model within
+ * bf16_follows_cpu_f32's tolerances, and the CPU's bf16-master model within the same. */
+static void bf16_master_follows_cpu(void **state) {
+    (void)state;
+    for (int moe = 0; moe <= 1; moe++) {
+        lk_model *c = create(moe, LK_DEVICE_CPU, 5, 0), *cq = create(moe, LK_DEVICE_CPU, 5, 0),
+                 *g = create(moe, LK_DEVICE_CUDA, 5, 0);
+        assert_int_equal(lk_model_set_dtype(cq, LK_BF16), LK_OK);
+        assert_int_equal(lk_model_set_dtype(g, LK_BF16), LK_OK);
+        assert_int_equal(lk_model_set_master_dtype(cq, LK_BF16), LK_OK);
+        assert_int_equal(lk_model_set_master_dtype(g, LK_BF16), LK_OK);
+        assert_null(g->w);
+        size_t bytes = (size_t)g->n_floats * 2;
+        uint16_t *wg = malloc(bytes);
+        assert_int_equal(cudaMemcpy(wg, g->wc, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+        assert_memory_equal(wg, cq->wc, bytes);   /* the same rounding of the same f32 init */
+        free(wg);
+        lk_batch b;
+        make_batch(&b, 3);
+        lk_step_stats sc, sq, sg;
+        step(c, &b, &sc);
+        step(cq, &b, &sq);
+        step(g, &b, &sg);
+        float *gc = fetch(c, 0), *gq = fetch(cq, 0), *gg = fetch(g, 0);
+        const double rel = rel_l2(gg, gc, c->n_floats), relq = rel_l2(gg, gq, c->n_floats);
+        print_message("  %s bf16 master: loss cpu f32 %.6f, cpu bf16 master %.6f, gpu %.6f; grads rel L2 %.2e (to "
+                      "f32), %.2e (to the cpu's bf16 master)\n", moe ? "moe" : "dense", sc.loss, sq.loss, sg.loss, rel,
+                      relq);
+        assert_true(fabs(sc.loss - sg.loss) <= 3e-3 * fabs(sc.loss));
+        assert_true(fabs(sq.loss - sg.loss) <= 3e-3 * fabs(sq.loss));
+        assert_true(rel > 0 && rel <= 6e-2);
+        assert_true(relq <= 6e-2);
+        free(gc), free(gq), free(gg);
+        lk_batch_free(&b);
+        lk_model_free(c), lk_model_free(cq), lk_model_free(g);
+    }
+}
+
 /* A step captured in a CUDA graph (train.cuda_graph's mechanism, at the model's level):
  * with the loss read deferred, the forward and backward only enqueue work, so the capture
  * succeeds and its replay gives the eager step's loss and gradients bit for bit; with the
@@ -472,6 +513,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(gpu_matches_cpu),
         cmocka_unit_test(gpu_bf16_follows_cpu_f32),
+        cmocka_unit_test(bf16_master_follows_cpu),
         cmocka_unit_test(sliding_window_matches_cpu),
         cmocka_unit_test(graph_capture),
         cmocka_unit_test(recompute_identical),

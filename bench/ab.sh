@@ -30,6 +30,9 @@ fi
 for S in "${SIDES[@]}"; do
   D=${S%%,*}
   [ -x "$D/llmkern" ] || { echo "ab.sh: $D holds no llmkern build" >&2; exit 2; }
+  # peers_cuda.py loads the shim; a prebuild of named targets packs only those
+  [ -f "$D/libllmkern_peers_shim.so" ] ||
+    { echo "ab.sh: $D has no libllmkern_peers_shim.so (prebuild.sh ... llmkern_peers_shim)" >&2; exit 2; }
 done
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"

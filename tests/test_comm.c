@@ -92,6 +92,10 @@ static void requests_single(void **state) {
     assert_int_equal(lk_comm_reduce_scatter_on(c, f, g, 2, LK_COMM_F32, NULL), LK_EUNAVAILABLE);
     assert_non_null(strstr(lk_last_error(), "reduce_scatter_on"));
     assert_true(g[0] == 0 && g[1] == 0);
+    /* and version 5's all-reduce on a stream, leaving the buffer as it was */
+    assert_int_equal(lk_comm_all_reduce_on(c, f, 2, LK_COMM_F32, NULL), LK_EUNAVAILABLE);
+    assert_non_null(strstr(lk_last_error(), "all_reduce_on"));
+    assert_true(f[0] == 1 && f[1] == 2);
     lk_rng rng = lk_rng_make(0x5eed ^ (uint64_t)time(NULL));
     enum { NB = 4 };
     const int64_t n[NB] = {1, 7, 1023, 0};
@@ -203,6 +207,13 @@ static lk_status fake_reduce_scatter_on(lk_comm *c, const void *send, void *recv
     return LK_OK;
 }
 
+static lk_status fake_all_reduce_on(lk_comm *c, void *buf, int64_t n, lk_comm_type dt, void *stream) {
+    (void)c;
+    for (int64_t i = 0; dt == LK_COMM_F32 && i < n; i++) ((float *)buf)[i] *= 2;   /* as two ranks alike */
+    queued_on = stream;
+    return LK_OK;
+}
+
 /* The queued wrappers: a version 4 comm with the members runs them (checked and counted
  * as the blocking twins); a version 3 one, or NULL members, is LK_EUNAVAILABLE. */
 static void queued_collectives(void **state) {
@@ -241,6 +252,22 @@ static void queued_collectives(void **state) {
     assert_int_equal(lk_comm_reduce_scatter_on(&v4, s, r, 3, LK_COMM_F32, &tag), LK_EUNAVAILABLE);
     assert_non_null(strstr(lk_last_error(), "'single'"));
     assert_null(queued_on);
+    /* version 5's all-reduce: run, counted and checked like the blocking one */
+    lk_comm v5 = v4;
+    v5.all_reduce_on = fake_all_reduce_on;
+    assert_int_equal(lk_comm_all_reduce_on(&v5, s, 3, LK_COMM_F32, &tag), LK_OK);
+    assert_true(s[0] == 2 && s[1] == 4 && s[2] == 6);
+    assert_ptr_equal(queued_on, &tag);
+    assert_int_equal(v5.stats.calls[LK_COLL_ALL_REDUCE], 1);
+    assert_int_equal(v5.stats.bytes_in[LK_COLL_ALL_REDUCE], sizeof s);
+    queued_on = NULL;
+    assert_int_equal(lk_comm_all_reduce_on(&v5, NULL, 3, LK_COMM_F32, &tag), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "all_reduce_on"));
+    assert_int_equal(lk_comm_all_reduce_on(&v5, s, 3, LK_COMM_TYPE_COUNT, &tag), LK_EINVAL);
+    v5.version = 4;
+    assert_int_equal(lk_comm_all_reduce_on(&v5, s, 3, LK_COMM_F32, &tag), LK_EUNAVAILABLE);
+    assert_null(queued_on);
+    assert_true(s[0] == 2 && s[1] == 4 && s[2] == 6);
 }
 
 static void mesh(void **state) {

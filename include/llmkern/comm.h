@@ -54,8 +54,9 @@ LK_API size_t lk_comm_type_size(lk_comm_type t);
  * (the wrappers run its blocking all_reduce instead). Version 3 appended the all-to-all
  * queued on a stream (all_to_all_on); without it lk_comm_all_to_all_on says so. Version 4
  * appended the all-gather and the reduce-scatter queued on a stream (all_gather_on,
- * reduce_scatter_on), likewise optional. */
-#define LK_COMM_VERSION 4
+ * reduce_scatter_on), likewise optional. Version 5 appended the all-reduce queued on a
+ * stream (all_reduce_on), optional too. */
+#define LK_COMM_VERSION 5
 
 typedef struct lk_comm lk_comm;
 
@@ -111,6 +112,11 @@ struct lk_comm {
     lk_status (*all_gather_on)(lk_comm *c, const void *send, void *recv, size_t bytes, void *stream);
     lk_status (*reduce_scatter_on)(lk_comm *c, const void *send, void *recv, int64_t count, lk_comm_type dt,
                                    void *stream);
+    /* --- version 5; optional (NULL: lk_comm_all_reduce_on returns LK_EUNAVAILABLE) --- */
+    /* all_reduce's sum queued on `stream`, as all_to_all_on: the device-side scalars of a
+     * step (the SP group's loss and token count, the router's aux-loss sums) without a
+     * host read. The NCCL backend has it. */
+    lk_status (*all_reduce_on)(lk_comm *c, void *buf, int64_t count, lk_comm_type dt, void *stream);
 };
 
 /* The single-process communicator (rank 0 of 1). */
@@ -166,6 +172,10 @@ LK_API lk_status lk_comm_all_to_all_on(lk_comm *c, const void *send, const int64
 LK_API lk_status lk_comm_all_gather_on(lk_comm *c, const void *send, void *recv, size_t bytes, void *stream);
 LK_API lk_status lk_comm_reduce_scatter_on(lk_comm *c, const void *send, void *recv, int64_t count, lk_comm_type dt,
                                            void *stream);
+/* lk_comm_all_reduce queued on a CUDA stream (version 5): buf device memory, summed in
+ * place in stream order; returns before the sum is there. Counted in stats as
+ * all_reduce. LK_EUNAVAILABLE for a communicator without it (single, mpi, version < 5). */
+LK_API lk_status lk_comm_all_reduce_on(lk_comm *c, void *buf, int64_t count, lk_comm_type dt, void *stream);
 LK_API lk_status lk_comm_broadcast(lk_comm *c, void *buf, size_t bytes, int root);
 LK_API lk_status lk_comm_barrier(lk_comm *c);
 LK_API lk_status lk_comm_split(lk_comm *c, int color, int key, lk_comm **out);

@@ -65,6 +65,17 @@ lk_status lk_comm_all_reduce(lk_comm *c, void *buf, int64_t n, lk_comm_type dt) 
     WATCHED(c, "all_reduce", c->all_reduce(c, buf, n, dt));
 }
 
+/* Version 5's queued all-reduce: as all_to_all_on, nothing to time. */
+lk_status lk_comm_all_reduce_on(lk_comm *c, void *buf, int64_t n, lk_comm_type dt, void *stream) {
+    CHECK_COMM("all_reduce_on");
+    if (c->version < 5 || !c->all_reduce_on)
+        return lk_error(LK_EUNAVAILABLE, "comm: all_reduce_on: the '%s' communicator cannot queue an all-reduce "
+                        "on a stream (NCCL can)", c->backend ? c->backend : "?");
+    uint64_t b = 0;
+    lk_status s = all_reduce_begin(c, "all_reduce_on", buf, n, dt, &b);
+    return s || !n ? s : c->all_reduce_on(c, buf, n, dt, stream);
+}
+
 /* Members past version 1 exist only in a version 2 struct: read them after the check. */
 static int has_async(const lk_comm *c) { return c->version >= 2 && c->all_reduce_start && c->wait; }
 

@@ -9,8 +9,8 @@
  * way of not hanging), and an error there aborts the communicator. all_to_all_on posts the
  * same point-to-point group on the caller's stream and returns (no event, no wait), the
  * piece a captured CUDA graph can hold (moe_dispatch's device-count alltoall);
- * all_gather_on and reduce_scatter_on do the same with ncclAllGather and ncclReduceScatter
- * (its device-count allgather). Errors come back as LK_ECOMM with NCCL's or CUDA's text
+ * all_gather_on, reduce_scatter_on and all_reduce_on do the same with ncclAllGather,
+ * ncclReduceScatter (its device-count allgather) and ncclAllReduce (the SP group's loss). Errors come back as LK_ECOMM with NCCL's or CUDA's text
  * and the call's name. */
 #include <sched.h>
 #include <stdatomic.h>
@@ -166,6 +166,13 @@ static lk_status n_reduce_scatter_on(lk_comm *c, const void *send, void *recv, i
     return LK_OK;
 }
 
+/* Version 5: the all-reduce on the caller's stream, likewise. */
+static lk_status n_all_reduce_on(lk_comm *c, void *buf, int64_t n, lk_comm_type dt, void *stream) {
+    ncclComm_t nc = state_of(c)->comm;
+    NCCL_TRY(ncclAllReduce(buf, buf, (size_t)n, nccl_type(dt), ncclSum, nc, (cudaStream_t)stream), "ncclAllReduce");
+    return LK_OK;
+}
+
 static lk_status n_broadcast(lk_comm *c, void *buf, size_t bytes, int root) {
     nccl_state *st = state_of(c);
     lk_status s = order(st);
@@ -269,7 +276,7 @@ static lk_status wrap(ncclComm_t nc, int device, lk_comm **out) {
         .all_to_all = n_all_to_all, .broadcast = n_broadcast, .barrier = n_barrier, .split = n_split,
         .destroy = n_destroy, .all_reduce_start = n_all_reduce_start, .wait = n_wait, .test = n_test,
         .all_to_all_on = n_all_to_all_on, .all_gather_on = n_all_gather_on,
-        .reduce_scatter_on = n_reduce_scatter_on,
+        .reduce_scatter_on = n_reduce_scatter_on, .all_reduce_on = n_all_reduce_on,
     };
     st->comm = nc, st->device = device;
     ncclResult_t r = ncclCommCount(nc, &c->size);

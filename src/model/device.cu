@@ -2,8 +2,8 @@
  * cudaMalloc'd blocks, synchronous copies, an f32 fill, the head transpose (one thread
  * per 16 bytes of a head row when D allows), the residual add and the gradient sum (f32
  * math, bf16 rounded once), the weights' bf16 copy, and the embedding through the
- * training kernels of cuda_train.h (gather; sorted, atomic-free scatter-add). Built with
- * CUDA only. */
+ * training kernels of cuda_train.h (gather; sorted, atomic-free scatter-add), and the
+ * sequence-parallel group's loss from sums all-reduced on the stream. Built with CUDA only. */
 #include <cuda_runtime_api.h>
 #include "core/cuda_check.h"
 #include "llmkern/cuda_train.h"
@@ -197,9 +197,26 @@ static lk_status flex_attach(lk_block_mask *m, const lk_flex_image *L, const lk_
     return lk_attn_flex_attach(m, L, prog, img, bits, ctx->stream);
 }
 
+/* The group's sums in scal[0] (f32) and at scal + 4 (i64): the mean and d_loss from them. */
+__global__ void group_loss_k(float *scal, float scale) {
+    const int64_t n = *reinterpret_cast<const int64_t *>(scal + 4);
+    scal[0] = n > 0 ? (float)((double)scal[0] / (double)n) : 0.0f;
+    scal[1] = n > 0 ? (float)((double)scale / (double)n) : 0.0f;
+}
+
+static lk_status group_loss(float *scal, float scale, lk_comm *sp, lk_ctx *ctx) {
+    lk_status s;
+    if ((s = lk_comm_all_reduce_on(sp, scal, 1, LK_COMM_F32, ctx->stream)) ||
+        (s = lk_comm_all_reduce_on(sp, scal + 4, 1, LK_COMM_I64, ctx->stream)))
+        return s;
+    group_loss_k<<<1, 1, 0, (cudaStream_t)ctx->stream>>>(scal, scale);
+    LK_CUDA_LAUNCHED("model: the sequence-parallel group's loss");
+    return LK_OK;
+}
+
 const lk_model_device lk_model_device_cuda = {
     .type = LK_DEVICE_CUDA, .current = current, .alloc = alloc, .free = release, .put = put, .get = get,
     .host_alloc = host_alloc, .host_free = host_free, .put_async = put_async,
     .zero = zero, .fill = fill, .heads = heads, .add = add, .acc = acc, .round = round_to, .embed = embed,
-    .embed_backward = embed_backward, .flex_attach = flex_attach,
+    .embed_backward = embed_backward, .flex_attach = flex_attach, .group_loss = group_loss,
 };

@@ -11,6 +11,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "llmkern/comm.h"
 #include "llmkern/context.h"
 #include "llmkern/status.h"
 #include "ops/attention/flex_plan.h"
@@ -62,6 +63,12 @@ typedef struct {
      * serve). */
     lk_status (*flex_attach)(lk_block_mask *m, const lk_flex_image *L, const lk_flex_prog *prog, const int32_t *img,
                              uint32_t *bits, lk_ctx *ctx);
+    /* The loss over a sequence-parallel group (lk_sp_loss_reduce's math): scal holds this
+     * rank's summed loss (f32 scal[0]) and valid tokens (i64 at scal + 4); after it the
+     * group's mean loss is at scal[0], its count at scal + 4 and d_loss = scale / count
+     * (0 when no rank has a valid token) at scal[1]. CUDA: sp an NCCL group, the sums
+     * all-reduced on ctx->stream and one kernel, no host read; CPU: lk_sp_loss_reduce. */
+    lk_status (*group_loss)(float *scal, float scale, lk_comm *sp, lk_ctx *ctx);
 } lk_model_device;
 
 struct lk_model;

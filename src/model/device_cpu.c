@@ -1,5 +1,6 @@
 /* device_cpu.c — the model's buffers in host memory and its own moves as plain loops
  * (device.h). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "llmkern/tensor.h"
@@ -109,9 +110,22 @@ static lk_status embed_backward(float *dtable, const int64_t *ids, const void *d
     return LK_OK;
 }
 
+static lk_status group_loss(float *scal, float scale, lk_comm *sp, lk_ctx *ctx) {
+    (void)ctx;
+    int64_t n;
+    memcpy(&n, scal + 4, 8);
+    double mean, unit;
+    lk_status s = lk_sp_loss_reduce(sp, scal[0], n, &mean, &unit);
+    if (s) return s;
+    n = unit > 0 ? llround(1.0 / unit) : 0;
+    scal[0] = (float)mean, scal[1] = (float)(scale * unit);
+    memcpy(scal + 4, &n, 8);
+    return LK_OK;
+}
+
 const lk_model_device lk_model_device_cpu = {
     .type = LK_DEVICE_CPU, .current = current, .alloc = alloc, .free = free, .put = copy, .get = copy,
     .host_alloc = alloc, .host_free = free, .put_async = copy_async,
     .zero = zero, .fill = fill, .heads = heads, .add = add, .acc = acc, .round = round_to, .embed = embed,
-    .embed_backward = embed_backward,
+    .embed_backward = embed_backward, .group_loss = group_loss,
 };

@@ -202,15 +202,16 @@ lk_status lk_model_set_parallel(lk_model *m, lk_comm *sp, lk_comm *ep) {
             const lk_attention_entry *e = m->layers[l].ops.attn->vtable;
             if (!e || !e->sp)
                 return lk_error(LK_EINVAL, "model_set_parallel: sp %d: layers.%d.self_attn: '%s' has no sequence-"
-                                "parallel path; expected flash_attention_2 or flex_attention under the "
-                                "llmkern backend (they enter llmkern_*_with_sp)", P, l,
+                                "parallel path; expected flash_attention_2, flash_attention_3 or "
+                                "flex_attention under the llmkern backend (they enter llmkern_*_with_sp)", P, l,
                                 m->layers[l].ops.attn->name);
         }
     }
-    if (P > 1 && m->dev->type != LK_DEVICE_CPU)   /* lk_sp_loss_reduce moves host scalars */
-        return lk_error(LK_EUNAVAILABLE, "model_set_parallel: sp %d: sequence parallelism runs on CPU models only "
-                        "so far (the loss is reduced over the group in host memory)", P);
-    if (Q > 1 && m->dev->type != LK_DEVICE_CPU && strcmp(ep->backend, "nccl") != 0)   /* the rows are device memory */
+    /* a GPU model's groups exchange device memory, the SP loss on the stream */
+    if (P > 1 && m->dev->type != LK_DEVICE_CPU && strcmp(sp->backend, "nccl") != 0)
+        return lk_error(LK_EUNAVAILABLE, "model_set_parallel: sp %d: a GPU model exchanges device memory; expected an "
+                        "NCCL group, got '%s'", P, sp->backend);
+    if (Q > 1 && m->dev->type != LK_DEVICE_CPU && strcmp(ep->backend, "nccl") != 0)
         return lk_error(LK_EUNAVAILABLE, "model_set_parallel: ep %d: a GPU model exchanges device memory; expected an "
                         "NCCL group, got '%s'", Q, ep->backend);
     if (Q > 1) {
@@ -224,6 +225,7 @@ lk_status lk_model_set_parallel(lk_model *m, lk_comm *sp, lk_comm *ep) {
                             "process; expected alltoall or allgather", Q, m->dispatch ? m->dispatch->name : "(none)");
     }
     free_acts(m);   /* the token count and the saved sizes change */
+    m->d_loss_put = NAN;   /* the SP forward writes scal[1] */
     m->sp = P > 1 ? sp : NULL;
     m->ep = Q > 1 ? ep : NULL;
     return LK_OK;
@@ -547,8 +549,10 @@ static void carve_layer(lk_model *m, int l) {
     m->acts[l].x = m->inputs[l];
 }
 
-/* The forward of the whole model; stats filled. b is m->local (slice_batch). */
-static lk_status forward(lk_model *m, const lk_batch *whole, lk_step_stats *st) {
+/* The forward of the whole model; stats filled (unless deferred). b is m->local
+ * (slice_batch). Under SP the loss and its count become the group's on the device, and
+ * scal[1] the d_loss of loss_scale times the group's mean. */
+static lk_status forward(lk_model *m, const lk_batch *whole, float loss_scale, lk_step_stats *st) {
     lk_status s = stage_batch(m, whole);
     if (s || (s = copy_tokens(m))) return s;
     const lk_batch *b = &m->local;
@@ -580,20 +584,14 @@ static lk_status forward(lk_model *m, const lk_batch *whole, lk_step_stats *st) 
     if ((s = lk_rms_norm_forward(m->final_norm_impl, &n, &m->ctx))) return s;
     lk_cross_entropy_args ce = ce_args(m);
     *st = (lk_step_stats){.loss = NAN};
-    if ((s = lk_cross_entropy_forward(m->ce_impl, &ce, &m->ctx)) || (!m->defer_stats && (s = read_scalars(m, st))))
+    if ((s = lk_cross_entropy_forward(m->ce_impl, &ce, &m->ctx)) ||
+        (m->sp && (s = m->dev->group_loss(m->scal, loss_scale, m->sp, &m->ctx))))
         return s;
-    m->d_loss_unit = 1.0;
-    if (m->sp) {   /* this rank's sum -> the group's mean; its gradient 1 / the group's count */
-        if ((s = lk_sp_loss_reduce(m->sp, st->loss, st->n_tokens, &st->loss, &m->d_loss_unit))) return s;
-        st->n_tokens = m->d_loss_unit > 0 ? llround(1.0 / m->d_loss_unit) : 0;
-    }
-    return LK_OK;
+    return m->defer_stats ? LK_OK : read_scalars(m, st);
 }
 
 lk_status lk_model_defer_stats(lk_model *m, int on) {
     if (!m) return lk_error(LK_EINVAL, "model_defer_stats: expected a model");
-    if (on && m->sp)   /* the SP group's loss is reduced on the host after each forward */
-        return lk_error(LK_EINVAL, "model_defer_stats: the loss of a sequence-parallel model is read at each forward");
     m->defer_stats = on ? 1 : 0;
     return LK_OK;
 }
@@ -619,7 +617,7 @@ void lk_model_set_stream(lk_model *m, void *stream) {
 lk_status lk_model_loss(lk_model *m, const lk_batch *batch, lk_step_stats *stats) {
     if (!m || !stats) return lk_error(LK_EINVAL, "model_loss: expected a model and stats");
     lk_step_stats st;
-    lk_status s = forward(m, batch, &st);
+    lk_status s = forward(m, batch, 1.0f, &st);
     if (!s) *stats = st;
     return s;
 }
@@ -645,19 +643,20 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
     if (!(loss_scale == loss_scale) || loss_scale > 1e30f || loss_scale < -1e30f)
         return lk_error(LK_EINVAL, "model_forward_backward: loss_scale: expected a finite value, got %g", (double)loss_scale);
     lk_step_stats st;
-    lk_status s = forward(m, batch, &st);
+    lk_status s = forward(m, batch, loss_scale, &st);
     if (s) return s;
     int N = (int)m->cfg.num_hidden_layers;
     int64_t T = m->T, H = m->H;
     const lk_batch *b = &m->local;   /* this rank's slice, set by the forward */
-    float dl = (float)(loss_scale * m->d_loss_unit);
     lk_cross_entropy_args ce = ce_args(m);
     ce.d_loss = lk_on(m, lk_tensor_1d(m->scal + 1, LK_F32, 1));
     ce.d_hidden = lk_on(m, lk_tensor_2d(m->sc.dh, m->dt, T, H));
     ce.d_weight = lk_on(m, lk_tensor_2d(m->g + m->lm_head, LK_F32, m->V, H));
-    if (dl != m->d_loss_put) {   /* a host-to-device copy (a sync on a GPU) only when the scale changes */
-        if ((s = m->dev->put(m->scal + 1, &dl, 4))) return s;
-        m->d_loss_put = dl;
+    /* a host-to-device copy (a sync on a GPU) only when the scale changes; under SP the
+     * forward wrote it */
+    if (!m->sp && loss_scale != m->d_loss_put) {
+        if ((s = m->dev->put(m->scal + 1, &loss_scale, 4))) return s;
+        m->d_loss_put = loss_scale;
     }
     if ((s = lk_cross_entropy_backward(m->ce_impl, &ce, &m->ctx))) return s;
     /* the stream's gradient starts at -0.0 (device.h's fill: x + -0.0 is x, bit for bit) and

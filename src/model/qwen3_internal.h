@@ -172,7 +172,6 @@ struct lk_model {
      * within the sliding window, when a flex layer slides (the AND of masks[0] and window) */
     lk_staged_mask masks[2];
     lk_block_mask window;
-    double d_loss_unit;           /* d(the loss) / d(the CE op's loss): 1, or 1 / the SP group's count */
     float d_loss_put;             /* the d_loss scal[1] holds (NaN: none yet) */
     void (*grads_ready)(void *user, int64_t first);   /* lk_model_on_grads_ready */
     void *grads_ready_user;

@@ -298,6 +298,7 @@ static void state_free(trainer *t) {
 static void trainer_free(trainer *t) {
     if (t->graph && t->dev->graph_free) t->dev->graph_free(t);
     state_free(t);
+    if (t->has_dmesh) lk_mesh_destroy(&t->dmesh);
     if (t->gcomm && t->gcomm != t->world) lk_comm_destroy(t->gcomm);
     if (t->flat_bf16) lk_model_device_of(t->model)->free(t->flat_bf16);
     lk_arena_free(&t->arena);
@@ -319,6 +320,17 @@ static lk_status check_mesh(const lk_train_config *tc, const lk_mesh *m) {
                         "sp %d, ep %d (dp 0 = the rest)", (long long)tc->dp, (long long)tc->sp, (long long)tc->ep,
                         dp, sp, ep);
     return LK_OK;
+}
+
+/* The model's SP and EP groups: the mesh's on a CPU; on a GPU the same mesh made again
+ * over the NCCL world (gcomm, ncclCommSplit: one unique-id exchange in all), whose groups
+ * exchange device memory and queue the SP loss's sums on the stream. */
+static lk_status model_groups(trainer *t, const lk_mesh *mesh) {
+    if (t->gcomm == t->world) return lk_model_set_parallel(t->model, mesh->sp, mesh->ep);
+    lk_status s = lk_mesh_create(t->gcomm, mesh->dp_size, mesh->sp_size, mesh->ep_size, &t->dmesh);
+    if (s) return s;
+    t->has_dmesh = 1;
+    return lk_model_set_parallel(t->model, t->dmesh.sp, t->dmesh.ep);
 }
 
 static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_ops_config *ops, const lk_mesh *mesh,
@@ -347,7 +359,8 @@ static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_op
     if (!s) s = lk_data_iter_init(&t->it, &t->ds, tc->batch_size, tc->seq_len, tc->seed);
     if (!s) s = lk_batch_alloc(&t->batch, tc->batch_size, tc->seq_len);
     if (!s) s = build_model(tc, ops, &t->model);
-    if (!s && mesh) s = lk_model_set_parallel(t->model, mesh->sp, mesh->ep);
+    if (!s && mesh) s = t->dev->grads_comm(t->world, &t->gcomm);
+    if (!s && mesh) s = model_groups(t, mesh);
     if (!s && tc->cuda_graph && mesh)
         s = lk_error(LK_EINVAL, "train: train.cuda_graph: one process only (the all-reduce is not captured yet), "
                      "got %d ranks", mesh->world->size);
@@ -355,7 +368,6 @@ static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_op
         s = t->dev->graph_init ? t->dev->graph_init(t)
                                : lk_error(LK_EUNAVAILABLE, "train: train.cuda_graph: %s has no graphs",
                                           lk_device_name(t->dev->type));
-    if (!s && mesh) s = t->dev->grads_comm(t->world, &t->gcomm);
     if (s) return s;
     int index = lk_model_param(t->model, 0)->value.device.index;   /* the GPU pick chose */
     t->ctx = t->dev->type == LK_DEVICE_CPU ? lk_ctx_cpu(&t->arena) : lk_ctx_cuda(&t->arena, NULL, index);

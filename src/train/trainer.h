@@ -67,6 +67,8 @@ typedef struct trainer {
     const lk_mesh *mesh;      /* the DP x SP (x EP) mesh; NULL for one process */
     lk_comm *world;           /* mesh->world; NULL for one process */
     lk_comm *gcomm;           /* the gradients' all-reduce: world, or NCCL over it on a GPU */
+    lk_mesh dmesh;            /* a GPU's mesh over gcomm (NCCL groups, device buffers); unused on a CPU */
+    int has_dmesh;
     lk_arena arena;           /* the GPU optimizer's workspace */
     lk_ctx ctx;
     int writer;               /* 1 on the rank that writes files and progress (rank 0) */

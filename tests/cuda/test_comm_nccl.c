@@ -154,8 +154,8 @@ static void replay(int graph, cudaStream_t st) {
     assert_int_equal(cudaGraphDestroy(g), cudaSuccess);
 }
 
-/* Version 4's all-gather and reduce-scatter (and version 3's all-to-all) queued on a
- * stream of the caller's: right after the call nothing is required to have moved; after
+/* Version 4's all-gather and reduce-scatter (and version 3's all-to-all, version 5's
+ * all-reduce in place) queued on a stream of the caller's: right after the call nothing is required to have moved; after
  * the stream's sync each result is the input's bits, the guards intact. Then the four
  * captured in one CUDA graph (global mode) and replayed into cleared outputs. */
 static void queued(void **state) {
@@ -169,7 +169,7 @@ static void queued(void **state) {
     char *src = guarded(nb), *ag = guarded(nb), *rs = guarded(4 * (size_t)n), *rb = guarded(2 * (size_t)n);
     char *a2a = guarded(nb);
     void *hf = values(LK_COMM_F32, n), *hb = values(LK_COMM_BF16, n);
-    char *sf = guarded(4 * (size_t)n), *sb = guarded(2 * (size_t)n);
+    char *sf = guarded(4 * (size_t)n), *sb = guarded(2 * (size_t)n), *ar = guarded(4 * (size_t)n);
     put(src, h, nb), put(sf, hf, 4 * (size_t)n), put(sb, hb, 2 * (size_t)n);
     int64_t sc[1] = {1001}, sd[1] = {13}, rd[1] = {7};
     unsigned char *want = malloc(nb);
@@ -177,27 +177,35 @@ static void queued(void **state) {
     memcpy(want + 7, h + 13, 1001);
     assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);   /* the poison and the puts landed (legacy stream) */
     for (int graph = 0; graph < 2; graph++) {
+        lkt_poison(ar, 4 * (size_t)n);
+        put(ar, hf, 4 * (size_t)n);   /* the sum of one rank: its own values */
+        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
         capture(graph, st);
         lk_status s1 = lk_comm_all_gather_on(c, src, ag, nb, st);
         lk_status s2 = lk_comm_reduce_scatter_on(c, sf, rs, n, LK_COMM_F32, st);
         lk_status s3 = lk_comm_reduce_scatter_on(c, sb, rb, n, LK_COMM_BF16, st);
         lk_status s4 = lk_comm_all_to_all_on(c, src, sc, sd, a2a, sc, rd, st);
+        lk_status s5 = lk_comm_all_reduce_on(c, ar, n, LK_COMM_F32, st);
         replay(graph, st);
-        assert_true(s1 == LK_OK && s2 == LK_OK && s3 == LK_OK && s4 == LK_OK);
+        assert_true(s1 == LK_OK && s2 == LK_OK && s3 == LK_OK && s4 == LK_OK && s5 == LK_OK);
         assert_int_equal(cudaStreamSynchronize(st), cudaSuccess);
         print_message("queued: %s\n", graph ? "graph replay" : "eager");
         expect(ag, h, nb), expect(rs, hf, 4 * (size_t)n), expect(rb, hb, 2 * (size_t)n), expect(a2a, want, nb);
+        expect(ar, hf, 4 * (size_t)n);
         lkt_poison(ag, nb), lkt_poison(rs, 4 * (size_t)n), lkt_poison(rb, 2 * (size_t)n), lkt_poison(a2a, nb);
         assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);   /* st does not wait for the legacy stream */
     }
     assert_int_equal(c->stats.calls[LK_COLL_ALL_GATHER], 2);
     assert_int_equal(c->stats.calls[LK_COLL_REDUCE_SCATTER], 4);
     assert_int_equal(c->stats.bytes_in[LK_COLL_ALL_GATHER], 2 * nb);
+    assert_int_equal(c->stats.calls[LK_COLL_ALL_REDUCE], 2);
     /* refused before anything is queued */
     assert_int_equal(lk_comm_all_gather_on(c, NULL, ag, nb, st), LK_EINVAL);
     assert_non_null(strstr(lk_last_error(), "all_gather_on"));
     assert_int_equal(lk_comm_reduce_scatter_on(c, sf, rs, n, LK_COMM_TYPE_COUNT, st), LK_EINVAL);
     assert_non_null(strstr(lk_last_error(), "reduce_scatter_on"));
+    assert_int_equal(lk_comm_all_reduce_on(c, ar, -1, LK_COMM_F32, st), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "all_reduce_on"));
     assert_int_equal(cudaStreamSynchronize(st), cudaSuccess);
     unsigned char *poison = malloc(4 * (size_t)n);   /* the largest region compared below (rs) */
     memset(poison, 0xff, 4 * (size_t)n);

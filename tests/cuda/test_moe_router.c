@@ -23,9 +23,11 @@
  * hidden included), the same bits from a second call and from a copy of the input (a
  * recompute), other ids from another input; d_hidden zero. Each router's forward +
  * backward captured in a CUDA graph (capture fails on any synchronization) and replayed
- * to the eager run's bits. Also: ties go to the lower index, and bad input (k > E, a
- * wrong dtype, bad groups or noise, a host tensor, a communicator) is refused before
- * anything is written, naming the argument. Skipped (77) where there is no GPU. */
+ * to the eager run's bits. The learned routers over a sequence-parallel group of one (an
+ * NCCL communicator of this GPU: the aux loss's sums all-reduced on the stream) hold the
+ * same tolerances, the all-reduces counted. Also: ties go to the lower index, and bad
+ * input (k > E, a wrong dtype, bad groups or noise, a host tensor, a host communicator)
+ * is refused before anything is written, naming the argument. Skipped (77) where there is no GPU. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -37,6 +39,7 @@
 #include <cuda_runtime_api.h>
 #include "cuda_util.h"
 #include "llmkern/comm.h"
+#include "llmkern/registry.h"
 #include "ops/moe/check.h"
 #include "ops/moe/reference.h"
 #include "ops/moe/router_core.h"
@@ -51,6 +54,8 @@ typedef struct {
     int sig;              /* 1: sigmoid_bias (else softmax_topk) */
     int bias, ng, tg;     /* sigmoid_bias: a random e_bias; n_group, topk_group */
 } rcase;
+
+static lk_comm *group;   /* set: every case runs over it (ctx.comm) */
 
 typedef struct {   /* the device side of one case */
     lk_moe_router_args a;
@@ -152,6 +157,7 @@ static void setup(rrun *r, lk_dtype dt, const rcase *c, double *x, double *wg, d
     lkt_poison(r->a.d_hidden.data, (size_t)(T * H) * lk_dtype_size(dt));
     r->arena = (lk_arena){.device = LK_DEVICE_CUDA};
     r->ctx = lk_ctx_cuda(&r->arena, NULL, 0);
+    r->ctx.comm = group;
 }
 
 /* A second forward must give the same bytes: the counts and the aux loss's partial sums
@@ -396,8 +402,8 @@ static void bad_input_refused(void **state) {
     expect_refused(&r, 1, LK_EDTYPE, "d_topk_weights");
     r.a.d_topk_weights.dtype = LK_F32;
 
-    /* a sequence-parallel group (even one of a single rank) is refused, forward and
-     * backward, and d_gate_weight keeps its values */
+    /* a host-memory group (even one of a single rank) is refused, forward and backward
+     * (the aux loss's sums are all-reduced on the GPU), and d_gate_weight keeps its values */
     r.ctx.comm = lk_comm_self();
     expect_refused(&r, 0, LK_EINVAL, "ctx.comm");
     expect_refused(&r, 1, LK_EINVAL, "ctx.comm");
@@ -456,7 +462,7 @@ static void bad_input_refused_new_rows(void **state) {
     expect_refused_by(fake, &r, 1, LK_EDTYPE, "d_hidden");
     r.a.d_hidden.dtype = LK_F32;
 
-    r.ctx.comm = lk_comm_self();  /* both refuse a group, as softmax_topk does */
+    r.ctx.comm = lk_comm_self();  /* both refuse a host group, as softmax_topk does */
     expect_refused_by(sig, &r, 0, LK_EINVAL, "ctx.comm");
     expect_refused_by(sig, &r, 1, LK_EINVAL, "ctx.comm");
     expect_refused_by(fake, &r, 0, LK_EINVAL, "ctx.comm");
@@ -710,6 +716,32 @@ static void graph_capture(void **state) {
     }
 }
 
+/* Over an NCCL group of one: the forward's aux loss from the group's sums (one all-reduce
+ * a call) and the backward's aux gradient from the group's counts and T (one more), held
+ * to the f64 reference as without a group. */
+static void group_of_one(void **state) {
+    (void)state;
+    if (!lk_hw_get()->has_nccl) {
+        print_message("  NCCL is not built in: %s\n", "no group to run over");
+        skip();
+    }
+    assert_int_equal(lk_comm_nccl_create(lk_comm_self(), 0, &group), LK_OK);
+    const rcase cases[] = {
+        /* t    h    e   k  norm after scale d_aux gw32 gate_f32 grad_f32 sig bias ng tg */
+        {333, 129, 60, 8, 1, 0, 1.0f, 0.37f, 0, 0, 0, 0, 0, 0, 0},
+        {1, 5, 4, 1, 0, 0, 1.0f, 0.37f, 0, 0, 0, 0, 0, 0, 0},
+        {1000, 136, 128, 8, 1, 0, 2.5f, 0.37f, 0, 1, 1, 1, 1, 8, 4},   /* sigmoid_bias, DeepSeek-V3's options */
+        {37, 64, 600, 9, 1, 0, 1.0f, 0.37f, 0, 0, 0, 0, 0, 0, 0},
+    };
+    int n = (int)(sizeof cases / sizeof *cases);
+    for (int d = 0; d < 2; d++)
+        for (int i = 0; i < n; i++) run_case(d ? LK_BF16 : LK_F32, &cases[i], 300u + (uint32_t)i);
+    /* per case: the forward, its repeat and the backward's counts */
+    assert_int_equal(group->stats.calls[LK_COLL_ALL_REDUCE], 2 * n * 3);
+    lk_comm_destroy(group);
+    group = NULL;
+}
+
 int main(void) {
     if (!lkt_have_gpu("cuda_test_moe_router")) return LKT_SKIP;
     const struct CMUnitTest tests[] = {
@@ -721,6 +753,7 @@ int main(void) {
         cmocka_unit_test(ties_to_lower_index),
         cmocka_unit_test(bad_input_refused),
         cmocka_unit_test(bad_input_refused_new_rows),
+        cmocka_unit_test(group_of_one),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -53,15 +53,28 @@ int64_t lk_router_cuda_aux_scratch(int64_t t, int64_t e);
 lk_status lk_router_cuda_aux(const lk_router_cuda_dims *d, const float *v, const float *vsum, const int32_t *counts,
                              double *scratch, float *aux, void *stream);
 
+/* Over a sequence-parallel group the aux loss needs the group's sums before its product:
+ * aux_sums writes this rank's g [2E + 1] f64 (g[e] = Σ_t v[t, e] / vsum[t] in aux's order,
+ * g[E + e] = counts_e, g[2E] = T; scratch as lk_router_cuda_aux's), the caller sums g over
+ * the group on the stream, and aux_from_sums sets *aux = E/(T²k) · Σ_e g[E + e] · g[e]. */
+lk_status lk_router_cuda_aux_sums(const lk_router_cuda_dims *d, const float *v, const float *vsum,
+                                  const int32_t *counts, double *scratch, double *g, void *stream);
+lk_status lk_router_cuda_aux_from_sums(const lk_router_cuda_dims *d, const double *g, float *aux, void *stream);
+/* The backward's share: g [E + 1] f64 = counts, then t. */
+lk_status lk_router_cuda_count_pack(int64_t t, int64_t e, const int32_t *counts, double *g, void *stream);
+
 /* counts[E] (i32) = how many of the routes ids[0..n) go to each expert. */
 lk_status lk_router_cuda_count(const int32_t *ids, int64_t n, int64_t e, int32_t *counts, void *stream);
 
 /* dz [T, E] (f32) = d loss / d logits from the saved v and ids, d_topk_weights dw [T, k]
- * and the aux loss's gradient: d aux / d q[t, e] = aux_coef · counts[e] (counts NULL:
- * none), aux_coef = d_aux_loss · E / (T²k). router_core.c's backward (through a softmax,
- * or a sigmoid with d->sigmoid), a warp a token. */
+ * and the aux loss's gradient: d aux / d q[t, e] = aux_coef · counts[e] with aux_coef =
+ * d_aux_loss · E / (T²k); or, with group (the group's summed counts, then its T at
+ * group[E]), aux_coef · group[e] / T² with aux_coef = d_aux_loss · E / k; both NULL: none.
+ * router_core.c's backward (through a softmax, or a sigmoid with d->sigmoid), a warp a
+ * token. */
 lk_status lk_router_cuda_d_logits(const lk_router_cuda_dims *d, const float *v, const int32_t *ids, const float *dw,
-                                  const int32_t *counts, double aux_coef, float *dz, void *stream);
+                                  const int32_t *counts, const double *group, double aux_coef, float *dz,
+                                  void *stream);
 
 /* dst[0..n) = src rounded to dst_dt, or with add, dst + src rounded once; src_dt and
  * dst_dt f32 or bf16. */

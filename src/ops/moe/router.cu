@@ -134,6 +134,42 @@ __global__ void __launch_bounds__(AUX_THREADS) aux_final(int64_t nb, int64_t E, 
     if (threadIdx.x == 0) *aux = (float)(sh[0] * scale);
 }
 
+/* Over a group (router_cuda.c): this rank's sums into g [2E + 1] f64, which the group then
+ * adds up: g[e] = Σ_b partial[b, e] (aux_final's order), g[E + e] = counts_e, g[2E] = T. */
+__global__ void aux_pack(int64_t nb, int64_t E, int64_t T, const double *partial, const int32_t *counts, double *g) {
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e <= E; e += (int64_t)gridDim.x * blockDim.x) {
+        if (e == E) {
+            g[2 * E] = (double)T;
+            continue;
+        }
+        double P = 0.0;
+        for (int64_t b = 0; b < nb; b++) P += partial[b * E + e];
+        g[e] = P, g[E + e] = (double)counts[e];
+    }
+}
+
+/* *aux = E/(T²k) · Σ_e g[E + e] · g[e] from the group's sums (T = g[2E]; none: 0), the
+ * tree of aux_final. */
+__global__ void __launch_bounds__(AUX_THREADS) aux_from_sums(int64_t E, int k, const double *g, float *aux) {
+    __shared__ double sh[AUX_THREADS];
+    double s = 0.0;
+    for (int64_t e = threadIdx.x; e < E; e += AUX_THREADS) s += g[E + e] * g[e];
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int o = AUX_THREADS / 2; o > 0; o >>= 1) {
+        if (threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+        __syncthreads();
+    }
+    const double T = g[2 * E];
+    if (threadIdx.x == 0) *aux = T > 0 ? (float)(sh[0] * ((double)E / (T * T * k))) : 0.0f;
+}
+
+/* The backward's counts and T as f64 for the group's sum: g[e] = counts_e, g[E] = T. */
+__global__ void count_pack(int64_t E, int64_t T, const int32_t *counts, double *g) {
+    for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e <= E; e += (int64_t)gridDim.x * blockDim.x)
+        g[e] = e == E ? (double)T : (double)counts[e];
+}
+
 /* Integer counts (exact in any order). Up to HIST_MAX experts a block counts in shared
  * memory first, so the global atomics are one per block and expert. */
 __global__ void count_routes(const int32_t *ids, int64_t n, int64_t e, int32_t *counts) {
@@ -148,11 +184,22 @@ __global__ void count_routes(const int32_t *ids, int64_t n, int64_t e, int32_t *
         if (hist[x]) atomicAdd(counts + x, hist[x]);
 }
 
+/* d aux / d q[t, e]: this rank's counts times coef, or from the group's sums g (counts,
+ * then T at g[E]) with coef = d_aux·E/k. */
+static __device__ __forceinline__ float aux_grad(const int32_t *counts, const double *g, double coef, int64_t E,
+                                                 int x) {
+    if (g) {
+        const double T = g[E];
+        return T > 0 ? (float)(coef * g[x] / (T * T)) : 0.0f;
+    }
+    return counts ? (float)(coef * counts[x]) : 0.0f;
+}
+
 /* A warp a token: the CPU lk_router_backward, row in dz (d.sigmoid: its sigmoid case).
  * The k chosen experts are distinct, so their lanes add into dz without a race. */
 __global__ void __launch_bounds__(WARPS * 32) d_logits(lk_router_cuda_dims d, const float *v, const int32_t *ids,
-                                                       const float *dw, const int32_t *counts, double coef,
-                                                       float *dz) {
+                                                       const float *dw, const int32_t *counts, const double *group,
+                                                       double coef, float *dz) {
     int64_t t = blockIdx.x * (int64_t)WARPS + threadIdx.x / 32;
     if (t >= d.t) return;
     int lane = threadIdx.x & 31, E = (int)d.e;
@@ -165,9 +212,9 @@ __global__ void __launch_bounds__(WARPS * 32) d_logits(lk_router_cuda_dims d, co
     }
     for (int x = lane; x < E; x += 32) V += vr[x];
     S = lk_warp_sum(S), sdw = lk_warp_sum(sdw), V = lk_warp_sum(V);
-    for (int x = lane; counts && x < E; x += 32) gq += (float)(coef * counts[x]) * vr[x] / V;
+    for (int x = lane; (counts || group) && x < E; x += 32) gq += aux_grad(counts, group, coef, d.e, x) * vr[x] / V;
     gq = lk_warp_sum(gq);
-    for (int x = lane; x < E; x += 32) g[x] = ((counts ? (float)(coef * counts[x]) : 0.0f) - gq) / V;
+    for (int x = lane; x < E; x += 32) g[x] = (aux_grad(counts, group, coef, d.e, x) - gq) / V;
     __syncwarp();
     for (int j = lane; j < d.k; j += 32) {
         float gj = dwr[j] * d.scale;
@@ -229,6 +276,30 @@ extern "C" lk_status lk_router_cuda_aux(const lk_router_cuda_dims *d, const floa
     return LK_OK;
 }
 
+extern "C" lk_status lk_router_cuda_aux_sums(const lk_router_cuda_dims *d, const float *v, const float *vsum,
+                                             const int32_t *counts, double *scratch, double *g, void *stream) {
+    cudaStream_t st = (cudaStream_t)stream;
+    int64_t nb = lk_cdiv(d->t, AUX_TOKENS);
+    aux_partials<<<dim3((unsigned)nb, (unsigned)lk_cdiv(d->e, 32)), dim3(32, AUX_LANES), 0, st>>>(d->t, d->e, v, vsum,
+                                                                                               scratch);
+    aux_pack<<<(unsigned)lk_cdiv(d->e + 1, 256), 256, 0, st>>>(nb, d->e, d->t, scratch, counts, g);
+    LK_CUDA_LAUNCHED("moe_router (cuda): aux loss sums");
+    return LK_OK;
+}
+
+extern "C" lk_status lk_router_cuda_aux_from_sums(const lk_router_cuda_dims *d, const double *g, float *aux,
+                                                  void *stream) {
+    aux_from_sums<<<1, AUX_THREADS, 0, (cudaStream_t)stream>>>(d->e, d->k, g, aux);
+    LK_CUDA_LAUNCHED("moe_router (cuda): aux loss from the group's sums");
+    return LK_OK;
+}
+
+extern "C" lk_status lk_router_cuda_count_pack(int64_t t, int64_t e, const int32_t *counts, double *g, void *stream) {
+    count_pack<<<(unsigned)lk_cdiv(e + 1, 256), 256, 0, (cudaStream_t)stream>>>(e, t, counts, g);
+    LK_CUDA_LAUNCHED("moe_router (cuda): counts for the group");
+    return LK_OK;
+}
+
 extern "C" lk_status lk_router_cuda_count(const int32_t *ids, int64_t n, int64_t e, int32_t *counts, void *stream) {
     cudaStream_t st = (cudaStream_t)stream;
     LK_CUDA_TRY(cudaMemsetAsync(counts, 0, sizeof(int32_t) * (size_t)e, st));
@@ -241,9 +312,9 @@ extern "C" lk_status lk_router_cuda_count(const int32_t *ids, int64_t n, int64_t
 }
 
 extern "C" lk_status lk_router_cuda_d_logits(const lk_router_cuda_dims *d, const float *v, const int32_t *ids,
-                                             const float *dw, const int32_t *counts, double aux_coef, float *dz,
-                                             void *stream) {
-    d_logits<<<token_blocks(d->t), WARPS * 32, 0, (cudaStream_t)stream>>>(*d, v, ids, dw, counts, aux_coef, dz);
+                                             const float *dw, const int32_t *counts, const double *group,
+                                             double aux_coef, float *dz, void *stream) {
+    d_logits<<<token_blocks(d->t), WARPS * 32, 0, (cudaStream_t)stream>>>(*d, v, ids, dw, counts, group, aux_coef, dz);
     LK_CUDA_LAUNCHED("moe_router (cuda): d_logits");
     return LK_OK;
 }

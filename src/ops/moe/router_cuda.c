@@ -22,10 +22,13 @@
  * hidden and running the f32 GEMMs on CUDA cores took 3.6 ms of e2e_peers' MoE step (16
  * layers; bench/NOTES.md, twentieth session). Other dtypes widen as the forward does.
  *
- * Not yet: ctx->comm must be NULL. Over a sequence-parallel group the aux loss sums the
- * expert counts and scores of every rank (router_core.c's lk_router_group_sum), which is
- * not done on the GPU yet, so a call with a group is refused rather than answered for
- * this rank's tokens alone. No call reads device memory on the host or synchronizes:
+ * Over a sequence-parallel group (ctx->comm, an NCCL communicator: device buffers) the aux
+ * loss is the group's, as router_core.c's lk_router_group_sum makes it on the CPU: each
+ * rank's expert counts, score sums and T go into one f64 vector, summed over the group by
+ * an all-reduce queued on the stream (lk_comm_all_reduce_on), and the loss (forward) or
+ * its per-expert gradient (backward, the counts and T) is made from the sums on the
+ * device. A group of one takes the same path. No call reads device memory on the host or
+ * synchronizes:
  * forward and backward can be captured in a CUDA graph (tests/cuda/test_moe_router.c
  * does). Reached through lk_moe_router_forward / _backward (router.c), which validated
  * every argument; workspace from ctx->arena (a device arena). */
@@ -73,9 +76,11 @@ static size_t workspace_bytes(const lk_moe_router_args *a, int backward, lk_rout
     if (!backward) {
         if (mixed(a)) n += al(T * H * 4);
         if (n_groups(a, kind)) n += al(T * (size_t)n_groups(a, kind) * 4) + al(T * (size_t)n_groups(a, kind));
-        if (a->aux_loss.data) n += al(T * 4) + al(sizeof(double) * (size_t)lk_router_cuda_aux_scratch(d.t, d.e));
+        if (a->aux_loss.data)
+            n += al(T * 4) + al(sizeof(double) * (size_t)lk_router_cuda_aux_scratch(d.t, d.e)) + al(8 * (2 * E + 1));
         return n;
     }
+    n += al(8 * (E + 1));   /* the counts and T for a group's sum */
     if (want_dgw(a) && a->d_gate_weight.dtype != LK_F32) n += al(E * H * 4);
     if (split(a)) return n + al(T * E * 4) + al(E * H * 4);   /* dz2 [T, 2E], the gate twice [2E, H] */
     if (a->hidden.dtype != LK_F32) n += al(T * H * 4);
@@ -83,10 +88,17 @@ static size_t workspace_bytes(const lk_moe_router_args *a, int backward, lk_rout
     return n;
 }
 
-static lk_status refuse_group(const lk_ctx *ctx, lk_router_kind kind) {
-    if (ctx->comm == NULL) return LK_OK;
-    return lk_error(LK_EINVAL, "%s: ctx.comm: expected NULL (the aux loss's sums over a sequence-parallel group "
-                    "are not done on the GPU yet), got a group of %d rank(s)", who(kind), ctx->comm->size);
+/* A group's sums run on the stream: NCCL's queued all-reduce (comm.h, version 5). */
+static lk_status check_group(const lk_ctx *ctx, lk_router_kind kind) {
+    const lk_comm *c = ctx->comm;
+    if (c == NULL) return LK_OK;
+    lk_status s = lk_comm_check(who(kind), "ctx.comm", c);
+    if (s) return s;
+    if (c->version < 5 || !c->all_reduce_on)
+        return lk_error(LK_EINVAL, "%s: ctx.comm: expected an NCCL group (the aux loss's sums are all-reduced on the "
+                        "GPU's stream), got a '%s' communicator of %d rank(s)", who(kind),
+                        c->backend ? c->backend : "?", c->size);
+    return LK_OK;
 }
 
 static lk_status nomem(lk_router_kind kind) {
@@ -121,7 +133,7 @@ static lk_status logits(const lk_moe_router_args *a, const gemm_ctx *g, float *z
 }
 
 static lk_status forward(const lk_moe_router_args *a, lk_ctx *ctx, lk_router_kind kind) {
-    lk_status s = refuse_group(ctx, kind);
+    lk_status s = check_group(ctx, kind);
     if (s) return s;
     lk_router_cuda_dims d = dims_of(a, kind);
     int64_t H = a->hidden.shape[1];
@@ -148,7 +160,13 @@ static lk_status forward(const lk_moe_router_args *a, lk_ctx *ctx, lk_router_kin
     if (s) return s;
     if (!aux) return LK_OK;
     if ((s = lk_router_cuda_count(ids, d.t * d.k, d.e, counts, ctx->stream))) return s;
-    return lk_router_cuda_aux(&d, v, vsum, counts, part, a->aux_loss.data, ctx->stream);
+    if (!ctx->comm) return lk_router_cuda_aux(&d, v, vsum, counts, part, a->aux_loss.data, ctx->stream);
+    double *sums = lk_arena_alloc(ar, sizeof(double) * (size_t)(2 * d.e + 1));
+    if (!sums) return nomem(kind);
+    if ((s = lk_router_cuda_aux_sums(&d, v, vsum, counts, part, sums, ctx->stream)) ||
+        (s = lk_comm_all_reduce_on(ctx->comm, sums, 2 * d.e + 1, LK_COMM_F64, ctx->stream)))
+        return s;
+    return lk_router_cuda_aux_from_sums(&d, sums, a->aux_loss.data, ctx->stream);
 }
 
 /* out [m, n] (dtype odt) = op(dz)·b, or += when acc, in f32: b (nb elements of bdt)
@@ -214,7 +232,7 @@ static lk_status backward_split(const lk_moe_router_args *a, lk_router_kind kind
 }
 
 static lk_status backward(const lk_moe_router_args *a, lk_ctx *ctx, lk_router_kind kind) {
-    lk_status s = refuse_group(ctx, kind);
+    lk_status s = check_group(ctx, kind);
     if (s) return s;
     lk_router_cuda_dims d = dims_of(a, kind);
     size_t TH = (size_t)(d.t * a->hidden.shape[1]), EH = (size_t)(d.e * a->hidden.shape[1]);
@@ -224,16 +242,23 @@ static lk_status backward(const lk_moe_router_args *a, lk_ctx *ctx, lk_router_ki
     gemm_ctx g = {ctx->device.index, ctx->stream, lk_arena_alloc(ar, LK_LT_WORKSPACE_BYTES)};
     float *dz = lk_arena_alloc(ar, sizeof(float) * (size_t)(d.t * d.e));
     int32_t *counts = lk_arena_alloc(ar, sizeof(int32_t) * (size_t)d.e);
+    double *group = ctx->comm ? lk_arena_alloc(ar, sizeof(double) * (size_t)(d.e + 1)) : NULL;
     float *x32 = bf_x ? lk_arena_alloc(ar, sizeof(float) * TH) : NULL;
     float *w32 = bf_w ? lk_arena_alloc(ar, sizeof(float) * EH) : NULL;
     float *acc = bf_g ? lk_arena_alloc(ar, sizeof(float) * EH) : NULL;
-    if (!g.ws || !dz || !counts || (bf_x && !x32) || (bf_w && !w32) || (bf_g && !acc)) return nomem(kind);
+    if (!g.ws || !dz || !counts || (ctx->comm && !group) || (bf_x && !x32) || (bf_w && !w32) || (bf_g && !acc))
+        return nomem(kind);
     const int32_t *ids = lk_router_saved_ids(a);
     int aux = a->d_aux_loss != 0.0f;
-    double T = (double)d.t, coef = (double)a->d_aux_loss * (double)d.e / (T * T * d.k);
+    /* the group's T is on the device: its share of the coefficient is made there */
+    double T = (double)d.t, coef = (double)a->d_aux_loss * (double)d.e / (group ? (double)d.k : T * T * d.k);
     if (aux && (s = lk_router_cuda_count(ids, d.t * d.k, d.e, counts, ctx->stream))) return s;
-    if ((s = lk_router_cuda_d_logits(&d, lk_router_saved_v(a), ids, a->d_topk_weights.data, aux ? counts : NULL,
-                                     coef, dz, ctx->stream)))
+    if (aux && group &&
+        ((s = lk_router_cuda_count_pack(d.t, d.e, counts, group, ctx->stream)) ||
+         (s = lk_comm_all_reduce_on(ctx->comm, group, d.e + 1, LK_COMM_F64, ctx->stream))))
+        return s;
+    if ((s = lk_router_cuda_d_logits(&d, lk_router_saved_v(a), ids, a->d_topk_weights.data,
+                                     aux && !group ? counts : NULL, aux ? group : NULL, coef, dz, ctx->stream)))
         return s;
     if (split(a)) return backward_split(a, kind, &g, dz, acc, ar);
     if (want_dgw(a) && (s = d_gate_weight(a, &g, dz, x32, acc))) return s;

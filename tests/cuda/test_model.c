@@ -11,7 +11,10 @@
  * step captured in a CUDA graph replays bit for bit (and the capture fails while the
  * forward reads its loss back); a checkpoint saved from the GPU loads back exactly; bad
  * batches are refused with clear errors; flex_attention's staged document masks follow
- * the default attention.
+ * the default attention; a sequence-parallel group of one (an NCCL communicator of this
+ * GPU: the loss summed and divided on the device, the routers' aux loss from the group's
+ * sums) follows the model without one, and the group's loss kernel divides as
+ * lk_sp_loss_reduce does (no token: 0, not NaN).
  * Skipped (77) where there is no GPU.
  *
  *   build-h200/cuda_test_model */
@@ -26,7 +29,9 @@
 #include <string.h>
 #include <cuda_runtime_api.h>
 #include "cuda_util.h"
+#include "llmkern/comm.h"
 #include "llmkern/config.h"
+#include "llmkern/registry.h"
 #include "model/qwen3_internal.h"
 
 static int64_t sliding;   /* > 0: tiny()'s layer 1 (every MoE layer) slides with this window */
@@ -170,6 +175,76 @@ static void matches_cpu(int moe) {
     lk_batch_free(&b);
     lk_model_free(c);
     lk_model_free(g);
+}
+
+/* The SP path on one GPU: lk_model_set_parallel keeps a group of one out (nothing to
+ * share), so the test hands the model its group where the forward reads it. The loss op
+ * then sums, the group's all-reduces (of one) run on the stream and the kernel divides:
+ * the same loss as the op's mean to f32 rounding and the same gradients; MoE: the
+ * routers' aux loss from the group's sums, the same routing. */
+static void sp_group_of_one(void **state) {
+    (void)state;
+    if (!lk_hw_get()->has_nccl) {
+        print_message("  NCCL is not built in: %s\n", "no group to run over");
+        skip();
+    }
+    lk_comm *sp = NULL;
+    assert_int_equal(lk_comm_nccl_create(lk_comm_self(), 0, &sp), LK_OK);
+    for (int moe = 0; moe < 2; moe++)
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            lk_model *a = create(moe, LK_DEVICE_CUDA, 5, 0), *g = create(moe, LK_DEVICE_CUDA, 5, 0);
+            if (bf16) {
+                assert_int_equal(lk_model_set_dtype(a, LK_BF16), LK_OK);
+                assert_int_equal(lk_model_set_dtype(g, LK_BF16), LK_OK);
+            }
+            g->sp = sp;
+            uint64_t before = sp->stats.calls[LK_COLL_ALL_REDUCE];
+            lk_batch b;
+            make_batch(&b, 7);
+            lk_step_stats sa, sg;
+            for (int rep = 0; rep < 2; rep++) {
+                step(a, &b, &sa);
+                step(g, &b, &sg);
+            }
+            if (moe) same_routing(a, g);
+            float *ga = fetch(a, 0), *gg = fetch(g, 0);
+            double e = rel_l2(gg, ga, a->n_floats);
+            /* per step: the loss and its count; MoE: each layer's aux forward and backward */
+            uint64_t calls = sp->stats.calls[LK_COLL_ALL_REDUCE] - before;
+            print_message("  %s %s: loss %.7f / %.7f (%lld / %lld tokens), aux %.7f / %.7f, grads rel %.2e, "
+                          "%llu all-reduces\n", moe ? "moe" : "dense", bf16 ? "bf16" : "f32", sa.loss, sg.loss,
+                          (long long)sa.n_tokens, (long long)sg.n_tokens, sa.aux_loss, sg.aux_loss, e,
+                          (unsigned long long)calls);
+            assert_int_equal(sg.n_tokens, b.n_labels);
+            assert_true(fabs(sa.loss - sg.loss) <= 1e-6 * fabs(sa.loss));   /* a sum / n against the op's mean */
+            assert_true(fabs(sa.aux_loss - sg.aux_loss) <= 1e-6 * fabs(sa.aux_loss));
+            assert_true(e <= (bf16 ? 1e-5 : 1e-6));   /* d_loss 1/n in f64 against the op's 1/n in f32 */
+            assert_int_equal(calls, 2 * (2 + (moe ? 2 * a->n_moe_layers : 0)));
+            g->sp = NULL;
+            free(ga), free(gg);
+            lk_batch_free(&b);
+            lk_model_free(a);
+            lk_model_free(g);
+        }
+    /* the kernel alone: a sum over 4 tokens; then no token anywhere */
+    lk_ctx ctx = lk_ctx_cuda(NULL, NULL, 0);
+    float *scal = NULL, h[6] = {6.0f, NAN, 0, 0, 0, 0};
+    int64_t n = 4;
+    memcpy(h + 4, &n, 8);
+    assert_int_equal(cudaMalloc((void **)&scal, sizeof h), cudaSuccess);
+    for (int none = 0; none < 2; none++) {
+        if (none) n = 0, memcpy(h + 4, &n, 8), h[0] = 0.0f;
+        assert_int_equal(cudaMemcpy(scal, h, sizeof h, cudaMemcpyHostToDevice), cudaSuccess);
+        assert_int_equal(lk_model_device_cuda.group_loss(scal, 0.5f, sp, &ctx), LK_OK);
+        float got[6];
+        assert_int_equal(cudaMemcpy(got, scal, sizeof got, cudaMemcpyDeviceToHost), cudaSuccess);
+        int64_t gn;
+        memcpy(&gn, got + 4, 8);
+        assert_int_equal(gn, n);
+        assert_true(none ? got[0] == 0.0f && got[1] == 0.0f : got[0] == 1.5f && got[1] == 0.125f);
+    }
+    cudaFree(scal);
+    lk_comm_destroy(sp);
 }
 
 static void gpu_matches_cpu(void **state) {
@@ -521,6 +596,7 @@ int main(void) {
         cmocka_unit_test(save_load_round_trip),
         cmocka_unit_test(bad_input_refused),
         cmocka_unit_test(flex_follows_the_default),
+        cmocka_unit_test(sp_group_of_one),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,8 +6,9 @@
  * f32 1e-5 and bf16 1e-2 relative (the same kernel on the same heads; only the KV-repeat
  * sum of dk/dv across ranks reorders). Cases: MHA causal, MQA with fewer KV heads than
  * ranks and sinks, GQA with a window and softcap, varlen documents crossing the rank
- * boundaries; and flex_attention's SP row (bf16) under head-broadcast BlockMasks: causal
- * documents across the rank boundaries, causal MQA with sinks. And the refusal of CUDA
+ * boundaries; flash_attention_3's SP row (bf16, the Hopper kernels; sm_90 only) on the
+ * MHA, MQA and documents cases; and flex_attention's SP row (bf16) under head-broadcast
+ * BlockMasks: causal documents across the rank boundaries, causal MQA with sinks. And the refusal of CUDA
  * tensors with a host-memory (MPI) group. Skipped (77) with fewer GPUs than ranks.
  * ctest: cuda_dist_attention_np2 / _np4. */
 #include <math.h>
@@ -145,6 +146,14 @@ int main(void) {
             for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
                 run_case(labels[i], "llmkern_flash_attention_2_with_sp", "flash_attention_2", d ? LK_BF16 : LK_F32,
                          &cases[i], 11 + i);
+        int major = 0;
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dist_world->rank);
+        for (size_t i = 0; major == 9 && i < sizeof cases / sizeof *cases; i++)
+            if (i != 2) {   /* softcap's backward is fa2's (lk_attn_fa3_bwd_takes) */
+                char label[96];
+                snprintf(label, sizeof label, "fa3: %s", labels[i]);
+                run_case(label, "llmkern_flash_attention_3_with_sp", "flash_attention_2", LK_BF16, &cases[i], 31 + i);
+            }
         const lk_attention_case flex[] = {
             {.B = 1, .Hq = 4, .Hkv = 2, .Sq = 256, .D = 64, .family = LK_AM_DOCUMENT, .n_docs = 5},
             {.B = 2, .Hq = 8, .Hkv = 1, .Sq = 128, .D = 128, .family = LK_AM_CAUSAL, .sinks = 1},

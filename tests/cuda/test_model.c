@@ -218,7 +218,10 @@ static void sp_group_of_one(void **state) {
             assert_int_equal(sg.n_tokens, b.n_labels);
             assert_true(fabs(sa.loss - sg.loss) <= 1e-6 * fabs(sa.loss));   /* a sum / n against the op's mean */
             assert_true(fabs(sa.aux_loss - sg.aux_loss) <= 1e-6 * fabs(sa.aux_loss));
-            assert_true(e <= (bf16 ? 1e-5 : 1e-6));   /* d_loss 1/n in f64 against the op's 1/n in f32 */
+            /* f32: the same d_loss (1/n rounded once either way); bf16: the loss op's forward
+             * rounds each logit's gradient to bf16 before d_loss scales it, so 1/n applied
+             * after (sum) or before (mean) rounds differently: bf16's noise, 7e-3 measured */
+            assert_true(e <= (bf16 ? 2e-2 : 1e-6));
             assert_int_equal(calls, 2 * (2 + (moe ? 2 * a->n_moe_layers : 0)));
             g->sp = NULL;
             free(ga), free(gg);

@@ -16,7 +16,8 @@
  *              integers: the CPU's value exactly.
  *   backward   d_hidden = 0 (a memset); no gate gradient exists.
  *
- * ctx->comm must be NULL, as for the learned CUDA routers (router_cuda.c says why).
+ * ctx->comm must be NULL: its aux loss is not summed over a sequence-parallel group (the
+ * learned CUDA routers' is, router_cuda.c).
  * Reached through lk_moe_router_forward / _backward (router.c), which validated every
  * argument; workspace from ctx->arena (a device arena). */
 #include "core/cuda_check.h"
@@ -132,8 +133,9 @@ static size_t workspace_bytes(const lk_moe_router_args *a, int backward) {
 
 static lk_status refuse_group(const lk_ctx *ctx) {
     if (ctx->comm == NULL) return LK_OK;
-    return lk_error(LK_EINVAL, WHO ": ctx.comm: expected NULL (the aux loss's sums over a sequence-parallel group "
-                    "are not done on the GPU yet), got a group of %d rank(s)", ctx->comm->size);
+    return lk_error(LK_EINVAL, WHO ": ctx.comm: expected NULL (this router's aux loss is not summed over a "
+                    "sequence-parallel group; softmax_topk's and sigmoid_bias's are), got a group of %d rank(s)",
+                    ctx->comm->size);
 }
 
 static lk_status noisy(const lk_moe_router_args *a, u64 *acc, float *bias, cudaStream_t st) {

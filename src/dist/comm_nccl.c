@@ -10,7 +10,8 @@
  * same point-to-point group on the caller's stream and returns (no event, no wait), the
  * piece a captured CUDA graph can hold (moe_dispatch's device-count alltoall);
  * all_gather_on, reduce_scatter_on and all_reduce_on do the same with ncclAllGather,
- * ncclReduceScatter (its device-count allgather) and ncclAllReduce (the SP group's loss). Errors come back as LK_ECOMM with NCCL's or CUDA's text
+ * ncclReduceScatter (its device-count allgather) and ncclAllReduce (the SP group's loss
+ * and the routers' aux-loss sums). Errors come back as LK_ECOMM with NCCL's or CUDA's text
  * and the call's name. */
 #include <sched.h>
 #include <stdatomic.h>

@@ -28,9 +28,8 @@
  * an all-reduce queued on the stream (lk_comm_all_reduce_on), and the loss (forward) or
  * its per-expert gradient (backward, the counts and T) is made from the sums on the
  * device. A group of one takes the same path. No call reads device memory on the host or
- * synchronizes:
- * forward and backward can be captured in a CUDA graph (tests/cuda/test_moe_router.c
- * does). Reached through lk_moe_router_forward / _backward (router.c), which validated
+ * synchronizes: forward and backward can be captured in a CUDA graph
+ * (tests/cuda/test_moe_router.c does). Reached through lk_moe_router_forward / _backward (router.c), which validated
  * every argument; workspace from ctx->arena (a device arena). */
 #include "core/cublaslt_util.h"
 #include "llmkern/comm.h"

@@ -58,7 +58,7 @@ LK_API lk_status lk_cuda_embedding_backward_unchecked(const lk_tensor *dout, con
  * to nearest even into param), or, with master NULL, in place by stochastic rounding
  * (train.main_params_dtype bf16); an f32 parameter in place, with master NULL. A bf16
  * moment is computed in f32 and stored by stochastic rounding, with the bits of
- * lk_sround_bits(lk_sround_tensor_key(lk_sround_step_key(hp.seed, hp.step), tensor), i)
+ * lk_sround_bits(lk_sround_tensor_key(lk_sround_step_key(hp.seed, hp.step), tensor), i, masterless)
  * (src/core/sround.h; tensor = the index in the list; m bits 0-15, v 16-31, a masterless
  * param 32-47): the CPU's lk_adamw_update draws the same. */
 typedef struct {

@@ -16,9 +16,13 @@
  * its resume, every data-parallel replica and the CPU and GPU rows draw the same:
  *   step_key   = lk_sround_step_key(seed, step)             once a step (the host)
  *   tensor_key = lk_sround_tensor_key(step_key, tensor)     tensor = the parameter's index
- *   bits       = lk_sround_bits(tensor_key, i)              64 bits for element i:
- *                the low 16 round m, the next 16 round v, the next 16 the weight.
- *                Not installed. */
+ *   bits       = lk_sround_bits(tensor_key, i, weight)      element i's bits: the low 16
+ *                round m, the next 16 round v, and with weight != 0 bits 32-47 round
+ *                the weight. Not installed.
+ * The element's draws are 32-bit hashes (lowbias32, two 32-bit multiplies each): AdamW
+ * on bf16 state moves 16 bytes an element, and the 64-bit finalizer's three 64-bit
+ * multiplies were about a third of its instructions, an ALU cost the memory no longer
+ * hides (bench/NOTES.md, twenty-eighth and twenty-ninth sessions). */
 #ifndef LLMKERN_CORE_SROUND_H
 #define LLMKERN_CORE_SROUND_H
 
@@ -38,8 +42,22 @@ LK_SROUND_FN uint64_t lk_sround_tensor_key(uint64_t step_key, int tensor) {
     return lk_mix64(step_key ^ ((uint64_t)tensor + 1) * 0xd1b54a32d192ed03ull);
 }
 
-LK_SROUND_FN uint64_t lk_sround_bits(uint64_t tensor_key, int64_t i) {
-    return lk_mix64(tensor_key + ((uint64_t)i + 1) * LK_MIX_PHI);
+/* lowbias32 (C. Wellons' hash-prospector): every input bit moves every output bit. */
+LK_SROUND_FN uint32_t lk_sround_mix32(uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    return x ^ (x >> 16);
+}
+
+/* m's and v's 32 bits from the element's counter (distinct for every i below 2^32) and the
+ * whole key folded; the weight's 16 from those bits and the key's high word again, drawn
+ * only when asked (a masterless bf16 weight). */
+LK_SROUND_FN uint64_t lk_sround_bits(uint64_t tensor_key, int64_t i, int weight) {
+    const uint32_t c = (uint32_t)i * 0x9e3779b9u ^ (uint32_t)((uint64_t)i >> 32), hi = (uint32_t)(tensor_key >> 32);
+    const uint32_t mv = lk_sround_mix32(c + ((uint32_t)tensor_key ^ hi));
+    return weight ? mv | (uint64_t)(lk_sround_mix32(mv ^ hi) & 0xffffu) << 32 : mv;
 }
 
 /* f rounded to a bf16 neighbour: up (in magnitude) with probability (dropped bits) / 2^16,

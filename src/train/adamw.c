@@ -32,7 +32,7 @@ void lk_adamw_update(void *p, const float *g, void *m, void *v, int64_t n,
     for (int64_t i = 0; i < n; i++) {
         float mi = mb ? lk_bf16_to_f32(mh[i]) : mf[i], vi = vb ? lk_bf16_to_f32(vh[i]) : vf[i];
         const float pi = adamw_one(g[i], &mi, &vi, pb ? lk_bf16_to_f32(ph[i]) : pf[i], b1, b2, eps, step, vcorr, decay);
-        const uint64_t r = mb || vb || pb ? lk_sround_bits(key, i) : 0;
+        const uint64_t r = mb || vb || pb ? lk_sround_bits(key, i, pb) : 0;
         if (mb) mh[i] = lk_sround_bf16(mi, (uint32_t)r);
         else mf[i] = mi;
         if (vb) vh[i] = lk_sround_bf16(vi, (uint32_t)(r >> 16));

@@ -327,7 +327,7 @@ static void adamw_bf16_moments_round_as_documented(void **state) {
                 volatile float a = b1 * (float)m[i][j], b = (1.0f - b1) * gj;
                 volatile float c = b2 * (float)v[i][j], d = (1.0f - b2) * gj, e = d * gj;
                 const float mx = a + b, vx = c + e;
-                const uint64_t r = lk_sround_bits(key, j);
+                const uint64_t r = lk_sround_bits(key, j, 0);
                 if (mdt[i] == LK_BF16) assert_true(gm[j] == lk_bf16_to_f32(lk_sround_bf16(mx, (uint32_t)r)));
                 if (vdt[i] == LK_BF16) assert_true(gv[j] == lk_bf16_to_f32(lk_sround_bf16(vx, (uint32_t)(r >> 16))));
                 /* float64 */
@@ -410,7 +410,7 @@ static void adamw_bf16_weights_round_as_documented(void **state) {
                 volatile float root = sqrtf(vx), scaled = root * vcorr, den = scaled + eps;
                 volatile float num = lrs * mx, q = num / den, kept = (float)p[i][j] * decay;
                 const float w = kept - q;
-                const uint64_t r = lk_sround_bits(key, j);
+                const uint64_t r = lk_sround_bits(key, j, 1);
                 assert_true(gp[j] == lk_bf16_to_f32(lk_sround_bf16(w, (uint32_t)(r >> 32))));
                 const double rm = hp.beta1 * m[i][j] + (1 - hp.beta1) * g[i][j];
                 const double rv = hp.beta2 * v[i][j] + (1 - hp.beta2) * g[i][j] * g[i][j];

@@ -92,7 +92,7 @@ static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list
             p.w = adamw_one(__fmul_rn(g4.w, gscale), m.w, v.w, p.w, s, decay);
             uint64_t r[4] = {0, 0, 0, 0};
             if (sr)
-                for (int e = 0; e < 4; e++) r[e] = lk_sround_bits(key, i + e);
+                for (int e = 0; e < 4; e++) r[e] = lk_sround_bits(key, i + e, w == NULL);
             st4_moment(d.m, d.m_bf16, i, m, r, 0);
             st4_moment(d.v, d.v_bf16, i, v, r, 16);
             if (w) *reinterpret_cast<float4 *>(w + i) = p;
@@ -108,7 +108,7 @@ static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list
         float m = lk_mt_ld(d.m, d.m_bf16, i), v = lk_mt_ld(d.v, d.v_bf16, i);
         const float p = adamw_one(__fmul_rn(lk_mt_ld(d.g, d.g_bf16, i), gscale), m, v, w ? w[i] : lk_mt_ld(pb, 1, i),
                                   s, decay);
-        const uint64_t r = sr ? lk_sround_bits(key, i) : 0;
+        const uint64_t r = sr ? lk_sround_bits(key, i, w == NULL) : 0;
         st_moment(d.m, d.m_bf16, i, m, r, 0);
         st_moment(d.v, d.v_bf16, i, v, r, 16);
         if (w) w[i] = p;

@@ -264,12 +264,19 @@ extern "C" lk_status lk_router_cuda_softmax_topk(const lk_router_cuda_dims *d, c
 
 extern "C" int64_t lk_router_cuda_aux_scratch(int64_t t, int64_t e) { return lk_cdiv(t, AUX_TOKENS) * e; }
 
-extern "C" lk_status lk_router_cuda_aux(const lk_router_cuda_dims *d, const float *v, const float *vsum,
-                                        const int32_t *counts, double *scratch, float *aux, void *stream) {
-    cudaStream_t st = (cudaStream_t)stream;
+/* The aux loss's per-block partials into scratch; returns their count. */
+static int64_t partials(const lk_router_cuda_dims *d, const float *v, const float *vsum, double *scratch,
+                        cudaStream_t st) {
     int64_t nb = lk_cdiv(d->t, AUX_TOKENS);
     aux_partials<<<dim3((unsigned)nb, (unsigned)lk_cdiv(d->e, 32)), dim3(32, AUX_LANES), 0, st>>>(d->t, d->e, v, vsum,
                                                                                                scratch);
+    return nb;
+}
+
+extern "C" lk_status lk_router_cuda_aux(const lk_router_cuda_dims *d, const float *v, const float *vsum,
+                                        const int32_t *counts, double *scratch, float *aux, void *stream) {
+    cudaStream_t st = (cudaStream_t)stream;
+    int64_t nb = partials(d, v, vsum, scratch, st);
     double T = (double)d->t;
     aux_final<<<1, AUX_THREADS, 0, st>>>(nb, d->e, (double)d->e / (T * T * d->k), scratch, counts, aux);
     LK_CUDA_LAUNCHED("moe_router (cuda): aux loss");
@@ -279,9 +286,7 @@ extern "C" lk_status lk_router_cuda_aux(const lk_router_cuda_dims *d, const floa
 extern "C" lk_status lk_router_cuda_aux_sums(const lk_router_cuda_dims *d, const float *v, const float *vsum,
                                              const int32_t *counts, double *scratch, double *g, void *stream) {
     cudaStream_t st = (cudaStream_t)stream;
-    int64_t nb = lk_cdiv(d->t, AUX_TOKENS);
-    aux_partials<<<dim3((unsigned)nb, (unsigned)lk_cdiv(d->e, 32)), dim3(32, AUX_LANES), 0, st>>>(d->t, d->e, v, vsum,
-                                                                                               scratch);
+    int64_t nb = partials(d, v, vsum, scratch, st);
     aux_pack<<<(unsigned)lk_cdiv(d->e + 1, 256), 256, 0, st>>>(nb, d->e, d->t, scratch, counts, g);
     LK_CUDA_LAUNCHED("moe_router (cuda): aux loss sums");
     return LK_OK;

@@ -65,8 +65,8 @@ LK_SROUND_FN uint64_t lk_sround_bits(uint64_t tensor_key, int64_t i, int weight)
 LK_SROUND_FN uint16_t lk_sround_bf16(float f, uint32_t r16) {
     uint32_t u;
     memcpy(&u, &f, 4);
+    /* an Inf's low half is 0, so adding r16 leaves it an Inf: only a NaN needs its own case */
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
-    if ((u & 0x7fffffffu) == 0x7f800000u) return (uint16_t)(u >> 16);
     return (uint16_t)((u + (r16 & 0xffffu)) >> 16);
 }
 

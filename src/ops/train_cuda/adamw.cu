@@ -80,7 +80,7 @@ static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list
     const uintptr_t bf16p = (d.m_bf16 ? pieces[1] : 0) | (d.v_bf16 ? pieces[2] : 0) | (d.g_bf16 ? pieces[3] : 0) |
                             pieces[4];
     if (lk_mt_vec(start, d.n, f32p, bf16p)) {   /* the same arithmetic, element for element */
-#pragma unroll
+#pragma unroll 1
         for (int k = 0; k < LK_MT_PER_THREAD / 4; k++) {
             const int64_t i = start + 4 * ((int64_t)k * LK_MT_THREADS + threadIdx.x);
             const float4 g4 = lk_mt_ld4(d.g, d.g_bf16, i);
@@ -117,7 +117,7 @@ static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list
     }
 }
 
-__global__ void __launch_bounds__(LK_MT_THREADS) adamw_kernel(const adesc *list, int n_list, ascal s) {
+__global__ void __launch_bounds__(LK_MT_THREADS, 5) adamw_kernel(const adesc *list, int n_list, ascal s) {
     adamw_block(list, n_list, s, 1.0f);
 }
 

@@ -80,6 +80,8 @@ static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list
     const uintptr_t bf16p = (d.m_bf16 ? pieces[1] : 0) | (d.v_bf16 ? pieces[2] : 0) | (d.g_bf16 ? pieces[3] : 0) |
                             pieces[4];
     if (lk_mt_vec(start, d.n, f32p, bf16p)) {   /* the same arithmetic, element for element */
+        /* one run at a time: the registers of four unrolled runs cost a block an SM, and the
+         * kernel on bf16 state wants warps (issue and memory both ~2/3 busy; NOTES.md, s29) */
 #pragma unroll 1
         for (int k = 0; k < LK_MT_PER_THREAD / 4; k++) {
             const int64_t i = start + 4 * ((int64_t)k * LK_MT_THREADS + threadIdx.x);
@@ -117,6 +119,8 @@ static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list
     }
 }
 
+/* 5 blocks an SM (48 registers, 8 bytes spilled): 9.50 ms where 4 took 10.62 on the MoE step's
+ * bf16 state (bench/NOTES.md, twenty-ninth session) */
 __global__ void __launch_bounds__(LK_MT_THREADS, 5) adamw_kernel(const adesc *list, int n_list, ascal s) {
     adamw_block(list, n_list, s, 1.0f);
 }

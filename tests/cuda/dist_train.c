@@ -27,8 +27,10 @@
 #include "util.h"
 
 #define STEPS 20
-/* f32 on GPUs: the P micro-batch gradients summed in another order (NCCL's ring), grown
- * a little by each AdamW step; a wrong scale or a lost bucket moves the norm by >= 1/P */
+/* f32 on GPUs (exact f32 GEMMs, no TF32): the P micro-batch gradients summed in another
+ * order (NCCL's ring), SP's shorter GEMMs and EP's gathered rows summing the same terms in
+ * other orders too, grown a little by each AdamW step (the CPU's sp 2 x ep 2 run: 2.5e-6);
+ * a wrong scale, a lost bucket or a rank's own aux loss moves the norm by >= 1/P */
 #define TOL_DP 1e-4
 /* the CPU's GEMMs and attention sum in other orders than the GPU's, over 12 steps */
 #define TOL_CPU 1e-3

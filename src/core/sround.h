@@ -19,10 +19,10 @@
  *   bits       = lk_sround_bits(tensor_key, i, weight)      element i's bits: the low 16
  *                round m, the next 16 round v, and with weight != 0 bits 32-47 round
  *                the weight. Not installed.
- * The element's draws are 32-bit hashes (lowbias32, two 32-bit multiplies each): AdamW
- * on bf16 state moves 16 bytes an element, and the 64-bit finalizer's three 64-bit
- * multiplies were about a third of its instructions, an ALU cost the memory no longer
- * hides (bench/NOTES.md, twenty-eighth and twenty-ninth sessions). */
+ * The element's draws are 32-bit hashes (lowbias32, two 32-bit multiplies each), fewer
+ * instructions than the 64-bit finalizer's three 64-bit multiplies: AdamW on bf16 state
+ * is bound by its instructions and its memory together (bench/NOTES.md, twenty-ninth
+ * session: -1.5% from the hashes alone). */
 #ifndef LLMKERN_CORE_SROUND_H
 #define LLMKERN_CORE_SROUND_H
 

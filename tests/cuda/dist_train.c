@@ -11,11 +11,12 @@
  * bf16), sp 2 with ep 2, dp 2 with ep 2 (bf16, allgather); at -np 4 dp 4, dp 2 x sp 2,
  * sp 4 (fewer KV heads than SP ranks), dp 2 x sp 2 with ep 2 (f32 and bf16), sp 4 with
  * ep 4. The dp-only f32 one-GPU runs are also held against the CPU trainer (same seed,
- * same data, same math): the device changes the summation orders only. Then the overlap, by timing: a larger dense model trained with
- * no communication (each rank alone), with one bucket (summed when the backward is over)
- * and with buckets of LK_DP_BUCKETS_MIB (default 128; most start during the backward),
- * the median step time of each printed (not asserted: speed belongs to benchmarks;
- * bench/NOTES.md keeps the numbers). LK_DIST_TRAIN_ONLY=timing runs that part alone.
+ * same data, same math): the device changes the summation orders only. Then the overlap,
+ * by timing: a larger dense model trained with no communication (each rank alone), with
+ * one bucket (summed when the backward is over) and with buckets of LK_DP_BUCKETS_MIB
+ * (default 128; most start during the backward), the median step time of each printed
+ * (not asserted: speed belongs to benchmarks; bench/NOTES.md keeps the numbers).
+ * LK_DIST_TRAIN_ONLY=timing runs that part alone.
  * Skipped (77) with fewer GPUs than ranks.
  * Run: mpirun -np 2|4 -x NCCL_NVLS_ENABLE=0 build/cuda_dist_train. */
 #include <math.h>

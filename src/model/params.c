@@ -165,11 +165,12 @@ lk_status lk_qwen3_params_move_master(lk_model *m, lk_dtype dt) {
         float *host = NULL, *w = m->dev->alloc((size_t)m->n_floats * sizeof(float));
         if (!w) return lk_error(LK_ENOMEM, "model_set_master_dtype: f32: %lld parameters: out of %s memory",
                                 (long long)m->n_floats, lk_device_name(m->dev->type));
-        if (!(s = host_copy(m, 1, &host)))
-            s = m->dev->put(w, host, (size_t)m->n_floats * sizeof(float));
+        if (!(s = host_copy(m, 1, &host))) {   /* widened from the bf16 values, then put into the new master */
+            m->w = w;
+            s = host_put(m, host);
+        }
         free(host);
-        if (s) { m->dev->free(w); return s; }
-        m->w = w;
+        if (s) { m->dev->free(w); m->w = NULL; return s; }
     }
     for (int i = 0; i < m->n_params; i++) m->params[i].value = master_view(m, i);
     return LK_OK;

@@ -384,10 +384,10 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         const int *lo = (const int *)(lse2 + 2 * BMQ), *hi = lo + BMQ;
         mbar_wait(&full[s], (it / STAGES) & 1);
 
-        /* the stats the softmax starts with, read before the GEMMs are issued: read after the
-         * wait, every math warp stalled on them at once (7.6% of the kernel's stall samples); read
-         * after the issue, they queued behind the GEMMs' operand reads in the shared-memory pipe
-         * (the `whole` test's ISETP 8.6% of the samples, short scoreboard: thirtieth session) */
+        /* the step's `whole` test reads its two bounds before the GEMMs are issued: read after the
+         * issue, the loads queued behind the GEMMs' operand reads in the shared-memory pipe, and
+         * the test's ISETP held 8.6% of the stall samples (fwd+bwd 1-4% faster: NOTES, thirtieth
+         * session). The LSE and delta stay after the issue: read before it, they spill. */
         const bool whole = FLEX ? lo[0] < 0 : lo[BMQ - 1] <= kb && hi[0] >= kb + 64;
 
         float sc[32], dp[32];
@@ -396,6 +396,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         wgmma_commit();
         issue_ss<DP, 64, BNK, BMQ>(dp, sv + cg * 64 * 128, o);
         wgmma_commit();
+        /* the stats the softmax starts with, read while the GEMMs run (read after the wait,
+         * every math warp stalled on them at once: 7.6% of the stall samples) */
         float2 L[8];
 #pragma unroll
         for (int j = 0; j < 8; j++) L[j] = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t4);

@@ -79,16 +79,8 @@
 #define LOG2E 1.4426950408889634f
 #define CHUNK 4096        /* f32 of one 64 x 64 dQ chunk */
 
-/* Where query row ri of a 64-row tile keeps its LSE and its delta: a math thread (lane % 4 =
- * t4) needs rows 8j + 2·t4 and + 1 for j < 8, so those sixteen lie together at 16·t4 and it
- * reads them in four 16-byte loads, not eight 8-byte ones (the shared-memory pipe is shared
- * with the GEMMs' operand reads: bench/NOTES.md, thirtieth session). */
-static __host__ __device__ __forceinline__ int lk_fa3_stat_slot(int ri) {
-    return ((ri >> 1) & 3) * 16 + (ri >> 3) * 2 + (ri & 1);
-}
-
 typedef struct {
-    const float *stats;   /* [B·Hq][nqt][lse2 64 | delta 64], each 64 in lk_fa3_stat_slot's order */
+    const float *stats;   /* [B·Hq][nqt][lse2 64 | delta 64] */
     const int *rows;      /* [nqt][lo 64 | hi 64] */
     float *dq_acc;        /* [B·Hq][nqt][DP / 64][CHUNK], each chunk in the accumulator's order */
     lk_bf16_t *dk, *dv;   /* [B, Hkv, Skv, D] */
@@ -145,8 +137,7 @@ static __global__ void __launch_bounds__(256) fa3_bwd_prep(const lk_bf16_t *out,
         delta = 0.0f;
     }
     float *st = stats + (bh * nqt + qt) * 2 * BMQ;
-    const int at = lk_fa3_stat_slot(ri);
-    st[at] = lse2, st[BMQ + at] = delta;
+    st[ri] = lse2, st[BMQ + ri] = delta;
     if (bh == 0) {   /* rows past S_q see nothing: lo = hi = S_kv keeps a tile with them on the masked path */
         int lo = vis.Skv, hi = vis.Skv;
         if (i < Sq) lk_attn_row_iv(vis, i, lo, hi);
@@ -408,12 +399,9 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         /* the stats the softmax starts with, read while the GEMMs run (read after the wait,
          * every math warp stalled on them at once: 7.6% of the stall samples) */
         float2 L[8];
-        const float4 *l4 = reinterpret_cast<const float4 *>(lse2 + 16 * t4), *d4 = reinterpret_cast<const float4 *>(delta + 16 * t4);
 #pragma unroll
-        for (int k = 0; k < 4; k++) {
-            const float4 v = l4[k];
-            L[2 * k] = make_float2(v.x, v.y), L[2 * k + 1] = make_float2(v.z, v.w);
-        }
+        for (int j = 0; j < 8; j++) L[j] = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t4);
+        const float2 D0 = *reinterpret_cast<const float2 *>(delta + 2 * t4);
         wgmma_wait<1>();
         fence_regs<32>(sc);
         float s2 = g.scale2;
@@ -459,8 +447,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
          * place of dPᵀ; then both bf16 A operands, and dV and dK issued together */
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            const float4 d2 = d4[j / 2];
-            const float2 dd = j & 1 ? make_float2(d2.z, d2.w) : make_float2(d2.x, d2.y);
+            const float2 dd = j ? *reinterpret_cast<const float2 *>(delta + 8 * j + 2 * t4) : D0;
 #pragma unroll
             for (int e = 4 * j; e < 4 * j + 4; e++) dp[e] = sc[e] * (dp[e] - (e & 1 ? dd.y : dd.x));
         }

@@ -386,8 +386,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
 
         /* the step's `whole` test reads its two bounds before the GEMMs are issued: read after the
          * issue, the loads queued behind the GEMMs' operand reads in the shared-memory pipe, and
-         * the test's ISETP held 8.6% of the stall samples (fwd+bwd 1-4% faster: NOTES, thirtieth
-         * session). The LSE and delta stay after the issue: read before it, they spill. */
+         * the test's ISETP held 8.6% of the stall samples (fwd+bwd 0-4% faster over two calls: NOTES,
+         * thirtieth session). The LSE and delta stay after the issue: read before it, they spill. */
         const bool whole = FLEX ? lo[0] < 0 : lo[BMQ - 1] <= kb && hi[0] >= kb + 64;
 
         float sc[32], dp[32];

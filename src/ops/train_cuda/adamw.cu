@@ -61,6 +61,12 @@ static __device__ __forceinline__ void st_moment(void *p, int bf16, int64_t i, f
     else static_cast<float *>(p)[i] = x;
 }
 
+/* LEAN: a list with bf16 state (moments, or weights without a master) runs its vector loop one
+ * run at a time at 5 blocks an SM, where the roundings' integer work wants warps (9.50 ms where 4
+ * unrolled runs at 4 blocks took 10.62 on the MoE step); f32 state, bound by memory alone, keeps
+ * the four runs unrolled (14.48 ms against 14.81 lean: bench/NOTES.md, twenty-ninth and
+ * thirtieth sessions). */
+template <bool LEAN>
 static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list, const ascal &s, float gscale) {
     const adesc d = list[lk_mt_find(list, n_list, blockIdx.x)];
     const int64_t start = (blockIdx.x - d.block0) * (int64_t)LK_MT_CHUNK;
@@ -80,10 +86,9 @@ static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list
     const uintptr_t bf16p = (d.m_bf16 ? pieces[1] : 0) | (d.v_bf16 ? pieces[2] : 0) | (d.g_bf16 ? pieces[3] : 0) |
                             pieces[4];
     if (lk_mt_vec(start, d.n, f32p, bf16p)) {   /* the same arithmetic, element for element */
-        /* one run at a time: the registers of four unrolled runs cost a block an SM, and the
-         * kernel on bf16 state wants warps (issue and memory both ~2/3 busy; NOTES.md, s29) */
-#pragma unroll 1
-        for (int k = 0; k < LK_MT_PER_THREAD / 4; k++) {
+        constexpr int runs = LK_MT_PER_THREAD / 4, unrolled = LEAN ? 1 : runs;
+#pragma unroll unrolled
+        for (int k = 0; k < runs; k++) {
             const int64_t i = start + 4 * ((int64_t)k * LK_MT_THREADS + threadIdx.x);
             const float4 g4 = lk_mt_ld4(d.g, d.g_bf16, i);
             float4 m = lk_mt_ld4(d.m, d.m_bf16, i), v = lk_mt_ld4(d.v, d.v_bf16, i);
@@ -119,10 +124,9 @@ static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list
     }
 }
 
-/* 5 blocks an SM (48 registers, 8 bytes spilled): 9.50 ms where 4 took 10.62 on the MoE step's
- * bf16 state (bench/NOTES.md, twenty-ninth session) */
-__global__ void __launch_bounds__(LK_MT_THREADS, 5) adamw_kernel(const adesc *list, int n_list, ascal s) {
-    adamw_block(list, n_list, s, 1.0f);
+template <bool LEAN>
+__global__ void __launch_bounds__(LK_MT_THREADS, LEAN ? 5 : 1) adamw_kernel(const adesc *list, int n_list, ascal s) {
+    adamw_block<LEAN>(list, n_list, s, 1.0f);
 }
 
 /* The plan's step: the scalars and the sum of squares from device memory. Once a step
@@ -130,13 +134,15 @@ __global__ void __launch_bounds__(LK_MT_THREADS, 5) adamw_kernel(const adesc *li
  * the gradient is scaled by max_norm / (norm + 1e-6) as it is read
  * (lk_cuda_clip_grad_norm's factor, rounded the same way, so a plan's step has the bits
  * of clip + lk_cuda_adamw_step). */
-__global__ void __launch_bounds__(LK_MT_THREADS) adamw_plan_kernel(const adesc *list, int n_list, const ascal *sp,
-                                                                   const double *sumsq, const int *halted) {
+template <bool LEAN>
+__global__ void __launch_bounds__(LK_MT_THREADS, LEAN ? 5 : 1) adamw_plan_kernel(const adesc *list, int n_list,
+                                                                                const ascal *sp, const double *sumsq,
+                                                                                const int *halted) {
     if (*halted) return;
     const ascal s = *sp;
     const double norm = sqrt(*sumsq);
     const float gscale = s.max_norm > 0.0 && norm > s.max_norm ? (float)(s.max_norm / (norm + 1e-6)) : 1.0f;
-    adamw_block(list, n_list, s, gscale);
+    adamw_block<LEAN>(list, n_list, s, gscale);
 }
 
 static int is_fp(lk_dtype dt) { return dt == LK_F32 || dt == LK_BF16; }
@@ -175,14 +181,17 @@ static lk_status check(const lk_cuda_adamw_tensor *t, int n, const lk_cuda_adamw
     return LK_OK;
 }
 
-/* The descriptors of n checked tensors into h; returns their blocks. */
-static int64_t describe(const lk_cuda_adamw_tensor *t, int n, adesc *h) {
+/* The descriptors of n checked tensors into h; returns their blocks. *lean: any of them keeps
+ * bf16 state (adamw_block's LEAN). */
+static int64_t describe(const lk_cuda_adamw_tensor *t, int n, adesc *h, int *lean) {
     int64_t blocks = 0;
+    *lean = 0;
     for (int i = 0; i < n; i++) {
         const lk_cuda_adamw_tensor *x = &t[i];
         h[i] = (adesc){x->param, x->grad, x->m, x->v, x->master, x->n, blocks, x->param_dtype == LK_BF16,
                        x->grad_dtype == LK_BF16, x->no_decay, x->m_dtype == LK_BF16, x->v_dtype == LK_BF16, i};
         blocks += lk_cdiv(x->n, LK_MT_CHUNK);
+        *lean |= h[i].m_bf16 | h[i].v_bf16 | (h[i].p_bf16 && x->master == NULL);
     }
     return blocks;
 }
@@ -201,7 +210,8 @@ extern "C" lk_status lk_cuda_adamw_step(const lk_cuda_adamw_tensor *tensors, int
     if (st != LK_OK || n_tensors == 0) return st;
     adesc *h = static_cast<adesc *>(malloc(sizeof(adesc) * (size_t)n_tensors));
     if (h == NULL) return lk_error(LK_ENOMEM, "%s: %d descriptors", FN, n_tensors);
-    int64_t blocks = describe(tensors, n_tensors, h);
+    int lean;
+    int64_t blocks = describe(tensors, n_tensors, h, &lean);
     ascal s = scalars(hp, 0.0);
     size_t mark;
     adesc *dev = NULL;
@@ -209,7 +219,9 @@ extern "C" lk_status lk_cuda_adamw_step(const lk_cuda_adamw_tensor *tensors, int
     if (st == LK_OK) st = lk_mt_upload(FN, ctx, h, n_tensors, &dev);
     free(h);
     if (st == LK_OK && blocks > 0) {
-        adamw_kernel<<<(unsigned)blocks, LK_MT_THREADS, 0, static_cast<cudaStream_t>(ctx->stream)>>>(dev, n_tensors, s);
+        cudaStream_t cs = static_cast<cudaStream_t>(ctx->stream);
+        if (lean) adamw_kernel<true><<<(unsigned)blocks, LK_MT_THREADS, 0, cs>>>(dev, n_tensors, s);
+        else adamw_kernel<false><<<(unsigned)blocks, LK_MT_THREADS, 0, cs>>>(dev, n_tensors, s);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) st = lk_cuda_fail(e, "adamw (cuda): launch", __FILE__, __LINE__);
     }
@@ -234,6 +246,7 @@ struct lk_cuda_adamw_plan {
     ndesc *nlist;                 /* device: the norm's, over the same gradients */
     int n;
     int64_t blocks;               /* 4096-element blocks of the tensors: both lists cut alike */
+    int lean;                     /* bf16 state: adamw_block's LEAN */
     double *part;                 /* device [blocks + 1]: the blocks' sums of squares, then the total */
     ascal *dev_scal, *host_scal;  /* [LK_CUDA_PLAN_SLOTS] each: the steps' scalars; host_scal pinned */
     double *log;                  /* device [2 * log_cap]: (loss, norm) a step since the last read */
@@ -277,7 +290,7 @@ extern "C" lk_status lk_cuda_adamw_plan_create(const lk_cuda_adamw_tensor *t, in
         return lk_error(LK_ENOMEM, "%s: %d descriptors", fn, n);
     }
     p->n = n, p->hp = *hp, p->max_norm = max_norm, p->log_cap = log_cap;
-    p->blocks = describe(t, n, ha);
+    p->blocks = describe(t, n, ha, &p->lean);
     for (int i = 0; i < n; i++)   /* the norm over the same gradients, cut alike */
         hn[i] = (ndesc){const_cast<void *>(ha[i].g), ha[i].n, ha[i].block0, ha[i].g_bf16};
     const size_t scal = sizeof(ascal) * LK_CUDA_PLAN_SLOTS;
@@ -337,8 +350,8 @@ extern "C" lk_status lk_cuda_adamw_plan_step(lk_cuda_adamw_plan *p, int slot, co
     if (e == cudaSuccess)
         log_kernel<<<1, 1, 0, s>>>(loss, p->part + p->blocks, p->log, p->log_cap, p->flags, p->flags + 1);
     if (e == cudaSuccess && p->blocks > 0)
-        adamw_plan_kernel<<<(unsigned)p->blocks, LK_MT_THREADS, 0, s>>>(p->alist, p->n, p->dev_scal + slot,
-                                                                        p->part + p->blocks, p->flags + 1);
+        (p->lean ? adamw_plan_kernel<true> : adamw_plan_kernel<false>)<<<(unsigned)p->blocks, LK_MT_THREADS, 0, s>>>(
+            p->alist, p->n, p->dev_scal + slot, p->part + p->blocks, p->flags + 1);
     if (e == cudaSuccess) e = cudaGetLastError();
     return e == cudaSuccess ? LK_OK : lk_cuda_fail(e, "adamw plan (cuda): step", __FILE__, __LINE__);
 }

@@ -12,7 +12,7 @@ Per mesh: the world's tokens/s (the trainer's rate, all ranks' tokens: the media
 --warmup, from loss.csv), tokens/s a GPU, MFU a GPU (FLOPs a token as PEERS-H200.md counts them,
 against 989 TFLOP/s), and rank 0's peak GPU memory (its own print). Writes OUT/dist_e2e.md and
 OUT/dist_e2e.json. The all-to-all's bus bandwidth from 1 MiB to 1 GiB is tests/cuda/dist_nccl's
-(`mpirun -np N build/cuda_dist_nccl`). Needs an MPI build (tests/cuda/run_h200.sh builds one on
+(`mpirun -np N build/cuda_dist_nccl`). Needs an MPI build (tests/cuda/dist_h200.sh builds one on
 the GPU machine; the prebuilt binaries have no MPI).
 
 Run (a machine with N GPUs, B the build directory):

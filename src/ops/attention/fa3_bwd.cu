@@ -39,8 +39,11 @@
  * Measured on the H200 (bench/NOTES.md, twelfth session, call 1): fwd+bwd 0.83-0.94x SDPA-cuDNN
  * in the four cells, where the first design — each math warpgroup its own dQ = dS·K a step
  * late, producer a lone thread with 24 registers — ran 0.73-0.87x in the same run (it is
- * gone; git has it, 9981edd and before). A fourth warpgroup for dQ alone does not fit the
- * registers (24 + 56 + 2 · 224 > 504 a thread).
+ * gone; git has it, 9981edd and before); 0.96-0.99x in the thirtieth session, whose
+ * profile beside cuDNN's own backward (persistent, 17% fewer operand bytes from shared
+ * memory, tensor pipe 67% where this kernel's is 60%) NOTES gives with the layouts counted.
+ * A fourth warpgroup for dQ alone does not fit the registers (24 + 56 + 2 · 224 > 504 a
+ * thread); nor do m64n64 dQ chunks (64 + 2 · 216: the math warpgroups spill).
  * Layouts are fa3.cu's (rows of 64 elements in TMA's 128-byte swizzle). What this kernel
  * does not take — softcap, `deterministic`, and everything fa3.cu's forward hands to
  * fa2.cu — runs on fa2.cu's backward under the same row.

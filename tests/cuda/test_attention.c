@@ -256,6 +256,8 @@ static void fa3_against_reference(void **state) {
         /* the Hopper backward unmasked: GQA 4:1, several key blocks a head, odd lengths */
         {.B = 2, .Hq = 8, .Hkv = 2, .Sq = 300, .Skv = 701, .D = 128},
         {.B = 3, .Hq = 6, .Hkv = 3, .Sq = 257, .D = 64, .scale = 0.2f},
+        /* nine key blocks of a head add into every dQ tile at once; the last converts it */
+        {.B = 1, .Hq = 8, .Hkv = 4, .Sq = 1100, .D = 128},
         {.B = 2, .Hq = 8, .Hkv = 2, .Sq = 300, .D = 128, .causal = 1, .deterministic = 1},   /* fa2's dq pass */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case("flash_attention_3", LK_BF16, &cases[i], 300u + i);

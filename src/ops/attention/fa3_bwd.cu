@@ -4,9 +4,8 @@
  *
  *   prep       a warp a query row (padded to 64-row tiles): delta = rowsum(dO ∘ O), the
  *              LSE in log2 units (+inf where a row sees nothing or lies past S_q, so its
- *              P is 0), each row's visible keys [lo, hi), the sink's share, and how many
- *              steps will add into each dQ tile; laid out so one 512-byte bulk copy brings
- *              a tile's LSE and delta, another its lo/hi.
+ *              P is 0), each row's visible keys [lo, hi), the sink's share; laid out so
+ *              one 512-byte bulk copy brings a tile's LSE and delta, another its lo/hi.
  *   a block    128 keys of one (b, h_kv); three warpgroups (384 threads):
  *   producer   warpgroup 0 (setmaxnreg 56) is producer and dQ warpgroup at once. Its thread 0
  *   and dQ     loads K and V once by TMA, then, for every q head of the group and every
@@ -18,11 +17,9 @@
  *              queries over all 128 keys; 2·(DP / 64) chunks a step, 16 f32 accumulators a
  *              thread), each chunk added from the registers with 16-byte reductions in L2
  *              (red.global.add.v4.f32) into an f32 workspace kept in the accumulator's own
- *              order (a warp's adds are 512 contiguous bytes). Each tile counts its steps
- *              (prep knows how many there will be); the step that counts last puts the sums,
- *              still in L2, back in [B, H, S, D], times the scale, in bf16 (convert_dq). Not
- *              bit-reproducible (the adds land in any order): `deterministic` runs fa2.cu's
- *              separate dQ pass.
+ *              order (a warp's adds are 512 contiguous bytes); fa3_dq_convert puts the sums
+ *              back in [B, H, S, D], times the scale, in bf16. Not bit-reproducible (the adds
+ *              land in any order): `deterministic` runs fa2.cu's separate dQ pass.
  *   math       warpgroups 1 and 2 own 64 keys each (setmaxnreg 224). With keys as the M
  *              dimension, Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (wgmma from shared memory, issued
  *              together; P is formed while dPᵀ runs) leave Pᵀ and dSᵀ = Pᵀ ∘ (dPᵀ − δ)
@@ -89,9 +86,6 @@ typedef struct {
     const float *stats;   /* [B·Hq][nqt][lse2 64 | delta 64] */
     const int *rows;      /* [nqt][lo 64 | hi 64] */
     float *dq_acc;        /* [B·Hq][nqt][DP / 64][CHUNK], each chunk in the accumulator's order */
-    int *dq_cnt;          /* [B·Hq][nqt]: the steps that have added into each tile (zeroed with dq_acc) */
-    const int *dq_want;   /* the steps that add into a tile: [nqt], the same for every head; FLEX [B·Hq][nqt] */
-    lk_bf16_t *dq;        /* [B, Hq, Sq, D] */
     lk_bf16_t *dk, *dv;   /* [B, Hkv, Skv, D] */
     lk_attn_vis vis;
     int Sq, Skv, Hq, Hkv, G, D, nqt;
@@ -106,14 +100,7 @@ extern "C" void lk_attn_grid_block(lk_attn_order order, int heads, int tiles, in
     lk_attn_block_of(order, heads, tiles, L, head, tile);
 }
 
-/* --- prep and the unseen tiles ------------------------------------------------------- */
-
-/* Key block kt's query tiles [x, x + y): those whose rows see any of its keys (not FLEX). */
-static __device__ __forceinline__ int2 block_walk(const lk_attn_vis &v, int kt) {
-    const int k0 = kt * BNK, qa = lk_attn_first_row(v, k0, 1);
-    const int qb = max(qa, lk_attn_first_row(v, min(k0 + BNK, v.Skv), 0));
-    return make_int2(qa / BMQ, qb > qa ? (qb + BMQ - 1) / BMQ - qa / BMQ : 0);
-}
+/* --- prep and convert ----------------------------------------------------------------- */
 
 /* Half a warp a query row (padded to 64-row tiles), a lane 8 elements of O and of dO in one
  * 16-byte load each (D is a multiple of 8 and at most 128; the tensors 16-byte aligned): the
@@ -122,9 +109,8 @@ static __device__ __forceinline__ int2 block_walk(const lk_attn_vis &v, int kt) 
  * 4.8 ms: bench/NOTES.md, eighteenth session). */
 static __global__ void __launch_bounds__(256) fa3_bwd_prep(const lk_bf16_t *out, const lk_bf16_t *dout,
                                                            const float *lse, const float *sink, float *stats,
-                                                           int *rows, int *want, float *sink_part, lk_attn_vis vis,
-                                                           lk_flex_map fx, int flex, int64_t BH, int Hq, int Sq, int D,
-                                                           int nqt, int nkt) {
+                                                           int *rows, float *sink_part, lk_attn_vis vis, int64_t BH,
+                                                           int Hq, int Sq, int D, int nqt) {
     const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 4;
     const int c = threadIdx.x & 15;
     const bool live = r < BH * nqt * BMQ;
@@ -155,35 +141,47 @@ static __global__ void __launch_bounds__(256) fa3_bwd_prep(const lk_bf16_t *out,
     }
     float *st = stats + (bh * nqt + qt) * 2 * BMQ;
     st[ri] = lse2, st[BMQ + ri] = delta;
-    if (flex && ri == 0) {   /* the kv tiles of the mask's row of 128 queries, each a step into tile qt */
-        const int r = lk_flex_pattern(&fx, (int)b, h) * fx.nq + qt / 2;
-        want[bh * nqt + qt] = fx.kv_cnt[2 * r] + fx.kv_cnt[2 * r + 1];
-    }
     if (bh == 0) {   /* rows past S_q see nothing: lo = hi = S_kv keeps a tile with them on the masked path */
         int lo = vis.Skv, hi = vis.Skv;
         if (i < Sq) lk_attn_row_iv(vis, i, lo, hi);
         rows[qt * 2 * BMQ + ri] = lo, rows[qt * 2 * BMQ + BMQ + ri] = hi;
-        if (!flex && ri == 0) {   /* the key blocks whose walks take tile qt */
-            int c = 0;
-            for (int kt = 0; kt < nkt; kt++) {
-                const int2 w = block_walk(vis, kt);
-                c += qt >= w.x && qt < w.x + w.y;
-            }
-            want[qt] = c;
-        }
     }
 }
 
-/* dq of the tiles no step added into (rows that see no key, or no keys at all): 0. A warp a
- * tile; the kernel's dQ warpgroup wrote every other tile (convert_dq). */
-static __global__ void __launch_bounds__(256) fa3_dq_unseen(const int *cnt, lk_bf16_t *dq, int64_t tiles, int nqt,
-                                                            int Sq, int D) {
-    const int64_t t = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32;
-    if (t >= tiles || cnt[t]) return;
-    const int64_t bh = t / nqt;
-    const int q0 = (int)(t % nqt) * BMQ, rows = min(BMQ, Sq - q0);
-    uint32_t *o = reinterpret_cast<uint32_t *>(dq + (bh * Sq + q0) * D);   /* D even: whole pairs */
-    for (int k = threadIdx.x % 32; k < rows * D / 2; k += 32) o[k] = 0;
+/* dq[b, h, i, d] = scale · the sum the workspace holds for it. A block a 64 x 64 chunk (query
+ * tile qt, d block hb): its two m64n32 halves of a dQᵀ accumulator (queries 32qh.. as the
+ * n32, d as the m64; element e of thread t at (e / 4)·512 + 4t + e % 4: rows m and m + 8,
+ * columns n and n + 1 in one float4) read as float4s in that order, so a warp reads 512
+ * contiguous bytes; turned in shared memory (68 floats a row: the float4s' four stores of
+ * a warp fall on 32 different banks); each thread then writes 16 bf16 of one query row.
+ * The first version read the workspace straight into rows (8 useful bytes of each 64). */
+static __global__ void __launch_bounds__(256) fa3_dq_convert(const float *acc, lk_bf16_t *dq, int Sq, int D, int nqt,
+                                                             int nhb, float scale) {
+    __shared__ float tile[BMQ][68];   /* [query][d] */
+    const int64_t ch = blockIdx.x, bq = ch / nhb, bh = bq / nqt;
+    const int hb = (int)(ch % nhb), qt = (int)(bq % nqt);
+    const float4 *src = reinterpret_cast<const float4 *>(acc + ch * CHUNK);
+#pragma unroll
+    for (int k = threadIdx.x; k < CHUNK / 4; k += 256) {
+        const float4 v = src[k];
+        const int t = k & 127, l = t & 31;
+        const int m = 16 * (t >> 5) + l / 4, n = 32 * (k >> 9) + 8 * ((k >> 7) & 3) + 2 * (l % 4);
+        tile[n][m] = v.x, tile[n + 1][m] = v.y, tile[n][m + 8] = v.z, tile[n + 1][m + 8] = v.w;
+    }
+    __syncthreads();
+    const int q = threadIdx.x >> 2, d0 = (threadIdx.x & 3) * 16, i = qt * BMQ + q, dn = D - hb * 64 - d0;
+    if (i >= Sq || dn <= 0) return;
+    lk_bf16_t *o = dq + (bh * Sq + i) * D + hb * 64 + d0;
+    const float *x = &tile[q][d0];
+    if (dn >= 16) {   /* D % 8 == 0 and dq 16-byte aligned (lk_attn_fa3_bwd_takes) */
+        uint4 u[2];
+        uint32_t *w = reinterpret_cast<uint32_t *>(u);
+#pragma unroll
+        for (int e = 0; e < 8; e++) w[e] = lk_pack_bf16x2(x[2 * e] * scale, x[2 * e + 1] * scale);
+        reinterpret_cast<uint4 *>(o)[0] = u[0], reinterpret_cast<uint4 *>(o)[1] = u[1];
+    } else {
+        for (int e = 0; e < dn; e++) o[e] = __float2bfloat16_rn(x[e] * scale);
+    }
 }
 
 /* --- the kernel ---------------------------------------------------------------------- */
@@ -207,51 +205,6 @@ static __device__ __forceinline__ void issue_dqt(float *dq, const uint8_t *dsb, 
 static __device__ __forceinline__ void add_dqt(float *chunk, const float *dq) {
 #pragma unroll
     for (int j = 0; j < 4; j++) red_add_v4(chunk + j * 512, dq + 4 * j);
-}
-
-/* The dQ warpgroup's named barrier (the math warpgroups never take one). */
-static __device__ __forceinline__ void bar_dq() { asm volatile("bar.sync 1, 128;" ::: "memory"); }
-
-/* A step that added into dQ tile tile[slot] counts itself there, after its adds: each thread's
- * fence, the warpgroup's barrier, then thread 0's atomic (the CUDA guide's last-block
- * pattern). Thread 0 learns whether the step was the tile's last of want[slot]. */
-static __device__ __forceinline__ bool count_dq(int *cnt, const int64_t *tile, const int *want, int slot, int tid) {
-    fence_gpu();
-    bar_dq();
-    return tid == 0 && atomicAdd(cnt + tile[slot], 1) == want[slot] - 1;
-}
-
-/* dQ tile `tile` (64 queries) from its sums, times the scale, in bf16, by the warpgroup whose
- * step added last into it, while the sums are still in L2: each thread reads back the float4s
- * it adds (add_dqt's order: d rows 16w + lane / 4 and + 8, queries 8j + 2 (lane % 4) and
- * + 1), and movmatrix turns each 8 x 8 of d x queries so that it holds two d of one query
- * (4-byte stores; a quad writes 16 bytes of a row). Replaces a pass that read the whole
- * workspace again from HBM (93 us of 268 MB at B 2, H 32, S 8192, D 128). */
-template <int NC>
-static __device__ __forceinline__ void convert_dq(const bwd_geom &g, int64_t tile, int tid) {
-    const int lane = tid % 32, w = tid / 32;
-    const int64_t bh = tile / g.nqt;
-    const int q0 = (int)(tile % g.nqt) * BMQ + lane / 4;
-    const float *src = g.dq_acc + tile * NC * CHUNK + tid * 4;
-    fence_gpu();   /* the other steps' adds, counted before ours, are read after */
-#pragma unroll 1
-    for (int cj = 0; cj < 8 * NC; cj += 2) {   /* chunk c = cj / 4, two of its float4s j at a time */
-        const int c = cj / 4;
-        float4 v[2];
-#pragma unroll
-        for (int j = 0; j < 2; j++) v[j] = __ldcg(reinterpret_cast<const float4 *>(src + cj * 512 + j * 512));
-        const int d = 64 * (c / 2) + 16 * w + 2 * (lane % 4);
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const uint32_t lo = movmatrix_trans(lk_pack_bf16x2(v[j].x * g.scale, v[j].y * g.scale));
-            const uint32_t hi = movmatrix_trans(lk_pack_bf16x2(v[j].z * g.scale, v[j].w * g.scale));
-            const int q = q0 + 32 * (c % 2) + 8 * (cj % 4 + j);
-            if (q >= g.Sq) continue;
-            uint32_t *o = reinterpret_cast<uint32_t *>(g.dq + (bh * g.Sq + q) * g.D + d);   /* D % 8 == 0 */
-            if (d < g.D) o[0] = lo;
-            if (d + 8 < g.D) o[4] = hi;
-        }
-    }
 }
 
 #endif
@@ -314,8 +267,6 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
      * warpgroup has read it (128) */
     uint64_t *dsfull = empty + STAGES, *dsempty = dsfull + NDS;
     __shared__ int2 dsstep[NDS];   /* FLEX: the head and query tile of the step in each dS buffer */
-    __shared__ int64_t dqtile[3];  /* the dQ warpgroup's: a step's tile, counted a step later (slot it % 3) */
-    __shared__ int dqwant[3], dqlast;   /* the steps that add into it; the step before was its last */
 
     const int tid = threadIdx.x, wg = tid / 128;
     int bhk, kt;
@@ -327,8 +278,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         static_assert(!FLEX || BNK == LK_FLEX_TILE, "a block's keys are a mask tile's");
         n = lk_flex_steps(&g.fx, b, hk, g.G, kt);
     } else {
-        const int2 w = block_walk(g.vis, kt);
-        qt0 = w.x, nq = w.y, n = g.G * nq;
+        const int qa = lk_attn_first_row(g.vis, k0, 1), qb = max(qa, lk_attn_first_row(g.vis, min(k0 + BNK, g.Skv), 0));
+        qt0 = qa / BMQ, nq = qb > qa ? (qb + BMQ - 1) / BMQ - qt0 : 0, n = g.G * nq;
     }
 
     if (tid == 0) {
@@ -398,17 +349,6 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
             for (int it = 0; it < min(n, STAGES); it++) produce(it, &ahead);
         }
         mbar_wait(kvfull, 0);
-        /* A step counts itself in its dQ tile one step late, its fence under the next step's first
-         * GEMM (its adds have had the wait for dsfull to land), and the tile's last step converts
-         * it then. The step's tile and want wait in shared memory (slot it % 3: rewritten only
-         * after the barrier every reader of the slot's convert has passed): 56 registers hold no
-         * more (in registers they spilled 52-122 bytes). */
-        bool last = false;   /* thread 0: the step before was its tile's last */
-        auto finish_dq = [&](int it, bool is_last) {   /* thread 0's answer to all, then the convert */
-            if (tid == 0) dqlast = is_last;
-            bar_dq();
-            if (dqlast) convert_dq<NC>(g, dqtile[it % 3], tid);
-        };
         for (int it = 0; it < n; it++) {
             /* step it + STAGES − 1 into the stage step it − 1 frees: two steps ahead of the math */
             if (tid == 0 && it >= 1 && it + STAGES - 1 < n) produce(it + STAGES - 1, &ahead);
@@ -417,10 +357,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
             const int buf = it % NDS;
             mbar_wait(&dsfull[buf], (it / NDS) & 1);
             if (FLEX) hh = dsstep[buf].x, qt = dsstep[buf].y;   /* the math warpgroups' copy of the step */
-            const int64_t tile = ((int64_t)b * g.Hq + hh) * g.nqt + qt;
-            float *chunk = g.dq_acc + tile * NC * CHUNK + tid * 4;
-            int want = 0;   /* thread 0: the steps that add into this tile */
-            if (tid == 0) dqtile[it % 3] = tile, want = g.dq_want[FLEX ? tile : qt];
+            float *chunk = g.dq_acc + (((int64_t)b * g.Hq + hh) * g.nqt + qt) * NC * CHUNK + tid * 4;
             __syncwarp();
             /* 2·NC chunks of m64n32 (d block h, query half qh), each issued, waited for and
              * added before the next: 16 accumulators live, not 32 (the budget above) */
@@ -428,16 +365,12 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
             for (int c = 0; c < 2 * NC; c++) {
                 float dq[16];
                 issue_dqt(dq, sds + buf * KB, sk + (c / 2) * KB, c % 2);
-                if (c == 0 && it > 0) last = count_dq(g.dq_cnt, dqtile, dqwant, (it - 1) % 3, tid);
                 wgmma_wait<0>();
                 fence_regs<16>(dq);
                 if (c == 2 * NC - 1) mbar_arrive(&dsempty[buf]);   /* every wgmma read of buf is done */
                 add_dqt(chunk + c * (CHUNK / 2), dq);
             }
-            if (it > 0) finish_dq(it - 1, last);
-            if (tid == 0) dqwant[it % 3] = want;
         }
-        finish_dq(n - 1, count_dq(g.dq_cnt, dqtile, dqwant, (n - 1) % 3, tid));
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REG_MATH));
@@ -587,21 +520,20 @@ static size_t bwd_smem(int DP) {
 }
 
 /* Query tiles of 64 rows a head: whole 128-row tiles of the BlockMask, because flex's walk
- * takes both halves of a mask tile (S_q 300: tiles 4 and 5 of a 3-tile mask; the sixth,
- * past S_q, sees nothing but is walked). */
+ * takes both halves of a mask tile (S_q 300: a 3-tile mask, so steps into tiles 4 and 5;
+ * with 5 tiles a head, tile 5 was the next head's tile 0, and past the last head the stats
+ * were read and zeros added beyond the workspace). The sixth sees nothing: P = 0 there. */
 static int64_t tiles_of(int64_t Sq) { return 2 * lk_cdiv(Sq, 2 * BMQ); }
 
-/* The workspace's pieces, in the order backward takes them; dq_acc holds the tiles' counts
- * after their sums, so one memset clears both. */
+/* The workspace's pieces, in the order backward takes them. */
 typedef struct {
-    size_t stats, rows, want, dq_acc, sink_part;
+    size_t stats, rows, dq_acc, sink_part;
 } pieces;
 
 static pieces pieces_of(const lk_attention_args *a) {
     const lk_attn_dims d = lk_attn_dims_of(a);
     const size_t nqt = (size_t)tiles_of(d.Sq), bh = (size_t)(d.B * d.Hq);
-    pieces p = {up(bh * nqt * 2 * BMQ * 4), up(nqt * 2 * BMQ * 4), up((a->block_mask ? bh : 1) * nqt * 4),
-                up(bh * nqt * ((size_t)dp_of(d.D) / 64 * CHUNK + 1) * 4),
+    pieces p = {up(bh * nqt * 2 * BMQ * 4), up(nqt * 2 * BMQ * 4), up(bh * nqt * (size_t)dp_of(d.D) / 64 * CHUNK * 4),
                 a->s_aux.data && a->ds_aux.data ? up(lk_attn_lse_bytes(a)) : 0};
     return p;
 }
@@ -619,7 +551,7 @@ int lk_attn_fa3_bwd_takes(const lk_attention_args *a) {
 
 size_t lk_attn_fa3_bwd_workspace(const lk_attention_args *a) {
     const pieces p = pieces_of(a);
-    return lk_attn_vis_bytes(a) + lk_attn_flex_alibi_bytes(a) + p.stats + p.rows + p.want + p.dq_acc + p.sink_part;
+    return lk_attn_vis_bytes(a) + lk_attn_flex_alibi_bytes(a) + p.stats + p.rows + p.dq_acc + p.sink_part;
 }
 
 template <int DP, bool FLEX, bool ALIBI>
@@ -646,15 +578,13 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
     if ((s = flex ? lk_attn_flex_map(a->block_mask, st, &g.fx) : lk_attn_vis_make(a, ctx->arena, st, &g.vis)))
         return s;
     float *stats = (float *)lk_arena_alloc(ctx->arena, pc.stats);
-    int *rows = (int *)lk_arena_alloc(ctx->arena, pc.rows), *want = (int *)lk_arena_alloc(ctx->arena, pc.want);
+    int *rows = (int *)lk_arena_alloc(ctx->arena, pc.rows);
     g.dq_acc = (float *)lk_arena_alloc(ctx->arena, pc.dq_acc);
     float *sink_part = pc.sink_part ? (float *)lk_arena_alloc(ctx->arena, pc.sink_part) : NULL;
-    if (!stats || !rows || !want || !g.dq_acc || (pc.sink_part && !sink_part))
+    if (!stats || !rows || !g.dq_acc || (pc.sink_part && !sink_part))
         return lk_error(LK_ENOMEM, "attention: flash_attention_3: no room for the backward's row stats and dq sums");
-    const int64_t tiles = d.B * d.Hq * nqt;
-    g.stats = stats, g.rows = rows, g.dq_want = want;
-    g.dq_cnt = (int *)(g.dq_acc + tiles * (DP / 64) * CHUNK);
-    g.dq = (lk_bf16_t *)a->dq.data, g.dk = (lk_bf16_t *)a->dk.data, g.dv = (lk_bf16_t *)a->dv.data;
+    g.stats = stats, g.rows = rows;
+    g.dk = (lk_bf16_t *)a->dk.data, g.dv = (lk_bf16_t *)a->dv.data;
     g.Sq = (int)d.Sq, g.Skv = (int)d.Skv, g.Hq = (int)d.Hq, g.Hkv = (int)d.Hkv, g.G = (int)d.G, g.D = (int)d.D;
     g.nqt = nqt, g.scale = d.scale, g.scale2 = d.scale * LOG2E;
     g.heads = (int)(d.B * d.Hkv), g.nkt = (int)lk_cdiv(d.Skv, BNK);
@@ -663,8 +593,7 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
     const int64_t prow = d.B * d.Hq * nqt * BMQ;
     fa3_bwd_prep<<<(unsigned)lk_cdiv(prow, 16), 256, 0, st>>>(
         (const lk_bf16_t *)a->out.data, (const lk_bf16_t *)a->dout.data, (const float *)a->saved.data,
-        (const float *)a->s_aux.data, stats, rows, want, sink_part, g.vis, g.fx, flex, d.B * d.Hq, (int)d.Hq,
-        (int)d.Sq, (int)d.D, nqt, g.nkt);
+        (const float *)a->s_aux.data, stats, rows, sink_part, g.vis, d.B * d.Hq, (int)d.Hq, (int)d.Sq, (int)d.D, nqt);
     LK_CUDA_LAUNCHED("attention: flash_attention_3 backward prep");
     LK_CUDA_TRY(cudaMemsetAsync(g.dq_acc, 0, pc.dq_acc, st));
 
@@ -688,8 +617,10 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
             s = DP == 64 ? launch<64, false, false>(tq, tk, tv, tdo, g, st)
                          : launch<128, false, false>(tq, tk, tv, tdo, g, st);
         if (s) return s;
-    }   /* no keys: dK and dV are empty, and no tile is counted */
-    fa3_dq_unseen<<<(unsigned)lk_cdiv(tiles, 8), 256, 0, st>>>(g.dq_cnt, g.dq, tiles, nqt, (int)d.Sq, (int)d.D);
-    LK_CUDA_LAUNCHED("attention: flash_attention_3 backward, the unseen dq tiles");
+    }   /* no keys: dK and dV are empty, dQ is 0 */
+    /* with no keys the workspace is zeros: dQ 0 */
+    fa3_dq_convert<<<(unsigned)(d.B * d.Hq * nqt * (DP / 64)), 256, 0, st>>>(g.dq_acc, (lk_bf16_t *)a->dq.data,
+                                                                           (int)d.Sq, (int)d.D, nqt, DP / 64, d.scale);
+    LK_CUDA_LAUNCHED("attention: flash_attention_3 backward dq convert");
     return sink_part ? lk_attn_cuda_sink_sum(sink_part, (float *)a->ds_aux.data, d.B, d.Hq, d.Sq, st) : LK_OK;
 }

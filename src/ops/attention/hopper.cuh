@@ -183,16 +183,6 @@ static __device__ __forceinline__ void red_add_v4(float *p, const float *v) {
     asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
                  : "memory");
 }
-/* This thread's earlier global writes and reductions ordered before its later ones for the
- * whole GPU (and, after a barrier, its partners' too): the release and acquire of a count. */
-static __device__ __forceinline__ void fence_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
-/* An 8 x 8 matrix of b16 held as an mma fragment (lane: row lane / 4, columns 2 (lane % 4)
- * and + 1 in one register), transposed in the same form. */
-static __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t a) {
-    uint32_t d;
-    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(a));
-    return d;
-}
 /* Shared-memory writes by threads, made visible to the async proxy (wgmma, TMA). */
 static __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 template <int N>

@@ -10,6 +10,8 @@ import ctypes
 import json
 import os
 
+import shim
+
 P = argparse.ArgumentParser()
 P.add_argument("--build", default="build")
 P.add_argument("--impl", default="cudnn")
@@ -17,7 +19,7 @@ P.add_argument("--shape", default="2,32,32,8192,128", help="B,Hq,Hkv,S,D")
 P.add_argument("--causal", type=int, default=0)
 P.add_argument("--reps", type=int, default=10)
 A = P.parse_args()
-LIB = ctypes.CDLL(os.path.join(A.build, "libllmkern_peers_shim.so"))
+LIB = shim.load(A.build)   # with this build's libllmkern.so, whatever LD_LIBRARY_PATH says
 LIB.lkp_init.restype = ctypes.c_int
 LIB.lkp_last_error.restype = ctypes.c_char_p
 LIB.lkp_time_attention.argtypes = [ctypes.c_char_p] + [ctypes.c_int64] * 5 + [ctypes.c_int, ctypes.c_int,

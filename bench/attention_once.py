@@ -8,12 +8,14 @@ import os
 
 import torch
 
+import shim
+
 P = argparse.ArgumentParser()
 P.add_argument("--build", default="build")
 P.add_argument("--impl", default="flash_attention_2")
 P.add_argument("--causal", type=int, default=0)
 A = P.parse_args()
-LIB = ctypes.CDLL(os.path.join(A.build, "libllmkern_peers_shim.so"))
+LIB = shim.load(A.build)   # with this build's libllmkern.so, whatever LD_LIBRARY_PATH says
 vp, i64, ci = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 LIB.lkp_init.restype = ci
 LIB.lkp_attention.argtypes = [ctypes.c_char_p, ci, ci] + [vp] * 9 + [i64] * 5 + [ci, vp]

@@ -19,6 +19,8 @@ import os
 import statistics
 import time
 
+import shim
+
 P = argparse.ArgumentParser()
 P.add_argument("--build", default="build")
 P.add_argument("--shape", default="2,32,8192,128", help="B,H,S,D")
@@ -30,7 +32,7 @@ B, H, S, D = (int(x) for x in A.shape.split(","))
 MASKS = [("causal", 1, 0), ("sliding window 1024", 2, 1024), ("document 256-2048 + causal", 3, 2048),
          ("prefix-LM 2048", 4, 2048)]
 
-LIB = ctypes.CDLL(os.path.join(A.build, "libllmkern_peers_shim.so"))
+LIB = shim.load(A.build)   # with this build's libllmkern.so, whatever LD_LIBRARY_PATH says
 LIB.lkp_init.restype = ctypes.c_int
 LIB.lkp_last_error.restype = ctypes.c_char_p
 LIB.lkp_time_attention.argtypes = [ctypes.c_char_p] + [ctypes.c_int64] * 5 + [

@@ -12,13 +12,14 @@ import os
 import torch
 
 import moe_problem
+import shim
 
 P = argparse.ArgumentParser()
 P.add_argument("--build", default="build")
 P.add_argument("--reps", type=int, default=1)
 P.add_argument("--kernels", action="store_true")
 A = P.parse_args()
-LIB = ctypes.CDLL(os.path.join(A.build, "libllmkern_peers_shim.so"))
+LIB = shim.load(A.build)   # with this build's libllmkern.so, whatever LD_LIBRARY_PATH says
 vp, i64, ci, sz = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_size_t
 LIB.lkp_init.restype = ci
 LIB.lkp_last_error.restype = ctypes.c_char_p

@@ -28,6 +28,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import moe_problem  # noqa: E402
+import shim  # noqa: E402
 import triton_cache  # noqa: E402
 
 triton_cache.seed()   # Liger's fused-MoE autotune results, carried (before Triton loads); sets TRITON_CACHE_DIR
@@ -45,7 +46,7 @@ ARGS = P.parse_args()
 # The shim pulls libllmkern in through its own dependency, local to it: loaded with
 # RTLD_GLOBAL, llmkern's CUDA runtime pieces (CUB's caches) met torch's copies and the
 # process aborted in free().
-LIB = ctypes.CDLL(os.path.join(ARGS.build, "libllmkern_peers_shim.so"))
+LIB = shim.load(ARGS.build)   # with this build's libllmkern.so, whatever LD_LIBRARY_PATH says
 vp, i64, ci, cd = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
 LIB.lkp_init.restype = ci
 LIB.lkp_last_error.restype = ctypes.c_char_p

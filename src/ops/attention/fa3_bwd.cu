@@ -486,20 +486,34 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         mbar_arrive(&empty[s]);
     }
 
+    /* dK and dV in 16-byte stores: a quad's four lanes hold a row's 8-column groups j0..j0 + 3 two
+     * columns each (one bf16 pair a lane); a quad transpose gives lane t4 all eight columns of group
+     * j0 + t4. (Four-byte stores of the pairs, a warp's 32 of them over 8 rows, held 5.3% of the
+     * sliding-window backward's stall samples: bench/NOTES.md, thirtieth session.) D % 8 == 0
+     * (hopper_takes), so a group lies wholly inside D or wholly past it. */
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int key = key0 + 8 * r;
-        if (key >= g.Skv) continue;
         lk_bf16_t *krow = g.dk + ((int64_t)bhk * g.Skv + key) * g.D, *vrow = g.dv + ((int64_t)bhk * g.Skv + key) * g.D;
 #pragma unroll
-        for (int e = 2 * r; e < DP / 2; e += 4) {
-            const int d = 8 * (e / 4) + 2 * t4;
-            if (d + 1 < g.D) {
-                *(__nv_bfloat162 *)(krow + d) = __floats2bfloat162_rn(dk[e] * g.scale, dk[e + 1] * g.scale);
-                *(__nv_bfloat162 *)(vrow + d) = __floats2bfloat162_rn(dv[e], dv[e + 1]);
-            } else if (d < g.D) {
-                krow[d] = lk_from_f32<lk_bf16_t>(dk[e] * g.scale);
-                vrow[d] = lk_from_f32<lk_bf16_t>(dv[e]);
+        for (int j0 = 0; j0 < DP / 8; j0 += 4) {
+            float kq[4], vq[4];   /* bf16 pairs as float bits: the transpose moves 32-bit words */
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int e = 4 * (j0 + q) + 2 * r;
+                kq[q] = __uint_as_float(lk_pack_bf16x2(dk[e] * g.scale, dk[e + 1] * g.scale));
+                vq[q] = __uint_as_float(lk_pack_bf16x2(dv[e], dv[e + 1]));
+            }
+            int ql;   /* %laneid read again here: `lane` kept live across the loop spilled */
+            asm volatile("mov.u32 %0, %%laneid;" : "=r"(ql));
+            quad_transpose(kq, ql);
+            quad_transpose(vq, ql);
+            const int d = 8 * (j0 + t4);
+            if (key < g.Skv && d < g.D) {
+                *reinterpret_cast<uint4 *>(krow + d) = make_uint4(__float_as_uint(kq[0]), __float_as_uint(kq[1]),
+                                                                  __float_as_uint(kq[2]), __float_as_uint(kq[3]));
+                *reinterpret_cast<uint4 *>(vrow + d) = make_uint4(__float_as_uint(vq[0]), __float_as_uint(vq[1]),
+                                                                  __float_as_uint(vq[2]), __float_as_uint(vq[3]));
             }
         }
     }

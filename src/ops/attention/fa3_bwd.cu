@@ -86,7 +86,6 @@ typedef struct {
     const float *stats;   /* [B·Hq][nqt][lse2 64 | delta 64] */
     const int *rows;      /* [nqt][lo 64 | hi 64] */
     float *dq_acc;        /* [B·Hq][nqt][DP / 64][CHUNK], each chunk in the accumulator's order */
-    int *taken;           /* the items handed out past the first gridDim.x (zeroed with dq_acc) */
     lk_bf16_t *dk, *dv;   /* [B, Hkv, Skv, D] */
     lk_attn_vis vis;
     int Sq, Skv, Hq, Hkv, G, D, nqt;
@@ -267,46 +266,39 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     /* dsfull [NDS]: both math warpgroups' dS written (256 arrivals); dsempty [NDS]: the dQ
      * warpgroup has read it (128) */
     uint64_t *dsfull = empty + STAGES, *dsempty = dsfull + NDS;
-    /* kvempty: every reader of an item's K and V is done with them (256 + 128 arrivals) */
-    uint64_t *kvempty = dsempty + NDS;
     __shared__ int2 dsstep[NDS];   /* FLEX: the head and query tile of the step in each dS buffer */
-    __shared__ int cur;            /* the item the producer published with kvfull (items: none left) */
 
-    const int tid = threadIdx.x, wg = tid / 128, items = g.heads * g.nkt;
-    /* The block's current item: its key block (grid_order.cuh's order) and the query tiles
-     * whose rows see any of its keys. Every role takes the same items and counts the same
-     * steps, so the rings' phases run on across items (gs, a step's number in the block). */
-    int bhk = 0, kt = 0, hk = 0, b = 0, k0 = 0, qt0 = 0, nq = 1, n = 0;
-    auto item = [&](const int L) {
-        lk_attn_block_of(g.order, g.heads, g.nkt, L, &bhk, &kt);
-        hk = bhk % g.Hkv, b = bhk / g.Hkv, k0 = kt * BNK;
-        if (FLEX) {
-            static_assert(!FLEX || BNK == LK_FLEX_TILE, "a block's keys are a mask tile's");
-            n = lk_flex_steps(&g.fx, b, hk, g.G, kt);
-        } else {
-            const int qa = lk_attn_first_row(g.vis, k0, 1);
-            const int qb = max(qa, lk_attn_first_row(g.vis, min(k0 + BNK, g.Skv), 0));
-            qt0 = qa / BMQ, nq = qb > qa ? (qb + BMQ - 1) / BMQ - qt0 : 0, n = g.G * nq;
-        }
-    };
+    const int tid = threadIdx.x, wg = tid / 128;
+    int bhk, kt;
+    lk_attn_block_of(g.order, g.heads, g.nkt, blockIdx.x, &bhk, &kt);   /* grid_order.cuh */
+    const int hk = bhk % g.Hkv, b = bhk / g.Hkv, k0 = kt * BNK;
+    /* the query tiles whose rows see any of the block's keys */
+    int qt0 = 0, nq = 1, n;
+    if (FLEX) {
+        static_assert(!FLEX || BNK == LK_FLEX_TILE, "a block's keys are a mask tile's");
+        n = lk_flex_steps(&g.fx, b, hk, g.G, kt);
+    } else {
+        const int qa = lk_attn_first_row(g.vis, k0, 1), qb = max(qa, lk_attn_first_row(g.vis, min(k0 + BNK, g.Skv), 0));
+        qt0 = qa / BMQ, nq = qb > qa ? (qb + BMQ - 1) / BMQ - qt0 : 0, n = g.G * nq;
+    }
 
     if (tid == 0) {
-        mbar_init(kvfull, 1), mbar_init(kvempty, 384);
+        mbar_init(kvfull, 1);
         for (int s = 0; s < STAGES; s++) mbar_init(&full[s], 1), mbar_init(&empty[s], 256);
         for (int x = 0; x < 2 * NDS; x++) mbar_init(&dsfull[x], x < NDS ? 256 : 128);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
 
-    /* step it of the item (gs of the block)'s Q, dO and stats into stage gs % STAGES, once the
-     * math warpgroups have freed it (FLEX: steps taken from the producer's walk, in order) */
-    auto produce = [&](const int gs, const int it, flex_walk *fw) {
-        const int s = gs % STAGES;
+    /* step it's Q, dO and stats into stage it % STAGES, once the math warpgroups have freed it
+     * (FLEX: steps taken from the producer's walk, in order) */
+    auto produce = [&](const int it, flex_walk *fw) {
+        const int s = it % STAGES;
         int hh = hk * g.G + it / nq, qt = step_tile(g, qt0, nq, kt, it);
         int4 fs = make_int4(0, 0, -1, 0);
         if (FLEX) fs = fw->take(g.fx, b, hk, g.G, kt), hh = fs.x, qt = fs.y;
         const int64_t bh = (int64_t)b * g.Hq + hh;
-        if (gs >= STAGES) mbar_wait(&empty[s], ((gs / STAGES) - 1) & 1);
+        if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
         if (FLEX)   /* the bits tile, the half, the head and the tile, before the arrival that publishes the stage */
             *(int4 *)(sst + s * 4 * BMQ + 2 * BMQ) = make_int4(fs.z, fs.w, hh, qt);
         mbar_expect_tx(&full[s], 2 * NC * QB + (FLEX ? 2 : 4) * BMQ * 4 + (FLEX && fs.z >= 0 ? 8 * LK_FLEX_TILE : 0));
@@ -349,43 +341,21 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
      * REG_ comment), so neither setmaxnreg waits for ever. */
     if (wg == 0) {   /* the producer and dQ warpgroup */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_DQ));
-        int base = 0, kvi = 0;   /* the steps and the K/V loads of the block's earlier items */
-        int next = blockIdx.x;   /* thread 0: the next item to take */
-        for (;;) {
-          flex_walk ahead = {0, 0, 0, 0, 0, 0};   /* FLEX: the producer's walk */
-          if (tid == 0) {
-            /* the next item with steps (the items are handed out one at a time from a counter, so
-             * a block that finishes early takes more: a fixed share each, blockIdx.x + k·gridDim.x,
-             * ran 2-24% slower than a block an item), published with its K and V once the last
-             * item's readers are done (its stages are free then too: the math warpgroups arrive at
-             * kvempty after their last step) */
-            int L = next;
-            for (; L < items; L = gridDim.x + atomicAdd(g.taken, 1)) {
-              item(L);
-              if (n) break;
-            }
-            if (kvi > 0) mbar_wait(kvempty, (kvi - 1) & 1);
-            cur = L;
-            if (L < items) {
-              if (FLEX) ahead.head(g.fx, b, hk, g.G, kt);
-              produce_kv();
-              for (int it = 0; it < min(n, STAGES); it++) produce(base + it, it, &ahead);
-              next = gridDim.x + atomicAdd(g.taken, 1);   /* read at the next item: its latency hides */
-            } else {
-              mbar_arrive(kvfull);   /* no item: the phase completes with no bytes */
-            }
-          }
-          mbar_wait(kvfull, kvi & 1);
-          if (cur >= items) break;
-          item(cur);
-          for (int it = 0; it < n; it++) {
-            const int gs = base + it;
+        if (n == 0) return;
+        flex_walk ahead = {0, 0, 0, 0, 0, 0};   /* FLEX: the producer's walk */
+        if (FLEX) ahead.head(g.fx, b, hk, g.G, kt);
+        if (tid == 0) {
+            produce_kv();
+            for (int it = 0; it < min(n, STAGES); it++) produce(it, &ahead);
+        }
+        mbar_wait(kvfull, 0);
+        for (int it = 0; it < n; it++) {
             /* step it + STAGES − 1 into the stage step it − 1 frees: two steps ahead of the math */
-            if (tid == 0 && it >= 1 && it + STAGES - 1 < n) produce(gs + STAGES - 1, it + STAGES - 1, &ahead);
+            if (tid == 0 && it >= 1 && it + STAGES - 1 < n) produce(it + STAGES - 1, &ahead);
             __syncwarp();
             int hh = hk * g.G + it / nq, qt = step_tile(g, qt0, nq, kt, it);
-            const int buf = gs % NDS;
-            mbar_wait(&dsfull[buf], (gs / NDS) & 1);
+            const int buf = it % NDS;
+            mbar_wait(&dsfull[buf], (it / NDS) & 1);
             if (FLEX) hh = dsstep[buf].x, qt = dsstep[buf].y;   /* the math warpgroups' copy of the step */
             float *chunk = g.dq_acc + (((int64_t)b * g.Hq + hh) * g.nqt + qt) * NC * CHUNK + tid * 4;
             __syncwarp();
@@ -400,29 +370,22 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
                 if (c == 2 * NC - 1) mbar_arrive(&dsempty[buf]);   /* every wgmma read of buf is done */
                 add_dqt(chunk + c * (CHUNK / 2), dq);
             }
-          }
-          mbar_arrive(kvempty);   /* the last chunk's wgmma, the last read of K, is done */
-          base += n, kvi++;
         }
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REG_MATH));
     const int ct = tid - 128, cg = ct / 128, w = (ct % 128) / 32, lane = tid % 32, t4 = lane % 4;
-    int base = 0, kvi = 0;
-    for (;;) {
-      mbar_wait(kvfull, kvi & 1);   /* the producer's next item, its K and V */
-      if (cur >= items) break;
-      item(cur);
-      const int kb = k0 + cg * 64, key0 = kb + w * 16 + lane / 4;   /* this thread's keys: key0, key0 + 8 */
-      float dk[DP / 2], dv[DP / 2];
+    const int kb = k0 + cg * 64, key0 = kb + w * 16 + lane / 4;   /* this thread's keys: key0, key0 + 8 */
+    float dk[DP / 2], dv[DP / 2];
 #pragma unroll
-      for (int e = 0; e < DP / 2; e++) dk[e] = dv[e] = 0.0f;
-      for (int it = 0; it < n; it++) {
-        const int gs = base + it, s = gs % STAGES;
+    for (int e = 0; e < DP / 2; e++) dk[e] = dv[e] = 0.0f;
+    if (n > 0) mbar_wait(kvfull, 0);
+    for (int it = 0; it < n; it++) {
+        const int s = it % STAGES;
         const uint8_t *q = sq + s * NC * QB, *o = sdo + s * NC * QB;
         const float *lse2 = sst + s * 4 * BMQ, *delta = lse2 + BMQ;
         const int *lo = (const int *)(lse2 + 2 * BMQ), *hi = lo + BMQ;
-        mbar_wait(&full[s], (gs / STAGES) & 1);
+        mbar_wait(&full[s], (it / STAGES) & 1);
 
         /* the step's `whole` test reads its two bounds before the GEMMs are issued: read after the
          * issue, the loads queued behind the GEMMs' operand reads in the shared-memory pipe, and
@@ -498,11 +461,11 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         wgmma_commit();
         issue_rs<DP, BMQ>(dk, ds, q);   /* dK += dSᵀ·Q */
         wgmma_commit();
-        const int buf = gs % NDS;
+        const int buf = it % NDS;
         uint8_t *dsb = sds + buf * KB;
         /* the dQ warpgroup has read what this buffer held NDS steps ago (the first NDS
          * waits, on parity 1 of a fresh barrier, pass at once) */
-        mbar_wait(&dsempty[buf], ((gs / NDS) & 1) ^ 1);
+        mbar_wait(&dsempty[buf], ((it / NDS) & 1) ^ 1);
         /* dS, not dSᵀ, for the dQ warpgroup's dQᵀ = Kᵀ·dSᵀ (issue_dqt): rows of queries, this
          * warpgroup's 64 keys a 128-byte row of block cg, 16-byte pieces swizzled by the
          * query's row % 8. ds[g] holds the 8 x 8 tiles (queries 8j.., keys kh·8..) with j
@@ -521,10 +484,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         fence_regs_u32<16>(&pp[0][0]);
         fence_regs_u32<16>(&ds[0][0]);
         mbar_arrive(&empty[s]);
-      }
-      /* the S and dP GEMMs, the readers of K and V, are done: the producer may load the next
-       * item's while these registers leave */
-      mbar_arrive(kvempty);
+    }
 
     /* dK and dV in 16-byte stores: a quad's four lanes hold a row's 8-column groups j0..j0 + 3 two
      * columns each (one bf16 pair a lane); a quad transpose gives lane t4 all eight columns of group
@@ -557,8 +517,6 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
             }
         }
     }
-      base += n, kvi++;
-    }
 #else
     __trap();   /* built for sm_90a only: the row needs compute capability 9.0 */
 #endif
@@ -572,7 +530,7 @@ static int dp_of(int64_t D) { return D <= 64 ? 64 : 128; }
 static size_t bwd_smem(int DP) {
     const size_t nc = (size_t)DP / 64;
     return 1024 + 2 * nc * BNK * 128 + 2 * STAGES * nc * BMQ * 128 + NDS * BNK * 128 + STAGES * 4 * BMQ * 4 +
-           STAGES * 8 * LK_FLEX_TILE + 8 * (2 + 2 * STAGES + 2 * NDS);
+           STAGES * 8 * LK_FLEX_TILE + 8 * (1 + 2 * STAGES + 2 * NDS);
 }
 
 /* Query tiles of 64 rows a head: whole 128-row tiles of the BlockMask, because flex's walk
@@ -589,7 +547,7 @@ typedef struct {
 static pieces pieces_of(const lk_attention_args *a) {
     const lk_attn_dims d = lk_attn_dims_of(a);
     const size_t nqt = (size_t)tiles_of(d.Sq), bh = (size_t)(d.B * d.Hq);
-    pieces p = {up(bh * nqt * 2 * BMQ * 4), up(nqt * 2 * BMQ * 4), up(bh * nqt * (size_t)dp_of(d.D) / 64 * CHUNK * 4 + 4),
+    pieces p = {up(bh * nqt * 2 * BMQ * 4), up(nqt * 2 * BMQ * 4), up(bh * nqt * (size_t)dp_of(d.D) / 64 * CHUNK * 4),
                 a->s_aux.data && a->ds_aux.data ? up(lk_attn_lse_bytes(a)) : 0};
     return p;
 }
@@ -615,9 +573,7 @@ static lk_status launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUte
                         const bwd_geom &g, cudaStream_t st) {
     const size_t sh = bwd_smem(DP);
     LK_CUDA_TRY(cudaFuncSetAttribute(fa3_bwd<DP, FLEX, ALIBI>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
-    /* persistent: a block an SM, taking items in grid_order.cuh's order, one at a time */
-    const int64_t items = (int64_t)g.heads * g.nkt, sms = lk_hw_get()->cuda_sms > 0 ? lk_hw_get()->cuda_sms : 132;
-    fa3_bwd<DP, FLEX, ALIBI><<<(unsigned)(items < sms ? items : sms), THREADS, sh, st>>>(tq, tk, tv, tdo, g);
+    fa3_bwd<DP, FLEX, ALIBI><<<(unsigned)g.heads * (unsigned)g.nkt, THREADS, sh, st>>>(tq, tk, tv, tdo, g);
     LK_CUDA_LAUNCHED("attention: flash_attention_3 backward");
     return LK_OK;
 }
@@ -642,7 +598,6 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
     if (!stats || !rows || !g.dq_acc || (pc.sink_part && !sink_part))
         return lk_error(LK_ENOMEM, "attention: flash_attention_3: no room for the backward's row stats and dq sums");
     g.stats = stats, g.rows = rows;
-    g.taken = (int *)(g.dq_acc + (size_t)(d.B * d.Hq) * nqt * (DP / 64) * CHUNK);
     g.dk = (lk_bf16_t *)a->dk.data, g.dv = (lk_bf16_t *)a->dv.data;
     g.Sq = (int)d.Sq, g.Skv = (int)d.Skv, g.Hq = (int)d.Hq, g.Hkv = (int)d.Hkv, g.G = (int)d.G, g.D = (int)d.D;
     g.nqt = nqt, g.scale = d.scale, g.scale2 = d.scale * LOG2E;

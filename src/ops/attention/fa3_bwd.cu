@@ -42,6 +42,9 @@
  * gone; git has it, 9981edd and before); 0.96-0.99x in the thirtieth session, whose
  * profile beside cuDNN's own backward (persistent, 17% fewer operand bytes from shared
  * memory, tensor pipe 67% where this kernel's is 60%) NOTES gives with the layouts counted.
+ * Tried and measured slower (thirty-first session): this kernel made persistent (a block an SM
+ * taking key blocks in turn, the next one's K/V loading while dK/dV leave: 3bb2b0c, bc1ab4c,
+ * +2-24%), and dQ converted by the step that adds last into its tile (f78afe5, +16-70%).
  * A fourth warpgroup for dQ alone does not fit the registers (24 + 56 + 2 · 224 > 504 a
  * thread); nor do m64n64 dQ chunks (64 + 2 · 216: the math warpgroups spill).
  * Layouts are fa3.cu's (rows of 64 elements in TMA's 128-byte swizzle). What this kernel
@@ -488,9 +491,10 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
 
     /* dK and dV in 16-byte stores: a quad's four lanes hold a row's 8-column groups j0..j0 + 3 two
      * columns each (one bf16 pair a lane); a quad transpose gives lane t4 all eight columns of group
-     * j0 + t4. (Four-byte stores of the pairs, a warp's 32 of them over 8 rows, held 5.3% of the
-     * sliding-window backward's stall samples: bench/NOTES.md, thirtieth session.) D % 8 == 0
-     * (hopper_takes), so a group lies wholly inside D or wholly past it. */
+     * j0 + t4. Four-byte stores of the pairs, a warp's 32 of them over 8 rows, held 5.3% of the
+     * sliding-window backward's stall samples; these took 4-5% off flex's sliding and documents
+     * fwd+bwd and ~3% off fa3's (bench/NOTES.md, thirty-first session). D % 8 == 0 (hopper_takes),
+     * so a group lies wholly inside D or wholly past it. */
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int key = key0 + 8 * r;

@@ -20,11 +20,8 @@ source tests/cuda/h200_env.sh
 t0=$(date +%s)
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLLMKERN_CUDA=ON "${CARRIED[@]}" >"$OUT/cmake.log" 2>&1 ||
-  { tail -30 "$OUT/cmake.log"; exit 1; }
+h200_build "$BUILD" cuda_test_attention cuda_test_attention_select llmkern_cli llmkern_peers_shim || exit 1
 grep "llmkern:" "$OUT/cmake.log"
-cmake --build "$BUILD" -j "$(nproc)" --target cuda_test_attention cuda_test_attention_select llmkern_cli \
-  llmkern_peers_shim >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
 echo "== built in $(( $(date +%s) - t0 )) s"
 "$BUILD/llmkern" list | grep -E "^GPU|attention|cudnn|flash" | head -20
 "$BUILD/llmkern" explain --device cuda | grep -E "^OP|^attention"

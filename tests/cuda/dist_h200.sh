@@ -15,9 +15,7 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 BUILD=${BUILD:-build-h200}
 exec > >(tee "$OUT/dist_h200.log") 2>&1
-# NVLink multicast off, whatever the caller's environment (multi-GPU hosts are shared).
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-source tests/cuda/h200_env.sh   # the carried packages: CARRIED, PKG_CONFIG_PATH, PYTHONPATH
+source tests/cuda/h200_env.sh   # the carried packages, h200_build, NVLink multicast off
 
 N=$(nvidia-smi -L | grep -c '^GPU')
 nvidia-smi --query-gpu=index,name,clocks.sm,memory.used --format=csv
@@ -26,11 +24,9 @@ if [ "$N" -lt 2 ]; then
   exit 77
 fi
 echo "== build ($N GPUs)"
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLLMKERN_CUDA=ON "${CARRIED[@]}" >"$OUT/cmake.log" 2>&1 ||
-  { tail -30 "$OUT/cmake.log"; exit 1; }
+h200_build "$BUILD" || exit 1
 grep -q "building the MPI communicator" "$OUT/cmake.log" ||
   { echo "dist_h200: CMake found no MPI here (cmake.log): the multi-GPU tests and the trainer's mesh need it"; exit 1; }
-cmake --build "$BUILD" -j "$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
 MPIEXEC=$(sed -n 's/^MPIEXEC_EXECUTABLE:[A-Z]*=//p' "$BUILD/CMakeCache.txt")
 
 echo "== multi-GPU tests"

@@ -18,15 +18,13 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1
 source tests/cuda/h200_env.sh >/dev/null 2>&1
 B=${B:-$(cd .. && pwd)/build-e2e}
 export B
 t0=$(date +%s)
 if [ ! -x "$B/llmkern" ] || [ "${1:-tests}" = tests ]; then
-  cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DLLMKERN_CUDA=ON "${CARRIED[@]}" >"$OUT/cmake.log" 2>&1 ||
-    { tail -20 "$OUT/cmake.log"; exit 1; }
-  cmake --build "$B" -j "$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -30; exit 1; }
+  h200_build "$B" || exit 1
   echo "built in $(( $(date +%s) - t0 )) s"
 fi
 case "${1:-tests}" in

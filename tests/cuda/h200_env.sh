@@ -1,4 +1,5 @@
-# h200_env.sh — sourced by the H200 scripts (run_h200.sh, attn_h200.sh) from the repo root:
+# h200_env.sh — sourced by the H200 scripts (run_h200.sh, attn_h200.sh, moe_h200.sh, e2e_h200.sh,
+# dist_h200.sh) from the repo root: turns NVLink multicast off (multi-GPU hosts are shared; KINDS.md),
 # unpacks the carried .debs (.carry/debs: libyaml, cmocka, OpenBLAS, pkgconf, jansson,
 # cairo and the runtime libraries cairo needs) into .carry/prefix, never into /, installs
 # the carried wheels (.carry/whl: Liger-Kernel, nvidia-cudnn-frontend) into /tmp/site, and
@@ -6,6 +7,7 @@
 # already has is dropped again (a copy on LD_LIBRARY_PATH would shadow the host's for
 # every program of the run: python's pyexpat on an older libexpat, say); what is linked
 # by name (a -dev package's libX.so) stays.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 PFX=$PWD/.carry/prefix
 LIB=$PFX/usr/lib/x86_64-linux-gnu
 if ls .carry/debs/*.deb >/dev/null 2>&1; then
@@ -42,3 +44,15 @@ if ls .carry/whl/*.whl >/dev/null 2>&1; then
     .carry/whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 
+# h200_build DIR [TARGET ...]: configures DIR (Release, CUDA, the carried packages) and builds the
+# targets (everything without any), logs in $OUT/cmake.log and $OUT/build.log; on a failure prints
+# what failed and returns 1: `h200_build "$BUILD" ... || exit 1`.
+h200_build() {
+  local dir=$1
+  shift
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Release -DLLMKERN_CUDA=ON "${CARRIED[@]}" >"$OUT/cmake.log" 2>&1 ||
+    { tail -30 "$OUT/cmake.log"; return 1; }
+  cmake --build "$dir" -j "$(nproc)" ${1:+--target} "$@" >"$OUT/build.log" 2>&1 ||
+    { if grep -q error "$OUT/build.log"; then grep -E "error" -A3 "$OUT/build.log" | head -40
+      else tail -20 "$OUT/build.log"; fi; return 1; }
+}

@@ -20,17 +20,14 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 BUILD=${BUILD:-$(cd .. && pwd)/build-moe}
 exec > >(tee "$OUT/moe_h200.log") 2>&1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1
 source tests/cuda/h200_env.sh
 t0=$(date +%s)
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLLMKERN_CUDA=ON "${CARRIED[@]}" >"$OUT/cmake.log" 2>&1 ||
-  { tail -30 "$OUT/cmake.log"; exit 1; }
-grep "llmkern:" "$OUT/cmake.log"
 TESTS=$(ls tests/cuda/test_moe_*.c | sed 's|.*/test_|cuda_test_|; s|\.c$||')
-cmake --build "$BUILD" -j "$(nproc)" --target $TESTS llmkern_cli llmkern_peers_shim >"$OUT/build.log" 2>&1 ||
-  { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
+h200_build "$BUILD" $TESTS llmkern_cli llmkern_peers_shim || exit 1
+grep "llmkern:" "$OUT/cmake.log"
 echo "== built in $(( $(date +%s) - t0 )) s"
 # registers and spills of the Hopper kernels (sm_90a alone), beside the tests
 NVCC=$(sed -n 's/^CMAKE_CUDA_COMPILER:[A-Z]*=//p' "$BUILD/CMakeCache.txt")

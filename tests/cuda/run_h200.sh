@@ -23,16 +23,11 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 BUILD=${BUILD:-build-h200}
 exec > >(tee "$OUT/run_h200.log") 2>&1
-# NVLink multicast off, whatever the caller's environment (multi-GPU hosts are shared).
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-
-source tests/cuda/h200_env.sh   # the carried packages and wheels: CARRIED, PKG_CONFIG_PATH, PYTHONPATH
+source tests/cuda/h200_env.sh   # the carried packages and wheels, h200_build, NVLink multicast off
 
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
 echo "== build"
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DLLMKERN_CUDA=ON "${CARRIED[@]}" >"$OUT/cmake.log" 2>&1 ||
-  { tail -30 "$OUT/cmake.log"; exit 1; }
-cmake --build "$BUILD" -j "$(nproc)" >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
+h200_build "$BUILD" || exit 1
 "$BUILD/llmkern" list | grep -E "^GPU|cuda " | head -12
 echo "== GPU tests"
 ctest --test-dir "$BUILD" -R cuda_ --output-on-failure -j 3 2>&1 | tee "$OUT/ctest_cuda.log" | tail -15

@@ -2,11 +2,10 @@
  * order (a block owns keys, walks the query rows that see them, recomputes P from the
  * saved LSE) on wgmma with TMA loads, written for llmkern. bf16 in and out, f32 inside.
  *
- *   prep       half a warp a query row (padded to 64-row tiles): delta = rowsum(dO ∘ O), the
+ *   prep       a warp a query row (padded to 64-row tiles): delta = rowsum(dO ∘ O), the
  *              LSE in log2 units (+inf where a row sees nothing or lies past S_q, so its
  *              P is 0), each row's visible keys [lo, hi), the sink's share; laid out so
- *              one 512-byte bulk copy brings a tile's LSE and delta, another its lo/hi;
- *              and it zeroes the dQ workspace.
+ *              one 512-byte bulk copy brings a tile's LSE and delta, another its lo/hi.
  *   a block    128 keys of one (b, h_kv); three warpgroups (384 threads):
  *   producer   warpgroup 0 (setmaxnreg 56) is producer and dQ warpgroup at once. Its thread 0
  *   and dQ     loads K and V once by TMA, then, for every q head of the group and every
@@ -113,16 +112,11 @@ extern "C" void lk_attn_grid_block(lk_attn_order order, int heads, int tiles, in
  * 4.8 ms: bench/NOTES.md, eighteenth session). */
 static __global__ void __launch_bounds__(256) fa3_bwd_prep(const lk_bf16_t *out, const lk_bf16_t *dout,
                                                            const float *lse, const float *sink, float *stats,
-                                                           int *rows, float *sink_part, float *dq_acc, lk_attn_vis vis,
-                                                           int64_t BH, int Hq, int Sq, int D, int nqt, int nz) {
-    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, r = t >> 4;
+                                                           int *rows, float *sink_part, lk_attn_vis vis, int64_t BH,
+                                                           int Hq, int Sq, int D, int nqt) {
+    const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 4;
     const int c = threadIdx.x & 15;
     const bool live = r < BH * nqt * BMQ;
-    /* the dQ workspace (a row's DP floats for each padded row: nz = DP / 64 float4s a thread)
-     * zeroed here, where a cudaMemsetAsync of its own took ~65 us over 268 MB beside prep's
-     * 76 us (B 2, H 32, S 8192; bench/NOTES.md, thirty-second session) */
-    if (live)
-        for (int e = 0; e < nz; e++) reinterpret_cast<float4 *>(dq_acc)[t * nz + e] = make_float4(0.f, 0.f, 0.f, 0.f);
     const int i = live ? (int)(r % ((int64_t)nqt * BMQ)) : Sq;
     const int64_t bh = live ? r / ((int64_t)nqt * BMQ) : 0, b = bh / Hq;
     const int h = (int)(bh % Hq), qt = i / BMQ, ri = i % BMQ;
@@ -617,9 +611,9 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
     const int64_t prow = d.B * d.Hq * nqt * BMQ;
     fa3_bwd_prep<<<(unsigned)lk_cdiv(prow, 16), 256, 0, st>>>(
         (const lk_bf16_t *)a->out.data, (const lk_bf16_t *)a->dout.data, (const float *)a->saved.data,
-        (const float *)a->s_aux.data, stats, rows, sink_part, g.dq_acc, g.vis, d.B * d.Hq, (int)d.Hq, (int)d.Sq,
-        (int)d.D, nqt, DP / 64);
+        (const float *)a->s_aux.data, stats, rows, sink_part, g.vis, d.B * d.Hq, (int)d.Hq, (int)d.Sq, (int)d.D, nqt);
     LK_CUDA_LAUNCHED("attention: flash_attention_3 backward prep");
+    LK_CUDA_TRY(cudaMemsetAsync(g.dq_acc, 0, pc.dq_acc, st));
 
     if (d.Skv > 0) {
         CUtensorMap tq, tk, tv, tdo;

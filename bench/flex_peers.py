@@ -9,8 +9,10 @@ random bf16 inputs, CUDA events, the mean of --reps after one untimed pass); tor
 events around the compiled call (the median of --reps after two warm-ups). The document ids
 are drawn by the same xorshift as the shim's, so both sides see the same documents. torch's
 compiles take time: --torch-s bounds the whole torch part (a mask not reached says so).
+--no-torch times llmkern's rows alone (an A/B of two builds, no torch in the process):
 
   python3 bench/flex_peers.py --build $B [--shape 2,32,8192,128] [--out DIR]
+  for s in $B $A $B $A; do python3 bench/flex_peers.py --build $s --no-torch --out /tmp/x | grep ^llmkern; done
 """
 import argparse
 import ctypes
@@ -26,6 +28,7 @@ P.add_argument("--build", default="build")
 P.add_argument("--shape", default="2,32,8192,128", help="B,H,S,D")
 P.add_argument("--reps", type=int, default=10)
 P.add_argument("--torch-s", type=float, default=240.0)
+P.add_argument("--no-torch", action="store_true", help="llmkern's rows alone")
 P.add_argument("--out", default=os.environ.get("OUT", "."))
 A = P.parse_args()
 B, H, S, D = (int(x) for x in A.shape.split(","))
@@ -84,52 +87,58 @@ def doc_ids():
     return ids
 
 
-t0 = time.time()
-try:
-    import torch
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    dev = torch.device("cuda")
-    flex = torch.compile(flex_attention)
-    q, k, v, dout = (torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16) for _ in range(4))
-    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
-    docs = torch.tensor(doc_ids(), device=dev, dtype=torch.int32)
-    mods = {
-        1: lambda b, h, i, j: i >= j,
-        2: lambda b, h, i, j: (i >= j) & (i - j < 1024),
-        3: lambda b, h, i, j: (i >= j) & (docs[b, i] == docs[b, j]),
-        4: lambda b, h, i, j: (j < 2048) | (i >= j),
-    }
+def time_torch():
+    """torch's compiled flex_attention on the same masks, rows added beside llmkern's."""
+    t0 = time.time()
+    try:
+        import torch
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        dev = torch.device("cuda")
+        flex = torch.compile(flex_attention)
+        q, k, v, dout = (torch.randn(B, H, S, D, device=dev, dtype=torch.bfloat16) for _ in range(4))
+        qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+        docs = torch.tensor(doc_ids(), device=dev, dtype=torch.int32)
+        mods = {
+            1: lambda b, h, i, j: i >= j,
+            2: lambda b, h, i, j: (i >= j) & (i - j < 1024),
+            3: lambda b, h, i, j: (i >= j) & (docs[b, i] == docs[b, j]),
+            4: lambda b, h, i, j: (j < 2048) | (i >= j),
+        }
 
-    def timed(fn):
-        for _ in range(2):
-            fn()
-        ts = []
-        for _ in range(A.reps):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            fn()
-            e1.record()
-            torch.cuda.synchronize()
-            ts.append(e0.elapsed_time(e1))
-        return statistics.median(ts)
+        def timed(fn):
+            for _ in range(2):
+                fn()
+            ts = []
+            for _ in range(A.reps):
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                fn()
+                e1.record()
+                torch.cuda.synchronize()
+                ts.append(e0.elapsed_time(e1))
+            return statistics.median(ts)
 
-    for name, kind, _ in MASKS:
-        if time.time() - t0 > A.torch_s:
-            print(f"torch flex_attention {name}: not reached within --torch-s {A.torch_s:.0f} s", flush=True)
-            continue
-        bm = create_block_mask(mods[kind], B if kind == 3 else None, None, S, S, device=dev)
-        density = [r["density"] for r in rows if r["mask"] == name][0] if any(r["mask"] == name for r in rows) else 0.5
+        for name, kind, _ in MASKS:
+            if time.time() - t0 > A.torch_s:
+                print(f"torch flex_attention {name}: not reached within --torch-s {A.torch_s:.0f} s", flush=True)
+                continue
+            bm = create_block_mask(mods[kind], B if kind == 3 else None, None, S, S, device=dev)
+            density = [r["density"] for r in rows if r["mask"] == name][0] if any(r["mask"] == name for r in rows) else 0.5
 
-        def f():
-            return flex(q, k, v, block_mask=bm)
+            def f():
+                return flex(q, k, v, block_mask=bm)
 
-        def fb():
-            o = flex(qg, kg, vg, block_mask=bm)
-            torch.autograd.grad(o, (qg, kg, vg), dout)
+            def fb():
+                o = flex(qg, kg, vg, block_mask=bm)
+                torch.autograd.grad(o, (qg, kg, vg), dout)
 
-        add("torch flex_attention (compiled)", name, density, [timed(f), timed(fb)])
-except Exception as e:  # noqa: BLE001 - the torch side is reported, not fatal
-    print(f"torch flex_attention: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            add("torch flex_attention (compiled)", name, density, [timed(f), timed(fb)])
+    except Exception as e:  # noqa: BLE001 - the torch side is reported, not fatal
+        print(f"torch flex_attention: {type(e).__name__}: {str(e)[:300]}", flush=True)
+
+
+if not A.no_torch:
+    time_torch()
 
 lines = ["| who | mask | density | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s |", "|---|---|---|---|---|---|---|"]
 lines += [f"| {r['who']} | {r['mask']} | {r['density']:.3f} | {r['fwd_ms']:.3f} | {r['fwd']:.1f} | {r['fb_ms']:.3f} | "

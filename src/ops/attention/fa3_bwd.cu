@@ -107,62 +107,49 @@ extern "C" void lk_attn_grid_block(lk_attn_order order, int heads, int tiles, in
 
 /* --- prep and convert ----------------------------------------------------------------- */
 
-/* Half a warp PREP_ROWS query rows (padded to 64-row tiles), a lane 8 elements of O and of dO
- * in one 16-byte load each (D is a multiple of 8 and at most 128; the tensors 16-byte aligned),
- * every row's loads issued before the first is summed. The first version, a warp a row and a
- * lane 2 bytes a load, ran at a fraction of HBM's rate (with the convert's first version ~7.8 ms
- * of a 0.6B dense step: bench/NOTES.md, eighteenth session); a row a half-warp, 76-79 us for the
- * 134 MB of O and dO at B 2, H 32, S 8192 (1.8 TB/s): a thread's two loads, then its block
- * gone, 31 rounds of DRAM's latency over 32,768 blocks (thirty-second session). */
-#define PREP_ROWS 4
+/* Half a warp a query row (padded to 64-row tiles), a lane 8 elements of O and of dO in one
+ * 16-byte load each (D is a multiple of 8 and at most 128; the tensors 16-byte aligned): the
+ * first version, a warp a row and a lane 2 bytes a load, ran at a fraction of HBM's rate
+ * (with the convert's first version ~7.8 ms of a 0.6B dense step; now 79 + 93 us a layer,
+ * 4.8 ms: bench/NOTES.md, eighteenth session). */
 static __global__ void __launch_bounds__(256) fa3_bwd_prep(const lk_bf16_t *out, const lk_bf16_t *dout,
                                                            const float *lse, const float *sink, float *stats,
                                                            int *rows, float *sink_part, lk_attn_vis vis, int64_t BH,
                                                            int Hq, int Sq, int D, int nqt) {
-    /* a half-warp's rows lie in one head: a head has nqt · 64 rows, a multiple of PREP_ROWS */
-    const int64_t head_rows = (int64_t)nqt * BMQ;
-    const int64_t r0 = (((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 4) * PREP_ROWS;
+    const int64_t r = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 4;
     const int c = threadIdx.x & 15;
-    if (r0 >= BH * head_rows) return;   /* the whole warp (8 rows of a count of 64s): the sums need it all */
-    const int64_t bh = r0 / head_rows, b = bh / Hq;
-    const int h = (int)(bh % Hq), i0 = (int)(r0 % head_rows);
-    uint4 o[PREP_ROWS], g[PREP_ROWS];
-#pragma unroll
-    for (int j = 0; j < PREP_ROWS; j++) {
-        o[j] = g[j] = make_uint4(0u, 0u, 0u, 0u);   /* bf16 zeros */
-        if (i0 + j < Sq && 8 * c < D) {
-            const int64_t off = ((b * Sq + i0 + j) * Hq + h) * D + 8 * c;
-            o[j] = *reinterpret_cast<const uint4 *>(out + off), g[j] = *reinterpret_cast<const uint4 *>(dout + off);
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < PREP_ROWS; j++) {
-        const __nv_bfloat162 *o2 = reinterpret_cast<const __nv_bfloat162 *>(&o[j]),
-                             *g2 = reinterpret_cast<const __nv_bfloat162 *>(&g[j]);
-        float delta = 0.0f;
+    const bool live = r < BH * nqt * BMQ;
+    const int i = live ? (int)(r % ((int64_t)nqt * BMQ)) : Sq;
+    const int64_t bh = live ? r / ((int64_t)nqt * BMQ) : 0, b = bh / Hq;
+    const int h = (int)(bh % Hq), qt = i / BMQ, ri = i % BMQ;
+    float delta = 0.0f;
+    if (i < Sq && 8 * c < D) {
+        const int64_t off = ((b * Sq + i) * Hq + h) * D + 8 * c;
+        const uint4 o = *reinterpret_cast<const uint4 *>(out + off), g = *reinterpret_cast<const uint4 *>(dout + off);
+        const __nv_bfloat162 *o2 = reinterpret_cast<const __nv_bfloat162 *>(&o),
+                             *g2 = reinterpret_cast<const __nv_bfloat162 *>(&g);
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const float2 x = __bfloat1622float2(o2[e]), y = __bfloat1622float2(g2[e]);
             delta += x.x * y.x + x.y * y.y;
         }
-        delta = lk_group_sum<16>(delta);
-        if (c) continue;
-        const int i = i0 + j, qt = i / BMQ, ri = i % BMQ;
-        float lse2 = INFINITY;
-        if (i < Sq) {
-            const float l = lse[bh * Sq + i];
-            if (l > -INFINITY) lse2 = l * LOG2E;
-            if (sink_part) sink_part[bh * Sq + i] = l > -INFINITY ? -expf(sink[h] - l) * delta : 0.0f;
-        } else {
-            delta = 0.0f;
-        }
-        float *st = stats + (bh * nqt + qt) * 2 * BMQ;
-        st[ri] = lse2, st[BMQ + ri] = delta;
-        if (bh == 0) {   /* rows past S_q see nothing: lo = hi = S_kv keeps a tile with them on the masked path */
-            int lo = vis.Skv, hi = vis.Skv;
-            if (i < Sq) lk_attn_row_iv(vis, i, lo, hi);
-            rows[qt * 2 * BMQ + ri] = lo, rows[qt * 2 * BMQ + BMQ + ri] = hi;
-        }
+    }
+    delta = lk_group_sum<16>(delta);
+    if (!live || c) return;
+    float lse2 = INFINITY;
+    if (i < Sq) {
+        const float l = lse[bh * Sq + i];
+        if (l > -INFINITY) lse2 = l * LOG2E;
+        if (sink_part) sink_part[bh * Sq + i] = l > -INFINITY ? -expf(sink[h] - l) * delta : 0.0f;
+    } else {
+        delta = 0.0f;
+    }
+    float *st = stats + (bh * nqt + qt) * 2 * BMQ;
+    st[ri] = lse2, st[BMQ + ri] = delta;
+    if (bh == 0) {   /* rows past S_q see nothing: lo = hi = S_kv keeps a tile with them on the masked path */
+        int lo = vis.Skv, hi = vis.Skv;
+        if (i < Sq) lk_attn_row_iv(vis, i, lo, hi);
+        rows[qt * 2 * BMQ + ri] = lo, rows[qt * 2 * BMQ + BMQ + ri] = hi;
     }
 }
 
@@ -624,7 +611,7 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
     g.order = lk_attn_order_of(flex ? 0 : a->causal, g.heads, g.nkt);
 
     const int64_t prow = d.B * d.Hq * nqt * BMQ;
-    fa3_bwd_prep<<<(unsigned)lk_cdiv(prow, 16 * PREP_ROWS), 256, 0, st>>>(
+    fa3_bwd_prep<<<(unsigned)lk_cdiv(prow, 16), 256, 0, st>>>(
         (const lk_bf16_t *)a->out.data, (const lk_bf16_t *)a->dout.data, (const float *)a->saved.data,
         (const float *)a->s_aux.data, stats, rows, sink_part, g.vis, d.B * d.Hq, (int)d.Hq, (int)d.Sq, (int)d.D, nqt);
     LK_CUDA_LAUNCHED("attention: flash_attention_3 backward prep");

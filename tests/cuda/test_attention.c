@@ -256,7 +256,7 @@ static void fa3_against_reference(void **state) {
         /* the Hopper backward unmasked: GQA 4:1, several key blocks a head, odd lengths */
         {.B = 2, .Hq = 8, .Hkv = 2, .Sq = 300, .Skv = 701, .D = 128},
         {.B = 3, .Hq = 6, .Hkv = 3, .Sq = 257, .D = 64, .scale = 0.2f},
-        /* nine key blocks of a head add into every dQ tile at once; the last converts it */
+        /* nine key blocks of a head add into every dQ tile at once; S ends in a partial tile */
         {.B = 1, .Hq = 8, .Hkv = 4, .Sq = 1100, .D = 128},
         {.B = 2, .Hq = 8, .Hkv = 2, .Sq = 300, .D = 128, .causal = 1, .deterministic = 1},   /* fa2's dq pass */
     };

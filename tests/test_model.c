@@ -404,10 +404,11 @@ static void residual_stream_is_f32(void **state) {
 static double grad_rel_l2(lk_model *a, lk_model *b) {
     double d = 0, n = 0;
     for (int i = 0; i < lk_model_param_count(a); i++) {
-        const float *ga = lk_model_param(a, i)->grad.data, *gb = lk_model_param(b, i)->grad.data;
-        for (int64_t j = 0; j < lk_tensor_numel(&lk_model_param(a, i)->grad); j++) {
-            d += ((double)ga[j] - gb[j]) * ((double)ga[j] - gb[j]);
-            n += (double)ga[j] * ga[j];
+        const lk_tensor *ga = &lk_model_param(a, i)->grad, *gb = &lk_model_param(b, i)->grad;
+        for (int64_t j = 0; j < lk_tensor_numel(ga); j++) {
+            double x = lk_load(ga->data, ga->dtype, j), y = lk_load(gb->data, gb->dtype, j);
+            d += (x - y) * (x - y);
+            n += x * x;
         }
     }
     return sqrt(d / n);
@@ -546,7 +547,7 @@ static void bf16_master(void **state) {
             const lk_param *p = lk_model_param(q, i);
             assert_int_equal(p->value.dtype, LK_BF16);
             assert_int_equal(p->grad.dtype, LK_F32);
-            assert_ptr_equal(p->value.data, (const char *)q->wc + ((const float *)p->grad.data - q->g) * 2);
+            assert_ptr_equal(p->value.data, (const char *)q->wc + ((const char *)p->grad.data - (const char *)q->g) / 2);
             assert_null(lk_model_param_copy(q, i));   /* the values are what the ops read */
         }
         assert_int_equal(lk_model_set_dtype(q, LK_F32), LK_EDTYPE);
@@ -574,7 +575,7 @@ static void bf16_master(void **state) {
         assert_non_null(q->w);
         for (int64_t i = 0; i < q->n_floats; i++) assert_true(q->w[i] == lk_bf16_to_f32(wc[i]));
         assert_int_equal(lk_model_param(q, 0)->value.dtype, LK_F32);
-        assert_ptr_equal(lk_model_param(q, 0)->value.data, q->w + ((const float *)lk_model_param(q, 0)->grad.data - q->g));
+        assert_ptr_equal(lk_model_param(q, 0)->value.data, q->w + ((const float *)lk_model_param(q, 0)->grad.data - (const float *)q->g));
         assert_int_equal(lk_model_set_dtype(q, LK_F32), LK_OK);
         lk_model_free(f), lk_model_free(h), lk_model_free(q), lk_model_free(q2);
     }
@@ -582,6 +583,73 @@ static void bf16_master(void **state) {
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);
+}
+
+/* bf16 gradients (lk_model_set_grad_dtype, train.main_grads_dtype): every parameter's grad
+ * a bf16 view at its offset in one bf16 buffer; the forward is untouched (the same loss
+ * bits); each op sums in f32 and rounds as its gradient lands, so the gradients are the
+ * f32-gradient model's within bf16 rounding: 2^-9 an element, 2^-8 where two ops add into
+ * one (a tied embedding), held to 4e-3 relative L2 of all of them. Poisoned grads are gone
+ * after lk_model_zero_grad (every bf16 byte zeroed, the expert stacks left for the backward
+ * to write); a second micro-batch adds (0.5 + 0.5 against 1, within 8e-3). Refused: an f32
+ * model, a dtype not f32 or bf16, and the f32 compute dtype under bf16 gradients, each with
+ * the model unchanged; f32 again gives f32 zeros. */
+static void bf16_grads(void **state) {
+    (void)state;
+    lk_batch b;
+    make_batch(&b, 43);
+    for (int moe = 0; moe <= 1; moe++) {
+        lk_model *h = create(moe, "fused", 0, 47), *q = create(moe, "fused", 0, 47);
+        assert_int_equal(lk_model_set_grad_dtype(q, LK_BF16), LK_EDTYPE);   /* an f32 model */
+        assert_non_null(strstr(lk_last_error(), "expected a bf16 model (lk_model_set_dtype), got f32"));
+        assert_int_equal(lk_model_grad_dtype(q), LK_F32);
+        assert_int_equal(lk_model_set_dtype(h, LK_BF16), LK_OK);
+        assert_int_equal(lk_model_set_dtype(q, LK_BF16), LK_OK);
+        assert_int_equal(lk_model_set_grad_dtype(q, LK_F16), LK_EDTYPE);
+        assert_non_null(strstr(lk_last_error(), "expected f32 or bf16, got f16"));
+        assert_int_equal(lk_model_set_grad_dtype(NULL, LK_BF16), LK_EINVAL);
+        assert_int_equal(lk_model_set_grad_dtype(q, LK_BF16), LK_OK);
+        assert_int_equal(lk_model_grad_dtype(q), LK_BF16);
+        int64_t n;
+        uint16_t *g = lk_model_grads(q, &n);
+        assert_ptr_equal(g, q->g);
+        assert_int_equal(n, q->n_floats);
+        for (int i = 0; i < lk_model_param_count(q); i++) {
+            const lk_param *p = lk_model_param(q, i), *ph = lk_model_param(h, i);
+            assert_int_equal(p->grad.dtype, LK_BF16);
+            assert_int_equal(p->value.dtype, LK_F32);   /* the master stays */
+            assert_ptr_equal(p->grad.data, g + ((const float *)ph->grad.data - (const float *)h->g));
+        }
+        for (int64_t i = 0; i < n; i++) assert_int_equal(g[i], 0);
+        assert_int_equal(lk_model_set_dtype(q, LK_F32), LK_EDTYPE);
+        assert_non_null(strstr(lk_last_error(), "the gradients are bf16 (lk_model_set_grad_dtype)"));
+        assert_int_equal(lk_model_dtype(q), LK_BF16);
+        for (int64_t i = 0; i < n; i++) g[i] = 0x7fc1;   /* NaN: lk_model_zero_grad must clear every one */
+        lk_model_zero_grad(q);
+        lk_step_stats sh, sq;
+        fwd_bwd(h, &b, 1.0f, &sh);
+        fwd_bwd(q, &b, 1.0f, &sq);
+        assert_true(sq.loss == sh.loss);
+        g = lk_model_grads(q, &n);
+        for (int64_t i = 0; i < n; i++) assert_true(isfinite(lk_bf16_to_f32(g[i])));
+        double e = grad_rel_l2(h, q);
+        lk_model *q2 = create(moe, "fused", 0, 47);
+        assert_int_equal(lk_model_set_dtype(q2, LK_BF16), LK_OK);
+        assert_int_equal(lk_model_set_grad_dtype(q2, LK_BF16), LK_OK);
+        fwd_bwd(q2, &b, 0.5f, &sq);
+        fwd_bwd(q2, &b, 0.5f, &sq);
+        double e2 = grad_rel_l2(h, q2);
+        print_message("  %s: grads rel L2 to f32 grads %.2e; two halves %.2e\n", moe ? "moe" : "dense", e, e2);
+        assert_true(e > 0 && e <= 4e-3);   /* bf16 rounding as the gradients land */
+        assert_true(e2 <= 8e-3);
+        assert_int_equal(lk_model_set_grad_dtype(q, LK_F32), LK_OK);
+        assert_int_equal(lk_model_param(q, 0)->grad.dtype, LK_F32);
+        const float *gf = lk_model_grads(q, &n);
+        for (int64_t i = 0; i < n; i++) assert_true(gf[i] == 0.0f);
+        assert_int_equal(lk_model_set_dtype(q, LK_F32), LK_OK);
+        lk_model_free(h), lk_model_free(q), lk_model_free(q2);
+    }
+    lk_batch_free(&b);
 }
 
 /* The LM head's chunk budget (lk_model_set_lm_head_chunk_bytes, train.lm_head_chunk_bytes):
@@ -632,14 +700,14 @@ static void accumulation_adds(void **state) {
     lk_model_zero_grad(c);
     assert_int_equal(c->experts_unwritten, 1);
     for (int l = 0; l < c->cfg.num_hidden_layers; l++)
-        if (c->layers[l].moe) c->g[c->layers[l].gate_up] = NAN, c->g[c->layers[l].down + 1] = NAN;
+        if (c->layers[l].moe) ((float *)c->g)[c->layers[l].gate_up] = NAN, ((float *)c->g)[c->layers[l].down + 1] = NAN;
     fwd_bwd(c, &b, 1.0f, &st);
     assert_int_equal(c->experts_unwritten, 0);
     d = grad_diff(a, c, &scale);
     assert_true(d <= 1e-6 * scale);
     lk_model_zero_grad(c);   /* read before a backward: zeros (lk_model_grads zeros the stacks first) */
     for (int l = 0; l < c->cfg.num_hidden_layers; l++)
-        if (c->layers[l].moe) c->g[c->layers[l].gate_up] = NAN;
+        if (c->layers[l].moe) ((float *)c->g)[c->layers[l].gate_up] = NAN;
     int64_t n;
     const float *g = lk_model_grads(c, &n);
     for (int64_t i = 0; i < n; i++) assert_true(g[i] == 0.0f);
@@ -877,7 +945,7 @@ static void bad_batch_rejected(void **state) {
     b.cu_seqlens[3] = 23;
     assert_int_equal(lk_model_forward_backward(m, &b, 1.0f, &st), LK_EINVAL);
     assert_true(st.loss == -1);
-    for (int64_t i = 0; i < m->n_floats; i++) assert_true(m->g[i] == 0.0f);
+    for (int64_t i = 0; i < m->n_floats; i++) assert_true(((const float *)m->g)[i] == 0.0f);
     lk_batch_free(&b);
     lk_model_free(m);
 }
@@ -910,7 +978,8 @@ int main(void) {
         cmocka_unit_test(grad_check_dense),       cmocka_unit_test(grad_check_moe),
         cmocka_unit_test(eager_matches_fused),    cmocka_unit_test(flex_matches_flash),
         cmocka_unit_test(recompute_identical),    cmocka_unit_test(keep_qk_matches),    cmocka_unit_test(bf16_follows_f32),
-        cmocka_unit_test(bf16_master),             cmocka_unit_test(lm_head_chunks),
+        cmocka_unit_test(bf16_master),             cmocka_unit_test(bf16_grads),
+        cmocka_unit_test(lm_head_chunks),
         cmocka_unit_test(residual_stream_is_f32), cmocka_unit_test(sliding_window_layers),
         cmocka_unit_test(accumulation_adds),      cmocka_unit_test(save_load_round_trip),
         cmocka_unit_test(override_reaches_module), cmocka_unit_test(bad_configs_rejected),

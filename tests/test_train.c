@@ -301,6 +301,57 @@ static void clip_by_global_norm(void **state) {
     free(a);
 }
 
+/* The norm of bf16 gradients (train.main_grads_dtype) in f64 over their widened values, as
+ * the f32 norm of those values; the clip's factor (lk_clip_scale) and AdamW reading a bf16
+ * gradient times that factor: the bits of the f32 update from widen(g) * factor in f32 (an
+ * f32 gradient clipped in place first, the trainer's old order). g_scale 0 is 1. */
+static void bf16_grads_norm_and_clip(void **state) {
+    (void)state;
+    enum { A = 9001, N = 41 };
+    uint16_t *a = malloc(A * sizeof *a);
+    float *af = malloc(A * sizeof *af);
+    double ss = 0;
+    for (int i = 0; i < A; i++) {
+        a[i] = lk_f32_to_bf16((float)sin(i * 0.37) * 0.3f);
+        af[i] = lk_bf16_to_f32(a[i]);
+        ss += (double)af[i] * af[i];
+    }
+    const void *bufs[1] = {a};
+    const int64_t len[1] = {A};
+    double norm = lk_grad_norm(bufs, len, 1, LK_BF16);
+    float *fb[1] = {af};
+    assert_true(norm == lk_clip_grad_norm(fb, len, 1, 0.0));
+    assert_true(fabs(norm - sqrt(ss)) <= 1e-12 * sqrt(ss));
+    assert_true(lk_clip_scale(norm, 0.0) == 1.0f && lk_clip_scale(norm, 2 * norm) == 1.0f);
+    assert_true(lk_clip_scale(NAN, 1.0) == 1.0f);
+    const float c = lk_clip_scale(norm, 1.0);
+    assert_true(c == (float)(1.0 / (norm + 1e-6)) && c < 1.0f);
+    float p1[N], p2[N], m1[N] = {0}, m2[N] = {0}, v1[N] = {0}, v2[N] = {0}, gf[N];
+    uint16_t gb[N];
+    for (int i = 0; i < N; i++) {
+        p1[i] = p2[i] = (float)cos(i * 0.9);
+        gb[i] = lk_f32_to_bf16((float)sin(i * 1.7) * 3.0f);
+        gf[i] = lk_bf16_to_f32(gb[i]) * c;   /* an f32 gradient clipped in place holds these */
+    }
+    lk_adamw_hparams h = {.beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+    lk_adamw_hparams hb = h;
+    hb.g_dtype = LK_BF16, hb.g_scale = c;
+    for (int t = 1; t <= 3; t++) {
+        lk_adamw_update(p1, gf, m1, v1, N, &h, 1e-2, t);
+        lk_adamw_update(p2, gb, m2, v2, N, &hb, 1e-2, t);
+    }
+    assert_memory_equal(p1, p2, sizeof p1);
+    assert_memory_equal(m1, m2, sizeof m1);
+    assert_memory_equal(v1, v2, sizeof v1);
+    hb.g_scale = 0;   /* 1 */
+    h.g_scale = 1;
+    for (int i = 0; i < N; i++) gf[i] = lk_bf16_to_f32(gb[i]);
+    lk_adamw_update(p1, gf, m1, v1, N, &h, 1e-2, 4);
+    lk_adamw_update(p2, gb, m2, v2, N, &hb, 1e-2, 4);
+    assert_memory_equal(p1, p2, sizeof p1);
+    free(a), free(af);
+}
+
 /* --- PNG ----------------------------------------------------------------------------------- */
 static uint32_t be32(const uint8_t *p) { return (uint32_t)p[0] << 24 | p[1] << 16 | p[2] << 8 | p[3]; }
 
@@ -447,7 +498,7 @@ static void yaml_train_sections_load(void **state) {
         "  seq_len: 64\n  grad_accum: 3\n  seed: 9\n  save_every: 2\n  out: /tmp/x\n  recompute: true\n"
         "  dtype: bfloat16\n  cuda_graph: true\n  deterministic: true\n  keep_qk: true\n  grad_reduce_dtype: bf16\n"
         "  profile_step: 3\n"
-        "  exp_avg_dtype: bf16\n  exp_avg_sq_dtype: bfloat16\n  main_params_dtype: bf16\n"
+        "  exp_avg_dtype: bf16\n  exp_avg_sq_dtype: bfloat16\n  main_params_dtype: bf16\n  main_grads_dtype: bf16\n"
         "  lm_head_chunk_bytes: 1GiB\n"
         "data:\n  text: corpus.txt\n");
     lk_train_config_init(&tc);
@@ -463,6 +514,7 @@ static void yaml_train_sections_load(void **state) {
     assert_int_equal(tc.exp_avg_dtype, LK_BF16);
     assert_int_equal(tc.exp_avg_sq_dtype, LK_BF16);
     assert_int_equal(tc.main_params_dtype, LK_BF16);
+    assert_int_equal(tc.main_grads_dtype, LK_BF16);
     assert_int_equal(tc.lm_head_chunk_bytes, (uint64_t)1 << 30);
     assert_int_equal(tc.profile_step, 3);
     assert_true(tc.has_model && tc.model.moe && tc.model.num_experts == 4 && tc.model.hidden_size == 32);
@@ -592,7 +644,10 @@ static void memory_estimate(void **state) {
     tc.main_params_dtype = LK_BF16;
     assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
     assert_true(m.state_bytes == (uint64_t)params * 10);
-    tc.dtype = LK_DTYPE_COUNT, tc.main_params_dtype = LK_F32;
+    tc.main_grads_dtype = LK_BF16;   /* bf16 gradients: 2 fewer */
+    assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
+    assert_true(m.state_bytes == (uint64_t)params * 8);
+    tc.dtype = LK_DTYPE_COUNT, tc.main_params_dtype = tc.main_grads_dtype = LK_F32;
     tc.exp_avg_dtype = tc.exp_avg_sq_dtype = LK_F32;
     assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
     assert_true(m.activation_bytes >= (uint64_t)tc.batch_size * tc.seq_len * tc.model.vocab_size * 4);
@@ -678,6 +733,7 @@ int main(void) {
         cmocka_unit_test(adamw_bf16_weights),
         cmocka_unit_test(schedule_warmup_then_cosine),
         cmocka_unit_test(clip_by_global_norm),
+        cmocka_unit_test(bf16_grads_norm_and_clip),
         cmocka_unit_test(png_round_trips_pixels),
         cmocka_unit_test(plot_is_a_valid_png_with_a_curve),
         cmocka_unit_test(yaml_train_sections_load),

@@ -84,6 +84,19 @@ static void resume_is_bit_identical_bf16_main(void **state) {
     assert_resume_bit_identical(&tc, &ops, tiny_config_bf16_main);
 }
 
+/* bf16 gradients (train.main_grads_dtype) beside bf16 moments and weights, one
+ * micro-batch: the gradients are not in any file, so a resumed run is bit-identical. */
+static void tiny_config_bf16_grads(const char *out, int64_t steps, int64_t save_every) {
+    tiny_config_bf16_main(out, steps, save_every);
+    tc.main_grads_dtype = LK_BF16;
+    tc.grad_accum = 1, tc.batch_size = 4;
+}
+
+static void resume_is_bit_identical_bf16_grads(void **state) {
+    (void)state;
+    assert_resume_bit_identical(&tc, &ops, tiny_config_bf16_grads);
+}
+
 /* A checkpoint written by one kind of run resumed by another (set(dt) makes tiny_config_bf16
  * that kind): the state is converted as it is read (f32 from bf16 exactly, bf16 from f32 to
  * nearest even), the run goes on from the same step, the first N/2 losses the straight run's
@@ -297,6 +310,47 @@ static void bf16_trains_like_f32(void **state) {
     rm_rf(d);
 }
 
+/* bf16 gradients (train.main_grads_dtype) follow f32 gradients from the same weights on the
+ * same batches (one micro-batch of 4: grad_accum 1), both with bf16 moments and weights
+ * alone, as bf16_trains_like_f32 holds each kind to f32: mean |difference| over 30 steps
+ * within 5e-3 of the f32 run's losses, and not its bits. Clipping is on (grad_clip 1: the
+ * tiny model's early norms are above it), so the clip's factor as AdamW reads a bf16
+ * gradient runs. */
+static void bf16_grads_train_like_f32(void **state) {
+    (void)state;
+    enum { N = 30, RUNS = 3 };
+    static const char *const what[RUNS] = {"f32", "bf16, f32 grads", "bf16, bf16 grads"};
+    float loss[RUNS][N], norm[RUNS][N];
+    char *d = tmpdir();
+    for (int run = 0; run < RUNS; run++) {
+        lk_train_opts o = {.quiet = 1, .loss_log = loss[run], .grad_norm_log = norm[run], .loss_log_cap = N};
+        tiny_config(d, N, 0);
+        set_all(&ops, 1);
+        tc.grad_accum = 1, tc.batch_size = 4, tc.grad_clip = 1.0;
+        tc.dtype = run ? LK_BF16 : LK_F32;
+        tc.exp_avg_dtype = tc.exp_avg_sq_dtype = tc.main_params_dtype = run ? LK_BF16 : LK_F32;
+        tc.main_grads_dtype = run == 2 ? LK_BF16 : LK_F32;
+        lk_status s = lk_train_run(&tc, &ops, NULL, &o, NULL);
+        if (s) print_error("%s\n", lk_last_error());
+        assert_int_equal(s, LK_OK);
+    }
+    assert_true(norm[2][0] > 1.0f);   /* clipped */
+    for (int run = 1; run < RUNS; run++) {
+        double mad = 0, mad1 = 0;
+        for (int i = 0; i < N; i++) {
+            mad += fabs((double)loss[0][i] - loss[run][i]) / N;
+            mad1 += fabs((double)loss[1][i] - loss[run][i]) / N;
+        }
+        print_message("  %s %.4f -> %.4f, mean |diff| %.2e to f32, %.2e to f32 grads\n", what[run], loss[run][0],
+                      loss[run][N - 1], mad, mad1);
+        assert_true(mad <= 5e-3);
+        assert_true(mad > 0);
+        assert_true(run == 1 || mad1 > 0);   /* the bf16 gradients ran */
+        assert_true(loss[run][N - 1] < 0.8f * loss[run][0]);
+    }
+    rm_rf(d);
+}
+
 /* A text file and a token file train as the corpus does; recomputing activations in
  * the backward gives the same losses as keeping them. */
 static void data_sources_and_recompute(void **state) {
@@ -368,6 +422,19 @@ static void bad_config_is_an_error(void **state) {
     tc.main_params_dtype = LK_F16;
     assert_int_equal(lk_train_run(&tc, &ops, NULL, NULL, NULL), LK_EDTYPE);
     assert_non_null(strstr(lk_last_error(), "train.main_params_dtype: expected f32 or bf16, got f16"));
+    tiny_config(d, 4, 0);
+    tc.main_grads_dtype = LK_F16;
+    assert_int_equal(lk_train_run(&tc, &ops, NULL, NULL, NULL), LK_EDTYPE);
+    assert_non_null(strstr(lk_last_error(), "train.main_grads_dtype: expected f32 or bf16, got f16"));
+    tiny_config(d, 4, 0);
+    tc.main_grads_dtype = LK_BF16;   /* bf16 gradients of f32 activations */
+    assert_int_equal(lk_train_run(&tc, &ops, NULL, NULL, NULL), LK_EDTYPE);
+    assert_non_null(strstr(lk_last_error(), "train.main_grads_dtype bf16: expected train.dtype bf16"));
+    tiny_config(d, 4, 0);
+    tc.dtype = LK_BF16, tc.main_grads_dtype = LK_BF16;   /* micro-batches would sum in bf16 */
+    assert_int_equal(lk_train_run(&tc, &ops, NULL, NULL, NULL), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "train.main_grads_dtype bf16: expected train.grad_accum 1"));
+    assert_non_null(strstr(lk_last_error(), "got 2"));
     rm_rf(d);
 }
 
@@ -383,9 +450,11 @@ int main(void) {
         cmocka_unit_test(resume_is_bit_identical_bf16),
         cmocka_unit_test(resume_is_bit_identical_bf16_moments),
         cmocka_unit_test(resume_is_bit_identical_bf16_main),
+        cmocka_unit_test(resume_is_bit_identical_bf16_grads),
         cmocka_unit_test(resume_converts_the_moments),
         cmocka_unit_test(resume_converts_the_weights),
         cmocka_unit_test(bf16_trains_like_f32),
+        cmocka_unit_test(bf16_grads_train_like_f32),
         cmocka_unit_test(nan_loss_stops_and_keeps_checkpoint),
         cmocka_unit_test(failed_checkpoint_keeps_previous),
         cmocka_unit_test(eager_and_fused_train_alike),

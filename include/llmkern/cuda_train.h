@@ -77,6 +77,8 @@ typedef struct {
     double lr, beta1, beta2, eps, weight_decay;
     int64_t step;          /* t >= 1: updates so far including this one */
     uint64_t seed;         /* bf16 moments: the stochastic rounding's (train.seed) */
+    float grad_scale;      /* lk_cuda_adamw_step: every gradient times this (f32) as it is read, a clip's
+                            * factor (lk_clip_scale: the plan's bits); 0 = 1. The plan clips itself. */
 } lk_cuda_adamw_hparams;
 
 /* Workspace: the tensor list on the device, 64·n_tensors bytes (+ alignment). */

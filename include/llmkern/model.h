@@ -59,10 +59,9 @@ LK_API lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *
 LK_API void lk_model_free(lk_model *m);
 /* The compute dtype (f32 at create): LK_BF16 runs every op on bf16 weights and
  * activations (mixed precision) while the parameters' values stay the f32 master
- * (lk_param) and the gradients f32: each forward first rounds the master into a bf16
- * copy of the weights (one pass, skipped where an optimizer wrote the copy as well:
- * lk_model_copy_is_current below),
- * the ops keep norms, softmax and the loss in f32 inside their kernels and accumulate
+ * (lk_param) and the gradients f32 (or bf16: lk_model_set_grad_dtype): each forward first
+ * rounds the master into a bf16 copy of the weights (one pass, skipped where an optimizer
+ * wrote the copy as well: lk_model_copy_is_current below), the ops keep norms, softmax and the loss in f32 inside their kernels and accumulate
  * the weight gradients in f32. Call before the first step (or between steps: the
  * activations are re-made). Errors (the model unchanged): LK_EDTYPE (not f32 or bf16, a
  * module whose implementation does not take it, named, or f32 under a bf16 master), LK_ENOMEM. */
@@ -84,6 +83,15 @@ LK_API void *lk_model_param_copy(lk_model *m, int i);
  * on an f32 model), LK_ENOMEM. */
 LK_API lk_status lk_model_set_master_dtype(lk_model *m, lk_dtype dt);
 LK_API lk_dtype lk_model_master_dtype(const lk_model *m);
+/* The gradients' dtype: LK_F32 (at create), or LK_BF16 (train.main_grads_dtype), only in a
+ * bf16 model: every op writes or adds its weights' gradient in bf16 (summed in f32 inside
+ * the op and rounded once as it lands; two ops adding into one gradient, a tied embedding's
+ * loss head and gather, round twice), 2 bytes a parameter less, and the optimizer reads them
+ * in bf16. Micro-batches would then sum in bf16 (the trainer refuses grad_accum > 1). The
+ * gradients become zero. Errors (the model unchanged): LK_EDTYPE (not f32 or bf16, or bf16
+ * on an f32 model), LK_ENOMEM. */
+LK_API lk_status lk_model_set_grad_dtype(lk_model *m, lk_dtype dt);
+LK_API lk_dtype lk_model_grad_dtype(const lk_model *m);
 LK_API void lk_model_copy_is_current(lk_model *m);
 LK_API lk_dtype lk_model_dtype(const lk_model *m);
 /* On: every attention backward runs its ordered path (lk_attention_args.deterministic), so
@@ -159,9 +167,10 @@ LK_API lk_status lk_model_loss(lk_model *m, const lk_batch *batch, lk_step_stats
  * lk_model_forward_backward writes them instead of adding (no zeroing pass over most of
  * its parameters), and lk_model_grads / lk_model_param zero them first if called before. */
 LK_API void lk_model_zero_grad(lk_model *m);
-/* Every parameter's gradient lies in one flat f32 buffer of *n floats (each lk_param's
- * grad a view into it, alignment padding zero): what a data-parallel all-reduce sums. */
-LK_API float *lk_model_grads(lk_model *m, int64_t *n);
+/* Every parameter's gradient lies in one flat buffer of *n elements of lk_model_grad_dtype
+ * (f32 unless set; each lk_param's grad a view into it, alignment padding zero): what a
+ * data-parallel all-reduce sums. */
+LK_API void *lk_model_grads(lk_model *m, int64_t *n);
 /* Called by lk_model_forward_backward as the backward goes: fn(user, first) says that
  * the flat gradients [first, n) are final for this call (after the loss head, after
  * each layer from the last, and with first = 0 at the end), so a data-parallel

@@ -39,11 +39,14 @@ typedef struct {
     /* p's: LK_F32 (0), or LK_BF16 (train.main_params_dtype: the weights without an f32
      * master), the update computed in f32 and stored by stochastic rounding too */
     lk_dtype p_dtype;
+    lk_dtype g_dtype;   /* g's: LK_F32 (0), or LK_BF16 (train.main_grads_dtype) */
+    float g_scale;      /* g times this (f32) as it is read: a clip's factor (lk_clip_scale); 0 = 1 */
 } lk_adamw_hparams;
 
-/* p: n elements of h->p_dtype; m and v: of h->m_dtype / h->v_dtype. The random bits of an
- * element (lk_sround_bits) round m with bits 0-15, v with 16-31, p with 32-47. */
-LK_API void lk_adamw_update(void *p, const float *g, void *m, void *v, int64_t n,
+/* p: n elements of h->p_dtype; g of h->g_dtype; m and v: of h->m_dtype / h->v_dtype. The
+ * random bits of an element (lk_sround_bits) round m with bits 0-15, v with 16-31, p with
+ * 32-47. */
+LK_API void lk_adamw_update(void *p, const void *g, void *m, void *v, int64_t n,
                      const lk_adamw_hparams *h, double lr, int64_t t);
 
 /* Linear warmup over warmup steps to lr, then cosine decay to min_lr at total steps.
@@ -53,9 +56,14 @@ LK_API double lk_lr_schedule(int64_t step, int64_t warmup, int64_t total, double
 
 /* The global L2 norm of n_bufs gradient buffers (buf i holds len[i] floats), summed in
  * f64 over fixed chunks; with max_norm > 0 and the norm above it, every buffer is
- * scaled by max_norm / (norm + 1e-6) (torch.nn.utils.clip_grad_norm_). Returns the
- * norm before clipping (NaN or Inf passes through; nothing is scaled then). */
+ * scaled by lk_clip_scale (torch.nn.utils.clip_grad_norm_). Returns the norm before
+ * clipping (NaN or Inf passes through; nothing is scaled then). */
 LK_API double lk_clip_grad_norm(float *const *bufs, const int64_t *len, int n_bufs, double max_norm);
+/* The same norm of buffers of dt (f32 or bf16), nothing scaled. */
+LK_API double lk_grad_norm(const void *const *bufs, const int64_t *len, int n_bufs, lk_dtype dt);
+/* The factor clipping to max_norm multiplies a gradient of that norm by: max_norm /
+ * (norm + 1e-6) in f64, then f32, when max_norm > 0 and norm > max_norm; else 1. */
+LK_API float lk_clip_scale(double norm, double max_norm);
 
 /* --- PNG ------------------------------------------------------------------------------- */
 /* Writes an 8-bit RGB image (rgb: h rows of w*3 bytes) as a PNG file (cairo's encoder),
@@ -150,6 +158,12 @@ typedef struct {
      * stores them by stochastic rounding (torchao's bf16_stochastic_round), 4 bytes a
      * parameter less and 6 less optimizer traffic; norms and the embedding read bf16. */
     lk_dtype main_params_dtype;
+    /* train.main_grads_dtype (Megatron's name for the gradients the optimizer reads): f32 (the
+     * default), or bf16 with train.dtype bf16 and train.grad_accum 1: every op writes its
+     * weights' gradient in bf16 (lk_model_set_grad_dtype), as a bf16 PyTorch model's autograd
+     * does, 2 bytes a parameter less and 2 less optimizer traffic; a data-parallel all-reduce
+     * then sums them in bf16 where they lie (train.grad_reduce_dtype does not apply). */
+    lk_dtype main_grads_dtype;
     /* train.profile_step: on a GPU, the CUDA profiler records step N alone (1-based;
      * cudaProfilerStart/Stop around it, for `ncu --profile-from-start off`,
      * bench/step_profile.py); 0 = off. */

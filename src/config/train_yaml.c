@@ -43,6 +43,7 @@ void lk_train_config_init(lk_train_config *tc) {
     tc->grad_reduce_dtype = LK_F32;
     tc->exp_avg_dtype = tc->exp_avg_sq_dtype = LK_F32;
     tc->main_params_dtype = LK_F32;
+    tc->main_grads_dtype = LK_F32;
 }
 
 lk_dtype lk_train_dtype(const lk_train_config *tc) {
@@ -230,7 +231,8 @@ lk_status lk_yaml_model_arch_entry(loader *l, const yaml_node_t *k, const yaml_n
 static const char *const train_keys[] = {"steps", "lr", "min_lr", "warmup_steps", "weight_decay", "betas",
     "eps", "grad_clip", "batch_size", "seq_len", "grad_accum", "seed", "save_every", "out", "recompute", "device",
     "comm_timeout_s", "max_shard_size", "log_every", "memory_limit", "dtype", "cuda_graph", "deterministic", "keep_qk",
-    "grad_reduce_dtype", "profile_step", "exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype", "lm_head_chunk_bytes",
+    "grad_reduce_dtype", "profile_step", "exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype", "main_grads_dtype",
+    "lm_head_chunk_bytes",
     NULL};
 
 lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
@@ -260,6 +262,8 @@ lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t
         return get_float_dtype(l, v, "train.exp_avg_sq_dtype", &t->exp_avg_sq_dtype);
     if (strcmp(n, "main_params_dtype") == 0)
         return get_float_dtype(l, v, "train.main_params_dtype", &t->main_params_dtype);
+    if (strcmp(n, "main_grads_dtype") == 0)
+        return get_float_dtype(l, v, "train.main_grads_dtype", &t->main_grads_dtype);
     if (strcmp(n, "profile_step") == 0) return get_i64(l, v, "train.profile_step", 0, &t->profile_step);
     if (strcmp(n, "dtype") == 0) return get_float_dtype(l, v, "train.dtype", &t->dtype);
     if (strcmp(n, "comm_timeout_s") == 0) return get_f64(l, v, "train.comm_timeout_s", 0, &t->comm_timeout_s);

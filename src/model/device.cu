@@ -141,17 +141,23 @@ static lk_status add(void *dst, const void *a, const void *b, int64_t n, lk_dtyp
     return LK_OK;
 }
 
-template <typename T>
-__global__ void acc_k(float *dst, const T *src, int64_t n) {
+template <typename D, typename T>
+__global__ void acc_k(D *dst, const T *src, int64_t n) {
     int64_t i = blockIdx.x * (int64_t)THREADS + threadIdx.x;
-    if (i < n) dst[i] += lk_to_f32(src[i]);
+    if (i < n) dst[i] = lk_from_f32<D>(lk_to_f32(dst[i]) + lk_to_f32(src[i]));
 }
 
-static lk_status acc(float *dst, const void *src, int64_t n, lk_dtype dt, lk_ctx *ctx) {
-    if (n == 0) return LK_OK;
-    cudaStream_t st = (cudaStream_t)ctx->stream;
+template <typename D>
+static void acc_launch(D *dst, const void *src, int64_t n, lk_dtype dt, cudaStream_t st) {
     if (dt == LK_BF16) acc_k<<<blocks(n), THREADS, 0, st>>>(dst, (const lk_bf16_t *)src, n);
     else acc_k<<<blocks(n), THREADS, 0, st>>>(dst, (const float *)src, n);
+}
+
+static lk_status acc(void *dst, lk_dtype ddt, const void *src, lk_dtype dt, int64_t n, lk_ctx *ctx) {
+    if (n == 0) return LK_OK;
+    cudaStream_t st = (cudaStream_t)ctx->stream;
+    if (ddt == LK_BF16) acc_launch((lk_bf16_t *)dst, src, n, dt, st);
+    else acc_launch((float *)dst, src, n, dt, st);
     LK_CUDA_LAUNCHED("model: gradient sum");
     return LK_OK;
 }
@@ -184,9 +190,9 @@ static lk_status embed(const void *table, const int64_t *ids, void *x, int64_t T
     return lk_cuda_embedding_forward_unchecked(&w, &id, &out, ctx);   /* check_batch read every id */
 }
 
-static lk_status embed_backward(float *dtable, const int64_t *ids, const void *dx, int64_t T, int64_t H, int64_t V,
-                                lk_dtype dt, lk_ctx *ctx) {
-    lk_tensor dw = lk_tensor_2d(dtable, LK_F32, V, H), id = lk_tensor_1d((void *)ids, LK_I64, T),
+static lk_status embed_backward(void *dtable, lk_dtype tdt, const int64_t *ids, const void *dx, int64_t T, int64_t H,
+                                int64_t V, lk_dtype dt, lk_ctx *ctx) {
+    lk_tensor dw = lk_tensor_2d(dtable, tdt, V, H), id = lk_tensor_1d((void *)ids, LK_I64, T),
               d = lk_tensor_2d((void *)dx, dt, T, H);
     dw.device = id.device = d.device = ctx->device;
     return lk_cuda_embedding_backward_unchecked(&d, &id, &dw, ctx);

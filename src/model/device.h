@@ -47,17 +47,18 @@ typedef struct {
                        lk_ctx *ctx);
     /* dst[i] = a[i] + b[i] (in f32, rounded once); dst may be a or b. */
     lk_status (*add)(void *dst, const void *a, const void *b, int64_t n, lk_dtype dt, lk_ctx *ctx);
-    /* The f32 gradients' own: dst[i] += src[i], src of dtype dt (a norm's written dweight). */
-    lk_status (*acc)(float *dst, const void *src, int64_t n, lk_dtype dt, lk_ctx *ctx);
+    /* dst[i] += src[i] in f32, src of dtype dt, dst of ddt (f32; bf16 rounded once): the
+     * gradients' own sums (a norm's written dweight into bf16 or f32 gradients) and f32 ones. */
+    lk_status (*acc)(void *dst, lk_dtype ddt, const void *src, lk_dtype dt, int64_t n, lk_ctx *ctx);
     /* dst[i] = src[i] rounded to dt (the f32 master weights into the compute copy). */
     lk_status (*round)(void *dst, const float *src, int64_t n, lk_dtype dt, lk_ctx *ctx);
     /* x[t] = table[ids[t]] for t < T (ids in [0, V), checked by the caller); table and x of dt. */
     lk_status (*embed)(const void *table, const int64_t *ids, void *x, int64_t T, int64_t H, int64_t V, lk_dtype dt,
                        lk_ctx *ctx);
-    /* dtable[ids[t]] += dx[t] (f32 sums; dx of dt), repeated ids summed in token order
-     * (deterministic). */
-    lk_status (*embed_backward)(float *dtable, const int64_t *ids, const void *dx, int64_t T, int64_t H, int64_t V,
-                                lk_dtype dt, lk_ctx *ctx);
+    /* dtable[ids[t]] += dx[t], dx of dt, dtable of tdt (f32 or bf16), repeated ids in token
+     * order (deterministic); in f32, a bf16 row rounded once: its tokens summed, then added. */
+    lk_status (*embed_backward)(void *dtable, lk_dtype tdt, const int64_t *ids, const void *dx, int64_t T, int64_t H,
+                                int64_t V, lk_dtype dt, lk_ctx *ctx);
     /* flex_attention's staged document mask (flex_plan.h): the image at img (copied there on
      * ctx->stream) attached to m, its bits made into bits. NULL on the CPU (the mask's lists
      * serve). */

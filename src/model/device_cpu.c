@@ -72,10 +72,17 @@ static lk_status add(void *dst, const void *a, const void *b, int64_t n, lk_dtyp
     return LK_OK;
 }
 
-static lk_status acc(float *dst, const void *src, int64_t n, lk_dtype dt, lk_ctx *ctx) {
+static lk_status acc(void *dst, lk_dtype ddt, const void *src, lk_dtype dt, int64_t n, lk_ctx *ctx) {
     (void)ctx;
-    #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; i++) dst[i] += (float)lk_load(src, dt, i);
+    if (ddt == LK_BF16) {
+        uint16_t *d = dst;
+        #pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) d[i] = lk_f32_to_bf16(lk_bf16_to_f32(d[i]) + (float)lk_load(src, dt, i));
+    } else {
+        float *d = dst;
+        #pragma omp parallel for schedule(static)
+        for (int64_t i = 0; i < n; i++) d[i] += (float)lk_load(src, dt, i);
+    }
     return LK_OK;
 }
 
@@ -95,9 +102,7 @@ static lk_status embed(const void *table, const int64_t *ids, void *x, int64_t T
 }
 
 /* serial, so repeated ids add in one fixed order */
-static lk_status embed_backward(float *dtable, const int64_t *ids, const void *dx, int64_t T, int64_t H, int64_t V,
-                                lk_dtype dt, lk_ctx *ctx) {
-    (void)V, (void)ctx;
+static void embed_backward_f32(float *dtable, const int64_t *ids, const void *dx, int64_t T, int64_t H, lk_dtype dt) {
     for (int64_t t = 0; t < T; t++) {
         float *row = dtable + ids[t] * H;
         if (dt == LK_F32) {   /* the f32 trainer's: no conversion per element */
@@ -107,6 +112,41 @@ static lk_status embed_backward(float *dtable, const int64_t *ids, const void *d
             for (int64_t j = 0; j < H; j++) row[j] += (float)lk_load(dx, dt, t * H + j);
         }
     }
+}
+
+static int by_id_then_token(const void *a, const void *b) {
+    const int64_t *x = a, *y = b;
+    return x[0] != y[0] ? (x[0] > y[0]) - (x[0] < y[0]) : (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+/* A bf16 table as the GPU's kernel sums it: the tokens sorted by (id, token), each id's
+ * rows summed in f32 in token order and added to the row once. */
+static lk_status embed_backward_bf16(uint16_t *dtable, const int64_t *ids, const void *dx, int64_t T, int64_t H,
+                                     lk_dtype dt) {
+    int64_t (*k)[2] = malloc(sizeof *k * (size_t)(T > 0 ? T : 1));
+    float *sum = malloc(sizeof *sum * (size_t)(H > 0 ? H : 1));
+    if (!k || !sum) {
+        free(k), free(sum);
+        return lk_error(LK_ENOMEM, "model: the embedding's gradient: %lld tokens: out of memory", (long long)T);
+    }
+    for (int64_t t = 0; t < T; t++) k[t][0] = ids[t], k[t][1] = t;
+    qsort(k, (size_t)T, sizeof *k, by_id_then_token);
+    for (int64_t a = 0, b; a < T; a = b) {
+        for (int64_t j = 0; j < H; j++) sum[j] = 0.0f;
+        for (b = a; b < T && k[b][0] == k[a][0]; b++)
+            for (int64_t j = 0; j < H; j++) sum[j] += (float)lk_load(dx, dt, k[b][1] * H + j);
+        uint16_t *row = dtable + k[a][0] * H;
+        for (int64_t j = 0; j < H; j++) row[j] = lk_f32_to_bf16(lk_bf16_to_f32(row[j]) + sum[j]);
+    }
+    free(k), free(sum);
+    return LK_OK;
+}
+
+static lk_status embed_backward(void *dtable, lk_dtype tdt, const int64_t *ids, const void *dx, int64_t T, int64_t H,
+                                int64_t V, lk_dtype dt, lk_ctx *ctx) {
+    (void)V, (void)ctx;
+    if (tdt == LK_BF16) return embed_backward_bf16(dtable, ids, dx, T, H, dt);
+    embed_backward_f32(dtable, ids, dx, T, H, dt);
     return LK_OK;
 }
 

@@ -22,14 +22,18 @@
 #include "model/qwen3_internal.h"
 
 #define W(off) lk_wc(m, off)
-#define G(off) (m->g + (off))
+#define G(off) lk_gc(m, off)
 
-/* Activations and weights in the model's dtype; g2 an f32 one (a gradient, the RoPE tables). */
+/* Activations and weights in the model's dtype; f2 an f32 one (the stream, the RoPE tables);
+ * g2 a gradient. */
 static lk_tensor t2(const lk_model *m, const void *p, int64_t r, int64_t c) {
     return lk_on(m, lk_tensor_2d((void *)p, m->dt, r, c));
 }
-static lk_tensor g2(const lk_model *m, float *p, int64_t r, int64_t c) {
+static lk_tensor f2(const lk_model *m, float *p, int64_t r, int64_t c) {
     return lk_on(m, lk_tensor_2d(p, LK_F32, r, c));
+}
+static lk_tensor g2(const lk_model *m, void *p, int64_t r, int64_t c) {
+    return lk_on(m, lk_tensor_2d(p, m->gdt, r, c));
 }
 static lk_tensor t4(const lk_model *m, const void *p, int64_t h, int64_t s, int64_t d) {
     return lk_on(m, lk_tensor_view((void *)p, m->dt, 4, (int64_t[]){1, h, s, d}));
@@ -100,15 +104,15 @@ static lk_rms_norm_args norm_args(const lk_model *m, const void *x, int64_t rows
  * written, the stream normalized (x with recompute); backward, dx added. */
 static lk_rms_norm_args with_stream(const lk_model *m, lk_rms_norm_args a, const void *delta) {
     int64_t rows = a.x.shape[0], n = a.x.shape[1];
-    a.residual = g2(m, m->sc.res, rows, n);
+    a.residual = f2(m, m->sc.res, rows, n);
     a.norm_of_x = m->norm_of_x;
     if (delta) a.delta = t2(m, delta, rows, n);
     return a;
 }
 
 /* The op writes dweight in the weight's dtype, f32 (summed over the rows in f32, never
- * rounded; bf16 under a bf16 master); the f32 grads add it (they accumulate over
- * micro-batches, the op writes). */
+ * rounded; bf16 under a bf16 master); the grads add it (they accumulate over
+ * micro-batches, the op writes), in f32 (bf16 grads rounded once). */
 static lk_status norm_backward(lk_model *m, const lk_impl *impl, lk_rms_norm_args a, lk_tensor dy, lk_tensor dx,
                                int64_t w_off) {
     int64_t n = a.x.shape[a.x.ndim - 1];
@@ -117,7 +121,7 @@ static lk_status norm_backward(lk_model *m, const lk_impl *impl, lk_rms_norm_arg
     a.inplace_dx = dx.data == dy.data;
     a.dweight = lk_on(m, lk_tensor_1d(m->sc.dw, a.weight.dtype, n));
     lk_status s = lk_rms_norm_backward(impl, &a, &m->ctx);
-    return s ? s : m->dev->acc(G(w_off), m->sc.dw, n, a.weight.dtype, &m->ctx);
+    return s ? s : m->dev->acc(G(w_off), m->gdt, m->sc.dw, a.weight.dtype, n, &m->ctx);
 }
 
 static lk_linear_args lin(const lk_model *m, const void *x, int64_t T, int64_t in, const void *w, int64_t out,
@@ -130,7 +134,7 @@ static lk_rope_args rope_args(const lk_model *m, int l, const lk_layer_acts *a) 
     lk_rope_args r = {
         .q = t4(m, a->qr, m->Hq, T, m->D), .k = t4(m, a->kr, m->Hk, T, m->D),
         .q_out = t4(m, a->qr, m->Hq, T, m->D), .k_out = t4(m, a->kr, m->Hk, T, m->D),
-        .cos = g2(m, m->rope_cos, m->max_pos, m->D / 2), .sin = g2(m, m->rope_sin, m->max_pos, m->D / 2),
+        .cos = f2(m, m->rope_cos, m->max_pos, m->D / 2), .sin = f2(m, m->rope_sin, m->max_pos, m->D / 2),
         .position_ids = lk_on(m, lk_tensor_2d((void *)m->pos, LK_I64, 1, T)),
         .saved = sv(a->s[S_ROPE], m->layers[l].saved[S_ROPE]), .rotary_dim = 0,
     };

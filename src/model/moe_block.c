@@ -36,17 +36,17 @@ static lk_moe_experts_args experts_args(lk_model *m, int l, const lk_layer_acts 
 }
 
 /* Under EP: this rank's experts [e0, e0 + n) of the stacks: the compute weights, or
- * (grads) the f32 gradients. */
+ * (grads) the gradients. */
 static lk_moe_dispatch_args dispatch_args(lk_model *m, int l, const lk_layer_acts *a, int grads) {
     const lk_layer *L = &m->layers[l];
     int64_t n = m->E / m->ep->size, e0 = m->ep->rank * n, gu = L->gate_up + e0 * 2 * m->Ie * m->H,
             dn = L->down + e0 * m->H * m->Ie;
-    lk_dtype dt = grads ? LK_F32 : m->dt;
+    lk_dtype dt = grads ? m->gdt : m->dt;
     lk_moe_dispatch_args d = {
         .hidden = t2(m, a->h2, m->dt, m->T, m->H), .topk_ids = t2(m, a->ids, LK_I32, m->T, m->K),
         .topk_weights = t2(m, a->tw, LK_F32, m->T, m->K),
-        .gate_up_weight = t3(m, grads ? (void *)(m->g + gu) : lk_wc(m, gu), dt, n, 2 * m->Ie, m->H),
-        .down_weight = t3(m, grads ? (void *)(m->g + dn) : lk_wc(m, dn), dt, n, m->H, m->Ie),
+        .gate_up_weight = t3(m, grads ? lk_gc(m, gu) : lk_wc(m, gu), dt, n, 2 * m->Ie, m->H),
+        .down_weight = t3(m, grads ? lk_gc(m, dn) : lk_wc(m, dn), dt, n, m->H, m->Ie),
         .n_experts = (int)m->E, .experts = L->ops.experts,
     };
     return d;
@@ -66,7 +66,7 @@ lk_status lk_qwen3_moe_forward(lk_model *m, int l, const lk_layer_acts *a, void 
     lk_status s = lk_moe_router_forward(m->layers[l].ops.router, &r, &m->ctx);
     m->ctx.comm = NULL;
     /* summed on the device: no read back a layer (the forward reads the sum once) */
-    if (s || (add_aux && (s = m->dev->acc(m->scal + 3, m->scal + 2, 1, LK_F32, &m->ctx)))) return s;
+    if (s || (add_aux && (s = m->dev->acc(m->scal + 3, LK_F32, m->scal + 2, LK_F32, 1, &m->ctx)))) return s;
     if (m->ep) {
         lk_moe_dispatch_args d = dispatch_args(m, l, a, 0);
         d.out = t2(m, out, m->dt, m->T, m->H);
@@ -100,8 +100,8 @@ lk_status lk_qwen3_moe_backward(lk_model *m, int l, const lk_layer_acts *a, cons
         e.dout = t2(m, dout, m->dt, m->T, m->H);
         e.d_hidden = t2(m, dx, m->dt, m->T, m->H);
         e.d_topk_weights = dtw;
-        e.d_gate_up_weight = t3(m, m->g + L->gate_up, LK_F32, m->E, 2 * m->Ie, m->H);
-        e.d_down_weight = t3(m, m->g + L->down, LK_F32, m->E, m->H, m->Ie);
+        e.d_gate_up_weight = t3(m, lk_gc(m, L->gate_up), m->gdt, m->E, 2 * m->Ie, m->H);
+        e.d_down_weight = t3(m, lk_gc(m, L->down), m->gdt, m->E, m->H, m->Ie);
         e.write_weight_grads = m->experts_unwritten;   /* the step's first backward: written, not added */
         s = lk_moe_experts_backward(L->ops.experts, &e, &m->ctx);
     }
@@ -110,7 +110,7 @@ lk_status lk_qwen3_moe_backward(lk_model *m, int l, const lk_layer_acts *a, cons
     r.d_topk_weights = dtw;
     r.d_aux_loss = d_aux;
     r.d_hidden = t2(m, m->sc.dh2, m->dt, m->T, m->H);
-    r.d_gate_weight = t2(m, m->g + L->router, LK_F32, m->E, m->H);
+    r.d_gate_weight = t2(m, lk_gc(m, L->router), m->gdt, m->E, m->H);
     m->ctx.comm = m->sp;
     s = lk_moe_router_backward(L->ops.router, &r, &m->ctx);
     m->ctx.comm = NULL;

@@ -83,6 +83,7 @@ static lk_status layout(lk_model *m) {
     if ((s = lk_checked_bytes("model: the parameters", m->n_floats, 2 * sizeof(float), &bytes))) return s;
     if (m->dev->type == LK_DEVICE_CPU && (s = lk_check_fits_memory("model: the weights and their gradients", bytes)))
         return s;
+    m->gdt = LK_F32, m->gs = sizeof(float);
     m->w = m->dev->alloc((size_t)m->n_floats * sizeof(float));   /* zeroed */
     m->g = m->dev->alloc((size_t)m->n_floats * sizeof(float));
     if (!m->w || !m->g) return lk_error(LK_ENOMEM, "model: %lld parameters: out of memory", (long long)m->n_floats);
@@ -90,19 +91,21 @@ static lk_status layout(lk_model *m) {
         lk_param *p = &m->params[i];
         int64_t off = p->value.stride[0], shape[2] = {p->value.shape[0], p->value.shape[1]};
         p->value = lk_on(m, lk_tensor_view(m->w + off, LK_F32, p->value.ndim, shape));
-        p->grad = lk_on(m, lk_tensor_view(m->g + off, LK_F32, p->value.ndim, shape));
+        p->grad = lk_on(m, lk_tensor_view(lk_gc(m, off), LK_F32, p->value.ndim, shape));
     }
     return LK_OK;
 }
 
-/* Parameter i's offset in the flat buffers (the f32 gradients' view is always there). */
-static int64_t param_off(const lk_model *m, int i) { return (const float *)m->params[i].grad.data - m->g; }
+/* Parameter i's offset in the flat buffers (its gradient's view is always there). */
+static int64_t param_off(const lk_model *m, int i) {
+    return (int64_t)(((const char *)m->params[i].grad.data - (const char *)m->g) / m->gs);
+}
 
 /* Parameter i's value viewed where a master of its dtype holds it (the f32 master, or the
  * bf16 values themselves). */
 static lk_tensor master_view(const lk_model *m, int i) {
     lk_tensor t = m->params[i].grad;
-    if (m->w) t.data = m->w + param_off(m, i);
+    if (m->w) t.data = m->w + param_off(m, i), t.dtype = LK_F32;
     else t.data = lk_wc(m, param_off(m, i)), t.dtype = m->dt;
     return t;
 }
@@ -112,8 +115,24 @@ static lk_tensor master_view(const lk_model *m, int i) {
 static lk_tensor host_view(const lk_model *m, int i, float *host) {
     lk_tensor t = m->params[i].grad;
     t.data = host ? host + param_off(m, i) : m->params[i].value.data;
+    t.dtype = LK_F32;
     t.device = (lk_device){LK_DEVICE_CPU, 0};
     return t;
+}
+
+lk_status lk_qwen3_params_move_grads(lk_model *m, lk_dtype dt) {
+    void *g = m->dev->alloc((size_t)m->n_floats * lk_dtype_size(dt));   /* zeroed */
+    if (!g) return lk_error(LK_ENOMEM, "model_set_grad_dtype: %s: %lld gradients: out of %s memory", lk_dtype_name(dt),
+                            (long long)m->n_floats, lk_device_name(m->dev->type));
+    for (int i = 0; i < m->n_params; i++) {   /* the offsets from the old buffer, before it goes */
+        lk_tensor *t = &m->params[i].grad;
+        t->data = (char *)g + (size_t)param_off(m, i) * lk_dtype_size(dt);
+        t->dtype = dt;
+    }
+    m->dev->free(m->g);
+    m->g = g, m->gdt = dt, m->gs = lk_dtype_size(dt);
+    m->experts_unwritten = 0;   /* the new buffer is zeros */
+    return LK_OK;
 }
 
 /* A host copy of the values in f32 (NULL on the CPU with an f32 master, where none is
@@ -198,7 +217,7 @@ lk_status lk_qwen3_params_init(lk_model *m, uint64_t seed) {
 
 int lk_model_param_count(const lk_model *m) { return m ? m->n_params : 0; }
 
-/* The MoE layers' expert stacks in m->g, as [start, end) float ranges, in layer order
+/* The MoE layers' expert stacks in m->g, as [start, end) element ranges, in layer order
  * (gate_up then down each); their count. None under EP, where the moe_dispatch op
  * accumulates a rank's experts. */
 static int expert_ranges(const lk_model *m, int64_t (*r)[2]) {
@@ -222,16 +241,16 @@ static void experts_zeroed(lk_model *m) {
     if (!m->experts_unwritten) return;
     int64_t (*r)[2] = malloc(sizeof *r * 2 * (size_t)m->n_moe_layers);
     if (!r) {   /* no room for the ranges: all of them, as zero_grad once did */
-        m->dev->zero(m->g, (size_t)m->n_floats * sizeof(float), &m->ctx);
+        m->dev->zero(m->g, (size_t)m->n_floats * m->gs, &m->ctx);
     } else {
         int k = expert_ranges(m, r);
-        for (int i = 0; i < k; i++) m->dev->zero(m->g + r[i][0], (size_t)(r[i][1] - r[i][0]) * sizeof(float), &m->ctx);
+        for (int i = 0; i < k; i++) m->dev->zero(lk_gc(m, r[i][0]), (size_t)(r[i][1] - r[i][0]) * m->gs, &m->ctx);
     }
     m->experts_unwritten = 0;
     free(r);
 }
 
-float *lk_model_grads(lk_model *m, int64_t *n) {
+void *lk_model_grads(lk_model *m, int64_t *n) {
     if (n) *n = m ? m->n_floats : 0;
     if (m) experts_zeroed(m);
     return m ? m->g : NULL;
@@ -264,7 +283,7 @@ void lk_model_zero_grad(lk_model *m) {
     int64_t at = 0;
     for (int i = 0; i <= k; i++) {   /* the gaps between the stacks, and after the last */
         int64_t end = i < k ? r[i][0] : m->n_floats;
-        if (end > at) m->dev->zero(m->g + at, (size_t)(end - at) * sizeof(float), &m->ctx);
+        if (end > at) m->dev->zero(lk_gc(m, at), (size_t)(end - at) * m->gs, &m->ctx);
         if (i < k) at = r[i][1];
     }
     m->experts_unwritten = k > 0;

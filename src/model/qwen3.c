@@ -259,6 +259,9 @@ lk_status lk_model_set_dtype(lk_model *m, lk_dtype dt) {
     if (!m->w)
         return lk_error(LK_EDTYPE, "model_set_dtype: %s: the weights are bf16 alone (lk_model_set_master_dtype): set "
                         "the master to f32 first", lk_dtype_name(dt));
+    if (m->gdt != LK_F32)
+        return lk_error(LK_EDTYPE, "model_set_dtype: %s: the gradients are bf16 (lk_model_set_grad_dtype): set them "
+                        "to f32 first", lk_dtype_name(dt));
     lk_status s = check_dtype(m, dt);
     if (s) return s;
     void *wc = m->w;
@@ -288,6 +291,19 @@ lk_status lk_model_set_master_dtype(lk_model *m, lk_dtype dt) {
 }
 
 lk_dtype lk_model_master_dtype(const lk_model *m) { return !m || m->w ? LK_F32 : m->dt; }
+
+lk_status lk_model_set_grad_dtype(lk_model *m, lk_dtype dt) {
+    if (!m) return lk_error(LK_EINVAL, "model_set_grad_dtype: expected a model");
+    if (dt != LK_F32 && dt != LK_BF16)
+        return lk_error(LK_EDTYPE, "model_set_grad_dtype: expected f32 or bf16, got %s", lk_dtype_name(dt));
+    if (dt == m->gdt) return LK_OK;
+    if (dt == LK_BF16 && m->dt != LK_BF16)
+        return lk_error(LK_EDTYPE, "model_set_grad_dtype: bf16: expected a bf16 model (lk_model_set_dtype), got %s",
+                        lk_dtype_name(m->dt));
+    return lk_qwen3_params_move_grads(m, dt);
+}
+
+lk_dtype lk_model_grad_dtype(const lk_model *m) { return m ? m->gdt : LK_F32; }
 
 void lk_model_set_deterministic(lk_model *m, int on) {
     if (m) m->deterministic = on != 0;
@@ -569,7 +585,7 @@ static lk_status forward(lk_model *m, const lk_batch *whole, float loss_scale, l
         if ((s = m->dev->embed(m->w + m->embed, m->ids, m->sc.res, T, H, m->V, LK_F32, &m->ctx))) return s;
     } else if ((s = m->dev->embed(lk_wc(m, m->embed), m->ids, m->sc.tmp, T, H, m->V, m->dt, &m->ctx)) ||
                (s = m->dev->fill(m->sc.res, -0.0f, T * H, &m->ctx)) ||
-               (s = m->dev->acc(m->sc.res, m->sc.tmp, T * H, m->dt, &m->ctx))) {
+               (s = m->dev->acc(m->sc.res, LK_F32, m->sc.tmp, m->dt, T * H, &m->ctx))) {
         return s;
     }
     int N = (int)m->cfg.num_hidden_layers;
@@ -651,7 +667,7 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
     lk_cross_entropy_args ce = ce_args(m);
     ce.d_loss = lk_on(m, lk_tensor_1d(m->scal + 1, LK_F32, 1));
     ce.d_hidden = lk_on(m, lk_tensor_2d(m->sc.dh, m->dt, T, H));
-    ce.d_weight = lk_on(m, lk_tensor_2d(m->g + m->lm_head, LK_F32, m->V, H));
+    ce.d_weight = lk_on(m, lk_tensor_2d(lk_gc(m, m->lm_head), m->gdt, m->V, H));
     /* a host-to-device copy (a sync on a GPU) only when the scale changes; under SP the
      * forward wrote it */
     if (!m->sp && loss_scale != m->d_loss_put) {
@@ -667,7 +683,7 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
     n.dweight = lk_on(m, lk_tensor_1d(m->sc.dw, n.weight.dtype, H));
     n.residual = lk_on(m, lk_tensor_2d(m->sc.res, LK_F32, T, H));
     if ((s = m->dev->fill(m->sc.res, -0.0f, T * H, &m->ctx)) || (s = lk_rms_norm_backward(m->final_norm_impl, &n, &m->ctx)) ||
-        (s = m->dev->acc(m->g + m->final_norm, m->sc.dw, H, n.weight.dtype, &m->ctx)))
+        (s = m->dev->acc(lk_gc(m, m->final_norm), m->gdt, m->sc.dw, n.weight.dtype, H, &m->ctx)))
         return s;
     grads_ready(m, m->final_norm);   /* the final norm and an untied lm_head follow the layers */
     /* the aux loss is the mean over MoE layers, scaled by its coefficient */
@@ -679,7 +695,8 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
     }
     m->experts_unwritten = 0;   /* every MoE layer wrote its experts' gradients */
     /* embedding: scatter-add by token, repeated ids in one fixed order */
-    if ((s = m->dev->embed_backward(m->g + m->embed, m->ids, m->sc.res, T, H, m->V, LK_F32, &m->ctx))) return s;
+    if ((s = m->dev->embed_backward(lk_gc(m, m->embed), m->gdt, m->ids, m->sc.res, T, H, m->V, LK_F32, &m->ctx)))
+        return s;
     grads_ready(m, 0);
     *stats = st;
     return LK_OK;

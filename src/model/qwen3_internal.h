@@ -9,7 +9,8 @@
  *     at the same offsets in the model's dtype (lk_model_set_dtype): the f32 buffer
  *     itself, or its bf16 rounding refreshed at the start of every forward (the norms read
  *     the f32 master itself, and write f32 dweights: issue 17's parity, rms_norm.h); the
- *     activations are of that dtype, the gradients always f32 (mixed precision). gate_proj/up_proj of a layer
+ *     activations are of that dtype, the gradients f32 (mixed precision; bf16 with
+ *     lk_model_set_grad_dtype, train.main_grads_dtype). gate_proj/up_proj of a layer
  *     are adjacent, so together they are the swiglu_mlp op's gate_up [2I, H]; a MoE
  *     layer's experts are stacked [E, 2I, H] and [E, H, I] for the experts op, and the
  *     per-expert HF tensors are views into those stacks.
@@ -131,9 +132,12 @@ struct lk_model {
     int n_moe_layers;
 
     const lk_model_device *dev;   /* where w, g, the tables and the activations live (device.h) */
-    float *w, *g;                 /* all parameter values (the f32 master; NULL under a bf16 master, where
-                                   * wc holds them) and grads */
-    int64_t n_floats;
+    float *w;                     /* all parameter values (the f32 master; NULL under a bf16 master, where
+                                   * wc holds them) */
+    void *g;                      /* all gradients, at the values' offsets, of gdt (lk_gc) */
+    lk_dtype gdt;                 /* f32, or bf16 (lk_model_set_grad_dtype) */
+    size_t gs;                    /* its bytes */
+    int64_t n_floats;             /* elements of the flat buffers (the name is from when all were f32) */
     int experts_unwritten;        /* after lk_model_zero_grad: the experts' gradients hold nothing yet; the
                                    * next backward writes them (moe.h's write_weight_grads) */
     lk_dtype dt;                  /* the compute dtype: the activations' and wc's (f32 or bf16) */
@@ -226,9 +230,15 @@ void lk_qwen3_doc_mask_free(lk_model *m, int masks_too);
 /* params.c: every value moved to a master of dt (f32 or bf16, the model's dtype), rounded
  * to nearest even or widened exactly; the lk_param views follow (lk_model_set_master_dtype). */
 lk_status lk_qwen3_params_move_master(lk_model *m, lk_dtype dt);
+/* params.c: the gradients in a new zeroed buffer of dt (f32 or bf16); the views follow
+ * (lk_model_set_grad_dtype). */
+lk_status lk_qwen3_params_move_grads(lk_model *m, lk_dtype dt);
 
 /* The compute copy of the weights at offset off (in elements, the master's offsets). */
 static inline void *lk_wc(const lk_model *m, int64_t off) { return (char *)m->wc + (size_t)off * m->es; }
+
+/* The gradient at offset off (in elements, the master's offsets), of m->gdt. */
+static inline void *lk_gc(const lk_model *m, int64_t off) { return (char *)m->g + (size_t)off * m->gs; }
 
 /* t placed on the model's device (the ops check where their tensors live). */
 static inline lk_tensor lk_on(const lk_model *m, lk_tensor t) {

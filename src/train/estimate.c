@@ -27,9 +27,9 @@ lk_status lk_train_memory_estimate(const lk_train_config *tc, lk_train_memory *o
     r.history_bytes = bytes;
     if ((s = lk_checked_mul("train: train.batch_size x train.seq_len", tc->batch_size, tc->seq_len, &tokens))) return s;
     if (tc->has_model) {
-        /* f32 gradients, AdamW m and v (f32 or bf16 each), the f32 master weights; bf16 adds the
-         * weights' compute copy (which a bf16 main_params_dtype keeps alone) */
-        int per_param = 4 + (int)lk_dtype_size(tc->exp_avg_dtype) + (int)lk_dtype_size(tc->exp_avg_sq_dtype) +
+        /* gradients (f32 or bf16), AdamW m and v (f32 or bf16 each), the f32 master weights; bf16
+         * adds the weights' compute copy (which a bf16 main_params_dtype keeps alone) */
+        int per_param = (int)lk_dtype_size(tc->main_grads_dtype) + (int)lk_dtype_size(tc->exp_avg_dtype) + (int)lk_dtype_size(tc->exp_avg_sq_dtype) +
                         (tc->main_params_dtype == LK_BF16 ? 0 : 4) + (bf16 ? 2 : 0);
         if ((s = lk_qwen3_param_count(c, "train: model", &r.params, NULL)) ||
             (s = lk_checked_mul("train: model (bytes a parameter)", r.params, per_param, &state)))

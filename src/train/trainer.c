@@ -73,9 +73,9 @@ static void print_header(const lk_train_config *tc, const lk_train_memory *e, in
         snprintf(mv, sizeof mv, " (%s, %s)", lk_dtype_name(tc->exp_avg_dtype), lk_dtype_name(tc->exp_avg_sq_dtype));
     const char *copy = tc->main_params_dtype == LK_BF16 ? " (the weights in bf16 alone)"
                        : bf16 ? ", the weights' bf16 copy" : "";
-    printf("); memory: needs %s (%s weights, gradients, AdamW m and v%s%s + %s activations%s)",
+    printf("); memory: needs %s (%s weights, gradients%s, AdamW m and v%s%s + %s activations%s)",
            lk_bytes_str(e->state_bytes + e->activation_bytes, t, sizeof t), lk_bytes_str(e->state_bytes, a, sizeof a),
-           mv, copy, lk_bytes_str(e->activation_bytes, b, sizeof b),
+           tc->main_grads_dtype == LK_BF16 ? " in bf16" : "", mv, copy, lk_bytes_str(e->activation_bytes, b, sizeof b),
            bf16 ? " in bf16" : "");
     if (tc->device == LK_DEVICE_CPU) {
         printf("%s on cpu, %s %s\n", ranks > 1 ? " a rank" : "", host ? lk_bytes_str(host, h, sizeof h) : "unknown",
@@ -165,15 +165,22 @@ static lk_status check_config(const lk_train_config *tc, lk_train_memory *e) {
                         "save_every, warmup_steps and log_every >= 0");
     if (tc->max_shard_size == 0)
         return lk_error(LK_EINVAL, "train: train.max_shard_size: expected at least 1 byte, got 0");
-    const lk_dtype kept[3] = {tc->exp_avg_dtype, tc->exp_avg_sq_dtype, tc->main_params_dtype};
-    static const char *const kept_keys[3] = {"exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype"};
-    for (int k = 0; k < 3; k++)
+    const lk_dtype kept[4] = {tc->exp_avg_dtype, tc->exp_avg_sq_dtype, tc->main_params_dtype, tc->main_grads_dtype};
+    static const char *const kept_keys[4] = {"exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype",
+                                             "main_grads_dtype"};
+    for (int k = 0; k < 4; k++)
         if (kept[k] != LK_F32 && kept[k] != LK_BF16)
             return lk_error(LK_EDTYPE, "train: train.%s: expected f32 or bf16, got %s", kept_keys[k],
                             lk_dtype_name(kept[k]));
     if (tc->main_params_dtype == LK_BF16 && lk_train_dtype(tc) != LK_BF16)
         return lk_error(LK_EDTYPE, "train: train.main_params_dtype bf16: expected train.dtype bf16 (the bf16 weights "
                         "are what the ops read), got %s", lk_dtype_name(lk_train_dtype(tc)));
+    if (tc->main_grads_dtype == LK_BF16 && lk_train_dtype(tc) != LK_BF16)
+        return lk_error(LK_EDTYPE, "train: train.main_grads_dtype bf16: expected train.dtype bf16 (the ops write bf16 "
+                        "weight gradients of bf16 activations), got %s", lk_dtype_name(lk_train_dtype(tc)));
+    if (tc->main_grads_dtype == LK_BF16 && tc->grad_accum != 1)
+        return lk_error(LK_EINVAL, "train: train.main_grads_dtype bf16: expected train.grad_accum 1 (micro-batches "
+                        "are summed in f32 gradients), got %lld", (long long)tc->grad_accum);
     lk_status s = lk_train_memory_estimate(tc, e);   /* first: it checks the products the checks below take */
     if (s) return s;
     if (tc->batch_size * tc->seq_len > INT32_MAX)   /* the product fits: the estimate checked it */
@@ -227,6 +234,7 @@ static lk_status build_model(const lk_train_config *tc, const lk_ops_config *ops
     if (!s) lk_model_set_deterministic(*out, tc->deterministic);
     if (!s) s = lk_model_set_keep_qk(*out, tc->keep_qk);   /* before any activation exists: cannot fail */
     if (!s) s = lk_model_set_lm_head_chunk_bytes(*out, (size_t)tc->lm_head_chunk_bytes);
+    if (!s) s = lk_model_set_grad_dtype(*out, tc->main_grads_dtype);
     free(cfg);
     free(table);
     return s;
@@ -241,23 +249,31 @@ static lk_status cpu_grads_comm(lk_comm *world, lk_comm **out) {
     return LK_OK;
 }
 
-static lk_status cpu_scale(trainer *t, float *x, int64_t n, float scale) {
+static lk_status cpu_scale(trainer *t, void *x, lk_dtype dt, int64_t n, float scale) {
     (void)t;
-    for (int64_t i = 0; i < n; i++) x[i] *= scale;
+    float *f = x;
+    uint16_t *h = x;
+    for (int64_t i = 0; i < n; i++) {
+        if (dt == LK_BF16) h[i] = lk_f32_to_bf16(lk_bf16_to_f32(h[i]) * scale);
+        else f[i] *= scale;
+    }
     return LK_OK;
 }
 
+/* The gradients are clipped as AdamW reads them (g_scale), not scaled in place: a bf16
+ * gradient is rounded once, and the GPU's eager step and its graph's agree. */
 static lk_status cpu_update(trainer *t, double lr, double *norm) {
     const lk_train_config *tc = t->tc;
-    *norm = lk_clip_grad_norm(t->grads, t->lens, t->n_params, tc->grad_clip);
+    *norm = lk_grad_norm((const void *const *)t->grads, t->lens, t->n_params, t->gdt);
     if (!isfinite(*norm)) return LK_OK;
+    const float clip = lk_clip_scale(*norm, tc->grad_clip);
     const uint64_t step_key = lk_sround_step_key(tc->seed, t->step + 1);   /* bf16 moments' and weights' rounding */
     for (int i = 0; i < t->n_params; i++) {
         lk_param *p = lk_model_param(t->model, i);
         /* Decay matrices only: norms' gains decaying toward 0 would fight the model. */
         lk_adamw_hparams h = {tc->beta1, tc->beta2, tc->eps, p->value.ndim >= 2 ? tc->weight_decay : 0.0,
                               tc->exp_avg_dtype, tc->exp_avg_sq_dtype,
-                              lk_sround_tensor_key(step_key, i), p->value.dtype};
+                              lk_sround_tensor_key(step_key, i), p->value.dtype, t->gdt, clip};
         lk_adamw_update(p->value.data, t->grads[i], t->m[i], t->v[i], t->lens[i], &h, lr, t->step + 1);
     }
     return LK_OK;
@@ -371,13 +387,15 @@ static lk_status trainer_init(trainer *t, const lk_train_config *tc, const lk_op
     if (s) return s;
     int index = lk_model_param(t->model, 0)->value.device.index;   /* the GPU pick chose */
     t->ctx = t->dev->type == LK_DEVICE_CPU ? lk_ctx_cpu(&t->arena) : lk_ctx_cuda(&t->arena, NULL, index);
+    t->gdt = lk_model_grad_dtype(t->model);
     if (mesh) {
+        int64_t es = (int64_t)lk_dtype_size(t->gdt);
         t->flat = lk_model_grads(t->model, &t->n_flat);
-        t->bucket = ((bucket_bytes > 0 ? bucket_bytes : t->dev->bucket_bytes) + 3) / 4;
+        t->bucket = ((bucket_bytes > 0 ? bucket_bytes : t->dev->bucket_bytes) + es - 1) / es;
         t->n_buckets = (t->n_flat + t->bucket - 1) / t->bucket;
         if (!(t->reqs = calloc((size_t)t->n_buckets, sizeof *t->reqs)))
             return lk_error(LK_ENOMEM, "train: all-reduce requests");
-        if (tc->grad_reduce_dtype == LK_BF16 &&
+        if (tc->grad_reduce_dtype == LK_BF16 && tc->main_grads_dtype != LK_BF16 &&
             !(t->flat_bf16 = lk_model_device_of(t->model)->alloc((size_t)t->n_flat * 2)))
             return lk_error(LK_ENOMEM, "train: train.grad_reduce_dtype bf16: a bf16 copy of %lld gradients: out of %s "
                             "memory", (long long)t->n_flat, lk_device_name(t->dev->type));
@@ -488,12 +506,15 @@ static void start_ready(void *user, int64_t first) {
         if (b0 < first) break;
         int64_t n = t->n_flat - b0 < t->bucket ? t->n_flat - b0 : t->bucket;
         if (t->flat_bf16) {   /* train.grad_reduce_dtype bf16: half the bytes on the wire */
-            t->start_error = lk_model_device_of(t->model)->round(t->flat_bf16 + b0, t->flat + b0, n, LK_BF16, &t->ctx);
+            t->start_error = lk_model_device_of(t->model)->round(t->flat_bf16 + b0, (float *)t->flat + b0, n, LK_BF16,
+                                                                 &t->ctx);
             if (!t->start_error)
                 t->start_error = lk_comm_all_reduce_start(t->gcomm, t->flat_bf16 + b0, n, LK_COMM_BF16,
                                                           &t->reqs[t->n_started]);
-        } else {
-            t->start_error = lk_comm_all_reduce_start(t->gcomm, t->flat + b0, n, LK_COMM_F32, &t->reqs[t->n_started]);
+        } else {   /* the gradients where they lie: f32, or bf16 (train.main_grads_dtype) */
+            int bf16 = t->gdt == LK_BF16;
+            t->start_error = lk_comm_all_reduce_start(t->gcomm, (char *)t->flat + (size_t)b0 * (bf16 ? 2 : 4), n,
+                                                      bf16 ? LK_COMM_BF16 : LK_COMM_F32, &t->reqs[t->n_started]);
         }
         if (t->start_error) break;
         t->n_started++;
@@ -520,9 +541,9 @@ static lk_status finish_grads(trainer *t) {
     if (!s && t->flat_bf16) {   /* the reduced bf16 sums back into the f32 gradients */
         const lk_model_device *md = lk_model_device_of(t->model);
         if (!(s = md->zero(t->flat, (size_t)t->n_flat * 4, &t->ctx)))
-            s = md->acc(t->flat, t->flat_bf16, t->n_flat, LK_BF16, &t->ctx);
+            s = md->acc(t->flat, LK_F32, t->flat_bf16, LK_BF16, t->n_flat, &t->ctx);
     }
-    lk_status c = t->dev->scale(t, t->flat, t->n_flat, (float)(1.0 / (double)t->mesh->dp_size));
+    lk_status c = t->dev->scale(t, t->flat, t->gdt, t->n_flat, (float)(1.0 / (double)t->mesh->dp_size));
     return s ? s : c;
 }
 

@@ -25,7 +25,8 @@ typedef struct {
     /* The communicator the gradient buckets are summed over: world itself, or on a GPU an
      * NCCL communicator of world's ranks (device buffers). */
     lk_status (*grads_comm)(lk_comm *world, lk_comm **out);
-    lk_status (*scale)(struct trainer *t, float *x, int64_t n, float s);
+    /* x[i] *= s, x of dt (f32, or bf16 rounded once) */
+    lk_status (*scale)(struct trainer *t, void *x, lk_dtype dt, int64_t n, float s);
     /* *norm = the global gradient norm, grads clipped to grad_clip, then one AdamW step at
      * lr for update number t->step + 1. */
     lk_status (*update)(struct trainer *t, double lr, double *norm);
@@ -56,7 +57,8 @@ typedef struct trainer {
     lk_model *model;
     int n_params;
     void **m, **v;            /* AdamW state per param (the param's shape; train.exp_avg_dtype, _sq_dtype) */
-    float **grads;            /* each param's grad data, for the global norm */
+    void **grads;             /* each param's grad data, for the global norm */
+    lk_dtype gdt;             /* their dtype (train.main_grads_dtype) */
     int64_t *lens;            /* each param's element count */
     lk_dataset ds;
     lk_data_iter it;
@@ -74,8 +76,9 @@ typedef struct trainer {
     int writer;               /* 1 on the rank that writes files and progress (rank 0) */
     lk_batch skip;            /* DP: the other replicas' batches, read past */
     /* the gradient all-reduce, overlapped with the backward (trainer.c: start_ready) */
-    float *flat;              /* the model's flat gradients, n_flat floats */
-    uint16_t *flat_bf16;      /* train.grad_reduce_dtype bf16: the buckets rounded, reduced here */
+    void *flat;               /* the model's flat gradients, n_flat elements of gdt */
+    uint16_t *flat_bf16;      /* train.grad_reduce_dtype bf16 over f32 gradients: the buckets rounded,
+                               * reduced here */
     int64_t n_flat, bucket, n_buckets, n_started;
     int64_t buckets, buckets_early;   /* totals for lk_train_result */
     uint64_t mem_peak;                /* the most dev->mem_used after a step */

@@ -40,8 +40,8 @@ static lk_status grads_comm(lk_comm *world, lk_comm **out) {
     return lk_comm_nccl_create(world, dev, out);
 }
 
-static lk_status scale(trainer *t, float *x, int64_t n, float s) {
-    lk_cuda_buf b = {x, n, LK_F32};
+static lk_status scale(trainer *t, void *x, lk_dtype dt, int64_t n, float s) {
+    lk_cuda_buf b = {x, n, dt};
     return lk_cuda_scale_bufs(&b, 1, s, &t->ctx);
 }
 
@@ -56,7 +56,7 @@ static lk_cuda_adamw_tensor *adamw_tensors(trainer *t) {
         /* Decay matrices only, as on the CPU. */
         p[i] = (lk_cuda_adamw_tensor){.param = copy ? copy : q->value.data, .grad = t->grads[i], .m = t->m[i],
                                       .v = t->v[i], .master = copy ? q->value.data : NULL, .n = t->lens[i],
-                                      .param_dtype = copy ? LK_BF16 : q->value.dtype, .grad_dtype = LK_F32,
+                                      .param_dtype = copy ? LK_BF16 : q->value.dtype, .grad_dtype = t->gdt,
                                       .no_decay = q->value.ndim < 2, .m_dtype = t->tc->exp_avg_dtype,
                                       .v_dtype = t->tc->exp_avg_sq_dtype};
     }
@@ -69,15 +69,18 @@ static lk_cuda_adamw_hparams hparams(const trainer *t, double lr, int64_t step) 
                                    .weight_decay = tc->weight_decay, .step = step, .seed = tc->seed};
 }
 
+/* Clipped as AdamW reads the gradients (grad_scale), not scaled in place first: one pass
+ * less, a bf16 gradient rounded once, and the bits of the graph's plan (which clips so). */
 static lk_status update(trainer *t, double lr, double *norm) {
     int n = t->n_params;
     lk_cuda_buf *g = calloc((size_t)n, sizeof *g);
     lk_cuda_adamw_tensor *p = adamw_tensors(t);
     lk_status s = g && p ? LK_OK : lk_error(LK_ENOMEM, "train: optimizer step: out of memory");
-    for (int i = 0; !s && i < n; i++) g[i] = (lk_cuda_buf){t->grads[i], t->lens[i], LK_F32};
-    if (!s) s = lk_cuda_clip_grad_norm(g, n, t->tc->grad_clip, norm, &t->ctx);
+    for (int i = 0; !s && i < n; i++) g[i] = (lk_cuda_buf){t->grads[i], t->lens[i], t->gdt};
+    if (!s) s = lk_cuda_grad_norm(g, n, norm, &t->ctx);
     if (!s && isfinite(*norm)) {
         lk_cuda_adamw_hparams h = hparams(t, lr, t->step + 1);
+        h.grad_scale = lk_clip_scale(*norm, t->tc->grad_clip);
         s = lk_cuda_adamw_step(p, n, &h, &t->ctx);
     }
     free(g);

@@ -34,8 +34,8 @@ typedef struct {
 
 /* Block b's elements of its tensor, the gradient times gscale (1, or the clip). Every
  * operation rounded on its own (the _rn intrinsics): left to itself, ptxas contracted
- * these products into FMAs one way in adamw_kernel and another in the plan's kernel,
- * whose gscale is not a constant, so an eager step and a CUDA graph's replay of it
+ * these products into FMAs one way in adamw_kernel (whose gscale was then the constant 1)
+ * and another in the plan's kernel, so an eager step and a CUDA graph's replay of it
  * updated the weights a few ulps apart (bench/NOTES.md, issue 17's graph test). */
 static __device__ __forceinline__ float adamw_one(float g, float &m, float &v, float w, const ascal &s, float decay) {
     m = __fadd_rn(__fmul_rn(s.b1, m), __fmul_rn(1.0f - s.b1, g));
@@ -125,8 +125,9 @@ static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list
 }
 
 template <bool LEAN>
-__global__ void __launch_bounds__(LK_MT_THREADS, LEAN ? 5 : 1) adamw_kernel(const adesc *list, int n_list, ascal s) {
-    adamw_block<LEAN>(list, n_list, s, 1.0f);
+__global__ void __launch_bounds__(LK_MT_THREADS, LEAN ? 5 : 1) adamw_kernel(const adesc *list, int n_list, ascal s,
+                                                                           float gscale) {
+    adamw_block<LEAN>(list, n_list, s, gscale);
 }
 
 /* The plan's step: the scalars and the sum of squares from device memory. Once a step
@@ -159,6 +160,8 @@ static lk_status check(const lk_cuda_adamw_tensor *t, int n, const lk_cuda_adamw
     if (!(hp->weight_decay >= 0.0 && hp->lr * hp->weight_decay < 1.0))
         return lk_error(LK_EINVAL, "%s: weight_decay: expected >= 0 with lr·wd < 1, got %g", FN, hp->weight_decay);
     if (hp->step < 1) return lk_error(LK_EINVAL, "%s: step: expected >= 1, got %lld", FN, (long long)hp->step);
+    if (!(hp->grad_scale >= 0.0f && isfinite(hp->grad_scale)))
+        return lk_error(LK_EINVAL, "%s: grad_scale: expected finite >= 0 (0: 1), got %g", FN, (double)hp->grad_scale);
     if (n < 0 || (n > 0 && t == NULL))
         return lk_error(LK_EINVAL, "%s: tensors: expected a list of n_tensors >= 0, got %d", FN, n);
     for (int i = 0; i < n; i++) {
@@ -220,8 +223,9 @@ extern "C" lk_status lk_cuda_adamw_step(const lk_cuda_adamw_tensor *tensors, int
     free(h);
     if (st == LK_OK && blocks > 0) {
         cudaStream_t cs = static_cast<cudaStream_t>(ctx->stream);
-        if (lean) adamw_kernel<true><<<(unsigned)blocks, LK_MT_THREADS, 0, cs>>>(dev, n_tensors, s);
-        else adamw_kernel<false><<<(unsigned)blocks, LK_MT_THREADS, 0, cs>>>(dev, n_tensors, s);
+        const float gscale = hp->grad_scale != 0.0f ? hp->grad_scale : 1.0f;
+        if (lean) adamw_kernel<true><<<(unsigned)blocks, LK_MT_THREADS, 0, cs>>>(dev, n_tensors, s, gscale);
+        else adamw_kernel<false><<<(unsigned)blocks, LK_MT_THREADS, 0, cs>>>(dev, n_tensors, s, gscale);
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) st = lk_cuda_fail(e, "adamw (cuda): launch", __FILE__, __LINE__);
     }

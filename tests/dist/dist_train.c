@@ -5,7 +5,8 @@
  * tolerance.
  *   - dense Qwen3, dp = P: 10 steps, 1e-5; again with train.grad_reduce_dtype bf16 (the
  *     gradients summed in bf16 on the wire): 5e-3, and not the f32 run's bits; again with
- *     bf16 AdamW moments: 1e-4.
+ *     bf16 AdamW moments: 1e-4; in bf16 with bf16 gradients (train.main_grads_dtype) against
+ *     one bf16 process with f32 ones: 2e-2.
  *   - tiny Qwen3-MoE, sp = 2, ep = 2, dp = P/2 (at -np 4 the issue's dp 2 x sp 2, ep 2):
  *     20 steps; each SP rank runs half of every sequence through Ulysses attention,
  *     each EP rank half of the experts through the all-to-all dispatcher (and again
@@ -31,10 +32,17 @@
  * partial sums rounded again; the loss and the norm moved by 5e-4 (4 ranks) and 8e-4 (2)
  * over 10 steps, a wrong scale (1/P) or a lost bucket moves them by > 30% */
 #define TOL_BF16 5e-3
+/* bf16 gradients against f32 ones: the losses moved by <= 7e-5 and the norms by <= 3e-4, but
+ * by 6.3e-3 at 4 ranks' step 7, a spike (norm 2.4 where its neighbours are 1.3-1.7) that
+ * bf16 compute alone moves by 3.5% from f32: that norm hangs on a few large elements */
+#define TOL_BF16_GRADS 2e-2
 
 static lk_train_config tc;
 static lk_ops_config ops;
 static lk_dtype moments = LK_F32;   /* the runs' train.exp_avg_dtype and exp_avg_sq_dtype */
+/* bf16: the runs compute in bf16, and one micro-batch (the mesh's) keeps bf16 gradients
+ * (train.main_grads_dtype; the single process sums dp micro-batches in f32 ones) */
+static lk_dtype grads = LK_F32;
 
 static void tiny(const char *out, int moe, int64_t steps, int64_t grad_accum) {
     lk_train_config_init(&tc);
@@ -52,6 +60,7 @@ static void tiny(const char *out, int moe, int64_t steps, int64_t grad_accum) {
     tc.steps = steps; tc.warmup_steps = 2; tc.batch_size = 2; tc.seq_len = 32; tc.grad_accum = grad_accum;
     tc.lr = 3e-3; tc.min_lr = 3e-4; tc.corpus_docs = 64;
     tc.exp_avg_dtype = tc.exp_avg_sq_dtype = moments;
+    if (grads == LK_BF16) tc.dtype = LK_BF16, tc.main_grads_dtype = grad_accum == 1 ? LK_BF16 : LK_F32;
     snprintf(tc.out, sizeof tc.out, "%s", out);
     lk_ops_config_init(&ops);
 }
@@ -104,12 +113,12 @@ static void matches_single(int moe, const char *dispatcher, const char *attn, in
             DIST_CHECK(en <= tol, "dp %d sp %d ep %d step %d: grad norm %.9g vs single %.9g (relative %.3g)", dp, sp,
                        ep, i + 1, got_norm[i], ref_norm[i], en);
         }
-        if (reduce == LK_BF16)
-            DIST_CHECK(worst > 0, "grad_reduce_dtype bf16: the f32 run's bits, the bf16 path not taken");
+        if (reduce == LK_BF16 || grads == LK_BF16)
+            DIST_CHECK(worst > 0, "bf16 gradients on the wire: the f32 run's bits, the bf16 path not taken");
         printf("dist_train: dp %d sp %d ep %d %s%s%s%s%s%s, %lld steps: loss %.5f -> %.5f, worst relative difference "
                "from one process %.2g (loss or grad norm); %lld all-reduce buckets, %lld started during the "
                "backward\n", dp, sp, ep, moe ? "MoE " : "dense", moe ? dispatcher : "", attn ? " " : "",
-               attn ? attn : "", reduce == LK_BF16 ? " (bf16 all-reduce)" : "",
+               attn ? attn : "", reduce == LK_BF16 ? " (bf16 all-reduce)" : grads == LK_BF16 ? " (bf16 gradients)" : "",
                moments == LK_BF16 ? " (bf16 AdamW moments)" : "", (long long)steps, got[0],
                got[steps - 1], worst, (long long)res.buckets, (long long)res.buckets_early);
         DIST_CHECK(ref[steps - 1] < ref[0], "the loss falls: %g -> %g", ref[0], ref[steps - 1]);
@@ -251,6 +260,12 @@ int main(void) {
     moments = LK_BF16;
     matches_single(0, NULL, NULL, STEPS_DP, P, 1, 1, TOL_MOE, LK_F32);
     moments = LK_F32;
+    /* bf16 gradients (train.main_grads_dtype), all-reduced in bf16 where they lie, against
+     * one bf16 process summing its micro-batches in f32 gradients (each gradient rounded as it
+     * lands, the sums rounded again) */
+    grads = LK_BF16;
+    matches_single(0, NULL, NULL, STEPS_DP, P, 1, 1, TOL_BF16_GRADS, LK_F32);
+    grads = LK_F32;
     matches_single(1, "alltoall", NULL, STEPS_MOE, P / 2, 2, 2, TOL_MOE, LK_F32);
     matches_single(1, "allgather", NULL, STEPS_MOE, P / 2, 2, 2, TOL_MOE, LK_F32);
     /* flex_attention: the document BlockMask */

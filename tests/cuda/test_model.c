@@ -106,15 +106,20 @@ static void make_batch(lk_batch *b, uint64_t seed) {
     memcpy(b->cu_seqlens, cu, sizeof cu);
 }
 
-/* The model's grads (or values) on the host. */
+/* The model's grads (widened from bf16 gradients) or values on the host, in f32. */
 static float *fetch(lk_model *m, int values) {
     int64_t n;
-    const float *src = values ? m->w : lk_model_grads(m, &n);
+    const void *src = values ? (void *)m->w : lk_model_grads(m, &n);
+    const lk_dtype dt = values ? LK_F32 : m->gdt;
     n = m->n_floats;
     float *h = malloc((size_t)n * 4);
+    void *raw = dt == LK_F32 ? (void *)h : malloc((size_t)n * 2);
     assert_non_null(h);
-    if (m->dev->type == LK_DEVICE_CPU) memcpy(h, src, (size_t)n * 4);
-    else assert_int_equal(cudaMemcpy(h, src, (size_t)n * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_non_null(raw);
+    size_t bytes = (size_t)n * lk_dtype_size(dt);
+    if (m->dev->type == LK_DEVICE_CPU) memcpy(raw, src, bytes);
+    else assert_int_equal(cudaMemcpy(raw, src, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+    if (raw != h) lk_convert(raw, dt, h, LK_F32, n), free(raw);
     return h;
 }
 
@@ -357,6 +362,43 @@ static void bf16_master_follows_cpu(void **state) {
     }
 }
 
+/* bf16 gradients on the GPU (lk_model_set_grad_dtype, train.main_grads_dtype): the forward
+ * is the f32-gradient model's bit for bit; the gradients are its own within bf16 rounding as
+ * they land (test_model's bf16_grads: 4e-3 relative L2), and the CPU's bf16-gradient model's
+ * within bf16_follows_cpu_f32's tolerances; every bf16 byte written (the buffer poisoned,
+ * zero_grad, one step: no NaN). */
+static void bf16_grads_follow_cpu(void **state) {
+    (void)state;
+    for (int moe = 0; moe <= 1; moe++) {
+        lk_model *cq = create(moe, LK_DEVICE_CPU, 5, 0), *gf = create(moe, LK_DEVICE_CUDA, 5, 0),
+                 *g = create(moe, LK_DEVICE_CUDA, 5, 0);
+        lk_model *all[3] = {cq, gf, g};
+        for (int k = 0; k < 3; k++) assert_int_equal(lk_model_set_dtype(all[k], LK_BF16), LK_OK);
+        assert_int_equal(lk_model_set_grad_dtype(cq, LK_BF16), LK_OK);
+        assert_int_equal(lk_model_set_grad_dtype(g, LK_BF16), LK_OK);
+        assert_int_equal(cudaMemset(g->g, 0xff, (size_t)g->n_floats * 2), cudaSuccess);   /* NaN */
+        lk_model_zero_grad(g);
+        lk_batch b;
+        make_batch(&b, 3);
+        lk_step_stats sq, sf, sg;
+        step(cq, &b, &sq);
+        step(gf, &b, &sf);
+        step(g, &b, &sg);
+        float *hq = fetch(cq, 0), *hf = fetch(gf, 0), *hg = fetch(g, 0);
+        const double rel = rel_l2(hg, hf, g->n_floats), relq = rel_l2(hg, hq, g->n_floats);
+        print_message("  %s bf16 grads: loss gpu %.6f (f32 grads %.6f), cpu %.6f; grads rel L2 %.2e (to the gpu's f32 "
+                      "grads), %.2e (to the cpu's bf16 grads)\n", moe ? "moe" : "dense", sg.loss, sf.loss, sq.loss, rel,
+                      relq);
+        assert_true(sg.loss == sf.loss);
+        assert_true(fabs(sq.loss - sg.loss) <= 3e-3 * fabs(sq.loss));
+        assert_true(rel > 0 && rel <= 4e-3);
+        assert_true(relq <= 6e-2);
+        free(hq), free(hf), free(hg);
+        lk_batch_free(&b);
+        lk_model_free(cq), lk_model_free(gf), lk_model_free(g);
+    }
+}
+
 /* A step captured in a CUDA graph (train.cuda_graph's mechanism, at the model's level):
  * with the loss read deferred, the forward and backward only enqueue work, so the capture
  * succeeds and its replay gives the eager step's loss and gradients bit for bit; with the
@@ -594,6 +636,7 @@ int main(void) {
         cmocka_unit_test(gpu_matches_cpu),
         cmocka_unit_test(gpu_bf16_follows_cpu_f32),
         cmocka_unit_test(bf16_master_follows_cpu),
+        cmocka_unit_test(bf16_grads_follow_cpu),
         cmocka_unit_test(sliding_window_matches_cpu),
         cmocka_unit_test(graph_capture),
         cmocka_unit_test(recompute_identical),

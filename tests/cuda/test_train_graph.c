@@ -11,7 +11,8 @@
  * config the graph cannot run is refused before any step. The graph's losses are read every
  * 3 steps and before each checkpoint (every 4): the checkpoints match the eager run's too;
  * a NaN weight set as step 6 is queued stops the run at step 6 once the 5-8 block is read,
- * with checkpoint-4 the last good one. flex_attention replays too, each batch's document
+ * with checkpoint-4 the last good one. bf16 gradients (train.main_grads_dtype) replay too;
+ * flex_attention replays too, each batch's document
  * mask staged on the host and copied inside the graph. Prints the runs' tokens/s (speed belongs to
  * bench/e2e_peers.py). Skipped (77) where there is no GPU.
  *
@@ -30,6 +31,7 @@
 
 static lk_train_config tc;
 static lk_ops_config ops;
+static lk_dtype grads = LK_F32;   /* train.main_grads_dtype */
 
 static void tiny_config(const char *out, int moe, int graph) {
     lk_train_config_init(&tc);
@@ -47,6 +49,7 @@ static void tiny_config(const char *out, int moe, int graph) {
     tc.log_every = 3;    /* a graph's losses are read every 3 steps, and before each checkpoint */
     tc.save_every = 4;
     tc.deterministic = 1;   /* attention's ordered dQ: at D 64 fa3's two warpgroups add dQ in either order */
+    tc.main_grads_dtype = grads;
     snprintf(tc.out, sizeof tc.out, "%s", out);
     lk_ops_config_init(&ops);
 }
@@ -89,7 +92,8 @@ static void replays_the_eager_steps(int moe, int flex) {
     }
     print_message("  %s, 8 steps: eager %.0f tokens/s, cuda_graph %.0f tokens/s (captures included); losses %.5f -> "
                   "%.5f; eager twice: %s; graph vs eager: %s from step %d, worst relative %.2g\n",
-                  flex ? "dense, flex_attention" : moe ? "moe" : "dense", tps[0], tps[2], graph[0], graph[N - 1],
+                  flex ? "dense, flex_attention" : !moe ? "dense" : grads == LK_BF16 ? "moe, bf16 gradients" : "moe",
+                  tps[0], tps[2], graph[0], graph[N - 1],
                   memcmp(eager, again, sizeof eager) ? "DIFFER" : "bit for bit",
                   first == N ? "bit for bit" : "differ", first + 1, worst);
     assert_memory_equal(eager, again, sizeof eager);   /* train.deterministic: every loss, bit for bit */
@@ -114,6 +118,16 @@ static void dense_replays_the_eager_steps(void **state) {
 static void moe_replays_the_eager_steps(void **state) {
     (void)state;
     replays_the_eager_steps(1, 0);
+}
+
+/* bf16 gradients (train.main_grads_dtype): the eager step clips them as AdamW reads them,
+ * with the factor the plan computes on the device, so the replay is still the eager step
+ * bit for bit. */
+static void bf16_grads_replay_the_eager_steps(void **state) {
+    (void)state;
+    grads = LK_BF16;
+    replays_the_eager_steps(1, 0);
+    grads = LK_F32;
 }
 
 /* A NaN master weight from step 6 on (set by the before_step hook as step 6 is queued):
@@ -179,6 +193,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(dense_replays_the_eager_steps),
         cmocka_unit_test(moe_replays_the_eager_steps),
+        cmocka_unit_test(bf16_grads_replay_the_eager_steps),
         cmocka_unit_test(nan_stops_the_queued_steps),
         cmocka_unit_test(refused_before_a_step),
         cmocka_unit_test(flex_replays_the_eager_steps),

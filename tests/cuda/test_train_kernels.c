@@ -18,6 +18,7 @@
 #include <cuda_runtime_api.h>
 #include "cuda_util.h"
 #include "llmkern/cuda_train.h"
+#include "llmkern/train.h"
 #include "core/sround.h"
 
 static lk_ctx ctx_of(lk_arena *a) {
@@ -435,9 +436,11 @@ static void adamw_bf16_weights_round_as_documented(void **state) {
 
 /* The plan against the eager clip + AdamW on twin tensors, bit for bit, over three steps
  * that clip (two slots in turn); its log gives each step's loss and norm; a NaN loss halts
- * it: neither that step nor a finite one after it changes a tensor. */
-static void adamw_plan_matches_eager_and_halts(void **state) {
-    (void)state;
+ * it: neither that step nor a finite one after it changes a tensor. The eager twin clips in
+ * place (lk_cuda_clip_grad_norm) or, fold, as AdamW reads the gradients (lk_cuda_grad_norm,
+ * then hparams.grad_scale = lk_clip_scale: the trainer's order); gradients of gdt (f32, or
+ * bf16: train.main_grads_dtype). */
+static void plan_case(lk_dtype gdt, int fold) {
     lk_arena ar;
     lk_ctx ctx = ctx_of(&ar);
     enum { NP = 3, STEPS = 5 };
@@ -446,21 +449,22 @@ static void adamw_plan_matches_eager_and_halts(void **state) {
     lk_cuda_adamw_tensor te[NP], tp[NP];
     lk_cuda_buf ge[NP];
     void *gp[NP];   /* the plan twin's gradients */
+    const size_t gs = lk_dtype_size(gdt);
     uint32_t seed = 31;
     for (int i = 0; i < NP; i++) {
         double *x = lkt_alloc(n[i]);
         lkt_randn(x, n[i], &seed, 1.0);
         lk_cuda_adamw_tensor *tt[2] = {&te[i], &tp[i]};
         for (int k = 0; k < 2; k++) {
-            *tt[k] = (lk_cuda_adamw_tensor){.param = lkt_upload(x, n[i], pdt[i]), .grad = lkt_dev((size_t)n[i] * 4),
+            *tt[k] = (lk_cuda_adamw_tensor){.param = lkt_upload(x, n[i], pdt[i]), .grad = lkt_dev((size_t)n[i] * gs),
                                             .m = lkt_dev((size_t)n[i] * 4), .v = lkt_dev((size_t)n[i] * 4), .n = n[i],
-                                            .param_dtype = pdt[i], .grad_dtype = LK_F32, .no_decay = i == 1,
+                                            .param_dtype = pdt[i], .grad_dtype = gdt, .no_decay = i == 1,
                                             .m_dtype = mdt[i], .v_dtype = mdt[i]};
             assert_int_equal(cudaMemset(tt[k]->m, 0, (size_t)n[i] * 4), 0);
             assert_int_equal(cudaMemset(tt[k]->v, 0, (size_t)n[i] * 4), 0);
             if (pdt[i] == LK_BF16) tt[k]->master = lkt_upload(x, n[i], LK_F32);
         }
-        ge[i] = (lk_cuda_buf){(void *)te[i].grad, n[i], LK_F32};
+        ge[i] = (lk_cuda_buf){(void *)te[i].grad, n[i], gdt};
         gp[i] = (void *)tp[i].grad;
     }
     lk_cuda_adamw_hparams hp = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .seed = 5};
@@ -474,14 +478,20 @@ static void adamw_plan_matches_eager_and_halts(void **state) {
         for (int i = 0; i < NP; i++) {   /* the same gradients into both twins */
             double *g = lkt_alloc(n[i]);
             lkt_randn(g, n[i], &seed, 0.5);
-            void *dg = lkt_upload(g, n[i], LK_F32);
-            assert_int_equal(cudaMemcpy(ge[i].data, dg, (size_t)n[i] * 4, cudaMemcpyDeviceToDevice), 0);
-            assert_int_equal(cudaMemcpy(gp[i], dg, (size_t)n[i] * 4, cudaMemcpyDeviceToDevice), 0);
+            void *dg = lkt_upload(g, n[i], gdt);
+            assert_int_equal(cudaMemcpy(ge[i].data, dg, (size_t)n[i] * gs, cudaMemcpyDeviceToDevice), 0);
+            assert_int_equal(cudaMemcpy(gp[i], dg, (size_t)n[i] * gs, cudaMemcpyDeviceToDevice), 0);
         }
         float l = (float)losses[step - 1];
         assert_int_equal(cudaMemcpy(dloss, &l, 4, cudaMemcpyHostToDevice), 0);
         hp.step = step;
-        if (step <= 3) {   /* the eager twin stops where the plan halts */
+        if (step <= 3 && fold) {   /* the eager twin stops where the plan halts */
+            lk_cuda_adamw_hparams he = hp;
+            assert_int_equal(lk_cuda_grad_norm(ge, NP, &norm_e[step - 1], &ctx), LK_OK);
+            he.grad_scale = lk_clip_scale(norm_e[step - 1], max_norm);
+            assert_true(he.grad_scale < 1.0f);
+            assert_int_equal(lk_cuda_adamw_step(te, NP, &he, &ctx), LK_OK);
+        } else if (step <= 3) {
             assert_int_equal(lk_cuda_clip_grad_norm(ge, NP, max_norm, &norm_e[step - 1], &ctx), LK_OK);
             assert_int_equal(lk_cuda_adamw_step(te, NP, &hp, &ctx), LK_OK);
         }
@@ -499,7 +509,8 @@ static void adamw_plan_matches_eager_and_halts(void **state) {
     assert_int_equal(lk_cuda_adamw_plan_read(plan, lg, ng, 8, &got), LK_OK);
     assert_int_equal(got, STEPS);
     for (int k = 0; k < STEPS; k++) {
-        print_message("  plan step %d: loss %g norm %.10g%s\n", k + 1, lg[k], ng[k], k < 3 ? "" : " (halted)");
+        print_message("  %s gradients, eager %s: plan step %d: loss %g norm %.10g%s\n", lk_dtype_name(gdt),
+                      fold ? "folds the clip" : "clips in place", k + 1, lg[k], ng[k], k < 3 ? "" : " (halted)");
         assert_true(k == 3 ? isnan(lg[k]) : lg[k] == losses[k]);   /* an f32 loss, exact in f64 */
         if (k < 3) assert_memory_equal(&ng[k], &norm_e[k], sizeof(double));   /* the same fixed-order sum */
         assert_true(ng[k] > 10 * max_norm);
@@ -531,8 +542,18 @@ static void adamw_plan_matches_eager_and_halts(void **state) {
     assert_int_equal(lk_cuda_adamw_plan_create(tp, NP, &hp, max_norm, 0, &plan), LK_EINVAL);
     assert_non_null(strstr(lk_last_error(), "log_cap"));
     assert_null(plan);
+    hp.grad_scale = NAN;
+    assert_int_equal(lk_cuda_adamw_step(te, NP, &hp, &ctx), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "grad_scale: expected finite >= 0"));
     lk_arena_free(&ar);
     lkt_free_all();
+}
+
+static void adamw_plan_matches_eager_and_halts(void **state) {
+    (void)state;
+    plan_case(LK_F32, 0);
+    plan_case(LK_F32, 1);    /* the same bits whether the clip is folded or done in place */
+    plan_case(LK_BF16, 1);   /* bf16 gradients: folded, as the trainer does */
 }
 
 int main(void) {

@@ -51,15 +51,16 @@
  * gg_sm90_wgrad<AG, BG, false> above (242 TFLOP/s); pingpong, gg_sm90_wgrad_pp below: 128 × 128
  * items, one a consumer warpgroup, C's read-add-write under the other's K loop (178);
  * pingpong_v4, the same with the read-add-write on 16-byte accesses (V4, 209); auto (the
- * default), gg_sm90_wgrad<AG, BG, true> where C is f32 and TMA can address it (tma_c_ok; else
- * coop): the epilogue writes the accumulators into two 8 KiB staging buffers a consumer
+ * default), gg_sm90_wgrad<AG, BG, true> where C is f32, or a stored bf16 C, and TMA can address
+ * it (tma_c_ok; else coop): the epilogue writes the accumulators into two 8 KiB staging buffers a consumer
  * warpgroup (64 rows × 32 columns, 128-byte swizzled; the ring's 4 stages stay, 232,000 bytes of
  * shared memory) and TMA adds them into C in L2 (cp.reduce.async.bulk.tensor .add, 8 slices a
  * warpgroup, slice j staged while slice j - 1 is read out), so the SM is back in the next item's
  * K loop after writing 128 KiB to shared memory instead of reading and writing 256 KiB of HBM;
  * the same sums, each element added once. A written
  * gradient (STORE, moe.h's write_weight_grads) takes TMA stores instead: C is neither zeroed
- * beforehand nor read. Measured (twelfth session, call 1, same run): 253.5
+ * beforehand nor read; a bf16 one (train.main_grads_dtype) in slices of 64 columns, each
+ * accumulator pair rounded once. Measured (twelfth session, call 1, same run): 253.5
  * against coop's 234.8 TFLOP/s (4.88 against 5.27 ms) — 8%, where the prediction was 2.3 ms:
  * the read-add-write was not what held the kernel (bench/NOTES.md, "Issue 18: the weight
  * gradients' TMA reduce epilogue").
@@ -136,6 +137,10 @@ static __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bu
 static __device__ __forceinline__ void bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 /* every bulk group of this thread is complete */
 static __device__ __forceinline__ void bulk_wait0() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+static __device__ __forceinline__ void st_shared_b32(void *p, uint32_t a) {
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(smem_u32(p)), "r"(a) : "memory");
+}
+
 static __device__ __forceinline__ void st_shared_v2(void *p, float a, float b) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(smem_u32(p)), "f"(a), "f"(b) : "memory");
 }
@@ -448,6 +453,29 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
             if (leader) bulk_wait_read0();
             asm volatile("bar.sync %0, 128;" ::"r"(2 + cg) : "memory");
             if (m0 + 64 * cg >= p.m) continue;
+            if (p.c_bf16) {   /* a bf16 C, stored (tma_c_ok): slices of 64 columns, each pair rounded once */
+#pragma unroll
+                for (int j = 0; j < BN / 64; j++) {
+                    if (n0 + 64 * j >= p.n) break;
+                    uint8_t *const buf = buf0 + (j & 1) * SLICE_BYTES;
+#pragma unroll
+                    for (int g = 0; g < 8; g++)   /* columns 8g + 2·(lane % 4): 16-byte chunk g, 4 bytes a pair */
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            const int q = 32 * j + 4 * g + 2 * h, row = r + 8 * h;
+                            st_shared_b32(buf + row * 128 + ((g ^ (row & 7)) << 4) + 4 * (lane & 3),
+                                          lk_pack_bf16x2(acc[q], acc[q + 1]));
+                        }
+                    fence_async_smem();
+                    if (leader) bulk_wait_read0();
+                    asm volatile("bar.sync %0, 128;" ::"r"(2 + cg) : "memory");
+                    if (leader) {
+                        tma_store(&tc, buf, (int)n0 + 64 * j, (int)m0 + 64 * cg, (int)e);
+                        bulk_commit();
+                    }
+                }
+                continue;
+            }
 #pragma unroll
             for (int j = 0; j < BN / 32; j++) {
                 if (n0 + 32 * j >= p.n) break;
@@ -850,25 +878,31 @@ static lk_status launch(const CUtensorMap &ta, const CUtensorMap &tb, const CUte
     return LK_OK;
 }
 
-/* AUTO's TMA epilogue: C f32 and laid out as TMA can address it (the base and both
- * strides 16-byte aligned, rows and expert slices that do not overlap); else the cooperative
- * kernel's read-add-write. */
+/* AUTO's TMA epilogue: C laid out as TMA can address it (the base and both strides 16-byte
+ * aligned, rows and expert slices that do not overlap), f32, or bf16 when stored (a bf16 C
+ * added in L2 would be rounded twice: the accumulators' rounding, then the sum's; the
+ * read-add-write rounds once); else the cooperative kernel's read-add-write. */
 static int tma_c_ok(const lk_gg *g) {
-    return g->c_dt == LK_F32 && lk_aligned16(g->c) && g->ldc % 4 == 0 && g->c_e_stride % 4 == 0 && g->ldc >= g->n &&
-           g->c_e_stride >= g->m * g->ldc && g->experts <= INT32_MAX && (uint64_t)g->c_e_stride * 4 < (1ull << 40);
+    const int64_t per = g->c_dt == LK_F32 ? 4 : 8;   /* elements a 16-byte chunk */
+    return (g->c_dt == LK_F32 || (g->c_dt == LK_BF16 && g->epi == LK_GG_STORE)) && lk_aligned16(g->c) &&
+           g->ldc % per == 0 && g->c_e_stride % per == 0 && g->ldc >= g->n && g->c_e_stride >= g->m * g->ldc &&
+           g->experts <= INT32_MAX && (uint64_t)g->c_e_stride * 4 < (1ull << 40);
 }
 
-/* C [E, M, N] f32 (element (e, i, j) at c + e·ces + i·ldc + j) in boxes of 32 columns × 64
- * rows of one expert, 128-byte swizzled (the staging buffers' layout); TMA's reductions
- * leave what lies outside M, N untouched. */
+/* C [E, M, N] (element (e, i, j) at c + e·ces + i·ldc + j) in boxes of 128 bytes (32 f32 or
+ * 64 bf16 columns) × 64 rows of one expert, 128-byte swizzled (the staging buffers' layout);
+ * TMA's stores and reductions leave what lies outside M, N untouched. */
 static lk_status c_map(CUtensorMap *m, const lk_gg *g) {
     encode_fn enc = encoder();
     if (!enc) return lk_error(LK_EDEVICE, "moe_experts: grouped gemm (sm90 wgrad): the driver has no cuTensorMapEncodeTiled");
+    const int bf16 = g->c_dt == LK_BF16;
+    const cuuint64_t es = bf16 ? 2 : 4;
     const cuuint64_t dims[3] = {(cuuint64_t)g->n, (cuuint64_t)g->m, (cuuint64_t)g->experts};
-    const cuuint64_t strides[2] = {(cuuint64_t)g->ldc * 4, (cuuint64_t)g->c_e_stride * 4};
-    const cuuint32_t box[3] = {32, 64, 1}, el[3] = {1, 1, 1};
-    CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, g->c, dims, strides, box, el, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const cuuint64_t strides[2] = {(cuuint64_t)g->ldc * es, (cuuint64_t)g->c_e_stride * es};
+    const cuuint32_t box[3] = {bf16 ? 64u : 32u, 64, 1}, el[3] = {1, 1, 1};
+    CUresult r = enc(m, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, g->c, dims,
+                     strides, box, el, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                     CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
         return lk_error(LK_EDEVICE, "moe_experts: grouped gemm (sm90 wgrad): cuTensorMapEncodeTiled (C) failed (%d)", (int)r);
     return LK_OK;

@@ -325,6 +325,72 @@ static void recompute_identical(void **state) {
     }
 }
 
+/* lk_model_set_recompute_norms (train.recompute_modules [layernorm]): the layers keep neither
+ * norm's output, the backward makes h2 and h1 again from the kept x2 and x. In bf16, with
+ * and without keep_qk, eager and fused norms, dense and MoE, over two batches: loss, aux loss
+ * and gradients bit for bit those of the model that keeps its activations and normalizes the
+ * rounded stream (norm_of_x, as the recompute does); in f32 (x is the stream) those of the
+ * default model. The kept bytes are two [T, H] a layer fewer; full recompute makes them
+ * anyway (the flag changes nothing there, bit for bit). */
+static void recompute_norms_identical(void **state) {
+    (void)state;
+    const char *modes[] = {"eager", "fused"};
+    assert_int_equal(lk_model_set_recompute_norms(NULL, 1), LK_EINVAL);
+    for (int moe = 0; moe <= 1; moe++)
+        for (int mi = 0; mi < 2; mi++)
+            for (int v = 0; v < 3; v++) {   /* bf16; bf16 with keep_qk; f32 */
+                lk_model *a = create(moe, modes[mi], 0, 29), *n = create(moe, modes[mi], 0, 29);
+                if (v < 2) {
+                    assert_int_equal(lk_model_set_dtype(a, LK_BF16), LK_OK);
+                    assert_int_equal(lk_model_set_dtype(n, LK_BF16), LK_OK);
+                    a->norm_of_x = 1;   /* what the backward's norms compute */
+                }
+                assert_int_equal(lk_model_set_keep_qk(a, v == 1), LK_OK);
+                assert_int_equal(lk_model_set_keep_qk(n, v == 1), LK_OK);
+                assert_int_equal(lk_model_set_recompute_norms(n, 1), LK_OK);
+                assert_true(n->norm_of_x);
+                for (int round = 0; round < 2; round++) {
+                    lk_batch b;
+                    make_batch(&b, 51 + round);
+                    lk_step_stats sa, sn;
+                    lk_model_zero_grad(a);
+                    lk_model_zero_grad(n);
+                    fwd_bwd(a, &b, 1.0f, &sa);
+                    fwd_bwd(n, &b, 1.0f, &sn);
+                    assert_true(sa.loss == sn.loss && sa.aux_loss == sn.aux_loss);
+                    assert_true(memcmp(a->g, n->g, (size_t)a->n_floats * a->gs) == 0);
+                    lk_batch_free(&b);
+                }
+                const size_t TH = (size_t)(n->T * n->H) * n->es, ka = lk_model_activation_bytes(a),
+                             kn = lk_model_activation_bytes(n);
+                if (moe == 1 && mi == 1)
+                    print_message("  %s: activations kept %zu bytes, %zu with the norms made again\n",
+                                  v == 2 ? "f32" : v ? "bf16, keep_qk" : "bf16", ka, kn);
+                assert_true(ka - kn >= 2 * (size_t)n->cfg.num_hidden_layers * TH);
+                assert_true(ka - kn <= 2 * (size_t)n->cfg.num_hidden_layers * (TH + 64));
+                assert_int_equal(lk_model_set_recompute_norms(n, 0), LK_OK);
+                assert_true(!n->norm_of_x);
+                lk_model_free(a), lk_model_free(n);
+            }
+    for (int moe = 0; moe <= 1; moe++) {   /* under recompute: nothing changes */
+        lk_model *r = create(moe, "fused", 1, 31), *rn = create(moe, "fused", 1, 31);
+        assert_int_equal(lk_model_set_dtype(r, LK_BF16), LK_OK);
+        assert_int_equal(lk_model_set_dtype(rn, LK_BF16), LK_OK);
+        assert_int_equal(lk_model_set_recompute_norms(rn, 1), LK_OK);
+        lk_batch b;
+        make_batch(&b, 57);
+        lk_step_stats sr, srn;
+        fwd_bwd(r, &b, 1.0f, &sr);
+        fwd_bwd(rn, &b, 1.0f, &srn);
+        assert_true(sr.loss == srn.loss);
+        assert_true(memcmp(r->g, rn->g, (size_t)r->n_floats * 4) == 0);
+        assert_int_equal(lk_model_activation_bytes(r), lk_model_activation_bytes(rn));
+        assert_null(rn->sc.hn);
+        lk_batch_free(&b);
+        lk_model_free(r), lk_model_free(rn);
+    }
+}
+
 /* lk_model_set_keep_qk: the backward reads q and k where the forward's projection left them
  * instead of making them again by a GEMM. The same forward (the loss bit for bit) and the
  * same gradients up to that GEMM's summation order (f32: 1e-6 of the largest), on both norm
@@ -977,7 +1043,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(grad_check_dense),       cmocka_unit_test(grad_check_moe),
         cmocka_unit_test(eager_matches_fused),    cmocka_unit_test(flex_matches_flash),
-        cmocka_unit_test(recompute_identical),    cmocka_unit_test(keep_qk_matches),    cmocka_unit_test(bf16_follows_f32),
+        cmocka_unit_test(recompute_identical),    cmocka_unit_test(keep_qk_matches),
+        cmocka_unit_test(recompute_norms_identical),    cmocka_unit_test(bf16_follows_f32),
         cmocka_unit_test(bf16_master),             cmocka_unit_test(bf16_grads),
         cmocka_unit_test(lm_head_chunks),
         cmocka_unit_test(residual_stream_is_f32), cmocka_unit_test(sliding_window_layers),

@@ -105,6 +105,13 @@ LK_API void lk_model_set_deterministic(lk_model *m, int on);
  * 2·T·H·(Q + K) FLOPs a layer; the gradients are the same up to that GEMM's summation order.
  * Call between steps: the activations are made again. */
 LK_API lk_status lk_model_set_keep_qk(lk_model *m, int on);
+/* On: the layers keep neither norm's output (h1 = rms(x), h2 = rms(x2)); the backward makes
+ * each again from the kept x and x2 (Megatron's recompute_modules: [layernorm]): 2 x layers x
+ * T x H elements of activations less for two norm passes a layer. The residual-mode norms then
+ * normalize the stream's rounding x, as with recompute (so the backward's norms give the
+ * forward's bits: qwen3_internal.h). No effect under recompute, which makes them anyway. Call
+ * between steps: the activations are made again. */
+LK_API lk_status lk_model_set_recompute_norms(lk_model *m, int on);
 /* The LM head's chunk budget: bytes of f32 logits one chunk of tokens may take
  * (lk_cross_entropy_args.chunk_bytes; 0, the default: the op's, 4 GiB on a GPU). A chunk's
  * logits are the fused loss's largest buffer (bf16 logits take half the budget); a smaller

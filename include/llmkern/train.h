@@ -77,6 +77,9 @@ LK_API lk_status lk_plot_png(const char *path, const float *x, const float *y, i
 /* --- configuration ----------------------------------------------------------------------- */
 typedef enum { LK_DATA_BUILTIN, LK_DATA_TEXT, LK_DATA_TOKENS } lk_data_kind;
 
+/* train.recompute_modules' bits */
+#define LK_RECOMPUTE_LAYERNORM 1u   /* the layers' input and post-attention norms' outputs */
+
 typedef struct {
     lk_qwen3_config model;       /* model: config_json or inline keys */
     int has_model;               /* 1 once the file named an architecture */
@@ -164,6 +167,12 @@ typedef struct {
      * does, 2 bytes a parameter less and 2 less optimizer traffic; a data-parallel all-reduce
      * then sums them in bf16 where they lie (train.grad_reduce_dtype does not apply). */
     lk_dtype main_grads_dtype;
+    /* train.recompute_modules (Megatron's selective recompute): the modules whose outputs the
+     * backward makes again instead of keeping them, LK_RECOMPUTE_* bits; today [layernorm]
+     * (the layers' input and post-attention norms: lk_model_set_recompute_norms, two T x H
+     * activations a layer less for two norm passes). [] (the default): none. train.recompute
+     * makes the whole layer again. */
+    unsigned recompute_modules;
     /* train.profile_step: on a GPU, the CUDA profiler records step N alone (1-based;
      * cudaProfilerStart/Stop around it, for `ncu --profile-from-start off`,
      * bench/step_profile.py); 0 = off. */

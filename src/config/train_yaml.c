@@ -232,7 +232,7 @@ static const char *const train_keys[] = {"steps", "lr", "min_lr", "warmup_steps"
     "eps", "grad_clip", "batch_size", "seq_len", "grad_accum", "seed", "save_every", "out", "recompute", "device",
     "comm_timeout_s", "max_shard_size", "log_every", "memory_limit", "dtype", "cuda_graph", "deterministic", "keep_qk",
     "grad_reduce_dtype", "profile_step", "exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype", "main_grads_dtype",
-    "lm_head_chunk_bytes",
+    "lm_head_chunk_bytes", "recompute_modules",
     NULL};
 
 lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
@@ -299,6 +299,20 @@ lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t
         }
         t->beta1 = b[0];
         t->beta2 = b[1];
+        return LK_OK;
+    }
+    if (strcmp(n, "recompute_modules") == 0) {   /* Megatron's names; those llmkern makes again */
+        if (v->type != YAML_SEQUENCE_NODE) return bad_value(l, v, "train.recompute_modules", "a list (of: layernorm)");
+        unsigned bits = 0;
+        for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++) {
+            const yaml_node_t *e = yaml_document_get_node(l->doc, *it);
+            if (e->type != YAML_SCALAR_NODE || strcmp(scalar(e), "layernorm") != 0)
+                return bad_value(l, e, "train.recompute_modules",
+                                 "layernorm (Megatron's core_attn, mlp, moe, moe_act and the rest are not "
+                                 "made again apart: train.recompute makes the whole layer again)");
+            bits |= LK_RECOMPUTE_LAYERNORM;
+        }
+        t->recompute_modules = bits;
         return LK_OK;
     }
     return unknown_key(l, k, "train", train_keys);

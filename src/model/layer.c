@@ -67,14 +67,15 @@ size_t lk_qwen3_layer_carve(const lk_model *m, int l, void *base, lk_layer_acts 
     unsigned char *b = base;
     lk_layer_acts z;
     if (!a) a = &z;
-    a->h1 = lk_carve(b, &u, TH);
+    const int kept_norms = !m->recompute_norms || m->recompute;   /* else sc.hn (alloc_acts) */
+    a->h1 = kept_norms ? lk_carve(b, &u, TH) : NULL;
     a->vt = lk_carve(b, &u, TK);
     a->qr = lk_carve(b, &u, TQ);
     a->kr = lk_carve(b, &u, TK);
     a->ao = lk_carve(b, &u, TQ);
     a->qkv = m->keep_qk ? lk_carve(b, &u, TQ + 2 * TK) : NULL;
     a->x2 = m->recompute ? NULL : lk_carve(b, &u, TH);   /* recompute: kept in x2s */
-    a->h2 = lk_carve(b, &u, TH);
+    a->h2 = kept_norms ? lk_carve(b, &u, TH) : NULL;
     a->ids = L->moe ? lk_carve(b, &u, T * m->K * 4) : NULL;
     a->tw = L->moe ? lk_carve(b, &u, T * m->K * 4) : NULL;
     for (int i = 0; i < S_COUNT; i++) a->s[i] = L->saved[i] ? lk_carve(b, &u, L->saved[i]) : NULL;
@@ -234,6 +235,11 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
     char *qkv = sc->qkv;
     size_t es = m->es;
     lk_status s;
+    /* recompute_norms: h2 (then h1, below) made again in sc.hn from the kept x2 (x) by the
+     * plain norm: the forward's bits (norm_of_x) */
+    const int norms_again = a->h2 == sc->hn && sc->hn;
+    lk_rms_norm_args again = norm_args(m, a->x2, T, H, L->post, a->h2, a->s[S_POST], L->saved[S_POST]);
+    if (norms_again && (s = lk_rms_norm_forward(op->post_norm, &again, ctx))) return s;
     /* MLP: dres is d(out) = d(mlp out), and part of d(x2) */
     if (L->moe) {
         if ((s = lk_qwen3_moe_backward(m, l, a, sc->dres, sc->dh, d_aux))) return s;
@@ -271,6 +277,8 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
      * q and k token-major (kept, or made by a GEMM each into dqt / dkt) and their dx lands in
      * qkv; else q and k are moved head-major into dqt / dkt (from the kept qkv, or from one
      * GEMM into qkv), dx written over dy and moved back. */
+    again = norm_args(m, a->x, T, H, L->in, a->h1, a->s[S_IN], L->saved[S_IN]);
+    if (norms_again && (s = lk_rms_norm_forward(op->in_norm, &again, ctx))) return s;
     lk_rms_norm_args nq = norm_args(m, sc->dqt, m->Hq * T, m->D, L->qn, a->qr, a->s[S_QN], L->saved[S_QN]);
     lk_rms_norm_args nk = norm_args(m, sc->dkt, m->Hk * T, m->D, L->kn, a->kr, a->s[S_KN], L->saved[S_KN]);
     const char *kept = a->qkv;

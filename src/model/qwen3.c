@@ -316,6 +316,14 @@ lk_status lk_model_set_keep_qk(lk_model *m, int on) {
     return LK_OK;
 }
 
+lk_status lk_model_set_recompute_norms(lk_model *m, int on) {
+    if (!m) return lk_error(LK_EINVAL, "model_set_recompute_norms: expected a model");
+    if (m->recompute_norms != (on != 0)) free_acts(m);   /* the layers' blocks lose h1 and h2 */
+    m->recompute_norms = on != 0;
+    m->norm_of_x = m->recompute || m->recompute_norms;   /* the first forward's norms as the backward's */
+    return LK_OK;
+}
+
 lk_status lk_model_set_lm_head_chunk_bytes(lk_model *m, size_t bytes) {
     if (!m) return lk_error(LK_EINVAL, "model_set_lm_head_chunk_bytes: expected a model");
     if (m->ce_chunk_bytes != bytes) free_acts(m);   /* the loss's saved block may change size */
@@ -447,11 +455,13 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
         c->dkt = (size_t)Kv * es <= TH ? c->dh : lk_carve(sb, &su, Kv * es);
         c->dtw = lk_carve(sb, &su, Tk * 4);
         c->dw = lk_carve(sb, &su, nw * 4);
+        c->hn = m->recompute_norms && !m->recompute ? lk_carve(sb, &su, TH) : NULL;
         if (!pass && !(m->scratch_block = m->dev->alloc(lk_align64(su)))) {
             free_acts(m);
             return lk_error(LK_ENOMEM, "model: scratch: out of memory");
         }
     }
+    for (int l = 0; m->sc.hn && l < N; l++) m->acts[l].h1 = m->acts[l].h2 = m->sc.hn;
     if (m->dev->type != LK_DEVICE_CPU && (!(m->dev_tokens = m->dev->alloc((size_t)(3 * T) * 8)) ||
                                           !(m->stage = m->dev->host_alloc(LK_STAGE_SLOTS * stage_words(T) * 8)))) {
         free_acts(m);

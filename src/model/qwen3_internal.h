@@ -88,7 +88,8 @@ typedef struct {
 } lk_layer;
 
 /* One layer's activations: what its backward reads (x is the layer input, kept apart
- * in the model's inputs array; with recompute x2 too, in x2s). qkv is the q/k/v
+ * in the model's inputs array; with recompute x2 too, in x2s; with recompute_norms h1 and h2
+ * are the scratch sc.hn, made again from x and x2 by the backward). qkv is the q/k/v
  * projection's [T, Q + 2K] output, kept only with lk_model_set_keep_qk (else NULL: the
  * forward writes it to the scratch and the backward makes q and k again). */
 typedef struct {
@@ -118,15 +119,19 @@ typedef struct {
     void *dqt, *dkt;             /* q and k before their norms (head-major): made again in the backward */
     float *dtw;                  /* [T, k] f32 */
     float *dw;                   /* [max(H, D)] f32: a norm's written dweight before it is added */
+    void *hn;                    /* [T, H] with recompute_norms (else NULL): every layer's h1, then its h2, in
+                                  * the forward; made again in the backward, h2 then h1 */
 } lk_scratch;
 
 struct lk_model {
     lk_qwen3_config cfg;
     int recompute;
     int keep_qk;         /* lk_model_set_keep_qk: each layer keeps its q/k/v projection (acts.qkv) */
+    int recompute_norms; /* lk_model_set_recompute_norms: h1 and h2 made again in the backward (sc.hn) */
     size_t ce_chunk_bytes;   /* lk_model_set_lm_head_chunk_bytes (0: the op's default) */
     int norm_of_x;       /* the layers' residual-mode norms normalize the rounded stream x (rms_norm.h's
-                          * norm_of_x): set with recompute, what a recompute from the kept x runs */
+                          * norm_of_x): set with recompute or recompute_norms, what a recompute from the
+                          * kept x runs */
     int deterministic;   /* attention's ordered backward (lk_model_set_deterministic) */
     int64_t H, Hq, Hk, D, I, V, E, K, Ie;    /* sizes; K = experts per token, Ie = moe_intermediate */
     int n_moe_layers;

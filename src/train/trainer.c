@@ -233,6 +233,7 @@ static lk_status build_model(const lk_train_config *tc, const lk_ops_config *ops
     }
     if (!s) lk_model_set_deterministic(*out, tc->deterministic);
     if (!s) s = lk_model_set_keep_qk(*out, tc->keep_qk);   /* before any activation exists: cannot fail */
+    if (!s) s = lk_model_set_recompute_norms(*out, (tc->recompute_modules & LK_RECOMPUTE_LAYERNORM) != 0);
     if (!s) s = lk_model_set_lm_head_chunk_bytes(*out, (size_t)tc->lm_head_chunk_bytes);
     if (!s) s = lk_model_set_grad_dtype(*out, tc->main_grads_dtype);
     free(cfg);

@@ -480,6 +480,42 @@ static void recompute_identical(void **state) {
     lk_model_free(r);
 }
 
+/* lk_model_set_recompute_norms on the GPU (train.recompute_modules [layernorm]): h2 and h1
+ * made again by the backward from the kept x2 and x give the bits of the model that keeps
+ * them and normalizes the rounded stream (norm_of_x): loss and gradients bit for bit, in
+ * bf16, dense and MoE, over two batches, attention's ordered backward on both. */
+static void recompute_norms_identical(void **state) {
+    (void)state;
+    for (int moe = 0; moe <= 1; moe++) {
+        lk_model *a = create(moe, LK_DEVICE_CUDA, 9, 0), *n = create(moe, LK_DEVICE_CUDA, 9, 0);
+        lk_model *both[2] = {a, n};
+        for (int k = 0; k < 2; k++) {
+            assert_int_equal(lk_model_set_dtype(both[k], LK_BF16), LK_OK);
+            lk_model_set_deterministic(both[k], 1);
+        }
+        a->norm_of_x = 1;
+        assert_int_equal(lk_model_set_recompute_norms(n, 1), LK_OK);
+        for (int round = 0; round < 2; round++) {
+            lk_batch b;
+            make_batch(&b, 15 + round);
+            lk_step_stats sa, sn;
+            lk_model_zero_grad(a);
+            lk_model_zero_grad(n);
+            step(a, &b, &sa);
+            step(n, &b, &sn);
+            float *ga = fetch(a, 0), *gn = fetch(n, 0);
+            print_message("  %s round %d: loss %.6f / %.6f, activations kept %zu / %zu bytes\n", moe ? "moe" : "dense",
+                          round, sa.loss, sn.loss, lk_model_activation_bytes(a), lk_model_activation_bytes(n));
+            assert_true(sa.loss == sn.loss);
+            assert_memory_equal(ga, gn, (size_t)a->n_floats * 4);
+            assert_true(lk_model_activation_bytes(n) < lk_model_activation_bytes(a));
+            free(ga), free(gn);
+            lk_batch_free(&b);
+        }
+        lk_model_free(a), lk_model_free(n);
+    }
+}
+
 /* lk_model_set_keep_qk on the GPU: the same forward (the loss bit for bit) and gradients
  * within attention's dQ atomics (f32: 1e-5 of the largest) or, in bf16, the recompute GEMM's
  * other rounding of q and k (rel L2 1e-2), dense and MoE, over two batches (a stale kept
@@ -641,6 +677,7 @@ int main(void) {
         cmocka_unit_test(graph_capture),
         cmocka_unit_test(recompute_identical),
         cmocka_unit_test(keep_qk_matches),
+        cmocka_unit_test(recompute_norms_identical),
         cmocka_unit_test(save_load_round_trip),
         cmocka_unit_test(bad_input_refused),
         cmocka_unit_test(flex_follows_the_default),

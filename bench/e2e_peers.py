@@ -340,7 +340,8 @@ BF16_MOMENTS = {"exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}   # train.e
 LK_FLAGS = {"bf16m": BF16_MOMENTS, "bf16m1": {"exp_avg_dtype": "bf16"}, "bf16m2": {"exp_avg_sq_dtype": "bf16"},
             "recompute": {"recompute": True}, "keepqk": {"keep_qk": True}, "bf16w": {"main_params_dtype": "bf16"},
             "lean": {"lm_head_chunk_bytes": "1.25GB"}, "bf16g": {"main_grads_dtype": "bf16"},
-            "renorm": {"recompute_modules": ["layernorm"]}}
+            "renorm": {"recompute_modules": ["layernorm"]},
+            **{f"re{n}": {"recompute": True, "recompute_num_layers": n} for n in range(1, 9)}}
 # the run kinds --parity may add beside plain bf16 (--parity-kinds), and how its table names them
 MOMENT_KINDS = {"bf16m": "bf16 moments", "bf16m1": "bf16 exp_avg", "bf16m2": "bf16 exp_avg_sq",
                 "bf16w": "bf16 weights alone", "bf16g": "bf16 gradients"}

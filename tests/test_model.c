@@ -325,6 +325,55 @@ static void recompute_identical(void **state) {
     }
 }
 
+/* lk_model_set_recompute_layers (train.recompute_num_layers): layer 0 of 2 made again, layer
+ * 1 kept; alone and with the norms made again for the kept one; in bf16 against the model
+ * that keeps everything and normalizes the rounded stream, in f32 against the default:
+ * loss and gradients bit for bit over two batches (a stale shared block would show in the
+ * second); the kept bytes between none and all recomputed; n out of range refused with the
+ * model unchanged; 0 and 2 are create's flag off and on. */
+static void recompute_some_layers(void **state) {
+    (void)state;
+    assert_int_equal(lk_model_set_recompute_layers(NULL, 1), LK_EINVAL);
+    for (int moe = 0; moe <= 1; moe++)
+        for (int v = 0; v < 3; v++) {   /* bf16; bf16 with the norms made again; f32 */
+            lk_model *a = create(moe, "fused", 0, 37), *p = create(moe, "fused", 0, 37), *all = create(moe, "fused", 1, 37);
+            assert_int_equal(lk_model_recompute_layers(all), 2);
+            assert_int_equal(lk_model_recompute_layers(a), 0);
+            assert_int_equal(lk_model_set_recompute_layers(p, 3), LK_EINVAL);
+            assert_non_null(strstr(lk_last_error(), "expected 0 .. 2 layers (num_hidden_layers), got 3"));
+            assert_int_equal(lk_model_set_recompute_layers(p, -1), LK_EINVAL);
+            assert_int_equal(lk_model_recompute_layers(p), 0);
+            assert_int_equal(lk_model_set_recompute_layers(p, 1), LK_OK);
+            assert_true(p->norm_of_x);
+            lk_model *ms[3] = {a, p, all};
+            for (int k = 0; v < 2 && k < 3; k++) assert_int_equal(lk_model_set_dtype(ms[k], LK_BF16), LK_OK);
+            if (v < 2) a->norm_of_x = 1;
+            if (v == 1) assert_int_equal(lk_model_set_recompute_norms(p, 1), LK_OK);
+            for (int round = 0; round < 2; round++) {
+                lk_batch b;
+                make_batch(&b, 61 + round);
+                lk_step_stats sa, sp;
+                lk_model_zero_grad(a);
+                lk_model_zero_grad(p);
+                fwd_bwd(a, &b, 1.0f, &sa);
+                fwd_bwd(p, &b, 1.0f, &sp);
+                if (round == 0) {
+                    lk_step_stats sl;
+                    fwd_bwd(all, &b, 1.0f, &sl);
+                }
+                assert_true(sa.loss == sp.loss && sa.aux_loss == sp.aux_loss);
+                assert_true(memcmp(a->g, p->g, (size_t)a->n_floats * a->gs) == 0);
+                lk_batch_free(&b);
+            }
+            size_t ka = lk_model_activation_bytes(a), kp = lk_model_activation_bytes(p),
+                   kl = lk_model_activation_bytes(all);
+            if (v != 1) print_message("  %s %s: activations kept %zu bytes, %zu with layer 0 made again, %zu with both\n",
+                                      moe ? "moe" : "dense", v ? "f32" : "bf16", ka, kp, kl);
+            assert_true(kl < kp && kp < ka);
+            lk_model_free(a), lk_model_free(p), lk_model_free(all);
+        }
+}
+
 /* lk_model_set_recompute_norms (train.recompute_modules [layernorm]): the layers keep neither
  * norm's output, the backward makes h2 and h1 again from the kept x2 and x. In bf16, with
  * and without keep_qk, eager and fused norms, dense and MoE, over two batches: loss, aux loss
@@ -1044,7 +1093,7 @@ int main(void) {
         cmocka_unit_test(grad_check_dense),       cmocka_unit_test(grad_check_moe),
         cmocka_unit_test(eager_matches_fused),    cmocka_unit_test(flex_matches_flash),
         cmocka_unit_test(recompute_identical),    cmocka_unit_test(keep_qk_matches),
-        cmocka_unit_test(recompute_norms_identical),    cmocka_unit_test(bf16_follows_f32),
+        cmocka_unit_test(recompute_norms_identical), cmocka_unit_test(recompute_some_layers),    cmocka_unit_test(bf16_follows_f32),
         cmocka_unit_test(bf16_master),             cmocka_unit_test(bf16_grads),
         cmocka_unit_test(lm_head_chunks),
         cmocka_unit_test(residual_stream_is_f32), cmocka_unit_test(sliding_window_layers),

@@ -499,7 +499,7 @@ static void yaml_train_sections_load(void **state) {
         "  dtype: bfloat16\n  cuda_graph: true\n  deterministic: true\n  keep_qk: true\n  grad_reduce_dtype: bf16\n"
         "  profile_step: 3\n"
         "  exp_avg_dtype: bf16\n  exp_avg_sq_dtype: bfloat16\n  main_params_dtype: bf16\n  main_grads_dtype: bf16\n"
-        "  lm_head_chunk_bytes: 1GiB\n  recompute_modules: [layernorm]\n"
+        "  lm_head_chunk_bytes: 1GiB\n  recompute_modules: [layernorm]\n  recompute_num_layers: 1\n"
         "data:\n  text: corpus.txt\n");
     lk_train_config_init(&tc);
     assert_int_equal(lk_train_dtype(&tc), LK_F32);          /* the CPU's default */
@@ -516,6 +516,7 @@ static void yaml_train_sections_load(void **state) {
     assert_int_equal(tc.main_params_dtype, LK_BF16);
     assert_int_equal(tc.main_grads_dtype, LK_BF16);
     assert_int_equal(tc.recompute_modules, LK_RECOMPUTE_LAYERNORM);
+    assert_int_equal(tc.recompute_num_layers, 1);
     assert_int_equal(tc.lm_head_chunk_bytes, (uint64_t)1 << 30);
     assert_int_equal(tc.profile_step, 3);
     assert_true(tc.has_model && tc.model.moe && tc.model.num_experts == 4 && tc.model.hidden_size == 32);
@@ -551,6 +552,7 @@ static void yaml_train_errors_name_the_place(void **state) {
          "train.grad_reduce_dtype: expected bf16 (bfloat16) or f32 (float32), got 'f16'"},
         {"train:\n  cuda_graph: 2\n", ":2:15", "train.cuda_graph: expected true or false"},
         {"train:\n  recompute_modules: layernorm\n", ":2:22", "train.recompute_modules: expected a list"},
+        {"train:\n  recompute_num_layers: -1\n", ":2:25", "train.recompute_num_layers: expected an integer >= 0"},
         {"train:\n  recompute_modules: [layernorm, moe_act]\n", ":2:34",
          "train.recompute_modules: expected layernorm (Megatron's core_attn"},
         {"train:\n  exp_avg_sq_dtype: fp8\n", ":2:21",
@@ -665,10 +667,15 @@ static void memory_estimate(void **state) {
     tc.recompute_modules = LK_RECOMPUTE_LAYERNORM;   /* the norms' outputs made again: 2 hidden fewer */
     assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
     assert_true(m.activation_bytes == lean - (uint64_t)tc.batch_size * tc.seq_len * 2 * 2 * 32 * 4);
-    tc.recompute = 1;   /* which makes them anyway */
+    tc.recompute_modules = 0;
+    const uint64_t logits = (uint64_t)tc.batch_size * tc.seq_len * 320 * 4, layer = (lean - logits) / 2;
+    tc.recompute = 1;   /* both layers made again: one layer's block */
+    assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
+    assert_true(m.activation_bytes == lean - layer);
+    tc.recompute_num_layers = 1;   /* the first made again in the shared block, the second kept: two */
     assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
     assert_true(m.activation_bytes == lean);
-    tc.recompute_modules = 0, tc.recompute = 0;
+    tc.recompute = 0, tc.recompute_num_layers = 0;
     assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
     /* on a GPU: state and activations there, a host copy of the weights and the history here */
     tc.device = LK_DEVICE_CUDA;

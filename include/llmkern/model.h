@@ -112,6 +112,14 @@ LK_API lk_status lk_model_set_keep_qk(lk_model *m, int on);
  * forward's bits: qwen3_internal.h). No effect under recompute, which makes them anyway. Call
  * between steps: the activations are made again. */
 LK_API lk_status lk_model_set_recompute_norms(lk_model *m, int on);
+/* The first n layers (0 .. num_hidden_layers; create's recompute flag: all of them, or none)
+ * are made again in the backward from their kept inputs, the rest keep their activations
+ * (Megatron's recompute_method block with recompute_num_layers n): one layer block less a
+ * recomputed layer (its x2 stays), for its forward again. Any recompute makes every layer's
+ * residual-mode norms normalize the stream's rounding (as lk_model_set_recompute_norms says).
+ * Call between steps: the activations are made again. Errors: LK_EINVAL (n out of range). */
+LK_API lk_status lk_model_set_recompute_layers(lk_model *m, int n);
+LK_API int lk_model_recompute_layers(const lk_model *m);
 /* The LM head's chunk budget: bytes of f32 logits one chunk of tokens may take
  * (lk_cross_entropy_args.chunk_bytes; 0, the default: the op's, 4 GiB on a GPU). A chunk's
  * logits are the fused loss's largest buffer (bf16 logits take half the budget); a smaller

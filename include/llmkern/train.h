@@ -88,6 +88,10 @@ typedef struct {
     double lr, min_lr, weight_decay, beta1, beta2, eps, grad_clip;
     uint64_t seed;
     int recompute;
+    /* train.recompute_num_layers (Megatron's, with its block method): with train.recompute, the
+     * first N layers are made again in the backward and the rest keep their activations
+     * (lk_model_set_recompute_layers); 0 (the default): every layer. */
+    int64_t recompute_num_layers;
     lk_device_type device;       /* where the model and the optimizer run: cpu (default) or cuda
                                   * (one GPU per rank; the ops are selected for it) */
     char out[512];

@@ -232,7 +232,7 @@ static const char *const train_keys[] = {"steps", "lr", "min_lr", "warmup_steps"
     "eps", "grad_clip", "batch_size", "seq_len", "grad_accum", "seed", "save_every", "out", "recompute", "device",
     "comm_timeout_s", "max_shard_size", "log_every", "memory_limit", "dtype", "cuda_graph", "deterministic", "keep_qk",
     "grad_reduce_dtype", "profile_step", "exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype", "main_grads_dtype",
-    "lm_head_chunk_bytes", "recompute_modules",
+    "lm_head_chunk_bytes", "recompute_modules", "recompute_num_layers",
     NULL};
 
 lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
@@ -250,6 +250,8 @@ lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t
     if (strcmp(n, "grad_accum") == 0) return get_i64(l, v, "train.grad_accum", 1, &t->grad_accum);
     if (strcmp(n, "save_every") == 0) return get_i64(l, v, "train.save_every", 0, &t->save_every);
     if (strcmp(n, "recompute") == 0) return get_bool(l, v, "train.recompute", &t->recompute);
+    if (strcmp(n, "recompute_num_layers") == 0)
+        return get_i64(l, v, "train.recompute_num_layers", 0, &t->recompute_num_layers);
     if (strcmp(n, "cuda_graph") == 0) return get_bool(l, v, "train.cuda_graph", &t->cuda_graph);
     if (strcmp(n, "deterministic") == 0) return get_bool(l, v, "train.deterministic", &t->deterministic);
     if (strcmp(n, "keep_qk") == 0) return get_bool(l, v, "train.keep_qk", &t->keep_qk);

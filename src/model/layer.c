@@ -67,14 +67,14 @@ size_t lk_qwen3_layer_carve(const lk_model *m, int l, void *base, lk_layer_acts 
     unsigned char *b = base;
     lk_layer_acts z;
     if (!a) a = &z;
-    const int kept_norms = !m->recompute_norms || m->recompute;   /* else sc.hn (alloc_acts) */
+    const int kept_norms = !m->recompute_norms || lk_recomputed(m, l);   /* else sc.hn (alloc_acts) */
     a->h1 = kept_norms ? lk_carve(b, &u, TH) : NULL;
     a->vt = lk_carve(b, &u, TK);
     a->qr = lk_carve(b, &u, TQ);
     a->kr = lk_carve(b, &u, TK);
     a->ao = lk_carve(b, &u, TQ);
     a->qkv = m->keep_qk ? lk_carve(b, &u, TQ + 2 * TK) : NULL;
-    a->x2 = m->recompute ? NULL : lk_carve(b, &u, TH);   /* recompute: kept in x2s */
+    a->x2 = lk_recomputed(m, l) ? NULL : lk_carve(b, &u, TH);   /* recompute: kept in x2s */
     a->h2 = kept_norms ? lk_carve(b, &u, TH) : NULL;
     a->ids = L->moe ? lk_carve(b, &u, T * m->K * 4) : NULL;
     a->tw = L->moe ? lk_carve(b, &u, T * m->K * 4) : NULL;

@@ -132,8 +132,8 @@ lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, ui
     lk_model *m = calloc(1, sizeof *m);
     if (!m) return lk_error(LK_ENOMEM, "model_create: out of memory");
     m->cfg = *cfg;
-    m->recompute = recompute ? 1 : 0;
-    m->norm_of_x = m->recompute;   /* the first forward's norms as the recompute's (qwen3_internal.h) */
+    m->recompute = recompute ? (int)cfg->num_hidden_layers : 0;
+    m->norm_of_x = m->recompute > 0;   /* the first forward's norms as the recompute's (qwen3_internal.h) */
     m->dt = LK_F32, m->es = 4;
     m->d_loss_put = NAN;   /* scal[1] holds no d_loss yet */
     m->H = cfg->hidden_size; m->Hq = cfg->num_attention_heads; m->Hk = cfg->num_key_value_heads;
@@ -320,9 +320,22 @@ lk_status lk_model_set_recompute_norms(lk_model *m, int on) {
     if (!m) return lk_error(LK_EINVAL, "model_set_recompute_norms: expected a model");
     if (m->recompute_norms != (on != 0)) free_acts(m);   /* the layers' blocks lose h1 and h2 */
     m->recompute_norms = on != 0;
-    m->norm_of_x = m->recompute || m->recompute_norms;   /* the first forward's norms as the backward's */
+    m->norm_of_x = m->recompute > 0 || m->recompute_norms;   /* the first forward's norms as the backward's */
     return LK_OK;
 }
+
+lk_status lk_model_set_recompute_layers(lk_model *m, int n) {
+    if (!m) return lk_error(LK_EINVAL, "model_set_recompute_layers: expected a model");
+    if (n < 0 || n > m->cfg.num_hidden_layers)
+        return lk_error(LK_EINVAL, "model_set_recompute_layers: expected 0 .. %lld layers (num_hidden_layers), got %d",
+                        (long long)m->cfg.num_hidden_layers, n);
+    if (m->recompute != n) free_acts(m);   /* the blocks' layout changes */
+    m->recompute = n;
+    m->norm_of_x = m->recompute > 0 || m->recompute_norms;
+    return LK_OK;
+}
+
+int lk_model_recompute_layers(const lk_model *m) { return m ? m->recompute : 0; }
 
 lk_status lk_model_set_lm_head_chunk_bytes(lk_model *m, size_t bytes) {
     if (!m) return lk_error(LK_EINVAL, "model_set_lm_head_chunk_bytes: expected a model");
@@ -400,41 +413,45 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
     if (!s) s = lk_cross_entropy_saved_bytes(m->ce_impl, &ce, &m->s_ce_bytes);
     if (s) { free_acts(m); return s; }
 
-    /* kept: layer inputs (and with recompute each layer's x2), per-layer blocks (one
-     * shared block with recompute), final */
-    size_t es = m->es, TH = (size_t)(T * m->H) * es, layer_max = 0, layers_sum = 0, kept = 0;
-    int n_kept = N + 1 + (m->recompute ? N : 0);
+    /* kept: layer inputs (and each recomputed layer's x2), per-layer blocks of the kept layers
+     * (one shared block for the recomputed ones, the largest of theirs), final */
+    size_t es = m->es, TH = (size_t)(T * m->H) * es, shared_max = 0, layers_sum = 0, kept = 0;
+    const int R = m->recompute;
     for (int l = 0; l < N; l++) {
         size_t b = lk_qwen3_layer_carve(m, l, NULL, NULL);
-        layers_sum += b;
-        if (b > layer_max) layer_max = b;
+        if (lk_recomputed(m, l) && b > shared_max) shared_max = b;
+        if (!lk_recomputed(m, l)) layers_sum += b;
     }
-    size_t n_blocks = m->recompute ? layer_max : layers_sum;
-    kept = (size_t)n_kept * lk_align64(TH) + lk_align64(TH) + lk_align64(m->s_final_bytes) + lk_align64(m->s_ce_bytes);
+    kept = (size_t)(N + 1 + R) * lk_align64(TH) + lk_align64(TH) + lk_align64(m->s_final_bytes) +
+           lk_align64(m->s_ce_bytes);
     m->acts = calloc((size_t)N, sizeof *m->acts);
     m->inputs = calloc((size_t)N + 1, sizeof *m->inputs);
-    m->x2s = m->recompute ? calloc((size_t)N + 1, sizeof *m->x2s) : NULL;
-    m->act_block = m->dev->alloc(lk_align64(kept + n_blocks));
-    if (!m->acts || !m->inputs || (m->recompute && !m->x2s) || !m->act_block) {
+    m->x2s = R ? calloc((size_t)R, sizeof *m->x2s) : NULL;
+    m->act_block = m->dev->alloc(lk_align64(kept + shared_max + layers_sum));
+    if (!m->acts || !m->inputs || (R && !m->x2s) || !m->act_block) {
         free_acts(m);
         return lk_error(LK_ENOMEM, "model: activations: out of memory");
     }
     unsigned char *base = m->act_block;
     size_t u = 0;
     for (int l = 0; l <= N; l++) m->inputs[l] = lk_carve(base, &u, TH);
-    for (int l = 0; m->recompute && l < N; l++) m->x2s[l] = lk_carve(base, &u, TH);
+    for (int l = 0; l < R; l++) m->x2s[l] = lk_carve(base, &u, TH);
     m->hf = lk_carve(base, &u, TH);
     m->s_final = lk_carve(base, &u, m->s_final_bytes);
     m->s_ce = lk_carve(base, &u, m->s_ce_bytes);
     u = lk_align64(u);
     m->shared = base + u;
-    for (int l = 0; l < N; l++) {
-        size_t b = lk_qwen3_layer_carve(m, l, base + u, &m->acts[l]);
+    u += shared_max;
+    for (int l = 0; l < N; l++) {   /* the recomputed layers are carved as they run (carve_layer) */
         m->acts[l].x = m->inputs[l];
-        if (m->recompute) m->acts[l].x2 = m->x2s[l];
-        if (!m->recompute) u += b;
+        if (lk_recomputed(m, l)) {
+            m->acts[l].x2 = m->x2s[l];
+        } else {
+            u += lk_qwen3_layer_carve(m, l, base + u, &m->acts[l]);
+            m->acts[l].x = m->inputs[l];   /* the carve cleared it */
+        }
     }
-    m->activation_bytes = kept + (m->recompute ? 0 : layers_sum);
+    m->activation_bytes = kept + layers_sum;
 
     /* scratch: tmp is dres, dh2 and dqt lie in dao, dkt in dh when it fits (lk_scratch says why they may) */
     int64_t Q = T * m->Hq * m->D, Kv = T * m->Hk * m->D, Tk = T * (m->K ? m->K : 1);
@@ -455,13 +472,13 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
         c->dkt = (size_t)Kv * es <= TH ? c->dh : lk_carve(sb, &su, Kv * es);
         c->dtw = lk_carve(sb, &su, Tk * 4);
         c->dw = lk_carve(sb, &su, nw * 4);
-        c->hn = m->recompute_norms && !m->recompute ? lk_carve(sb, &su, TH) : NULL;
+        c->hn = m->recompute_norms && R < N ? lk_carve(sb, &su, TH) : NULL;   /* for the kept layers */
         if (!pass && !(m->scratch_block = m->dev->alloc(lk_align64(su)))) {
             free_acts(m);
             return lk_error(LK_ENOMEM, "model: scratch: out of memory");
         }
     }
-    for (int l = 0; m->sc.hn && l < N; l++) m->acts[l].h1 = m->acts[l].h2 = m->sc.hn;
+    for (int l = R; m->sc.hn && l < N; l++) m->acts[l].h1 = m->acts[l].h2 = m->sc.hn;
     if (m->dev->type != LK_DEVICE_CPU && (!(m->dev_tokens = m->dev->alloc((size_t)(3 * T) * 8)) ||
                                           !(m->stage = m->dev->host_alloc(LK_STAGE_SLOTS * stage_words(T) * 8)))) {
         free_acts(m);
@@ -565,10 +582,10 @@ static lk_status read_scalars(lk_model *m, lk_step_stats *st) {
     return LK_OK;
 }
 
-/* Layer l's activations: with recompute the shared block carved for l's layout (they
- * differ per layer), and x2 the kept one; always x the kept input. */
+/* Layer l's activations: a recomputed layer's the shared block carved for l's layout
+ * (they differ per layer), and x2 the kept one; always x the kept input. */
 static void carve_layer(lk_model *m, int l) {
-    if (m->recompute) {
+    if (lk_recomputed(m, l)) {
         lk_qwen3_layer_carve(m, l, m->shared, &m->acts[l]);
         m->acts[l].x2 = m->x2s[l];
     }
@@ -650,7 +667,7 @@ lk_status lk_model_loss(lk_model *m, const lk_batch *batch, lk_step_stats *stats
 
 /* The recompute block for layer l: the shared one, carved for l's layout. */
 static const lk_layer_acts *acts_for_backward(lk_model *m, int l, const lk_batch *b, lk_status *s) {
-    if (!m->recompute) return &m->acts[l];
+    if (!lk_recomputed(m, l)) return &m->acts[l];
     carve_layer(m, l);
     *s = lk_qwen3_layer_forward(m, l, &m->acts[l], b, 0, 0);
     return &m->acts[l];

@@ -125,7 +125,8 @@ typedef struct {
 
 struct lk_model {
     lk_qwen3_config cfg;
-    int recompute;
+    int recompute;       /* the first `recompute` layers are made again in the backward (lk_model_set_recompute_layers:
+                          * Megatron's block method; create's flag: all) */
     int keep_qk;         /* lk_model_set_keep_qk: each layer keeps its q/k/v projection (acts.qkv) */
     int recompute_norms; /* lk_model_set_recompute_norms: h1 and h2 made again in the backward (sc.hn) */
     size_t ce_chunk_bytes;   /* lk_model_set_lm_head_chunk_bytes (0: the op's default) */
@@ -191,13 +192,13 @@ struct lk_model {
     /* activations for the current token count T */
     int64_t T;
     void *act_block, *scratch_block;
-    lk_layer_acts *acts;          /* per layer; with recompute all share one block */
+    lk_layer_acts *acts;          /* per layer; the recomputed ones share one block */
     void **inputs;                /* [N + 1]: layer inputs, inputs[N] the last layer's output */
-    void **x2s;                   /* with recompute, [N]: each layer's x2 (the stream after attention) */
+    void **x2s;                   /* with recompute, [N]: each recomputed layer's x2 (the stream after attention) */
     void *hf;                     /* final norm output */
     void *s_final, *s_ce;
     size_t s_final_bytes, s_ce_bytes;
-    unsigned char *shared;        /* with recompute: the one layer block every layer uses */
+    unsigned char *shared;        /* with recompute: the one layer block every recomputed layer uses */
     lk_scratch sc;
     size_t activation_bytes;
 
@@ -238,6 +239,9 @@ lk_status lk_qwen3_params_move_master(lk_model *m, lk_dtype dt);
 /* params.c: the gradients in a new zeroed buffer of dt (f32 or bf16); the views follow
  * (lk_model_set_grad_dtype). */
 lk_status lk_qwen3_params_move_grads(lk_model *m, lk_dtype dt);
+
+/* Layer l is made again in the backward (its activations in the shared block, x2 in x2s). */
+static inline int lk_recomputed(const lk_model *m, int l) { return l < m->recompute; }
 
 /* The compute copy of the weights at offset off (in elements, the master's offsets). */
 static inline void *lk_wc(const lk_model *m, int64_t off) { return (char *)m->wc + (size_t)off * m->es; }

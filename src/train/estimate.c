@@ -41,7 +41,7 @@ lk_status lk_train_memory_estimate(const lk_train_config *tc, lk_train_memory *o
         const char *w = "train: model (the activations' width)";
         int64_t q = c->num_attention_heads * c->head_dim, kv = c->num_key_value_heads * c->head_dim;   /* checked */
         int64_t width, a, b;
-        const int norms = tc->recompute_modules & LK_RECOMPUTE_LAYERNORM && !tc->recompute ? 2 : 4;
+        const int norms = tc->recompute_modules & LK_RECOMPUTE_LAYERNORM ? 2 : 4;
         if ((s = lk_checked_mul(w, norms, c->hidden_size, &width)) || (s = lk_checked_add(w, q, kv, &a)) ||
             (s = lk_checked_mul(w, 2, a, &a)) || (s = lk_checked_add(w, width, a, &width)) ||
             (tc->keep_qk && ((s = lk_checked_add(w, q, 2 * kv, &a)) || (s = lk_checked_add(w, width, a, &width)))))
@@ -51,7 +51,10 @@ lk_status lk_train_memory_estimate(const lk_train_config *tc, lk_train_memory *o
         if (s || (s = lk_checked_add(w, width, b, &width)) ||
             (s = lk_checked_add(w, width, c->moe ? c->num_experts : 0, &width)))
             return s;
-        int64_t f[3] = {tokens / (tc->sp > 0 ? tc->sp : 1), c->num_hidden_layers, width};
+        /* recompute: the kept layers' blocks and one for the recomputed ones (their x2 aside) */
+        int64_t R = !tc->recompute ? 0 : tc->recompute_num_layers > 0 ? tc->recompute_num_layers : c->num_hidden_layers;
+        if (R > c->num_hidden_layers) R = c->num_hidden_layers;   /* check_config refuses it */
+        int64_t f[3] = {tokens / (tc->sp > 0 ? tc->sp : 1), c->num_hidden_layers - R + (R > 0), width};
         if ((s = lk_checked_prod("train: the activations (batch_size x seq_len x layers x width)", f, 3, &per_tok)) ||
             (s = lk_checked_mul("train: the logits (batch_size x seq_len x vocab_size)", tokens, c->vocab_size,
                                 &logits)) ||

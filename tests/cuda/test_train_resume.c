@@ -22,6 +22,7 @@ static lk_ops_config ops;
 static lk_dtype dtype;     /* the run's train.dtype */
 static lk_dtype moments;   /* its train.exp_avg_dtype and exp_avg_sq_dtype */
 static lk_dtype main_params = LK_F32;   /* its train.main_params_dtype */
+static lk_dtype main_grads = LK_F32;    /* its train.main_grads_dtype (bf16: one micro-batch of 4) */
 
 /* Two MoE layers of 64 wide, 2 x 32-token micro-batches twice a step, on the GPU. */
 static void tiny_config(const char *out, int64_t steps, int64_t save_every) {
@@ -40,6 +41,8 @@ static void tiny_config(const char *out, int64_t steps, int64_t save_every) {
     tc.dtype = dtype;
     tc.exp_avg_dtype = tc.exp_avg_sq_dtype = moments;
     tc.main_params_dtype = main_params;
+    tc.main_grads_dtype = main_grads;
+    if (main_grads == LK_BF16) tc.grad_accum = 1, tc.batch_size = 4;
     tc.deterministic = 1;
     snprintf(tc.out, sizeof tc.out, "%s", out);
     lk_ops_config_init(&ops);
@@ -75,6 +78,14 @@ static void resume_is_bit_identical_bf16_main(void **state) {
     main_params = LK_F32;
 }
 
+/* bf16 gradients (train.main_grads_dtype): in no file, written afresh each step. */
+static void resume_is_bit_identical_bf16_grads(void **state) {
+    (void)state;
+    dtype = LK_BF16, moments = LK_BF16, main_params = LK_BF16, main_grads = LK_BF16;
+    assert_resume_bit_identical(&tc, &ops, tiny_config);
+    main_params = main_grads = LK_F32;
+}
+
 int main(void) {
     if (!lkt_have_gpu("cuda_test_train_resume")) return LKT_SKIP;
     const struct CMUnitTest tests[] = {
@@ -82,6 +93,7 @@ int main(void) {
         cmocka_unit_test(resume_is_bit_identical_bf16),
         cmocka_unit_test(resume_is_bit_identical_bf16_moments),
         cmocka_unit_test(resume_is_bit_identical_bf16_main),
+        cmocka_unit_test(resume_is_bit_identical_bf16_grads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

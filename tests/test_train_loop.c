@@ -352,19 +352,21 @@ static void bf16_grads_train_like_f32(void **state) {
 }
 
 /* A text file and a token file train as the corpus does; recomputing activations in
- * the backward gives the same losses as keeping them. */
+ * the backward (every layer, or the first and the norms of the other:
+ * train.recompute_num_layers, recompute_modules) gives the same losses as keeping them. */
 static void data_sources_and_recompute(void **state) {
     (void)state;
     enum { N = 3 };
     char *d = tmpdir(), p[600];
-    float keep[N], recompute[N], text[N], tokens[N];
+    float keep[N], recompute[N], text[N], tokens[N], some[N];
     static const char doc[] = "the cat sat on the mat.\nthe dog sat on the log.\n\n1 + 2 = 3\n2 + 2 = 4\n\n"
                               "key: value\nname: llmkern\n";
-    float *logs[] = {keep, recompute, text, tokens};
-    for (int run = 0; run < 4; run++) {
+    float *logs[] = {keep, recompute, text, tokens, some};
+    for (int run = 0; run < 5; run++) {
         lk_train_opts o = {.quiet = 1, .loss_log = logs[run], .loss_log_cap = N};
         tiny_config(d, N, 0);
-        tc.recompute = run == 1;
+        tc.recompute = run == 1 || run == 4;
+        if (run == 4) tc.recompute_num_layers = 1, tc.recompute_modules = LK_RECOMPUTE_LAYERNORM;
         if (run == 2) {
             snprintf(tc.data_path, sizeof tc.data_path, "%s/corpus.txt", d);
             FILE *f = fopen(tc.data_path, "w");
@@ -383,6 +385,7 @@ static void data_sources_and_recompute(void **state) {
     }
     for (int i = 0; i < N; i++) {
         assert_true(fabsf(keep[i] - recompute[i]) <= 1e-5f * keep[i]);   /* same math, recomputed */
+        assert_true(fabsf(keep[i] - some[i]) <= 1e-5f * keep[i]);
         assert_true(isfinite(text[i]) && isfinite(tokens[i]) && text[i] != keep[i]);
     }
     snprintf(p, sizeof p, "%s/corpus.missing", d);
@@ -435,6 +438,14 @@ static void bad_config_is_an_error(void **state) {
     assert_int_equal(lk_train_run(&tc, &ops, NULL, NULL, NULL), LK_EINVAL);
     assert_non_null(strstr(lk_last_error(), "train.main_grads_dtype bf16: expected train.grad_accum 1"));
     assert_non_null(strstr(lk_last_error(), "got 2"));
+    tiny_config(d, 4, 0);
+    tc.recompute_num_layers = 1;   /* a count of layers to make again, without train.recompute */
+    assert_int_equal(lk_train_run(&tc, &ops, NULL, NULL, NULL), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "train.recompute_num_layers: expected 0 .. num_hidden_layers (2) with "
+                                            "train.recompute true, got 1 without it"));
+    tc.recompute = 1, tc.recompute_num_layers = 3;
+    assert_int_equal(lk_train_run(&tc, &ops, NULL, NULL, NULL), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "got 3"));
     rm_rf(d);
 }
 

@@ -237,7 +237,7 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
     lk_status s;
     /* recompute_norms: h2 (then h1, below) made again in sc.hn from the kept x2 (x) by the
      * plain norm: the forward's bits (norm_of_x) */
-    const int norms_again = a->h2 == sc->hn && sc->hn;
+    const int norms_again = sc->hn && a->h2 == sc->hn;
     lk_rms_norm_args again = norm_args(m, a->x2, T, H, L->post, a->h2, a->s[S_POST], L->saved[S_POST]);
     if (norms_again && (s = lk_rms_norm_forward(op->post_norm, &again, ctx))) return s;
     /* MLP: dres is d(out) = d(mlp out), and part of d(x2) */

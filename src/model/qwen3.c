@@ -443,13 +443,9 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
     m->shared = base + u;
     u += shared_max;
     for (int l = 0; l < N; l++) {   /* the recomputed layers are carved as they run (carve_layer) */
+        if (lk_recomputed(m, l)) m->acts[l].x2 = m->x2s[l];
+        else u += lk_qwen3_layer_carve(m, l, base + u, &m->acts[l]);
         m->acts[l].x = m->inputs[l];
-        if (lk_recomputed(m, l)) {
-            m->acts[l].x2 = m->x2s[l];
-        } else {
-            u += lk_qwen3_layer_carve(m, l, base + u, &m->acts[l]);
-            m->acts[l].x = m->inputs[l];   /* the carve cleared it */
-        }
     }
     m->activation_bytes = kept + layers_sum;
 

@@ -340,8 +340,20 @@ BF16_MOMENTS = {"exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}   # train.e
 LK_FLAGS = {"bf16m": BF16_MOMENTS, "bf16m1": {"exp_avg_dtype": "bf16"}, "bf16m2": {"exp_avg_sq_dtype": "bf16"},
             "recompute": {"recompute": True}, "keepqk": {"keep_qk": True}, "bf16w": {"main_params_dtype": "bf16"},
             "lean": {"lm_head_chunk_bytes": "1.25GB"}, "bf16g": {"main_grads_dtype": "bf16"},
-            "renorm": {"recompute_modules": ["layernorm"]},
-            **{f"re{n}": {"recompute": True, "recompute_num_layers": n} for n in range(1, 9)}}
+            # train.recompute_modules (their lists join: +renorm+remoe6 is [layernorm, moe:6]); train.recompute
+            # of the first N layers (+recompute+n4)
+            "renorm": {"recompute_modules": ["layernorm"]}, "remoe": {"recompute_modules": ["moe"]},
+            **{f"remoe{n}": {"recompute_modules": [f"moe:{n}"]} for n in range(1, 33)},
+            **{f"n{n}": {"recompute_num_layers": n} for n in range(1, 33)}}
+
+
+def add_flags(extra, flag):
+    """LK_FLAGS[flag]'s train keys into extra, lists joined."""
+    for k, v in LK_FLAGS[flag].items():
+        extra[k] = extra.get(k, []) + v if isinstance(v, list) else v
+    return extra
+
+
 # the run kinds --parity may add beside plain bf16 (--parity-kinds), and how its table names them
 MOMENT_KINDS = {"bf16m": "bf16 moments", "bf16m1": "bf16 exp_avg", "bf16m2": "bf16 exp_avg_sq",
                 "bf16w": "bf16 weights alone", "bf16g": "bf16 gradients"}
@@ -349,7 +361,10 @@ MOMENT_KINDS = {"bf16m": "bf16 moments", "bf16m1": "bf16 exp_avg", "bf16m2": "bf
 
 def kind_flags(kind):
     """A parity kind's train keys: bf16m+bf16w is both kinds' keys."""
-    return {k: v for f in kind.split("+") for k, v in LK_FLAGS[f].items()}
+    extra = {}
+    for f in kind.split("+"):
+        add_flags(extra, f)
+    return extra
 
 
 def kind_name(kind):
@@ -498,7 +513,7 @@ def perf(A):
                 # interval (10 steps): its steps queue
                 extra = {"cuda_graph": True, "log_every": 10} if base == "llmkern_graph" else {}
                 for f in flags:
-                    extra.update(LK_FLAGS[f])
+                    add_flags(extra, f)
                 r = run_lk(A, label, A.lk_dtype, init, tokens, B, S, A.steps, work, extra, attn or None)
             else:
                 r = run_hf(A, label, kind, A.hf_dtype, init, tokens, B, S, A.steps, work)

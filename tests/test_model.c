@@ -18,6 +18,7 @@
 #include "model/qwen3_internal.h"
 
 static int64_t sliding;   /* > 0: tiny()'s layer 1 slides with this window (sliding_window_layers) */
+static int all_moe;       /* 1: tiny(1)'s layer 1 is a MoE layer too (recompute_moe_identical) */
 
 static lk_qwen3_config tiny(int moe) {
     lk_qwen3_config c;
@@ -40,7 +41,7 @@ static lk_qwen3_config tiny(int moe) {
         c.moe_intermediate_size = 16;
         c.norm_topk_prob = 1;
         c.router_aux_loss_coef = 0.1;   /* large enough that its gradient shows in the check */
-        c.mlp_only_layers[c.n_mlp_only_layers++] = 1;   /* layer 1 dense: both kinds of block */
+        if (!all_moe) c.mlp_only_layers[c.n_mlp_only_layers++] = 1;   /* layer 1 dense: both kinds of block */
     }
     return c;
 }
@@ -348,7 +349,7 @@ static void recompute_some_layers(void **state) {
             lk_model *ms[3] = {a, p, all};
             for (int k = 0; v < 2 && k < 3; k++) assert_int_equal(lk_model_set_dtype(ms[k], LK_BF16), LK_OK);
             if (v < 2) a->norm_of_x = 1;
-            if (v == 1) assert_int_equal(lk_model_set_recompute_norms(p, 1), LK_OK);
+            if (v == 1) assert_int_equal(lk_model_set_recompute_norms(p, 2), LK_OK);   /* the kept layer's */
             for (int round = 0; round < 2; round++) {
                 lk_batch b;
                 make_batch(&b, 61 + round);
@@ -396,7 +397,9 @@ static void recompute_norms_identical(void **state) {
                 }
                 assert_int_equal(lk_model_set_keep_qk(a, v == 1), LK_OK);
                 assert_int_equal(lk_model_set_keep_qk(n, v == 1), LK_OK);
-                assert_int_equal(lk_model_set_recompute_norms(n, 1), LK_OK);
+                assert_int_equal(lk_model_set_recompute_norms(n, 3), LK_EINVAL);   /* of 2 layers */
+                assert_non_null(strstr(lk_last_error(), "model_set_recompute_norms: expected 0 .. 2 layers"));
+                assert_int_equal(lk_model_set_recompute_norms(n, 2), LK_OK);
                 assert_true(n->norm_of_x);
                 for (int round = 0; round < 2; round++) {
                     lk_batch b;
@@ -425,7 +428,7 @@ static void recompute_norms_identical(void **state) {
         lk_model *r = create(moe, "fused", 1, 31), *rn = create(moe, "fused", 1, 31);
         assert_int_equal(lk_model_set_dtype(r, LK_BF16), LK_OK);
         assert_int_equal(lk_model_set_dtype(rn, LK_BF16), LK_OK);
-        assert_int_equal(lk_model_set_recompute_norms(rn, 1), LK_OK);
+        assert_int_equal(lk_model_set_recompute_norms(rn, 2), LK_OK);
         lk_batch b;
         make_batch(&b, 57);
         lk_step_stats sr, srn;
@@ -438,6 +441,65 @@ static void recompute_norms_identical(void **state) {
         lk_batch_free(&b);
         lk_model_free(r), lk_model_free(rn);
     }
+}
+
+/* lk_model_set_recompute_moe (train.recompute_modules [moe]): a MoE layer keeps no experts'
+ * saved block; the backward runs the experts' forward again to make it (the routing stays
+ * kept). The forward is untouched, so the gradients are the default model's bit for bit, f32
+ * and bf16, eager and fused tables, both layers or only the first, with the norms made again
+ * as well (against the norm_of_x model then), over two batches; the kept bytes fall by the
+ * experts' saved blocks but one (the shared scratch). A dense model takes it as nothing. */
+static void recompute_moe_identical(void **state) {
+    (void)state;
+    const char *modes[] = {"eager", "fused"};
+    assert_int_equal(lk_model_set_recompute_moe(NULL, 1), LK_EINVAL);
+    all_moe = 1;
+    for (int mi = 0; mi < 2; mi++)
+        for (int v = 0; v < 4; v++) {   /* f32 both layers; bf16 both; bf16 the first; bf16 both with the norms */
+            lk_model *a = create(1, modes[mi], 0, 71), *n = create(1, modes[mi], 0, 71);
+            if (v) {
+                assert_int_equal(lk_model_set_dtype(a, LK_BF16), LK_OK);
+                assert_int_equal(lk_model_set_dtype(n, LK_BF16), LK_OK);
+            }
+            assert_int_equal(lk_model_set_recompute_moe(n, v == 2 ? 1 : 2), LK_OK);
+            assert_true(!n->norm_of_x);   /* the experts alone change no norm */
+            if (v == 3) {
+                assert_int_equal(lk_model_set_recompute_norms(n, 2), LK_OK);
+                a->norm_of_x = 1;
+            }
+            for (int round = 0; round < 2; round++) {
+                lk_batch b;
+                make_batch(&b, 73 + round);
+                lk_step_stats sa, sn;
+                lk_model_zero_grad(a);
+                lk_model_zero_grad(n);
+                fwd_bwd(a, &b, 1.0f, &sa);
+                fwd_bwd(n, &b, 1.0f, &sn);
+                assert_true(sa.loss == sn.loss && sa.aux_loss == sn.aux_loss);
+                assert_true(memcmp(a->g, n->g, (size_t)a->n_floats * a->gs) == 0);
+                lk_batch_free(&b);
+            }
+            size_t ka = lk_model_activation_bytes(a), kn = lk_model_activation_bytes(n), se = 0;
+            int again = 0;
+            for (int l = 0; l < n->cfg.num_hidden_layers; l++)
+                if (lk_moe_again(n, l)) se = n->layers[l].saved[S_EXPERTS], again++;
+            if (mi == 1) print_message("  %s: activations kept %zu bytes, %zu with %d layers' experts made again\n",
+                                       v ? "bf16" : "f32", ka, kn, again);
+            assert_int_equal(again, v == 2 ? 1 : 2);
+            assert_non_null(n->sc.experts);
+            assert_true(ka - kn >= (size_t)again * se);
+            lk_model_free(a), lk_model_free(n);
+        }
+    all_moe = 0;
+    lk_model *d = create(0, "fused", 0, 71);   /* dense: no experts to make again */
+    assert_int_equal(lk_model_set_recompute_moe(d, 2), LK_OK);
+    lk_batch b;
+    make_batch(&b, 75);
+    lk_step_stats sd;
+    fwd_bwd(d, &b, 1.0f, &sd);
+    assert_null(d->sc.experts);
+    lk_batch_free(&b);
+    lk_model_free(d);
 }
 
 /* lk_model_set_keep_qk: the backward reads q and k where the forward's projection left them
@@ -1093,7 +1155,8 @@ int main(void) {
         cmocka_unit_test(grad_check_dense),       cmocka_unit_test(grad_check_moe),
         cmocka_unit_test(eager_matches_fused),    cmocka_unit_test(flex_matches_flash),
         cmocka_unit_test(recompute_identical),    cmocka_unit_test(keep_qk_matches),
-        cmocka_unit_test(recompute_norms_identical), cmocka_unit_test(recompute_some_layers),    cmocka_unit_test(bf16_follows_f32),
+        cmocka_unit_test(recompute_norms_identical), cmocka_unit_test(recompute_some_layers),
+        cmocka_unit_test(recompute_moe_identical),    cmocka_unit_test(bf16_follows_f32),
         cmocka_unit_test(bf16_master),             cmocka_unit_test(bf16_grads),
         cmocka_unit_test(lm_head_chunks),
         cmocka_unit_test(residual_stream_is_f32), cmocka_unit_test(sliding_window_layers),

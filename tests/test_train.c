@@ -499,7 +499,7 @@ static void yaml_train_sections_load(void **state) {
         "  dtype: bfloat16\n  cuda_graph: true\n  deterministic: true\n  keep_qk: true\n  grad_reduce_dtype: bf16\n"
         "  profile_step: 3\n"
         "  exp_avg_dtype: bf16\n  exp_avg_sq_dtype: bfloat16\n  main_params_dtype: bf16\n  main_grads_dtype: bf16\n"
-        "  lm_head_chunk_bytes: 1GiB\n  recompute_modules: [layernorm]\n  recompute_num_layers: 1\n"
+        "  lm_head_chunk_bytes: 1GiB\n  recompute_modules: [layernorm, moe:1]\n  recompute_num_layers: 1\n"
         "data:\n  text: corpus.txt\n");
     lk_train_config_init(&tc);
     assert_int_equal(lk_train_dtype(&tc), LK_F32);          /* the CPU's default */
@@ -515,7 +515,8 @@ static void yaml_train_sections_load(void **state) {
     assert_int_equal(tc.exp_avg_sq_dtype, LK_BF16);
     assert_int_equal(tc.main_params_dtype, LK_BF16);
     assert_int_equal(tc.main_grads_dtype, LK_BF16);
-    assert_int_equal(tc.recompute_modules, LK_RECOMPUTE_LAYERNORM);
+    assert_int_equal(tc.recompute_modules, LK_RECOMPUTE_LAYERNORM | LK_RECOMPUTE_MOE);
+    assert_true(tc.recompute_module_layers[0] == 0 && tc.recompute_module_layers[1] == 1);   /* all; the first */
     assert_int_equal(tc.recompute_num_layers, 1);
     assert_int_equal(tc.lm_head_chunk_bytes, (uint64_t)1 << 30);
     assert_int_equal(tc.profile_step, 3);
@@ -554,7 +555,10 @@ static void yaml_train_errors_name_the_place(void **state) {
         {"train:\n  recompute_modules: layernorm\n", ":2:22", "train.recompute_modules: expected a list"},
         {"train:\n  recompute_num_layers: -1\n", ":2:25", "train.recompute_num_layers: expected an integer >= 0"},
         {"train:\n  recompute_modules: [layernorm, moe_act]\n", ":2:34",
-         "train.recompute_modules: expected layernorm (Megatron's core_attn"},
+         "train.recompute_modules: expected layernorm or moe, alone or name:N (the first N layers: moe:6); "
+         "Megatron's core_attn"},
+        {"train:\n  recompute_modules: [moe:0]\n", ":2:23", "train.recompute_modules: expected layernorm or moe"},
+        {"train:\n  recompute_modules: [moe:2x]\n", ":2:23", "got 'moe:2x'"},
         {"train:\n  exp_avg_sq_dtype: fp8\n", ":2:21",
          "train.exp_avg_sq_dtype: expected bf16 (bfloat16) or f32 (float32), got 'fp8'"},
         {"train: [1]\n", ":1:8", "train: expected a mapping"},
@@ -667,6 +671,9 @@ static void memory_estimate(void **state) {
     tc.recompute_modules = LK_RECOMPUTE_LAYERNORM;   /* the norms' outputs made again: 2 hidden fewer */
     assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
     assert_true(m.activation_bytes == lean - (uint64_t)tc.batch_size * tc.seq_len * 2 * 2 * 32 * 4);
+    tc.recompute_modules = LK_RECOMPUTE_MOE;   /* a dense model: no experts to make again */
+    assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
+    assert_true(m.activation_bytes == lean);
     tc.recompute_modules = 0;
     const uint64_t logits = (uint64_t)tc.batch_size * tc.seq_len * 320 * 4, layer = (lean - logits) / 2;
     tc.recompute = 1;   /* both layers made again: one layer's block */
@@ -676,6 +683,20 @@ static void memory_estimate(void **state) {
     assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
     assert_true(m.activation_bytes == lean);
     tc.recompute = 0, tc.recompute_num_layers = 0;
+    tc.model.moe = 1, tc.model.num_experts = 4, tc.model.num_experts_per_tok = 2, tc.model.moe_intermediate_size = 16;
+    assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
+    const uint64_t moe = m.activation_bytes, experts = (uint64_t)tc.batch_size * tc.seq_len * 3 * 2 * 16 * 4;
+    tc.recompute_modules = LK_RECOMPUTE_MOE;   /* both layers' experts made again */
+    assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
+    assert_true(m.activation_bytes == moe - 2 * experts);
+    tc.recompute_module_layers[1] = 1;   /* moe:1 */
+    assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
+    assert_true(m.activation_bytes == moe - experts);
+    tc.recompute = 1, tc.recompute_num_layers = 1;   /* layer 0 made again whole: its experts too */
+    assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
+    assert_true(m.activation_bytes == moe);
+    tc.recompute = 0, tc.recompute_num_layers = 0, tc.recompute_modules = 0, tc.recompute_module_layers[1] = 0;
+    tc.model.moe = 0, tc.model.num_experts = 0;
     assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
     /* on a GPU: state and activations there, a host copy of the weights and the history here */
     tc.device = LK_DEVICE_CUDA;

@@ -352,7 +352,7 @@ static void bf16_grads_train_like_f32(void **state) {
 }
 
 /* A text file and a token file train as the corpus does; recomputing activations in
- * the backward (every layer, or the first and the norms of the other:
+ * the backward (every layer, or the first and the other's norms and experts:
  * train.recompute_num_layers, recompute_modules) gives the same losses as keeping them. */
 static void data_sources_and_recompute(void **state) {
     (void)state;
@@ -366,7 +366,7 @@ static void data_sources_and_recompute(void **state) {
         lk_train_opts o = {.quiet = 1, .loss_log = logs[run], .loss_log_cap = N};
         tiny_config(d, N, 0);
         tc.recompute = run == 1 || run == 4;
-        if (run == 4) tc.recompute_num_layers = 1, tc.recompute_modules = LK_RECOMPUTE_LAYERNORM;
+        if (run == 4) tc.recompute_num_layers = 1, tc.recompute_modules = LK_RECOMPUTE_LAYERNORM | LK_RECOMPUTE_MOE;
         if (run == 2) {
             snprintf(tc.data_path, sizeof tc.data_path, "%s/corpus.txt", d);
             FILE *f = fopen(tc.data_path, "w");
@@ -446,6 +446,11 @@ static void bad_config_is_an_error(void **state) {
     tc.recompute = 1, tc.recompute_num_layers = 3;
     assert_int_equal(lk_train_run(&tc, &ops, NULL, NULL, NULL), LK_EINVAL);
     assert_non_null(strstr(lk_last_error(), "got 3"));
+    tiny_config(d, 4, 0);
+    tc.recompute_modules = LK_RECOMPUTE_MOE, tc.recompute_module_layers[1] = 3;   /* moe:3 of 2 layers */
+    assert_int_equal(lk_train_run(&tc, &ops, NULL, NULL, NULL), LK_EINVAL);
+    assert_non_null(strstr(lk_last_error(), "train.recompute_modules: moe:N: expected N in 1 .. num_hidden_layers (2), "
+                                            "got 3"));
     rm_rf(d);
 }
 

@@ -105,20 +105,26 @@ LK_API void lk_model_set_deterministic(lk_model *m, int on);
  * 2·T·H·(Q + K) FLOPs a layer; the gradients are the same up to that GEMM's summation order.
  * Call between steps: the activations are made again. */
 LK_API lk_status lk_model_set_keep_qk(lk_model *m, int on);
-/* On: the layers keep neither norm's output (h1 = rms(x), h2 = rms(x2)); the backward makes
- * each again from the kept x and x2 (Megatron's recompute_modules: [layernorm]): 2 x layers x
- * T x H elements of activations less for two norm passes a layer. The residual-mode norms then
- * normalize the stream's rounding x, as with recompute (so the backward's norms give the
- * forward's bits: qwen3_internal.h). No effect under recompute, which makes them anyway. Call
- * between steps: the activations are made again. */
-LK_API lk_status lk_model_set_recompute_norms(lk_model *m, int on);
-/* The first n layers (0 .. num_hidden_layers; create's recompute flag: all of them, or none)
- * are made again in the backward from their kept inputs, the rest keep their activations
- * (Megatron's recompute_method block with recompute_num_layers n): one layer block less a
- * recomputed layer (its x2 stays), for its forward again. Any recompute makes every layer's
- * residual-mode norms normalize the stream's rounding (as lk_model_set_recompute_norms says).
- * Call between steps: the activations are made again. Errors: LK_EINVAL (n out of range). */
+/* Recompute, each in the first n layers (0 .. num_hidden_layers; 0: none):
+ *   layers  the whole layer made again in the backward from its kept input (Megatron's
+ *           recompute_method block with recompute_num_layers n; create's recompute flag:
+ *           all of them, or none): one layer block less a recomputed layer (its x2 stays),
+ *           for its forward again
+ *   norms   the layer keeps neither norm's output (h1 = rms(x), h2 = rms(x2)); the backward
+ *           makes each again from the kept x and x2 (Megatron's recompute_modules layernorm):
+ *           two T x H activations less for two norm passes
+ *   moe     a MoE layer keeps no experts' saved block (their gate/up output, T x k x 2I); the
+ *           backward runs their forward again to make it (Megatron's recompute_modules moe; the
+ *           routing stays kept): the largest MoE activation, for the experts' forward again.
+ *           Nothing under expert parallelism, whose dispatcher keeps nothing anyway.
+ * A layer made again whole makes its norms and experts again too. Any recompute of layers or
+ * norms makes every layer's residual-mode norms normalize the stream's rounding x (so a
+ * norm made again from x gives the forward's bits: qwen3_internal.h); the gradients are
+ * then bit for bit those of the model that keeps everything and normalizes so. Call between
+ * steps: the activations are made again. Errors: LK_EINVAL (n out of range). */
 LK_API lk_status lk_model_set_recompute_layers(lk_model *m, int n);
+LK_API lk_status lk_model_set_recompute_norms(lk_model *m, int n);
+LK_API lk_status lk_model_set_recompute_moe(lk_model *m, int n);
 LK_API int lk_model_recompute_layers(const lk_model *m);
 /* The LM head's chunk budget: bytes of f32 logits one chunk of tokens may take
  * (lk_cross_entropy_args.chunk_bytes; 0, the default: the op's, 4 GiB on a GPU). A chunk's

@@ -79,6 +79,7 @@ typedef enum { LK_DATA_BUILTIN, LK_DATA_TEXT, LK_DATA_TOKENS } lk_data_kind;
 
 /* train.recompute_modules' bits */
 #define LK_RECOMPUTE_LAYERNORM 1u   /* the layers' input and post-attention norms' outputs */
+#define LK_RECOMPUTE_MOE 2u         /* a MoE layer's experts' saved block (their gate/up output) */
 
 typedef struct {
     lk_qwen3_config model;       /* model: config_json or inline keys */
@@ -172,11 +173,14 @@ typedef struct {
      * then sums them in bf16 where they lie (train.grad_reduce_dtype does not apply). */
     lk_dtype main_grads_dtype;
     /* train.recompute_modules (Megatron's selective recompute): the modules whose outputs the
-     * backward makes again instead of keeping them, LK_RECOMPUTE_* bits; today [layernorm]
-     * (the layers' input and post-attention norms: lk_model_set_recompute_norms, two T x H
-     * activations a layer less for two norm passes). [] (the default): none. train.recompute
-     * makes the whole layer again. */
+     * backward makes again instead of keeping them, LK_RECOMPUTE_* bits: layernorm (the layers'
+     * input and post-attention norms: lk_model_set_recompute_norms, two T x H activations a
+     * layer less for two norm passes), moe (the experts' saved block: lk_model_set_recompute_moe,
+     * T x k x 2I a MoE layer less for the experts' forward again). Each in every layer, or,
+     * written name:N ("moe:6"), in the first N (recompute_module_layers, by bit index; 0: all).
+     * [] (the default): none. train.recompute makes the whole layer again. */
     unsigned recompute_modules;
+    int64_t recompute_module_layers[2];
     /* train.profile_step: on a GPU, the CUDA profiler records step N alone (1-based;
      * cudaProfilerStart/Stop around it, for `ncu --profile-from-start off`,
      * bench/step_profile.py); 0 = off. */

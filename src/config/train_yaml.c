@@ -303,18 +303,32 @@ lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t
         t->beta2 = b[1];
         return LK_OK;
     }
-    if (strcmp(n, "recompute_modules") == 0) {   /* Megatron's names; those llmkern makes again */
-        if (v->type != YAML_SEQUENCE_NODE) return bad_value(l, v, "train.recompute_modules", "a list (of: layernorm)");
+    if (strcmp(n, "recompute_modules") == 0) {   /* Megatron's names, each alone or name:N (the first N layers) */
+        static const char *const names[2] = {"layernorm", "moe"};
+        static const char *const want = "layernorm or moe, alone or name:N (the first N layers: moe:6); Megatron's "
+                                        "core_attn, mlp, moe_act and the rest are not made again apart: "
+                                        "train.recompute makes the whole layer again";
+        if (v->type != YAML_SEQUENCE_NODE)
+            return bad_value(l, v, "train.recompute_modules", "a list (of: layernorm, moe; name:N for the first N "
+                             "layers)");
         unsigned bits = 0;
+        int64_t layers[2] = {0, 0};
         for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++) {
             const yaml_node_t *e = yaml_document_get_node(l->doc, *it);
-            if (e->type != YAML_SCALAR_NODE || strcmp(scalar(e), "layernorm") != 0)
-                return bad_value(l, e, "train.recompute_modules",
-                                 "layernorm (Megatron's core_attn, mlp, moe, moe_act and the rest are not "
-                                 "made again apart: train.recompute makes the whole layer again)");
-            bits |= LK_RECOMPUTE_LAYERNORM;
+            const char *name = e->type == YAML_SCALAR_NODE ? scalar(e) : "", *colon = strchr(name, ':');
+            size_t len = colon ? (size_t)(colon - name) : strlen(name);
+            int b = -1;
+            for (int i = 0; i < 2; i++)
+                if (strlen(names[i]) == len && strncmp(name, names[i], len) == 0) b = i;
+            char *end = NULL;
+            long long count = colon ? strtoll(colon + 1, &end, 10) : 0;
+            if (b < 0 || (colon && (end == colon + 1 || *end || count < 1)))
+                return bad_value(l, e, "train.recompute_modules", want);
+            bits |= 1u << b;
+            layers[b] = count;
         }
         t->recompute_modules = bits;
+        memcpy(t->recompute_module_layers, layers, sizeof layers);
         return LK_OK;
     }
     return unknown_key(l, k, "train", train_keys);

@@ -67,7 +67,7 @@ size_t lk_qwen3_layer_carve(const lk_model *m, int l, void *base, lk_layer_acts 
     unsigned char *b = base;
     lk_layer_acts z;
     if (!a) a = &z;
-    const int kept_norms = !m->recompute_norms || lk_recomputed(m, l);   /* else sc.hn (alloc_acts) */
+    const int kept_norms = !lk_norms_again(m, l);   /* else sc.hn, sc.experts (alloc_acts) */
     a->h1 = kept_norms ? lk_carve(b, &u, TH) : NULL;
     a->vt = lk_carve(b, &u, TK);
     a->qr = lk_carve(b, &u, TQ);
@@ -78,7 +78,8 @@ size_t lk_qwen3_layer_carve(const lk_model *m, int l, void *base, lk_layer_acts 
     a->h2 = kept_norms ? lk_carve(b, &u, TH) : NULL;
     a->ids = L->moe ? lk_carve(b, &u, T * m->K * 4) : NULL;
     a->tw = L->moe ? lk_carve(b, &u, T * m->K * 4) : NULL;
-    for (int i = 0; i < S_COUNT; i++) a->s[i] = L->saved[i] ? lk_carve(b, &u, L->saved[i]) : NULL;
+    for (int i = 0; i < S_COUNT; i++)
+        a->s[i] = L->saved[i] && !(i == S_EXPERTS && lk_moe_again(m, l)) ? lk_carve(b, &u, L->saved[i]) : NULL;
     return lk_align64(u);
 }
 

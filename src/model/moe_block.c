@@ -95,7 +95,10 @@ lk_status lk_qwen3_moe_backward(lk_model *m, int l, const lk_layer_acts *a, cons
         s = lk_moe_dispatch_backward(m->dispatch, &d, &m->ctx);
         m->ctx.comm = NULL;
     } else {
-        lk_moe_experts_args e = experts_args(m, l, a, m->sc.tmp);
+        lk_moe_experts_args e = experts_args(m, l, a, dx);
+        /* recompute_moe: the saved block made again by the forward (its output lands in dx,
+         * which the backward then writes): the forward's bits, its kernels being deterministic */
+        if (lk_moe_again(m, l) && (s = lk_moe_experts_forward(L->ops.experts, &e, &m->ctx))) return s;
         e.out.data = NULL;   /* the backward reads saved, not the output */
         e.dout = t2(m, dout, m->dt, m->T, m->H);
         e.d_hidden = t2(m, dx, m->dt, m->T, m->H);

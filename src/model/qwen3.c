@@ -316,23 +316,28 @@ lk_status lk_model_set_keep_qk(lk_model *m, int on) {
     return LK_OK;
 }
 
-lk_status lk_model_set_recompute_norms(lk_model *m, int on) {
-    if (!m) return lk_error(LK_EINVAL, "model_set_recompute_norms: expected a model");
-    if (m->recompute_norms != (on != 0)) free_acts(m);   /* the layers' blocks lose h1 and h2 */
-    m->recompute_norms = on != 0;
-    m->norm_of_x = m->recompute > 0 || m->recompute_norms;   /* the first forward's norms as the backward's */
+/* One of the recompute counts (the first n layers) set to n; the blocks' layout changes. */
+static lk_status set_recompute(lk_model *m, int *count, int n, const char *fn) {
+    if (!m) return lk_error(LK_EINVAL, "%s: expected a model", fn);
+    if (n < 0 || n > m->cfg.num_hidden_layers)
+        return lk_error(LK_EINVAL, "%s: expected 0 .. %lld layers (num_hidden_layers), got %d", fn,
+                        (long long)m->cfg.num_hidden_layers, n);
+    if (*count != n) free_acts(m);
+    *count = n;
+    m->norm_of_x = m->recompute > 0 || m->recompute_norms > 0;   /* the first forward's norms as the backward's */
     return LK_OK;
 }
 
 lk_status lk_model_set_recompute_layers(lk_model *m, int n) {
-    if (!m) return lk_error(LK_EINVAL, "model_set_recompute_layers: expected a model");
-    if (n < 0 || n > m->cfg.num_hidden_layers)
-        return lk_error(LK_EINVAL, "model_set_recompute_layers: expected 0 .. %lld layers (num_hidden_layers), got %d",
-                        (long long)m->cfg.num_hidden_layers, n);
-    if (m->recompute != n) free_acts(m);   /* the blocks' layout changes */
-    m->recompute = n;
-    m->norm_of_x = m->recompute > 0 || m->recompute_norms;
-    return LK_OK;
+    return set_recompute(m, m ? &m->recompute : NULL, n, "model_set_recompute_layers");
+}
+
+lk_status lk_model_set_recompute_norms(lk_model *m, int n) {
+    return set_recompute(m, m ? &m->recompute_norms : NULL, n, "model_set_recompute_norms");
+}
+
+lk_status lk_model_set_recompute_moe(lk_model *m, int n) {
+    return set_recompute(m, m ? &m->recompute_moe : NULL, n, "model_set_recompute_moe");
 }
 
 int lk_model_recompute_layers(const lk_model *m) { return m ? m->recompute : 0; }
@@ -468,13 +473,23 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
         c->dkt = (size_t)Kv * es <= TH ? c->dh : lk_carve(sb, &su, Kv * es);
         c->dtw = lk_carve(sb, &su, Tk * 4);
         c->dw = lk_carve(sb, &su, nw * 4);
-        c->hn = m->recompute_norms && R < N ? lk_carve(sb, &su, TH) : NULL;   /* for the kept layers */
+        size_t experts = 0;   /* the largest experts' saved block of the layers that make theirs again */
+        int norms = 0;
+        for (int l = 0; l < N; l++) {
+            norms |= lk_norms_again(m, l);
+            if (lk_moe_again(m, l) && m->layers[l].saved[S_EXPERTS] > experts) experts = m->layers[l].saved[S_EXPERTS];
+        }
+        c->hn = norms ? lk_carve(sb, &su, TH) : NULL;
+        c->experts = experts ? lk_carve(sb, &su, experts) : NULL;
         if (!pass && !(m->scratch_block = m->dev->alloc(lk_align64(su)))) {
             free_acts(m);
             return lk_error(LK_ENOMEM, "model: scratch: out of memory");
         }
     }
-    for (int l = R; m->sc.hn && l < N; l++) m->acts[l].h1 = m->acts[l].h2 = m->sc.hn;
+    for (int l = 0; l < N; l++) {
+        if (lk_norms_again(m, l)) m->acts[l].h1 = m->acts[l].h2 = m->sc.hn;
+        if (lk_moe_again(m, l)) m->acts[l].s[S_EXPERTS] = m->sc.experts;
+    }
     if (m->dev->type != LK_DEVICE_CPU && (!(m->dev_tokens = m->dev->alloc((size_t)(3 * T) * 8)) ||
                                           !(m->stage = m->dev->host_alloc(LK_STAGE_SLOTS * stage_words(T) * 8)))) {
         free_acts(m);

@@ -89,7 +89,8 @@ typedef struct {
 
 /* One layer's activations: what its backward reads (x is the layer input, kept apart
  * in the model's inputs array; with recompute x2 too, in x2s; with recompute_norms h1 and h2
- * are the scratch sc.hn, made again from x and x2 by the backward). qkv is the q/k/v
+ * are the scratch sc.hn, made again from x and x2 by the backward, with recompute_moe the
+ * experts' saved block sc.experts, made again by their forward). qkv is the q/k/v
  * projection's [T, Q + 2K] output, kept only with lk_model_set_keep_qk (else NULL: the
  * forward writes it to the scratch and the backward makes q and k again). */
 typedef struct {
@@ -119,8 +120,10 @@ typedef struct {
     void *dqt, *dkt;             /* q and k before their norms (head-major): made again in the backward */
     float *dtw;                  /* [T, k] f32 */
     float *dw;                   /* [max(H, D)] f32: a norm's written dweight before it is added */
-    void *hn;                    /* [T, H] with recompute_norms (else NULL): every layer's h1, then its h2, in
-                                  * the forward; made again in the backward, h2 then h1 */
+    void *hn;                    /* [T, H] with recompute_norms (else NULL): those layers' h1, then h2, in the
+                                  * forward; made again in the backward, h2 then h1 */
+    void *experts;               /* with recompute_moe (else NULL): those MoE layers' experts' saved block, as
+                                  * the forward leaves it and as the backward makes it again */
 } lk_scratch;
 
 struct lk_model {
@@ -128,11 +131,13 @@ struct lk_model {
     int recompute;       /* the first `recompute` layers are made again in the backward (lk_model_set_recompute_layers:
                           * Megatron's block method; create's flag: all) */
     int keep_qk;         /* lk_model_set_keep_qk: each layer keeps its q/k/v projection (acts.qkv) */
-    int recompute_norms; /* lk_model_set_recompute_norms: h1 and h2 made again in the backward (sc.hn) */
+    int recompute_norms; /* lk_model_set_recompute_norms: the first n layers make h1 and h2 again (sc.hn) */
+    int recompute_moe;   /* lk_model_set_recompute_moe: the first n layers make their experts' saved block
+                          * again (sc.experts) */
     size_t ce_chunk_bytes;   /* lk_model_set_lm_head_chunk_bytes (0: the op's default) */
     int norm_of_x;       /* the layers' residual-mode norms normalize the rounded stream x (rms_norm.h's
                           * norm_of_x): set with recompute or recompute_norms, what a recompute from the
-                          * kept x runs */
+                          * kept x runs (in every layer: one rule for the stream) */
     int deterministic;   /* attention's ordered backward (lk_model_set_deterministic) */
     int64_t H, Hq, Hk, D, I, V, E, K, Ie;    /* sizes; K = experts per token, Ie = moe_intermediate */
     int n_moe_layers;
@@ -242,6 +247,13 @@ lk_status lk_qwen3_params_move_grads(lk_model *m, lk_dtype dt);
 
 /* Layer l is made again in the backward (its activations in the shared block, x2 in x2s). */
 static inline int lk_recomputed(const lk_model *m, int l) { return l < m->recompute; }
+/* Layer l keeps neither norm's output (sc.hn), or no experts' saved block (sc.experts): the
+ * backward makes them again. Not in a recomputed layer, which makes everything again; not
+ * under EP, whose dispatcher keeps nothing. */
+static inline int lk_norms_again(const lk_model *m, int l) { return l < m->recompute_norms && !lk_recomputed(m, l); }
+static inline int lk_moe_again(const lk_model *m, int l) {
+    return l < m->recompute_moe && m->layers[l].moe && !m->ep && !lk_recomputed(m, l);
+}
 
 /* The compute copy of the weights at offset off (in elements, the master's offsets). */
 static inline void *lk_wc(const lk_model *m, int64_t off) { return (char *)m->wc + (size_t)off * m->es; }

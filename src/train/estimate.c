@@ -13,6 +13,14 @@
 #include "llmkern/train.h"
 #include "train/trainer.h"
 
+void lk_train_recompute_layers(const lk_train_config *tc, int n[3]) {
+    const int64_t L = tc->model.num_hidden_layers;
+    const int64_t want[3] = {tc->recompute ? tc->recompute_num_layers : -1,
+                             tc->recompute_modules & LK_RECOMPUTE_LAYERNORM ? tc->recompute_module_layers[0] : -1,
+                             tc->recompute_modules & LK_RECOMPUTE_MOE ? tc->recompute_module_layers[1] : -1};
+    for (int i = 0; i < 3; i++) n[i] = (int)(want[i] < 0 ? 0 : want[i] == 0 || want[i] > L ? L : want[i]);
+}
+
 lk_status lk_train_memory_estimate(const lk_train_config *tc, lk_train_memory *out) {
     if (!tc || !out) return lk_error(LK_EINVAL, "train: memory estimate: expected a config and an output");
     lk_train_memory r = {0};
@@ -35,14 +43,13 @@ lk_status lk_train_memory_estimate(const lk_train_config *tc, lk_train_memory *o
             (s = lk_checked_mul("train: model (bytes a parameter)", r.params, per_param, &state)))
             return s;
         r.state_bytes = (uint64_t)state;
-        /* per token and layer: 4 x hidden (norm inputs and outputs; the outputs made again with
-         * recompute_modules [layernorm]), q, k, v and the attention's output (train.keep_qk: the
-         * projection's q, k, v once more), the MLP's (or the chosen experts') gate, up and product */
+        /* per token and layer: 4 x hidden (norm inputs and outputs), q, k, v and the attention's
+         * output (train.keep_qk: the projection's q, k, v once more), the MLP's (or the chosen
+         * experts') gate, up and product */
         const char *w = "train: model (the activations' width)";
         int64_t q = c->num_attention_heads * c->head_dim, kv = c->num_key_value_heads * c->head_dim;   /* checked */
         int64_t width, a, b;
-        const int norms = tc->recompute_modules & LK_RECOMPUTE_LAYERNORM ? 2 : 4;
-        if ((s = lk_checked_mul(w, norms, c->hidden_size, &width)) || (s = lk_checked_add(w, q, kv, &a)) ||
+        if ((s = lk_checked_mul(w, 4, c->hidden_size, &width)) || (s = lk_checked_add(w, q, kv, &a)) ||
             (s = lk_checked_mul(w, 2, a, &a)) || (s = lk_checked_add(w, width, a, &width)) ||
             (tc->keep_qk && ((s = lk_checked_add(w, q, 2 * kv, &a)) || (s = lk_checked_add(w, width, a, &width)))))
             return s;
@@ -51,11 +58,18 @@ lk_status lk_train_memory_estimate(const lk_train_config *tc, lk_train_memory *o
         if (s || (s = lk_checked_add(w, width, b, &width)) ||
             (s = lk_checked_add(w, width, c->moe ? c->num_experts : 0, &width)))
             return s;
-        /* recompute: the kept layers' blocks and one for the recomputed ones (their x2 aside) */
-        int64_t R = !tc->recompute ? 0 : tc->recompute_num_layers > 0 ? tc->recompute_num_layers : c->num_hidden_layers;
-        if (R > c->num_hidden_layers) R = c->num_hidden_layers;   /* check_config refuses it */
-        int64_t f[3] = {tokens / (tc->sp > 0 ? tc->sp : 1), c->num_hidden_layers - R + (R > 0), width};
-        if ((s = lk_checked_prod("train: the activations (batch_size x seq_len x layers x width)", f, 3, &per_tok)) ||
+        /* recompute: the kept layers' blocks and one for the R recomputed ones (their x2 aside);
+         * recompute_modules: the layers they cover and recompute leaves keep neither norm's
+         * output (2 x hidden) nor the experts' (b) */
+        int n[3];
+        lk_train_recompute_layers(tc, n);
+        const int64_t L = c->num_hidden_layers, R = n[0], norms = n[1] > R ? n[1] - R : 0,
+                      experts = c->moe && n[2] > R ? n[2] - R : 0;
+        int64_t units;   /* layers x width, less what the modules make again (each < width) */
+        if ((s = lk_checked_mul(w, L - R + (R > 0), width, &units))) return s;
+        units -= norms * 2 * c->hidden_size + experts * b;
+        int64_t f[2] = {tokens / (tc->sp > 0 ? tc->sp : 1), units};
+        if ((s = lk_checked_prod("train: the activations (batch_size x seq_len x layers x width)", f, 2, &per_tok)) ||
             (s = lk_checked_mul("train: the logits (batch_size x seq_len x vocab_size)", tokens, c->vocab_size,
                                 &logits)) ||
             (s = lk_checked_add("train: the activations", per_tok, logits, &act)) ||

@@ -486,10 +486,11 @@ static void recompute_identical(void **state) {
     lk_model_free(p);
 }
 
-/* lk_model_set_recompute_norms on the GPU (train.recompute_modules [layernorm]): h2 and h1
- * made again by the backward from the kept x2 and x give the bits of the model that keeps
- * them and normalizes the rounded stream (norm_of_x): loss and gradients bit for bit, in
- * bf16, dense and MoE, over two batches, attention's ordered backward on both. */
+/* lk_model_set_recompute_norms (and, MoE, lk_model_set_recompute_moe) on the GPU
+ * (train.recompute_modules [layernorm, moe]): h2 and h1 made again by the backward from the
+ * kept x2 and x, and the experts' saved block by their forward, give the bits of the model
+ * that keeps them and normalizes the rounded stream (norm_of_x): loss and gradients bit for
+ * bit, in bf16, dense and MoE, over two batches, attention's ordered backward on both. */
 static void recompute_norms_identical(void **state) {
     (void)state;
     for (int moe = 0; moe <= 1; moe++) {
@@ -500,7 +501,8 @@ static void recompute_norms_identical(void **state) {
             lk_model_set_deterministic(both[k], 1);
         }
         a->norm_of_x = 1;
-        assert_int_equal(lk_model_set_recompute_norms(n, 1), LK_OK);
+        assert_int_equal(lk_model_set_recompute_norms(n, 2), LK_OK);
+        if (moe) assert_int_equal(lk_model_set_recompute_moe(n, 2), LK_OK);   /* the experts' saved block too */
         for (int round = 0; round < 2; round++) {
             lk_batch b;
             make_batch(&b, 15 + round);

@@ -326,12 +326,28 @@ static void recompute_identical(void **state) {
     }
 }
 
+/* Two batches through a and b, each step from zeroed gradients: the same loss, aux loss and
+ * gradients, bit for bit (a stale kept or shared buffer would show in the second). */
+static void same_steps(lk_model *a, lk_model *b, uint64_t seed) {
+    for (int round = 0; round < 2; round++) {
+        lk_batch bt;
+        make_batch(&bt, seed + (uint64_t)round);
+        lk_step_stats sa, sb;
+        lk_model_zero_grad(a);
+        lk_model_zero_grad(b);
+        fwd_bwd(a, &bt, 1.0f, &sa);
+        fwd_bwd(b, &bt, 1.0f, &sb);
+        assert_true(sa.loss == sb.loss && sa.aux_loss == sb.aux_loss);
+        assert_true(memcmp(a->g, b->g, (size_t)a->n_floats * a->gs) == 0);
+        lk_batch_free(&bt);
+    }
+}
+
 /* lk_model_set_recompute_layers (train.recompute_num_layers): layer 0 of 2 made again, layer
- * 1 kept; alone and with the norms made again for the kept one; in bf16 against the model
- * that keeps everything and normalizes the rounded stream, in f32 against the default:
- * loss and gradients bit for bit over two batches (a stale shared block would show in the
- * second); the kept bytes between none and all recomputed; n out of range refused with the
- * model unchanged; 0 and 2 are create's flag off and on. */
+ * 1 kept (and both, create's flag); alone and with the norms made again for the kept one; in
+ * bf16 against the model that keeps everything and normalizes the rounded stream, in f32
+ * against the default: loss and gradients bit for bit over two batches; the kept bytes
+ * between none and all recomputed; n out of range refused with the model unchanged. */
 static void recompute_some_layers(void **state) {
     (void)state;
     assert_int_equal(lk_model_set_recompute_layers(NULL, 1), LK_EINVAL);
@@ -350,22 +366,8 @@ static void recompute_some_layers(void **state) {
             for (int k = 0; v < 2 && k < 3; k++) assert_int_equal(lk_model_set_dtype(ms[k], LK_BF16), LK_OK);
             if (v < 2) a->norm_of_x = 1;
             if (v == 1) assert_int_equal(lk_model_set_recompute_norms(p, 2), LK_OK);   /* the kept layer's */
-            for (int round = 0; round < 2; round++) {
-                lk_batch b;
-                make_batch(&b, 61 + round);
-                lk_step_stats sa, sp;
-                lk_model_zero_grad(a);
-                lk_model_zero_grad(p);
-                fwd_bwd(a, &b, 1.0f, &sa);
-                fwd_bwd(p, &b, 1.0f, &sp);
-                if (round == 0) {
-                    lk_step_stats sl;
-                    fwd_bwd(all, &b, 1.0f, &sl);
-                }
-                assert_true(sa.loss == sp.loss && sa.aux_loss == sp.aux_loss);
-                assert_true(memcmp(a->g, p->g, (size_t)a->n_floats * a->gs) == 0);
-                lk_batch_free(&b);
-            }
+            same_steps(a, p, 61);
+            same_steps(a, all, 61);
             size_t ka = lk_model_activation_bytes(a), kp = lk_model_activation_bytes(p),
                    kl = lk_model_activation_bytes(all);
             if (v != 1) print_message("  %s %s: activations kept %zu bytes, %zu with layer 0 made again, %zu with both\n",
@@ -401,18 +403,7 @@ static void recompute_norms_identical(void **state) {
                 assert_non_null(strstr(lk_last_error(), "model_set_recompute_norms: expected 0 .. 2 layers"));
                 assert_int_equal(lk_model_set_recompute_norms(n, 2), LK_OK);
                 assert_true(n->norm_of_x);
-                for (int round = 0; round < 2; round++) {
-                    lk_batch b;
-                    make_batch(&b, 51 + round);
-                    lk_step_stats sa, sn;
-                    lk_model_zero_grad(a);
-                    lk_model_zero_grad(n);
-                    fwd_bwd(a, &b, 1.0f, &sa);
-                    fwd_bwd(n, &b, 1.0f, &sn);
-                    assert_true(sa.loss == sn.loss && sa.aux_loss == sn.aux_loss);
-                    assert_true(memcmp(a->g, n->g, (size_t)a->n_floats * a->gs) == 0);
-                    lk_batch_free(&b);
-                }
+                same_steps(a, n, 51);
                 const size_t TH = (size_t)(n->T * n->H) * n->es, ka = lk_model_activation_bytes(a),
                              kn = lk_model_activation_bytes(n);
                 if (moe == 1 && mi == 1)
@@ -467,18 +458,7 @@ static void recompute_moe_identical(void **state) {
                 assert_int_equal(lk_model_set_recompute_norms(n, 2), LK_OK);
                 a->norm_of_x = 1;
             }
-            for (int round = 0; round < 2; round++) {
-                lk_batch b;
-                make_batch(&b, 73 + round);
-                lk_step_stats sa, sn;
-                lk_model_zero_grad(a);
-                lk_model_zero_grad(n);
-                fwd_bwd(a, &b, 1.0f, &sa);
-                fwd_bwd(n, &b, 1.0f, &sn);
-                assert_true(sa.loss == sn.loss && sa.aux_loss == sn.aux_loss);
-                assert_true(memcmp(a->g, n->g, (size_t)a->n_floats * a->gs) == 0);
-                lk_batch_free(&b);
-            }
+            same_steps(a, n, 73);
             size_t ka = lk_model_activation_bytes(a), kn = lk_model_activation_bytes(n), se = 0;
             int again = 0;
             for (int l = 0; l < n->cfg.num_hidden_layers; l++)

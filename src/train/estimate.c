@@ -37,7 +37,8 @@ lk_status lk_train_memory_estimate(const lk_train_config *tc, lk_train_memory *o
     if (tc->has_model) {
         /* gradients (f32 or bf16), AdamW m and v (f32 or bf16 each), the f32 master weights; bf16
          * adds the weights' compute copy (which a bf16 main_params_dtype keeps alone) */
-        int per_param = (int)lk_dtype_size(tc->main_grads_dtype) + (int)lk_dtype_size(tc->exp_avg_dtype) + (int)lk_dtype_size(tc->exp_avg_sq_dtype) +
+        int per_param = (int)lk_dtype_size(tc->main_grads_dtype) + (int)lk_dtype_size(tc->exp_avg_dtype) +
+                        (int)lk_dtype_size(tc->exp_avg_sq_dtype) +
                         (tc->main_params_dtype == LK_BF16 ? 0 : 4) + (bf16 ? 2 : 0);
         if ((s = lk_qwen3_param_count(c, "train: model", &r.params, NULL)) ||
             (s = lk_checked_mul("train: model (bytes a parameter)", r.params, per_param, &state)))

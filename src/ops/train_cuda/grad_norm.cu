@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include "llmkern/cuda_train.h"
+#include "llmkern/train.h"
 #include "ops/train_cuda/norm.cuh"
 
 static __device__ __forceinline__ double warp_sum_f64(double v) {
@@ -175,5 +176,5 @@ extern "C" lk_status lk_cuda_clip_grad_norm(const lk_cuda_buf *bufs, int n_bufs,
     if (st != LK_OK) return st;
     if (norm) *norm = nrm;
     if (!isfinite(nrm) || max_norm <= 0.0 || nrm <= max_norm) return LK_OK;
-    return lk_cuda_scale_bufs(bufs, n_bufs, (float)(max_norm / (nrm + 1e-6)), ctx);
+    return lk_cuda_scale_bufs(bufs, n_bufs, lk_clip_scale(nrm, max_norm), ctx);   /* the CPU's factor */
 }

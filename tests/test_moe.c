@@ -73,6 +73,20 @@ static void test_experts_write_grads(void **state) {
                     .dt = (lk_dtype)dt, .seed = 300 + s, .dup_routes = 1, .grad_f32 = (int)s & 1, .write_grads = 1});
 }
 
+/* A forward with out.data NULL (a recompute's) writes the whole saved block: the backward
+ * reads it (poisoned before) and matches the reference; out comes from a second forward. */
+static void test_experts_saved_alone(void **state) {
+    (void)state;
+    static const int64_t shapes[][5] = {{13, 19, 11, 8, 2}, {37, 16, 8, 8, 8}, {5, 7, 3, 64, 8}};
+    const char *names[] = {"eager", "fused"};
+    for (int n = 0; n < 2; n++)
+        for (int dt = LK_F32; dt <= LK_BF16; dt++)
+            for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+                expect_experts_ref(names[n], (lk_moe_experts_problem){
+                    .t = shapes[s][0], .h = shapes[s][1], .i = shapes[s][2], .e = shapes[s][3], .k = shapes[s][4],
+                    .dt = (lk_dtype)dt, .seed = 400 + s, .dup_routes = (int)s & 1, .saved_alone = 1});
+}
+
 /* fused == eager in f32 within 1e-5 of max|eager| on every output and gradient. */
 static void test_fused_equals_eager(void **state) {
     (void)state;
@@ -460,6 +474,7 @@ int main(void) {
         cmocka_unit_test(test_experts_reference),
         cmocka_unit_test(test_fused_equals_eager),
         cmocka_unit_test(test_experts_write_grads),
+        cmocka_unit_test(test_experts_saved_alone),
         cmocka_unit_test(test_experts_finite_differences),
         cmocka_unit_test(test_routers_reference),
         cmocka_unit_test(test_fake_gate),

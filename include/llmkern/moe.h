@@ -108,7 +108,8 @@ typedef struct {
     lk_tensor topk_weights;     /* [T, k] f32 */
     lk_tensor gate_up_weight;   /* [E, 2I, H], dtype of hidden */
     lk_tensor down_weight;      /* [E, H, I], dtype of hidden */
-    lk_tensor out;              /* forward output: shape and dtype of hidden */
+    lk_tensor out;              /* forward output: shape and dtype of hidden; data NULL = the saved block
+                                 * alone (a recompute's forward again: the backward never reads out) */
     lk_tensor dout;             /* backward input: shape and dtype of hidden */
     lk_tensor d_hidden;         /* backward output, WRITTEN: shape and dtype of hidden */
     lk_tensor d_topk_weights;   /* backward output, WRITTEN: [T, k] f32; data NULL = not wanted */

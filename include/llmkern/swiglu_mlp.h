@@ -22,7 +22,8 @@ typedef struct {
     lk_tensor x;                /* [..., H], contiguous, f32 or bf16; T = product of the leading dims */
     lk_tensor gate_up_weight;   /* [2I, H], dtype of x: rows 0..I-1 gate_proj.weight, I..2I-1 up_proj.weight */
     lk_tensor down_weight;      /* [H, I], dtype of x */
-    lk_tensor out;              /* forward output: shape and dtype of x */
+    lk_tensor out;              /* forward output: shape and dtype of x; data NULL = the saved block alone
+                                 * (a recompute's forward again: the backward never reads out) */
     lk_tensor dout;             /* backward input: shape and dtype of x */
     lk_tensor dx;               /* backward output, WRITTEN: shape and dtype of x */
     lk_tensor d_gate_up_weight; /* ACCUMULATED: [2I, H], f32 or dtype of x; data NULL = not wanted */

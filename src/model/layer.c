@@ -210,7 +210,7 @@ lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, con
         np = with_stream(m, np, sc->tmp);
     }
     if ((s = lk_rms_norm_forward(op->post_norm, &np, ctx))) return s;
-    void *out = first ? sc->tmp : sc->dh;   /* a recompute's MLP output is not used: dh is dead then */
+    void *out = first ? sc->tmp : NULL;   /* a recompute wants the MLP's saved block alone (out.data NULL) */
     if (L->moe) return lk_qwen3_moe_forward(m, l, a, out, add_aux);
     lk_swiglu_mlp_args f = {.x = t2(m, a->h2, T, H), .gate_up_weight = t2(m, W(L->gate_up), 2 * m->I, H),
                             .down_weight = t2(m, W(L->down), H, m->I), .out = t2(m, out, T, H),

@@ -67,7 +67,8 @@ lk_status lk_qwen3_moe_forward(lk_model *m, int l, const lk_layer_acts *a, void 
     m->ctx.comm = NULL;
     /* summed on the device: no read back a layer (the forward reads the sum once) */
     if (s || (add_aux && (s = m->dev->acc(m->scal + 3, LK_F32, m->scal + 2, LK_F32, 1, &m->ctx)))) return s;
-    if (m->ep) {
+    if (m->ep) {   /* the dispatcher keeps nothing: a recompute (out NULL) has nothing to make again */
+        if (!out) return LK_OK;
         lk_moe_dispatch_args d = dispatch_args(m, l, a, 0);
         d.out = t2(m, out, m->dt, m->T, m->H);
         m->ctx.comm = m->ep;
@@ -95,11 +96,10 @@ lk_status lk_qwen3_moe_backward(lk_model *m, int l, const lk_layer_acts *a, cons
         s = lk_moe_dispatch_backward(m->dispatch, &d, &m->ctx);
         m->ctx.comm = NULL;
     } else {
-        lk_moe_experts_args e = experts_args(m, l, a, dx);
-        /* recompute_moe: the saved block made again by the forward (its output lands in dx,
-         * which the backward then writes): the forward's bits, its kernels being deterministic */
+        lk_moe_experts_args e = experts_args(m, l, a, NULL);
+        /* recompute_moe: the saved block made again by the forward, alone (out NULL): the
+         * forward's bits, its kernels being deterministic */
         if (lk_moe_again(m, l) && (s = lk_moe_experts_forward(L->ops.experts, &e, &m->ctx))) return s;
-        e.out.data = NULL;   /* the backward reads saved, not the output */
         e.dout = t2(m, dout, m->dt, m->T, m->H);
         e.d_hidden = t2(m, dx, m->dt, m->T, m->H);
         e.d_topk_weights = dtw;

@@ -103,11 +103,11 @@ typedef struct {
 /* Per-step buffers that are not kept between the passes; of the model's dtype but res
  * and dtw. Some share memory (alloc_acts in qwen3.c): tmp is dres (the forward's
  * deltas are dead by the backward, and a recompute writes neither: it skips o_proj and
- * puts the MLP's output in dh), and dh2 lies in dao when Hq·D >= H (dao is dead by the
- * time the router's d_hidden is made). q and k before their norms (dqt, dkt) live from
- * their head move to their norm: in the forward, before the MLP writes anything (a
- * recompute's output goes to dh); in the backward, after attention has read dao and the
- * post-norm dh, and before q_proj's backward writes dh again. So dqt lies in dao, and dkt
+ * asks the MLP for its saved block alone), and dh2 lies in dao when Hq·D >= H (dao is
+ * dead by the time the router's d_hidden is made). q and k before their norms (dqt, dkt)
+ * live from their head move to their norm: in the forward, before the MLP writes
+ * anything; in the backward, after attention has read dao and the post-norm dh, and
+ * before q_proj's backward writes dh again. So dqt lies in dao, and dkt
  * in dh when Hk·D <= H (bench/NOTES.md, seventeenth session: 0.19 GiB of a dense step). */
 typedef struct {
     void *qkv;                   /* [T, Q + 2K]: the q, k, v projections as column blocks (forward), their

@@ -21,7 +21,8 @@
  * where the GPU is sm_90. On an sm_90 GPU the bf16 cases and a graph case run once more on
  * each of grouped_sm90.cu's schedules (lk_moe_cuda_gg_sm90_variant: coop, pingpong,
  * pingpong_v4, auto), whatever LLMKERN_GG_SM90 says. And write_weight_grads (the weight gradients
- * written, not added) on every one of those paths, T = 0 included. Skipped (77) where there is no GPU. */
+ * written, not added) on every one of those paths, T = 0 included; and every case's backward on
+ * the saved block of a forward without out (a recompute's). Skipped (77) where there is no GPU. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -121,6 +122,8 @@ static void check_routing(const void *saved, const int32_t *ids, const lk_moe_di
 
 static const char *row = "fused";   /* the row run_case runs: fused, or fused_sm90 by name */
 static int write_grads;             /* run_case's weight gradients written (write_weight_grads), not added */
+static int saved_alone;             /* run_case's backward reads a forward's saved block without out (a
+                                     * recompute's: out.data NULL); out comes from a second forward after it */
 
 static void run_case(lk_dtype dt, const mcase *c, uint32_t seed) {
     const lk_impl *impl = lk_impl_find(LK_OP_MOE_EXPERTS, row, LK_DEVICE_CUDA);
@@ -164,7 +167,9 @@ static void run_case(lk_dtype dt, const mcase *c, uint32_t seed) {
     lkt_poison(a.saved.data, sb);
     lk_arena arena = {.device = LK_DEVICE_CUDA};
     lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
-    lk_status st = lk_moe_experts_forward(impl, &a, &ctx);
+    lk_moe_experts_args alone = a;
+    alone.out.data = NULL;
+    lk_status st = lk_moe_experts_forward(impl, saved_alone ? &alone : &a, &ctx);
     if (st) print_message("  forward: %s\n", lk_last_error());
     assert_int_equal(st, LK_OK);
     lk_moe_dims d = lk_moe_dims_of(&a);
@@ -172,6 +177,7 @@ static void run_case(lk_dtype dt, const mcase *c, uint32_t seed) {
     st = lk_moe_experts_backward(impl, &a, &ctx);
     if (st) print_message("  backward: %s\n", lk_last_error());
     assert_int_equal(st, LK_OK);
+    if (saved_alone) assert_int_equal(lk_moe_experts_forward(impl, &a, &ctx), LK_OK);
     double e[5] = {err_of(out, T * H, dt, oref), err_of(dh, T * H, dt, dxr), 0, 0, 0};
     if (!c->no_grads)
         e[2] = err_of(dwt, R, LK_F32, dwr), e[3] = err_of(gdgu, ngu, gdt, dgu), e[4] = err_of(gdd, nd, gdt, dd);
@@ -220,6 +226,22 @@ static void against_reference_bf16(void **state) {
     print_message("  bf16 grouped GEMMs on %s\n", lk_hw_get()->cuda_cc == 90 ? "wgmma where grouped_sm90.cu takes them "
                   "(sm_90), the rest on mma.sync" : "mma.sync (not an sm_90 GPU)");
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(LK_BF16, &cases[i], 131u + (uint32_t)i);
+}
+
+/* Every case, f32 and bf16, its backward on the saved block of a forward without out
+ * (a recompute's): the block whole, out written by neither. */
+static void saved_alone_cases(void **state) {
+    (void)state;
+    saved_alone = 1;
+    for (int b = 0; b < 2; b++)
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+            run_case(b ? LK_BF16 : LK_F32, &cases[i], 331u + (uint32_t)i);
+    saved_alone = 0;
+}
+static int saved_alone_off(void **state) {   /* a teardown: runs after a failed assertion too */
+    (void)state;
+    saved_alone = 0;
+    return 0;
 }
 
 /* The same bf16 cases with the Hopper kernel off (lk_moe_cuda_gg_sm80_only): on an sm_90
@@ -536,6 +558,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(against_reference_bf16_sm80, sm80_on, sm80_off),
         cmocka_unit_test_setup_teardown(against_reference_bf16_simt, simt_on, simt_off),
         cmocka_unit_test_setup_teardown(fused_sm90_row, NULL, sm80_off),
+        cmocka_unit_test_setup_teardown(saved_alone_cases, NULL, saved_alone_off),
         cmocka_unit_test(routing_at_scale),
         cmocka_unit_test(bad_id_poisons),
         cmocka_unit_test(graph_capture),

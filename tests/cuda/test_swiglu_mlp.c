@@ -1,7 +1,7 @@
 /* test_swiglu_mlp.c (GPU) — the CUDA SwiGLU MLP `fused` (cuBLAS GEMMs + fused activation)
  * against the float64 reference, forward and backward, f32 and bf16, with and without
  * GPT-OSS's clamp, weight gradients accumulated into f32 or bf16 buffers that already
- * hold values; and the activation kernels alone (the bench's silu(a)·b) on odd and
+ * hold values, the backward on the saved block of a forward without out (a recompute's); and the activation kernels alone (the bench's silu(a)·b) on odd and
  * 16-byte shapes. Outputs poisoned with NaN first. Tolerances: f32 2e-5 (f32 GEMMs,
  * sums of up to 512 terms); bf16 2e-2 as the CPU eager's: gate_up, h, dh and dgate_up
  * are each rounded to bf16 before the next GEMM, up to four roundings of 2^-9 on a
@@ -21,6 +21,8 @@ typedef struct {
     int64_t t, h, i;
     float limit;
     int grad_f32;
+    int saved_alone;   /* the backward reads a forward's saved block without out (a recompute's: out.data
+                        * NULL); out comes from a second forward after it */
 } mcase;
 
 static void run_mlp(lk_dtype dt, const mcase *c, uint32_t seed) {
@@ -49,8 +51,12 @@ static void run_mlp(lk_dtype dt, const mcase *c, uint32_t seed) {
     };
     lk_arena arena = {.device = LK_DEVICE_CUDA};
     lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
-    assert_int_equal(lk_swiglu_mlp_forward(impl, &a, &ctx), LK_OK);
+    lk_swiglu_mlp_args alone = a;
+    alone.out.data = NULL;
+    lkt_poison(a.saved.data, saved);
+    assert_int_equal(lk_swiglu_mlp_forward(impl, c->saved_alone ? &alone : &a, &ctx), LK_OK);
     assert_int_equal(lk_swiglu_mlp_backward(impl, &a, &ctx), LK_OK);
+    if (c->saved_alone) assert_int_equal(lk_swiglu_mlp_forward(impl, &a, &ctx), LK_OK);
 
     double *rout = lkt_alloc(T * H), *rdx = lkt_alloc(T * H), *got = lkt_alloc(2 * I * H), e[4];
     lk_swiglu_mlp_ref_forward(x, wgu, wd, T, H, I, c->limit, rout);
@@ -59,9 +65,9 @@ static void run_mlp(lk_dtype dt, const mcase *c, uint32_t seed) {
     lkt_download(gx, T * H, dt, got), e[1] = lkt_rel_err(got, rdx, T * H);
     lkt_download(dgwgu, 2 * I * H, gdt, got), e[2] = lkt_rel_err(got, gwgu, 2 * I * H);
     lkt_download(dgwd, H * I, gdt, got), e[3] = lkt_rel_err(got, gwd, H * I);
-    print_message("  %-4s T %lld H %lld I %lld limit %g grads %s: out %.2e dx %.2e dWgu %.2e dWd %.2e\n",
+    print_message("  %-4s T %lld H %lld I %lld limit %g grads %s%s: out %.2e dx %.2e dWgu %.2e dWd %.2e\n",
                   lk_dtype_name(dt), (long long)T, (long long)H, (long long)I, (double)c->limit,
-                  lk_dtype_name(gdt), e[0], e[1], e[2], e[3]);
+                  lk_dtype_name(gdt), c->saved_alone ? " (saved alone)" : "", e[0], e[1], e[2], e[3]);
     double t = dt == LK_F32 ? 2e-5 : 2e-2;
     for (int i = 0; i < 4; i++) assert_true(e[i] <= t);
     lk_arena_free(&arena);
@@ -70,8 +76,9 @@ static void run_mlp(lk_dtype dt, const mcase *c, uint32_t seed) {
 
 static void mlp_every_dtype_shape(void **state) {
     (void)state;
-    const mcase cases[] = {{37, 64, 96, 0.0f, 1}, {128, 256, 512, 0.0f, 0}, {19, 40, 24, 1.5f, 1},
-                           {64, 128, 200, 0.0f, 0}, {5, 33, 7, 0.0f, 0}};
+    const mcase cases[] = {{37, 64, 96, 0.0f, 1, 0}, {128, 256, 512, 0.0f, 0, 0}, {19, 40, 24, 1.5f, 1, 0},
+                           {64, 128, 200, 0.0f, 0, 0}, {5, 33, 7, 0.0f, 0, 0}, {37, 64, 96, 0.0f, 1, 1},
+                           {19, 40, 24, 1.5f, 0, 1}};
     for (int d = 0; d < 2; d++)
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
             run_mlp(d ? LK_BF16 : LK_F32, &cases[i], 7u + (uint32_t)i);

@@ -11,7 +11,8 @@
  *     20 steps; each SP rank runs half of every sequence through Ulysses attention,
  *     each EP rank half of the experts through the all-to-all dispatcher (and again
  *     through the all-gather one, and with flex_attention on the model's document
- *     BlockMask), and the aux loss spans the SP group.
+ *     BlockMask), and the aux loss spans the SP group; again with every layer made again
+ *     in the backward (train.recompute) on the mesh alone.
  * Also the rejections: meshes that do not divide the world, a config that does not
  * match the mesh, heads or experts the groups do not divide, an attention without an SP
  * path, an explicit local dispatcher under EP, bad parallel: YAML.
@@ -43,6 +44,9 @@ static lk_dtype moments = LK_F32;   /* the runs' train.exp_avg_dtype and exp_avg
 /* bf16: the runs compute in bf16, and one micro-batch (the mesh's) keeps bf16 gradients
  * (train.main_grads_dtype; the single process sums dp micro-batches in f32 ones) */
 static lk_dtype grads = LK_F32;
+/* the mesh's run makes its layers again in the backward (train.recompute; the one process
+ * keeps them): under EP a layer made again skips the dispatcher, which keeps nothing */
+static int recompute;
 
 static void tiny(const char *out, int moe, int64_t steps, int64_t grad_accum) {
     lk_train_config_init(&tc);
@@ -89,6 +93,7 @@ static void matches_single(int moe, const char *dispatcher, const char *attn, in
     tiny(out, moe, steps, 1);
     tc.dp = dp, tc.sp = sp, tc.ep = ep;
     tc.grad_reduce_dtype = reduce;
+    tc.recompute = recompute;
     if (moe) lk_ops_config_set(&ops, "moe.dispatcher", dispatcher, "test");
     if (attn) lk_ops_config_set(&ops, "attention", attn, "test");
     lk_mesh mesh;
@@ -115,11 +120,11 @@ static void matches_single(int moe, const char *dispatcher, const char *attn, in
         }
         if (reduce == LK_BF16 || grads == LK_BF16)
             DIST_CHECK(worst > 0, "bf16 gradients on the wire: the f32 run's bits, the bf16 path not taken");
-        printf("dist_train: dp %d sp %d ep %d %s%s%s%s%s%s, %lld steps: loss %.5f -> %.5f, worst relative difference "
+        printf("dist_train: dp %d sp %d ep %d %s%s%s%s%s%s%s, %lld steps: loss %.5f -> %.5f, worst relative difference "
                "from one process %.2g (loss or grad norm); %lld all-reduce buckets, %lld started during the "
                "backward\n", dp, sp, ep, moe ? "MoE " : "dense", moe ? dispatcher : "", attn ? " " : "",
                attn ? attn : "", reduce == LK_BF16 ? " (bf16 all-reduce)" : grads == LK_BF16 ? " (bf16 gradients)" : "",
-               moments == LK_BF16 ? " (bf16 AdamW moments)" : "", (long long)steps, got[0],
+               moments == LK_BF16 ? " (bf16 AdamW moments)" : "", recompute ? " (recompute)" : "", (long long)steps, got[0],
                got[steps - 1], worst, (long long)res.buckets, (long long)res.buckets_early);
         DIST_CHECK(ref[steps - 1] < ref[0], "the loss falls: %g -> %g", ref[0], ref[steps - 1]);
         char path[200];
@@ -268,6 +273,9 @@ int main(void) {
     grads = LK_F32;
     matches_single(1, "alltoall", NULL, STEPS_MOE, P / 2, 2, 2, TOL_MOE, LK_F32);
     matches_single(1, "allgather", NULL, STEPS_MOE, P / 2, 2, 2, TOL_MOE, LK_F32);
+    recompute = 1;
+    matches_single(1, "alltoall", NULL, STEPS_MOE, P / 2, 2, 2, TOL_MOE, LK_F32);
+    recompute = 0;
     /* flex_attention: the document BlockMask */
     matches_single(1, "alltoall", "flex_attention", STEPS_MOE, P / 2, 2, 2, TOL_MOE, LK_F32);
     return dist_end("dist_train");

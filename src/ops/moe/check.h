@@ -16,6 +16,8 @@ typedef struct {
     int grad_f32;       /* weight gradients in f32 rather than the storage dtype */
     int write_grads;    /* write_weight_grads: the weight gradients start poisoned (NaN), not random,
                            and the reference's from zeros */
+    int saved_alone;    /* the backward reads the saved block of a forward with out.data NULL (a
+                           recompute's); out is then made by a second forward, after the backward */
 } lk_moe_experts_problem;
 
 typedef struct {

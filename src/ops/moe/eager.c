@@ -125,9 +125,9 @@ static lk_status forward(const lk_moe_experts_args *a, lk_ctx *ctx) {
                           wslice(a->down_weight.data, d.dt, e, H, I, 1), 0.0f, y32, H, ar)))
             return st;
         materialize(y32, n * H, d.dt, at(sv.y, d.dt, p0 * H));
-        index_add(out32, y32, rt, n, d.k, H, a->topk_weights.data);
+        if (a->out.data) index_add(out32, y32, rt, n, d.k, H, a->topk_weights.data);
     }
-    lk_dense_store(a->out.data, d.dt, out32, d.t, H, NULL);
+    if (a->out.data) lk_dense_store(a->out.data, d.dt, out32, d.t, H, NULL);   /* else the saved block alone */
     return LK_OK;
 }
 

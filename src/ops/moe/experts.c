@@ -85,7 +85,8 @@ lk_status lk_moe_experts_forward(const lk_impl *impl, const lk_moe_experts_args 
     const lk_moe_experts_vtable *vt = NULL;
     lk_moe_dims d;
     lk_status s = check_common(impl, a, ctx, &vt, &d);
-    if (s || (s = check_tensor(impl, "out", &a->out, 2, a->hidden.shape, LK_DTYPE_BIT(d.dt)))) return s;
+    if (s || (a->out.data && (s = check_tensor(impl, "out", &a->out, 2, a->hidden.shape, LK_DTYPE_BIT(d.dt)))))
+        return s;
     const lk_region outs[] = {lk_tensor_region("out", &a->out), {"saved", a->saved.data, a->saved.bytes}};
     const lk_region ins[] = {lk_tensor_region("hidden", &a->hidden),
                              lk_tensor_region("topk_ids", &a->topk_ids),

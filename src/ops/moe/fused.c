@@ -74,6 +74,7 @@ static lk_status forward(const lk_moe_experts_args *a, lk_ctx *ctx) {
         #pragma omp simd
         for (int64_t j = 0; j < I; j++) hr[j] = wr * lk_act_forward(g[j], g[I + j], 0.0f);
     }
+    if (!a->out.data) return LK_OK;   /* the saved block alone */
     for (int64_t e = 0; e < d.e; e++) {
         int64_t p0 = sv.offs[e], n = sv.offs[e + 1] - p0;
         if (n && (st = lk_gemm(n, H, I, 1.0f, lk_dense_opnd(h + p0 * I, LK_F32, I, 0),

@@ -278,6 +278,7 @@ static lk_status forward_on(const lk_moe_experts_args *a, lk_ctx *ctx, int hoppe
         if ((s = lk_moe_cuda_grouped_gemm(&f, st))) return s;
     } else {
         if ((s = rows_gemm(g, x, wgu, 2 * I, H, gu, LK_F32, st))) return s;
+        if (!a->out.data && d.dt == LK_F32) return LK_OK;   /* gu is the saved block: no h wanted */
         if (d.dt == LK_F32)
             act_forward<float><<<grid(R * I), 256, 0, st>>>(gu, NULL, (float *)h, (const float *)a->topk_weights.data,
                                                            sv.order, R, I, flag);
@@ -287,6 +288,7 @@ static lk_status forward_on(const lk_moe_experts_args *a, lk_ctx *ctx, int hoppe
                                                                flag);
         LK_CUDA_LAUNCHED("moe_experts: fused (cuda): act_forward");
     }
+    if (!a->out.data) return LK_OK;   /* the saved block alone: h feeds only out */
     if ((s = rows_gemm(g, opnd(h, I, 0, NULL, 0, 1), opnd(a->down_weight.data, I, H * I, NULL, 0, 1), H, I, y, d.dt,
                        st)))
         return s;

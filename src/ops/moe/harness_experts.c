@@ -121,8 +121,11 @@ lk_status lk_moe_experts_run(const lk_impl *impl, const lk_moe_experts_problem *
         lk_place_tensor(&pl, "d_down_weight", &a.d_down_weight, 1);
         lk_place_saved(&pl, "saved", &a.saved, 0);
         lk_ctx ctx = lk_place_ctx(&pl, &arena);
-        if (!(s = pl.status) && !(s = lk_moe_experts_forward(impl, &a, &ctx)) &&
-            !(s = lk_moe_experts_backward(impl, &a, &ctx)) && !(s = lk_place_fetch(&pl))) {
+        lk_moe_experts_args alone = a;
+        alone.out.data = NULL;
+        if (!(s = pl.status) && !(s = lk_moe_experts_forward(impl, p->saved_alone ? &alone : &a, &ctx)) &&
+            !(s = lk_moe_experts_backward(impl, &a, &ctx)) &&
+            !(p->saved_alone && (s = lk_moe_experts_forward(impl, &a, &ctx))) && !(s = lk_place_fetch(&pl))) {
             r->out = to_double(out, p->dt, T * H);
             r->dx = to_double(dx, p->dt, T * H);
             r->dw = to_double(dw, LK_F32, T * K);

@@ -14,6 +14,8 @@ typedef struct {
     int grad_f32;           /* weight gradients in f32 rather than the storage dtype */
     int no_weight_grads;    /* d_gate_up_weight, d_down_weight data NULL: not wanted */
     int backward_calls;     /* 0 or 1: one backward; 2: two, the weight gradients must double */
+    int saved_alone;        /* the backward reads the saved block of a forward with out.data NULL (a
+                               recompute's); out is then made by a second forward, after the backward */
 } lk_swiglu_mlp_case;
 
 typedef struct {

@@ -87,6 +87,7 @@ static lk_status forward(const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
         return st;
     ew(SILU, gate, NULL, NULL, silu, T * I, dt, a->swiglu_limit);
     ew(MUL_UP, silu, up, NULL, h, T * I, dt, a->swiglu_limit);
+    if (!a->out.data) return LK_OK;   /* the saved block alone */
     return gemm_to(ar, dt, T, H, I, lk_dense_opnd(h, dt, I, 0), lk_dense_opnd(a->down_weight.data, dt, I, 1), 0.0f,
                    t32, a->out.data, 1);
 }

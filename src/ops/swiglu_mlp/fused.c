@@ -97,6 +97,7 @@ static lk_status forward(const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
                 }
             }
         }
+        if (!a->out.data) continue;   /* the saved block alone */
         char *oc = (char *)a->out.data + c0 * H * esz;
         float *o = s.dt == LK_F32 ? (float *)oc : o32;
         if ((st = lk_gemm(n, H, I, 1.0f, lk_dense_opnd(h32, LK_F32, I, 0), lk_dense_opnd(wd, LK_F32, I, 1), 0.0f, o,

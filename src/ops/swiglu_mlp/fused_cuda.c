@@ -32,11 +32,11 @@ static lk_status forward(const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
     int dev = ctx->device.index;
     void *st = ctx->stream, *gu = a->saved.data, *h = lk_arena_alloc(ctx->arena, workspace_bytes(a, 0));
     if (h == NULL) return lk_error(LK_EINTERNAL, "swiglu_mlp: fused (cuda): the workspace was not reserved");
-    lk_status s;
-    if ((s = lk_cublas_gemm(dev, st, 0, 1, d.t, 2 * d.i, d.h, d.dt, a->x.data, d.h, a->gate_up_weight.data, d.h,
-                            0.0f, d.dt, gu, 2 * d.i)) ||
-        (s = lk_cuda_swiglu_act_forward(d.dt, d.t, d.i, a->swiglu_limit, gu, 2 * d.i, (char *)gu + d.i * d.es,
-                                        2 * d.i, h, d.i, st)))
+    lk_status s = lk_cublas_gemm(dev, st, 0, 1, d.t, 2 * d.i, d.h, d.dt, a->x.data, d.h, a->gate_up_weight.data, d.h,
+                                 0.0f, d.dt, gu, 2 * d.i);
+    if (s || !a->out.data) return s;   /* the saved block alone: h feeds only out */
+    if ((s = lk_cuda_swiglu_act_forward(d.dt, d.t, d.i, a->swiglu_limit, gu, 2 * d.i, (char *)gu + d.i * d.es, 2 * d.i,
+                                        h, d.i, st)))
         return s;
     return lk_cublas_gemm(dev, st, 0, 1, d.t, d.h, d.i, d.dt, h, d.i, a->down_weight.data, d.i, 0.0f, d.dt,
                           a->out.data, d.h);

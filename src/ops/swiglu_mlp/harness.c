@@ -124,10 +124,12 @@ lk_status lk_swiglu_mlp_check_case(const lk_impl *impl, lk_dtype dt, const lk_sh
                                      {"d_down_weight", &a.d_down_weight}), 1);
     lk_place_saved(&pl, "saved", &a.saved, 0);
     lk_ctx ctx = lk_place_ctx(&pl, &arena);
-    if ((s = pl.status) || (s = lk_swiglu_mlp_forward(impl, &a, &ctx))) goto done;
+    lk_swiglu_mlp_args alone = a;
+    alone.out.data = NULL;
+    if ((s = pl.status) || (s = lk_swiglu_mlp_forward(impl, c->saved_alone ? &alone : &a, &ctx))) goto done;
     for (int k = 0; k < calls; k++)
         if ((s = lk_swiglu_mlp_backward(impl, &a, &ctx))) goto done;
-    if ((s = lk_place_fetch(&pl))) goto done;
+    if ((c->saved_alone && (s = lk_swiglu_mlp_forward(impl, &a, &ctx))) || (s = lk_place_fetch(&pl))) goto done;
 
     lk_swiglu_mlp_errors e = {
         .out = lk_rel_err(out, dt, oref, T * H),

@@ -88,7 +88,8 @@ lk_status lk_swiglu_mlp_workspace_bytes(const lk_impl *impl, const lk_swiglu_mlp
 lk_status lk_swiglu_mlp_forward(const lk_impl *impl, const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
     dims d = {0};
     lk_status s = check_common(impl, a, ctx, &d);
-    if (s || (s = check_tensor(impl, "out", &a->out, a->x.ndim, a->x.shape, LK_DTYPE_BIT(a->x.dtype)))) return s;
+    if (s || (a->out.data && (s = check_tensor(impl, "out", &a->out, a->x.ndim, a->x.shape, LK_DTYPE_BIT(a->x.dtype)))))
+        return s;
     const lk_region outs[] = {LK_ARG_REGION(a, out), LK_SAVED_REGION(a)};
     const lk_region ins[] = {LK_ARG_REGION(a, x), LK_ARG_REGION(a, gate_up_weight), LK_ARG_REGION(a, down_weight)};
     if ((s = lk_expect_apart(OP, outs, 2, ins, 3))) return s;

@@ -343,7 +343,9 @@ LK_FLAGS = {"bf16m": BF16_MOMENTS, "bf16m1": {"exp_avg_dtype": "bf16"}, "bf16m2"
             # train.recompute_modules (their lists join: +renorm+remoe6 is [layernorm, moe:6]); train.recompute
             # of the first N layers (+recompute+n4)
             "renorm": {"recompute_modules": ["layernorm"]}, "remoe": {"recompute_modules": ["moe"]},
+            "reqkv": {"recompute_modules": ["qkv"]},
             **{f"remoe{n}": {"recompute_modules": [f"moe:{n}"]} for n in range(1, 33)},
+            **{f"reqkv{n}": {"recompute_modules": [f"qkv:{n}"]} for n in range(1, 33)},
             **{f"n{n}": {"recompute_num_layers": n} for n in range(1, 33)}}
 
 

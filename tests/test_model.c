@@ -482,6 +482,63 @@ static void recompute_moe_identical(void **state) {
     lk_model_free(d);
 }
 
+/* lk_model_set_recompute_qkv (train.recompute_modules [qkv]): the layers keep no q, k, v after
+ * their norms and RoPE; the backward makes them again from the projection (kept, or the
+ * forward's GEMM again into the scratch, which the norms' backward then reads). The loss, aux
+ * loss and gradients bit for bit those of the model that keeps the projection (keep_qk), with
+ * or without keep_qk itself, f32 and bf16, eager norms (head moves) and fused (views), dense
+ * and MoE, both layers or the first, with the norms made again too (against the norm_of_x
+ * model then), over two batches; the kept bytes fall by q, k and v of each layer made again. */
+static void recompute_qkv_identical(void **state) {
+    (void)state;
+    const char *modes[] = {"eager", "fused"};
+    assert_int_equal(lk_model_set_recompute_qkv(NULL, 1), LK_EINVAL);
+    for (int moe = 0; moe <= 1; moe++)
+        for (int mi = 0; mi < 2; mi++)
+            for (int v = 0; v < 5; v++) {   /* f32; bf16; bf16 keep_qk; bf16 the first layer; bf16 with the norms */
+                lk_model *a = create(moe, modes[mi], 0, 83), *n = create(moe, modes[mi], 0, 83);
+                if (v) {
+                    assert_int_equal(lk_model_set_dtype(a, LK_BF16), LK_OK);
+                    assert_int_equal(lk_model_set_dtype(n, LK_BF16), LK_OK);
+                }
+                assert_int_equal(lk_model_set_keep_qk(a, 1), LK_OK);
+                assert_int_equal(lk_model_set_keep_qk(n, v == 2), LK_OK);
+                assert_int_equal(lk_model_set_recompute_qkv(n, 3), LK_EINVAL);   /* of 2 layers */
+                assert_non_null(strstr(lk_last_error(), "model_set_recompute_qkv: expected 0 .. 2 layers"));
+                assert_int_equal(lk_model_set_recompute_qkv(n, v == 3 ? 1 : 2), LK_OK);
+                assert_true(!n->norm_of_x);   /* q, k and v alone change no norm */
+                if (v == 4) {
+                    assert_int_equal(lk_model_set_recompute_norms(n, 2), LK_OK);
+                    a->norm_of_x = 1;
+                }
+                same_steps(a, n, 87);
+                const size_t es = n->es, qkv = (size_t)(n->T * (n->Hq + 2 * n->Hk) * n->D) * es;
+                const size_t ka = lk_model_activation_bytes(a), kn = lk_model_activation_bytes(n);
+                const int again = v == 3 ? 1 : 2, keep = v == 2;
+                if (moe == 1 && mi == 1)
+                    print_message("  %s: activations kept %zu bytes with keep_qk, %zu with %d layers' q, k, v made "
+                                  "again%s\n", v ? "bf16" : "f32", ka, kn, again, keep ? " (keep_qk)" : "");
+                /* q, k, v of each layer made again; without keep_qk the projection too */
+                const size_t fewer = (size_t)again * qkv + (keep ? 0 : (size_t)n->cfg.num_hidden_layers * qkv);
+                assert_true(ka - kn >= fewer);
+                assert_true(ka - kn <= fewer + (v == 4 ? 2 * (size_t)n->cfg.num_hidden_layers * (size_t)(n->T * n->H) * es : 0) +
+                                           8 * 64 * (size_t)n->cfg.num_hidden_layers);
+                assert_non_null(n->sc.qr);
+                assert_true(keep ? n->sc.proj == NULL : n->sc.proj != NULL);
+                assert_int_equal(lk_model_set_recompute_qkv(n, 0), LK_OK);
+                lk_model_free(a), lk_model_free(n);
+            }
+    lk_model *r = create(0, "fused", 1, 83);   /* under recompute: the layers make everything again anyway */
+    assert_int_equal(lk_model_set_recompute_qkv(r, 2), LK_OK);
+    lk_batch b;
+    make_batch(&b, 89);
+    lk_step_stats st;
+    fwd_bwd(r, &b, 1.0f, &st);
+    assert_null(r->sc.qr);
+    lk_batch_free(&b);
+    lk_model_free(r);
+}
+
 /* lk_model_set_keep_qk: the backward reads q and k where the forward's projection left them
  * instead of making them again by a GEMM. The same forward (the loss bit for bit) and the
  * same gradients up to that GEMM's summation order (f32: 1e-6 of the largest), on both norm
@@ -1136,7 +1193,7 @@ int main(void) {
         cmocka_unit_test(eager_matches_fused),    cmocka_unit_test(flex_matches_flash),
         cmocka_unit_test(recompute_identical),    cmocka_unit_test(keep_qk_matches),
         cmocka_unit_test(recompute_norms_identical), cmocka_unit_test(recompute_some_layers),
-        cmocka_unit_test(recompute_moe_identical),    cmocka_unit_test(bf16_follows_f32),
+        cmocka_unit_test(recompute_moe_identical),    cmocka_unit_test(recompute_qkv_identical),    cmocka_unit_test(bf16_follows_f32),
         cmocka_unit_test(bf16_master),             cmocka_unit_test(bf16_grads),
         cmocka_unit_test(lm_head_chunks),
         cmocka_unit_test(residual_stream_is_f32), cmocka_unit_test(sliding_window_layers),

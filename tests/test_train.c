@@ -499,7 +499,7 @@ static void yaml_train_sections_load(void **state) {
         "  dtype: bfloat16\n  cuda_graph: true\n  deterministic: true\n  keep_qk: true\n  grad_reduce_dtype: bf16\n"
         "  profile_step: 3\n"
         "  exp_avg_dtype: bf16\n  exp_avg_sq_dtype: bfloat16\n  main_params_dtype: bf16\n  main_grads_dtype: bf16\n"
-        "  lm_head_chunk_bytes: 1GiB\n  recompute_modules: [layernorm, moe:1]\n  recompute_num_layers: 1\n"
+        "  lm_head_chunk_bytes: 1GiB\n  recompute_modules: [layernorm, moe:1, qkv:2]\n  recompute_num_layers: 1\n"
         "data:\n  text: corpus.txt\n");
     lk_train_config_init(&tc);
     assert_int_equal(lk_train_dtype(&tc), LK_F32);          /* the CPU's default */
@@ -515,8 +515,9 @@ static void yaml_train_sections_load(void **state) {
     assert_int_equal(tc.exp_avg_sq_dtype, LK_BF16);
     assert_int_equal(tc.main_params_dtype, LK_BF16);
     assert_int_equal(tc.main_grads_dtype, LK_BF16);
-    assert_int_equal(tc.recompute_modules, LK_RECOMPUTE_LAYERNORM | LK_RECOMPUTE_MOE);
-    assert_true(tc.recompute_module_layers[0] == 0 && tc.recompute_module_layers[1] == 1);   /* all; the first */
+    assert_int_equal(tc.recompute_modules, LK_RECOMPUTE_LAYERNORM | LK_RECOMPUTE_MOE | LK_RECOMPUTE_QKV);
+    assert_true(tc.recompute_module_layers[0] == 0 && tc.recompute_module_layers[1] == 1 &&
+                tc.recompute_module_layers[2] == 2);   /* all; the first; the first two */
     assert_int_equal(tc.recompute_num_layers, 1);
     assert_int_equal(tc.lm_head_chunk_bytes, (uint64_t)1 << 30);
     assert_int_equal(tc.profile_step, 3);
@@ -555,9 +556,9 @@ static void yaml_train_errors_name_the_place(void **state) {
         {"train:\n  recompute_modules: layernorm\n", ":2:22", "train.recompute_modules: expected a list"},
         {"train:\n  recompute_num_layers: -1\n", ":2:25", "train.recompute_num_layers: expected an integer >= 0"},
         {"train:\n  recompute_modules: [layernorm, moe_act]\n", ":2:34",
-         "train.recompute_modules: expected layernorm or moe, alone or name:N (the first N layers: moe:6); "
+         "train.recompute_modules: expected layernorm, moe or qkv, alone or name:N (the first N layers: moe:6); "
          "Megatron's core_attn"},
-        {"train:\n  recompute_modules: [moe:0]\n", ":2:23", "train.recompute_modules: expected layernorm or moe"},
+        {"train:\n  recompute_modules: [moe:0]\n", ":2:23", "train.recompute_modules: expected layernorm, moe or qkv"},
         {"train:\n  recompute_modules: [moe:2x]\n", ":2:23", "got 'moe:2x'"},
         {"train:\n  exp_avg_sq_dtype: fp8\n", ":2:21",
          "train.exp_avg_sq_dtype: expected bf16 (bfloat16) or f32 (float32), got 'fp8'"},
@@ -674,7 +675,10 @@ static void memory_estimate(void **state) {
     tc.recompute_modules = LK_RECOMPUTE_MOE;   /* a dense model: no experts to make again */
     assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
     assert_true(m.activation_bytes == lean);
-    tc.recompute_modules = 0;
+    tc.recompute_modules = LK_RECOMPUTE_QKV, tc.recompute_module_layers[2] = 1;   /* qkv:1: one layer's q, k, v */
+    assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);
+    assert_true(m.activation_bytes == lean - (uint64_t)tc.batch_size * tc.seq_len * (32 + 2 * 16) * 4);
+    tc.recompute_modules = 0, tc.recompute_module_layers[2] = 0;
     const uint64_t logits = (uint64_t)tc.batch_size * tc.seq_len * 320 * 4, layer = (lean - logits) / 2;
     tc.recompute = 1;   /* both layers made again: one layer's block */
     assert_int_equal(lk_train_memory_estimate(&tc, &m), LK_OK);

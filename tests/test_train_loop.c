@@ -352,7 +352,7 @@ static void bf16_grads_train_like_f32(void **state) {
 }
 
 /* A text file and a token file train as the corpus does; recomputing activations in
- * the backward (every layer, or the first and the other's norms and experts:
+ * the backward (every layer, or the first and the other's norms, experts and q, k, v:
  * train.recompute_num_layers, recompute_modules) gives the same losses as keeping them. */
 static void data_sources_and_recompute(void **state) {
     (void)state;
@@ -366,7 +366,9 @@ static void data_sources_and_recompute(void **state) {
         lk_train_opts o = {.quiet = 1, .loss_log = logs[run], .loss_log_cap = N};
         tiny_config(d, N, 0);
         tc.recompute = run == 1 || run == 4;
-        if (run == 4) tc.recompute_num_layers = 1, tc.recompute_modules = LK_RECOMPUTE_LAYERNORM | LK_RECOMPUTE_MOE;
+        if (run == 4)
+            tc.recompute_num_layers = 1,
+            tc.recompute_modules = LK_RECOMPUTE_LAYERNORM | LK_RECOMPUTE_MOE | LK_RECOMPUTE_QKV;
         if (run == 2) {
             snprintf(tc.data_path, sizeof tc.data_path, "%s/corpus.txt", d);
             FILE *f = fopen(tc.data_path, "w");

@@ -117,7 +117,13 @@ LK_API lk_status lk_model_set_keep_qk(lk_model *m, int on);
  *           backward runs their forward again to make it (Megatron's recompute_modules moe; the
  *           routing stays kept): the largest MoE activation, for the experts' forward again.
  *           Nothing under expert parallelism, whose dispatcher keeps nothing anyway.
- * A layer made again whole makes its norms and experts again too. Any recompute of layers or
+ *   qkv     the layer keeps no q, k, v after their head norms and RoPE (attention's inputs,
+ *           T x (Q + 2K)); the backward makes them again from the q/k/v projection, the kept
+ *           one (lk_model_set_keep_qk) or the forward's GEMM again, which the head norms'
+ *           backward then reads instead of a GEMM of their own (the GQA counterpart of
+ *           Megatron's recompute_modules mla_up_proj): with keep_qk the gradients are bit for
+ *           bit the keeping model's, without it those of the model that keeps the projection.
+ * A layer made again whole makes its norms, experts and q, k, v again too. Any recompute of layers or
  * norms makes every layer's residual-mode norms normalize the stream's rounding x (so a
  * norm made again from x gives the forward's bits: qwen3_internal.h); the gradients are
  * then bit for bit those of the model that keeps everything and normalizes so. Call between
@@ -125,6 +131,7 @@ LK_API lk_status lk_model_set_keep_qk(lk_model *m, int on);
 LK_API lk_status lk_model_set_recompute_layers(lk_model *m, int n);
 LK_API lk_status lk_model_set_recompute_norms(lk_model *m, int n);
 LK_API lk_status lk_model_set_recompute_moe(lk_model *m, int n);
+LK_API lk_status lk_model_set_recompute_qkv(lk_model *m, int n);
 LK_API int lk_model_recompute_layers(const lk_model *m);
 /* The LM head's chunk budget: bytes of f32 logits one chunk of tokens may take
  * (lk_cross_entropy_args.chunk_bytes; 0, the default: the op's, 4 GiB on a GPU). A chunk's

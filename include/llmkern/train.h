@@ -80,6 +80,8 @@ typedef enum { LK_DATA_BUILTIN, LK_DATA_TEXT, LK_DATA_TOKENS } lk_data_kind;
 /* train.recompute_modules' bits */
 #define LK_RECOMPUTE_LAYERNORM 1u   /* the layers' input and post-attention norms' outputs */
 #define LK_RECOMPUTE_MOE 2u         /* a MoE layer's experts' saved block (their gate/up output) */
+#define LK_RECOMPUTE_QKV 4u         /* q, k, v after their head norms and RoPE (attention's inputs) */
+#define LK_RECOMPUTE_MODULES 3      /* how many: recompute_module_layers' length */
 
 typedef struct {
     lk_qwen3_config model;       /* model: config_json or inline keys */
@@ -176,11 +178,14 @@ typedef struct {
      * backward makes again instead of keeping them, LK_RECOMPUTE_* bits: layernorm (the layers'
      * input and post-attention norms: lk_model_set_recompute_norms, two T x H activations a
      * layer less for two norm passes), moe (the experts' saved block: lk_model_set_recompute_moe,
-     * T x k x 2I a MoE layer less for the experts' forward again). Each in every layer, or,
-     * written name:N ("moe:6"), in the first N (recompute_module_layers, by bit index; 0: all).
-     * [] (the default): none. train.recompute makes the whole layer again. */
+     * T x k x 2I a MoE layer less for the experts' forward again), qkv (attention's inputs:
+     * lk_model_set_recompute_qkv, T x (Q + 2K) a layer less for the head norms, RoPE and, without
+     * train.keep_qk, v's columns of the GEMM the backward makes q and k again with; the GQA
+     * counterpart of Megatron's mla_up_proj). Each in every layer, or, written name:N ("moe:6"),
+     * in the first N (recompute_module_layers, by bit index; 0: all). [] (the default): none.
+     * train.recompute makes the whole layer again. */
     unsigned recompute_modules;
-    int64_t recompute_module_layers[2];
+    int64_t recompute_module_layers[LK_RECOMPUTE_MODULES];
     /* train.profile_step: on a GPU, the CUDA profiler records step N alone (1-based;
      * cudaProfilerStart/Stop around it, for `ncu --profile-from-start off`,
      * bench/step_profile.py); 0 = off. */

@@ -304,21 +304,21 @@ lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t
         return LK_OK;
     }
     if (strcmp(n, "recompute_modules") == 0) {   /* Megatron's names, each alone or name:N (the first N layers) */
-        static const char *const names[2] = {"layernorm", "moe"};
-        static const char *const want = "layernorm or moe, alone or name:N (the first N layers: moe:6); Megatron's "
-                                        "core_attn, mlp, moe_act and the rest are not made again apart: "
+        static const char *const names[LK_RECOMPUTE_MODULES] = {"layernorm", "moe", "qkv"};
+        static const char *const want = "layernorm, moe or qkv, alone or name:N (the first N layers: moe:6); "
+                                        "Megatron's core_attn, mlp, moe_act and the rest are not made again apart: "
                                         "train.recompute makes the whole layer again";
         if (v->type != YAML_SEQUENCE_NODE)
-            return bad_value(l, v, "train.recompute_modules", "a list (of: layernorm, moe; name:N for the first N "
-                             "layers)");
+            return bad_value(l, v, "train.recompute_modules", "a list (of: layernorm, moe, qkv; name:N for the "
+                             "first N layers)");
         unsigned bits = 0;
-        int64_t layers[2] = {0, 0};
+        int64_t layers[LK_RECOMPUTE_MODULES] = {0};
         for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top; it++) {
             const yaml_node_t *e = yaml_document_get_node(l->doc, *it);
             const char *name = e->type == YAML_SCALAR_NODE ? scalar(e) : "", *colon = strchr(name, ':');
             size_t len = colon ? (size_t)(colon - name) : strlen(name);
             int b = -1;
-            for (int i = 0; i < 2; i++)
+            for (int i = 0; i < LK_RECOMPUTE_MODULES; i++)
                 if (strlen(names[i]) == len && strncmp(name, names[i], len) == 0) b = i;
             char *end = NULL;
             long long count = colon ? strtoll(colon + 1, &end, 10) : 0;

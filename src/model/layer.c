@@ -67,11 +67,11 @@ size_t lk_qwen3_layer_carve(const lk_model *m, int l, void *base, lk_layer_acts 
     unsigned char *b = base;
     lk_layer_acts z;
     if (!a) a = &z;
-    const int kept_norms = !lk_norms_again(m, l);   /* else sc.hn, sc.experts (alloc_acts) */
+    const int kept_norms = !lk_norms_again(m, l), kept_qkv = !lk_qkv_again(m, l);   /* else the scratch's (alloc_acts) */
     a->h1 = kept_norms ? lk_carve(b, &u, TH) : NULL;
-    a->vt = lk_carve(b, &u, TK);
-    a->qr = lk_carve(b, &u, TQ);
-    a->kr = lk_carve(b, &u, TK);
+    a->vt = kept_qkv ? lk_carve(b, &u, TK) : NULL;
+    a->qr = kept_qkv ? lk_carve(b, &u, TQ) : NULL;
+    a->kr = kept_qkv ? lk_carve(b, &u, TK) : NULL;
     a->ao = lk_carve(b, &u, TQ);
     a->qkv = m->keep_qk ? lk_carve(b, &u, TQ + 2 * TK) : NULL;
     a->x2 = lk_recomputed(m, l) ? NULL : lk_carve(b, &u, TH);   /* recompute: kept in x2s */
@@ -166,24 +166,16 @@ static lk_attention_args attn_args(const lk_model *m, int l, const lk_impl *impl
     return at;
 }
 
-lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, const lk_batch *b, int first,
-                                 int add_aux) {
+/* Attention's inputs from the q/k/v projection qkv ([T, Q + 2K], rows QKV apart): q_norm /
+ * k_norm over the head dim, written head-major into a->qr, a->kr (where RoPE then rotates in
+ * place), v moved head-major into a->vt. The forward's, and a recompute_qkv backward's again. */
+static lk_status attention_inputs(lk_model *m, int l, const lk_layer_acts *a, const char *qkv) {
     const lk_layer *L = &m->layers[l];
     const lk_layer_ops *op = &L->ops;
-    lk_ctx *ctx = &m->ctx;
     lk_scratch *sc = &m->sc;
-    int64_t T = m->T, H = m->H, Q = m->Hq * m->D, K = m->Hk * m->D, QKV = Q + 2 * K;
-    char *qkv = a->qkv ? a->qkv : sc->qkv;   /* kept for the backward, or scratch */
+    int64_t T = m->T, Q = m->Hq * m->D, K = m->Hk * m->D, QKV = Q + 2 * K;
     size_t es = m->es;
     lk_status s;
-    lk_rms_norm_args n = norm_args(m, a->x, T, H, L->in, a->h1, a->s[S_IN], L->saved[S_IN]);
-    if (first) n = with_stream(m, n, l ? sc->tmp : NULL);   /* + the previous layer's MLP output */
-    if ((s = lk_rms_norm_forward(op->in_norm, &n, ctx))) return s;
-    /* q, k and v in one GEMM, as column blocks of qkv */
-    lk_linear_args p = lin(m, a->h1, T, H, W(L->q), QKV, qkv);
-    if ((s = lk_linear_forward(op->q_proj, &p, ctx))) return s;
-    /* q_norm / k_norm over the head dim, written head-major where RoPE then rotates in
-     * place; their inputs kept only in a->qkv (else the backward makes them again) */
     lk_rms_norm_args nq = norm_args(m, sc->dqt, m->Hq * T, m->D, L->qn, a->qr, a->s[S_QN], L->saved[S_QN]);
     lk_rms_norm_args nk = norm_args(m, sc->dkt, m->Hk * T, m->D, L->kn, a->kr, a->s[S_KN], L->saved[S_KN]);
     if (head_views(op)) {   /* read where the projection left them */
@@ -193,10 +185,28 @@ lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, con
         return s;
     }
     if ((s = to_heads(m, qkv + (Q + K) * es, QKV, a->vt, m->Hk))) return s;
-    if ((s = lk_rms_norm_forward(op->q_norm, &nq, ctx)) || (s = lk_rms_norm_forward(op->k_norm, &nk, ctx)))
+    if ((s = lk_rms_norm_forward(op->q_norm, &nq, &m->ctx)) || (s = lk_rms_norm_forward(op->k_norm, &nk, &m->ctx)))
         return s;
     lk_rope_args r = rope_args(m, l, a);
-    if ((s = lk_rope_forward(op->rope, &r, ctx))) return s;
+    return lk_rope_forward(op->rope, &r, &m->ctx);
+}
+
+lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, const lk_batch *b, int first,
+                                 int add_aux) {
+    const lk_layer *L = &m->layers[l];
+    const lk_layer_ops *op = &L->ops;
+    lk_ctx *ctx = &m->ctx;
+    lk_scratch *sc = &m->sc;
+    int64_t T = m->T, H = m->H, Q = m->Hq * m->D, K = m->Hk * m->D, QKV = Q + 2 * K;
+    char *qkv = a->qkv ? a->qkv : sc->qkv;   /* kept for the backward, or scratch */
+    lk_status s;
+    lk_rms_norm_args n = norm_args(m, a->x, T, H, L->in, a->h1, a->s[S_IN], L->saved[S_IN]);
+    if (first) n = with_stream(m, n, l ? sc->tmp : NULL);   /* + the previous layer's MLP output */
+    if ((s = lk_rms_norm_forward(op->in_norm, &n, ctx))) return s;
+    /* q, k and v in one GEMM, as column blocks of qkv; the norms' inputs kept only in a->qkv
+     * (else the backward makes them again) */
+    lk_linear_args p = lin(m, a->h1, T, H, W(L->q), QKV, qkv);
+    if ((s = lk_linear_forward(op->q_proj, &p, ctx)) || (s = attention_inputs(m, l, a, qkv))) return s;
     lk_attention_args at = attn_args(m, l, op->attn, a, b, L->saved[S_ATTN]);
     ctx->comm = m->sp;   /* Ulysses over the SP group (NULL: one process) */
     s = lk_attention_forward(op->attn, &at, ctx);
@@ -256,6 +266,19 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
     lk_rms_norm_args np = norm_args(m, a->x2, T, H, L->post, a->h2, a->s[S_POST], L->saved[S_POST]);
     np = with_stream(m, np, NULL);                                  /* d(x2) into the stream */
     if ((s = norm_backward(m, op->post_norm, np, t2(m, sc->dh, T, H), t2(m, sc->dres, T, H), L->post))) return s;
+    /* recompute_norms: h1 made again (h2 is dead now: sc.hn is free) */
+    again = norm_args(m, a->x, T, H, L->in, a->h1, a->s[S_IN], L->saved[S_IN]);
+    if (norms_again && (s = lk_rms_norm_forward(op->in_norm, &again, ctx))) return s;
+    /* recompute_qkv: attention's inputs made again from the projection, the kept one or the
+     * forward's GEMM again into sc.proj (which the norms' backward then reads as kept: the
+     * forward's bits); before o_proj's backward writes dao, where dqt lies */
+    const char *kept = a->qkv;
+    if (lk_qkv_again(m, l)) {
+        lk_linear_args rp = lin(m, a->h1, T, H, W(L->q), QKV, sc->proj);
+        if (!kept && (s = lk_linear_forward(op->q_proj, &rp, ctx))) return s;
+        kept = kept ? kept : sc->proj;
+        if ((s = attention_inputs(m, l, a, kept))) return s;
+    }
     /* attention */
     lk_linear_args po = lin(m, a->ao, T, Q, W(L->o), H, sc->tmp);
     if ((s = lin_backward(m, op->o_proj, po, sc->dres, L->o, sc->dao))) return s;
@@ -272,17 +295,14 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
     r.dq_out = r.dq = at.dq;                                      /* rotated back in place */
     r.dk_out = r.dk = at.dk;
     if ((s = lk_rope_backward(op->rope, &r, ctx))) return s;
-    /* the norms' inputs (kept in a->qkv, or made again from the same h1), and d(q, k, v) as
+    /* the norms' inputs (kept in a->qkv or sc.proj, or made again from the same h1), and d(q, k, v) as
      * the column blocks of one [T, Q + 2K] dy: d(h1) in one GEMM over all three (summed in
      * f32 and rounded once), their weights' gradients in another. With views the norms read
      * q and k token-major (kept, or made by a GEMM each into dqt / dkt) and their dx lands in
      * qkv; else q and k are moved head-major into dqt / dkt (from the kept qkv, or from one
      * GEMM into qkv), dx written over dy and moved back. */
-    again = norm_args(m, a->x, T, H, L->in, a->h1, a->s[S_IN], L->saved[S_IN]);
-    if (norms_again && (s = lk_rms_norm_forward(op->in_norm, &again, ctx))) return s;
     lk_rms_norm_args nq = norm_args(m, sc->dqt, m->Hq * T, m->D, L->qn, a->qr, a->s[S_QN], L->saved[S_QN]);
     lk_rms_norm_args nk = norm_args(m, sc->dkt, m->Hk * T, m->D, L->kn, a->kr, a->s[S_KN], L->saved[S_KN]);
-    const char *kept = a->qkv;
     if (head_views(op)) {
         if (kept) {
             nq.x = heads_tok(m, kept, m->Hq, QKV), nk.x = heads_tok(m, kept + Q * es, m->Hk, QKV);

@@ -340,6 +340,10 @@ lk_status lk_model_set_recompute_moe(lk_model *m, int n) {
     return set_recompute(m, m ? &m->recompute_moe : NULL, n, "model_set_recompute_moe");
 }
 
+lk_status lk_model_set_recompute_qkv(lk_model *m, int n) {
+    return set_recompute(m, m ? &m->recompute_qkv : NULL, n, "model_set_recompute_qkv");
+}
+
 int lk_model_recompute_layers(const lk_model *m) { return m ? m->recompute : 0; }
 
 lk_status lk_model_set_lm_head_chunk_bytes(lk_model *m, size_t bytes) {
@@ -474,21 +478,28 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
         c->dtw = lk_carve(sb, &su, Tk * 4);
         c->dw = lk_carve(sb, &su, nw * 4);
         size_t experts = 0;   /* the largest experts' saved block of the layers that make theirs again */
-        int norms = 0;
+        int norms = 0, qkv = 0;
         for (int l = 0; l < N; l++) {
             norms |= lk_norms_again(m, l);
+            qkv |= lk_qkv_again(m, l);
             if (lk_moe_again(m, l) && m->layers[l].saved[S_EXPERTS] > experts) experts = m->layers[l].saved[S_EXPERTS];
         }
         c->hn = norms ? lk_carve(sb, &su, TH) : NULL;
         c->experts = experts ? lk_carve(sb, &su, experts) : NULL;
+        c->proj = qkv && !m->keep_qk ? lk_carve(sb, &su, (Q + 2 * Kv) * es) : NULL;
+        c->qr = qkv ? lk_carve(sb, &su, Q * es) : NULL;
+        c->kr = qkv ? lk_carve(sb, &su, Kv * es) : NULL;
+        c->vt = qkv ? lk_carve(sb, &su, Kv * es) : NULL;
         if (!pass && !(m->scratch_block = m->dev->alloc(lk_align64(su)))) {
             free_acts(m);
             return lk_error(LK_ENOMEM, "model: scratch: out of memory");
         }
     }
     for (int l = 0; l < N; l++) {
-        if (lk_norms_again(m, l)) m->acts[l].h1 = m->acts[l].h2 = m->sc.hn;
-        if (lk_moe_again(m, l)) m->acts[l].s[S_EXPERTS] = m->sc.experts;
+        lk_layer_acts *a = &m->acts[l];
+        if (lk_norms_again(m, l)) a->h1 = a->h2 = m->sc.hn;
+        if (lk_moe_again(m, l)) a->s[S_EXPERTS] = m->sc.experts;
+        if (lk_qkv_again(m, l)) a->qr = m->sc.qr, a->kr = m->sc.kr, a->vt = m->sc.vt;
     }
     if (m->dev->type != LK_DEVICE_CPU && (!(m->dev_tokens = m->dev->alloc((size_t)(3 * T) * 8)) ||
                                           !(m->stage = m->dev->host_alloc(LK_STAGE_SLOTS * stage_words(T) * 8)))) {

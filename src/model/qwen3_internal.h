@@ -90,7 +90,8 @@ typedef struct {
 /* One layer's activations: what its backward reads (x is the layer input, kept apart
  * in the model's inputs array; with recompute x2 too, in x2s; with recompute_norms h1 and h2
  * are the scratch sc.hn, made again from x and x2 by the backward, with recompute_moe the
- * experts' saved block sc.experts, made again by their forward). qkv is the q/k/v
+ * experts' saved block sc.experts, made again by their forward, with recompute_qkv attention's
+ * inputs qr, kr, vt the scratch's, made again from the projection). qkv is the q/k/v
  * projection's [T, Q + 2K] output, kept only with lk_model_set_keep_qk (else NULL: the
  * forward writes it to the scratch and the backward makes q and k again). */
 typedef struct {
@@ -124,6 +125,10 @@ typedef struct {
                                   * forward; made again in the backward, h2 then h1 */
     void *experts;               /* with recompute_moe (else NULL): those MoE layers' experts' saved block, as
                                   * the forward leaves it and as the backward makes it again */
+    void *proj;                  /* [T, Q + 2K] with recompute_qkv and no keep_qk (else NULL): the q/k/v
+                                  * projection made again, read by the backward as a kept one */
+    void *qr, *kr, *vt;          /* with recompute_qkv (else NULL): those layers' attention inputs (a's qr,
+                                  * kr, vt), made by the forward and again by the backward */
 } lk_scratch;
 
 struct lk_model {
@@ -134,6 +139,8 @@ struct lk_model {
     int recompute_norms; /* lk_model_set_recompute_norms: the first n layers make h1 and h2 again (sc.hn) */
     int recompute_moe;   /* lk_model_set_recompute_moe: the first n layers make their experts' saved block
                           * again (sc.experts) */
+    int recompute_qkv;   /* lk_model_set_recompute_qkv: the first n layers make attention's inputs again
+                          * (sc.qr, sc.kr, sc.vt) from the projection (kept, or sc.proj) */
     size_t ce_chunk_bytes;   /* lk_model_set_lm_head_chunk_bytes (0: the op's default) */
     int norm_of_x;       /* the layers' residual-mode norms normalize the rounded stream x (rms_norm.h's
                           * norm_of_x): set with recompute or recompute_norms, what a recompute from the
@@ -254,6 +261,9 @@ static inline int lk_norms_again(const lk_model *m, int l) { return l < m->recom
 static inline int lk_moe_again(const lk_model *m, int l) {
     return l < m->recompute_moe && m->layers[l].moe && !m->ep && !lk_recomputed(m, l);
 }
+/* Layer l keeps no q, k, v after their norms and RoPE (attention's inputs, sc.qr/kr/vt): the
+ * backward makes them again from the projection, the kept one or one GEMM into sc.proj. */
+static inline int lk_qkv_again(const lk_model *m, int l) { return l < m->recompute_qkv && !lk_recomputed(m, l); }
 
 /* The compute copy of the weights at offset off (in elements, the master's offsets). */
 static inline void *lk_wc(const lk_model *m, int64_t off) { return (char *)m->wc + (size_t)off * m->es; }

@@ -13,12 +13,13 @@
 #include "llmkern/train.h"
 #include "train/trainer.h"
 
-void lk_train_recompute_layers(const lk_train_config *tc, int n[3]) {
+void lk_train_recompute_layers(const lk_train_config *tc, int n[1 + LK_RECOMPUTE_MODULES]) {
     const int64_t L = tc->model.num_hidden_layers;
-    const int64_t want[3] = {tc->recompute ? tc->recompute_num_layers : -1,
-                             tc->recompute_modules & LK_RECOMPUTE_LAYERNORM ? tc->recompute_module_layers[0] : -1,
-                             tc->recompute_modules & LK_RECOMPUTE_MOE ? tc->recompute_module_layers[1] : -1};
-    for (int i = 0; i < 3; i++) n[i] = (int)(want[i] < 0 ? 0 : want[i] == 0 || want[i] > L ? L : want[i]);
+    int64_t want[1 + LK_RECOMPUTE_MODULES] = {tc->recompute ? tc->recompute_num_layers : -1};
+    for (int i = 0; i < LK_RECOMPUTE_MODULES; i++)   /* module i is bit i */
+        want[1 + i] = tc->recompute_modules & (1u << i) ? tc->recompute_module_layers[i] : -1;
+    for (int i = 0; i <= LK_RECOMPUTE_MODULES; i++)
+        n[i] = (int)(want[i] < 0 ? 0 : want[i] == 0 || want[i] > L ? L : want[i]);
 }
 
 lk_status lk_train_memory_estimate(const lk_train_config *tc, lk_train_memory *out) {
@@ -61,14 +62,14 @@ lk_status lk_train_memory_estimate(const lk_train_config *tc, lk_train_memory *o
             return s;
         /* recompute: the kept layers' blocks and one for the R recomputed ones (their x2 aside);
          * recompute_modules: the layers they cover and recompute leaves keep neither norm's
-         * output (2 x hidden) nor the experts' (b) */
-        int n[3];
+         * output (2 x hidden), nor the experts' (b), nor q, k and v (q + 2 kv) */
+        int n[1 + LK_RECOMPUTE_MODULES];
         lk_train_recompute_layers(tc, n);
         const int64_t L = c->num_hidden_layers, R = n[0], norms = n[1] > R ? n[1] - R : 0,
-                      experts = c->moe && n[2] > R ? n[2] - R : 0;
+                      experts = c->moe && n[2] > R ? n[2] - R : 0, qkv = n[3] > R ? n[3] - R : 0;
         int64_t units;   /* layers x width, less what the modules make again (each < width) */
         if ((s = lk_checked_mul(w, L - R + (R > 0), width, &units))) return s;
-        units -= norms * 2 * c->hidden_size + experts * b;
+        units -= norms * 2 * c->hidden_size + experts * b + qkv * (q + 2 * kv);
         int64_t f[2] = {tokens / (tc->sp > 0 ? tc->sp : 1), units};
         if ((s = lk_checked_prod("train: the activations (batch_size x seq_len x layers x width)", f, 2, &per_tok)) ||
             (s = lk_checked_mul("train: the logits (batch_size x seq_len x vocab_size)", tokens, c->vocab_size,

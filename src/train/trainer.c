@@ -180,11 +180,12 @@ static lk_status check_config(const lk_train_config *tc, lk_train_memory *e) {
         return lk_error(LK_EINVAL, "train: train.recompute_num_layers: expected 0 .. num_hidden_layers (%lld) with "
                         "train.recompute true, got %lld%s", (long long)tc->model.num_hidden_layers,
                         (long long)tc->recompute_num_layers, tc->recompute ? "" : " without it");
-    for (int i = 0; i < 2; i++)
+    static const char *const modules[LK_RECOMPUTE_MODULES] = {"layernorm", "moe", "qkv"};
+    for (int i = 0; i < LK_RECOMPUTE_MODULES; i++)
         if (tc->recompute_module_layers[i] < 0 ||
             (tc->has_model && tc->recompute_module_layers[i] > tc->model.num_hidden_layers))
             return lk_error(LK_EINVAL, "train: train.recompute_modules: %s:N: expected N in 1 .. num_hidden_layers "
-                            "(%lld), got %lld", i ? "moe" : "layernorm", (long long)tc->model.num_hidden_layers,
+                            "(%lld), got %lld", modules[i], (long long)tc->model.num_hidden_layers,
                             (long long)tc->recompute_module_layers[i]);
     if (tc->main_grads_dtype == LK_BF16 && lk_train_dtype(tc) != LK_BF16)
         return lk_error(LK_EDTYPE, "train: train.main_grads_dtype bf16: expected train.dtype bf16 (the ops write bf16 "
@@ -245,11 +246,12 @@ static lk_status build_model(const lk_train_config *tc, const lk_ops_config *ops
     if (!s) lk_model_set_deterministic(*out, tc->deterministic);
     if (!s) s = lk_model_set_keep_qk(*out, tc->keep_qk);   /* before any activation exists: cannot fail */
     /* the counts were checked by check_config; 0: all the layers */
-    int n[3];
+    int n[1 + LK_RECOMPUTE_MODULES];
     lk_train_recompute_layers(tc, n);
     if (!s) s = lk_model_set_recompute_layers(*out, n[0]);
     if (!s) s = lk_model_set_recompute_norms(*out, n[1]);
     if (!s) s = lk_model_set_recompute_moe(*out, n[2]);
+    if (!s) s = lk_model_set_recompute_qkv(*out, n[3]);
     if (!s) s = lk_model_set_lm_head_chunk_bytes(*out, (size_t)tc->lm_head_chunk_bytes);
     if (!s) s = lk_model_set_grad_dtype(*out, tc->main_grads_dtype);
     free(cfg);

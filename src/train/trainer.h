@@ -95,8 +95,9 @@ extern const lk_train_device lk_train_device_cuda;
 #endif
 lk_status lk_mkdirs(const char *path);
 /* estimate.c: the layers (the first n) that tc makes again: n[0] whole (train.recompute with
- * recompute_num_layers), n[1] their norms, n[2] their experts (train.recompute_modules). */
-void lk_train_recompute_layers(const lk_train_config *tc, int n[3]);
+ * recompute_num_layers), n[1] their norms, n[2] their experts, n[3] their q, k, v
+ * (train.recompute_modules). */
+void lk_train_recompute_layers(const lk_train_config *tc, int n[1 + LK_RECOMPUTE_MODULES]);
 /* Writes out/checkpoint-<step>/ and then out/latest. */
 lk_status lk_trainer_save(trainer *t);
 /* Loads weights, optimizer state, history and the data iterator from a checkpoint (or

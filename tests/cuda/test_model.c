@@ -524,6 +524,49 @@ static void recompute_norms_identical(void **state) {
     }
 }
 
+/* lk_model_set_recompute_qkv on the GPU (train.recompute_modules [qkv]): q, k and v after
+ * their norms and RoPE made again by the backward from the projection, the forward's GEMM
+ * again (n) or the kept one (nk, keep_qk, the first layer alone), give the bits of the model
+ * that keeps the projection and them (keep_qk): loss and gradients bit for bit, in bf16,
+ * dense and MoE, over two batches, attention's ordered backward on all three. */
+static void recompute_qkv_identical(void **state) {
+    (void)state;
+    for (int moe = 0; moe <= 1; moe++) {
+        lk_model *a = create(moe, LK_DEVICE_CUDA, 9, 0), *n = create(moe, LK_DEVICE_CUDA, 9, 0),
+                 *nk = create(moe, LK_DEVICE_CUDA, 9, 0);
+        lk_model *ms[3] = {a, n, nk};
+        for (int k = 0; k < 3; k++) {
+            assert_int_equal(lk_model_set_dtype(ms[k], LK_BF16), LK_OK);
+            lk_model_set_deterministic(ms[k], 1);
+        }
+        assert_int_equal(lk_model_set_keep_qk(a, 1), LK_OK);
+        assert_int_equal(lk_model_set_keep_qk(nk, 1), LK_OK);
+        assert_int_equal(lk_model_set_recompute_qkv(n, 2), LK_OK);
+        assert_int_equal(lk_model_set_recompute_qkv(nk, 1), LK_OK);
+        for (int round = 0; round < 2; round++) {
+            lk_batch b;
+            make_batch(&b, 25 + round);
+            lk_step_stats sa, sn, sk;
+            for (int k = 0; k < 3; k++) lk_model_zero_grad(ms[k]);
+            step(a, &b, &sa);
+            step(n, &b, &sn);
+            step(nk, &b, &sk);
+            float *ga = fetch(a, 0), *gn = fetch(n, 0), *gk = fetch(nk, 0);
+            print_message("  %s round %d: loss %.6f / %.6f / %.6f, activations kept %zu / %zu / %zu bytes\n",
+                          moe ? "moe" : "dense", round, sa.loss, sn.loss, sk.loss, lk_model_activation_bytes(a),
+                          lk_model_activation_bytes(n), lk_model_activation_bytes(nk));
+            assert_true(sa.loss == sn.loss && sa.loss == sk.loss);
+            assert_memory_equal(ga, gn, (size_t)a->n_floats * 4);
+            assert_memory_equal(ga, gk, (size_t)a->n_floats * 4);
+            assert_true(lk_model_activation_bytes(nk) < lk_model_activation_bytes(a));
+            assert_true(lk_model_activation_bytes(n) < lk_model_activation_bytes(nk));
+            free(ga), free(gn), free(gk);
+            lk_batch_free(&b);
+        }
+        lk_model_free(a), lk_model_free(n), lk_model_free(nk);
+    }
+}
+
 /* lk_model_set_keep_qk on the GPU: the same forward (the loss bit for bit) and gradients
  * within attention's dQ atomics (f32: 1e-5 of the largest) or, in bf16, the recompute GEMM's
  * other rounding of q and k (rel L2 1e-2), dense and MoE, over two batches (a stale kept
@@ -686,6 +729,7 @@ int main(void) {
         cmocka_unit_test(recompute_identical),
         cmocka_unit_test(keep_qk_matches),
         cmocka_unit_test(recompute_norms_identical),
+        cmocka_unit_test(recompute_qkv_identical),
         cmocka_unit_test(save_load_round_trip),
         cmocka_unit_test(bad_input_refused),
         cmocka_unit_test(flex_follows_the_default),

@@ -423,7 +423,8 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
     if (s) { free_acts(m); return s; }
 
     /* kept: layer inputs (and each recomputed layer's x2), per-layer blocks of the kept layers
-     * (one shared block for the recomputed ones, the largest of theirs), final */
+     * (one shared block for the recomputed ones, the largest of theirs), final (the loss's
+     * saved block lies in the scratch, below) */
     size_t es = m->es, TH = (size_t)(T * m->H) * es, shared_max = 0, layers_sum = 0, kept = 0;
     const int R = m->recompute;
     for (int l = 0; l < N; l++) {
@@ -431,8 +432,7 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
         if (lk_recomputed(m, l) && b > shared_max) shared_max = b;
         if (!lk_recomputed(m, l)) layers_sum += b;
     }
-    kept = (size_t)(N + 1 + R) * lk_align64(TH) + lk_align64(TH) + lk_align64(m->s_final_bytes) +
-           lk_align64(m->s_ce_bytes);
+    kept = (size_t)(N + 1 + R) * lk_align64(TH) + lk_align64(TH) + lk_align64(m->s_final_bytes);
     m->acts = calloc((size_t)N, sizeof *m->acts);
     m->inputs = calloc((size_t)N + 1, sizeof *m->inputs);
     m->x2s = R ? calloc((size_t)R, sizeof *m->x2s) : NULL;
@@ -447,7 +447,6 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
     for (int l = 0; l < R; l++) m->x2s[l] = lk_carve(base, &u, TH);
     m->hf = lk_carve(base, &u, TH);
     m->s_final = lk_carve(base, &u, m->s_final_bytes);
-    m->s_ce = lk_carve(base, &u, m->s_ce_bytes);
     u = lk_align64(u);
     m->shared = base + u;
     u += shared_max;
@@ -458,7 +457,8 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
     }
     m->activation_bytes = kept + layers_sum;
 
-    /* scratch: tmp is dres, dh2 and dqt lie in dao, dkt in dh when it fits (lk_scratch says why they may) */
+    /* scratch: tmp is dres, dh2 and dqt lie in dao, dkt in dh when it fits (lk_scratch says why they may);
+     * the loss's saved block (its f32 dW, 622 MB at vocab 151,936) lies over all of it but dh and res */
     int64_t Q = T * m->Hq * m->D, Kv = T * m->Hk * m->D, Tk = T * (m->K ? m->K : 1);
     int64_t nw = m->H > m->D ? m->H : m->D;
     size_t su = 0;
@@ -466,10 +466,11 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
         unsigned char *sb = pass ? m->scratch_block : NULL;
         su = 0;
         lk_scratch *c = &m->sc;
-        c->qkv = lk_carve(sb, &su, (Q + 2 * Kv) * es);
-        c->res = lk_carve(sb, &su, (size_t)(T * m->H) * 4);
-        c->tmp = c->dres = lk_carve(sb, &su, TH);
         c->dh = lk_carve(sb, &su, TH);
+        c->res = lk_carve(sb, &su, (size_t)(T * m->H) * 4);
+        const size_t rest = lk_align64(su);
+        c->qkv = lk_carve(sb, &su, (Q + 2 * Kv) * es);
+        c->tmp = c->dres = lk_carve(sb, &su, TH);
         c->dao = lk_carve(sb, &su, Q * es);
         c->dh2 = (size_t)Q * es >= TH ? c->dao : lk_carve(sb, &su, TH);
         c->dqr = lk_carve(sb, &su, Q * es); c->dkr = lk_carve(sb, &su, Kv * es); c->dvt = lk_carve(sb, &su, Kv * es);
@@ -490,6 +491,9 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
         c->qr = qkv ? lk_carve(sb, &su, Q * es) : NULL;
         c->kr = qkv ? lk_carve(sb, &su, Kv * es) : NULL;
         c->vt = qkv ? lk_carve(sb, &su, Kv * es) : NULL;
+        size_t past = rest;
+        m->s_ce = lk_carve(sb, &past, m->s_ce_bytes);
+        su = past > su ? past : su;
         if (!pass && !(m->scratch_block = m->dev->alloc(lk_align64(su)))) {
             free_acts(m);
             return lk_error(LK_ENOMEM, "model: scratch: out of memory");

@@ -102,7 +102,11 @@ typedef struct {
 } lk_layer_acts;
 
 /* Per-step buffers that are not kept between the passes; of the model's dtype but res
- * and dtw. Some share memory (alloc_acts in qwen3.c): tmp is dres (the forward's
+ * and dtw. The loss's saved block (m->s_ce) lies over all of them but dh and res: it lives
+ * from the loss's forward to its backward, when none of them does, and that backward writes
+ * dh (res, the stream, holds the last forward's until the final norm's backward: kept apart,
+ * so a forward alone leaves it to be read).
+ * Some share memory (alloc_acts in qwen3.c): tmp is dres (the forward's
  * deltas are dead by the backward, and a recompute writes neither: it skips o_proj and
  * asks the MLP for its saved block alone), and dh2 lies in dao when Hq·D >= H (dao is
  * dead by the time the router's d_hidden is made). q and k before their norms (dqt, dkt)

@@ -274,9 +274,11 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
      * forward's bits); before o_proj's backward writes dao, where dqt lies */
     const char *kept = a->qkv;
     if (lk_qkv_again(m, l)) {
-        lk_linear_args rp = lin(m, a->h1, T, H, W(L->q), QKV, sc->proj);
-        if (!kept && (s = lk_linear_forward(op->q_proj, &rp, ctx))) return s;
-        kept = kept ? kept : sc->proj;
+        if (!kept) {
+            lk_linear_args rp = lin(m, a->h1, T, H, W(L->q), QKV, sc->proj);
+            if ((s = lk_linear_forward(op->q_proj, &rp, ctx))) return s;
+            kept = sc->proj;
+        }
         if ((s = attention_inputs(m, l, a, kept))) return s;
     }
     /* attention */

@@ -112,7 +112,8 @@ typedef struct {
  * dead by the time the router's d_hidden is made). q and k before their norms (dqt, dkt)
  * live from their head move to their norm: in the forward, before the MLP writes
  * anything; in the backward, after attention has read dao and the post-norm dh, and
- * before q_proj's backward writes dh again. So dqt lies in dao, and dkt
+ * before q_proj's backward writes dh again, or (recompute_qkv's eager norms) after the
+ * post-norm's backward has read dh and before o_proj's writes dao. So dqt lies in dao, and dkt
  * in dh when Hk·D <= H (bench/NOTES.md, seventeenth session: 0.19 GiB of a dense step). */
 typedef struct {
     void *qkv;                   /* [T, Q + 2K]: the q, k, v projections as column blocks (forward), their

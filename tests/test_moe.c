@@ -58,33 +58,35 @@ static void test_experts_reference(void **state) {
                         .dt = (lk_dtype)dt, .seed = 100 + s, .dup_routes = dup, .grad_f32 = (int)s & 1});
 }
 
+/* base's options on both rows, f32 and bf16, each of n shapes (T, H, I, E, k), routes with
+ * repeats (the upper half of the experts without a token), gradients in f32 every other shape. */
+static void expect_each_shape(const int64_t (*shapes)[5], size_t n, lk_moe_experts_problem base, uint64_t seed) {
+    const char *names[] = {"eager", "fused"};
+    for (int k = 0; k < 2; k++)
+        for (int dt = LK_F32; dt <= LK_BF16; dt++)
+            for (size_t s = 0; s < n; s++) {
+                lk_moe_experts_problem p = base;
+                p.t = shapes[s][0], p.h = shapes[s][1], p.i = shapes[s][2], p.e = shapes[s][3], p.k = shapes[s][4];
+                p.dt = (lk_dtype)dt, p.seed = seed + s, p.dup_routes = 1, p.grad_f32 = (int)s & 1;
+                expect_experts_ref(names[k], p);
+            }
+}
+
+static const int64_t few_shapes[][5] = {{13, 19, 11, 8, 2}, {37, 16, 8, 8, 8}, {5, 7, 3, 64, 8}, {0, 8, 4, 4, 2}};
+
 /* write_weight_grads: the weight gradients start poisoned (NaN) and must come out as the
  * reference's from zeros: every expert's slice written, zeros for the experts without a
- * token (dup_routes leaves the upper half without), and T = 0 (all zeros). */
+ * token, and T = 0 (all zeros). */
 static void test_experts_write_grads(void **state) {
     (void)state;
-    static const int64_t shapes[][5] = {{13, 19, 11, 8, 2}, {37, 16, 8, 8, 8}, {5, 7, 3, 64, 8}, {0, 8, 4, 4, 2}};
-    const char *names[] = {"eager", "fused"};
-    for (int n = 0; n < 2; n++)
-        for (int dt = LK_F32; dt <= LK_BF16; dt++)
-            for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
-                expect_experts_ref(names[n], (lk_moe_experts_problem){
-                    .t = shapes[s][0], .h = shapes[s][1], .i = shapes[s][2], .e = shapes[s][3], .k = shapes[s][4],
-                    .dt = (lk_dtype)dt, .seed = 300 + s, .dup_routes = 1, .grad_f32 = (int)s & 1, .write_grads = 1});
+    expect_each_shape(few_shapes, 4, (lk_moe_experts_problem){.write_grads = 1}, 300);
 }
 
 /* A forward with out.data NULL (a recompute's) writes the whole saved block: the backward
  * reads it (poisoned before) and matches the reference; out comes from a second forward. */
 static void test_experts_saved_alone(void **state) {
     (void)state;
-    static const int64_t shapes[][5] = {{13, 19, 11, 8, 2}, {37, 16, 8, 8, 8}, {5, 7, 3, 64, 8}};
-    const char *names[] = {"eager", "fused"};
-    for (int n = 0; n < 2; n++)
-        for (int dt = LK_F32; dt <= LK_BF16; dt++)
-            for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
-                expect_experts_ref(names[n], (lk_moe_experts_problem){
-                    .t = shapes[s][0], .h = shapes[s][1], .i = shapes[s][2], .e = shapes[s][3], .k = shapes[s][4],
-                    .dt = (lk_dtype)dt, .seed = 400 + s, .dup_routes = (int)s & 1, .saved_alone = 1});
+    expect_each_shape(few_shapes, 3, (lk_moe_experts_problem){.saved_alone = 1}, 400);
 }
 
 /* fused == eager in f32 within 1e-5 of max|eager| on every output and gradient. */

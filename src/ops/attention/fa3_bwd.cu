@@ -46,7 +46,9 @@
  * taking key blocks in turn, the next one's K/V loading while dK/dV leave: 3bb2b0c, bc1ab4c,
  * +2-24%), and dQ converted by the step that adds last into its tile (f78afe5, +16-70%);
  * in the thirty-second, prep zeroing the dQ workspace in place of its cudaMemsetAsync
- * (d214a31: sliding +0.9%, documents +0.5%, the rest level: the memset runs at HBM's rate).
+ * (d214a31: sliding +0.9%, documents +0.5%, the rest level: the memset runs at HBM's rate);
+ * in the thirty-fourth, prep taking four rows a half-warp with their loads issued together
+ * (ec423a0: sliding +0.7%, the rest level).
  * A fourth warpgroup for dQ alone does not fit the registers (24 + 56 + 2 · 224 > 504 a
  * thread); nor do m64n64 dQ chunks (64 + 2 · 216: the math warpgroups spill).
  * Layouts are fa3.cu's (rows of 64 elements in TMA's 128-byte swizzle). What this kernel

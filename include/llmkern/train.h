@@ -82,6 +82,7 @@ typedef enum { LK_DATA_BUILTIN, LK_DATA_TEXT, LK_DATA_TOKENS } lk_data_kind;
 #define LK_RECOMPUTE_MOE 2u         /* a MoE layer's experts' saved block (their gate/up output) */
 #define LK_RECOMPUTE_QKV 4u         /* q, k, v after their head norms and RoPE (attention's inputs) */
 #define LK_RECOMPUTE_MODULES 3      /* how many: recompute_module_layers' length */
+#define LK_RECOMPUTE_MODULE_NAMES {"layernorm", "moe", "qkv"}   /* bit i's YAML name */
 
 typedef struct {
     lk_qwen3_config model;       /* model: config_json or inline keys */

@@ -304,7 +304,7 @@ lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t
         return LK_OK;
     }
     if (strcmp(n, "recompute_modules") == 0) {   /* Megatron's names, each alone or name:N (the first N layers) */
-        static const char *const names[LK_RECOMPUTE_MODULES] = {"layernorm", "moe", "qkv"};
+        static const char *const names[LK_RECOMPUTE_MODULES] = LK_RECOMPUTE_MODULE_NAMES;
         static const char *const want = "layernorm, moe or qkv, alone or name:N (the first N layers: moe:6); "
                                         "Megatron's core_attn, mlp, moe_act and the rest are not made again apart: "
                                         "train.recompute makes the whole layer again";

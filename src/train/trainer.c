@@ -180,7 +180,7 @@ static lk_status check_config(const lk_train_config *tc, lk_train_memory *e) {
         return lk_error(LK_EINVAL, "train: train.recompute_num_layers: expected 0 .. num_hidden_layers (%lld) with "
                         "train.recompute true, got %lld%s", (long long)tc->model.num_hidden_layers,
                         (long long)tc->recompute_num_layers, tc->recompute ? "" : " without it");
-    static const char *const modules[LK_RECOMPUTE_MODULES] = {"layernorm", "moe", "qkv"};
+    static const char *const modules[LK_RECOMPUTE_MODULES] = LK_RECOMPUTE_MODULE_NAMES;
     for (int i = 0; i < LK_RECOMPUTE_MODULES; i++)
         if (tc->recompute_module_layers[i] < 0 ||
             (tc->has_model && tc->recompute_module_layers[i] > tc->model.num_hidden_layers))

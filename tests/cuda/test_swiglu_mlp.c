@@ -1,19 +1,20 @@
 /* test_swiglu_mlp.c (GPU) — the CUDA SwiGLU MLP `fused` (cuBLAS GEMMs + fused activation)
  * against the float64 reference, forward and backward, f32 and bf16, with and without
  * GPT-OSS's clamp, weight gradients accumulated into f32 or bf16 buffers that already
- * hold values, the backward on the saved block of a forward without out (a recompute's); and the activation kernels alone (the bench's silu(a)·b) on odd and
- * 16-byte shapes. Outputs poisoned with NaN first. Tolerances: f32 2e-5 (f32 GEMMs,
- * sums of up to 512 terms); bf16 2e-2 as the CPU eager's: gate_up, h, dh and dgate_up
- * are each rounded to bf16 before the next GEMM, up to four roundings of 2^-9 on a
- * path, mostly averaged by the sums; the activation alone 1e-5 / 1e-2 (one rounding).
- * Skipped (77) where there is no GPU. */
+ * hold values, the backward on the saved block of a forward without out (a recompute's);
+ * and the activation kernels alone (the bench's silu(a)·b) on odd and 16-byte shapes. The
+ * clamp's limit is picked apart from every pre-activation (lk_swiglu_mlp_ref_limit: seed
+ * 13's bf16 case at a fixed 1.5 flipped one gate's clamp, dx 0.13 of max|ref|). Outputs
+ * poisoned with NaN first. Tolerances: f32 2e-5 (f32 GEMMs, sums of up to 512 terms); bf16
+ * 2e-2 as the CPU eager's: gate_up, h, dh and dgate_up are each rounded to bf16 before the
+ * next GEMM, up to four roundings of 2^-9 on a path, mostly averaged by the sums; the
+ * activation alone 1e-5 / 1e-2 (one rounding). Skipped (77) where there is no GPU. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <cmocka.h>
 #include <math.h>
-#include <stdlib.h>
 #include "cuda_util.h"
 #include "ops/swiglu_mlp/cuda_act.h"
 #include "ops/swiglu_mlp/reference.h"
@@ -26,30 +27,6 @@ typedef struct {
                         * NULL); out comes from a second forward after it */
 } mcase;
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* The clamp is a step in the gradient: a pre-activation within a rounding of the limit is
- * clamped on one side and not on the other (bf16 gate_up is rounded before the clamp), an
- * O(1) difference that says nothing about the kernels (seed 13's bf16 case at 1.5 flipped
- * one: dx 0.13 of max|ref|). So the limit used is the point of [0.8, 1.2]·asked farthest
- * from every |gate| and |up| of the reference, as the CPU harness picks it. */
-static float far_limit(double want, const double *x, const double *wgu, int64_t T, int64_t H, int64_t I) {
-    int64_t n = T * 2 * I, m = 0;
-    double *v = lkt_alloc(n + 2);
-    lk_swiglu_mlp_ref_preact(x, wgu, T, H, I, v);
-    for (int64_t k = 0; k < n; k++)
-        if (fabs(v[k]) > 0.8 * want && fabs(v[k]) < 1.2 * want) v[m++] = fabs(v[k]);
-    v[m++] = 0.8 * want, v[m++] = 1.2 * want;
-    qsort(v, (size_t)m, sizeof *v, cmp_double);
-    double best = want, gap = -1.0;
-    for (int64_t k = 0; k + 1 < m; k++)
-        if (v[k + 1] - v[k] > gap) gap = v[k + 1] - v[k], best = 0.5 * (v[k] + v[k + 1]);
-    return (float)best;
-}
-
 static void run_mlp(lk_dtype dt, const mcase *c, uint32_t seed) {
     const lk_impl *impl = lk_impl_find(LK_OP_SWIGLU_MLP, "fused", LK_DEVICE_CUDA);
     assert_non_null(impl);
@@ -60,7 +37,7 @@ static void run_mlp(lk_dtype dt, const mcase *c, uint32_t seed) {
     lkt_randn(x, T * H, &seed, 1.0), lkt_randn(wgu, 2 * I * H, &seed, 1.0 / sqrt((double)H));
     lkt_randn(wd, H * I, &seed, 1.0 / sqrt((double)I)), lkt_randn(dout, T * H, &seed, 1.0);
     lkt_randn(gwgu, 2 * I * H, &seed, 1.0), lkt_randn(gwd, H * I, &seed, 1.0);   /* what they hold before */
-    const float limit = c->limit > 0 ? far_limit(c->limit, x, wgu, T, H, I) : 0.0f;
+    const float limit = c->limit > 0 ? (float)lk_swiglu_mlp_ref_limit(c->limit, x, wgu, T, H, I) : 0.0f;
     void *dx_ = lkt_upload(x, T * H, dt), *dwgu = lkt_upload(wgu, 2 * I * H, dt), *dwd = lkt_upload(wd, H * I, dt);
     void *ddout = lkt_upload(dout, T * H, dt), *dgwgu = lkt_upload(gwgu, 2 * I * H, gdt),
          *dgwd = lkt_upload(gwd, H * I, gdt);

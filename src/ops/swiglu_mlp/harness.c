@@ -30,37 +30,6 @@ double lk_swiglu_mlp_tol(const lk_impl *impl, lk_dtype dt) {
     return lk_tol_find(tols, sizeof tols / sizeof *tols, impl, dt, 2e-2);
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* The clamp is a step in the gradient: a pre-activation within a rounding of the limit
- * may be clamped on one side and not on the other (bf16 storage moves gate by up to
- * 2^-9 of itself), an O(1) difference that says nothing about the kernel. So the limit
- * actually used is the point of [0.8, 1.2]·requested farthest from every |gate| and
- * |up| of the reference. */
-static double pick_limit(double want, const double *x, const double *wgu, int64_t t, int64_t h, int64_t i) {
-    int64_t n = t * 2 * i;
-    double *v = malloc(sizeof(double) * (size_t)(n + 2));
-    if (!v) return want;
-    lk_swiglu_mlp_ref_preact(x, wgu, t, h, i, v);
-    int64_t m = 0;
-    for (int64_t k = 0; k < n; k++)
-        if (fabs(v[k]) > 0.8 * want && fabs(v[k]) < 1.2 * want) v[m++] = fabs(v[k]);
-    v[m++] = 0.8 * want;
-    v[m++] = 1.2 * want;
-    qsort(v, (size_t)m, sizeof *v, cmp_double);
-    double best = want, gap = -1.0;
-    for (int64_t k = 0; k + 1 < m; k++)
-        if (v[k + 1] - v[k] > gap) {
-            gap = v[k + 1] - v[k];
-            best = 0.5 * (v[k] + v[k + 1]);
-        }
-    free(v);
-    return (float)best;
-}
-
 #define RAND(var, dtype, n, std) void *var = lk_random_tensor(&rng, dtype, n, std, &var##_d)
 
 lk_status lk_swiglu_mlp_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, uint64_t seed,
@@ -100,7 +69,7 @@ lk_status lk_swiglu_mlp_check_case(const lk_impl *impl, lk_dtype dt, const lk_sh
         goto done;
     }
     double *oref = ref, *dxref = ref + T * H;
-    float limit = c->swiglu_limit > 0 ? (float)pick_limit(c->swiglu_limit, x_d, wgu_d, T, H, I) : c->swiglu_limit;
+    float limit = c->swiglu_limit > 0 ? (float)lk_swiglu_mlp_ref_limit(c->swiglu_limit, x_d, wgu_d, T, H, I) : c->swiglu_limit;
     lk_swiglu_mlp_ref_forward(x_d, wgu_d, wd_d, T, H, I, limit, oref);
     for (int k = 0; k < calls; k++)     /* dgu0_d, dd0_d become the expected gradients */
         lk_swiglu_mlp_ref_backward(x_d, wgu_d, wd_d, dout_d, T, H, I, limit, dxref, dgu0_d, dd0_d);

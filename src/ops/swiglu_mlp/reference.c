@@ -66,3 +66,29 @@ void lk_swiglu_mlp_ref_backward(const double *x, const double *wgu, const double
     }
     free(g);
 }
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double lk_swiglu_mlp_ref_limit(double want, const double *x, const double *wgu, int64_t t, int64_t h, int64_t i) {
+    int64_t n = t * 2 * i;
+    double *v = malloc(sizeof(double) * (size_t)(n + 2));
+    if (!v) return want;
+    lk_swiglu_mlp_ref_preact(x, wgu, t, h, i, v);
+    int64_t m = 0;
+    for (int64_t k = 0; k < n; k++)
+        if (fabs(v[k]) > 0.8 * want && fabs(v[k]) < 1.2 * want) v[m++] = fabs(v[k]);
+    v[m++] = 0.8 * want;
+    v[m++] = 1.2 * want;
+    qsort(v, (size_t)m, sizeof *v, cmp_double);
+    double best = want, gap = -1.0;
+    for (int64_t k = 0; k + 1 < m; k++)
+        if (v[k + 1] - v[k] > gap) {
+            gap = v[k + 1] - v[k];
+            best = 0.5 * (v[k] + v[k + 1]);
+        }
+    free(v);
+    return (float)best;
+}

@@ -10,6 +10,13 @@
 /* gate_up[t, 2I]: the pre-activations, gate then up, before any clamp. */
 void lk_swiglu_mlp_ref_preact(const double *x, const double *wgu, int64_t t, int64_t h, int64_t i, double *gate_up);
 
+/* The swiglu_limit to test with near want: the clamp is a step in the gradient, so a
+ * pre-activation within a rounding of the limit may be clamped on one side and not on the
+ * other (bf16 storage moves gate by up to 2^-9 of itself), an O(1) difference that says
+ * nothing about the kernel. Returns the point of [0.8, 1.2]·want farthest from every |gate|
+ * and |up| of x, wgu, rounded to float (the op's limit); want if no memory. */
+double lk_swiglu_mlp_ref_limit(double want, const double *x, const double *wgu, int64_t t, int64_t h, int64_t i);
+
 void lk_swiglu_mlp_ref_forward(const double *x, const double *wgu, const double *wd, int64_t t, int64_t h,
                                int64_t i, double limit, double *out);
 

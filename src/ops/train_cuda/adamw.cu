@@ -67,8 +67,9 @@ static __device__ __forceinline__ void st_moment(void *p, int bf16, int64_t i, f
  * the four runs unrolled (14.48 ms against 14.81 lean: bench/NOTES.md, twenty-ninth and
  * thirtieth sessions). */
 template <bool LEAN>
-static __device__ __forceinline__ void adamw_chunk(const adesc &d, int64_t b, const ascal &s, float gscale) {
-    const int64_t start = (b - d.block0) * (int64_t)LK_MT_CHUNK;
+static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list, const ascal &s, float gscale) {
+    const adesc d = list[lk_mt_find(list, n_list, blockIdx.x)];
+    const int64_t start = (blockIdx.x - d.block0) * (int64_t)LK_MT_CHUNK;
     const float decay = d.no_decay ? 1.0f : s.decay;
     /* w: the f32 weights updated (an f32 param, or a bf16 param's master); NULL for a bf16
      * param without a master, read from p and stored by stochastic rounding (bits 32-47) */
@@ -123,17 +124,10 @@ static __device__ __forceinline__ void adamw_chunk(const adesc &d, int64_t b, co
     }
 }
 
-/* Every chunk of the list (blocks of them), by the persistent grid (multi_tensor.cuh). */
 template <bool LEAN>
-static __device__ __forceinline__ void adamw_walk(const adesc *list, int n_list, int64_t blocks, const ascal &s,
-                                                  float gscale) {
-    lk_mt_walk(list, n_list, blocks, [&](const adesc &d, int64_t b) { adamw_chunk<LEAN>(d, b, s, gscale); });
-}
-
-template <bool LEAN>
-__global__ void __launch_bounds__(LK_MT_THREADS, LEAN ? 5 : 1) adamw_kernel(const adesc *list, int n_list,
-                                                                           int64_t blocks, ascal s, float gscale) {
-    adamw_walk<LEAN>(list, n_list, blocks, s, gscale);
+__global__ void __launch_bounds__(LK_MT_THREADS, LEAN ? 5 : 1) adamw_kernel(const adesc *list, int n_list, ascal s,
+                                                                           float gscale) {
+    adamw_block<LEAN>(list, n_list, s, gscale);
 }
 
 /* The plan's step: the scalars and the sum of squares from device memory. Once a step
@@ -143,14 +137,13 @@ __global__ void __launch_bounds__(LK_MT_THREADS, LEAN ? 5 : 1) adamw_kernel(cons
  * of clip + lk_cuda_adamw_step). */
 template <bool LEAN>
 __global__ void __launch_bounds__(LK_MT_THREADS, LEAN ? 5 : 1) adamw_plan_kernel(const adesc *list, int n_list,
-                                                                                int64_t blocks, const ascal *sp,
-                                                                                const double *sumsq,
+                                                                                const ascal *sp, const double *sumsq,
                                                                                 const int *halted) {
     if (*halted) return;
     const ascal s = *sp;
     const double norm = sqrt(*sumsq);
     const float gscale = s.max_norm > 0.0 && norm > s.max_norm ? (float)(s.max_norm / (norm + 1e-6)) : 1.0f;
-    adamw_walk<LEAN>(list, n_list, blocks, s, gscale);
+    adamw_block<LEAN>(list, n_list, s, gscale);
 }
 
 static int is_fp(lk_dtype dt) { return dt == LK_F32 || dt == LK_BF16; }
@@ -192,7 +185,7 @@ static lk_status check(const lk_cuda_adamw_tensor *t, int n, const lk_cuda_adamw
 }
 
 /* The descriptors of n checked tensors into h; returns their blocks. *lean: any of them keeps
- * bf16 state (adamw_chunk's LEAN). */
+ * bf16 state (adamw_block's LEAN). */
 static int64_t describe(const lk_cuda_adamw_tensor *t, int n, adesc *h, int *lean) {
     int64_t blocks = 0;
     *lean = 0;
@@ -231,12 +224,10 @@ extern "C" lk_status lk_cuda_adamw_step(const lk_cuda_adamw_tensor *tensors, int
     if (st == LK_OK && blocks > 0) {
         cudaStream_t cs = static_cast<cudaStream_t>(ctx->stream);
         const float gscale = hp->grad_scale != 0.0f ? hp->grad_scale : 1.0f;
-        auto kernel = lean ? adamw_kernel<true> : adamw_kernel<false>;
-        unsigned grid = 0;
-        st = lk_mt_grid(kernel, blocks, &grid);
-        if (st == LK_OK) kernel<<<grid, LK_MT_THREADS, 0, cs>>>(dev, n_tensors, blocks, s, gscale);
+        if (lean) adamw_kernel<true><<<(unsigned)blocks, LK_MT_THREADS, 0, cs>>>(dev, n_tensors, s, gscale);
+        else adamw_kernel<false><<<(unsigned)blocks, LK_MT_THREADS, 0, cs>>>(dev, n_tensors, s, gscale);
         cudaError_t e = cudaGetLastError();
-        if (st == LK_OK && e != cudaSuccess) st = lk_cuda_fail(e, "adamw (cuda): launch", __FILE__, __LINE__);
+        if (e != cudaSuccess) st = lk_cuda_fail(e, "adamw (cuda): launch", __FILE__, __LINE__);
     }
     lk_ctx_workspace_end(ctx, mark);
     return st;
@@ -259,8 +250,7 @@ struct lk_cuda_adamw_plan {
     ndesc *nlist;                 /* device: the norm's, over the same gradients */
     int n;
     int64_t blocks;               /* 4096-element blocks of the tensors: both lists cut alike */
-    int lean;                     /* bf16 state: adamw_chunk's LEAN */
-    unsigned sumsq_grid, adamw_grid;  /* the persistent grids (lk_mt_grid) */
+    int lean;                     /* bf16 state: adamw_block's LEAN */
     double *part;                 /* device [blocks + 1]: the blocks' sums of squares, then the total */
     ascal *dev_scal, *host_scal;  /* [LK_CUDA_PLAN_SLOTS] each: the steps' scalars; host_scal pinned */
     double *log;                  /* device [2 * log_cap]: (loss, norm) a step since the last read */
@@ -329,12 +319,6 @@ extern "C" lk_status lk_cuda_adamw_plan_create(const lk_cuda_adamw_tensor *t, in
                         : lk_cuda_fail(e, "adamw plan (cuda): device memory", __FILE__, __LINE__);
     }
     for (int i = 0; i < LK_CUDA_PLAN_SLOTS; i++) p->host_scal[i] = scalars(&probe, max_norm);
-    if (p->blocks > 0) {
-        st = lk_mt_grid(sumsq_kernel, p->blocks, &p->sumsq_grid);
-        if (st == LK_OK) st = lk_mt_grid(p->lean ? adamw_plan_kernel<true> : adamw_plan_kernel<false>, p->blocks,
-                                         &p->adamw_grid);
-        if (st != LK_OK) return lk_cuda_adamw_plan_free(p), st;
-    }
     *out = p;
     return LK_OK;
 }
@@ -364,14 +348,14 @@ extern "C" lk_status lk_cuda_adamw_plan_step(lk_cuda_adamw_plan *p, int slot, co
     cudaStream_t s = static_cast<cudaStream_t>(ctx->stream);
     cudaError_t e = cudaMemcpyAsync(p->dev_scal + slot, p->host_scal + slot, sizeof(ascal), cudaMemcpyHostToDevice, s);
     if (e == cudaSuccess && p->blocks > 0) {
-        sumsq_kernel<<<p->sumsq_grid, LK_MT_THREADS, 0, s>>>(p->nlist, p->n, p->blocks, p->part);
+        sumsq_kernel<<<(unsigned)p->blocks, LK_MT_THREADS, 0, s>>>(p->nlist, p->n, p->part);
         final_kernel<<<1, FINAL_THREADS, 0, s>>>(p->part, p->blocks, p->part + p->blocks);
     }
     if (e == cudaSuccess)
         log_kernel<<<1, 1, 0, s>>>(loss, p->part + p->blocks, p->log, p->log_cap, p->flags, p->flags + 1);
     if (e == cudaSuccess && p->blocks > 0)
-        (p->lean ? adamw_plan_kernel<true> : adamw_plan_kernel<false>)<<<p->adamw_grid, LK_MT_THREADS, 0, s>>>(
-            p->alist, p->n, p->blocks, p->dev_scal + slot, p->part + p->blocks, p->flags + 1);
+        (p->lean ? adamw_plan_kernel<true> : adamw_plan_kernel<false>)<<<(unsigned)p->blocks, LK_MT_THREADS, 0, s>>>(
+            p->alist, p->n, p->dev_scal + slot, p->part + p->blocks, p->flags + 1);
     if (e == cudaSuccess) e = cudaGetLastError();
     return e == cudaSuccess ? LK_OK : lk_cuda_fail(e, "adamw plan (cuda): step", __FILE__, __LINE__);
 }

@@ -29,9 +29,10 @@ static __device__ __forceinline__ double block_sum_f64(double v, double *scratch
     return s;
 }
 
-/* Chunk b's sum of squares into part[b]. */
-static __device__ __forceinline__ void sumsq_chunk(const ndesc &d, int64_t b, double *part, double *scratch) {
-    const int64_t start = (b - d.block0) * (int64_t)LK_MT_CHUNK;
+__global__ void __launch_bounds__(LK_MT_THREADS) sumsq_kernel(const ndesc *list, int n_list, double *part) {
+    __shared__ double scratch[32];
+    const ndesc d = list[lk_mt_find(list, n_list, blockIdx.x)];
+    const int64_t start = (blockIdx.x - d.block0) * (int64_t)LK_MT_CHUNK;
     const uintptr_t at = d.bf16 ? (uintptr_t)(static_cast<const lk_bf16_t *>(d.p) + start)
                                 : (uintptr_t)(static_cast<const float *>(d.p) + start);
     double s = 0.0;
@@ -53,14 +54,7 @@ static __device__ __forceinline__ void sumsq_chunk(const ndesc &d, int64_t b, do
         }
     }
     s = block_sum_f64(s, scratch);
-    if (threadIdx.x == 0) part[b] = s;
-    __syncthreads();   /* thread 0 has read scratch before the next chunk's warps write it */
-}
-
-__global__ void __launch_bounds__(LK_MT_THREADS) sumsq_kernel(const ndesc *list, int n_list, int64_t blocks,
-                                                              double *part) {
-    __shared__ double scratch[32];
-    lk_mt_walk(list, n_list, blocks, [&](const ndesc &d, int64_t b) { sumsq_chunk(d, b, part, scratch); });
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
 }
 
 __global__ void __launch_bounds__(FINAL_THREADS) final_kernel(const double *part, int64_t n, double *out) {
@@ -142,10 +136,8 @@ extern "C" lk_status lk_cuda_grad_norm(const lk_cuda_buf *bufs, int n_bufs, doub
     if (st == LK_OK) part = static_cast<double *>(lk_arena_alloc(ctx->arena, sizeof(double) * (size_t)(blocks + 1)));
     if (st == LK_OK && part == NULL) st = lk_error(LK_EINTERNAL, "%s: workspace smaller than its query", fn);
     double total = NAN;
-    unsigned grid = 0;
-    if (st == LK_OK) st = lk_mt_grid(sumsq_kernel, blocks, &grid);
     if (st == LK_OK) {
-        sumsq_kernel<<<grid, LK_MT_THREADS, 0, s>>>(dev, n_bufs, blocks, part);
+        sumsq_kernel<<<(unsigned)blocks, LK_MT_THREADS, 0, s>>>(dev, n_bufs, part);
         final_kernel<<<1, FINAL_THREADS, 0, s>>>(part, blocks, part + blocks);
         cudaError_t e = cudaGetLastError();
         if (e == cudaSuccess) e = cudaMemcpyAsync(&total, part + blocks, sizeof total, cudaMemcpyDeviceToHost, s);

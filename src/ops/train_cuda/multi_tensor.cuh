@@ -1,14 +1,10 @@
 /* multi_tensor.cuh — what the multi-tensor kernels (adamw.cu, grad_norm.cu) share: a
  * list of tensors is cut into fixed blocks of LK_MT_CHUNK elements (a tensor's last block
- * may be short), all tensors in ONE launch. Each descriptor carries block0, the index of
- * its first block; the list lives in device memory from the workspace arena.
+ * may be short), one CUDA block per piece, all tensors in ONE launch. Each descriptor
+ * carries block0, the index of its first block; a block finds its tensor by binary
+ * search over the list, which lives in device memory from the workspace arena.
  * The mapping depends only on the sizes, so per-block results come out in a fixed order
- * (the norm's determinism rests on it). Included by the .cu files only.
- * The grid is persistent (lk_mt_grid: as many CUDA blocks as fit at once), each walking
- * the chunks blockIdx.x, + gridDim.x, ... (lk_mt_walk), so the binary search for a chunk's
- * tensor and its descriptor's load run once a tensor, not once a 4096-element chunk: a
- * CUDA block a chunk spent ~2 us of dependent loads on them before its first data load,
- * a sixth of its life in AdamW (bench/NOTES.md, thirty-fifth session). */
+ * (the norm's determinism rests on it). Included by the .cu files only. */
 #ifndef LLMKERN_TRAIN_CUDA_MULTI_TENSOR_CUH
 #define LLMKERN_TRAIN_CUDA_MULTI_TENSOR_CUH
 
@@ -16,7 +12,6 @@
 #include <string.h>
 #include "core/cuda_check.h"
 #include "llmkern/context.h"
-#include "llmkern/registry.h"
 #include "ops/cuda_util.cuh"
 
 #define LK_MT_THREADS 256
@@ -33,22 +28,6 @@ static __device__ __forceinline__ int lk_mt_find(const D *d, int n, int64_t b) {
         else hi = mid - 1;
     }
     return lo;
-}
-
-/* f(d, b) for each chunk b of this CUDA block's share, d its tensor's descriptor (read where
- * it lies: a copy held across chunks spilled in AdamW); the chunks rise, so the binary search
- * runs again only when b passes its tensor's last chunk. */
-template <typename D, typename F>
-static __device__ __forceinline__ void lk_mt_walk(const D *list, int n_list, int64_t blocks, F &&f) {
-    int t = 0;
-    int64_t end = 0;
-    for (int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
-        if (b >= end) {
-            t = lk_mt_find(list, n_list, b);
-            end = list[t].block0 + (list[t].n + LK_MT_CHUNK - 1) / LK_MT_CHUNK;
-        }
-        f(list[t], b);
-    }
 }
 
 /* f32 or bf16 element i of p (dtype is an lk_dtype). */
@@ -95,16 +74,6 @@ static inline lk_status lk_mt_upload(const char *fn, lk_ctx *ctx, const D *host,
     if (*dev == NULL) return lk_error(LK_EINTERNAL, "%s: workspace smaller than its query", fn);
     LK_CUDA_TRY(cudaMemcpyAsync(*dev, host, sizeof(D) * (size_t)n, cudaMemcpyHostToDevice,
                                 static_cast<cudaStream_t>(ctx->stream)));
-    return LK_OK;
-}
-
-/* The persistent grid of `kernel` over `blocks` chunks: as many CUDA blocks as fit at once. */
-template <typename K>
-static inline lk_status lk_mt_grid(K kernel, int64_t blocks, unsigned *grid) {
-    int per_sm = 0;
-    LK_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, LK_MT_THREADS, 0));
-    const int64_t fit = (int64_t)(per_sm > 0 ? per_sm : 1) * (lk_hw_get()->cuda_sms > 0 ? lk_hw_get()->cuda_sms : 1);
-    *grid = (unsigned)(fit < blocks ? fit : blocks);
     return LK_OK;
 }
 

@@ -1,6 +1,6 @@
 /* norm.cuh — grad_norm.cu's two passes of the global sum of squares, for adamw.cu's plan
- * to launch as well (one definition, launched from both files): per 4096-element chunk
- * in f64 into part[chunk] (a persistent grid, lk_mt_grid), then one block of FINAL_THREADS sums part[] into *out, both in
+ * to launch as well (one definition, launched from both files): per 4096-element block
+ * in f64 into part[block], then one block of FINAL_THREADS sums part[] into *out, both in
  * a fixed order. Included by the .cu files only. */
 #ifndef LLMKERN_TRAIN_CUDA_NORM_CUH
 #define LLMKERN_TRAIN_CUDA_NORM_CUH
@@ -15,7 +15,7 @@ typedef struct {
     int bf16;
 } ndesc;
 
-__global__ void sumsq_kernel(const ndesc *list, int n_list, int64_t blocks, double *part);
+__global__ void sumsq_kernel(const ndesc *list, int n_list, double *part);
 __global__ void final_kernel(const double *part, int64_t n, double *out);
 
 #endif

@@ -13,7 +13,7 @@ the GPU waited on the host).
 Run (the H200, B the build directory, after `source tests/cuda/h200_env.sh`):
   python3 bench/step_profile.py --llmkern $B/llmkern --model dense --out $OUT   # writes OUT/step_profile.md
 Uses e2e_peers.py's configs (dense: 4096 x 8, moe: 4096 x 4; --batch / --seq to change; --set
-KEY=VALUE for any other train: key, e.g. --set exp_avg_dtype=bf16).
+KEY=VALUE for any other train: key, e.g. --set exp_avg_dtype=bf16; --only REGEX profiles those kernels alone).
 """
 import argparse
 import collections
@@ -90,6 +90,8 @@ def main():
     P.add_argument("--attn", help="model.ops_implementation.attn_implementation (default: the selection's)")
     P.add_argument("--top", type=int, default=40, help="kernels listed by time")
     P.add_argument("--launches", metavar="REGEX", help="also list each launch of the kernels it matches, in order")
+    P.add_argument("--only", metavar="REGEX", help="profile only the kernels it matches (ncu --kernel-name): one "
+                   "kernel's time in a fraction of the full run's")
     P.add_argument("--out", default=os.environ.get("OUT", "."))
     A = P.parse_args()
     work = tempfile.mkdtemp(prefix="lk_step_profile_")
@@ -106,8 +108,8 @@ def main():
     # the profiled one
     cfg, _ = config(A, work, A.steps)
     cmd = [A.ncu, "--clock-control", "none", "--profile-from-start", "off", "--metrics", "gpu__time_duration.sum",
-           "--csv", "--print-units", "base", "--print-kernel-base", "function",
-           A.llmkern, "train", "--config", cfg, "--device", "cuda"]
+           "--csv", "--print-units", "base", "--print-kernel-base", "function"] + \
+          (["--kernel-name", f"regex:{A.only}"] if A.only else []) + [A.llmkern, "train", "--config", cfg, "--device", "cuda"]
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True)
     shutil.rmtree(work, ignore_errors=True)

@@ -44,74 +44,21 @@ static __device__ __forceinline__ float adamw_one(float g, float &m, float &v, f
     return __fsub_rn(__fmul_rn(w, decay), __fdiv_rn(__fmul_rn(s.step, m), den));
 }
 
-/* W consecutive f32 or bf16 elements from i into x (W 4 or 8; the caller aligned them: 16 or
- * 32 bytes of f32, 8 or 16 of bf16), and back: f32, or bf16 rounded with bits >> shift of
- * each element's r (m takes bits 0-15, v 16-31, p 32-47; sround.h). */
-template <int W>
-static __device__ __forceinline__ void ld_run(const void *p, int bf16, int64_t i, float *x) {
-    if (bf16) {
-        uint32_t u[W / 2];
-        if (W == 8) *reinterpret_cast<uint4 *>(u) = *reinterpret_cast<const uint4 *>(static_cast<const lk_bf16_t *>(p) + i);
-        else *reinterpret_cast<uint2 *>(u) = *reinterpret_cast<const uint2 *>(static_cast<const lk_bf16_t *>(p) + i);
-#pragma unroll
-        for (int j = 0; j < W / 2; j++) x[2 * j] = __uint_as_float(u[j] << 16), x[2 * j + 1] = __uint_as_float(u[j] & 0xffff0000u);
-        return;
-    }
-#pragma unroll
-    for (int j = 0; j < W / 4; j++) {
-        const float4 f = reinterpret_cast<const float4 *>(static_cast<const float *>(p) + i)[j];
-        x[4 * j] = f.x, x[4 * j + 1] = f.y, x[4 * j + 2] = f.z, x[4 * j + 3] = f.w;
-    }
-}
-
-template <int W>
-static __device__ __forceinline__ void st_run(void *p, int bf16, int64_t i, const float *x, const uint64_t *r, int shift) {
+/* Four moments (or masterless bf16 weights) of elements i.. back to memory: f32, or bf16
+ * rounded with bits >> shift of each element's r (m takes bits 0-15, v 16-31, p 32-47). */
+static __device__ __forceinline__ void st4_moment(void *p, int bf16, int64_t i, float4 x, const uint64_t *r, int shift) {
     if (!bf16) {
-#pragma unroll
-        for (int j = 0; j < W / 4; j++)
-            reinterpret_cast<float4 *>(static_cast<float *>(p) + i)[j] =
-                make_float4(x[4 * j], x[4 * j + 1], x[4 * j + 2], x[4 * j + 3]);
+        *reinterpret_cast<float4 *>(static_cast<float *>(p) + i) = x;
         return;
     }
-    uint32_t u[W / 2];
-#pragma unroll
-    for (int j = 0; j < W / 2; j++)
-        u[j] = r ? lk_sround_bf16(x[2 * j], (uint32_t)(r[2 * j] >> shift)) |
-                       (uint32_t)lk_sround_bf16(x[2 * j + 1], (uint32_t)(r[2 * j + 1] >> shift)) << 16
-                 : lk_pack_bf16x2(x[2 * j], x[2 * j + 1]);
-    if (W == 8) *reinterpret_cast<uint4 *>(static_cast<lk_bf16_t *>(p) + i) = *reinterpret_cast<const uint4 *>(u);
-    else *reinterpret_cast<uint2 *>(static_cast<lk_bf16_t *>(p) + i) = *reinterpret_cast<const uint2 *>(u);
+    const uint32_t a = lk_sround_bf16(x.x, (uint32_t)(r[0] >> shift)), b = lk_sround_bf16(x.y, (uint32_t)(r[1] >> shift));
+    const uint32_t c = lk_sround_bf16(x.z, (uint32_t)(r[2] >> shift)), e = lk_sround_bf16(x.w, (uint32_t)(r[3] >> shift));
+    *reinterpret_cast<uint2 *>(static_cast<lk_bf16_t *>(p) + i) = make_uint2(a | b << 16, c | e << 16);
 }
 
 static __device__ __forceinline__ void st_moment(void *p, int bf16, int64_t i, float x, uint64_t r, int shift) {
     if (bf16) static_cast<uint16_t *>(p)[i] = lk_sround_bf16(x, (uint32_t)(r >> shift));
     else static_cast<float *>(p)[i] = x;
-}
-
-/* A thread's LK_MT_PER_THREAD elements of a whole, aligned chunk as runs of W consecutive
- * ones, UNROLL runs unrolled: the same arithmetic, element for element, as the strided loop. */
-template <int W, int UNROLL>
-static __device__ __forceinline__ void adamw_runs(const adesc &d, float *w, lk_bf16_t *pb, int64_t start,
-                                                  uint64_t key, int sr, const ascal &s, float decay, float gscale) {
-#pragma unroll UNROLL
-    for (int k = 0; k < LK_MT_PER_THREAD / W; k++) {
-        const int64_t i = start + W * ((int64_t)k * LK_MT_THREADS + threadIdx.x);
-        float g[W], m[W], v[W], p[W];
-        ld_run<W>(d.g, d.g_bf16, i, g);
-        ld_run<W>(d.m, d.m_bf16, i, m);
-        ld_run<W>(d.v, d.v_bf16, i, v);
-        ld_run<W>(w ? (const void *)w : pb, w == NULL, i, p);
-#pragma unroll
-        for (int e = 0; e < W; e++) p[e] = adamw_one(__fmul_rn(g[e], gscale), m[e], v[e], p[e], s, decay);
-        uint64_t r[W];
-#pragma unroll
-        for (int e = 0; e < W; e++) r[e] = sr ? lk_sround_bits(key, i + e, w == NULL) : 0;
-        st_run<W>(d.m, d.m_bf16, i, m, r, 0);
-        st_run<W>(d.v, d.v_bf16, i, v, r, 16);
-        if (w) st_run<W>(w, 0, i, p, NULL, 0);
-        if (w && pb) st_run<W>(pb, 1, i, p, NULL, 0);
-        if (!w) st_run<W>(pb, 1, i, p, r, 32);
-    }
 }
 
 /* LEAN: a list with bf16 state (moments, or weights without a master) runs its vector loop one
@@ -130,8 +77,7 @@ static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list
     lk_bf16_t *pb = d.p_bf16 ? static_cast<lk_bf16_t *>(d.p) : NULL;
     const int sr = d.m_bf16 | d.v_bf16 | (w == NULL);
     const uint64_t key = sr ? lk_sround_tensor_key(s.sround_key, d.tensor) : 0;
-    /* the pieces' addresses by width: f32 ones need 16-byte alignment, bf16 ones 8 (16 for LEAN's
-     * runs of 8) */
+    /* the pieces' addresses by width: f32 ones need 16-byte alignment, bf16 ones 8 */
     const uintptr_t pieces[5] = {w ? (uintptr_t)(w + start) : 0, (uintptr_t)d.m + start * (d.m_bf16 ? 2 : 4),
                                  (uintptr_t)d.v + start * (d.v_bf16 ? 2 : 4),
                                  (uintptr_t)d.g + start * (d.g_bf16 ? 2 : 4), pb ? (uintptr_t)(pb + start) : 0};
@@ -140,8 +86,26 @@ static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list
     const uintptr_t bf16p = (d.m_bf16 ? pieces[1] : 0) | (d.v_bf16 ? pieces[2] : 0) | (d.g_bf16 ? pieces[3] : 0) |
                             pieces[4];
     if (lk_mt_vec(start, d.n, f32p, bf16p)) {   /* the same arithmetic, element for element */
-        if (LEAN && bf16p % 16 == 0) adamw_runs<8, 1>(d, w, pb, start, key, sr, s, decay, gscale);
-        else adamw_runs<4, LEAN ? 1 : LK_MT_PER_THREAD / 4>(d, w, pb, start, key, sr, s, decay, gscale);
+        constexpr int runs = LK_MT_PER_THREAD / 4, unrolled = LEAN ? 1 : runs;
+#pragma unroll unrolled
+        for (int k = 0; k < runs; k++) {
+            const int64_t i = start + 4 * ((int64_t)k * LK_MT_THREADS + threadIdx.x);
+            const float4 g4 = lk_mt_ld4(d.g, d.g_bf16, i);
+            float4 m = lk_mt_ld4(d.m, d.m_bf16, i), v = lk_mt_ld4(d.v, d.v_bf16, i);
+            float4 p = w ? *reinterpret_cast<const float4 *>(w + i) : lk_mt_ld4(pb, 1, i);
+            p.x = adamw_one(__fmul_rn(g4.x, gscale), m.x, v.x, p.x, s, decay);
+            p.y = adamw_one(__fmul_rn(g4.y, gscale), m.y, v.y, p.y, s, decay);
+            p.z = adamw_one(__fmul_rn(g4.z, gscale), m.z, v.z, p.z, s, decay);
+            p.w = adamw_one(__fmul_rn(g4.w, gscale), m.w, v.w, p.w, s, decay);
+            uint64_t r[4] = {0, 0, 0, 0};
+            if (sr)
+                for (int e = 0; e < 4; e++) r[e] = lk_sround_bits(key, i + e, w == NULL);
+            st4_moment(d.m, d.m_bf16, i, m, r, 0);
+            st4_moment(d.v, d.v_bf16, i, v, r, 16);
+            if (w) *reinterpret_cast<float4 *>(w + i) = p;
+            if (w && pb) lk_mt_st4_bf16(pb + i, p);
+            if (!w) st4_moment(pb, 1, i, p, r, 32);
+        }
         return;
     }
 #pragma unroll 4
@@ -161,7 +125,7 @@ static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list
 }
 
 template <bool LEAN>
-__global__ void __launch_bounds__(LK_MT_THREADS, LEAN ? 4 : 1) adamw_kernel(const adesc *list, int n_list, ascal s,
+__global__ void __launch_bounds__(LK_MT_THREADS, LEAN ? 5 : 1) adamw_kernel(const adesc *list, int n_list, ascal s,
                                                                            float gscale) {
     adamw_block<LEAN>(list, n_list, s, gscale);
 }
@@ -172,7 +136,7 @@ __global__ void __launch_bounds__(LK_MT_THREADS, LEAN ? 4 : 1) adamw_kernel(cons
  * (lk_cuda_clip_grad_norm's factor, rounded the same way, so a plan's step has the bits
  * of clip + lk_cuda_adamw_step). */
 template <bool LEAN>
-__global__ void __launch_bounds__(LK_MT_THREADS, LEAN ? 4 : 1) adamw_plan_kernel(const adesc *list, int n_list,
+__global__ void __launch_bounds__(LK_MT_THREADS, LEAN ? 5 : 1) adamw_plan_kernel(const adesc *list, int n_list,
                                                                                 const ascal *sp, const double *sumsq,
                                                                                 const int *halted) {
     if (*halted) return;

@@ -130,7 +130,8 @@ def main():
         if A.launches and re.search(A.launches, name):
             launches.append((name, ns / 1e3))
     total = sum(by_cat.values())
-    what = ", ".join([A.dtype] + A.set + ([A.attn] if A.attn else []))
+    what = ", ".join([A.dtype] + A.set + ([A.attn] if A.attn else []) +
+                     ([f"only the kernels matching {A.only}"] if A.only else []))
     lines = [f"# One training step's GPU time by op ({A.model}, {B} x {A.seq} tokens, {what})", "",
              f"{n} kernels, {total / 1e6:.1f} ms of kernel time (ncu, one at a time); the step's wall time "
              f"unprofiled: {wall_ms:.1f} ms ({B * A.seq / wall_ms * 1e3:,.0f} tokens/s); ncu took "

@@ -10,6 +10,8 @@
  * An f32 weight beside bf16 x (bf16 training's f32 master weight, rms_norm.h): against
  * the reference in every mode, y the correct rounding of the f32 product and dweight an
  * f32 sum (not a bf16 one), and a weight or dweight of a third dtype refused.
+ * RoPE after the norm (rms_norm.h's rope): against the reference, bit for bit the norm and
+ * then the fused RoPE, and its bad arguments.
  * Run: ctest -R test_rms_norm, or ./build/test_rms_norm. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -813,6 +815,197 @@ static int setup(void **state) {
     return lk_init() == LK_OK ? 0 : -1;
 }
 
+/* RoPE after the norm (rms_norm.h's rope): the fused row against the float64 reference (y
+ * rotated, dy rotated back before the backward), f32 and bf16, an f32 weight, odd sizes
+ * (n/2 odd, T and H odd), on the views the model passes. */
+static void rope_matches_reference(void **state) {
+    (void)state;
+    static const lk_shape shapes[] = {{3, {5, 3, 34}}, {3, {17, 4, 128}}, {3, {2, 16, 64}}, {3, {7, 1, 10}}};
+    lk_rms_norm_case c = {.views = 1, .rope = 1}, cw = {.views = 1, .rope = 1, .f32_weight = 1};
+    for (size_t d = 0; d < 2; d++)
+        for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+            expect_matches("fused", dtypes[d], shapes[k], &c, 700 + k);
+            if (dtypes[d] == LK_BF16) expect_matches("fused", LK_BF16, shapes[k], &cw, 710 + k);
+        }
+    assert_true(lk_rms_norm_takes_rope(impl_named("fused")));
+    for (size_t i = 0; i < N_NAMES; i++)
+        if (strcmp(names[i], "fused")) assert_false(lk_rms_norm_takes_rope(impl_named(names[i])));
+}
+
+/* A [T, H, n] call with rope (positions of packed documents) and its tables. */
+typedef struct {
+    int64_t T, H, n;
+    lk_dtype dt;
+    void *x, *w, *y, *dy, *dx, *dw, *saved, *y2, *k2, *dy2, *dk2, *dx2, *dw2;
+    float *cos, *sin;
+    int64_t *pos;
+    size_t saved_bytes;
+    lk_rms_norm_rope rope;
+    lk_arena arena;
+    lk_ctx ctx;
+} rope_fx;
+
+#define ROPE_MAX 64
+static void rope_fx_init(rope_fx *f, lk_dtype dt, int64_t T, int64_t H, int64_t n, uint64_t seed) {
+    memset(f, 0, sizeof *f);
+    f->T = T, f->H = H, f->n = n, f->dt = dt;
+    int64_t all = T * H * n;
+    size_t tb = (size_t)all * lk_dtype_size(dt), vb = (size_t)n * lk_dtype_size(dt);
+    lk_rng rng = lk_rng_make(seed);
+    f->x = lk_random_tensor(&rng, dt, all, 1.0f, NULL);
+    f->dy = lk_random_tensor(&rng, dt, all, 1.0f, NULL);
+    f->w = lk_random_tensor(&rng, dt, n, 0.2f, NULL);
+    void **bufs[] = {&f->y, &f->dx, &f->y2, &f->k2, &f->dy2, &f->dk2, &f->dx2};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) *bufs[i] = malloc(tb);
+    f->dw = malloc(vb), f->dw2 = malloc(vb);
+    f->cos = malloc(sizeof(float) * ROPE_MAX * (size_t)(n / 2)), f->sin = malloc(sizeof(float) * ROPE_MAX * (size_t)(n / 2));
+    f->pos = malloc(sizeof(int64_t) * (size_t)T);
+    for (int64_t t = 0; t < T; t++) f->pos[t] = t % 11 + (t / 11) % 3;   /* documents of 11 tokens, shifted */
+    lk_tensor ct = lk_tensor_2d(f->cos, LK_F32, ROPE_MAX, n / 2), st = lk_tensor_2d(f->sin, LK_F32, ROPE_MAX, n / 2);
+    assert_int_equal(lk_rope_tables(1e6, n, NULL, &ct, &st), LK_OK);
+    f->rope = (lk_rms_norm_rope){ct, st, lk_tensor_1d(f->pos, LK_I64, T)};
+    lk_tensor xt = lk_tensor_view(f->x, dt, 3, (int64_t[]){T, H, n});
+    assert_int_equal(lk_rms_norm_saved_bytes(impl_named("fused"), &xt, &f->saved_bytes), LK_OK);
+    size_t most = f->saved_bytes;   /* room for every row's, for the refusals */
+    for (size_t i = 0; i < N_NAMES; i++) {
+        size_t b;
+        assert_int_equal(lk_rms_norm_saved_bytes(impl_named(names[i]), &xt, &b), LK_OK);
+        most = b > most ? b : most;
+    }
+    f->saved = malloc(most);
+    f->ctx = lk_ctx_cpu(&f->arena);
+}
+
+static void rope_fx_free(rope_fx *f) {
+    void *p[] = {f->x, f->w, f->y, f->dy, f->dx, f->dw, f->saved, f->y2, f->k2, f->dy2, f->dk2, f->dx2, f->dw2,
+                 f->cos, f->sin, f->pos};
+    for (size_t i = 0; i < sizeof p / sizeof *p; i++) free(p[i]);
+    lk_arena_free(&f->arena);
+}
+
+/* [T, H, n] head-major over p: the layout the model writes q and k in, and RoPE's [1, H, T, n]. */
+static lk_tensor head_major(void *p, const rope_fx *f) {
+    lk_tensor t = lk_tensor_view(p, f->dt, 3, (int64_t[]){f->T, f->H, f->n});
+    t.stride[0] = f->n, t.stride[1] = f->T * f->n;
+    return t;
+}
+
+static lk_rms_norm_args rope_call(rope_fx *f, void *y, void *dy, void *dx, void *dw, int rope) {
+    return (lk_rms_norm_args){
+        .x = lk_tensor_view(f->x, f->dt, 3, (int64_t[]){f->T, f->H, f->n}), .weight = lk_tensor_1d(f->w, f->dt, f->n),
+        .y = head_major(y, f), .dy = head_major(dy, f), .dx = lk_tensor_view(dx, f->dt, 3, (int64_t[]){f->T, f->H, f->n}),
+        .dweight = lk_tensor_1d(dw, f->dt, f->n), .saved = {f->saved, f->saved_bytes}, .eps = 1e-6,
+        .rope = rope ? &f->rope : NULL,
+    };
+}
+
+/* The fused RoPE over [1, H, T, n] in place (q and k the same values, k a copy). */
+static void fused_rope(rope_fx *f, void *q, void *k, int backward) {
+    lk_tensor tq = lk_tensor_view(q, f->dt, 4, (int64_t[]){1, f->H, f->T, f->n}), tk = tq;
+    tk.data = k;
+    memcpy(k, q, (size_t)(f->T * f->H * f->n) * lk_dtype_size(f->dt));
+    lk_rope_args r = {.q = tq, .k = tk, .q_out = tq, .k_out = tk, .dq_out = tq, .dk_out = tk, .dq = tq, .dk = tk,
+                      .cos = f->rope.cos, .sin = f->rope.sin,
+                      .position_ids = lk_tensor_2d(f->pos, LK_I64, 1, f->T)};
+    const lk_impl *rope = lk_impl_find(LK_OP_ROPE, "fused", LK_DEVICE_CPU);
+    assert_non_null(rope);
+    assert_int_equal(backward ? lk_rope_backward(rope, &r, &f->ctx) : lk_rope_forward(rope, &r, &f->ctx), LK_OK);
+    assert_memory_equal(q, k, (size_t)(f->T * f->H * f->n) * lk_dtype_size(f->dt));
+}
+
+/* The fused row with rope is the norm and then the fused RoPE, bit for bit: y, dx and
+ * dweight (the model's recompute and its eager twin stay identical whichever runs). */
+static void rope_is_norm_then_fused_rope(void **state) {
+    (void)state;
+    const lk_impl *impl = impl_named("fused");
+    static const int64_t dims[][3] = {{29, 3, 128}, {13, 8, 64}, {5, 2, 34}};
+    for (size_t d = 0; d < 2; d++)
+        for (size_t k = 0; k < sizeof dims / sizeof *dims; k++) {
+            rope_fx f;
+            rope_fx_init(&f, dtypes[d], dims[k][0], dims[k][1], dims[k][2], 720 + k);
+            size_t tb = (size_t)(f.T * f.H * f.n) * lk_dtype_size(f.dt), vb = (size_t)f.n * lk_dtype_size(f.dt);
+            lk_rms_norm_args a = rope_call(&f, f.y, f.dy, f.dx, f.dw, 1);
+            lk_poison(f.y, f.dt, f.T * f.H * f.n), lk_poison(f.dx, f.dt, f.T * f.H * f.n);
+            assert_int_equal(lk_rms_norm_forward(impl, &a, &f.ctx), LK_OK);
+            assert_int_equal(lk_rms_norm_backward(impl, &a, &f.ctx), LK_OK);
+            lk_rms_norm_args b = rope_call(&f, f.y2, f.dy2, f.dx2, f.dw2, 0);
+            assert_int_equal(lk_rms_norm_forward(impl, &b, &f.ctx), LK_OK);
+            fused_rope(&f, f.y2, f.k2, 0);
+            memcpy(f.dy2, f.dy, tb);
+            fused_rope(&f, f.dy2, f.dk2, 1);
+            assert_int_equal(lk_rms_norm_backward(impl, &b, &f.ctx), LK_OK);
+            print_message("  fused + rope %-4s [%lld, %lld, %lld]: y %s, dx %s, dweight %s\n", lk_dtype_name(f.dt),
+                          (long long)f.T, (long long)f.H, (long long)f.n, memcmp(f.y, f.y2, tb) ? "DIFFER" : "same bits",
+                          memcmp(f.dx, f.dx2, tb) ? "DIFFER" : "same bits", memcmp(f.dw, f.dw2, vb) ? "DIFFER" : "same bits");
+            assert_memory_equal(f.y, f.y2, tb);
+            assert_memory_equal(f.dx, f.dx2, tb);
+            assert_memory_equal(f.dw, f.dw2, vb);
+            rope_fx_free(&f);
+        }
+}
+
+/* rope refused, each with its status, an error naming it, and the outputs untouched. */
+static void rope_expect_refused(rope_fx *f, const lk_impl *impl, const lk_rms_norm_args *a, int bwd, lk_status want,
+                                const char *arg) {
+    size_t tb = (size_t)(f->T * f->H * f->n) * lk_dtype_size(f->dt);
+    memset(f->y, SENTINEL, tb), memset(f->dx, SENTINEL, tb), memset(f->saved, SENTINEL, f->saved_bytes);
+    lk_status s = bwd ? lk_rms_norm_backward(impl, a, &f->ctx) : lk_rms_norm_forward(impl, a, &f->ctx);
+    print_message("  %s %s -> %s: %s\n", impl->name, bwd ? "bwd" : "fwd", lk_status_name(s), lk_last_error());
+    assert_int_equal(s, want);
+    assert_non_null(strstr(lk_last_error(), arg));
+    assert_true(untouched(f->y, tb) && untouched(f->dx, tb) && untouched(f->saved, f->saved_bytes));
+}
+
+static void rope_bad_arguments_are_refused(void **state) {
+    (void)state;
+    rope_fx f;
+    rope_fx_init(&f, LK_F32, 6, 2, 16, 730);
+    const lk_impl *fused = impl_named("fused");
+    for (int bwd = 0; bwd <= 1; bwd++) {
+        lk_rms_norm_args a = rope_call(&f, f.y, f.dy, f.dx, f.dw, 1);
+        for (size_t i = 0; i < N_NAMES; i++)   /* the eager rows do not rotate (contiguous tensors for them) */
+            if (strcmp(names[i], "fused")) {
+                lk_rms_norm_args e = a;
+                e.y = lk_tensor_view(f.y, f.dt, 3, (int64_t[]){f.T, f.H, f.n}), e.dy = e.y;
+                e.dy.data = f.dy;
+                assert_int_equal(lk_rms_norm_saved_bytes(impl_named(names[i]), &e.x, &e.saved.bytes), LK_OK);
+                rope_expect_refused(&f, impl_named(names[i]), &e, bwd, LK_EINVAL, "does not rotate");
+            }
+        lk_rms_norm_args b = a;                       /* x not [T, H, n] */
+        b.x = lk_tensor_2d(f.x, f.dt, f.T * f.H, f.n), b.y = lk_tensor_2d(f.y, f.dt, f.T * f.H, f.n);
+        b.dy = lk_tensor_2d(f.dy, f.dt, f.T * f.H, f.n), b.dx = lk_tensor_2d(f.dx, f.dt, f.T * f.H, f.n);
+        rope_expect_refused(&f, fused, &b, bwd, LK_ESHAPE, "[T, H, n]");
+        lk_rms_norm_rope r = f.rope;                 /* a table of the wrong width */
+        r.cos.shape[1] = f.n;
+        b = a, b.rope = &r;
+        rope_expect_refused(&f, fused, &b, bwd, LK_ESHAPE, "rope.cos");
+        r = f.rope, r.sin.dtype = LK_BF16;
+        rope_expect_refused(&f, fused, &b, bwd, LK_EDTYPE, "rope.sin");
+        r = f.rope, r.position_ids.shape[0] = f.T - 1;
+        rope_expect_refused(&f, fused, &b, bwd, LK_ESHAPE, "rope.position_ids");
+        r = f.rope, r.position_ids.dtype = LK_F32;
+        rope_expect_refused(&f, fused, &b, bwd, LK_EDTYPE, "rope.position_ids");
+        r = f.rope;
+        f.pos[3] = ROPE_MAX;                          /* an id past the tables */
+        rope_expect_refused(&f, fused, &b, bwd, LK_EINVAL, "rope.position_ids");
+        f.pos[3] = -1;
+        rope_expect_refused(&f, fused, &b, bwd, LK_EINVAL, "max_pos");
+        f.pos[3] = 3;
+        r.cos.data = bwd ? f.dx : f.y;                 /* a table over an output */
+        r.cos.shape[0] = 1, r.sin.shape[0] = 1;
+        for (int64_t t = 0; t < f.T; t++) f.pos[t] = 0;
+        rope_expect_refused(&f, fused, &b, bwd, LK_EINVAL, bwd ? "dx" : "y");
+        for (int64_t t = 0; t < f.T; t++) f.pos[t] = t % 11 + (t / 11) % 3;
+    }
+    lk_rms_norm_args a = rope_call(&f, f.y, f.dy, f.dx, f.dw, 1);   /* with the residual mode */
+    float *res = calloc((size_t)(f.T * f.H * f.n), sizeof(float));
+    a.x = lk_tensor_view(f.x, f.dt, 3, (int64_t[]){f.T, f.H, f.n}), a.y = lk_tensor_view(f.y, f.dt, 3, (int64_t[]){f.T, f.H, f.n});
+    a.residual = lk_tensor_view(res, LK_F32, 3, (int64_t[]){f.T, f.H, f.n});
+    rope_expect_refused(&f, fused, &a, 0, LK_EINVAL, "residual");
+    free(res);
+    rope_fx_free(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(registry_has_the_three),
@@ -836,6 +1029,9 @@ int main(void) {
         cmocka_unit_test(f32_weight_matches_reference),
         cmocka_unit_test(f32_weight_is_not_rounded),
         cmocka_unit_test(f32_weight_bad_dtypes_are_refused),
+        cmocka_unit_test(rope_matches_reference),
+        cmocka_unit_test(rope_is_norm_then_fused_rope),
+        cmocka_unit_test(rope_bad_arguments_are_refused),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -32,7 +32,17 @@
  * a whole channel of every token, most of the bf16-vs-f32 loss gap). The product
  * x̂·(offset + w) is then f32 and y rounded once; dweight is f32 too (the weight's
  * dtype), summed over the rows in f32 and never rounded to bf16. Every implementation
- * runs it (eager: x̂ in bf16 as its steps keep it, times the f32 weight). */
+ * runs it (eager: x̂ in bf16 as its steps keep it, times the f32 weight).
+ *
+ * RoPE after the norm (rope set; Qwen3's q_norm / k_norm and then its rotary embedding,
+ * one pass over q and k each way where two were: issue 17): x is [T, H, n] (token, head,
+ * head dim) and every head of token t is rotated over all n dims (rotate-half, rope.h) by
+ * the angle of position_ids[t]. y is the norm's output rounded to x's dtype, then rotated
+ * and rounded again: the bits of this forward followed by the `fused` RoPE of the same
+ * device. The backward rotates dy back first (rounded to its dtype, as that RoPE's
+ * backward stores it), then runs the norm's. Taken by the implementations
+ * lk_rms_norm_takes_rope names (the fused rows; CUDA's for rows of 2-32 16-byte accesses
+ * a power of two, a head's 64-256 bf16); not in the residual mode. */
 #ifndef LLMKERN_RMS_NORM_H
 #define LLMKERN_RMS_NORM_H
 
@@ -42,6 +52,12 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+typedef struct {
+    lk_tensor cos, sin;     /* f32 [max_pos, n/2], contiguous: lk_rope_tables with rotary_dim n */
+    lk_tensor position_ids; /* [T], i32 or i64, each in [0, max_pos). On CUDA the facade cannot read
+                             * them: a token whose id is out of range gets NaN (as the fused RoPE) */
+} lk_rms_norm_rope;
 
 typedef struct {
     lk_tensor x;            /* [..., n], f32 or bf16: contiguous, or a view whose last dim is
@@ -62,9 +78,10 @@ typedef struct {
                              * first; data NULL = nothing added */
     int norm_of_x;          /* the residual mode's forward: 1 = normalize the written x (the stream
                              * rounded), as a recompute from the kept x does; 0 = the f32 stream */
+    const lk_rms_norm_rope *rope;   /* RoPE after the norm (above); NULL = none */
 } lk_rms_norm_args;
 
-#define LK_RMS_NORM_VTABLE_VERSION 2
+#define LK_RMS_NORM_VTABLE_VERSION 3
 
 typedef struct {
     int version;
@@ -77,6 +94,9 @@ typedef struct {
     /* Version 2: 1 when x, y, dy and dx may be strided views (lk_rms_norm_args.x); the
      * facade refuses a view to an implementation without it. */
     int takes_views;
+    /* Version 3: 1 when it takes rope (lk_rms_norm_args.rope); the facade refuses rope
+     * to an implementation without it. */
+    int takes_rope;
 } lk_rms_norm_vtable;
 
 /* The facade: validates every argument before anything is written, reserves the
@@ -85,6 +105,8 @@ LK_API lk_status lk_rms_norm_saved_bytes(const lk_impl *impl, const lk_tensor *x
 /* 1 when impl (an rms_norm implementation) takes strided views of x, y, dy and dx: the
  * fused rows do; the eager ones, the unfused baseline, take contiguous tensors. */
 LK_API int lk_rms_norm_takes_views(const lk_impl *impl);
+/* 1 when impl rotates its output by RoPE (lk_rms_norm_args.rope): the fused rows. */
+LK_API int lk_rms_norm_takes_rope(const lk_impl *impl);
 LK_API lk_status lk_rms_norm_forward(const lk_impl *impl, const lk_rms_norm_args *a, lk_ctx *ctx);
 LK_API lk_status lk_rms_norm_backward(const lk_impl *impl, const lk_rms_norm_args *a, lk_ctx *ctx);
 

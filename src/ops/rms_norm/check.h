@@ -23,6 +23,8 @@ typedef struct {
                              * views of a [T, H·n + 8] token-major buffer, y and dy of a
                              * head-major [H, T, n] one (rms_norm.h); the gaps must stay as
                              * poisoned. An implementation without views must refuse. */
+    int rope;               /* with views: RoPE after the norm (rms_norm.h), tables of 97 positions and
+                             * random ids; the reference rotates y, and dy back before the backward's */
 } lk_rms_norm_case;
 
 /* The error of each output: y, dx, dweight (0 without a weight), and in the residual mode

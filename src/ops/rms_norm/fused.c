@@ -19,6 +19,11 @@
  * FMA contraction can fuse it with dx's last multiply: in f32 the stream's sums are the
  * bits of separate adds.
  *
+ * RoPE after the norm (rms_norm.h's rope): the forward rotates each written row of y in
+ * place by rope/row.h's row, the `fused` RoPE's own (no streaming stores then: the row is
+ * read back); the backward rotates the row of dy back into a per-thread row first, as
+ * that RoPE's backward would have written it, and reads that as dy.
+ *
  * Reached through lk_rms_norm_forward / lk_rms_norm_backward (rms_norm.c), which have
  * validated every argument and reserved workspace_bytes in ctx->arena.
  *
@@ -28,6 +33,7 @@
 #include <math.h>
 #include <omp.h>
 #include "llmkern/rms_norm.h"
+#include "ops/rope/row.h"
 #include "ops/rows.h"
 #include "ops/simd.h"
 
@@ -142,6 +148,14 @@ INLINE void row_residual_out(float *res, const float *dxf, void *dx, lk_dtype dt
     }
 }
 
+/* The cos and sin rows of row r's token under rope (x [T, H, n]: token r / H). */
+INLINE void rope_rows(const lk_rms_norm_rope *rp, int64_t r, int64_t heads, int64_t n, const float **c,
+                      const float **s) {
+    const void *ids = rp->position_ids.data;
+    int64_t t = r / heads, p = rp->position_ids.dtype == LK_I64 ? ((const int64_t *)ids)[t] : ((const int32_t *)ids)[t];
+    *c = (const float *)rp->cos.data + p * (n / 2), *s = (const float *)rp->sin.data + p * (n / 2);
+}
+
 INLINE void forward_rows(const lk_rms_norm_args *a, lk_dtype dt, lk_dtype wt, int64_t rows, int64_t n) {
     const int64_t es = (int64_t)lk_dtype_size(dt);
     lk_rows mx, my;                       /* views (rows.h); the facade checked both fold */
@@ -151,7 +165,9 @@ INLINE void forward_rows(const lk_rms_norm_args *a, lk_dtype dt, lk_dtype wt, in
     const void *w = a->weight.data;
     float *rstd = a->saved.data, off = a->weight_offset, *res = a->residual.data;
     const char *delta = a->delta.data;
-    int nt = use_streaming(y, rows, n, dt) && lk_tensor_is_contiguous(&a->y);   /* a view's rows: any alignment */
+    const lk_rms_norm_rope *rp = a->rope;
+    const int64_t heads = rp ? a->x.shape[1] : 1;
+    int nt = !rp && use_streaming(y, rows, n, dt) && lk_tensor_is_contiguous(&a->y);   /* a view's rows: any alignment */
     #pragma omp parallel if (rows * n >= FUSED_PAR_MIN)
     {
         #pragma omp for schedule(static) nowait
@@ -160,13 +176,18 @@ INLINE void forward_rows(const lk_rms_norm_args *a, lk_dtype dt, lk_dtype wt, in
             if (res) row_residual_in(res + r * n, delta ? delta + r * n * es : NULL, xr, dt, n);
             rstd[r] = res && !a->norm_of_x ? row_forward(res + r * n, LK_F32, w, off, yr, dt, wt, n, a->eps, nt)
                                            : row_forward(xr, dt, w, off, yr, dt, wt, n, a->eps, nt);
+            if (rp) {
+                const float *c, *sn;
+                rope_rows(rp, r, heads, n, &c, &sn);
+                lk_rope_row(yr, yr, c, sn, lk_v16_set1(1.0f), dt, n / 2, n, 0);
+            }
         }
         if (nt) lk_v16_fence();
     }
 }
 
 INLINE void backward_rows(const lk_rms_norm_args *a, lk_dtype dt, lk_dtype wt, int64_t rows, int64_t n,
-                          float *partials, float *rowbufs, int threads) {
+                          float *partials, float *rowbufs, float *ropebufs, int threads) {
     const int64_t es = (int64_t)lk_dtype_size(dt);
     lk_rows mx, mdy, mdx;                 /* views (rows.h) */
     lk_rows_of(&a->x, &mx), lk_rows_of(&a->dy, &mdy), lk_rows_of(&a->dx, &mdx);
@@ -176,18 +197,27 @@ INLINE void backward_rows(const lk_rms_norm_args *a, lk_dtype dt, lk_dtype wt, i
     const float *rstd = a->saved.data;
     float off = a->weight_offset, *res = a->residual.data;
     int64_t stride = round16(n);
+    const lk_rms_norm_rope *rp = a->rope;
+    const int64_t heads = rp ? a->x.shape[1] : 1;
     int nt = use_streaming(dx, rows, n, dt) && lk_tensor_is_contiguous(&a->dx);
     #pragma omp parallel num_threads(threads) if (rows * n >= FUSED_PAR_MIN)
     {
         int team = omp_get_num_threads();
         float *dwp = partials ? partials + omp_get_thread_num() * stride : NULL;
         float *rowf = rowbufs ? rowbufs + omp_get_thread_num() * stride : NULL;   /* bf16's dx in f32 */
+        float *rowr = ropebufs ? ropebufs + omp_get_thread_num() * stride : NULL;   /* dy rotated back, in dt */
         if (dwp)
             for (int64_t j = 0; j < n; j++) dwp[j] = 0.0f;
         #pragma omp for schedule(static) nowait
         for (int64_t r = 0; r < rows; r++) {
             const char *xr = x + lk_row_at(mx, r) * es, *dyr = dy + lk_row_at(mdy, r) * es;
             char *dxr = dx + lk_row_at(mdx, r) * es;
+            if (rp) {
+                const float *c, *sn;
+                rope_rows(rp, r, heads, n, &c, &sn);
+                lk_rope_row(dyr, rowr, c, sn, lk_v16_set1(-1.0f), dt, n / 2, n, 0);
+                dyr = (const char *)rowr;
+            }
             float rs = rstd[r];
             float m = rs * row_dot_weighted(dyr, w, off, xr, dt, wt, n) / (float)n;   /* mean(g·x̂) */
             if (!res) {
@@ -216,11 +246,11 @@ static size_t fused_saved_bytes(int64_t rows, int64_t n, lk_dtype dt) {
     return (size_t)rows * sizeof(float);
 }
 
-/* One f32 dweight row per thread for the backward, and one for a bf16 dx in f32 (the
- * residual mode); the forward needs nothing. */
+/* One f32 dweight row per thread for the backward, one for a bf16 dx in f32 (the
+ * residual mode) and one for dy rotated back (rope); the forward needs nothing. */
 static size_t fused_workspace_bytes(int64_t rows, int64_t n, lk_dtype dt, int backward) {
     size_t row = (size_t)lk_get_num_threads() * (size_t)round16(n) * sizeof(float);
-    return backward ? (dt == LK_F32 ? 1 : 2) * row : 0;
+    return backward ? 3 * row : 0;
 }
 
 static lk_status fused_forward(const lk_rms_norm_args *a, lk_ctx *ctx) {
@@ -235,15 +265,17 @@ static lk_status fused_backward(const lk_rms_norm_args *a, lk_ctx *ctx) {
     int64_t n = a->x.shape[a->x.ndim - 1], rows = lk_tensor_numel(&a->x) / n;
     int threads = lk_get_num_threads();
     size_t row = (size_t)threads * (size_t)round16(n) * sizeof(float);
-    float *partials = NULL, *rowbufs = NULL;
+    float *partials = NULL, *rowbufs = NULL, *ropebufs = NULL;
     if (a->weight.data && a->dweight.data && !(partials = lk_arena_alloc(ctx->arena, row)))
         return lk_error(LK_EINTERNAL, "rms_norm: fused: workspace for %d threads was not reserved", threads);
     if (a->residual.data && a->x.dtype != LK_F32 && !(rowbufs = lk_arena_alloc(ctx->arena, row)))
         return lk_error(LK_EINTERNAL, "rms_norm: fused: workspace for %d threads was not reserved", threads);
-    if (a->x.dtype == LK_F32) backward_rows(a, LK_F32, LK_F32, rows, n, partials, rowbufs, threads);
+    if (a->rope && !(ropebufs = lk_arena_alloc(ctx->arena, row)))
+        return lk_error(LK_EINTERNAL, "rms_norm: fused: workspace for %d threads was not reserved", threads);
+    if (a->x.dtype == LK_F32) backward_rows(a, LK_F32, LK_F32, rows, n, partials, rowbufs, ropebufs, threads);
     else if (a->weight.data && a->weight.dtype == LK_F32)
-        backward_rows(a, LK_BF16, LK_F32, rows, n, partials, rowbufs, threads);
-    else backward_rows(a, LK_BF16, LK_BF16, rows, n, partials, rowbufs, threads);
+        backward_rows(a, LK_BF16, LK_F32, rows, n, partials, rowbufs, ropebufs, threads);
+    else backward_rows(a, LK_BF16, LK_BF16, rows, n, partials, rowbufs, ropebufs, threads);
     return LK_OK;
 }
 
@@ -254,4 +286,5 @@ const lk_rms_norm_vtable lk_rms_norm_fused_vtable = {
     .forward = fused_forward,
     .backward = fused_backward,
     .takes_views = 1,
+    .takes_rope = 1,
 };

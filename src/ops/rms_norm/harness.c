@@ -99,6 +99,23 @@ static int gaps_untouched(const lk_tensor *t) {
     return 1;
 }
 
+/* The rope case (rms_norm.h): v [T·H, n] in row order, rotated in place by each row's
+ * token's angle (sign -1: back), in double from the f32 tables. */
+#define ROPE_POS 97
+static void rope_reference(double *v, int64_t T, int64_t H, int64_t n, const float *cos_t, const float *sin_t,
+                           const int64_t *pos, double sign) {
+    int64_t h = n / 2;
+    for (int64_t r = 0; r < T * H; r++) {
+        const float *c = cos_t + pos[r / H] * h, *sn = sin_t + pos[r / H] * h;
+        double *row = v + r * n;
+        for (int64_t i = 0; i < h; i++) {
+            double a = row[i], b = row[i + h], si = sign * sn[i];
+            row[i] = a * c[i] - b * si;
+            row[i + h] = b * c[i] + a * si;
+        }
+    }
+}
+
 lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, uint64_t seed,
                                  const lk_rms_norm_case *c, lk_check_row *row, lk_rms_norm_errors *err) {
     static const lk_rms_norm_case defaults = {0};
@@ -107,6 +124,8 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
     if (c->views && (shape->ndim != 3 || c->residual || c->inplace_dx))
         return lk_error(LK_EINVAL, "rms_norm: check: the views case takes a 3-D shape, without the residual mode or "
                         "inplace_dx");
+    if (c->rope && (!c->views || shape->d[2] % 2))
+        return lk_error(LK_EINVAL, "rms_norm: check: the rope case takes the views case and an even last dim");
     int64_t all = lk_shape_numel(shape), n = shape->d[shape->ndim - 1], rows = all / n;
     lk_dtype wt = c->f32_weight ? LK_F32 : dt;      /* weight and dweight */
     size_t esz = lk_dtype_size(dt), wsz = lk_dtype_size(wt), saved_bytes = 0;
@@ -139,7 +158,16 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
     size_t vtok = views ? (size_t)(shape->d[0] * (shape->d[1] * n + VIEW_GAP)) * esz : 0;
     void *vx = views ? malloc(vtok) : NULL, *vdx = views ? malloc(vtok) : NULL;
     void *vy = views ? malloc((size_t)all * esz) : NULL, *vdy = views ? malloc((size_t)all * esz) : NULL;
+    /* the rope case: f32 tables [ROPE_POS, n/2] and a random position a token */
+    int64_t T = shape->d[0], half = n / 2;
+    float *rcos = c->rope ? malloc(sizeof(float) * (size_t)(ROPE_POS * half)) : NULL;
+    float *rsin = c->rope ? malloc(sizeof(float) * (size_t)(ROPE_POS * half)) : NULL;
+    int64_t *rpos = c->rope ? malloc(sizeof(int64_t) * (size_t)(T ? T : 1)) : NULL;
     lk_arena arena = {0};
+    if (c->rope && (!rcos || !rsin || !rpos)) {
+        s = lk_error(LK_ENOMEM, "rms_norm: check: out of memory for shape %s", row->shape);
+        goto done;
+    }
     if (!x || !w || !dy || !y || !dx || !dw || !saved || !ref || (views && (!vx || !vdx || !vy || !vdy)) ||
         (res && (!rf || !rb || !sum32 || !s64 || (!delta && !c->no_delta)))) {
         s = lk_error(LK_ENOMEM, "rms_norm: check: out of memory for shape %s", row->shape);
@@ -161,6 +189,15 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
      * runs its steps in bf16, where the stream enters as x (rms_norm.h) */
     int of_x = c->norm_of_x || (impl && dt != LK_F32 && strcmp(impl->name, "eager") == 0);
     lk_rms_norm_ref_forward(res && !of_x ? s64 : xd, wref, c->weight_offset, eps, rows, n, yref, rstd);
+    lk_tensor tcos = {0}, tsin = {0}, tpos = {0};
+    if (c->rope) {   /* y rotated; the backward's reference from dy rotated back */
+        lk_tensor ct = lk_tensor_2d(rcos, LK_F32, ROPE_POS, half), st = lk_tensor_2d(rsin, LK_F32, ROPE_POS, half);
+        if ((s = lk_rope_tables(10000.0, n, NULL, &ct, &st))) goto done;
+        for (int64_t t = 0; t < T; t++) rpos[t] = (int64_t)(lk_rng_bits(seed, (uint64_t)t) % ROPE_POS);
+        rope_reference(yref, T, shape->d[1], n, rcos, rsin, rpos, 1.0);
+        rope_reference(dyd, T, shape->d[1], n, rcos, rsin, rpos, -1.0);
+        tcos = ct, tsin = st, tpos = lk_tensor_1d(rpos, LK_I64, T);
+    }
     lk_rms_norm_ref_backward_at(xd, rstd, wref, c->weight_offset, eps, dyd, rows, n, dxref, dwref);
 
     lk_poison(y, dt, all);
@@ -198,6 +235,12 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
         lk_place_tensors(&pl, LK_TENSORS({"x", &a.x}, {"weight", &a.weight}), 0);
     }
     lk_place_tensor(&pl, "dy", &a.dy, c->inplace_dx);
+    lk_rms_norm_rope rope = {0};
+    if (c->rope) {
+        lk_place_tensors(&pl, LK_TENSORS({"rope.cos", &tcos}, {"rope.sin", &tsin}, {"rope.position_ids", &tpos}), 0);
+        rope = (lk_rms_norm_rope){tcos, tsin, tpos};
+        a.rope = &rope;
+    }
     lk_place_tensors(&pl, LK_TENSORS({"y", &a.y}, {"dx", &a.dx}, {"dweight", &a.dweight}), 1);
     lk_place_saved(&pl, "saved", &a.saved, 0);
     lk_ctx ctx = lk_place_ctx(&pl, &arena);
@@ -218,7 +261,7 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
 
     lk_rms_norm_errors e = {
         .y = lk_rel_err(y, dt, yref, all),
-        .dx = dx_err(dx, dt, dxref, rstd, dyd, wref, c->weight_offset, rows, n),
+        .dx = dx_err(dx, dt, dxref, rstd, dyd, wref, c->weight_offset, rows, n),   /* dyd rotated back (rope) */
         .dweight = c->no_weight ? 0.0 : lk_rel_err(dw, wt, dwref, n),
     };
     if (res)     /* x and the forward's residual are exact; the backward's residual as dx, in f32 */
@@ -233,6 +276,7 @@ done:
     free(xd); free(wd); free(dyd);
     free(rf); free(rb); free(delta); free(sum32); free(s64); free(rfd); free(rbd); free(dd);
     free(vx); free(vdx); free(vy); free(vdy);
+    free(rcos); free(rsin); free(rpos);
     lk_place_end(&pl);
     lk_arena_free(&arena);
     return s;

@@ -47,6 +47,43 @@ int lk_rms_norm_takes_views(const lk_impl *impl) {
     return vt && vt->version >= 2 && vt->takes_views;
 }
 
+int lk_rms_norm_takes_rope(const lk_impl *impl) {
+    const lk_rms_norm_vtable *vt = impl && impl->op == LK_OP_RMS_NORM ? impl->vtable : NULL;
+    return vt && vt->version >= 3 && vt->takes_rope;
+}
+
+/* RoPE after the norm (rms_norm.h): an implementation that takes it, x [T, H, n] with n
+ * even, the tables f32 [max_pos, n/2], position_ids [T] (on the CPU each in range); not
+ * with the residual mode. */
+static lk_status check_rope(const lk_impl *impl, const lk_rms_norm_args *a) {
+    const lk_rms_norm_rope *r = a->rope;
+    lk_status s;
+    if (r == NULL) return LK_OK;
+    if (!lk_rms_norm_takes_rope(impl))
+        return lk_error(LK_EINVAL, OP ": rope: %s does not rotate its output (the fused rows do)", impl->name);
+    if (a->residual.data) return lk_error(LK_EINVAL, OP ": rope: not with the residual mode (residual set)");
+    int64_t n = a->x.shape[a->x.ndim - 1];
+    if (a->x.ndim != 3 || n % 2)
+        return lk_error(LK_ESHAPE, OP ": x: rope expects [T, H, n] with n even, got %d dims, n = %lld", a->x.ndim,
+                        (long long)n);
+    if ((s = lk_expect_operand(OP, impl->device, "rope.cos", &r->cos, 1, 2))) return s;
+    int64_t table[2] = {r->cos.shape[0], n / 2}, T = a->x.shape[0];
+    const unsigned ids = LK_DTYPE_BIT(LK_I32) | LK_DTYPE_BIT(LK_I64);
+    if ((s = lk_expect_tensor(OP, impl->device, "rope.cos", &r->cos, 2, table, LK_DTYPE_BIT(LK_F32))) ||
+        (s = lk_expect_tensor(OP, impl->device, "rope.sin", &r->sin, 2, table, LK_DTYPE_BIT(LK_F32))) ||
+        (s = lk_expect_tensor(OP, impl->device, "rope.position_ids", &r->position_ids, 1, &T, ids)))
+        return s;
+    if (impl->device != LK_DEVICE_CPU) return LK_OK;   /* device memory: the kernel makes NaN of a bad id */
+    for (int64_t t = 0; t < T; t++) {
+        const void *d = r->position_ids.data;
+        int64_t p = r->position_ids.dtype == LK_I64 ? ((const int64_t *)d)[t] : ((const int32_t *)d)[t];
+        if (p < 0 || p >= table[0])
+            return lk_error(LK_EINVAL, OP ": rope.position_ids: expected values in [0, max_pos = %lld), got %lld at "
+                            "token %lld", (long long)table[0], (long long)p, (long long)t);
+    }
+    return LK_OK;
+}
+
 /* Views only for an implementation that takes them. */
 static lk_status check_views(const lk_impl *impl, const lk_tensor *const *t, const char *const *names, int n) {
     if (lk_rms_norm_takes_views(impl)) return LK_OK;
@@ -93,6 +130,19 @@ static lk_status check_residual(const lk_impl *impl, const lk_rms_norm_args *a, 
     return LK_OK;
 }
 
+/* The rope's tables and ids are inputs: apart from the pass's outputs. */
+static lk_status rope_apart(const lk_rms_norm_args *a, int backward) {
+    if (a->rope == NULL) return LK_OK;
+    const lk_rms_norm_rope *r = a->rope;
+    const lk_region outs[] = {backward ? (lk_region){"dx", a->dx.data, lk_tensor_span_bytes(&a->dx)}
+                                       : (lk_region){"y", a->y.data, lk_tensor_span_bytes(&a->y)},
+                              backward ? (lk_region){"dweight", a->dweight.data, a->dweight.data ? lk_tensor_bytes(&a->dweight) : 0}
+                                       : (lk_region){"saved", a->saved.data, a->saved.bytes}};
+    const lk_region ins[] = {lk_tensor_region("rope.cos", &r->cos), lk_tensor_region("rope.sin", &r->sin),
+                             lk_tensor_region("rope.position_ids", &r->position_ids)};
+    return lk_expect_apart(OP, outs, 2, ins, 3);
+}
+
 static lk_status check_saved(const lk_rms_norm_args *a, const shape_info *si) {
     return lk_expect_saved(OP, "lk_rms_norm_saved_bytes", &a->saved, si->vt->saved_bytes(si->rows, si->n, a->x.dtype));
 }
@@ -137,7 +187,7 @@ lk_status lk_rms_norm_forward(const lk_impl *impl, const lk_rms_norm_args *a, lk
     size_t rb;
     if (s || (s = check_like_x(impl, "y", &a->y, &a->x)) ||
         (s = check_views(impl, (const lk_tensor *[]){&a->x, &a->y}, (const char *[]){"x", "y"}, 2)) ||
-        (s = check_residual(impl, a, 1, &rb)))
+        (s = check_residual(impl, a, 1, &rb)) || (s = check_rope(impl, a)) || (s = rope_apart(a, 0)))
         return s;
     size_t tb = lk_tensor_span_bytes(&a->x), yb = lk_tensor_span_bytes(&a->y);
     size_t wb = a->weight.data ? lk_tensor_bytes(&a->weight) : 0, db = rb && a->delta.data ? tb : 0;
@@ -159,7 +209,8 @@ lk_status lk_rms_norm_backward(const lk_impl *impl, const lk_rms_norm_args *a, l
     shape_info si = {0};
     lk_status s = check_common(impl, a, ctx, &si);
     if (s || (s = check_like_x(impl, "dy", &a->dy, &a->x)) || (s = check_like_x(impl, "dx", &a->dx, &a->x)) ||
-        (s = check_views(impl, (const lk_tensor *[]){&a->x, &a->dy, &a->dx}, (const char *[]){"x", "dy", "dx"}, 3)))
+        (s = check_views(impl, (const lk_tensor *[]){&a->x, &a->dy, &a->dx}, (const char *[]){"x", "dy", "dx"}, 3)) ||
+        (s = check_rope(impl, a)) || (s = rope_apart(a, 1)))
         return s;
     int want_dw = a->weight.data != NULL && a->dweight.data != NULL;
     if (want_dw && (s = check_vector(impl, "dweight", &a->dweight, &a->x, si.n, (int)a->weight.dtype))) return s;

@@ -12,7 +12,7 @@
  * Reached through lk_rope_forward / lk_rope_backward (rope.c), which have validated
  * every argument, position ids included. */
 #include "internal.h"
-#include "ops/simd.h"
+#include "ops/rope/row.h"
 
 /* Outputs larger than this are streamed past the caches: nobody reads them back
  * before they are evicted, and a streaming store skips the read of each destination
@@ -28,23 +28,6 @@ static int use_streaming(const void *in, const void *out, const lk_rope_dims *d,
     size_t esz = lk_dtype_size(d->dtype), bytes = (size_t)(d->batch * heads * d->seq * d->head_dim) * esz;
     return LK_V16_NATIVE && in != out && bytes >= FUSED_NT_BYTES && (d->rotary_dim / 2) % 16 == 0 &&
            d->head_dim % 16 == 0 && ((size_t)d->head_dim * esz) % 64 == 0 && (uintptr_t)out % 64 == 0;
-}
-
-/* y = x rotated by the angle of (c, s·sign) on the first 2h dims; the rest copied. */
-INLINE void row_rotate(const void *x, void *y, const float *c, const float *s, lk_v16 sign, lk_dtype dt,
-                       int64_t h, int64_t D, int nt) {
-    for (int64_t j = 0; j < h; j += 16) {
-        int k = h - j < 16 ? (int)(h - j) : 16;
-        lk_v16 x1 = lk_v16_load(x, dt, j, k), x2 = lk_v16_load(x, dt, j + h, k);
-        lk_v16 vc = lk_v16_load(c, LK_F32, j, k), vs = lk_v16_mul(lk_v16_load(s, LK_F32, j, k), sign);
-        lk_v16_store(y, dt, j, lk_v16_fnma(x2, vs, lk_v16_mul(x1, vc)), k, nt);      /* x1·c − x2·s */
-        lk_v16_store(y, dt, j + h, lk_v16_fma(x1, vs, lk_v16_mul(x2, vc)), k, nt);   /* x2·c + x1·s */
-    }
-    if (x == y) return;
-    for (int64_t j = 2 * h; j < D; j += 16) {
-        int k = D - j < 16 ? (int)(D - j) : 16;
-        lk_v16_store(y, dt, j, lk_v16_load(x, dt, j, k), k, nt);
-    }
 }
 
 typedef struct {
@@ -69,7 +52,7 @@ INLINE void rotate_all(const lk_rope_args *a, const lk_rope_dims *d, const plane
             int t = r >= nq;
             int64_t rr = t ? r - nq : r, b = rr / (pl[t].heads * S), s = rr % S;
             int64_t p = lk_rope_pos(ids, b, s, S);
-            row_rotate(pl[t].x + rr * rb, pl[t].y + rr * rb, cos_t + p * h, sin_t + p * h, vsign, dt, h, D,
+            lk_rope_row(pl[t].x + rr * rb, pl[t].y + rr * rb, cos_t + p * h, sin_t + p * h, vsign, dt, h, D,
                        pl[t].nt);
         }
         if (nt) lk_v16_fence();

@@ -131,6 +131,20 @@ static lk_linear_args lin(const lk_model *m, const void *x, int64_t T, int64_t i
     return (lk_linear_args){.x = t2(m, x, T, in), .weight = t2(m, w, out, in), .y = t2(m, y, T, out)};
 }
 
+/* q and k rotated by their norms (rms_norm.h's rope) where both norms take it on views and
+ * RoPE is bound to the `fused` row, whose bits the norms' rotation has: one pass over q and
+ * k each way where two were (the separate RoPE kernel moved q and k once more each way). */
+static int rope_in_norms(const lk_layer_ops *op) {
+    return head_views(op) && lk_rms_norm_takes_rope(op->q_norm) && lk_rms_norm_takes_rope(op->k_norm) &&
+           strcmp(op->rope->name, "fused") == 0;
+}
+
+static lk_rms_norm_rope norm_rope(const lk_model *m) {
+    return (lk_rms_norm_rope){.cos = f2(m, m->rope_cos, m->max_pos, m->D / 2),
+                              .sin = f2(m, m->rope_sin, m->max_pos, m->D / 2),
+                              .position_ids = lk_on(m, lk_tensor_1d((void *)m->pos, LK_I64, m->T))};
+}
+
 static lk_rope_args rope_args(const lk_model *m, int l, const lk_layer_acts *a) {
     int64_t T = m->T;
     lk_rope_args r = {
@@ -168,7 +182,8 @@ static lk_attention_args attn_args(const lk_model *m, int l, const lk_impl *impl
 
 /* Attention's inputs from the q/k/v projection qkv ([T, Q + 2K], rows QKV apart): q_norm /
  * k_norm over the head dim, written head-major into a->qr, a->kr (where RoPE then rotates in
- * place), v moved head-major into a->vt. The forward's, and a recompute_qkv backward's again. */
+ * place, or the norms rotate as they write: rope_in_norms), v moved head-major into a->vt.
+ * The forward's, and a recompute_qkv backward's again. */
 static lk_status attention_inputs(lk_model *m, int l, const lk_layer_acts *a, const char *qkv) {
     const lk_layer *L = &m->layers[l];
     const lk_layer_ops *op = &L->ops;
@@ -185,8 +200,11 @@ static lk_status attention_inputs(lk_model *m, int l, const lk_layer_acts *a, co
         return s;
     }
     if ((s = to_heads(m, qkv + (Q + K) * es, QKV, a->vt, m->Hk))) return s;
+    const lk_rms_norm_rope rp = norm_rope(m);
+    if (rope_in_norms(op)) nq.rope = nk.rope = &rp;
     if ((s = lk_rms_norm_forward(op->q_norm, &nq, &m->ctx)) || (s = lk_rms_norm_forward(op->k_norm, &nk, &m->ctx)))
         return s;
+    if (nq.rope) return LK_OK;
     lk_rope_args r = rope_args(m, l, a);
     return lk_rope_forward(op->rope, &r, &m->ctx);
 }
@@ -294,9 +312,10 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
     ctx->comm = NULL;
     if (s) return s;
     lk_rope_args r = rope_args(m, l, a);
-    r.dq_out = r.dq = at.dq;                                      /* rotated back in place */
+    r.dq_out = r.dq = at.dq;                                      /* rotated back in place (or by the norms) */
     r.dk_out = r.dk = at.dk;
-    if ((s = lk_rope_backward(op->rope, &r, ctx))) return s;
+    const lk_rms_norm_rope rp = norm_rope(m);
+    if (!rope_in_norms(op) && (s = lk_rope_backward(op->rope, &r, ctx))) return s;
     /* the norms' inputs (kept in a->qkv or sc.proj, or made again from the same h1), and d(q, k, v) as
      * the column blocks of one [T, Q + 2K] dy: d(h1) in one GEMM over all three (summed in
      * f32 and rounded once), their weights' gradients in another. With views the norms read
@@ -306,6 +325,7 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
     lk_rms_norm_args nq = norm_args(m, sc->dqt, m->Hq * T, m->D, L->qn, a->qr, a->s[S_QN], L->saved[S_QN]);
     lk_rms_norm_args nk = norm_args(m, sc->dkt, m->Hk * T, m->D, L->kn, a->kr, a->s[S_KN], L->saved[S_KN]);
     if (head_views(op)) {
+        if (rope_in_norms(op)) nq.rope = nk.rope = &rp;
         if (kept) {
             nq.x = heads_tok(m, kept, m->Hq, QKV), nk.x = heads_tok(m, kept + Q * es, m->Hk, QKV);
         } else {

@@ -87,7 +87,8 @@ class Ctx(Structure):
 class RmsNormArgs(Structure):
     _fields_ = [("x", Tensor), ("weight", Tensor), ("y", Tensor), ("dy", Tensor), ("dx", Tensor),
                 ("dweight", Tensor), ("saved", Saved), ("eps", c_double), ("weight_offset", c_float),
-                ("inplace_dx", c_int), ("residual", Tensor), ("delta", Tensor), ("norm_of_x", c_int)]
+                ("inplace_dx", c_int), ("residual", Tensor), ("delta", Tensor), ("norm_of_x", c_int),
+                ("rope", c_void_p)]   # const lk_rms_norm_rope *: NULL from Python
 
 
 class RopeArgs(Structure):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # cli_explain.sh — the llmkern command as a user runs it: explain's sources under the
 # environment variables (llmkern names and the described system's aliases), a config
-# field beating them, a per-module override, and config errors with file:line; NeMo
+# field beating them, a per-module override, the model's rope in the q/k norms (said or not),
+# config errors with file:line; NeMo
 # AutoModel's model.backend names shown as aliases, its unimplemented names refused.
 # Run: bash tests/cli_explain.sh build/llmkern .
 set -u
@@ -39,6 +40,13 @@ for var in LLMKERN_USE_FUSED VEOMNI_USE_LIGER_KERNEL; do
 done
 out=$(clean_env "$bin" explain --config "$tmp/cfg.yaml")
 expect "text override row" "$out" '^  layers\.0\.input_layernorm +rms_norm +eager_fp32 +eager_fp32 +config_finalize +override( |$)'
+
+# q and k rotated by their norms (model.h lk_model_rope_in_norms): said under the table by
+# default (fused norms and RoPE), not when the norms are eager
+out=$(clean_env "$bin" explain)
+expect "rope in the norms" "$out" '^q_norm and k_norm rotate q and k as they write them'
+out=$(clean_env LLMKERN_USE_FUSED=0 "$bin" explain)
+grep -q "rotate q and k as they write" <<<"$out" && fail "eager norms said to rotate" || ok
 
 printf 'model:\n  ops_implementation:\n    rms_norm_implementation: fusde\n' >"$tmp/bad.yaml"
 out=$(clean_env "$bin" explain --config "$tmp/bad.yaml" 2>&1); rc=$?

@@ -84,6 +84,12 @@ static lk_status print_text(const cli_opts *o, const lk_ops_config *cfg, const l
     cli_table_init(&t, 5, head, 0);
     for (int op = 0; op < LK_OP_COUNT; op++) text_row(&t, cfg, &table->op[op], 0);
     if ((s = cli_table_print(&t, stdout, 0))) return s;
+    const lk_binding *qn = lk_op_table_get(table, LK_OP_RMS_NORM, "layers.0.self_attn.q_norm"),
+                     *kn = lk_op_table_get(table, LK_OP_RMS_NORM, "layers.0.self_attn.k_norm"),
+                     *rp = lk_op_table_get(table, LK_OP_ROPE, "layers.0.self_attn.rotary_emb");
+    if (qn && kn && rp && lk_model_rope_in_norms(qn->impl, kn->impl, rp->impl))
+        printf("\nq_norm and k_norm rotate q and k as they write them (rms_norm's rope, the %s RoPE's bits): no RoPE "
+               "pass of its own (layer 0's bindings)\n", rp->impl->name);
     if (table->n_module) {
         printf("\nper-module overrides (%d):\n", table->n_module);
         cli_table_init(&t, 6, mod_head, 0);

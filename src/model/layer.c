@@ -131,13 +131,13 @@ static lk_linear_args lin(const lk_model *m, const void *x, int64_t T, int64_t i
     return (lk_linear_args){.x = t2(m, x, T, in), .weight = t2(m, w, out, in), .y = t2(m, y, T, out)};
 }
 
-/* q and k rotated by their norms (rms_norm.h's rope) where both norms take it on views and
- * RoPE is bound to the `fused` row, whose bits the norms' rotation has: one pass over q and
- * k each way where two were (the separate RoPE kernel moved q and k once more each way). */
-static int rope_in_norms(const lk_layer_ops *op) {
-    return head_views(op) && lk_rms_norm_takes_rope(op->q_norm) && lk_rms_norm_takes_rope(op->k_norm) &&
-           strcmp(op->rope->name, "fused") == 0;
+int lk_model_rope_in_norms(const lk_impl *q_norm, const lk_impl *k_norm, const lk_impl *rope) {
+    return lk_rms_norm_takes_views(q_norm) && lk_rms_norm_takes_views(k_norm) && lk_rms_norm_takes_rope(q_norm) &&
+           lk_rms_norm_takes_rope(k_norm) && rope && rope->op == LK_OP_ROPE && strcmp(rope->name, "fused") == 0;
 }
+
+/* q and k rotated by their norms (model.h): the separate RoPE kernel moved them once more each way. */
+static int rope_in_norms(const lk_layer_ops *op) { return lk_model_rope_in_norms(op->q_norm, op->k_norm, op->rope); }
 
 static lk_rms_norm_rope norm_rope(const lk_model *m) {
     return (lk_rms_norm_rope){.cos = f2(m, m->rope_cos, m->max_pos, m->D / 2),

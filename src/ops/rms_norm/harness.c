@@ -164,12 +164,8 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
     float *rsin = c->rope ? malloc(sizeof(float) * (size_t)(ROPE_POS * half)) : NULL;
     int64_t *rpos = c->rope ? malloc(sizeof(int64_t) * (size_t)(T ? T : 1)) : NULL;
     lk_arena arena = {0};
-    if (c->rope && (!rcos || !rsin || !rpos)) {
-        s = lk_error(LK_ENOMEM, "rms_norm: check: out of memory for shape %s", row->shape);
-        goto done;
-    }
     if (!x || !w || !dy || !y || !dx || !dw || !saved || !ref || (views && (!vx || !vdx || !vy || !vdy)) ||
-        (res && (!rf || !rb || !sum32 || !s64 || (!delta && !c->no_delta)))) {
+        (res && (!rf || !rb || !sum32 || !s64 || (!delta && !c->no_delta))) || (c->rope && (!rcos || !rsin || !rpos))) {
         s = lk_error(LK_ENOMEM, "rms_norm: check: out of memory for shape %s", row->shape);
         goto done;
     }

@@ -35,7 +35,7 @@ CATEGORIES = [
     ("attention", r"^(fa3_|fa2_|dq_tiles|dkv_tiles|fwd_tiles|sink_sum|flash)"),
     ("MoE grouped GEMMs", r"^(gg_sm90|gg_mma)"),
     ("GEMMs (cuBLASLt)", r"(gemm|nvjet|xmma|cutlass|sm90_|sm80_|splitK|Kernel2|cublas)"),
-    ("loss (cross-entropy kernels)", r"^(ce_block|ce_rows|ce_rows_smem|d_logits|count_valid|gather|scatter_rows|axpy)$"),
+    ("loss (cross-entropy kernels)", r"^(ce_block|ce_rows|ce_rows_smem|ce_rows_ring|d_logits|count_valid|gather|scatter_rows|axpy)$"),
     ("rms_norm", r"^(fwd_reg|bwd_reg|fwd_warp|fwd_short|bwd_short|fwd_loop|bwd_loop|lk_rms_dw_reduce|row_reduce|"
                  r"scale_rows|upcast|downcast|mul_weight|dx_of)"),
     ("rope", r"^rope_kernel"),

@@ -87,9 +87,11 @@ static lk_status print_text(const cli_opts *o, const lk_ops_config *cfg, const l
     const lk_binding *qn = lk_op_table_get(table, LK_OP_RMS_NORM, "layers.0.self_attn.q_norm"),
                      *kn = lk_op_table_get(table, LK_OP_RMS_NORM, "layers.0.self_attn.k_norm"),
                      *rp = lk_op_table_get(table, LK_OP_ROPE, "layers.0.self_attn.rotary_emb");
-    if (qn && kn && rp && lk_model_rope_in_norms(qn->impl, kn->impl, rp->impl))
-        printf("\nq_norm and k_norm rotate q and k as they write them (rms_norm's rope, the %s RoPE's bits): no RoPE "
-               "pass of its own (layer 0's bindings)\n", rp->impl->name);
+    if (qn && kn && rp && lk_model_rope_in_norms(qn->impl, kn->impl, rp->impl)) {
+        printf("\n");
+        cli_text(stdout, 0, 4, "q_norm and k_norm rotate q and k as they write them (rms_norm's rope, the fused "
+                               "RoPE's bits): no RoPE pass of its own (layer 0's bindings)");
+    }
     if (table->n_module) {
         printf("\nper-module overrides (%d):\n", table->n_module);
         cli_table_init(&t, 6, mod_head, 0);

@@ -311,11 +311,13 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
     s = lk_attention_backward(op->attn, &at, ctx);
     ctx->comm = NULL;
     if (s) return s;
-    lk_rope_args r = rope_args(m, l, a);
-    r.dq_out = r.dq = at.dq;                                      /* rotated back in place (or by the norms) */
-    r.dk_out = r.dk = at.dk;
     const lk_rms_norm_rope rp = norm_rope(m);
-    if (!rope_in_norms(op) && (s = lk_rope_backward(op->rope, &r, ctx))) return s;
+    if (!rope_in_norms(op)) {   /* else the norms' backward rotates dq and dk back */
+        lk_rope_args r = rope_args(m, l, a);
+        r.dq_out = r.dq = at.dq;                                  /* rotated back in place */
+        r.dk_out = r.dk = at.dk;
+        if ((s = lk_rope_backward(op->rope, &r, ctx))) return s;
+    }
     /* the norms' inputs (kept in a->qkv or sc.proj, or made again from the same h1), and d(q, k, v) as
      * the column blocks of one [T, Q + 2K] dy: d(h1) in one GEMM over all three (summed in
      * f32 and rounded once), their weights' gradients in another. With views the norms read

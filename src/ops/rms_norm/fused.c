@@ -33,6 +33,7 @@
 #include <math.h>
 #include <omp.h>
 #include "llmkern/rms_norm.h"
+#include "ops/rope/internal.h"
 #include "ops/rope/row.h"
 #include "ops/rows.h"
 #include "ops/simd.h"
@@ -151,8 +152,7 @@ INLINE void row_residual_out(float *res, const float *dxf, void *dx, lk_dtype dt
 /* The cos and sin rows of row r's token under rope (x [T, H, n]: token r / H). */
 INLINE void rope_rows(const lk_rms_norm_rope *rp, int64_t r, int64_t heads, int64_t n, const float **c,
                       const float **s) {
-    const void *ids = rp->position_ids.data;
-    int64_t t = r / heads, p = rp->position_ids.dtype == LK_I64 ? ((const int64_t *)ids)[t] : ((const int32_t *)ids)[t];
+    int64_t p = lk_rope_pos(&rp->position_ids, 0, r / heads, rp->position_ids.shape[0]);
     *c = (const float *)rp->cos.data + p * (n / 2), *s = (const float *)rp->sin.data + p * (n / 2);
 }
 

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "check.h"
+#include "ops/rope/reference.h"
 #include "reference.h"
 
 /* Tolerances on max|got − ref| / max|ref|, worst of y, dx and dweight.
@@ -99,22 +100,8 @@ static int gaps_untouched(const lk_tensor *t) {
     return 1;
 }
 
-/* The rope case (rms_norm.h): v [T·H, n] in row order, rotated in place by each row's
- * token's angle (sign -1: back), in double from the f32 tables. */
+/* The rope case's tables: ROPE_POS positions. */
 #define ROPE_POS 97
-static void rope_reference(double *v, int64_t T, int64_t H, int64_t n, const float *cos_t, const float *sin_t,
-                           const int64_t *pos, double sign) {
-    int64_t h = n / 2;
-    for (int64_t r = 0; r < T * H; r++) {
-        const float *c = cos_t + pos[r / H] * h, *sn = sin_t + pos[r / H] * h;
-        double *row = v + r * n;
-        for (int64_t i = 0; i < h; i++) {
-            double a = row[i], b = row[i + h], si = sign * sn[i];
-            row[i] = a * c[i] - b * si;
-            row[i + h] = b * c[i] + a * si;
-        }
-    }
-}
 
 lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shape *shape, uint64_t seed,
                                  const lk_rms_norm_case *c, lk_check_row *row, lk_rms_norm_errors *err) {
@@ -163,9 +150,11 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
     float *rcos = c->rope ? malloc(sizeof(float) * (size_t)(ROPE_POS * half)) : NULL;
     float *rsin = c->rope ? malloc(sizeof(float) * (size_t)(ROPE_POS * half)) : NULL;
     int64_t *rpos = c->rope ? malloc(sizeof(int64_t) * (size_t)(T ? T : 1)) : NULL;
+    double *rtab = c->rope ? malloc(sizeof(double) * (size_t)(2 * ROPE_POS * half)) : NULL;   /* cos, sin */
+    double *rtmp = c->rope ? malloc(sizeof(double) * (size_t)(all ? all : 1)) : NULL;
     lk_arena arena = {0};
     if (!x || !w || !dy || !y || !dx || !dw || !saved || !ref || (views && (!vx || !vdx || !vy || !vdy)) ||
-        (res && (!rf || !rb || !sum32 || !s64 || (!delta && !c->no_delta))) || (c->rope && (!rcos || !rsin || !rpos))) {
+        (res && (!rf || !rb || !sum32 || !s64 || (!delta && !c->no_delta))) || (c->rope && (!rcos || !rsin || !rpos || !rtab || !rtmp))) {
         s = lk_error(LK_ENOMEM, "rms_norm: check: out of memory for shape %s", row->shape);
         goto done;
     }
@@ -190,8 +179,14 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
         lk_tensor ct = lk_tensor_2d(rcos, LK_F32, ROPE_POS, half), st = lk_tensor_2d(rsin, LK_F32, ROPE_POS, half);
         if ((s = lk_rope_tables(10000.0, n, NULL, &ct, &st))) goto done;
         for (int64_t t = 0; t < T; t++) rpos[t] = (int64_t)(lk_rng_bits(seed, (uint64_t)t) % ROPE_POS);
-        rope_reference(yref, T, shape->d[1], n, rcos, rsin, rpos, 1.0);
-        rope_reference(dyd, T, shape->d[1], n, rcos, rsin, rpos, -1.0);
+        for (int64_t e = 0; e < ROPE_POS * half; e++) rtab[e] = rcos[e], rtab[ROPE_POS * half + e] = rsin[e];
+        /* RoPE's float64 oracle on [T, H, n] as [B = T, H, S = 1, n]: token t at position rpos[t] */
+        const lk_rope_ref_problem rp = {.batch = T, .heads = shape->d[1], .seq = 1, .head_dim = n, .rotary_dim = n,
+                                        .cos = rtab, .sin = rtab + ROPE_POS * half, .pos = rpos};
+        lk_rope_ref_forward(&rp, yref, rtmp);
+        memcpy(yref, rtmp, sizeof(double) * (size_t)all);
+        lk_rope_ref_backward(&rp, dyd, rtmp);
+        memcpy(dyd, rtmp, sizeof(double) * (size_t)all);
         tcos = ct, tsin = st, tpos = lk_tensor_1d(rpos, LK_I64, T);
     }
     lk_rms_norm_ref_backward_at(xd, rstd, wref, c->weight_offset, eps, dyd, rows, n, dxref, dwref);
@@ -272,7 +267,7 @@ done:
     free(xd); free(wd); free(dyd);
     free(rf); free(rb); free(delta); free(sum32); free(s64); free(rfd); free(rbd); free(dd);
     free(vx); free(vdx); free(vy); free(vdy);
-    free(rcos); free(rsin); free(rpos);
+    free(rcos); free(rsin); free(rpos); free(rtab); free(rtmp);
     lk_place_end(&pl);
     lk_arena_free(&arena);
     return s;

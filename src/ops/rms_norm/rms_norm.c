@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include "ops/rope/internal.h"
 #include "ops/validate.h"
 #include "llmkern/rms_norm.h"
 
@@ -75,8 +76,7 @@ static lk_status check_rope(const lk_impl *impl, const lk_rms_norm_args *a) {
         return s;
     if (impl->device != LK_DEVICE_CPU) return LK_OK;   /* device memory: the kernel makes NaN of a bad id */
     for (int64_t t = 0; t < T; t++) {
-        const void *d = r->position_ids.data;
-        int64_t p = r->position_ids.dtype == LK_I64 ? ((const int64_t *)d)[t] : ((const int32_t *)d)[t];
+        int64_t p = lk_rope_pos(&r->position_ids, 0, t, T);
         if (p < 0 || p >= table[0])
             return lk_error(LK_EINVAL, OP ": rope.position_ids: expected values in [0, max_pos = %lld), got %lld at "
                             "token %lld", (long long)table[0], (long long)p, (long long)t);

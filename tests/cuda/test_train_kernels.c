@@ -266,6 +266,23 @@ static void grad_norm_and_clip(void **state) {
     assert_true(isnan(nrm));
     lkt_download(b[2].data, n[2], LK_F32, after);
     assert_memory_equal(before, after, sizeof(double) * (size_t)n[2]);
+    /* empty tensors between others and an odd count of chunks (7: sumsq_kernel takes two a
+     * block, pairs within a tensor, across two, and a last one alone) */
+    const int64_t n2[5] = {2 * 4096, 0, 3 * 4096, 0, 5000};
+    const lk_dtype dt2[5] = {LK_BF16, LK_F32, LK_F32, LK_BF16, LK_BF16};
+    lk_cuda_buf b2[5];
+    double ss2 = 0.0;
+    for (int i = 0; i < 5; i++) {
+        double *y = lkt_alloc(n2[i] ? n2[i] : 1);
+        lkt_randn(y, n2[i], &seed, 0.01);
+        b2[i] = (lk_cuda_buf){n2[i] ? lkt_upload(y, n2[i], dt2[i]) : NULL, n2[i], dt2[i]};
+        for (int64_t j = 0; j < n2[i]; j++) ss2 += y[j] * y[j];
+    }
+    assert_int_equal(lk_cuda_grad_norm(b2, 5, &nrm, &ctx), LK_OK);
+    assert_int_equal(lk_cuda_grad_norm(b2, 5, &nrm2, &ctx), LK_OK);
+    print_message("  grad norm, empty tensors, 7 chunks: rel %.2e\n", fabs(nrm - sqrt(ss2)) / sqrt(ss2));
+    assert_true(fabs(nrm - sqrt(ss2)) <= 1e-12 * sqrt(ss2));
+    assert_memory_equal(&nrm, &nrm2, sizeof nrm);
     /* a bad dtype is named */
     lk_cuda_buf bi = {dn, 1, LK_I32};
     assert_int_equal(lk_cuda_grad_norm(&bi, 1, &nrm, &ctx), LK_EDTYPE);

@@ -1,7 +1,7 @@
 /* adamw.cu — multi-tensor AdamW on CUDA (cuda_train.h): every parameter tensor of a
  * step in one launch (multi_tensor.cuh cuts them into 4096-element blocks). 16 elements a
- * thread: four runs of four consecutive ones (16-byte loads) where the block is whole and
- * aligned, else strided by the block, so each load is coalesced either way;
+ * thread: runs of consecutive ones (16-byte loads: four f32 state, eight bf16) where the block
+ * is whole and aligned, else strided by the block, so each load is coalesced either way;
  * memory-bound (a bf16 parameter with f32 master and bf16 grad moves 2+2+4·3 read and
  * 2+4·3 written bytes an element; bf16 moments 4 fewer each way; a bf16 param without a
  * master 4 fewer each way again), so the math is the CPU trainer's, in f32, and a bf16
@@ -44,16 +44,53 @@ static __device__ __forceinline__ float adamw_one(float g, float &m, float &v, f
     return __fsub_rn(__fmul_rn(w, decay), __fdiv_rn(__fmul_rn(s.step, m), den));
 }
 
-/* Four moments (or masterless bf16 weights) of elements i.. back to memory: f32, or bf16
- * rounded with bits >> shift of each element's r (m takes bits 0-15, v 16-31, p 32-47). */
-static __device__ __forceinline__ void st4_moment(void *p, int bf16, int64_t i, float4 x, const uint64_t *r, int shift) {
+/* W (4 or 8) consecutive f32 or bf16 elements from i, by 16-byte loads (four bf16: 8 bytes);
+ * aligned by the caller. */
+template <int W>
+static __device__ __forceinline__ void ldw(const void *p, int bf16, int64_t i, float *o) {
     if (!bf16) {
-        *reinterpret_cast<float4 *>(static_cast<float *>(p) + i) = x;
+#pragma unroll
+        for (int h = 0; h < W; h += 4) {
+            const float4 f = *reinterpret_cast<const float4 *>(static_cast<const float *>(p) + i + h);
+            o[h] = f.x, o[h + 1] = f.y, o[h + 2] = f.z, o[h + 3] = f.w;
+        }
         return;
     }
-    const uint32_t a = lk_sround_bf16(x.x, (uint32_t)(r[0] >> shift)), b = lk_sround_bf16(x.y, (uint32_t)(r[1] >> shift));
-    const uint32_t c = lk_sround_bf16(x.z, (uint32_t)(r[2] >> shift)), e = lk_sround_bf16(x.w, (uint32_t)(r[3] >> shift));
-    *reinterpret_cast<uint2 *>(static_cast<lk_bf16_t *>(p) + i) = make_uint2(a | b << 16, c | e << 16);
+    uint32_t u[W / 2];
+    if (W == 8) *reinterpret_cast<uint4 *>(u) = *reinterpret_cast<const uint4 *>(static_cast<const lk_bf16_t *>(p) + i);
+    else *reinterpret_cast<uint2 *>(u) = *reinterpret_cast<const uint2 *>(static_cast<const lk_bf16_t *>(p) + i);
+#pragma unroll
+    for (int h = 0; h < W / 2; h++) o[2 * h] = __uint_as_float(u[h] << 16), o[2 * h + 1] = __uint_as_float(u[h] & 0xffff0000u);
+}
+
+/* W moments (or masterless bf16 weights) of elements i.. back to memory: f32, or bf16
+ * rounded with bits >> shift of each element's r (m takes bits 0-15, v 16-31, p 32-47). */
+template <int W>
+static __device__ __forceinline__ void stw_moment(void *p, int bf16, int64_t i, const float *x, const uint64_t *r,
+                                                  int shift) {
+    if (!bf16) {
+#pragma unroll
+        for (int h = 0; h < W; h += 4)
+            *reinterpret_cast<float4 *>(static_cast<float *>(p) + i + h) = make_float4(x[h], x[h + 1], x[h + 2], x[h + 3]);
+        return;
+    }
+    uint32_t u[W / 2];
+#pragma unroll
+    for (int h = 0; h < W / 2; h++)
+        u[h] = lk_sround_bf16(x[2 * h], (uint32_t)(r[2 * h] >> shift)) |
+               (uint32_t)lk_sround_bf16(x[2 * h + 1], (uint32_t)(r[2 * h + 1] >> shift)) << 16;
+    if (W == 8) *reinterpret_cast<uint4 *>(static_cast<lk_bf16_t *>(p) + i) = *reinterpret_cast<const uint4 *>(u);
+    else *reinterpret_cast<uint2 *>(static_cast<lk_bf16_t *>(p) + i) = *reinterpret_cast<const uint2 *>(u);
+}
+
+/* W f32 weights rounded to nearest into bf16 (a master's copy). */
+template <int W>
+static __device__ __forceinline__ void stw_bf16_rn(lk_bf16_t *p, const float *x) {
+    uint32_t u[W / 2];
+#pragma unroll
+    for (int h = 0; h < W / 2; h++) u[h] = lk_pack_bf16x2(x[2 * h], x[2 * h + 1]);
+    if (W == 8) *reinterpret_cast<uint4 *>(p) = *reinterpret_cast<const uint4 *>(u);
+    else *reinterpret_cast<uint2 *>(p) = *reinterpret_cast<const uint2 *>(u);
 }
 
 static __device__ __forceinline__ void st_moment(void *p, int bf16, int64_t i, float x, uint64_t r, int shift) {
@@ -62,10 +99,12 @@ static __device__ __forceinline__ void st_moment(void *p, int bf16, int64_t i, f
 }
 
 /* LEAN: a list with bf16 state (moments, or weights without a master) runs its vector loop one
- * run at a time at 5 blocks an SM, where the roundings' integer work wants warps (9.50 ms where 4
- * unrolled runs at 4 blocks took 10.62 on the MoE step); f32 state, bound by memory alone, keeps
- * the four runs unrolled (14.48 ms against 14.81 lean: bench/NOTES.md, twenty-ninth and
- * thirtieth sessions). */
+ * run of eight at a time (16-byte bf16 loads) at 4 blocks an SM, where the roundings' integer
+ * work wants warps (9.50 ms where 4 unrolled runs at 4 blocks took 10.62 on the MoE step);
+ * runs of four, one at a time, at 5 blocks an SM left the SM's memory pipe idle while a run's
+ * arithmetic issued: 72 KB in flight an SM, 2.9 TB/s (bench/NOTES.md, thirty-fifth session).
+ * f32 state, bound by memory alone, keeps four runs of four unrolled (14.48 ms against 14.81
+ * lean: twenty-ninth and thirtieth sessions). */
 template <bool LEAN>
 static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list, const ascal &s, float gscale) {
     const adesc d = list[lk_mt_find(list, n_list, blockIdx.x)];
@@ -85,26 +124,27 @@ static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list
                            (d.g_bf16 ? 0 : pieces[3]);
     const uintptr_t bf16p = (d.m_bf16 ? pieces[1] : 0) | (d.v_bf16 ? pieces[2] : 0) | (d.g_bf16 ? pieces[3] : 0) |
                             pieces[4];
-    if (lk_mt_vec(start, d.n, f32p, bf16p)) {   /* the same arithmetic, element for element */
-        constexpr int runs = LK_MT_PER_THREAD / 4, unrolled = LEAN ? 1 : runs;
+    constexpr int W = LEAN ? 8 : 4, runs = LK_MT_PER_THREAD / W, unrolled = LEAN ? 1 : runs;
+    if (lk_mt_vec(start, d.n, f32p, bf16p) && bf16p % (2 * W) == 0) {   /* the same arithmetic, element for element */
 #pragma unroll unrolled
         for (int k = 0; k < runs; k++) {
-            const int64_t i = start + 4 * ((int64_t)k * LK_MT_THREADS + threadIdx.x);
-            const float4 g4 = lk_mt_ld4(d.g, d.g_bf16, i);
-            float4 m = lk_mt_ld4(d.m, d.m_bf16, i), v = lk_mt_ld4(d.v, d.v_bf16, i);
-            float4 p = w ? *reinterpret_cast<const float4 *>(w + i) : lk_mt_ld4(pb, 1, i);
-            p.x = adamw_one(__fmul_rn(g4.x, gscale), m.x, v.x, p.x, s, decay);
-            p.y = adamw_one(__fmul_rn(g4.y, gscale), m.y, v.y, p.y, s, decay);
-            p.z = adamw_one(__fmul_rn(g4.z, gscale), m.z, v.z, p.z, s, decay);
-            p.w = adamw_one(__fmul_rn(g4.w, gscale), m.w, v.w, p.w, s, decay);
-            uint64_t r[4] = {0, 0, 0, 0};
-            if (sr)
-                for (int e = 0; e < 4; e++) r[e] = lk_sround_bits(key, i + e, w == NULL);
-            st4_moment(d.m, d.m_bf16, i, m, r, 0);
-            st4_moment(d.v, d.v_bf16, i, v, r, 16);
-            if (w) *reinterpret_cast<float4 *>(w + i) = p;
-            if (w && pb) lk_mt_st4_bf16(pb + i, p);
-            if (!w) st4_moment(pb, 1, i, p, r, 32);
+            const int64_t i = start + W * ((int64_t)k * LK_MT_THREADS + threadIdx.x);
+            float g[W], m[W], v[W], p[W];
+            ldw<W>(d.g, d.g_bf16, i, g);
+            ldw<W>(d.m, d.m_bf16, i, m);
+            ldw<W>(d.v, d.v_bf16, i, v);
+            if (w) ldw<W>(w, 0, i, p);
+            else ldw<W>(pb, 1, i, p);
+#pragma unroll
+            for (int e = 0; e < W; e++) p[e] = adamw_one(__fmul_rn(g[e], gscale), m[e], v[e], p[e], s, decay);
+            uint64_t r[W];
+#pragma unroll
+            for (int e = 0; e < W; e++) r[e] = sr ? lk_sround_bits(key, i + e, w == NULL) : 0;
+            stw_moment<W>(d.m, d.m_bf16, i, m, r, 0);
+            stw_moment<W>(d.v, d.v_bf16, i, v, r, 16);
+            if (w) stw_moment<W>(w, 0, i, p, r, 0);
+            if (w && pb) stw_bf16_rn<W>(pb + i, p);
+            if (!w) stw_moment<W>(pb, 1, i, p, r, 32);
         }
         return;
     }
@@ -125,7 +165,7 @@ static __device__ __forceinline__ void adamw_block(const adesc *list, int n_list
 }
 
 template <bool LEAN>
-__global__ void __launch_bounds__(LK_MT_THREADS, LEAN ? 5 : 1) adamw_kernel(const adesc *list, int n_list, ascal s,
+__global__ void __launch_bounds__(LK_MT_THREADS, LEAN ? 4 : 1) adamw_kernel(const adesc *list, int n_list, ascal s,
                                                                            float gscale) {
     adamw_block<LEAN>(list, n_list, s, gscale);
 }
@@ -136,7 +176,7 @@ __global__ void __launch_bounds__(LK_MT_THREADS, LEAN ? 5 : 1) adamw_kernel(cons
  * (lk_cuda_clip_grad_norm's factor, rounded the same way, so a plan's step has the bits
  * of clip + lk_cuda_adamw_step). */
 template <bool LEAN>
-__global__ void __launch_bounds__(LK_MT_THREADS, LEAN ? 5 : 1) adamw_plan_kernel(const adesc *list, int n_list,
+__global__ void __launch_bounds__(LK_MT_THREADS, LEAN ? 4 : 1) adamw_plan_kernel(const adesc *list, int n_list,
                                                                                 const ascal *sp, const double *sumsq,
                                                                                 const int *halted) {
     if (*halted) return;
@@ -348,7 +388,7 @@ extern "C" lk_status lk_cuda_adamw_plan_step(lk_cuda_adamw_plan *p, int slot, co
     cudaStream_t s = static_cast<cudaStream_t>(ctx->stream);
     cudaError_t e = cudaMemcpyAsync(p->dev_scal + slot, p->host_scal + slot, sizeof(ascal), cudaMemcpyHostToDevice, s);
     if (e == cudaSuccess && p->blocks > 0) {
-        sumsq_kernel<<<(unsigned)p->blocks, LK_MT_THREADS, 0, s>>>(p->nlist, p->n, p->part);
+        sumsq_kernel<<<lk_sumsq_grid(p->blocks), LK_MT_THREADS, 0, s>>>(p->nlist, p->n, p->blocks, p->part);
         final_kernel<<<1, FINAL_THREADS, 0, s>>>(p->part, p->blocks, p->part + p->blocks);
     }
     if (e == cudaSuccess)

@@ -29,32 +29,80 @@ static __device__ __forceinline__ double block_sum_f64(double v, double *scratch
     return s;
 }
 
-__global__ void __launch_bounds__(LK_MT_THREADS) sumsq_kernel(const ndesc *list, int n_list, double *part) {
-    __shared__ double scratch[32];
-    const ndesc d = list[lk_mt_find(list, n_list, blockIdx.x)];
-    const int64_t start = (blockIdx.x - d.block0) * (int64_t)LK_MT_CHUNK;
+/* A thread's four runs of four (x[k], in order) squared and summed: one expression for every
+ * path that loads them, so each chunk's sum has the same bits however its block found it. */
+static __device__ __forceinline__ double sq_runs(const float4 *x) {
+    double s = 0.0;
+#pragma unroll
+    for (int k = 0; k < LK_MT_PER_THREAD / 4; k++)
+        s += (double)x[k].x * x[k].x + (double)x[k].y * x[k].y + (double)x[k].z * x[k].z + (double)x[k].w * x[k].w;
+    return s;
+}
+
+/* Whether the chunk from start of d is whole and aligned for four-element loads. */
+static __device__ __forceinline__ bool vec_chunk(const ndesc &d, int64_t start) {
     const uintptr_t at = d.bf16 ? (uintptr_t)(static_cast<const lk_bf16_t *>(d.p) + start)
                                 : (uintptr_t)(static_cast<const float *>(d.p) + start);
-    double s = 0.0;
-    if (lk_mt_vec(start, d.n, d.bf16 ? 0 : at, d.bf16 ? at : 0)) {   /* all four loads in flight at once */
+    return lk_mt_vec(start, d.n, d.bf16 ? 0 : at, d.bf16 ? at : 0);
+}
+
+static __device__ __forceinline__ void ld_runs(const ndesc &d, int64_t start, float4 *x) {
+#pragma unroll
+    for (int k = 0; k < LK_MT_PER_THREAD / 4; k++)
+        x[k] = lk_mt_ld4(d.p, d.bf16, start + 4 * ((int64_t)k * LK_MT_THREADS + threadIdx.x));
+}
+
+/* The thread's part of one chunk: four runs where whole and aligned, else strided. */
+static __device__ __forceinline__ double chunk_sumsq(const ndesc &d, int64_t start) {
+    if (vec_chunk(d, start)) {
         float4 x[LK_MT_PER_THREAD / 4];
-#pragma unroll
-        for (int k = 0; k < LK_MT_PER_THREAD / 4; k++)
-            x[k] = lk_mt_ld4(d.p, d.bf16, start + 4 * ((int64_t)k * LK_MT_THREADS + threadIdx.x));
-#pragma unroll
-        for (int k = 0; k < LK_MT_PER_THREAD / 4; k++)
-            s += (double)x[k].x * x[k].x + (double)x[k].y * x[k].y + (double)x[k].z * x[k].z + (double)x[k].w * x[k].w;
-    } else {
+        ld_runs(d, start, x);
+        return sq_runs(x);
+    }
+    double s = 0.0;
 #pragma unroll 4
-        for (int k = 0; k < LK_MT_PER_THREAD; k++) {
-            int64_t i = start + (int64_t)k * LK_MT_THREADS + threadIdx.x;
-            if (i >= d.n) break;
-            double x = lk_mt_ld(d.p, d.bf16, i);
-            s += x * x;
+    for (int k = 0; k < LK_MT_PER_THREAD; k++) {
+        int64_t i = start + (int64_t)k * LK_MT_THREADS + threadIdx.x;
+        if (i >= d.n) break;
+        double x = lk_mt_ld(d.p, d.bf16, i);
+        s += x * x;
+    }
+    return s;
+}
+
+/* Two consecutive chunks a block (chunks 2b and 2b + 1 into part[] as one block a chunk
+ * wrote them: the same order, the same bits): where both are whole and aligned in one
+ * tensor, all eight loads of a thread issue before either sum, twice the bytes in flight of
+ * a block a chunk (8 KB, at ~1M blocks a MoE step, each with its lookup and its tree: 2.9
+ * TB/s, bench/NOTES.md, thirty-sixth session); elsewhere each chunk on its own. */
+__global__ void __launch_bounds__(LK_MT_THREADS, 5) sumsq_kernel(const ndesc *list, int n_list, int64_t chunks,
+                                                                 double *part) {
+    __shared__ double scratch[2][32];
+    const int64_t c0 = 2 * (int64_t)blockIdx.x;
+    const ndesc d = list[lk_mt_find(list, n_list, c0)];
+    const int64_t start = (c0 - d.block0) * (int64_t)LK_MT_CHUNK;
+    double s0, s1 = 0.0;
+    if (start + 2 * LK_MT_CHUNK <= d.n && vec_chunk(d, start)) {   /* both chunks in d, both aligned */
+        float4 x0[LK_MT_PER_THREAD / 4], x1[LK_MT_PER_THREAD / 4];
+        ld_runs(d, start, x0);
+        ld_runs(d, start + LK_MT_CHUNK, x1);
+        s0 = sq_runs(x0), s1 = sq_runs(x1);
+    } else {
+        s0 = chunk_sumsq(d, start);
+        if (c0 + 1 < chunks) {
+            const ndesc e = list[lk_mt_find(list, n_list, c0 + 1)];
+            s1 = chunk_sumsq(e, (c0 + 1 - e.block0) * (int64_t)LK_MT_CHUNK);
         }
     }
-    s = block_sum_f64(s, scratch);
-    if (threadIdx.x == 0) part[blockIdx.x] = s;
+    s0 = warp_sum_f64(s0), s1 = warp_sum_f64(s1);   /* each chunk's tree as block_sum_f64's */
+    if ((threadIdx.x & 31) == 0) scratch[0][threadIdx.x >> 5] = s0, scratch[1][threadIdx.x >> 5] = s1;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t0 = 0.0, t1 = 0.0;
+        for (int w = 0; w < LK_MT_THREADS / 32; w++) t0 += scratch[0][w], t1 += scratch[1][w];
+        part[c0] = t0;
+        if (c0 + 1 < chunks) part[c0 + 1] = t1;
+    }
 }
 
 __global__ void __launch_bounds__(FINAL_THREADS) final_kernel(const double *part, int64_t n, double *out) {
@@ -137,7 +185,7 @@ extern "C" lk_status lk_cuda_grad_norm(const lk_cuda_buf *bufs, int n_bufs, doub
     if (st == LK_OK && part == NULL) st = lk_error(LK_EINTERNAL, "%s: workspace smaller than its query", fn);
     double total = NAN;
     if (st == LK_OK) {
-        sumsq_kernel<<<(unsigned)blocks, LK_MT_THREADS, 0, s>>>(dev, n_bufs, part);
+        sumsq_kernel<<<lk_sumsq_grid(blocks), LK_MT_THREADS, 0, s>>>(dev, n_bufs, blocks, part);
         final_kernel<<<1, FINAL_THREADS, 0, s>>>(part, blocks, part + blocks);
         cudaError_t e = cudaGetLastError();
         if (e == cudaSuccess) e = cudaMemcpyAsync(&total, part + blocks, sizeof total, cudaMemcpyDeviceToHost, s);

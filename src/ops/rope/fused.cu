@@ -16,6 +16,10 @@
  * with the table in registers 179-182; one head a thread, the table read per row, 176.5.
  * HB 2 keeps 40 registers (six blocks an SM), HB 4 74.
  *
+ * The pair's arithmetic is rotate.cuh's, pinned (one fma on a rounded product each), which
+ * RMSNorm's rope (rms_norm/fused.cu) rotates with too: a norm that rotates its output has
+ * this kernel's bits. Before it the compiler chose which product to contract.
+ *
  * Position ids are device memory the facade does not read: a token whose id lies
  * outside [0, max_pos) gets NaN in its rotated dims instead of a read outside the tables.
  * Reached through lk_rope_forward / _backward (rope.c), which validated every argument. */
@@ -23,6 +27,7 @@
 #include "core/cuda_check.h"
 #include "internal.h"
 #include "ops/cuda_util.cuh"
+#include "rotate.cuh"
 
 #define THREADS 256
 /* Heads a thread rotates, all their loads issued before the first store (the stores may
@@ -56,7 +61,7 @@ typedef struct {
  * heads, h_end - h0 <= HB. */
 template <typename T, int W>
 static __device__ __forceinline__ void heads(const T *in, T *out, int H, int h0, int h_end, int64_t b, int s,
-                                             int i, int half, const float *c, const float *sn, const rope_geom &g,
+                                             int i, int half, const float *c, const float *vs, const rope_geom &g,
                                              bool rotate) {
     lk_pack<T, W> x1[HB], x2[HB];
 #pragma unroll
@@ -78,11 +83,7 @@ static __device__ __forceinline__ void heads(const T *in, T *out, int H, int h0,
             continue;
         }
 #pragma unroll
-        for (int e = 0; e < W; e++) {
-            float a = x1[j].f(e), bb = x2[j].f(e);
-            o1[e] = a * c[e] - g.sgn * bb * sn[e];
-            o2[e] = bb * c[e] + g.sgn * a * sn[e];
-        }
+        for (int e = 0; e < W; e++) lk_rope_rotate(x1[j].f(e), x2[j].f(e), c[e], vs[e], &o1[e], &o2[e]);
         lk_stw<T, W>(out + base, o1);
         lk_stw<T, W>(out + base + half, o2);
     }
@@ -110,6 +111,8 @@ __global__ void __launch_bounds__(THREADS) rope_kernel(const T *q, T *qo, int hq
         if (p >= 0 && p < g.max_pos) {
             load_table<W>(cos_t + p * half + i, c);
             load_table<W>(sin_t + p * half + i, sn);
+#pragma unroll
+            for (int e = 0; e < W; e++) sn[e] *= g.sgn;   /* vs = sign·s (exact), once for all heads */
         } else {
 #pragma unroll
             for (int e = 0; e < W; e++) c[e] = sn[e] = __int_as_float(0x7fc00000);   /* NaN */

@@ -40,10 +40,19 @@
  * 16-byte loads per bf16 group), the math was f32 already, y is rounded once, and the
  * column sum stores dweight's f32 sums as they are.
  *
+ * RoPE after the norm (rms_norm.h's rope; Qwen3's q_norm / k_norm and then its rotary
+ * embedding, one pass over q and k each way where two were) is a flag of the short
+ * kernels (ROPE): a lane's partner dims are one shuffle away when a row's accesses are a
+ * power of two, and the rotation is rope/rotate.cuh's, the `fused` RoPE's own, so y, dx and
+ * dweight are the bits of this norm and then that RoPE. Other rows (not 16-byte accesses,
+ * or a count of them not a power of two, or too long for the short kernels) are refused
+ * with the option named, before anything runs. Not measured on a GPU yet.
+ *
  * Reached through lk_rms_norm_forward / _backward (rms_norm.c), which validated every
  * argument; the workspace comes from ctx->arena (a device arena). */
 #include "common.cuh"
 #include "llmkern/registry.h"
+#include "ops/rope/rotate.cuh"
 #include "ops/rows.h"
 #include <type_traits>
 
@@ -600,22 +609,109 @@ static lk_status launch_bwd(const plan *p, const lk_rms_norm_args *a, float *par
  * the backward 108 us (bench/NOTES.md, eighteenth session). The forward's warps are
  * short-lived; the backward's blocks walk row sets (a persistent grid, what the dweight
  * workspace holds) and sum their lanes' dweight columns in shared memory at the end, in a
- * fixed order. */
+ * fixed order. The backward reads each row's rstd with the row's loads: after the group
+ * sum it was one more round trip a row set.
+ *
+ * RoPE after the norm (ROPE; rms_norm.h's rope, x [T, H, n], row r of token r / H): when
+ * the row's accesses are a power of two (units == G) lane g holds dims [g·W, g·W + W) and
+ * the other halves of their rotate-half pairs (j ± n/2) are in lane g ^ G/2, one shuffle
+ * away (four 32-bit words a lane). The forward rounds y to T, rotates the rounded values
+ * (rope/rotate.cuh, the `fused` RoPE's formula) and rounds again: that RoPE's bits after
+ * this norm's. The backward rotates dy back, rounds it to T (as that RoPE's backward
+ * stores it) and runs the norm's backward on it. Each row's position id is read with the
+ * row's loads (its angles' loads wait on it); the angles (W cos, W sin a lane: 16-byte
+ * loads where the tables are aligned) as a set begins, from L2, before its group sum.
+ * Registers (ptxas -v, sm_90a, bf16): fwd_short 64 (ROPE 71-72), bwd_short 94 (ROPE 116:
+ * 4 blocks an SM, the grid both take: launch_bwd_short); f32 56 (56), 78 (96); no spill. */
 #define SR 4
 #define SHORT_THREADS 128
 
-template <typename T, typename TW, int W, int G>
+/* What ROPE reads (host-made, norm_rope_of); unused without it. */
+typedef struct {
+    const float *cos, *sin;   /* f32 [max_pos, half], contiguous */
+    const void *pos;          /* [T], i32 or i64 (pos64) */
+    int64_t max_pos;
+    int pos64, heads, half;
+    int vec;                  /* both tables 16-byte aligned: float4 loads (half is a multiple of 4) */
+} norm_rope;
+
+/* Row r's position id, read raw (lo, and hi for i64): nothing waits on the load until the
+ * angles are read. rows < 2^31 (launch checked): a 32-bit division. */
+static __device__ __forceinline__ void rope_id_load(const norm_rope &rp, int64_t r, int &lo, int &hi) {
+    const unsigned t = (unsigned)r / (unsigned)rp.heads;
+    if (rp.pos64) {
+        const int2 v = __ldg(reinterpret_cast<const int2 *>(rp.pos) + t);
+        lo = v.x, hi = v.y;
+    } else {
+        lo = __ldg(reinterpret_cast<const int *>(rp.pos) + t), hi = 0;
+    }
+}
+
+/* W floats of a table at p, through the read-only cache (every head of a token and every
+ * token at that position read them). */
+template <int W>
+static __device__ __forceinline__ void ld_table(const float *p, bool vec, float *f) {
+    if (W % 4 == 0 && vec) {
+#pragma unroll
+        for (int q = 0; q < W / 4; q++) {
+            const float4 v = __ldg(reinterpret_cast<const float4 *>(p) + q);
+            f[4 * q] = v.x, f[4 * q + 1] = v.y, f[4 * q + 2] = v.z, f[4 * q + 3] = v.w;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < W; j++) f[j] = __ldg(p + j);
+    }
+}
+
+/* Lane g's W angles (cos c, sin s) at the id (lo, hi) (live: a row to rotate): dims
+ * (g mod G/2)·W + e of the half. An id outside [0, max_pos) gives NaN, as in the fused
+ * RoPE (the ids are device memory the facade does not read). */
+template <int W, int G>
+static __device__ __forceinline__ void rope_angles(const norm_rope &rp, bool live, int lo, int hi, int g, float *c,
+                                                   float *s) {
+    const int64_t p = rp.pos64 ? (int64_t)(((uint64_t)(unsigned)hi << 32) | (unsigned)lo) : (int64_t)lo;
+    if (live && p >= 0 && p < rp.max_pos) {
+        const int64_t o = p * rp.half + (g & (G / 2 - 1)) * W;
+        ld_table<W>(rp.cos + o, rp.vec, c);
+        ld_table<W>(rp.sin + o, rp.vec, s);
+    } else {
+#pragma unroll
+        for (int j = 0; j < W; j++) c[j] = s[j] = __int_as_float(0x7fc00000);   /* NaN */
+    }
+}
+
+/* Lane g's unit v (rounded to T) rotated by (c, sgn·s) into o: the pairs' other halves
+ * from lane g ^ G/2 (the lanes below G/2 hold the first half). Every lane of the warp
+ * takes part (the shuffles), live or not. */
+template <typename T, int W, int G>
+static __device__ __forceinline__ void rope_unit(const lk_pack<T, W> &v, int g, const float *c, const float *s,
+                                                 float sgn, float *o) {
+    static_assert(sizeof(lk_pack<T, W>) == 16, "a unit is one 16-byte access");
+    const uint4 u = *reinterpret_cast<const uint4 *>(v.e);
+    uint4 q;
+    q.x = __shfl_xor_sync(0xffffffffu, u.x, G / 2), q.y = __shfl_xor_sync(0xffffffffu, u.y, G / 2);
+    q.z = __shfl_xor_sync(0xffffffffu, u.z, G / 2), q.w = __shfl_xor_sync(0xffffffffu, u.w, G / 2);
+    lk_pack<T, W> other;
+    *reinterpret_cast<uint4 *>(other.e) = q;
+    const bool first = g < G / 2;
+#pragma unroll
+    for (int j = 0; j < W; j++) o[j] = lk_rope_rotate_half(v.f(j), other.f(j), c[j], sgn * s[j], first);
+}
+
+template <typename T, typename TW, int W, int G, bool ROPE>
 __global__ void __launch_bounds__(SHORT_THREADS) fwd_short(const T *__restrict__ x, const TW *__restrict__ w,
                                                            T *__restrict__ y, float *__restrict__ rstd, int64_t rows,
-                                                           int n, float eps, float off, fwd_rows rw) {
+                                                           int n, float eps, float off, fwd_rows rw, norm_rope rp) {
     constexpr int RPW = 32 / G;   /* rows a set */
     const int lane = threadIdx.x & 31, g = lane % G, units = n / W;
     const int64_t base = ((int64_t)blockIdx.x * (SHORT_THREADS / 32) + (threadIdx.x >> 5)) * RPW * SR + lane / G;
     lk_pack<T, W> v[SR];
+    int plo[SR], phi[SR];   /* ROPE: each row's position id, as loaded */
 #pragma unroll
     for (int s = 0; s < SR; s++) {
         const int64_t r = base + s * RPW;
         if (r < rows && g < units) lk_ldp<T, W>(x + lk_row_at(rw.x, r) + g * W, v[s]);
+        if (ROPE && r < rows) rope_id_load(rp, r, plo[s], phi[s]);
     }
     float wv[W];
     if (w && g < units) ld_weight<T, TW, W>(w + g * W, wv);
@@ -623,26 +719,33 @@ __global__ void __launch_bounds__(SHORT_THREADS) fwd_short(const T *__restrict__
     for (int s = 0; s < SR; s++) {
         const int64_t r = base + s * RPW;
         const bool live = r < rows && g < units;
+        float ca[W], sa[W];   /* ROPE: the angles, asked for before the group sum */
+        if (ROPE) rope_angles<W, G>(rp, r < rows, plo[s], phi[s], g, ca, sa);
         float ss = 0.0f;
         if (live)
 #pragma unroll
             for (int j = 0; j < W; j++) ss = fmaf(v[s].f(j), v[s].f(j), ss);
         const float rs = rsqrtf(lk_group_sum<G>(ss) / (float)n + eps);
         if (r < rows && g == 0) rstd[r] = rs;
-        if (live) {
-            float o[W];
+        float o[W];
+        if (ROPE) {   /* units == G: every lane of a live row is live; the shuffles take all */
+            lk_pack<T, W> yv;   /* y as the norm stores it */
+#pragma unroll
+            for (int j = 0; j < W; j++) yv.e[j] = lk_from_f32<T>(live ? v[s].f(j) * rs * (w ? wv[j] + off : 1.0f) : 0.0f);
+            rope_unit<T, W, G>(yv, g, ca, sa, 1.0f, o);
+        } else if (live) {
 #pragma unroll
             for (int j = 0; j < W; j++) o[j] = v[s].f(j) * rs * (w ? wv[j] + off : 1.0f);
-            lk_stw<T, W>(y + lk_row_at(rw.y, r) + g * W, o);
         }
+        if (live) lk_stw<T, W>(y + lk_row_at(rw.y, r) + g * W, o);
     }
 }
 
-template <typename T, typename TW, int W, int G>
+template <typename T, typename TW, int W, int G, bool ROPE>
 __global__ void __launch_bounds__(SHORT_THREADS) bwd_short(const T *__restrict__ x, const TW *__restrict__ w,
                                                            const T *dy, T *dx, const float *__restrict__ rstd,
                                                            float *__restrict__ partial, int64_t rows, int n, float off,
-                                                           bwd_rows rw) {
+                                                           bwd_rows rw, norm_rope rp) {
     constexpr int RPW = 32 / G, PER_BLOCK = (SHORT_THREADS / 32) * RPW * SR;
     __shared__ float red[SHORT_THREADS][W + 1];
     const int lane = threadIdx.x & 31, g = lane % G, units = n / W;
@@ -653,6 +756,8 @@ __global__ void __launch_bounds__(SHORT_THREADS) bwd_short(const T *__restrict__
     for (int64_t c0 = (int64_t)blockIdx.x * PER_BLOCK; c0 < rows; c0 += (int64_t)gridDim.x * PER_BLOCK) {
         const int64_t base = c0 + (threadIdx.x >> 5) * RPW * SR + lane / G;
         lk_pack<T, W> xv[SR], dv[SR];
+        float rsv[SR];          /* each row's rstd, with its loads */
+        int plo[SR], phi[SR];   /* ROPE: each row's position id, as loaded */
 #pragma unroll
         for (int s = 0; s < SR; s++) {
             const int64_t r = base + s * RPW;
@@ -660,24 +765,35 @@ __global__ void __launch_bounds__(SHORT_THREADS) bwd_short(const T *__restrict__
                 lk_ldp<T, W>(x + lk_row_at(rw.x, r) + g * W, xv[s]);
                 lk_ldp<T, W>(dy + lk_row_at(rw.dy, r) + g * W, dv[s]);
             }
+            if (r < rows) {
+                rsv[s] = rstd[r];
+                if (ROPE) rope_id_load(rp, r, plo[s], phi[s]);
+            }
         }
 #pragma unroll
         for (int s = 0; s < SR; s++) {
             const int64_t r = base + s * RPW;
             const bool live = r < rows && g < units;
+            if (ROPE) {   /* dy rotated back and rounded, as the fused RoPE's backward stores it */
+                float ca[W], sa[W], d[W];
+                rope_angles<W, G>(rp, r < rows, plo[s], phi[s], g, ca, sa);
+                rope_unit<T, W, G>(dv[s], g, ca, sa, -1.0f, d);
+#pragma unroll
+                for (int j = 0; j < W; j++) dv[s].e[j] = lk_from_f32<T>(d[j]);
+            }
             float dot = 0.0f;
             if (live)
 #pragma unroll
                 for (int j = 0; j < W; j++) dot = fmaf(dv[s].f(j) * (wv[j] + off), xv[s].f(j), dot);
             dot = lk_group_sum<G>(dot);
             if (!live) continue;
-            const float rs = rstd[r], mean = dot * rs / (float)n;
+            const float rs = rsv[s], mean = dot * rs / (float)n;
             float o[W];
 #pragma unroll
             for (int j = 0; j < W; j++) {
                 const float d = dv[s].f(j), xh = xv[s].f(j) * rs;
                 acc[j] = fmaf(d, xh, acc[j]);
-                o[j] = rs * (d * (wv[j] + off) - xh * mean);
+                o[j] = rs * fmaf(-xh, mean, d * (wv[j] + off));   /* the CPU row's g − x̂·m, pinned: ROPE rounds as the plain one */
             }
             lk_stw<T, W>(dx + lk_row_at(rw.dx, r) + g * W, o);
         }
@@ -709,19 +825,65 @@ static int short_group(int units) {
     return G;
 }
 
+/* rope runs on the short kernels alone, with a row's accesses a power of two (units == G:
+ * a lane's partner dims one shuffle away); anything else is refused by name before a
+ * launch (the facade checked the rest). */
+static lk_status rope_refused(const plan *p, const lk_rms_norm_args *a, int64_t rows, int64_t n) {
+    if (a->rope == NULL || rows == 0) return LK_OK;
+    const int vw = a->x.dtype == LK_F32 ? 4 : 8;
+    if (p->w != vw)
+        return lk_error(LK_EINVAL, "rms_norm: fused (cuda): rope: expected rows of 16-byte accesses (n a multiple of %d, "
+                        "every tensor's rows 16-byte aligned), got n = %lld%s", vw, (long long)n,
+                        n % vw ? "" : " with a row or pointer not 16-byte aligned");
+    const int64_t units = n / vw;
+    if (units < 2 || units > 32 || (units & (units - 1)))
+        return lk_error(LK_EINVAL, "rms_norm: fused (cuda): rope: expected rows of 2, 4, 8, 16 or 32 16-byte accesses "
+                        "(n = %d, %d, %d, %d or %d), got %lld (n = %lld)", 2 * vw, 4 * vw, 8 * vw, 16 * vw, 32 * vw,
+                        (long long)units, (long long)n);
+    if (rows > INT32_MAX)
+        return lk_error(LK_EINVAL, "rms_norm: fused (cuda): rope: expected fewer than 2^31 rows, got %lld",
+                        (long long)rows);
+    return LK_OK;
+}
+
+/* ROPE's arguments (rope_refused passed), or nothing without rope. */
+static norm_rope norm_rope_of(const lk_rms_norm_args *a, int n) {
+    norm_rope r = {};
+    if (a->rope == NULL) return r;
+    const lk_rms_norm_rope *q = a->rope;
+    r.cos = (const float *)q->cos.data, r.sin = (const float *)q->sin.data, r.pos = q->position_ids.data;
+    r.max_pos = q->cos.shape[0], r.pos64 = q->position_ids.dtype == LK_I64, r.heads = (int)a->x.shape[1];
+    r.half = n / 2, r.vec = lk_aligned16(r.cos) && lk_aligned16(r.sin);
+    return r;
+}
+
+template <typename T, typename TW, int W, bool ROPE>
+static void (*fwd_short_of(int G))(const T *, const TW *, T *, float *, int64_t, int, float, float, fwd_rows, norm_rope) {
+    return G == 2 ? fwd_short<T, TW, W, 2, ROPE> : G == 4 ? fwd_short<T, TW, W, 4, ROPE>
+         : G == 8 ? fwd_short<T, TW, W, 8, ROPE> : G == 16 ? fwd_short<T, TW, W, 16, ROPE>
+                  : fwd_short<T, TW, W, 32, ROPE>;
+}
+
+template <typename T, typename TW, int W, bool ROPE>
+static void (*bwd_short_of(int G))(const T *, const TW *, const T *, T *, const float *, float *, int64_t, int, float,
+                                   bwd_rows, norm_rope) {
+    return G == 2 ? bwd_short<T, TW, W, 2, ROPE> : G == 4 ? bwd_short<T, TW, W, 4, ROPE>
+         : G == 8 ? bwd_short<T, TW, W, 8, ROPE> : G == 16 ? bwd_short<T, TW, W, 16, ROPE>
+                  : bwd_short<T, TW, W, 32, ROPE>;
+}
+
 template <typename T, typename TW, int W>
 static lk_status launch_fwd_short(const lk_rms_norm_args *a, int64_t rows, int n, cudaStream_t st, int *taken) {
     const int units = n / W, G = short_group(units);
     *taken = 0;
     if (!takes_short<T, W>(a, units, rows)) return LK_OK;
-    void (*k)(const T *, const TW *, T *, float *, int64_t, int, float, float, fwd_rows) =
-        G == 2 ? fwd_short<T, TW, W, 2> : G == 4 ? fwd_short<T, TW, W, 4> : G == 8 ? fwd_short<T, TW, W, 8>
-        : G == 16 ? fwd_short<T, TW, W, 16> : fwd_short<T, TW, W, 32>;
+    void (*k)(const T *, const TW *, T *, float *, int64_t, int, float, float, fwd_rows, norm_rope) =
+        a->rope ? fwd_short_of<T, TW, W, true>(G) : fwd_short_of<T, TW, W, false>(G);
     const fwd_ptrs p = fwd_ptrs_of(a);
     const int64_t per_block = (SHORT_THREADS / 32) * (32 / G) * SR;
     k<<<(unsigned)lk_cdiv(rows, per_block), SHORT_THREADS, 0, st>>>((const T *)p.x, (const TW *)p.w, (T *)p.y,
                                                                     p.rstd, rows, n, (float)a->eps,
-                                                                    a->weight_offset, p.m);
+                                                                    a->weight_offset, p.m, norm_rope_of(a, n));
     LK_CUDA_LAUNCHED("rms_norm: fused (cuda) forward, short rows");
     *taken = 1;
     return LK_OK;
@@ -733,18 +895,21 @@ static lk_status launch_bwd_short(const lk_rms_norm_args *a, float *partial, int
     const int units = n / W, G = short_group(units);
     *taken = 0;
     if (!takes_short<T, W>(a, units, rows)) return LK_OK;
-    void (*k)(const T *, const TW *, const T *, T *, const float *, float *, int64_t, int, float, bwd_rows) =
-        G == 2 ? bwd_short<T, TW, W, 2> : G == 4 ? bwd_short<T, TW, W, 4> : G == 8 ? bwd_short<T, TW, W, 8>
-        : G == 16 ? bwd_short<T, TW, W, 16> : bwd_short<T, TW, W, 32>;
+    void (*k)(const T *, const TW *, const T *, T *, const float *, float *, int64_t, int, float, bwd_rows,
+              norm_rope) = a->rope ? bwd_short_of<T, TW, W, true>(G) : bwd_short_of<T, TW, W, false>(G);
     const int64_t per_block = (SHORT_THREADS / 32) * (32 / G) * SR;
-    lk_status s = fit_grid(k, SHORT_THREADS, max_parts < lk_cdiv(rows, per_block) ? max_parts : lk_cdiv(rows, per_block),
-                           parts);
+    /* The grid is what fits of the ROPE kernel (the larger: 116 registers in bf16, 4 blocks an
+     * SM, against 94 and 5), with or without rope: the dweight parts follow the grid, so a
+     * norm with rope and one without (then the fused RoPE) sum dweight in the same order,
+     * to the same bits. The plain kernel gives up its fifth block an SM (not measured). */
+    lk_status s = fit_grid(bwd_short_of<T, TW, W, true>(G), SHORT_THREADS,
+                           max_parts < lk_cdiv(rows, per_block) ? max_parts : lk_cdiv(rows, per_block), parts);
     if (s) return s;
     bwd_rows rw;
     lk_rows_of(&a->x, &rw.x), lk_rows_of(&a->dy, &rw.dy), lk_rows_of(&a->dx, &rw.dx);
     k<<<(unsigned)*parts, SHORT_THREADS, 0, st>>>((const T *)a->x.data, (const TW *)a->weight.data,
                                                  (const T *)a->dy.data, (T *)a->dx.data, (const float *)a->saved.data,
-                                                 partial, rows, n, a->weight_offset, rw);
+                                                 partial, rows, n, a->weight_offset, rw, norm_rope_of(a, n));
     LK_CUDA_LAUNCHED("rms_norm: fused (cuda) backward, short rows");
     *taken = 1;
     return LK_OK;
@@ -801,6 +966,8 @@ static lk_status forward(const lk_rms_norm_args *a, lk_ctx *ctx) {
     const void *ptrs[] = {a->x.data, a->weight.data, a->y.data, a->residual.data, a->delta.data};
     const lk_tensor *views[] = {&a->x, &a->y};
     plan p = plan_of(n, a->x.dtype, ptrs, 5, views, 2);
+    lk_status s = rope_refused(&p, a, rows, n);
+    if (s) return s;
     if (a->x.dtype == LK_F32) return forward_as<float, float>(&p, a, rows, (int)n, st);
     if (f32_weight(a)) return forward_as<lk_bf16_t, float>(&p, a, rows, (int)n, st);
     return forward_as<lk_bf16_t, lk_bf16_t>(&p, a, rows, (int)n, st);
@@ -812,22 +979,26 @@ static lk_status backward(const lk_rms_norm_args *a, lk_ctx *ctx) {
     if (rows == 0) return lk_rms_dw_zero(a, st);
     if (n > INT32_MAX / 2)
         return lk_error(LK_ESHAPE, "rms_norm: fused (cuda): x: expected n below 2^30, got %lld", (long long)n);
+    const void *ptrs[] = {a->x.data, a->weight.data, a->dy.data, a->dx.data, a->residual.data};
+    const lk_tensor *views[] = {&a->x, &a->dy, &a->dx};
+    plan p = plan_of(n, a->x.dtype, ptrs, 5, views, 3);
+    lk_status s = rope_refused(&p, a, rows, n);   /* before the workspace is taken */
+    if (s) return s;
     int want_dw = a->weight.data && a->dweight.data;
     int64_t parts = 0;
     float *partial = NULL;
     if (want_dw && (partial = (float *)lk_arena_alloc(ctx->arena, workspace_bytes(rows, n, a->x.dtype, 1))) == NULL)
         return lk_error(LK_EINTERNAL, "rms_norm: fused (cuda): the dweight workspace was not reserved");
-    const void *ptrs[] = {a->x.data, a->weight.data, a->dy.data, a->dx.data, a->residual.data};
-    const lk_tensor *views[] = {&a->x, &a->dy, &a->dx};
-    plan p = plan_of(n, a->x.dtype, ptrs, 5, views, 3);
     int64_t mp = bwd_parts(rows, n);
-    lk_status s = a->x.dtype == LK_F32 ? backward_as<float, float>(&p, a, partial, mp, rows, (int)n, st, &parts)
-                  : f32_weight(a)    ? backward_as<lk_bf16_t, float>(&p, a, partial, mp, rows, (int)n, st, &parts)
-                                     : backward_as<lk_bf16_t, lk_bf16_t>(&p, a, partial, mp, rows, (int)n, st, &parts);
+    s = a->x.dtype == LK_F32 ? backward_as<float, float>(&p, a, partial, mp, rows, (int)n, st, &parts)
+        : f32_weight(a)      ? backward_as<lk_bf16_t, float>(&p, a, partial, mp, rows, (int)n, st, &parts)
+                             : backward_as<lk_bf16_t, lk_bf16_t>(&p, a, partial, mp, rows, (int)n, st, &parts);
     if (s) return s;
     return want_dw ? lk_rms_dw_finish(partial, parts, (int)n, a->dweight.data, a->dweight.dtype, st) : LK_OK;
 }
 
 extern "C" const lk_rms_norm_vtable lk_rms_norm_cuda_fused_vtable = {
     LK_RMS_NORM_VTABLE_VERSION, saved_bytes, workspace_bytes, forward, backward, /* takes_views */ 1,
+    /* takes_rope: on the short kernels, rows of 2-32 16-byte accesses a power of two (a
+     * head's 16-256 bf16, 8-128 f32); other rows are refused by rope_refused */ 1,
 };

@@ -17,7 +17,11 @@
  * f32 master weight): the check case on shapes that take each kernel path, plain,
  * Gemma's offset, dx over dy and the residual mode, dweight an f32 sum (2e-5, far inside
  * a bf16 rounding's 2e-3); a weight of a third dtype or a dweight not of the weight's
- * refused by name. Skipped (77) where there is no GPU. */
+ * refused by name. RoPE after the norm (rms_norm.h's rope, on the short kernels): the
+ * harness's rope case against RoPE's float64 oracle at the same tolerances; bit for bit the
+ * fused row and then the CUDA fused RoPE (y, rstd, dx, dweight; i64 and i32 ids); rows the
+ * short kernels cannot pair refused with rope named; an id out of range NaN in its token's
+ * rows only. Skipped (77) where there is no GPU. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -455,6 +459,235 @@ static void device_mismatch_refused(void **state) {
     lkt_free_all();
 }
 
+/* RoPE after the norm (rms_norm.h's rope) on the fused row: the harness's rope case (y
+ * rotated, dy rotated back, against RoPE's float64 oracle over the norm's) on the views the
+ * model passes, f32 and bf16 (and bf16 with an f32 weight), on the short kernels' lane
+ * groups: 16 lanes a row (128 bf16; f32 32), 8 (64 bf16), 2 (16 bf16; f32 4), more rows
+ * than the backward grid holds at once (1000x16x128). eager_fp32 does not rotate. */
+static void rope_matches_reference(void **state) {
+    (void)state;
+    const lk_impl *impl = lk_impl_find(LK_OP_RMS_NORM, "fused", LK_DEVICE_CUDA);
+    assert_non_null(impl);
+    assert_true(lk_rms_norm_takes_rope(impl));
+    assert_false(lk_rms_norm_takes_rope(lk_impl_find(LK_OP_RMS_NORM, "eager_fp32", LK_DEVICE_CUDA)));
+    static const lk_shape shapes[] = {{3, {29, 3, 128}}, {3, {13, 8, 64}}, {3, {1000, 16, 128}}, {3, {9, 4, 16}}};
+    const lk_rms_norm_case cs[] = {{.views = 1, .rope = 1}, {.views = 1, .rope = 1, .f32_weight = 1}};
+    for (int d = 0; d < 2; d++)
+        for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
+            for (size_t c = 0; c < 2; c++) {
+                lk_dtype dt = d ? LK_BF16 : LK_F32;
+                if (cs[c].f32_weight && dt == LK_F32) continue;
+                lk_check_row row;
+                lk_rms_norm_errors e;
+                lk_status st = lk_rms_norm_check_case(impl, dt, &shapes[i], 1010 + i, &cs[c], &row, &e);
+                if (st) print_error("%s\n", lk_last_error());
+                assert_int_equal(st, LK_OK);
+                double t = tol(impl, dt, 1);
+                print_message("  fused %-4s %-12s rope%s: y %.2e dx %.2e dw %.2e\n", lk_dtype_name(dt), row.shape,
+                              cs[c].f32_weight ? ", f32 weight" : "", e.y, e.dx, e.dweight);
+                assert_true(e.y <= t && e.dx <= t && e.dweight <= t);
+            }
+}
+
+/* Rows the short kernels cannot pair are refused by the fused row with rope named, each
+ * pass, before anything runs: not 16-byte accesses (n = 34; an odd number of f32 pairs),
+ * accesses not a power of two (bf16 48: 6; f32 24: 6), too many (bf16 512: 64 accesses). */
+static void rope_unpaired_rows_refused(void **state) {
+    (void)state;
+    const lk_impl *impl = lk_impl_find(LK_OP_RMS_NORM, "fused", LK_DEVICE_CUDA);
+    static const struct {
+        lk_dtype dt;
+        lk_shape shape;
+    } cs[] = {{LK_BF16, {3, {5, 2, 34}}}, {LK_F32, {3, {5, 2, 34}}}, {LK_F32, {3, {3, 2, 18}}},
+              {LK_BF16, {3, {5, 2, 48}}}, {LK_F32, {3, {5, 2, 24}}}, {LK_BF16, {3, {3, 2, 512}}}};
+    const lk_rms_norm_case c = {.views = 1, .rope = 1};
+    for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
+        lk_check_row row;
+        lk_status st = lk_rms_norm_check_case(impl, cs[i].dt, &cs[i].shape, 1030 + i, &c, &row, NULL);
+        print_message("  fused %-4s %-10s rope -> %s: %s\n", lk_dtype_name(cs[i].dt), row.shape, lk_status_name(st),
+                      lk_last_error());
+        assert_int_equal(st, LK_EINVAL);
+        assert_non_null(strstr(lk_last_error(), "rms_norm: fused (cuda): rope: expected"));
+    }
+    lkt_free_all();
+}
+
+/* A [T, H, n] call with rope on the GPU (positions of packed documents) and its tables,
+ * the layout the model passes: x and dx token-major, y and dy head-major. */
+#define ROPE_MAX 64
+typedef struct {
+    int64_t T, H, n, all;
+    lk_dtype dt, pdt;
+    size_t tb, vb, sb;
+    void *x, *w, *dy, *y, *dx, *dw, *sv, *y2, *k2, *dy2, *dk2, *dx2, *dw2, *sv2, *cos, *sin, *pos;
+    lk_rms_norm_rope rope;
+    lk_arena arena;
+    lk_ctx ctx;
+} grope;
+
+static void *upload_bytes(const void *h, size_t bytes) {
+    void *d = lkt_dev(bytes);
+    assert_int_equal(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    return d;
+}
+
+static void grope_init(grope *f, lk_dtype dt, lk_dtype pdt, int64_t T, int64_t H, int64_t n, uint32_t seed) {
+    memset(f, 0, sizeof *f);
+    f->T = T, f->H = H, f->n = n, f->all = T * H * n, f->dt = dt, f->pdt = pdt;
+    f->tb = (size_t)f->all * lk_dtype_size(dt), f->vb = (size_t)n * lk_dtype_size(dt);
+    double *x = lkt_alloc(f->all), *dy = lkt_alloc(f->all), *w = lkt_alloc(n);
+    lkt_randn(x, f->all, &seed, 1.0);
+    lkt_randn(dy, f->all, &seed, 1.0);
+    lkt_randn(w, n, &seed, 0.2);
+    for (int64_t j = 0; j < n; j++) w[j] += 1.0;
+    f->x = lkt_upload(x, f->all, dt), f->dy = lkt_upload(dy, f->all, dt), f->w = lkt_upload(w, n, dt);
+    void **outs[] = {&f->y, &f->dx, &f->y2, &f->k2, &f->dy2, &f->dk2, &f->dx2};
+    for (size_t i = 0; i < sizeof outs / sizeof *outs; i++) {
+        *outs[i] = lkt_dev(f->tb);
+        lkt_poison(*outs[i], f->tb);
+    }
+    f->dw = lkt_dev(f->vb), f->dw2 = lkt_dev(f->vb);
+    lkt_poison(f->dw, f->vb), lkt_poison(f->dw2, f->vb);
+    float *c = malloc(sizeof(float) * ROPE_MAX * (size_t)(n / 2)), *s = malloc(sizeof(float) * ROPE_MAX * (size_t)(n / 2));
+    lk_tensor ct = lk_tensor_2d(c, LK_F32, ROPE_MAX, n / 2), st = lk_tensor_2d(s, LK_F32, ROPE_MAX, n / 2);
+    assert_int_equal(lk_rope_tables(1e6, n, NULL, &ct, &st), LK_OK);
+    f->cos = upload_bytes(c, sizeof(float) * ROPE_MAX * (size_t)(n / 2));
+    f->sin = upload_bytes(s, sizeof(float) * ROPE_MAX * (size_t)(n / 2));
+    free(c), free(s);
+    int64_t *p64 = malloc(sizeof(int64_t) * (size_t)T);
+    int32_t *p32 = malloc(sizeof(int32_t) * (size_t)T);
+    for (int64_t t = 0; t < T; t++) p64[t] = p32[t] = (int32_t)(t % 11 + (t / 11) % 3);   /* documents of 11 tokens */
+    f->pos = pdt == LK_I64 ? upload_bytes(p64, sizeof(int64_t) * (size_t)T) : upload_bytes(p32, sizeof(int32_t) * (size_t)T);
+    free(p64), free(p32);
+    f->rope = (lk_rms_norm_rope){lkt_view(f->cos, LK_F32, 2, (int64_t[]){ROPE_MAX, n / 2}),
+                                 lkt_view(f->sin, LK_F32, 2, (int64_t[]){ROPE_MAX, n / 2}), lkt_view(f->pos, pdt, 1, &T)};
+    lk_tensor xt = lkt_view(f->x, dt, 3, (int64_t[]){T, H, n});
+    assert_int_equal(lk_rms_norm_saved_bytes(lk_impl_find(LK_OP_RMS_NORM, "fused", LK_DEVICE_CUDA), &xt, &f->sb), LK_OK);
+    f->sv = lkt_dev(f->sb), f->sv2 = lkt_dev(f->sb);
+    lkt_poison(f->sv, f->sb), lkt_poison(f->sv2, f->sb);
+    f->arena = (lk_arena){.device = LK_DEVICE_CUDA};
+    f->ctx = lk_ctx_cuda(&f->arena, NULL, 0);
+}
+
+/* [T, H, n] head-major over p: the layout the model writes q and k in, and RoPE's [1, H, T, n]. */
+static lk_tensor grope_head_major(void *p, const grope *f) {
+    lk_tensor t = lkt_view(p, f->dt, 3, (int64_t[]){f->T, f->H, f->n});
+    t.stride[0] = f->n, t.stride[1] = f->T * f->n;
+    return t;
+}
+
+static lk_rms_norm_args grope_call(grope *f, void *y, void *dy, void *dx, void *dw, void *sv, int rope) {
+    return (lk_rms_norm_args){
+        .x = lkt_view(f->x, f->dt, 3, (int64_t[]){f->T, f->H, f->n}), .weight = lkt_view(f->w, f->dt, 1, &f->n),
+        .y = grope_head_major(y, f), .dy = grope_head_major(dy, f), .dx = lkt_view(dx, f->dt, 3, (int64_t[]){f->T, f->H, f->n}),
+        .dweight = lkt_view(dw, f->dt, 1, &f->n), .saved = {sv, f->sb}, .eps = 1e-6, .rope = rope ? &f->rope : NULL,
+    };
+}
+
+/* The CUDA fused RoPE over [1, H, T, n] in place on q (k a copy of q, rotated alike). */
+static void grope_fused_rope(grope *f, void *q, void *k, int backward) {
+    assert_int_equal(cudaMemcpy(k, q, f->tb, cudaMemcpyDeviceToDevice), cudaSuccess);
+    lk_tensor tq = lkt_view(q, f->dt, 4, (int64_t[]){1, f->H, f->T, f->n}), tk = tq;
+    tk.data = k;
+    lk_rope_args r = {.q = tq, .k = tk, .q_out = tq, .k_out = tk, .dq_out = tq, .dk_out = tk, .dq = tq, .dk = tk,
+                      .cos = f->rope.cos, .sin = f->rope.sin,
+                      .position_ids = lkt_view(f->pos, f->pdt, 2, (int64_t[]){1, f->T})};
+    const lk_impl *rope = lk_impl_find(LK_OP_ROPE, "fused", LK_DEVICE_CUDA);
+    assert_non_null(rope);
+    assert_int_equal(backward ? lk_rope_backward(rope, &r, &f->ctx) : lk_rope_forward(rope, &r, &f->ctx), LK_OK);
+}
+
+/* 1 when n bytes of two device buffers are the same. */
+static int same_bits(const void *a, const void *b, size_t n) {
+    unsigned char *ha = malloc(n), *hb = malloc(n);
+    assert_int_equal(cudaMemcpy(ha, a, n, cudaMemcpyDeviceToHost), cudaSuccess);
+    assert_int_equal(cudaMemcpy(hb, b, n, cudaMemcpyDeviceToHost), cudaSuccess);
+    int same = memcmp(ha, hb, n) == 0;
+    free(ha), free(hb);
+    return same;
+}
+
+/* The fused row with rope is the fused row and then the CUDA fused RoPE, bit for bit: y,
+ * rstd, dx and dweight (rope/rotate.cuh's one formula in both kernels; the backward's grid,
+ * hence dweight's order of sums, the same with and without rope), f32 and bf16, i64 and i32
+ * ids, on each lane group: 16 (bf16 128), 8 (bf16 64; f32 32), 2 (bf16 16), 32 (f32 128),
+ * and more rows than the backward grid holds at once (1000x16x128: a persistent grid). */
+static void rope_is_norm_then_fused_rope(void **state) {
+    (void)state;
+    const lk_impl *impl = lk_impl_find(LK_OP_RMS_NORM, "fused", LK_DEVICE_CUDA);
+    static const int64_t dims[][3] = {{29, 3, 128}, {13, 8, 64}, {1000, 16, 128}, {9, 4, 16}};
+    for (int d = 0; d < 2; d++)
+        for (size_t k = 0; k < sizeof dims / sizeof *dims; k++) {
+            grope f;
+            lk_dtype pdt = k % 2 ? LK_I32 : LK_I64;
+            grope_init(&f, d ? LK_BF16 : LK_F32, pdt, dims[k][0], dims[k][1], dims[k][2], 720u + (uint32_t)k);
+            lk_rms_norm_args a = grope_call(&f, f.y, f.dy, f.dx, f.dw, f.sv, 1);
+            assert_int_equal(lk_rms_norm_forward(impl, &a, &f.ctx), LK_OK);
+            assert_int_equal(lk_rms_norm_backward(impl, &a, &f.ctx), LK_OK);
+            lk_rms_norm_args b = grope_call(&f, f.y2, f.dy2, f.dx2, f.dw2, f.sv2, 0);
+            assert_int_equal(lk_rms_norm_forward(impl, &b, &f.ctx), LK_OK);
+            grope_fused_rope(&f, f.y2, f.k2, 0);
+            assert_int_equal(cudaMemcpy(f.dy2, f.dy, f.tb, cudaMemcpyDeviceToDevice), cudaSuccess);
+            grope_fused_rope(&f, f.dy2, f.dk2, 1);
+            assert_int_equal(lk_rms_norm_backward(impl, &b, &f.ctx), LK_OK);
+            assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+            int sy = same_bits(f.y, f.y2, f.tb), sr = same_bits(f.sv, f.sv2, f.sb), sx = same_bits(f.dx, f.dx2, f.tb),
+                sw = same_bits(f.dw, f.dw2, f.vb);
+            print_message("  fused + rope (cuda) %-4s %s ids [%lld, %lld, %lld]: y %s, rstd %s, dx %s, dweight %s\n",
+                          lk_dtype_name(f.dt), lk_dtype_name(pdt), (long long)f.T, (long long)f.H, (long long)f.n,
+                          sy ? "same bits" : "DIFFER", sr ? "same bits" : "DIFFER", sx ? "same bits" : "DIFFER",
+                          sw ? "same bits" : "DIFFER");
+            assert_true(sy && sr && sx && sw);
+            double *out = lkt_alloc(f.all);   /* and written: no poison left */
+            lkt_download(f.y, f.all, f.dt, out);
+            for (int64_t e = 0; e < f.all; e++) assert_true(isfinite(out[e]));
+            lkt_download(f.dx, f.all, f.dt, out);
+            for (int64_t e = 0; e < f.all; e++) assert_true(isfinite(out[e]));
+            lk_arena_free(&f.arena);
+            lkt_free_all();
+        }
+}
+
+/* Position ids are device memory the facade does not read: an id outside [0, max_pos)
+ * gives NaN in that token's rows (all n dims rotate), as the CUDA fused RoPE does, and
+ * nothing else changes; no read outside the tables. */
+static void rope_bad_ids_give_nan(void **state) {
+    (void)state;
+    const lk_impl *impl = lk_impl_find(LK_OP_RMS_NORM, "fused", LK_DEVICE_CUDA);
+    for (int d = 0; d < 2; d++) {
+        grope f;
+        grope_init(&f, d ? LK_BF16 : LK_F32, d ? LK_I32 : LK_I64, 6, 2, 64, 740);
+        lk_rms_norm_args a = grope_call(&f, f.y, f.dy, f.dx, f.dw, f.sv, 1);
+        assert_int_equal(lk_rms_norm_forward(impl, &a, &f.ctx), LK_OK);   /* in range: y2 */
+        assert_int_equal(cudaMemcpy(f.y2, f.y, f.tb, cudaMemcpyDeviceToDevice), cudaSuccess);
+        int64_t bad[] = {ROPE_MAX, -1};
+        for (int b = 0; b < 2; b++) {
+            size_t es = lk_dtype_size(f.pdt);
+            int32_t b32 = (int32_t)bad[b];
+            assert_int_equal(cudaMemcpy((char *)f.pos + 3 * es, f.pdt == LK_I64 ? (void *)&bad[b] : (void *)&b32, es,
+                                        cudaMemcpyHostToDevice), cudaSuccess);
+            lkt_poison(f.y, f.tb);
+            assert_int_equal(lk_rms_norm_forward(impl, &a, &f.ctx), LK_OK);
+            assert_int_equal(lk_rms_norm_backward(impl, &a, &f.ctx), LK_OK);
+            double *y = lkt_alloc(f.all), *y2 = lkt_alloc(f.all), *dx = lkt_alloc(f.all);
+            lkt_download(f.y, f.all, f.dt, y);
+            lkt_download(f.y2, f.all, f.dt, y2);
+            lkt_download(f.dx, f.all, f.dt, dx);
+            for (int64_t h = 0; h < f.H; h++)   /* y head-major [H, T, n], dx token-major [T, H, n] */
+                for (int64_t t = 0; t < f.T; t++)
+                    for (int64_t j = 0; j < f.n; j++) {
+                        double v = y[(h * f.T + t) * f.n + j], g = dx[(t * f.H + h) * f.n + j];
+                        if (t == 3) assert_true(isnan(v) && isnan(g));
+                        else assert_true(v == y2[(h * f.T + t) * f.n + j] && isfinite(g));
+                    }
+            print_message("  fused %-4s %s id %lld at token 3: its rows NaN, the others as before\n",
+                          lk_dtype_name(f.dt), lk_dtype_name(f.pdt), (long long)bad[b]);
+        }
+        lk_arena_free(&f.arena);
+        lkt_free_all();
+    }
+}
+
 int main(void) {
     if (!lkt_have_gpu("cuda_test_rms_norm")) return LKT_SKIP;
     const struct CMUnitTest tests[] = {
@@ -467,6 +700,10 @@ int main(void) {
         cmocka_unit_test(f32_weight_matches_reference),
         cmocka_unit_test(f32_weight_bad_dtypes_refused),
         cmocka_unit_test(views_match_reference),
+        cmocka_unit_test(rope_matches_reference),
+        cmocka_unit_test(rope_unpaired_rows_refused),
+        cmocka_unit_test(rope_is_norm_then_fused_rope),
+        cmocka_unit_test(rope_bad_ids_give_nan),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -828,8 +828,13 @@ static void rope_matches_reference(void **state) {
             if (dtypes[d] == LK_BF16) expect_matches("fused", LK_BF16, shapes[k], &cw, 710 + k);
         }
     assert_true(lk_rms_norm_takes_rope(impl_named("fused")));
+    for (int64_t n = 1; n <= 300; n += 37)   /* the CPU row: every row */
+        assert_true(lk_rms_norm_takes_rope_rows(impl_named("fused"), n, LK_BF16));
     for (size_t i = 0; i < N_NAMES; i++)
-        if (strcmp(names[i], "fused")) assert_false(lk_rms_norm_takes_rope(impl_named(names[i])));
+        if (strcmp(names[i], "fused")) {
+            assert_false(lk_rms_norm_takes_rope(impl_named(names[i])));
+            assert_false(lk_rms_norm_takes_rope_rows(impl_named(names[i]), 128, LK_BF16));
+        }
 }
 
 /* A [T, H, n] call with rope (positions of packed documents) and its tables. */

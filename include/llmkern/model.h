@@ -59,9 +59,11 @@ LK_API lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *
 LK_API void lk_model_free(lk_model *m);
 /* 1 when a layer bound to these rotates q and k inside their norms (rms_norm.h's rope: one
  * pass over q and k each way where two were, the bits of the norms and then RoPE): both
- * norms take views and rope, and RoPE is the `fused` row, whose arithmetic theirs is.
- * `llmkern explain` says so under its table. */
-LK_API int lk_model_rope_in_norms(const lk_impl *q_norm, const lk_impl *k_norm, const lk_impl *rope);
+ * norms take views and rope on rows of head_dim elements of dt (lk_rms_norm_takes_rope_rows;
+ * head_dim 0: not asked), and RoPE is the `fused` row, whose arithmetic theirs is. Else the
+ * layer runs RoPE on its own. `llmkern explain` says so under its table. */
+LK_API int lk_model_rope_in_norms(const lk_impl *q_norm, const lk_impl *k_norm, const lk_impl *rope, int64_t head_dim,
+                                  lk_dtype dt);
 /* The compute dtype (f32 at create): LK_BF16 runs every op on bf16 weights and
  * activations (mixed precision) while the parameters' values stay the f32 master
  * (lk_param) and the gradients f32 (or bf16: lk_model_set_grad_dtype): each forward first

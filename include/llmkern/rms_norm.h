@@ -81,7 +81,7 @@ typedef struct {
     const lk_rms_norm_rope *rope;   /* RoPE after the norm (above); NULL = none */
 } lk_rms_norm_args;
 
-#define LK_RMS_NORM_VTABLE_VERSION 3
+#define LK_RMS_NORM_VTABLE_VERSION 4
 
 typedef struct {
     int version;
@@ -97,6 +97,10 @@ typedef struct {
     /* Version 3: 1 when it takes rope (lk_rms_norm_args.rope); the facade refuses rope
      * to an implementation without it. */
     int takes_rope;
+    /* Version 4: with takes_rope, whether it rotates rows of n elements of dt (x's rows
+     * 16-byte aligned); NULL: every row. A caller that may fall back (the model's separate
+     * RoPE) asks before it passes rope, so no run fails on a head dim the kernels lack. */
+    int (*takes_rope_rows)(int64_t n, lk_dtype dt);
 } lk_rms_norm_vtable;
 
 /* The facade: validates every argument before anything is written, reserves the
@@ -107,6 +111,9 @@ LK_API lk_status lk_rms_norm_saved_bytes(const lk_impl *impl, const lk_tensor *x
 LK_API int lk_rms_norm_takes_views(const lk_impl *impl);
 /* 1 when impl rotates its output by RoPE (lk_rms_norm_args.rope): the fused rows. */
 LK_API int lk_rms_norm_takes_rope(const lk_impl *impl);
+/* 1 when impl rotates rows of n elements of dt by RoPE (16-byte aligned rows): the CPU's
+ * fused row every n, CUDA's rows of 2-32 16-byte accesses a power of two. */
+LK_API int lk_rms_norm_takes_rope_rows(const lk_impl *impl, int64_t n, lk_dtype dt);
 LK_API lk_status lk_rms_norm_forward(const lk_impl *impl, const lk_rms_norm_args *a, lk_ctx *ctx);
 LK_API lk_status lk_rms_norm_backward(const lk_impl *impl, const lk_rms_norm_args *a, lk_ctx *ctx);
 

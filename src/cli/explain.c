@@ -57,7 +57,8 @@ static void text_row(cli_table *t, const lk_ops_config *cfg, const lk_binding *b
     else cli_table_add(t, (const char *[]){op, b->requested, impl, lk_stage_name(b->stage), src});
 }
 
-static lk_status print_text(const cli_opts *o, const lk_ops_config *cfg, const lk_op_table *table) {
+static lk_status print_text(const cli_opts *o, const lk_ops_config *cfg, const lk_op_table *table,
+                            const lk_train_config *tc) {
     static const char *const head[] = {"OP", "REQUESTED", "IMPL", "STAGE", "SOURCE"},
                              *const mod_head[] = {"MODULE", "OP", "REQUESTED", "IMPL", "STAGE", "SOURCE"},
                              *const fb_head[] = {"OP", "FALLBACK"};
@@ -87,7 +88,9 @@ static lk_status print_text(const cli_opts *o, const lk_ops_config *cfg, const l
     const lk_binding *qn = lk_op_table_get(table, LK_OP_RMS_NORM, "layers.0.self_attn.q_norm"),
                      *kn = lk_op_table_get(table, LK_OP_RMS_NORM, "layers.0.self_attn.k_norm"),
                      *rp = lk_op_table_get(table, LK_OP_ROPE, "layers.0.self_attn.rotary_emb");
-    if (qn && kn && rp && lk_model_rope_in_norms(qn->impl, kn->impl, rp->impl)) {
+    /* a config's model: its head dim in the run's dtype; none: the implementations alone */
+    const int64_t head_dim = tc->has_model ? tc->model.head_dim : 0;
+    if (qn && kn && rp && lk_model_rope_in_norms(qn->impl, kn->impl, rp->impl, head_dim, lk_train_dtype(tc))) {
         printf("\n");
         cli_text(stdout, 0, 4, "q_norm and k_norm rotate q and k as they write them (rms_norm's rope, the fused "
                                "RoPE's bits): no RoPE pass of its own (layer 0's bindings)");
@@ -122,11 +125,12 @@ int cli_explain(const cli_opts *o) {
         return 2;
     }
     cfg.device = o->device ? (strcmp(o->device, "cuda") == 0 ? LK_DEVICE_CUDA : LK_DEVICE_CPU) : tc.device;
+    tc.device = cfg.device;   /* the run's dtype follows the device asked for */
     if ((s = lk_ops_config_finalize(&cfg))) return cli_fail("explain", s);
     const char *family = o->family ? o->family : tc.has_model && tc.model.moe ? "qwen3_moe" : "qwen3";
     if ((s = lk_model_build(&cfg, family, &table))) return cli_fail("explain", s);
 
-    if (!o->json) return (s = print_text(o, &cfg, &table)) ? cli_fail("explain", s) : 0;
+    if (!o->json) return (s = print_text(o, &cfg, &table, &tc)) ? cli_fail("explain", s) : 0;
     cli_json j;
     cli_json_begin(&j, stdout);
     for (int op = 0; op < LK_OP_COUNT; op++) json_row(&j, &cfg, &table.op[op]);

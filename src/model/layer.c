@@ -131,13 +131,20 @@ static lk_linear_args lin(const lk_model *m, const void *x, int64_t T, int64_t i
     return (lk_linear_args){.x = t2(m, x, T, in), .weight = t2(m, w, out, in), .y = t2(m, y, T, out)};
 }
 
-int lk_model_rope_in_norms(const lk_impl *q_norm, const lk_impl *k_norm, const lk_impl *rope) {
-    return lk_rms_norm_takes_views(q_norm) && lk_rms_norm_takes_views(k_norm) && lk_rms_norm_takes_rope(q_norm) &&
-           lk_rms_norm_takes_rope(k_norm) && rope && rope->op == LK_OP_ROPE && strcmp(rope->name, "fused") == 0;
+int lk_model_rope_in_norms(const lk_impl *q_norm, const lk_impl *k_norm, const lk_impl *rope, int64_t head_dim,
+                           lk_dtype dt) {
+    const lk_impl *n[2] = {q_norm, k_norm};
+    for (int i = 0; i < 2; i++)
+        if (!lk_rms_norm_takes_views(n[i]) || !lk_rms_norm_takes_rope(n[i]) ||
+            (head_dim > 0 && !lk_rms_norm_takes_rope_rows(n[i], head_dim, dt)))
+            return 0;
+    return rope && rope->op == LK_OP_ROPE && strcmp(rope->name, "fused") == 0;
 }
 
 /* q and k rotated by their norms (model.h): the separate RoPE kernel moved them once more each way. */
-static int rope_in_norms(const lk_layer_ops *op) { return lk_model_rope_in_norms(op->q_norm, op->k_norm, op->rope); }
+static int rope_in_norms(const lk_model *m, const lk_layer_ops *op) {
+    return lk_model_rope_in_norms(op->q_norm, op->k_norm, op->rope, m->D, m->dt);
+}
 
 static lk_rms_norm_rope norm_rope(const lk_model *m) {
     return (lk_rms_norm_rope){.cos = f2(m, m->rope_cos, m->max_pos, m->D / 2),
@@ -201,7 +208,7 @@ static lk_status attention_inputs(lk_model *m, int l, const lk_layer_acts *a, co
     }
     if ((s = to_heads(m, qkv + (Q + K) * es, QKV, a->vt, m->Hk))) return s;
     const lk_rms_norm_rope rp = norm_rope(m);
-    if (rope_in_norms(op)) nq.rope = nk.rope = &rp;
+    if (rope_in_norms(m, op)) nq.rope = nk.rope = &rp;
     if ((s = lk_rms_norm_forward(op->q_norm, &nq, &m->ctx)) || (s = lk_rms_norm_forward(op->k_norm, &nk, &m->ctx)))
         return s;
     if (nq.rope) return LK_OK;
@@ -312,7 +319,7 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
     ctx->comm = NULL;
     if (s) return s;
     const lk_rms_norm_rope rp = norm_rope(m);
-    if (!rope_in_norms(op)) {   /* else the norms' backward rotates dq and dk back */
+    if (!rope_in_norms(m, op)) {   /* else the norms' backward rotates dq and dk back */
         lk_rope_args r = rope_args(m, l, a);
         r.dq_out = r.dq = at.dq;                                  /* rotated back in place */
         r.dk_out = r.dk = at.dk;
@@ -327,7 +334,7 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
     lk_rms_norm_args nq = norm_args(m, sc->dqt, m->Hq * T, m->D, L->qn, a->qr, a->s[S_QN], L->saved[S_QN]);
     lk_rms_norm_args nk = norm_args(m, sc->dkt, m->Hk * T, m->D, L->kn, a->kr, a->s[S_KN], L->saved[S_KN]);
     if (head_views(op)) {
-        if (rope_in_norms(op)) nq.rope = nk.rope = &rp;
+        if (rope_in_norms(m, op)) nq.rope = nk.rope = &rp;
         if (kept) {
             nq.x = heads_tok(m, kept, m->Hq, QKV), nk.x = heads_tok(m, kept + Q * es, m->Hk, QKV);
         } else {

@@ -470,6 +470,12 @@ static void rope_matches_reference(void **state) {
     assert_non_null(impl);
     assert_true(lk_rms_norm_takes_rope(impl));
     assert_false(lk_rms_norm_takes_rope(lk_impl_find(LK_OP_RMS_NORM, "eager_fp32", LK_DEVICE_CUDA)));
+    /* the rows it pairs, as the model asks before it passes rope (else RoPE runs on its own) */
+    assert_true(lk_rms_norm_takes_rope_rows(impl, 128, LK_BF16) && lk_rms_norm_takes_rope_rows(impl, 16, LK_BF16));
+    assert_true(lk_rms_norm_takes_rope_rows(impl, 128, LK_F32) && lk_rms_norm_takes_rope_rows(impl, 8, LK_F32));
+    assert_false(lk_rms_norm_takes_rope_rows(impl, 96, LK_BF16) || lk_rms_norm_takes_rope_rows(impl, 34, LK_BF16));
+    assert_false(lk_rms_norm_takes_rope_rows(impl, 512, LK_BF16) || lk_rms_norm_takes_rope_rows(impl, 256, LK_F32));
+    assert_false(lk_rms_norm_takes_rope_rows(impl, 8, LK_BF16) || lk_rms_norm_takes_rope_rows(impl, 4, LK_F32));
     static const lk_shape shapes[] = {{3, {29, 3, 128}}, {3, {13, 8, 64}}, {3, {1000, 16, 128}}, {3, {9, 4, 16}}};
     const lk_rms_norm_case cs[] = {{.views = 1, .rope = 1}, {.views = 1, .rope = 1, .f32_weight = 1}};
     for (int d = 0; d < 2; d++)

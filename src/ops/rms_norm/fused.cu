@@ -828,6 +828,13 @@ static int short_group(int units) {
 /* rope runs on the short kernels alone, with a row's accesses a power of two (units == G:
  * a lane's partner dims one shuffle away); anything else is refused by name before a
  * launch (the facade checked the rest). */
+/* The rows the short kernels pair for rope: 2-32 16-byte accesses, a power of two (a lane's
+ * partner dims one shuffle away). The vtable's takes_rope_rows; rope_refused's rule. */
+static int rope_rows(int64_t n, lk_dtype dt) {
+    const int64_t vw = 16 / (int64_t)lk_dtype_size(dt), units = n / vw;
+    return n % vw == 0 && units >= 2 && units <= 32 && (units & (units - 1)) == 0;
+}
+
 static lk_status rope_refused(const plan *p, const lk_rms_norm_args *a, int64_t rows, int64_t n) {
     if (a->rope == NULL || rows == 0) return LK_OK;
     const int vw = a->x.dtype == LK_F32 ? 4 : 8;
@@ -836,7 +843,7 @@ static lk_status rope_refused(const plan *p, const lk_rms_norm_args *a, int64_t 
                         "every tensor's rows 16-byte aligned), got n = %lld%s", vw, (long long)n,
                         n % vw ? "" : " with a row or pointer not 16-byte aligned");
     const int64_t units = n / vw;
-    if (units < 2 || units > 32 || (units & (units - 1)))
+    if (!rope_rows(n, a->x.dtype))
         return lk_error(LK_EINVAL, "rms_norm: fused (cuda): rope: expected rows of 2, 4, 8, 16 or 32 16-byte accesses "
                         "(n = %d, %d, %d, %d or %d), got %lld (n = %lld)", 2 * vw, 4 * vw, 8 * vw, 16 * vw, 32 * vw,
                         (long long)units, (long long)n);
@@ -1000,5 +1007,5 @@ static lk_status backward(const lk_rms_norm_args *a, lk_ctx *ctx) {
 extern "C" const lk_rms_norm_vtable lk_rms_norm_cuda_fused_vtable = {
     LK_RMS_NORM_VTABLE_VERSION, saved_bytes, workspace_bytes, forward, backward, /* takes_views */ 1,
     /* takes_rope: on the short kernels, rows of 2-32 16-byte accesses a power of two (a
-     * head's 16-256 bf16, 8-128 f32); other rows are refused by rope_refused */ 1,
+     * head's 16-256 bf16, 8-128 f32); other rows are refused by rope_refused */ 1, rope_rows,
 };

@@ -53,6 +53,12 @@ int lk_rms_norm_takes_rope(const lk_impl *impl) {
     return vt && vt->version >= 3 && vt->takes_rope;
 }
 
+int lk_rms_norm_takes_rope_rows(const lk_impl *impl, int64_t n, lk_dtype dt) {
+    if (!lk_rms_norm_takes_rope(impl)) return 0;
+    const lk_rms_norm_vtable *vt = impl->vtable;
+    return vt->version < 4 || vt->takes_rope_rows == NULL || vt->takes_rope_rows(n, dt);
+}
+
 /* RoPE after the norm (rms_norm.h): an implementation that takes it, x [T, H, n] with n
  * even, the tables f32 [max_pos, n/2], position_ids [T] (on the CPU each in range); not
  * with the residual mode. */

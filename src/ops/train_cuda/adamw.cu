@@ -102,7 +102,8 @@ static __device__ __forceinline__ void st_moment(void *p, int bf16, int64_t i, f
  * run of eight at a time (16-byte bf16 loads) at 4 blocks an SM, where the roundings' integer
  * work wants warps (9.50 ms where 4 unrolled runs at 4 blocks took 10.62 on the MoE step);
  * runs of four, one at a time, at 5 blocks an SM left the SM's memory pipe idle while a run's
- * arithmetic issued: 72 KB in flight an SM, 2.9 TB/s (bench/NOTES.md, thirty-fifth session).
+ * arithmetic issued: 72 KB in flight an SM, 2.9 TB/s (bench/NOTES.md, thirty-fifth session);
+ * runs of eight took 9.77 ms where they took 10.60 (H100, thirty-eighth session).
  * f32 state, bound by memory alone, keeps four runs of four unrolled (14.48 ms against 14.81
  * lean: twenty-ninth and thirtieth sessions). */
 template <bool LEAN>

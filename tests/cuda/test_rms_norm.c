@@ -167,6 +167,28 @@ static void check_cases(const lk_shape *shapes, size_t n_shapes, const lk_rms_no
     }
 }
 
+/* The fused row on each shape with cs[0] (f32 and bf16) and cs[1] (its f32-weight twin, bf16
+ * only) against the float64 reference, seeds from seed0: y, dx and dweight within the dtype's
+ * tolerance (check.h's, as above). */
+static void fused_cases(const lk_impl *impl, const lk_shape *shapes, size_t n_shapes, const lk_rms_norm_case cs[2],
+                        const char *label, uint32_t seed0) {
+    for (int d = 0; d < 2; d++)
+        for (size_t i = 0; i < n_shapes; i++)
+            for (size_t c = 0; c < 2; c++) {
+                lk_dtype dt = d ? LK_BF16 : LK_F32;
+                if (cs[c].f32_weight && dt == LK_F32) continue;
+                lk_check_row row;
+                lk_rms_norm_errors e;
+                lk_status st = lk_rms_norm_check_case(impl, dt, &shapes[i], seed0 + (uint32_t)i, &cs[c], &row, &e);
+                if (st) print_error("%s\n", lk_last_error());
+                assert_int_equal(st, LK_OK);
+                double t = tol(impl, dt, 1);
+                print_message("  fused %-4s %-12s %s%s: y %.2e dx %.2e dw %.2e\n", lk_dtype_name(dt), row.shape, label,
+                              cs[c].f32_weight ? ", f32 weight" : "", e.y, e.dx, e.dweight);
+                assert_true(e.y <= t && e.dx <= t && e.dweight <= t);
+            }
+}
+
 /* The residual mode, each forward kernel: the warp a row (7x4096, 5x520 with idle lanes),
  * the block register kernel (17x8, 64x200), the looped one (3x40000, 29x4097 scalar), odd
  * lengths (9x301, 7x13), more rows than the backward grid (4099x1024). */
@@ -214,21 +236,7 @@ static void views_match_reference(void **state) {
     static const lk_shape shapes[] = {{3, {9, 16, 128}}, {3, {5, 3, 520}}, {3, {17, 2, 8}}, {3, {7, 3, 200}},
                                       {3, {2, 2, 40000}}, {3, {3, 2, 4097}}, {3, {4099, 2, 64}}};
     const lk_rms_norm_case cs[] = {{.views = 1}, {.views = 1, .f32_weight = 1}};
-    for (int d = 0; d < 2; d++)
-        for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
-            for (size_t c = 0; c < 2; c++) {
-                lk_dtype dt = d ? LK_BF16 : LK_F32;
-                if (cs[c].f32_weight && dt == LK_F32) continue;
-                lk_check_row row;
-                lk_rms_norm_errors e;
-                lk_status st = lk_rms_norm_check_case(impl, dt, &shapes[i], 970 + i, &cs[c], &row, &e);
-                if (st) print_error("%s\n", lk_last_error());
-                assert_int_equal(st, LK_OK);
-                double t = tol(impl, dt, 1);   /* the dtype's tolerance, as above */
-                print_message("  fused %-4s %-12s views%s: y %.2e dx %.2e dw %.2e\n", lk_dtype_name(dt), row.shape,
-                              cs[c].f32_weight ? ", f32 weight" : "", e.y, e.dx, e.dweight);
-                assert_true(e.y <= t && e.dx <= t && e.dweight <= t);
-            }
+    fused_cases(impl, shapes, sizeof shapes / sizeof *shapes, cs, "views", 970);
     const lk_impl *eager = lk_impl_find(LK_OP_RMS_NORM, "eager_fp32", LK_DEVICE_CUDA);
     assert_non_null(eager);
     assert_false(lk_rms_norm_takes_views(eager));
@@ -478,21 +486,7 @@ static void rope_matches_reference(void **state) {
     assert_false(lk_rms_norm_takes_rope_rows(impl, 8, LK_BF16) || lk_rms_norm_takes_rope_rows(impl, 4, LK_F32));
     static const lk_shape shapes[] = {{3, {29, 3, 128}}, {3, {13, 8, 64}}, {3, {1000, 16, 128}}, {3, {9, 4, 16}}};
     const lk_rms_norm_case cs[] = {{.views = 1, .rope = 1}, {.views = 1, .rope = 1, .f32_weight = 1}};
-    for (int d = 0; d < 2; d++)
-        for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++)
-            for (size_t c = 0; c < 2; c++) {
-                lk_dtype dt = d ? LK_BF16 : LK_F32;
-                if (cs[c].f32_weight && dt == LK_F32) continue;
-                lk_check_row row;
-                lk_rms_norm_errors e;
-                lk_status st = lk_rms_norm_check_case(impl, dt, &shapes[i], 1010 + i, &cs[c], &row, &e);
-                if (st) print_error("%s\n", lk_last_error());
-                assert_int_equal(st, LK_OK);
-                double t = tol(impl, dt, 1);
-                print_message("  fused %-4s %-12s rope%s: y %.2e dx %.2e dw %.2e\n", lk_dtype_name(dt), row.shape,
-                              cs[c].f32_weight ? ", f32 weight" : "", e.y, e.dx, e.dweight);
-                assert_true(e.y <= t && e.dx <= t && e.dweight <= t);
-            }
+    fused_cases(impl, shapes, sizeof shapes / sizeof *shapes, cs, "rope", 1010);
 }
 
 /* Rows the short kernels cannot pair are refused by the fused row with rope named, each

@@ -1,9 +1,9 @@
 /* grad_norm.cu — the global gradient norm and clipping on CUDA (cuda_train.h). Two
  * passes, both in a fixed order so the norm has the same bits on every run: each
- * 4096-element block (multi_tensor.cuh) sums its squares in f64 (a thread's 16 elements in
- * order: four runs of four consecutive ones where the block is whole and aligned, else 16
- * strided by the block; then the block's tree) into part[block]; one block of 1024 threads
- * then sums part[] the same way. f64 throughout: the norm's squares of large gradients
+ * 4096-element block (multi_tensor.cuh; two of them a CUDA block) sums its squares in f64
+ * (a thread's 16 elements in order: four runs of four consecutive ones where the block is
+ * whole and aligned, else 16 strided by the block; then the block's tree) into part[block];
+ * one block of 1024 threads then sums part[] the same way. f64 throughout: the norm's squares of large gradients
  * neither overflow nor lose the small ones, and the GPU's f64 rate is far above what
  * the memory delivers here. */
 #include <math.h>

@@ -39,15 +39,12 @@ static __device__ __forceinline__ void lk_mt_st(void *p, int bf16, int64_t i, fl
     else static_cast<float *>(p)[i] = v;
 }
 
-/* Four consecutive f32 or bf16 elements from i (16 or 8 bytes, aligned by the caller), and back. */
+/* Four consecutive f32 or bf16 elements from i (16 or 8 bytes, aligned by the caller). */
 static __device__ __forceinline__ float4 lk_mt_ld4(const void *p, int bf16, int64_t i) {
     if (!bf16) return *reinterpret_cast<const float4 *>(static_cast<const float *>(p) + i);
     const uint2 u = *reinterpret_cast<const uint2 *>(static_cast<const lk_bf16_t *>(p) + i);
     return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u), __uint_as_float(u.y << 16),
                        __uint_as_float(u.y & 0xffff0000u));
-}
-static __device__ __forceinline__ void lk_mt_st4_bf16(lk_bf16_t *p, float4 v) {
-    *reinterpret_cast<uint2 *>(p) = make_uint2(lk_pack_bf16x2(v.x, v.y), lk_pack_bf16x2(v.z, v.w));
 }
 
 /* Whether block `start`'s LK_MT_CHUNK elements are all there and every pointer's piece of

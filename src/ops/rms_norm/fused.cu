@@ -827,9 +827,6 @@ static int short_group(int units) {
     return G;
 }
 
-/* rope runs on the short kernels alone, with a row's accesses a power of two (units == G:
- * a lane's partner dims one shuffle away); anything else is refused by name before a
- * launch (the facade checked the rest). */
 /* The rows the short kernels pair for rope: 2-32 16-byte accesses, a power of two (a lane's
  * partner dims one shuffle away). The vtable's takes_rope_rows; rope_refused's rule. */
 static int rope_rows(int64_t n, lk_dtype dt) {
@@ -837,9 +834,11 @@ static int rope_rows(int64_t n, lk_dtype dt) {
     return n % vw == 0 && units >= 2 && units <= 32 && (units & (units - 1)) == 0;
 }
 
+/* rope runs on the short kernels alone (units == G), on rows rope_rows pairs, 16-byte
+ * aligned; anything else is refused by name before a launch (the facade checked the rest). */
 static lk_status rope_refused(const plan *p, const lk_rms_norm_args *a, int64_t rows, int64_t n) {
     if (a->rope == NULL || rows == 0) return LK_OK;
-    const int vw = a->x.dtype == LK_F32 ? 4 : 8;
+    const int vw = 16 / (int)lk_dtype_size(a->x.dtype);
     if (p->w != vw)
         return lk_error(LK_EINVAL, "rms_norm: fused (cuda): rope: expected rows of 16-byte accesses (n a multiple of %d, "
                         "every tensor's rows 16-byte aligned), got n = %lld%s", vw, (long long)n,

@@ -3,9 +3,9 @@
  * 4096-element block (multi_tensor.cuh; two of them a CUDA block) sums its squares in f64
  * (a thread's 16 elements in order: four runs of four consecutive ones where the block is
  * whole and aligned, else 16 strided by the block; then the block's tree) into part[block];
- * one block of 1024 threads then sums part[] the same way. f64 throughout: the norm's squares of large gradients
- * neither overflow nor lose the small ones, and the GPU's f64 rate is far above what
- * the memory delivers here. */
+ * one block of 1024 threads then sums part[] the same way. f64 throughout: the norm's
+ * squares of large gradients neither overflow nor lose the small ones, and the GPU's f64
+ * rate is far above what the memory delivers here. */
 #include <math.h>
 #include <stdlib.h>
 #include "llmkern/cuda_train.h"
@@ -94,14 +94,10 @@ __global__ void __launch_bounds__(LK_MT_THREADS, 5) sumsq_kernel(const ndesc *li
             s1 = chunk_sumsq(e, (c0 + 1 - e.block0) * (int64_t)LK_MT_CHUNK);
         }
     }
-    s0 = warp_sum_f64(s0), s1 = warp_sum_f64(s1);   /* each chunk's tree as block_sum_f64's */
-    if ((threadIdx.x & 31) == 0) scratch[0][threadIdx.x >> 5] = s0, scratch[1][threadIdx.x >> 5] = s1;
-    __syncthreads();
+    s0 = block_sum_f64(s0, scratch[0]), s1 = block_sum_f64(s1, scratch[1]);   /* each chunk's own tree */
     if (threadIdx.x == 0) {
-        double t0 = 0.0, t1 = 0.0;
-        for (int w = 0; w < LK_MT_THREADS / 32; w++) t0 += scratch[0][w], t1 += scratch[1][w];
-        part[c0] = t0;
-        if (c0 + 1 < chunks) part[c0 + 1] = t1;
+        part[c0] = s0;
+        if (c0 + 1 < chunks) part[c0 + 1] = s1;
     }
 }
 

@@ -16,9 +16,9 @@ typedef struct {
 } ndesc;
 
 __global__ void sumsq_kernel(const ndesc *list, int n_list, int64_t chunks, double *part);
+__global__ void final_kernel(const double *part, int64_t n, double *out);
 
 /* sumsq_kernel's grid: a CUDA block takes two chunks. */
 static inline unsigned lk_sumsq_grid(int64_t chunks) { return (unsigned)((chunks + 1) / 2); }
-__global__ void final_kernel(const double *part, int64_t n, double *out);
 
 #endif

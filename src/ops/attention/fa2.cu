@@ -105,9 +105,6 @@ static __device__ __forceinline__ void block_of(const fa_args &p, int *head, int
 }
 static __device__ __forceinline__ int tiles_of(const fa_args &p) { return p.head_major ? gridDim.y : gridDim.x; }
 
-static __device__ __forceinline__ float2 unpack2(uint32_t u) {
-    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u));
-}
 
 /* The A fragment of keys/queries 16kk..16kk+15 from two m16n8 accumulators (the C
  * layout of n-tiles 2kk and 2kk+1 is the A layout of one k16 step). */
@@ -418,70 +415,38 @@ static __device__ __forceinline__ int4 flex_step(const fa_args &p, int b, int hk
     return make_int4(hk * p.G, 0, -1, 0);   /* past the last step: not reached */
 }
 
-/* dQ[q0 + 16mq.., half dh of D] += dS K for one query tile, added into the f32
- * workspace: warp w takes query m-tile w & 3 and half w >> 2 of D. */
-template <int DP, int BNK>
-static __device__ __forceinline__ void dq_atomic_add(const fa_args &p, const lk_bf16_t *dss, const lk_bf16_t *ks,
-                                                     int q0, int64_t bh, int w, int lane) {
-    constexpr int CW = DP / 2 < 64 ? DP / 2 : 64;
-    const int mq = w & 3, dh = w >> 2, g = lane >> 2, t4 = lane & 3;
-#pragma unroll
-    for (int cc = 0; cc < DP / 2 / CW; cc++) {
-        const int d0 = dh * (DP / 2) + cc * CW;
-        float acc[CW / 8][4];
-#pragma unroll
-        for (int i = 0; i < CW / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < BNK / 16; kk++) {
-            uint32_t a[4];
-            ldsm4t(a, dss + at_b<BMQ>(16 * kk, 2 * mq, lane));
-#pragma unroll
-            for (int dn = 0; dn < CW / 16; dn++) {
-                uint32_t bb[4];
-                ldsm4t(bb, ks + at_a<DP>(16 * kk, d0 / 8 + 2 * dn, lane));
-                mma(acc[2 * dn], a, bb[0], bb[1]), mma(acc[2 * dn + 1], a, bb[2], bb[3]);
-            }
-        }
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) {
-            const int row = q0 + 16 * mq + g + 8 * hh;
-            if (row >= p.Sq) continue;
-            float *dst = p.dq_acc + (bh * p.Sq + row) * p.D;
-#pragma unroll
-            for (int i = 0; i < CW / 8; i++) {
-                const int col = d0 + 8 * i + 2 * t4;
-                if (col >= p.D) continue;
-#if __CUDA_ARCH__ >= 900
-                if (p.vec) {
-                    atomicAdd(reinterpret_cast<float2 *>(dst + col), make_float2(acc[i][2 * hh], acc[i][2 * hh + 1]));
-                    continue;
-                }
-#endif
-                atomicAdd(dst + col, acc[i][2 * hh]);
-                if (col + 1 < p.D) atomicAdd(dst + col + 1, acc[i][2 * hh + 1]);
-            }
-        }
-    }
-}
-
-/* dK, dV of BNk keys of one (b, h_kv); with dq_atomic also dQ += dS K into p.dq_acc.
- * One barrier a step: after it, tile it+1 is issued into the stage every warp finished
- * with in step it-1, and dQ of tile it-1 is formed from the dS^T buffer written then
- * (dS^T is double-buffered), so no warp waits for the others' dS within a step. */
-/* FLEX: the steps are flex_step's (decoded once, at issue, into a ring of three: the
- * step computed, the one issued and the one whose dQ is added), partial tiles masked by
- * their bits by key. */
-template <int DP, int DW, bool CAP, int FLEX>
+/* dK, dV of BNK keys of one (b, h_kv) (BNK 128; D 256: 64), walking the G q heads of its
+ * group and the BMQ-row query tiles that see the keys; with dq_atomic also dQ += dS K
+ * into p.dq_acc. FlashAttention-2's layout: each phase of a step splits its GEMM over the
+ * eight warps in 32 x 32-ish tiles, so every warp reads only its rows and columns of the
+ * operands, and P and dS go through shared memory between the phases:
+ *   S, dP   S = Q Kᵀ and dP = dO Vᵀ (queries as M): warp (w % 2, w / 2) takes query rows
+ *           32 (w % 2).. and keys BNK / 4 · (w / 2)..; P = exp2(scale·s − lse) and
+ *           dS = P ∘ (dP − δ) from the f32 P, both stored as bf16 [query][key]
+ *   dV, dK  dV += Pᵀ dO and dK += dSᵀ Q (keys as M): warp (w % KW, w / KW) takes keys
+ *           32 (w % KW).. and head columns DH (w / KW)..; dV and dK stay in registers for
+ *           the whole walk (GQA's heads summed there: no atomics on them)
+ *   dQ      dQ = dS K: warp (w % 2, w / 2) takes query rows 32 (w % 2).. and head columns
+ *           DP / 4 · (w / 2).., added into the f32 workspace by float2 atomics
+ * The first version gave each warp 16 keys and every query of the step in all four GEMMs:
+ * each warp read the whole Q and dO tile four times, 736 KB of shared memory a step at
+ * D 128 against this layout's 576, and ran at 0.73x FlashAttention-2's backward
+ * (bench/NOTES.md). Two barriers a step: one before the step (its tiles landed, every warp
+ * past the last step, whose stage then refills), one between the phases (P and dS
+ * written). FLEX: the steps are flex_step's (decoded at issue into a ring of three),
+ * partial tiles masked by their bits by query row. */
+template <int DP, bool CAP, int FLEX>
 static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq_atomic) {
-    constexpr int NT = 256, KW = 8 / DW, BNK = 16 * KW, DH = DP / DW, NQ = BMQ / 8;
+    constexpr int NT = 256, BNK = DP == 256 ? 64 : 128, KW = BNK / 32, DH = DP / (8 / KW);
+    constexpr int SK = BNK / 4, NS = SK / 8, DQ = DP / 4;
+    static_assert(BNK == LK_FLEX_TILE || DP == 256, "a block's keys are one mask tile (D 256: half of one)");
     extern __shared__ uint4 smem_[];
     lk_bf16_t *ks = (lk_bf16_t *)smem_, *vs = ks + BNK * DP, *qs = vs + BNK * DP, *gs = qs + 2 * BMQ * DP;
-    lk_bf16_t *dss = gs + 2 * BMQ * DP;   /* dS^T [2][BNK keys][BMQ queries], swizzled */
-    float *ls = (float *)(dss + 2 * BNK * BMQ), *dl = ls + 2 * BMQ;
+    lk_bf16_t *ps = gs + 2 * BMQ * DP, *dss = ps + BMQ * BNK;   /* P and dS [BMQ queries][BNK keys], swizzled */
+    float *ls = (float *)(dss + BMQ * BNK), *dl = ls + 2 * BMQ;
     int *los = (int *)(dl + 2 * BMQ), *his = los + 2 * BMQ;
     __shared__ int4 steps[3];   /* FLEX */
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    const int kw = w % KW, dw = w / KW, kr0 = 16 * kw;
     int bhk, kt;
     block_of(p, &bhk, &kt);
     const int hk = bhk % p.Hkv, b = bhk / p.Hkv;
@@ -508,11 +473,15 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
     }
     cp_commit();
     const float c2 = p.cap > 0.0f ? LOG2E : p.scale * LOG2E;
-    float dk[DH / 8][4], dv[DH / 8][4];
+    const int sm = 32 * (w & 1), sn = SK * (w >> 1);     /* S, dP and dQ: query rows; S, dP: keys */
+    const int vk = 32 * (w % KW), vd = DH * (w / KW);    /* dV, dK: keys, head columns */
+    float dk[2][DH / 8][4], dv[2][DH / 8][4];
 #pragma unroll
-    for (int i = 0; i < DH / 8; i++)
+    for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) dk[i][e] = dv[i][e] = 0.0f;
+        for (int j = 0; j < DH / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) dk[i][j][e] = dv[i][j][e] = 0.0f;
     for (int it = 0; it < n; it++) {
         cp_wait<0>();      /* tile it (and K, V) landed */
         __syncthreads();   /* ... for every thread; every warp is past step it-1 */
@@ -527,147 +496,155 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
                                     dl + s1 * BMQ, los + s1 * BMQ, his + s1 * BMQ);
         }
         cp_commit();
-        if (dq_atomic && it > 0) {
-            const int4 pr = FLEX ? steps[(it - 1) % 3] : step(it - 1);
-            dq_atomic_add<DP, BNK>(p, dss + ((it - 1) & 1) * BNK * BMQ, ks, pr.y, (int64_t)b * p.Hq + pr.x, w, lane);
-        }
         const lk_bf16_t *qt = qs + st * BMQ * DP, *gt = gs + st * BMQ * DP;
         const float *lt = ls + st * BMQ, *dt = dl + st * BMQ;
         const int *lot = los + st * BMQ, *hit = his + st * BMQ;
-        /* S^T = K Q^T: this warp's 16 keys against the tile's 64 queries */
-        float s[NQ][4];
+        /* S = Q Kᵀ and dP = dO Vᵀ on this warp's 32 queries x SK keys */
+        float s[2][NS][4], dp[2][NS][4];
 #pragma unroll
-        for (int j = 0; j < NQ; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int j = 0; j < NS; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[i][j][e] = dp[i][j][e] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < DP / 16; kk++) {
-            uint32_t ak[4];
-            ldsm4(ak, ks + at_a<DP>(kr0, 2 * kk, lane));
+            uint32_t aq[2][4], ag[2][4];
 #pragma unroll
-            for (int np = 0; np < NQ / 2; np++) {
-                uint32_t bb[4];
-                ldsm4(bb, qt + at_b<DP>(16 * np, 2 * kk, lane));
-                mma(s[2 * np], ak, bb[0], bb[1]), mma(s[2 * np + 1], ak, bb[2], bb[3]);
+            for (int i = 0; i < 2; i++) {
+                ldsm4(aq[i], qt + at_a<DP>(sm + 16 * i, 2 * kk, lane));
+                ldsm4(ag[i], gt + at_a<DP>(sm + 16 * i, 2 * kk, lane));
+            }
+#pragma unroll
+            for (int np = 0; np < NS / 2; np++) {
+                uint32_t bk[4], bv[4];
+                ldsm4(bk, ks + at_b<DP>(sn + 16 * np, 2 * kk, lane));
+                ldsm4(bv, vs + at_b<DP>(sn + 16 * np, 2 * kk, lane));
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    mma(s[i][2 * np], aq[i], bk[0], bk[1]), mma(s[i][2 * np + 1], aq[i], bk[2], bk[3]);
+                    mma(dp[i][2 * np], ag[i], bv[0], bv[1]), mma(dp[i][2 * np + 1], ag[i], bv[2], bv[3]);
+                }
             }
         }
-        /* P^T = exp(score - lse), kept as the bf16 A operand of dV += P^T dO (with softcap
-         * its slope beside it): S^T's registers are free before dP^T's are taken */
+        /* P and dS of the tile into shared memory; element e of n-tile j is query row
+         * sm + 16i + g + 8 (e / 2), key sn + 8j + 2 t4 + e % 2 */
         const bool full = FLEX ? cur.z < 0 : q0 + BMQ <= p.Sq && lot[BMQ - 1] <= k0 && hit[0] >= k0 + BNK;
         const float slope2 = FLEX == 2 ? p.alibi[cur.x] : 0.0f;   /* ALiBi: the step's head */
-        uint64_t kseen[2] = {0, 0};   /* FLEX: this lane's two keys against the step's rows, from column 2·t4 */
-        if (FLEX && !full) {
-            const uint32_t *fb = p.fx.bits + (int64_t)cur.z * LK_FLEX_TILE_WORDS;
+        const uint32_t *fb = FLEX && !full ? p.fx.bits + (int64_t)cur.z * LK_FLEX_TILE_WORDS : nullptr;
 #pragma unroll
-            for (int x = 0; x < 2; x++)
-                kseen[x] = *reinterpret_cast<const uint64_t *>(
-                               fb + lk_flex_by_key((q0 % LK_FLEX_TILE) / BMQ, k0 % LK_FLEX_TILE + kr0 + g + 8 * x)) >>
-                           (2 * t4);
-        }
-        uint32_t pp[BMQ / 16][4], pf[CAP ? BMQ / 16 : 1][4];
-#pragma unroll
-        for (int j = 0; j < NQ; j++) {
-            const int c = 8 * j + 2 * t4;   /* columns c, c + 1 */
-            const float2 L = *reinterpret_cast<const float2 *>(lt + c);
-            const float L2[2] = {L.x == -INFINITY ? INFINITY : L.x * LOG2E, L.y == -INFINITY ? INFINITY : L.y * LOG2E};
-            int lo2[2] = {0, 0}, hi2[2] = {0, 0};
-            if (!full && !FLEX) {
-                const int2 l = *reinterpret_cast<const int2 *>(lot + c), u = *reinterpret_cast<const int2 *>(hit + c);
-                lo2[0] = l.x, lo2[1] = l.y, hi2[0] = u.x, hi2[1] = u.y;
-            }
-            float f[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = k0 + kr0 + g + 8 * (e >> 1), x1 = e & 1;
-                float x = s[j][e];
-                if (CAP) x = capped(x, p, &f[e]);
-                const float bias = FLEX == 2 ? slope2 * (float)(key - (q0 + c + x1)) : 0.0f;
-                float pv = lk_ex2(fmaf(x, c2, bias - L2[x1]));
-                if (!full && (FLEX ? !((kseen[e >> 1] >> (8 * j + x1)) & 1u) : key < lo2[x1] || key >= hi2[x1]))
-                    pv = 0.0f;
-                s[j][e] = pv;
-            }
-            /* the C layout of n-tile j is half of the A layout of k16 step j / 2 */
-            pp[j >> 1][2 * (j & 1)] = lk_pack_bf16x2(s[j][0], s[j][1]), pp[j >> 1][2 * (j & 1) + 1] = lk_pack_bf16x2(s[j][2], s[j][3]);
-            if (CAP) pf[j >> 1][2 * (j & 1)] = lk_pack_bf16x2(f[0], f[1]), pf[j >> 1][2 * (j & 1) + 1] = lk_pack_bf16x2(f[2], f[3]);
-        }
-        /* dV += P^T dO over this warp's DH columns */
-#pragma unroll
-        for (int kk = 0; kk < BMQ / 16; kk++)
-#pragma unroll
-            for (int dn = 0; dn < DH / 16; dn++) {
-                uint32_t bb[4];
-                ldsm4t(bb, gt + at_a<DP>(16 * kk, dw * (DH / 8) + 2 * dn, lane));
-                mma(dv[2 * dn], pp[kk], bb[0], bb[1]), mma(dv[2 * dn + 1], pp[kk], bb[2], bb[3]);
-            }
-        /* dP^T = V dO^T, then dS^T = P^T (dP^T - delta) (· the softcap's slope) */
-        float dp[NQ][4];
-#pragma unroll
-        for (int j = 0; j < NQ; j++) dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < DP / 16; kk++) {
-            uint32_t av[4];
-            ldsm4(av, vs + at_a<DP>(kr0, 2 * kk, lane));
-#pragma unroll
-            for (int np = 0; np < NQ / 2; np++) {
-                uint32_t bb[4];
-                ldsm4(bb, gt + at_b<DP>(16 * np, 2 * kk, lane));
-                mma(dp[2 * np], av, bb[0], bb[1]), mma(dp[2 * np + 1], av, bb[2], bb[3]);
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < NQ; j++) {
-            const float2 dd = *reinterpret_cast<const float2 *>(dt + 8 * j + 2 * t4);
+        for (int i = 0; i < 2; i++)
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
-                const float2 pv = unpack2(pp[j >> 1][2 * (j & 1) + hh]);
-                float f0 = 1.0f, f1 = 1.0f;
-                if (CAP) {
-                    const float2 ff = unpack2(pf[j >> 1][2 * (j & 1) + hh]);
-                    f0 = ff.x, f1 = ff.y;
+                const int r = sm + 16 * i + g + 8 * hh, q = q0 + r;
+                const float L = lt[r], L2 = L == -INFINITY ? INFINITY : L * LOG2E, d = dt[r];
+                int lo = 0, hi = 0;
+                uint32_t seen = 0;   /* FLEX: the row's keys sn.. of the mask tile, from this lane's column on */
+                if (FLEX && !full)
+                    seen = fb[(q % LK_FLEX_TILE) * LK_FLEX_WORDS + (k0 % LK_FLEX_TILE + sn) / 32] >> ((sn % 32) + 2 * t4);
+                else if (!full)
+                    lo = lot[r] - k0 - sn - 2 * t4, hi = hit[r] - k0 - sn - 2 * t4;   /* against 8j + e % 2 */
+#pragma unroll
+                for (int j = 0; j < NS; j++) {
+                    float pv[2], dsv[2];
+#pragma unroll
+                    for (int x = 0; x < 2; x++) {
+                        const int c = 8 * j + x;
+                        float v = s[i][j][2 * hh + x], f = 1.0f;
+                        if (CAP) v = capped(v, p, &f);
+                        const float bias = FLEX == 2 ? slope2 * (float)(k0 + sn + c + 2 * t4 - q) : 0.0f;
+                        float e = lk_ex2(fmaf(v, c2, bias - L2));
+                        if (!full && (FLEX ? !((seen >> c) & 1u) : c < lo || c >= hi)) e = 0.0f;
+                        pv[x] = e, dsv[x] = e * (dp[i][j][2 * hh + x] - d) * f;
+                    }
+                    const int off = sw<BNK>(r, (sn + 8 * j) >> 3) + 2 * t4;
+                    *reinterpret_cast<uint32_t *>(ps + off) = lk_pack_bf16x2(pv[0], pv[1]);
+                    *reinterpret_cast<uint32_t *>(dss + off) = lk_pack_bf16x2(dsv[0], dsv[1]);
                 }
-                dp[j][2 * hh] = pv.x * (dp[j][2 * hh] - dd.x) * f0;
-                dp[j][2 * hh + 1] = pv.y * (dp[j][2 * hh + 1] - dd.y) * f1;
             }
-        }
-        /* dK += dS^T Q over this warp's DH columns */
+        __syncthreads();   /* P and dS whole */
+        /* dV += Pᵀ dO and dK += dSᵀ Q on this warp's 32 keys x DH columns */
 #pragma unroll
         for (int kk = 0; kk < BMQ / 16; kk++) {
-            uint32_t ad[4];
-            c_to_a(ad, dp[2 * kk], dp[2 * kk + 1]);
+            uint32_t ap[2][4], ad[2][4];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                ldsm4t(ap[i], ps + at_b<BNK>(16 * kk, (vk + 16 * i) >> 3, lane));
+                ldsm4t(ad[i], dss + at_b<BNK>(16 * kk, (vk + 16 * i) >> 3, lane));
+            }
 #pragma unroll
             for (int dn = 0; dn < DH / 16; dn++) {
-                uint32_t bb[4];
-                ldsm4t(bb, qt + at_a<DP>(16 * kk, dw * (DH / 8) + 2 * dn, lane));
-                mma(dk[2 * dn], ad, bb[0], bb[1]), mma(dk[2 * dn + 1], ad, bb[2], bb[3]);
+                uint32_t bg[4], bq[4];
+                ldsm4t(bg, gt + at_a<DP>(16 * kk, (vd >> 3) + 2 * dn, lane));
+                ldsm4t(bq, qt + at_a<DP>(16 * kk, (vd >> 3) + 2 * dn, lane));
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    mma(dv[i][2 * dn], ap[i], bg[0], bg[1]), mma(dv[i][2 * dn + 1], ap[i], bg[2], bg[3]);
+                    mma(dk[i][2 * dn], ad[i], bq[0], bq[1]), mma(dk[i][2 * dn + 1], ad[i], bq[2], bq[3]);
+                }
             }
         }
-        if (dq_atomic && dw == 0) {   /* dS^T for the next step's dQ */
-            lk_bf16_t *dsb = dss + st * BNK * BMQ;
+        if (!dq_atomic) continue;
+        /* dQ += dS K on this warp's 32 queries x DQ columns, into the workspace */
+        const int qd = DQ * (w >> 1);
+        float acc[2][DQ / 8][4];
 #pragma unroll
-            for (int j = 0; j < NQ; j++)
+        for (int i = 0; i < 2; i++)
 #pragma unroll
-                for (int hh = 0; hh < 2; hh++)
-                    *reinterpret_cast<uint32_t *>(dsb + sw<BMQ>(kr0 + g + 8 * hh, j) + 2 * t4) =
-                        lk_pack_bf16x2(dp[j][2 * hh], dp[j][2 * hh + 1]);
+            for (int j = 0; j < DQ / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < BNK / 16; kk++) {
+            uint32_t a[2][4];
+#pragma unroll
+            for (int i = 0; i < 2; i++) ldsm4(a[i], dss + at_a<BNK>(sm + 16 * i, 2 * kk, lane));
+#pragma unroll
+            for (int dn = 0; dn < DQ / 16; dn++) {
+                uint32_t bb[4];
+                ldsm4t(bb, ks + at_a<DP>(16 * kk, (qd >> 3) + 2 * dn, lane));
+#pragma unroll
+                for (int i = 0; i < 2; i++) mma(acc[i][2 * dn], a[i], bb[0], bb[1]), mma(acc[i][2 * dn + 1], a[i], bb[2], bb[3]);
+            }
         }
-    }
-    if (dq_atomic && n > 0) {
-        __syncthreads();   /* the last dS^T */
-        const int4 pr = FLEX ? steps[(n - 1) % 3] : step(n - 1);
-        dq_atomic_add<DP, BNK>(p, dss + ((n - 1) & 1) * BNK * BMQ, ks, pr.y, (int64_t)b * p.Hq + pr.x, w, lane);
+        const int64_t bh = (int64_t)b * p.Hq + cur.x;
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                const int row = q0 + sm + 16 * i + g + 8 * hh;
+                if (row >= p.Sq) continue;
+                float *dst = p.dq_acc + (bh * p.Sq + row) * p.D;
+#pragma unroll
+                for (int j = 0; j < DQ / 8; j++) {
+                    const int col = qd + 8 * j + 2 * t4;
+                    if (col >= p.D) continue;
+#if __CUDA_ARCH__ >= 900
+                    if (p.vec) {
+                        atomicAdd(reinterpret_cast<float2 *>(dst + col), make_float2(acc[i][j][2 * hh], acc[i][j][2 * hh + 1]));
+                        continue;
+                    }
+#endif
+                    atomicAdd(dst + col, acc[i][j][2 * hh]);
+                    if (col + 1 < p.D) atomicAdd(dst + col + 1, acc[i][j][2 * hh + 1]);
+                }
+            }
     }
     cp_wait<0>();
 #pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-        const int key = k0 + kr0 + g + 8 * hh;
-        if (key >= p.Skv) continue;
-        lk_bf16_t *krow = p.dk + ((int64_t)bhk * p.Skv + key) * p.D, *vrow = p.dv + ((int64_t)bhk * p.Skv + key) * p.D;
+    for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int i = 0; i < DH / 8; i++) {
-            const int col = dw * DH + 8 * i + 2 * t4;
-            store2(krow, col, p.D, dk[i][2 * hh] * p.scale, dk[i][2 * hh + 1] * p.scale, p.vec);
-            store2(vrow, col, p.D, dv[i][2 * hh], dv[i][2 * hh + 1], p.vec);
+        for (int hh = 0; hh < 2; hh++) {
+            const int key = k0 + vk + 16 * i + g + 8 * hh;
+            if (key >= p.Skv) continue;
+            lk_bf16_t *krow = p.dk + ((int64_t)bhk * p.Skv + key) * p.D, *vrow = p.dv + ((int64_t)bhk * p.Skv + key) * p.D;
+#pragma unroll
+            for (int j = 0; j < DH / 8; j++) {
+                const int col = vd + 8 * j + 2 * t4;
+                store2(krow, col, p.D, dk[i][j][2 * hh] * p.scale, dk[i][j][2 * hh + 1] * p.scale, p.vec);
+                store2(vrow, col, p.D, dv[i][j][2 * hh], dv[i][j][2 * hh + 1], p.vec);
+            }
         }
-    }
 }
 
 /* Deterministic dQ: a block takes 64 query rows of one (b, h) (4 warps of 16), walks
@@ -886,7 +863,7 @@ static lk_status launch_fwd(const fa_args &p, cudaStream_t st) {
 static int dp_of(int64_t D) { return D <= 64 ? 64 : D <= 128 ? 128 : 256; }
 static size_t fwd_smem(int DP) { return (size_t)(128 + 4 * BN) * DP * 2 + 2 * 128 * sizeof(int); }
 static size_t dkv_smem(int DP) {
-    const int bnk = DP == 256 ? 64 : 128;
+    const int bnk = DP == 256 ? 64 : 128;   /* K, V; Q, dO two stages; P, dS; the rows' stats and bounds */
     return (size_t)(2 * bnk * DP + 4 * BMQ * DP + 2 * bnk * BMQ) * 2 + 8 * BMQ * 4;
 }
 static size_t dq_smem(int DP) { return (size_t)(2 * BMQ + 4 * BN) * DP * 2; }
@@ -914,14 +891,14 @@ static lk_status forward(const lk_attention_args *a, lk_ctx *ctx) {
     return run_fwd(p, (cudaStream_t)ctx->stream);
 }
 
-template <int DP, int DW>
+template <int DP>
 static lk_status launch_bwd(const fa_args &p, int det, cudaStream_t st) {
-    constexpr int BNK = 16 * 8 / DW;
+    constexpr int BNK = DP == 256 ? 64 : 128;
     const size_t sh = dkv_smem(DP);
     const int mode = p.flex ? (p.alibi ? 2 : 1) : 0;
-    void (*const kerns[3][2])(const fa_args, int) = {{fa2_dkv<DP, DW, false, 0>, fa2_dkv<DP, DW, true, 0>},
-                                                     {fa2_dkv<DP, DW, false, 1>, fa2_dkv<DP, DW, true, 1>},
-                                                     {fa2_dkv<DP, DW, false, 2>, fa2_dkv<DP, DW, true, 2>}};
+    void (*const kerns[3][2])(const fa_args, int) = {{fa2_dkv<DP, false, 0>, fa2_dkv<DP, true, 0>},
+                                                     {fa2_dkv<DP, false, 1>, fa2_dkv<DP, true, 1>},
+                                                     {fa2_dkv<DP, false, 2>, fa2_dkv<DP, true, 2>}};
     void (*kern)(const fa_args, int) = kerns[mode][p.cap > 0.0f];
     lk_status s = allow_smem(kern, sh);
     if (s) return s;
@@ -970,8 +947,7 @@ static lk_status run_bwd(const lk_attention_args *a, lk_ctx *ctx, fa_args &p) {
     fa2_prep<<<(unsigned)((nrows + 7) / 8), 256, 0, st>>>(p);
     LK_CUDA_LAUNCHED("attention: flash_attention_2 (cuda) delta");
     if (!det) LK_CUDA_TRY(cudaMemsetAsync(p.dq_acc, 0, (size_t)nrows * p.D * 4, st));
-    s = p.D <= 64 ? launch_bwd<64, 1>(p, det, st) : p.D <= 128 ? launch_bwd<128, 1>(p, det, st)
-                                                                : launch_bwd<256, 2>(p, det, st);
+    s = p.D <= 64 ? launch_bwd<64>(p, det, st) : p.D <= 128 ? launch_bwd<128>(p, det, st) : launch_bwd<256>(p, det, st);
     if (s) return s;
     return sinks ? lk_attn_cuda_sink_sum(p.sink_part, (float *)a->ds_aux.data, p.B, p.Hq, p.Sq, st) : LK_OK;
 }

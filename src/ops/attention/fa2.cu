@@ -23,17 +23,15 @@
  *           x = head, y = tile, every head's longest rows first.
  *   prep    delta = rowsum(dout ∘ out) per row, and each row's sink share
  *           -exp(sink - lse)·delta, summed per head by lk_attn_cuda_sink_sum (flash.cu) in a fixed order.
- *   dkv     a block takes BNk keys of one (b, h_kv) (8 warps of 16 keys; DP 256: 4 key
- *           groups × 2 halves of D) and walks every q head of its group and the query
- *           tiles (BMq = 64, double-buffered) that may see them: S^T = K Q^T and
- *           dP^T = V dO^T with keys as the M dimension, so P^T and dS^T are already the A
- *           operands of dV += P^T dO and dK += dS^T Q (no shared-memory round trip).
- *           GQA sums its G heads in registers: no atomics on dk/dv. P^T waits for dV
- *           as packed bf16 (its f32 registers freed before dP^T's are taken). By default
- *           dS^T also goes to shared memory (double-buffered) and, in the next step,
- *           dQ += dS K is added into an f32 workspace with atomics (then fa2_dq_cvt
- *           rounds it to bf16): fast, not bit-reproducible. One barrier a step. Grid as the
- *           forward's (tiles = key blocks, the first ones the longest under causal).
+ *   dkv     a block takes BNK = 128 keys of one (b, h_kv) (D 256: 64) and walks every q head
+ *           of its group and the query tiles (BMQ = 64, double-buffered) that may see them,
+ *           in FlashAttention-2's layout: each of a step's three phases splits its GEMMs
+ *           over the eight warps in 32-row tiles (S = QK^T and dP = dO V^T; dV += P^T dO and
+ *           dK += dS^T Q; dQ = dS K), P and dS passing through shared memory between them.
+ *           GQA sums its G heads in dV and dK in registers: no atomics on dk/dv. By default
+ *           dQ is added into an f32 workspace with atomics (then fa2_dq_cvt rounds it to
+ *           bf16): fast, not bit-reproducible. Grid as the forward's (tiles = key blocks,
+ *           the first ones the longest under causal).
  *   dq      a->deterministic: a second walk per query block (like the forward)
  *           recomputing P and dS and keeping dQ in registers; the dkv pass skips its dQ.
  *           Every sum then has a fixed order: the same bits on every run.
@@ -53,12 +51,12 @@
  * the analytic kernels compare with a row's interval; FLEX 2 adds ALiBi's bias.
  *
  * D > 128 takes ~200 KiB of shared memory a block: GPUs without it (sm_80: 163 KiB) run
- * those calls on flash.cu. Measured (bench/NOTES.md issue 16, H200, B 2, H 32, S 8192,
- * D 128, run 2): fwd 302 / 285 TFLOP/s full / causal, fwd+bwd 243 / 235, against SDPA's
- * flash backend 339 / 307 and 315 / 300 in the same run; ncu: both kernels latency-bound
- * at 2 warps a scheduler, dk/dv near the shared-memory pipe's limit (72.6%). */
+ * those calls on flash.cu. Measured (bench/NOTES.md, H100, B 2, H 32, S 8192, D 128,
+ * thirty-ninth session): fwd+bwd 0.83-0.94x SDPA's flash backend (FlashAttention-2 itself)
+ * in the four cells of bench/peers_cuda.py, where the first dk/dv kernel gave 0.78-0.90x. */
 #include <math.h>
 #include <stdint.h>
+#include <type_traits>
 #include "core/cuda_check.h"
 #include "ops/attention/flex_plan.h"
 #include "ops/attention/internal.h"
@@ -126,6 +124,23 @@ template <int W> static __device__ __forceinline__ int at_a(int r0, int c0, int 
 }
 template <int W> static __device__ __forceinline__ int at_b(int r0, int c0, int lane) {
     return sw<W>(r0 + (lane & 7) + ((lane >> 4) << 3), c0 + ((lane >> 3) & 1));
+}
+
+/* The same lanes' offsets for a walk over a tile, kept in two registers: blocks at row r0 (a
+ * multiple of 8) and chunk cw + ck, where cw (the warp's chunk offset, fixed for the walk) and
+ * ck (a constant once the loops unroll) are even and share no bits. Then the lane's chunk
+ * (cw + ck + its chunk bit) ^ (its row % 8) is (cw ^ bit ^ row % 8) ^ ck, so a load costs one
+ * XOR with a constant and an add, where sw() recomputed row, chunk and swizzle each time (the
+ * dk/dv kernel spent ~40% of its instructions there: bench/NOTES.md, thirty-ninth session). */
+template <int W> struct lane_walk {
+    int base, x;   /* (rw + the lane's row)·W; (cw ^ bit ^ row % 8) << 3 */
+    __device__ __forceinline__ int at(int r0, int ck) const { return base + r0 * W + (x ^ (ck << 3)); }
+};
+template <int W> static __device__ __forceinline__ lane_walk<W> walk_a(int rw, int cw, int lane) {   /* at_a's lanes */
+    return {(rw + (lane & 15)) * W, (cw ^ (lane >> 4) ^ (lane & 7)) << 3};
+}
+template <int W> static __device__ __forceinline__ lane_walk<W> walk_b(int rw, int cw, int lane) {   /* at_b's lanes */
+    return {(rw + (lane & 7) + ((lane >> 4) << 3)) * W, (cw ^ ((lane >> 3) & 1) ^ (lane & 7)) << 3};
 }
 
 /* ROWS × DP elements from global rows `stride` apart into a swizzled tile; rows >= n and
@@ -228,6 +243,8 @@ static __global__ void __launch_bounds__(WARPS * 32, 1) fa2_fwd(const fa_args p)
     /* ALiBi (FLEX): the scores go to log2 units with the bias added, and the softmax's factor is 1 */
     constexpr bool alibi = FLEX == 2;
     const float slope2 = alibi ? p.alibi[h] : 0.0f, c2 = alibi ? 1.0f : p.cap > 0.0f ? LOG2E : p.scale * LOG2E;
+    /* the operands' walks (lane_walk): Q rows, K rows, V read transposed */
+    const lane_walk<DP> wq = walk_a<DP>(rw, 0, lane), wk = walk_b<DP>(0, 0, lane), wv = walk_a<DP>(0, 0, lane);
     float o[MT][ND][4], m[MT][2], l[MT][2];
 #pragma unroll
     for (int i = 0; i < MT; i++) {
@@ -255,11 +272,11 @@ static __global__ void __launch_bounds__(WARPS * 32, 1) fa2_fwd(const fa_args p)
         for (int kk = 0; kk < DP / 16; kk++) {
             uint32_t a[MT][4];
 #pragma unroll
-            for (int i = 0; i < MT; i++) ldsm4(a[i], qs + at_a<DP>(rw + 16 * i, 2 * kk, lane));
+            for (int i = 0; i < MT; i++) ldsm4(a[i], qs + wq.at(16 * i, 2 * kk));
 #pragma unroll
             for (int np = 0; np < NS / 2; np++) {
                 uint32_t bb[4];
-                ldsm4(bb, kt + at_b<DP>(16 * np, 2 * kk, lane));
+                ldsm4(bb, kt + wk.at(16 * np, 2 * kk));
 #pragma unroll
                 for (int i = 0; i < MT; i++) mma(s[i][2 * np], a[i], bb[0], bb[1]), mma(s[i][2 * np + 1], a[i], bb[2], bb[3]);
             }
@@ -276,47 +293,54 @@ static __global__ void __launch_bounds__(WARPS * 32, 1) fa2_fwd(const fa_args p)
                         float f;
                         s[i][n][e] = capped(s[i][n][e], p, &f);
                     }
+        /* the online softmax of the tile; MASKED: what the rows do not see, out (a branch a
+         * tile: the tests predicated in the loop cost every tile ~3 instructions an element) */
+        auto softmax = [&](auto masked) {
+            constexpr bool MASKED = decltype(masked)::value;
 #pragma unroll
-        for (int i = 0; i < MT; i++)
+            for (int i = 0; i < MT; i++)
 #pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int r = rw + 16 * i + g + 8 * hh;
-                /* ALiBi: log2 units plus slope2 · (key − query), key k0 + n*8 + 2·t4 + e */
-                const float rb = alibi ? slope2 * (float)(k0 + 2 * t4 - (q0 + r)) : 0.0f;
-                int rlo = 0, rhi = 0;
-                uint64_t seen = 0;   /* FLEX: bit n*8 + e of the row's 64 keys, from this lane's column on */
-                if (!full && FLEX) seen = *reinterpret_cast<const uint64_t *>(fb + r * LK_FLEX_WORDS) >> (2 * t4);
-                else if (!full) rlo = lo_s[r] - k0 - 2 * t4, rhi = hi_s[r] - k0 - 2 * t4;   /* against n*8 + (e&1) */
-                float mx = -INFINITY;
+                for (int hh = 0; hh < 2; hh++) {
+                    const int r = rw + 16 * i + g + 8 * hh;
+                    /* ALiBi: log2 units plus slope2 · (key − query), key k0 + n*8 + 2·t4 + e */
+                    const float rb = alibi ? slope2 * (float)(k0 + 2 * t4 - (q0 + r)) : 0.0f;
+                    int rlo = 0, rhi = 0;
+                    uint64_t seen = 0;   /* FLEX: bit n*8 + e of the row's 64 keys, from this lane's column on */
+                    if (MASKED && FLEX) seen = *reinterpret_cast<const uint64_t *>(fb + r * LK_FLEX_WORDS) >> (2 * t4);
+                    else if (MASKED) rlo = lo_s[r] - k0 - 2 * t4, rhi = hi_s[r] - k0 - 2 * t4;   /* against n*8 + (e&1) */
+                    float mx = -INFINITY;
 #pragma unroll
-                for (int n = 0; n < NS; n++)
+                    for (int n = 0; n < NS; n++)
 #pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        float x = s[i][n][2 * hh + e];
-                        if (alibi) x = fmaf(x, p.cap > 0.0f ? LOG2E : p.scale * LOG2E, fmaf(slope2, (float)(n * 8 + e), rb));
-                        if (!full && (FLEX ? !((seen >> (n * 8 + e)) & 1u) : n * 8 + e < rlo || n * 8 + e >= rhi))
-                            x = -INFINITY;
-                        s[i][n][2 * hh + e] = x;
-                        mx = fmaxf(mx, x);
-                    }
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-                const float mn = fmaxf(m[i][hh], mx * c2), base = mn == -INFINITY ? 0.0f : mn;
-                const float alpha = lk_ex2(m[i][hh] - base);
-                m[i][hh] = mn;
-                float sum = 0.0f;
+                        for (int e = 0; e < 2; e++) {
+                            float x = s[i][n][2 * hh + e];
+                            if (alibi) x = fmaf(x, p.cap > 0.0f ? LOG2E : p.scale * LOG2E, fmaf(slope2, (float)(n * 8 + e), rb));
+                            if (MASKED && (FLEX ? !((seen >> (n * 8 + e)) & 1u) : n * 8 + e < rlo || n * 8 + e >= rhi))
+                                x = -INFINITY;
+                            s[i][n][2 * hh + e] = x;
+                            mx = fmaxf(mx, x);
+                        }
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+                    const float mn = fmaxf(m[i][hh], mx * c2), base = mn == -INFINITY ? 0.0f : mn;
+                    const float alpha = lk_ex2(m[i][hh] - base);
+                    m[i][hh] = mn;
+                    float sum = 0.0f;
 #pragma unroll
-                for (int n = 0; n < NS; n++)
+                    for (int n = 0; n < NS; n++)
 #pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const float pv = lk_ex2(fmaf(s[i][n][2 * hh + e], c2, -base));
-                        s[i][n][2 * hh + e] = pv;
-                        sum += pv;
-                    }
-                l[i][hh] = l[i][hh] * alpha + sum;
+                        for (int e = 0; e < 2; e++) {
+                            const float pv = lk_ex2(fmaf(s[i][n][2 * hh + e], c2, -base));
+                            s[i][n][2 * hh + e] = pv;
+                            sum += pv;
+                        }
+                    l[i][hh] = l[i][hh] * alpha + sum;
 #pragma unroll
-                for (int n = 0; n < ND; n++) o[i][n][2 * hh] *= alpha, o[i][n][2 * hh + 1] *= alpha;
-            }
+                    for (int n = 0; n < ND; n++) o[i][n][2 * hh] *= alpha, o[i][n][2 * hh + 1] *= alpha;
+                }
+        };
+        if (full) softmax(std::false_type());
+        else softmax(std::true_type());
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
             uint32_t a[MT][4];
@@ -325,7 +349,7 @@ static __global__ void __launch_bounds__(WARPS * 32, 1) fa2_fwd(const fa_args p)
 #pragma unroll
             for (int dp = 0; dp < DP / 16; dp++) {
                 uint32_t bb[4];
-                ldsm4t(bb, vt + at_a<DP>(16 * kk, 2 * dp, lane));
+                ldsm4t(bb, vt + wv.at(16 * kk, 2 * dp));
 #pragma unroll
                 for (int i = 0; i < MT; i++) mma(o[i][2 * dp], a[i], bb[0], bb[1]), mma(o[i][2 * dp + 1], a[i], bb[2], bb[3]);
             }
@@ -475,6 +499,14 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
     const float c2 = p.cap > 0.0f ? LOG2E : p.scale * LOG2E;
     const int sm = 32 * (w & 1), sn = SK * (w >> 1);     /* S, dP and dQ: query rows; S, dP: keys */
     const int vk = 32 * (w % KW), vd = DH * (w / KW);    /* dV, dK: keys, head columns */
+    const int qd = DQ * (w >> 1);                        /* dQ: head columns */
+    /* the operands' walks (lane_walk): Q and dO rows, K and V rows (S, dP); P and dS read
+     * transposed, dO and Q as B (dV, dK); dS rows, K as B (dQ) */
+    const lane_walk<DP> wq = walk_a<DP>(sm, 0, lane), wk = walk_b<DP>(sn, 0, lane), wg = walk_a<DP>(0, vd >> 3, lane);
+    const lane_walk<BNK> wp = walk_b<BNK>(0, vk >> 3, lane), wd = walk_a<BNK>(sm, 0, lane);
+    const lane_walk<DP> wkq = walk_a<DP>(0, qd >> 3, lane);
+    /* where this lane's P and dS pairs go: row sm + g (+ 16i + 8hh), chunk sn / 8 + j, swizzled by g */
+    const int pbase = (sm + g) * BNK + 2 * t4, px = ((sn >> 3) ^ g) << 3;
     float dk[2][DH / 8][4], dv[2][DH / 8][4];
 #pragma unroll
     for (int i = 0; i < 2; i++)
@@ -512,14 +544,14 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
             uint32_t aq[2][4], ag[2][4];
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                ldsm4(aq[i], qt + at_a<DP>(sm + 16 * i, 2 * kk, lane));
-                ldsm4(ag[i], gt + at_a<DP>(sm + 16 * i, 2 * kk, lane));
+                ldsm4(aq[i], qt + wq.at(16 * i, 2 * kk));
+                ldsm4(ag[i], gt + wq.at(16 * i, 2 * kk));
             }
 #pragma unroll
             for (int np = 0; np < NS / 2; np++) {
                 uint32_t bk[4], bv[4];
-                ldsm4(bk, ks + at_b<DP>(sn + 16 * np, 2 * kk, lane));
-                ldsm4(bv, vs + at_b<DP>(sn + 16 * np, 2 * kk, lane));
+                ldsm4(bk, ks + wk.at(16 * np, 2 * kk));
+                ldsm4(bv, vs + wk.at(16 * np, 2 * kk));
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
                     mma(s[i][2 * np], aq[i], bk[0], bk[1]), mma(s[i][2 * np + 1], aq[i], bk[2], bk[3]);
@@ -528,40 +560,47 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
             }
         }
         /* P and dS of the tile into shared memory; element e of n-tile j is query row
-         * sm + 16i + g + 8 (e / 2), key sn + 8j + 2 t4 + e % 2 */
+         * sm + 16i + g + 8 (e / 2), key sn + 8j + 2 t4 + e % 2. MASKED: the tile's elements
+         * tested (a branch a step: the tests predicated in the loop cost every step ~3
+         * instructions an element, masked or not) */
         const bool full = FLEX ? cur.z < 0 : q0 + BMQ <= p.Sq && lot[BMQ - 1] <= k0 && hit[0] >= k0 + BNK;
         const float slope2 = FLEX == 2 ? p.alibi[cur.x] : 0.0f;   /* ALiBi: the step's head */
-        const uint32_t *fb = FLEX && !full ? p.fx.bits + (int64_t)cur.z * LK_FLEX_TILE_WORDS : nullptr;
+        auto p_ds = [&](auto masked) {
+            constexpr bool MASKED = decltype(masked)::value;
+            const uint32_t *fb = FLEX && MASKED ? p.fx.bits + (int64_t)cur.z * LK_FLEX_TILE_WORDS : nullptr;
 #pragma unroll
-        for (int i = 0; i < 2; i++)
+            for (int i = 0; i < 2; i++)
 #pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                const int r = sm + 16 * i + g + 8 * hh, q = q0 + r;
-                const float L = lt[r], L2 = L == -INFINITY ? INFINITY : L * LOG2E, d = dt[r];
-                int lo = 0, hi = 0;
-                uint32_t seen = 0;   /* FLEX: the row's keys sn.. of the mask tile, from this lane's column on */
-                if (FLEX && !full)
-                    seen = fb[(q % LK_FLEX_TILE) * LK_FLEX_WORDS + (k0 % LK_FLEX_TILE + sn) / 32] >> ((sn % 32) + 2 * t4);
-                else if (!full)
-                    lo = lot[r] - k0 - sn - 2 * t4, hi = hit[r] - k0 - sn - 2 * t4;   /* against 8j + e % 2 */
+                for (int hh = 0; hh < 2; hh++) {
+                    const int r = sm + 16 * i + g + 8 * hh, q = q0 + r;
+                    const float L = lt[r], L2 = L == -INFINITY ? INFINITY : L * LOG2E, d = dt[r];
+                    int lo = 0, hi = 0;
+                    uint32_t seen = 0;   /* FLEX: the row's keys sn.. of the mask tile, from this lane's column on */
+                    if (FLEX && MASKED)
+                        seen = fb[(q % LK_FLEX_TILE) * LK_FLEX_WORDS + (k0 % LK_FLEX_TILE + sn) / 32] >> ((sn % 32) + 2 * t4);
+                    else if (MASKED)
+                        lo = lot[r] - k0 - sn - 2 * t4, hi = hit[r] - k0 - sn - 2 * t4;   /* against 8j + e % 2 */
 #pragma unroll
-                for (int j = 0; j < NS; j++) {
-                    float pv[2], dsv[2];
+                    for (int j = 0; j < NS; j++) {
+                        float pv[2], dsv[2];
 #pragma unroll
-                    for (int x = 0; x < 2; x++) {
-                        const int c = 8 * j + x;
-                        float v = s[i][j][2 * hh + x], f = 1.0f;
-                        if (CAP) v = capped(v, p, &f);
-                        const float bias = FLEX == 2 ? slope2 * (float)(k0 + sn + c + 2 * t4 - q) : 0.0f;
-                        float e = lk_ex2(fmaf(v, c2, bias - L2));
-                        if (!full && (FLEX ? !((seen >> c) & 1u) : c < lo || c >= hi)) e = 0.0f;
-                        pv[x] = e, dsv[x] = e * (dp[i][j][2 * hh + x] - d) * f;
+                        for (int x = 0; x < 2; x++) {
+                            const int c = 8 * j + x;
+                            float v = s[i][j][2 * hh + x], f = 1.0f;
+                            if (CAP) v = capped(v, p, &f);
+                            const float bias = FLEX == 2 ? slope2 * (float)(k0 + sn + c + 2 * t4 - q) : 0.0f;
+                            float e = lk_ex2(fmaf(v, c2, bias - L2));
+                            if (MASKED && (FLEX ? !((seen >> c) & 1u) : c < lo || c >= hi)) e = 0.0f;
+                            pv[x] = e, dsv[x] = e * (dp[i][j][2 * hh + x] - d) * f;
+                        }
+                        const int off = pbase + (16 * i + 8 * hh) * BNK + (px ^ (j << 3));
+                        *reinterpret_cast<uint32_t *>(ps + off) = lk_pack_bf16x2(pv[0], pv[1]);
+                        *reinterpret_cast<uint32_t *>(dss + off) = lk_pack_bf16x2(dsv[0], dsv[1]);
                     }
-                    const int off = sw<BNK>(r, (sn + 8 * j) >> 3) + 2 * t4;
-                    *reinterpret_cast<uint32_t *>(ps + off) = lk_pack_bf16x2(pv[0], pv[1]);
-                    *reinterpret_cast<uint32_t *>(dss + off) = lk_pack_bf16x2(dsv[0], dsv[1]);
                 }
-            }
+        };
+        if (full) p_ds(std::false_type());
+        else p_ds(std::true_type());
         __syncthreads();   /* P and dS whole */
         /* dV += Pᵀ dO and dK += dSᵀ Q on this warp's 32 keys x DH columns */
 #pragma unroll
@@ -569,14 +608,14 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
             uint32_t ap[2][4], ad[2][4];
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                ldsm4t(ap[i], ps + at_b<BNK>(16 * kk, (vk + 16 * i) >> 3, lane));
-                ldsm4t(ad[i], dss + at_b<BNK>(16 * kk, (vk + 16 * i) >> 3, lane));
+                ldsm4t(ap[i], ps + wp.at(16 * kk, 2 * i));
+                ldsm4t(ad[i], dss + wp.at(16 * kk, 2 * i));
             }
 #pragma unroll
             for (int dn = 0; dn < DH / 16; dn++) {
                 uint32_t bg[4], bq[4];
-                ldsm4t(bg, gt + at_a<DP>(16 * kk, (vd >> 3) + 2 * dn, lane));
-                ldsm4t(bq, qt + at_a<DP>(16 * kk, (vd >> 3) + 2 * dn, lane));
+                ldsm4t(bg, gt + wg.at(16 * kk, 2 * dn));
+                ldsm4t(bq, qt + wg.at(16 * kk, 2 * dn));
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
                     mma(dv[i][2 * dn], ap[i], bg[0], bg[1]), mma(dv[i][2 * dn + 1], ap[i], bg[2], bg[3]);
@@ -586,7 +625,6 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
         }
         if (!dq_atomic) continue;
         /* dQ += dS K on this warp's 32 queries x DQ columns, into the workspace */
-        const int qd = DQ * (w >> 1);
         float acc[2][DQ / 8][4];
 #pragma unroll
         for (int i = 0; i < 2; i++)
@@ -598,11 +636,11 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
         for (int kk = 0; kk < BNK / 16; kk++) {
             uint32_t a[2][4];
 #pragma unroll
-            for (int i = 0; i < 2; i++) ldsm4(a[i], dss + at_a<BNK>(sm + 16 * i, 2 * kk, lane));
+            for (int i = 0; i < 2; i++) ldsm4(a[i], dss + wd.at(16 * i, 2 * kk));
 #pragma unroll
             for (int dn = 0; dn < DQ / 16; dn++) {
                 uint32_t bb[4];
-                ldsm4t(bb, ks + at_a<DP>(16 * kk, (qd >> 3) + 2 * dn, lane));
+                ldsm4t(bb, ks + wkq.at(16 * kk, 2 * dn));
 #pragma unroll
                 for (int i = 0; i < 2; i++) mma(acc[i][2 * dn], a[i], bb[0], bb[1]), mma(acc[i][2 * dn + 1], a[i], bb[2], bb[3]);
             }

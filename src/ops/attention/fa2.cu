@@ -645,26 +645,31 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
                 for (int i = 0; i < 2; i++) mma(acc[i][2 * dn], a[i], bb[0], bb[1]), mma(acc[i][2 * dn + 1], a[i], bb[2], bb[3]);
             }
         }
+        /* row sm + g + 16i + 8hh, columns qd + 8j + 2 t4 and + 1: one pointer a step and fixed
+         * offsets from it where the warp's columns all lie in D (the first version formed each
+         * address in 64 bits with its bounds tested: ~20 instructions a reduction) */
         const int64_t bh = (int64_t)b * p.Hq + cur.x;
+        float *dqb = p.dq_acc + (bh * p.Sq + q0 + sm + g) * p.D + qd + 2 * t4;
+        const bool whole = p.vec && qd + DQ <= p.D;
 #pragma unroll
         for (int i = 0; i < 2; i++)
 #pragma unroll
             for (int hh = 0; hh < 2; hh++) {
-                const int row = q0 + sm + 16 * i + g + 8 * hh;
-                if (row >= p.Sq) continue;
-                float *dst = p.dq_acc + (bh * p.Sq + row) * p.D;
+                if (q0 + sm + g + 16 * i + 8 * hh >= p.Sq) continue;
+                float *dst = dqb + (16 * i + 8 * hh) * p.D;
+#if __CUDA_ARCH__ >= 900
+                if (whole) {
+#pragma unroll
+                    for (int j = 0; j < DQ / 8; j++)
+                        atomicAdd(reinterpret_cast<float2 *>(dst + 8 * j), make_float2(acc[i][j][2 * hh], acc[i][j][2 * hh + 1]));
+                    continue;
+                }
+#endif
 #pragma unroll
                 for (int j = 0; j < DQ / 8; j++) {
                     const int col = qd + 8 * j + 2 * t4;
-                    if (col >= p.D) continue;
-#if __CUDA_ARCH__ >= 900
-                    if (p.vec) {
-                        atomicAdd(reinterpret_cast<float2 *>(dst + col), make_float2(acc[i][j][2 * hh], acc[i][j][2 * hh + 1]));
-                        continue;
-                    }
-#endif
-                    atomicAdd(dst + col, acc[i][j][2 * hh]);
-                    if (col + 1 < p.D) atomicAdd(dst + col + 1, acc[i][j][2 * hh + 1]);
+                    if (col < p.D) atomicAdd(dst + 8 * j, acc[i][j][2 * hh]);
+                    if (col + 1 < p.D) atomicAdd(dst + 8 * j + 1, acc[i][j][2 * hh + 1]);
                 }
             }
     }

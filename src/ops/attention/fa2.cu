@@ -51,9 +51,9 @@
  * the analytic kernels compare with a row's interval; FLEX 2 adds ALiBi's bias.
  *
  * D > 128 takes ~200 KiB of shared memory a block: GPUs without it (sm_80: 163 KiB) run
- * those calls on flash.cu. Measured (bench/NOTES.md, H100, B 2, H 32, S 8192, D 128,
- * thirty-ninth session): fwd+bwd 0.83-0.94x SDPA's flash backend (FlashAttention-2 itself)
- * in the four cells of bench/peers_cuda.py, where the first dk/dv kernel gave 0.78-0.90x. */
+ * those calls on flash.cu. Measured (bench/NOTES.md, thirty-ninth session, an H100, the four
+ * cells of bench/peers_cuda.py): the forward 0.99-1.17x SDPA's flash backend (FlashAttention-2
+ * itself), fwd+bwd 0.90-1.01x, where the first version gave 0.87-1.03x and 0.78-0.89x. */
 #include <math.h>
 #include <stdint.h>
 #include <type_traits>
@@ -102,7 +102,6 @@ static __device__ __forceinline__ void block_of(const fa_args &p, int *head, int
     *tile = p.head_major ? blockIdx.y : blockIdx.x;
 }
 static __device__ __forceinline__ int tiles_of(const fa_args &p) { return p.head_major ? gridDim.y : gridDim.x; }
-
 
 /* The A fragment of keys/queries 16kk..16kk+15 from two m16n8 accumulators (the C
  * layout of n-tiles 2kk and 2kk+1 is the A layout of one k16 step). */

@@ -53,7 +53,7 @@
  * D > 128 takes ~200 KiB of shared memory a block: GPUs without it (sm_80: 163 KiB) run
  * those calls on flash.cu. Measured (bench/NOTES.md, thirty-ninth session, an H100, the four
  * cells of bench/peers_cuda.py): the forward 0.99-1.17x SDPA's flash backend (FlashAttention-2
- * itself), fwd+bwd 0.90-1.01x, where the first version gave 0.87-1.03x and 0.78-0.89x. */
+ * itself), fwd+bwd 0.90-1.02x, where the first version gave 0.87-1.03x and 0.77-0.90x. */
 #include <math.h>
 #include <stdint.h>
 #include <type_traits>

@@ -51,9 +51,9 @@
  * the analytic kernels compare with a row's interval; FLEX 2 adds ALiBi's bias.
  *
  * D > 128 takes ~200 KiB of shared memory a block: GPUs without it (sm_80: 163 KiB) run
- * those calls on flash.cu. Measured (bench/NOTES.md, thirty-ninth session, an H100, the four
- * cells of bench/peers_cuda.py): the forward 0.99-1.17x SDPA's flash backend (FlashAttention-2
- * itself), fwd+bwd 0.90-1.02x, where the first version gave 0.87-1.03x and 0.77-0.90x. */
+ * those calls on flash.cu. Measured (bench/NOTES.md, fortieth session, an H200, the four
+ * cells of bench/peers_cuda.py): the forward 1.02-1.16x SDPA's flash backend (FlashAttention-2
+ * itself), fwd+bwd 0.90-1.04x, where the first version gave 0.87-1.03x and 0.77-0.90x (H100). */
 #include <math.h>
 #include <stdint.h>
 #include <type_traits>
@@ -399,16 +399,39 @@ static __global__ void fa2_dq_cvt(const float *acc, lk_bf16_t *dq, int64_t n, fl
         dq[i] = __float2bfloat16_rn(acc[i] * scale);
 }
 
+/* Q and dO of a step element by element (odd D, unaligned rows). Out of line: inlined into
+ * the step loop, its addresses were computed beside the fast path's on every step (~20
+ * instructions a warp) in a kernel with no registers to spare. */
+template <int DP, int NT>
+static __device__ __noinline__ void dkv_load_slow(lk_bf16_t *qs, lk_bf16_t *gs, const lk_bf16_t *qg,
+                                                  const lk_bf16_t *gg, int64_t gstride, int nq, int D) {
+    load_tile<DP, NT, BMQ>(qs, qg, D, nq, D, 0);
+    load_tile<DP, NT, BMQ>(gs, gg, gstride, nq, D, 0);
+}
+
 /* Issues the BMQ query rows from q0 of head hh into a dkv block's stage (Q, dO, LSE, delta
  * by cp.async; lo/hi computed, but for FLEX, whose bits say what is seen). */
 template <int DP, int NT, int FLEX>
 static __device__ __forceinline__ void dkv_issue(const fa_args &p, int hh, int q0, int b, lk_bf16_t *qs,
                                                  lk_bf16_t *gs, float *ls, float *ds, int *los, int *his) {
     const int nq = min(BMQ, p.Sq - q0);
-    const int64_t bh = (int64_t)b * p.Hq + hh;
-    load_tile<DP, NT, BMQ>(qs, p.q + (bh * p.Sq + q0) * p.D, p.D, nq, p.D, p.vec);
-    load_tile<DP, NT, BMQ>(gs, p.dout + (((int64_t)b * p.Sq + q0) * p.Hq + hh) * p.D, (int64_t)p.Hq * p.D, nq, p.D,
-                      p.vec);
+    const int64_t bh = (int64_t)b * p.Hq + hh, gstride = (int64_t)p.Hq * p.D;
+    const lk_bf16_t *qg = p.q + (bh * p.Sq + q0) * p.D, *gg = p.dout + (((int64_t)b * p.Sq + q0) * p.Hq + hh) * p.D;
+    if (p.vec) {   /* load_tile's cp.async path, its row pointers stepped */
+        constexpr int CH = DP / 8, RS = NT / CH;
+        const int c = threadIdx.x % CH, r0 = threadIdx.x / CH, so = sw<DP>(r0, c);
+        const bool col = c * 8 < p.D;
+        const lk_bf16_t *qr = qg + r0 * p.D + c * 8, *gr = gg + r0 * gstride + c * 8;
+#pragma unroll
+        for (int i = 0; i < BMQ / RS; i++) {
+            const bool ok = col && r0 + i * RS < nq;
+            cp16(qs + so + i * RS * DP, ok ? qr : qg, ok);
+            cp16(gs + so + i * RS * DP, ok ? gr : gg, ok);
+            qr += RS * p.D, gr += RS * gstride;
+        }
+    } else {
+        dkv_load_slow<DP, NT>(qs, gs, qg, gg, gstride, nq, p.D);
+    }
     for (int r = threadIdx.x; r < BMQ; r += NT) {
         const bool ok = r < nq;
         cp4(ls + r, p.lse + bh * p.Sq + (ok ? q0 + r : 0), ok);
@@ -446,11 +469,11 @@ static __device__ __forceinline__ int4 flex_step(const fa_args &p, int b, int hk
  *   S, dP   S = Q Kᵀ and dP = dO Vᵀ (queries as M): warp (w % 2, w / 2) takes query rows
  *           32 (w % 2).. and keys BNK / 4 · (w / 2)..; P = exp2(scale·s − lse) and
  *           dS = P ∘ (dP − δ) from the f32 P, both stored as bf16 [query][key]
+ *   dQ      dQ = dS K: warp (w % 2, w / 2) takes query rows 32 (w % 2).. and head columns
+ *           DP / 4 · (w / 2).., added into the f32 workspace by float2 atomics
  *   dV, dK  dV += Pᵀ dO and dK += dSᵀ Q (keys as M): warp (w % KW, w / KW) takes keys
  *           32 (w % KW).. and head columns DH (w / KW)..; dV and dK stay in registers for
  *           the whole walk (GQA's heads summed there: no atomics on them)
- *   dQ      dQ = dS K: warp (w % 2, w / 2) takes query rows 32 (w % 2).. and head columns
- *           DP / 4 · (w / 2).., added into the f32 workspace by float2 atomics
  * The first version gave each warp 16 keys and every query of the step in all four GEMMs:
  * each warp read the whole Q and dO tile four times, 736 KB of shared memory a step at
  * D 128 against this layout's 576, and ran at 0.73x FlashAttention-2's backward
@@ -487,12 +510,15 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
         const int qb = max(qa, lk_attn_first_row(p.vis, k0 + nk, 0));
         nqt = (qb - qa + BMQ - 1) / BMQ, n = p.G * nqt;
     }
-    /* step i's head and first row (and FLEX's bits tile, -1 when full) */
-    auto step = [&](int i) { return FLEX ? flex_step(p, b, hk, ft, i) : make_int4(hk * p.G + i / nqt, qa + (i % nqt) * BMQ, -1, 0); };
+    /* a step's head and first row (and FLEX's bits tile, -1 when full): the analytic steps
+     * walk a head's nqt query tiles, then the next head's (stepped: a division a step cost
+     * ~25 instructions a warp, twice) */
+    const int qend = qa + nqt * BMQ;
+    auto after = [&](int4 s) { return s.y + BMQ < qend ? make_int4(s.x, s.y + BMQ, -1, 0) : make_int4(s.x + 1, qa, -1, 0); };
+    int4 at = FLEX ? flex_step(p, b, hk, ft, 0) : make_int4(hk * p.G, qa, -1, 0);   /* step 0, then the current one */
     if (n > 0) {
-        const int4 s0 = step(0);
-        if (FLEX && tid == 0) steps[0] = s0;
-        dkv_issue<DP, NT, FLEX>(p, s0.x, s0.y, b, qs, gs, ls, dl, los, his);
+        if (FLEX && tid == 0) steps[0] = at;
+        dkv_issue<DP, NT, FLEX>(p, at.x, at.y, b, qs, gs, ls, dl, los, his);
     }
     cp_commit();
     const float c2 = p.cap > 0.0f ? LOG2E : p.scale * LOG2E;
@@ -517,90 +543,180 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
         cp_wait<0>();      /* tile it (and K, V) landed */
         __syncthreads();   /* ... for every thread; every warp is past step it-1 */
         const int st = it & 1;
-        const int4 cur = FLEX ? steps[it % 3] : step(it);
+        const int4 cur = FLEX ? steps[it % 3] : at;
         const int q0 = cur.y;
         if (it + 1 < n) {
             const int s1 = (it + 1) & 1;
-            const int4 nx = step(it + 1);
+            const int4 nx = FLEX ? flex_step(p, b, hk, ft, it + 1) : after(cur);
             if (FLEX && tid == 0) steps[(it + 1) % 3] = nx;
             dkv_issue<DP, NT, FLEX>(p, nx.x, nx.y, b, qs + s1 * BMQ * DP, gs + s1 * BMQ * DP, ls + s1 * BMQ,
                                     dl + s1 * BMQ, los + s1 * BMQ, his + s1 * BMQ);
+            at = nx;
         }
         cp_commit();
         const lk_bf16_t *qt = qs + st * BMQ * DP, *gt = gs + st * BMQ * DP;
         const float *lt = ls + st * BMQ, *dt = dl + st * BMQ;
         const int *lot = los + st * BMQ, *hit = his + st * BMQ;
-        /* S = Q Kᵀ and dP = dO Vᵀ on this warp's 32 queries x SK keys */
-        float s[2][NS][4], dp[2][NS][4];
+        /* S = Q Kᵀ on this warp's 32 queries x SK keys */
+        float s[2][NS][4];
 #pragma unroll
         for (int i = 0; i < 2; i++)
 #pragma unroll
             for (int j = 0; j < NS; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) s[i][j][e] = dp[i][j][e] = 0.0f;
+                for (int e = 0; e < 4; e++) s[i][j][e] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < DP / 16; kk++) {
-            uint32_t aq[2][4], ag[2][4];
+            uint32_t aq[2][4];
 #pragma unroll
-            for (int i = 0; i < 2; i++) {
-                ldsm4(aq[i], qt + wq.at(16 * i, 2 * kk));
-                ldsm4(ag[i], gt + wq.at(16 * i, 2 * kk));
-            }
+            for (int i = 0; i < 2; i++) ldsm4(aq[i], qt + wq.at(16 * i, 2 * kk));
 #pragma unroll
             for (int np = 0; np < NS / 2; np++) {
-                uint32_t bk[4], bv[4];
+                uint32_t bk[4];
                 ldsm4(bk, ks + wk.at(16 * np, 2 * kk));
-                ldsm4(bv, vs + wk.at(16 * np, 2 * kk));
 #pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    mma(s[i][2 * np], aq[i], bk[0], bk[1]), mma(s[i][2 * np + 1], aq[i], bk[2], bk[3]);
-                    mma(dp[i][2 * np], ag[i], bv[0], bv[1]), mma(dp[i][2 * np + 1], ag[i], bv[2], bv[3]);
-                }
+                for (int i = 0; i < 2; i++) mma(s[i][2 * np], aq[i], bk[0], bk[1]), mma(s[i][2 * np + 1], aq[i], bk[2], bk[3]);
             }
         }
-        /* P and dS of the tile into shared memory; element e of n-tile j is query row
-         * sm + 16i + g + 8 (e / 2), key sn + 8j + 2 t4 + e % 2. MASKED: the tile's elements
-         * tested (a branch a step: the tests predicated in the loop cost every step ~3
-         * instructions an element, masked or not) */
+        /* P = exp2(scale·s − lse) into s and to shared memory, then dP = dO Vᵀ and dS = P ∘ (dP − δ):
+         * P's exponentials share a block with dP's GEMM and issue between its HMMAs (S and dP
+         * in one loop left them a stretch of their own). Element e of n-tile j is
+         * query row sm + 16i + g + 8 (e / 2), key sn + 8j + 2 t4 + e % 2. MASKED: the tile's
+         * elements tested (a branch a step: the tests predicated in the loop cost every step
+         * ~3 instructions an element, masked or not) */
         const bool full = FLEX ? cur.z < 0 : q0 + BMQ <= p.Sq && lot[BMQ - 1] <= k0 && hit[0] >= k0 + BNK;
         const float slope2 = FLEX == 2 ? p.alibi[cur.x] : 0.0f;   /* ALiBi: the step's head */
         auto p_ds = [&](auto masked) {
             constexpr bool MASKED = decltype(masked)::value;
             const uint32_t *fb = FLEX && MASKED ? p.fx.bits + (int64_t)cur.z * LK_FLEX_TILE_WORDS : nullptr;
+            float fc[CAP ? 2 : 1][CAP ? NS : 1][CAP ? 4 : 1];   /* softcap's derivative */
+            float dp[2][NS][4];
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < NS; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) dp[i][j][e] = 0.0f;
+            /* P of n-tile j of row half (i, hh), into s and shared memory (the row's bounds read at j 0) */
+            float L2 = 0.0f;
+            int lo = 0, hi = 0;
+            uint32_t seen = 0;
+            auto p_of = [&](int i, int hh, int j) {
+                const int r = sm + 16 * i + g + 8 * hh, q = q0 + r;
+                if (j == 0) {
+                    const float L = lt[r];
+                    L2 = L == -INFINITY ? INFINITY : L * LOG2E;
+                    if (FLEX && MASKED)   /* the row's keys sn.. of the mask tile, from this lane's column on */
+                        seen = fb[(q % LK_FLEX_TILE) * LK_FLEX_WORDS + (k0 % LK_FLEX_TILE + sn) / 32] >> ((sn % 32) + 2 * t4);
+                    else if (MASKED)
+                        lo = lot[r] - k0 - sn - 2 * t4, hi = hit[r] - k0 - sn - 2 * t4;   /* against 8j + e % 2 */
+                }
+#pragma unroll
+                for (int x = 0; x < 2; x++) {
+                    const int c = 8 * j + x;
+                    float v = s[i][j][2 * hh + x];
+                    if (CAP) v = capped(v, p, &fc[i][j][2 * hh + x]);
+                    const float bias = FLEX == 2 ? slope2 * (float)(k0 + sn + c + 2 * t4 - q) : 0.0f;
+                    float e = lk_ex2(fmaf(v, c2, bias - L2));
+                    if (MASKED && (FLEX ? !((seen >> c) & 1u) : c < lo || c >= hi)) e = 0.0f;
+                    s[i][j][2 * hh + x] = e;
+                }
+                *reinterpret_cast<uint32_t *>(ps + pbase + (16 * i + 8 * hh) * BNK + (px ^ (j << 3))) =
+                    lk_pack_bf16x2(s[i][j][2 * hh], s[i][j][2 * hh + 1]);
+            };
+            /* dP = dO Vᵀ with the thread's 4·NS (i, hh, j) pairs of P spread over its DP / 16 k-steps:
+             * ptxas keeps independent work where the source puts it (a P loop ahead of the GEMM
+             * stayed ahead of it) */
+            constexpr int T = 4 * NS, KD = DP / 16;   /* (i, hh, j) triples; dP's steps */
+#pragma unroll
+            for (int kk = 0; kk < DP / 16; kk++) {
+                uint32_t ag[2][4];
+#pragma unroll
+                for (int i = 0; i < 2; i++) ldsm4(ag[i], gt + wq.at(16 * i, 2 * kk));
+#pragma unroll
+                for (int np = 0; np < NS / 2; np++) {
+                    uint32_t bv[4];
+                    ldsm4(bv, vs + wk.at(16 * np, 2 * kk));
+#pragma unroll
+                    for (int i = 0; i < 2; i++) mma(dp[i][2 * np], ag[i], bv[0], bv[1]), mma(dp[i][2 * np + 1], ag[i], bv[2], bv[3]);
+                }
+#pragma unroll
+                for (int t = (kk * T + KD - 1) / KD; t < ((kk + 1) * T + KD - 1) / KD; t++) p_of(t / (2 * NS), (t / NS) % 2, t % NS);
+            }
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
-                    const int r = sm + 16 * i + g + 8 * hh, q = q0 + r;
-                    const float L = lt[r], L2 = L == -INFINITY ? INFINITY : L * LOG2E, d = dt[r];
-                    int lo = 0, hi = 0;
-                    uint32_t seen = 0;   /* FLEX: the row's keys sn.. of the mask tile, from this lane's column on */
-                    if (FLEX && MASKED)
-                        seen = fb[(q % LK_FLEX_TILE) * LK_FLEX_WORDS + (k0 % LK_FLEX_TILE + sn) / 32] >> ((sn % 32) + 2 * t4);
-                    else if (MASKED)
-                        lo = lot[r] - k0 - sn - 2 * t4, hi = hit[r] - k0 - sn - 2 * t4;   /* against 8j + e % 2 */
+                    const float d = dt[sm + 16 * i + g + 8 * hh];
 #pragma unroll
                     for (int j = 0; j < NS; j++) {
-                        float pv[2], dsv[2];
+                        float dsv[2];
 #pragma unroll
                         for (int x = 0; x < 2; x++) {
-                            const int c = 8 * j + x;
-                            float v = s[i][j][2 * hh + x], f = 1.0f;
-                            if (CAP) v = capped(v, p, &f);
-                            const float bias = FLEX == 2 ? slope2 * (float)(k0 + sn + c + 2 * t4 - q) : 0.0f;
-                            float e = lk_ex2(fmaf(v, c2, bias - L2));
-                            if (MASKED && (FLEX ? !((seen >> c) & 1u) : c < lo || c >= hi)) e = 0.0f;
-                            pv[x] = e, dsv[x] = e * (dp[i][j][2 * hh + x] - d) * f;
+                            const int e = 2 * hh + x;
+                            dsv[x] = s[i][j][e] * (dp[i][j][e] - d);
+                            if (CAP) dsv[x] *= fc[i][j][e];
                         }
-                        const int off = pbase + (16 * i + 8 * hh) * BNK + (px ^ (j << 3));
-                        *reinterpret_cast<uint32_t *>(ps + off) = lk_pack_bf16x2(pv[0], pv[1]);
-                        *reinterpret_cast<uint32_t *>(dss + off) = lk_pack_bf16x2(dsv[0], dsv[1]);
+                        *reinterpret_cast<uint32_t *>(dss + pbase + (16 * i + 8 * hh) * BNK + (px ^ (j << 3))) =
+                            lk_pack_bf16x2(dsv[0], dsv[1]);
                     }
                 }
         };
         if (full) p_ds(std::false_type());
         else p_ds(std::true_type());
         __syncthreads();   /* P and dS whole */
+        /* dQ first, its reductions draining under the dV and dK GEMMs (level with dQ last;
+         * FlashAttention-2's order, dV, dQ, dK, ran 3% slower: bench/NOTES.md, fortieth session) */
+        if (dq_atomic) {
+            /* dQ += dS K on this warp's 32 queries x DQ columns, into the workspace */
+            float acc[2][DQ / 8][4];
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int j = 0; j < DQ / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < BNK / 16; kk++) {
+                uint32_t a[2][4];
+#pragma unroll
+                for (int i = 0; i < 2; i++) ldsm4(a[i], dss + wd.at(16 * i, 2 * kk));
+#pragma unroll
+                for (int dn = 0; dn < DQ / 16; dn++) {
+                    uint32_t bb[4];
+                    ldsm4t(bb, ks + wkq.at(16 * kk, 2 * dn));
+#pragma unroll
+                    for (int i = 0; i < 2; i++) mma(acc[i][2 * dn], a[i], bb[0], bb[1]), mma(acc[i][2 * dn + 1], a[i], bb[2], bb[3]);
+                }
+            }
+            /* row sm + g + 16i + 8hh, columns qd + 8j + 2 t4 and + 1: one pointer a step and fixed
+             * offsets from it where the warp's columns all lie in D (the first version formed each
+             * address in 64 bits with its bounds tested: ~20 instructions a reduction) */
+            const int64_t bh = (int64_t)b * p.Hq + cur.x;
+            float *dqb = p.dq_acc + (bh * p.Sq + q0 + sm + g) * p.D + qd + 2 * t4;
+            const bool whole = p.vec && qd + DQ <= p.D;
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) {
+                    if (q0 + sm + g + 16 * i + 8 * hh >= p.Sq) continue;
+                    float *dst = dqb + (16 * i + 8 * hh) * p.D;
+#if __CUDA_ARCH__ >= 900
+                    if (whole) {
+#pragma unroll
+                        for (int j = 0; j < DQ / 8; j++)
+                            atomicAdd(reinterpret_cast<float2 *>(dst + 8 * j), make_float2(acc[i][j][2 * hh], acc[i][j][2 * hh + 1]));
+                        continue;
+                    }
+#endif
+#pragma unroll
+                    for (int j = 0; j < DQ / 8; j++) {
+                        const int col = qd + 8 * j + 2 * t4;
+                        if (col < p.D) atomicAdd(dst + 8 * j, acc[i][j][2 * hh]);
+                        if (col + 1 < p.D) atomicAdd(dst + 8 * j + 1, acc[i][j][2 * hh + 1]);
+                    }
+                }
+        }
         /* dV += Pᵀ dO and dK += dSᵀ Q on this warp's 32 keys x DH columns */
 #pragma unroll
         for (int kk = 0; kk < BMQ / 16; kk++) {
@@ -622,55 +738,6 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
                 }
             }
         }
-        if (!dq_atomic) continue;
-        /* dQ += dS K on this warp's 32 queries x DQ columns, into the workspace */
-        float acc[2][DQ / 8][4];
-#pragma unroll
-        for (int i = 0; i < 2; i++)
-#pragma unroll
-            for (int j = 0; j < DQ / 8; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < BNK / 16; kk++) {
-            uint32_t a[2][4];
-#pragma unroll
-            for (int i = 0; i < 2; i++) ldsm4(a[i], dss + wd.at(16 * i, 2 * kk));
-#pragma unroll
-            for (int dn = 0; dn < DQ / 16; dn++) {
-                uint32_t bb[4];
-                ldsm4t(bb, ks + wkq.at(16 * kk, 2 * dn));
-#pragma unroll
-                for (int i = 0; i < 2; i++) mma(acc[i][2 * dn], a[i], bb[0], bb[1]), mma(acc[i][2 * dn + 1], a[i], bb[2], bb[3]);
-            }
-        }
-        /* row sm + g + 16i + 8hh, columns qd + 8j + 2 t4 and + 1: one pointer a step and fixed
-         * offsets from it where the warp's columns all lie in D (the first version formed each
-         * address in 64 bits with its bounds tested: ~20 instructions a reduction) */
-        const int64_t bh = (int64_t)b * p.Hq + cur.x;
-        float *dqb = p.dq_acc + (bh * p.Sq + q0 + sm + g) * p.D + qd + 2 * t4;
-        const bool whole = p.vec && qd + DQ <= p.D;
-#pragma unroll
-        for (int i = 0; i < 2; i++)
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++) {
-                if (q0 + sm + g + 16 * i + 8 * hh >= p.Sq) continue;
-                float *dst = dqb + (16 * i + 8 * hh) * p.D;
-#if __CUDA_ARCH__ >= 900
-                if (whole) {
-#pragma unroll
-                    for (int j = 0; j < DQ / 8; j++)
-                        atomicAdd(reinterpret_cast<float2 *>(dst + 8 * j), make_float2(acc[i][j][2 * hh], acc[i][j][2 * hh + 1]));
-                    continue;
-                }
-#endif
-#pragma unroll
-                for (int j = 0; j < DQ / 8; j++) {
-                    const int col = qd + 8 * j + 2 * t4;
-                    if (col < p.D) atomicAdd(dst + 8 * j, acc[i][j][2 * hh]);
-                    if (col + 1 < p.D) atomicAdd(dst + 8 * j + 1, acc[i][j][2 * hh + 1]);
-                }
-            }
     }
     cp_wait<0>();
 #pragma unroll

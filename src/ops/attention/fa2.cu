@@ -51,14 +51,16 @@
  * the analytic kernels compare with a row's interval; FLEX 2 adds ALiBi's bias.
  *
  * D > 128 takes ~200 KiB of shared memory a block: GPUs without it (sm_80: 163 KiB) run
- * those calls on flash.cu. Measured (bench/NOTES.md, fortieth session, an H200, the four
- * cells of bench/peers_cuda.py): the forward 1.02-1.16x SDPA's flash backend (FlashAttention-2
- * itself), fwd+bwd 0.90-1.04x, where the first version gave 0.87-1.03x and 0.77-0.90x (H100). */
+ * those calls on flash.cu. Measured (bench/NOTES.md, fortieth session, the four cells of
+ * bench/peers_cuda.py against SDPA's flash backend, FlashAttention-2 itself): the forward
+ * 1.02-1.16x on an H200; fwd+bwd 0.95-0.97x at B 2, H 32, S 8192 and 1.00-1.05x at the GQA
+ * shape on an H100, with dQ's bulk reductions (the first version: 0.87-1.03x and 0.77-0.90x). */
 #include <math.h>
 #include <stdint.h>
 #include <type_traits>
 #include "core/cuda_check.h"
 #include "ops/attention/flex_plan.h"
+#include "ops/attention/hopper.cuh"
 #include "ops/attention/internal.h"
 #include "ops/attention/visible.cuh"
 #include "ops/cuda_util.cuh"
@@ -69,6 +71,7 @@
 #define BN 64      /* keys a forward / dq tile (64: S and P of 2 m-tiles fit beside O) */
 #define BMQ 64     /* query rows a dkv step takes */
 #define MAXD 256
+enum { DQ_NONE, DQ_RED, DQ_BULK };   /* how dk/dv adds its dQ into the workspace (dkv_dq_mode) */
 
 typedef struct {
     const lk_bf16_t *q, *k, *v, *out, *dout;
@@ -462,15 +465,17 @@ static __device__ __forceinline__ int4 flex_step(const fa_args &p, int b, int hk
 }
 
 /* dK, dV of BNK keys of one (b, h_kv) (BNK 128; D 256: 64), walking the G q heads of its
- * group and the BMQ-row query tiles that see the keys; with dq_atomic also dQ += dS K
- * into p.dq_acc. FlashAttention-2's layout: each phase of a step splits its GEMM over the
- * eight warps in 32 x 32-ish tiles, so every warp reads only its rows and columns of the
- * operands, and P and dS go through shared memory between the phases:
+ * group and the BMQ-row query tiles that see the keys; unless dq_mode is DQ_NONE also
+ * dQ += dS K into p.dq_acc. FlashAttention-2's layout: each phase of a step splits its GEMM
+ * over the eight warps in 32 x 32-ish tiles, so every warp reads only its rows and columns of
+ * the operands, and P and dS go through shared memory between the phases:
  *   S, dP   S = Q Kᵀ and dP = dO Vᵀ (queries as M): warp (w % 2, w / 2) takes query rows
  *           32 (w % 2).. and keys BNK / 4 · (w / 2)..; P = exp2(scale·s − lse) and
  *           dS = P ∘ (dP − δ) from the f32 P, both stored as bf16 [query][key]
  *   dQ      dQ = dS K: warp (w % 2, w / 2) takes query rows 32 (w % 2).. and head columns
- *           DP / 4 · (w / 2).., added into the f32 workspace by float2 atomics
+ *           DP / 4 · (w / 2).., added into the f32 workspace: DQ_RED by float2 atomics;
+ *           DQ_BULK (sm_90a) through a shared tile, a row a thread (the first BMQ) added
+ *           by one bulk reduction after the next step's first barrier
  *   dV, dK  dV += Pᵀ dO and dK += dSᵀ Q (keys as M): warp (w % KW, w / KW) takes keys
  *           32 (w % KW).. and head columns DH (w / KW)..; dV and dK stay in registers for
  *           the whole walk (GQA's heads summed there: no atomics on them)
@@ -482,7 +487,7 @@ static __device__ __forceinline__ int4 flex_step(const fa_args &p, int b, int hk
  * written). FLEX: the steps are flex_step's (decoded at issue into a ring of three),
  * partial tiles masked by their bits by query row. */
 template <int DP, bool CAP, int FLEX>
-static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq_atomic) {
+static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq_mode) {
     constexpr int NT = 256, BNK = DP == 256 ? 64 : 128, KW = BNK / 32, DH = DP / (8 / KW);
     constexpr int SK = BNK / 4, NS = SK / 8, DQ = DP / 4;
     static_assert(BNK == LK_FLEX_TILE || DP == 256, "a block's keys are one mask tile (D 256: half of one)");
@@ -491,6 +496,9 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
     lk_bf16_t *ps = gs + 2 * BMQ * DP, *dss = ps + BMQ * BNK;   /* P and dS [BMQ queries][BNK keys], swizzled */
     float *ls = (float *)(dss + BMQ * BNK), *dl = ls + 2 * BMQ;
     int *los = (int *)(dl + 2 * BMQ), *his = los + 2 * BMQ;
+    constexpr int DQS = DP + 8;   /* DQ_BULK: dQ rows of DP + 8 floats, so a warp's STS.64 hit every bank once */
+    float *dqs = (float *)(his + 2 * BMQ);
+    float *dq_row = nullptr;      /* DQ_BULK, the first BMQ threads: where the last step's row tid goes */
     __shared__ int4 steps[3];   /* FLEX */
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     int bhk, kt;
@@ -542,6 +550,9 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
     for (int it = 0; it < n; it++) {
         cp_wait<0>();      /* tile it (and K, V) landed */
         __syncthreads();   /* ... for every thread; every warp is past step it-1 */
+#if FA3_ARCH
+        if (dq_row) bulk_reduce_add(dq_row, dqs + tid * DQS, p.D * 4), bulk_commit(), dq_row = nullptr;
+#endif
         const int st = it & 1;
         const int4 cur = FLEX ? steps[it % 3] : at;
         const int q0 = cur.y;
@@ -664,10 +675,13 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
         };
         if (full) p_ds(std::false_type());
         else p_ds(std::true_type());
-        __syncthreads();   /* P and dS whole */
+#if FA3_ARCH
+        if (dq_mode == DQ_BULK && tid < BMQ) bulk_wait_read0();   /* the last step's rows out of dqs */
+#endif
+        __syncthreads();   /* P and dS whole (and dqs free) */
         /* dQ first, its reductions draining under the dV and dK GEMMs (level with dQ last;
          * FlashAttention-2's order, dV, dQ, dK, ran 3% slower: bench/NOTES.md, fortieth session) */
-        if (dq_atomic) {
+        if (dq_mode != DQ_NONE) {
             /* dQ += dS K on this warp's 32 queries x DQ columns, into the workspace */
             float acc[2][DQ / 8][4];
 #pragma unroll
@@ -689,33 +703,48 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
                     for (int i = 0; i < 2; i++) mma(acc[i][2 * dn], a[i], bb[0], bb[1]), mma(acc[i][2 * dn + 1], a[i], bb[2], bb[3]);
                 }
             }
-            /* row sm + g + 16i + 8hh, columns qd + 8j + 2 t4 and + 1: one pointer a step and fixed
-             * offsets from it where the warp's columns all lie in D (the first version formed each
-             * address in 64 bits with its bounds tested: ~20 instructions a reduction) */
+            /* row sm + g + 16i + 8hh, columns qd + 8j + 2 t4 and + 1 */
             const int64_t bh = (int64_t)b * p.Hq + cur.x;
-            float *dqb = p.dq_acc + (bh * p.Sq + q0 + sm + g) * p.D + qd + 2 * t4;
-            const bool whole = p.vec && qd + DQ <= p.D;
+#if FA3_ARCH
+            if (dq_mode == DQ_BULK) {
 #pragma unroll
-            for (int i = 0; i < 2; i++)
+                for (int i = 0; i < 2; i++)
 #pragma unroll
-                for (int hh = 0; hh < 2; hh++) {
-                    if (q0 + sm + g + 16 * i + 8 * hh >= p.Sq) continue;
-                    float *dst = dqb + (16 * i + 8 * hh) * p.D;
-#if __CUDA_ARCH__ >= 900
-                    if (whole) {
+                    for (int hh = 0; hh < 2; hh++)
 #pragma unroll
                         for (int j = 0; j < DQ / 8; j++)
-                            atomicAdd(reinterpret_cast<float2 *>(dst + 8 * j), make_float2(acc[i][j][2 * hh], acc[i][j][2 * hh + 1]));
-                        continue;
-                    }
+                            *reinterpret_cast<float2 *>(dqs + (sm + g + 16 * i + 8 * hh) * DQS + qd + 8 * j + 2 * t4) =
+                                make_float2(acc[i][j][2 * hh], acc[i][j][2 * hh + 1]);
+                fence_async_smem();   /* for the bulk reductions, after the next barrier */
+                if (tid < BMQ && q0 + tid < p.Sq) dq_row = p.dq_acc + (bh * p.Sq + q0 + tid) * p.D;
+            } else
+#endif
+            {   /* DQ_RED: one pointer a step and fixed offsets from it where the warp's columns
+                 * all lie in D (the first version formed each address in 64 bits with its bounds
+                 * tested: ~20 instructions a reduction) */
+                float *dqb = p.dq_acc + (bh * p.Sq + q0 + sm + g) * p.D + qd + 2 * t4;
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++) {
+                        if (q0 + sm + g + 16 * i + 8 * hh >= p.Sq) continue;
+                        float *dst = dqb + (16 * i + 8 * hh) * p.D;
+#if __CUDA_ARCH__ >= 900
+                        if (p.vec && qd + DQ <= p.D) {
+#pragma unroll
+                            for (int j = 0; j < DQ / 8; j++)
+                                atomicAdd(reinterpret_cast<float2 *>(dst + 8 * j), make_float2(acc[i][j][2 * hh], acc[i][j][2 * hh + 1]));
+                            continue;
+                        }
 #endif
 #pragma unroll
-                    for (int j = 0; j < DQ / 8; j++) {
-                        const int col = qd + 8 * j + 2 * t4;
-                        if (col < p.D) atomicAdd(dst + 8 * j, acc[i][j][2 * hh]);
-                        if (col + 1 < p.D) atomicAdd(dst + 8 * j + 1, acc[i][j][2 * hh + 1]);
+                        for (int j = 0; j < DQ / 8; j++) {
+                            const int col = qd + 8 * j + 2 * t4;
+                            if (col < p.D) atomicAdd(dst + 8 * j, acc[i][j][2 * hh]);
+                            if (col + 1 < p.D) atomicAdd(dst + 8 * j + 1, acc[i][j][2 * hh + 1]);
+                        }
                     }
-                }
+            }
         }
         /* dV += Pᵀ dO and dK += dSᵀ Q on this warp's 32 keys x DH columns */
 #pragma unroll
@@ -739,6 +768,13 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
             }
         }
     }
+#if FA3_ARCH
+    if (dq_mode == DQ_BULK) {   /* the last step's rows */
+        __syncthreads();
+        if (dq_row) bulk_reduce_add(dq_row, dqs + tid * DQS, p.D * 4), bulk_commit();
+        bulk_wait0();
+    }
+#endif
     cp_wait<0>();
 #pragma unroll
     for (int i = 0; i < 2; i++)
@@ -938,7 +974,7 @@ static lk_status args_of(const lk_attention_args *a, lk_ctx *ctx, fa_args *p) {
 }
 
 static size_t fwd_smem(int DP);
-static size_t dkv_smem(int DP);
+static size_t dkv_smem(int DP, int dq_mode);
 static size_t dq_smem(int DP);
 
 template <typename K>
@@ -971,9 +1007,10 @@ static lk_status launch_fwd(const fa_args &p, cudaStream_t st) {
 /* Shared bytes of each kernel at head dim D (DP = D padded up). */
 static int dp_of(int64_t D) { return D <= 64 ? 64 : D <= 128 ? 128 : 256; }
 static size_t fwd_smem(int DP) { return (size_t)(128 + 4 * BN) * DP * 2 + 2 * 128 * sizeof(int); }
-static size_t dkv_smem(int DP) {
-    const int bnk = DP == 256 ? 64 : 128;   /* K, V; Q, dO two stages; P, dS; the rows' stats and bounds */
-    return (size_t)(2 * bnk * DP + 4 * BMQ * DP + 2 * bnk * BMQ) * 2 + 8 * BMQ * 4;
+static size_t dkv_smem(int DP, int dq_mode) {
+    const int bnk = DP == 256 ? 64 : 128;   /* K, V; Q, dO two stages; P, dS; the rows' stats and bounds; dQ */
+    return (size_t)(2 * bnk * DP + 4 * BMQ * DP + 2 * bnk * BMQ) * 2 + 8 * BMQ * 4 +
+           (dq_mode == DQ_BULK ? (size_t)BMQ * (DP + 8) * 4 : 0);
 }
 static size_t dq_smem(int DP) { return (size_t)(2 * BMQ + 4 * BN) * DP * 2; }
 
@@ -982,7 +1019,7 @@ static size_t dq_smem(int DP) { return (size_t)(2 * BMQ + 4 * BN) * DP * 2; }
 static int fits(const lk_attention_args *a, int backward) {
     const int DP = dp_of(a->q.shape[3]);
     size_t need = backward ? (a->deterministic ? dq_smem(DP) : 0) : fwd_smem(DP);
-    if (backward && dkv_smem(DP) > need) need = dkv_smem(DP);
+    if (backward && dkv_smem(DP, DQ_RED) > need) need = dkv_smem(DP, DQ_RED);
     const lk_hw *hw = lk_hw_get();
     return hw->cuda_smem_per_block == 0 || need <= hw->cuda_smem_per_block;
 }
@@ -1000,20 +1037,32 @@ static lk_status forward(const lk_attention_args *a, lk_ctx *ctx) {
     return run_fwd(p, (cudaStream_t)ctx->stream);
 }
 
+/* How dk/dv adds dQ: none (deterministic: fa2_dq does), by bulk reductions where the GPU
+ * runs the sm_90a code and the extra 34 KiB fit (rows of D, 16-byte aligned: vec), else by
+ * atomics. The bulk reductions take the register-held REDs out of the step: behind them the
+ * warps stalled on the long scoreboard (bench/NOTES.md, fortieth session). */
+static int dkv_dq_mode(const fa_args &p, int DP, int det) {
+    const lk_hw *hw = lk_hw_get();
+    if (det) return DQ_NONE;
+    return hw->cuda_cc == 90 && DP <= 128 && p.vec && dkv_smem(DP, DQ_BULK) <= hw->cuda_smem_per_block ? DQ_BULK
+                                                                                                        : DQ_RED;
+}
+
 template <int DP>
 static lk_status launch_bwd(const fa_args &p, int det, cudaStream_t st) {
     constexpr int BNK = DP == 256 ? 64 : 128;
-    const size_t sh = dkv_smem(DP);
-    const int mode = p.flex ? (p.alibi ? 2 : 1) : 0;
+    const int mode = dkv_dq_mode(p, DP, det);
+    const size_t sh = dkv_smem(DP, mode);
+    const int fm = p.flex ? (p.alibi ? 2 : 1) : 0;
     void (*const kerns[3][2])(const fa_args, int) = {{fa2_dkv<DP, false, 0>, fa2_dkv<DP, true, 0>},
                                                      {fa2_dkv<DP, false, 1>, fa2_dkv<DP, true, 1>},
                                                      {fa2_dkv<DP, false, 2>, fa2_dkv<DP, true, 2>}};
-    void (*kern)(const fa_args, int) = kerns[mode][p.cap > 0.0f];
+    void (*kern)(const fa_args, int) = kerns[fm][p.cap > 0.0f];
     lk_status s = allow_smem(kern, sh);
     if (s) return s;
     if (p.Skv > 0) {
         const dim3 grid = grid_of(p, (p.Skv + BNK - 1) / BNK, (int64_t)p.B * p.Hkv);
-        kern<<<grid, 256, sh, st>>>(p, !det);
+        kern<<<grid, 256, sh, st>>>(p, mode);
         LK_CUDA_LAUNCHED("attention: flash_attention_2 (cuda) dk/dv");
     }
     if (det) {

@@ -1,9 +1,9 @@
 /* hopper.cuh — the sm_90a instructions flash_attention_3's kernels are written with
  * (fa3.cu forward, fa3_bwd.cu backward), shared with the MoE experts' Hopper grouped GEMM
- * (moe/grouped_sm90.cu, which adds wgmma_ss_n256): mbarriers, TMA and bulk copies, 16-byte f32
- * reductions and stores into global memory, wgmma and its shared-memory descriptors, the
- * aligned shared-memory base, the quad transpose of the 16-byte epilogues; and on the host the
- * tensor maps TMA reads through. Inline PTX, one instruction a function where it can be; the
+ * (moe/grouped_sm90.cu, which adds wgmma_ss_n256) and with fa2.cu's dQ reductions: mbarriers,
+ * TMA and bulk copies and reductions, 16-byte f32 reductions and stores into global memory,
+ * wgmma and its shared-memory descriptors, the aligned shared-memory base, the quad transpose
+ * of the 16-byte epilogues; and on the host the tensor maps TMA reads through. Inline PTX, one instruction a function where it can be; the
  * PTX ISA's names. */
 #ifndef LLMKERN_OPS_ATTENTION_HOPPER_CUH
 #define LLMKERN_OPS_ATTENTION_HOPPER_CUH
@@ -183,6 +183,18 @@ static __device__ __forceinline__ void red_add_v4(float *p, const float *v) {
     asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(p), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3])
                  : "memory");
 }
+/* dst[0..bytes/4) += src[..] in f32, done in L2 element by element (each a relaxed atomic at
+ * gpu scope: blocks may add into the same rows), read from shared memory asynchronously and
+ * completing in this thread's bulk group; bytes a multiple of 16, both ends 16-byte aligned. */
+static __device__ __forceinline__ void bulk_reduce_add(float *dst, const void *src, uint32_t bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
+                 ::"l"(dst), "r"(smem_u32(src)), "r"(bytes) : "memory");
+}
+static __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+/* every bulk group of this thread has read its shared memory */
+static __device__ __forceinline__ void bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+/* every bulk group of this thread is complete */
+static __device__ __forceinline__ void bulk_wait0() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 /* Shared-memory writes by threads, made visible to the async proxy (wgmma, TMA). */
 static __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 template <int N>

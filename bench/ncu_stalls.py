@@ -9,7 +9,7 @@ scoreboard stall waits on is usually a few lines up).
     ncu --clock-control none --kernel-name regex:gg_sm90_wgrad --launch-count 2 \\
         --section SourceCounters --section WarpStateStats -o rep python3 bench/moe_once.py --build B
     ncu -i rep.ncu-rep --page source --csv --print-source sass > rep_sass.csv
-  anywhere:  python3 bench/ncu_stalls.py rep_sass.csv [--top 20] [--kernel SUBSTRING] [--context 3]"""
+  anywhere:  python3 bench/ncu_stalls.py rep_sass.csv [--top 20] [--kernel SUBSTRING] [--context 3] [--blocks]"""
 import argparse
 import csv
 
@@ -18,6 +18,9 @@ P.add_argument("csv")
 P.add_argument("--top", type=int, default=20)
 P.add_argument("--kernel", default="", help="only kernels whose name contains this")
 P.add_argument("--context", type=int, default=0, help="instructions shown before each top one")
+P.add_argument("--blocks", action="store_true",
+               help="also the samples of each run of instructions executed equally often (a loop's phases, "
+                    "split at barriers), with their reasons and opcodes")
 A = P.parse_args()
 
 kernels = {}   # name -> (header, rows); a name met twice (two launches) keeps its first table
@@ -59,6 +62,26 @@ for name, (hdr, rows) in kernels.items():
         n = sum(num(rows[i][sa]) for i in range(lo, hi))
         if n > total / 100:
             print(f"   region {lo}-{hi} ({rows[lo][1].strip()[:40]}): {100 * n / total:.1f}%")
+    if A.blocks:   # the phases of a step: runs of equal execution count, a new one at each barrier
+        ex = hdr.index("Instructions Executed")
+        runs = []
+        for i, r in enumerate(rows):
+            op = r[1].split()[1 if r[1].lstrip().startswith("@") else 0] if r[1].split() else ""
+            if not runs or num(r[ex]) != runs[-1][1] or op.startswith("BAR"):
+                runs.append([i, num(r[ex]), 0, {}, {}])
+            run = runs[-1]
+            run[2] += num(r[sa])
+            for k in reasons:
+                run[3][hdr[k][6:]] = run[3].get(hdr[k][6:], 0) + num(r[k])
+            run[4][op.split(".")[0]] = run[4].get(op.split(".")[0], 0) + 1
+        for i, (lo, n_ex, n, why, ops) in enumerate(runs):
+            if n > total / 200:
+                hi = runs[i + 1][0] if i + 1 < len(runs) else len(rows)
+                w = sorted(why.items(), key=lambda t: -t[1])[:3]
+                o = sorted(ops.items(), key=lambda t: -t[1])[:4]
+                print(f"   block {lo}-{hi} x{n_ex}: {100 * n / total:5.1f}% ("
+                      + ", ".join(f"{k} {100 * v / total:.1f}" for k, v in w) + "; "
+                      + " ".join(f"{k}:{v}" for k, v in o) + ")")
     top = sorted(range(len(rows)), key=lambda i: -num(rows[i][sa]))[:A.top]
     for i in sorted(top):
         for j in range(max(0, i - A.context), i):

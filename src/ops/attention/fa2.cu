@@ -496,9 +496,11 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
     lk_bf16_t *ps = gs + 2 * BMQ * DP, *dss = ps + BMQ * BNK;   /* P and dS [BMQ queries][BNK keys], swizzled */
     float *ls = (float *)(dss + BMQ * BNK), *dl = ls + 2 * BMQ;
     int *los = (int *)(dl + 2 * BMQ), *his = los + 2 * BMQ;
+#if FA3_ARCH
     constexpr int DQS = DP + 8;   /* DQ_BULK: dQ rows of DP + 8 floats, so a warp's STS.64 hit every bank once */
     float *dqs = (float *)(his + 2 * BMQ);
     float *dq_row = nullptr;      /* DQ_BULK, the first BMQ threads: where the last step's row tid goes */
+#endif
     __shared__ int4 steps[3];   /* FLEX */
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     int bhk, kt;
@@ -538,6 +540,19 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
     const lane_walk<DP> wq = walk_a<DP>(sm, 0, lane), wk = walk_b<DP>(sn, 0, lane), wg = walk_a<DP>(0, vd >> 3, lane);
     const lane_walk<BNK> wp = walk_b<BNK>(0, vk >> 3, lane), wd = walk_a<BNK>(sm, 0, lane);
     const lane_walk<DP> wkq = walk_a<DP>(0, qd >> 3, lane);
+    /* k-step kk of this warp's 32 queries x SK keys of A Bᵀ (S = Q Kᵀ, dP = dO Vᵀ) */
+    auto qk_step = [&](float (&acc)[2][NS][4], const lk_bf16_t *at, const lk_bf16_t *bt, int kk) {
+        uint32_t a[2][4];
+#pragma unroll
+        for (int i = 0; i < 2; i++) ldsm4(a[i], at + wq.at(16 * i, 2 * kk));
+#pragma unroll
+        for (int np = 0; np < NS / 2; np++) {
+            uint32_t bb[4];
+            ldsm4(bb, bt + wk.at(16 * np, 2 * kk));
+#pragma unroll
+            for (int i = 0; i < 2; i++) mma(acc[i][2 * np], a[i], bb[0], bb[1]), mma(acc[i][2 * np + 1], a[i], bb[2], bb[3]);
+        }
+    };
     /* where this lane's P and dS pairs go: row sm + g (+ 16i + 8hh), chunk sn / 8 + j, swizzled by g */
     const int pbase = (sm + g) * BNK + 2 * t4, px = ((sn >> 3) ^ g) << 3;
     float dk[2][DH / 8][4], dv[2][DH / 8][4];
@@ -577,18 +592,7 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
 #pragma unroll
                 for (int e = 0; e < 4; e++) s[i][j][e] = 0.0f;
 #pragma unroll
-        for (int kk = 0; kk < DP / 16; kk++) {
-            uint32_t aq[2][4];
-#pragma unroll
-            for (int i = 0; i < 2; i++) ldsm4(aq[i], qt + wq.at(16 * i, 2 * kk));
-#pragma unroll
-            for (int np = 0; np < NS / 2; np++) {
-                uint32_t bk[4];
-                ldsm4(bk, ks + wk.at(16 * np, 2 * kk));
-#pragma unroll
-                for (int i = 0; i < 2; i++) mma(s[i][2 * np], aq[i], bk[0], bk[1]), mma(s[i][2 * np + 1], aq[i], bk[2], bk[3]);
-            }
-        }
+        for (int kk = 0; kk < DP / 16; kk++) qk_step(s, qt, ks, kk);
         /* P = exp2(scale·s − lse) into s and to shared memory, then dP = dO Vᵀ and dS = P ∘ (dP − δ):
          * P's exponentials share a block with dP's GEMM and issue between its HMMAs (S and dP
          * in one loop left them a stretch of their own). Element e of n-tile j is
@@ -641,16 +645,7 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
             constexpr int T = 4 * NS, KD = DP / 16;   /* (i, hh, j) triples; dP's steps */
 #pragma unroll
             for (int kk = 0; kk < DP / 16; kk++) {
-                uint32_t ag[2][4];
-#pragma unroll
-                for (int i = 0; i < 2; i++) ldsm4(ag[i], gt + wq.at(16 * i, 2 * kk));
-#pragma unroll
-                for (int np = 0; np < NS / 2; np++) {
-                    uint32_t bv[4];
-                    ldsm4(bv, vs + wk.at(16 * np, 2 * kk));
-#pragma unroll
-                    for (int i = 0; i < 2; i++) mma(dp[i][2 * np], ag[i], bv[0], bv[1]), mma(dp[i][2 * np + 1], ag[i], bv[2], bv[3]);
-                }
+                qk_step(dp, gt, vs, kk);
 #pragma unroll
                 for (int t = (kk * T + KD - 1) / KD; t < ((kk + 1) * T + KD - 1) / KD; t++) p_of(t / (2 * NS), (t / NS) % 2, t % NS);
             }

@@ -674,8 +674,9 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
         if (dq_mode == DQ_BULK && tid < BMQ) bulk_wait_read0();   /* the last step's rows out of dqs */
 #endif
         __syncthreads();   /* P and dS whole (and dqs free) */
-        /* dQ first, its reductions draining under the dV and dK GEMMs (level with dQ last;
-         * FlashAttention-2's order, dV, dQ, dK, ran 3% slower: bench/NOTES.md, fortieth session) */
+        /* dQ first: DQ_RED's reductions drain under the dV and dK GEMMs (measured with them: level
+         * with dQ last; FlashAttention-2's order, dV, dQ, dK, 3% slower: bench/NOTES.md, fortieth
+         * session); DQ_BULK's tile is written here and added after the next barrier */
         if (dq_mode != DQ_NONE) {
             /* dQ += dS K on this warp's 32 queries x DQ columns, into the workspace */
             float acc[2][DQ / 8][4];

@@ -247,9 +247,11 @@ struct flex_walk {
  * causal block from its diagonal on (as flex's walk, which ran the dense trainer's backward
  * on packed documents 6% faster: bench/NOTES.md), an unmasked one from kt on, so blocks in
  * flight add into different dQ tiles. */
+#if FA3_ARCH   /* the kernel's body exists in the sm_90a pass alone */
 static __device__ __forceinline__ int step_tile(const bwd_geom &g, int qt0, int nq, int kt, int it) {
     return qt0 + (g.vis.causal ? it % nq : (it % nq + kt) % nq);
 }
+#endif
 
 /* Fragment element e of an m64nN accumulator is row (e & 2 ? 8 : 0) + lane / 4 of the
  * warp's 16, column 8 (e / 4) + 2 (lane % 4) + (e & 1). FLEX: the steps are flex_walk's; the

@@ -3,8 +3,8 @@
  * (moe/grouped_sm90.cu, which adds wgmma_ss_n256) and with fa2.cu's dQ reductions: mbarriers,
  * TMA and bulk copies and reductions, 16-byte f32 reductions and stores into global memory,
  * wgmma and its shared-memory descriptors, the aligned shared-memory base, the quad transpose
- * of the 16-byte epilogues; and on the host the tensor maps TMA reads through. Inline PTX, one instruction a function where it can be; the
- * PTX ISA's names. */
+ * of the 16-byte epilogues; and on the host the tensor maps TMA reads through. Inline PTX,
+ * one instruction a function where it can be; the PTX ISA's names. */
 #ifndef LLMKERN_OPS_ATTENTION_HOPPER_CUH
 #define LLMKERN_OPS_ATTENTION_HOPPER_CUH
 

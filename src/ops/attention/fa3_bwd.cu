@@ -243,13 +243,21 @@ struct flex_walk {
     }
 };
 
-/* The query tile of step it of key block kt, whose heads' walks are nq tiles from qt0: a
- * causal block from its diagonal on (as flex's walk, which ran the dense trainer's backward
- * on packed documents 6% faster: bench/NOTES.md), an unmasked one from kt on, so blocks in
- * flight add into different dQ tiles. */
+/* Step it of key block kt, whose heads' walks are nq tiles from qt0: (the head within the
+ * group, the query tile). A causal block of one head walks from its diagonal on (as flex's walk,
+ * which ran the dense trainer's backward on packed documents 6% faster: bench/NOTES.md); an
+ * unmasked one from kt on, so blocks in flight add into different dQ tiles. A causal GQA block
+ * walks the tiles down from the last, all G heads of a tile in turn from head kt % G: walked
+ * head by head from the diagonal, blocks whose walks differ by two tiles a head drift apart
+ * two steps a head, until blocks of one group read every head's Q and dO at once (256 MB at
+ * B 1, Hq 64, Hkv 8, S 4096) and L2 no longer holds what the next block reads; walked down
+ * together, a group's blocks in flight read the same tile of G heads (the rotation keeps them
+ * off each other's dQ rows). */
 #if FA3_ARCH   /* the kernel's body exists in the sm_90a pass alone */
-static __device__ __forceinline__ int step_tile(const bwd_geom &g, int qt0, int nq, int kt, int it) {
-    return qt0 + (g.vis.causal ? it % nq : (it % nq + kt) % nq);
+static __device__ __forceinline__ int2 step_of(const bwd_geom &g, int qt0, int nq, int kt, int it) {
+    if (!g.vis.causal) return make_int2(it / nq, qt0 + (it % nq + kt) % nq);
+    if (g.G == 1) return make_int2(0, qt0 + it);
+    return make_int2((it + kt) % g.G, qt0 + nq - 1 - it / g.G);
 }
 #endif
 
@@ -303,7 +311,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
      * (FLEX: steps taken from the producer's walk, in order) */
     auto produce = [&](const int it, flex_walk *fw) {
         const int s = it % STAGES;
-        int hh = hk * g.G + it / nq, qt = step_tile(g, qt0, nq, kt, it);
+        const int2 st = step_of(g, qt0, nq, kt, it);
+        int hh = hk * g.G + st.x, qt = st.y;
         int4 fs = make_int4(0, 0, -1, 0);
         if (FLEX) fs = fw->take(g.fx, b, hk, g.G, kt), hh = fs.x, qt = fs.y;
         const int64_t bh = (int64_t)b * g.Hq + hh;
@@ -362,7 +371,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
             /* step it + STAGES − 1 into the stage step it − 1 frees: two steps ahead of the math */
             if (tid == 0 && it >= 1 && it + STAGES - 1 < n) produce(it + STAGES - 1, &ahead);
             __syncwarp();
-            int hh = hk * g.G + it / nq, qt = step_tile(g, qt0, nq, kt, it);
+            const int2 st = step_of(g, qt0, nq, kt, it);
+            int hh = hk * g.G + st.x, qt = st.y;
             const int buf = it % NDS;
             mbar_wait(&dsfull[buf], (it / NDS) & 1);
             if (FLEX) hh = dsstep[buf].x, qt = dsstep[buf].y;   /* the math warpgroups' copy of the step */

@@ -99,6 +99,7 @@ typedef struct {
     float scale, scale2;  /* scale, scale · log2e */
     int heads, nkt;       /* B·Hkv and the key blocks of each: the grid is heads·nkt blocks */
     lk_attn_order order;  /* grid_order.cuh's, for heads x nkt */
+    int wave;             /* blocks that start together: one an SM */
     lk_flex_map fx;       /* flex_attention: the BlockMask's tiles on the device (flex_plan.h) */
     const float *alibi;   /* flex's ALiBi score_mod: log2e · slope of each q head (device), or NULL */
 } bwd_geom;
@@ -247,17 +248,20 @@ struct flex_walk {
  * group, the query tile). A causal block of one head walks from its diagonal on (as flex's walk,
  * which ran the dense trainer's backward on packed documents 6% faster: bench/NOTES.md); an
  * unmasked one from kt on, so blocks in flight add into different dQ tiles. A causal GQA block
- * walks the tiles down from the last, all G heads of a tile in turn from head kt % G: walked
- * head by head from the diagonal, blocks whose walks differ by two tiles a head drift apart
- * two steps a head, until blocks of one group read every head's Q and dO at once (256 MB at
- * B 1, Hq 64, Hkv 8, S 4096) and L2 no longer holds what the next block reads; walked down
- * together, a group's blocks in flight read the same tile of G heads (the rotation keeps them
- * off each other's dQ rows). */
+ * takes a tile's G heads in turn (from head kt % G, off the other blocks' dQ rows), so that a
+ * group's blocks in flight read the same tiles: walked head by head, blocks whose walks differ
+ * by two tiles a head drift two steps further apart every head, until they read every head's
+ * Q and dO at once (256 MB at B 1, Hq 64, Hkv 8, S 4096) and L2 no longer holds what the next
+ * block reads. The first wave's blocks start together, so they walk down from the last tile
+ * together; a later block starts as one that walked fewer tiles finishes, later by as many
+ * steps as its diagonal is ahead (grid_order.cuh's longest first), so it walks up from its
+ * diagonal level with the others that started after it. */
 #if FA3_ARCH   /* the kernel's body exists in the sm_90a pass alone */
 static __device__ __forceinline__ int2 step_of(const bwd_geom &g, int qt0, int nq, int kt, int it) {
     if (!g.vis.causal) return make_int2(it / nq, qt0 + (it % nq + kt) % nq);
     if (g.G == 1) return make_int2(0, qt0 + it);
-    return make_int2((it + kt) % g.G, qt0 + nq - 1 - it / g.G);
+    const int t = it / g.G;
+    return make_int2((it + kt) % g.G, (int)blockIdx.x < g.wave ? qt0 + nq - 1 - t : qt0 + t);
 }
 #endif
 
@@ -623,6 +627,7 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
     g.nqt = nqt, g.scale = d.scale, g.scale2 = d.scale * LOG2E;
     g.heads = (int)(d.B * d.Hkv), g.nkt = (int)lk_cdiv(d.Skv, BNK);
     g.order = lk_attn_order_of(flex ? 0 : a->causal, g.heads, g.nkt);
+    g.wave = lk_hw_get()->cuda_sms > 0 ? lk_hw_get()->cuda_sms : 132;
 
     const int64_t prow = d.B * d.Hq * nqt * BMQ;
     fa3_bwd_prep<<<(unsigned)lk_cdiv(prow, 16), 256, 0, st>>>(

@@ -245,17 +245,19 @@ struct flex_walk {
 };
 
 /* Step it of key block kt, whose heads' walks are nq tiles from qt0: (the head within the
- * group, the query tile). A causal block of one head walks from its diagonal on (as flex's walk,
- * which ran the dense trainer's backward on packed documents 6% faster: bench/NOTES.md); an
- * unmasked one from kt on, so blocks in flight add into different dQ tiles. A causal GQA block
- * takes a tile's G heads in turn (from head kt % G, off the other blocks' dQ rows), so that a
- * group's blocks in flight read the same tiles: walked head by head, blocks whose walks differ
- * by two tiles a head drift two steps further apart every head, until they read every head's
- * Q and dO at once (256 MB at B 1, Hq 64, Hkv 8, S 4096) and L2 no longer holds what the next
- * block reads. The first wave's blocks start together, so they walk down from the last tile
- * together; a later block starts as one that walked fewer tiles finishes, later by as many
- * steps as its diagonal is ahead (grid_order.cuh's longest first), so it walks up from its
- * diagonal level with the others that started after it. */
+ * group, the query tile). An unmasked block starts at tile kt, so blocks in flight add into
+ * different dQ tiles. A causal block of one head walks from its diagonal on (as flex's walk,
+ * which ran the dense trainer's backward on packed documents 6% faster: bench/NOTES.md).
+ * A causal GQA block takes each tile's G heads in turn, from head kt % G (off the dQ rows of
+ * the group's other blocks), so that the blocks of a group in flight read the same tiles.
+ * Walked head by head, their walks, two tiles a head apart in length, drift two steps further
+ * apart every head, until a group's blocks read all its heads' Q, dO and dQ at once (256 MB at
+ * B 1, Hq 64, Hkv 8, S 4096) and L2 misses: fwd+bwd took 2.65-2.68 ms in that cell on an
+ * H100, 1.91-1.93 as below (forty-second session). The first wave's blocks start together,
+ * so they walk down from the last tile together. A later block starts when a shorter one
+ * finishes (the grid is longest first: grid_order.cuh), as many steps later as its diagonal
+ * lies ahead, so walking up from its diagonal it keeps level with the later blocks before it
+ * (2.19-2.20 ms if it too walks down). */
 #if FA3_ARCH   /* the kernel's body exists in the sm_90a pass alone */
 static __device__ __forceinline__ int2 step_of(const bwd_geom &g, int qt0, int nq, int kt, int it) {
     if (!g.vis.causal) return make_int2(it / nq, qt0 + (it % nq + kt) % nq);

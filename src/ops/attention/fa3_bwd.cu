@@ -99,7 +99,7 @@ typedef struct {
     float scale, scale2;  /* scale, scale · log2e */
     int heads, nkt;       /* B·Hkv and the key blocks of each: the grid is heads·nkt blocks */
     lk_attn_order order;  /* grid_order.cuh's, for heads x nkt */
-    int wave;             /* blocks that start together: one an SM */
+    int down;             /* causal GQA: blocks [0, down) walk their tiles down (step_of) */
     lk_flex_map fx;       /* flex_attention: the BlockMask's tiles on the device (flex_plan.h) */
     const float *alibi;   /* flex's ALiBi score_mod: log2e · slope of each q head (device), or NULL */
 } bwd_geom;
@@ -253,17 +253,21 @@ struct flex_walk {
  * Walked head by head, their walks, two tiles a head apart in length, drift two steps further
  * apart every head, until a group's blocks read all its heads' Q, dO and dQ at once (256 MB at
  * B 1, Hq 64, Hkv 8, S 4096) and L2 misses: fwd+bwd took 2.65-2.68 ms in that cell on an
- * H100, 1.91-1.93 as below (forty-second session). The first wave's blocks start together,
- * so they walk down from the last tile together. A later block starts when a shorter one
- * finishes (the grid is longest first: grid_order.cuh), as many steps later as its diagonal
- * lies ahead, so walking up from its diagonal it keeps level with the later blocks before it
- * (2.19-2.20 ms if it too walks down). */
+ * H100, 1.91-1.93 as below (forty-second session). Blocks [0, g.down) walk down from the last
+ * tile, the others up from their diagonals. In a head-major grid (longest first:
+ * grid_order.cuh) g.down is the first wave: its blocks start together, so walking down they
+ * stay level; a later block starts when a shorter one finishes, as many steps later as its
+ * diagonal lies ahead, so walking up it keeps level with the later blocks before it (2.19-2.20
+ * ms if every block walks down). A banded grid's blocks all walk down: bench/walk_sim.py's L2
+ * model has them miss least there (the trainer's dense shape, B 8, Hkv 8, S 4096, G 2: 12% of
+ * the steps at any L2 from 20 MB, where first-wave-down misses 75% at 20 MB and 11% at 40),
+ * not yet measured on a device. */
 #if FA3_ARCH   /* the kernel's body exists in the sm_90a pass alone */
 static __device__ __forceinline__ int2 step_of(const bwd_geom &g, int qt0, int nq, int kt, int it) {
     if (!g.vis.causal) return make_int2(it / nq, qt0 + (it % nq + kt) % nq);
     if (g.G == 1) return make_int2(0, qt0 + it);
     const int t = it / g.G;
-    return make_int2((it + kt) % g.G, (int)blockIdx.x < g.wave ? qt0 + nq - 1 - t : qt0 + t);
+    return make_int2((it + kt) % g.G, (int)blockIdx.x < g.down ? qt0 + nq - 1 - t : qt0 + t);
 }
 #endif
 
@@ -629,7 +633,8 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
     g.nqt = nqt, g.scale = d.scale, g.scale2 = d.scale * LOG2E;
     g.heads = (int)(d.B * d.Hkv), g.nkt = (int)lk_cdiv(d.Skv, BNK);
     g.order = lk_attn_order_of(flex ? 0 : a->causal, g.heads, g.nkt);
-    g.wave = lk_hw_get()->cuda_sms > 0 ? lk_hw_get()->cuda_sms : 132;
+    g.down = g.order == LK_ATTN_ORDER_BANDS ? g.heads * g.nkt   /* step_of: every block, or the first wave */
+                                           : lk_hw_get()->cuda_sms > 0 ? lk_hw_get()->cuda_sms : 132;
 
     const int64_t prow = d.B * d.Hq * nqt * BMQ;
     fa3_bwd_prep<<<(unsigned)lk_cdiv(prow, 16), 256, 0, st>>>(

@@ -246,22 +246,18 @@ struct flex_walk {
 
 /* Step it of key block kt, whose heads' walks are nq tiles from qt0: (the head within the
  * group, the query tile). An unmasked block starts at tile kt, so blocks in flight add into
- * different dQ tiles. A causal block of one head walks from its diagonal on (as flex's walk,
- * which ran the dense trainer's backward on packed documents 6% faster: bench/NOTES.md).
- * A causal GQA block takes each tile's G heads in turn, from head kt % G (off the dQ rows of
- * the group's other blocks), so that the blocks of a group in flight read the same tiles.
- * Walked head by head, their walks, two tiles a head apart in length, drift two steps further
- * apart every head, until a group's blocks read all its heads' Q, dO and dQ at once (256 MB at
- * B 1, Hq 64, Hkv 8, S 4096) and L2 misses: fwd+bwd took 2.65-2.68 ms in that cell on an
- * H100, 1.91-1.93 as below (forty-second session). Blocks [0, g.down) walk down from the last
- * tile, the others up from their diagonals. In a head-major grid (longest first:
- * grid_order.cuh) g.down is the first wave: its blocks start together, so walking down they
- * stay level; a later block starts when a shorter one finishes, as many steps later as its
- * diagonal lies ahead, so walking up it keeps level with the later blocks before it (2.19-2.20
- * ms if every block walks down). A banded grid's blocks all walk down: bench/walk_sim.py's L2
- * model has them miss least there (the trainer's dense shape, B 8, Hkv 8, S 4096, G 2: 12% of
- * the steps at any L2 from 20 MB, where first-wave-down misses 75% at 20 MB and 11% at 40),
- * not yet measured on a device. */
+ * different dQ tiles; a causal block of one head walks up from its diagonal (as flex's walk,
+ * 6% faster on the dense trainer's documents: bench/NOTES.md). A causal GQA block takes each
+ * tile's G heads in turn, from head kt % G (off the dQ rows of the group's other blocks), so a
+ * group's blocks in flight read the same tiles; walked head by head, their walks (two tiles a
+ * head apart in length) drift apart until they read all the group's heads at once and L2
+ * misses (B 1, Hq 64, Hkv 8, S 4096 on an H100: fwd+bwd 2.65-2.68 ms, now 1.91-1.93).
+ * Blocks [0, g.down) walk down from the last tile, the others up from their diagonals. In a
+ * head-major grid (longest first: grid_order.cuh) g.down is the first wave, whose blocks
+ * start together and so stay level walking down; a later block starts when a shorter one
+ * finishes, as many steps late as its diagonal lies ahead, so walking up it stays level with
+ * the later blocks before it (all down: 2.19-2.20 ms). In a banded grid every block walks
+ * down: bench/walk_sim.py's L2 model has them miss least there (not yet measured). */
 #if FA3_ARCH   /* the kernel's body exists in the sm_90a pass alone */
 static __device__ __forceinline__ int2 step_of(const bwd_geom &g, int qt0, int nq, int kt, int it) {
     if (!g.vis.causal) return make_int2(it / nq, qt0 + (it % nq + kt) % nq);

@@ -171,6 +171,7 @@ static void against_reference(void **state) {
         /* flash_attention_2's tiles (128 query rows, 64-key tiles; backward 128 keys x 64 rows,
          * D 256: 64 keys): partial tiles, several tiles, every padded head dim */
         {.B = 2, .Hq = 16, .Hkv = 2, .Sq = 400, .D = 128, .causal = 1},               /* GQA 8:1, B·H 32 */
+        {.B = 1, .Hq = 140, .Hkv = 70, .Sq = 300, .D = 128, .causal = 1},             /* 210 dk/dv blocks: past one wave */
         {.B = 1, .Hq = 4, .Sq = 333, .Skv = 517, .D = 64},                            /* Sq < Skv, tiles */
         {.B = 1, .Hq = 8, .Sq = 515, .Skv = 260, .D = 128, .causal = 1, .scale = 0.3f},   /* Sq > Skv */
         {.B = 1, .Hq = 2, .Hkv = 1, .Sq = 300, .D = 256, .causal = 1, .softcap = 30.0f},  /* MQA, D 256 */
@@ -247,6 +248,10 @@ static void fa3_against_reference(void **state) {
         {.B = 1, .Hq = 2, .Sq = 17, .Skv = 9, .D = 64, .causal = 1, .sinks = 1},      /* ... with sinks */
         {.B = 1, .Hq = 4, .Sq = 333, .Skv = 517, .D = 64},                            /* several tiles, odd */
         {.B = 2, .Hq = 16, .Hkv = 2, .Sq = 1000, .D = 128, .causal = 1},              /* GQA 8:1, 256 blocks */
+        /* fa3_bwd's causal GQA walks (step_of): 210 key blocks, so past the first wave (those walk
+         * up); 1,056, a banded grid on 132 SMs (all walk down) */
+        {.B = 1, .Hq = 140, .Hkv = 70, .Sq = 300, .D = 64, .causal = 1},
+        {.B = 8, .Hq = 132, .Hkv = 66, .Sq = 129, .D = 64, .causal = 1},
         {.B = 1, .Hq = 8, .Sq = 515, .Skv = 260, .D = 128, .causal = 1, .scale = 0.3f},
         /* every row sees every key, D > 64 (D 96: the zero-filled columns) */
         {.B = 2, .Hq = 4, .Hkv = 2, .Sq = 400, .Skv = 500, .D = 128, .softcap = 30.0f},

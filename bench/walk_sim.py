@@ -4,7 +4,9 @@ walk takes the same time, and a step touches its (q head, query tile): 16 KB of 
 the tile's 32 KB of f32 dQ sums, one 64 KB object, missed or hit as a whole. It ranks walk orders
 before a device call; it does not time them (the step's cost does not depend on a hit, and L2's
 capacity for one kernel is less than its 50 MB: `--l2`).
-  python3 bench/walk_sim.py [--sms 132] [--l2 40] [--step-us 2.9]
+  python3 bench/walk_sim.py [--sms 132] [--l2 40] [--step-us 2.9] [--head-major]
+--head-major: every grid head-major, as fa2.cu's causal dk/dv grids are (its tiles are fa3_bwd's:
+128 keys a block, 64-row query steps).
 Walks (fa3_bwd.cu's step_of; key block kt of a kv head sees query tiles [2 kt, nq) a head):
   heads  each head's tiles from the diagonal up, head by head (before the forty-second session)
   down   each tile's G heads in turn (from head kt % G), tiles from the last down, every block
@@ -33,10 +35,10 @@ def walk(kind, G, nq, kt, down):
     return [((it + kt) % G, nq - 1 - it // G if down else lo + it // G) for it in range(G * n)]
 
 
-def simulate(kind, heads, nkt, G, nq, sms, l2_objs, fixed=2):
+def simulate(kind, heads, nkt, G, nq, sms, l2_objs, fixed=2, head_major=False):
     """HBM objects missed over the grid, and the steps it ran: events in time order, the SMs
     taking blocks in launch order as they free up."""
-    order = "bands" if heads * nkt >= 8 * sms else "heads"   # grid_order.cuh, causal
+    order = "bands" if heads * nkt >= 8 * sms and not head_major else "heads"   # grid_order.cuh, causal
     cache = collections.OrderedDict()
     misses = steps = 0
     ready = [(0, sm) for sm in range(sms)]   # (time the SM is free, sm)
@@ -72,6 +74,7 @@ def main():
     P.add_argument("--sms", type=int, default=132)
     P.add_argument("--l2", type=float, default=40, help="MB of L2 the walk's objects may hold")
     P.add_argument("--step-us", type=float, default=2.9, help="a step's time, for the HBM rate")
+    P.add_argument("--head-major", action="store_true", help="every grid head-major (fa2's dk/dv)")
     A = P.parse_args()
     objs = int(A.l2 * 1e6 / OBJ)
     # (name, B * Hkv, key blocks, G, query tiles of 64 rows)
@@ -83,7 +86,7 @@ def main():
         for kind in ("heads", "down", "wave", "main"):
             if G == 1 and kind != "heads":
                 continue
-            misses, steps = simulate(kind, heads, nkt, G, nq, A.sms, objs)
+            misses, steps = simulate(kind, heads, nkt, G, nq, A.sms, objs, head_major=A.head_major)
             per_step = misses * OBJ / steps
             rate = per_step * A.sms / (A.step_us * 1e-6) / 1e12
             print(f"{name:28s} {kind:5s} misses {misses:7d} of {steps:7d} steps ({100 * misses / steps:5.1f}%), "

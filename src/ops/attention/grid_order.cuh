@@ -26,8 +26,11 @@
 
 #define LK_ATTN_BAND_WAVES 8
 
+/* Blocks in one wave of a kernel that holds one block an SM: the SMs (132 where unprobed). */
+static inline int lk_attn_wave(void) { return lk_hw_get()->cuda_sms > 0 ? lk_hw_get()->cuda_sms : 132; }
+
 static inline lk_attn_order lk_attn_order_of(int causal, int64_t heads, int64_t tiles) {
-    const int64_t sms = lk_hw_get()->cuda_sms > 0 ? lk_hw_get()->cuda_sms : 132;
+    const int64_t sms = lk_attn_wave();
     return !causal                                       ? LK_ATTN_ORDER_TILES
            : heads * tiles >= LK_ATTN_BAND_WAVES * sms ? LK_ATTN_ORDER_BANDS
                                                          : LK_ATTN_ORDER_HEADS;

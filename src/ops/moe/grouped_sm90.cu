@@ -171,6 +171,32 @@ static __device__ __forceinline__ void cp_arrive_noinc(uint64_t *bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
 
+/* The gathering producer (AG): its 128 threads copy a stage's A tile from the token rows
+ * of the permutation, thread (r0, c) chunk c (16 bytes) of rows r0 + 16 i. tokens_of reads
+ * a tile's 8 token ids a thread once (-1 past mlim: zero-filled); gather_stage issues one
+ * k-block's copies into the 128-byte swizzle and arrives on bar when they have landed. */
+static __device__ __forceinline__ void tokens_of(const sargs &p, int64_t m0, int64_t mlim, int r0, int32_t *tok) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int64_t row = m0 + r0 + 16 * i;
+        tok[i] = row < mlim ? (int32_t)(p.aorder[row] / p.kdiv) : -1;
+    }
+}
+
+static __device__ __forceinline__ void gather_stage(const sargs &p, uint8_t *a, const int32_t *tok, int r0, int c,
+                                                    int kb, uint64_t *bar) {
+    const int64_t k0 = (int64_t)kb * BK + c * 8;
+    const bool kok = k0 < p.k;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        const int r = r0 + 16 * i;
+        const bool ok = kok && tok[i] >= 0;
+        const lk_bf16_t *src = ok ? p.a + (int64_t)tok[i] * p.lda + k0 : p.a;
+        cp16(a + r * 128 + ((c ^ (r & 7)) << 4), src, ok);
+    }
+    cp_arrive_noinc(bar);
+}
+
 static __device__ __forceinline__ void st_bf16x2(lk_bf16_t *p, float lo, float hi) {
     *reinterpret_cast<uint32_t *>(p) = lk_pack_bf16x2(lo, hi);
 }
@@ -336,13 +362,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
             bool mc;
             unit_of<CL>(p, u, rank, e, m0, mlim, nt, mc);
             int32_t tok[AG ? 8 : 1];
-            if (AG) {
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    const int64_t row = m0 + r0 + 16 * i;
-                    tok[i] = row < mlim ? (int32_t)(p.aorder[row] / p.kdiv) : -1;
-                }
-            }
+            if (AG) tokens_of(p, m0, mlim, r0, tok);
             for (int kb = 0; kb < nk; kb++, it++) {
                 const int s = it % STAGES;
                 if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
@@ -369,18 +389,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90(const __grid_constant__ CU
                         }
                     }
                 }
-                if (AG) {
-                    const int64_t k0 = (int64_t)kb * BK + c * 8;
-                    const bool kok = k0 < p.k;
-#pragma unroll
-                    for (int i = 0; i < 8; i++) {
-                        const int r = r0 + 16 * i;
-                        const bool ok = kok && tok[i] >= 0;
-                        const lk_bf16_t *src = ok ? p.a + (int64_t)tok[i] * p.lda + k0 : p.a;
-                        cp16(a + r * 128 + ((c ^ (r & 7)) << 4), src, ok);
-                    }
-                    cp_arrive_noinc(&full[s]);   /* arrives when this thread's copies have landed */
-                }
+                if (AG) gather_stage(p, a, tok, r0, c, kb, &full[s]);
             }
         }
         if (AG) cp_wait<0>();
@@ -646,13 +655,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
             int nt;
             tile_of(p, t, e, m0, mlim, nt);
             int32_t tok[AG ? 8 : 1];
-            if (AG) {
-#pragma unroll
-                for (int i = 0; i < 8; i++) {
-                    const int64_t row = m0 + r0 + 16 * i;
-                    tok[i] = row < mlim ? (int32_t)(p.aorder[row] / p.kdiv) : -1;
-                }
-            }
+            if (AG) tokens_of(p, m0, mlim, r0, tok);
             for (int kb = 0; kb < nk; kb++, it++) {
                 const int s = it % PSTAGES;
                 if (it >= PSTAGES) mbar_wait(&empty[s], ((it / PSTAGES) - 1) & 1);
@@ -671,18 +674,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_pp(const __grid_constant__
                             tma_load(b + j * (BK * 128), &tb, &full[s], nt * PN + 64 * j, kb * BK, (int)e);
                     }
                 }
-                if (AG) {
-                    const int64_t k0 = (int64_t)kb * BK + c * 8;
-                    const bool kok = k0 < p.k;
-#pragma unroll
-                    for (int i = 0; i < 8; i++) {
-                        const int r = r0 + 16 * i;
-                        const bool ok = kok && tok[i] >= 0;
-                        const lk_bf16_t *src = ok ? p.a + (int64_t)tok[i] * p.lda + k0 : p.a;
-                        cp16(a + r * 128 + ((c ^ (r & 7)) << 4), src, ok);
-                    }
-                    cp_arrive_noinc(&full[s]);   /* arrives when this thread's copies have landed */
-                }
+                if (AG) gather_stage(p, a, tok, r0, c, kb, &full[s]);
             }
         }
         if (AG) cp_wait<0>();

@@ -87,6 +87,7 @@ typedef struct {
     int flex;                /* flex_attention: fx says which tiles and elements are seen, not vis */
     lk_flex_map fx;          /* the BlockMask's tiles and bits on the device (flex_plan.h) */
     const float *alibi;      /* flex's ALiBi score_mod: log2e · slope of each q head (device), or NULL */
+    int down;                /* dk/dv, causal GQA: blocks [0, down), the first wave, walk their tiles down */
 } fa_args;
 
 /* The grid of `tiles` tiles of `heads` heads. Tile-major (x = tile) keeps the blocks in
@@ -520,12 +521,25 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
         const int qb = max(qa, lk_attn_first_row(p.vis, k0 + nk, 0));
         nqt = (qb - qa + BMQ - 1) / BMQ, n = p.G * nqt;
     }
-    /* a step's head and first row (and FLEX's bits tile, -1 when full): the analytic steps
-     * walk a head's nqt query tiles, then the next head's (stepped: a division a step cost
-     * ~25 instructions a warp, twice) */
-    const int qend = qa + nqt * BMQ;
-    auto after = [&](int4 s) { return s.y + BMQ < qend ? make_int4(s.x, s.y + BMQ, -1, 0) : make_int4(s.x + 1, qa, -1, 0); };
-    int4 at = FLEX ? flex_step(p, b, hk, ft, 0) : make_int4(hk * p.G, qa, -1, 0);   /* step 0, then the current one */
+    /* a step's head and first row (and FLEX's bits tile, -1 when full), stepped (a division a
+     * step cost ~25 instructions a warp, twice). The analytic steps walk a head's nqt query
+     * tiles, then the next head's; under a causal mask with G > 1, a tile's G heads in turn
+     * from head kt % G, the tiles down from the last in the first wave's blocks and up from
+     * the diagonal in the others: fa3_bwd.cu's step_of says why (L2: its GQA causal cell
+     * -28%). */
+    const int qend = qa + nqt * BMQ, hg = hk * p.G, h0 = hg + kt % p.G;
+    const bool by_tile = p.vis.causal && p.G > 1;
+    const int dy = by_tile && (int)(blockIdx.y * gridDim.x + blockIdx.x) < p.down ? -BMQ : BMQ;
+    auto after = [&](int4 s) {
+        if (by_tile) {
+            const int h = s.x + 1 == hg + p.G ? hg : s.x + 1;
+            return make_int4(h, h == h0 ? s.y + dy : s.y, -1, 0);
+        }
+        return s.y + BMQ < qend ? make_int4(s.x, s.y + BMQ, -1, 0) : make_int4(s.x + 1, qa, -1, 0);
+    };
+    int4 at = FLEX      ? flex_step(p, b, hk, ft, 0)   /* step 0, then the current one */
+              : by_tile ? make_int4(h0, dy < 0 ? qend - BMQ : qa, -1, 0)
+                        : make_int4(hg, qa, -1, 0);
     if (n > 0) {
         if (FLEX && tid == 0) steps[0] = at;
         dkv_issue<DP, NT, FLEX>(p, at.x, at.y, b, qs, gs, ls, dl, los, his);
@@ -1058,7 +1072,12 @@ static lk_status launch_bwd(const fa_args &p, int det, cudaStream_t st) {
     if (s) return s;
     if (p.Skv > 0) {
         const dim3 grid = grid_of(p, (p.Skv + BNK - 1) / BNK, (int64_t)p.B * p.Hkv);
-        kern<<<grid, 256, sh, st>>>(p, mode);
+        fa_args pk = p;   /* the first wave: the blocks an SM holds at once, times the SMs */
+        int per_sm = 1;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 256, sh) != cudaSuccess)
+            per_sm = 1, (void)cudaGetLastError();   /* an order, not a result: never fail the call over it */
+        pk.down = per_sm * (lk_hw_get()->cuda_sms > 0 ? lk_hw_get()->cuda_sms : 132);
+        kern<<<grid, 256, sh, st>>>(pk, mode);
         LK_CUDA_LAUNCHED("attention: flash_attention_2 (cuda) dk/dv");
     }
     if (det) {

@@ -60,6 +60,7 @@
 #include <type_traits>
 #include "core/cuda_check.h"
 #include "ops/attention/flex_plan.h"
+#include "ops/attention/grid_order.cuh"
 #include "ops/attention/hopper.cuh"
 #include "ops/attention/internal.h"
 #include "ops/attention/visible.cuh"
@@ -87,7 +88,8 @@ typedef struct {
     int flex;                /* flex_attention: fx says which tiles and elements are seen, not vis */
     lk_flex_map fx;          /* the BlockMask's tiles and bits on the device (flex_plan.h) */
     const float *alibi;      /* flex's ALiBi score_mod: log2e · slope of each q head (device), or NULL */
-    int down;                /* dk/dv, causal GQA: blocks [0, down), the first wave, walk their tiles down */
+    int down;                /* dk/dv, causal GQA: blocks [0, down) walk their tiles down */
+    lk_attn_order order;     /* dk/dv: grid_order.cuh's, on a 1-D grid of B·Hkv x key blocks */
 } fa_args;
 
 /* The grid of `tiles` tiles of `heads` heads. Tile-major (x = tile) keeps the blocks in
@@ -505,7 +507,7 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
     __shared__ int4 steps[3];   /* FLEX */
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
     int bhk, kt;
-    block_of(p, &bhk, &kt);
+    lk_attn_block_of(p.order, p.B * p.Hkv, (p.Skv + BNK - 1) / BNK, blockIdx.x, &bhk, &kt);
     const int hk = bhk % p.Hkv, b = bhk / p.Hkv;
     const int k0 = kt * BNK, nk = min(BNK, p.Skv - k0);
     const int64_t kvoff = ((int64_t)bhk * p.Skv + k0) * p.D;
@@ -529,7 +531,7 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
      * -28%). */
     const int qend = qa + nqt * BMQ, hg = hk * p.G, h0 = hg + kt % p.G;
     const bool by_tile = p.vis.causal && p.G > 1;
-    const int dy = by_tile && (int)(blockIdx.y * gridDim.x + blockIdx.x) < p.down ? -BMQ : BMQ;
+    const int dy = by_tile && (int)blockIdx.x < p.down ? -BMQ : BMQ;
     auto after = [&](int4 s) {
         if (by_tile) {
             const int h = s.x + 1 == hg + p.G ? hg : s.x + 1;
@@ -1071,12 +1073,19 @@ static lk_status launch_bwd(const fa_args &p, int det, cudaStream_t st) {
     lk_status s = allow_smem(kern, sh);
     if (s) return s;
     if (p.Skv > 0) {
-        const dim3 grid = grid_of(p, (p.Skv + BNK - 1) / BNK, (int64_t)p.B * p.Hkv);
-        fa_args pk = p;   /* the first wave: the blocks an SM holds at once, times the SMs */
+        /* a 1-D grid in grid_order.cuh's order: under a causal mask the 2-D head-major grid ran
+         * every head at once (bench/walk_sim.py --head-major: 49% of the B 2, H 32, S 8192 causal
+         * steps missed in L2, 6% banded); GQA's first wave (or a banded grid's every block)
+         * walks down (the walk above) */
+        const int64_t heads = (int64_t)p.B * p.Hkv, tiles = (p.Skv + BNK - 1) / BNK;
+        fa_args pk = p;
+        pk.order = lk_attn_order_of(p.flex ? 0 : p.vis.causal, heads, tiles);
         int per_sm = 1;
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 256, sh) != cudaSuccess)
             per_sm = 1, (void)cudaGetLastError();   /* an order, not a result: never fail the call over it */
-        pk.down = per_sm * (lk_hw_get()->cuda_sms > 0 ? lk_hw_get()->cuda_sms : 132);
+        pk.down = pk.order == LK_ATTN_ORDER_BANDS ? (int)(heads * tiles)
+                                                  : per_sm * (lk_hw_get()->cuda_sms > 0 ? lk_hw_get()->cuda_sms : 132);
+        const dim3 grid((unsigned)(heads * tiles));
         kern<<<grid, 256, sh, st>>>(pk, mode);
         LK_CUDA_LAUNCHED("attention: flash_attention_2 (cuda) dk/dv");
     }

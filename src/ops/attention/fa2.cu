@@ -30,8 +30,8 @@
  *           dK += dS^T Q; dQ = dS K), P and dS passing through shared memory between them.
  *           GQA sums its G heads in dV and dK in registers: no atomics on dk/dv. By default
  *           dQ is added into an f32 workspace with atomics (then fa2_dq_cvt rounds it to
- *           bf16): fast, not bit-reproducible. Grid as the forward's (tiles = key blocks,
- *           the first ones the longest under causal).
+ *           bf16): fast, not bit-reproducible. A 1-D grid in grid_order.cuh's order (key
+ *           block 0 the longest under causal; big causal grids in bands, few heads at once).
  *   dq      a->deterministic: a second walk per query block (like the forward)
  *           recomputing P and dS and keeping dQ in registers; the dkv pass skips its dQ.
  *           Every sum then has a fixed order: the same bits on every run.
@@ -92,8 +92,9 @@ typedef struct {
     lk_attn_order order;     /* dk/dv: grid_order.cuh's, on a 1-D grid of B·Hkv x key blocks */
 } fa_args;
 
-/* The grid of `tiles` tiles of `heads` heads. Tile-major (x = tile) keeps the blocks in
- * flight on a few heads, whose K/V (forward) or Q/dO and dQ sums (dk/dv) stay in L2.
+/* The forward's and the deterministic dQ pass's grid of `tiles` tiles of `heads` heads (dk/dv
+ * runs a 1-D grid in grid_order.cuh's order). Tile-major (x = tile) keeps the blocks in
+ * flight on a few heads, whose K/V (forward) or Q/dO and dQ sums (dk/dv, then) stay in L2.
  * Causal tiles differ in work, and head-major launches every head's longest tiles
  * first. bench/NOTES.md issue 16, runs 1-2 (tile-major came with one barrier a step):
  * non-causal gained (fwd 295 -> 302, fwd+bwd 233 -> 243 TFLOP/s), causal lost (fwd
@@ -1083,8 +1084,7 @@ static lk_status launch_bwd(const fa_args &p, int det, cudaStream_t st) {
         int per_sm = 1;
         if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 256, sh) != cudaSuccess)
             per_sm = 1, (void)cudaGetLastError();   /* an order, not a result: never fail the call over it */
-        pk.down = pk.order == LK_ATTN_ORDER_BANDS ? (int)(heads * tiles)
-                                                  : per_sm * (lk_hw_get()->cuda_sms > 0 ? lk_hw_get()->cuda_sms : 132);
+        pk.down = pk.order == LK_ATTN_ORDER_BANDS ? (int)(heads * tiles) : per_sm * lk_attn_wave();
         const dim3 grid((unsigned)(heads * tiles));
         kern<<<grid, 256, sh, st>>>(pk, mode);
         LK_CUDA_LAUNCHED("attention: flash_attention_2 (cuda) dk/dv");

@@ -1,6 +1,6 @@
 /* grid_order.cuh — in which order the blocks of a tensor-core attention kernel take their
- * (head, tile) pairs; fa3_bwd.cu's key blocks so far (fa2.cu keeps its 2-D grids: with this
- * header its bf16 D 128 forward spilled 124-132 bytes, so it waits for a measurement). A kernel runs
+ * (head, tile) pairs: fa3_bwd.cu's and fa2.cu's key blocks (fa2.cu's forward keeps its 2-D
+ * grid: with this header its bf16 D 128 forward spilled 124-132 bytes). A kernel runs
  * heads x tiles blocks on a 1-D grid; tile 0 is the one with the longest walk under a
  * causal mask (the kernels number their tiles so: the last query tile first, or the first
  * key block). Built only with CUDA; not installed.
@@ -26,7 +26,8 @@
 
 #define LK_ATTN_BAND_WAVES 8
 
-/* Blocks in one wave of a kernel that holds one block an SM: the SMs (132 where unprobed). */
+/* Blocks in one wave of a kernel that holds one block an SM: the SMs (132 where unprobed).
+ * A kernel that holds more multiplies (fa2.cu's dk/dv, by its occupancy). */
 static inline int lk_attn_wave(void) { return lk_hw_get()->cuda_sms > 0 ? lk_hw_get()->cuda_sms : 132; }
 
 static inline lk_attn_order lk_attn_order_of(int causal, int64_t heads, int64_t tiles) {

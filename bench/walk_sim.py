@@ -5,8 +5,8 @@ the tile's 32 KB of f32 dQ sums, one 64 KB object, missed or hit as a whole. It 
 before a device call; it does not time them (the step's cost does not depend on a hit, and L2's
 capacity for one kernel is less than its 50 MB: `--l2`).
   python3 bench/walk_sim.py [--sms 132] [--l2 40] [--step-us 2.9] [--head-major]
---head-major: every grid head-major, as fa2.cu's causal dk/dv grids are (its tiles are fa3_bwd's:
-128 keys a block, 64-row query steps).
+--head-major: every grid head-major, as fa2.cu's causal dk/dv grids were until the forty-third
+session (its tiles are fa3_bwd's: 128 keys a block, 64-row query steps).
 Walks (fa3_bwd.cu's step_of; key block kt of a kv head sees query tiles [2 kt, nq) a head):
   heads  each head's tiles from the diagonal up, head by head (before the forty-second session)
   down   each tile's G heads in turn (from head kt % G), tiles from the last down, every block

@@ -1081,10 +1081,11 @@ static lk_status launch_bwd(const fa_args &p, int det, cudaStream_t st) {
         const int64_t heads = (int64_t)p.B * p.Hkv, tiles = (p.Skv + BNK - 1) / BNK;
         fa_args pk = p;
         pk.order = lk_attn_order_of(p.flex ? 0 : p.vis.causal, heads, tiles);
-        int per_sm = 1;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 256, sh) != cudaSuccess)
-            per_sm = 1, (void)cudaGetLastError();   /* an order, not a result: never fail the call over it */
-        pk.down = pk.order == LK_ATTN_ORDER_BANDS ? (int)(heads * tiles) : per_sm * lk_attn_wave();
+        int per_sm = 1;   /* asked only where the walk reads its first wave; an order, not a result */
+        if (p.vis.causal && p.G > 1 && pk.order != LK_ATTN_ORDER_BANDS &&
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 256, sh) != cudaSuccess)
+            per_sm = 1, (void)cudaGetLastError();   /* never fail the call over it */
+        pk.down = lk_attn_down_of(pk.order, heads, tiles, per_sm);
         const dim3 grid((unsigned)(heads * tiles));
         kern<<<grid, 256, sh, st>>>(pk, mode);
         LK_CUDA_LAUNCHED("attention: flash_attention_2 (cuda) dk/dv");

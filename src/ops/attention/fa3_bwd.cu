@@ -629,7 +629,7 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
     g.nqt = nqt, g.scale = d.scale, g.scale2 = d.scale * LOG2E;
     g.heads = (int)(d.B * d.Hkv), g.nkt = (int)lk_cdiv(d.Skv, BNK);
     g.order = lk_attn_order_of(flex ? 0 : a->causal, g.heads, g.nkt);
-    g.down = g.order == LK_ATTN_ORDER_BANDS ? g.heads * g.nkt : lk_attn_wave();   /* step_of: all, or the first wave */
+    g.down = lk_attn_down_of(g.order, g.heads, g.nkt, 1);
 
     const int64_t prow = d.B * d.Hq * nqt * BMQ;
     fa3_bwd_prep<<<(unsigned)lk_cdiv(prow, 16), 256, 0, st>>>(

@@ -26,8 +26,7 @@
 
 #define LK_ATTN_BAND_WAVES 8
 
-/* Blocks in one wave of a kernel that holds one block an SM: the SMs (132 where unprobed).
- * A kernel that holds more multiplies (fa2.cu's dk/dv, by its occupancy). */
+/* Blocks in one wave of a kernel that holds one block an SM: the SMs (132 where unprobed). */
 static inline int lk_attn_wave(void) { return lk_hw_get()->cuda_sms > 0 ? lk_hw_get()->cuda_sms : 132; }
 
 static inline lk_attn_order lk_attn_order_of(int causal, int64_t heads, int64_t tiles) {
@@ -35,6 +34,13 @@ static inline lk_attn_order lk_attn_order_of(int causal, int64_t heads, int64_t 
     return !causal                                       ? LK_ATTN_ORDER_TILES
            : heads * tiles >= LK_ATTN_BAND_WAVES * sms ? LK_ATTN_ORDER_BANDS
                                                          : LK_ATTN_ORDER_HEADS;
+}
+
+/* How many blocks, from the first, walk their query tiles down under a causal GQA mask
+ * (fa3_bwd.cu's step_of says why): in a banded grid every one; otherwise the first wave, the
+ * blocks that start together (per_sm an SM), while later ones walk up from their diagonals. */
+static inline int lk_attn_down_of(lk_attn_order order, int64_t heads, int64_t tiles, int per_sm) {
+    return order == LK_ATTN_ORDER_BANDS ? (int)(heads * tiles) : per_sm * lk_attn_wave();
 }
 
 static __host__ __device__ __forceinline__ void lk_attn_block_of(lk_attn_order order, int heads, int tiles, int L,

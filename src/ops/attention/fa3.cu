@@ -30,6 +30,14 @@
  * 256, unaligned tensors; softcap and `deterministic` in the backward) runs on
  * flash_attention_2's kernels (fa2.cu; the same LSE contract).
  *
+ * Tried and measured slower (forty-fourth session, H100, bench/NOTES.md): this kernel made
+ * persistent, as FlashAttention-3's forward is (a block an SM taking (query tile, head) items
+ * from a counter; the next item's Q and first K/V tiles loaded while the consumers finish the
+ * last P·V and store: cedce66, afc623f). Flex's short items (sliding window,
+ * documents) ran 3-5% faster; the long ones of the flash cells 0-6% slower, at main's
+ * register budgets as at 40 / 232 / 232, so the loop over items costs more than the launch,
+ * barrier init and first loads it saves.
+ *
  * flex_attention (the FLEX instances, issue 19): the key tiles are the BlockMask's 128-key
  * tiles (flex_plan.h), partial ones first; a partial tile's elements are its bits, read as
  * one 16-byte load a row; ALiBi's bias joins the scores in log2 units. */

@@ -35,8 +35,8 @@
  * from a counter; the next item's Q and first K/V tiles loaded while the consumers finish the
  * last P·V and store: cedce66, afc623f). Flex's short items (sliding window,
  * documents) ran 3-5% faster; the long ones of the flash cells 0-6% slower, at main's
- * register budgets as at 40 / 232 / 232, so the loop over items costs more than the launch,
- * barrier init and first loads it saves.
+ * register budgets as at 40 / 232 / 232: the launch, barrier init and first loads it saves
+ * are small beside a long item, and something in the loop over items costs more.
  *
  * flex_attention (the FLEX instances, issue 19): the key tiles are the BlockMask's 128-key
  * tiles (flex_plan.h), partial ones first; a partial tile's elements are its bits, read as

@@ -182,6 +182,10 @@ static void against_reference(void **state) {
         {.B = 1, .Hq = 2, .Sq = 130, .D = 200, .causal = 1, .sinks = 1},              /* D 200 -> 256 */
         {.B = 1, .Hq = 2, .Sq = 77, .Skv = 150, .D = 33, .causal = 1},                /* odd D, element loads */
         {.B = 1, .Hq = 3, .Sq = 1, .Skv = 200, .D = 128},                             /* one query row */
+        /* dk/dv's last wave in parts (tail_split.cuh): 8 key blocks of 3 heads' 10 tiles each
+         * on a GPU of 16 or more SMs, parts across heads; odd D, scalar adds */
+        {.B = 1, .Hq = 6, .Hkv = 2, .Sq = 600, .Skv = 390, .D = 80},
+        {.B = 1, .Hq = 2, .Sq = 520, .D = 33, .scale = 0.2f},
     };
     const char *names[] = {"flash_attention_2", "sdpa"};
     for (int d = 0; d < 2; d++)
@@ -264,6 +268,9 @@ static void fa3_against_reference(void **state) {
         /* nine key blocks of a head add into every dQ tile at once; S ends in a partial tile */
         {.B = 1, .Hq = 8, .Hkv = 4, .Sq = 1100, .D = 128},
         {.B = 2, .Hq = 8, .Hkv = 2, .Sq = 300, .D = 128, .causal = 1, .deterministic = 1},   /* fa2's dq pass */
+        /* the last wave in parts (tail_split.cuh): 140 key blocks, on 132 SMs 132 whole and 8 split in
+         * 4 parts, each walking 4 of a block's 16 steps (2 heads x 8 tiles) */
+        {.B = 1, .Hq = 70, .Hkv = 35, .Sq = 475, .D = 64},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case("flash_attention_3", LK_BF16, &cases[i], 300u + i);
 }

@@ -63,6 +63,7 @@
 #include "ops/attention/grid_order.cuh"
 #include "ops/attention/hopper.cuh"
 #include "ops/attention/internal.h"
+#include "ops/attention/tail_split.cuh"
 #include "ops/attention/visible.cuh"
 #include "ops/cuda_util.cuh"
 #include "ops/mma_sm80.cuh"
@@ -90,6 +91,7 @@ typedef struct {
     const float *alibi;      /* flex's ALiBi score_mod: log2e · slope of each q head (device), or NULL */
     int down;                /* dk/dv, causal GQA: blocks [0, down) walk their tiles down */
     lk_attn_order order;     /* dk/dv: grid_order.cuh's, on a 1-D grid of B·Hkv x key blocks */
+    lk_attn_tail tail;       /* dk/dv, unmasked: the last wave's key blocks in parts (tail_split.cuh) */
 } fa_args;
 
 /* The forward's and the deterministic dQ pass's grid of `tiles` tiles of `heads` heads (dk/dv
@@ -507,8 +509,9 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
 #endif
     __shared__ int4 steps[3];   /* FLEX */
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-    int bhk, kt;
-    lk_attn_block_of(p.order, p.B * p.Hkv, (p.Skv + BNK - 1) / BNK, blockIdx.x, &bhk, &kt);
+    int bhk, kt, part = -1;   /* part >= 0: one of a split block's (never under FLEX) */
+    const int L = FLEX ? (int)blockIdx.x : lk_attn_tail_block(p.tail, blockIdx.x, &part);
+    lk_attn_block_of(p.order, p.B * p.Hkv, (p.Skv + BNK - 1) / BNK, L, &bhk, &kt);
     const int hk = bhk % p.Hkv, b = bhk / p.Hkv;
     const int k0 = kt * BNK, nk = min(BNK, p.Skv - k0);
     const int64_t kvoff = ((int64_t)bhk * p.Skv + k0) * p.D;
@@ -524,6 +527,8 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
         const int qb = max(qa, lk_attn_first_row(p.vis, k0 + nk, 0));
         nqt = (qb - qa + BMQ - 1) / BMQ, n = p.G * nqt;
     }
+    int i0 = 0;   /* a part walks steps [i0, i0 + n) of its block's (unmasked: never by_tile) */
+    if (!FLEX) lk_attn_tail_steps(p.tail, part, &i0, &n);
     /* a step's head and first row (and FLEX's bits tile, -1 when full), stepped (a division a
      * step cost ~25 instructions a warp, twice). The analytic steps walk a head's nqt query
      * tiles, then the next head's; under a causal mask with G > 1, a tile's G heads in turn
@@ -542,7 +547,7 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
     };
     int4 at = FLEX      ? flex_step(p, b, hk, ft, 0)   /* step 0, then the current one */
               : by_tile ? make_int4(h0, dy < 0 ? qend - BMQ : qa, -1, 0)
-                        : make_int4(hg, qa, -1, 0);
+                        : make_int4(hg + (i0 ? i0 / nqt : 0), qa + (i0 ? i0 % nqt : 0) * BMQ, -1, 0);
     if (n > 0) {
         if (FLEX && tid == 0) steps[0] = at;
         dkv_issue<DP, NT, FLEX>(p, at.x, at.y, b, qs, gs, ls, dl, los, his);
@@ -795,6 +800,17 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
         for (int hh = 0; hh < 2; hh++) {
             const int key = k0 + vk + 16 * i + g + 8 * hh;
             if (key >= p.Skv) continue;
+            if (!FLEX && part >= 0) {   /* a part of a split block: its share added into the tail's sums */
+                float *rk = lk_attn_tail_row(p.tail, L, key - k0), *rv = rk + BNK * p.D;
+#pragma unroll
+                for (int j = 0; j < DH / 8; j++)
+#pragma unroll
+                    for (int x = 0; x < 2; x++) {
+                        const int col = vd + 8 * j + 2 * t4 + x;
+                        if (col < p.D) atomicAdd(rk + col, dk[i][j][2 * hh + x] * p.scale), atomicAdd(rv + col, dv[i][j][2 * hh + x]);
+                    }
+                continue;
+            }
             lk_bf16_t *krow = p.dk + ((int64_t)bhk * p.Skv + key) * p.D, *vrow = p.dv + ((int64_t)bhk * p.Skv + key) * p.D;
 #pragma unroll
             for (int j = 0; j < DH / 8; j++) {
@@ -945,6 +961,18 @@ static size_t dq_acc_bytes(const lk_attention_args *a) {
     return up((size_t)a->q.shape[0] * (size_t)a->q.shape[1] * (size_t)a->q.shape[2] * (size_t)a->q.shape[3] * 4);
 }
 
+static int dp_of(int64_t D);
+
+/* dk/dv's last wave split into parts (tail_split.cuh) where every key block walks every query
+ * tile; not under `deterministic` (the parts' sums land in any order). */
+static lk_attn_tail tail_of(const lk_attention_args *a) {
+    const lk_attn_dims d = lk_attn_dims_of(a);
+    const int bnk = dp_of(d.D) == 256 ? 64 : 128;
+    const int even = !a->causal && !a->window_left && !a->window_right && !a->cu_seqlens_q.data && !a->block_mask &&
+                     !a->deterministic;
+    return lk_attn_tail_of(d.B * d.Hkv * lk_cdiv(d.Skv, bnk), d.G * lk_cdiv(d.Sq, BMQ), even, bnk, d.D);
+}
+
 static size_t saved_bytes(const lk_attention_args *a) { return lk_attn_lse_bytes(a); }
 
 static int fits(const lk_attention_args *a, int backward);
@@ -952,7 +980,7 @@ static int fits(const lk_attention_args *a, int backward);
 static size_t workspace_bytes(const lk_attention_args *a, int backward) {
     if (a->q.dtype != LK_BF16 || !fits(a, backward)) return lk_attention_flash_cuda_backend.workspace_bytes(a, backward);
     size_t n = lk_attn_vis_bytes(a) + lk_attn_flex_alibi_bytes(a);
-    if (backward) n += 2 * up(lk_attn_lse_bytes(a)) + (a->deterministic ? 0 : dq_acc_bytes(a));
+    if (backward) n += 2 * up(lk_attn_lse_bytes(a)) + (a->deterministic ? 0 : dq_acc_bytes(a) + up(lk_attn_tail_bytes(tail_of(a))));
     return n;
 }
 
@@ -1086,9 +1114,13 @@ static lk_status launch_bwd(const fa_args &p, int det, cudaStream_t st) {
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 256, sh) != cudaSuccess)
             per_sm = 1, (void)cudaGetLastError();   /* never fail the call over it */
         pk.down = lk_attn_down_of(pk.order, heads, tiles, per_sm);
-        const dim3 grid((unsigned)(heads * tiles));
-        kern<<<grid, 256, sh, st>>>(pk, mode);
+        kern<<<(unsigned)lk_attn_tail_grid(pk.tail), 256, sh, st>>>(pk, mode);
         LK_CUDA_LAUNCHED("attention: flash_attention_2 (cuda) dk/dv");
+        if (pk.tail.split) {
+            lk_attn_tail_convert<<<(unsigned)pk.tail.split, 256, 0, st>>>(pk.tail, pk.order, (int)heads, (int)tiles, p.Skv,
+                                                                          p.dk, p.dv);
+            LK_CUDA_LAUNCHED("attention: flash_attention_2 (cuda) dk/dv of the split blocks");
+        }
     }
     if (det) {
         const size_t shq = dq_smem(DP);
@@ -1123,13 +1155,17 @@ static lk_status run_bwd(const lk_attention_args *a, lk_ctx *ctx, fa_args &p) {
     const size_t rows = lk_attn_lse_bytes(a);
     p.delta = (float *)lk_arena_alloc(ctx->arena, up(rows));
     p.sink_part = sinks ? (float *)lk_arena_alloc(ctx->arena, up(rows)) : NULL;
-    p.dq_acc = det ? NULL : (float *)lk_arena_alloc(ctx->arena, dq_acc_bytes(a));
+    const size_t dq_bytes = det ? 0 : dq_acc_bytes(a);
+    p.tail = tail_of(a);
+    const size_t tail_bytes = up(lk_attn_tail_bytes(p.tail));   /* after the dQ sums: one memset */
+    p.dq_acc = det ? NULL : (float *)lk_arena_alloc(ctx->arena, dq_bytes + tail_bytes);
+    p.tail.acc = tail_bytes && p.dq_acc ? p.dq_acc + dq_bytes / 4 : NULL;
     if (!p.delta || (sinks && !p.sink_part) || (!det && !p.dq_acc))
         return lk_error(LK_ENOMEM, "attention: flash_attention_2 (cuda): no room for delta and the dq sums");
     const int64_t nrows = (int64_t)p.B * p.Hq * p.Sq;
     fa2_prep<<<(unsigned)((nrows + 7) / 8), 256, 0, st>>>(p);
     LK_CUDA_LAUNCHED("attention: flash_attention_2 (cuda) delta");
-    if (!det) LK_CUDA_TRY(cudaMemsetAsync(p.dq_acc, 0, (size_t)nrows * p.D * 4, st));
+    if (!det) LK_CUDA_TRY(cudaMemsetAsync(p.dq_acc, 0, dq_bytes + tail_bytes, st));
     s = p.D <= 64 ? launch_bwd<64>(p, det, st) : p.D <= 128 ? launch_bwd<128>(p, det, st) : launch_bwd<256>(p, det, st);
     if (s) return s;
     return sinks ? lk_attn_cuda_sink_sum(p.sink_part, (float *)a->ds_aux.data, p.B, p.Hq, p.Sq, st) : LK_OK;

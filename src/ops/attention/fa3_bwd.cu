@@ -64,6 +64,7 @@
 #include "ops/attention/grid_order.cuh"
 #include "ops/attention/hopper.cuh"
 #include "ops/attention/internal.h"
+#include "ops/attention/tail_split.cuh"
 #include "ops/attention/visible.cuh"
 #include "ops/cuda_util.cuh"
 
@@ -102,6 +103,7 @@ typedef struct {
     int down;             /* causal GQA: blocks [0, down) walk their tiles down (step_of) */
     lk_flex_map fx;       /* flex_attention: the BlockMask's tiles on the device (flex_plan.h) */
     const float *alibi;   /* flex's ALiBi score_mod: log2e · slope of each q head (device), or NULL */
+    lk_attn_tail tail;    /* unmasked: the last wave's key blocks in parts (tail_split.cuh) */
 } bwd_geom;
 
 extern "C" void lk_attn_grid_block(lk_attn_order order, int heads, int tiles, int L, int *head, int *tile) {
@@ -292,8 +294,9 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     __shared__ int2 dsstep[NDS];   /* FLEX: the head and query tile of the step in each dS buffer */
 
     const int tid = threadIdx.x, wg = tid / 128;
-    int bhk, kt;
-    lk_attn_block_of(g.order, g.heads, g.nkt, blockIdx.x, &bhk, &kt);   /* grid_order.cuh */
+    int bhk, kt, part = -1;   /* part >= 0: one of a split block's (never under FLEX) */
+    const int L = FLEX ? (int)blockIdx.x : lk_attn_tail_block(g.tail, blockIdx.x, &part);
+    lk_attn_block_of(g.order, g.heads, g.nkt, L, &bhk, &kt);   /* grid_order.cuh */
     const int hk = bhk % g.Hkv, b = bhk / g.Hkv, k0 = kt * BNK;
     /* the query tiles whose rows see any of the block's keys */
     int qt0 = 0, nq = 1, n;
@@ -304,6 +307,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         const int qa = lk_attn_first_row(g.vis, k0, 1), qb = max(qa, lk_attn_first_row(g.vis, min(k0 + BNK, g.Skv), 0));
         qt0 = qa / BMQ, nq = qb > qa ? (qb + BMQ - 1) / BMQ - qt0 : 0, n = g.G * nq;
     }
+    int i0 = 0;   /* the walk's steps [i0, i0 + n): a part's share of its block's */
+    if (!FLEX) lk_attn_tail_steps(g.tail, part, &i0, &n);
 
     if (tid == 0) {
         mbar_init(kvfull, 1);
@@ -317,7 +322,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
      * (FLEX: steps taken from the producer's walk, in order) */
     auto produce = [&](const int it, flex_walk *fw) {
         const int s = it % STAGES;
-        const int2 st = step_of(g, qt0, nq, kt, it);
+        const int2 st = step_of(g, qt0, nq, kt, i0 + it);
         int hh = hk * g.G + st.x, qt = st.y;
         int4 fs = make_int4(0, 0, -1, 0);
         if (FLEX) fs = fw->take(g.fx, b, hk, g.G, kt), hh = fs.x, qt = fs.y;
@@ -377,7 +382,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
             /* step it + STAGES − 1 into the stage step it − 1 frees: two steps ahead of the math */
             if (tid == 0 && it >= 1 && it + STAGES - 1 < n) produce(it + STAGES - 1, &ahead);
             __syncwarp();
-            const int2 st = step_of(g, qt0, nq, kt, it);
+            const int2 st = step_of(g, qt0, nq, kt, i0 + it);
             int hh = hk * g.G + st.x, qt = st.y;
             const int buf = it % NDS;
             mbar_wait(&dsfull[buf], (it / NDS) & 1);
@@ -511,6 +516,22 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         mbar_arrive(&empty[s]);
     }
 
+    if (!FLEX && part >= 0) {   /* a part of a split block: its share added into the tail's sums */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int key = key0 + 8 * r;
+            if (key >= g.Skv) continue;
+            float *rk = lk_attn_tail_row(g.tail, L, key - k0), *rv = rk + BNK * g.D;
+#pragma unroll
+            for (int j = 0; j < DP / 8; j++) {
+                const int e = 4 * j + 2 * r, d = 8 * j + 2 * t4;
+                if (d >= g.D) continue;
+                atomicAdd(reinterpret_cast<float2 *>(rk + d), make_float2(dk[e] * g.scale, dk[e + 1] * g.scale));
+                atomicAdd(reinterpret_cast<float2 *>(rv + d), make_float2(dv[e], dv[e + 1]));
+            }
+        }
+        return;
+    }
     /* dK and dV in 16-byte stores: a quad's four lanes hold a row's 8-column groups j0..j0 + 3 two
      * columns each (one bf16 pair a lane); a quad transpose gives lane t4 all eight columns of group
      * j0 + t4. Four-byte stores of the pairs, a warp's 32 of them over 8 rows, held 5.3% of the
@@ -565,16 +586,25 @@ static size_t bwd_smem(int DP) {
  * were read and zeros added beyond the workspace). The sixth sees nothing: P = 0 there. */
 static int64_t tiles_of(int64_t Sq) { return 2 * lk_cdiv(Sq, 2 * BMQ); }
 
-/* The workspace's pieces, in the order backward takes them. */
+/* The grid's last wave split into parts (tail_split.cuh) where every key block walks every
+ * query tile. */
+static lk_attn_tail tail_of(const lk_attention_args *a) {
+    const lk_attn_dims d = lk_attn_dims_of(a);
+    const int even = !a->causal && !a->window_left && !a->window_right && !a->cu_seqlens_q.data && !a->block_mask;
+    return lk_attn_tail_of(d.B * d.Hkv * lk_cdiv(d.Skv, BNK), d.G * lk_cdiv(d.Sq, BMQ), even, BNK, d.D);
+}
+
+/* The workspace's pieces, in the order backward takes them; the tail's sums follow the dQ
+ * sums, so one memset zeroes both. */
 typedef struct {
-    size_t stats, rows, dq_acc, sink_part;
+    size_t stats, rows, dq_acc, tail, sink_part;
 } pieces;
 
 static pieces pieces_of(const lk_attention_args *a) {
     const lk_attn_dims d = lk_attn_dims_of(a);
     const size_t nqt = (size_t)tiles_of(d.Sq), bh = (size_t)(d.B * d.Hq);
     pieces p = {up(bh * nqt * 2 * BMQ * 4), up(nqt * 2 * BMQ * 4), up(bh * nqt * (size_t)dp_of(d.D) / 64 * CHUNK * 4),
-                a->s_aux.data && a->ds_aux.data ? up(lk_attn_lse_bytes(a)) : 0};
+                up(lk_attn_tail_bytes(tail_of(a))), a->s_aux.data && a->ds_aux.data ? up(lk_attn_lse_bytes(a)) : 0};
     return p;
 }
 
@@ -591,7 +621,7 @@ int lk_attn_fa3_bwd_takes(const lk_attention_args *a) {
 
 size_t lk_attn_fa3_bwd_workspace(const lk_attention_args *a) {
     const pieces p = pieces_of(a);
-    return lk_attn_vis_bytes(a) + lk_attn_flex_alibi_bytes(a) + p.stats + p.rows + p.dq_acc + p.sink_part;
+    return lk_attn_vis_bytes(a) + lk_attn_flex_alibi_bytes(a) + p.stats + p.rows + p.dq_acc + p.tail + p.sink_part;
 }
 
 template <int DP, bool FLEX, bool ALIBI>
@@ -599,7 +629,7 @@ static lk_status launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUte
                         const bwd_geom &g, cudaStream_t st) {
     const size_t sh = bwd_smem(DP);
     LK_CUDA_TRY(cudaFuncSetAttribute(fa3_bwd<DP, FLEX, ALIBI>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
-    fa3_bwd<DP, FLEX, ALIBI><<<(unsigned)g.heads * (unsigned)g.nkt, THREADS, sh, st>>>(tq, tk, tv, tdo, g);
+    fa3_bwd<DP, FLEX, ALIBI><<<(unsigned)lk_attn_tail_grid(g.tail), THREADS, sh, st>>>(tq, tk, tv, tdo, g);
     LK_CUDA_LAUNCHED("attention: flash_attention_3 backward");
     return LK_OK;
 }
@@ -619,7 +649,7 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
         return s;
     float *stats = (float *)lk_arena_alloc(ctx->arena, pc.stats);
     int *rows = (int *)lk_arena_alloc(ctx->arena, pc.rows);
-    g.dq_acc = (float *)lk_arena_alloc(ctx->arena, pc.dq_acc);
+    g.dq_acc = (float *)lk_arena_alloc(ctx->arena, pc.dq_acc + pc.tail);
     float *sink_part = pc.sink_part ? (float *)lk_arena_alloc(ctx->arena, pc.sink_part) : NULL;
     if (!stats || !rows || !g.dq_acc || (pc.sink_part && !sink_part))
         return lk_error(LK_ENOMEM, "attention: flash_attention_3: no room for the backward's row stats and dq sums");
@@ -630,13 +660,15 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
     g.heads = (int)(d.B * d.Hkv), g.nkt = (int)lk_cdiv(d.Skv, BNK);
     g.order = lk_attn_order_of(flex ? 0 : a->causal, g.heads, g.nkt);
     g.down = lk_attn_down_of(g.order, g.heads, g.nkt, 1);
+    g.tail = tail_of(a);
+    g.tail.acc = pc.tail ? g.dq_acc + pc.dq_acc / 4 : NULL;
 
     const int64_t prow = d.B * d.Hq * nqt * BMQ;
     fa3_bwd_prep<<<(unsigned)lk_cdiv(prow, 16), 256, 0, st>>>(
         (const lk_bf16_t *)a->out.data, (const lk_bf16_t *)a->dout.data, (const float *)a->saved.data,
         (const float *)a->s_aux.data, stats, rows, sink_part, g.vis, d.B * d.Hq, (int)d.Hq, (int)d.Sq, (int)d.D, nqt);
     LK_CUDA_LAUNCHED("attention: flash_attention_3 backward prep");
-    LK_CUDA_TRY(cudaMemsetAsync(g.dq_acc, 0, pc.dq_acc, st));
+    LK_CUDA_TRY(cudaMemsetAsync(g.dq_acc, 0, pc.dq_acc + pc.tail, st));
 
     if (d.Skv > 0) {
         CUtensorMap tq, tk, tv, tdo;
@@ -658,6 +690,11 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
             s = DP == 64 ? launch<64, false, false>(tq, tk, tv, tdo, g, st)
                          : launch<128, false, false>(tq, tk, tv, tdo, g, st);
         if (s) return s;
+        if (g.tail.split) {
+            lk_attn_tail_convert<<<(unsigned)g.tail.split, 256, 0, st>>>(g.tail, g.order, g.heads, g.nkt, g.Skv, g.dk,
+                                                                         g.dv);
+            LK_CUDA_LAUNCHED("attention: flash_attention_3 backward dk/dv of the split blocks");
+        }
     }   /* no keys: dK and dV are empty, dQ is 0 */
     /* with no keys the workspace is zeros: dQ 0 */
     fa3_dq_convert<<<(unsigned)(d.B * d.Hq * nqt * (DP / 64)), 256, 0, st>>>(g.dq_acc, (lk_bf16_t *)a->dq.data,

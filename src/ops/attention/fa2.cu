@@ -31,7 +31,8 @@
  *           GQA sums its G heads in dV and dK in registers: no atomics on dk/dv. By default
  *           dQ is added into an f32 workspace with atomics (then fa2_dq_cvt rounds it to
  *           bf16): fast, not bit-reproducible. A 1-D grid in grid_order.cuh's order (key
- *           block 0 the longest under causal; big causal grids in bands, few heads at once).
+ *           block 0 the longest under causal; big causal grids in bands, few heads at once);
+ *           unmasked, its last partial wave split into parts (tail_split.cuh).
  *   dq      a->deterministic: a second walk per query block (like the forward)
  *           recomputing P and dS and keeping dQ in registers; the dkv pass skips its dQ.
  *           Every sum then has a fixed order: the same bits on every run.

@@ -49,6 +49,9 @@
  * (d214a31: sliding +0.9%, documents +0.5%, the rest level: the memset runs at HBM's rate);
  * in the thirty-fourth, prep taking four rows a half-warp with their loads issued together
  * (ec423a0: sliding +0.7%, the rest level).
+ * Unmasked, the grid's last partial wave runs split into parts that add their dK/dV in f32
+ * (tail_split.cuh): B 2, H 32, S 8192 fwd+bwd -1 to -3% on an H100 (bench/NOTES.md, forty-fifth
+ * session).
  * A fourth warpgroup for dQ alone does not fit the registers (24 + 56 + 2 · 224 > 504 a
  * thread); nor do m64n64 dQ chunks (64 + 2 · 216: the math warpgroups spill).
  * Layouts are fa3.cu's (rows of 64 elements in TMA's 128-byte swizzle). What this kernel

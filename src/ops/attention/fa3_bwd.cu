@@ -48,7 +48,11 @@
  * in the thirty-second, prep zeroing the dQ workspace in place of its cudaMemsetAsync
  * (d214a31: sliding +0.9%, documents +0.5%, the rest level: the memset runs at HBM's rate);
  * in the thirty-fourth, prep taking four rows a half-warp with their loads issued together
- * (ec423a0: sliding +0.7%, the rest level).
+ * (ec423a0: sliding +0.7%, the rest level); in the forty-fifth, dK += dSᵀ·Q with dSᵀ read back
+ * from the dS buffer, so the next step's Sᵀ/dPᵀ issue before dK is waited on (the pipe never
+ * drains between steps; 32 registers fewer live there): +2-5% in every cell and flex's
+ * (wip-s45-ovl 4bd4d21, edc5772): the 16 KB more of shared-memory reads a step cost more than the overlap
+ * won, as the shared-memory pipe, not the tensor pipe's gaps, bounds the step.
  * Unmasked, the grid's last partial wave runs split into parts that add their dK/dV in f32
  * (tail_split.cuh): B 2, H 32, S 8192 fwd+bwd -1 to -3% on an H100 (bench/NOTES.md, forty-fifth
  * session).

@@ -808,7 +808,9 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
 #pragma unroll
                     for (int x = 0; x < 2; x++) {
                         const int col = vd + 8 * j + 2 * t4 + x;
-                        if (col < p.D) atomicAdd(rk + col, dk[i][j][2 * hh + x] * p.scale), atomicAdd(rv + col, dv[i][j][2 * hh + x]);
+                        if (col >= p.D) continue;
+                        atomicAdd(rk + col, dk[i][j][2 * hh + x] * p.scale);
+                        atomicAdd(rv + col, dv[i][j][2 * hh + x]);
                     }
                 continue;
             }
@@ -968,9 +970,7 @@ static int dp_of(int64_t D);
  * tile; not under `deterministic` (the parts' sums land in any order). */
 static lk_attn_tail tail_of(const lk_attention_args *a) {
     const lk_attn_dims d = lk_attn_dims_of(a);
-    const int bnk = dp_of(d.D) == 256 ? 64 : 128;
-    const int even = !a->causal && !a->window_left && !a->window_right && !a->cu_seqlens_q.data && !a->block_mask &&
-                     !a->deterministic;
+    const int bnk = dp_of(d.D) == 256 ? 64 : 128, even = lk_attn_unmasked(a) && !a->deterministic;
     return lk_attn_tail_of(d.B * d.Hkv * lk_cdiv(d.Skv, bnk), d.G * lk_cdiv(d.Sq, BMQ), even, bnk, d.D);
 }
 
@@ -981,7 +981,8 @@ static int fits(const lk_attention_args *a, int backward);
 static size_t workspace_bytes(const lk_attention_args *a, int backward) {
     if (a->q.dtype != LK_BF16 || !fits(a, backward)) return lk_attention_flash_cuda_backend.workspace_bytes(a, backward);
     size_t n = lk_attn_vis_bytes(a) + lk_attn_flex_alibi_bytes(a);
-    if (backward) n += 2 * up(lk_attn_lse_bytes(a)) + (a->deterministic ? 0 : dq_acc_bytes(a) + up(lk_attn_tail_bytes(tail_of(a))));
+    if (backward && !a->deterministic) n += dq_acc_bytes(a) + up(lk_attn_tail_bytes(tail_of(a)));
+    if (backward) n += 2 * up(lk_attn_lse_bytes(a));
     return n;
 }
 

@@ -597,8 +597,7 @@ static int64_t tiles_of(int64_t Sq) { return 2 * lk_cdiv(Sq, 2 * BMQ); }
  * query tile. */
 static lk_attn_tail tail_of(const lk_attention_args *a) {
     const lk_attn_dims d = lk_attn_dims_of(a);
-    const int even = !a->causal && !a->window_left && !a->window_right && !a->cu_seqlens_q.data && !a->block_mask;
-    return lk_attn_tail_of(d.B * d.Hkv * lk_cdiv(d.Skv, BNK), d.G * lk_cdiv(d.Sq, BMQ), even, BNK, d.D);
+    return lk_attn_tail_of(d.B * d.Hkv * lk_cdiv(d.Skv, BNK), d.G * lk_cdiv(d.Sq, BMQ), lk_attn_unmasked(a), BNK, d.D);
 }
 
 /* The workspace's pieces, in the order backward takes them; the tail's sums follow the dQ

@@ -1,8 +1,9 @@
 /* tail_split.cuh — the last, partial wave of a dk/dv grid split along its walks (fa3_bwd.cu's
  * and fa2.cu's backward, one block an SM). Unmasked, every key block walks every query tile,
  * so a grid of L blocks on W SMs takes ceil(L / W) waves of the same length whatever L % W
- * is: at B 2, H 32, S 8192 the 4,096 blocks are 31 waves and 4 blocks, which run alone for a
- * whole wave (~3% of the kernel). Here the last r = L % W blocks, when they fill at most half a
+ * is: at B 2, H 32, S 8192 the 4,096 blocks are 31 waves and 4 blocks, which run nearly alone
+ * at the end (blocks drift apart, so less than a whole wave: measured 1-2% of the backward on an
+ * H100, bench/NOTES.md, forty-fifth session). Here the last r = L % W blocks, when they fill at most half a
  * wave, become P parts each (P <= W / r): part p walks steps [p·n / P, (p + 1)·n / P) of its
  * block's n and adds its dK (scaled) and dV in f32 into a workspace of r x [2][bnk][D] that
  * lk_attn_tail_convert rounds into dk and dv afterwards. The parts are the grid's last blocks,
@@ -19,8 +20,8 @@
 #include "ops/attention/grid_order.cuh"
 #include "ops/cuda_util.cuh"
 
-/* A part walks at least this many steps: below it the block's K/V load and the adds of its
- * dK/dV weigh more than the walk it takes off the last wave. */
+/* A part walks at least this many steps, so its K/V load and the adds of its dK/dV stay small
+ * beside its walk (a guess, not tuned: the measured split has parts of 4 steps). */
 #define LK_ATTN_TAIL_MIN_STEPS 4
 
 typedef struct {
@@ -30,6 +31,11 @@ typedef struct {
     int bnk, D;   /* keys a block and the head dim: the workspace's rows */
     float *acc;   /* split x [dK rows bnk | dV rows bnk] x D floats, zeroed before the kernel */
 } lk_attn_tail;
+
+/* Whether every key block of the call walks every query tile: nothing narrows a row's keys. */
+static inline int lk_attn_unmasked(const lk_attention_args *a) {
+    return !a->causal && !a->window_left && !a->window_right && !a->cu_seqlens_q.data && !a->block_mask;
+}
 
 /* The split of a grid of L key blocks of bnk keys, each walking n steps; unsplit (split 0)
  * unless `even` (every block walks n: no causal, window, documents or BlockMask). */

@@ -77,7 +77,7 @@ static const lk_impl rows[] = {
         .op = LK_OP_ATTENTION, .name = "flash_attention_2", .device = LK_DEVICE_CUDA,
         .needs = {.min_cc = 80, .dtypes = CPU_DTYPES}, .vtable = &flash_fa2,
         .summary = "FA-2 on tensor cores (mma.sync, bf16; f32 on CUDA cores); backward not deterministic "
-                   "(dq by atomics) unless asked",
+                   "(dq, and unmasked the last wave's dk/dv, by atomics) unless asked",
     },
     {
         .op = LK_OP_ATTENTION, .name = "llmkern_flash_attention_2_with_sp", .device = LK_DEVICE_CUDA,
@@ -100,7 +100,8 @@ static const lk_impl rows[] = {
         .op = LK_OP_ATTENTION, .name = "flash_attention_3", .device = LK_DEVICE_CUDA,
         .needs = {.min_cc = 90, .dtypes = CPU_DTYPES}, .vtable = &fa3,
         .summary = "Hopper (bf16, D <= 128): TMA producer, two wgmma consumer warpgroups, forward and backward "
-                   "(dq by f32 reductions; deterministic, softcap and the rest: flash_attention_2's)",
+                   "(dq, and unmasked the last wave's dk/dv, by f32 reductions; deterministic, softcap and the "
+                   "rest: flash_attention_2's)",
     },
     {
         .op = LK_OP_ATTENTION, .name = "llmkern_flash_attention_3_with_sp", .device = LK_DEVICE_CUDA,

@@ -55,8 +55,9 @@
  * won, as the shared-memory pipe, not the tensor pipe's gaps, bounds the step. Also the
  * forty-fifth's: the dQ adds from registers are a third of this kernel's time (without them,
  * 9.5 -> 6.3 ms at B 2, H 32, S 8192; plain stores in their place cost the same; half of them,
- * half), and one 8 KB bulk reduction a chunk from shared memory (wip-s45-tma b3ff480, +29%) is
- * slower still: what would pay is fewer bytes added a step, not another path for them.
+ * half), and one 8 KB bulk reduction a chunk from shared memory (wip-s45-tma b3ff480, +29%; with a
+ * whole step staged and two Q/dO stages, wip-s45-tma2 16ff3ae, as slow) is slower still: what
+ * would pay is fewer bytes added a step, not another path for them.
  * Unmasked, the grid's last partial wave runs split into parts that add their dK/dV in f32
  * (tail_split.cuh): B 2, H 32, S 8192 fwd+bwd -1 to -3% on an H100 (bench/NOTES.md, forty-fifth
  * session).

@@ -56,8 +56,9 @@
  * forty-fifth's: the dQ adds from registers are a third of this kernel's time (without them,
  * 9.5 -> 6.3 ms at B 2, H 32, S 8192; plain stores in their place cost the same; half of them,
  * half), and one 8 KB bulk reduction a chunk from shared memory (wip-s45-tma b3ff480, +29%; with a
- * whole step staged and two Q/dO stages, wip-s45-tma2 16ff3ae, as slow) is slower still: what
- * would pay is fewer bytes added a step, not another path for them.
+ * whole step staged and two Q/dO stages, wip-s45-tma2 16ff3ae, as slow) is slower still. The
+ * adds alone (no dQ GEMM) cost 0.75 ms and the GEMMs alone nothing: it is the chain in the dQ
+ * warpgroup (a chunk's adds wait for its wgmma, the next wgmma for those adds) that costs.
  * Unmasked, the grid's last partial wave runs split into parts that add their dK/dV in f32
  * (tail_split.cuh): B 2, H 32, S 8192 fwd+bwd -1 to -3% on an H100 (bench/NOTES.md, forty-fifth
  * session).

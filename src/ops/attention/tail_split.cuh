@@ -1,17 +1,17 @@
-/* tail_split.cuh — the last, partial wave of a dk/dv grid split along its walks (fa3_bwd.cu's
- * and fa2.cu's backward, one block an SM). Unmasked, every key block walks every query tile,
- * so a grid of L blocks on W SMs takes ceil(L / W) waves of the same length whatever L % W
- * is: at B 2, H 32, S 8192 the 4,096 blocks are 31 waves and 4 blocks, which run nearly alone
- * at the end (blocks drift apart, so less than a whole wave: measured 1-2% of the backward on an
- * H100, bench/NOTES.md, forty-fifth session). Here the last r = L % W blocks, when they fill at most half a
- * wave, become P parts each (P <= W / r): part p walks steps [p·n / P, (p + 1)·n / P) of its
- * block's n and adds its dK (scaled) and dV in f32 into a workspace of r x [2][bnk][D] that
- * lk_attn_tail_convert rounds into dk and dv afterwards. The parts are the grid's last blocks,
- * so they start as the last full wave's blocks finish. A tail past half a wave idles less than
- * the parts' loads and adds would cost; causal grids run longest first (their last wave is
- * short walks) and flex walks differ in length: neither is split. CUTLASS's stream-K GEMM
- * splits its last waves' tiles the same way ("data-parallel + stream-K"). Built only with
- * CUDA; not installed. */
+/* tail_split.cuh — the last, partial wave of a dk/dv grid split along its walks (fa3_bwd.cu's and
+ * fa2.cu's backward, one block an SM). Unmasked, every key block walks every query tile, so a grid
+ * of L blocks on W SMs takes ceil(L / W) waves of the same length whatever L % W is: at B 2, H 32,
+ * S 8192 the 4,096 blocks are 31 waves and 4 blocks, which run nearly alone at the end (blocks
+ * drift apart, so less than a whole wave: measured 1-2% of the backward on an H100,
+ * bench/NOTES.md, forty-fifth session). Here the last r = L % W blocks, when they fill at most
+ * half a wave, become P parts each (P <= W / r): part p walks steps [p·n / P, (p + 1)·n / P) of
+ * its block's n and adds its dK (scaled) and dV in f32 into a workspace of r x [2][bnk][D] that
+ * lk_attn_tail_convert rounds into dk and dv afterwards. The parts are the grid's last blocks, so
+ * they start as the last full wave's blocks finish. A tail past half a wave idles less than the
+ * parts' loads and adds would cost; causal grids run longest first (their last wave is short
+ * walks) and flex walks differ in length: neither is split. CUTLASS's stream-K GEMM splits its
+ * last waves' tiles the same way ("data-parallel + stream-K"). Built only with CUDA; not
+ * installed. */
 #ifndef LLMKERN_ATTENTION_TAIL_SPLIT_CUH
 #define LLMKERN_ATTENTION_TAIL_SPLIT_CUH
 

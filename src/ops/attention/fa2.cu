@@ -966,12 +966,9 @@ static size_t dq_acc_bytes(const lk_attention_args *a) {
 
 static int dp_of(int64_t D);
 
-/* dk/dv's last wave split into parts (tail_split.cuh) where every key block walks every query
- * tile; not under `deterministic` (the parts' sums land in any order). */
+/* dk/dv's last wave split into parts (tail_split.cuh), for dkv's key blocks (D 256: 64 keys). */
 static lk_attn_tail tail_of(const lk_attention_args *a) {
-    const lk_attn_dims d = lk_attn_dims_of(a);
-    const int bnk = dp_of(d.D) == 256 ? 64 : 128, even = lk_attn_unmasked(a) && !a->deterministic;
-    return lk_attn_tail_of(d.B * d.Hkv * lk_cdiv(d.Skv, bnk), d.G * lk_cdiv(d.Sq, BMQ), even, bnk, d.D);
+    return lk_attn_tail_of(a, dp_of(a->q.shape[3]) == 256 ? 64 : 128, BMQ);
 }
 
 static size_t saved_bytes(const lk_attention_args *a) { return lk_attn_lse_bytes(a); }

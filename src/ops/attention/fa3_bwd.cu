@@ -51,17 +51,17 @@
  * (ec423a0: sliding +0.7%, the rest level); in the forty-fifth, dK += dSᵀ·Q with dSᵀ read back
  * from the dS buffer, so the next step's Sᵀ/dPᵀ issue before dK is waited on (the pipe never
  * drains between steps; 32 registers fewer live there): +2-5% in every cell and flex's
- * (wip-s45-ovl 4bd4d21, edc5772): the 16 KB more of shared-memory reads a step cost more than the overlap
- * won, as the shared-memory pipe, not the tensor pipe's gaps, bounds the step. Also the
+ * (wip-s45-ovl 4bd4d21, edc5772): the 16 KB more of shared-memory reads a step cost more than
+ * the overlap won, as the shared-memory pipe, not the tensor pipe's gaps, bounds the step. Also the
  * forty-fifth's: the dQ adds from registers are a third of this kernel's time (without them,
  * 9.5 -> 6.3 ms at B 2, H 32, S 8192; plain stores in their place cost the same; half of them,
- * half), and one 8 KB bulk reduction a chunk from shared memory (wip-s45-tma b3ff480, +29%; with a
- * whole step staged and two Q/dO stages, wip-s45-tma2 16ff3ae, as slow) is slower still. The
+ * half), and one 8 KB bulk reduction a chunk from shared memory (wip-s45-tma b3ff480, +29%;
+ * with a whole step staged and two Q/dO stages, wip-s45-tma2 16ff3ae, as slow) is slower still. The
  * adds alone (no dQ GEMM) cost 0.75 ms and the GEMMs alone nothing: it is the chain in the dQ
  * warpgroup (a chunk's adds wait for its wgmma, the next wgmma for those adds) that costs.
  * Unmasked, the grid's last partial wave runs split into parts that add their dK/dV in f32
- * (tail_split.cuh): B 2, H 32, S 8192 fwd+bwd -1 to -3% on an H100 (bench/NOTES.md, forty-fifth
- * session).
+ * (tail_split.cuh): B 2, H 32, S 8192 fwd+bwd -1% to -5% on an H100 over two calls
+ * (bench/NOTES.md, forty-fifth session).
  * A fourth warpgroup for dQ alone does not fit the registers (24 + 56 + 2 · 224 > 504 a
  * thread); nor do m64n64 dQ chunks (64 + 2 · 216: the math warpgroups spill).
  * Layouts are fa3.cu's (rows of 64 elements in TMA's 128-byte swizzle). What this kernel
@@ -599,12 +599,8 @@ static size_t bwd_smem(int DP) {
  * were read and zeros added beyond the workspace). The sixth sees nothing: P = 0 there. */
 static int64_t tiles_of(int64_t Sq) { return 2 * lk_cdiv(Sq, 2 * BMQ); }
 
-/* The grid's last wave split into parts (tail_split.cuh) where every key block walks every
- * query tile. */
-static lk_attn_tail tail_of(const lk_attention_args *a) {
-    const lk_attn_dims d = lk_attn_dims_of(a);
-    return lk_attn_tail_of(d.B * d.Hkv * lk_cdiv(d.Skv, BNK), d.G * lk_cdiv(d.Sq, BMQ), lk_attn_unmasked(a), BNK, d.D);
-}
+/* The grid's last wave split into parts (tail_split.cuh). */
+static lk_attn_tail tail_of(const lk_attention_args *a) { return lk_attn_tail_of(a, BNK, BMQ); }
 
 /* The workspace's pieces, in the order backward takes them; the tail's sums follow the dQ
  * sums, so one memset zeroes both. */

@@ -32,16 +32,16 @@ typedef struct {
     float *acc;   /* split x [dK rows bnk | dV rows bnk] x D floats, zeroed before the kernel */
 } lk_attn_tail;
 
-/* Whether every key block of the call walks every query tile: nothing narrows a row's keys. */
-static inline int lk_attn_unmasked(const lk_attention_args *a) {
-    return !a->causal && !a->window_left && !a->window_right && !a->cu_seqlens_q.data && !a->block_mask;
-}
-
-/* The split of a grid of L key blocks of bnk keys, each walking n steps; unsplit (split 0)
- * unless `even` (every block walks n: no causal, window, documents or BlockMask). */
-static inline lk_attn_tail lk_attn_tail_of(int64_t L, int64_t n, int even, int bnk, int64_t D) {
+/* The split of a call's dk/dv grid: its key blocks of bnk keys, each walking its G heads' query
+ * tiles of bmq rows. Unsplit (split 0) unless every block walks them all (no causal, window,
+ * documents or BlockMask) and the sums may land in any order (not `deterministic`). */
+static inline lk_attn_tail lk_attn_tail_of(const lk_attention_args *a, int bnk, int bmq) {
+    const lk_attn_dims d = lk_attn_dims_of(a);
+    const int even = !a->causal && !a->window_left && !a->window_right && !a->cu_seqlens_q.data &&
+                     !a->block_mask && !a->deterministic;
+    const int64_t L = d.B * d.Hkv * lk_cdiv(d.Skv, bnk), n = d.G * lk_cdiv(d.Sq, bmq);
     const int64_t W = lk_attn_wave(), r = L % W;
-    lk_attn_tail t = {(int)L, 0, 1, bnk, (int)D, NULL};
+    lk_attn_tail t = {(int)L, 0, 1, bnk, (int)d.D, NULL};
     const int64_t parts = r ? (W / r < n / LK_ATTN_TAIL_MIN_STEPS ? W / r : n / LK_ATTN_TAIL_MIN_STEPS) : 0;
     if (!even || 2 * r > W || parts < 2) return t;
     t.whole = (int)(L - r), t.split = (int)r, t.parts = (int)parts;

@@ -506,7 +506,6 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
 #if FA3_ARCH
     constexpr int DQS = DP + 8;   /* DQ_BULK: dQ rows of DP + 8 floats, so a warp's STS.64 hit every bank once */
     float *dqs = (float *)(his + 2 * BMQ);
-    float *dq_row = nullptr;      /* DQ_BULK, the first BMQ threads: where the last step's row tid goes */
 #endif
     __shared__ int4 steps[3];   /* FLEX */
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -589,7 +588,6 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
         cp_wait<0>();      /* tile it (and K, V) landed */
         __syncthreads();   /* ... for every thread; every warp is past step it-1 */
 #if FA3_ARCH
-        if (dq_row) bulk_reduce_add(dq_row, dqs + tid * DQS, p.D * 4), bulk_commit(), dq_row = nullptr;
 #endif
         const int st = it & 1;
         const int4 cur = FLEX ? steps[it % 3] : at;
@@ -734,8 +732,21 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
                         for (int j = 0; j < DQ / 8; j++)
                             *reinterpret_cast<float2 *>(dqs + (sm + g + 16 * i + 8 * hh) * DQS + qd + 8 * j + 2 * t4) =
                                 make_float2(acc[i][j][2 * hh], acc[i][j][2 * hh + 1]);
-                fence_async_smem();   /* for the bulk reductions, after the next barrier */
-                if (tid < BMQ && q0 + tid < p.Sq) dq_row = p.dq_acc + (bh * p.Sq + q0 + tid) * p.D;
+                fence_async_smem();   /* for the bulk reductions */
+                /* rows 32 (w % 2).. are written by the four warps of that parity: once they have,
+                 * warp w % 2 adds them (a row a lane), so the reductions have the rest of this step
+                 * and the next step's first phase to read the tile before its mid-step wait */
+                if (w & 1) {
+                    if (w == 1) asm volatile("bar.sync 2, 128;" ::: "memory");
+                    else asm volatile("bar.arrive 2, 128;" ::: "memory");
+                } else {
+                    if (w == 0) asm volatile("bar.sync 1, 128;" ::: "memory");
+                    else asm volatile("bar.arrive 1, 128;" ::: "memory");
+                }
+                if (w < 2) {
+                    if (q0 + tid < p.Sq) bulk_reduce_add(p.dq_acc + (bh * p.Sq + q0 + tid) * p.D, dqs + tid * DQS, p.D * 4);
+                    bulk_commit();
+                }
             } else
 #endif
             {   /* DQ_RED: one pointer a step and fixed offsets from it where the warp's columns
@@ -789,8 +800,6 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
     }
 #if FA3_ARCH
     if (dq_mode == DQ_BULK) {   /* the last step's rows */
-        __syncthreads();
-        if (dq_row) bulk_reduce_add(dq_row, dqs + tid * DQS, p.D * 4), bulk_commit();
         bulk_wait0();
     }
 #endif

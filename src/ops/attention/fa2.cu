@@ -55,7 +55,9 @@
  * those calls on flash.cu. Measured (bench/NOTES.md, fortieth session, the four cells of
  * bench/peers_cuda.py against SDPA's flash backend, FlashAttention-2 itself): the forward
  * 1.02-1.16x on an H200; fwd+bwd 0.95-0.97x at B 2, H 32, S 8192 and 1.00-1.05x at the GQA
- * shape on an H100, with dQ's bulk reductions (the first version: 0.87-1.03x and 0.77-0.90x). */
+ * shape on an H100, with dQ's bulk reductions (the first version: 0.87-1.03x and 0.77-0.90x);
+ * with them issued in the step that writes the tile (forty-sixth session, an H100): 0.96-0.99x
+ * full and causal at B 2, H 32, S 8192, 1.02-1.14x at the GQA shape. */
 #include <math.h>
 #include <stdint.h>
 #include <type_traits>
@@ -471,6 +473,23 @@ static __device__ __forceinline__ int4 flex_step(const fa_args &p, int b, int hk
     return make_int4(hk * p.G, 0, -1, 0);   /* past the last step: not reached */
 }
 
+#if FA3_ARCH
+/* DQ_BULK: rows 32 (w % 2).. of dQ's tile are written by the four warps of parity w % 2; warp w % 2
+ * waits until they have (named barriers 1 and 2, 128 threads), the other three arrive and go on.
+ * Its bulk reductions then have the rest of the step and the next step's first phase to read the
+ * rows before the mid-step wait; issued after the next step's first barrier, as before, fa2_dkv
+ * ran 2-3% longer (bench/NOTES.md, forty-sixth session). */
+static __device__ __forceinline__ void rows_written(int w) {
+    if (w & 1) {
+        if (w == 1) asm volatile("bar.sync 2, 128;" ::: "memory");
+        else asm volatile("bar.arrive 2, 128;" ::: "memory");
+    } else {
+        if (w == 0) asm volatile("bar.sync 1, 128;" ::: "memory");
+        else asm volatile("bar.arrive 1, 128;" ::: "memory");
+    }
+}
+#endif
+
 /* dK, dV of BNK keys of one (b, h_kv) (BNK 128; D 256: 64), walking the G q heads of its
  * group and the BMQ-row query tiles that see the keys; unless dq_mode is DQ_NONE also
  * dQ += dS K into p.dq_acc. FlashAttention-2's layout: each phase of a step splits its GEMM
@@ -481,8 +500,9 @@ static __device__ __forceinline__ int4 flex_step(const fa_args &p, int b, int hk
  *           dS = P ∘ (dP − δ) from the f32 P, both stored as bf16 [query][key]
  *   dQ      dQ = dS K: warp (w % 2, w / 2) takes query rows 32 (w % 2).. and head columns
  *           DP / 4 · (w / 2).., added into the f32 workspace: DQ_RED by float2 atomics;
- *           DQ_BULK (sm_90a) through a shared tile, a row a thread (the first BMQ) added
- *           by one bulk reduction after the next step's first barrier
+ *           DQ_BULK (sm_90a) through a shared tile, a row a lane of warps 0 and 1 added by
+ *           one bulk reduction each as soon as the four warps writing those rows have
+ *           (rows_written), read by the next step's mid-step barrier
  *   dV, dK  dV += Pᵀ dO and dK += dSᵀ Q (keys as M): warp (w % KW, w / KW) takes keys
  *           32 (w % KW).. and head columns DH (w / KW)..; dV and dK stay in registers for
  *           the whole walk (GQA's heads summed there: no atomics on them)
@@ -697,7 +717,7 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
         __syncthreads();   /* P and dS whole (and dqs free) */
         /* dQ first: DQ_RED's reductions drain under the dV and dK GEMMs (measured with them: level
          * with dQ last; FlashAttention-2's order, dV, dQ, dK, 3% slower: bench/NOTES.md, fortieth
-         * session); DQ_BULK's tile is written here and added after the next barrier */
+         * session); DQ_BULK's tile is written here and its rows' bulk reductions issued at once */
         if (dq_mode != DQ_NONE) {
             /* dQ += dS K on this warp's 32 queries x DQ columns, into the workspace */
             float acc[2][DQ / 8][4];
@@ -733,17 +753,8 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
                             *reinterpret_cast<float2 *>(dqs + (sm + g + 16 * i + 8 * hh) * DQS + qd + 8 * j + 2 * t4) =
                                 make_float2(acc[i][j][2 * hh], acc[i][j][2 * hh + 1]);
                 fence_async_smem();   /* for the bulk reductions */
-                /* rows 32 (w % 2).. are written by the four warps of that parity: once they have,
-                 * warp w % 2 adds them (a row a lane), so the reductions have the rest of this step
-                 * and the next step's first phase to read the tile before its mid-step wait */
-                if (w & 1) {
-                    if (w == 1) asm volatile("bar.sync 2, 128;" ::: "memory");
-                    else asm volatile("bar.arrive 2, 128;" ::: "memory");
-                } else {
-                    if (w == 0) asm volatile("bar.sync 1, 128;" ::: "memory");
-                    else asm volatile("bar.arrive 1, 128;" ::: "memory");
-                }
-                if (w < 2) {
+                rows_written(w);
+                if (w < 2) {   /* a row a lane */
                     if (q0 + tid < p.Sq) bulk_reduce_add(p.dq_acc + (bh * p.Sq + q0 + tid) * p.D, dqs + tid * DQS, p.D * 4);
                     bulk_commit();
                 }
@@ -799,9 +810,7 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
         }
     }
 #if FA3_ARCH
-    if (dq_mode == DQ_BULK) {   /* the last step's rows */
-        bulk_wait0();
-    }
+    if (dq_mode == DQ_BULK) bulk_wait0();   /* the last step's rows */
 #endif
     cp_wait<0>();
 #pragma unroll

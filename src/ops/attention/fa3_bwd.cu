@@ -53,12 +53,18 @@
  * drains between steps; 32 registers fewer live there): +2-5% in every cell and flex's
  * (wip-s45-ovl 4bd4d21, edc5772): the 16 KB more of shared-memory reads a step cost more than
  * the overlap won, as the shared-memory pipe, not the tensor pipe's gaps, bounds the step. Also the
- * forty-fifth's: the dQ adds from registers are a third of this kernel's time (without them,
- * 9.5 -> 6.3 ms at B 2, H 32, S 8192; plain stores in their place cost the same; half of them,
- * half), and one 8 KB bulk reduction a chunk from shared memory (wip-s45-tma b3ff480, +29%;
- * with a whole step staged and two Q/dO stages, wip-s45-tma2 16ff3ae, as slow) is slower still. The
- * adds alone (no dQ GEMM) cost 0.75 ms and the GEMMs alone nothing: it is the chain in the dQ
- * warpgroup (a chunk's adds wait for its wgmma, the next wgmma for those adds) that costs.
+ * forty-fifth's and forty-sixth's, at B 2, H 32, S 8192 full (9.5 ms): without dQ at all 6.25 ms; with
+ * its GEMMs and the chunks stored to shared memory in place of the adds, 8.96 ms; so the dQ GEMMs
+ * cost ~2.7 ms (their operands are 96 of a step's 336 KB of shared-memory reads: each m64n32
+ * chunk re-reads K's 16 KB) and the adds ~0.5 (plain global stores cost the same; the
+ * forty-fifth's "GEMMs alone cost nothing" was ptxas dropping GEMMs whose results went unused).
+ * Slower: one 8 KB bulk reduction a chunk from shared memory (wip-s45-tma b3ff480, +29%; a whole
+ * step staged, wip-s45-tma2 16ff3ae, as slow); each chunk parked in shared memory and added
+ * under the next chunk's wgmma (wip-s45-stage 9bcab67, +19%); the adds made by the math
+ * warpgroups from the parked chunks (wip-s46-diagmath, a diagnostic: +4%). Two accumulators, to
+ * issue the next chunk before adding this one, do not fit the 56 registers (C7512 and 150-340
+ * bytes spilled at n32 and at n16). Fewer shared-memory bytes for dQ need registers this
+ * warpgroup does not have (m64n64 chunks, or dS as register A: 32 more).
  * Unmasked, the grid's last partial wave runs split into parts that add their dK/dV in f32
  * (tail_split.cuh): B 2, H 32, S 8192 fwd+bwd -1% to -5% on an H100 over two calls
  * (bench/NOTES.md, forty-fifth session).

@@ -60,6 +60,7 @@
  * full and causal at B 2, H 32, S 8192, 1.02-1.14x at the GQA shape. */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 #include <type_traits>
 #include "core/cuda_check.h"
 #include "ops/attention/flex_plan.h"
@@ -514,7 +515,7 @@ static __device__ __forceinline__ void rows_written(int w) {
  * written). FLEX: the steps are flex_step's (decoded at issue into a ring of three),
  * partial tiles masked by their bits by query row. */
 template <int DP, bool CAP, int FLEX>
-static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq_mode) {
+static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq_mode, const __grid_constant__ CUtensorMap tdq) {
     constexpr int NT = 256, BNK = DP == 256 ? 64 : 128, KW = BNK / 32, DH = DP / (8 / KW);
     constexpr int SK = BNK / 4, NS = SK / 8, DQ = DP / 4;
     static_assert(BNK == LK_FLEX_TILE || DP == 256, "a block's keys are one mask tile (D 256: half of one)");
@@ -524,8 +525,12 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
     float *ls = (float *)(dss + BMQ * BNK), *dl = ls + 2 * BMQ;
     int *los = (int *)(dl + 2 * BMQ), *his = los + 2 * BMQ;
 #if FA3_ARCH
-    constexpr int DQS = DP + 8;   /* DQ_BULK: dQ rows of DP + 8 floats, so a warp's STS.64 hit every bank once */
-    float *dqs = (float *)(his + 2 * BMQ);
+    /* DQ_BULK: DP 128, a box of 32 rows x 32 columns a warp, its own (tdq's boxes, 128-byte swizzled,
+     * 1024-aligned), added by one TMA reduction from its lane 0; DP 64, rows of DP + 8 floats (a
+     * warp's STS.64 hit every bank once), a row a lane of warps 0 and 1 by bulk reductions */
+    constexpr bool BOX = DP == 128;
+    constexpr int DQS = DP + 8;
+    float *dqs = BOX ? (float *)smem_align1024((uint8_t *)(his + 2 * BMQ)) : (float *)(his + 2 * BMQ);
 #endif
     __shared__ int4 steps[3];   /* FLEX */
     const int tid = threadIdx.x, w = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -712,7 +717,7 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
         if (full) p_ds(std::false_type());
         else p_ds(std::true_type());
 #if FA3_ARCH
-        if (dq_mode == DQ_BULK && tid < BMQ) bulk_wait_read0();   /* the last step's rows out of dqs */
+        if (dq_mode == DQ_BULK && (BOX ? lane == 0 : tid < BMQ)) bulk_wait_read0();   /* the last step's tile read */
 #endif
         __syncthreads();   /* P and dS whole (and dqs free) */
         /* dQ first: DQ_RED's reductions drain under the dV and dK GEMMs (measured with them: level
@@ -743,7 +748,20 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
             /* row sm + g + 16i + 8hh, columns qd + 8j + 2 t4 and + 1 */
             const int64_t bh = (int64_t)b * p.Hq + cur.x;
 #if FA3_ARCH
-            if (dq_mode == DQ_BULK) {
+            if (BOX && dq_mode == DQ_BULK) {   /* (row r, column c) of the box at 16-byte chunk c / 4 ^ r % 8 of row r */
+                float *box = dqs + w * 32 * 32;
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+                        for (int j = 0; j < DQ / 8; j++)
+                            *reinterpret_cast<float2 *>(box + (g + 16 * i + 8 * hh) * 32 + (((2 * j + (t4 >> 1)) ^ g) << 2) + 2 * (t4 & 1)) =
+                                make_float2(acc[i][j][2 * hh], acc[i][j][2 * hh + 1]);
+                fence_async_smem();   /* for TMA */
+                __syncwarp();
+                if (lane == 0) tma_reduce_add(&tdq, box, qd, q0 + sm, (int)bh), bulk_commit();
+            } else if (dq_mode == DQ_BULK) {
 #pragma unroll
                 for (int i = 0; i < 2; i++)
 #pragma unroll
@@ -1068,7 +1086,7 @@ static size_t fwd_smem(int DP) { return (size_t)(128 + 4 * BN) * DP * 2 + 2 * 12
 static size_t dkv_smem(int DP, int dq_mode) {
     const int bnk = DP == 256 ? 64 : 128;   /* K, V; Q, dO two stages; P, dS; the rows' stats and bounds; dQ */
     return (size_t)(2 * bnk * DP + 4 * BMQ * DP + 2 * bnk * BMQ) * 2 + 8 * BMQ * 4 +
-           (dq_mode == DQ_BULK ? (size_t)BMQ * (DP + 8) * 4 : 0);
+           (dq_mode == DQ_BULK ? (DP == 128 ? (size_t)BMQ * DP * 4 + 1024 : (size_t)BMQ * (DP + 8) * 4) : 0);
 }
 static size_t dq_smem(int DP) { return (size_t)(2 * BMQ + 4 * BN) * DP * 2; }
 
@@ -1112,12 +1130,15 @@ static lk_status launch_bwd(const fa_args &p, int det, cudaStream_t st) {
     const int mode = dkv_dq_mode(p, DP, det);
     const size_t sh = dkv_smem(DP, mode);
     const int fm = p.flex ? (p.alibi ? 2 : 1) : 0;
-    void (*const kerns[3][2])(const fa_args, int) = {{fa2_dkv<DP, false, 0>, fa2_dkv<DP, true, 0>},
+    void (*const kerns[3][2])(const fa_args, int, const CUtensorMap) = {{fa2_dkv<DP, false, 0>, fa2_dkv<DP, true, 0>},
                                                      {fa2_dkv<DP, false, 1>, fa2_dkv<DP, true, 1>},
                                                      {fa2_dkv<DP, false, 2>, fa2_dkv<DP, true, 2>}};
-    void (*kern)(const fa_args, int) = kerns[fm][p.cap > 0.0f];
+    void (*kern)(const fa_args, int, const CUtensorMap) = kerns[fm][p.cap > 0.0f];
     lk_status s = allow_smem(kern, sh);
     if (s) return s;
+    CUtensorMap tdq;   /* DQ_BULK at DP 128: the workspace [B·Hq, Sq, D] in boxes of 32 rows x 32 columns */
+    memset(&tdq, 0, sizeof tdq);
+    if (DP == 128 && mode == DQ_BULK && (s = f32_rows_map(&tdq, p.dq_acc, (int64_t)p.B * p.Hq, p.Sq, p.D, 32))) return s;
     if (p.Skv > 0) {
         /* a 1-D grid in grid_order.cuh's order: under a causal mask the 2-D head-major grid ran
          * every head at once (bench/walk_sim.py --head-major: 49% of the B 2, H 32, S 8192 causal
@@ -1131,7 +1152,7 @@ static lk_status launch_bwd(const fa_args &p, int det, cudaStream_t st) {
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 256, sh) != cudaSuccess)
             per_sm = 1, (void)cudaGetLastError();   /* never fail the call over it */
         pk.down = lk_attn_down_of(pk.order, heads, tiles, per_sm);
-        kern<<<(unsigned)lk_attn_tail_grid(pk.tail), 256, sh, st>>>(pk, mode);
+        kern<<<(unsigned)lk_attn_tail_grid(pk.tail), 256, sh, st>>>(pk, mode, tdq);
         LK_CUDA_LAUNCHED("attention: flash_attention_2 (cuda) dk/dv");
         if (pk.tail.split) {
             lk_attn_tail_convert<<<(unsigned)pk.tail.split, 256, 0, st>>>(pk.tail, pk.order, (int)heads, (int)tiles, p.Skv,

@@ -190,6 +190,14 @@ static __device__ __forceinline__ void bulk_reduce_add(float *dst, const void *s
     asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
                  ::"l"(dst), "r"(smem_u32(src)), "r"(bytes) : "memory");
 }
+/* The TMA epilogue (PTX ISA: cp.reduce.async.bulk.tensor, cp.async.bulk.commit_group /
+ * wait_group): a box of the tensor map added element-wise into global memory from shared
+ * memory (the add done in L2, the type the map's; what lies outside the tensor skipped),
+ * completing in this thread's bulk group. */
+static __device__ __forceinline__ void tma_reduce_add(const CUtensorMap *map, const void *src, int c0, int c1, int c2) {
+    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];"
+                 ::"l"((uint64_t)map), "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
 static __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 /* every bulk group of this thread has read its shared memory */
 static __device__ __forceinline__ void bulk_wait_read0() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
@@ -316,6 +324,21 @@ static lk_status bf16_map(CUtensorMap *m, const void *base, int rank, const cuui
                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (r != CUDA_SUCCESS)
         return lk_error(LK_EDEVICE, "attention: flash_attention_3: cuTensorMapEncodeTiled failed (%d)", (int)r);
+    return LK_OK;
+}
+
+/* An f32 [heads, rows, D] (D % 4 == 0) as boxes of 32 columns (128 bytes) x rows_box rows of
+ * one head, 128-byte swizzled: fa2.cu's dQ workspace, added into by tma_reduce_add. */
+static inline lk_status f32_rows_map(CUtensorMap *m, const float *base, int64_t heads, int64_t rows, int64_t D, int rows_box) {
+    encode_fn enc = encoder();
+    if (!enc) return lk_error(LK_EDEVICE, "attention: the driver has no cuTensorMapEncodeTiled");
+    const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)rows, (cuuint64_t)heads};
+    const cuuint64_t strides[2] = {(cuuint64_t)D * 4, (cuuint64_t)(rows * D * 4)};
+    const cuuint32_t box[3] = {32, (cuuint32_t)rows_box, 1}, el[3] = {1, 1, 1};
+    CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, (void *)base, dims, strides, box, el,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) return lk_error(LK_EDEVICE, "attention: cuTensorMapEncodeTiled (f32 rows) failed (%d)", (int)r);
     return LK_OK;
 }
 

@@ -120,14 +120,7 @@ static __device__ __forceinline__ void cp_arrive_noinc_w(uint64_t *bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
 
-/* The TMA epilogue (PTX ISA: cp.reduce.async.bulk.tensor, cp.async.bulk.commit_group /
- * wait_group): a box of the tensor map added element-wise into global memory from shared
- * memory (the add done in L2, the type the map's), completing in this thread's bulk group. */
-static __device__ __forceinline__ void tma_reduce_add(const CUtensorMap *map, const void *src, int c0, int c1, int c2) {
-    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];"
-                 ::"l"((uint64_t)map), "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2) : "memory");
-}
-/* the same box written, not added */
+/* The TMA epilogue's store: tma_reduce_add's box (hopper.cuh) written, not added. */
 static __device__ __forceinline__ void tma_store(const CUtensorMap *map, const void *src, int c0, int c1, int c2) {
     asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];"
                  ::"l"((uint64_t)map), "r"(smem_u32(src)), "r"(c0), "r"(c1), "r"(c2) : "memory");

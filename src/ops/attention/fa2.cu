@@ -56,8 +56,8 @@
  * bench/peers_cuda.py against SDPA's flash backend, FlashAttention-2 itself): the forward
  * 1.02-1.16x on an H200; fwd+bwd 0.95-0.97x at B 2, H 32, S 8192 and 1.00-1.05x at the GQA
  * shape on an H100, with dQ's bulk reductions (the first version: 0.87-1.03x and 0.77-0.90x);
- * with them issued in the step that writes the tile (forty-sixth session, an H100): 0.96-0.99x
- * full and causal at B 2, H 32, S 8192, 1.02-1.14x at the GQA shape. */
+ * with dQ added as soon as written, each warp's box by TMA (forty-sixth session, an H100):
+ * 0.99-1.01x full and causal at B 2, H 32, S 8192, 1.04-1.17x at the GQA shape. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -475,11 +475,11 @@ static __device__ __forceinline__ int4 flex_step(const fa_args &p, int b, int hk
 }
 
 #if FA3_ARCH
-/* DQ_BULK: rows 32 (w % 2).. of dQ's tile are written by the four warps of parity w % 2; warp w % 2
- * waits until they have (named barriers 1 and 2, 128 threads), the other three arrive and go on.
- * Its bulk reductions then have the rest of the step and the next step's first phase to read the
- * rows before the mid-step wait; issued after the next step's first barrier, as before, fa2_dkv
- * ran 2-3% longer (bench/NOTES.md, forty-sixth session). */
+/* DQ_BULK at DP 64: rows 32 (w % 2).. of dQ's tile are written by the four warps of parity w % 2;
+ * warp w % 2 waits until they have (named barriers 1 and 2, 128 threads), the other three arrive
+ * and go on. Its bulk reductions then have the rest of the step and the next step's first phase
+ * to read the rows before the mid-step wait; issued after the next step's first barrier, as
+ * before, fa2_dkv ran 2-3% longer at DP 128 (bench/NOTES.md, forty-sixth session). */
 static __device__ __forceinline__ void rows_written(int w) {
     if (w & 1) {
         if (w == 1) asm volatile("bar.sync 2, 128;" ::: "memory");
@@ -501,9 +501,9 @@ static __device__ __forceinline__ void rows_written(int w) {
  *           dS = P ∘ (dP − δ) from the f32 P, both stored as bf16 [query][key]
  *   dQ      dQ = dS K: warp (w % 2, w / 2) takes query rows 32 (w % 2).. and head columns
  *           DP / 4 · (w / 2).., added into the f32 workspace: DQ_RED by float2 atomics;
- *           DQ_BULK (sm_90a) through a shared tile, a row a lane of warps 0 and 1 added by
- *           one bulk reduction each as soon as the four warps writing those rows have
- *           (rows_written), read by the next step's mid-step barrier
+ *           DQ_BULK (sm_90a) through shared memory, added as soon as written: DP 128, each
+ *           warp's 32 x 32 box by one TMA reduction; DP 64, rows of a padded tile by a bulk
+ *           reduction a row once their four warps have written them (rows_written)
  *   dV, dK  dV += Pᵀ dO and dK += dSᵀ Q (keys as M): warp (w % KW, w / KW) takes keys
  *           32 (w % KW).. and head columns DH (w / KW)..; dV and dK stay in registers for
  *           the whole walk (GQA's heads summed there: no atomics on them)
@@ -525,9 +525,10 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
     float *ls = (float *)(dss + BMQ * BNK), *dl = ls + 2 * BMQ;
     int *los = (int *)(dl + 2 * BMQ), *his = los + 2 * BMQ;
 #if FA3_ARCH
-    /* DQ_BULK: DP 128, a box of 32 rows x 32 columns a warp, its own (tdq's boxes, 128-byte swizzled,
-     * 1024-aligned), added by one TMA reduction from its lane 0; DP 64, rows of DP + 8 floats (a
-     * warp's STS.64 hit every bank once), a row a lane of warps 0 and 1 by bulk reductions */
+    /* DQ_BULK: DP 128, each warp's 32 query rows x 32 columns of dQ as one box of tdq's (128-byte
+     * swizzled, 1024-aligned), added by one TMA reduction from its lane 0 with no barrier (2-3%
+     * faster dk/dv than rows_written's rows: bench/NOTES.md, forty-sixth session); DP 64 (a warp's
+     * 16 columns are 64 bytes), rows of DP + 8 floats (a warp's STS.64 hit every bank once) */
     constexpr bool BOX = DP == 128;
     constexpr int DQS = DP + 8;
     float *dqs = BOX ? (float *)smem_align1024((uint8_t *)(his + 2 * BMQ)) : (float *)(his + 2 * BMQ);

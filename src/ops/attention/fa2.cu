@@ -613,8 +613,6 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
     for (int it = 0; it < n; it++) {
         cp_wait<0>();      /* tile it (and K, V) landed */
         __syncthreads();   /* ... for every thread; every warp is past step it-1 */
-#if FA3_ARCH
-#endif
         const int st = it & 1;
         const int4 cur = FLEX ? steps[it % 3] : at;
         const int q0 = cur.y;
@@ -723,7 +721,7 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
         __syncthreads();   /* P and dS whole (and dqs free) */
         /* dQ first: DQ_RED's reductions drain under the dV and dK GEMMs (measured with them: level
          * with dQ last; FlashAttention-2's order, dV, dQ, dK, 3% slower: bench/NOTES.md, fortieth
-         * session); DQ_BULK's tile is written here and its rows' bulk reductions issued at once */
+         * session); DQ_BULK's tile is written here and added at once */
         if (dq_mode != DQ_NONE) {
             /* dQ += dS K on this warp's 32 queries x DQ columns, into the workspace */
             float acc[2][DQ / 8][4];
@@ -1087,7 +1085,7 @@ static size_t fwd_smem(int DP) { return (size_t)(128 + 4 * BN) * DP * 2 + 2 * 12
 static size_t dkv_smem(int DP, int dq_mode) {
     const int bnk = DP == 256 ? 64 : 128;   /* K, V; Q, dO two stages; P, dS; the rows' stats and bounds; dQ */
     return (size_t)(2 * bnk * DP + 4 * BMQ * DP + 2 * bnk * BMQ) * 2 + 8 * BMQ * 4 +
-           (dq_mode == DQ_BULK ? (DP == 128 ? (size_t)BMQ * DP * 4 + 1024 : (size_t)BMQ * (DP + 8) * 4) : 0);
+           (dq_mode == DQ_BULK ? (DP == 128 ? (size_t)BMQ * DP * 4 + 1024 /* the boxes' alignment */ : (size_t)BMQ * (DP + 8) * 4) : 0);
 }
 static size_t dq_smem(int DP) { return (size_t)(2 * BMQ + 4 * BN) * DP * 2; }
 

@@ -747,7 +747,8 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
             /* row sm + g + 16i + 8hh, columns qd + 8j + 2 t4 and + 1 */
             const int64_t bh = (int64_t)b * p.Hq + cur.x;
 #if FA3_ARCH
-            if (BOX && dq_mode == DQ_BULK) {   /* (row r, column c) of the box at 16-byte chunk c / 4 ^ r % 8 of row r */
+            if (dq_mode == DQ_BULK) {
+                /* BOX: row r, column c of the warp's box at 16-byte chunk c / 4 ^ r % 8 of its row r */
                 float *box = dqs + w * 32 * 32;
 #pragma unroll
                 for (int i = 0; i < 2; i++)
@@ -755,25 +756,20 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
                     for (int hh = 0; hh < 2; hh++)
 #pragma unroll
                         for (int j = 0; j < DQ / 8; j++)
-                            *reinterpret_cast<float2 *>(box + (g + 16 * i + 8 * hh) * 32 + (((2 * j + (t4 >> 1)) ^ g) << 2) + 2 * (t4 & 1)) =
+                            *reinterpret_cast<float2 *>(
+                                BOX ? box + (g + 16 * i + 8 * hh) * 32 + (((2 * j + (t4 >> 1)) ^ g) << 2) + 2 * (t4 & 1)
+                                    : dqs + (sm + g + 16 * i + 8 * hh) * DQS + qd + 8 * j + 2 * t4) =
                                 make_float2(acc[i][j][2 * hh], acc[i][j][2 * hh + 1]);
-                fence_async_smem();   /* for TMA */
-                __syncwarp();
-                if (lane == 0) tma_reduce_add(&tdq, box, qd, q0 + sm, (int)bh), bulk_commit();
-            } else if (dq_mode == DQ_BULK) {
-#pragma unroll
-                for (int i = 0; i < 2; i++)
-#pragma unroll
-                    for (int hh = 0; hh < 2; hh++)
-#pragma unroll
-                        for (int j = 0; j < DQ / 8; j++)
-                            *reinterpret_cast<float2 *>(dqs + (sm + g + 16 * i + 8 * hh) * DQS + qd + 8 * j + 2 * t4) =
-                                make_float2(acc[i][j][2 * hh], acc[i][j][2 * hh + 1]);
-                fence_async_smem();   /* for the bulk reductions */
-                rows_written(w);
-                if (w < 2) {   /* a row a lane */
-                    if (q0 + tid < p.Sq) bulk_reduce_add(p.dq_acc + (bh * p.Sq + q0 + tid) * p.D, dqs + tid * DQS, p.D * 4);
-                    bulk_commit();
+                fence_async_smem();   /* for TMA or the bulk reductions */
+                if (BOX) {
+                    __syncwarp();
+                    if (lane == 0) tma_reduce_add(&tdq, box, qd, q0 + sm, (int)bh), bulk_commit();
+                } else {
+                    rows_written(w);
+                    if (w < 2) {   /* a row a lane */
+                        if (q0 + tid < p.Sq) bulk_reduce_add(p.dq_acc + (bh * p.Sq + q0 + tid) * p.D, dqs + tid * DQS, p.D * 4);
+                        bulk_commit();
+                    }
                 }
             } else
 #endif

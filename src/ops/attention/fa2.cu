@@ -530,6 +530,7 @@ static __global__ void __launch_bounds__(256, 1) fa2_dkv(const fa_args p, int dq
      * faster dk/dv than rows_written's rows: bench/NOTES.md, forty-sixth session); DP 64 (a warp's
      * 16 columns are 64 bytes), rows of DP + 8 floats (a warp's STS.64 hit every bank once) */
     constexpr bool BOX = DP == 128;
+    static_assert(!BOX || DQ == 32, "a warp's dQ columns are one 32-column box");
     constexpr int DQS = DP + 8;
     float *dqs = BOX ? (float *)smem_align1024((uint8_t *)(his + 2 * BMQ)) : (float *)(his + 2 * BMQ);
 #endif

@@ -311,35 +311,33 @@ static encode_fn encoder(void) {
     return fn;
 }
 
-/* A bf16 tensor of `rank` dims (dims[0] contiguous; strides[i] bytes between steps of
- * dims[i + 1]) read in boxes whose first dim is 64 columns (128 bytes), 128-byte swizzled,
- * the layout the wgmma descriptors name; what lies outside the tensor reads as zeros. */
-static lk_status bf16_map(CUtensorMap *m, const void *base, int rank, const cuuint64_t *dims,
-                          const cuuint64_t *strides, const cuuint32_t *box) {
+/* A tensor of `rank` dims (dims[0] contiguous; strides[i] bytes between steps of dims[i + 1]) in
+ * boxes whose first dim is 128 bytes, 128-byte swizzled; what lies outside the tensor reads as
+ * zeros and takes no stores or reductions. `who` opens the error. */
+static lk_status swizzled_map(CUtensorMap *m, CUtensorMapDataType type, const char *who, const void *base, int rank,
+                              const cuuint64_t *dims, const cuuint64_t *strides, const cuuint32_t *box) {
     encode_fn enc = encoder();
-    if (!enc) return lk_error(LK_EDEVICE, "attention: flash_attention_3: the driver has no cuTensorMapEncodeTiled");
+    if (!enc) return lk_error(LK_EDEVICE, "%s: the driver has no cuTensorMapEncodeTiled", who);
     const cuuint32_t el[4] = {1, 1, 1, 1};
-    CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, (void *)base, dims, strides, box, el,
-                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-        return lk_error(LK_EDEVICE, "attention: flash_attention_3: cuTensorMapEncodeTiled failed (%d)", (int)r);
+    CUresult r = enc(m, type, (cuuint32_t)rank, (void *)base, dims, strides, box, el, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                     CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) return lk_error(LK_EDEVICE, "%s: cuTensorMapEncodeTiled failed (%d)", who, (int)r);
     return LK_OK;
 }
 
-/* An f32 [heads, rows, D] (D % 4 == 0) as boxes of 32 columns (128 bytes) x rows_box rows of
- * one head, 128-byte swizzled: fa2.cu's dQ workspace, added into by tma_reduce_add. */
+/* A bf16 tensor read in boxes of 64 columns: the layout the wgmma descriptors name. */
+static lk_status bf16_map(CUtensorMap *m, const void *base, int rank, const cuuint64_t *dims,
+                          const cuuint64_t *strides, const cuuint32_t *box) {
+    return swizzled_map(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, "attention: flash_attention_3", base, rank, dims, strides, box);
+}
+
+/* An f32 [heads, rows, D] (D % 4 == 0) as boxes of 32 columns x rows_box rows of one head:
+ * fa2.cu's dQ workspace, added into by tma_reduce_add. */
 static inline lk_status f32_rows_map(CUtensorMap *m, const float *base, int64_t heads, int64_t rows, int64_t D, int rows_box) {
-    encode_fn enc = encoder();
-    if (!enc) return lk_error(LK_EDEVICE, "attention: the driver has no cuTensorMapEncodeTiled");
     const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)rows, (cuuint64_t)heads};
     const cuuint64_t strides[2] = {(cuuint64_t)D * 4, (cuuint64_t)(rows * D * 4)};
-    const cuuint32_t box[3] = {32, (cuuint32_t)rows_box, 1}, el[3] = {1, 1, 1};
-    CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, (void *)base, dims, strides, box, el,
-                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS) return lk_error(LK_EDEVICE, "attention: cuTensorMapEncodeTiled (f32 rows) failed (%d)", (int)r);
-    return LK_OK;
+    const cuuint32_t box[3] = {32, (cuuint32_t)rows_box, 1};
+    return swizzled_map(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, "attention: flash_attention_2 dQ", base, 3, dims, strides, box);
 }
 
 /* [heads, rows, D] as boxes of 64 columns x rows_box rows of one head. */

@@ -64,7 +64,13 @@
  * warpgroups from the parked chunks (wip-s46-diagmath, a diagnostic: +4%). Two accumulators, to
  * issue the next chunk before adding this one, do not fit the 56 registers (C7512 and 150-340
  * bytes spilled at n32 and at n16). Fewer shared-memory bytes for dQ need registers this
- * warpgroup does not have (m64n64 chunks, or dS as register A: 32 more).
+ * warpgroup does not have (m64n64 chunks, or dS as register A: 32 more). FlashAttention-3's answer,
+ * dQ = dS·K in the math warpgroups (m64n64, their d block over all 128 keys, 24 / 240 / 240,
+ * the step's operand reads 336 -> 304 KB), ran 5-8% slower (forty-seventh session, wip-s47-mathdq
+ * and -c: its wait or its adds land on the math warpgroups' path, where the dQ warpgroup's run
+ * beside it), and turns taken at the GEMM issues (ping-pong, as fa3.cu's) 1-1.5% slower
+ * (wip-s47-pp, -pp1): the two warpgroups' free drift already overlaps one's softmax with the
+ * other's GEMMs.
  * Unmasked, the grid's last partial wave runs split into parts that add their dK/dV in f32
  * (tail_split.cuh): B 2, H 32, S 8192 fwd+bwd -1% to -5% on an H100 over two calls
  * (bench/NOTES.md, forty-fifth session).

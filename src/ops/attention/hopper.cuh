@@ -219,14 +219,6 @@ static __device__ __forceinline__ void wgmma_ss_n64(float *d, uint64_t da, uint6
                  : "l"(da), "l"(db), "r"(acc));
 }
 
-/* d[m64 x n64] (+)= A · B with both operands MN-major in shared memory: A stored as Aᵀ
- * (K rows of M), B as rows of K (N contiguous). */
-static __device__ __forceinline__ void wgmma_ss_n64_tt(float *d, uint64_t da, uint64_t db, int acc) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 1;\n}"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db), "r"(acc));
-}
 /* d[m64 x n32] (+)= A · Bᵀ (acc 0: =), A MN-major in shared memory (stored as Aᵀ: K rows
  * of M), B K-major (rows of N, K contiguous). fa3_bwd.cu's variant-2 dQᵀ = Kᵀ·dSᵀ. */
 static __device__ __forceinline__ void wgmma_ss_n32_ta(float *d, uint64_t da, uint64_t db, int acc) {

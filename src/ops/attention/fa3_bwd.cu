@@ -228,11 +228,11 @@ static __global__ void __launch_bounds__(256) fa3_dq_convert(const float *acc, l
  * the math warpgroups ([query][key]: keys 64c..64c + 63 in the 8 KB block c, a query's 64
  * keys one 128-byte row), so n32 is four 8-row groups SBO apart: canonical layouts only. */
 static __device__ __forceinline__ void issue_dqt(float *dq, const uint8_t *dsb, const uint8_t *kh, int qh) {
+    const uint64_t a0 = desc(kh, BNK * 128, 1024), b0 = desc(dsb + qh * (32 * 128), 16, 1024);
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < BNK / 16; k++)
-        wgmma_ss_n32_ta(dq, desc(kh + k * 2048, BNK * 128, 1024),
-                        desc(dsb + (k / 4) * (BMQ * 128) + qh * (32 * 128) + (k % 4) * 32, 16, 1024), k > 0);
+        wgmma_ss_n32_ta(dq, desc_at(a0, k * 2048), desc_at(b0, (k / 4) * (BMQ * 128) + (k % 4) * 32), k > 0);
     wgmma_commit();
 }
 

@@ -125,6 +125,11 @@ static __device__ __forceinline__ uint64_t desc(const void *p, uint32_t lbo, uin
     return (uint64_t)((smem_u32(p) & 0x3ffff) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32 |
            1ull << 62;
 }
+/* The descriptor of the matrix `bytes` (a multiple of 16) further on: its address field
+ * (bits 0-13, the address / 16) plus bytes / 16, which cannot carry out of it in the 228 KB
+ * of a block's shared memory. A k-loop's descriptors as one add each to a base built once:
+ * built from each address, every wgmma cost four more instructions (LOP3, SHF, LOP3, R2UR). */
+static __device__ __forceinline__ uint64_t desc_at(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
 
 /* The accumulators are written by the tensor cores between issue and wait: these empty
  * asm statements keep the compiler from moving their reads or writes across. */
@@ -240,10 +245,11 @@ static __device__ __forceinline__ void stmatrix_x4_trans(void *p, const uint32_t
  * apart; the first k-step sets d. */
 template <int DP, int N, int RA, int RB>
 static __device__ __forceinline__ void issue_ss(float *d, const uint8_t *sa, const uint8_t *sb) {
+    const uint64_t a0 = desc(sa, 16, 1024), b0 = desc(sb, 16, 1024);
 #pragma unroll
     for (int kk = 0; kk < DP / 16; kk++) {
         const int c = kk / 4, off = (kk % 4) * 32;
-        const uint64_t da = desc(sa + c * RA * 128 + off, 16, 1024), db = desc(sb + c * RB * 128 + off, 16, 1024);
+        const uint64_t da = desc_at(a0, c * RA * 128 + off), db = desc_at(b0, c * RB * 128 + off);
         if constexpr (N == 176) wgmma_ss_n176(d, da, db, kk > 0);
         else if constexpr (N == 128) wgmma_ss_n128(d, da, db, kk > 0);
         else wgmma_ss_n64(d, da, db, kk > 0);
@@ -254,9 +260,10 @@ static __device__ __forceinline__ void issue_ss(float *d, const uint8_t *sa, con
  * of K rows read N-major (its 64-column blocks K·128 bytes apart). */
 template <int DP, int K>
 static __device__ __forceinline__ void issue_rs(float *d, const uint32_t (*a)[4], const uint8_t *sb) {
+    const uint64_t b0 = desc(sb, K * 128, 1024);
 #pragma unroll
     for (int t = 0; t < K / 16; t++) {
-        const uint64_t db = desc(sb + t * 2048, K * 128, 1024);
+        const uint64_t db = desc_at(b0, t * 2048);
         if constexpr (DP == 128) wgmma_rs_n128(d, a[t], db);
         else wgmma_rs_n64(d, a[t], db);
     }

@@ -68,9 +68,12 @@
  * dQ = dS·K in the math warpgroups (m64n64, their d block over all 128 keys, 24 / 240 / 240,
  * the step's operand reads 336 -> 304 KB), ran 5-8% slower (forty-seventh session, wip-s47-mathdq
  * and -c: its wait or its adds land on the math warpgroups' path, where the dQ warpgroup's run
- * beside it), and turns taken at the GEMM issues (ping-pong, as fa3.cu's) 1-1.5% slower
- * (wip-s47-pp, -pp1): the two warpgroups' free drift already overlaps one's softmax with the
- * other's GEMMs.
+ * beside it); so did cuDNN's own split, each step's whole m64n128 dQ in one math warpgroup
+ * in turn (wip-s47-alt, +4-12%; cuDNN adds it through shared memory and TMA, 32 KB this
+ * kernel has not got). Turns taken at the GEMM issues (ping-pong, as fa3.cu's) were 1-1.5%
+ * slower (wip-s47-pp, -pp1): the two warpgroups' free drift already overlaps one's softmax
+ * with the other's GEMMs; and the producer sending step it + 3 early, 1.5-4.4% slower
+ * (wip-s47-early).
  * Unmasked, the grid's last partial wave runs split into parts that add their dK/dV in f32
  * (tail_split.cuh): B 2, H 32, S 8192 fwd+bwd -1% to -5% on an H100 over two calls
  * (bench/NOTES.md, forty-fifth session).

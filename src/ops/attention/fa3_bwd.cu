@@ -66,7 +66,7 @@
  * bytes spilled at n32 and at n16). Fewer shared-memory bytes for dQ need registers this
  * warpgroup does not have (m64n64 chunks, or dS as register A: 32 more). FlashAttention-3's answer,
  * dQ = dS·K in the math warpgroups (m64n64, their d block over all 128 keys, 24 / 240 / 240,
- * the step's operand reads 336 -> 304 KB), ran 5-8% slower (forty-seventh session, wip-s47-mathdq
+ * the step's operand reads 336 -> 304 KB), ran 5-13% slower (forty-seventh session, wip-s47-mathdq
  * and -c: its wait or its adds land on the math warpgroups' path, where the dQ warpgroup's run
  * beside it); so did cuDNN's own split, each step's whole m64n128 dQ in one math warpgroup
  * in turn (wip-s47-alt, +4-12%; cuDNN adds it through shared memory and TMA, 32 KB this

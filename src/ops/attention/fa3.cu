@@ -255,8 +255,23 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
 #pragma unroll
         for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
         pack_a<BN>(sc, p);
+        /* A tile's end (its P·V's predecessor waited for, O rescaled, P packed) is made at the
+         * top of the next iteration, in a block of its own: ptxas put the wait for P·V at the
+         * top of the block that holds it, which was the softmax's, so the softmax ran after
+         * P·V and not beside it (SASS; forty-eighth session, bench/NOTES.md). */
+        auto finish = [&](int st) {
+            wgmma_wait<0>();
+            fence_regs<DP / 2>(o);
+            mbar_arrive(&empty[st]);
+#pragma unroll
+            for (int e = 0; e < DP / 2; e++) o[e] *= alpha[(e >> 1) & 1];
+#pragma unroll
+            for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
+            pack_a<BN>(sc, p);
+        };
         for (int it = 1; it < nt; it++) {
             const int s = it % STAGES, sp = (it - 1) % STAGES;
+            if (it > 1) finish((it - 2) % STAGES);
             mbar_wait(&kfull[s], (it / STAGES) & 1);
             mbar_wait(&vfull[sp], ((it - 1) / STAGES) & 1);
             sched_wait(cg);
@@ -271,15 +286,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
             fence_regs<BN / 2>(sc);
             softmax_tile<BN, FLEX>(sc, m, alpha, sum, key_of(it), maxlo, minhi, lo, hi, bits_of(it), slope2, i0 + rw,
                                    lane, g);
-            wgmma_wait<0>();
-            fence_regs<DP / 2>(o);
-            mbar_arrive(&empty[sp]);
-#pragma unroll
-            for (int e = 0; e < DP / 2; e++) o[e] *= alpha[(e >> 1) & 1];
-#pragma unroll
-            for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
-            pack_a<BN>(sc, p);
         }
+        if (nt > 1) finish((nt - 2) % STAGES);
         const int sl = (nt - 1) % STAGES;
         mbar_wait(&vfull[sl], ((nt - 1) / STAGES) & 1);
         sched_wait(cg);

@@ -263,8 +263,11 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
             wgmma_wait<0>();
             fence_regs<DP / 2>(o);
             mbar_arrive(&empty[st]);
+            /* no row of the warp took a new max (alpha 1): O stays as it is, exactly */
+            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-            for (int e = 0; e < DP / 2; e++) o[e] *= alpha[(e >> 1) & 1];
+                for (int e = 0; e < DP / 2; e++) o[e] *= alpha[(e >> 1) & 1];
+            }
 #pragma unroll
             for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
             pack_a<BN>(sc, p);

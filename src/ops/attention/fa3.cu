@@ -36,7 +36,11 @@
  * last P·V and store: cedce66, afc623f). Flex's short items (sliding window,
  * documents) ran 3-5% faster; the long ones of the flash cells 0-6% slower, at main's
  * register budgets as at 40 / 232 / 232: the launch, barrier init and first loads it saves
- * are small beside a long item, and something in the loop over items costs more.
+ * are small beside a long item, and something in the loop over items costs more. In the
+ * forty-eighth: no ping-pong turns (+0.2-0.8%, now that each warpgroup's softmax overlaps
+ * its own P·V), FlashAttention-4's stale max (the running max kept unless a tile's exceeds it
+ * by 8: no faster, and flex's dsinks lost precision past the tests' tolerance), and 176-key
+ * tiles in two stages (FlashAttention-3's for D 128: every wgmma serialized, C7512).
  *
  * flex_attention (the FLEX instances, issue 19): the key tiles are the BlockMask's 128-key
  * tiles (flex_plan.h), partial ones first; a partial tile's elements are its bits, read as
@@ -255,10 +259,11 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
 #pragma unroll
         for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
         pack_a<BN>(sc, p);
-        /* A tile's end (its P·V's predecessor waited for, O rescaled, P packed) is made at the
-         * top of the next iteration, in a block of its own: ptxas put the wait for P·V at the
-         * top of the block that holds it, which was the softmax's, so the softmax ran after
-         * P·V and not beside it (SASS; forty-eighth session, bench/NOTES.md). */
+        /* A tile's end (the P·V issued beside its Q·Kᵀ waited for, the stage released, O
+         * rescaled, l updated, its P packed) is made at the top of the next iteration, in a
+         * block of its own: ptxas puts a wgmma wait at the top of the basic block holding it,
+         * which was the softmax's, so the softmax ran after P·V and not beside it (the SASS;
+         * fixed in the forty-eighth session: -1.4 to -2.1% on an H100, bench/NOTES.md). */
         auto finish = [&](int st) {
             wgmma_wait<0>();
             fence_regs<DP / 2>(o);

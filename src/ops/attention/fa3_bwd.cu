@@ -78,7 +78,9 @@
  * (tail_split.cuh): B 2, H 32, S 8192 fwd+bwd -1% to -5% on an H100 over two calls
  * (bench/NOTES.md, forty-fifth session).
  * A fourth warpgroup for dQ alone does not fit the registers (24 + 56 + 2 · 224 > 504 a
- * thread); nor do m64n64 dQ chunks (64 + 2 · 216: the math warpgroups spill).
+ * thread); nor do m64n64 dQ chunks (64 + 2 · 216: the math warpgroups spill); nor dV issued
+ * before dPᵀ is waited for, to run while dS is formed (forty-eighth session: P's bf16 pack live
+ * beside Pᵀ and dPᵀ serialized every wgmma, C7512, and spilled 48-100 bytes).
  * Layouts are fa3.cu's (rows of 64 elements in TMA's 128-byte swizzle). What this kernel
  * does not take — softcap, `deterministic`, and everything fa3.cu's forward hands to
  * fa2.cu — runs on fa2.cu's backward under the same row.

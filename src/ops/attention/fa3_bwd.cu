@@ -21,8 +21,9 @@
  *              back in [B, H, S, D], times the scale, in bf16. Not bit-reproducible (the adds
  *              land in any order): `deterministic` runs fa2.cu's separate dQ pass.
  *   math       warpgroups 1 and 2 own 64 keys each (setmaxnreg 224). With keys as the M
- *              dimension, Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (wgmma from shared memory, issued
- *              together; P is formed while dPᵀ runs) leave Pᵀ and dSᵀ = Pᵀ ∘ (dPᵀ − δ)
+ *              dimension, Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (wgmma from shared memory; Sᵀ issued
+ *              a step ahead, behind the step before's dV and dK; P is formed while dPᵀ
+ *              runs) leave Pᵀ and dSᵀ = Pᵀ ∘ (dPᵀ − δ)
  *              in the accumulator layout that is already the A operand of
  *              dV += Pᵀ·dO and dK += dSᵀ·Q (wgmma with A in registers, dV and dK in
  *              registers for the whole walk, GQA's G heads summed there: no atomics on
@@ -74,6 +75,9 @@
  * slower (wip-s47-pp, -pp1): the two warpgroups' free drift already overlaps one's softmax
  * with the other's GEMMs; and the producer sending step it + 3 early, 1.5-4.4% slower
  * (wip-s47-early).
+ * Each math warpgroup issues the next step's Sᵀ behind its dV and dK before waiting for them
+ * (forty-ninth session: -0.3 to -1.2% in ncu; in the fwd+bwd rows level to -1.4%, within the
+ * H100's power-capped noise).
  * Unmasked, the grid's last partial wave runs split into parts that add their dK/dV in f32
  * (tail_split.cuh): B 2, H 32, S 8192 fwd+bwd -1% to -5% on an H100 over two calls
  * (bench/NOTES.md, forty-fifth session).
@@ -439,112 +443,133 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     float dk[DP / 2], dv[DP / 2];
 #pragma unroll
     for (int e = 0; e < DP / 2; e++) dk[e] = dv[e] = 0.0f;
+    /* Sᵀ of step it + 1 is issued at the end of step it, right behind its dV and dK, and
+     * only then are dV and dK waited for: the tensor pipe holds this warpgroup's next GEMM
+     * meanwhile, and the wait for the next stage's `full` is off the step's path. At the top
+     * of step it + 1 Sᵀ is done, so Pᵀ is formed as soon as dPᵀ is issued. (fa3_bwd -0.3 to
+     * -1.2% on an H100: bench/NOTES.md, forty-ninth session.) */
+    float sc[32], dp[32];
+    uint32_t pp[4][4], ds[4][4];
     if (n > 0) mbar_wait(kvfull, 0);
-    for (int it = 0; it < n; it++) {
-        const int s = it % STAGES;
-        const uint8_t *q = sq + s * NC * QB, *o = sdo + s * NC * QB;
-        const float *lse2 = sst + s * 4 * BMQ, *delta = lse2 + BMQ;
-        const int *lo = (const int *)(lse2 + 2 * BMQ), *hi = lo + BMQ;
-        mbar_wait(&full[s], (it / STAGES) & 1);
+    /* Step it's work, then Sᵀ of step it + 1. The loop starts at -1 so that Sᵀ has one
+     * issue: issued once more before the loop, its accumulators were moved between
+     * registers while it ran and ptxas serialized every wgmma (C7515); a `wait<1>` at the
+     * top for a group of the iteration before did the same (C7514). One group pending
+     * across the back edge, waited for with `wait<0>`, as in fa3.cu's forward, compiles
+     * clean. */
+    for (int it = -1; it < n; it++) {
+        if (it >= 0) {
+            const int s = it % STAGES;
+            const uint8_t *q = sq + s * NC * QB, *o = sdo + s * NC * QB;
+            const float *lse2 = sst + s * 4 * BMQ, *delta = lse2 + BMQ;
+            const int *lo = (const int *)(lse2 + 2 * BMQ), *hi = lo + BMQ;
 
-        /* the step's `whole` test reads its two bounds before the GEMMs are issued: read after the
-         * issue, the loads queued behind the GEMMs' operand reads in the shared-memory pipe, and
-         * the test's ISETP held 8.6% of the stall samples (fwd+bwd 0-4% faster over two calls: NOTES,
-         * thirtieth session). The LSE and delta stay after the issue: read before it, they spill. */
-        const bool whole = FLEX ? lo[0] < 0 : lo[BMQ - 1] <= kb && hi[0] >= kb + 64;
+            /* the step's `whole` test reads its two bounds before the GEMMs are issued: read after the
+             * issue, the loads queued behind the GEMMs' operand reads in the shared-memory pipe, and
+             * the test's ISETP held 8.6% of the stall samples (fwd+bwd 0-4% faster over two calls: NOTES,
+             * thirtieth session). The LSE and delta stay after the issue: read before it, they spill. */
+            const bool whole = FLEX ? lo[0] < 0 : lo[BMQ - 1] <= kb && hi[0] >= kb + 64;
 
-        float sc[32], dp[32];
-        wgmma_fence();
-        issue_ss<DP, 64, BNK, BMQ>(sc, sk + cg * 64 * 128, q);
-        wgmma_commit();
-        issue_ss<DP, 64, BNK, BMQ>(dp, sv + cg * 64 * 128, o);
-        wgmma_commit();
-        /* the stats the softmax starts with, read while the GEMMs run (read after the wait,
-         * every math warp stalled on them at once: 7.6% of the stall samples) */
-        float2 L[8];
+            wgmma_wait<0>();   /* Sᵀ, issued at the end of the step before */
+            fence_regs<32>(sc);
+            wgmma_fence();
+            issue_ss<DP, 64, BNK, BMQ>(dp, sv + cg * 64 * 128, o);
+            wgmma_commit();
+            /* the stats the softmax starts with, read while the GEMMs run (read after the wait,
+             * every math warp stalled on them at once: 7.6% of the stall samples) */
+            float2 L[8];
 #pragma unroll
-        for (int j = 0; j < 8; j++) L[j] = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t4);
-        const float2 D0 = *reinterpret_cast<const float2 *>(delta + 2 * t4);
-        wgmma_wait<1>();
-        fence_regs<32>(sc);
-        float s2 = g.scale2;
-        if (ALIBI) {   /* the scores in log2 units plus slope2 · (key − query), the step's head (a flag: it
-                        * cost the plain flex kernel 24 bytes of spills at D 128 as a run-time test) */
-            const float slope2 = g.alibi[lo[2]];
-            const int q0 = lo[3] * BMQ + 2 * t4;
+            for (int j = 0; j < 8; j++) L[j] = *reinterpret_cast<const float2 *>(lse2 + 8 * j + 2 * t4);
+            const float2 D0 = *reinterpret_cast<const float2 *>(delta + 2 * t4);
+            float s2 = g.scale2;
+            if (ALIBI) {   /* the scores in log2 units plus slope2 · (key − query), the step's head (a flag: it
+                            * cost the plain flex kernel 24 bytes of spills at D 128 as a run-time test) */
+                const float slope2 = g.alibi[lo[2]];
+                const int q0 = lo[3] * BMQ + 2 * t4;
 #pragma unroll
-            for (int e = 0; e < 32; e++)
-                sc[e] = fmaf(sc[e], g.scale2, slope2 * (float)(key0 + (e & 2 ? 8 : 0) - (q0 + 8 * (e / 4) + (e & 1))));
-            s2 = 1.0f;
-        }
+                for (int e = 0; e < 32; e++)
+                    sc[e] = fmaf(sc[e], g.scale2, slope2 * (float)(key0 + (e & 2 ? 8 : 0) - (q0 + 8 * (e / 4) + (e & 1))));
+                s2 = 1.0f;
+            }
 
-        /* Pᵀ = exp2(scale2 · s − lse2 of the query), 0 where the query does not see the key. One
-         * branch a step: `whole` tested inside the loop cost a BSSY / branch / BSYNC / PLOP3 around
-         * each of the 32 elements (160 instructions a step in the SASS, for the common case) */
-        uint32_t pp[4][4], ds[4][4];
-        if (whole) {
+            /* Pᵀ = exp2(scale2 · s − lse2 of the query), 0 where the query does not see the key. One
+             * branch a step: `whole` tested inside the loop cost a BSSY / branch / BSYNC / PLOP3 around
+             * each of the 32 elements (160 instructions a step in the SASS, for the common case) */
+            if (whole) {
 #pragma unroll
-            for (int e = 0; e < 32; e++) sc[e] = lk_ex2(fmaf(sc[e], s2, -(e & 1 ? L[e / 4].y : L[e / 4].x)));
-        } else if (FLEX) {   /* the two keys' bits (the stage's copy) against the step's queries, a word at a time */
-            const uint32_t *fb = sbits + s * 2 * LK_FLEX_TILE + 2 * (key0 - k0);
+                for (int e = 0; e < 32; e++) sc[e] = lk_ex2(fmaf(sc[e], s2, -(e & 1 ? L[e / 4].y : L[e / 4].x)));
+            } else if (FLEX) {   /* the two keys' bits (the stage's copy) against the step's queries, a word at a time */
+                const uint32_t *fb = sbits + s * 2 * LK_FLEX_TILE + 2 * (key0 - k0);
 #pragma unroll
-            for (int hw = 0; hw < 2; hw++) {
-                const uint32_t kw[2] = {fb[hw] >> (2 * t4), fb[16 + hw] >> (2 * t4)};
+                for (int hw = 0; hw < 2; hw++) {
+                    const uint32_t kw[2] = {fb[hw] >> (2 * t4), fb[16 + hw] >> (2 * t4)};
 #pragma unroll
-                for (int e = 16 * hw; e < 16 * hw + 16; e++) {
+                    for (int e = 16 * hw; e < 16 * hw + 16; e++) {
+                        const float pv = lk_ex2(fmaf(sc[e], s2, -(e & 1 ? L[e / 4].y : L[e / 4].x)));
+                        sc[e] = (kw[(e >> 1) & 1] >> (8 * ((e / 4) % 4) + (e & 1))) & 1u ? pv : 0.0f;
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int e = 0; e < 32; e++) {
+                    const int key = key0 + (e & 2 ? 8 : 0), col = 8 * (e / 4) + 2 * t4 + (e & 1);
                     const float pv = lk_ex2(fmaf(sc[e], s2, -(e & 1 ? L[e / 4].y : L[e / 4].x)));
-                    sc[e] = (kw[(e >> 1) & 1] >> (8 * ((e / 4) % 4) + (e & 1))) & 1u ? pv : 0.0f;
+                    sc[e] = key < lo[col] || key >= hi[col] ? 0.0f : pv;
                 }
             }
-        } else {
+            wgmma_wait<0>();
+            fence_regs<32>(dp);
+            /* dSᵀ = Pᵀ ∘ (dPᵀ − δ of the query), from the f32 Pᵀ (as FlashAttention-2 and -3 do), in
+             * place of dPᵀ; then both bf16 A operands, and dV and dK issued together */
 #pragma unroll
-            for (int e = 0; e < 32; e++) {
-                const int key = key0 + (e & 2 ? 8 : 0), col = 8 * (e / 4) + 2 * t4 + (e & 1);
-                const float pv = lk_ex2(fmaf(sc[e], s2, -(e & 1 ? L[e / 4].y : L[e / 4].x)));
-                sc[e] = key < lo[col] || key >= hi[col] ? 0.0f : pv;
+            for (int j = 0; j < 8; j++) {
+                const float2 dd = j ? *reinterpret_cast<const float2 *>(delta + 8 * j + 2 * t4) : D0;
+#pragma unroll
+                for (int e = 4 * j; e < 4 * j + 4; e++) dp[e] = sc[e] * (dp[e] - (e & 1 ? dd.y : dd.x));
             }
-        }
-        wgmma_wait<0>();
-        fence_regs<32>(dp);
-        /* dSᵀ = Pᵀ ∘ (dPᵀ − δ of the query), from the f32 Pᵀ (as FlashAttention-2 and -3 do), in
-         * place of dPᵀ; then both bf16 A operands, and dV and dK issued together */
+            pack_a<64>(sc, pp);
+            pack_a<64>(dp, ds);
+            wgmma_fence();
+            issue_rs<DP, BMQ>(dv, pp, o);   /* dV += Pᵀ·dO */
+            wgmma_commit();
+            issue_rs<DP, BMQ>(dk, ds, q);   /* dK += dSᵀ·Q */
+            wgmma_commit();
+            const int buf = it % NDS;
+            uint8_t *dsb = sds + buf * KB;
+            /* the dQ warpgroup has read what this buffer held NDS steps ago (the first NDS
+             * waits, on parity 1 of a fresh barrier, pass at once) */
+            mbar_wait(&dsempty[buf], ((it / NDS) & 1) ^ 1);
+            /* dS, not dSᵀ, for the dQ warpgroup's dQᵀ = Kᵀ·dSᵀ (issue_dqt): rows of queries, this
+             * warpgroup's 64 keys a 128-byte row of block cg, 16-byte pieces swizzled by the
+             * query's row % 8. ds[g] holds the 8 x 8 tiles (queries 8j.., keys kh·8..) with j
+             * = 2g + m / 2, kh = m % 2 as its matrices m; stored transposed, tile m's column x
+             * (query 16g + 8 (m / 2) + x) is the 16 bytes of keys 16w + 8kh.. of that row. */
+            const int m = lane / 8, x = lane % 8;
+            uint8_t *row = dsb + cg * (BMQ * 128) + (8 * (m / 2) + x) * 128 + (((2 * w + (m & 1)) ^ x) << 4);
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const float2 dd = j ? *reinterpret_cast<const float2 *>(delta + 8 * j + 2 * t4) : D0;
-#pragma unroll
-            for (int e = 4 * j; e < 4 * j + 4; e++) dp[e] = sc[e] * (dp[e] - (e & 1 ? dd.y : dd.x));
+            for (int gq = 0; gq < 4; gq++) stmatrix_x4_trans(row + gq * 16 * 128, ds[gq]);
+            if (FLEX && ct == 0) dsstep[buf] = make_int2(lo[2], lo[3]);
+            fence_async_smem();
+            mbar_arrive(&dsfull[buf]);
         }
-        pack_a<64>(sc, pp);
-        pack_a<64>(dp, ds);
+        /* Sᵀ of step it + 1; after the last step, of a stage no load is coming to (results
+         * unused): a conditional issue made ptxas serialize every wgmma */
+        const int s1 = (it + 1) % STAGES;
+        if (it + 1 < n) mbar_wait(&full[s1], ((it + 1) / STAGES) & 1);
         wgmma_fence();
-        issue_rs<DP, BMQ>(dv, pp, o);   /* dV += Pᵀ·dO */
+        issue_ss<DP, 64, BNK, BMQ>(sc, sk + cg * 64 * 128, sq + s1 * NC * QB);
         wgmma_commit();
-        issue_rs<DP, BMQ>(dk, ds, q);   /* dK += dSᵀ·Q */
-        wgmma_commit();
-        const int buf = it % NDS;
-        uint8_t *dsb = sds + buf * KB;
-        /* the dQ warpgroup has read what this buffer held NDS steps ago (the first NDS
-         * waits, on parity 1 of a fresh barrier, pass at once) */
-        mbar_wait(&dsempty[buf], ((it / NDS) & 1) ^ 1);
-        /* dS, not dSᵀ, for the dQ warpgroup's dQᵀ = Kᵀ·dSᵀ (issue_dqt): rows of queries, this
-         * warpgroup's 64 keys a 128-byte row of block cg, 16-byte pieces swizzled by the
-         * query's row % 8. ds[g] holds the 8 x 8 tiles (queries 8j.., keys kh·8..) with j
-         * = 2g + m / 2, kh = m % 2 as its matrices m; stored transposed, tile m's column x
-         * (query 16g + 8 (m / 2) + x) is the 16 bytes of keys 16w + 8kh.. of that row. */
-        const int m = lane / 8, x = lane % 8;
-        uint8_t *row = dsb + cg * (BMQ * 128) + (8 * (m / 2) + x) * 128 + (((2 * w + (m & 1)) ^ x) << 4);
-#pragma unroll
-        for (int gq = 0; gq < 4; gq++) stmatrix_x4_trans(row + gq * 16 * 128, ds[gq]);
-        if (FLEX && ct == 0) dsstep[buf] = make_int2(lo[2], lo[3]);
-        fence_async_smem();
-        mbar_arrive(&dsfull[buf]);
-        wgmma_wait<0>();
+        wgmma_wait<1>();   /* dV and dK: their operands and the stage they read are free */
         fence_regs<DP / 2>(dv);
         fence_regs<DP / 2>(dk);
         fence_regs_u32<16>(&pp[0][0]);
         fence_regs_u32<16>(&ds[0][0]);
-        mbar_arrive(&empty[s]);
+        if (it >= 0) mbar_arrive(&empty[it % STAGES]);
     }
+    wgmma_wait<0>();   /* the last Sᵀ (unconditional: behind `n > 0`, ptxas injected waits, C7517) */
+    fence_regs<DP / 2>(dv);
+    fence_regs<DP / 2>(dk);
+    fence_regs<32>(sc);
 
     if (!FLEX && part >= 0) {   /* a part of a split block: its share added into the tail's sums */
 #pragma unroll

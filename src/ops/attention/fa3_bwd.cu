@@ -394,7 +394,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
      *   math step t       full[t] (loaded at dQ iteration t − 2, or before the loop for
      *                     t < 3) and dsempty of step t − 3 (dQ finished step t − 3)
      *   dQ iteration t    thread 0 first loads step t + 2, which waits empty of step t − 1
-     *                     (both math warpgroups finished step t − 1); then dsfull of step t
+     *                     (both math warpgroups finished dV and dK of step t − 1, after
+     *                     issuing step t's Sᵀ on full[t]); then dsfull of step t
      * So math step t needs the dQ warpgroup only up to step t − 2 (the load) and t − 3 (the
      * buffer); dQ iteration t needs the math warpgroups only up to step t. Induction on t:
      * no cycle, and no phase can run two ahead of its waiter (a buffer is rewritten only
@@ -464,7 +465,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
             const float *lse2 = sst + s * 4 * BMQ, *delta = lse2 + BMQ;
             const int *lo = (const int *)(lse2 + 2 * BMQ), *hi = lo + BMQ;
 
-            /* the step's `whole` test reads its two bounds before the GEMMs are issued: read after the
+            /* the step's `whole` test reads its two bounds before dPᵀ is issued: read after the
              * issue, the loads queued behind the GEMMs' operand reads in the shared-memory pipe, and
              * the test's ISETP held 8.6% of the stall samples (fwd+bwd 0-4% faster over two calls: NOTES,
              * thirtieth session). The LSE and delta stay after the issue: read before it, they spill. */

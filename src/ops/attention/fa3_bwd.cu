@@ -77,7 +77,9 @@
  * (wip-s47-early).
  * Each math warpgroup issues the next step's Sᵀ behind its dV and dK before waiting for them
  * (forty-ninth session: -0.3 to -1.2% in ncu; in the fwd+bwd rows level to -1.4%, within the
- * H100's power-capped noise).
+ * H100's power-capped noise). A block whose rows all see all its keys (no mask, no key past
+ * S_kv) loads no lo/hi rows a step and skips the `whole` test (fiftieth: -1.1% and -1.3% in
+ * cycles on the two unmasked cells).
  * Unmasked, the grid's last partial wave runs split into parts that add their dK/dV in f32
  * (tail_split.cuh): B 2, H 32, S 8192 fwd+bwd -1% to -5% on an H100 over two calls
  * (bench/NOTES.md, forty-fifth session).
@@ -341,6 +343,9 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         const int qa = lk_attn_first_row(g.vis, k0, 1), qb = max(qa, lk_attn_first_row(g.vis, min(k0 + BNK, g.Skv), 0));
         qt0 = qa / BMQ, nq = qb > qa ? (qb + BMQ - 1) / BMQ - qt0 : 0, n = g.G * nq;
     }
+    /* every query row sees every key of the block (no mask of any kind, no key past S_kv): the
+     * steps need no lo/hi rows and no `whole` test (rows past S_q have LSE +inf: P is 0) */
+    const bool open = !FLEX && !g.vis.causal && g.vis.wl <= 0 && g.vis.wr <= 0 && !g.vis.cq && k0 + BNK <= g.Skv;
     int i0 = 0;   /* the walk's steps [i0, i0 + n): a part's share of its block's */
     if (!FLEX) lk_attn_tail_steps(g.tail, part, &i0, &n);
 
@@ -364,13 +369,13 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
         if (FLEX)   /* the bits tile, the half, the head and the tile, before the arrival that publishes the stage */
             *(int4 *)(sst + s * 4 * BMQ + 2 * BMQ) = make_int4(fs.z, fs.w, hh, qt);
-        mbar_expect_tx(&full[s], 2 * NC * QB + (FLEX ? 2 : 4) * BMQ * 4 + (FLEX && fs.z >= 0 ? 8 * LK_FLEX_TILE : 0));
+        mbar_expect_tx(&full[s], 2 * NC * QB + (FLEX || open ? 2 : 4) * BMQ * 4 + (FLEX && fs.z >= 0 ? 8 * LK_FLEX_TILE : 0));
         for (int c = 0; c < NC; c++) {
             tma_load(sq + (s * NC + c) * QB, &tq, &full[s], c * 64, qt * BMQ, (int)bh);
             tma_load4(sdo + (s * NC + c) * QB, &tdo, &full[s], c * 64, hh, qt * BMQ, b);
         }
         bulk_load(sst + s * 4 * BMQ, g.stats + (bh * g.nqt + qt) * 2 * BMQ, 2 * BMQ * 4, &full[s]);
-        if (!FLEX) bulk_load(sst + s * 4 * BMQ + 2 * BMQ, g.rows + qt * 2 * BMQ, 2 * BMQ * 4, &full[s]);
+        if (!FLEX && !open) bulk_load(sst + s * 4 * BMQ + 2 * BMQ, g.rows + qt * 2 * BMQ, 2 * BMQ * 4, &full[s]);
         if (FLEX && fs.z >= 0)   /* a partial step's bits by key: 1 KB in one piece (flex_plan.h) */
             bulk_load(sbits + s * 2 * LK_FLEX_TILE, g.fx.bits + (int64_t)fs.z * LK_FLEX_TILE_WORDS + lk_flex_by_key(fs.w, 0),
                       8 * LK_FLEX_TILE, &full[s]);
@@ -469,7 +474,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
              * issue, the loads queued behind the GEMMs' operand reads in the shared-memory pipe, and
              * the test's ISETP held 8.6% of the stall samples (fwd+bwd 0-4% faster over two calls: NOTES,
              * thirtieth session). The LSE and delta stay after the issue: read before it, they spill. */
-            const bool whole = FLEX ? lo[0] < 0 : lo[BMQ - 1] <= kb && hi[0] >= kb + 64;
+            const bool whole = FLEX ? lo[0] < 0 : open || (lo[BMQ - 1] <= kb && hi[0] >= kb + 64);
 
             wgmma_wait<0>();   /* Sᵀ, issued at the end of the step before */
             fence_regs<32>(sc);

@@ -79,7 +79,11 @@
  * (forty-ninth session: -0.3 to -1.2% in ncu; in the fwd+bwd rows level to -1.4%, within the
  * H100's power-capped noise). A block whose rows all see all its keys (no mask, no key past
  * S_kv) loads no lo/hi rows a step and skips the `whole` test (fiftieth: -1.1% and -1.3% in
- * cycles on the two unmasked cells).
+ * cycles on the two unmasked cells). The walk's step is found by one multiply (walk_div): a `/`
+ * and `%` by a run-time value there, ~40 dependent instructions twice a step in the dQ
+ * warpgroup and twice in the producer, had made the producer late with the loads the math
+ * warpgroups wait on (their `full` wait 13.3% of the stall samples, then 8.6%): -7% in cycles
+ * on the unmasked cells, -4% on GQA causal (fiftieth session).
  * Unmasked, the grid's last partial wave runs split into parts that add their dK/dV in f32
  * (tail_split.cuh): B 2, H 32, S 8192 fwd+bwd -1% to -5% on an H100 over two calls
  * (bench/NOTES.md, forty-fifth session).
@@ -297,11 +301,29 @@ struct flex_walk {
  * the later blocks before it (all down: 2.19-2.20 ms). In a banded grid every block walks
  * down: bench/walk_sim.py's L2 model has them miss least there (not yet measured). */
 #if FA3_ARCH   /* the kernel's body exists in the sm_90a pass alone */
-static __device__ __forceinline__ int2 step_of(const bwd_geom &g, int qt0, int nq, int kt, int it) {
-    if (!g.vis.causal) return make_int2(it / nq, qt0 + (it % nq + kt) % nq);
-    if (g.G == 1) return make_int2(0, qt0 + it);
-    const int t = it / g.G;
-    return make_int2((it + kt) % g.G, (int)blockIdx.x < g.down ? qt0 + nq - 1 - t : qt0 + t);
+/* The walk's divisor, made once a block: the step's position in a head's walk (unmasked: nq
+ * tiles; causal GQA: G heads) by one multiply, where `/` and `%` by a run-time value cost ~40
+ * dependent instructions (IABS, I2F, MUFU.RCP, F2I, ...) on every step of the dQ warpgroup
+ * and of the producer, whose loads came late for it (fa3_bwd -7% in cycles unmasked, -4% on
+ * GQA causal: bench/NOTES.md, fiftieth session). */
+struct walk_div {
+    int d, rot;    /* the divisor; the block's rotation kt % d */
+    uint32_t m;    /* 0xffffffff / d */
+    __device__ __forceinline__ walk_div(int d_, int kt) : d(max(d_, 1)), rot(kt % max(d_, 1)), m(0xffffffffu / max(d_, 1)) {}
+    /* (n / d, (n + rot) % d) for 0 <= n < 2^31: the high word of n·m is the quotient or one
+     * short (n·m > n·2^32 / d − n), mended by one compare */
+    __device__ __forceinline__ int2 at(int n) const {
+        int q = (int)__umulhi((uint32_t)n, m), r = n - q * d;
+        if (r >= d) q++, r -= d;
+        r += rot;
+        return make_int2(q, r >= d ? r - d : r);
+    }
+};
+static __device__ __forceinline__ int2 step_of(const bwd_geom &g, const walk_div &w, int qt0, int nq, int it) {
+    if (g.vis.causal && g.G == 1) return make_int2(0, qt0 + it);
+    const int2 h = w.at(it);
+    if (!g.vis.causal) return make_int2(h.x, qt0 + h.y);
+    return make_int2(h.y, (int)blockIdx.x < g.down ? qt0 + nq - 1 - h.x : qt0 + h.x);
 }
 #endif
 
@@ -346,6 +368,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     /* every query row sees every key of the block (no mask of any kind, no key past S_kv): the
      * steps need no lo/hi rows and no `whole` test (rows past S_q have LSE +inf: P is 0) */
     const bool open = !FLEX && !g.vis.causal && g.vis.wl <= 0 && g.vis.wr <= 0 && !g.vis.cq && k0 + BNK <= g.Skv;
+    const walk_div wd(g.vis.causal ? g.G : nq, kt);   /* step_of's */
     int i0 = 0;   /* the walk's steps [i0, i0 + n): a part's share of its block's */
     if (!FLEX) lk_attn_tail_steps(g.tail, part, &i0, &n);
 
@@ -361,7 +384,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
      * (FLEX: steps taken from the producer's walk, in order) */
     auto produce = [&](const int it, flex_walk *fw) {
         const int s = it % STAGES;
-        const int2 st = step_of(g, qt0, nq, kt, i0 + it);
+        const int2 st = step_of(g, wd, qt0, nq, i0 + it);
         int hh = hk * g.G + st.x, qt = st.y;
         int4 fs = make_int4(0, 0, -1, 0);
         if (FLEX) fs = fw->take(g.fx, b, hk, g.G, kt), hh = fs.x, qt = fs.y;
@@ -422,7 +445,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
             /* step it + STAGES − 1 into the stage step it − 1 frees: two steps ahead of the math */
             if (tid == 0 && it >= 1 && it + STAGES - 1 < n) produce(it + STAGES - 1, &ahead);
             __syncwarp();
-            const int2 st = step_of(g, qt0, nq, kt, i0 + it);
+            const int2 st = step_of(g, wd, qt0, nq, i0 + it);
             int hh = hk * g.G + st.x, qt = st.y;
             const int buf = it % NDS;
             mbar_wait(&dsfull[buf], (it / NDS) & 1);

@@ -311,7 +311,7 @@ struct walk_div {
     uint32_t m;    /* 0xffffffff / d */
     __device__ __forceinline__ walk_div(int d_, int kt) : d(max(d_, 1)), rot(kt % max(d_, 1)), m(0xffffffffu / max(d_, 1)) {}
     /* (n / d, (n + rot) % d) for 0 <= n < 2^31: the high word of n·m is the quotient or one
-     * short (n·2^32 / d > n·m > n·2^32 / d − 2n), mended by one compare */
+     * short (n·2^32 / d ≥ n·m > n·2^32 / d − 2n − 1), mended by one compare */
     __device__ __forceinline__ int2 at(int n) const {
         int q = (int)__umulhi((uint32_t)n, m), r = n - q * d;
         if (r >= d) q++, r -= d;

@@ -9,10 +9,12 @@ random bf16 inputs, CUDA events, the mean of --reps after one untimed pass); tor
 events around the compiled call (the median of --reps after two warm-ups). The document ids
 are drawn by the same xorshift as the shim's, so both sides see the same documents. torch's
 compiles take time: --torch-s bounds the whole torch part (a mask not reached says so).
---no-torch times llmkern's rows alone (an A/B of two builds, no torch in the process):
+--no-torch times llmkern's rows alone (an A/B of two builds, no torch in the process); --masks
+keeps some masks (their first words), e.g. one mask's kernels under ncu:
 
   python3 bench/flex_peers.py --build $B [--shape 2,32,8192,128] [--out DIR]
   for s in $B $A $B $A; do python3 bench/flex_peers.py --build $s --no-torch --out /tmp/x | grep ^llmkern; done
+  ncu --kernel-name "regex:fa3_bwd<128, true" ... python3 bench/flex_peers.py --build $B --no-torch --masks prefix-LM
 """
 import argparse
 import ctypes
@@ -30,10 +32,16 @@ P.add_argument("--reps", type=int, default=10)
 P.add_argument("--torch-s", type=float, default=240.0)
 P.add_argument("--no-torch", action="store_true", help="llmkern's rows alone")
 P.add_argument("--out", default=os.environ.get("OUT", "."))
+P.add_argument("--masks", default="causal,sliding,document,prefix-LM", help="the masks kept, by their first words")
 A = P.parse_args()
 B, H, S, D = (int(x) for x in A.shape.split(","))
 MASKS = [("causal", 1, 0), ("sliding window 1024", 2, 1024), ("document 256-2048 + causal", 3, 2048),
          ("prefix-LM 2048", 4, 2048)]
+KEEP = A.masks.split(",")
+unknown = [k for k in KEEP if k not in [m[0].split()[0] for m in MASKS]]
+if unknown:
+    P.error(f"--masks: {', '.join(unknown)} is not one of causal, sliding, document, prefix-LM")
+MASKS = [m for m in MASKS if m[0].split()[0] in KEEP]
 
 LIB = shim.load(A.build)   # with this build's libllmkern.so, whatever LD_LIBRARY_PATH says
 LIB.lkp_init.restype = ctypes.c_int

@@ -20,11 +20,6 @@ P.add_argument("--causal", type=int, default=0)
 P.add_argument("--reps", type=int, default=10)
 A = P.parse_args()
 LIB = shim.load(A.build)   # with this build's libllmkern.so, whatever LD_LIBRARY_PATH says
-LIB.lkp_init.restype = ctypes.c_int
-LIB.lkp_last_error.restype = ctypes.c_char_p
-LIB.lkp_time_attention.argtypes = [ctypes.c_char_p] + [ctypes.c_int64] * 5 + [ctypes.c_int, ctypes.c_int,
-                                                                             ctypes.POINTER(ctypes.c_double)]
-LIB.lkp_time_attention.restype = ctypes.c_int
 B, Hq, Hkv, S, D = (int(x) for x in A.shape.split(","))
 ms = (ctypes.c_double * 2)()
 if LIB.lkp_init() < 1:

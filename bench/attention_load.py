@@ -10,7 +10,6 @@ forty-ninth session). Prints, per side and cell: the loop's ms a call, each kern
 the loop ran.
   python3 bench/attention_load.py --build build-h200 [--impls flash_attention_3] [--seconds 4]"""
 import argparse
-import ctypes
 import statistics
 import threading
 import time
@@ -30,13 +29,6 @@ P.add_argument("--seconds", type=float, default=4.0, help="each loop's length be
 A = P.parse_args()
 
 LIB = shim.load(A.build)
-vp, ci, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-LIB.lkp_init.restype = ci
-LIB.lkp_last_error.restype = ctypes.c_char_p
-LIB.lkp_attention.argtypes = [ctypes.c_char_p, ci, ci] + [vp] * 9 + [i64] * 5 + [ci, vp]
-LIB.lkp_attention.restype = vp
-LIB.lkp_run.argtypes = [vp]
-LIB.lkp_run.restype = ci
 assert LIB.lkp_init() >= 1, "no CUDA device"
 
 try:
@@ -107,12 +99,7 @@ def measure(label, fn):
 dev = torch.device("cuda")
 for shp in A.shapes.split(";"):
     B, Hq, Hkv, S, D = (int(x) for x in shp.split(","))
-    q = torch.randn(B, Hq, S, D, dtype=torch.bfloat16, device=dev)
-    k, v = (torch.randn(B, Hkv, S, D, dtype=torch.bfloat16, device=dev) for _ in range(2))
-    dout = torch.randn(B, S, Hq, D, dtype=torch.bfloat16, device=dev)
-    out = torch.empty_like(dout)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    lse = torch.empty(B, Hq, S, dtype=torch.float32, device=dev)
+    q, k, v, out, dout, dq, dk, dv, lse = bufs = shim.attention_buffers(torch, dev, B, Hq, Hkv, S, D)
     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
     for causal in (int(c) for c in A.causal.split(",")):
         cell = f"B{B} Hq{Hq} Hkv{Hkv} S{S} {'causal' if causal else 'full'}"
@@ -123,9 +110,7 @@ for shp in A.shapes.split(";"):
                 torch.autograd.grad(o, (qg, kg, vg), dout.transpose(1, 2))
         measure(f"{cell} sdpa cudnn fwd+bwd", sdpa_fb)
         for impl in A.impls.split(","):
-            args = (1, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(), dq.data_ptr(),
-                    dk.data_ptr(), dv.data_ptr(), lse.data_ptr(), B, Hq, Hkv, S, D, causal,
-                    torch.cuda.current_stream().cuda_stream)
+            args = shim.attention_args(1, bufs, (B, Hq, Hkv, S, D), causal, torch.cuda.current_stream().cuda_stream)
             hf, hb = (LIB.lkp_attention(impl.encode(), bw, *args) for bw in (0, 1))
             if not hf or not hb:
                 print(f"{cell} {impl}: {LIB.lkp_last_error().decode()}")
@@ -136,5 +121,5 @@ for shp in A.shapes.split(";"):
                     raise RuntimeError(LIB.lkp_last_error().decode())
             measure(f"{cell} {impl} fwd+bwd", lk_fb)
         measure(f"{cell} sdpa cudnn fwd+bwd (again)", sdpa_fb)
-    del q, k, v, dout, out, dq, dk, dv, lse, qg, kg, vg
+    del q, k, v, dout, out, dq, dk, dv, lse, bufs, qg, kg, vg
     torch.cuda.empty_cache()

@@ -5,7 +5,6 @@ shim, or with --sdpa one of torch SDPA's backends at the same shape: a short pro
   python3 bench/attention_once.py --build build-h200 [--impl NAME] [--causal 1]
       [--batch 1 --hq 64 --hkv 8 --seq 4096] [--sdpa cudnn|flash]"""
 import argparse
-import ctypes
 import os
 
 import torch
@@ -34,23 +33,11 @@ if A.sdpa:
     torch.cuda.synchronize()
     raise SystemExit(print("sdpa once: done"))
 LIB = shim.load(A.build)   # with this build's libllmkern.so, whatever LD_LIBRARY_PATH says
-vp, i64, ci = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-LIB.lkp_init.restype = ci
-LIB.lkp_attention.argtypes = [ctypes.c_char_p, ci, ci] + [vp] * 9 + [i64] * 5 + [ci, vp]
-LIB.lkp_attention.restype = vp
-LIB.lkp_run.argtypes = [vp]
-LIB.lkp_run.restype = ci
 assert LIB.lkp_init() > 0
-q = torch.randn(B, Hq, S, D, dtype=torch.bfloat16, device="cuda")
-k, v = (torch.randn(B, Hkv, S, D, dtype=torch.bfloat16, device="cuda") for _ in range(2))
-dout = torch.randn(B, S, Hq, D, dtype=torch.bfloat16, device="cuda")
-out = torch.empty_like(dout)
-dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-lse = torch.empty(B, Hq, S, dtype=torch.float32, device="cuda")
-st = torch.cuda.current_stream().cuda_stream
-ptrs = [t.data_ptr() for t in (q, k, v, out, dout, dq, dk, dv, lse)]
+bufs = shim.attention_buffers(torch, "cuda", B, Hq, Hkv, S, D)
+args = shim.attention_args(1, bufs, (B, Hq, Hkv, S, D), A.causal, torch.cuda.current_stream().cuda_stream)
 for bwd in (0, 1):
-    h = LIB.lkp_attention(A.impl.encode(), bwd, 1, *ptrs, B, Hq, Hkv, S, D, A.causal, st)
+    h = LIB.lkp_attention(A.impl.encode(), bwd, *args)
     assert h and LIB.lkp_run(h) == 0
 torch.cuda.synchronize()
 print("fa2_once: done")

@@ -44,12 +44,6 @@ if unknown:
 MASKS = [m for m in MASKS if m[0].split()[0] in KEEP]
 
 LIB = shim.load(A.build)   # with this build's libllmkern.so, whatever LD_LIBRARY_PATH says
-LIB.lkp_init.restype = ctypes.c_int
-LIB.lkp_last_error.restype = ctypes.c_char_p
-LIB.lkp_time_attention.argtypes = [ctypes.c_char_p] + [ctypes.c_int64] * 5 + [
-    ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_double)]
-LIB.lkp_time_flex.argtypes = [ctypes.c_char_p] + [ctypes.c_int64] * 5 + [
-    ctypes.c_int, ctypes.c_int64, ctypes.c_int, ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_double)]
 assert LIB.lkp_init() >= 1, "no CUDA device"
 FLOPS = 4.0 * B * H * S * S * D
 rows = []

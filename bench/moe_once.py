@@ -6,7 +6,6 @@ times) through the peers shim: a short process for
 where the layer's time goes beside the GEMMs.
   python3 bench/moe_once.py --build build-h200 [--reps 1] [--kernels]"""
 import argparse
-import ctypes
 import os
 
 import torch
@@ -20,15 +19,6 @@ P.add_argument("--reps", type=int, default=1)
 P.add_argument("--kernels", action="store_true")
 A = P.parse_args()
 LIB = shim.load(A.build)   # with this build's libllmkern.so, whatever LD_LIBRARY_PATH says
-vp, i64, ci, sz = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_size_t
-LIB.lkp_init.restype = ci
-LIB.lkp_last_error.restype = ctypes.c_char_p
-LIB.lkp_moe_experts_saved_bytes.argtypes = [ci] + [i64] * 5
-LIB.lkp_moe_experts_saved_bytes.restype = sz
-LIB.lkp_moe_experts.argtypes = [ci, ci] + [vp] * 11 + [ci, vp, sz] + [i64] * 5 + [vp]
-LIB.lkp_moe_experts.restype = vp
-LIB.lkp_run.argtypes = [vp]
-LIB.lkp_run.restype = ci
 assert LIB.lkp_init() > 0
 BF16 = 1
 pb = moe_problem.make("cuda")   # bench/peers_cuda.py's moe_rows problem

@@ -47,28 +47,6 @@ ARGS = P.parse_args()
 # RTLD_GLOBAL, llmkern's CUDA runtime pieces (CUB's caches) met torch's copies and the
 # process aborted in free().
 LIB = shim.load(ARGS.build)   # with this build's libllmkern.so, whatever LD_LIBRARY_PATH says
-vp, i64, ci, cd = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
-LIB.lkp_init.restype = ci
-LIB.lkp_last_error.restype = ctypes.c_char_p
-LIB.lkp_gpu_name.restype = ctypes.c_char_p
-LIB.lkp_rms_norm.argtypes = [ci, ctypes.c_char_p, ci, vp, vp, vp, vp, vp, vp, vp, i64, i64, cd, vp]
-LIB.lkp_rope.argtypes = [ci, ci, vp, vp, vp, vp, vp, vp, i64, i64, i64, i64, i64, i64, vp]
-LIB.lkp_swiglu_act.argtypes = [ci, ci, vp, vp, vp, vp, vp, vp, i64, i64, vp]
-sz = ctypes.c_size_t
-LIB.lkp_cross_entropy_bytes.argtypes = [ci, ci, i64, i64, i64, i64, ctypes.POINTER(sz), ctypes.POINTER(sz)]
-LIB.lkp_cross_entropy.argtypes = [ci, ci, vp, vp, vp, vp, vp, vp, vp, ci, vp, sz, i64, i64, i64, i64, vp]
-LIB.lkp_attention.argtypes = [ctypes.c_char_p, ci, ci, vp, vp, vp, vp, vp, vp, vp, vp, vp, i64, i64, i64, i64, i64,
-                              ci, vp]
-LIB.lkp_moe_experts_saved_bytes.argtypes = [ci, i64, i64, i64, i64, i64]
-LIB.lkp_moe_experts_saved_bytes.restype = sz
-LIB.lkp_moe_experts.argtypes = [ci, ci] + [vp] * 11 + [ci, vp, sz] + [i64] * 5 + [vp]
-LIB.lkp_moe_experts.restype = vp
-LIB.lkp_has_attention.argtypes = [ctypes.c_char_p]
-LIB.lkp_has_attention.restype = ci
-for f in (LIB.lkp_rms_norm, LIB.lkp_rope, LIB.lkp_swiglu_act, LIB.lkp_cross_entropy, LIB.lkp_attention):
-    f.restype = vp                          # a prepared call (bench/peers_shim.c)
-LIB.lkp_run.argtypes = [vp]
-LIB.lkp_run.restype = ci
 BF16 = 1
 
 try:
@@ -406,7 +384,7 @@ def ce_rows():
     # path (dh + lse saved, dW per vocab block in the backward), its budget under Liger's MiB
     for chunk in (4096, 8192, 2048, 1024):
         path = "lean" if chunk < H else "accumulating"
-        sb, wb = sz(), sz()
+        sb, wb = ctypes.c_size_t(), ctypes.c_size_t()
         ok(LIB.lkp_cross_entropy_bytes(BF16, BF16, T, H, V, chunk, ctypes.byref(sb), ctypes.byref(wb)))
         saved = torch.empty(sb.value, dtype=torch.uint8, device=dev)
 
@@ -502,12 +480,7 @@ def attention_rows():
     peers = {"sdpa cudnn": SDPBackend.CUDNN_ATTENTION, "sdpa flash": SDPBackend.FLASH_ATTENTION}
     for B, Hq, Hkv, S, D in ATT_SHAPES:
         shape = f"B{B} Hq{Hq} Hkv{Hkv} S{S} D{D}"
-        q = torch.randn(B, Hq, S, D, dtype=torch.bfloat16, device=dev)
-        k, v = (torch.randn(B, Hkv, S, D, dtype=torch.bfloat16, device=dev) for _ in range(2))
-        dout = torch.randn(B, S, Hq, D, dtype=torch.bfloat16, device=dev)
-        out = torch.empty_like(dout)
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        lse = torch.empty(B, Hq, S, dtype=torch.float32, device=dev)
+        q, k, v, out, dout, dq, dk, dv, lse = bufs = shim.attention_buffers(torch, dev, B, Hq, Hkv, S, D)
         qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
         gqa = Hq != Hkv
         for causal in (0, 1):
@@ -552,9 +525,7 @@ def attention_rows():
                             print(f"  {pname} failed again: {str(e2)[:160]}", flush=True)
                         del kr, vr, krg, vrg
             for name in have:
-                args = (BF16, q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), dout.data_ptr(),
-                        dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), lse.data_ptr(), B, Hq, Hkv, S, D, causal,
-                        stream())
+                args = shim.attention_args(BF16, bufs, (B, Hq, Hkv, S, D), causal, stream())
                 both = "fwd+bwd" in ATT_PASSES
                 try:
                     lk_f = bound(LIB.lkp_attention, name.encode(), 0, *args)
@@ -591,7 +562,7 @@ def attention_rows():
                 print(f"attention {shape} {'causal' if causal else 'full  '} {name:18s} {pas:7s} {tm:8.2f} ms "
                       f"{tf:6.1f} TFLOP/s{gs}", flush=True)
                 ATT_ROWS.append((shape, causal, name, pas, tm, tf, peer, goal, ratio, met))
-        del q, k, v, dout, out, dq, dk, dv, lse, qg, kg, vg, ref_o, ref_g
+        del q, k, v, dout, out, dq, dk, dv, lse, bufs, qg, kg, vg, ref_o, ref_g
 
 
 # ---- MoE experts: 128 experts, top-8, hidden 2048, expert FFN 768, 16384 tokens --------

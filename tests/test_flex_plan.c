@@ -8,6 +8,8 @@
  * become a device program (the families, their AND/OR) and which keep host bits (a dense
  * mask, a custom predicate, a program longer than LK_FLEX_NODES). The staged image of the
  * trainer's document masks: their partial tiles within its cap, its packing and refusals.
+ * `falling` (the backward's grid order) against the predicate's own count of q tiles a kv
+ * tile sees, on every mask, and set or clear on masks known each way.
  * Run: ctest -R test_flex_plan, or ./build/test_flex_plan. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -53,6 +55,31 @@ static void expect_plan(const lk_block_mask *m, int want_prog) {
     assert_int_equal(x->nk, (m->KV_LEN + 127) / 128);
     assert_true(want_prog ? x->bits == NULL : x->bits != NULL);
     int64_t partial = 0;
+    /* falling, from the predicate: no kv tile seen by more q tiles than the one before, and on
+     * average at most 3/4 of the most any sees. A tile is seen where any element of the mask's
+     * blocks that overlap it is (the plan lists a tile by the blocks: with blocks of 200, causal
+     * tiles 3, 3, 2 where the elements alone give 3, 2, 1). */
+    const int64_t qs = m->Q_BLOCK_SIZE, ks = m->KV_BLOCK_SIZE;
+    int falling = 1;
+    int64_t all = 0, most = 0;
+    for (int64_t p = 0; p < m->B * m->H; p++) {
+        int64_t before = INT64_MAX;
+        for (int64_t kt = 0; kt < x->nk; kt++) {
+            int64_t seen = 0;
+            for (int64_t qt = 0; qt < x->nq; qt++) {
+                int any = 0;
+                const int64_t i1 = ((qt + 1) * 128 + qs - 1) / qs * qs, j1 = ((kt + 1) * 128 + ks - 1) / ks * ks;
+                for (int64_t i = qt * 128 / qs * qs; i < i1 && i < m->Q_LEN && !any; i++)
+                    for (int64_t j = kt * 128 / ks * ks; j < j1 && j < m->KV_LEN && !any; j++)
+                        any = m->mask_mod(p / m->H, p % m->H, i, j, m->mask_ctx);
+                seen += any;
+            }
+            if (seen > before) falling = 0;
+            before = seen, all += seen, most = seen > most ? seen : most;
+        }
+    }
+    if (4 * all > 3 * most * m->B * m->H * x->nk) falling = 0;
+    assert_int_equal(x->falling, falling);
     for (int64_t p = 0; p < m->B * m->H; p++) {
         const int64_t b = p / m->H, h = p % m->H;
         for (int64_t qt = 0; qt < x->nq; qt++) expect_sorted(x->kv_idx, x->kv_cnt, p * x->nq + qt, x->nk);
@@ -126,6 +153,40 @@ static void families(void **state) {
         expect_plan(&m, 1);
         lk_block_mask_free(&m);
     }
+}
+
+static bool anti_causal(int64_t b, int64_t h, int64_t q, int64_t kv, const void *ctx) {
+    (void)b, (void)h, (void)ctx;
+    return kv >= q;
+}
+
+/* `falling` (the backward's grid order) on masks known each way: set under causal and
+ * prefix-LM masks (kv tile 0 seen by every q tile, the mean half of it), clear where later kv
+ * tiles are seen by more q tiles and under a sliding window (walks that fall only at the end);
+ * expect_plan checks it on every mask against the predicate. */
+static void falling_walks(void **state) {
+    (void)state;
+    lk_block_mask m;
+    lk_flex_plan pl;
+    const int64_t prefix[1] = {300};
+    assert_int_equal(lk_block_mask_causal(1, 2, 1000, 1000, 128, 128, &m), LK_OK);
+    assert_int_equal(lk_flex_plan_make(&m, &pl), LK_OK);
+    assert_int_equal(pl.map.falling, 1);
+    lk_flex_plan_free(&pl), lk_block_mask_free(&m);
+    assert_int_equal(lk_block_mask_prefix_lm(prefix, 1, 1, 1000, 1000, 128, 128, &m), LK_OK);
+    assert_int_equal(lk_flex_plan_make(&m, &pl), LK_OK);
+    assert_int_equal(pl.map.falling, 1);
+    lk_flex_plan_free(&pl), lk_block_mask_free(&m);
+    assert_int_equal(lk_block_mask_sliding_window(500, 1, 1, 2000, 2000, 128, 128, &m), LK_OK);
+    assert_int_equal(lk_flex_plan_make(&m, &pl), LK_OK);
+    assert_int_equal(pl.map.falling, 0);
+    lk_flex_plan_free(&pl), lk_block_mask_free(&m);
+    assert_int_equal(lk_block_mask_create(anti_causal, NULL, 1, 1, 1000, 1000, 128, 128, &m), LK_OK);
+    assert_int_equal(lk_flex_plan_make(&m, &pl), LK_OK);
+    assert_int_equal(pl.map.falling, 0);
+    lk_flex_plan_free(&pl);
+    expect_plan(&m, 0);
+    lk_block_mask_free(&m);
 }
 
 /* AND / OR of families stay a program; a custom predicate, a dense mask and a program
@@ -249,6 +310,7 @@ static void staged_documents(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(families),
+        cmocka_unit_test(falling_walks),
         cmocka_unit_test(staged_documents),
         cmocka_unit_test(compositions_and_host_bits),
     };

@@ -1142,7 +1142,7 @@ static lk_status launch_bwd(const fa_args &p, int det, cudaStream_t st) {
          * (or a banded grid's every block) walks down (the walk above: GQA causal -3.3%) */
         const int64_t heads = (int64_t)p.B * p.Hkv, tiles = (p.Skv + BNK - 1) / BNK;
         fa_args pk = p;
-        pk.order = lk_attn_order_of(p.flex ? 0 : p.vis.causal, heads, tiles);
+        pk.order = lk_attn_order_of(p.flex ? p.fx.falling : p.vis.causal, heads, tiles);
         int per_sm = 1;   /* asked only where the walk reads its first wave; an order, not a result */
         if (p.vis.causal && p.G > 1 && pk.order != LK_ATTN_ORDER_BANDS &&
             cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 256, sh) != cudaSuccess)

@@ -264,23 +264,31 @@ static __device__ __forceinline__ void add_dqt(float *chunk, const float *dq) {
  * steps ahead of the others; the dQ warpgroup's 56 registers hold no second walk): take()
  * returns the step's head, its 64-row query tile, the bits tile (-1: full) and the half of
  * the mask tile, which travel with the stage (the math warpgroups) and on to the dS buffer
- * (the dQ warpgroup). The walk keeps only its position; the map comes from the geometry. */
+ * (the dQ warpgroup). A tile's two list entries are read when the walk enters it, a step
+ * before their first use: read in take(), their L2 round trip sat on the producer's path
+ * before each load it sends. The walk keeps only its position; the map comes from the
+ * geometry. */
 struct flex_walk {
     int j, e, half, np, nall, row;   /* int: flex_plan.c keeps a map's cells under 2^29 */
-    /* the next head with any tile, from j on */
+    int2 tile;                       /* q_idx and q_bit of entry e (q_bit whatever e: -1 past np) */
+    /* the next head with any tile, from j on, and its first entry */
     __device__ __forceinline__ void head(const lk_flex_map &fx, int b, int hk, int G, int kt) {
         for (; j < G; j++) {
             row = lk_flex_q_row(&fx, b, hk * G + j, kt), np = fx.q_cnt[2 * row], nall = np + fx.q_cnt[2 * row + 1];
-            if (nall) return;
+            if (nall) break;
         }
+        if (j < G) enter(fx);
+    }
+    __device__ __forceinline__ void enter(const lk_flex_map &fx) {
+        tile = make_int2(fx.q_idx[row * fx.nq + e], fx.q_bit[row * fx.nq + e]);
     }
     __device__ __forceinline__ int4 take(const lk_flex_map &fx, int b, int hk, int G, int kt) {
         static_assert(LK_FLEX_TILE == 2 * BMQ, "a mask tile's rows are two steps");
-        const int4 r = make_int4(hk * G + j, 2 * fx.q_idx[row * fx.nq + e] + half,
-                                 e < np ? fx.q_bit[row * fx.nq + e] : -1, half);
+        const int4 r = make_int4(hk * G + j, 2 * tile.x + half, e < np ? tile.y : -1, half);
         if (++half == 2) {
             half = 0;
             if (++e == nall) e = 0, j++, head(fx, b, hk, G, kt);
+            else enter(fx);
         }
         return r;
     }
@@ -434,7 +442,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     if (wg == 0) {   /* the producer and dQ warpgroup */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_DQ));
         if (n == 0) return;
-        flex_walk ahead = {0, 0, 0, 0, 0, 0};   /* FLEX: the producer's walk */
+        flex_walk ahead = {0, 0, 0, 0, 0, 0, make_int2(0, 0)};   /* FLEX: the producer's walk */
         if (FLEX) ahead.head(g.fx, b, hk, g.G, kt);
         if (tid == 0) {
             produce_kv();
@@ -737,7 +745,7 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
     g.Sq = (int)d.Sq, g.Skv = (int)d.Skv, g.Hq = (int)d.Hq, g.Hkv = (int)d.Hkv, g.G = (int)d.G, g.D = (int)d.D;
     g.nqt = nqt, g.scale = d.scale, g.scale2 = d.scale * LOG2E;
     g.heads = (int)(d.B * d.Hkv), g.nkt = (int)lk_cdiv(d.Skv, BNK);
-    g.order = lk_attn_order_of(flex ? 0 : a->causal, g.heads, g.nkt);
+    g.order = lk_attn_order_of(flex ? g.fx.falling : a->causal, g.heads, g.nkt);
     g.down = lk_attn_down_of(g.order, g.heads, g.nkt, 1);
     g.tail = tail_of(a);
     g.tail.acc = pc.tail ? g.dq_acc + pc.dq_acc / 4 : NULL;

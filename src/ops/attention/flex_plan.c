@@ -208,6 +208,14 @@ lk_status lk_flex_plan_make(const lk_block_mask *m, lk_flex_plan *out) {
                 }
         }
     free(kind), free(id);
+    int64_t seen = 0, most = 0;   /* q tiles seen, summed over the kv tiles; the most one kv tile sees */
+    x->falling = 1;
+    for (int64_t rk = 0; rk < P * nk; rk++) {
+        const int64_t c = q_cnt[2 * rk] + q_cnt[2 * rk + 1];
+        if (rk % nk && c > q_cnt[2 * rk - 2] + q_cnt[2 * rk - 1]) x->falling = 0;
+        seen += c, most = c > most ? c : most;
+    }
+    if (4 * seen > 3 * most * P * nk) x->falling = 0;
     if (!out->has_prog) {
         uint32_t *bits = (uint32_t *)(buf + lists);
         x->bits = bits;

@@ -50,6 +50,13 @@ typedef struct {
     const int32_t *kv_bit;    /* [P][nq][nk]: the bits tile of each partial entry */
     const int32_t *q_cnt, *q_idx, *q_bit;   /* the transpose: [P][nk][2], [P][nk][nq] x 2 */
     const uint32_t *bits;     /* [tiles][LK_FLEX_TILE_WORDS]: by query row, then by key */
+    int32_t falling;          /* 1: in every pattern no kv tile is seen by more q tiles than the one
+                               * before it, and the kv tiles see at most 3/4 of the most any sees on
+                               * average (causal 1/2, prefix-LM 2,048 of 8,192 0.54): the backward's
+                               * grid takes its key blocks longest first, as under a causal mask
+                               * (grid_order.cuh). A sliding window's walks fall too, but at its
+                               * 0.93 that order ran 1.4% slower (bench/NOTES.md, fifty-first
+                               * session). 0 in a staged image, whose counts only the device holds */
 } lk_flex_map;
 
 /* Word offset in a tile's bits of key j's two words for queries [64·half, 64·half + 64). */

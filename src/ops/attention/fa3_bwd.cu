@@ -74,7 +74,10 @@
  * kernel has not got). Turns taken at the GEMM issues (ping-pong, as fa3.cu's) were 1-1.5%
  * slower (wip-s47-pp, -pp1): the two warpgroups' free drift already overlaps one's softmax
  * with the other's GEMMs; and the producer sending step it + 3 early, 1.5-4.4% slower
- * (wip-s47-early).
+ * (wip-s47-early), or from inside the dQ chain, after its first chunk or before its last, +10%
+ * and +4% unmasked (wip-s50-midprod, -midprod3: the chain is the producer's path). The
+ * softmax's LSE read before Sᵀ's wait, +1.6% unmasked (wip-s51-lsefirst: the shared-memory
+ * pipe's load, not the loads' place, sets their latency).
  * Each math warpgroup issues the next step's Sᵀ behind its dV and dK before waiting for them
  * (forty-ninth session: -0.3 to -1.2% in ncu; in the fwd+bwd rows level to -1.4%, within the
  * H100's power-capped noise). A block whose rows all see all its keys (no mask, no key past

@@ -8,7 +8,8 @@
  * the library's own host path, and is the harness's time, not llmkern's (bench/NOTES.md
  * run 28). dt: 0 = f32, 1 = bf16 (lk_dtype). lkp_run returns an lk_status;
  * lkp_last_error() gives the text. Built with CUDA only, as libllmkern_peers_shim.so
- * beside libllmkern.so. */
+ * beside libllmkern.so. Its prototypes' Python types are bench/shim.py's SIGNATURES: a
+ * changed prototype changes that table too. */
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdlib.h>

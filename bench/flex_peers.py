@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""flex_peers.py — issue 19's bench: llmkern's CUDA flex_attention under PEERS-H200.md's four
+r"""flex_peers.py — issue 19's bench: llmkern's CUDA flex_attention under PEERS-H200.md's four
 BlockMasks (causal, sliding window 1024, causal documents of 256-2048 tokens, prefix-LM 2048)
 beside torch's compiled flex_attention on the same masks, and llmkern's own flash_attention_3
 and flash_attention_2 causal (issue 19: flex causal >= 0.9x flash_attention_3 causal), in one
@@ -14,7 +14,8 @@ keeps some masks (their first words), e.g. one mask's kernels under ncu:
 
   python3 bench/flex_peers.py --build $B [--shape 2,32,8192,128] [--out DIR]
   for s in $B $A $B $A; do python3 bench/flex_peers.py --build $s --no-torch --out /tmp/x | grep ^llmkern; done
-  ncu --kernel-name "regex:fa3_bwd<128, true" ... python3 bench/flex_peers.py --build $B --no-torch --masks prefix-LM
+  ncu --kernel-name-base demangled --kernel-name 'regex:fa3_bwd<\(int\)128, \(bool\)1' ... \
+      python3 bench/flex_peers.py --build $B --no-torch --masks prefix-LM
 """
 import argparse
 import ctypes

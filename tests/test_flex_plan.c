@@ -8,8 +8,8 @@
  * become a device program (the families, their AND/OR) and which keep host bits (a dense
  * mask, a custom predicate, a program longer than LK_FLEX_NODES). The staged image of the
  * trainer's document masks: their partial tiles within its cap, its packing and refusals.
- * `falling` (the backward's grid order) against the predicate's own count of q tiles a kv
- * tile sees, on every mask, and set or clear on masks known each way.
+ * `falling` (the backward's grid order) against the predicate's count of q tiles a kv tile
+ * sees (over the mask's blocks), on every mask, and set or clear on masks known each way.
  * Run: ctest -R test_flex_plan, or ./build/test_flex_plan. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -160,6 +160,15 @@ static bool anti_causal(int64_t b, int64_t h, int64_t q, int64_t kv, const void 
     return kv >= q;
 }
 
+/* Plans m (made with status made), checks its `falling` is want, and frees m. */
+static void expect_falling(lk_status made, lk_block_mask *m, int want) {
+    lk_flex_plan pl;
+    assert_int_equal(made, LK_OK);
+    assert_int_equal(lk_flex_plan_make(m, &pl), LK_OK);
+    assert_int_equal(pl.map.falling, want);
+    lk_flex_plan_free(&pl), lk_block_mask_free(m);
+}
+
 /* `falling` (the backward's grid order) on masks known each way: set under causal and
  * prefix-LM masks (kv tile 0 seen by every q tile, the mean half of it), clear where later kv
  * tiles are seen by more q tiles and under a sliding window (walks that fall only at the end);
@@ -167,26 +176,13 @@ static bool anti_causal(int64_t b, int64_t h, int64_t q, int64_t kv, const void 
 static void falling_walks(void **state) {
     (void)state;
     lk_block_mask m;
-    lk_flex_plan pl;
     const int64_t prefix[1] = {300};
-    assert_int_equal(lk_block_mask_causal(1, 2, 1000, 1000, 128, 128, &m), LK_OK);
-    assert_int_equal(lk_flex_plan_make(&m, &pl), LK_OK);
-    assert_int_equal(pl.map.falling, 1);
-    lk_flex_plan_free(&pl), lk_block_mask_free(&m);
-    assert_int_equal(lk_block_mask_prefix_lm(prefix, 1, 1, 1000, 1000, 128, 128, &m), LK_OK);
-    assert_int_equal(lk_flex_plan_make(&m, &pl), LK_OK);
-    assert_int_equal(pl.map.falling, 1);
-    lk_flex_plan_free(&pl), lk_block_mask_free(&m);
-    assert_int_equal(lk_block_mask_sliding_window(500, 1, 1, 2000, 2000, 128, 128, &m), LK_OK);
-    assert_int_equal(lk_flex_plan_make(&m, &pl), LK_OK);
-    assert_int_equal(pl.map.falling, 0);
-    lk_flex_plan_free(&pl), lk_block_mask_free(&m);
+    expect_falling(lk_block_mask_causal(1, 2, 1000, 1000, 128, 128, &m), &m, 1);
+    expect_falling(lk_block_mask_prefix_lm(prefix, 1, 1, 1000, 1000, 128, 128, &m), &m, 1);
+    expect_falling(lk_block_mask_sliding_window(500, 1, 1, 2000, 2000, 128, 128, &m), &m, 0);
     assert_int_equal(lk_block_mask_create(anti_causal, NULL, 1, 1, 1000, 1000, 128, 128, &m), LK_OK);
-    assert_int_equal(lk_flex_plan_make(&m, &pl), LK_OK);
-    assert_int_equal(pl.map.falling, 0);
-    lk_flex_plan_free(&pl);
     expect_plan(&m, 0);
-    lk_block_mask_free(&m);
+    expect_falling(LK_OK, &m, 0);
 }
 
 /* AND / OR of families stay a program; a custom predicate, a dense mask and a program

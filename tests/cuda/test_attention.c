@@ -271,6 +271,10 @@ static void fa3_against_reference(void **state) {
         /* the last wave in parts (tail_split.cuh): 140 key blocks, on 132 SMs 132 whole and 8 split in
          * 4 parts, each walking 4 of a block's 16 steps (2 heads x 8 tiles) */
         {.B = 1, .Hq = 70, .Hkv = 35, .Sq = 475, .D = 64},
+        /* every block open (no mask, S_kv a multiple of 128): fa3_bwd's OPEN kernel, whole and in
+         * the last wave's parts (35 heads x 4 tiles = 140 blocks) */
+        {.B = 2, .Hq = 6, .Hkv = 2, .Sq = 200, .Skv = 256, .D = 64},
+        {.B = 1, .Hq = 70, .Hkv = 35, .Sq = 512, .D = 64},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case("flash_attention_3", LK_BF16, &cases[i], 300u + i);
 }

@@ -82,8 +82,11 @@
  * (forty-ninth session: -0.3 to -1.2% in ncu; in the fwd+bwd rows level to -1.4%, within the
  * H100's power-capped noise). A block whose rows all see all its keys (no mask, no key past
  * S_kv) loads no lo/hi rows a step and skips the `whole` test (fiftieth: -1.1% and -1.3% in
- * cycles on the two unmasked cells). The walk's step is found by one multiply (walk_div): a `/`
- * and `%` by a run-time value there, ~40 dependent instructions twice a step in the dQ
+ * cycles on the two unmasked cells); a grid of such blocks alone runs the OPEN instance, with
+ * the masked blocks' code compiled out, and the masked blocks read their `whole` bounds a step
+ * early (fifty-second, H100 cycles: full -2.8%, GQA full -2.4%, causal -3.0%, GQA causal
+ * +0.4%). The walk's step is found by one multiply (walk_div): a `/` and `%` by a run-time
+ * value there, ~40 dependent instructions twice a step in the dQ
  * warpgroup and twice in the producer, had made the producer late with the loads the math
  * warpgroups wait on (their `full` wait 13.3% of the stall samples, then 8.6%): -7% in cycles
  * on the unmasked cells, -4% on GQA causal (fiftieth session).
@@ -341,8 +344,11 @@ static __device__ __forceinline__ int2 step_of(const bwd_geom &g, const walk_div
 /* Fragment element e of an m64nN accumulator is row (e & 2 ? 8 : 0) + lane / 4 of the
  * warp's 16, column 8 (e / 4) + 2 (lane % 4) + (e & 1). FLEX: the steps are flex_walk's; the
  * producer puts each step's bits tile and half where a stage's lo/hi would be, and a
- * partial tile's elements are tested against its bits by key. */
-template <int DP, bool FLEX, bool ALIBI>
+ * partial tile's elements are tested against its bits by key. OPEN: a grid whose every block
+ * is `open` (below), compiled without the masked blocks' code: the bounds carried across the
+ * back edge for the masked blocks' `whole` test cost the unmasked walk 1.3-1.6% in cycles as
+ * dead code (fifty-first session). */
+template <int DP, bool FLEX, bool ALIBI, bool OPEN>
 __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CUtensorMap tq,
                                                       const __grid_constant__ CUtensorMap tk,
                                                       const __grid_constant__ CUtensorMap tv,
@@ -378,7 +384,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     }
     /* every query row sees every key of the block (no mask of any kind, no key past S_kv): the
      * steps need no lo/hi rows and no `whole` test (rows past S_q have LSE +inf: P is 0) */
-    const bool open = !FLEX && !g.vis.causal && g.vis.wl <= 0 && g.vis.wr <= 0 && !g.vis.cq && k0 + BNK <= g.Skv;
+    static_assert(!(OPEN && FLEX), "a flex grid is never OPEN");
+    const bool open = OPEN || (!FLEX && !g.vis.causal && g.vis.wl <= 0 && g.vis.wr <= 0 && !g.vis.cq && k0 + BNK <= g.Skv);
     const walk_div wd(g.vis.causal ? g.G : nq, kt);   /* step_of's */
     int i0 = 0;   /* the walk's steps [i0, i0 + n): a part's share of its block's */
     if (!FLEX) lk_attn_tail_steps(g.tail, part, &i0, &n);
@@ -490,6 +497,12 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
      * -1.2% on an H100: bench/NOTES.md, forty-ninth session.) */
     float sc[32], dp[32];
     uint32_t pp[4][4], ds[4][4];
+    /* the `whole` test's two bounds, lo[BMQ − 1] and hi[0], read from the step's stage at the end
+     * of the step before (below) and carried across the back edge: read in the step, even before
+     * Sᵀ's wait, the LDS queued behind the GEMMs' operand reads and the test waited on it (causal
+     * -3.0% cycles, fifty-first session). FLEX reads its stage words in the step: carried, they
+     * cost its sliding-window and document backward ~1.4%. */
+    int2 bounds = make_int2(0, 0);
     if (n > 0) mbar_wait(kvfull, 0);
     /* Step it's work, then Sᵀ of step it + 1. The loop starts at -1 so that Sᵀ has one
      * issue: issued once more before the loop, its accumulators were moved between
@@ -503,12 +516,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
             const uint8_t *q = sq + s * NC * QB, *o = sdo + s * NC * QB;
             const float *lse2 = sst + s * 4 * BMQ, *delta = lse2 + BMQ;
             const int *lo = (const int *)(lse2 + 2 * BMQ), *hi = lo + BMQ;
-
-            /* the step's `whole` test reads its two bounds before dPᵀ is issued: read after the
-             * issue, the loads queued behind the GEMMs' operand reads in the shared-memory pipe, and
-             * the test's ISETP held 8.6% of the stall samples (fwd+bwd 0-4% faster over two calls: NOTES,
-             * thirtieth session). The LSE and delta stay after the issue: read before it, they spill. */
-            const bool whole = FLEX ? lo[0] < 0 : open || (lo[BMQ - 1] <= kb && hi[0] >= kb + 64);
+            const bool whole = FLEX ? lo[0] < 0 : open || (bounds.x <= kb && bounds.y >= kb + 64);
 
             wgmma_wait<0>();   /* Sᵀ, issued at the end of the step before */
             fence_regs<32>(sc);
@@ -595,7 +603,11 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         /* Sᵀ of step it + 1; after the last step, of a stage no load is coming to (results
          * unused): a conditional issue made ptxas serialize every wgmma */
         const int s1 = (it + 1) % STAGES;
-        if (it + 1 < n) mbar_wait(&full[s1], ((it + 1) / STAGES) & 1);
+        if (it + 1 < n) {
+            mbar_wait(&full[s1], ((it + 1) / STAGES) & 1);
+            const int *lo1 = (const int *)(sst + s1 * 4 * BMQ + 2 * BMQ);
+            if (!FLEX && !open) bounds = make_int2(lo1[BMQ - 1], lo1[BMQ]);   /* lo[BMQ − 1], hi[0] */
+        }
         wgmma_fence();
         issue_ss<DP, 64, BNK, BMQ>(sc, sk + cg * 64 * 128, sq + s1 * NC * QB);
         wgmma_commit();
@@ -714,12 +726,12 @@ size_t lk_attn_fa3_bwd_workspace(const lk_attention_args *a) {
     return lk_attn_vis_bytes(a) + lk_attn_flex_alibi_bytes(a) + p.stats + p.rows + p.dq_acc + p.tail + p.sink_part;
 }
 
-template <int DP, bool FLEX, bool ALIBI>
+template <int DP, bool FLEX, bool ALIBI, bool OPEN = false>
 static lk_status launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const CUtensorMap &tdo,
                         const bwd_geom &g, cudaStream_t st) {
     const size_t sh = bwd_smem(DP);
-    LK_CUDA_TRY(cudaFuncSetAttribute(fa3_bwd<DP, FLEX, ALIBI>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
-    fa3_bwd<DP, FLEX, ALIBI><<<(unsigned)lk_attn_tail_grid(g.tail), THREADS, sh, st>>>(tq, tk, tv, tdo, g);
+    LK_CUDA_TRY(cudaFuncSetAttribute(fa3_bwd<DP, FLEX, ALIBI, OPEN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
+    fa3_bwd<DP, FLEX, ALIBI, OPEN><<<(unsigned)lk_attn_tail_grid(g.tail), THREADS, sh, st>>>(tq, tk, tv, tdo, g);
     LK_CUDA_LAUNCHED("attention: flash_attention_3 backward");
     return LK_OK;
 }
@@ -776,6 +788,9 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
             s = DP == 64 ? launch<64, true, true>(tq, tk, tv, tdo, g, st) : launch<128, true, true>(tq, tk, tv, tdo, g, st);
         else if (flex)
             s = DP == 64 ? launch<64, true, false>(tq, tk, tv, tdo, g, st) : launch<128, true, false>(tq, tk, tv, tdo, g, st);
+        else if (!g.vis.causal && g.vis.wl <= 0 && g.vis.wr <= 0 && !g.vis.cq && d.Skv % BNK == 0)   /* every block open */
+            s = DP == 64 ? launch<64, false, false, true>(tq, tk, tv, tdo, g, st)
+                         : launch<128, false, false, true>(tq, tk, tv, tdo, g, st);
         else
             s = DP == 64 ? launch<64, false, false>(tq, tk, tv, tdo, g, st)
                          : launch<128, false, false>(tq, tk, tv, tdo, g, st);

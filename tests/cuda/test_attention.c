@@ -275,6 +275,11 @@ static void fa3_against_reference(void **state) {
          * the last wave's parts (35 heads x 4 tiles = 140 blocks) */
         {.B = 2, .Hq = 6, .Hkv = 2, .Sq = 200, .Skv = 256, .D = 64},
         {.B = 1, .Hq = 70, .Hkv = 35, .Sq = 512, .D = 64},
+        /* fa3_fwd's OPEN instance with sinks, GQA and D 128 */
+        {.B = 1, .Hq = 3, .Hkv = 1, .Sq = 130, .Skv = 256, .D = 128, .sinks = 1},
+        /* fa3_bwd's CAUSAL instance with fewer queries than keys (bottom-right: every row sees the
+         * first 290 keys and more) */
+        {.B = 1, .Hq = 2, .Hkv = 1, .Sq = 100, .Skv = 390, .D = 128, .causal = 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case("flash_attention_3", LK_BF16, &cases[i], 300u + i);
 }

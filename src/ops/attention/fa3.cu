@@ -41,6 +41,10 @@
  * its own P·V), FlashAttention-4's stale max (the running max kept unless a tile's exceeds it
  * by 8: no faster, and flex's dsinks lost precision past the tests' tolerance), and 176-key
  * tiles in two stages (FlashAttention-3's for D 128: every wgmma serialized, C7512).
+ * Softcap's code (CAP) and the masked tiles' (not OPEN) are compiled only into the instances
+ * whose calls have them: as branches never taken they cost the loop its schedule (fifty-second
+ * session, H100 cycles: full -2.3%, GQA full -2.8%, causal -1.2%, GQA causal -1.1%; flex's
+ * forward -1 to -3%).
  *
  * flex_attention (the FLEX instances, issue 19): the key tiles are the BlockMask's 128-key
  * tiles (flex_plan.h), partial ones first; a partial tile's elements are its bits, read as
@@ -93,15 +97,15 @@ static __device__ __forceinline__ void sched_signal(int cg) {
  * partial tile's bits (fb: this thread's first row, the second 8 rows on; NULL when the
  * tile is full) hide what [lo, hi) would, and ALiBi (slope2 · (key − row), row i the
  * thread's first) joins the scores in log2 units. */
-template <int BN, bool FLEX>
+template <int BN, bool FLEX, bool CAP, bool OPEN>
 static __device__ __forceinline__ void softmax_tile(float *sc, float *m, float *alpha, float *sum, int k0, int maxlo,
                                                     int minhi, const int *lo, const int *hi, const uint32_t *fb,
                                                     float slope2, int i, int lane, const fwd_geom &g) {
-    if (g.cap > 0.0f) {   /* softcap: the scores themselves in log2 units */
+    if (CAP) {   /* softcap: the scores themselves in log2 units */
 #pragma unroll
         for (int e = 0; e < BN / 2; e++) sc[e] = g.cap2 * tanhf(sc[e] * g.scale / g.cap);
     }
-    float mul = g.cap > 0.0f ? 1.0f : g.scale2;   /* raw scores: log2 units after one FFMA */
+    float mul = CAP ? 1.0f : g.scale2;   /* raw scores: log2 units after one FFMA */
     if (FLEX && g.alibi) {
 #pragma unroll
         for (int e = 0; e < BN / 2; e++)
@@ -120,7 +124,7 @@ static __device__ __forceinline__ void softmax_tile(float *sc, float *m, float *
 #pragma unroll
         for (int e = 0; e < BN / 2; e++)
             if (!((wr[(e >> 1) & 1][e / 16] >> (8 * ((e / 4) % 4) + (e & 1))) & 1u)) sc[e] = -INFINITY;
-    } else if (!FLEX && !(maxlo <= k0 && minhi >= k0 + BN)) {   /* some row does not see the whole tile */
+    } else if (!FLEX && !OPEN && !(maxlo <= k0 && minhi >= k0 + BN)) {   /* some row does not see the whole tile */
 #pragma unroll
         for (int e = 0; e < BN / 2; e++) {
             const int r = (e >> 1) & 1, j = k0 + 8 * (e / 4) + 2 * (lane % 4) + (e & 1);
@@ -154,12 +158,13 @@ static __device__ __forceinline__ void softmax_tile(float *sc, float *m, float *
 /* Consumer registers are indexed only by unrolled constants: fragment element e of an
  * m64nN accumulator is row (e & 2 ? 8 : 0) + lane / 4 of the warp's 16, column
  * 8 (e / 4) + 2 (lane % 4) + (e & 1). */
-template <int DP, int BN, bool FLEX>
+template <int DP, int BN, bool FLEX, bool CAP, bool OPEN>
 __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CUtensorMap tq,
                                                       const __grid_constant__ CUtensorMap tk,
                                                       const __grid_constant__ CUtensorMap tv, lk_bf16_t *out,
                                                       float *lse, fwd_geom g) {
 #if FA3_ARCH
+    static_assert(!(OPEN && (FLEX || CAP)), "OPEN: no mask and no softcap");
     constexpr int NC = DP / 64, STAGES = tiling<DP, BN>::stages;   /* NC: 64-column blocks of a row */
     constexpr uint32_t QB = BM * 128, KB = BN * 128; /* bytes of one 64-column block */
     extern __shared__ uint8_t smem_raw[];
@@ -222,7 +227,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
     for (int r = 0; r < 2; r++) {
         const int i = i0 + rw + 8 * r;
         lo[r] = hi[r] = 0;
-        if (!FLEX && i < g.Sq) lk_attn_row_iv(g.vis, i, lo[r], hi[r]);
+        if (!FLEX && !OPEN && i < g.Sq) lk_attn_row_iv(g.vis, i, lo[r], hi[r]);
     }
     /* FLEX: tile it's bits from this thread's first row, or NULL for a full tile; its first key */
     auto bits_of = [&](int it) -> const uint32_t * {
@@ -255,7 +260,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
         sched_signal(1 - cg);
         wgmma_wait<0>();
         fence_regs<BN / 2>(sc);
-        softmax_tile<BN, FLEX>(sc, m, alpha, sum, key_of(0), maxlo, minhi, lo, hi, bits_of(0), slope2, i0 + rw, lane, g);
+        softmax_tile<BN, FLEX, CAP, OPEN>(sc, m, alpha, sum, key_of(0), maxlo, minhi, lo, hi, bits_of(0), slope2, i0 + rw, lane, g);
 #pragma unroll
         for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
         pack_a<BN>(sc, p);
@@ -292,7 +297,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
             sched_signal(1 - cg);
             wgmma_wait<1>();
             fence_regs<BN / 2>(sc);
-            softmax_tile<BN, FLEX>(sc, m, alpha, sum, key_of(it), maxlo, minhi, lo, hi, bits_of(it), slope2, i0 + rw,
+            softmax_tile<BN, FLEX, CAP, OPEN>(sc, m, alpha, sum, key_of(it), maxlo, minhi, lo, hi, bits_of(it), slope2, i0 + rw,
                                    lane, g);
         }
         if (nt > 1) finish((nt - 2) % STAGES);
@@ -369,15 +374,26 @@ static size_t fwd_smem(void) {
     return 1024 + (size_t)(DP / 64) * (BM + 2 * st * BN) * 128 + 8 * (1 + 3 * st);
 }
 
-template <int DP, int BN, bool FLEX>
+template <int DP, int BN, bool FLEX, bool CAP, bool OPEN>
 static lk_status launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
                         const lk_attention_args *a, const lk_attn_dims *d, const fwd_geom &g, cudaStream_t st) {
     const size_t sh = fwd_smem<DP, BN>();
-    LK_CUDA_TRY(cudaFuncSetAttribute(fa3_fwd<DP, BN, FLEX>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
+    auto kernel = fa3_fwd<DP, BN, FLEX, CAP, OPEN>;
+    LK_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
     dim3 grid((unsigned)((d->Sq + BM - 1) / BM), (unsigned)(d->B * d->Hq));
-    fa3_fwd<DP, BN, FLEX><<<grid, THREADS, sh, st>>>(tq, tk, tv, (lk_bf16_t *)a->out.data, (float *)a->saved.data, g);
+    kernel<<<grid, THREADS, sh, st>>>(tq, tk, tv, (lk_bf16_t *)a->out.data, (float *)a->saved.data, g);
     LK_CUDA_LAUNCHED("attention: flash_attention_3 forward");
     return LK_OK;
+}
+
+/* The instance for the call: softcap's code (CAP) and the masked tiles' (not OPEN) only where
+ * the call has them (the opening says what that is worth). */
+template <int DP, bool FLEX>
+static lk_status launch_for(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
+                            const lk_attention_args *a, const lk_attn_dims *d, const fwd_geom &g, cudaStream_t st) {
+    if (g.cap > 0.0f) return launch<DP, 128, FLEX, true, false>(tq, tk, tv, a, d, g, st);
+    if (!FLEX && lk_attn_vis_open(g.vis, 128)) return launch<DP, 128, false, false, true>(tq, tk, tv, a, d, g, st);
+    return launch<DP, 128, FLEX, false, false>(tq, tk, tv, a, d, g, st);
 }
 
 /* The forward of the flash row, or with flex of the flex row (the BlockMask's tiles
@@ -398,8 +414,8 @@ static lk_status run_forward(const lk_attention_args *a, lk_ctx *ctx, int flex) 
         (s = tensor_map(&tv, a->v.data, d.B * d.Hkv, d.Skv, d.D, bn)))
         return s;
     if (flex)
-        return d.D <= 64 ? launch<64, 128, true>(tq, tk, tv, a, &d, g, st) : launch<128, 128, true>(tq, tk, tv, a, &d, g, st);
-    return d.D <= 64 ? launch<64, 128, false>(tq, tk, tv, a, &d, g, st) : launch<128, 128, false>(tq, tk, tv, a, &d, g, st);
+        return d.D <= 64 ? launch_for<64, true>(tq, tk, tv, a, &d, g, st) : launch_for<128, true>(tq, tk, tv, a, &d, g, st);
+    return d.D <= 64 ? launch_for<64, false>(tq, tk, tv, a, &d, g, st) : launch_for<128, false>(tq, tk, tv, a, &d, g, st);
 }
 
 static lk_status forward(const lk_attention_args *a, lk_ctx *ctx) {

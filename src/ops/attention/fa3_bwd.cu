@@ -85,7 +85,8 @@
  * cycles on the two unmasked cells); a grid of such blocks alone runs the OPEN instance, with
  * the masked blocks' code compiled out, and the masked blocks read their `whole` bounds a step
  * early (fifty-second, H100 cycles: full -2.8%, GQA full -2.4%, causal -3.0%, GQA causal
- * +0.4%). The walk's step is found by one multiply (walk_div): a `/` and `%` by a run-time
+ * +0.4%); a causal grid with no other mask runs the CAUSAL instance, whose mask is arithmetic
+ * on the step's query tile (no lo/hi rows loaded; GQA causal -3.4%, causal -0.6%). The walk's step is found by one multiply (walk_div): a `/` and `%` by a run-time
  * value there, ~40 dependent instructions twice a step in the dQ
  * warpgroup and twice in the producer, had made the producer late with the loads the math
  * warpgroups wait on (their `full` wait 13.3% of the stall samples, then 8.6%): -7% in cycles
@@ -347,8 +348,9 @@ static __device__ __forceinline__ int2 step_of(const bwd_geom &g, const walk_div
  * partial tile's elements are tested against its bits by key. OPEN: a grid whose every block
  * is `open` (below), compiled without the masked blocks' code: the bounds carried across the
  * back edge for the masked blocks' `whole` test cost the unmasked walk 1.3-1.6% in cycles as
- * dead code (fifty-first session). */
-template <int DP, bool FLEX, bool ALIBI, bool OPEN>
+ * dead code (fifty-first session). CAUSAL: a causal grid with no window and one document; the
+ * producer puts the step's query tile where a stage's lo/hi rows would be. */
+template <int DP, bool FLEX, bool ALIBI, bool OPEN, bool CAUSAL>
 __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CUtensorMap tq,
                                                       const __grid_constant__ CUtensorMap tk,
                                                       const __grid_constant__ CUtensorMap tv,
@@ -385,7 +387,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     /* every query row sees every key of the block (no mask of any kind, no key past S_kv): the
      * steps need no lo/hi rows and no `whole` test (rows past S_q have LSE +inf: P is 0) */
     static_assert(!(OPEN && FLEX), "a flex grid is never OPEN");
-    const bool open = OPEN || (!FLEX && !g.vis.causal && g.vis.wl <= 0 && g.vis.wr <= 0 && !g.vis.cq && k0 + BNK <= g.Skv);
+    static_assert(!(CAUSAL && (FLEX || OPEN)), "CAUSAL: causal alone");
+    const bool open = OPEN || (!FLEX && !CAUSAL && !g.vis.causal && g.vis.wl <= 0 && g.vis.wr <= 0 && !g.vis.cq && k0 + BNK <= g.Skv);
     const walk_div wd(g.vis.causal ? g.G : nq, kt);   /* step_of's */
     int i0 = 0;   /* the walk's steps [i0, i0 + n): a part's share of its block's */
     if (!FLEX) lk_attn_tail_steps(g.tail, part, &i0, &n);
@@ -410,13 +413,14 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
         if (FLEX)   /* the bits tile, the half, the head and the tile, before the arrival that publishes the stage */
             *(int4 *)(sst + s * 4 * BMQ + 2 * BMQ) = make_int4(fs.z, fs.w, hh, qt);
-        mbar_expect_tx(&full[s], 2 * NC * QB + (FLEX || open ? 2 : 4) * BMQ * 4 + (FLEX && fs.z >= 0 ? 8 * LK_FLEX_TILE : 0));
+        if (CAUSAL) *(int *)(sst + s * 4 * BMQ + 2 * BMQ) = qt;   /* the step's query tile: its mask is arithmetic */
+        mbar_expect_tx(&full[s], 2 * NC * QB + (FLEX || open || CAUSAL ? 2 : 4) * BMQ * 4 + (FLEX && fs.z >= 0 ? 8 * LK_FLEX_TILE : 0));
         for (int c = 0; c < NC; c++) {
             tma_load(sq + (s * NC + c) * QB, &tq, &full[s], c * 64, qt * BMQ, (int)bh);
             tma_load4(sdo + (s * NC + c) * QB, &tdo, &full[s], c * 64, hh, qt * BMQ, b);
         }
         bulk_load(sst + s * 4 * BMQ, g.stats + (bh * g.nqt + qt) * 2 * BMQ, 2 * BMQ * 4, &full[s]);
-        if (!FLEX && !open) bulk_load(sst + s * 4 * BMQ + 2 * BMQ, g.rows + qt * 2 * BMQ, 2 * BMQ * 4, &full[s]);
+        if (!FLEX && !open && !CAUSAL) bulk_load(sst + s * 4 * BMQ + 2 * BMQ, g.rows + qt * 2 * BMQ, 2 * BMQ * 4, &full[s]);
         if (FLEX && fs.z >= 0)   /* a partial step's bits by key: 1 KB in one piece (flex_plan.h) */
             bulk_load(sbits + s * 2 * LK_FLEX_TILE, g.fx.bits + (int64_t)fs.z * LK_FLEX_TILE_WORDS + lk_flex_by_key(fs.w, 0),
                       8 * LK_FLEX_TILE, &full[s]);
@@ -503,6 +507,9 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
      * -3.0% cycles, fifty-first session). FLEX reads its stage words in the step: carried, they
      * cost its sliding-window and document backward ~1.4%. */
     int2 bounds = make_int2(0, 0);
+    /* CAUSAL: query q sees keys below min(q + climit, S_kv); bounds.x carries the step's first
+     * query + climit */
+    const int climit = 1 + g.Skv - g.Sq;
     if (n > 0) mbar_wait(kvfull, 0);
     /* Step it's work, then Sᵀ of step it + 1. The loop starts at -1 so that Sᵀ has one
      * issue: issued once more before the loop, its accumulators were moved between
@@ -516,7 +523,9 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
             const uint8_t *q = sq + s * NC * QB, *o = sdo + s * NC * QB;
             const float *lse2 = sst + s * 4 * BMQ, *delta = lse2 + BMQ;
             const int *lo = (const int *)(lse2 + 2 * BMQ), *hi = lo + BMQ;
-            const bool whole = FLEX ? lo[0] < 0 : open || (bounds.x <= kb && bounds.y >= kb + 64);
+            const bool whole = FLEX     ? lo[0] < 0
+                               : CAUSAL ? bounds.x >= kb + 64 && g.Skv >= kb + 64
+                                        : open || (bounds.x <= kb && bounds.y >= kb + 64);
 
             wgmma_wait<0>();   /* Sᵀ, issued at the end of the step before */
             fence_regs<32>(sc);
@@ -562,7 +571,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
                 for (int e = 0; e < 32; e++) {
                     const int key = key0 + (e & 2 ? 8 : 0), col = 8 * (e / 4) + 2 * t4 + (e & 1);
                     const float pv = lk_ex2(fmaf(sc[e], s2, -(e & 1 ? L[e / 4].y : L[e / 4].x)));
-                    sc[e] = key < lo[col] || key >= hi[col] ? 0.0f : pv;
+                    if (CAUSAL) sc[e] = key >= bounds.x + col || key >= g.Skv ? 0.0f : pv;
+                    else sc[e] = key < lo[col] || key >= hi[col] ? 0.0f : pv;
                 }
             }
             wgmma_wait<0>();
@@ -606,7 +616,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         if (it + 1 < n) {
             mbar_wait(&full[s1], ((it + 1) / STAGES) & 1);
             const int *lo1 = (const int *)(sst + s1 * 4 * BMQ + 2 * BMQ);
-            if (!FLEX && !open) bounds = make_int2(lo1[BMQ - 1], lo1[BMQ]);   /* lo[BMQ − 1], hi[0] */
+            if (CAUSAL) bounds.x = lo1[0] * BMQ + climit;
+            else if (!FLEX && !open) bounds = make_int2(lo1[BMQ - 1], lo1[BMQ]);   /* lo[BMQ − 1], hi[0] */
         }
         wgmma_fence();
         issue_ss<DP, 64, BNK, BMQ>(sc, sk + cg * 64 * 128, sq + s1 * NC * QB);
@@ -726,12 +737,13 @@ size_t lk_attn_fa3_bwd_workspace(const lk_attention_args *a) {
     return lk_attn_vis_bytes(a) + lk_attn_flex_alibi_bytes(a) + p.stats + p.rows + p.dq_acc + p.tail + p.sink_part;
 }
 
-template <int DP, bool FLEX, bool ALIBI, bool OPEN = false>
+template <int DP, bool FLEX, bool ALIBI, bool OPEN = false, bool CAUSAL = false>
 static lk_status launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const CUtensorMap &tdo,
                         const bwd_geom &g, cudaStream_t st) {
     const size_t sh = bwd_smem(DP);
-    LK_CUDA_TRY(cudaFuncSetAttribute(fa3_bwd<DP, FLEX, ALIBI, OPEN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
-    fa3_bwd<DP, FLEX, ALIBI, OPEN><<<(unsigned)lk_attn_tail_grid(g.tail), THREADS, sh, st>>>(tq, tk, tv, tdo, g);
+    LK_CUDA_TRY(cudaFuncSetAttribute(fa3_bwd<DP, FLEX, ALIBI, OPEN, CAUSAL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)sh));
+    fa3_bwd<DP, FLEX, ALIBI, OPEN, CAUSAL><<<(unsigned)lk_attn_tail_grid(g.tail), THREADS, sh, st>>>(tq, tk, tv, tdo, g);
     LK_CUDA_LAUNCHED("attention: flash_attention_3 backward");
     return LK_OK;
 }
@@ -788,9 +800,12 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
             s = DP == 64 ? launch<64, true, true>(tq, tk, tv, tdo, g, st) : launch<128, true, true>(tq, tk, tv, tdo, g, st);
         else if (flex)
             s = DP == 64 ? launch<64, true, false>(tq, tk, tv, tdo, g, st) : launch<128, true, false>(tq, tk, tv, tdo, g, st);
-        else if (!g.vis.causal && g.vis.wl <= 0 && g.vis.wr <= 0 && !g.vis.cq && d.Skv % BNK == 0)   /* every block open */
+        else if (lk_attn_vis_open(g.vis, BNK))   /* every block open */
             s = DP == 64 ? launch<64, false, false, true>(tq, tk, tv, tdo, g, st)
                          : launch<128, false, false, true>(tq, tk, tv, tdo, g, st);
+        else if (g.vis.causal && !g.vis.cq && g.vis.wl <= 0 && g.vis.wr <= 0)   /* causal alone: an arithmetic mask */
+            s = DP == 64 ? launch<64, false, false, false, true>(tq, tk, tv, tdo, g, st)
+                         : launch<128, false, false, false, true>(tq, tk, tv, tdo, g, st);
         else
             s = DP == 64 ? launch<64, false, false>(tq, tk, tv, tdo, g, st)
                          : launch<128, false, false>(tq, tk, tv, tdo, g, st);

@@ -39,6 +39,12 @@ static __device__ __forceinline__ void lk_attn_row_iv(const lk_attn_vis &v, int 
     lo = (int)l, hi = (int)h;
 }
 
+/* Every row sees every key, and the keys fill whole tiles of `tile` keys: a kernel's blocks
+ * need no mask at all (its OPEN instance). */
+static __host__ __device__ __forceinline__ bool lk_attn_vis_open(const lk_attn_vis &v, int tile) {
+    return !v.cq && !v.causal && v.wl <= 0 && v.wr <= 0 && v.Skv % tile == 0;
+}
+
 /* The first row i in [0, Sq] with hi_i > j (want_hi) or lo_i >= j (else): hi and lo grow
  * with i, so the rows that see any of the keys [j0, j1) are [first(j0, 1), first(j1, 0)). */
 static __device__ __forceinline__ int lk_attn_first_row(const lk_attn_vis &v, int j, int want_hi) {

@@ -10,11 +10,11 @@ events around the compiled call (the median of --reps after two warm-ups). The d
 are drawn by the same xorshift as the shim's, so both sides see the same documents. torch's
 compiles take time: --torch-s bounds the whole torch part (a mask not reached says so).
 --no-torch times llmkern's rows alone (an A/B of two builds, no torch in the process); --masks
-keeps some masks (their first words), e.g. one mask's kernels under ncu:
+keeps some masks (their first words), e.g. one mask's kernels under ncu (3: LK_MASK_FLEX, visible.cuh):
 
   python3 bench/flex_peers.py --build $B [--shape 2,32,8192,128] [--out DIR]
   for s in $B $A $B $A; do python3 bench/flex_peers.py --build $s --no-torch --out /tmp/x | grep ^llmkern; done
-  ncu --kernel-name-base demangled --kernel-name 'regex:fa3_bwd<\(int\)128, \(bool\)1' ... \
+  ncu --kernel-name-base demangled --kernel-name 'regex:fa3_bwd<\(int\)128, \(int\)3' ... \
       python3 bench/flex_peers.py --build $B --no-torch --masks prefix-LM
 """
 import argparse

@@ -97,10 +97,11 @@ static __device__ __forceinline__ void sched_signal(int cg) {
  * partial tile's bits (fb: this thread's first row, the second 8 rows on; NULL when the
  * tile is full) hide what [lo, hi) would, and ALiBi (slope2 · (key − row), row i the
  * thread's first) joins the scores in log2 units. */
-template <int BN, bool FLEX, bool CAP, bool OPEN>
+template <int BN, int MASK, bool CAP>
 static __device__ __forceinline__ void softmax_tile(float *sc, float *m, float *alpha, float *sum, int k0, int maxlo,
                                                     int minhi, const int *lo, const int *hi, const uint32_t *fb,
                                                     float slope2, int i, int lane, const fwd_geom &g) {
+    constexpr bool FLEX = MASK == LK_MASK_FLEX, OPEN = MASK == LK_MASK_OPEN;
     if (CAP) {   /* softcap: the scores themselves in log2 units */
 #pragma unroll
         for (int e = 0; e < BN / 2; e++) sc[e] = g.cap2 * tanhf(sc[e] * g.scale / g.cap);
@@ -158,13 +159,14 @@ static __device__ __forceinline__ void softmax_tile(float *sc, float *m, float *
 /* Consumer registers are indexed only by unrolled constants: fragment element e of an
  * m64nN accumulator is row (e & 2 ? 8 : 0) + lane / 4 of the warp's 16, column
  * 8 (e / 4) + 2 (lane % 4) + (e & 1). */
-template <int DP, int BN, bool FLEX, bool CAP, bool OPEN>
+template <int DP, int BN, int MASK, bool CAP>
 __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CUtensorMap tq,
                                                       const __grid_constant__ CUtensorMap tk,
                                                       const __grid_constant__ CUtensorMap tv, lk_bf16_t *out,
                                                       float *lse, fwd_geom g) {
 #if FA3_ARCH
-    static_assert(!(OPEN && (FLEX || CAP)), "OPEN: no mask and no softcap");
+    constexpr bool FLEX = MASK == LK_MASK_FLEX, OPEN = MASK == LK_MASK_OPEN;
+    static_assert(MASK != LK_MASK_CAUSAL && !(OPEN && CAP), "causal blocks take ROWS; OPEN has no softcap");
     constexpr int NC = DP / 64, STAGES = tiling<DP, BN>::stages;   /* NC: 64-column blocks of a row */
     constexpr uint32_t QB = BM * 128, KB = BN * 128; /* bytes of one 64-column block */
     extern __shared__ uint8_t smem_raw[];
@@ -260,7 +262,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
         sched_signal(1 - cg);
         wgmma_wait<0>();
         fence_regs<BN / 2>(sc);
-        softmax_tile<BN, FLEX, CAP, OPEN>(sc, m, alpha, sum, key_of(0), maxlo, minhi, lo, hi, bits_of(0), slope2, i0 + rw, lane, g);
+        softmax_tile<BN, MASK, CAP>(sc, m, alpha, sum, key_of(0), maxlo, minhi, lo, hi, bits_of(0), slope2, i0 + rw, lane, g);
 #pragma unroll
         for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
         pack_a<BN>(sc, p);
@@ -297,7 +299,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
             sched_signal(1 - cg);
             wgmma_wait<1>();
             fence_regs<BN / 2>(sc);
-            softmax_tile<BN, FLEX, CAP, OPEN>(sc, m, alpha, sum, key_of(it), maxlo, minhi, lo, hi, bits_of(it), slope2, i0 + rw,
+            softmax_tile<BN, MASK, CAP>(sc, m, alpha, sum, key_of(it), maxlo, minhi, lo, hi, bits_of(it), slope2, i0 + rw,
                                    lane, g);
         }
         if (nt > 1) finish((nt - 2) % STAGES);
@@ -374,11 +376,11 @@ static size_t fwd_smem(void) {
     return 1024 + (size_t)(DP / 64) * (BM + 2 * st * BN) * 128 + 8 * (1 + 3 * st);
 }
 
-template <int DP, int BN, bool FLEX, bool CAP, bool OPEN>
+template <int DP, int BN, int MASK, bool CAP>
 static lk_status launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
                         const lk_attention_args *a, const lk_attn_dims *d, const fwd_geom &g, cudaStream_t st) {
     const size_t sh = fwd_smem<DP, BN>();
-    auto kernel = fa3_fwd<DP, BN, FLEX, CAP, OPEN>;
+    auto kernel = fa3_fwd<DP, BN, MASK, CAP>;
     LK_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
     dim3 grid((unsigned)((d->Sq + BM - 1) / BM), (unsigned)(d->B * d->Hq));
     kernel<<<grid, THREADS, sh, st>>>(tq, tk, tv, (lk_bf16_t *)a->out.data, (float *)a->saved.data, g);
@@ -388,12 +390,13 @@ static lk_status launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUte
 
 /* The instance for the call: softcap's code (CAP) and the masked tiles' (not OPEN) only where
  * the call has them (the opening says what that is worth). */
-template <int DP, bool FLEX>
+template <int DP, int MASK>   /* MASK: LK_MASK_FLEX, or LK_MASK_ROWS made OPEN where it can be */
 static lk_status launch_for(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
                             const lk_attention_args *a, const lk_attn_dims *d, const fwd_geom &g, cudaStream_t st) {
-    if (g.cap > 0.0f) return launch<DP, 128, FLEX, true, false>(tq, tk, tv, a, d, g, st);
-    if (!FLEX && lk_attn_vis_open(g.vis, 128)) return launch<DP, 128, false, false, true>(tq, tk, tv, a, d, g, st);
-    return launch<DP, 128, FLEX, false, false>(tq, tk, tv, a, d, g, st);
+    if (g.cap > 0.0f) return launch<DP, 128, MASK, true>(tq, tk, tv, a, d, g, st);
+    if (MASK == LK_MASK_ROWS && lk_attn_mask_of(g.vis, 128) == LK_MASK_OPEN)
+        return launch<DP, 128, LK_MASK_OPEN, false>(tq, tk, tv, a, d, g, st);
+    return launch<DP, 128, MASK, false>(tq, tk, tv, a, d, g, st);
 }
 
 /* The forward of the flash row, or with flex of the flex row (the BlockMask's tiles
@@ -414,8 +417,10 @@ static lk_status run_forward(const lk_attention_args *a, lk_ctx *ctx, int flex) 
         (s = tensor_map(&tv, a->v.data, d.B * d.Hkv, d.Skv, d.D, bn)))
         return s;
     if (flex)
-        return d.D <= 64 ? launch_for<64, true>(tq, tk, tv, a, &d, g, st) : launch_for<128, true>(tq, tk, tv, a, &d, g, st);
-    return d.D <= 64 ? launch_for<64, false>(tq, tk, tv, a, &d, g, st) : launch_for<128, false>(tq, tk, tv, a, &d, g, st);
+        return d.D <= 64 ? launch_for<64, LK_MASK_FLEX>(tq, tk, tv, a, &d, g, st)
+                         : launch_for<128, LK_MASK_FLEX>(tq, tk, tv, a, &d, g, st);
+    return d.D <= 64 ? launch_for<64, LK_MASK_ROWS>(tq, tk, tv, a, &d, g, st)
+                     : launch_for<128, LK_MASK_ROWS>(tq, tk, tv, a, &d, g, st);
 }
 
 static lk_status forward(const lk_attention_args *a, lk_ctx *ctx) {

@@ -350,12 +350,14 @@ static __device__ __forceinline__ int2 step_of(const bwd_geom &g, const walk_div
  * back edge for the masked blocks' `whole` test cost the unmasked walk 1.3-1.6% in cycles as
  * dead code (fifty-first session). CAUSAL: a causal grid with no window and one document; the
  * producer puts the step's query tile where a stage's lo/hi rows would be. */
-template <int DP, bool FLEX, bool ALIBI, bool OPEN, bool CAUSAL>
+template <int DP, int MASK, bool ALIBI>
 __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CUtensorMap tq,
                                                       const __grid_constant__ CUtensorMap tk,
                                                       const __grid_constant__ CUtensorMap tv,
                                                       const __grid_constant__ CUtensorMap tdo, bwd_geom g) {
 #if FA3_ARCH
+    constexpr bool FLEX = MASK == LK_MASK_FLEX, OPEN = MASK == LK_MASK_OPEN, CAUSAL = MASK == LK_MASK_CAUSAL;
+    static_assert(!ALIBI || FLEX, "ALiBi is flex's score_mod");
     constexpr int NC = DP / 64;
     constexpr uint32_t KB = BNK * 128, QB = BMQ * 128;   /* bytes of one 64-column block */
     extern __shared__ uint8_t smem_raw[];
@@ -386,8 +388,6 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     }
     /* every query row sees every key of the block (no mask of any kind, no key past S_kv): the
      * steps need no lo/hi rows and no `whole` test (rows past S_q have LSE +inf: P is 0) */
-    static_assert(!(OPEN && FLEX), "a flex grid is never OPEN");
-    static_assert(!(CAUSAL && (FLEX || OPEN)), "CAUSAL: causal alone");
     const bool open = OPEN || (!FLEX && !CAUSAL && !g.vis.causal && g.vis.wl <= 0 && g.vis.wr <= 0 && !g.vis.cq && k0 + BNK <= g.Skv);
     const walk_div wd(g.vis.causal ? g.G : nq, kt);   /* step_of's */
     int i0 = 0;   /* the walk's steps [i0, i0 + n): a part's share of its block's */
@@ -737,15 +737,27 @@ size_t lk_attn_fa3_bwd_workspace(const lk_attention_args *a) {
     return lk_attn_vis_bytes(a) + lk_attn_flex_alibi_bytes(a) + p.stats + p.rows + p.dq_acc + p.tail + p.sink_part;
 }
 
-template <int DP, bool FLEX, bool ALIBI, bool OPEN = false, bool CAUSAL = false>
+template <int DP, int MASK, bool ALIBI = false>
 static lk_status launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const CUtensorMap &tdo,
                         const bwd_geom &g, cudaStream_t st) {
     const size_t sh = bwd_smem(DP);
-    LK_CUDA_TRY(cudaFuncSetAttribute(fa3_bwd<DP, FLEX, ALIBI, OPEN, CAUSAL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)sh));
-    fa3_bwd<DP, FLEX, ALIBI, OPEN, CAUSAL><<<(unsigned)lk_attn_tail_grid(g.tail), THREADS, sh, st>>>(tq, tk, tv, tdo, g);
+    LK_CUDA_TRY(cudaFuncSetAttribute(fa3_bwd<DP, MASK, ALIBI>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
+    fa3_bwd<DP, MASK, ALIBI><<<(unsigned)lk_attn_tail_grid(g.tail), THREADS, sh, st>>>(tq, tk, tv, tdo, g);
     LK_CUDA_LAUNCHED("attention: flash_attention_3 backward");
     return LK_OK;
+}
+
+/* The instance for the call's mask kind (visible.cuh); ALiBi only under flex. */
+template <int DP>
+static lk_status launch_for(int mask, bool alibi, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
+                            const CUtensorMap &tdo, const bwd_geom &g, cudaStream_t st) {
+    switch (mask) {
+    case LK_MASK_FLEX: return alibi ? launch<DP, LK_MASK_FLEX, true>(tq, tk, tv, tdo, g, st)
+                                    : launch<DP, LK_MASK_FLEX>(tq, tk, tv, tdo, g, st);
+    case LK_MASK_OPEN: return launch<DP, LK_MASK_OPEN>(tq, tk, tv, tdo, g, st);
+    case LK_MASK_CAUSAL: return launch<DP, LK_MASK_CAUSAL>(tq, tk, tv, tdo, g, st);
+    default: return launch<DP, LK_MASK_ROWS>(tq, tk, tv, tdo, g, st);
+    }
 }
 
 lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
@@ -796,19 +808,9 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
             (s = tensor_map(&tv, a->v.data, d.B * d.Hkv, d.Skv, d.D, BNK)) ||
             (s = bf16_map(&tdo, a->dout.data, 4, ddims, dstr, dbox)))
             return s;
-        if (flex && g.alibi)
-            s = DP == 64 ? launch<64, true, true>(tq, tk, tv, tdo, g, st) : launch<128, true, true>(tq, tk, tv, tdo, g, st);
-        else if (flex)
-            s = DP == 64 ? launch<64, true, false>(tq, tk, tv, tdo, g, st) : launch<128, true, false>(tq, tk, tv, tdo, g, st);
-        else if (lk_attn_vis_open(g.vis, BNK))   /* every block open */
-            s = DP == 64 ? launch<64, false, false, true>(tq, tk, tv, tdo, g, st)
-                         : launch<128, false, false, true>(tq, tk, tv, tdo, g, st);
-        else if (g.vis.causal && !g.vis.cq && g.vis.wl <= 0 && g.vis.wr <= 0)   /* causal alone: an arithmetic mask */
-            s = DP == 64 ? launch<64, false, false, false, true>(tq, tk, tv, tdo, g, st)
-                         : launch<128, false, false, false, true>(tq, tk, tv, tdo, g, st);
-        else
-            s = DP == 64 ? launch<64, false, false>(tq, tk, tv, tdo, g, st)
-                         : launch<128, false, false>(tq, tk, tv, tdo, g, st);
+        const int mask = flex ? LK_MASK_FLEX : lk_attn_mask_of(g.vis, BNK);
+        s = DP == 64 ? launch_for<64>(mask, g.alibi != NULL, tq, tk, tv, tdo, g, st)
+                     : launch_for<128>(mask, g.alibi != NULL, tq, tk, tv, tdo, g, st);
         if (s) return s;
         if (g.tail.split) {
             lk_attn_tail_convert<<<(unsigned)g.tail.split, 256, 0, st>>>(g.tail, g.order, g.heads, g.nkt, g.Skv, g.dk,

@@ -39,10 +39,18 @@ static __device__ __forceinline__ void lk_attn_row_iv(const lk_attn_vis &v, int 
     lo = (int)l, hi = (int)h;
 }
 
-/* Every row sees every key, and the keys fill whole tiles of `tile` keys: a kernel's blocks
- * need no mask at all (its OPEN instance). */
-static __host__ __device__ __forceinline__ bool lk_attn_vis_open(const lk_attn_vis &v, int tile) {
-    return !v.cq && !v.causal && v.wl <= 0 && v.wr <= 0 && v.Skv % tile == 0;
+/* What a Hopper kernel's instance is compiled to mask (fa3.cu, fa3_bwd.cu): each row's [lo, hi)
+ * from the options (ROWS), nothing (OPEN: every row sees every key and the keys fill whole
+ * tiles), causal alone (CAUSAL: arithmetic on the tile's first row), a BlockMask (FLEX). Code
+ * an instance never runs still costs its loop the schedule (bench/NOTES.md, fifty-second
+ * session), so each compiles only its own. */
+enum { LK_MASK_ROWS, LK_MASK_OPEN, LK_MASK_CAUSAL, LK_MASK_FLEX };
+
+/* The mask kind a call's visibility needs, with tiles of `tile` keys (never FLEX). */
+static inline int lk_attn_mask_of(const lk_attn_vis &v, int tile) {
+    if (v.cq || v.wl > 0 || v.wr > 0) return LK_MASK_ROWS;
+    if (v.causal) return LK_MASK_CAUSAL;
+    return v.Skv % tile == 0 ? LK_MASK_OPEN : LK_MASK_ROWS;
 }
 
 /* The first row i in [0, Sq] with hi_i > j (want_hi) or lo_i >= j (else): hi and lo grow

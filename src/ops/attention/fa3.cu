@@ -262,7 +262,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
         sched_signal(1 - cg);
         wgmma_wait<0>();
         fence_regs<BN / 2>(sc);
-        softmax_tile<BN, MASK, CAP>(sc, m, alpha, sum, key_of(0), maxlo, minhi, lo, hi, bits_of(0), slope2, i0 + rw, lane, g);
+        softmax_tile<BN, MASK, CAP>(sc, m, alpha, sum, key_of(0), maxlo, minhi, lo, hi, bits_of(0), slope2, i0 + rw, lane,
+                                    g);
 #pragma unroll
         for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
         pack_a<BN>(sc, p);
@@ -299,8 +300,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
             sched_signal(1 - cg);
             wgmma_wait<1>();
             fence_regs<BN / 2>(sc);
-            softmax_tile<BN, MASK, CAP>(sc, m, alpha, sum, key_of(it), maxlo, minhi, lo, hi, bits_of(it), slope2, i0 + rw,
-                                   lane, g);
+            softmax_tile<BN, MASK, CAP>(sc, m, alpha, sum, key_of(it), maxlo, minhi, lo, hi, bits_of(it), slope2,
+                                        i0 + rw, lane, g);
         }
         if (nt > 1) finish((nt - 2) % STAGES);
         const int sl = (nt - 1) % STAGES;

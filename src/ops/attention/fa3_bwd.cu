@@ -86,11 +86,12 @@
  * the masked blocks' code compiled out, and the masked blocks read their `whole` bounds a step
  * early (fifty-second, H100 cycles: full -2.8%, GQA full -2.4%, causal -3.0%, GQA causal
  * +0.4%); a causal grid with no other mask runs the CAUSAL instance, whose mask is arithmetic
- * on the step's query tile (no lo/hi rows loaded; GQA causal -3.4%, causal -0.6%). The walk's step is found by one multiply (walk_div): a `/` and `%` by a run-time
- * value there, ~40 dependent instructions twice a step in the dQ
- * warpgroup and twice in the producer, had made the producer late with the loads the math
- * warpgroups wait on (their `full` wait 13.3% of the stall samples, then 8.6%): -7% in cycles
- * on the unmasked cells, -4% on GQA causal (fiftieth session).
+ * on the step's query tile (no lo/hi rows loaded; GQA causal -3.4%, causal -0.6%). The walk's
+ * step is found by one multiply (walk_div): a `/` and `%` by a run-time value there, ~40
+ * dependent instructions twice a step in the dQ warpgroup and twice in the producer, had made
+ * the producer late with the loads the math warpgroups wait on (their `full` wait 13.3% of the
+ * stall samples, then 8.6%): -7% in cycles on the unmasked cells, -4% on GQA causal (fiftieth
+ * session).
  * Unmasked, the grid's last partial wave runs split into parts that add their dK/dV in f32
  * (tail_split.cuh): B 2, H 32, S 8192 fwd+bwd -1% to -5% on an H100 over two calls
  * (bench/NOTES.md, forty-fifth session).
@@ -388,7 +389,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     }
     /* every query row sees every key of the block (no mask of any kind, no key past S_kv): the
      * steps need no lo/hi rows and no `whole` test (rows past S_q have LSE +inf: P is 0) */
-    const bool open = OPEN || (!FLEX && !CAUSAL && !g.vis.causal && g.vis.wl <= 0 && g.vis.wr <= 0 && !g.vis.cq && k0 + BNK <= g.Skv);
+    const bool open = OPEN || (MASK == LK_MASK_ROWS && !g.vis.causal && g.vis.wl <= 0 && g.vis.wr <= 0 && !g.vis.cq &&
+                               k0 + BNK <= g.Skv);
     const walk_div wd(g.vis.causal ? g.G : nq, kt);   /* step_of's */
     int i0 = 0;   /* the walk's steps [i0, i0 + n): a part's share of its block's */
     if (!FLEX) lk_attn_tail_steps(g.tail, part, &i0, &n);
@@ -414,7 +416,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         if (FLEX)   /* the bits tile, the half, the head and the tile, before the arrival that publishes the stage */
             *(int4 *)(sst + s * 4 * BMQ + 2 * BMQ) = make_int4(fs.z, fs.w, hh, qt);
         if (CAUSAL) *(int *)(sst + s * 4 * BMQ + 2 * BMQ) = qt;   /* the step's query tile: its mask is arithmetic */
-        mbar_expect_tx(&full[s], 2 * NC * QB + (FLEX || open || CAUSAL ? 2 : 4) * BMQ * 4 + (FLEX && fs.z >= 0 ? 8 * LK_FLEX_TILE : 0));
+        mbar_expect_tx(&full[s], 2 * NC * QB + (FLEX || open || CAUSAL ? 2 : 4) * BMQ * 4 +
+                                     (FLEX && fs.z >= 0 ? 8 * LK_FLEX_TILE : 0));
         for (int c = 0; c < NC; c++) {
             tma_load(sq + (s * NC + c) * QB, &tq, &full[s], c * 64, qt * BMQ, (int)bh);
             tma_load4(sdo + (s * NC + c) * QB, &tdo, &full[s], c * 64, hh, qt * BMQ, b);

@@ -48,7 +48,7 @@ code, fn = {}, None
 for l in open(sys.argv[2]):
     m = re.search(r"Function : (\S+)", l)
     if m: fn = m.group(1); code[fn] = []; continue
-    m = re.match(r"\s+/\*[0-9a-f]{4}\*/\s+(.*?)\s*;", l)
+    m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", l)
     if m and fn: code[fn].append(m.group(1))
 for f in sorted(code):
     body = "\n".join(code[f]) + "\n"

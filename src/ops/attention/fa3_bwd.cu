@@ -391,6 +391,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
      * steps need no lo/hi rows and no `whole` test (rows past S_q have LSE +inf: P is 0) */
     const bool open = OPEN || (MASK == LK_MASK_ROWS && !g.vis.causal && g.vis.wl <= 0 && g.vis.wr <= 0 && !g.vis.cq &&
                                k0 + BNK <= g.Skv);
+    const bool rows = MASK == LK_MASK_ROWS && !open;   /* the stages carry the steps' lo/hi rows */
     const walk_div wd(g.vis.causal ? g.G : nq, kt);   /* step_of's */
     int i0 = 0;   /* the walk's steps [i0, i0 + n): a part's share of its block's */
     if (!FLEX) lk_attn_tail_steps(g.tail, part, &i0, &n);
@@ -416,14 +417,14 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         if (FLEX)   /* the bits tile, the half, the head and the tile, before the arrival that publishes the stage */
             *(int4 *)(sst + s * 4 * BMQ + 2 * BMQ) = make_int4(fs.z, fs.w, hh, qt);
         if (CAUSAL) *(int *)(sst + s * 4 * BMQ + 2 * BMQ) = qt;   /* the step's query tile: its mask is arithmetic */
-        mbar_expect_tx(&full[s], 2 * NC * QB + (FLEX || open || CAUSAL ? 2 : 4) * BMQ * 4 +
+        mbar_expect_tx(&full[s], 2 * NC * QB + (rows ? 4 : 2) * BMQ * 4 +
                                      (FLEX && fs.z >= 0 ? 8 * LK_FLEX_TILE : 0));
         for (int c = 0; c < NC; c++) {
             tma_load(sq + (s * NC + c) * QB, &tq, &full[s], c * 64, qt * BMQ, (int)bh);
             tma_load4(sdo + (s * NC + c) * QB, &tdo, &full[s], c * 64, hh, qt * BMQ, b);
         }
         bulk_load(sst + s * 4 * BMQ, g.stats + (bh * g.nqt + qt) * 2 * BMQ, 2 * BMQ * 4, &full[s]);
-        if (!FLEX && !open && !CAUSAL) bulk_load(sst + s * 4 * BMQ + 2 * BMQ, g.rows + qt * 2 * BMQ, 2 * BMQ * 4, &full[s]);
+        if (rows) bulk_load(sst + s * 4 * BMQ + 2 * BMQ, g.rows + qt * 2 * BMQ, 2 * BMQ * 4, &full[s]);
         if (FLEX && fs.z >= 0)   /* a partial step's bits by key: 1 KB in one piece (flex_plan.h) */
             bulk_load(sbits + s * 2 * LK_FLEX_TILE, g.fx.bits + (int64_t)fs.z * LK_FLEX_TILE_WORDS + lk_flex_by_key(fs.w, 0),
                       8 * LK_FLEX_TILE, &full[s]);
@@ -620,7 +621,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
             mbar_wait(&full[s1], ((it + 1) / STAGES) & 1);
             const int *lo1 = (const int *)(sst + s1 * 4 * BMQ + 2 * BMQ);
             if (CAUSAL) bounds.x = lo1[0] * BMQ + climit;
-            else if (!FLEX && !open) bounds = make_int2(lo1[BMQ - 1], lo1[BMQ]);   /* lo[BMQ − 1], hi[0] */
+            else if (rows) bounds = make_int2(lo1[BMQ - 1], lo1[BMQ]);   /* lo[BMQ − 1], hi[0] */
         }
         wgmma_fence();
         issue_ss<DP, 64, BNK, BMQ>(sc, sk + cg * 64 * 128, sq + s1 * NC * QB);

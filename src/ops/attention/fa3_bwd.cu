@@ -335,10 +335,11 @@ struct walk_div {
         return make_int2(q, r >= d ? r - d : r);
     }
 };
-static __device__ __forceinline__ int2 step_of(const bwd_geom &g, const walk_div &w, int qt0, int nq, int it) {
-    if (g.vis.causal && g.G == 1) return make_int2(0, qt0 + it);
+static __device__ __forceinline__ int2 step_of(const bwd_geom &g, const walk_div &w, bool causal, int qt0, int nq,
+                                               int it) {
+    if (causal && g.G == 1) return make_int2(0, qt0 + it);
     const int2 h = w.at(it);
-    if (!g.vis.causal) return make_int2(h.x, qt0 + h.y);
+    if (!causal) return make_int2(h.x, qt0 + h.y);
     return make_int2(h.y, (int)blockIdx.x < g.down ? qt0 + nq - 1 - h.x : qt0 + h.x);
 }
 #endif
@@ -374,8 +375,9 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     __shared__ int2 dsstep[NDS];   /* FLEX: the head and query tile of the step in each dS buffer */
 
     const int tid = threadIdx.x, wg = tid / 128;
-    int bhk, kt, part = -1;   /* part >= 0: one of a split block's (never under FLEX) */
-    const int L = FLEX ? (int)blockIdx.x : lk_attn_tail_block(g.tail, blockIdx.x, &part);
+    constexpr bool SPLIT = !FLEX && !CAUSAL;   /* blocks that may be parts (tail_split.cuh): never flex's or causal's */
+    int bhk, kt, part = -1;   /* part >= 0: one of a split block's */
+    const int L = SPLIT ? lk_attn_tail_block(g.tail, blockIdx.x, &part) : (int)blockIdx.x;
     lk_attn_block_of(g.order, g.heads, g.nkt, L, &bhk, &kt);   /* grid_order.cuh */
     const int hk = bhk % g.Hkv, b = bhk / g.Hkv, k0 = kt * BNK;
     /* the query tiles whose rows see any of the block's keys */
@@ -392,9 +394,11 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     const bool open = OPEN || (MASK == LK_MASK_ROWS && !g.vis.causal && g.vis.wl <= 0 && g.vis.wr <= 0 && !g.vis.cq &&
                                k0 + BNK <= g.Skv);
     const bool rows = MASK == LK_MASK_ROWS && !open;   /* the stages carry the steps' lo/hi rows */
-    const walk_div wd(g.vis.causal ? g.G : nq, kt);   /* step_of's */
+    /* causal, known at compile time in the OPEN and CAUSAL instances */
+    const bool causal = CAUSAL || (!OPEN && g.vis.causal);
+    const walk_div wd(causal ? g.G : nq, kt);   /* step_of's */
     int i0 = 0;   /* the walk's steps [i0, i0 + n): a part's share of its block's */
-    if (!FLEX) lk_attn_tail_steps(g.tail, part, &i0, &n);
+    if (SPLIT) lk_attn_tail_steps(g.tail, part, &i0, &n);
 
     if (tid == 0) {
         mbar_init(kvfull, 1);
@@ -408,7 +412,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
      * (FLEX: steps taken from the producer's walk, in order) */
     auto produce = [&](const int it, flex_walk *fw) {
         const int s = it % STAGES;
-        const int2 st = step_of(g, wd, qt0, nq, i0 + it);
+        const int2 st = step_of(g, wd, causal, qt0, nq, i0 + it);
         int hh = hk * g.G + st.x, qt = st.y;
         int4 fs = make_int4(0, 0, -1, 0);
         if (FLEX) fs = fw->take(g.fx, b, hk, g.G, kt), hh = fs.x, qt = fs.y;
@@ -471,7 +475,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
             /* step it + STAGES − 1 into the stage step it − 1 frees: two steps ahead of the math */
             if (tid == 0 && it >= 1 && it + STAGES - 1 < n) produce(it + STAGES - 1, &ahead);
             __syncwarp();
-            const int2 st = step_of(g, wd, qt0, nq, i0 + it);
+            const int2 st = step_of(g, wd, causal, qt0, nq, i0 + it);
             int hh = hk * g.G + st.x, qt = st.y;
             const int buf = it % NDS;
             mbar_wait(&dsfull[buf], (it / NDS) & 1);
@@ -638,7 +642,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     fence_regs<DP / 2>(dk);
     fence_regs<32>(sc);
 
-    if (!FLEX && part >= 0) {   /* a part of a split block: its share added into the tail's sums */
+    if (SPLIT && part >= 0) {   /* a part of a split block: its share added into the tail's sums */
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int key = key0 + 8 * r;

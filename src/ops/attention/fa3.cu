@@ -166,7 +166,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
                                                       float *lse, fwd_geom g) {
 #if FA3_ARCH
     constexpr bool FLEX = MASK == LK_MASK_FLEX, OPEN = MASK == LK_MASK_OPEN;
-    static_assert(MASK != LK_MASK_CAUSAL && !(OPEN && CAP), "causal blocks take ROWS; OPEN has no softcap");
+    static_assert(!(CAP && (OPEN || MASK == LK_MASK_CAUSAL)), "softcap's instances are ROWS and FLEX");
     constexpr int NC = DP / 64, STAGES = tiling<DP, BN>::stages;   /* NC: 64-column blocks of a row */
     constexpr uint32_t QB = BM * 128, KB = BN * 128; /* bytes of one 64-column block */
     extern __shared__ uint8_t smem_raw[];
@@ -192,8 +192,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
         fidx = g.fx.kv_idx + row * g.fx.nk, fbit = g.fx.kv_bit + row * g.fx.nk;
     } else {
         const int last = (int)min((int64_t)i0 + BM, g.Sq) - 1;
-        lk_attn_row_iv(g.vis, i0, kmin, minhi);
-        lk_attn_row_iv(g.vis, last, maxlo, kmax);
+        lk_attn_row_iv<MASK>(g.vis, i0, kmin, minhi);
+        lk_attn_row_iv<MASK>(g.vis, last, maxlo, kmax);
         t0 = kmax > kmin ? kmin / BN : 0, nt = kmax > kmin ? (kmax + BN - 1) / BN - t0 : 0;
     }
 
@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
     for (int r = 0; r < 2; r++) {
         const int i = i0 + rw + 8 * r;
         lo[r] = hi[r] = 0;
-        if (!FLEX && !OPEN && i < g.Sq) lk_attn_row_iv(g.vis, i, lo[r], hi[r]);
+        if (!FLEX && !OPEN && i < g.Sq) lk_attn_row_iv<MASK>(g.vis, i, lo[r], hi[r]);
     }
     /* FLEX: tile it's bits from this thread's first row, or NULL for a full tile; its first key */
     auto bits_of = [&](int it) -> const uint32_t * {
@@ -391,13 +391,16 @@ static lk_status launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUte
 
 /* The instance for the call: softcap's code (CAP) and the masked tiles' (not OPEN) only where
  * the call has them (the opening says what that is worth). */
-template <int DP, int MASK>   /* MASK: LK_MASK_FLEX, or LK_MASK_ROWS made OPEN where it can be */
+template <int DP, int MASK>   /* MASK: LK_MASK_FLEX, or LK_MASK_ROWS made OPEN or CAUSAL where it can be */
 static lk_status launch_for(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
                             const lk_attention_args *a, const lk_attn_dims *d, const fwd_geom &g, cudaStream_t st) {
     if (g.cap > 0.0f) return launch<DP, 128, MASK, true>(tq, tk, tv, a, d, g, st);
-    if (MASK == LK_MASK_ROWS && lk_attn_mask_of(g.vis, 128) == LK_MASK_OPEN)
-        return launch<DP, 128, LK_MASK_OPEN, false>(tq, tk, tv, a, d, g, st);
-    return launch<DP, 128, MASK, false>(tq, tk, tv, a, d, g, st);
+    if (MASK == LK_MASK_FLEX) return launch<DP, 128, LK_MASK_FLEX, false>(tq, tk, tv, a, d, g, st);
+    switch (lk_attn_mask_of(g.vis, 128)) {
+    case LK_MASK_OPEN: return launch<DP, 128, LK_MASK_OPEN, false>(tq, tk, tv, a, d, g, st);
+    case LK_MASK_CAUSAL: return launch<DP, 128, LK_MASK_CAUSAL, false>(tq, tk, tv, a, d, g, st);
+    default: return launch<DP, 128, LK_MASK_ROWS, false>(tq, tk, tv, a, d, g, st);
+    }
 }
 
 /* The forward of the flash row, or with flex of the flex row (the BlockMask's tiles

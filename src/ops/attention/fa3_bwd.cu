@@ -386,7 +386,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         static_assert(!FLEX || BNK == LK_FLEX_TILE, "a block's keys are a mask tile's");
         n = lk_flex_steps(&g.fx, b, hk, g.G, kt);
     } else {
-        const int qa = lk_attn_first_row(g.vis, k0, 1), qb = max(qa, lk_attn_first_row(g.vis, min(k0 + BNK, g.Skv), 0));
+        const int qa = lk_attn_first_row<MASK>(g.vis, k0, 1);
+        const int qb = max(qa, lk_attn_first_row<MASK>(g.vis, min(k0 + BNK, g.Skv), 0));
         qt0 = qa / BMQ, nq = qb > qa ? (qb + BMQ - 1) / BMQ - qt0 : 0, n = g.G * nq;
     }
     /* every query row sees every key of the block (no mask of any kind, no key past S_kv): the

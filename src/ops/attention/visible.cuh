@@ -19,7 +19,28 @@ typedef struct {
     int64_t wl, wr;           /* window_left / window_right, 0 = unbounded */
 } lk_attn_vis;
 
+/* What a Hopper kernel's instance is compiled to mask (fa3.cu, fa3_bwd.cu): each row's [lo, hi)
+ * from the options (ROWS), nothing (OPEN: every row sees every key and the keys fill whole
+ * tiles), causal alone (CAUSAL: arithmetic on the tile's first row), a BlockMask (FLEX). Code
+ * an instance never runs still costs its loop the schedule (bench/NOTES.md, fifty-second
+ * session), so each compiles only its own. */
+enum { LK_MASK_ROWS, LK_MASK_OPEN, LK_MASK_CAUSAL, LK_MASK_FLEX };
+
+/* The mask kind a call's visibility needs, with tiles of `tile` keys (never FLEX). */
+static inline int lk_attn_mask_of(const lk_attn_vis &v, int tile) {
+    if (v.cq || v.wl > 0 || v.wr > 0) return LK_MASK_ROWS;
+    if (v.causal) return LK_MASK_CAUSAL;
+    return v.Skv % tile == 0 ? LK_MASK_OPEN : LK_MASK_ROWS;
+}
+
+/* Row i's visible keys [lo, hi). An instance that knows its mask kind (MASK) skips the
+ * options it has not got: CAUSAL's interval is two compares. */
+template <int MASK = LK_MASK_ROWS>
 static __device__ __forceinline__ void lk_attn_row_iv(const lk_attn_vis &v, int i, int &lo, int &hi) {
+    if (MASK == LK_MASK_OPEN || MASK == LK_MASK_CAUSAL) {
+        lo = 0, hi = MASK == LK_MASK_OPEN ? v.Skv : max(min(i + 1 + (v.Skv - v.Sq), v.Skv), 0);
+        return;
+    }
     int qs = 0, qe = v.Sq, ks = 0, ke = v.Skv;
     if (v.cq) {   /* the last document starting at or before i */
         int a = 0, b = v.ndoc - 1;
@@ -39,28 +60,15 @@ static __device__ __forceinline__ void lk_attn_row_iv(const lk_attn_vis &v, int 
     lo = (int)l, hi = (int)h;
 }
 
-/* What a Hopper kernel's instance is compiled to mask (fa3.cu, fa3_bwd.cu): each row's [lo, hi)
- * from the options (ROWS), nothing (OPEN: every row sees every key and the keys fill whole
- * tiles), causal alone (CAUSAL: arithmetic on the tile's first row), a BlockMask (FLEX). Code
- * an instance never runs still costs its loop the schedule (bench/NOTES.md, fifty-second
- * session), so each compiles only its own. */
-enum { LK_MASK_ROWS, LK_MASK_OPEN, LK_MASK_CAUSAL, LK_MASK_FLEX };
-
-/* The mask kind a call's visibility needs, with tiles of `tile` keys (never FLEX). */
-static inline int lk_attn_mask_of(const lk_attn_vis &v, int tile) {
-    if (v.cq || v.wl > 0 || v.wr > 0) return LK_MASK_ROWS;
-    if (v.causal) return LK_MASK_CAUSAL;
-    return v.Skv % tile == 0 ? LK_MASK_OPEN : LK_MASK_ROWS;
-}
-
 /* The first row i in [0, Sq] with hi_i > j (want_hi) or lo_i >= j (else): hi and lo grow
  * with i, so the rows that see any of the keys [j0, j1) are [first(j0, 1), first(j1, 0)). */
+template <int MASK = LK_MASK_ROWS>
 static __device__ __forceinline__ int lk_attn_first_row(const lk_attn_vis &v, int j, int want_hi) {
     int a = 0, b = v.Sq;
     while (a < b) {
         const int mid = (a + b) >> 1;
         int l, h;
-        lk_attn_row_iv(v, mid, l, h);
+        lk_attn_row_iv<MASK>(v, mid, l, h);
         if (want_hi ? h > j : l >= j) b = mid;
         else a = mid + 1;
     }

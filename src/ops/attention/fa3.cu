@@ -41,8 +41,8 @@
  * its own P·V), FlashAttention-4's stale max (the running max kept unless a tile's exceeds it
  * by 8: no faster, and flex's dsinks lost precision past the tests' tolerance), and 176-key
  * tiles in two stages (FlashAttention-3's for D 128: every wgmma serialized, C7512).
- * Softcap's code (CAP) and the masked tiles' (not OPEN) are compiled only into the instances
- * whose calls have them: as branches never taken they cost the loop its schedule (fifty-second
+ * Softcap's and ALiBi's code (MOD) and the masked tiles' (not OPEN) are compiled only into the
+ * instances whose calls have them: as branches never taken they cost the loop its schedule (fifty-second
  * session, H100 cycles: full -2.3%, GQA full -2.8%, causal -1.2%, GQA causal -1.1%; flex's
  * forward -1 to -3%).
  *
@@ -82,6 +82,10 @@ typedef struct {
     const float *alibi;   /* flex's ALiBi score_mod: log2e · slope of each q head (device), or NULL */
 } fwd_geom;
 
+/* The score_mod an instance is compiled for (like its mask kind, visible.cuh): none, softcap
+ * (the option, or flex's score_mod), flex's ALiBi. */
+enum { MOD_NONE, MOD_SOFTCAP, MOD_ALIBI };
+
 
 #if FA3_ARCH
 /* The consumer warpgroups' turns: warpgroup cg waits on barrier 1 + cg, which the other
@@ -97,17 +101,17 @@ static __device__ __forceinline__ void sched_signal(int cg) {
  * partial tile's bits (fb: this thread's first row, the second 8 rows on; NULL when the
  * tile is full) hide what [lo, hi) would, and ALiBi (slope2 · (key − row), row i the
  * thread's first) joins the scores in log2 units. */
-template <int BN, int MASK, bool CAP>
+template <int BN, int MASK, int MOD>
 static __device__ __forceinline__ void softmax_tile(float *sc, float *m, float *alpha, float *sum, int k0, int maxlo,
                                                     int minhi, const int *lo, const int *hi, const uint32_t *fb,
                                                     float slope2, int i, int lane, const fwd_geom &g) {
     constexpr bool FLEX = MASK == LK_MASK_FLEX, OPEN = MASK == LK_MASK_OPEN;
-    if (CAP) {   /* softcap: the scores themselves in log2 units */
+    if (MOD == MOD_SOFTCAP) {   /* softcap: the scores themselves in log2 units */
 #pragma unroll
         for (int e = 0; e < BN / 2; e++) sc[e] = g.cap2 * tanhf(sc[e] * g.scale / g.cap);
     }
-    float mul = CAP ? 1.0f : g.scale2;   /* raw scores: log2 units after one FFMA */
-    if (FLEX && g.alibi) {
+    float mul = MOD == MOD_SOFTCAP ? 1.0f : g.scale2;   /* raw scores: log2 units after one FFMA */
+    if (MOD == MOD_ALIBI) {
 #pragma unroll
         for (int e = 0; e < BN / 2; e++)
             sc[e] = fmaf(sc[e], mul, slope2 * (float)(k0 + 8 * (e / 4) + 2 * (lane % 4) + (e & 1) - (i + (e & 2 ? 8 : 0))));
@@ -159,14 +163,15 @@ static __device__ __forceinline__ void softmax_tile(float *sc, float *m, float *
 /* Consumer registers are indexed only by unrolled constants: fragment element e of an
  * m64nN accumulator is row (e & 2 ? 8 : 0) + lane / 4 of the warp's 16, column
  * 8 (e / 4) + 2 (lane % 4) + (e & 1). */
-template <int DP, int BN, int MASK, bool CAP>
+template <int DP, int BN, int MASK, int MOD>
 __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CUtensorMap tq,
                                                       const __grid_constant__ CUtensorMap tk,
                                                       const __grid_constant__ CUtensorMap tv, lk_bf16_t *out,
                                                       float *lse, fwd_geom g) {
 #if FA3_ARCH
     constexpr bool FLEX = MASK == LK_MASK_FLEX, OPEN = MASK == LK_MASK_OPEN;
-    static_assert(!(CAP && (OPEN || MASK == LK_MASK_CAUSAL)), "softcap's instances are ROWS and FLEX");
+    static_assert(MOD == MOD_NONE || MASK == LK_MASK_FLEX || (MOD == MOD_SOFTCAP && MASK == LK_MASK_ROWS),
+                  "softcap's instances are ROWS and FLEX, ALiBi's FLEX");
     constexpr int NC = DP / 64, STAGES = tiling<DP, BN>::stages;   /* NC: 64-column blocks of a row */
     constexpr uint32_t QB = BM * 128, KB = BN * 128; /* bytes of one 64-column block */
     extern __shared__ uint8_t smem_raw[];
@@ -236,7 +241,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
         return FLEX && it < fpart ? g.fx.bits + (int64_t)fbit[it] * LK_FLEX_TILE_WORDS + rw * LK_FLEX_WORDS : nullptr;
     };
     auto key_of = [&](int it) { return FLEX ? fidx[it] * BN : (t0 + it) * BN; };
-    const float slope2 = FLEX && g.alibi ? g.alibi[h] : 0.0f;
+    const float slope2 = MOD == MOD_ALIBI ? g.alibi[h] : 0.0f;
     const float sink2 = g.sink ? g.sink[h] * LOG2E : -INFINITY;
     /* the sink joins each row as a logit with no value: counted once, by the quad's lane 0 */
     const float l0 = g.sink && lane % 4 == 0 ? 1.0f : 0.0f;
@@ -262,7 +267,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
         sched_signal(1 - cg);
         wgmma_wait<0>();
         fence_regs<BN / 2>(sc);
-        softmax_tile<BN, MASK, CAP>(sc, m, alpha, sum, key_of(0), maxlo, minhi, lo, hi, bits_of(0), slope2, i0 + rw, lane,
+        softmax_tile<BN, MASK, MOD>(sc, m, alpha, sum, key_of(0), maxlo, minhi, lo, hi, bits_of(0), slope2, i0 + rw, lane,
                                     g);
 #pragma unroll
         for (int r = 0; r < 2; r++) l[r] = l[r] * alpha[r] + sum[r];
@@ -300,7 +305,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
             sched_signal(1 - cg);
             wgmma_wait<1>();
             fence_regs<BN / 2>(sc);
-            softmax_tile<BN, MASK, CAP>(sc, m, alpha, sum, key_of(it), maxlo, minhi, lo, hi, bits_of(it), slope2,
+            softmax_tile<BN, MASK, MOD>(sc, m, alpha, sum, key_of(it), maxlo, minhi, lo, hi, bits_of(it), slope2,
                                         i0 + rw, lane, g);
         }
         if (nt > 1) finish((nt - 2) % STAGES);
@@ -377,11 +382,11 @@ static size_t fwd_smem(void) {
     return 1024 + (size_t)(DP / 64) * (BM + 2 * st * BN) * 128 + 8 * (1 + 3 * st);
 }
 
-template <int DP, int BN, int MASK, bool CAP>
+template <int DP, int BN, int MASK, int MOD>
 static lk_status launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
                         const lk_attention_args *a, const lk_attn_dims *d, const fwd_geom &g, cudaStream_t st) {
     const size_t sh = fwd_smem<DP, BN>();
-    auto kernel = fa3_fwd<DP, BN, MASK, CAP>;
+    auto kernel = fa3_fwd<DP, BN, MASK, MOD>;
     LK_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sh));
     dim3 grid((unsigned)((d->Sq + BM - 1) / BM), (unsigned)(d->B * d->Hq));
     kernel<<<grid, THREADS, sh, st>>>(tq, tk, tv, (lk_bf16_t *)a->out.data, (float *)a->saved.data, g);
@@ -389,17 +394,19 @@ static lk_status launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUte
     return LK_OK;
 }
 
-/* The instance for the call: softcap's code (CAP) and the masked tiles' (not OPEN) only where
+/* The instance for the call: the score_mod's code (MOD) and the masked tiles' (not OPEN) only where
  * the call has them (the opening says what that is worth). */
 template <int DP, int MASK>   /* MASK: LK_MASK_FLEX, or LK_MASK_ROWS made OPEN or CAUSAL where it can be */
 static lk_status launch_for(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
                             const lk_attention_args *a, const lk_attn_dims *d, const fwd_geom &g, cudaStream_t st) {
-    if (g.cap > 0.0f) return launch<DP, 128, MASK, true>(tq, tk, tv, a, d, g, st);
-    if (MASK == LK_MASK_FLEX) return launch<DP, 128, LK_MASK_FLEX, false>(tq, tk, tv, a, d, g, st);
+    if (g.cap > 0.0f) return launch<DP, 128, MASK, MOD_SOFTCAP>(tq, tk, tv, a, d, g, st);
+    if (MASK == LK_MASK_FLEX)
+        return g.alibi ? launch<DP, 128, LK_MASK_FLEX, MOD_ALIBI>(tq, tk, tv, a, d, g, st)
+                       : launch<DP, 128, LK_MASK_FLEX, MOD_NONE>(tq, tk, tv, a, d, g, st);
     switch (lk_attn_mask_of(g.vis, 128)) {
-    case LK_MASK_OPEN: return launch<DP, 128, LK_MASK_OPEN, false>(tq, tk, tv, a, d, g, st);
-    case LK_MASK_CAUSAL: return launch<DP, 128, LK_MASK_CAUSAL, false>(tq, tk, tv, a, d, g, st);
-    default: return launch<DP, 128, LK_MASK_ROWS, false>(tq, tk, tv, a, d, g, st);
+    case LK_MASK_OPEN: return launch<DP, 128, LK_MASK_OPEN, MOD_NONE>(tq, tk, tv, a, d, g, st);
+    case LK_MASK_CAUSAL: return launch<DP, 128, LK_MASK_CAUSAL, MOD_NONE>(tq, tk, tv, a, d, g, st);
+    default: return launch<DP, 128, LK_MASK_ROWS, MOD_NONE>(tq, tk, tv, a, d, g, st);
     }
 }
 

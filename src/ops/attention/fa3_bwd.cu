@@ -251,7 +251,7 @@ static __global__ void __launch_bounds__(256) fa3_dq_convert(const float *acc, l
  * the math warpgroups ([query][key]: keys 64c..64c + 63 in the 8 KB block c, a query's 64
  * keys one 128-byte row), so n32 is four 8-row groups SBO apart: canonical layouts only. */
 static __device__ __forceinline__ void issue_dqt(float *dq, const uint8_t *dsb, const uint8_t *kh, int qh) {
-    const uint64_t a0 = desc(kh, BNK * 128, 1024), b0 = desc(dsb + qh * (32 * 128), 16, 1024);
+    const uint64_t a0 = desc(kh, BNK * 128, 1024), b0 = warp_uniform(desc(dsb + qh * (32 * 128), 16, 1024));
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < BNK / 16; k++)
@@ -498,7 +498,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REG_MATH));
-    const int ct = tid - 128, cg = ct / 128, w = (ct % 128) / 32, lane = tid % 32, t4 = lane % 4;
+    /* cg from a shuffle: warp-uniform to ptxas, so the descriptors built from it stay in uniform registers */
+    const int ct = tid - 128, cg = __shfl_sync(0xffffffffu, ct / 128, 0), w = (ct % 128) / 32, lane = tid % 32, t4 = lane % 4;
     const int kb = k0 + cg * 64, key0 = kb + w * 16 + lane / 4;   /* this thread's keys: key0, key0 + 8 */
     float dk[DP / 2], dv[DP / 2];
 #pragma unroll

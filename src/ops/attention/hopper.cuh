@@ -131,6 +131,15 @@ static __device__ __forceinline__ uint64_t desc(const void *p, uint32_t lbo, uin
  * built from each address, every wgmma cost four more instructions (LOP3, SHF, LOP3, R2UR). */
 static __device__ __forceinline__ uint64_t desc_at(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
 
+/* v made warp-uniform in the compiler's eyes (a shuffle from lane 0): a wgmma reads its
+ * descriptors from uniform registers, and a descriptor computed from anything ptxas cannot prove
+ * uniform (a loop counter of a divergent loop, the warpgroup index) is moved there by two R2UR a
+ * wgmma, with its 64-bit add done in ordinary registers. */
+static __device__ __forceinline__ uint64_t warp_uniform(uint64_t v) {
+    const uint32_t lo = __shfl_sync(0xffffffffu, (uint32_t)v, 0), hi = __shfl_sync(0xffffffffu, (uint32_t)(v >> 32), 0);
+    return (uint64_t)hi << 32 | lo;
+}
+
 /* The accumulators are written by the tensor cores between issue and wait: these empty
  * asm statements keep the compiler from moving their reads or writes across. */
 template <int N>

@@ -83,8 +83,13 @@ typedef struct {
 } fwd_geom;
 
 /* The score_mod an instance is compiled for (like its mask kind, visible.cuh): none, softcap
- * (the option, or flex's score_mod), flex's ALiBi. */
+ * (the option, or flex's score_mod), flex's ALiBi. Flex's softcap instance also takes ALiBi
+ * where the call has both, tested at run time (beside the tanh loop it costs nothing). */
 enum { MOD_NONE, MOD_SOFTCAP, MOD_ALIBI };
+template <int MASK, int MOD>
+static __device__ __forceinline__ bool has_alibi(const fwd_geom &g) {
+    return MOD == MOD_ALIBI || (MOD == MOD_SOFTCAP && MASK == LK_MASK_FLEX && g.alibi);
+}
 
 
 #if FA3_ARCH
@@ -111,7 +116,7 @@ static __device__ __forceinline__ void softmax_tile(float *sc, float *m, float *
         for (int e = 0; e < BN / 2; e++) sc[e] = g.cap2 * tanhf(sc[e] * g.scale / g.cap);
     }
     float mul = MOD == MOD_SOFTCAP ? 1.0f : g.scale2;   /* raw scores: log2 units after one FFMA */
-    if (MOD == MOD_ALIBI) {
+    if (has_alibi<MASK, MOD>(g)) {
 #pragma unroll
         for (int e = 0; e < BN / 2; e++)
             sc[e] = fmaf(sc[e], mul, slope2 * (float)(k0 + 8 * (e / 4) + 2 * (lane % 4) + (e & 1) - (i + (e & 2 ? 8 : 0))));
@@ -242,7 +247,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
         return FLEX && it < fpart ? g.fx.bits + (int64_t)fbit[it] * LK_FLEX_TILE_WORDS + rw * LK_FLEX_WORDS : nullptr;
     };
     auto key_of = [&](int it) { return FLEX ? fidx[it] * BN : (t0 + it) * BN; };
-    const float slope2 = MOD == MOD_ALIBI ? g.alibi[h] : 0.0f;
+    const float slope2 = has_alibi<MASK, MOD>(g) ? g.alibi[h] : 0.0f;
     const float sink2 = g.sink ? g.sink[h] * LOG2E : -INFINITY;
     /* the sink joins each row as a logit with no value: counted once, by the quad's lane 0 */
     const float l0 = g.sink && lane % 4 == 0 ? 1.0f : 0.0f;

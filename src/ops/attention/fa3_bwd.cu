@@ -86,7 +86,13 @@
  * the masked blocks' code compiled out, and the masked blocks read their `whole` bounds a step
  * early (fifty-second, H100 cycles: full -2.8%, GQA full -2.4%, causal -3.0%, GQA causal
  * +0.4%); a causal grid with no other mask runs the CAUSAL instance, whose mask is arithmetic
- * on the step's query tile (no lo/hi rows loaded; GQA causal -3.4%, causal -0.6%). The walk's
+ * on the step's query tile (no lo/hi rows loaded; GQA causal -3.4%, causal -0.6%), and whose
+ * walk is known causal and never split at compile time. The wgmma descriptors stay in uniform
+ * registers (the warpgroup index and the dQ chunk's dS descriptor made warp-uniform by a
+ * shuffle; before, each wgmma took two R2UR and a 64-bit add in ordinary registers, the math
+ * loop 403 -> 333 instructions a step): fifty-third session, with the walk's and the row
+ * intervals' compile-time mask kinds, H100 cycles full -2.7%, GQA full -2.3%, causal -1.1%
+ * (-3.7% without the uniform registers, one round), GQA causal -0.3%. The walk's
  * step is found by one multiply (walk_div): a `/` and `%` by a run-time value there, ~40
  * dependent instructions twice a step in the dQ warpgroup and twice in the producer, had made
  * the producer late with the loads the math warpgroups wait on (their `full` wait 13.3% of the

@@ -398,8 +398,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     }
     /* every query row sees every key of the block (no mask of any kind, no key past S_kv): the
      * steps need no lo/hi rows and no `whole` test (rows past S_q have LSE +inf: P is 0) */
-    const bool open = OPEN || (MASK == LK_MASK_ROWS && !g.vis.causal && g.vis.wl <= 0 && g.vis.wr <= 0 && !g.vis.cq &&
-                               k0 + BNK <= g.Skv);
+    const bool open = OPEN || (MASK == LK_MASK_ROWS && lk_attn_unmasked(g.vis) && k0 + BNK <= g.Skv);
     const bool rows = MASK == LK_MASK_ROWS && !open;   /* the stages carry the steps' lo/hi rows */
     /* causal, known at compile time in the OPEN and CAUSAL instances */
     const bool causal = CAUSAL || (!OPEN && g.vis.causal);

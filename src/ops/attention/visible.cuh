@@ -26,6 +26,11 @@ typedef struct {
  * session), so each compiles only its own. */
 enum { LK_MASK_ROWS, LK_MASK_OPEN, LK_MASK_CAUSAL, LK_MASK_FLEX };
 
+/* No option hides a key: no causal, window or documents (keys past S_kv aside). */
+static __host__ __device__ __forceinline__ bool lk_attn_unmasked(const lk_attn_vis &v) {
+    return !v.causal && v.wl <= 0 && v.wr <= 0 && !v.cq;
+}
+
 /* The mask kind a call's visibility needs, with tiles of `tile` keys (never FLEX). */
 static inline int lk_attn_mask_of(const lk_attn_vis &v, int tile) {
     if (v.cq || v.wl > 0 || v.wr > 0) return LK_MASK_ROWS;

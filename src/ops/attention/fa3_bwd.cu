@@ -256,10 +256,8 @@ static __global__ void __launch_bounds__(256) fa3_dq_convert(const float *acc, l
  * (d contiguous: one 128-byte swizzle atom is m64); B is the dS buffer, stored K-major by
  * the math warpgroups ([query][key]: keys 64c..64c + 63 in the 8 KB block c, a query's 64
  * keys one 128-byte row), so n32 is four 8-row groups SBO apart: canonical layouts only. */
-template <bool UNIFORM>   /* the dS descriptor made warp-uniform: every instance but CAUSAL (the kernel's uniform) */
 static __device__ __forceinline__ void issue_dqt(float *dq, const uint8_t *dsb, const uint8_t *kh, int qh) {
-    const uint64_t bd = desc(dsb + qh * (32 * 128), 16, 1024);
-    const uint64_t a0 = desc(kh, BNK * 128, 1024), b0 = UNIFORM ? warp_uniform(bd) : bd;
+    const uint64_t a0 = desc(kh, BNK * 128, 1024), b0 = warp_uniform(desc(dsb + qh * (32 * 128), 16, 1024));
     wgmma_fence();
 #pragma unroll
     for (int k = 0; k < BNK / 16; k++)
@@ -495,7 +493,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
 #pragma unroll
             for (int c = 0; c < 2 * NC; c++) {
                 float dq[16];
-                issue_dqt<!CAUSAL>(dq, sds + buf * KB, sk + (c / 2) * KB, c % 2);
+                issue_dqt(dq, sds + buf * KB, sk + (c / 2) * KB, c % 2);
                 wgmma_wait<0>();
                 fence_regs<16>(dq);
                 if (c == 2 * NC - 1) mbar_arrive(&dsempty[buf]);   /* every wgmma read of buf is done */
@@ -505,13 +503,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REG_MATH));
-    /* cg from a shuffle: warp-uniform to ptxas, so the descriptors built from it stay in uniform
-     * registers. Not in the CAUSAL instance (nor issue_dqt's dS descriptor there): without both, its
-     * grids ran 1.1-1.2% faster in time on the causal cell (B 2, H 32, S 8192) and 0.5% slower on GQA
-     * causal (B 1, Hq 64, Hkv 8, S 4096), ncu on an H100 in the fifty-third and fifty-fourth sessions
-     * (bench/NOTES.md); every other instance gained 1-2.7% from them. */
-    const int ct = tid - 128, cg = CAUSAL ? ct / 128 : __shfl_sync(0xffffffffu, ct / 128, 0);
-    const int w = (ct % 128) / 32, lane = tid % 32, t4 = lane % 4;
+    /* cg from a shuffle: warp-uniform to ptxas, so the descriptors built from it stay in uniform registers */
+    const int ct = tid - 128, cg = __shfl_sync(0xffffffffu, ct / 128, 0), w = (ct % 128) / 32, lane = tid % 32, t4 = lane % 4;
     const int kb = k0 + cg * 64, key0 = kb + w * 16 + lane / 4;   /* this thread's keys: key0, key0 + 8 */
     float dk[DP / 2], dv[DP / 2];
 #pragma unroll

@@ -608,11 +608,11 @@ static lk_status launch_bwd(const plan *p, const lk_rms_norm_args *a, float *par
  * loop. The block kernels ran such rows one at a time a block (a warp of 16 busy lanes):
  * latency-bound at ~1.2 TB/s, and on the views of q_norm / k_norm (rows.h) slower still:
  * at the 0.6B dense config a forward took 178 us a call, 69 us here (q and k: ~2.8 TB/s),
- * the backward 108 us (bench/NOTES.md, eighteenth session). Both grids are what fits at
- * once and walk row sets with the next set's loads in flight (short_load); the backward's
- * blocks sum their lanes' dweight columns in shared memory at the end, in a fixed order
- * (the grid is what the dweight workspace holds). The backward reads each row's rstd with
- * the row's loads: after the group sum it was one more round trip a row set.
+ * the backward 108 us (bench/NOTES.md, eighteenth session). The forward's warps are
+ * short-lived; the backward's blocks walk row sets (a persistent grid, what the dweight
+ * workspace holds) and sum their lanes' dweight columns in shared memory at the end, in a
+ * fixed order. The backward reads each row's rstd with the row's loads: after the group
+ * sum it was one more round trip a row set.
  *
  * RoPE after the norm (ROPE; rms_norm.h's rope, x [T, H, n], row r of token r / H): when
  * the row's accesses are a power of two (units == G) lane g holds dims [g·W, g·W + W) and
@@ -623,9 +623,8 @@ static lk_status launch_bwd(const plan *p, const lk_rms_norm_args *a, float *par
  * stores it) and runs the norm's backward on it. Each row's position id is read with the
  * row's loads (its angles' loads wait on it); the angles (W cos, W sin a lane: 16-byte
  * loads where the tables are aligned) as a set begins, from L2, before its group sum.
- * Registers (ptxas -v, sm_90a, bf16): fwd_short 70-72 (ROPE 92-94: 5 blocks an SM),
- * bwd_short 122-126 (ROPE 140: 3 blocks an SM, the grid both take: launch_bwd_short); f32
- * bwd 114 (128); no spill. */
+ * Registers (ptxas -v, sm_90a, bf16): fwd_short 64 (ROPE 71-72), bwd_short 94 (ROPE 116:
+ * 4 blocks an SM, the grid both take: launch_bwd_short); f32 56 (56), 78 (96); no spill. */
 #define SR 4
 #define SHORT_THREADS 128
 
@@ -701,83 +700,46 @@ static __device__ __forceinline__ void rope_unit(const lk_pack<T, W> &v, int g, 
     for (int j = 0; j < W; j++) o[j] = lk_rope_rotate_half(v.f(j), other.f(j), c[j], sgn * s[j], first);
 }
 
-/* One set's loads: this lane's 16 bytes of each of its SR rows (rows base + s · RPW), x and for
- * the backward dy, with each row's rstd (backward) and position id (ROPE). */
-template <typename T, int W, bool BWD, bool ROPE>
-struct short_set {
-    lk_pack<T, W> x[SR], dy[BWD ? SR : 1];
-    float rs[BWD ? SR : 1];
-    int plo[ROPE ? SR : 1], phi[ROPE ? SR : 1];
-};
-
-template <typename T, int W, int RPW, bool BWD, bool ROPE>
-static __device__ __forceinline__ void short_load(short_set<T, W, BWD, ROPE> &st, const T *x, lk_rows rx, const T *dy,
-                                                  lk_rows rdy, const float *rstd, const norm_rope &rp, int64_t base,
-                                                  int64_t rows, bool lane_live) {
-#pragma unroll
-    for (int s = 0; s < SR; s++) {
-        const int64_t r = base + s * RPW;
-        if (r < rows && lane_live) {
-            lk_ldp<T, W>(x + lk_row_at(rx, r), st.x[s]);
-            if (BWD) lk_ldp<T, W>(dy + lk_row_at(rdy, r), st.dy[s]);
-        }
-        if (r < rows) {
-            if (BWD) st.rs[s] = rstd[r];
-            if (ROPE) rope_id_load(rp, r, st.plo[s], st.phi[s]);
-        }
-    }
-}
-
-/* The grids of the short kernels are what fits on the GPU at once (fit_grid): a warp walks its
- * sets a grid's sets apart, and the next set's loads are in flight while it works on this one.
- * One set a warp and then exit (the first version) left each warp's loads idle while it formed
- * the rows, the RoPE angles' dependent loads included: ~1.9 TB/s in the 0.6B dense step on an
- * H100 (fwd_short 107 us, bwd_short 157 us a call; bench/NOTES.md, fifty-fourth session). */
 template <typename T, typename TW, int W, int G, bool ROPE>
 __global__ void __launch_bounds__(SHORT_THREADS) fwd_short(const T *__restrict__ x, const TW *__restrict__ w,
                                                            T *__restrict__ y, float *__restrict__ rstd, int64_t rows,
                                                            int n, float eps, float off, fwd_rows rw, norm_rope rp) {
-    constexpr int RPW = 32 / G, SET = RPW * SR;   /* rows a group's set, a warp's */
+    constexpr int RPW = 32 / G;   /* rows a set */
     const int lane = threadIdx.x & 31, g = lane % G, units = n / W;
-    const bool lane_live = g < units;
-    const int64_t step = (int64_t)gridDim.x * (SHORT_THREADS / 32) * SET;
-    int64_t set0 = ((int64_t)blockIdx.x * (SHORT_THREADS / 32) + (threadIdx.x >> 5)) * SET;   /* warp-uniform */
-    if (set0 >= rows) return;
-    short_set<T, W, false, ROPE> cur, nxt;
-    short_load<T, W, RPW>(cur, x + g * W, rw.x, (const T *)NULL, rw.x, rstd, rp, set0 + lane / G, rows, lane_live);
+    const int64_t base = ((int64_t)blockIdx.x * (SHORT_THREADS / 32) + (threadIdx.x >> 5)) * RPW * SR + lane / G;
+    lk_pack<T, W> v[SR];
+    int plo[SR], phi[SR];   /* ROPE: each row's position id, as loaded */
+#pragma unroll
+    for (int s = 0; s < SR; s++) {
+        const int64_t r = base + s * RPW;
+        if (r < rows && g < units) lk_ldp<T, W>(x + lk_row_at(rw.x, r) + g * W, v[s]);
+        if (ROPE && r < rows) rope_id_load(rp, r, plo[s], phi[s]);
+    }
     float wv[W];
-    if (w && lane_live) ld_weight<T, TW, W>(w + g * W, wv);
-    for (;; set0 += step) {
-        const int64_t base = set0 + lane / G;
-        if (set0 + step < rows)
-            short_load<T, W, RPW>(nxt, x + g * W, rw.x, (const T *)NULL, rw.x, rstd, rp, base + step, rows, lane_live);
+    if (w && g < units) ld_weight<T, TW, W>(w + g * W, wv);
 #pragma unroll
-        for (int s = 0; s < SR; s++) {
-            const int64_t r = base + s * RPW;
-            const bool live = r < rows && lane_live;
-            float ca[W], sa[W];   /* ROPE: the angles, asked for before the group sum */
-            if (ROPE) rope_angles<W, G>(rp, r < rows, cur.plo[s], cur.phi[s], g, ca, sa);
-            float ss = 0.0f;
-            if (live)
+    for (int s = 0; s < SR; s++) {
+        const int64_t r = base + s * RPW;
+        const bool live = r < rows && g < units;
+        float ca[W], sa[W];   /* ROPE: the angles, asked for before the group sum */
+        if (ROPE) rope_angles<W, G>(rp, r < rows, plo[s], phi[s], g, ca, sa);
+        float ss = 0.0f;
+        if (live)
 #pragma unroll
-                for (int j = 0; j < W; j++) ss = fmaf(cur.x[s].f(j), cur.x[s].f(j), ss);
-            const float rs = rsqrtf(lk_group_sum<G>(ss) / (float)n + eps);
-            if (r < rows && g == 0) rstd[r] = rs;
-            float o[W];
-            if (ROPE) {   /* units == G: every lane of a live row is live; the shuffles take all */
-                lk_pack<T, W> yv;   /* y as the norm stores it */
+            for (int j = 0; j < W; j++) ss = fmaf(v[s].f(j), v[s].f(j), ss);
+        const float rs = rsqrtf(lk_group_sum<G>(ss) / (float)n + eps);
+        if (r < rows && g == 0) rstd[r] = rs;
+        float o[W];
+        if (ROPE) {   /* units == G: every lane of a live row is live; the shuffles take all */
+            lk_pack<T, W> yv;   /* y as the norm stores it */
 #pragma unroll
-                for (int j = 0; j < W; j++)
-                    yv.e[j] = lk_from_f32<T>(live ? cur.x[s].f(j) * rs * (w ? wv[j] + off : 1.0f) : 0.0f);
-                rope_unit<T, W, G>(yv, g, ca, sa, 1.0f, o);
-            } else if (live) {
+            for (int j = 0; j < W; j++) yv.e[j] = lk_from_f32<T>(live ? v[s].f(j) * rs * (w ? wv[j] + off : 1.0f) : 0.0f);
+            rope_unit<T, W, G>(yv, g, ca, sa, 1.0f, o);
+        } else if (live) {
 #pragma unroll
-                for (int j = 0; j < W; j++) o[j] = cur.x[s].f(j) * rs * (w ? wv[j] + off : 1.0f);
-            }
-            if (live) lk_stw<T, W>(y + lk_row_at(rw.y, r) + g * W, o);
+            for (int j = 0; j < W; j++) o[j] = v[s].f(j) * rs * (w ? wv[j] + off : 1.0f);
         }
-        if (set0 + step >= rows) break;
-        cur = nxt;
+        if (live) lk_stw<T, W>(y + lk_row_at(rw.y, r) + g * W, o);
     }
 }
 
@@ -786,52 +748,57 @@ __global__ void __launch_bounds__(SHORT_THREADS) bwd_short(const T *__restrict__
                                                            const T *dy, T *dx, const float *__restrict__ rstd,
                                                            float *__restrict__ partial, int64_t rows, int n, float off,
                                                            bwd_rows rw, norm_rope rp) {
-    constexpr int RPW = 32 / G, SET = RPW * SR, PER_BLOCK = (SHORT_THREADS / 32) * SET;
+    constexpr int RPW = 32 / G, PER_BLOCK = (SHORT_THREADS / 32) * RPW * SR;
     __shared__ float red[SHORT_THREADS][W + 1];
     const int lane = threadIdx.x & 31, g = lane % G, units = n / W;
-    const bool lane_live = g < units;
     float acc[W], wv[W];
 #pragma unroll
     for (int j = 0; j < W; j++) acc[j] = 0.0f, wv[j] = 1.0f - off;   /* no weight: g = dy */
-    if (w && lane_live) ld_weight<T, TW, W>(w + g * W, wv);
-    const int64_t step = (int64_t)gridDim.x * PER_BLOCK, first = (threadIdx.x >> 5) * SET + lane / G;
-    short_set<T, W, true, ROPE> cur, nxt;
-    int64_t c0 = (int64_t)blockIdx.x * PER_BLOCK;
-    if (c0 < rows)
-        short_load<T, W, RPW>(cur, x + g * W, rw.x, dy + g * W, rw.dy, rstd, rp, c0 + first, rows, lane_live);
-    for (; c0 < rows; c0 += step) {
-        const int64_t base = c0 + first;
-        if (c0 + step < rows)
-            short_load<T, W, RPW>(nxt, x + g * W, rw.x, dy + g * W, rw.dy, rstd, rp, base + step, rows, lane_live);
+    if (w && g < units) ld_weight<T, TW, W>(w + g * W, wv);
+    for (int64_t c0 = (int64_t)blockIdx.x * PER_BLOCK; c0 < rows; c0 += (int64_t)gridDim.x * PER_BLOCK) {
+        const int64_t base = c0 + (threadIdx.x >> 5) * RPW * SR + lane / G;
+        lk_pack<T, W> xv[SR], dv[SR];
+        float rsv[SR];          /* each row's rstd, with its loads */
+        int plo[SR], phi[SR];   /* ROPE: each row's position id, as loaded */
 #pragma unroll
         for (int s = 0; s < SR; s++) {
             const int64_t r = base + s * RPW;
-            const bool live = r < rows && lane_live;
-            lk_pack<T, W> dv = cur.dy[s];
+            if (r < rows && g < units) {
+                lk_ldp<T, W>(x + lk_row_at(rw.x, r) + g * W, xv[s]);
+                lk_ldp<T, W>(dy + lk_row_at(rw.dy, r) + g * W, dv[s]);
+            }
+            if (r < rows) {
+                rsv[s] = rstd[r];
+                if (ROPE) rope_id_load(rp, r, plo[s], phi[s]);
+            }
+        }
+#pragma unroll
+        for (int s = 0; s < SR; s++) {
+            const int64_t r = base + s * RPW;
+            const bool live = r < rows && g < units;
             if (ROPE) {   /* dy rotated back and rounded, as the fused RoPE's backward stores it */
                 float ca[W], sa[W], d[W];
-                rope_angles<W, G>(rp, r < rows, cur.plo[s], cur.phi[s], g, ca, sa);
-                rope_unit<T, W, G>(dv, g, ca, sa, -1.0f, d);
+                rope_angles<W, G>(rp, r < rows, plo[s], phi[s], g, ca, sa);
+                rope_unit<T, W, G>(dv[s], g, ca, sa, -1.0f, d);
 #pragma unroll
-                for (int j = 0; j < W; j++) dv.e[j] = lk_from_f32<T>(d[j]);
+                for (int j = 0; j < W; j++) dv[s].e[j] = lk_from_f32<T>(d[j]);
             }
             float dot = 0.0f;
             if (live)
 #pragma unroll
-                for (int j = 0; j < W; j++) dot = fmaf(dv.f(j) * (wv[j] + off), cur.x[s].f(j), dot);
+                for (int j = 0; j < W; j++) dot = fmaf(dv[s].f(j) * (wv[j] + off), xv[s].f(j), dot);
             dot = lk_group_sum<G>(dot);
             if (!live) continue;
-            const float rs = cur.rs[s], mean = dot * rs / (float)n;
+            const float rs = rsv[s], mean = dot * rs / (float)n;
             float o[W];
 #pragma unroll
             for (int j = 0; j < W; j++) {
-                const float d = dv.f(j), xh = cur.x[s].f(j) * rs;
+                const float d = dv[s].f(j), xh = xv[s].f(j) * rs;
                 acc[j] = fmaf(d, xh, acc[j]);
                 o[j] = rs * fmaf(-xh, mean, d * (wv[j] + off));   /* the CPU row's g − x̂·m, pinned: ROPE rounds as the plain one */
             }
             lk_stw<T, W>(dx + lk_row_at(rw.dx, r) + g * W, o);
         }
-        cur = nxt;
     }
     if (partial == NULL) return;
 #pragma unroll
@@ -922,10 +889,7 @@ static lk_status launch_fwd_short(const lk_rms_norm_args *a, int64_t rows, int n
         a->rope ? fwd_short_of<T, TW, W, true>(G) : fwd_short_of<T, TW, W, false>(G);
     const fwd_ptrs p = fwd_ptrs_of(a);
     const int64_t per_block = (SHORT_THREADS / 32) * (32 / G) * SR;
-    int64_t grid = 0;
-    lk_status s = fit_grid(k, SHORT_THREADS, lk_cdiv(rows, per_block), &grid);
-    if (s) return s;
-    k<<<(unsigned)grid, SHORT_THREADS, 0, st>>>((const T *)p.x, (const TW *)p.w, (T *)p.y,
+    k<<<(unsigned)lk_cdiv(rows, per_block), SHORT_THREADS, 0, st>>>((const T *)p.x, (const TW *)p.w, (T *)p.y,
                                                                     p.rstd, rows, n, (float)a->eps,
                                                                     a->weight_offset, p.m, norm_rope_of(a, n));
     LK_CUDA_LAUNCHED("rms_norm: fused (cuda) forward, short rows");
@@ -942,10 +906,10 @@ static lk_status launch_bwd_short(const lk_rms_norm_args *a, float *partial, int
     void (*k)(const T *, const TW *, const T *, T *, const float *, float *, int64_t, int, float, bwd_rows,
               norm_rope) = a->rope ? bwd_short_of<T, TW, W, true>(G) : bwd_short_of<T, TW, W, false>(G);
     const int64_t per_block = (SHORT_THREADS / 32) * (32 / G) * SR;
-    /* The grid is what fits of the ROPE kernel (the larger: 140 registers in bf16, 3 blocks an
-     * SM, against 122-126 and 4), with or without rope: the dweight parts follow the grid, so a
+    /* The grid is what fits of the ROPE kernel (the larger: 116 registers in bf16, 4 blocks an
+     * SM, against 94 and 5), with or without rope: the dweight parts follow the grid, so a
      * norm with rope and one without (then the fused RoPE) sum dweight in the same order,
-     * to the same bits. The plain kernel gives up its fourth block an SM (not measured). */
+     * to the same bits. The plain kernel gives up its fifth block an SM (not measured). */
     lk_status s = fit_grid(bwd_short_of<T, TW, W, true>(G), SHORT_THREADS,
                            max_parts < lk_cdiv(rows, per_block) ? max_parts : lk_cdiv(rows, per_block), parts);
     if (s) return s;

@@ -622,9 +622,18 @@ static lk_status launch_bwd(const plan *p, const lk_rms_norm_args *a, float *par
  * this norm's. The backward rotates dy back, rounds it to T (as that RoPE's backward
  * stores it) and runs the norm's backward on it. Each row's position id is read with the
  * row's loads (its angles' loads wait on it); the angles (W cos, W sin a lane: 16-byte
- * loads where the tables are aligned) as a set begins, from L2, before its group sum.
- * Registers (ptxas -v, sm_90a, bf16): fwd_short 64 (ROPE 71-72), bwd_short 94 (ROPE 116:
- * 4 blocks an SM, the grid both take: launch_bwd_short); f32 56 (56), 78 (96); no spill. */
+ * loads where the tables are aligned) as a set begins, from L2, before its group sum, and
+ * only for a row at another position than the row before (a set's rows are one token's
+ * heads unless it crosses a token).
+ * These kernels are bound by their instructions, not by HBM (ncu: 6-7 cycles an issued
+ * instruction with ~5 warps a scheduler, DRAM at 44-50%): a set finds its rows by one
+ * division and steps (rows_at) where each row divided three times, and the angles load once
+ * a set. In the 0.6B dense step (H100, bench/NOTES.md, fifty-fourth session) fwd_short went
+ * 106.6 -> 95.1 us a call and bwd_short 157.4 -> 135.5. Holding the next set's loads in
+ * registers while this one is formed was slower (+6%, +17%: the registers cost warps).
+ * Registers (ptxas -v, sm_90a, bf16): fwd_short 66-72 (ROPE 79-80: 6 blocks an SM),
+ * bwd_short 96 (ROPE 127-128: 4 blocks an SM, the grid both take: launch_bwd_short); f32 48
+ * (62-64), 91-93 (96-102); no spill. */
 #define SR 4
 #define SHORT_THREADS 128
 
@@ -637,10 +646,33 @@ typedef struct {
     int vec;                  /* both tables 16-byte aligned: float4 loads (half is a multiple of 4) */
 } norm_rope;
 
-/* Row r's position id, read raw (lo, and hi for i64): nothing waits on the load until the
- * angles are read. rows < 2^31 (launch checked): a 32-bit division. */
-static __device__ __forceinline__ void rope_id_load(const norm_rope &rp, int64_t r, int &lo, int &hi) {
-    const unsigned t = (unsigned)r / (unsigned)rp.heads;
+/* The first elements of rows r0 + s·d (s < N) of a view (rows.h): one division for the first
+ * and steps for the rest, where lk_row_at divides for each (~20 instructions a row, and the
+ * ROPE kernels divide three times a row: x, y or dx, and the token of the position id). */
+template <int N>
+static __device__ __forceinline__ void rows_at(lk_rows m, int64_t r0, int d, int64_t *off) {
+    if (m.inner == 1) {
+#pragma unroll
+        for (int s = 0; s < N; s++) off[s] = (r0 + s * d) * m.outer;
+        return;
+    }
+    int64_t q, rem;
+    if (r0 <= INT32_MAX && m.inner <= INT32_MAX) {
+        q = (uint32_t)r0 / (uint32_t)m.inner;
+        rem = r0 - q * m.inner;
+    } else {
+        q = r0 / m.inner, rem = r0 % m.inner;
+    }
+#pragma unroll
+    for (int s = 0; s < N; s++) {
+        off[s] = q * m.outer + rem * m.step;
+        for (rem += d; rem >= m.inner; rem -= m.inner) q++;
+    }
+}
+
+/* Token t's position id, read raw (lo, and hi for i64): nothing waits on the load until the
+ * angles are read. */
+static __device__ __forceinline__ void rope_id_load(const norm_rope &rp, int64_t t, int &lo, int &hi) {
     if (rp.pos64) {
         const int2 v = __ldg(reinterpret_cast<const int2 *>(rp.pos) + t);
         lo = v.x, hi = v.y;
@@ -700,6 +732,13 @@ static __device__ __forceinline__ void rope_unit(const lk_pack<T, W> &v, int g, 
     for (int j = 0; j < W; j++) o[j] = lk_rope_rotate_half(v.f(j), other.f(j), c[j], sgn * s[j], first);
 }
 
+/* Whether row s of a set needs its own RoPE angles: the first row does, and a later one at
+ * another position than the row before (a set's rows are heads of one token unless it
+ * crosses a token). A row past the end keeps the angles it has (nothing of it is stored). */
+static __device__ __forceinline__ bool new_angles(const int *plo, const int *phi, int s, bool in) {
+    return s == 0 || (in && (plo[s] != plo[s - 1] || phi[s] != phi[s - 1]));
+}
+
 template <typename T, typename TW, int W, int G, bool ROPE>
 __global__ void __launch_bounds__(SHORT_THREADS) fwd_short(const T *__restrict__ x, const TW *__restrict__ w,
                                                            T *__restrict__ y, float *__restrict__ rstd, int64_t rows,
@@ -709,20 +748,23 @@ __global__ void __launch_bounds__(SHORT_THREADS) fwd_short(const T *__restrict__
     const int64_t base = ((int64_t)blockIdx.x * (SHORT_THREADS / 32) + (threadIdx.x >> 5)) * RPW * SR + lane / G;
     lk_pack<T, W> v[SR];
     int plo[SR], phi[SR];   /* ROPE: each row's position id, as loaded */
+    int64_t xo[SR], yo[SR], tok[SR];
+    rows_at<SR>(rw.x, base, RPW, xo), rows_at<SR>(rw.y, base, RPW, yo);
+    if (ROPE) rows_at<SR>(lk_rows{rp.heads, 1, 0}, base, RPW, tok);
 #pragma unroll
     for (int s = 0; s < SR; s++) {
         const int64_t r = base + s * RPW;
-        if (r < rows && g < units) lk_ldp<T, W>(x + lk_row_at(rw.x, r) + g * W, v[s]);
-        if (ROPE && r < rows) rope_id_load(rp, r, plo[s], phi[s]);
+        if (r < rows && g < units) lk_ldp<T, W>(x + xo[s] + g * W, v[s]);
+        if (ROPE && r < rows) rope_id_load(rp, tok[s], plo[s], phi[s]);
     }
     float wv[W];
     if (w && g < units) ld_weight<T, TW, W>(w + g * W, wv);
+    float ca[W], sa[W];   /* ROPE: the angles, asked for before the group sum */
 #pragma unroll
     for (int s = 0; s < SR; s++) {
         const int64_t r = base + s * RPW;
         const bool live = r < rows && g < units;
-        float ca[W], sa[W];   /* ROPE: the angles, asked for before the group sum */
-        if (ROPE) rope_angles<W, G>(rp, r < rows, plo[s], phi[s], g, ca, sa);
+        if (ROPE && new_angles(plo, phi, s, r < rows)) rope_angles<W, G>(rp, r < rows, plo[s], phi[s], g, ca, sa);
         float ss = 0.0f;
         if (live)
 #pragma unroll
@@ -739,7 +781,7 @@ __global__ void __launch_bounds__(SHORT_THREADS) fwd_short(const T *__restrict__
 #pragma unroll
             for (int j = 0; j < W; j++) o[j] = v[s].f(j) * rs * (w ? wv[j] + off : 1.0f);
         }
-        if (live) lk_stw<T, W>(y + lk_row_at(rw.y, r) + g * W, o);
+        if (live) lk_stw<T, W>(y + yo[s] + g * W, o);
     }
 }
 
@@ -760,25 +802,29 @@ __global__ void __launch_bounds__(SHORT_THREADS) bwd_short(const T *__restrict__
         lk_pack<T, W> xv[SR], dv[SR];
         float rsv[SR];          /* each row's rstd, with its loads */
         int plo[SR], phi[SR];   /* ROPE: each row's position id, as loaded */
+        int64_t xo[SR], dyo[SR], dxo[SR], tok[SR];
+        rows_at<SR>(rw.x, base, RPW, xo), rows_at<SR>(rw.dy, base, RPW, dyo), rows_at<SR>(rw.dx, base, RPW, dxo);
+        if (ROPE) rows_at<SR>(lk_rows{rp.heads, 1, 0}, base, RPW, tok);
 #pragma unroll
         for (int s = 0; s < SR; s++) {
             const int64_t r = base + s * RPW;
             if (r < rows && g < units) {
-                lk_ldp<T, W>(x + lk_row_at(rw.x, r) + g * W, xv[s]);
-                lk_ldp<T, W>(dy + lk_row_at(rw.dy, r) + g * W, dv[s]);
+                lk_ldp<T, W>(x + xo[s] + g * W, xv[s]);
+                lk_ldp<T, W>(dy + dyo[s] + g * W, dv[s]);
             }
             if (r < rows) {
                 rsv[s] = rstd[r];
-                if (ROPE) rope_id_load(rp, r, plo[s], phi[s]);
+                if (ROPE) rope_id_load(rp, tok[s], plo[s], phi[s]);
             }
         }
+        float ca[W], sa[W];   /* ROPE: the angles */
 #pragma unroll
         for (int s = 0; s < SR; s++) {
             const int64_t r = base + s * RPW;
             const bool live = r < rows && g < units;
             if (ROPE) {   /* dy rotated back and rounded, as the fused RoPE's backward stores it */
-                float ca[W], sa[W], d[W];
-                rope_angles<W, G>(rp, r < rows, plo[s], phi[s], g, ca, sa);
+                float d[W];
+                if (new_angles(plo, phi, s, r < rows)) rope_angles<W, G>(rp, r < rows, plo[s], phi[s], g, ca, sa);
                 rope_unit<T, W, G>(dv[s], g, ca, sa, -1.0f, d);
 #pragma unroll
                 for (int j = 0; j < W; j++) dv[s].e[j] = lk_from_f32<T>(d[j]);
@@ -797,7 +843,7 @@ __global__ void __launch_bounds__(SHORT_THREADS) bwd_short(const T *__restrict__
                 acc[j] = fmaf(d, xh, acc[j]);
                 o[j] = rs * fmaf(-xh, mean, d * (wv[j] + off));   /* the CPU row's g − x̂·m, pinned: ROPE rounds as the plain one */
             }
-            lk_stw<T, W>(dx + lk_row_at(rw.dx, r) + g * W, o);
+            lk_stw<T, W>(dx + dxo[s] + g * W, o);
         }
     }
     if (partial == NULL) return;

@@ -234,8 +234,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
-    /* cg from a shuffle: warp-uniform to ptxas, so the descriptors built from it stay in uniform registers */
-    const int ct = tid - 128, cg = __shfl_sync(0xffffffffu, ct / 128, 0), w = (ct % 128) / 32, lane = tid % 32;
+    const int ct = tid - 128, cg = warp_uniform(ct / 128), w = (ct % 128) / 32, lane = tid % 32;
     const int rw = cg * 64 + w * 16 + lane / 4;     /* this thread's rows: rw and rw + 8 of the block */
     int lo[2], hi[2];
 #pragma unroll

@@ -503,8 +503,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REG_MATH));
-    /* cg from a shuffle: warp-uniform to ptxas, so the descriptors built from it stay in uniform registers */
-    const int ct = tid - 128, cg = __shfl_sync(0xffffffffu, ct / 128, 0), w = (ct % 128) / 32, lane = tid % 32, t4 = lane % 4;
+    const int ct = tid - 128, cg = warp_uniform(ct / 128), w = (ct % 128) / 32, lane = tid % 32, t4 = lane % 4;
     const int kb = k0 + cg * 64, key0 = kb + w * 16 + lane / 4;   /* this thread's keys: key0, key0 + 8 */
     float dk[DP / 2], dv[DP / 2];
 #pragma unroll

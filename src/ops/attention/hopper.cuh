@@ -139,6 +139,8 @@ static __device__ __forceinline__ uint64_t warp_uniform(uint64_t v) {
     const uint32_t lo = __shfl_sync(0xffffffffu, (uint32_t)v, 0), hi = __shfl_sync(0xffffffffu, (uint32_t)(v >> 32), 0);
     return (uint64_t)hi << 32 | lo;
 }
+/* The same for an index the descriptors are built from (a consumer warpgroup's). */
+static __device__ __forceinline__ int warp_uniform(int v) { return __shfl_sync(0xffffffffu, v, 0); }
 
 /* The accumulators are written by the tensor cores between issue and wait: these empty
  * asm statements keep the compiler from moving their reads or writes across. */

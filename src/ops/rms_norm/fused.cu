@@ -670,6 +670,9 @@ static __device__ __forceinline__ void rows_at(lk_rows m, int64_t r0, int d, int
     }
 }
 
+/* Rows of [T, heads] whose offset is the token: rows_at of it gives each row's r / heads. */
+static __device__ __forceinline__ lk_rows token_rows(const norm_rope &rp) { return lk_rows{rp.heads, 1, 0}; }
+
 /* Token t's position id, read raw (lo, and hi for i64): nothing waits on the load until the
  * angles are read. */
 static __device__ __forceinline__ void rope_id_load(const norm_rope &rp, int64_t t, int &lo, int &hi) {
@@ -750,7 +753,7 @@ __global__ void __launch_bounds__(SHORT_THREADS) fwd_short(const T *__restrict__
     int plo[SR], phi[SR];   /* ROPE: each row's position id, as loaded */
     int64_t xo[SR], yo[SR], tok[SR];
     rows_at<SR>(rw.x, base, RPW, xo), rows_at<SR>(rw.y, base, RPW, yo);
-    if (ROPE) rows_at<SR>(lk_rows{rp.heads, 1, 0}, base, RPW, tok);
+    if (ROPE) rows_at<SR>(token_rows(rp), base, RPW, tok);
 #pragma unroll
     for (int s = 0; s < SR; s++) {
         const int64_t r = base + s * RPW;
@@ -804,7 +807,7 @@ __global__ void __launch_bounds__(SHORT_THREADS) bwd_short(const T *__restrict__
         int plo[SR], phi[SR];   /* ROPE: each row's position id, as loaded */
         int64_t xo[SR], dyo[SR], dxo[SR], tok[SR];
         rows_at<SR>(rw.x, base, RPW, xo), rows_at<SR>(rw.dy, base, RPW, dyo), rows_at<SR>(rw.dx, base, RPW, dxo);
-        if (ROPE) rows_at<SR>(lk_rows{rp.heads, 1, 0}, base, RPW, tok);
+        if (ROPE) rows_at<SR>(token_rows(rp), base, RPW, tok);
 #pragma unroll
         for (int s = 0; s < SR; s++) {
             const int64_t r = base + s * RPW;

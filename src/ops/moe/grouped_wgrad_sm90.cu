@@ -270,6 +270,26 @@ static __device__ __forceinline__ void cp_gathered(uint32_t dst, const lk_bf16_t
     }
 }
 
+/* Thread 0's part of a step's loads, for both kernels: the operands that are not gathered
+ * (NA and NB blocks of 64 columns) by TMA against the stage's `full` when the step's 64 rows
+ * are all the expert's (whole); else, with nothing for TMA, a plain arrival. */
+template <bool AG, bool BG, int NA, int NB>
+static __device__ __forceinline__ void tma_step(uint8_t *a, uint8_t *b, const CUtensorMap *ta, const CUtensorMap *tb,
+                                                uint64_t *full, bool whole, int64_t m0, int64_t n0, int64_t kr) {
+    const uint32_t bytes = whole ? (uint32_t)((AG ? 0 : NA) + (BG ? 0 : NB)) * BLK : 0u;
+    if (bytes) {
+        mbar_expect_tx(full, bytes);
+        if (!AG)
+#pragma unroll
+            for (int j = 0; j < NA; j++) tma_load(a + j * BLK, ta, full, (int)m0 + 64 * j, (int)kr, 0);
+        if (!BG)
+#pragma unroll
+            for (int j = 0; j < NB; j++) tma_load(b + j * BLK, tb, full, (int)n0 + 64 * j, (int)kr, 0);
+    } else {
+        mbar_arrive(full);
+    }
+}
+
 #endif
 
 /* AG / BG: A / B gathered (cp.async always); otherwise TMA on the full K steps. Accumulator
@@ -346,22 +366,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad(const __grid_constan
                     asm volatile("bar.sync 1, 128;" ::: "memory");   /* the producer's warps: tk written */
                 }
                 if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
-                if (tid == 0) {
-                    const uint32_t bytes = whole ? (AG ? 0u : (uint32_t)A_BYTES) + (BG ? 0u : (uint32_t)B_BYTES) : 0u;
-                    if (bytes) {
-                        mbar_expect_tx(&full[s], bytes);
-                        if (!AG)
-#pragma unroll
-                            for (int j = 0; j < BM / 64; j++)
-                                tma_load(a + j * BLK, &ta, &full[s], (int)m0 + 64 * j, (int)kr, 0);
-                        if (!BG)
-#pragma unroll
-                            for (int j = 0; j < BN / 64; j++)
-                                tma_load(b + j * BLK, &tb, &full[s], (int)n0 + 64 * j, (int)kr, 0);
-                    } else {
-                        mbar_arrive(&full[s]);
-                    }
-                }
+                if (tid == 0) tma_step<AG, BG, BM / 64, BN / 64>(a, b, &ta, &tb, &full[s], whole, m0, n0, kr);
                 if (AG) cp_gathered<BM / 8>(smem_u32(a), p.a.p, tk, m0, p.m, tid);
                 else if (!whole) cp_rows<BM / 8>(a, p.a, nullptr, kr, klim, m0, p.m, tid);
                 if (BG) cp_gathered<BN / 8>(smem_u32(b), p.b.p, tk, n0, p.n, tid);
@@ -609,22 +614,7 @@ __global__ void __launch_bounds__(THREADS, 1) gg_sm90_wgrad_pp(const __grid_cons
                     asm volatile("bar.sync 1, 128;" ::: "memory");   /* the producer's warps: tk written */
                 }
                 if (it >= PSTAGES) mbar_wait(&empty[s], ((it / PSTAGES) - 1) & 1);
-                if (tid == 0) {
-                    const uint32_t bytes = whole ? (AG ? 0u : (uint32_t)A_BYTES) + (BG ? 0u : (uint32_t)PB_BYTES) : 0u;
-                    if (bytes) {
-                        mbar_expect_tx(&full[s], bytes);
-                        if (!AG)
-#pragma unroll
-                            for (int j = 0; j < BM / 64; j++)
-                                tma_load(a + j * BLK, &ta, &full[s], (int)m0 + 64 * j, (int)kr, 0);
-                        if (!BG)
-#pragma unroll
-                            for (int j = 0; j < PN / 64; j++)
-                                tma_load(b + j * BLK, &tb, &full[s], (int)n0 + 64 * j, (int)kr, 0);
-                    } else {
-                        mbar_arrive(&full[s]);
-                    }
-                }
+                if (tid == 0) tma_step<AG, BG, BM / 64, PN / 64>(a, b, &ta, &tb, &full[s], whole, m0, n0, kr);
                 if (AG || !whole) cp_rows<BM / 8>(a, p.a, AG ? tk : nullptr, kr, klim, m0, p.m, tid);
                 if (BG || !whole) cp_rows<PN / 8>(b, p.b, BG ? tk : nullptr, kr, klim, n0, p.n, tid);
                 cp_arrive_noinc_w(&full[s]);   /* arrives when this thread's copies have landed */

@@ -195,6 +195,36 @@ static __device__ __forceinline__ void store2(lk_bf16_t *row, int col, int D, fl
 /* Query row i sees keys [lo, hi). */
 static __device__ __forceinline__ void row_iv(const fa_args &p, int i, int &lo, int &hi) { lk_attn_row_iv(p.vis, i, lo, hi); }
 
+/* A query tile's key tiles of BN keys, the forward's and fa2_dq's walk: flex_attention's mask tiles
+ * (the fpart partial ones first, then the full ones; two key tiles a mask tile), or every tile from
+ * the first row's first visible key (klo) to the last row's last; [maxlo, minhi) every row sees, so
+ * a tile inside it needs no mask. */
+template <int FLEX> struct key_tiles {
+    int n, klo, maxlo, minhi, fpart;
+    const int32_t *fidx, *fbit;        /* FLEX: the mask tiles' key tiles and their bits */
+    __device__ int key0(int t) const { return FLEX ? fidx[t >> 1] * LK_FLEX_TILE + (t & 1) * BN : klo + t * BN; }
+    /* FLEX, a partial tile: its rows' bits (LK_FLEX_WORDS a row), from this key tile's first key */
+    __device__ const uint32_t *bits(const fa_args &p, int t) const {
+        return p.fx.bits + (int64_t)fbit[t >> 1] * LK_FLEX_TILE_WORDS + (t & 1) * 2;
+    }
+};
+template <int FLEX>
+static __device__ __forceinline__ key_tiles<FLEX> key_tiles_of(const fa_args &p, int b, int h, int q0, int nq) {
+    key_tiles<FLEX> w{0, 0, 0, 0, 0, nullptr, nullptr};
+    if (FLEX) {
+        const int64_t row = (int64_t)lk_flex_pattern(&p.fx, b, h) * p.fx.nq + q0 / LK_FLEX_TILE;
+        w.fpart = p.fx.kv_cnt[2 * row];
+        w.n = 2 * (w.fpart + p.fx.kv_cnt[2 * row + 1]);
+        w.fidx = p.fx.kv_idx + row * p.fx.nk, w.fbit = p.fx.kv_bit + row * p.fx.nk;
+    } else {
+        int khi;
+        row_iv(p, q0, w.klo, w.minhi);
+        row_iv(p, q0 + nq - 1, w.maxlo, khi);
+        w.n = khi > w.klo ? (khi - w.klo + BN - 1) / BN : 0;
+    }
+    return w;
+}
+
 /* score → the value the softmax exponentiates, before the log2e·scale factor: the raw
  * q·k, or cap·tanh(scale·q·k / cap) with softcap (its factor is then log2e alone). */
 static __device__ __forceinline__ float capped(float x, const fa_args &p, float *dfac) {
@@ -228,26 +258,15 @@ static __global__ void __launch_bounds__(WARPS * 32, 1) fa2_fwd(const fa_args p)
     const lk_bf16_t *vg = p.v + ((int64_t)b * p.Hkv + h / p.G) * p.Skv * p.D;
     load_tile<DP, NT, BM>(qs, p.q + ((int64_t)bh * p.Sq + q0) * p.D, p.D, nq, p.D, p.vec);
     cp_commit();
-    int klo = 0, minhi = 0, maxlo = 0, khi = 0, ntiles, fpart = 0;
-    const int32_t *fidx = nullptr, *fbit = nullptr;
-    if (FLEX) {   /* the mask's partial tiles, then its full ones */
-        const int64_t row = (int64_t)lk_flex_pattern(&p.fx, b, h) * p.fx.nq + q0 / LK_FLEX_TILE;
-        fpart = p.fx.kv_cnt[2 * row];
-        ntiles = 2 * (fpart + p.fx.kv_cnt[2 * row + 1]);
-        fidx = p.fx.kv_idx + row * p.fx.nk, fbit = p.fx.kv_bit + row * p.fx.nk;
-    } else {
+    if (!FLEX)
         for (int r = tid; r < BM; r += NT) {
             int l = 0, u = 0;
             if (r < nq) row_iv(p, q0 + r, l, u);
             lo_s[r] = l, hi_s[r] = u;
         }
-        row_iv(p, q0, klo, minhi);
-        row_iv(p, q0 + nq - 1, maxlo, khi);
-        ntiles = khi > klo ? (khi - klo + BN - 1) / BN : 0;
-    }
-    auto key0 = [&](int t) { return FLEX ? fidx[t >> 1] * LK_FLEX_TILE + (t & 1) * BN : klo + t * BN; };
-    if (ntiles > 0) {
-        const int ka = key0(0);
+    const key_tiles<FLEX> kw = key_tiles_of<FLEX>(p, b, h, q0, nq);
+    if (kw.n > 0) {
+        const int ka = kw.key0(0);
         load_tile<DP, NT, BN>(ks, kg + (int64_t)ka * p.D, p.D, min(BN, p.Skv - ka), p.D, p.vec);
         load_tile<DP, NT, BN>(vs, vg + (int64_t)ka * p.D, p.D, min(BN, p.Skv - ka), p.D, p.vec);
     }
@@ -264,12 +283,12 @@ static __global__ void __launch_bounds__(WARPS * 32, 1) fa2_fwd(const fa_args p)
 #pragma unroll
         for (int n = 0; n < ND; n++) o[i][n][0] = o[i][n][1] = o[i][n][2] = o[i][n][3] = 0.0f;
     }
-    for (int t = 0; t < ntiles; t++) {
-        const int k0 = key0(t);
+    for (int t = 0; t < kw.n; t++) {
+        const int k0 = kw.key0(t);
         cp_wait<0>();      /* Q and tile t landed */
         __syncthreads();   /* ... for every thread; every warp is past tile t-1, whose stage refills now */
-        if (t + 1 < ntiles) {
-            const int k1 = key0(t + 1), st = (t + 1) & 1;
+        if (t + 1 < kw.n) {
+            const int k1 = kw.key0(t + 1), st = (t + 1) & 1;
             load_tile<DP, NT, BN>(ks + st * BN * DP, kg + (int64_t)k1 * p.D, p.D, min(BN, p.Skv - k1), p.D, p.vec);
             load_tile<DP, NT, BN>(vs + st * BN * DP, vg + (int64_t)k1 * p.D, p.D, min(BN, p.Skv - k1), p.D, p.vec);
         }
@@ -293,8 +312,8 @@ static __global__ void __launch_bounds__(WARPS * 32, 1) fa2_fwd(const fa_args p)
                 for (int i = 0; i < MT; i++) mma(s[i][2 * np], a[i], bb[0], bb[1]), mma(s[i][2 * np + 1], a[i], bb[2], bb[3]);
             }
         }
-        const bool full = FLEX ? (t >> 1) >= fpart : k0 >= maxlo && k0 + BN <= minhi;
-        const uint32_t *fb = FLEX && !full ? p.fx.bits + (int64_t)fbit[t >> 1] * LK_FLEX_TILE_WORDS + (t & 1) * 2 : nullptr;
+        const bool full = FLEX ? (t >> 1) >= kw.fpart : k0 >= kw.maxlo && k0 + BN <= kw.minhi;
+        const uint32_t *fb = FLEX && !full ? kw.bits(p, t) : nullptr;
         if (CAP)
 #pragma unroll
             for (int i = 0; i < MT; i++)
@@ -888,21 +907,9 @@ static __global__ void __launch_bounds__(128, 1) fa2_dq(const fa_args p) {
             dl[hh] = p.delta[(int64_t)bh * p.Sq + q0 + r];
         }
     }
-    int klo = 0, minhi = 0, maxlo = 0, khi = 0, ntiles, fpart = 0;
-    const int32_t *fidx = nullptr, *fbit = nullptr;
-    if (FLEX) {
-        const int64_t row = (int64_t)lk_flex_pattern(&p.fx, b, h) * p.fx.nq + q0 / LK_FLEX_TILE;
-        fpart = p.fx.kv_cnt[2 * row];
-        ntiles = 2 * (fpart + p.fx.kv_cnt[2 * row + 1]);
-        fidx = p.fx.kv_idx + row * p.fx.nk, fbit = p.fx.kv_bit + row * p.fx.nk;
-    } else {
-        row_iv(p, q0, klo, minhi);
-        row_iv(p, q0 + nq - 1, maxlo, khi);
-        ntiles = khi > klo ? (khi - klo + BN - 1) / BN : 0;
-    }
-    auto key0 = [&](int t) { return FLEX ? fidx[t >> 1] * LK_FLEX_TILE + (t & 1) * BN : klo + t * BN; };
-    if (ntiles > 0) {
-        const int ka = key0(0);
+    const key_tiles<FLEX> kw = key_tiles_of<FLEX>(p, b, h, q0, nq);
+    if (kw.n > 0) {
+        const int ka = kw.key0(0);
         load_tile<DP, NT, BN>(ks, kg + (int64_t)ka * p.D, p.D, min(BN, p.Skv - ka), p.D, p.vec);
         load_tile<DP, NT, BN>(vs, vg + (int64_t)ka * p.D, p.D, min(BN, p.Skv - ka), p.D, p.vec);
     }
@@ -911,12 +918,12 @@ static __global__ void __launch_bounds__(128, 1) fa2_dq(const fa_args p) {
     float acc[ND][4];
 #pragma unroll
     for (int n = 0; n < ND; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    for (int t = 0; t < ntiles; t++) {
-        const int k0 = key0(t);
+    for (int t = 0; t < kw.n; t++) {
+        const int k0 = kw.key0(t);
         cp_wait<0>();
         __syncthreads();   /* tile t in for every thread; tile t-1's stage free */
-        if (t + 1 < ntiles) {
-            const int k1 = key0(t + 1), st = (t + 1) & 1;
+        if (t + 1 < kw.n) {
+            const int k1 = kw.key0(t + 1), st = (t + 1) & 1;
             load_tile<DP, NT, BN>(ks + st * BN * DP, kg + (int64_t)k1 * p.D, p.D, min(BN, p.Skv - k1), p.D, p.vec);
             load_tile<DP, NT, BN>(vs + st * BN * DP, vg + (int64_t)k1 * p.D, p.D, min(BN, p.Skv - k1), p.D, p.vec);
         }
@@ -941,10 +948,10 @@ static __global__ void __launch_bounds__(128, 1) fa2_dq(const fa_args p) {
                 mma(dp[2 * np], ag, bb[0], bb[1]), mma(dp[2 * np + 1], ag, bb[2], bb[3]);
             }
         }
-        const bool full = FLEX ? (t >> 1) >= fpart : k0 >= maxlo && k0 + BN <= minhi;
+        const bool full = FLEX ? (t >> 1) >= kw.fpart : k0 >= kw.maxlo && k0 + BN <= kw.minhi;
         uint64_t seen[2] = {0, 0};   /* FLEX: the two rows' 64 keys, from this lane's column on */
         if (FLEX && !full) {
-            const uint32_t *fb = p.fx.bits + (int64_t)fbit[t >> 1] * LK_FLEX_TILE_WORDS + (t & 1) * 2;
+            const uint32_t *fb = kw.bits(p, t);
 #pragma unroll
             for (int hh = 0; hh < 2; hh++)
                 seen[hh] = *reinterpret_cast<const uint64_t *>(fb + (q0 % LK_FLEX_TILE + rw + g + 8 * hh) *

@@ -200,7 +200,7 @@ static __device__ __forceinline__ void row_iv(const fa_args &p, int i, int &lo, 
  * the first row's first visible key (klo) to the last row's last; [maxlo, minhi) every row sees, so
  * a tile inside it needs no mask. */
 template <int FLEX> struct key_tiles {
-    int n, klo, maxlo, minhi, fpart;
+    int n, klo, maxlo, minhi, fpart;   /* n: the tiles to walk */
     const int32_t *fidx, *fbit;        /* FLEX: the mask tiles' key tiles and their bits */
     __device__ int key0(int t) const { return FLEX ? fidx[t >> 1] * LK_FLEX_TILE + (t & 1) * BN : klo + t * BN; }
     /* FLEX, a partial tile: its rows' bits (LK_FLEX_WORDS a row), from this key tile's first key */

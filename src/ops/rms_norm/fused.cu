@@ -673,6 +673,33 @@ static __device__ __forceinline__ void rows_at(lk_rows m, int64_t r0, int d, int
 /* Rows of [T, heads] whose offset is the token: rows_at of it gives each row's r / heads. */
 static __device__ __forceinline__ lk_rows token_rows(const norm_rope &rp) { return lk_rows{rp.heads, 1, 0}; }
 
+/* Rows r0 + s·d (s < N) as (r / inner, r % inner) in 32 bits, once for every view of that
+ * inner count (the q and k norms' x, y or dy, dx and the position ids are all [T, heads]):
+ * each view's offset is then two multiply-adds, where rows_at steps 64-bit values a view.
+ * 0 where a row index or inner passes 2^31 (rows_at's 64-bit path then). */
+template <int N>
+static __device__ __forceinline__ bool split_rows(int64_t inner, int64_t r0, int d, uint32_t *q, uint32_t *rem) {
+    if (inner > INT32_MAX || r0 + (int64_t)N * d > INT32_MAX) return false;
+    if (inner == 1) {
+#pragma unroll
+        for (int s = 0; s < N; s++) q[s] = (uint32_t)r0 + s * d, rem[s] = 0;
+        return true;
+    }
+    const uint32_t in = (uint32_t)inner;
+    uint32_t qq = (uint32_t)r0 / in, rr = (uint32_t)r0 - qq * in;
+#pragma unroll
+    for (int s = 0; s < N; s++) {
+        q[s] = qq, rem[s] = rr;
+        for (rr += d; rr >= in; rr -= in) qq++;
+    }
+    return true;
+}
+
+/* The first element of the row at (q, rem) of view m (rows.h). */
+static __device__ __forceinline__ int64_t row_of(lk_rows m, uint32_t q, uint32_t rem) {
+    return (int64_t)q * m.outer + (int64_t)rem * m.step;
+}
+
 /* Token t's position id, read raw (lo, and hi for i64): nothing waits on the load until the
  * angles are read. */
 static __device__ __forceinline__ void rope_id_load(const norm_rope &rp, int64_t t, int &lo, int &hi) {
@@ -752,8 +779,14 @@ __global__ void __launch_bounds__(SHORT_THREADS) fwd_short(const T *__restrict__
     lk_pack<T, W> v[SR];
     int plo[SR], phi[SR];   /* ROPE: each row's position id, as loaded */
     int64_t xo[SR], yo[SR], tok[SR];
-    rows_at<SR>(rw.x, base, RPW, xo), rows_at<SR>(rw.y, base, RPW, yo);
-    if (ROPE) rows_at<SR>(token_rows(rp), base, RPW, tok);
+    uint32_t q[SR], h[SR];
+    if (rw.y.inner == rw.x.inner && (!ROPE || rp.heads == rw.x.inner) && split_rows<SR>(rw.x.inner, base, RPW, q, h)) {
+#pragma unroll
+        for (int s = 0; s < SR; s++) xo[s] = row_of(rw.x, q[s], h[s]), yo[s] = row_of(rw.y, q[s], h[s]), tok[s] = q[s];
+    } else {
+        rows_at<SR>(rw.x, base, RPW, xo), rows_at<SR>(rw.y, base, RPW, yo);
+        if (ROPE) rows_at<SR>(token_rows(rp), base, RPW, tok);
+    }
 #pragma unroll
     for (int s = 0; s < SR; s++) {
         const int64_t r = base + s * RPW;
@@ -806,8 +839,18 @@ __global__ void __launch_bounds__(SHORT_THREADS) bwd_short(const T *__restrict__
         float rsv[SR];          /* each row's rstd, with its loads */
         int plo[SR], phi[SR];   /* ROPE: each row's position id, as loaded */
         int64_t xo[SR], dyo[SR], dxo[SR], tok[SR];
-        rows_at<SR>(rw.x, base, RPW, xo), rows_at<SR>(rw.dy, base, RPW, dyo), rows_at<SR>(rw.dx, base, RPW, dxo);
-        if (ROPE) rows_at<SR>(token_rows(rp), base, RPW, tok);
+        uint32_t q[SR], h[SR];
+        if (rw.dy.inner == rw.x.inner && rw.dx.inner == rw.x.inner && (!ROPE || rp.heads == rw.x.inner) &&
+            split_rows<SR>(rw.x.inner, base, RPW, q, h)) {
+#pragma unroll
+            for (int s = 0; s < SR; s++) {
+                xo[s] = row_of(rw.x, q[s], h[s]), dyo[s] = row_of(rw.dy, q[s], h[s]);
+                dxo[s] = row_of(rw.dx, q[s], h[s]), tok[s] = q[s];
+            }
+        } else {
+            rows_at<SR>(rw.x, base, RPW, xo), rows_at<SR>(rw.dy, base, RPW, dyo), rows_at<SR>(rw.dx, base, RPW, dxo);
+            if (ROPE) rows_at<SR>(token_rows(rp), base, RPW, tok);
+        }
 #pragma unroll
         for (int s = 0; s < SR; s++) {
             const int64_t r = base + s * RPW;

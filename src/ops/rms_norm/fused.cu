@@ -629,11 +629,13 @@ static lk_status launch_bwd(const plan *p, const lk_rms_norm_args *a, float *par
  * instruction with ~5 warps a scheduler, DRAM at 44-50%): a set finds its rows by one
  * division and steps (rows_at) where each row divided three times, and the angles load once
  * a set. In the 0.6B dense step (H100, bench/NOTES.md, fifty-fourth session) fwd_short went
- * 106.6 -> 95.1 us a call and bwd_short 157.4 -> 135.5. Holding the next set's loads in
+ * 106.6 -> 95.1 us a call and bwd_short 157.4 -> 135.5; with the split shared by every view
+ * of one inner count (split_rows: x, y or dy, dx and the position ids of the q and k norms)
+ * 95.8 -> 91.5 and 135.2 -> 126.0 (fifty-sixth session). Holding the next set's loads in
  * registers while this one is formed was slower (+6%, +17%: the registers cost warps).
  * Registers (ptxas -v, sm_90a, bf16): fwd_short 66-72 (ROPE 79-80: 6 blocks an SM),
- * bwd_short 96 (ROPE 127-128: 4 blocks an SM, the grid both take: launch_bwd_short); f32 48
- * (62-64), 91-93 (96-102); no spill. */
+ * bwd_short 103-105 (ROPE 127-128: 4 blocks an SM, the grid both take: launch_bwd_short);
+ * f32 48-54 (63-72), 92-96 (96-105); no spill. */
 #define SR 4
 #define SHORT_THREADS 128
 
@@ -998,10 +1000,10 @@ static lk_status launch_bwd_short(const lk_rms_norm_args *a, float *partial, int
     void (*k)(const T *, const TW *, const T *, T *, const float *, float *, int64_t, int, float, bwd_rows,
               norm_rope) = a->rope ? bwd_short_of<T, TW, W, true>(G) : bwd_short_of<T, TW, W, false>(G);
     const int64_t per_block = (SHORT_THREADS / 32) * (32 / G) * SR;
-    /* The grid is what fits of the ROPE kernel (the larger: 116 registers in bf16, 4 blocks an
-     * SM, against 94 and 5), with or without rope: the dweight parts follow the grid, so a
-     * norm with rope and one without (then the fused RoPE) sum dweight in the same order,
-     * to the same bits. The plain kernel gives up its fifth block an SM (not measured). */
+    /* The grid is what fits of the ROPE kernel (the larger: 127 registers in bf16, 4 blocks an
+     * SM; the plain one's 103 fit 4 too), with or without rope: the dweight parts follow the
+     * grid, so a norm with rope and one without (then the fused RoPE) sum dweight in the same
+     * order, to the same bits. */
     lk_status s = fit_grid(bwd_short_of<T, TW, W, true>(G), SHORT_THREADS,
                            max_parts < lk_cdiv(rows, per_block) ? max_parts : lk_cdiv(rows, per_block), parts);
     if (s) return s;

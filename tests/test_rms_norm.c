@@ -88,15 +88,17 @@ static void every_impl_matches_reference(void **state) {
 /* Strided views (rms_norm.h): x and dx read and written as [T, H, n] rows of a padded
  * token-major buffer, y and dy head-major, as a decoder's q/k norms use them; the gaps
  * between the token rows stay as poisoned. The fused row takes them, odd sizes included
- * (its streaming stores off: a view's rows may be unaligned), with an f32 weight too; the
- * eager rows refuse them (rms_norm_takes_views says which) with outputs untouched. */
+ * (its streaming stores off: a view's rows may be unaligned), with an f32 weight too, and
+ * with y and dy contiguous beside the strided x (views 2: unlike row layouts); the eager
+ * rows refuse them (rms_norm_takes_views says which) with outputs untouched. */
 static void views_match_reference(void **state) {
     (void)state;
     static const lk_shape shapes[] = {{3, {5, 3, 33}}, {3, {17, 4, 128}}, {3, {2, 16, 64}}, {3, {64, 2, 7}}};
-    lk_rms_norm_case c = {.views = 1}, cw = {.views = 1, .f32_weight = 1};
+    lk_rms_norm_case c = {.views = 1}, cw = {.views = 1, .f32_weight = 1}, cc = {.views = 2};
     for (size_t d = 0; d < 2; d++)
         for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
             expect_matches("fused", dtypes[d], shapes[k], &c, 600 + k);
+            expect_matches("fused", dtypes[d], shapes[k], &cc, 630 + k);
             if (dtypes[d] == LK_BF16) expect_matches("fused", LK_BF16, shapes[k], &cw, 610 + k);
         }
     assert_true(lk_rms_norm_takes_views(impl_named("fused")));
@@ -821,10 +823,12 @@ static int setup(void **state) {
 static void rope_matches_reference(void **state) {
     (void)state;
     static const lk_shape shapes[] = {{3, {5, 3, 34}}, {3, {17, 4, 128}}, {3, {2, 16, 64}}, {3, {7, 1, 10}}};
-    lk_rms_norm_case c = {.views = 1, .rope = 1}, cw = {.views = 1, .rope = 1, .f32_weight = 1};
+    lk_rms_norm_case c = {.views = 1, .rope = 1}, cw = {.views = 1, .rope = 1, .f32_weight = 1},
+                     cc = {.views = 2, .rope = 1};
     for (size_t d = 0; d < 2; d++)
         for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
             expect_matches("fused", dtypes[d], shapes[k], &c, 700 + k);
+            expect_matches("fused", dtypes[d], shapes[k], &cc, 720 + k);
             if (dtypes[d] == LK_BF16) expect_matches("fused", LK_BF16, shapes[k], &cw, 710 + k);
         }
     assert_true(lk_rms_norm_takes_rope(impl_named("fused")));

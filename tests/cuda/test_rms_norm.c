@@ -227,7 +227,9 @@ static void f32_weight_matches_reference(void **state) {
  * heads, a row of 16 accesses a block's; 5x3x520 a warp's), the block register kernels
  * (17x2x8, 7x3x200), the looped ones (2x2x40000, 3x2x4097 scalar), more rows than the
  * backward grid (4099x2x64);
- * plain and with an f32 weight; dx's gaps untouched. eager_fp32 refuses them. */
+ * plain and with an f32 weight; dx's gaps untouched; and with y and dy contiguous beside the
+ * strided x and dx (views 2: the short kernels' rows of unlike layouts, rows_at a view).
+ * eager_fp32 refuses them. */
 static void views_match_reference(void **state) {
     (void)state;
     const lk_impl *impl = lk_impl_find(LK_OP_RMS_NORM, "fused", LK_DEVICE_CUDA);
@@ -237,6 +239,8 @@ static void views_match_reference(void **state) {
                                       {3, {2, 2, 40000}}, {3, {3, 2, 4097}}, {3, {4099, 2, 64}}};
     const lk_rms_norm_case cs[] = {{.views = 1}, {.views = 1, .f32_weight = 1}};
     fused_cases(impl, shapes, sizeof shapes / sizeof *shapes, cs, "views", 970);
+    const lk_rms_norm_case cc[] = {{.views = 2}, {.views = 2, .f32_weight = 1}};
+    fused_cases(impl, shapes, sizeof shapes / sizeof *shapes, cc, "views 2", 1040);
     const lk_impl *eager = lk_impl_find(LK_OP_RMS_NORM, "eager_fp32", LK_DEVICE_CUDA);
     assert_non_null(eager);
     assert_false(lk_rms_norm_takes_views(eager));
@@ -487,6 +491,8 @@ static void rope_matches_reference(void **state) {
     static const lk_shape shapes[] = {{3, {29, 3, 128}}, {3, {13, 8, 64}}, {3, {1000, 16, 128}}, {3, {9, 4, 16}}};
     const lk_rms_norm_case cs[] = {{.views = 1, .rope = 1}, {.views = 1, .rope = 1, .f32_weight = 1}};
     fused_cases(impl, shapes, sizeof shapes / sizeof *shapes, cs, "rope", 1010);
+    const lk_rms_norm_case cc[] = {{.views = 2, .rope = 1}, {.views = 2, .rope = 1, .f32_weight = 1}};
+    fused_cases(impl, shapes, sizeof shapes / sizeof *shapes, cc, "rope, views 2", 1050);
 }
 
 /* Rows the short kernels cannot pair are refused by the fused row with rope named, each

@@ -22,7 +22,9 @@ typedef struct {
     int views;              /* a 3-D shape [T, H, n] as a decoder's q/k norms see it: x and dx
                              * views of a [T, H·n + 8] token-major buffer, y and dy of a
                              * head-major [H, T, n] one (rms_norm.h); the gaps must stay as
-                             * poisoned. An implementation without views must refuse. */
+                             * poisoned. An implementation without views must refuse. 2: y
+                             * and dy contiguous instead (views of unlike row layouts: rows.h's
+                             * inner count H beside 1) */
     int rope;               /* with views: RoPE after the norm (rms_norm.h), tables of 97 positions and
                              * random ids; the reference rotates y, and dy back before the backward's */
 } lk_rms_norm_case;

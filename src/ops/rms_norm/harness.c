@@ -67,13 +67,14 @@ static void residual_reference(const float *rf, const void *delta, lk_dtype dt, 
 }
 
 /* The views case's layouts of a [T, H, n] shape: token-major rows in a padded buffer
- * (x, dx), or head-major (y, dy). */
+ * (x, dx), head-major (y, dy), or contiguous (y, dy of views 2). */
 #define VIEW_GAP 8
-static lk_tensor view_of(void *p, lk_dtype dt, const lk_shape *shape, int head_major) {
+enum { VIEW_PADDED, VIEW_HEAD_MAJOR, VIEW_CONTIGUOUS };
+static lk_tensor view_of(void *p, lk_dtype dt, const lk_shape *shape, int layout) {
     lk_tensor t = lk_tensor_view(p, dt, 3, shape->d);
     int64_t T = shape->d[0], H = shape->d[1], n = shape->d[2];
-    t.stride[0] = head_major ? n : H * n + VIEW_GAP;
-    t.stride[1] = head_major ? T * n : n;
+    if (layout == VIEW_PADDED) t.stride[0] = H * n + VIEW_GAP, t.stride[1] = n;
+    if (layout == VIEW_HEAD_MAJOR) t.stride[0] = n, t.stride[1] = T * n;
     return t;
 }
 
@@ -108,6 +109,8 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
     static const lk_rms_norm_case defaults = {0};
     if (!c) c = &defaults;
     lk_check_row_begin(row, "rms_norm", impl, dt, shape, impl ? lk_rms_norm_tol(impl, dt) : 0.0);
+    if (c->views < 0 || c->views > 2)
+        return lk_error(LK_EINVAL, "rms_norm: check: views: expected 0, 1 or 2, got %d", c->views);
     if (c->views && (shape->ndim != 3 || c->residual || c->inplace_dx))
         return lk_error(LK_EINVAL, "rms_norm: check: the views case takes a 3-D shape, without the residual mode or "
                         "inplace_dx");
@@ -205,8 +208,9 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
         .saved = {saved, saved_bytes}, .eps = eps, .weight_offset = c->weight_offset,
         .inplace_dx = c->inplace_dx, .norm_of_x = c->norm_of_x,
     };
-    lk_tensor hx = view_of(vx, dt, shape, 0), hy = view_of(vy, dt, shape, 1), hdy = view_of(vdy, dt, shape, 1),
-              hdx = view_of(vdx, dt, shape, 0);   /* the views case's host views */
+    const int yl = views == 2 ? VIEW_CONTIGUOUS : VIEW_HEAD_MAJOR;   /* the views case's host views */
+    lk_tensor hx = view_of(vx, dt, shape, VIEW_PADDED), hy = view_of(vy, dt, shape, yl),
+              hdy = view_of(vdy, dt, shape, yl), hdx = view_of(vdx, dt, shape, VIEW_PADDED);
     if (views) {
         lk_poison(vx, dt, (int64_t)(vtok / esz));
         lk_poison(vdx, dt, (int64_t)(vtok / esz));

@@ -678,7 +678,7 @@ static __device__ __forceinline__ lk_rows token_rows(const norm_rope &rp) { retu
 /* Rows r0 + s·d (s < N) as (r / inner, r % inner) in 32 bits, once for every view of that
  * inner count (the q and k norms' x, y or dy, dx and the position ids are all [T, heads]):
  * each view's offset is then two multiply-adds, where rows_at steps 64-bit values a view.
- * 0 where a row index or inner passes 2^31 (rows_at's 64-bit path then). */
+ * false where a row index or inner passes 2^31 (rows_at's 64-bit path then). */
 template <int N>
 static __device__ __forceinline__ bool split_rows(int64_t inner, int64_t r0, int d, uint32_t *q, uint32_t *rem) {
     if (inner > INT32_MAX || r0 + (int64_t)N * d > INT32_MAX) return false;

@@ -7,6 +7,9 @@
  * wrote), y the rounding of the exact norm of the stream (not of x), with norm_of_x
  * bit-identical to the plain norm of the x it wrote (what a recompute runs), in f32
  * bit-identical to a separate add and the plain norm either way, and its bad arguments.
+ * The stream in x's dtype (a bf16 residual, read only; rms_norm.h): against the reference,
+ * in place over x and dx too, bit for bit the f32 mode on the widened stream with
+ * norm_of_x (x, y, saved, dx, dweight), the residual never written, and its bad arguments.
  * An f32 weight beside bf16 x (bf16 training's f32 master weight, rms_norm.h): against
  * the reference in every mode, y the correct rounding of the f32 product and dweight an
  * f32 sum (not a bf16 one), and a weight or dweight of a third dtype refused.
@@ -195,6 +198,8 @@ static void fx_free(fixture *f) {
     free(f->x); free(f->w); free(f->y); free(f->dy); free(f->dx); free(f->dw); free(f->saved);
     lk_arena_free(&f->arena);
 }
+
+#define SENTINEL 0x5a   /* what an output holds before a call that must not write it */
 
 static size_t tensor_bytes(const fixture *f) { return (size_t)(f->rows * f->n) * lk_dtype_size(f->dt); }
 
@@ -462,6 +467,98 @@ static void residual_mode_matches_reference(void **state) {
     expect_matches("fused", LK_BF16, shape2(2048, 4096), &plain, 314);   /* streams its dx stores */
 }
 
+/* The stream in x's dtype (residual 2; bf16, f32 runs the f32 mode): x exact, the residual
+ * as it was, y and dx within the plain tolerances (dx = the rounding of residual + dx);
+ * in place the residual is x (forward) and dx (backward), as the model passes them. */
+static void stream_in_x_matches_reference(void **state) {
+    (void)state;
+    static const lk_shape shapes[] = {{2, {1, 1}}, {2, {3, 7}}, {2, {5, 33}}, {2, {4, 1023}}, {2, {3, 4099}},
+                                      {3, {2, 3, 65}}, {2, {64, 1024}}};
+    lk_rms_norm_case plain = {.residual = 2}, first = {.residual = 2, .no_delta = 1},
+                     in_place = {.residual = 2, .residual_in_place = 1}, bare = {.residual = 2, .no_weight = 1},
+                     f32w = {.residual = 2, .f32_weight = 1, .residual_in_place = 1},
+                     dx_over_dy = {.residual = 2, .inplace_dx = 1};
+    for (size_t i = 0; i < N_NAMES; i++)
+        for (size_t d = 0; d < 2; d++) {
+            for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
+                expect_matches(names[i], dtypes[d], shapes[k], &plain, 340 + k);
+                expect_matches(names[i], dtypes[d], shapes[k], &in_place, 350 + k);
+            }
+            expect_matches(names[i], dtypes[d], shape2(7, 33), &first, 361);
+            expect_matches(names[i], dtypes[d], shape2(4, 65), &bare, 362);
+            expect_matches(names[i], dtypes[d], shape2(9, 1031), &f32w, 363);
+            expect_matches(names[i], dtypes[d], shape2(9, 1031), &dx_over_dy, 364);
+        }
+    expect_matches("fused", LK_BF16, shape2(2048, 4096), &in_place, 365);   /* streams its dx stores */
+}
+
+/* The stream in x's dtype is the f32 mode on its widened values with norm_of_x, bit for
+ * bit: x = round(res + delta), y and rstd the plain norm of that x, dx = round(res + dx)
+ * (each row adds its dx in `it` as the f32 mode does), dweight the same; the bf16
+ * residual is never written (nor, in place, anything but x and dx). */
+static void stream_in_x_is_the_f32_mode_rounded(void **state) {
+    (void)state;
+    for (int in_place = 0; in_place <= 1; in_place++)
+        for (size_t i = 0; i < N_NAMES; i++) {
+            fixture f;
+            fx_init(&f, names[i], LK_BF16, 9, 1031, 411);
+            int64_t all = f.rows * f.n;
+            size_t tb = tensor_bytes(&f), wb = (size_t)f.n * 2;
+            lk_rng rng = lk_rng_make(412);
+            uint16_t *res = lk_random_tensor(&rng, LK_BF16, all, 1.0f, NULL), *res0 = malloc(tb);
+            void *delta = lk_random_tensor(&rng, LK_BF16, all, 0.5f, NULL);
+            uint16_t *g = lk_random_tensor(&rng, LK_BF16, all, 1.0f, NULL), *g0 = malloc(tb);
+            float *wide = malloc((size_t)all * 4);
+            void *x = malloc(tb), *y = malloc(tb), *saved = malloc(f.saved_bytes), *dx = malloc(tb), *dw = malloc(wb);
+            memcpy(res0, res, tb);
+            memcpy(g0, g, tb);
+            /* the f32 mode with norm_of_x on the widened stream: the bits to match */
+            lk_rms_norm_args a = f.a;
+            lk_convert(res, LK_BF16, wide, LK_F32, all);
+            a.residual = lk_tensor_2d(wide, LK_F32, f.rows, f.n);
+            a.delta = lk_tensor_2d(delta, LK_BF16, f.rows, f.n);
+            a.norm_of_x = 1;
+            memset(f.saved, SENTINEL, f.saved_bytes);   /* eager's padding between rstd and x̂ stays so */
+            assert_int_equal(lk_rms_norm_forward(f.impl, &a, &f.ctx), LK_OK);
+            memcpy(x, f.x, tb), memcpy(y, f.y, tb), memcpy(saved, f.saved, f.saved_bytes);
+            lk_convert(g, LK_BF16, wide, LK_F32, all);
+            assert_int_equal(lk_rms_norm_backward(f.impl, &a, &f.ctx), LK_OK);
+            memcpy(dx, f.dx, tb), memcpy(dw, f.dw, wb);
+            /* the stream in bf16, over poisoned outputs */
+            memset(f.y, SENTINEL, tb), memset(f.saved, SENTINEL, f.saved_bytes), memset(f.dw, SENTINEL, wb);
+            a = f.a;
+            a.delta = lk_tensor_2d(delta, LK_BF16, f.rows, f.n);
+            if (in_place) {
+                memcpy(f.x, res0, tb);
+                a.residual = a.x;
+            } else {
+                memset(f.x, SENTINEL, tb);
+                a.residual = lk_tensor_2d(res, LK_BF16, f.rows, f.n);
+            }
+            assert_int_equal(lk_rms_norm_forward(f.impl, &a, &f.ctx), LK_OK);
+            assert_memory_equal(x, f.x, tb);
+            assert_memory_equal(y, f.y, tb);
+            assert_memory_equal(saved, f.saved, f.saved_bytes);
+            if (in_place) {
+                memcpy(f.dx, g0, tb);
+                a.residual = a.dx;
+            } else {
+                memset(f.dx, SENTINEL, tb);
+                a.residual = lk_tensor_2d(g, LK_BF16, f.rows, f.n);
+            }
+            assert_int_equal(lk_rms_norm_backward(f.impl, &a, &f.ctx), LK_OK);
+            assert_memory_equal(dx, f.dx, tb);
+            assert_memory_equal(dw, f.dw, wb);
+            assert_memory_equal(res, res0, tb);   /* read only */
+            assert_memory_equal(g, g0, tb);
+            print_message("  %-10s bf16 stream%s: x, y, saved, dx, dweight the f32 mode's bits\n", names[i],
+                          in_place ? " in place" : "");
+            free(res); free(res0); free(delta); free(g); free(g0); free(wide);
+            free(x); free(y); free(saved); free(dx); free(dw);
+            fx_free(&f);
+        }
+}
+
 /* A recompute runs the plain norm on the x the residual forward wrote: with norm_of_x
  * the same y and saved bits. Without it the rows of f32 math normalize the stream in
  * bf16 (y differs from the plain norm of x); `eager` bf16 normalizes x either way. In
@@ -575,8 +672,6 @@ static void residual_norm_reads_the_stream(void **state) {
 static void residual_bad_arguments_are_refused(void **state);
 
 /* --- bad arguments ------------------------------------------------------------------ */
-
-#define SENTINEL 0x5a
 
 static void fill_sentinel(fixture *f) {
     memset(f->y, SENTINEL, tensor_bytes(f));
@@ -718,8 +813,8 @@ static void residual_bad_arguments_are_refused(void **state) {
         good.residual = lk_tensor_2d(res, LK_F32, f.rows, f.n);
         good.delta = lk_tensor_2d(delta, LK_BF16, f.rows, f.n);
         for (int bwd = 0; bwd <= 1; bwd++) {
-            a = good;                                   /* a bf16 residual */
-            a.residual.dtype = LK_BF16;
+            a = good;                                   /* an f16 residual (bf16 x takes f32 or bf16) */
+            a.residual.dtype = LK_F16;
             memset(res, SENTINEL, rbytes);
             expect_refused(&f, f.impl, &a, &f.ctx, bwd, LK_EDTYPE, "residual");
             assert_true(untouched(res, rbytes));
@@ -736,6 +831,16 @@ static void residual_bad_arguments_are_refused(void **state) {
         expect_refused(&f, f.impl, &a, &f.ctx, 0, LK_EINVAL, "residual");
         a = good;                                       /* the residual over dx */
         a.residual = lk_tensor_2d((char *)f.dx, LK_F32, f.rows, f.n);
+        expect_refused(&f, f.impl, &a, &f.ctx, 1, LK_EINVAL, "residual");
+        a = good;                                       /* a bf16 stream over y */
+        a.residual = lk_tensor_2d((char *)f.y, LK_BF16, f.rows, f.n);
+        expect_refused(&f, f.impl, &a, &f.ctx, 0, LK_EINVAL, "residual");
+        a = good;                                       /* a bf16 stream one row into x */
+        a.residual = lk_tensor_2d((char *)f.x + f.n * 2, LK_BF16, f.rows, f.n);
+        expect_refused(&f, f.impl, &a, &f.ctx, 0, LK_EINVAL, "residual");
+        a = good;                                       /* a bf16 stream over dx when dx is dy */
+        a.dx = a.dy, a.inplace_dx = 1;
+        a.residual = lk_tensor_2d((char *)f.dy, LK_BF16, f.rows, f.n);
         expect_refused(&f, f.impl, &a, &f.ctx, 1, LK_EINVAL, "residual");
         a = good;                                       /* a delta in another dtype */
         a.delta.dtype = LK_F32;
@@ -761,6 +866,14 @@ static void residual_bad_arguments_are_refused(void **state) {
         free(res); free(delta);
         fx_free(&f);
     }
+    fixture f;                                          /* a bf16 stream beside f32 x */
+    fx_init(&f, "fused", LK_F32, 4, 16, 502);
+    void *res = calloc((size_t)(f.rows * f.n), 2);
+    lk_rms_norm_args a = f.a;
+    a.residual = lk_tensor_2d(res, LK_BF16, f.rows, f.n);
+    for (int bwd = 0; bwd <= 1; bwd++) expect_refused(&f, f.impl, &a, &f.ctx, bwd, LK_EDTYPE, "residual");
+    free(res);
+    fx_free(&f);
 }
 
 /* A weight of neither x's dtype nor f32, and a dweight not of the weight's dtype: refused
@@ -1034,6 +1147,8 @@ int main(void) {
         cmocka_unit_test(residual_mode_is_the_plain_norm_of_x),
         cmocka_unit_test(residual_norm_reads_the_stream),
         cmocka_unit_test(residual_bad_arguments_are_refused),
+        cmocka_unit_test(stream_in_x_matches_reference),
+        cmocka_unit_test(stream_in_x_is_the_f32_mode_rounded),
         cmocka_unit_test(saved_bytes_query),
         cmocka_unit_test(f32_weight_matches_reference),
         cmocka_unit_test(f32_weight_is_not_rounded),

@@ -27,6 +27,17 @@
  * rounding, which is x (bf16 steps cannot see the f32 bits). In f32 the residual and x
  * are the same values: the mode is the plain norm of x, bit for bit, either way.
  *
+ * The stream in x's dtype (residual bf16 beside bf16 x: what a bf16 model carries, and
+ * Megatron without fp32_residual_connection; the trainer's
+ * train.fp32_residual_connection: false):
+ * the stream is x itself and the residual is only READ, never written:
+ *   forward:  x = round(residual + delta) (an f32 add, rounded once; no delta: x = residual),
+ *             then the plain norm of that x (norm_of_x is implied);
+ *   backward: dx = round(residual + dx_norm) with dx_norm the norm's dx in f32.
+ * residual may be x itself (forward) or dx itself (backward): each element is read
+ * before the same element is written. Six bytes an element less than the f32 stream
+ * each way (the f32 stream read and written, beside x or dx).
+ *
  * The weight may be f32 while x is bf16 (the f32 master weight of bf16 training, as
  * autocast multiplies by it; issue 17: the bf16 rounding of a norm weight near 1 moved
  * a whole channel of every token, most of the bf16-vs-f32 loss gap). The product
@@ -73,7 +84,8 @@ typedef struct {
     double eps;             /* > 0 */
     float weight_offset;    /* 0: y = x̂·w;  1: y = x̂·(1 + w), Gemma's convention */
     int inplace_dx;         /* 1: dx is written over dy, and dx.data must equal dy.data */
-    lk_tensor residual;     /* the residual mode: f32, shape of x, read and written; data NULL = off */
+    lk_tensor residual;     /* the residual mode: f32, shape of x, read and written; or of x's dtype
+                             * when x is bf16 (the stream in x's dtype, above: read only); data NULL = off */
     lk_tensor delta;        /* the residual mode's forward: shape and dtype of x, added into residual
                              * first; data NULL = nothing added */
     int norm_of_x;          /* the residual mode's forward: 1 = normalize the written x (the stream

@@ -13,7 +13,10 @@
  * dy; y the rounding of the exact norm of the stream (not of x) on each forward kernel;
  * with norm_of_x the residual forward's y and rstd bit for bit the plain forward's on
  * the x it wrote (a recompute's), in f32 so without it too, and in f32 its sums the
- * separate adds'. An f32 weight beside bf16 x (rms_norm.h, issue 17's parity: bf16 training's
+ * separate adds'. The stream in x's dtype (a bf16 residual, read only): the check case on
+ * the same kernels, in place over x and dx too, and bit for bit the f32 mode with
+ * norm_of_x on the widened stream (x, y, rstd, dx, dweight), the residual never written.
+ * An f32 weight beside bf16 x (rms_norm.h, issue 17's parity: bf16 training's
  * f32 master weight): the check case on shapes that take each kernel path, plain,
  * Gemma's offset, dx over dy and the residual mode, dweight an f32 sum (2e-5, far inside
  * a bf16 rounding's 2e-3); a weight of a third dtype or a dweight not of the weight's
@@ -201,6 +204,95 @@ static void residual_mode_matches_reference(void **state) {
                                    {.residual = 1, .norm_of_x = 1}};
     const char *const labels[] = {"residual", "residual (no delta)", "residual (inplace)", "residual (norm_of_x)"};
     check_cases(shapes, sizeof shapes / sizeof *shapes, cs, labels, sizeof cs / sizeof *cs, 900, -1);
+}
+
+/* The stream in x's dtype (residual 2: bf16; f32 runs the f32 mode), each forward kernel
+ * as above: plain, no delta, in place over x and dx (as the model passes them), with an
+ * f32 weight in place. */
+static void stream_in_x_matches_reference(void **state) {
+    (void)state;
+    static const lk_shape shapes[] = {{2, {7, 4096}}, {2, {5, 520}}, {2, {17, 8}}, {2, {64, 200}},
+                                      {2, {3, 40000}}, {2, {29, 4097}}, {2, {9, 301}}, {2, {7, 13}},
+                                      {2, {4099, 1024}}};
+    const lk_rms_norm_case cs[] = {{.residual = 2}, {.residual = 2, .no_delta = 1},
+                                   {.residual = 2, .residual_in_place = 1},
+                                   {.residual = 2, .residual_in_place = 1, .f32_weight = 1}};
+    const char *const labels[] = {"bf16 stream", "bf16 stream (no delta)", "bf16 stream (in place)",
+                                  "bf16 stream (in place, f32 weight)"};
+    check_cases(shapes, sizeof shapes / sizeof *shapes, cs, labels, sizeof cs / sizeof *cs, 970, -1);
+}
+
+/* The stream in x's dtype is the f32 mode on its widened values with norm_of_x, bit for
+ * bit: x, y, rstd, dx and dweight; the bf16 residual never written (in place: it is x,
+ * then dx). Every forward kernel: the warp a row, the block register, the looped ones, the
+ * scalar, more rows than the backward grid; an f32 weight. */
+static void stream_in_x_is_the_f32_mode_rounded(void **state) {
+    (void)state;
+    static const int64_t shapes[][2] = {{7, 4096}, {5, 520}, {64, 200}, {3, 40000}, {29, 4097}, {9, 301}, {4099, 1024}};
+    const char *names[] = {"fused", "eager_fp32"};
+    for (int in_place = 0; in_place <= 1; in_place++)
+        for (int k = 0; k < 2; k++)
+            for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+                const lk_impl *impl = lk_impl_find(LK_OP_RMS_NORM, names[k], LK_DEVICE_CUDA);
+                const lk_dtype dt = LK_BF16;
+                int64_t rows = shapes[i][0], n = shapes[i][1], tn = rows * n, s2[2] = {rows, n};
+                size_t tb = (size_t)tn * 2, wb = (size_t)n * 4;
+                uint32_t seed = 91u + (uint32_t)i;
+                double *h = lkt_alloc(tn), *w = lkt_alloc(n), *r0 = lkt_alloc(tn), *dl = lkt_alloc(tn), *g0 = lkt_alloc(tn);
+                lkt_randn(r0, tn, &seed, 1.0);
+                lkt_randn(dl, tn, &seed, 0.5);
+                lkt_randn(w, n, &seed, 0.5);
+                lkt_randn(h, tn, &seed, 1.0);
+                lkt_randn(g0, tn, &seed, 1.0);
+                for (int64_t e = 0; e < tn; e++)   /* the streams' values in bf16, so the f32 copies widen them */
+                    r0[e] = lk_bf16_to_f32(lk_f32_to_bf16((float)r0[e])), g0[e] = lk_bf16_to_f32(lk_f32_to_bf16((float)g0[e]));
+                void *rf = lkt_upload(r0, tn, LK_F32), *gf = lkt_upload(g0, tn, LK_F32);
+                void *rb = lkt_upload(r0, tn, dt), *gb = lkt_upload(g0, tn, dt);
+                void *delta = lkt_upload(dl, tn, dt), *wd = lkt_upload(w, n, LK_F32), *dy = lkt_upload(h, tn, dt);
+                void *x[2] = {lkt_dev(tb), lkt_dev(tb)}, *y[2] = {lkt_dev(tb), lkt_dev(tb)};
+                void *dx[2] = {lkt_dev(tb), lkt_dev(tb)}, *dw[2] = {lkt_dev(wb), lkt_dev(wb)};
+                size_t sb = 0;
+                lk_tensor xt = lkt_view(x[0], dt, 2, s2);
+                assert_int_equal(lk_rms_norm_saved_bytes(impl, &xt, &sb), LK_OK);
+                void *sv[2] = {lkt_dev(sb), lkt_dev(sb)};
+                lk_arena arena = {.device = LK_DEVICE_CUDA};
+                lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
+                for (int side = 0; side < 2; side++) {   /* 0: the f32 mode, norm_of_x; 1: the bf16 stream */
+                    lkt_poison(x[side], tb), lkt_poison(y[side], tb), lkt_poison(dx[side], tb);
+                    lkt_poison(dw[side], wb), lkt_poison(sv[side], sb);
+                    lk_rms_norm_args a = {.x = lkt_view(x[side], dt, 2, s2), .weight = lkt_view(wd, LK_F32, 1, &n),
+                                          .y = lkt_view(y[side], dt, 2, s2), .dy = lkt_view(dy, dt, 2, s2),
+                                          .dx = lkt_view(dx[side], dt, 2, s2), .dweight = lkt_view(dw[side], LK_F32, 1, &n),
+                                          .saved = {sv[side], sb}, .eps = 1e-6, .delta = lkt_view(delta, dt, 2, s2),
+                                          .norm_of_x = !side};
+                    if (side && in_place) assert_int_equal(cudaMemcpy(x[1], rb, tb, cudaMemcpyDeviceToDevice), cudaSuccess);
+                    a.residual = !side ? lkt_view(rf, LK_F32, 2, s2) : in_place ? a.x : lkt_view(rb, dt, 2, s2);
+                    assert_int_equal(lk_rms_norm_forward(impl, &a, &ctx), LK_OK);
+                    if (side && in_place) assert_int_equal(cudaMemcpy(dx[1], gb, tb, cudaMemcpyDeviceToDevice), cudaSuccess);
+                    a.residual = !side ? lkt_view(gf, LK_F32, 2, s2) : in_place ? a.dx : lkt_view(gb, dt, 2, s2);
+                    assert_int_equal(lk_rms_norm_backward(impl, &a, &ctx), LK_OK);
+                }
+                assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+                size_t big = tb > sb ? (tb > wb ? tb : wb) : (sb > wb ? sb : wb);
+                unsigned char *b1 = malloc(big), *b2 = malloc(big);
+                void *const pairs[][2] = {{x[0], x[1]}, {y[0], y[1]}, {sv[0], sv[1]}, {dx[0], dx[1]}, {dw[0], dw[1]}};
+                const size_t bytes[] = {tb, tb, sb, tb, wb};
+                for (int q = 0; q < 5; q++) {
+                    assert_int_equal(cudaMemcpy(b1, pairs[q][0], bytes[q], cudaMemcpyDeviceToHost), cudaSuccess);
+                    assert_int_equal(cudaMemcpy(b2, pairs[q][1], bytes[q], cudaMemcpyDeviceToHost), cudaSuccess);
+                    assert_memory_equal(b1, b2, bytes[q]);
+                }
+                double *back = lkt_alloc(tn);   /* the bf16 streams as they were */
+                lkt_download(rb, tn, dt, back);
+                for (int64_t e = 0; e < tn; e++) assert_true(back[e] == r0[e]);
+                lkt_download(gb, tn, dt, back);
+                for (int64_t e = 0; e < tn; e++) assert_true(back[e] == g0[e]);
+                print_message("  %-10s bf16 %5lldx%-5lld stream%s: x, y, rstd, dx, dweight the f32 mode's bits\n",
+                              impl->name, (long long)rows, (long long)n, in_place ? " in place" : "");
+                free(b1); free(b2);
+                lk_arena_free(&arena);
+                lkt_free_all();
+            }
 }
 
 /* An f32 weight beside bf16 x (and beside f32 x: the plain case), every kernel: the warp a
@@ -701,6 +793,8 @@ int main(void) {
         cmocka_unit_test(residual_mode_matches_reference),
         cmocka_unit_test(residual_mode_is_the_plain_norm_of_x),
         cmocka_unit_test(residual_norm_reads_the_stream),
+        cmocka_unit_test(stream_in_x_matches_reference),
+        cmocka_unit_test(stream_in_x_is_the_f32_mode_rounded),
         cmocka_unit_test(zero_rows_zero_dweight),
         cmocka_unit_test(device_mismatch_refused),
         cmocka_unit_test(f32_weight_matches_reference),

@@ -13,7 +13,10 @@ typedef struct {
     int inplace_dx;         /* dx written over dy */
     double eps;             /* 0: 1e-6 */
     int residual;           /* the residual mode: an f32 residual and a delta in, x written; the
-                             * backward adds dx into a second f32 residual */
+                             * backward adds dx into a second f32 residual. 2: the stream in x's
+                             * dtype for bf16 (a bf16 residual, read only; f32 runs 1) */
+    int residual_in_place;  /* with residual 2: the residual is x itself (forward), dx itself
+                             * (backward), as a model carrying its stream in bf16 passes them */
     int no_delta;           /* with residual: delta.data NULL (the first layer's norm) */
     int norm_of_x;          /* with residual: the norm of the written x, not of the f32 stream
                              * (what a recompute runs, rms_norm.h) */
@@ -30,7 +33,8 @@ typedef struct {
 } lk_rms_norm_case;
 
 /* The error of each output: y, dx, dweight (0 without a weight), and in the residual mode
- * the worst of x (written), the forward's residual and the backward's (0 without it). */
+ * the worst of x (written), the forward's residual and the backward's (0 without it; a
+ * residual of x's dtype must hold what it held). */
 typedef struct {
     double y, dx, dweight, residual;
 } lk_rms_norm_errors;

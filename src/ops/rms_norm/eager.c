@@ -19,7 +19,9 @@
  * which is x (with norm_of_x both take x). The saved x̂ is then the stream's; the
  * backward differentiates x̂ = x·rstd of the kept x (rms_norm.h), so in this mode it
  * makes that x̂ again for dweight (the same bits as the saved one wherever the forward
- * read x).
+ * read x). The stream in x's dtype (a bf16 residual, rms_norm.h) takes the same steps
+ * with the residual read in its dtype and not written: x = the sum's rounding, which
+ * both rows then normalize as x; dx = the rounding of residual + dx (dx in `it`).
  *
  * An f32 weight beside bf16 x (rms_norm.h) stays f32, as a framework's bf16 · f32
  * promotes: the weight steps multiply in f32 and round once to `it` (for `eager`,
@@ -163,12 +165,13 @@ static void col_sum(const void *a, void *out, lk_dtype ot, float *acc, int64_t r
 }
 
 /* The residual mode's step: res += add (of at; NULL: nothing added), then out = res
- * rounded to dt. */
-static void residual_step(float *res, const void *add, void *out, lk_dtype at, lk_dtype dt, int64_t count) {
+ * rounded to dt. A residual of x's dtype (rt = dt, not f32) is only read; it may be out. */
+static void residual_step(void *res, lk_dtype rt, const void *add, void *out, lk_dtype at, lk_dtype dt,
+                          int64_t count) {
     #pragma omp parallel for schedule(static) if (count >= EAGER_PAR_MIN)
     for (int64_t i = 0; i < count; i++) {
-        float r = add ? res[i] + ld(add, at, i) : res[i];
-        res[i] = r;
+        float r = add ? ld(res, rt, i) + ld(add, at, i) : ld(res, rt, i);
+        if (rt == LK_F32) ((float *)res)[i] = r;
         st(out, dt, i, r);
     }
 }
@@ -297,10 +300,10 @@ static lk_status steps_backward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype
         st(dm, it, r, 2.0f * ld(dm, it, r) / (float)n);
     mul_per_row(g, rstd, B, rows, n, it);                        /* g · rstd         */
     mul_per_row(x, dm, A, rows, n, it);                          /* 2x · d(mean)/n   */
-    void *dx = dt == it ? a->dx.data : B;
+    void *dx = dt == it && !a->residual.data ? a->dx.data : B;   /* the residual may be dx */
     ew(B, A, dx, all, EW_ADD, it);                               /* dx               */
     if (a->residual.data) {                                      /* residual += dx (in it); dx = its rounding */
-        residual_step(a->residual.data, dx, a->dx.data, it, dt, all);
+        residual_step(a->residual.data, a->residual.dtype, dx, a->dx.data, it, dt, all);
         return LK_OK;
     }
     if (dx != a->dx.data) lk_convert(dx, it, a->dx.data, dt, all);
@@ -308,11 +311,14 @@ static lk_status steps_backward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype
 }
 
 /* The residual mode's step first; the steps then read the stream in it: the f32
- * residual for it = f32, else x (its rounding); with norm_of_x, x. */
+ * residual for it = f32, else x (its rounding); with norm_of_x or the stream in x's
+ * dtype, x. */
 static lk_status residual_forward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype it) {
     if (!a->residual.data) return steps_forward(a, ctx, it, a->x.data, a->x.dtype);
-    residual_step(a->residual.data, a->delta.data, a->x.data, a->x.dtype, a->x.dtype, lk_tensor_numel(&a->x));
-    if (a->norm_of_x || it != LK_F32) return steps_forward(a, ctx, it, a->x.data, a->x.dtype);
+    residual_step(a->residual.data, a->residual.dtype, a->delta.data, a->x.data, a->x.dtype, a->x.dtype,
+                  lk_tensor_numel(&a->x));
+    if (a->norm_of_x || it != LK_F32 || a->residual.dtype != LK_F32)
+        return steps_forward(a, ctx, it, a->x.data, a->x.dtype);
     return steps_forward(a, ctx, it, a->residual.data, LK_F32);
 }
 

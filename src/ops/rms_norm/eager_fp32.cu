@@ -7,10 +7,13 @@
  * residual and the cast to x before the forward, which then normalizes the f32 residual
  * (a copy in place of the upcast; with norm_of_x the upcast of x), and after the backward
  * the add of the f32 dx into the residual and the cast of the sum to dx (in place of the
- * downcast). The backward makes x̂ from x and the saved rstd, as rms_norm.h says.
+ * downcast). The backward makes x̂ from x and the saved rstd, as rms_norm.h says. The
+ * stream in x's dtype (a residual of T) is read and not written: x = the sum's rounding,
+ * normalized as x; dx = the rounding of residual + dx.
  * An f32 weight beside bf16 x (rms_norm.h) is read as f32 by the weight kernel (TW), and
  * dweight's column sum is stored in f32. */
 #include "common.cuh"
+#include <type_traits>
 
 #define THREADS 256
 
@@ -51,13 +54,22 @@ template <typename T> __global__ void mul_weight(float *a, const T *w, float off
     GRID_STRIDE(i, count) a[i] *= lk_to_f32(w[i % n]) + off;
 }
 
-/* The residual mode: res += add (NULL: nothing), out = res rounded to T. */
-template <typename T, typename A> __global__ void residual_step(float *res, const A *add, T *out, int64_t count) {
+/* The residual mode: res += add (NULL: nothing), out = res rounded to T. A residual of T
+ * (the stream in x's dtype) is only read; it may be out. */
+template <typename T, typename A, typename R> __global__ void residual_step(R *res, const A *add, T *out, int64_t count) {
     GRID_STRIDE(i, count) {
-        float r = add ? __fadd_rn(res[i], lk_to_f32(add[i])) : res[i];
-        res[i] = r;
+        float r = add ? __fadd_rn(lk_to_f32(res[i]), lk_to_f32(add[i])) : lk_to_f32(res[i]);
+        if constexpr (std::is_same<R, float>::value) res[i] = r;
         out[i] = lk_from_f32<T>(r);
     }
+}
+
+template <typename T, typename A>
+static void residual_kernel(const lk_rms_norm_args *a, const A *add, T *out, int64_t count, cudaStream_t st) {
+    if (a->residual.dtype == LK_F32)
+        residual_step<T, A, float><<<grid_of(count), THREADS, 0, st>>>((float *)a->residual.data, add, out, count);
+    else
+        residual_step<T, A, T><<<grid_of(count), THREADS, 0, st>>>((T *)a->residual.data, add, out, count);
 }
 
 template <typename T> __global__ void downcast(const float *in, T *out, int64_t count) {
@@ -81,10 +93,8 @@ template <typename T, typename TW>
 static lk_status run_forward(const lk_rms_norm_args *a, float *xf, int64_t rows, int n, cudaStream_t st) {
     int64_t count = rows * n;
     float *rstd = (float *)a->saved.data;
-    if (a->residual.data)
-        residual_step<T, T><<<grid_of(count), THREADS, 0, st>>>((float *)a->residual.data, (const T *)a->delta.data,
-                                                               (T *)a->x.data, count);
-    if (a->residual.data && !a->norm_of_x)   /* the f32 stream itself */
+    if (a->residual.data) residual_kernel<T, T>(a, (const T *)a->delta.data, (T *)a->x.data, count, st);
+    if (a->residual.data && !a->norm_of_x && a->residual.dtype == LK_F32)   /* the f32 stream itself */
         upcast<float><<<grid_of(count), THREADS, 0, st>>>((const float *)a->residual.data, xf, count);
     else
         upcast<T><<<grid_of(count), THREADS, 0, st>>>((const T *)a->x.data, xf, count);
@@ -116,8 +126,7 @@ static lk_status run_backward(const lk_rms_norm_args *a, lk_arena *ar, int64_t r
     row_reduce<<<(unsigned)rows, THREADS, 0, st>>>(g, xh, m, n, 0.0f, 0);                /* mean(g·x̂) */
     dx_of<<<grid_of(count), THREADS, 0, st>>>(g, xh, m, rstd, count, n);
     if (a->residual.data)
-        residual_step<T, float><<<grid_of(count), THREADS, 0, st>>>((float *)a->residual.data, g, (T *)a->dx.data,
-                                                                   count);
+        residual_kernel<T, float>(a, g, (T *)a->dx.data, count, st);
     else
         downcast<T><<<grid_of(count), THREADS, 0, st>>>(g, (T *)a->dx.data, count);
     LK_CUDA_LAUNCHED("rms_norm: eager_fp32 (cuda) backward");

@@ -17,7 +17,9 @@
  * backward's (dx kept in f32 — in dx itself for f32, a per-thread row for bf16 — then
  * residual += dx, dx = its rounding). The add is its own loop on stored values, so no
  * FMA contraction can fuse it with dx's last multiply: in f32 the stream's sums are the
- * bits of separate adds.
+ * bits of separate adds. The stream in x's dtype (a bf16 residual, rms_norm.h) takes the
+ * same passes with the residual loaded as bf16 and never stored: x = the sum's rounding,
+ * normalized as x; dx = the rounding of residual + dx.
  *
  * RoPE after the norm (rms_norm.h's rope): the forward rotates each written row of y in
  * place by rope/row.h's row, the `fused` RoPE's own (no streaming stores then: the row is
@@ -125,26 +127,27 @@ INLINE void row_backward(const void *x, const void *w, float off, const void *dy
     }
 }
 
-/* The residual mode's forward pass over a row: res += delta (f32), x = res rounded. */
-INLINE void row_residual_in(float *res, const void *delta, void *x, lk_dtype dt, int64_t n) {
+/* The residual mode's forward pass over a row: res += delta (f32), x = res rounded. A
+ * residual of rt = dt (the stream in x's dtype) is only read; it may be x. */
+INLINE void row_residual_in(void *res, lk_dtype rt, const void *delta, void *x, lk_dtype dt, int64_t n) {
     for (int64_t j = 0; j < n; j += 16) {
         int k = n - j < 16 ? (int)(n - j) : 16;
-        lk_v16 r = lk_v16_load(res, LK_F32, j, k);
+        lk_v16 r = lk_v16_load(res, rt, j, k);
         if (delta) {
             r = lk_v16_add(r, lk_v16_load(delta, dt, j, k));
-            lk_v16_store(res, LK_F32, j, r, k, 0);
+            if (rt == LK_F32) lk_v16_store(res, LK_F32, j, r, k, 0);
         }
         lk_v16_store(x, dt, j, r, k, 0);
     }
 }
 
 /* ... and its backward pass: res += dxf (the row's dx in f32), dx = res rounded. dxf may
- * be dx (f32). */
-INLINE void row_residual_out(float *res, const float *dxf, void *dx, lk_dtype dt, int64_t n, int nt) {
+ * be dx (f32); a residual of rt = dt may be dx. */
+INLINE void row_residual_out(void *res, lk_dtype rt, const float *dxf, void *dx, lk_dtype dt, int64_t n, int nt) {
     for (int64_t j = 0; j < n; j += 16) {
         int k = n - j < 16 ? (int)(n - j) : 16;
-        lk_v16 r = lk_v16_add(lk_v16_load(res, LK_F32, j, k), lk_v16_load(dxf, LK_F32, j, k));
-        lk_v16_store(res, LK_F32, j, r, k, 0);
+        lk_v16 r = lk_v16_add(lk_v16_load(res, rt, j, k), lk_v16_load(dxf, LK_F32, j, k));
+        if (rt == LK_F32) lk_v16_store(res, LK_F32, j, r, k, 0);
         lk_v16_store(dx, dt, j, r, k, nt);
     }
 }
@@ -163,7 +166,11 @@ INLINE void forward_rows(const lk_rms_norm_args *a, lk_dtype dt, lk_dtype wt, in
     char *x = a->x.data;                  /* written only in the residual mode */
     char *y = a->y.data;
     const void *w = a->weight.data;
-    float *rstd = a->saved.data, off = a->weight_offset, *res = a->residual.data;
+    float *rstd = a->saved.data, off = a->weight_offset;
+    char *res = a->residual.data;
+    const lk_dtype rt = a->residual.dtype;
+    const int64_t rsz = res ? (int64_t)lk_dtype_size(rt) : 0;
+    const int of_x = a->norm_of_x || rt != LK_F32;   /* the stream in x's dtype is x */
     const char *delta = a->delta.data;
     const lk_rms_norm_rope *rp = a->rope;
     const int64_t heads = rp ? a->x.shape[1] : 1;
@@ -173,9 +180,9 @@ INLINE void forward_rows(const lk_rms_norm_args *a, lk_dtype dt, lk_dtype wt, in
         #pragma omp for schedule(static) nowait
         for (int64_t r = 0; r < rows; r++) {
             char *xr = x + lk_row_at(mx, r) * es, *yr = y + lk_row_at(my, r) * es;
-            if (res) row_residual_in(res + r * n, delta ? delta + r * n * es : NULL, xr, dt, n);
-            rstd[r] = res && !a->norm_of_x ? row_forward(res + r * n, LK_F32, w, off, yr, dt, wt, n, a->eps, nt)
-                                           : row_forward(xr, dt, w, off, yr, dt, wt, n, a->eps, nt);
+            if (res) row_residual_in(res + r * n * rsz, rt, delta ? delta + r * n * es : NULL, xr, dt, n);
+            rstd[r] = res && !of_x ? row_forward(res + r * n * rsz, LK_F32, w, off, yr, dt, wt, n, a->eps, nt)
+                                   : row_forward(xr, dt, w, off, yr, dt, wt, n, a->eps, nt);
             if (rp) {
                 const float *c, *sn;
                 rope_rows(rp, r, heads, n, &c, &sn);
@@ -195,7 +202,10 @@ INLINE void backward_rows(const lk_rms_norm_args *a, lk_dtype dt, lk_dtype wt, i
     char *dx = a->dx.data;
     const void *w = a->weight.data;
     const float *rstd = a->saved.data;
-    float off = a->weight_offset, *res = a->residual.data;
+    float off = a->weight_offset;
+    char *res = a->residual.data;
+    const lk_dtype rt = a->residual.dtype;
+    const int64_t rsz = res ? (int64_t)lk_dtype_size(rt) : 0;
     int64_t stride = round16(n);
     const lk_rms_norm_rope *rp = a->rope;
     const int64_t heads = rp ? a->x.shape[1] : 1;
@@ -225,7 +235,7 @@ INLINE void backward_rows(const lk_rms_norm_args *a, lk_dtype dt, lk_dtype wt, i
             } else {
                 float *dxf = dt == LK_F32 ? (float *)dxr : rowf;
                 row_backward(xr, w, off, dyr, dxf, dwp, dt, wt, LK_F32, n, rs, m, 0);
-                row_residual_out(res + r * n, dxf, dxr, dt, n, nt);
+                row_residual_out(res + r * n * rsz, rt, dxf, dxr, dt, n, nt);
             }
         }
         if (nt) lk_v16_fence();

@@ -22,7 +22,7 @@
  * from cache).
  *
  * The residual mode (rms_norm.h; the f32 stream of bf16 training, issue 17) is a flag
- * of the same kernels (RES): the forward makes the row it would have loaded — residual
+ * of the same kernels (RES = RES_F32): the forward makes the row it would have loaded — residual
  * += delta in f32, x = its rounding, stored, and held as loaded — and normalizes the f32
  * stream: the sum of squares of the f32 sums as they are made, and y from the f32
  * residual read back (this thread's own stores, from L1/L2: 4 bytes an element more,
@@ -33,7 +33,9 @@
  * backward reads x and rstd as the plain one does, and adds its f32 dx into the residual
  * before the rounding store. The adds are __fadd_rn: never contracted into the multiply before them, so in
  * f32 they are the separate adds of before. The f32 residual is read 16 bytes at a time
- * (two accesses per bf16 group).
+ * (two accesses per bf16 group). The stream in x's dtype (RES_X: a bf16 residual,
+ * rms_norm.h) is the same kernels with the residual loaded as T and never stored: x is
+ * the stream, normalized as norm_of_x normalizes it; dx = the rounding of residual + dx.
  *
  * An f32 weight beside bf16 x (rms_norm.h; issue 17's parity: autocast multiplies by the
  * f32 weight) is a type parameter TW of every kernel: the weights load as f32 (two
@@ -171,39 +173,58 @@ static __device__ __forceinline__ void st_f32(float *p, const float *f) {
     }
 }
 
-/* The residual mode's forward for one access: res += delta (NULL: nothing), then x = its
- * rounding, stored and held in v as the plain kernel would have loaded it; ss (NULL:
- * norm_of_x) takes the squares of the f32 sums, the stream's. */
-template <typename T, int W>
-static __device__ __forceinline__ void residual_in(float *res, const T *delta, T *x, lk_pack<T, W> &v, float *ss) {
+/* The residual mode's pointers, NULL when off; of_x: norm_of_x (rms_norm.h), set too for
+ * the stream in x's dtype (RES_X: the residual is T, read only, and x is the stream). */
+enum { RES_OFF, RES_F32, RES_X };
+typedef struct {
+    void *res;
+    const void *delta;
+    void *x;
+    int of_x;
+} res_args;
+
+static int res_mode(const lk_rms_norm_args *a) {
+    return !a->residual.data ? RES_OFF : a->residual.dtype == LK_F32 ? RES_F32 : RES_X;
+}
+
+/* The residual mode's forward for the access at element e: res += delta (NULL: nothing),
+ * then x = its rounding, stored and held in v as the plain kernel would have loaded it; ss
+ * (NULL: norm_of_x) takes the squares of the f32 sums, the stream's. RES_X reads the
+ * residual as T and stores only x. */
+template <typename T, int W, int RES>
+static __device__ __forceinline__ void residual_in(const res_args &ra, int64_t e, lk_pack<T, W> &v, float *ss) {
     float r[W];
-    ld_f32<W>(res, r);
-    if (delta) {
+    if constexpr (RES == RES_F32) ld_f32<W>((const float *)ra.res + e, r);
+    else lk_ldw<T, W>((const T *)ra.res + e, r);
+    if (ra.delta) {
         float d[W];
-        lk_ldw<T, W>(delta, d);
+        lk_ldw<T, W>((const T *)ra.delta + e, d);
 #pragma unroll
         for (int j = 0; j < W; j++) r[j] = __fadd_rn(r[j], d[j]);
-        st_f32<W>(res, r);
+        if constexpr (RES == RES_F32) st_f32<W>((float *)ra.res + e, r);
     }
     if (ss)
 #pragma unroll
         for (int j = 0; j < W; j++) *ss = fmaf(r[j], r[j], *ss);
 #pragma unroll
     for (int j = 0; j < W; j++) v.e[j] = lk_from_f32<T>(r[j]);
+    T *x = (T *)ra.x + e;
     if (W == lk_vec<T>::N) *reinterpret_cast<uint4 *>(x) = *reinterpret_cast<const uint4 *>(v.e);
     else
 #pragma unroll
         for (int j = 0; j < W; j++) x[j] = v.e[j];
 }
 
-/* ... and the backward's: res += o (the f32 dx), dx = its rounding. */
-template <typename T, int W>
-static __device__ __forceinline__ void residual_out(float *res, const float *o, T *dx) {
+/* ... and the backward's: res += o (the f32 dx), dx = its rounding. RES_X reads the
+ * residual (which may be dx) as T and stores only dx. */
+template <typename T, int W, int RES>
+static __device__ __forceinline__ void residual_out(void *res, int64_t e, const float *o, T *dx) {
     float r[W];
-    ld_f32<W>(res, r);
+    if constexpr (RES == RES_F32) ld_f32<W>((const float *)res + e, r);
+    else lk_ldw<T, W>((const T *)res + e, r);
 #pragma unroll
     for (int j = 0; j < W; j++) r[j] = __fadd_rn(r[j], o[j]);
-    st_f32<W>(res, r);
+    if constexpr (RES == RES_F32) st_f32<W>((float *)res + e, r);
     lk_stw<T, W>(dx, r);
 }
 
@@ -227,14 +248,6 @@ static __device__ __forceinline__ void ld_weight(const TW *p, float *f) {
     }
 }
 
-/* The residual mode's pointers, NULL when off; of_x: norm_of_x (rms_norm.h). */
-typedef struct {
-    float *res;
-    const void *delta;
-    void *x;
-    int of_x;
-} res_args;
-
 /* Where each tensor's rows lie (rows.h): views of x, y, dy, dx; in the residual mode
  * contiguous (inner 1, outer n), where the stream's pointers keep row · n. */
 typedef struct {
@@ -245,11 +258,12 @@ typedef struct {
 } bwd_rows;
 
 /* The residual mode's W elements of the row the forward normalizes, into f: the f32
- * stream at res (which this thread stored or read), or with norm_of_x the held x. */
-template <typename T, int W>
+ * stream at res (which this thread stored or read), or with norm_of_x (and RES_X) the
+ * held x. */
+template <typename T, int W, int RES>
 static __device__ __forceinline__ void norm_in(const lk_pack<T, W> &v, const res_args &ra, int64_t e, float *f) {
-    if (!ra.of_x) {
-        ld_f32<W>(ra.res + e, f);
+    if (RES == RES_F32 && !ra.of_x) {
+        ld_f32<W>((const float *)ra.res + e, f);
     } else {
 #pragma unroll
         for (int j = 0; j < W; j++) f[j] = v.f(j);
@@ -261,7 +275,7 @@ static __device__ __forceinline__ void norm_in(const lk_pack<T, W> &v, const res
 
 /* Blocks walk rows r = blockIdx.x, + gridDim.x, ...; the next row's loads are issued
  * before this row's reduction, so every block always has a row on its way in. */
-template <typename T, typename TW, int W, int VPT, bool RES>
+template <typename T, typename TW, int W, int VPT, int RES>
 __global__ void __launch_bounds__(REG_THREADS(VPT)) fwd_reg(const T *__restrict__ x, const TW *__restrict__ w,
                                                            T *__restrict__ y, float *__restrict__ rstd,
                                                            int64_t rows, int n, float eps, float off, res_args ra,
@@ -277,8 +291,7 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) fwd_reg(const T *__restrict_
             for (int k = 0; k < VPT; k++) {
                 int u = threadIdx.x + k * blockDim.x;
                 if (u < units)
-                    residual_in<T, W>(ra.res + row * n + u * W, ra.delta ? (const T *)ra.delta + row * n + u * W : NULL,
-                                      (T *)ra.x + row * n + u * W, cur[k], ra.of_x ? NULL : &ss);
+                    residual_in<T, W, RES>(ra, row * n + u * W, cur[k], ra.of_x ? NULL : &ss);
             }
         } else {
             if (row + gridDim.x < rows) load_row<T, W, VPT>(x + lk_row_at(rw.x, row + gridDim.x), units, nxt);
@@ -299,9 +312,9 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) fwd_reg(const T *__restrict_
             if (u < units) {
                 float o[W], wv[W];
                 if (w) ld_weight<T, TW, W>(w + u * W, wv);
-                if constexpr (RES) {   /* the f32 stream this thread stored or read, or x */
+                if constexpr (RES != RES_OFF) {   /* the f32 stream this thread stored or read, or x */
                     float xs[W];
-                    norm_in<T, W>(cur[k], ra, row * n + u * W, xs);
+                    norm_in<T, W, RES>(cur[k], ra, row * n + u * W, xs);
 #pragma unroll
                     for (int j = 0; j < W; j++) o[j] = xs[j] * rs * (w ? wv[j] + off : 1.0f);
                 } else {
@@ -321,7 +334,7 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) fwd_reg(const T *__restrict_
  * hidden by the many short-lived warps an SM holds (at ~90 registers, ~20 rows of 8 KiB
  * in flight an SM), the way the SwiGLU kernel's one-group threads reach the copy rate,
  * instead of by the block kernels' next-row double buffer. Rows need not fill a block. */
-template <typename T, typename TW, int W, int VPT, bool RES>
+template <typename T, typename TW, int W, int VPT, int RES>
 __global__ void __launch_bounds__(WARP_ROWS * 32) fwd_warp(const T *__restrict__ x, const TW *__restrict__ w,
                                                           T *__restrict__ y, float *__restrict__ rstd, int64_t rows,
                                                           int n, float eps, float off, res_args ra, fwd_rows rw) {
@@ -336,8 +349,7 @@ __global__ void __launch_bounds__(WARP_ROWS * 32) fwd_warp(const T *__restrict__
         int64_t e = row * n + (lane + 32 * k) * W;
         if (lane + 32 * k < units) {
             if (RES)
-                residual_in<T, W>(ra.res + e, ra.delta ? (const T *)ra.delta + e : NULL, (T *)ra.x + e, v[k],
-                                  ra.of_x ? NULL : &ss);
+                residual_in<T, W, RES>(ra, e, v[k], ra.of_x ? NULL : &ss);
             else lk_ldp<T, W>(xr + (lane + 32 * k) * W, v[k]);
         }
     }
@@ -356,9 +368,9 @@ __global__ void __launch_bounds__(WARP_ROWS * 32) fwd_warp(const T *__restrict__
         if (u < units) {
             float o[W], wv[W];
             if (w) ld_weight<T, TW, W>(w + u * W, wv);
-            if constexpr (RES) {   /* the f32 stream this thread stored or read, or x */
+            if constexpr (RES != RES_OFF) {   /* the f32 stream this thread stored or read, or x */
                 float xs[W];
-                norm_in<T, W>(v[k], ra, row * n + u * W, xs);
+                norm_in<T, W, RES>(v[k], ra, row * n + u * W, xs);
 #pragma unroll
                 for (int j = 0; j < W; j++) o[j] = xs[j] * rs * (w ? wv[j] + off : 1.0f);
             } else {
@@ -379,7 +391,7 @@ typedef struct {
     fwd_rows m;
 } fwd_ptrs;
 
-template <typename T, typename TW, int W, bool RES>
+template <typename T, typename TW, int W, int RES>
 static void run_fwd_warp(int vpt, unsigned grid, cudaStream_t st, const fwd_ptrs &p, int64_t rows, int n, float eps,
                          float off) {
     void (*k)(const T *, const TW *, T *, float *, int64_t, int, float, float, res_args, fwd_rows) =
@@ -393,7 +405,7 @@ static void run_fwd_warp(int vpt, unsigned grid, cudaStream_t st, const fwd_ptrs
 
 static fwd_ptrs fwd_ptrs_of(const lk_rms_norm_args *a) {
     fwd_ptrs p = {a->x.data, a->weight.data, a->y.data, (float *)a->saved.data,
-                  {(float *)a->residual.data, a->delta.data, a->x.data, a->norm_of_x}, {}};
+                  {a->residual.data, a->delta.data, a->x.data, a->norm_of_x || res_mode(a) == RES_X}, {}};
     lk_rows_of(&a->x, &p.m.x), lk_rows_of(&a->y, &p.m.y);   /* the facade checked both fold */
     return p;
 }
@@ -406,15 +418,18 @@ static lk_status launch_fwd_warp(const lk_rms_norm_args *a, int64_t rows, int n,
     while (vpt < per) vpt *= 2;
     fwd_ptrs p = fwd_ptrs_of(a);
     unsigned grid = (unsigned)lk_cdiv(rows, WARP_ROWS);
-    if (p.ra.res) run_fwd_warp<T, TW, W, true>(vpt, grid, st, p, rows, n, (float)a->eps, a->weight_offset);
-    else run_fwd_warp<T, TW, W, false>(vpt, grid, st, p, rows, n, (float)a->eps, a->weight_offset);
+    switch (res_mode(a)) {
+    case RES_OFF: run_fwd_warp<T, TW, W, RES_OFF>(vpt, grid, st, p, rows, n, (float)a->eps, a->weight_offset); break;
+    case RES_F32: run_fwd_warp<T, TW, W, RES_F32>(vpt, grid, st, p, rows, n, (float)a->eps, a->weight_offset); break;
+    default: run_fwd_warp<T, TW, W, RES_X>(vpt, grid, st, p, rows, n, (float)a->eps, a->weight_offset); break;
+    }
     LK_CUDA_LAUNCHED("rms_norm: fused (cuda) forward, a warp a row");
     *taken = 1;
     return LK_OK;
 }
 
 /* Any row length: the row is read twice, the second time from L1/L2. */
-template <typename T, typename TW, bool RES>
+template <typename T, typename TW, int RES>
 __global__ void fwd_loop(const T *__restrict__ x, const TW *__restrict__ w, T *__restrict__ y,
                          float *__restrict__ rstd, int64_t rows, int n, float eps, float off, res_args ra,
                          fwd_rows rw) {
@@ -424,27 +439,27 @@ __global__ void fwd_loop(const T *__restrict__ x, const TW *__restrict__ w, T *_
         T *yr = y + lk_row_at(rw.y, row);
         float ss = 0.0f;
         for (int c = threadIdx.x; c < n; c += blockDim.x) {
-            if (RES) {
-                float r = ra.res[row * n + c];
+            if constexpr (RES != RES_OFF) {
+                float r = RES == RES_F32 ? ((const float *)ra.res)[row * n + c] : lk_to_f32(((const T *)ra.res)[row * n + c]);
                 if (ra.delta) {
                     r = __fadd_rn(r, lk_to_f32(((const T *)ra.delta)[row * n + c]));
-                    ra.res[row * n + c] = r;
+                    if (RES == RES_F32) ((float *)ra.res)[row * n + c] = r;
                 }
                 ((T *)ra.x)[row * n + c] = lk_from_f32<T>(r);
             }
-            float v = RES && !ra.of_x ? ra.res[row * n + c] : lk_to_f32(xr[c]);   /* the stream, or x */
+            float v = RES == RES_F32 && !ra.of_x ? ((const float *)ra.res)[row * n + c] : lk_to_f32(xr[c]);   /* the stream, or x */
             ss = fmaf(v, v, ss);
         }
         const float rs = rsqrtf(lk_block_sum(ss, scratch) / (float)n + eps);
         if (threadIdx.x == 0) rstd[row] = rs;
         for (int c = threadIdx.x; c < n; c += blockDim.x) {
-            float v = RES && !ra.of_x ? ra.res[row * n + c] : lk_to_f32(xr[c]);
+            float v = RES == RES_F32 && !ra.of_x ? ((const float *)ra.res)[row * n + c] : lk_to_f32(xr[c]);
             yr[c] = lk_from_f32<T>(v * rs * (w ? lk_to_f32(w[c]) + off : 1.0f));
         }
     }
 }
 
-template <typename T, typename TW, int W, bool RES>
+template <typename T, typename TW, int W, int RES>
 static lk_status run_fwd(const plan *p, const lk_rms_norm_args *a, int64_t rows, int n, cudaStream_t st) {
     void (*k)(const T *, const TW *, T *, float *, int64_t, int, float, float, res_args, fwd_rows);
     switch (p->vpt) {
@@ -465,8 +480,10 @@ static lk_status run_fwd(const plan *p, const lk_rms_norm_args *a, int64_t rows,
 
 template <typename T, typename TW, int W>
 static lk_status launch_fwd(const plan *p, const lk_rms_norm_args *a, int64_t rows, int n, cudaStream_t st) {
-    lk_status s = a->residual.data ? run_fwd<T, TW, W, true>(p, a, rows, n, st)
-                                   : run_fwd<T, TW, W, false>(p, a, rows, n, st);
+    const int mode = res_mode(a);
+    lk_status s = mode == RES_F32 ? run_fwd<T, TW, W, RES_F32>(p, a, rows, n, st)
+                  : mode == RES_X ? run_fwd<T, TW, W, RES_X>(p, a, rows, n, st)
+                                  : run_fwd<T, TW, W, RES_OFF>(p, a, rows, n, st);
     if (s) return s;
     LK_CUDA_LAUNCHED("rms_norm: fused (cuda) forward");
     return LK_OK;
@@ -478,12 +495,12 @@ static lk_status launch_fwd(const plan *p, const lk_rms_norm_args *a, int64_t ro
  * over the block's rows, in registers until the end. Rows are walked as in the forward,
  * the next row's x and dy loaded before this row's reduction. Element j of dy is read
  * before dx's element j is written by the same thread, so dx may be dy. */
-template <typename T, typename TW, int W, int VPT>
+template <typename T, typename TW, int W, int VPT, int RES>
 __global__ void __launch_bounds__(REG_THREADS(VPT)) bwd_reg(const T *__restrict__ x, const TW *__restrict__ w,
                                                            const T *dy,
                                                            T *dx, const float *__restrict__ rstd,
                                                            float *__restrict__ partial, int64_t rows, int n,
-                                                           float off, float *__restrict__ res, bwd_rows rw) {
+                                                           float off, void *__restrict__ res, bwd_rows rw) {
     __shared__ float scratch[32];
     const int units = n / W;
     float acc[VPT][W];
@@ -529,7 +546,7 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) bwd_reg(const T *__restrict_
                     acc[k][j] = fmaf(d, xh, acc[k][j]);
                     o[j] = rs * (g - xh * m);
                 }
-                if (res) residual_out<T, W>(res + row * n + u * W, o, dxr + u * W);
+                if (RES != RES_OFF) residual_out<T, W, RES>(res, row * n + u * W, o, dxr + u * W);
                 else lk_stw<T, W>(dxr + u * W, o);
             }
             xc[k] = xn[k];
@@ -548,10 +565,10 @@ __global__ void __launch_bounds__(REG_THREADS(VPT)) bwd_reg(const T *__restrict_
 
 /* Any row length: each thread owns columns c ≡ threadIdx.x and adds into its block's
  * partial row in place. */
-template <typename T, typename TW>
+template <typename T, typename TW, int RES>
 __global__ void bwd_loop(const T *__restrict__ x, const TW *__restrict__ w, const T *dy, T *dx,
                          const float *__restrict__ rstd, float *__restrict__ partial, int64_t rows, int n,
-                         float off, float *__restrict__ res, bwd_rows rw) {
+                         float off, void *__restrict__ res, bwd_rows rw) {
     __shared__ float scratch[32];
     float *pp = partial ? partial + (int64_t)blockIdx.x * n : NULL;
     if (pp)
@@ -569,7 +586,8 @@ __global__ void bwd_loop(const T *__restrict__ x, const TW *__restrict__ w, cons
             float g = d * (w ? lk_to_f32(w[c]) + off : 1.0f);
             if (pp) pp[c] = fmaf(d, xh, pp[c]);
             float o = rs * (g - xh * m);
-            if (res) o = res[row * n + c] = __fadd_rn(res[row * n + c], o);
+            if constexpr (RES == RES_F32) o = ((float *)res)[row * n + c] = __fadd_rn(((float *)res)[row * n + c], o);
+            if constexpr (RES == RES_X) o = __fadd_rn(lk_to_f32(((const T *)res)[row * n + c]), o);
             dxr[c] = lk_from_f32<T>(o);
         }
     }
@@ -577,16 +595,16 @@ __global__ void bwd_loop(const T *__restrict__ x, const TW *__restrict__ w, cons
 
 /* Launches the backward on as many blocks as fit on the GPU at once (at most max_parts,
  * what the workspace holds) and says how many in *parts. */
-template <typename T, typename TW, int W>
-static lk_status launch_bwd(const plan *p, const lk_rms_norm_args *a, float *partial, int64_t max_parts,
-                            int64_t rows, int n, cudaStream_t st, int64_t *parts) {
-    void (*k)(const T *, const TW *, const T *, T *, const float *, float *, int64_t, int, float, float *, bwd_rows);
+template <typename T, typename TW, int W, int RES>
+static lk_status run_bwd(const plan *p, const lk_rms_norm_args *a, float *partial, int64_t max_parts,
+                         int64_t rows, int n, cudaStream_t st, int64_t *parts) {
+    void (*k)(const T *, const TW *, const T *, T *, const float *, float *, int64_t, int, float, void *, bwd_rows);
     switch (p->vpt) {
-    case 1: k = bwd_reg<T, TW, W, 1>; break;
-    case 2: k = bwd_reg<T, TW, W, 2>; break;
-    case 4: k = bwd_reg<T, TW, W, 4>; break;
-    case 8: k = bwd_reg<T, TW, W, 8>; break;
-    default: k = bwd_loop<T, TW>; break;
+    case 1: k = bwd_reg<T, TW, W, 1, RES>; break;
+    case 2: k = bwd_reg<T, TW, W, 2, RES>; break;
+    case 4: k = bwd_reg<T, TW, W, 4, RES>; break;
+    case 8: k = bwd_reg<T, TW, W, 8, RES>; break;
+    default: k = bwd_loop<T, TW, RES>; break;
     }
     lk_status s = fit_grid(k, p->threads, max_parts, parts);
     if (s) return s;
@@ -594,9 +612,18 @@ static lk_status launch_bwd(const plan *p, const lk_rms_norm_args *a, float *par
     lk_rows_of(&a->x, &rw.x), lk_rows_of(&a->dy, &rw.dy), lk_rows_of(&a->dx, &rw.dx);   /* the facade checked them */
     k<<<(unsigned)*parts, p->threads, 0, st>>>((const T *)a->x.data, (const TW *)a->weight.data,
                                               (const T *)a->dy.data, (T *)a->dx.data, (const float *)a->saved.data,
-                                              partial, rows, n, a->weight_offset, (float *)a->residual.data, rw);
+                                              partial, rows, n, a->weight_offset, a->residual.data, rw);
     LK_CUDA_LAUNCHED("rms_norm: fused (cuda) backward");
     return LK_OK;
+}
+
+template <typename T, typename TW, int W>
+static lk_status launch_bwd(const plan *p, const lk_rms_norm_args *a, float *partial, int64_t max_parts,
+                            int64_t rows, int n, cudaStream_t st, int64_t *parts) {
+    const int mode = res_mode(a);
+    return mode == RES_F32 ? run_bwd<T, TW, W, RES_F32>(p, a, partial, max_parts, rows, n, st, parts)
+           : mode == RES_X ? run_bwd<T, TW, W, RES_X>(p, a, partial, max_parts, rows, n, st, parts)
+                           : run_bwd<T, TW, W, RES_OFF>(p, a, partial, max_parts, rows, n, st, parts);
 }
 
 /* ---- short rows: a group of lanes a row ------------------------------------------ */

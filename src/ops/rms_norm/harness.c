@@ -51,15 +51,15 @@ static double dx_err(const void *got, lk_dtype dt, const double *ref, const doub
 
 /* The residual mode's reference (rms_norm.h): the forward's sum is an f32 add, rounded
  * to f32 as the contract says (sum32, and s64 its values in double); x is its rounding to
- * dt (xd, in place of the random x). The forward normalizes s64 (xd with norm_of_x); the
- * backward is the formulas at the forward's rstd with xd; the backward's residual is
- * res + dx in double (rb_ref), and dx its rounding, so the reference for dx is rb_ref
- * itself. */
-static void residual_reference(const float *rf, const void *delta, lk_dtype dt, int64_t all, float *sum32,
-                               double *s64, double *xd) {
+ * dt (xd, in place of the random x). The forward normalizes s64 (xd with norm_of_x, or
+ * with the stream in x's dtype); the backward is the formulas at the forward's rstd with
+ * xd; the backward's residual is res + dx in double (rb_ref), and dx its rounding, so the
+ * reference for dx is rb_ref itself. rf is of rt: f32, or x's dtype. */
+static void residual_reference(const void *rf, lk_dtype rt, const void *delta, lk_dtype dt, int64_t all,
+                               float *sum32, double *s64, double *xd) {
     for (int64_t i = 0; i < all; i++) {
-        float d = delta ? (float)lk_load(delta, dt, i) : 0.0f;
-        sum32[i] = delta ? rf[i] + d : rf[i];
+        float d = delta ? (float)lk_load(delta, dt, i) : 0.0f, r = (float)lk_load(rf, rt, i);
+        sum32[i] = delta ? r + d : r;
         s64[i] = sum32[i];
         xd[i] = lk_bf16_to_f32(lk_f32_to_bf16(sum32[i]));
         if (dt == LK_F32) xd[i] = sum32[i];
@@ -111,6 +111,9 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
     lk_check_row_begin(row, "rms_norm", impl, dt, shape, impl ? lk_rms_norm_tol(impl, dt) : 0.0);
     if (c->views < 0 || c->views > 2)
         return lk_error(LK_EINVAL, "rms_norm: check: views: expected 0, 1 or 2, got %d", c->views);
+    if (c->residual < 0 || c->residual > 2 || (c->residual_in_place && (c->residual != 2 || c->inplace_dx)))
+        return lk_error(LK_EINVAL, "rms_norm: check: residual: expected 0, 1 or 2 (residual_in_place with 2 and "
+                        "without inplace_dx), got %d", c->residual);
     if (c->views && (shape->ndim != 3 || c->residual || c->inplace_dx))
         return lk_error(LK_EINVAL, "rms_norm: check: the views case takes a 3-D shape, without the residual mode or "
                         "inplace_dx");
@@ -137,10 +140,12 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
     /* the residual mode: the forward's residual and delta, the backward's residual, and
      * their references (sum32, the copies kept before the passes write over them) */
     int res = c->residual;
+    const lk_dtype rt = res == 2 ? dt : LK_F32;   /* the stream in x's dtype, or f32 */
+    const int in_place = c->residual_in_place && rt != LK_F32;
     double *rfd = NULL, *rbd = NULL, *dd = NULL;
-    float *rf = res ? lk_random_tensor(&rng, LK_F32, all, 1.0f, &rfd) : NULL;
+    void *rf = res ? lk_random_tensor(&rng, rt, all, 1.0f, &rfd) : NULL;
     void *delta = res && !c->no_delta ? lk_random_tensor(&rng, dt, all, 0.5f, &dd) : NULL;
-    float *rb = res ? lk_random_tensor(&rng, LK_F32, all, 1.0f, &rbd) : NULL;
+    void *rb = res ? lk_random_tensor(&rng, rt, all, 1.0f, &rbd) : NULL;
     float *sum32 = res ? malloc(sizeof(float) * (size_t)(all ? all : 1)) : NULL;
     double *s64 = res ? malloc(sizeof(double) * (size_t)(all ? all : 1)) : NULL;
     /* the views case: x and dx in a padded token-major buffer, y and dy head-major */
@@ -170,12 +175,13 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
     const double *wref = c->no_weight ? NULL : wd;
     double eps = c->eps > 0 ? c->eps : 1e-6;
     if (res) {
-        residual_reference(rf, delta, dt, all, sum32, s64, xd);
-        lk_poison(x, dt, all);              /* written by the forward */
+        residual_reference(rf, rt, delta, dt, all, sum32, s64, xd);
+        if (in_place) memcpy(x, rf, (size_t)all * esz);   /* the stream is x */
+        else lk_poison(x, dt, all);         /* written by the forward */
     }
-    /* the residual mode normalizes the f32 stream, or x with norm_of_x; `eager` in bf16
-     * runs its steps in bf16, where the stream enters as x (rms_norm.h) */
-    int of_x = c->norm_of_x || (impl && dt != LK_F32 && strcmp(impl->name, "eager") == 0);
+    /* the residual mode normalizes the f32 stream, or x with norm_of_x or the stream in x's
+     * dtype; `eager` in bf16 runs its steps in bf16, where the stream enters as x (rms_norm.h) */
+    int of_x = c->norm_of_x || rt != LK_F32 || (impl && dt != LK_F32 && strcmp(impl->name, "eager") == 0);
     lk_rms_norm_ref_forward(res && !of_x ? s64 : xd, wref, c->weight_offset, eps, rows, n, yref, rstd);
     lk_tensor tcos = {0}, tsin = {0}, tpos = {0};
     if (c->rope) {   /* y rotated; the backward's reference from dy rotated back */
@@ -198,6 +204,7 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
     lk_poison(dw, wt, n);
     memset(saved, 0xff, saved_bytes);       /* NaN in f32 and bf16 alike */
     if (c->inplace_dx) memcpy(dx, dy, (size_t)all * esz);
+    else if (in_place) memcpy(dx, rb, (size_t)all * esz);   /* the gradient's stream is dx */
     else lk_poison(dx, dt, all);
     xt.data = x;
     lk_rms_norm_args a = {
@@ -219,11 +226,12 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
         view_copy(&hdy, dy, 0);
         a.x = hx, a.y = hy, a.dy = hdy, a.dx = hdx;
     }
-    lk_tensor rft = lk_tensor_view(rf, LK_F32, shape->ndim, shape->d), rbt = rft;
+    lk_tensor rft = lk_tensor_view(rf, rt, shape->ndim, shape->d), rbt = rft;
     rbt.data = rb;
     if (res) {
         a.delta = lk_tensor_view(delta, dt, shape->ndim, shape->d);
-        lk_place_tensors(&pl, LK_TENSORS({"x", &a.x}, {"residual", &rft}, {"residual (backward)", &rbt}), 1);
+        if (in_place) lk_place_tensor(&pl, "x", &a.x, 1);
+        else lk_place_tensors(&pl, LK_TENSORS({"x", &a.x}, {"residual", &rft}, {"residual (backward)", &rbt}), 1);
         if (delta) lk_place_tensor(&pl, "delta", &a.delta, 0);
         lk_place_tensor(&pl, "weight", &a.weight, 0);
     } else {
@@ -240,9 +248,9 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
     lk_place_saved(&pl, "saved", &a.saved, 0);
     lk_ctx ctx = lk_place_ctx(&pl, &arena);
     if ((s = pl.status)) goto done;
-    a.residual = res ? rft : (lk_tensor){0};
+    a.residual = !res ? (lk_tensor){0} : in_place ? a.x : rft;
     if ((s = lk_rms_norm_forward(impl, &a, &ctx))) goto done;
-    a.residual = res ? rbt : (lk_tensor){0};
+    a.residual = !res ? (lk_tensor){0} : in_place ? a.dx : rbt;
     if ((s = lk_rms_norm_backward(impl, &a, &ctx)) || (s = lk_place_fetch(&pl))) goto done;
     int gaps_ok = 1;
     if (views) {   /* the outputs back in row order; dx's gaps must be as poisoned */
@@ -259,9 +267,12 @@ lk_status lk_rms_norm_check_case(const lk_impl *impl, lk_dtype dt, const lk_shap
         .dx = dx_err(dx, dt, dxref, rstd, dyd, wref, c->weight_offset, rows, n),   /* dyd rotated back (rope) */
         .dweight = c->no_weight ? 0.0 : lk_rel_err(dw, wt, dwref, n),
     };
-    if (res)     /* x and the forward's residual are exact; the backward's residual as dx, in f32 */
+    if (res && rt == LK_F32)   /* x and the forward's residual are exact; the backward's residual as dx, in f32 */
         e.residual = fmax(fmax(lk_rel_err(x, dt, xd, all), lk_rel_err(rf, LK_F32, s64, all)),
                           lk_rel_err(rb, LK_F32, dxref, all));
+    else if (res)   /* x exact; a residual of x's dtype holds what it held (in place it is x and dx) */
+        e.residual = in_place ? lk_rel_err(x, dt, xd, all)
+                              : fmax(lk_rel_err(x, dt, xd, all), fmax(lk_rel_err(rf, rt, rfd, all), lk_rel_err(rb, rt, rbd, all)));
     if (!gaps_ok) e.dx = INFINITY;
     double worst = fmax(fmax(e.y, e.dx), fmax(e.dweight, e.residual));
     lk_check_row_end(row, isnan(e.y) || isnan(e.dx) || isnan(e.dweight) || isnan(e.residual) ? NAN : worst);

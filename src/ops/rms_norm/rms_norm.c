@@ -6,7 +6,9 @@
  * may be strided views whose rows lie as src/ops/rows.h says (each its own; every
  * implementation walks them with lk_row_at), except in the residual mode. In the residual
  * mode (rms_norm.h) x is an output of the forward and the f32 residual an output of both
- * passes: they stand apart from everything else. */
+ * passes: they stand apart from everything else. A residual of x's dtype (the stream in
+ * x's dtype) is an input, apart from the outputs except that it may be x (forward) or dx
+ * (backward, not over dy) itself; implementations tell the modes by residual's dtype. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -110,8 +112,9 @@ static lk_status check_vector(const lk_impl *impl, const char *arg, const lk_ten
     return lk_expect_dtype(OP, arg, t, dt >= 0 ? LK_DTYPE_BIT(dt) : LK_DTYPE_BIT(x->dtype) | LK_DTYPE_BIT(LK_F32));
 }
 
-/* The residual mode's tensors: residual f32 shaped like x; delta (forward, optional)
- * shaped and typed like x. *rb: residual's bytes (0 when the mode is off). */
+/* The residual mode's tensors: residual f32 (or of bf16 x's dtype) shaped like x; delta
+ * (forward, optional) shaped and typed like x. *rb: residual's bytes (0 when the mode is
+ * off). */
 static lk_status check_residual(const lk_impl *impl, const lk_rms_norm_args *a, int forward, size_t *rb) {
     lk_status s;
     *rb = 0;
@@ -129,7 +132,8 @@ static lk_status check_residual(const lk_impl *impl, const lk_rms_norm_args *a, 
                             names[i]);
     if ((s = lk_expect_operand(OP, impl->device, "residual", &a->residual, 1, 1)) ||
         (s = lk_expect_shape(OP, "residual", &a->residual, a->x.ndim, a->x.shape)) ||
-        (s = lk_expect_dtype_eq(OP, "residual", &a->residual, LK_F32)))
+        (s = lk_expect_dtype(OP, "residual", &a->residual,
+                             LK_DTYPE_BIT(LK_F32) | (a->x.dtype == LK_BF16 ? LK_DTYPE_BIT(LK_BF16) : 0))))
         return s;
     if (forward && a->delta.data && (s = check_like_x(impl, "delta", &a->delta, &a->x))) return s;
     *rb = lk_tensor_bytes(&a->residual);
@@ -197,7 +201,12 @@ lk_status lk_rms_norm_forward(const lk_impl *impl, const lk_rms_norm_args *a, lk
         return s;
     size_t tb = lk_tensor_span_bytes(&a->x), yb = lk_tensor_span_bytes(&a->y);
     size_t wb = a->weight.data ? lk_tensor_bytes(&a->weight) : 0, db = rb && a->delta.data ? tb : 0;
-    if (rb) {   /* x is written: an output like the others */
+    if (rb && a->residual.dtype != LK_F32) {   /* the stream in x's dtype: residual an input, or x itself */
+        const lk_region outs[] = {{"y", a->y.data, yb}, {"saved", a->saved.data, a->saved.bytes}, {"x", a->x.data, tb}};
+        const lk_region ins[] = {{"weight", a->weight.data, wb}, {"delta", a->delta.data, db},
+                                 {"residual", a->residual.data == a->x.data ? NULL : a->residual.data, rb}};
+        if ((s = lk_expect_apart(OP, outs, 3, ins, 3))) return s;
+    } else if (rb) {   /* x is written: an output like the others */
         const lk_region outs[] = {{"y", a->y.data, yb}, {"saved", a->saved.data, a->saved.bytes},
                                   {"x", a->x.data, tb}, {"residual", a->residual.data, rb}};
         const lk_region ins[] = {{"weight", a->weight.data, wb}, {"delta", a->delta.data, db}};
@@ -227,13 +236,16 @@ lk_status lk_rms_norm_backward(const lk_impl *impl, const lk_rms_norm_args *a, l
     if (a->inplace_dx && (a->dx.data != a->dy.data || memcmp(a->dx.stride, a->dy.stride, sizeof a->dx.stride)))
         return lk_error(LK_EINVAL, OP ": dx: inplace_dx expects dx to be dy (data and strides), got %p and %p",
                         a->dx.data, a->dy.data);
-    /* dx may be dy exactly (inplace_dx); otherwise every output stands apart */
+    /* dx may be dy exactly (inplace_dx), and a residual of x's dtype dx exactly (unless dx is
+     * dy); otherwise every output stands apart */
+    const int res_in = rb && a->residual.dtype != LK_F32;
     const lk_region outs[] = {{"dx", a->dx.data, dxb}, {"dweight", a->dweight.data, dwb},
-                              {"residual", a->residual.data, rb}};
+                              {"residual", res_in ? NULL : a->residual.data, rb}};
     const lk_region ins[] = {{a->inplace_dx ? "dy" : "dy (set inplace_dx to write over it)",
                               a->inplace_dx ? NULL : a->dy.data, dyb},
-                             {"x", a->x.data, tb}, {"weight", a->weight.data, wb}, {"saved", a->saved.data, sb}};
-    if ((s = lk_expect_apart(OP, outs, 3, ins, 4))) return s;
+                             {"x", a->x.data, tb}, {"weight", a->weight.data, wb}, {"saved", a->saved.data, sb},
+                             {"residual", res_in && !(a->residual.data == a->dx.data && !a->inplace_dx) ? a->residual.data : NULL, rb}};
+    if ((s = lk_expect_apart(OP, outs, 3, ins, 5))) return s;
     if (a->inplace_dx) {            /* dy is dx: dweight and residual must still stand apart from it */
         const lk_region dy[] = {{"dy", a->dy.data, dyb}};
         if ((s = lk_expect_apart(OP, outs + 1, 2, dy, 1))) return s;

@@ -628,6 +628,59 @@ static double grad_rel_l2(lk_model *a, lk_model *b) {
     return sqrt(d / n);
 }
 
+/* The residual stream in bf16 (lk_model_set_fp32_residual off; a bf16 transformers model's,
+ * Megatron's default): no f32 stream buffer; the loss and gradients follow the f32 model
+ * (tolerances of bf16_follows_f32 below, measured in the comment there) and are not the
+ * f32 stream's bits; a recompute of every layer gives the keeping model's loss and
+ * gradients bit for bit without norm_of_x (the stream is x and x2 themselves); turning it
+ * back on gives the f32 stream's bits again; an f32 model is the same either way. */
+static void bf16_stream_follows_f32(void **state) {
+    (void)state;
+    for (int moe = 0; moe <= 1; moe++)
+        for (int fused = 0; fused <= 1; fused++) {
+            const char *mode = fused ? "fused" : "eager";
+            lk_model *f = create(moe, mode, 0, 19), *h = create(moe, mode, 0, 19), *x = create(moe, mode, 0, 19),
+                     *r = create(moe, mode, 1, 19), *f2 = create(moe, mode, 0, 19);
+            lk_model *bf[] = {h, x, r};
+            for (int i = 0; i < 3; i++) assert_int_equal(lk_model_set_dtype(bf[i], LK_BF16), LK_OK);
+            assert_int_equal(lk_model_set_fp32_residual(x, 0), LK_OK);
+            assert_int_equal(lk_model_set_fp32_residual(r, 0), LK_OK);
+            assert_int_equal(lk_model_set_fp32_residual(f2, 0), LK_OK);
+            assert_int_equal(lk_model_set_fp32_residual(NULL, 0), LK_EINVAL);
+            lk_batch b;
+            make_batch(&b, 23);
+            lk_step_stats sf, sh, sx, sr, sf2;
+            fwd_bwd(f, &b, 1.0f, &sf);
+            fwd_bwd(h, &b, 1.0f, &sh);
+            fwd_bwd(x, &b, 1.0f, &sx);
+            fwd_bwd(r, &b, 1.0f, &sr);
+            fwd_bwd(f2, &b, 1.0f, &sf2);
+            assert_null(x->sc.res);
+            assert_non_null(h->sc.res);
+            double g = grad_rel_l2(f, x);
+            print_message("  %s %s: loss f32 %.6f, bf16 f32-stream %.6f, bf16 bf16-stream %.6f, aux %.5f / %.5f, "
+                          "grads rel L2 %.2e (f32 stream %.2e)\n", moe ? "moe" : "dense", mode, sf.loss, sh.loss,
+                          sx.loss, sf.aux_loss, sx.aux_loss, g, grad_rel_l2(f, h));
+            assert_true(fabs(sf.loss - sx.loss) <= 2e-3 * fabs(sf.loss));
+            assert_true(fabs(sf.aux_loss - sx.aux_loss) <= 2e-3 * fabs(sf.aux_loss));
+            assert_true(g <= 4e-2);
+            assert_true(memcmp(h->g, x->g, (size_t)h->n_floats * 4) != 0);   /* not the f32 stream's */
+            assert_true(sr.loss == sx.loss && sr.aux_loss == sx.aux_loss);     /* recompute: the same bits */
+            assert_int_equal(memcmp(r->g, x->g, (size_t)x->n_floats * 4), 0);
+            assert_true(sf2.loss == sf.loss);                                 /* f32: no such stream */
+            assert_int_equal(memcmp(f2->g, f->g, (size_t)f->n_floats * 4), 0);
+            assert_int_equal(lk_model_set_fp32_residual(x, 1), LK_OK);         /* back: the f32 stream's bits */
+            lk_model_zero_grad(x);
+            fwd_bwd(x, &b, 1.0f, &sx);
+            assert_true(sx.loss == sh.loss);
+            assert_int_equal(memcmp(h->g, x->g, (size_t)h->n_floats * 4), 0);
+            lk_batch_free(&b);
+            for (int i = 0; i < 3; i++) lk_model_free(bf[i]);
+            lk_model_free(f);
+            lk_model_free(f2);
+        }
+}
+
 /* bf16 compute (mixed precision) against the f32 model from the same weights, for the
  * eager and the fused tables: the ops round every activation to bf16 (2^-9 relative),
  * so through 2 layers the loss moved by 2.4e-4 relative and the gradients by 1.5e-2
@@ -1196,7 +1249,7 @@ int main(void) {
         cmocka_unit_test(recompute_moe_identical),    cmocka_unit_test(recompute_qkv_identical),    cmocka_unit_test(bf16_follows_f32),
         cmocka_unit_test(bf16_master),             cmocka_unit_test(bf16_grads),
         cmocka_unit_test(lm_head_chunks),
-        cmocka_unit_test(residual_stream_is_f32), cmocka_unit_test(sliding_window_layers),
+        cmocka_unit_test(residual_stream_is_f32), cmocka_unit_test(bf16_stream_follows_f32), cmocka_unit_test(sliding_window_layers),
         cmocka_unit_test(accumulation_adds),      cmocka_unit_test(save_load_round_trip),
         cmocka_unit_test(override_reaches_module), cmocka_unit_test(bad_configs_rejected),
         cmocka_unit_test(bad_batch_rejected),     cmocka_unit_test(router_options_reach_every_moe_layer),

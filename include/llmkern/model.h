@@ -112,6 +112,13 @@ LK_API void lk_model_set_deterministic(lk_model *m, int on);
  * 2·T·H·(Q + K) FLOPs a layer; the gradients are the same up to that GEMM's summation order.
  * Call between steps: the activations are made again. */
 LK_API lk_status lk_model_set_keep_qk(lk_model *m, int on);
+/* On (the default): a bf16 model carries its residual stream in f32, as autocast over f32
+ * weights does (each norm adds its branch in f32 and normalizes the f32 sum; qwen3_internal.h).
+ * Off: in bf16, as transformers' bf16 model and Megatron without fp32_residual_connection
+ * carry it: each sum rounded to bf16 where the layer keeps it (x, x2), the gradient's stream
+ * bf16 too; ~12 bytes an element a layer less memory traffic each way (issue 17). No effect
+ * on an f32 model. Call between steps: the scratch changes. */
+LK_API lk_status lk_model_set_fp32_residual(lk_model *m, int on);
 /* Recompute, each in the first n layers (0 .. num_hidden_layers; 0: none):
  *   layers  the whole layer made again in the backward from its kept input (Megatron's
  *           recompute_method block with recompute_num_layers n; create's recompute flag:

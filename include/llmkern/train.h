@@ -147,6 +147,11 @@ typedef struct {
      * q and k again there by a GEMM (lk_model_set_keep_qk): ~1-2% of a GPU step for layers x
      * tokens x (q + 2 kv) more activations. Off by default (the leaner memory). */
     int keep_qk;
+    /* train.fp32_residual_connection (Megatron's name): a bf16 run's residual stream in f32
+     * (true, the default: autocast's numerics), or in bf16 (false: a bf16 transformers model's
+     * and Megatron's default; ~12 bytes an element a layer less traffic each way;
+     * lk_model_set_fp32_residual). No effect in f32. */
+    int fp32_residual_connection;
     /* train.lm_head_chunk_bytes: the fused LM head + loss's budget of f32 logits a chunk of
      * tokens (lk_model_set_lm_head_chunk_bytes; a size as max_shard_size takes it): 0 (the
      * default) = the op's, 4 GiB on a GPU. Smaller takes less memory for more passes over the

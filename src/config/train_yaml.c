@@ -38,6 +38,7 @@ void lk_train_config_init(lk_train_config *tc) {
     tc->eos_id = LK_EOS_FROM_FILE;   /* a version-2 token file's own; none for version 1 */
     tc->dp = 0; tc->sp = 1; tc->ep = 1;
     tc->comm_timeout_s = 300;
+    tc->fp32_residual_connection = 1;
     tc->max_shard_size = LK_ST_DEFAULT_MAX_SHARD;
     tc->dtype = LK_DTYPE_COUNT;
     tc->grad_reduce_dtype = LK_F32;
@@ -232,7 +233,7 @@ static const char *const train_keys[] = {"steps", "lr", "min_lr", "warmup_steps"
     "eps", "grad_clip", "batch_size", "seq_len", "grad_accum", "seed", "save_every", "out", "recompute", "device",
     "comm_timeout_s", "max_shard_size", "log_every", "memory_limit", "dtype", "cuda_graph", "deterministic", "keep_qk",
     "grad_reduce_dtype", "profile_step", "exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype", "main_grads_dtype",
-    "lm_head_chunk_bytes", "recompute_modules", "recompute_num_layers",
+    "lm_head_chunk_bytes", "recompute_modules", "recompute_num_layers", "fp32_residual_connection",
     NULL};
 
 lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t *v) {
@@ -255,6 +256,8 @@ lk_status lk_yaml_train_entry(loader *l, const yaml_node_t *k, const yaml_node_t
     if (strcmp(n, "cuda_graph") == 0) return get_bool(l, v, "train.cuda_graph", &t->cuda_graph);
     if (strcmp(n, "deterministic") == 0) return get_bool(l, v, "train.deterministic", &t->deterministic);
     if (strcmp(n, "keep_qk") == 0) return get_bool(l, v, "train.keep_qk", &t->keep_qk);
+    if (strcmp(n, "fp32_residual_connection") == 0)
+        return get_bool(l, v, "train.fp32_residual_connection", &t->fp32_residual_connection);
     if (strcmp(n, "lm_head_chunk_bytes") == 0)
         return get_bytes(l, v, "train.lm_head_chunk_bytes", &t->lm_head_chunk_bytes);
     if (strcmp(n, "grad_reduce_dtype") == 0)

@@ -18,7 +18,8 @@
  * rms_norm's residual mode on sc.res, adding the branch output before them (forward)
  * and their dx into the gradient after them (backward). They normalize the f32 stream,
  * or with recompute (m->norm_of_x) its rounding x, which a recompute normalizes again
- * with the plain norm to the same bits. */
+ * with the plain norm to the same bits. A bf16 stream (lk_stream_in_x) is x and x2
+ * themselves: each norm reads the value before it where it lies and writes the sum. */
 #include "model/qwen3_internal.h"
 
 #define W(off) lk_wc(m, off)
@@ -103,10 +104,12 @@ static lk_rms_norm_args norm_args(const lk_model *m, const void *x, int64_t rows
 }
 
 /* The residual mode on the stream sc.res: forward, delta (NULL: none) added and x
- * written, the stream normalized (x with recompute); backward, dx added. */
-static lk_rms_norm_args with_stream(const lk_model *m, lk_rms_norm_args a, const void *delta) {
+ * written, the stream normalized (x with recompute); backward, dx added. A bf16 stream
+ * (lk_stream_in_x) is read from prev instead: the value before this norm (forward: the
+ * layer before's x2, or x itself; backward: dres, which dx then is). */
+static lk_rms_norm_args with_stream(const lk_model *m, lk_rms_norm_args a, const void *prev, const void *delta) {
     int64_t rows = a.x.shape[0], n = a.x.shape[1];
-    a.residual = f2(m, m->sc.res, rows, n);
+    a.residual = lk_stream_in_x(m) ? t2(m, prev, rows, n) : f2(m, m->sc.res, rows, n);
     a.norm_of_x = m->norm_of_x;
     if (delta) a.delta = t2(m, delta, rows, n);
     return a;
@@ -226,7 +229,8 @@ lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, con
     char *qkv = a->qkv ? a->qkv : sc->qkv;   /* kept for the backward, or scratch */
     lk_status s;
     lk_rms_norm_args n = norm_args(m, a->x, T, H, L->in, a->h1, a->s[S_IN], L->saved[S_IN]);
-    if (first) n = with_stream(m, n, l ? sc->tmp : NULL);   /* + the previous layer's MLP output */
+    if (first)   /* + the previous layer's MLP output */
+        n = with_stream(m, n, l ? m->acts[l - 1].x2 : a->x, l ? sc->tmp : NULL);
     if ((s = lk_rms_norm_forward(op->in_norm, &n, ctx))) return s;
     /* q, k and v in one GEMM, as column blocks of qkv; the norms' inputs kept only in a->qkv
      * (else the backward makes them again) */
@@ -242,7 +246,7 @@ lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, con
     if (first) {
         lk_linear_args po = lin(m, a->ao, T, Q, W(L->o), H, sc->tmp);
         if ((s = lk_linear_forward(op->o_proj, &po, ctx))) return s;
-        np = with_stream(m, np, sc->tmp);
+        np = with_stream(m, np, a->x, sc->tmp);
     }
     if ((s = lk_rms_norm_forward(op->post_norm, &np, ctx))) return s;
     void *out = first ? sc->tmp : NULL;   /* a recompute wants the MLP's saved block alone (out.data NULL) */
@@ -289,7 +293,7 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
         if ((s = lk_swiglu_mlp_backward(op->mlp, &f, ctx))) return s;
     }
     lk_rms_norm_args np = norm_args(m, a->x2, T, H, L->post, a->h2, a->s[S_POST], L->saved[S_POST]);
-    np = with_stream(m, np, NULL);                                  /* d(x2) into the stream */
+    np = with_stream(m, np, sc->dres, NULL);                        /* d(x2) into the stream */
     if ((s = norm_backward(m, op->post_norm, np, t2(m, sc->dh, T, H), t2(m, sc->dres, T, H), L->post))) return s;
     /* recompute_norms: h1 made again (h2 is dead now: sc.hn is free) */
     again = norm_args(m, a->x, T, H, L->in, a->h1, a->s[S_IN], L->saved[S_IN]);
@@ -365,6 +369,6 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
     lk_linear_args p = lin(m, a->h1, T, H, W(L->q), QKV, NULL);
     if ((s = lin_backward(m, op->q_proj, p, qkv, L->q, sc->dh))) return s;
     lk_rms_norm_args n = norm_args(m, a->x, T, H, L->in, a->h1, a->s[S_IN], L->saved[S_IN]);
-    return norm_backward(m, op->in_norm, with_stream(m, n, NULL), t2(m, sc->dh, T, H), t2(m, sc->dres, T, H),
+    return norm_backward(m, op->in_norm, with_stream(m, n, sc->dres, NULL), t2(m, sc->dh, T, H), t2(m, sc->dres, T, H),
                          L->in);   /* d(x) */
 }

@@ -134,6 +134,7 @@ lk_status lk_model_create(const lk_qwen3_config *cfg, const lk_op_table *ops, ui
     m->cfg = *cfg;
     m->recompute = recompute ? (int)cfg->num_hidden_layers : 0;
     m->norm_of_x = m->recompute > 0;   /* the first forward's norms as the recompute's (qwen3_internal.h) */
+    m->fp32_residual = 1;
     m->dt = LK_F32, m->es = 4;
     m->d_loss_put = NAN;   /* scal[1] holds no d_loss yet */
     m->H = cfg->hidden_size; m->Hq = cfg->num_attention_heads; m->Hk = cfg->num_key_value_heads;
@@ -316,6 +317,13 @@ lk_status lk_model_set_keep_qk(lk_model *m, int on) {
     return LK_OK;
 }
 
+lk_status lk_model_set_fp32_residual(lk_model *m, int on) {
+    if (!m) return lk_error(LK_EINVAL, "model_set_fp32_residual: expected a model");
+    if (m->fp32_residual != (on != 0)) free_acts(m);   /* the scratch holds the f32 stream or not */
+    m->fp32_residual = on != 0;
+    return LK_OK;
+}
+
 /* One of the recompute counts (the first n layers) set to n; the blocks' layout changes. */
 static lk_status set_recompute(lk_model *m, int *count, int n, const char *fn) {
     if (!m) return lk_error(LK_EINVAL, "%s: expected a model", fn);
@@ -467,7 +475,7 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
         su = 0;
         lk_scratch *c = &m->sc;
         c->dh = lk_carve(sb, &su, TH);
-        c->res = lk_carve(sb, &su, (size_t)(T * m->H) * 4);
+        c->res = lk_stream_in_x(m) ? NULL : lk_carve(sb, &su, (size_t)(T * m->H) * 4);
         const size_t rest = lk_align64(su);
         c->qkv = lk_carve(sb, &su, (Q + 2 * Kv) * es);
         c->tmp = c->dres = lk_carve(sb, &su, TH);
@@ -633,8 +641,11 @@ static lk_status forward(lk_model *m, const lk_batch *whole, float loss_scale, l
     m->copy_current = 0;
     if (m->w && m->wc != m->w && !current && (s = m->dev->round(m->wc, m->w, m->n_floats, m->dt, &m->ctx))) return s;
     /* the stream starts as the f32 embedding (the master's row: what autocast gathers; under
-     * a bf16 master the bf16 row, widened into the stream by adding it to -0.0) */
-    if (m->w) {
+     * a bf16 master the bf16 row, widened into the stream by adding it to -0.0); a bf16
+     * stream as the compute copy's row, in the first layer's input */
+    if (lk_stream_in_x(m)) {
+        if ((s = m->dev->embed(lk_wc(m, m->embed), m->ids, m->inputs[0], T, H, m->V, m->dt, &m->ctx))) return s;
+    } else if (m->w) {
         if ((s = m->dev->embed(m->w + m->embed, m->ids, m->sc.res, T, H, m->V, LK_F32, &m->ctx))) return s;
     } else if ((s = m->dev->embed(lk_wc(m, m->embed), m->ids, m->sc.tmp, T, H, m->V, m->dt, &m->ctx)) ||
                (s = m->dev->fill(m->sc.res, -0.0f, T * H, &m->ctx)) ||
@@ -648,7 +659,8 @@ static lk_status forward(lk_model *m, const lk_batch *whole, float loss_scale, l
         if ((s = lk_qwen3_layer_forward(m, l, &m->acts[l], b, 1, 1))) return s;
     }
     lk_rms_norm_args n = final_norm_args(m);   /* + the last MLP's output; writes inputs[N] */
-    n.residual = lk_on(m, lk_tensor_2d(m->sc.res, LK_F32, T, H));
+    n.residual = lk_stream_in_x(m) ? lk_on(m, lk_tensor_2d(m->acts[N - 1].x2, m->dt, T, H))
+                                   : lk_on(m, lk_tensor_2d(m->sc.res, LK_F32, T, H));
     n.delta = lk_on(m, lk_tensor_2d(m->sc.tmp, m->dt, T, H));
     if ((s = lk_rms_norm_forward(m->final_norm_impl, &n, &m->ctx))) return s;
     lk_cross_entropy_args ce = ce_args(m);
@@ -729,13 +741,14 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
     }
     if ((s = lk_cross_entropy_backward(m->ce_impl, &ce, &m->ctx))) return s;
     /* the stream's gradient starts at -0.0 (device.h's fill: x + -0.0 is x, bit for bit) and
-     * takes the final norm's dx; dres its rounding */
+     * takes the final norm's dx; dres its rounding. A bf16 stream starts as that dx in dres. */
     lk_rms_norm_args n = final_norm_args(m);
     n.dy = lk_on(m, lk_tensor_2d(m->sc.dh, m->dt, T, H));
     n.dx = lk_on(m, lk_tensor_2d(m->sc.dres, m->dt, T, H));
     n.dweight = lk_on(m, lk_tensor_1d(m->sc.dw, n.weight.dtype, H));
-    n.residual = lk_on(m, lk_tensor_2d(m->sc.res, LK_F32, T, H));
-    if ((s = m->dev->fill(m->sc.res, -0.0f, T * H, &m->ctx)) || (s = lk_rms_norm_backward(m->final_norm_impl, &n, &m->ctx)) ||
+    if (!lk_stream_in_x(m)) n.residual = lk_on(m, lk_tensor_2d(m->sc.res, LK_F32, T, H));
+    if ((n.residual.data && (s = m->dev->fill(m->sc.res, -0.0f, T * H, &m->ctx))) ||
+        (s = lk_rms_norm_backward(m->final_norm_impl, &n, &m->ctx)) ||
         (s = m->dev->acc(lk_gc(m, m->final_norm), m->gdt, m->sc.dw, n.weight.dtype, H, &m->ctx)))
         return s;
     grads_ready(m, m->final_norm);   /* the final norm and an untied lm_head follow the layers */
@@ -748,7 +761,9 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
     }
     m->experts_unwritten = 0;   /* every MoE layer wrote its experts' gradients */
     /* embedding: scatter-add by token, repeated ids in one fixed order */
-    if ((s = m->dev->embed_backward(lk_gc(m, m->embed), m->gdt, m->ids, m->sc.res, T, H, m->V, LK_F32, &m->ctx)))
+    const int in_x = lk_stream_in_x(m);
+    if ((s = m->dev->embed_backward(lk_gc(m, m->embed), m->gdt, m->ids, in_x ? m->sc.dres : (void *)m->sc.res, T, H,
+                                    m->V, in_x ? m->dt : LK_F32, &m->ctx)))
         return s;
     grads_ready(m, 0);
     *stats = st;

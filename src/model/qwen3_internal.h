@@ -41,7 +41,15 @@
  *     the forward used. The final norm is never recomputed: it reads the stream
  *     always. x2 cannot be made again from x without the stream, so with recompute it
  *     is kept per layer (x2s) outside the shared block. In f32 x is the stream and
- *     every sum the f32 add of before: the bits of the old scheme, recompute or not. */
+ *     every sum the f32 add of before: the bits of the old scheme, recompute or not.
+ *   - With lk_model_set_fp32_residual off (a bf16 model; Megatron's fp32_residual_connection
+ *     False, and what transformers' bf16 model carries) the stream is bf16 and IS x and
+ *     x2: no sc.res; each residual-mode norm reads the previous value where it lies (the
+ *     layer before's x2, or x), adds its delta in f32 and writes the rounding as x or x2
+ *     (rms_norm.h's stream in x's dtype), so a recompute from the kept x and x2 is exact
+ *     without norm_of_x; the backward's gradient stream is dres itself, each norm's dx added
+ *     into it in place (dres = round(dres + dx)), and the final norm's dx its start. Six
+ *     bytes an element less each way at each of a layer's two residual norms. */
 #ifndef LLMKERN_MODEL_QWEN3_INTERNAL_H
 #define LLMKERN_MODEL_QWEN3_INTERNAL_H
 
@@ -119,7 +127,8 @@ typedef struct {
     void *qkv;                   /* [T, Q + 2K]: the q, k, v projections as column blocks (forward), their
                                   * grads (backward); [T, Q + K] for the backward's q, k again */
     void *tmp;                   /* [T, H]: o_proj / MLP output (the delta the next norm adds) */
-    float *res;                  /* [T, H] f32: the residual stream (forward), its gradient (backward) */
+    float *res;                  /* [T, H] f32: the residual stream (forward), its gradient (backward);
+                                  * NULL when the stream is bf16 (lk_stream_in_x) */
     void *dres, *dh, *dh2;       /* [T, H]: dres the rounding of res's gradient (the GEMMs' dy) */
     void *dao;                   /* [T, Hq*D] */
     void *dqr, *dkr, *dvt;       /* head-major grads */
@@ -151,6 +160,8 @@ struct lk_model {
                           * norm_of_x): set with recompute or recompute_norms, what a recompute from the
                           * kept x runs (in every layer: one rule for the stream) */
     int deterministic;   /* attention's ordered backward (lk_model_set_deterministic) */
+    int fp32_residual;   /* lk_model_set_fp32_residual: the residual stream in f32 (1, the default), or
+                          * in the model's dtype (0: a bf16 model's stream is x and x2 themselves) */
     int64_t H, Hq, Hk, D, I, V, E, K, Ie;    /* sizes; K = experts per token, Ie = moe_intermediate */
     int n_moe_layers;
 
@@ -256,6 +267,10 @@ lk_status lk_qwen3_params_move_master(lk_model *m, lk_dtype dt);
 /* params.c: the gradients in a new zeroed buffer of dt (f32 or bf16); the views follow
  * (lk_model_set_grad_dtype). */
 lk_status lk_qwen3_params_move_grads(lk_model *m, lk_dtype dt);
+
+/* The residual stream is the model's bf16 activations themselves, not sc.res (qwen3_internal.h's
+ * lk_model_set_fp32_residual off in a bf16 model). */
+static inline int lk_stream_in_x(const lk_model *m) { return !m->fp32_residual && m->dt != LK_F32; }
 
 /* Layer l is made again in the backward (its activations in the shared block, x2 in x2s). */
 static inline int lk_recomputed(const lk_model *m, int l) { return l < m->recompute; }

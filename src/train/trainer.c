@@ -245,6 +245,7 @@ static lk_status build_model(const lk_train_config *tc, const lk_ops_config *ops
     }
     if (!s) lk_model_set_deterministic(*out, tc->deterministic);
     if (!s) s = lk_model_set_keep_qk(*out, tc->keep_qk);   /* before any activation exists: cannot fail */
+    if (!s) s = lk_model_set_fp32_residual(*out, tc->fp32_residual_connection);
     /* the counts were checked by check_config; 0: all the layers */
     int n[1 + LK_RECOMPUTE_MODULES];
     lk_train_recompute_layers(tc, n);

@@ -16,7 +16,8 @@ llmkern runs twice, eager and with train.cuda_graph (the step captured once and 
 the step time with and without the graph); a run kind's +flags add train keys (llmkern+bf16m keeps
 AdamW's moments in bf16, train.exp_avg_dtype / exp_avg_sq_dtype; +recompute sets train.recompute;
 +keepqk train.keep_qk; +bf16w the weights in bf16 alone, train.main_params_dtype; +lean
-train.lm_head_chunk_bytes 1.25GB).
+train.lm_head_chunk_bytes 1.25GB; +bf16r the residual stream in bf16, as the bf16 transformers
+model carries it, train.fp32_residual_connection false).
 Per run: tokens/s (median step after the warm-up); MFU = FLOPs/token x tokens/s / 989e12
 (the H200's dense bf16 peak), and the fraction of the 790 TFLOP/s cuBLAS reaches here
 (8192^3), FLOPs/token = 6 x active matmul parameters + 6 x layers x seq x heads x head_dim
@@ -336,10 +337,12 @@ BF16_MOMENTS = {"exp_avg_dtype": "bf16", "exp_avg_sq_dtype": "bf16"}   # train.e
 # a run kind's +flags: bf16m both moments in bf16, bf16m1 the first (exp_avg) alone, bf16m2 the second alone;
 # keepqk the layers' q/k/v projection kept for the backward (train.keep_qk); bf16w the weights in bf16
 # alone, no f32 master (train.main_params_dtype); lean the LM head's chunks of ~2,000 tokens at vocab 151936
-# (train.lm_head_chunk_bytes 1.25GB, where the default's 4 GiB takes ~7,000)
+# (train.lm_head_chunk_bytes 1.25GB, where the default's 4 GiB takes ~7,000); bf16r the residual stream in bf16
+# (train.fp32_residual_connection false: what the bf16-weight transformers runs carry)
 LK_FLAGS = {"bf16m": BF16_MOMENTS, "bf16m1": {"exp_avg_dtype": "bf16"}, "bf16m2": {"exp_avg_sq_dtype": "bf16"},
             "recompute": {"recompute": True}, "keepqk": {"keep_qk": True}, "bf16w": {"main_params_dtype": "bf16"},
             "lean": {"lm_head_chunk_bytes": "1.25GB"}, "bf16g": {"main_grads_dtype": "bf16"},
+            "bf16r": {"fp32_residual_connection": False},
             # train.recompute_modules (their lists join: +renorm+remoe6 is [layernorm, moe:6]); train.recompute
             # of the first N layers (+recompute+n4)
             "renorm": {"recompute_modules": ["layernorm"]}, "remoe": {"recompute_modules": ["moe"]},
@@ -358,7 +361,7 @@ def add_flags(extra, flag):
 
 # the run kinds --parity may add beside plain bf16 (--parity-kinds), and how its table names them
 MOMENT_KINDS = {"bf16m": "bf16 moments", "bf16m1": "bf16 exp_avg", "bf16m2": "bf16 exp_avg_sq",
-                "bf16w": "bf16 weights alone", "bf16g": "bf16 gradients"}
+                "bf16w": "bf16 weights alone", "bf16g": "bf16 gradients", "bf16r": "bf16 residual stream"}
 
 
 def kind_flags(kind):
@@ -673,7 +676,7 @@ def main():
     P.add_argument("--runs", default="hf,liger,llmkern,llmkern_graph",
                    help="hf before liger: each is its own process anyway; llmkern_graph: train.cuda_graph; "
                         "llmkern+bf16m[+recompute]: AdamW moments in bf16 [, train.recompute] (bf16m1: exp_avg alone, "
-                        "bf16m2: exp_avg_sq alone); +keepqk: train.keep_qk; +bf16w: train.main_params_dtype bf16; +lean: train.lm_head_chunk_bytes 1.25GB; "
+                        "bf16m2: exp_avg_sq alone); +keepqk: train.keep_qk; +bf16w: train.main_params_dtype bf16; +lean: train.lm_head_chunk_bytes 1.25GB; +bf16r: train.fp32_residual_connection false; "
                         "llmkern[_graph]:NAME runs attention implementation NAME (cudnn, flash_attention_2)")
     P.add_argument("--rounds", type=int, default=1,
                    help="every run kind N times, in turn (round 1's kinds, then round 2's ...); each llmkern run's "
@@ -695,7 +698,7 @@ def main():
     P.add_argument("--parity-first", type=int, default=0,
                    help="the first repetition's seeds (repetition r draws its weights and batches from seed r)")
     P.add_argument("--parity-kinds", default="bf16m,bf16m1,bf16m2",
-                   help="the llmkern bf16 runs beside the plain one (bf16m, bf16m1, bf16m2, bf16w; joined by +: bf16m+bf16w)")
+                   help="the llmkern bf16 runs beside the plain one (bf16m, bf16m1, bf16m2, bf16w, bf16g, bf16r; joined by +: bf16m+bf16w)")
     P.add_argument("--tiny", action="store_true", help="2-layer models, seq 64 x 2, 8 steps (checks the script)")
     P.add_argument("--out", default=os.environ.get("OUT", "."))
     P.add_argument("--work", help="where checkpoints and token files go (default: a temporary directory)")

@@ -497,12 +497,13 @@ static void yaml_train_sections_load(void **state) {
         "train:\n  steps: 7\n  lr: 3e-3\n  min_lr: 1e-4\n  betas: [0.8, 0.99]\n  batch_size: 2\n"
         "  seq_len: 64\n  grad_accum: 3\n  seed: 9\n  save_every: 2\n  out: /tmp/x\n  recompute: true\n"
         "  dtype: bfloat16\n  cuda_graph: true\n  deterministic: true\n  keep_qk: true\n  grad_reduce_dtype: bf16\n"
-        "  profile_step: 3\n"
+        "  profile_step: 3\n  fp32_residual_connection: false\n"
         "  exp_avg_dtype: bf16\n  exp_avg_sq_dtype: bfloat16\n  main_params_dtype: bf16\n  main_grads_dtype: bf16\n"
         "  lm_head_chunk_bytes: 1GiB\n  recompute_modules: [layernorm, moe:1, qkv:2]\n  recompute_num_layers: 1\n"
         "data:\n  text: corpus.txt\n");
     lk_train_config_init(&tc);
     assert_int_equal(lk_train_dtype(&tc), LK_F32);          /* the CPU's default */
+    assert_int_equal(tc.fp32_residual_connection, 1);       /* autocast's f32 stream by default */
     tc.device = LK_DEVICE_CUDA;
     assert_int_equal(lk_train_dtype(&tc), LK_BF16);         /* a GPU's */
     assert_int_equal(lk_train_config_load_yaml(p, &tc, &ops), LK_OK);
@@ -521,6 +522,7 @@ static void yaml_train_sections_load(void **state) {
     assert_int_equal(tc.recompute_num_layers, 1);
     assert_int_equal(tc.lm_head_chunk_bytes, (uint64_t)1 << 30);
     assert_int_equal(tc.profile_step, 3);
+    assert_int_equal(tc.fp32_residual_connection, 0);
     assert_true(tc.has_model && tc.model.moe && tc.model.num_experts == 4 && tc.model.hidden_size == 32);
     assert_string_equal(tc.model.model_type, "qwen3_moe");
     assert_string_equal(tc.model.torch_dtype, "float32");
@@ -553,6 +555,7 @@ static void yaml_train_errors_name_the_place(void **state) {
         {"train:\n  grad_reduce_dtype: f16\n", ":2:22",
          "train.grad_reduce_dtype: expected bf16 (bfloat16) or f32 (float32), got 'f16'"},
         {"train:\n  cuda_graph: 2\n", ":2:15", "train.cuda_graph: expected true or false"},
+        {"train:\n  fp32_residual_connection: no\n", ":2:29", "train.fp32_residual_connection: expected true or false"},
         {"train:\n  recompute_modules: layernorm\n", ":2:22", "train.recompute_modules: expected a list"},
         {"train:\n  recompute_num_layers: -1\n", ":2:25", "train.recompute_num_layers: expected an integer >= 0"},
         {"train:\n  recompute_modules: [layernorm, moe_act]\n", ":2:34",

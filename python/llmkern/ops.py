@@ -9,6 +9,7 @@ workspace from torch's allocator; what the forward keeps for the backward (the o
 `saved` block) is a uint8 tensor saved on the autograd context.
 
     y = llmkern.ops.rms_norm(x, weight, eps=1e-6)
+    y, s = llmkern.ops.fused_add_rms_norm(x, residual, weight)        # s = x + residual; y = rms_norm(s)
     q, k = llmkern.ops.apply_rotary_pos_emb(q, k, cos, sin)          # Hugging Face's signature
     out = llmkern.ops.swiglu_mlp(x, gate_up_weight, down_weight)
     loss = llmkern.ops.lm_head_cross_entropy(hidden, lm_head_weight, shifted_labels)
@@ -81,6 +82,61 @@ def rms_norm(x, weight, eps=1e-6, impl="fused", offset=0.0):
     if weight is not None and weight.dtype != x.dtype and weight.dtype != torch.float32:
         weight = weight.to(x.dtype)
     return RMSNormFunction.apply(x, weight, float(eps), float(offset), _impl("rms_norm", impl, x))
+
+
+class FusedAddRMSNormFunction(torch.autograd.Function):
+    """s = residual + x, y = rms_norm(s), one pass each way (rms_norm.h's residual mode). A
+    residual of x's dtype is the stream in x's dtype: s rounded once to it; an f32 residual beside
+    bf16 x is autocast's f32 stream: s f32, and the norm reads it (x's rounding kept for the
+    backward). Backward: d(residual) = dS + the norm's dx, in the residual's dtype; dx its rounding."""
+
+    @staticmethod
+    def forward(ctx, x, residual, weight, eps, offset, impl):
+        x = x.contiguous()
+        w = weight.contiguous() if weight is not None else None
+        f32 = residual.dtype == torch.float32
+        s = residual.contiguous().clone() if f32 else residual.contiguous()   # an f32 stream is written
+        xs = torch.empty_like(x)                  # the stream's rounding to x's dtype: the norm's x
+        y = torch.empty_like(x)
+        n = _sz()
+        xv = view(xs)
+        L.check(L.lib.lk_rms_norm_saved_bytes(impl, ctypes.byref(xv), ctypes.byref(n)), "rms_norm")
+        sv = _bytes(x, n.value)
+        a = L.RmsNormArgs(x=xv, weight=view(w), y=view(y), saved=_saved(sv), eps=eps, weight_offset=offset,
+                          residual=view(s), delta=view(x))
+        _call(lambda p, c: L.lib.lk_rms_norm_forward(impl, p, c), x, ctypes.byref(a), "fused_add_rms_norm forward")
+        ctx.save_for_backward(xs, w, sv)
+        ctx.eps, ctx.offset, ctx.impl, ctx.f32 = eps, offset, impl, f32
+        return y, (s if f32 else xs)
+
+    @staticmethod
+    def backward(ctx, dy, ds):
+        xs, w, sv = ctx.saved_tensors
+        dy = dy.contiguous() if dy is not None else torch.zeros_like(xs)
+        if ds is None:
+            ds = torch.zeros(xs.shape, dtype=torch.float32 if ctx.f32 else xs.dtype, device=xs.device)
+        g = ds.contiguous().clone() if ctx.f32 else ds.contiguous()   # the f32 gradient's stream is written
+        dx = torch.empty_like(xs)
+        dw = torch.empty_like(w) if w is not None and ctx.needs_input_grad[2] else None
+        a = L.RmsNormArgs(x=view(xs), weight=view(w), dy=view(dy), dx=view(dx), dweight=view(dw), saved=_saved(sv),
+                          eps=ctx.eps, weight_offset=ctx.offset, residual=view(g))
+        _call(lambda p, c: L.lib.lk_rms_norm_backward(ctx.impl, p, c), xs, ctypes.byref(a),
+              "fused_add_rms_norm backward")
+        return dx, (g if ctx.f32 else dx.clone()), dw, None, None, None   # two leaves' .grad never share storage
+
+
+def fused_add_rms_norm(x, residual, weight, eps=1e-6, impl="fused", offset=0.0):
+    """(y, s): s = residual + x (Liger's LigerFusedAddRMSNorm, vLLM's fused_add_rms_norm, out of
+    place), y = rms_norm(s, weight). residual of x's dtype (the stream as a bf16 model carries it:
+    s rounded once), or f32 beside bf16 x (autocast's f32 stream: s f32, y the norm of the f32
+    sum). weight as rms_norm takes it."""
+    if residual.shape != x.shape:
+        raise ValueError(f"llmkern: fused_add_rms_norm: residual: expected x's shape {tuple(x.shape)}, "
+                         f"got {tuple(residual.shape)}")
+    if weight is not None and weight.dtype != x.dtype and weight.dtype != torch.float32:
+        weight = weight.to(x.dtype)
+    return FusedAddRMSNormFunction.apply(x, residual, weight, float(eps), float(offset),
+                                         _impl("rms_norm", impl, x))
 
 
 # --- RoPE ----------------------------------------------------------------------------

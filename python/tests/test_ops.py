@@ -94,6 +94,60 @@ def test_rms_norm_on_a_non_contiguous_view():
     assert_close(llmkern.rms_norm(x, w), ref(x), torch.float32, "y")
 
 
+@pytest.mark.parametrize("dev,impl,dt", cases("rms_norm"))
+def test_fused_add_rms_norm_matches_add_then_qwen3_rmsnorm(dev, impl, dt):
+    """(y, s) against transformers' decoder: s = residual + x in x's dtype (the same bits), y =
+    Qwen3RMSNorm(s); the gradients of x, residual and the weight through both outputs."""
+    ref = mq.Qwen3RMSNorm(64, eps=1e-6).to(dev, dt)
+    with torch.no_grad():
+        ref.weight.normal_(1.0, 0.3)
+    x, r = torch.randn(3, 5, 64, device=dev, dtype=dt), torch.randn(3, 5, 64, device=dev, dtype=dt) * 2
+    dy, ds = torch.randn_like(x), torch.randn_like(x)
+    xr, rr, xl, rl, wl = leaf(x), leaf(r), leaf(x), leaf(r), leaf(ref.weight)
+    s_ref = rr + xr
+    y_ref = ref(s_ref)
+    torch.autograd.backward([y_ref, s_ref], [dy, ds])
+    y, s = llmkern.ops.fused_add_rms_norm(xl, rl, wl, 1e-6, impl=impl)
+    torch.autograd.backward([y, s], [dy, ds])
+    assert s.dtype == dt and torch.equal(s, r + x)          # one rounding of the f32 sum, as torch's add
+    tol = TOL[dt] * (2 if impl == "eager" and dt == torch.bfloat16 else 1)   # eager rounds each step to bf16
+    assert_close(y, y_ref, dt, f"{impl} y", tol)
+    assert_close(xl.grad, xr.grad, dt, f"{impl} dx", tol)
+    assert_close(rl.grad, rr.grad, dt, f"{impl} d(residual)", tol)
+    assert_close(wl.grad, ref.weight.grad, dt, f"{impl} dw", tol)
+    assert rl.grad.data_ptr() != xl.grad.data_ptr()
+
+
+@pytest.mark.parametrize("dev,impl,dt", [c for c in cases("rms_norm") if c[2] == torch.bfloat16])
+def test_fused_add_rms_norm_f32_stream(dev, impl, dt):
+    """An f32 residual beside bf16 x (autocast's stream): s = residual + x in f32, y the norm of
+    that f32 sum, d(residual) f32, dx its rounding; against float64. Only s used: y's gradient
+    absent; a bf16 residual beside f32 x refused with the library's text."""
+    x = (torch.randn(7, 64, device=dev) * 0.5).to(dt)
+    r = torch.randn(7, 64, device=dev) * 2
+    w = torch.rand(64, device=dev) + 0.5
+    dy, ds = torch.randn(7, 64, device=dev).to(dt), torch.randn(7, 64, device=dev)
+    xl, rl, wl = leaf(x), leaf(r), leaf(w)
+    y, s = llmkern.ops.fused_add_rms_norm(xl, rl, wl, 1e-6, impl=impl)
+    torch.autograd.backward([y, s], [dy, ds])
+    assert s.dtype == torch.float32 and torch.equal(s, r + x.float()) and rl.grad.dtype == torch.float32
+    x64, r64, w64 = x.double().requires_grad_(True), r.double().requires_grad_(True), w.double().requires_grad_(True)
+    s64 = r64 + x64
+    y64 = s64 * torch.rsqrt(s64.pow(2).mean(-1, keepdim=True) + 1e-6) * w64
+    torch.autograd.backward([y64, s64], [dy.double(), ds.double()])
+    tol = TOL[dt] * (4 if impl == "eager" else 1)   # eager normalizes x, the sum's bf16 rounding
+    assert_close(y, y64, dt, f"{impl} y", tol)
+    assert_close(rl.grad, r64.grad, dt, f"{impl} d(residual)", tol)
+    assert_close(xl.grad, x64.grad, dt, f"{impl} dx", tol)
+    assert_close(wl.grad, w64.grad, dt, f"{impl} dw", tol)
+    xl2, rl2 = leaf(x), leaf(r)
+    _, s2 = llmkern.ops.fused_add_rms_norm(xl2, rl2, wl.detach(), 1e-6, impl=impl)
+    s2.sum().backward()                                     # y unused: d(residual) = ds alone
+    assert torch.equal(rl2.grad, torch.ones_like(r)) and torch.equal(xl2.grad, torch.ones_like(x))
+    with pytest.raises(LlmkernError, match="residual"):
+        llmkern.ops.fused_add_rms_norm(r, x, wl.detach(), impl=impl)   # f32 x, bf16 residual
+
+
 # --- RoPE ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dev,impl,dt", cases("rope"))

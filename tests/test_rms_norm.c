@@ -374,13 +374,15 @@ static void fused_dweight_is_deterministic(void **state) {
 
 /* --- an f32 weight beside bf16 x ------------------------------------------------------ */
 
+/* The shapes each mode's check runs on: 1x1, odd widths, 4099, 3-D, 64 full rows. */
+static const lk_shape mode_shapes[] = {{2, {1, 1}}, {2, {3, 7}}, {2, {5, 33}}, {2, {4, 1023}}, {2, {3, 4099}},
+                                       {3, {2, 3, 65}}, {2, {64, 1024}}};
+
 /* Every mode against the reference (odd shapes, poisoned outputs: check_case). With f32
  * math (fused, eager_fp32) dweight is an f32 sum of the rows: far inside what one bf16
  * rounding (2^-9 = 2e-3) would leave, so a dweight rounded to bf16 on the way fails. */
 static void f32_weight_matches_reference(void **state) {
     (void)state;
-    static const lk_shape shapes[] = {{2, {1, 1}}, {2, {3, 7}}, {2, {5, 33}}, {2, {4, 1023}}, {2, {3, 4099}},
-                                      {3, {2, 3, 65}}, {2, {64, 1024}}};
     const lk_rms_norm_case cases[] = {
         {.f32_weight = 1}, {.f32_weight = 1, .weight_offset = 1.0f}, {.f32_weight = 1, .inplace_dx = 1},
         {.f32_weight = 1, .residual = 1}, {.f32_weight = 1, .residual = 1, .no_delta = 1},
@@ -389,8 +391,8 @@ static void f32_weight_matches_reference(void **state) {
     for (size_t i = 0; i < N_NAMES; i++)
         for (size_t d = 0; d < 2; d++)
             for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
-                for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
-                    lk_shape sh = shapes[k];
+                for (size_t k = 0; k < sizeof mode_shapes / sizeof *mode_shapes; k++) {
+                    lk_shape sh = mode_shapes[k];
                     expect_matches(names[i], dtypes[d], sh, &cases[c], 400 + 10 * c + k);
                     if (strcmp(names[i], "eager") == 0 || dtypes[d] != LK_BF16) continue;
                     lk_check_row row;
@@ -448,16 +450,14 @@ static void f32_weight_is_not_rounded(void **state) {
  * add: within its 4e-2). Outputs poisoned first (check_case). */
 static void residual_mode_matches_reference(void **state) {
     (void)state;
-    static const lk_shape shapes[] = {{2, {1, 1}}, {2, {3, 7}}, {2, {5, 33}}, {2, {4, 1023}}, {2, {3, 4099}},
-                                      {3, {2, 3, 65}}, {2, {64, 1024}}};
     lk_rms_norm_case plain = {.residual = 1}, first = {.residual = 1, .no_delta = 1},
                      inplace = {.residual = 1, .inplace_dx = 1}, bare = {.residual = 1, .no_weight = 1},
                      of_x = {.residual = 1, .norm_of_x = 1}, of_x_first = {.residual = 1, .no_delta = 1, .norm_of_x = 1};
     for (size_t i = 0; i < N_NAMES; i++)
         for (size_t d = 0; d < 2; d++) {
-            for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
-                expect_matches(names[i], dtypes[d], shapes[k], &plain, 300 + k);
-                expect_matches(names[i], dtypes[d], shapes[k], &of_x, 320 + k);
+            for (size_t k = 0; k < sizeof mode_shapes / sizeof *mode_shapes; k++) {
+                expect_matches(names[i], dtypes[d], mode_shapes[k], &plain, 300 + k);
+                expect_matches(names[i], dtypes[d], mode_shapes[k], &of_x, 320 + k);
             }
             expect_matches(names[i], dtypes[d], shape2(7, 33), &first, 311);
             expect_matches(names[i], dtypes[d], shape2(7, 33), &of_x_first, 331);
@@ -472,17 +472,15 @@ static void residual_mode_matches_reference(void **state) {
  * in place the residual is x (forward) and dx (backward), as the model passes them. */
 static void stream_in_x_matches_reference(void **state) {
     (void)state;
-    static const lk_shape shapes[] = {{2, {1, 1}}, {2, {3, 7}}, {2, {5, 33}}, {2, {4, 1023}}, {2, {3, 4099}},
-                                      {3, {2, 3, 65}}, {2, {64, 1024}}};
     lk_rms_norm_case plain = {.residual = 2}, first = {.residual = 2, .no_delta = 1},
                      in_place = {.residual = 2, .residual_in_place = 1}, bare = {.residual = 2, .no_weight = 1},
                      f32w = {.residual = 2, .f32_weight = 1, .residual_in_place = 1},
                      dx_over_dy = {.residual = 2, .inplace_dx = 1};
     for (size_t i = 0; i < N_NAMES; i++)
         for (size_t d = 0; d < 2; d++) {
-            for (size_t k = 0; k < sizeof shapes / sizeof *shapes; k++) {
-                expect_matches(names[i], dtypes[d], shapes[k], &plain, 340 + k);
-                expect_matches(names[i], dtypes[d], shapes[k], &in_place, 350 + k);
+            for (size_t k = 0; k < sizeof mode_shapes / sizeof *mode_shapes; k++) {
+                expect_matches(names[i], dtypes[d], mode_shapes[k], &plain, 340 + k);
+                expect_matches(names[i], dtypes[d], mode_shapes[k], &in_place, 350 + k);
             }
             expect_matches(names[i], dtypes[d], shape2(7, 33), &first, 361);
             expect_matches(names[i], dtypes[d], shape2(4, 65), &bare, 362);

@@ -111,10 +111,8 @@ class FusedAddRMSNormFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy, ds):
-        xs, w, sv = ctx.saved_tensors
-        dy = dy.contiguous() if dy is not None else torch.zeros_like(xs)
-        if ds is None:
-            ds = torch.zeros(xs.shape, dtype=torch.float32 if ctx.f32 else xs.dtype, device=xs.device)
+        xs, w, sv = ctx.saved_tensors   # dy, ds: zeros for an unused output (autograd materializes them)
+        dy = dy.contiguous()
         g = ds.contiguous().clone() if ctx.f32 else ds.contiguous()   # the f32 gradient's stream is written
         dx = torch.empty_like(xs)
         dw = torch.empty_like(w) if w is not None and ctx.needs_input_grad[2] else None

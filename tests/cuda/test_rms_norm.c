@@ -192,34 +192,34 @@ static void fused_cases(const lk_impl *impl, const lk_shape *shapes, size_t n_sh
             }
 }
 
-/* The residual mode, each forward kernel: the warp a row (7x4096, 5x520 with idle lanes),
- * the block register kernel (17x8, 64x200), the looped one (3x40000, 29x4097 scalar), odd
- * lengths (9x301, 7x13), more rows than the backward grid (4099x1024). */
+/* The residual modes' shapes, each forward kernel: the warp a row (7x4096, 5x520 with idle
+ * lanes), the block register kernel (17x8, 64x200), the looped one (3x40000, 29x4097 scalar),
+ * odd lengths (9x301, 7x13), more rows than the backward grid (4099x1024). */
+static const lk_shape residual_shapes[] = {{2, {7, 4096}}, {2, {5, 520}}, {2, {17, 8}}, {2, {64, 200}},
+                                           {2, {3, 40000}}, {2, {29, 4097}}, {2, {9, 301}}, {2, {7, 13}},
+                                           {2, {4099, 1024}}};
+#define N_RESIDUAL_SHAPES (sizeof residual_shapes / sizeof *residual_shapes)
+
+/* The residual mode on residual_shapes. */
 static void residual_mode_matches_reference(void **state) {
     (void)state;
-    static const lk_shape shapes[] = {{2, {7, 4096}}, {2, {5, 520}}, {2, {17, 8}}, {2, {64, 200}},
-                                      {2, {3, 40000}}, {2, {29, 4097}}, {2, {9, 301}}, {2, {7, 13}},
-                                      {2, {4099, 1024}}};
     const lk_rms_norm_case cs[] = {{.residual = 1}, {.residual = 1, .no_delta = 1}, {.residual = 1, .inplace_dx = 1},
                                    {.residual = 1, .norm_of_x = 1}};
     const char *const labels[] = {"residual", "residual (no delta)", "residual (inplace)", "residual (norm_of_x)"};
-    check_cases(shapes, sizeof shapes / sizeof *shapes, cs, labels, sizeof cs / sizeof *cs, 900, -1);
+    check_cases(residual_shapes, N_RESIDUAL_SHAPES, cs, labels, sizeof cs / sizeof *cs, 900, -1);
 }
 
-/* The stream in x's dtype (residual 2: bf16; f32 runs the f32 mode), each forward kernel
- * as above: plain, no delta, in place over x and dx (as the model passes them), with an
- * f32 weight in place. */
+/* The stream in x's dtype (residual 2: bf16; f32 runs the f32 mode) on residual_shapes:
+ * plain, no delta, in place over x and dx (as the model passes them), with an f32 weight
+ * in place. */
 static void stream_in_x_matches_reference(void **state) {
     (void)state;
-    static const lk_shape shapes[] = {{2, {7, 4096}}, {2, {5, 520}}, {2, {17, 8}}, {2, {64, 200}},
-                                      {2, {3, 40000}}, {2, {29, 4097}}, {2, {9, 301}}, {2, {7, 13}},
-                                      {2, {4099, 1024}}};
     const lk_rms_norm_case cs[] = {{.residual = 2}, {.residual = 2, .no_delta = 1},
                                    {.residual = 2, .residual_in_place = 1},
                                    {.residual = 2, .residual_in_place = 1, .f32_weight = 1}};
     const char *const labels[] = {"bf16 stream", "bf16 stream (no delta)", "bf16 stream (in place)",
                                   "bf16 stream (in place, f32 weight)"};
-    check_cases(shapes, sizeof shapes / sizeof *shapes, cs, labels, sizeof cs / sizeof *cs, 970, -1);
+    check_cases(residual_shapes, N_RESIDUAL_SHAPES, cs, labels, sizeof cs / sizeof *cs, 970, -1);
 }
 
 /* The stream in x's dtype is the f32 mode on its widened values with norm_of_x, bit for

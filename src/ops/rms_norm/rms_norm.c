@@ -201,16 +201,13 @@ lk_status lk_rms_norm_forward(const lk_impl *impl, const lk_rms_norm_args *a, lk
         return s;
     size_t tb = lk_tensor_span_bytes(&a->x), yb = lk_tensor_span_bytes(&a->y);
     size_t wb = a->weight.data ? lk_tensor_bytes(&a->weight) : 0, db = rb && a->delta.data ? tb : 0;
-    if (rb && a->residual.dtype != LK_F32) {   /* the stream in x's dtype: residual an input, or x itself */
-        const lk_region outs[] = {{"y", a->y.data, yb}, {"saved", a->saved.data, a->saved.bytes}, {"x", a->x.data, tb}};
-        const lk_region ins[] = {{"weight", a->weight.data, wb}, {"delta", a->delta.data, db},
-                                 {"residual", a->residual.data == a->x.data ? NULL : a->residual.data, rb}};
-        if ((s = lk_expect_apart(OP, outs, 3, ins, 3))) return s;
-    } else if (rb) {   /* x is written: an output like the others */
+    if (rb) {   /* x is written: an output like the others; an f32 residual too, one of x's dtype is an input (or x itself) */
+        const int res_in = a->residual.dtype != LK_F32;
         const lk_region outs[] = {{"y", a->y.data, yb}, {"saved", a->saved.data, a->saved.bytes},
-                                  {"x", a->x.data, tb}, {"residual", a->residual.data, rb}};
-        const lk_region ins[] = {{"weight", a->weight.data, wb}, {"delta", a->delta.data, db}};
-        if ((s = lk_expect_apart(OP, outs, 4, ins, 2))) return s;
+                                  {"x", a->x.data, tb}, {"residual", res_in ? NULL : a->residual.data, rb}};
+        const lk_region ins[] = {{"weight", a->weight.data, wb}, {"delta", a->delta.data, db},
+                                 {"residual", res_in && a->residual.data != a->x.data ? a->residual.data : NULL, rb}};
+        if ((s = lk_expect_apart(OP, outs, 4, ins, 3))) return s;
     } else {
         const lk_region outs[] = {{"y", a->y.data, yb}, {"saved", a->saved.data, a->saved.bytes}};
         const lk_region ins[] = {{"x", a->x.data, tb}, {"weight", a->weight.data, wb}};

@@ -834,7 +834,7 @@ __global__ void __launch_bounds__(SHORT_THREADS) fwd_short(const T *__restrict__
         if (live)
 #pragma unroll
             for (int j = 0; j < W; j++) ss = fmaf(v[s].f(j), v[s].f(j), ss);
-        const float rs = rsqrtf(lk_group_sum<G>(ss) / (float)n + eps);
+        const float rs = rsqrtf(lk_group_sum<G>(ss) / (float)(ROPE ? G * W : n) + eps);
         if (r < rows && g == 0) rstd[r] = rs;
         float o[W];
         if (ROPE) {   /* units == G: every lane of a live row is live; the shuffles take all */
@@ -910,7 +910,7 @@ __global__ void __launch_bounds__(SHORT_THREADS) bwd_short(const T *__restrict__
                 for (int j = 0; j < W; j++) dot = fmaf(dv[s].f(j) * (wv[j] + off), xv[s].f(j), dot);
             dot = lk_group_sum<G>(dot);
             if (!live) continue;
-            const float rs = rsv[s], mean = dot * rs / (float)n;
+            const float rs = rsv[s], mean = dot * rs / (float)(ROPE ? G * W : n);
             float o[W];
 #pragma unroll
             for (int j = 0; j < W; j++) {

@@ -23,12 +23,22 @@ IMPLS = {(op, dev): [n for o, n, d, ok, _ in llmkern.implementations() if o == o
          ("cpu", "cuda")}
 
 
+def takes(op, name, dev):
+    """The DTYPES the registry row (op, name, dev) takes (its dtypes mask: fused_sm90's experts bf16 alone)."""
+    for i in range(_torch.L.lib.lk_impl_count()):
+        im = _torch.L.lib.lk_impl_at(i).contents
+        if _torch.L.OPS[im.op] == op and _torch.L.s(im.name) == name and ("cpu", "cuda")[im.device] == dev:
+            mask = im.needs.dtypes
+            return [dt for dt in DTYPES if not mask or mask >> _torch._DTYPES[dt] & 1]
+    return []
+
+
 def cases(op, only=None):
     out = []
     for dev in DEVICES:
         for name in IMPLS[(op, dev)]:
             if only is None or name in only:
-                out += [(dev, name, dt) for dt in DTYPES]
+                out += [(dev, name, dt) for dt in takes(op, name, dev)]
     return out
 
 

@@ -14,9 +14,9 @@ up_proj, down_proj), so a checkpoint loads into either. Each module takes `impl`
 implementation name of its op (`llmkern list`), or None (default): the registry's default
 for the device of the call, as `llmkern explain` shows it (the environment's choice, else
 the built-in one). A name that cannot run on the input's device raises LlmkernError saying
-why and what can. Liger's options llmkern has no
-equal for (casting_mode, in_place, return_z_loss, a bias) are not taken: a TypeError or a
-ValueError names them rather than a silently different computation.
+why and what can. Liger's options llmkern has no equal for (casting_mode, in_place,
+return_z_loss, a bias) are not taken: a TypeError or a ValueError names them rather than a
+silently different computation.
 """
 import torch
 
@@ -27,19 +27,15 @@ __all__ = ["RMSNorm", "FusedAddRMSNorm", "SwiGLUMLP", "FusedLinearCrossEntropyLo
 _INIT = {"ones": torch.ones, "zeros": torch.zeros}
 
 
-def _norm_weight(hidden_size, init_fn, where):
-    if init_fn not in _INIT:
-        raise ValueError(f"llmkern.nn.{where}: init_fn: expected 'ones' or 'zeros', got {init_fn!r}")
-    return torch.nn.Parameter(_INIT[init_fn](hidden_size))
-
-
 class RMSNorm(torch.nn.Module):
     """y = x · rsqrt(mean(x²) + eps) · (offset + weight) over the last dim (offset 1 with
     init_fn "zeros" is Gemma's form)."""
 
     def __init__(self, hidden_size, eps=1e-6, offset=0.0, init_fn="ones", impl=None):
         super().__init__()
-        self.weight = _norm_weight(hidden_size, init_fn, "RMSNorm")
+        if init_fn not in _INIT:
+            raise ValueError(f"llmkern.nn.{type(self).__name__}: init_fn: expected 'ones' or 'zeros', got {init_fn!r}")
+        self.weight = torch.nn.Parameter(_INIT[init_fn](hidden_size))
         self.variance_epsilon, self.offset, self.impl = eps, offset, impl
 
     def forward(self, hidden_states):

@@ -33,6 +33,14 @@ YAML, per-module overrides and environment variables as the CLI). choices:
   config="run.yaml": model.ops_implementation / model.backend of a YAML file
   overrides={"layers.0.mlp": {"swiglu_mlp_implementation": "eager"}}: per module
 `llmkern.explain(model)` prints what each module runs and why.
+
+    AutoLlmkernKernelForCausalLM.from_pretrained(path, **choices_and_hf_kwargs)
+    AutoLlmkernKernelForCausalLM.from_config(config, **choices_and_hf_kwargs)
+
+load a model as AutoModelForCausalLM does and apply the function of its model_type
+(Liger's AutoLigerKernelForCausalLM): the choices above are taken out of the keyword
+arguments (the YAML file as ops_config=, since transformers' own `config` is its config
+object), the rest go to transformers (dtype, attn_implementation, device_map, ...).
 """
 import types
 
@@ -414,6 +422,53 @@ def apply_llmkern_kernel_to_qwen3_moe(model=None, **choices):
     """Replaces Qwen3-MoE's RMSNorm, RoPE, experts and LM head + loss with llmkern's."""
     from transformers.models.qwen3_moe import modeling_qwen3_moe
     return _apply("qwen3_moe", modeling_qwen3_moe, "Qwen3Moe", model, dict(choices))
+
+
+_APPLY_BY_TYPE = {"qwen3": apply_llmkern_kernel_to_qwen3, "qwen3_moe": apply_llmkern_kernel_to_qwen3_moe}
+
+
+def _choices_of(kwargs):
+    """llmkern's choices, taken out of a from_pretrained / from_config call's keyword arguments
+    (attn_implementation stays: it is transformers', and the llmkern_* names are in its registry)."""
+    ours = {k: kwargs.pop(k) for k in list(kwargs)
+            if k in _OPS or k in ("overrides", "ops_config", "fake_gate_noise", "gate_precision")
+            or (k.endswith("_implementation") and k != "attn_implementation")}
+    if "ops_config" in ours:
+        ours["config"] = ours.pop("ops_config")
+    return ours
+
+
+def _apply_fn(model_type, where):
+    fn = _APPLY_BY_TYPE.get(model_type)
+    if fn is None:
+        raise ValueError(f"llmkern: AutoLlmkernKernelForCausalLM.{where}: model_type: expected one of "
+                         f"{', '.join(_APPLY_BY_TYPE)}, got {model_type!r}")
+    return fn
+
+
+class AutoLlmkernKernelForCausalLM:
+    """AutoModelForCausalLM with llmkern's kernels applied by model_type (see the module doc).
+    The model type is checked before any weight is read."""
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        from transformers import AutoConfig, AutoModelForCausalLM
+        choices = _choices_of(kwargs)
+        cfg = kwargs.get("config")
+        if cfg is None:
+            hub = {k: kwargs[k] for k in ("cache_dir", "revision", "token", "local_files_only", "trust_remote_code",
+                                          "subfolder") if k in kwargs}
+            cfg = AutoConfig.from_pretrained(pretrained_model_name_or_path, **hub)
+        fn = _apply_fn(getattr(cfg, "model_type", None), "from_pretrained")
+        model = AutoModelForCausalLM.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        return fn(model, **choices)
+
+    @classmethod
+    def from_config(cls, config, **kwargs):
+        from transformers import AutoModelForCausalLM
+        choices = _choices_of(kwargs)
+        fn = _apply_fn(getattr(config, "model_type", None), "from_config")
+        return fn(AutoModelForCausalLM.from_config(config, **kwargs), **choices)
 
 
 def explain(model, device=None):

@@ -225,6 +225,48 @@ def test_apply_reads_a_yaml_config(tmp_path):
     assert "eager_fp32/cpu" in line, line
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_auto_class_loads_and_patches_by_model_type(tmp_path, family):
+    """from_pretrained: the checkpoint's model patched as apply patches it (the same logits, bit for
+    bit), llmkern's choices taken out of the keyword arguments and transformers' passed on."""
+    cls, cfg, apply = FAMILIES[family]
+    ref = make(cls, cfg())
+    ref.save_pretrained(tmp_path)
+    yaml = tmp_path / "ops.yaml"
+    yaml.write_text("model:\n  ops_implementation:\n    swiglu_mlp_implementation: eager\n")
+    m = lkt.AutoLlmkernKernelForCausalLM.from_pretrained(tmp_path, rms_norm="eager_fp32", ops_config=str(yaml),
+                                                         attn_implementation="llmkern_flash_attention_2")
+    assert type(m) is cls and m._llmkern_patch.family == family
+    assert m.config._attn_implementation == "llmkern_flash_attention_2"
+    line = [ln for ln in lkt.explain(m).splitlines() if ln.startswith("norm ")][0]
+    assert "eager_fp32/cpu" in line, line
+    want = copy.deepcopy(ref)
+    want.config._attn_implementation = "llmkern_flash_attention_2"
+    apply(want, rms_norm="eager_fp32", config=str(yaml))
+    ids = torch.randint(0, 128, (2, 10))
+    assert torch.equal(m(ids).logits, want(ids).logits)
+    assert not torch.equal(m(ids).logits, ref(ids).logits)          # not transformers' own modules
+    bf = lkt.AutoLlmkernKernelForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16, swiglu=False)
+    assert next(bf.parameters()).dtype == torch.bfloat16
+    assert not hasattr(bf.model.layers[0].mlp, "_llmkern") and hasattr(bf.model.norm, "_llmkern")
+
+
+def test_the_auto_class_from_config_and_its_refusals(tmp_path):
+    m = lkt.AutoLlmkernKernelForCausalLM.from_config(moe_config(), experts="eager")
+    assert type(m) is Qwen3MoeForCausalLM
+    line = [ln for ln in lkt.explain(m).splitlines() if ln.startswith("layers.0.mlp.experts ")][0]
+    assert "eager/cpu" in line, line
+    from transformers import LlamaConfig
+    LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                num_key_value_heads=2).save_pretrained(tmp_path)  # a config alone: refused before any weight
+    with pytest.raises(ValueError, match="model_type: expected one of qwen3, qwen3_moe, got 'llama'"):
+        lkt.AutoLlmkernKernelForCausalLM.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="from_config: model_type"):
+        lkt.AutoLlmkernKernelForCausalLM.from_config(LlamaConfig())
+    with pytest.raises(LlmkernError, match="rms_norm"):
+        lkt.AutoLlmkernKernelForCausalLM.from_config(dense_config(), rms_norm="fussed")
+
+
 def test_the_fused_loss_takes_num_items_in_batch():
     ref = make(Qwen3ForCausalLM, dense_config())
     lk = copy.deepcopy(ref)

@@ -20,6 +20,9 @@ _lib = L.lib
 _lib.lk_env_reload.argtypes, _lib.lk_env_reload.restype = [], ctypes.c_int
 
 
+ROUTER_OPTIONS = ("fake_gate_noise", "gate_precision")   # set by lk_ops_config_set_option, not as fields
+
+
 class Binding:
     """One module's (or op's) bound implementation and why (lk_binding)."""
 
@@ -66,7 +69,7 @@ class Selection:
         if config:
             L.check(_lib.lk_config_load_yaml(str(config).encode(), ctypes.byref(self.cfg)), "config")
         for key, value in (choices or {}).items():
-            if key in ("fake_gate_noise", "gate_precision"):
+            if key in ROUTER_OPTIONS:
                 L.check(_lib.lk_ops_config_set_option(ctypes.byref(self.cfg), key.encode(), str(value).encode(),
                                                       f"{where}({key}=...)".encode()), key)
             else:

@@ -49,7 +49,7 @@ import torch
 from . import _lib as L
 from .attention import BlockMask, attention, attention_padded
 from .ops import apply_rotary_pos_emb as _lk_rope, lm_head_cross_entropy, moe_experts, rms_norm, swiglu_mlp
-from .registry import Selection, explain_text
+from .registry import ROUTER_OPTIONS, Selection, explain_text
 
 try:
     from transformers import AttentionInterface
@@ -175,6 +175,11 @@ _OPS = {"rope": "rope", "rms_norm": "rms_norm", "swiglu": "swiglu_mlp", "experts
         "cross_entropy": "cross_entropy", "fused_linear_cross_entropy": "cross_entropy"}
 
 
+def _is_field(key):
+    """A choice the Selection sets by name: an op's <op>_implementation or a router option."""
+    return key.endswith("_implementation") or key in ROUTER_OPTIONS
+
+
 class _Patch:
     """The choices of one apply call and the registry's Selection per device."""
 
@@ -187,7 +192,7 @@ class _Patch:
                 self.enabled[op] = value is not False
                 if isinstance(value, str):
                     self.fields[op] = value
-            elif key.endswith("_implementation") or key in ("fake_gate_noise", "gate_precision"):
+            elif _is_field(key):
                 self.fields[key] = value
             else:
                 raise TypeError(f"{where}: unknown choice {key!r}; expected one of {', '.join(_OPS)}, "
@@ -431,8 +436,7 @@ def _choices_of(kwargs):
     """llmkern's choices, taken out of a from_pretrained / from_config call's keyword arguments
     (attn_implementation stays: it is transformers', and the llmkern_* names are in its registry)."""
     ours = {k: kwargs.pop(k) for k in list(kwargs)
-            if k in _OPS or k in ("overrides", "ops_config", "fake_gate_noise", "gate_precision")
-            or (k.endswith("_implementation") and k != "attn_implementation")}
+            if k in _OPS or k in ("overrides", "ops_config") or (_is_field(k) and k != "attn_implementation")}
     if "ops_config" in ours:
         ours["config"] = ours.pop("ops_config")
     return ours

@@ -26,8 +26,9 @@
 #include "ops/attention/hopper.cuh"
 #include "ops/cross_entropy/row_math.cuh"
 
-#define SM_THREADS 512
+#define SM_THREADS 256
 #define SLICE_MAX (100 * 1024)   /* two CTAs a SM with their barrier and scratch */
+#define SLICE_SMALL (48 * 1024)  /* four CTAs a SM: more rows' loads in flight beside the others' work */
 #define SMEM_MIN (64 * 1024)
 #define COPY_MAX (32 * 1024)     /* bytes a bulk copy: several in flight from the start */
 
@@ -66,7 +67,7 @@ static __device__ __forceinline__ void st_global(T *p, const float *f) {
 }
 
 template <typename TZ, typename TG>
-__global__ void __launch_bounds__(SM_THREADS, 2) ce_rows_smem(lk_ce_cuda_plan p, const TZ *z, TG *dz, int64_t k0,
+__global__ void __launch_bounds__(SM_THREADS, 4) ce_rows_smem(lk_ce_cuda_plan p, const TZ *z, TG *dz, int64_t k0,
                                                               int64_t vc, const int64_t *nv, const float *d_loss,
                                                               float *loss, float *zl, float *lse_out, int by_token) {
     constexpr int W = 16 / sizeof(TZ);
@@ -161,8 +162,11 @@ static lk_status launch(const lk_ce_cuda_plan &p, const void *z, void *dz, int64
                          (dz == NULL || lk_aligned16(dz));
     if (!aligned || p.V * es < SMEM_MIN || n > INT32_MAX / 8) return LK_OK;
     int c = 1;
-    while (c <= 8 && lk_cdiv(lk_cdiv(p.V, c), w) * w * es > SLICE_MAX) c *= 2;
-    if (c > 8) return LK_OK;
+    while (c <= 8 && lk_cdiv(lk_cdiv(p.V, c), w) * w * es > SLICE_SMALL) c *= 2;
+    if (c > 8) {   /* a long f32 row: eight slices of up to SLICE_MAX */
+        c = 8;
+        if (lk_cdiv(lk_cdiv(p.V, c), w) * w * es > SLICE_MAX) return LK_OK;
+    }
     const int64_t vc = lk_cdiv(lk_cdiv(p.V, c), w) * w;   /* a slice: whole 16-byte groups */
     const int bytes = (int)(vc * es);
     static int ready[2][2];   /* the shared-memory attribute, set once an instantiation */

@@ -143,8 +143,8 @@ static void lean_path(void **state) {
 }
 
 /* Rows of at least 64 KiB: on an sm_90 GPU rows_sm90.cu's kernel takes them, each row split
- * over a cluster of 1, 2, 4 or 8 CTAs by its length and dtype (bf16 40000: one slice;
- * 65544: two of unequal length; 151936, Qwen3's vocab: four, f32 logits eight), elsewhere
+ * over a cluster of 2, 4 or 8 CTAs by its length and dtype (bf16 40000: two slices; 65544:
+ * four of unequal length; 151936, Qwen3's vocab: eight, f32 logits eight long ones), elsewhere
  * fused.cu's ce_rows; either way the same float64 reference and tolerances. The gradient is
  * written over the logits in place, so the last case has many rows in flight at once. */
 static void long_rows(void **state) {

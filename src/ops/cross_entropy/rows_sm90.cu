@@ -6,10 +6,15 @@
  * (bench/NOTES.md, twenty-first session). Keeping fewer rows in flight so the second read
  * hits L2 made it slower (branch wip-ce-l2, twenty-second session).
  *
- * Here a row is split over a cluster of C CTAs (C = 1, 2, 4 or 8: the fewest that leave each
- * at most SLICE_MAX bytes, so two CTAs fit a SM and one's loads overlap the other's
- * arithmetic). CTA r brings its slice [r·Vc, r·Vc + Vc) into shared memory with bulk copies
- * (one mbarrier), sums its (max, Σexp, Σz) from there, and hands the triple to every CTA of
+ * Here a row is split over a cluster of C CTAs (C = 2, 4 or 8: the fewest that leave each at
+ * most SLICE_SMALL bytes, so four CTAs of 256 threads fit a SM and their loads overlap the
+ * others' arithmetic and stores; a row too long for eight such slices, f32 logits past ~98k
+ * columns, takes eight of up to SLICE_MAX). Two CTAs of 512 threads a SM, each a slice of up
+ * to 100 KB (four at Qwen3's vocab in bf16), ran the dense step's chunks (2,048 rows of
+ * 151936) at 568 us, 2.19 TB/s on an H100; four of 256 with eight 37 KB slices a row, 493 us,
+ * 2.53 TB/s (bench/NOTES.md, fifty-eighth session).
+ * CTA r brings its slice [r·Vc, r·Vc + Vc) into shared memory with bulk copies (one
+ * mbarrier), sums its (max, Σexp, Σz) from there, and hands the triple to every CTA of
  * the cluster through distributed shared memory; after one cluster barrier each merges the
  * C triples in rank order (fused.cu's merge), so all hold the same lse. Rank 0 writes the
  * row's loss (row_math.cuh's row_loss) from the label's logit it read before that barrier;
@@ -27,8 +32,8 @@
 #include "ops/cross_entropy/row_math.cuh"
 
 #define SM_THREADS 256
-#define SLICE_MAX (100 * 1024)   /* two CTAs a SM with their barrier and scratch */
-#define SLICE_SMALL (48 * 1024)  /* four CTAs a SM: more rows' loads in flight beside the others' work */
+#define SLICE_SMALL (48 * 1024)  /* four CTAs a SM with their barrier and scratch */
+#define SLICE_MAX (100 * 1024)   /* two: only for rows longer than eight small slices */
 #define SMEM_MIN (64 * 1024)
 #define COPY_MAX (32 * 1024)     /* bytes a bulk copy: several in flight from the start */
 

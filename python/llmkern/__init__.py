@@ -13,12 +13,12 @@ import torch  # noqa: F401  first: libllmkern.so's own CUDA libraries (NCCL, cuD
                # became the ones torch bound to ("libtorch_cuda.so: undefined symbol: ncclCommResume")
 
 from ._lib import LlmkernError, path as library_path
-from . import ops, attention, nn
+from . import ops, attention, nn  # noqa: F401  nn: llmkern.nn, not in __all__ (a star import would hide torch.nn)
 from .attention import BlockMask
 from .ops import apply_rotary_pos_emb, fused_add_rms_norm, lm_head_cross_entropy, moe_experts, rms_norm, rope, swiglu_mlp
 from .registry import Selection
 
-__all__ = ["LlmkernError", "library_path", "ops", "attention", "nn", "BlockMask", "rms_norm", "fused_add_rms_norm", "rope",
+__all__ = ["LlmkernError", "library_path", "ops", "attention", "BlockMask", "rms_norm", "fused_add_rms_norm", "rope",
            "apply_rotary_pos_emb", "swiglu_mlp", "lm_head_cross_entropy", "moe_experts", "Selection", "explain",
            "implementations"]
 

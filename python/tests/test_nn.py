@@ -32,29 +32,34 @@ def config(**kw):
                                    num_attention_heads=4, num_key_value_heads=2, head_dim=16), **kw))
 
 
-def _randomize(module):
+def _pair(ref, ours, dev, dt):
+    """ref's parameters random, ours loaded from its state dict (strict: the same keys), both on dev in dt."""
     with torch.no_grad():
-        for p in module.parameters():
+        for p in ref.parameters():
             p.copy_(torch.randn_like(p) * 0.3 + (1.0 if p.dim() == 1 else 0.0))
+    ours.load_state_dict(ref.state_dict())
+    return ref.to(dev, dt), ours.to(dev, dt)
+
+
+def _forward_backward(module, x, dy):
+    """module(x) and x's gradient under dy (the parameters' gradients land in their .grad)."""
+    xl = leaf(x)
+    y = module(xl)
+    y.backward(dy)
+    return y, xl.grad
 
 
 @pytest.mark.parametrize("dev,dt,impl", cases("rms_norm"))
 @pytest.mark.parametrize("shape", [(3, 5, 64), (7, 40)])
 def test_rms_norm_is_qwen3_rmsnorm(dev, dt, impl, shape):
     n = shape[-1]
-    ref = mq.Qwen3RMSNorm(n, eps=1e-5)
-    _randomize(ref)
-    ours = lnn.RMSNorm(n, eps=1e-5, impl=impl)
-    ours.load_state_dict(ref.state_dict())           # strict: the same keys
-    ref, ours = ref.to(dev, dt), ours.to(dev, dt)
+    ref, ours = _pair(mq.Qwen3RMSNorm(n, eps=1e-5), lnn.RMSNorm(n, eps=1e-5, impl=impl), dev, dt)
     x = torch.randn(shape, device=dev, dtype=dt) * 2
     dy = torch.randn_like(x)
-    xr, xl = leaf(x), leaf(x)
-    ref(xr).backward(dy)
-    y = ours(xl)
-    y.backward(dy)
-    assert_close(y, ref(x), dt, "y")
-    assert_close(xl.grad, xr.grad, dt, "dx")
+    y_ref, dx_ref = _forward_backward(ref, x, dy)
+    y, dx = _forward_backward(ours, x, dy)
+    assert_close(y, y_ref, dt, "y")
+    assert_close(dx, dx_ref, dt, "dx")
     assert_close(ours.weight.grad, ref.weight.grad, dt, "dweight")
 
 
@@ -75,11 +80,7 @@ def test_rms_norm_offset_and_zero_init(dev):
 @pytest.mark.parametrize("shape", [(2, 9, 64), (5, 33)])
 def test_fused_add_rms_norm_is_the_add_then_the_norm(dev, dt, impl, shape):
     n = shape[-1]
-    ref = mq.Qwen3RMSNorm(n, eps=1e-6)
-    _randomize(ref)
-    ours = lnn.FusedAddRMSNorm(n, impl=impl)
-    ours.load_state_dict(ref.state_dict())
-    ref, ours = ref.to(dev, dt), ours.to(dev, dt)
+    ref, ours = _pair(mq.Qwen3RMSNorm(n, eps=1e-6), lnn.FusedAddRMSNorm(n, impl=impl), dev, dt)
     x, r = torch.randn(shape, device=dev, dtype=dt), torch.randn(shape, device=dev, dtype=dt) * 3
     dy, ds = torch.randn_like(x), torch.randn_like(x)
     xr, rr, xl, rl = leaf(x), leaf(r), leaf(x), leaf(r)
@@ -99,21 +100,15 @@ def test_fused_add_rms_norm_is_the_add_then_the_norm(dev, dt, impl, shape):
 @pytest.mark.parametrize("sizes", [(64, 96), (40, 72)])
 def test_swiglu_mlp_is_qwen3_mlp(dev, dt, impl, sizes):
     cfg = config(hidden_size=sizes[0], intermediate_size=sizes[1])
-    ref = mq.Qwen3MLP(cfg)
-    _randomize(ref)
-    ours = lnn.SwiGLUMLP(cfg, impl=impl)
-    ours.load_state_dict(ref.state_dict())
+    ref, ours = _pair(mq.Qwen3MLP(cfg), lnn.SwiGLUMLP(cfg, impl=impl), dev, dt)
     by_sizes = lnn.SwiGLUMLP(hidden_size=sizes[0], intermediate_size=sizes[1])
     assert by_sizes.state_dict().keys() == ref.state_dict().keys()
-    ref, ours = ref.to(dev, dt), ours.to(dev, dt)
     x = torch.randn(3, 7, sizes[0], device=dev, dtype=dt)
     dy = torch.randn_like(x)
-    xr, xl = leaf(x), leaf(x)
-    ref(xr).backward(dy)
-    y = ours(xl)
-    y.backward(dy)
-    assert_close(y, ref(x), dt, "y")
-    assert_close(xl.grad, xr.grad, dt, "dx")
+    y_ref, dx_ref = _forward_backward(ref, x, dy)
+    y, dx = _forward_backward(ours, x, dy)
+    assert_close(y, y_ref, dt, "y")
+    assert_close(dx, dx_ref, dt, "dx")
     for name in ("gate_proj", "up_proj", "down_proj"):
         assert_close(getattr(ours, name).weight.grad, getattr(ref, name).weight.grad, dt, f"d{name}")
 

@@ -33,6 +33,18 @@ def assert_close(got, want, dtype, what="", tol=None):
     assert e <= t, f"{what}: relative error {e:.3g} > {t:.3g} ({dtype})"
 
 
+def takes(op, name, dev, dtypes=(torch.float32, torch.bfloat16)):
+    """The dtypes the registry row (op, name, dev) takes (its dtypes mask: fused_sm90's experts bf16 alone)."""
+    from llmkern import _torch
+    L = _torch.L
+    for i in range(L.lib.lk_impl_count()):
+        im = L.lib.lk_impl_at(i).contents
+        if L.OPS[im.op] == op and L.s(im.name) == name and ("cpu", "cuda")[im.device] == dev:
+            mask = im.needs.dtypes
+            return [dt for dt in dtypes if not mask or mask >> _torch._DTYPES[dt] & 1]
+    return []
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -5,22 +5,25 @@ GPU, f32 and bf16 (conftest.TOL), the registry's default and a named implementat
 the options they refuse, each named in the error."""
 import pytest
 import torch
-from conftest import DEVICES, assert_close
+from conftest import DEVICES, assert_close, takes
 
 import llmkern
 import llmkern.nn as lnn
 from llmkern import LlmkernError
-from transformers import Qwen3Config
+from transformers import Qwen3Config, Qwen3MoeConfig
 from transformers.models.qwen3 import modeling_qwen3 as mq
+from transformers.models.qwen3_moe import modeling_qwen3_moe as mqm
 
 DTYPES = [torch.float32, torch.bfloat16]
 AVAILABLE = {(op, dev): [n for o, n, d, ok, _ in llmkern.implementations() if o == op and d == dev and ok]
-             for op in ("rms_norm", "swiglu_mlp") for dev in ("cpu", "cuda")}
+             for op in ("rms_norm", "swiglu_mlp", "moe_experts") for dev in ("cpu", "cuda")}
 
 
 def cases(op):
-    """Every device and dtype with the registry's default (None) and each other name the op has there."""
-    return [(dev, dt, impl) for dev in DEVICES for dt in DTYPES for impl in [None] + AVAILABLE[(op, dev)]]
+    """Every device and dtype with the registry's default (None), and each name the op has there in the
+    dtypes its row takes."""
+    return [(dev, dt, impl) for dev in DEVICES for dt in DTYPES for impl in [None] + AVAILABLE[(op, dev)]
+            if impl is None or dt in takes(op, impl, dev)]
 
 
 def leaf(t):
@@ -113,6 +116,50 @@ def test_swiglu_mlp_is_qwen3_mlp(dev, dt, impl, sizes):
         assert_close(getattr(ours, name).weight.grad, getattr(ref, name).weight.grad, dt, f"d{name}")
 
 
+def _experts64(x, ids, w, gate_up, down):
+    """The experts in float64: each token's k experts, silu(gate) · up, down, weighted."""
+    x, w, gate_up, down = x.double(), w.double(), gate_up.double(), down.double()
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            gate, up = (gate_up[e] @ x[t]).chunk(2)
+            out[t] += w[t, j] * (down[e] @ (torch.nn.functional.silu(gate) * up))
+    return out
+
+
+@pytest.mark.parametrize("dev,dt,impl", cases("moe_experts"))
+def test_experts_match_float64(dev, dt, impl):
+    """[B, S, H] tokens, top-2 of 5 experts (one expert idle), every gradient against float64 autograd;
+    the state dict is transformers 5's Qwen3MoeExperts' where it has one."""
+    cfg = Qwen3MoeConfig(hidden_size=24, moe_intermediate_size=40, num_experts=5, num_experts_per_tok=2)
+    m = lnn.Experts(cfg, impl=impl)
+    src = mqm.Qwen3MoeExperts(cfg) if hasattr(mqm, "Qwen3MoeExperts") else m
+    with torch.no_grad():
+        src.gate_up_proj.normal_(0, 0.2)
+        src.down_proj.normal_(0, 0.2)
+    m.load_state_dict(src.state_dict())      # strict: transformers' keys and shapes
+    m = m.to(dev, dt)
+    x = torch.randn(2, 7, 24, device=dev, dtype=dt)
+    ids = torch.stack([torch.randperm(4, device=dev)[:2] for _ in range(14)]).view(2, 7, 2)
+    w = torch.rand(2, 7, 2, device=dev, dtype=dt)
+    dy = torch.randn_like(x)
+    xl, wl = leaf(x), leaf(w)
+    y = m(xl, ids, wl)
+    y.backward(dy)
+    p64 = [t.detach().double().requires_grad_(True) for t in (x.view(14, 24), w.view(14, 2), m.gate_up_proj,
+                                                               m.down_proj)]
+    want = _experts64(p64[0], ids.view(14, 2), p64[1], p64[2], p64[3])
+    want.backward(dy.view(14, 24).double())
+    assert y.shape == x.shape
+    assert_close(y.view(14, 24), want, dt, "out")
+    grads = ((xl.grad.view(14, 24), "d_hidden"), (wl.grad.view(14, 2), "d_topk_weights"),
+             (m.gate_up_proj.grad, "d_gate_up"), (m.down_proj.grad, "d_down"))
+    for (got, what), ref in zip(grads, p64):
+        assert_close(got, ref.grad, dt, what)
+    assert float(m.gate_up_proj.grad[4].abs().max()) == 0.0   # the idle expert's gradients: zeros
+
+
 def _ce64(h, w, y, ignore, eps, s, cap, reduction):
     """The loss in float64, as cross_entropy.h states it."""
     z = h.double() @ w.double().T
@@ -155,6 +202,10 @@ def test_refusals_name_the_option():
         lnn.SwiGLUMLP(config(hidden_act="gelu"))
     with pytest.raises(TypeError, match="hidden_size"):
         lnn.SwiGLUMLP(hidden_size=8)
+    with pytest.raises(ValueError, match="hidden_act"):
+        lnn.Experts(Qwen3MoeConfig(hidden_act="gelu"))
+    with pytest.raises(TypeError, match="num_experts"):
+        lnn.Experts(hidden_size=8, intermediate_size=4)
     with pytest.raises(ValueError, match="reduction"):
         lnn.FusedLinearCrossEntropyLoss(reduction="none")
     with pytest.raises(ValueError, match="softcap"):
@@ -172,4 +223,4 @@ def test_refusals_name_the_option():
 
 def test_package_exports_nn():
     assert llmkern.nn is lnn
-    assert set(lnn.__all__) == {"RMSNorm", "FusedAddRMSNorm", "SwiGLUMLP", "FusedLinearCrossEntropyLoss"}
+    assert set(lnn.__all__) == {"RMSNorm", "FusedAddRMSNorm", "SwiGLUMLP", "Experts", "FusedLinearCrossEntropyLoss"}

@@ -6,7 +6,7 @@ torch's allocator and given back, non-contiguous inputs."""
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import DEVICES, TOL, assert_close
+from conftest import DEVICES, TOL, assert_close, takes
 
 import llmkern
 from llmkern import LlmkernError, _torch
@@ -21,16 +21,6 @@ DTYPES = [torch.float32, torch.bfloat16]
 IMPLS = {(op, dev): [n for o, n, d, ok, _ in llmkern.implementations() if o == op and d == dev and ok]
          for op in ("rms_norm", "rope", "swiglu_mlp", "cross_entropy", "moe_experts", "attention") for dev in
          ("cpu", "cuda")}
-
-
-def takes(op, name, dev):
-    """The DTYPES the registry row (op, name, dev) takes (its dtypes mask: fused_sm90's experts bf16 alone)."""
-    for i in range(_torch.L.lib.lk_impl_count()):
-        im = _torch.L.lib.lk_impl_at(i).contents
-        if _torch.L.OPS[im.op] == op and _torch.L.s(im.name) == name and ("cpu", "cuda")[im.device] == dev:
-            mask = im.needs.dtypes
-            return [dt for dt in DTYPES if not mask or mask >> _torch._DTYPES[dt] & 1]
-    return []
 
 
 def cases(op, only=None):

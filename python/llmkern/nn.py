@@ -88,8 +88,8 @@ class SwiGLUMLP(torch.nn.Module):
 class Experts(torch.nn.Module):
     """A MoE layer's routed experts, stacked: out[t] = Σ_k w[t, k] · down_e(silu(gate_e x) · up_e x)
     over e = top_k_index[t, k]. gate_up_proj [E, 2I, H] (gate rows first), down_proj [E, H, I],
-    initialized N(0, 0.02) (transformers' initializer_range) where a model's init would set
-    them. From a config (num_experts or num_local_experts, moe_intermediate_size or
+    initialized N(0, 0.02) (transformers' initializer_range) until a state dict is loaded.
+    From a config (num_experts or num_local_experts, moe_intermediate_size or
     intermediate_size, hidden_size) or the three sizes; hidden_states [..., H], top_k_index
     and top_k_weights [..., k] (the router's; the weights' gradient in their dtype)."""
 

@@ -742,12 +742,13 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
     if ((s = lk_cross_entropy_backward(m->ce_impl, &ce, &m->ctx))) return s;
     /* the stream's gradient starts at -0.0 (device.h's fill: x + -0.0 is x, bit for bit) and
      * takes the final norm's dx; dres its rounding. A bf16 stream starts as that dx in dres. */
+    const int in_x = lk_stream_in_x(m);
     lk_rms_norm_args n = final_norm_args(m);
     n.dy = lk_on(m, lk_tensor_2d(m->sc.dh, m->dt, T, H));
     n.dx = lk_on(m, lk_tensor_2d(m->sc.dres, m->dt, T, H));
     n.dweight = lk_on(m, lk_tensor_1d(m->sc.dw, n.weight.dtype, H));
-    if (!lk_stream_in_x(m)) n.residual = lk_on(m, lk_tensor_2d(m->sc.res, LK_F32, T, H));
-    if ((n.residual.data && (s = m->dev->fill(m->sc.res, -0.0f, T * H, &m->ctx))) ||
+    if (!in_x) n.residual = lk_on(m, lk_tensor_2d(m->sc.res, LK_F32, T, H));
+    if ((!in_x && (s = m->dev->fill(m->sc.res, -0.0f, T * H, &m->ctx))) ||
         (s = lk_rms_norm_backward(m->final_norm_impl, &n, &m->ctx)) ||
         (s = m->dev->acc(lk_gc(m, m->final_norm), m->gdt, m->sc.dw, n.weight.dtype, H, &m->ctx)))
         return s;
@@ -761,7 +762,6 @@ lk_status lk_model_forward_backward(lk_model *m, const lk_batch *batch, float lo
     }
     m->experts_unwritten = 0;   /* every MoE layer wrote its experts' gradients */
     /* embedding: scatter-add by token, repeated ids in one fixed order */
-    const int in_x = lk_stream_in_x(m);
     if ((s = m->dev->embed_backward(lk_gc(m, m->embed), m->gdt, m->ids, in_x ? m->sc.dres : (void *)m->sc.res, T, H,
                                     m->V, in_x ? m->dt : LK_F32, &m->ctx)))
         return s;

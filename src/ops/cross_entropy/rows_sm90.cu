@@ -166,13 +166,11 @@ static lk_status launch(const lk_ce_cuda_plan &p, const void *z, void *dz, int64
     const bool aligned = (p.V * es) % 16 == 0 && (p.V * (int64_t)sizeof(TG)) % 16 == 0 && lk_aligned16(z) &&
                          (dz == NULL || lk_aligned16(dz));
     if (!aligned || p.V * es < SMEM_MIN || n > INT32_MAX / 8) return LK_OK;
+    auto slice = [&](int c) { return lk_cdiv(lk_cdiv(p.V, c), w) * w; };   /* elements: whole 16-byte groups */
     int c = 1;
-    while (c <= 8 && lk_cdiv(lk_cdiv(p.V, c), w) * w * es > SLICE_SMALL) c *= 2;
-    if (c > 8) {   /* a long f32 row: eight slices of up to SLICE_MAX */
-        c = 8;
-        if (lk_cdiv(lk_cdiv(p.V, c), w) * w * es > SLICE_MAX) return LK_OK;
-    }
-    const int64_t vc = lk_cdiv(lk_cdiv(p.V, c), w) * w;   /* a slice: whole 16-byte groups */
+    while (c < 8 && slice(c) * es > SLICE_SMALL) c *= 2;
+    if (slice(c) * es > SLICE_MAX) return LK_OK;   /* past SLICE_SMALL only at eight: a long f32 row */
+    const int64_t vc = slice(c);
     const int bytes = (int)(vc * es);
     static int ready[2][2];   /* the shared-memory attribute, set once an instantiation */
     int &rd = ready[sizeof(TZ) == 4][sizeof(TG) == 4];

@@ -1,12 +1,22 @@
-/* gemm_algos.c — how far cuBLASLt's first heuristic choice is from its best offer, on the
- * GEMMs of the CUDA cross-entropy (T 8192, H 4096, V 151936, bf16): for each problem it
- * asks the heuristic for up to 16 algorithms, times each (CUDA events, median of 5 after
- * one warm-up) and prints them, the heuristic's first marked with *.
+/* gemm_algos.c — how far cuBLASLt's first heuristic choice is from its best offer: for each
+ * problem it asks the heuristic for up to 16 algorithms, times each and prints them, the
+ * heuristic's first marked with *.
  *
- *   build-h200/gemm_algos            (built with CUDA; run on the GPU machine)
+ *   build/gemm_algos                  the CUDA cross-entropy's GEMMs (T 8192, H 4096,
+ *                                     V 151936, bf16), median of 5 calls after a warm-up
+ *   build/gemm_algos dense [SECONDS]  the dense e2e step's GEMMs (Qwen3-0.6B, 4096 x 8
+ *                                     tokens), each algorithm looped for SECONDS (default
+ *                                     1.5) with the SM clock and board power from NVML
+ *
+ * Why the loop: a single call runs at the boost clock, while a training step runs at the
+ * board's power cap (bench/NOTES.md, fifty-eighth session), where an algorithm's time
+ * follows the energy it spends a call; the heuristic ranks by the first. The loop's
+ * first third is left out (the clock settles in tens of ms).
  *
  * Problems are row-major as in core/cublaslt_util.h: C[M, N] = op(A)·op(B) (+ beta·C),
  * issued as the column-major Cᵀ = op(B)ᵀ·op(A)ᵀ the library issues. */
+#include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,7 +67,83 @@ static float time_algo(cublasLtHandle_t h, cublasLtMatmulDesc_t op, cublasLtMatr
     return t[2];
 }
 
-static void run(cublasLtHandle_t h, const problem *p, void *A, void *B, void *C, void *ws, size_t wsb) {
+/* NVML through dlopen (no link-time dependency): SM clock and board power every 10 ms. */
+typedef struct {
+    void *dev;
+    int (*clock)(void *, int, unsigned *);
+    int (*power)(void *, unsigned *);
+    pthread_t th;
+    volatile int on, stop;
+    double mhz, watts;
+    long n;
+} sampler;
+
+static int nvml_open(sampler *s) {
+    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+    if (!lib) return 0;
+    int (*init)(void) = (int (*)(void))dlsym(lib, "nvmlInit_v2");
+    int (*get)(unsigned, void **) = (int (*)(unsigned, void **))dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
+    s->clock = (int (*)(void *, int, unsigned *))dlsym(lib, "nvmlDeviceGetClockInfo");
+    s->power = (int (*)(void *, unsigned *))dlsym(lib, "nvmlDeviceGetPowerUsage");
+    int cur = 0;
+    cudaGetDevice(&cur);
+    return init && get && s->clock && s->power && init() == 0 && get((unsigned)cur, &s->dev) == 0;
+}
+
+static void *sample(void *p) {
+    sampler *s = p;
+    while (!s->stop) {
+        unsigned mhz = 0, mw = 0;
+        if (s->on && s->clock(s->dev, 1 /* NVML_CLOCK_SM */, &mhz) == 0 && s->power(s->dev, &mw) == 0)
+            s->mhz += mhz, s->watts += mw / 1e3, s->n++;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+/* ms a call over the last two thirds of `sec` seconds of back-to-back calls, in batches of
+ * ~20 ms; the clock and power over the same span (0 without NVML). */
+static float time_sustained(cublasLtHandle_t h, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
+                            cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc, const cublasLtMatmulAlgo_t *algo,
+                            const void *a, const void *b, void *c, float beta, void *ws, size_t wsb, double sec,
+                            sampler *smp, double *mhz, double *watts) {
+    float alpha = 1.0f, once = 0;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    if (cublasLtMatmul(h, op, &alpha, a, la, b, lb, &beta, c, lc, c, lc, algo, ws, wsb, 0)) return -1.0f;
+    CK(cudaEventRecord(e0, 0));
+    CK(cublasLtMatmul(h, op, &alpha, a, la, b, lb, &beta, c, lc, c, lc, algo, ws, wsb, 0));
+    CK(cudaEventRecord(e1, 0));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaEventElapsedTime(&once, e0, e1));
+    int batch = once > 0 ? (int)(20.0f / once) + 1 : 1;
+    double spent = 0, kept = 0;
+    long calls = 0;
+    smp->mhz = smp->watts = 0, smp->n = 0;
+    while (spent < sec * 1e3) {
+        int counting = spent >= sec * 1e3 / 3;
+        smp->on = counting;
+        CK(cudaEventRecord(e0, 0));
+        for (int i = 0; i < batch; i++)
+            CK(cublasLtMatmul(h, op, &alpha, a, la, b, lb, &beta, c, lc, c, lc, algo, ws, wsb, 0));
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        spent += ms;
+        if (counting) kept += ms, calls += batch;
+    }
+    smp->on = 0;
+    *mhz = smp->n ? smp->mhz / smp->n : 0, *watts = smp->n ? smp->watts / smp->n : 0;
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return calls ? (float)(kept / calls) : -1.0f;
+}
+
+static void run(cublasLtHandle_t h, const problem *p, void *A, void *B, void *C, void *ws, size_t wsb, double sec,
+                sampler *smp) {
     /* Column-major view: A' = the row-major B (kept transpose flag), B' = the row-major A. */
     cublasOperation_t ta = p->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, tb = p->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     long ldb = p->trans_b ? p->k : p->n, lda = p->trans_a ? p->m : p->k;   /* row-major leading dims */
@@ -76,7 +162,7 @@ static void run(cublasLtHandle_t h, const problem *p, void *A, void *B, void *C,
     CK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
     cublasLtMatmulHeuristicResult_t r[16];
     int found = 0;
-    CK(cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, lc, lc, pref, 16, r, &found));
+    CK(cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, lc, lc, pref, sec > 0 ? 8 : 16, r, &found));
     double flop = 2.0 * p->m * p->n * p->k;
     printf("%s: M %ld N %ld K %ld, %d algorithms\n", p->name, p->m, p->n, p->k, found);
     float first = 0, best = 1e30f;
@@ -88,16 +174,21 @@ static void run(cublasLtHandle_t h, const problem *p, void *A, void *B, void *C,
         cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &sw);
         cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &sw);
         cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz, sizeof swz, &sw);
-        float ms = time_algo(h, op, la, lb, lc, &r[i].algo, B, A, C, p->beta, ws, wsb);
+        double mhz = 0, watts = 0;
+        float ms = sec > 0 ? time_sustained(h, op, la, lb, lc, &r[i].algo, B, A, C, p->beta, ws, wsb, sec, smp, &mhz,
+                                            &watts)
+                           : time_algo(h, op, la, lb, lc, &r[i].algo, B, A, C, p->beta, ws, wsb);
         if (ms <= 0) {
             printf("  %c%2d  failed\n", i ? ' ' : '*', i);
             continue;
         }
         if (i == 0) first = ms;
         if (ms < best) best = ms;
-        printf("  %c%2d  %8.3f ms  %5.0f TFLOP/s  id %d tile %d splitk %d stages %d swizzle %d ws %zu\n",
+        printf("  %c%2d  %8.3f ms  %5.0f TFLOP/s  id %d tile %d splitk %d stages %d swizzle %d ws %zu",
                i ? ' ' : '*', i, ms, flop / (ms * 1e-3) / 1e12, id, tile, splitk, stages, swz,
                r[i].workspaceSize);
+        if (mhz > 0) printf("  %4.0f MHz %3.0f W %5.2f J/TFLOP", mhz, watts, watts * ms * 1e-3 / (flop / 1e12));
+        printf("\n");
     }
     printf("  first %.3f ms, best %.3f ms: the first is %.1f%% slower\n", first, best, 100.0 * (first / best - 1));
     cublasLtMatmulPreferenceDestroy(pref);
@@ -122,14 +213,14 @@ static void fill_random(void *dev, size_t bytes) {
     free(h);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
         printf("gemm_algos: no GPU\n");
         return 77;
     }
     const long T = 8192, H = 4096, V = 151936;
-    const problem ps[] = {
+    const problem ce[] = {
         {"logits, chunk 4096", 0, 1, 4096, V, H, CUDA_R_16BF, 0},
         {"logits, chunk 2048", 0, 1, 2048, V, H, CUDA_R_16BF, 0},
         {"dh, chunk 4096", 0, 0, 4096, H, V, CUDA_R_32F, 0},
@@ -138,6 +229,31 @@ int main(void) {
         {"lean logits block, all tokens", 0, 1, T, 37984, H, CUDA_R_16BF, 0},
         {"lean dW bf16 += block, all tokens", 1, 0, 37984, H, T, CUDA_R_16BF, 1},
     };
+    /* Qwen3-0.6B at 4096 x 8 tokens (e2e_peers.py's dense config) with bf16 gradients: the
+     * projections (linear/cublaslt_cuda.c), the MLP (swiglu_mlp/fused_cuda.c) and the LM
+     * head's 2,048-token chunks (cross_entropy/fused_cuda.c), each once a layer or a chunk */
+    const long Td = 32768, Hd = 1024, QKV = 4096, Q = 2048, I = 3072, Ch = 2048;
+    const problem dense[] = {
+        {"qkv", 0, 1, Td, QKV, Hd, CUDA_R_16BF, 0},
+        {"o", 0, 1, Td, Hd, Q, CUDA_R_16BF, 0},
+        {"gate_up", 0, 1, Td, 2 * I, Hd, CUDA_R_16BF, 0},
+        {"down", 0, 1, Td, Hd, I, CUDA_R_16BF, 0},
+        {"qkv dx", 0, 0, Td, Hd, QKV, CUDA_R_16BF, 0},
+        {"o dx", 0, 0, Td, Q, Hd, CUDA_R_16BF, 0},
+        {"gate_up dx", 0, 0, Td, Hd, 2 * I, CUDA_R_16BF, 0},
+        {"down dh", 0, 0, Td, I, Hd, CUDA_R_16BF, 0},
+        {"qkv dW +=", 1, 0, QKV, Hd, Td, CUDA_R_16BF, 1},
+        {"o dW +=", 1, 0, Hd, Q, Td, CUDA_R_16BF, 1},
+        {"gate_up dW +=", 1, 0, 2 * I, Hd, Td, CUDA_R_16BF, 1},
+        {"down dW +=", 1, 0, Hd, I, Td, CUDA_R_16BF, 1},
+        {"lm head logits, chunk", 0, 1, Ch, V, Hd, CUDA_R_16BF, 0},
+        {"lm head dh, chunk", 0, 0, Ch, Hd, V, CUDA_R_32F, 0},
+        {"lm head dW +=, chunk", 1, 0, V, Hd, Ch, CUDA_R_16BF, 1},
+    };
+    const int use_dense = argc > 1 && strcmp(argv[1], "dense") == 0;
+    const double sec = use_dense ? (argc > 2 ? atof(argv[2]) : 1.5) : 0;
+    const problem *ps = use_dense ? dense : ce;
+    const size_t np = use_dense ? sizeof dense / sizeof dense[0] : sizeof ce / sizeof ce[0];
     size_t big = (size_t)T * V * 2;   /* the largest operand any problem reads */
     size_t cbig = (size_t)V * H * 4;
     void *A, *B, *C, *ws;
@@ -151,7 +267,11 @@ int main(void) {
     CK(cudaMemset(C, 0, cbig));
     cublasLtHandle_t h;
     CK(cublasLtCreate(&h));
-    for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) run(h, &ps[i], A, B, C, ws, wsb);
+    sampler smp = {0};
+    if (sec > 0 && nvml_open(&smp)) pthread_create(&smp.th, NULL, sample, &smp);
+    else if (sec > 0) printf("no NVML: clocks and power left out\n");
+    for (size_t i = 0; i < np; i++) run(h, &ps[i], A, B, C, ws, wsb, sec, &smp);
+    if (smp.dev) smp.stop = 1, pthread_join(smp.th, NULL);
     cublasLtDestroy(h);
     return 0;
 }

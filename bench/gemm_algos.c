@@ -167,13 +167,16 @@ static void run(cublasLtHandle_t h, const problem *p, void *A, void *B, void *C,
     printf("%s: M %ld N %ld K %ld, %d algorithms\n", p->name, p->m, p->n, p->k, found);
     float first = 0, best = 1e30f;
     for (int i = 0; i < found; i++) {
-        int id = 0, tile = 0, splitk = 0, stages = 0, swz = 0;
+        int id = 0, tile = 0, splitk = 0, stages = 0, swz = 0, inner = 0, cluster = 0;
         size_t sw;
         cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &sw);
         cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &sw);
         cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &sw);
         cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &sw);
         cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz, sizeof swz, &sw);
+        cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, &inner, sizeof inner, &sw);
+        cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof cluster,
+                                             &sw);
         double mhz = 0, watts = 0;
         float ms = sec > 0 ? time_sustained(h, op, la, lb, lc, &r[i].algo, B, A, C, p->beta, ws, wsb, sec, smp, &mhz,
                                             &watts)
@@ -184,8 +187,8 @@ static void run(cublasLtHandle_t h, const problem *p, void *A, void *B, void *C,
         }
         if (i == 0) first = ms;
         if (ms < best) best = ms;
-        printf("  %c%2d  %8.3f ms  %5.0f TFLOP/s  id %d tile %d splitk %d stages %d swizzle %d ws %zu",
-               i ? ' ' : '*', i, ms, flop / (ms * 1e-3) / 1e12, id, tile, splitk, stages, swz,
+        printf("  %c%2d  %8.3f ms  %5.0f TFLOP/s  id %d tile %d splitk %d stages %d swizzle %d inner %d cluster %d ws %zu",
+               i ? ' ' : '*', i, ms, flop / (ms * 1e-3) / 1e12, id, tile, splitk, stages, swz, inner, cluster,
                r[i].workspaceSize);
         if (mhz > 0) printf("  %4.0f MHz %3.0f W %5.2f J/TFLOP", mhz, watts, watts * ms * 1e-3 / (flop / 1e12));
         printf("\n");

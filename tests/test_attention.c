@@ -487,6 +487,15 @@ static void mask_for_flash(lk_attention_args *a, lk_attention_problem *pb) { a->
 static void mask_shape(lk_attention_args *a, lk_attention_problem *pb) { pb->bm[0].Q_LEN = 41; }
 static void out_dtype(lk_attention_args *a, lk_attention_problem *pb) { a->out.dtype = LK_BF16; }
 static void out_alias(lk_attention_args *a, lk_attention_problem *pb) { a->out.data = a->q.data; }
+/* v's buffer read as token-major [B, S, H, D] rows: a legal view, which the CPU rows refuse */
+static void v_view(lk_attention_args *a, lk_attention_problem *pb) {
+    const int64_t H = a->v.shape[1], S = a->v.shape[2], D = a->v.shape[3];
+    a->v.stride[1] = D, a->v.stride[2] = H * D;
+    (void)S;
+}
+static void q_heads_overlap(lk_attention_args *a, lk_attention_problem *pb) { a->q.stride[1] = 0; }
+static void k_rows_overlap(lk_attention_args *a, lk_attention_problem *pb) { a->k.stride[2] = a->k.shape[3] - 1; }
+static void q_strided_d(lk_attention_args *a, lk_attention_problem *pb) { a->q.stride[3] = 2; }
 
 /* both: the backward is refused too (out aliasing q is a forward-only fault: the
  * backward reads both). */
@@ -541,6 +550,37 @@ static void bad_inputs_are_rejected(void **state) {
     expect_rejected("flex_attention", LK_AM_CAUSAL, mask_shape, LK_ESHAPE, "block_mask");
     expect_rejected("sdpa", 0, out_dtype, LK_EDTYPE, "out");
     expect_rejected_in("sdpa", 0, out_alias, LK_EINVAL, "out", 0);
+    expect_rejected("sdpa", 0, v_view, LK_ESHAPE, "takes contiguous");
+    expect_rejected("flex_attention", LK_AM_CAUSAL, v_view, LK_ESHAPE, "v: 'flex_attention'");
+    expect_rejected("eager", 0, q_heads_overlap, LK_ESHAPE, "elements apart");
+    expect_rejected("flash_attention_2", 0, k_rows_overlap, LK_ESHAPE, "k: expected elements apart");
+    expect_rejected("sdpa", 0, q_strided_d, LK_ESHAPE, "q: expected a contiguous last dim");
+}
+
+/* Strided views (attention.h) go only where a pass takes them: no CPU row does, and the
+ * backward names the gradient that is a view; lk_attention_takes_views says so up front. */
+static void views_only_where_taken(void **state) {
+    (void)state;
+    lk_attention_case c = {.B = 2, .Hq = 4, .Hkv = 2, .Sq = 24, .D = 8};
+    lk_attention_problem pb;
+    lk_arena arena = {0};
+    lk_ctx ctx = lk_ctx_cpu(&arena);
+    const lk_impl *sdpa = impl_named("sdpa");
+    assert_int_equal(lk_attention_problem_make(sdpa, LK_F32, &c, 3, 0, &pb), LK_OK);
+    assert_int_equal(lk_attention_takes_views(sdpa, &pb.a), 0);
+    assert_int_equal(lk_attention_takes_views(sdpa, NULL), 0);
+    assert_int_equal(lk_attention_forward(sdpa, &pb.a, &ctx), LK_OK);
+    lk_attention_args a = pb.a;
+    v_view(&a, &pb);   /* dv the same view of dv's buffer: only the backward sees it */
+    a.v = pb.a.v;
+    a.dv.stride[1] = a.dv.shape[3], a.dv.stride[2] = a.dv.shape[1] * a.dv.shape[3];
+    memset(pb.dq, 0x5a, (size_t)pb.nq * 4);
+    assert_int_equal(lk_attention_backward(sdpa, &a, &ctx), LK_ESHAPE);
+    assert_non_null(strstr(lk_last_error(), "dv: 'sdpa' takes contiguous"));
+    for (int64_t i = 0; i < pb.nq; i++) assert_int_equal(((uint32_t *)pb.dq)[i], 0x5a5a5a5au);
+    assert_int_equal(lk_attention_backward(sdpa, &pb.a, &ctx), LK_OK);   /* contiguous again: runs */
+    lk_attention_problem_free(&pb);
+    lk_arena_free(&arena);
 }
 
 static void wrong_impl_and_sp_comm(void **state) {
@@ -594,6 +634,7 @@ int main(void) {
         cmocka_unit_test(flex_calls_predicate_only_in_partial_blocks),
         cmocka_unit_test(flex_skips_listed_blocks_nobody_sees),
         cmocka_unit_test(bad_inputs_are_rejected),
+        cmocka_unit_test(views_only_where_taken),
         cmocka_unit_test(wrong_impl_and_sp_comm),
     };
     return cmocka_run_group_tests(tests, setup, NULL);

@@ -26,11 +26,15 @@ extern "C" {
 #endif
 
 typedef struct {
-    lk_tensor q;            /* [B, H_q, S_q, D], contiguous, f32 or bf16 */
+    /* q, k, v, dq, dk and dv are contiguous, or strided views where the implementation
+     * takes them (lk_attention_takes_views): D contiguous, every other dim a stride of its
+     * own, as torch's SDPA takes the transposed [B, S, H, D] rows of a projection (the
+     * outputs' elements apart). The rest is contiguous. */
+    lk_tensor q;            /* [B, H_q, S_q, D], f32 or bf16 */
     lk_tensor k, v;         /* [B, H_kv, S_kv, D], dtype of q; H_kv divides H_q */
     lk_tensor out;          /* forward output [B, S_q, H_q, D], dtype of q */
     lk_tensor dout;         /* backward input, like out */
-    lk_tensor dq, dk, dv;   /* backward outputs, like q, k, v */
+    lk_tensor dq, dk, dv;   /* backward outputs, shaped like q, k, v */
     /* Attention sinks (gpt-oss): one logit per q head [H_q] f32 joining every row's
      * softmax with no value. data NULL = none. ds_aux [H_q] f32: its gradient (optional). */
     lk_tensor s_aux, ds_aux;
@@ -65,7 +69,7 @@ typedef struct {
 } lk_attention_args;
 
 /* The compute functions behind an adapter: the slot the facade dispatches to. */
-#define LK_ATTENTION_VTABLE_VERSION 2
+#define LK_ATTENTION_VTABLE_VERSION 3
 typedef struct {
     int version;
     /* Bytes the forward keeps for the backward (the LSE). */
@@ -78,6 +82,10 @@ typedef struct {
      * facade's checks, before anything is written; LK_EUNAVAILABLE with an error naming
      * the option (and what would run it) when this backend cannot run these arguments. */
     lk_status (*supports)(const lk_attention_args *a, int backward);
+    /* Version 3, optional (NULL: never): 1 when this pass reads q, k, v and writes dq, dk,
+     * dv as strided views for these arguments (their strides and alignment included). The
+     * facade refuses a view to a pass without it. */
+    int (*takes_views)(const lk_attention_args *a, int backward);
 } lk_attention_vtable;
 
 typedef enum { LK_ATTN_EAGER, LK_ATTN_FLASH, LK_ATTN_FLEX, LK_ATTN_ADAPTER_COUNT } lk_attn_adapter;
@@ -96,6 +104,12 @@ typedef struct {
     const lk_attention_vtable *cuda;
 } lk_attention_entry;
 
+/* 1 when impl runs both passes of these arguments with q, k, v, dq, dk, dv as the strided
+ * views they are (a->dq etc. may be unset: the forward's tensors stand for them):
+ * flash_attention_3 and flex_attention on a Hopper, in bf16, D <= 128, 16-byte aligned
+ * strides, where no option sends the pass to flash_attention_2's kernels. 0 for any other
+ * row, and for bad arguments (the pass then says what is wrong). */
+LK_API int lk_attention_takes_views(const lk_impl *impl, const lk_attention_args *a);
 /* Bytes of impl's saved state for these inputs (q, k, v shapes read). */
 LK_API lk_status lk_attention_saved_bytes(const lk_impl *impl, const lk_attention_args *a, size_t *bytes);
 /* The facade. Errors (nothing written): LK_EINVAL (bad option, missing tensor, missing

@@ -286,6 +286,7 @@ _sigs = {
     "lk_cross_entropy_forward": ([_P(Impl), _P(CrossEntropyArgs), _P(Ctx)], c_int),
     "lk_cross_entropy_backward": ([_P(Impl), _P(CrossEntropyArgs), _P(Ctx)], c_int),
     "lk_attention_saved_bytes": ([_P(Impl), _P(AttentionArgs), _P(c_size_t)], c_int),
+    "lk_attention_takes_views": ([_P(Impl), _P(AttentionArgs)], c_int),
     "lk_attention_forward": ([_P(Impl), _P(AttentionArgs), _P(Ctx)], c_int),
     "lk_attention_backward": ([_P(Impl), _P(AttentionArgs), _P(Ctx)], c_int),
     "lk_block_mask_free": ([_P(BlockMask)], None),

@@ -75,10 +75,14 @@ class BlockMask:
 class AttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, s_aux, opts, impl):
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        # transformers' q, k, v are transposed views of the projections' [B, S, H, D] rows: read in
+        # place where the row takes views (flash_attention_3 on a Hopper), else made contiguous
+        a = _args(q, k, v, s_aux, opts)
+        if not all(t.is_contiguous() for t in (q, k, v)) and not L.lib.lk_attention_takes_views(impl, ctypes.byref(a)):
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+            a = _args(q, k, v, s_aux, opts)
         B, Hq, Sq, D = q.shape
         out = q.new_empty(B, Sq, Hq, D)
-        a = _args(q, k, v, s_aux, opts)
         a.out = view(out)
         n = _sz()
         L.check(L.lib.lk_attention_saved_bytes(impl, ctypes.byref(a), ctypes.byref(n)), "attention")
@@ -95,7 +99,7 @@ class AttentionFunction(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, s_aux, out, sv = ctx.saved_tensors
         dout = dout.contiguous()
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)   # q's layout: a view where q is
         ds = torch.zeros_like(s_aux) if s_aux is not None and ctx.needs_input_grad[3] else None
         a = _args(q, k, v, s_aux, ctx.opts)
         a.out, a.dout, a.dq, a.dk, a.dv, a.ds_aux, a.saved = view(out), view(dout), view(dq), view(dk), view(dv), \

@@ -309,6 +309,25 @@ def test_attention_matches_plain_attention(dev, impl, dt, case):
         assert_close(sl.grad, s64.grad, dt, f"{impl} ds_aux")
 
 
+@pytest.mark.parametrize("dev,impl,dt", sorted({(d, n, t) for d, n, t, _ in attn_cases()}, key=str))
+def test_attention_takes_transposed_projection_views(dev, impl, dt):
+    # q, k, v as transformers hands them over: [B, S, H, D] projection rows seen as [B, H, S, D]
+    # (strided views; flash_attention_3 reads them in place, the other rows from copies)
+    B, S, D = 2, 40, 16
+    rows = [leaf(torch.randn(B, S, h, D, device=dev, dtype=dt)) for h in (4, 2, 2)]
+    q, k, v = (r.transpose(1, 2) for r in rows)
+    assert not q.is_contiguous()
+    out = llmkern.attention.attention(q, k, v, impl, causal=True)
+    r64 = [leaf(r.detach().double()) for r in rows]
+    ref = reference_attention(*(r.transpose(1, 2) for r in r64), True)
+    dout = torch.randn_like(ref)
+    (ref * dout).sum().backward()
+    (out * dout.to(dt)).sum().backward()
+    assert_close(out, ref, dt, f"{impl} out")
+    for got, want, what in zip((r.grad for r in rows), (r.grad for r in r64), ("dq", "dk", "dv")):
+        assert_close(got, want, dt, f"{impl} {what} through the views")
+
+
 def test_attention_padding_mask_matches_each_row_alone():
     q, k, v = torch.randn(3, 4, 10, 16), torch.randn(3, 2, 10, 16), torch.randn(3, 2, 10, 16)
     lens = [10, 6, 3]

@@ -55,6 +55,15 @@ static lk_tensor heads_hm(const lk_model *m, const void *p, int64_t H) {
     return t;
 }
 
+/* v (or dv) as attention's [1, Hk, T, D] view of the projection's v columns ([T, Q + 2K]
+ * rows; its gradient's, in the backward). */
+static lk_tensor v_cols(const lk_model *m, const char *qkv) {
+    const int64_t QKV = (m->Hq + 2 * m->Hk) * m->D;
+    lk_tensor t = t4(m, qkv + (size_t)((m->Hq + m->Hk) * m->D) * m->es, m->Hk, m->T, m->D);
+    t.stride[0] = m->T * QKV, t.stride[1] = m->D, t.stride[2] = QKV;
+    return t;
+}
+
 /* Both head norms of layer l read q and k where the projection left them and write them
  * head-major: no head moves for q and k (only v's remain). */
 static int head_views(const lk_layer_ops *op) {
@@ -171,11 +180,12 @@ static lk_rope_args rope_args(const lk_model *m, int l, const lk_layer_acts *a) 
  * window for a layer that has one); the others the cu_seqlens, causally, within layer l's
  * window. */
 static lk_attention_args attn_args(const lk_model *m, int l, const lk_impl *impl, const lk_layer_acts *a,
-                                   const lk_batch *b, size_t saved) {
+                                   const lk_batch *b, size_t saved, const char *vsrc) {
     const lk_attention_entry *e = impl->vtable;
     int64_t T = m->T;
     lk_attention_args at = {
-        .q = t4(m, a->qr, m->Hq, T, m->D), .k = t4(m, a->kr, m->Hk, T, m->D), .v = t4(m, a->vt, m->Hk, T, m->D),
+        .q = t4(m, a->qr, m->Hq, T, m->D), .k = t4(m, a->kr, m->Hk, T, m->D),
+        .v = vsrc ? v_cols(m, vsrc) : t4(m, a->vt, m->Hk, T, m->D),
         .out = lk_on(m, lk_tensor_view(a->ao, m->dt, 4, (int64_t[]){1, T, m->Hq, m->D})),
         .saved = sv(a->s[S_ATTN], saved), .deterministic = m->deterministic,
     };
@@ -190,11 +200,25 @@ static lk_attention_args attn_args(const lk_model *m, int l, const lk_impl *impl
     return at;
 }
 
+/* The projection qkv whose v columns attention reads in place (and whose gradient's v columns
+ * it writes dv into), or NULL: v moved head-major into a->vt. In place where the row takes
+ * the views (lk_attention_takes_views: flash_attention_3 on a Hopper) and qkv lasts until the
+ * backward (kept, or made again by recompute_qkv); not under Ulysses, whose exchange packs
+ * contiguous heads. The same answer in the forward and the backward: the views' strides and
+ * offsets are the same in every buffer qkv may be. */
+static const char *v_source(const lk_model *m, int l, const lk_layer_acts *a, const lk_batch *b, const char *qkv) {
+    const lk_layer *L = &m->layers[l];
+    if (!qkv || m->sp || (!a->qkv && !lk_qkv_again(m, l))) return NULL;
+    lk_attention_args at = attn_args(m, l, L->ops.attn, a, b, L->saved[S_ATTN], qkv);
+    return lk_attention_takes_views(L->ops.attn, &at) ? qkv : NULL;
+}
+
 /* Attention's inputs from the q/k/v projection qkv ([T, Q + 2K], rows QKV apart): q_norm /
  * k_norm over the head dim, written head-major into a->qr, a->kr (where RoPE then rotates in
- * place, or the norms rotate as they write: rope_in_norms), v moved head-major into a->vt.
- * The forward's, and a recompute_qkv backward's again. */
-static lk_status attention_inputs(lk_model *m, int l, const lk_layer_acts *a, const char *qkv) {
+ * place, or the norms rotate as they write: rope_in_norms), v moved head-major into a->vt
+ * unless attention reads it in place (vsrc). The forward's, and a recompute_qkv backward's
+ * again. */
+static lk_status attention_inputs(lk_model *m, int l, const lk_layer_acts *a, const char *qkv, const char *vsrc) {
     const lk_layer *L = &m->layers[l];
     const lk_layer_ops *op = &L->ops;
     lk_scratch *sc = &m->sc;
@@ -209,7 +233,7 @@ static lk_status attention_inputs(lk_model *m, int l, const lk_layer_acts *a, co
     } else if ((s = to_heads(m, qkv, QKV, sc->dqt, m->Hq)) || (s = to_heads(m, qkv + Q * es, QKV, sc->dkt, m->Hk))) {
         return s;
     }
-    if ((s = to_heads(m, qkv + (Q + K) * es, QKV, a->vt, m->Hk))) return s;
+    if (!vsrc && (s = to_heads(m, qkv + (Q + K) * es, QKV, a->vt, m->Hk))) return s;
     const lk_rms_norm_rope rp = norm_rope(m);
     if (rope_in_norms(m, op)) nq.rope = nk.rope = &rp;
     if ((s = lk_rms_norm_forward(op->q_norm, &nq, &m->ctx)) || (s = lk_rms_norm_forward(op->k_norm, &nk, &m->ctx)))
@@ -235,8 +259,9 @@ lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, con
     /* q, k and v in one GEMM, as column blocks of qkv; the norms' inputs kept only in a->qkv
      * (else the backward makes them again) */
     lk_linear_args p = lin(m, a->h1, T, H, W(L->q), QKV, qkv);
-    if ((s = lk_linear_forward(op->q_proj, &p, ctx)) || (s = attention_inputs(m, l, a, qkv))) return s;
-    lk_attention_args at = attn_args(m, l, op->attn, a, b, L->saved[S_ATTN]);
+    const char *vsrc = v_source(m, l, a, b, qkv);
+    if ((s = lk_linear_forward(op->q_proj, &p, ctx)) || (s = attention_inputs(m, l, a, qkv, vsrc))) return s;
+    lk_attention_args at = attn_args(m, l, op->attn, a, b, L->saved[S_ATTN], vsrc);
     ctx->comm = m->sp;   /* Ulysses over the SP group (NULL: one process) */
     s = lk_attention_forward(op->attn, &at, ctx);
     ctx->comm = NULL;
@@ -302,22 +327,23 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
      * forward's GEMM again into sc.proj (which the norms' backward then reads as kept: the
      * forward's bits); before o_proj's backward writes dao, where dqt lies */
     const char *kept = a->qkv;
+    const char *vsrc = v_source(m, l, a, b, kept ? kept : lk_qkv_again(m, l) ? sc->proj : NULL);
     if (lk_qkv_again(m, l)) {
         if (!kept) {
             lk_linear_args rp = lin(m, a->h1, T, H, W(L->q), QKV, sc->proj);
             if ((s = lk_linear_forward(op->q_proj, &rp, ctx))) return s;
             kept = sc->proj;
         }
-        if ((s = attention_inputs(m, l, a, kept))) return s;
+        if ((s = attention_inputs(m, l, a, kept, vsrc))) return s;
     }
     /* attention */
     lk_linear_args po = lin(m, a->ao, T, Q, W(L->o), H, sc->tmp);
     if ((s = lin_backward(m, op->o_proj, po, sc->dres, L->o, sc->dao))) return s;
-    lk_attention_args at = attn_args(m, l, op->attn, a, b, L->saved[S_ATTN]);
+    lk_attention_args at = attn_args(m, l, op->attn, a, b, L->saved[S_ATTN], vsrc);
     at.dout = lk_on(m, lk_tensor_view(sc->dao, m->dt, 4, (int64_t[]){1, T, m->Hq, m->D}));
     at.dq = t4(m, sc->dqr, m->Hq, T, m->D);
     at.dk = t4(m, sc->dkr, m->Hk, T, m->D);
-    at.dv = t4(m, sc->dvt, m->Hk, T, m->D);
+    at.dv = vsrc ? v_cols(m, qkv) : t4(m, sc->dvt, m->Hk, T, m->D);   /* in place: into d(qkv)'s v columns */
     ctx->comm = m->sp;
     s = lk_attention_backward(op->attn, &at, ctx);
     ctx->comm = NULL;
@@ -365,7 +391,7 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
             (s = from_heads(m, sc->dqr, qkv, QKV, m->Hq)) || (s = from_heads(m, sc->dkr, qkv + Q * es, QKV, m->Hk)))
             return s;
     }
-    if ((s = from_heads(m, sc->dvt, qkv + (Q + K) * es, QKV, m->Hk))) return s;
+    if (!vsrc && (s = from_heads(m, sc->dvt, qkv + (Q + K) * es, QKV, m->Hk))) return s;
     lk_linear_args p = lin(m, a->h1, T, H, W(L->q), QKV, NULL);
     if ((s = lin_backward(m, op->q_proj, p, qkv, L->q, sc->dh))) return s;
     lk_rms_norm_args n = norm_args(m, a->x, T, H, L->in, a->h1, a->s[S_IN], L->saved[S_IN]);

@@ -154,6 +154,40 @@ lk_status lk_expect_row_view(const char *op, lk_device_type dev, const char *arg
     return LK_OK;
 }
 
+lk_status lk_expect_view(const char *op, lk_device_type dev, const char *arg, const lk_tensor *t, int need_data,
+                         int min_ndim) {
+    lk_status s;
+    if ((need_data && (s = lk_expect_present(op, arg, t))) || (s = lk_expect_device(op, arg, t, dev)) ||
+        (s = expect_dims(op, arg, t, min_ndim)))
+        return s;
+    if (lk_tensor_is_contiguous(t)) return LK_OK;
+    char buf[96];
+    const int last = t->ndim - 1;
+    if (t->shape[last] > 1 && t->stride[last] != 1)
+        return lk_error(LK_ESHAPE, "%s: %s: expected a contiguous last dim (stride 1), got strides %s", op, arg,
+                        strides_str(t, buf, sizeof buf));
+    /* the dims of more than one element by stride, smallest first: each must step past
+     * everything the smaller ones span */
+    int order[LK_MAX_DIMS], n = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] <= 1) continue;
+        int j = n++;
+        while (j > 0 && t->stride[order[j - 1]] > t->stride[i]) order[j] = order[j - 1], j--;
+        order[j] = i;
+    }
+    int64_t span = 1;   /* elements the smaller dims cover, from the first to one past the last */
+    for (int j = 0; j < n; j++) {
+        const int i = order[j];
+        char sh[96];
+        if (t->stride[i] < span)
+            return lk_error(LK_ESHAPE, "%s: %s: expected elements apart (each stride at least the extent of the "
+                            "smaller ones), got shape %s with strides %s", op, arg, lk_shape_str(t, sh, sizeof sh),
+                            strides_str(t, buf, sizeof buf));
+        span = t->stride[i] * (t->shape[i] - 1) + span;
+    }
+    return LK_OK;
+}
+
 lk_status lk_workspace_done(lk_ctx *ctx, size_t mark, lk_status pass) {
     lk_ctx_workspace_end(ctx, mark);
     return pass;

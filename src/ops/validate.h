@@ -56,6 +56,13 @@ lk_status lk_expect_rows(const char *op, lk_device_type dev, const char *arg, co
 lk_status lk_expect_row_view(const char *op, lk_device_type dev, const char *arg, const lk_tensor *t, int need_data,
                              int min_ndim, lk_rows *m);
 
+/* lk_expect_operand for a tensor that may be a strided view in any order of its dims
+ * (attention's q, k, v and their gradients): present unless need_data is 0, on dev, at
+ * least min_ndim dims, its last dim contiguous and its elements apart (each stride at
+ * least the extent of the dims of smaller strides: no two elements share an address). */
+lk_status lk_expect_view(const char *op, lk_device_type dev, const char *arg, const lk_tensor *t, int need_data,
+                         int min_ndim);
+
 /* The end of a pass run in the workspace lk_ctx_workspace_begin reserved for it: gives
  * the workspace back and returns the pass's own status, so a facade's pass reads
  *     if ((s = lk_ctx_workspace_begin(ctx, OP, bytes, &mark))) return s;

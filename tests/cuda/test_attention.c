@@ -35,22 +35,67 @@ static lk_tensor to_dev(lk_tensor t, int poison) {
     return t;
 }
 
+/* The views case (attention.h, check.h's `views`): host tensor t as a [B, H, S, D] view of its
+ * own token-major device buffer [B, S, H, D + VIEW_GAP], its values scattered in (or NaN
+ * bytes everywhere when poison). */
+#define VIEW_GAP 8
+static int64_t view_elems(const lk_tensor *t) { return t->shape[0] * t->shape[1] * t->shape[2] * (t->shape[3] + VIEW_GAP); }
+
+static lk_tensor to_dev_view(lk_tensor t, int poison) {
+    const int64_t H = t.shape[1], S = t.shape[2], D = t.shape[3], W = D + VIEW_GAP;
+    const size_t es = lk_dtype_size(t.dtype), bytes = (size_t)view_elems(&t) * es;
+    unsigned char *d = (unsigned char *)lkt_dev(bytes), *h = (unsigned char *)calloc(bytes, 1);
+    assert_non_null(h);
+    for (int64_t b = 0; !poison && b < t.shape[0]; b++)
+        for (int64_t hh = 0; hh < H; hh++)
+            for (int64_t i = 0; i < S; i++)
+                memcpy(h + (size_t)(((b * S + i) * H + hh) * W) * es,
+                       (const unsigned char *)t.data + (size_t)(((b * H + hh) * S + i) * D) * es, (size_t)D * es);
+    if (poison) lkt_poison(d, bytes);
+    else assert_int_equal(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+    free(h);
+    t.data = d, t.device.type = LK_DEVICE_CUDA;
+    t.stride[0] = S * H * W, t.stride[1] = W, t.stride[2] = H * W, t.stride[3] = 1;
+    return t;
+}
+
 /* A problem's arguments on the device: inputs copied, outputs and the saved LSE poisoned
- * (cu_seqlens stay host memory, as the facade wants). */
-static lk_attention_args on_device(lk_attention_args a) {
-    a.q = to_dev(a.q, 0), a.k = to_dev(a.k, 0), a.v = to_dev(a.v, 0), a.dout = to_dev(a.dout, 0);
+ * (cu_seqlens stay host memory, as the facade wants); views: q, k, v and the gradients as
+ * to_dev_view makes them. */
+static lk_attention_args on_device(lk_attention_args a, int views) {
+    lk_tensor (*const qkv)(lk_tensor, int) = views ? to_dev_view : to_dev;
+    a.q = qkv(a.q, 0), a.k = qkv(a.k, 0), a.v = qkv(a.v, 0), a.dout = to_dev(a.dout, 0);
     a.s_aux = to_dev(a.s_aux, 0);
-    a.out = to_dev(a.out, 1), a.dq = to_dev(a.dq, 1), a.dk = to_dev(a.dk, 1), a.dv = to_dev(a.dv, 1);
+    a.out = to_dev(a.out, 1), a.dq = qkv(a.dq, 1), a.dk = qkv(a.dk, 1), a.dv = qkv(a.dv, 1);
     a.ds_aux = to_dev(a.ds_aux, 1);
     a.saved.data = lkt_dev(a.saved.bytes);
     lkt_poison(a.saved.data, a.saved.bytes);
     return a;
 }
 
+/* A contiguous tensor's, or a view's (to_dev_view), error against ref; a view whose gaps do
+ * not all hold the poison's NaN bytes still (written through a wrong stride) is infinitely off. */
 static double err_of(const lk_tensor *t, const double *ref) {
     int64_t n = lk_tensor_numel(t);
     double *got = lkt_alloc(n);
-    lkt_download(t->data, n, t->dtype, got);
+    if (lk_tensor_is_contiguous(t)) {
+        lkt_download(t->data, n, t->dtype, got);
+        return lkt_rel_err(got, ref, n);
+    }
+    const int64_t D = t->shape[3], W = D + VIEW_GAP, m = view_elems(t);
+    double *all = lkt_alloc(m);
+    lkt_download(t->data, m, t->dtype, all);
+    int64_t k = 0;
+    for (int64_t j = 0; j < m; j++) {   /* in the buffer's order: [B, S, H, W] */
+        const int64_t c = j % W, hh = j / W % t->shape[1], i = j / W / t->shape[1] % t->shape[2],
+                      b = j / W / t->shape[1] / t->shape[2];
+        if (c >= D) {
+            if (!isnan(all[j])) return INFINITY;
+            continue;
+        }
+        got[((b * t->shape[1] + hh) * t->shape[2] + i) * D + c] = all[j], k++;
+    }
+    assert_int_equal(k, n);
     return lkt_rel_err(got, ref, n);
 }
 
@@ -100,9 +145,10 @@ static void run_case_as(const char *cpu_name, int cpu_too, const char *name, lk_
     lk_attention_ref_forward(&pb.ref, in[0], in[1], in[2], oref, lref);
     lk_attention_ref_backward(&pb.ref, in[0], in[1], in[2], in[3], dqr, dkr, dvr, c->sinks ? dsr : NULL);
 
-    lk_attention_args a = on_device(pb.a);
+    lk_attention_args a = on_device(pb.a, c->views);
     lk_arena arena = {.device = LK_DEVICE_CUDA};
     lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
+    if (c->views) assert_int_equal(lk_attention_takes_views(gpu, &a), 1);
     assert_int_equal(lk_attention_forward(gpu, &a, &ctx), LK_OK);
     assert_int_equal(lk_attention_backward(gpu, &a, &ctx), LK_OK);
     sync_or_exit(name, c);
@@ -134,11 +180,12 @@ static void run_case_as(const char *cpu_name, int cpu_too, const char *name, lk_
         lk_arena_free(&harena);
     }
     print_message("  %-17s %s B %lld Hq %lld Hkv %lld Sq %lld Skv %lld D %lld causal %d win %lld/%lld docs %d "
-                  "cap %g sinks %d mask %d/%lld mod %d: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e ds %.1e (tol %.0e)\n",
+                  "cap %g sinks %d mask %d/%lld mod %d%s: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e ds %.1e (tol %.0e)\n",
                   name, lk_dtype_name(dt), (long long)c->B, (long long)c->Hq, (long long)(c->Hkv ? c->Hkv : c->Hq),
                   (long long)c->Sq, (long long)(c->Skv ? c->Skv : c->Sq), (long long)c->D, c->causal,
                   (long long)c->window_left, (long long)c->window_right, c->n_docs, (double)c->softcap, c->sinks,
-                  c->family, (long long)c->block, c->score_mod, e[0], e[1], e[2], e[3], e[4], e[5], tol);
+                  c->family, (long long)c->block, c->score_mod, c->views ? " views" : "", e[0], e[1], e[2], e[3], e[4],
+                  e[5], tol);
     if (cpu_too)
         print_message("    against the CPU's %s: out %.1e dq %.1e dk %.1e dv %.1e ds %.1e (tol %.0e, ds %.0e)\n", cpu_name,
                       ec[0], ec[1], ec[2], ec[3], ec[4], tol, tol_ds);
@@ -301,6 +348,65 @@ static void fa3_elsewhere(void **state) {
     run_case("flash_attention_3", LK_BF16, &c[2], 403);
 }
 
+/* q, k, v and their gradients as strided views (attention.h; each a view of token-major rows
+ * with a gap), read and written where they lie by the Hopper kernels: against the reference,
+ * with every gap still NaN after the backward (err_of). The walks: causal GQA, varlen with a
+ * window and sinks, the last wave in parts (tail_split.cuh's dk/dv), unmasked GQA, D 96, and
+ * flex's documents. Where a pass would run flash_attention_2's kernels (softcap's backward,
+ * `deterministic`, f32) the row does not take views, and the facade says so by name. */
+static void fa3_views(void **state) {
+    (void)state;
+    const lk_impl *gpu = lk_impl_find(LK_OP_ATTENTION, "flash_attention_3", LK_DEVICE_CUDA);
+    char why[160];
+    if (!gpu || !lk_impl_available(gpu, lk_hw_get(), why, sizeof why)) {
+        print_message("  flash_attention_3 not run here: %s\n", gpu ? why : "not in this build");
+        return;
+    }
+    const lk_attention_case cases[] = {
+        {.B = 2, .Hq = 16, .Hkv = 2, .Sq = 1000, .D = 128, .causal = 1, .views = 1},
+        {.B = 1, .Hq = 4, .Hkv = 2, .Sq = 700, .D = 128, .n_docs = 7, .window_left = 90, .window_right = 33,
+         .sinks = 1, .views = 1},
+        {.B = 1, .Hq = 70, .Hkv = 35, .Sq = 475, .D = 64, .views = 1},
+        {.B = 2, .Hq = 8, .Hkv = 2, .Sq = 300, .Skv = 701, .D = 128, .views = 1},
+        {.B = 1, .Hq = 3, .Sq = 100, .Skv = 300, .D = 96, .sinks = 1, .views = 1},
+        {.B = 2, .Hq = 4, .Hkv = 1, .Sq = 37, .D = 64, .causal = 1, .views = 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case("flash_attention_3", LK_BF16, &cases[i], 700u + i);
+    const lk_attention_case flex = {.B = 2, .Hq = 4, .Hkv = 2, .Sq = 300, .D = 128, .family = LK_AM_DOCUMENT,
+                                    .n_docs = 5, .views = 1};
+    run_case_as("flex_attention", 1, "flex_attention", LK_BF16, &flex, 710);
+
+    /* not taken: each case's forward tensors as views, the row asked, then a pass refused */
+    const struct { lk_attention_case c; lk_dtype dt; } no[] = {
+        {{.B = 1, .Hq = 2, .Sq = 40, .D = 64, .causal = 1, .softcap = 5.0f}, LK_BF16},   /* backward on fa2 */
+        {{.B = 1, .Hq = 2, .Sq = 40, .D = 64, .deterministic = 1}, LK_BF16},
+        {{.B = 1, .Hq = 2, .Sq = 40, .D = 64}, LK_F32},
+        {{.B = 1, .Hq = 2, .Sq = 40, .D = 136}, LK_BF16},
+    };
+    for (size_t i = 0; i < sizeof no / sizeof *no; i++) {
+        lk_attention_problem pb;
+        assert_int_equal(lk_attention_problem_make(lk_impl_find(LK_OP_ATTENTION, "flash_attention_2", LK_DEVICE_CPU),
+                                                   no[i].dt, &no[i].c, 720 + i, 0, &pb), LK_OK);
+        lk_attention_args a = on_device(pb.a, 1);
+        lk_arena arena = {.device = LK_DEVICE_CUDA};
+        lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
+        assert_int_equal(lk_attention_takes_views(gpu, &a), 0);
+        const int fwd_takes = no[i].c.softcap > 0.0f || no[i].c.deterministic;   /* only the backward leaves */
+        lk_status s = lk_attention_forward(gpu, &a, &ctx);
+        if (fwd_takes) {
+            assert_int_equal(s, LK_OK);
+            s = lk_attention_backward(gpu, &a, &ctx);
+        }
+        print_message("  views refused, case %zu: %s\n", i, lk_last_error());
+        assert_int_equal(s, LK_ESHAPE);
+        assert_non_null(strstr(lk_last_error(), "'flash_attention_3' takes contiguous"));
+        assert_int_equal(cudaDeviceSynchronize(), cudaSuccess);
+        lk_arena_free(&arena);
+        lk_attention_problem_free(&pb);
+        lkt_free_all();
+    }
+}
+
 /* The tensor-core kernels' grid orders (grid_order.cuh): every tile of every head taken by
  * exactly one block of the grid (a pair taken twice or never leaves those rows or keys
  * written twice or not at all); head-major order takes the longest walks first (the tile
@@ -346,7 +452,7 @@ static const lk_impl *cudnn_row(void) {
 static lk_attention_args cudnn_args(lk_dtype dt, const lk_attention_case *c, uint64_t seed, lk_attention_problem *pb) {
     const lk_impl *cpu = lk_impl_find(LK_OP_ATTENTION, "flash_attention_2", LK_DEVICE_CPU);
     assert_int_equal(lk_attention_problem_make(cpu, dt, c, seed, 0, pb), LK_OK);
-    return on_device(pb->a);
+    return on_device(pb->a, 0);
 }
 
 /* A forward that row gpu must refuse before anything is written: the status, the option
@@ -500,7 +606,7 @@ static void fa2_deterministic(void **state) {
         const lk_impl *cpu = lk_impl_find(LK_OP_ATTENTION, "flash_attention_2", LK_DEVICE_CPU);
         lk_attention_problem pb;
         assert_int_equal(lk_attention_problem_make(cpu, LK_BF16, &cases[i], 9, 0, &pb), LK_OK);
-        lk_attention_args a = on_device(pb.a);
+        lk_attention_args a = on_device(pb.a, 0);
         lk_arena arena = {.device = LK_DEVICE_CUDA};
         lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
         const lk_tensor *g[3] = {&a.dq, &a.dk, &a.dv};
@@ -568,7 +674,7 @@ static void flex_refused(lk_dtype dt, const lk_attention_case *c, void (*tweak)(
     const lk_impl *gpu = lk_impl_find(LK_OP_ATTENTION, "flex_attention", LK_DEVICE_CUDA);
     lk_attention_problem pb;
     assert_int_equal(lk_attention_problem_make(cpu, dt, c, 11, 0, &pb), LK_OK);
-    lk_attention_args a = on_device(pb.a);
+    lk_attention_args a = on_device(pb.a, 0);
     if (tweak) tweak(&a);
     expect_refused("flex", gpu, &a, want, needle);
     lk_attention_problem_free(&pb);
@@ -600,7 +706,7 @@ static void flex_refusals_and_reuse(void **state) {
     const lk_attention_case c = {.B = 2, .Hq = 4, .Sq = 333, .D = 128, .family = LK_AM_PER_HEAD};
     lk_attention_problem pb;
     assert_int_equal(lk_attention_problem_make(cpu, LK_BF16, &c, 12, 0, &pb), LK_OK);
-    lk_attention_args a = on_device(pb.a);
+    lk_attention_args a = on_device(pb.a, 0);
     lk_arena arena = {.device = LK_DEVICE_CUDA};
     lk_ctx ctx = lk_ctx_cuda(&arena, NULL, 0);
     assert_null(pb.bm[0].gpu);
@@ -669,6 +775,7 @@ int main(void) {
         cmocka_unit_test(cudnn_refusals_determinism),
         cmocka_unit_test(fa3_against_reference),
         cmocka_unit_test(fa3_elsewhere),
+        cmocka_unit_test(fa3_views),
         cmocka_unit_test(grid_orders),
         cmocka_unit_test(flex_against_reference),
         cmocka_unit_test(flex_refusals_and_reuse),

@@ -67,7 +67,7 @@ static lk_status check_qkv(const lk_impl *impl, const lk_attention_args *a, int 
     const lk_tensor *t[3] = {&a->q, &a->k, &a->v};
     lk_status s;
     for (int i = 0; i < 3; i++) {
-        if ((s = lk_expect_operand(OP, impl->device, names[i], t[i], need_data, 4)) ||
+        if ((s = lk_expect_view(OP, impl->device, names[i], t[i], need_data, 4)) ||
             (s = lk_expect_dtype(OP, names[i], t[i], impl->needs.dtypes)))
             return s;
         if (t[i]->ndim != 4)
@@ -252,7 +252,40 @@ static lk_status check_out(const lk_impl *impl, const char *arg, const lk_tensor
 }
 
 static lk_status check_like(const lk_impl *impl, const char *arg, const lk_tensor *t, const lk_tensor *like) {
-    return lk_expect_tensor_like(OP, impl->device, arg, t, like, 4);
+    lk_status s = lk_expect_view(OP, impl->device, arg, t, 1, 4);
+    return s ? s : lk_expect_like(OP, arg, t, like);
+}
+
+static int pass_takes_views(const call *c, const lk_attention_args *a, int backward) {
+    return c->vt->version >= 3 && c->vt->takes_views && c->vt->takes_views(a, backward);
+}
+
+/* Strided views only where the pass reads and writes them, and not into the Ulysses
+ * exchange (which packs contiguous heads). */
+static lk_status check_views(const lk_impl *impl, const call *c, const lk_attention_args *a, int backward) {
+    static const char *const names[6] = {"q", "k", "v", "dq", "dk", "dv"};
+    const lk_tensor *t[6] = {&a->q, &a->k, &a->v, &a->dq, &a->dk, &a->dv};
+    for (int i = 0; i < (backward ? 6 : 3); i++) {
+        if (lk_tensor_is_contiguous(t[i])) continue;
+        if (c->u.comm)
+            return lk_error(LK_ESHAPE, OP ": %s: expected a contiguous tensor under Ulysses (the exchange packs "
+                            "whole heads), got a strided view", names[i]);
+        if (!pass_takes_views(c, a, backward))
+            return lk_error(LK_ESHAPE, OP ": %s: '%s' takes contiguous tensors for these arguments, got a strided "
+                            "view (lk_attention_takes_views says where views go: flash_attention_3 and "
+                            "flex_attention on a Hopper, bf16, D <= 128)", names[i], impl->name);
+    }
+    return LK_OK;
+}
+
+int lk_attention_takes_views(const lk_impl *impl, const lk_attention_args *a) {
+    call c;
+    if (!a || resolve(impl, &c) || check_qkv(impl, a, 1, &c)) return 0;
+    lk_attention_args b = *a;   /* the gradients the caller has not set yet stand as their inputs */
+    if (!b.dq.data) b.dq = b.q;
+    if (!b.dk.data) b.dk = b.k;
+    if (!b.dv.data) b.dv = b.v;
+    return pass_takes_views(&c, &b, 0) && pass_takes_views(&c, &b, 1);
 }
 
 /* One pass of the adapter in its workspace, reserved in ctx->arena and given back after it. */
@@ -289,7 +322,9 @@ lk_status lk_attention_forward(const lk_impl *impl, const lk_attention_args *a, 
     lk_region outs[2] = {LK_ARG_REGION(a, out), LK_SAVED_REGION(a)};
     lk_region ins[7] = {LK_ARG_REGION(a, q), LK_ARG_REGION(a, k), LK_ARG_REGION(a, v), LK_ARG_REGION(a, s_aux),
                         LK_ARG_REGION(a, mask), LK_ARG_REGION(a, cu_seqlens_q), LK_ARG_REGION(a, cu_seqlens_k)};
-    if ((s = lk_expect_apart(OP, outs, 2, ins, 7)) || (s = check_supported(&c, a, 0))) return s;
+    if ((s = lk_expect_apart(OP, outs, 2, ins, 7)) || (s = check_supported(&c, a, 0)) ||
+        (s = check_views(impl, &c, a, 0)))
+        return s;
     return c.entry->sp ? sp_run(&c, 0, a, ctx) : run(&c, 0, a, ctx);
 }
 
@@ -309,6 +344,8 @@ lk_status lk_attention_backward(const lk_impl *impl, const lk_attention_args *a,
     lk_region ins[10] = {LK_ARG_REGION(a, q), LK_ARG_REGION(a, k), LK_ARG_REGION(a, v), LK_ARG_REGION(a, out),
                          LK_ARG_REGION(a, dout), LK_ARG_REGION(a, s_aux), LK_ARG_REGION(a, mask), LK_SAVED_REGION(a),
                          LK_ARG_REGION(a, cu_seqlens_q), LK_ARG_REGION(a, cu_seqlens_k)};
-    if ((s = lk_expect_apart(OP, outs, 4, ins, 10)) || (s = check_supported(&c, a, 1))) return s;
+    if ((s = lk_expect_apart(OP, outs, 4, ins, 10)) || (s = check_supported(&c, a, 1)) ||
+        (s = check_views(impl, &c, a, 1)))
+        return s;
     return c.entry->sp ? sp_run(&c, 1, a, ctx) : run(&c, 1, a, ctx);
 }

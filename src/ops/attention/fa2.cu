@@ -1158,8 +1158,9 @@ static lk_status launch_bwd(const fa_args &p, int det, cudaStream_t st) {
         kern<<<(unsigned)lk_attn_tail_grid(pk.tail), 256, sh, st>>>(pk, mode, tdq);
         LK_CUDA_LAUNCHED("attention: flash_attention_2 (cuda) dk/dv");
         if (pk.tail.split) {
-            lk_attn_tail_convert<<<(unsigned)pk.tail.split, 256, 0, st>>>(pk.tail, pk.order, (int)heads, (int)tiles, p.Skv,
-                                                                          p.dk, p.dv);
+            const lk_attn_layout kv = {(int64_t)p.Hkv * p.Skv * p.D, (int64_t)p.Skv * p.D, p.D};   /* contiguous */
+            lk_attn_tail_convert<<<(unsigned)pk.tail.split, 256, 0, st>>>(pk.tail, pk.order, (int)heads, (int)tiles,
+                                                                          p.Skv, p.Hkv, p.dk, kv, p.dv, kv);
             LK_CUDA_LAUNCHED("attention: flash_attention_2 (cuda) dk/dv of the split blocks");
         }
     }

@@ -22,9 +22,12 @@
  * Visibility is visible.cuh's (the CPU's rule: causal bottom-right, windows, varlen
  * documents): query row i sees keys [lo_i, hi_i). A block visits the key tiles any of its
  * rows sees; a tile every row sees whole skips the per-element mask. Causal blocks are
- * launched longest first. GQA reads K/V head h / G through the tensor map's third
+ * launched longest first. GQA reads K/V head h / G through the tensor map's head
  * coordinate; no copies. Softcap and sinks as in the contract. Head dims that are
  * multiples of 8 up to 128 (TMA zero-fills the columns past D of a 64- or 128-wide tile).
+ * q, k and v may be strided views (attention.h): the maps are 4-D, {column, row, head,
+ * batch}, with the tensors' own strides, so a projection's [B, S, H, D] rows are read where
+ * they lie (the model's v, transformers' transposed q/k/v) instead of moved head-major first.
  *
  * The backward is fa3_bwd.cu's (wgmma too). What neither takes (f32, other head dims up to
  * 256, unaligned tensors; softcap and `deterministic` in the backward) runs on
@@ -219,16 +222,18 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_fwd(const __grid_constant__ CU
     if (wg == 0) {   /* producer */
         asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
         if (tid == 0 && nt > 0) {
-            const int zq = (int)bh, zk = (int)(b * g.Hkv + h / g.G);
+            const int hk = (int)(h / g.G);   /* the maps are [B, H, S, D] views: {column, row, head, batch} */
             mbar_expect_tx(qfull, NC * QB);
-            for (int c = 0; c < NC; c++) tma_load(sq + c * QB, &tq, qfull, c * 64, i0, zq);
+            for (int c = 0; c < NC; c++) tma_load4(sq + c * QB, &tq, qfull, c * 64, i0, (int)h, (int)b);
             for (int it = 0; it < nt; it++) {
                 const int s = it % STAGES, k0 = FLEX ? fidx[it] * BN : (t0 + it) * BN;
                 if (it >= STAGES) mbar_wait(&empty[s], ((it / STAGES) - 1) & 1);
                 mbar_expect_tx(&kfull[s], NC * KB);
-                for (int c = 0; c < NC; c++) tma_load(sk + (s * NC + c) * KB, &tk, &kfull[s], c * 64, k0, zk);
+                for (int c = 0; c < NC; c++)
+                    tma_load4(sk + (s * NC + c) * KB, &tk, &kfull[s], c * 64, k0, hk, (int)b);
                 mbar_expect_tx(&vfull[s], NC * KB);
-                for (int c = 0; c < NC; c++) tma_load(sv + (s * NC + c) * KB, &tv, &vfull[s], c * 64, k0, zk);
+                for (int c = 0; c < NC; c++)
+                    tma_load4(sv + (s * NC + c) * KB, &tv, &vfull[s], c * 64, k0, hk, (int)b);
             }
         }
         return;
@@ -369,14 +374,20 @@ static size_t saved_bytes(const lk_attention_args *a) { return lk_attn_lse_bytes
  * `deterministic` (fa3_bwd.cu). */
 static const lk_attention_vtable *const fa2 = &lk_attention_fa2_cuda_backend;
 
+/* q, k and v contiguous or strided views alike: TMA reads either (view_map). */
 static int hopper_takes(const lk_attention_args *a) {
     const int64_t D = a->q.shape[3];
     return a->q.dtype == LK_BF16 && D % 8 == 0 && D <= 128 && a->q.shape[0] * a->q.shape[1] <= 65535 &&
-           a->q.shape[2] < INT32_MAX && a->k.shape[2] < INT32_MAX && (uintptr_t)a->q.data % 16 == 0 &&
-           (uintptr_t)a->k.data % 16 == 0 && (uintptr_t)a->v.data % 16 == 0;
+           a->q.shape[2] < INT32_MAX && a->k.shape[2] < INT32_MAX && lk_attn_view16(&a->q) && lk_attn_view16(&a->k) &&
+           lk_attn_view16(&a->v);
 }
 
 static int hopper_backward(const lk_attention_args *a) { return hopper_takes(a) && lk_attn_fa3_bwd_takes(a); }
+
+/* Views go where this file's kernels run the pass; fa2.cu's take contiguous tensors. */
+static int takes_views(const lk_attention_args *a, int backward) {
+    return backward ? hopper_backward(a) : hopper_takes(a);
+}
 
 static size_t workspace_bytes(const lk_attention_args *a, int backward) {
     if (backward) return hopper_backward(a) ? lk_attn_fa3_bwd_workspace(a) : fa2->workspace_bytes(a, 1);
@@ -430,9 +441,7 @@ static lk_status run_forward(const lk_attention_args *a, lk_ctx *ctx, int flex) 
     lk_status s;
     if ((flex && (s = lk_attn_flex_alibi(a, ctx->arena, st, &g.alibi))) ||
         (s = flex ? lk_attn_flex_map(a->block_mask, st, &g.fx) : lk_attn_vis_make(a, ctx->arena, st, &g.vis)) ||
-        (s = tensor_map(&tq, a->q.data, d.B * d.Hq, d.Sq, d.D, BM)) ||
-        (s = tensor_map(&tk, a->k.data, d.B * d.Hkv, d.Skv, d.D, bn)) ||
-        (s = tensor_map(&tv, a->v.data, d.B * d.Hkv, d.Skv, d.D, bn)))
+        (s = view_map(&tq, &a->q, BM)) || (s = view_map(&tk, &a->k, bn)) || (s = view_map(&tv, &a->v, bn)))
         return s;
     if (flex)
         return d.D <= 64 ? launch_for<64, LK_MASK_FLEX>(tq, tk, tv, a, &d, g, st)
@@ -450,7 +459,7 @@ static lk_status backward(const lk_attention_args *a, lk_ctx *ctx) {
 }
 
 extern "C" const lk_attention_vtable lk_attention_fa3_cuda_backend = {
-    LK_ATTENTION_VTABLE_VERSION, saved_bytes, workspace_bytes, forward, backward, NULL,
+    LK_ATTENTION_VTABLE_VERSION, saved_bytes, workspace_bytes, forward, backward, NULL, takes_views,
 };
 
 /* --- flex_attention on Hopper: the forward above and fa3_bwd.cu's backward under the
@@ -477,7 +486,11 @@ static lk_status flex_backward(const lk_attention_args *a, lk_ctx *ctx) {
     return hopper_flex_backward(a) ? lk_attn_fa3_backward(a, ctx) : fa2_flex->backward(a, ctx);
 }
 static lk_status flex_supports(const lk_attention_args *a, int backward) { return fa2_flex->supports(a, backward); }
+static int flex_takes_views(const lk_attention_args *a, int backward) {
+    return backward ? hopper_flex_backward(a) : hopper_flex(a);
+}
 
 extern "C" const lk_attention_vtable lk_attention_fa3_flex_cuda_backend = {
     LK_ATTENTION_VTABLE_VERSION, saved_bytes, flex_workspace, flex_forward, flex_backward, flex_supports,
+    flex_takes_views,
 };

@@ -35,6 +35,9 @@
  *              warpgroups' step: the dQ GEMMs fill the tensor pipe while both compute P or
  *              dS, and the two math warpgroups never meet at a barrier, so they drift apart
  *              and one's softmax meets the other's GEMMs.
+ * q, k, v, dq, dk and dv may be strided views (attention.h): Q, K and V come through 4-D maps
+ * with their own strides (hopper.cuh's view_map), dK and dV rows and fa3_dq_convert's are
+ * stored at their tensors' strides (lk_attn_layout).
  * dSᵀ comes from the f32 Pᵀ, not its bf16 rounding: the tests' dq and dk errors fell 20-45% at
  * the same speed (sixteenth session), and dV and dK are then issued together.
  * Measured on the H200 (bench/NOTES.md, twelfth session, call 1): fwd+bwd 0.83-0.94x SDPA-cuDNN
@@ -151,7 +154,8 @@ typedef struct {
     const float *stats;   /* [B·Hq][nqt][lse2 64 | delta 64] */
     const int *rows;      /* [nqt][lo 64 | hi 64] */
     float *dq_acc;        /* [B·Hq][nqt][DP / 64][CHUNK], each chunk in the accumulator's order */
-    lk_bf16_t *dk, *dv;   /* [B, Hkv, Skv, D] */
+    lk_bf16_t *dk, *dv;   /* [B, Hkv, Skv, D], contiguous or views */
+    lk_attn_layout dkl, dvl;
     lk_attn_vis vis;
     int Sq, Skv, Hq, Hkv, G, D, nqt;
     float scale, scale2;  /* scale, scale · log2e */
@@ -222,8 +226,8 @@ static __global__ void __launch_bounds__(256) fa3_bwd_prep(const lk_bf16_t *out,
  * contiguous bytes; turned in shared memory (68 floats a row: the float4s' four stores of
  * a warp fall on 32 different banks); each thread then writes 16 bf16 of one query row.
  * The first version read the workspace straight into rows (8 useful bytes of each 64). */
-static __global__ void __launch_bounds__(256) fa3_dq_convert(const float *acc, lk_bf16_t *dq, int Sq, int D, int nqt,
-                                                             int nhb, float scale) {
+static __global__ void __launch_bounds__(256) fa3_dq_convert(const float *acc, lk_bf16_t *dq, lk_attn_layout dql,
+                                                             int Hq, int Sq, int D, int nqt, int nhb, float scale) {
     __shared__ float tile[BMQ][68];   /* [query][d] */
     const int64_t ch = blockIdx.x, bq = ch / nhb, bh = bq / nqt;
     const int hb = (int)(ch % nhb), qt = (int)(bq % nqt);
@@ -238,9 +242,9 @@ static __global__ void __launch_bounds__(256) fa3_dq_convert(const float *acc, l
     __syncthreads();
     const int q = threadIdx.x >> 2, d0 = (threadIdx.x & 3) * 16, i = qt * BMQ + q, dn = D - hb * 64 - d0;
     if (i >= Sq || dn <= 0) return;
-    lk_bf16_t *o = dq + (bh * Sq + i) * D + hb * 64 + d0;
+    lk_bf16_t *o = dq + bh / Hq * dql.b + bh % Hq * dql.h + i * dql.s + hb * 64 + d0;
     const float *x = &tile[q][d0];
-    if (dn >= 16) {   /* D % 8 == 0 and dq 16-byte aligned (lk_attn_fa3_bwd_takes) */
+    if (dn >= 16) {   /* D % 8 == 0, dq 16-byte aligned and its strides 8-element multiples (lk_attn_fa3_bwd_takes) */
         uint4 u[2];
         uint32_t *w = reinterpret_cast<uint32_t *>(u);
 #pragma unroll
@@ -433,7 +437,7 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
         mbar_expect_tx(&full[s], 2 * NC * QB + (rows ? 4 : 2) * BMQ * 4 +
                                      (FLEX && fs.z >= 0 ? 8 * LK_FLEX_TILE : 0));
         for (int c = 0; c < NC; c++) {
-            tma_load(sq + (s * NC + c) * QB, &tq, &full[s], c * 64, qt * BMQ, (int)bh);
+            tma_load4(sq + (s * NC + c) * QB, &tq, &full[s], c * 64, qt * BMQ, hh, b);
             tma_load4(sdo + (s * NC + c) * QB, &tdo, &full[s], c * 64, hh, qt * BMQ, b);
         }
         bulk_load(sst + s * 4 * BMQ, g.stats + (bh * g.nqt + qt) * 2 * BMQ, 2 * BMQ * 4, &full[s]);
@@ -445,8 +449,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
     auto produce_kv = [&]() {
         mbar_expect_tx(kvfull, 2 * NC * KB);
         for (int c = 0; c < NC; c++) {
-            tma_load(sk + c * KB, &tk, kvfull, c * 64, k0, bhk);
-            tma_load(sv + c * KB, &tv, kvfull, c * 64, k0, bhk);
+            tma_load4(sk + c * KB, &tk, kvfull, c * 64, k0, hk, b);
+            tma_load4(sv + c * KB, &tv, kvfull, c * 64, k0, hk, b);
         }
     };
     /* The hand-over, and why it cannot deadlock. Step t's stage s = t % STAGES and
@@ -676,7 +680,8 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int key = key0 + 8 * r;
-        lk_bf16_t *krow = g.dk + ((int64_t)bhk * g.Skv + key) * g.D, *vrow = g.dv + ((int64_t)bhk * g.Skv + key) * g.D;
+        lk_bf16_t *krow = g.dk + b * g.dkl.b + hk * g.dkl.h + key * g.dkl.s,
+                  *vrow = g.dv + b * g.dvl.b + hk * g.dvl.h + key * g.dvl.s;
 #pragma unroll
         for (int j0 = 0; j0 < DP / 8; j0 += 4) {
             float kq[4], vq[4];   /* bf16 pairs as float bits: the transpose moves 32-bit words */
@@ -744,8 +749,8 @@ int lk_attn_fa3_bwd_takes(const lk_attention_args *a) {
     const int grid_ok = d.B * d.Hkv * lk_cdiv(d.Skv, BNK) <= INT32_MAX;   /* a 1-D grid (grid_order.cuh) */
     /* score_mod: none, or flex's ALiBi (ALIBI); softcap in either form runs on fa2.cu */
     return !(a->softcap > 0.0f) && (!a->score_mod.fn || a->score_mod.fn == lk_score_mod_alibi) && !a->deterministic &&
-           grid_ok && lk_aligned16(a->dout.data) &&
-           lk_aligned16(a->out.data) && lk_aligned16(a->dq.data) && lk_aligned16(a->dk.data) && lk_aligned16(a->dv.data) &&
+           grid_ok && lk_aligned16(a->dout.data) && lk_aligned16(a->out.data) && lk_attn_view16(&a->dq) &&
+           lk_attn_view16(&a->dk) && lk_attn_view16(&a->dv) &&
            (hw->cuda_smem_per_block == 0 || bwd_smem(dp_of(d.D)) <= hw->cuda_smem_per_block);
 }
 
@@ -798,6 +803,7 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
         return lk_error(LK_ENOMEM, "attention: flash_attention_3: no room for the backward's row stats and dq sums");
     g.stats = stats, g.rows = rows;
     g.dk = (lk_bf16_t *)a->dk.data, g.dv = (lk_bf16_t *)a->dv.data;
+    g.dkl = lk_attn_layout_of(&a->dk), g.dvl = lk_attn_layout_of(&a->dv);
     g.Sq = (int)d.Sq, g.Skv = (int)d.Skv, g.Hq = (int)d.Hq, g.Hkv = (int)d.Hkv, g.G = (int)d.G, g.D = (int)d.D;
     g.nqt = nqt, g.scale = d.scale, g.scale2 = d.scale * LOG2E;
     g.heads = (int)(d.B * d.Hkv), g.nkt = (int)lk_cdiv(d.Skv, BNK);
@@ -820,9 +826,7 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
         const cuuint64_t dstr[3] = {(cuuint64_t)d.D * 2, (cuuint64_t)(d.Hq * d.D * 2),
                                     (cuuint64_t)(d.Sq * d.Hq * d.D * 2)};
         const cuuint32_t dbox[4] = {64, 1, BMQ, 1};
-        if ((s = tensor_map(&tq, a->q.data, d.B * d.Hq, d.Sq, d.D, BMQ)) ||
-            (s = tensor_map(&tk, a->k.data, d.B * d.Hkv, d.Skv, d.D, BNK)) ||
-            (s = tensor_map(&tv, a->v.data, d.B * d.Hkv, d.Skv, d.D, BNK)) ||
+        if ((s = view_map(&tq, &a->q, BMQ)) || (s = view_map(&tk, &a->k, BNK)) || (s = view_map(&tv, &a->v, BNK)) ||
             (s = bf16_map(&tdo, a->dout.data, 4, ddims, dstr, dbox)))
             return s;
         const int mask = flex ? LK_MASK_FLEX : lk_attn_mask_of(g.vis, BNK);
@@ -830,14 +834,15 @@ lk_status lk_attn_fa3_backward(const lk_attention_args *a, lk_ctx *ctx) {
                      : launch_for<128>(mask, g.alibi != NULL, tq, tk, tv, tdo, g, st);
         if (s) return s;
         if (g.tail.split) {
-            lk_attn_tail_convert<<<(unsigned)g.tail.split, 256, 0, st>>>(g.tail, g.order, g.heads, g.nkt, g.Skv, g.dk,
-                                                                         g.dv);
+            lk_attn_tail_convert<<<(unsigned)g.tail.split, 256, 0, st>>>(g.tail, g.order, g.heads, g.nkt, g.Skv, g.Hkv,
+                                                                         g.dk, g.dkl, g.dv, g.dvl);
             LK_CUDA_LAUNCHED("attention: flash_attention_3 backward dk/dv of the split blocks");
         }
     }   /* no keys: dK and dV are empty, dQ is 0 */
     /* with no keys the workspace is zeros: dQ 0 */
-    fa3_dq_convert<<<(unsigned)(d.B * d.Hq * nqt * (DP / 64)), 256, 0, st>>>(g.dq_acc, (lk_bf16_t *)a->dq.data,
-                                                                           (int)d.Sq, (int)d.D, nqt, DP / 64, d.scale);
+    fa3_dq_convert<<<(unsigned)(d.B * d.Hq * nqt * (DP / 64)), 256, 0, st>>>(
+        g.dq_acc, (lk_bf16_t *)a->dq.data, lk_attn_layout_of(&a->dq), (int)d.Hq, (int)d.Sq, (int)d.D, nqt, DP / 64,
+        d.scale);
     LK_CUDA_LAUNCHED("attention: flash_attention_3 backward dq convert");
     return sink_part ? lk_attn_cuda_sink_sum(sink_part, (float *)a->ds_aux.data, d.B, d.Hq, d.Sq, st) : LK_OK;
 }

@@ -12,6 +12,7 @@
 #include <cudaTypedefs.h>
 #include <stdint.h>
 #include "core/cuda_check.h"
+#include "llmkern/tensor.h"
 #include "ops/cuda_util.cuh"
 #include "ops/mma_sm80.cuh"   /* smem_u32 */
 
@@ -350,12 +351,27 @@ static inline lk_status f32_rows_map(CUtensorMap *m, const float *base, int64_t 
     return swizzled_map(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, "attention: flash_attention_2 dQ", base, 3, dims, strides, box);
 }
 
-/* [heads, rows, D] as boxes of 64 columns x rows_box rows of one head. */
-static inline lk_status tensor_map(CUtensorMap *m, const void *base, int64_t heads, int64_t rows, int64_t D, int rows_box) {
-    const cuuint64_t dims[3] = {(cuuint64_t)D, (cuuint64_t)rows, (cuuint64_t)heads};
-    const cuuint64_t strides[2] = {(cuuint64_t)D * 2, (cuuint64_t)(rows * D * 2)};
-    const cuuint32_t box[3] = {64, (cuuint32_t)rows_box, 1};
-    return bf16_map(m, base, 3, dims, strides, box);
+/* A bf16 [B, H, S, D] tensor, contiguous or a strided view (the strides are the map's: D
+ * contiguous, the rest 16-byte multiples, lk_attn_view16), as boxes of 64 columns x rows_box
+ * rows of one (b, h): coordinates {column, row, h, b}. A dim of one element takes the stride
+ * of the dims inside it (any other would do; TMA wants a multiple of 16). */
+static inline lk_status view_map(CUtensorMap *m, const lk_tensor *t, int rows_box) {
+    const int64_t *n = t->shape, *st = t->stride;
+    const cuuint64_t dims[4] = {(cuuint64_t)n[3], (cuuint64_t)n[2], (cuuint64_t)n[1], (cuuint64_t)n[0]};
+    const cuuint64_t strides[3] = {(cuuint64_t)(n[2] > 1 ? st[2] : n[3]) * 2,
+                                   (cuuint64_t)(n[1] > 1 ? st[1] : n[2] * n[3]) * 2,
+                                   (cuuint64_t)(n[0] > 1 ? st[0] : n[1] * n[2] * n[3]) * 2};
+    const cuuint32_t box[4] = {64, (cuuint32_t)rows_box, 1, 1};
+    return bf16_map(m, t->data, 4, dims, strides, box);
+}
+
+/* 1 when t (bf16) is a tensor view_map can map: data 16-byte aligned, and every stride of a
+ * dim past one element a multiple of 8 elements (D contiguous, checked by the facade). */
+static inline int lk_attn_view16(const lk_tensor *t) {
+    if ((uintptr_t)t->data % 16) return 0;
+    for (int i = 0; i < 3; i++)
+        if (t->shape[i] > 1 && t->stride[i] % 8) return 0;
+    return 1;
 }
 
 #endif

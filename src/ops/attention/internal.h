@@ -23,6 +23,17 @@ typedef struct {
 
 lk_attn_dims lk_attn_dims_of(const lk_attention_args *a);
 
+/* Elements between batches, heads and rows of a [B, H, S, D] tensor, contiguous or a view
+ * (attention.h: D contiguous), as the GPU kernels that write one take them. */
+typedef struct {
+    int64_t b, h, s;
+} lk_attn_layout;
+
+static inline lk_attn_layout lk_attn_layout_of(const lk_tensor *t) {
+    lk_attn_layout l = {t->stride[0], t->stride[1], t->stride[2]};
+    return l;
+}
+
 /* Query row i (of the packed sequence; the same for every batch row) sees keys
  * [lo[i], hi[i]) under causal / window / varlen; lo == hi when it sees none. */
 void lk_attn_row_intervals(const lk_attention_args *a, const lk_attn_dims *d, int64_t *lo, int64_t *hi);

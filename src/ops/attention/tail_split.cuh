@@ -68,16 +68,20 @@ static __device__ __forceinline__ float *lk_attn_tail_row(const lk_attn_tail &t,
     return t.acc + ((int64_t)(L - t.whole) * 2 * t.bnk + kr) * t.D;
 }
 
-/* A block a split key block: its sums rounded into dk and dv ([B·Hkv, Skv, D] bf16). At most
- * half a wave of 2·bnk·D elements each: element by element. */
+/* A block a split key block: its sums rounded into dk and dv ([B, Hkv, Skv, D] bf16, laid out
+ * as dkl and dvl say). At most half a wave of 2·bnk·D elements each: element by element. */
 static __global__ void __launch_bounds__(256) lk_attn_tail_convert(lk_attn_tail t, lk_attn_order order, int heads,
-                                                                   int tiles, int Skv, lk_bf16_t *dk, lk_bf16_t *dv) {
+                                                                   int tiles, int Skv, int Hkv, lk_bf16_t *dk,
+                                                                   lk_attn_layout dkl, lk_bf16_t *dv,
+                                                                   lk_attn_layout dvl) {
     int bhk, kt;
     lk_attn_block_of(order, heads, tiles, t.whole + (int)blockIdx.x, &bhk, &kt);
+    const int64_t b = bhk / Hkv, h = bhk % Hkv;
     const float *acc = lk_attn_tail_row(t, t.whole + (int)blockIdx.x, 0);
     for (int i = threadIdx.x; i < 2 * t.bnk * t.D; i += blockDim.x) {
         const int row = i / t.D, key = kt * t.bnk + row % t.bnk;
-        if (key < Skv) (row < t.bnk ? dk : dv)[((int64_t)bhk * Skv + key) * t.D + i % t.D] = __float2bfloat16_rn(acc[i]);
+        const lk_attn_layout &l = row < t.bnk ? dkl : dvl;
+        if (key < Skv) (row < t.bnk ? dk : dv)[b * l.b + h * l.h + key * l.s + i % t.D] = __float2bfloat16_rn(acc[i]);
     }
 }
 

@@ -101,7 +101,7 @@ static const lk_impl rows[] = {
         .needs = {.min_cc = 90, .dtypes = CPU_DTYPES}, .vtable = &fa3,
         .summary = "Hopper (bf16, D <= 128): TMA producer, two wgmma consumer warpgroups, forward and backward "
                    "(dq, and unmasked the last wave's dk/dv, by f32 reductions; deterministic, softcap and the "
-                   "rest: flash_attention_2's)",
+                   "rest: flash_attention_2's); q/k/v and gradients as strided views",
     },
     {
         .op = LK_OP_ATTENTION, .name = "llmkern_flash_attention_3_with_sp", .device = LK_DEVICE_CUDA,

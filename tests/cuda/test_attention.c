@@ -275,18 +275,22 @@ static void refusals(void **state) {
     lkt_free_all();
 }
 
+/* The flash_attention_3 row where this build and GPU run it, else NULL (saying why). */
+static const lk_impl *fa3_here(void) {
+    const lk_impl *gpu = lk_impl_find(LK_OP_ATTENTION, "flash_attention_3", LK_DEVICE_CUDA);
+    char why[160];
+    if (gpu && lk_impl_available(gpu, lk_hw_get(), why, sizeof why)) return gpu;
+    print_message("  flash_attention_3 not run here: %s\n", gpu ? why : "not in this build");
+    return NULL;
+}
+
 /* flash_attention_3's Hopper kernels: bf16 at head dims that are multiples of 8 up to 128,
  * every masking option; multi-tile shapes with partial tiles. The backward is fa3_bwd.cu's
  * (wgmma) except with softcap, which runs flash_attention_2's, as does `deterministic`;
  * every case runs under each of fa3_bwd.cu's kernel variants. */
 static void fa3_against_reference(void **state) {
     (void)state;
-    const lk_impl *gpu = lk_impl_find(LK_OP_ATTENTION, "flash_attention_3", LK_DEVICE_CUDA);
-    char why[160];
-    if (!gpu || !lk_impl_available(gpu, lk_hw_get(), why, sizeof why)) {
-        print_message("  flash_attention_3 not run here: %s\n", gpu ? why : "not in this build");
-        return;
-    }
+    if (!fa3_here()) return;
     const lk_attention_case cases[] = {
         {.B = 2, .Hq = 4, .Hkv = 2, .Sq = 37, .D = 64, .causal = 1},
         {.B = 1, .Hq = 3, .Sq = 20, .Skv = 33, .D = 40},                              /* Sq < Skv, D 40 */
@@ -335,9 +339,7 @@ static void fa3_against_reference(void **state) {
  * flash_attention_3 row: f32 (CUDA cores), D 136 and D 100 (bf16, tensor cores). */
 static void fa3_elsewhere(void **state) {
     (void)state;
-    const lk_impl *gpu = lk_impl_find(LK_OP_ATTENTION, "flash_attention_3", LK_DEVICE_CUDA);
-    char why[160];
-    if (!gpu || !lk_impl_available(gpu, lk_hw_get(), why, sizeof why)) return;
+    if (!fa3_here()) return;
     const lk_attention_case c[] = {
         {.B = 1, .Hq = 4, .Hkv = 2, .Sq = 70, .D = 64, .causal = 1, .sinks = 1},
         {.B = 2, .Hq = 2, .Sq = 40, .D = 136, .causal = 1},
@@ -356,12 +358,8 @@ static void fa3_elsewhere(void **state) {
  * `deterministic`, f32) the row does not take views, and the facade says so by name. */
 static void fa3_views(void **state) {
     (void)state;
-    const lk_impl *gpu = lk_impl_find(LK_OP_ATTENTION, "flash_attention_3", LK_DEVICE_CUDA);
-    char why[160];
-    if (!gpu || !lk_impl_available(gpu, lk_hw_get(), why, sizeof why)) {
-        print_message("  flash_attention_3 not run here: %s\n", gpu ? why : "not in this build");
-        return;
-    }
+    const lk_impl *gpu = fa3_here();
+    if (!gpu) return;
     const lk_attention_case cases[] = {
         {.B = 2, .Hq = 16, .Hkv = 2, .Sq = 1000, .D = 128, .causal = 1, .views = 1},
         {.B = 1, .Hq = 4, .Hkv = 2, .Sq = 700, .D = 128, .n_docs = 7, .window_left = 90, .window_right = 33,

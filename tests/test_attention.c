@@ -487,12 +487,9 @@ static void mask_for_flash(lk_attention_args *a, lk_attention_problem *pb) { a->
 static void mask_shape(lk_attention_args *a, lk_attention_problem *pb) { pb->bm[0].Q_LEN = 41; }
 static void out_dtype(lk_attention_args *a, lk_attention_problem *pb) { a->out.dtype = LK_BF16; }
 static void out_alias(lk_attention_args *a, lk_attention_problem *pb) { a->out.data = a->q.data; }
-/* v's buffer read as token-major [B, S, H, D] rows: a legal view, which the CPU rows refuse */
-static void v_view(lk_attention_args *a, lk_attention_problem *pb) {
-    const int64_t H = a->v.shape[1], S = a->v.shape[2], D = a->v.shape[3];
-    a->v.stride[1] = D, a->v.stride[2] = H * D;
-    (void)S;
-}
+/* t's buffer read as token-major [B, S, H, D] rows: a legal view, which the CPU rows refuse */
+static void token_major(lk_tensor *t) { t->stride[1] = t->shape[3], t->stride[2] = t->shape[1] * t->shape[3]; }
+static void v_view(lk_attention_args *a, lk_attention_problem *pb) { token_major(&a->v); }
 static void q_heads_overlap(lk_attention_args *a, lk_attention_problem *pb) { a->q.stride[1] = 0; }
 static void k_rows_overlap(lk_attention_args *a, lk_attention_problem *pb) { a->k.stride[2] = a->k.shape[3] - 1; }
 static void q_strided_d(lk_attention_args *a, lk_attention_problem *pb) { a->q.stride[3] = 2; }
@@ -571,9 +568,7 @@ static void views_only_where_taken(void **state) {
     assert_int_equal(lk_attention_takes_views(sdpa, NULL), 0);
     assert_int_equal(lk_attention_forward(sdpa, &pb.a, &ctx), LK_OK);
     lk_attention_args a = pb.a;
-    v_view(&a, &pb);   /* dv the same view of dv's buffer: only the backward sees it */
-    a.v = pb.a.v;
-    a.dv.stride[1] = a.dv.shape[3], a.dv.stride[2] = a.dv.shape[1] * a.dv.shape[3];
+    token_major(&a.dv);   /* only the backward sees it */
     memset(pb.dq, 0x5a, (size_t)pb.nq * 4);
     assert_int_equal(lk_attention_backward(sdpa, &a, &ctx), LK_ESHAPE);
     assert_non_null(strstr(lk_last_error(), "dv: 'sdpa' takes contiguous"));

@@ -32,8 +32,8 @@ typedef struct {
     int dense;              /* eager: 1 bool mask, 2 additive f32 mask */
     int score_mod;          /* 1 softcap 2.0, 2 ALiBi */
     int deterministic;      /* args.deterministic: a GPU row's ordered backward */
-    int views;              /* q, k, v, dq, dk, dv as strided views: each a [B, H, S, D] view of
-                             * its own token-major [B, S, H, D + 8] buffer (for rows that take them) */
+    int views;              /* q, k, v, dq, dk, dv as strided views of token-major rows with a gap
+                             * (tests/cuda/test_attention.c lays them out; check refuses it) */
 } lk_attention_case;
 
 typedef struct {
@@ -57,7 +57,6 @@ int64_t lk_attention_doc_cuts(int64_t S, int64_t n_docs, uint64_t seed, int32_t 
  * made with_ref. */
 typedef struct {
     void *q, *k, *v, *dout, *out, *dq, *dk, *dv;
-    void *view[6];          /* the views case's buffers of q, k, v, dq, dk, dv (else NULL) */
     float *sink, *dsink, *lse, *dmask;
     int32_t *cu;
     int64_t nq, nk, nlse;

@@ -108,7 +108,8 @@ typedef struct {
  * views they are (a->dq etc. may be unset: the forward's tensors stand for them):
  * flash_attention_3 and flex_attention on a Hopper, in bf16, D <= 128, 16-byte aligned
  * strides, where no option sends the pass to flash_attention_2's kernels. 0 for any other
- * row, and for bad arguments (the pass then says what is wrong). */
+ * row, and for bad arguments (the pass then says what is wrong). It may be asked before the
+ * buffers exist, as lk_attention_saved_bytes is: a NULL data pointer counts as aligned. */
 LK_API int lk_attention_takes_views(const lk_impl *impl, const lk_attention_args *a);
 /* Bytes of impl's saved state for these inputs (q, k, v shapes read). */
 LK_API lk_status lk_attention_saved_bytes(const lk_impl *impl, const lk_attention_args *a, size_t *bytes);

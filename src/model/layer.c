@@ -56,10 +56,10 @@ static lk_tensor heads_hm(const lk_model *m, const void *p, int64_t H) {
 }
 
 /* v (or dv) as attention's [1, Hk, T, D] view of the projection's v columns ([T, Q + 2K]
- * rows; its gradient's, in the backward). */
+ * rows; its gradient's, in the backward). qkv NULL: the view's shape alone (data NULL). */
 static lk_tensor v_cols(const lk_model *m, const char *qkv) {
     const int64_t QKV = (m->Hq + 2 * m->Hk) * m->D;
-    lk_tensor t = t4(m, qkv + (size_t)((m->Hq + m->Hk) * m->D) * m->es, m->Hk, m->T, m->D);
+    lk_tensor t = t4(m, qkv ? qkv + (size_t)((m->Hq + m->Hk) * m->D) * m->es : NULL, m->Hk, m->T, m->D);
     t.stride[0] = m->T * QKV, t.stride[1] = m->D, t.stride[2] = QKV;
     return t;
 }
@@ -68,6 +68,13 @@ static lk_tensor v_cols(const lk_model *m, const char *qkv) {
  * head-major: no head moves for q and k (only v's remain). */
 static int head_views(const lk_layer_ops *op) {
     return lk_rms_norm_takes_views(op->q_norm) && lk_rms_norm_takes_views(op->k_norm);
+}
+
+int lk_qwen3_v_in_place(const lk_model *m, int l) {
+    if (m->sp || (!m->keep_qk && !lk_qkv_again(m, l))) return 0;
+    const lk_attention_args at = {.q = t4(m, NULL, m->Hq, m->T, m->D), .k = t4(m, NULL, m->Hk, m->T, m->D),
+                                  .v = v_cols(m, NULL), .deterministic = m->deterministic};
+    return lk_attention_takes_views(m->layers[l].ops.attn, &at);
 }
 
 size_t lk_qwen3_layer_carve(const lk_model *m, int l, void *base, lk_layer_acts *a) {
@@ -79,7 +86,7 @@ size_t lk_qwen3_layer_carve(const lk_model *m, int l, void *base, lk_layer_acts 
     if (!a) a = &z;
     const int kept_norms = !lk_norms_again(m, l), kept_qkv = !lk_qkv_again(m, l);   /* else the scratch's (alloc_acts) */
     a->h1 = kept_norms ? lk_carve(b, &u, TH) : NULL;
-    a->vt = kept_qkv ? lk_carve(b, &u, TK) : NULL;
+    a->vt = kept_qkv && !lk_qwen3_v_in_place(m, l) ? lk_carve(b, &u, TK) : NULL;
     a->qr = kept_qkv ? lk_carve(b, &u, TQ) : NULL;
     a->kr = kept_qkv ? lk_carve(b, &u, TK) : NULL;
     a->ao = lk_carve(b, &u, TQ);
@@ -201,17 +208,9 @@ static lk_attention_args attn_args(const lk_model *m, int l, const lk_impl *impl
 }
 
 /* The projection qkv whose v columns attention reads in place (and whose gradient's v columns
- * it writes dv into), or NULL: v moved head-major into a->vt. In place where the row takes
- * the views (lk_attention_takes_views: flash_attention_3 on a Hopper) and qkv lasts until the
- * backward (kept, or made again by recompute_qkv); not under Ulysses, whose exchange packs
- * contiguous heads. The same answer in the forward and the backward: the views' strides and
- * offsets are the same in every buffer qkv may be. */
-static const char *v_source(const lk_model *m, int l, const lk_layer_acts *a, const lk_batch *b, const char *qkv) {
-    const lk_layer *L = &m->layers[l];
-    if (!qkv || m->sp || (!a->qkv && !lk_qkv_again(m, l))) return NULL;
-    lk_attention_args at = attn_args(m, l, L->ops.attn, a, b, L->saved[S_ATTN], qkv);
-    return lk_attention_takes_views(L->ops.attn, &at) ? qkv : NULL;
-}
+ * it writes dv into): where the layout gave the layer no a->vt (lk_qwen3_v_in_place); else
+ * NULL, v moved head-major into a->vt. */
+static const char *v_source(const lk_layer_acts *a, const char *qkv) { return a->vt ? NULL : qkv; }
 
 /* Attention's inputs from the q/k/v projection qkv ([T, Q + 2K], rows QKV apart): q_norm /
  * k_norm over the head dim, written head-major into a->qr, a->kr (where RoPE then rotates in
@@ -259,7 +258,7 @@ lk_status lk_qwen3_layer_forward(lk_model *m, int l, const lk_layer_acts *a, con
     /* q, k and v in one GEMM, as column blocks of qkv; the norms' inputs kept only in a->qkv
      * (else the backward makes them again) */
     lk_linear_args p = lin(m, a->h1, T, H, W(L->q), QKV, qkv);
-    const char *vsrc = v_source(m, l, a, b, qkv);
+    const char *vsrc = v_source(a, qkv);
     if ((s = lk_linear_forward(op->q_proj, &p, ctx)) || (s = attention_inputs(m, l, a, qkv, vsrc))) return s;
     lk_attention_args at = attn_args(m, l, op->attn, a, b, L->saved[S_ATTN], vsrc);
     ctx->comm = m->sp;   /* Ulysses over the SP group (NULL: one process) */
@@ -327,7 +326,7 @@ lk_status lk_qwen3_layer_backward(lk_model *m, int l, const lk_layer_acts *a, co
      * forward's GEMM again into sc.proj (which the norms' backward then reads as kept: the
      * forward's bits); before o_proj's backward writes dao, where dqt lies */
     const char *kept = a->qkv;
-    const char *vsrc = v_source(m, l, a, b, kept ? kept : lk_qkv_again(m, l) ? sc->proj : NULL);
+    const char *vsrc = v_source(a, kept ? kept : lk_qkv_again(m, l) ? sc->proj : NULL);
     if (lk_qkv_again(m, l)) {
         if (!kept) {
             lk_linear_args rp = lin(m, a->h1, T, H, W(L->q), QKV, sc->proj);

@@ -307,7 +307,9 @@ lk_status lk_model_set_grad_dtype(lk_model *m, lk_dtype dt) {
 lk_dtype lk_model_grad_dtype(const lk_model *m) { return m ? m->gdt : LK_F32; }
 
 void lk_model_set_deterministic(lk_model *m, int on) {
-    if (m) m->deterministic = on != 0;
+    if (!m) return;
+    if (m->deterministic != (on != 0)) free_acts(m);   /* v's place may change (lk_qwen3_v_in_place) */
+    m->deterministic = on != 0;
 }
 
 lk_status lk_model_set_keep_qk(lk_model *m, int on) {
@@ -469,6 +471,11 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
      * the loss's saved block (its f32 dW, 622 MB at vocab 151,936) lies over all of it but dh and res */
     int64_t Q = T * m->Hq * m->D, Kv = T * m->Hk * m->D, Tk = T * (m->K ? m->K : 1);
     int64_t nw = m->H > m->D ? m->H : m->D;
+    int v_moves = 0, vt_again = 0;   /* some layer moves v head-major (sc.dvt); one of recompute_qkv's (sc.vt) */
+    for (int l = 0; l < N; l++) {
+        const int moves = !lk_qwen3_v_in_place(m, l);
+        v_moves |= moves, vt_again |= moves && lk_qkv_again(m, l);
+    }
     size_t su = 0;
     for (int pass = 0; pass < 2; pass++) {
         unsigned char *sb = pass ? m->scratch_block : NULL;
@@ -481,7 +488,8 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
         c->tmp = c->dres = lk_carve(sb, &su, TH);
         c->dao = lk_carve(sb, &su, Q * es);
         c->dh2 = (size_t)Q * es >= TH ? c->dao : lk_carve(sb, &su, TH);
-        c->dqr = lk_carve(sb, &su, Q * es); c->dkr = lk_carve(sb, &su, Kv * es); c->dvt = lk_carve(sb, &su, Kv * es);
+        c->dqr = lk_carve(sb, &su, Q * es); c->dkr = lk_carve(sb, &su, Kv * es);
+        c->dvt = v_moves ? lk_carve(sb, &su, Kv * es) : NULL;
         c->dqt = c->dao;
         c->dkt = (size_t)Kv * es <= TH ? c->dh : lk_carve(sb, &su, Kv * es);
         c->dtw = lk_carve(sb, &su, Tk * 4);
@@ -498,7 +506,7 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
         c->proj = qkv && !m->keep_qk ? lk_carve(sb, &su, (Q + 2 * Kv) * es) : NULL;
         c->qr = qkv ? lk_carve(sb, &su, Q * es) : NULL;
         c->kr = qkv ? lk_carve(sb, &su, Kv * es) : NULL;
-        c->vt = qkv ? lk_carve(sb, &su, Kv * es) : NULL;
+        c->vt = vt_again ? lk_carve(sb, &su, Kv * es) : NULL;
         size_t past = rest;
         m->s_ce = lk_carve(sb, &past, m->s_ce_bytes);
         su = past > su ? past : su;
@@ -511,7 +519,7 @@ static lk_status alloc_acts(lk_model *m, int64_t T) {
         lk_layer_acts *a = &m->acts[l];
         if (lk_norms_again(m, l)) a->h1 = a->h2 = m->sc.hn;
         if (lk_moe_again(m, l)) a->s[S_EXPERTS] = m->sc.experts;
-        if (lk_qkv_again(m, l)) a->qr = m->sc.qr, a->kr = m->sc.kr, a->vt = m->sc.vt;
+        if (lk_qkv_again(m, l)) a->qr = m->sc.qr, a->kr = m->sc.kr, a->vt = lk_qwen3_v_in_place(m, l) ? NULL : m->sc.vt;
     }
     if (m->dev->type != LK_DEVICE_CPU && (!(m->dev_tokens = m->dev->alloc((size_t)(3 * T) * 8)) ||
                                           !(m->stage = m->dev->host_alloc(LK_STAGE_SLOTS * stage_words(T) * 8)))) {

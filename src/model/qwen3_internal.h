@@ -101,7 +101,8 @@ typedef struct {
  * experts' saved block sc.experts, made again by their forward, with recompute_qkv attention's
  * inputs qr, kr, vt the scratch's, made again from the projection). qkv is the q/k/v
  * projection's [T, Q + 2K] output, kept only with lk_model_set_keep_qk (else NULL: the
- * forward writes it to the scratch and the backward makes q and k again). */
+ * forward writes it to the scratch and the backward makes q and k again). vt is NULL where
+ * attention reads v in the projection's columns (lk_qwen3_v_in_place). */
 typedef struct {
     void *x, *h1, *vt, *qr, *kr, *ao, *x2, *h2, *qkv;   /* the model's dtype */
     int32_t *ids;
@@ -131,7 +132,7 @@ typedef struct {
                                   * NULL when the stream is bf16 (lk_stream_in_x) */
     void *dres, *dh, *dh2;       /* [T, H]: dres the rounding of res's gradient (the GEMMs' dy) */
     void *dao;                   /* [T, Hq*D] */
-    void *dqr, *dkr, *dvt;       /* head-major grads */
+    void *dqr, *dkr, *dvt;       /* head-major grads; dvt NULL where no layer moves v (lk_qwen3_v_in_place) */
     void *dqt, *dkt;             /* q and k before their norms (head-major): made again in the backward */
     float *dtw;                  /* [T, k] f32 */
     float *dw;                   /* [max(H, D)] f32: a norm's written dweight before it is added */
@@ -142,7 +143,8 @@ typedef struct {
     void *proj;                  /* [T, Q + 2K] with recompute_qkv and no keep_qk (else NULL): the q/k/v
                                   * projection made again, read by the backward as a kept one */
     void *qr, *kr, *vt;          /* with recompute_qkv (else NULL): those layers' attention inputs (a's qr,
-                                  * kr, vt), made by the forward and again by the backward */
+                                  * kr, vt), made by the forward and again by the backward; vt only where
+                                  * one of them moves v (lk_qwen3_v_in_place) */
 } lk_scratch;
 
 struct lk_model {
@@ -284,6 +286,16 @@ static inline int lk_moe_again(const lk_model *m, int l) {
 /* Layer l keeps no q, k, v after their norms and RoPE (attention's inputs, sc.qr/kr/vt): the
  * backward makes them again from the projection, the kept one or one GEMM into sc.proj. */
 static inline int lk_qkv_again(const lk_model *m, int l) { return l < m->recompute_qkv && !lk_recomputed(m, l); }
+
+/* Attention reads layer l's v in the projection's own columns and writes dv into its
+ * gradient's (no head-major a->vt, sc.vt, sc.dvt), where its row takes the views
+ * (lk_attention_takes_views: flash_attention_3 on a Hopper, bf16) and the projection lasts
+ * until the backward (keep_qk, or made again by recompute_qkv); not under Ulysses, whose
+ * exchange packs contiguous heads. Asked when the activations are laid out, before any
+ * buffer exists: the answer is the same at every base the carve gives (64-byte aligned), and
+ * what it rests on (dtype, sp, keep_qk, the recompute counts, deterministic) lays them out
+ * again when it changes. layer.c. */
+int lk_qwen3_v_in_place(const lk_model *m, int l);
 
 /* The compute copy of the weights at offset off (in elements, the master's offsets). */
 static inline void *lk_wc(const lk_model *m, int64_t off) { return (char *)m->wc + (size_t)off * m->es; }

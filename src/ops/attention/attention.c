@@ -280,7 +280,7 @@ static lk_status check_views(const lk_impl *impl, const call *c, const lk_attent
 
 int lk_attention_takes_views(const lk_impl *impl, const lk_attention_args *a) {
     call c;
-    if (!a || resolve(impl, &c) || check_qkv(impl, a, 1, &c)) return 0;
+    if (!a || resolve(impl, &c) || check_qkv(impl, a, 0, &c)) return 0;   /* data may be NULL: asked before it exists */
     lk_attention_args b = *a;   /* the gradients the caller has not set yet stand as their inputs */
     if (!b.dq.data) b.dq = b.q;
     if (!b.dk.data) b.dk = b.k;

@@ -103,14 +103,18 @@ LK_API void lk_model_copy_is_current(lk_model *m);
 LK_API lk_dtype lk_model_dtype(const lk_model *m);
 /* On: every attention backward runs its ordered path (lk_attention_args.deterministic), so
  * a step gives the same bits on every run; off (the default): a GPU row may add dQ with
- * atomics. */
+ * atomics. Call between steps: a change lays the activations out again (where v lies may
+ * change: lk_model_set_keep_qk). */
 LK_API void lk_model_set_deterministic(lk_model *m, int on);
 /* On: each layer keeps its q/k/v projection's output ([T, Q + 2K] in the model's dtype) for
  * the backward, whose q_norm / k_norm read q and k there; off (the default): the backward
  * makes q and k again by a GEMM from the kept h1 (layer.c). On spends layers x T x (Q + 2K)
  * elements of activations (v's columns too: one GEMM writes all three) to save that GEMM,
  * 2·T·H·(Q + K) FLOPs a layer; the gradients are the same up to that GEMM's summation order.
- * Call between steps: the activations are made again. */
+ * Where attention takes strided views (lk_attention_takes_views: flash_attention_3 on a
+ * Hopper in bf16, not deterministic) it reads v in those columns, and the layer keeps no
+ * head-major copy of v: T x K elements of the keep given back. Call between steps: the
+ * activations are made again. */
 LK_API lk_status lk_model_set_keep_qk(lk_model *m, int on);
 /* On (the default): a bf16 model carries its residual stream in f32, as autocast over f32
  * weights does (each norm adds its branch in f32 and normalizes the f32 sum; qwen3_internal.h).

@@ -46,14 +46,15 @@ lk_status lk_train_memory_estimate(const lk_train_config *tc, lk_train_memory *o
             return s;
         r.state_bytes = (uint64_t)state;
         /* per token and layer: 4 x hidden (norm inputs and outputs), q, k, v and the attention's
-         * output (train.keep_qk: the projection's q, k, v once more), the MLP's (or the chosen
-         * experts') gate, up and product */
+         * output (train.keep_qk: the projection's q, k, v once more, less v's head-major copy,
+         * which a row that takes views never makes: lk_model_set_keep_qk), the MLP's (or the
+         * chosen experts') gate, up and product */
         const char *w = "train: model (the activations' width)";
         int64_t q = c->num_attention_heads * c->head_dim, kv = c->num_key_value_heads * c->head_dim;   /* checked */
         int64_t width, a, b;
         if ((s = lk_checked_mul(w, 4, c->hidden_size, &width)) || (s = lk_checked_add(w, q, kv, &a)) ||
             (s = lk_checked_mul(w, 2, a, &a)) || (s = lk_checked_add(w, width, a, &width)) ||
-            (tc->keep_qk && ((s = lk_checked_add(w, q, 2 * kv, &a)) || (s = lk_checked_add(w, width, a, &width)))))
+            (tc->keep_qk && ((s = lk_checked_add(w, q, kv, &a)) || (s = lk_checked_add(w, width, a, &width)))))
             return s;
         if (c->moe) s = lk_checked_mul(w, 3 * c->num_experts_per_tok, c->moe_intermediate_size, &b);   /* K <= E */
         else s = lk_checked_mul(w, 3, c->intermediate_size, &b);

@@ -6,7 +6,7 @@ mask each name needs in AttentionMaskInterface):
     llmkern_flash_attention_2   flash_attention_2 (CPU and CUDA)     padding mask -> varlen
     llmkern_flash_attention_3   flash_attention_3 (Hopper)           as above
     llmkern_cudnn               cudnn (CUDA, built with cuDNN)       as above
-    llmkern_flex_attention      flex_attention (CPU)                 the model's mask as a BlockMask
+    llmkern_flex_attention      flex_attention (CPU; CUDA in bf16)   the model's mask as a BlockMask
 
 so `AutoModelForCausalLM.from_config(cfg, attn_implementation="llmkern_flash_attention_2")`
 runs llmkern's kernel. A name this build or machine cannot run raises LlmkernError at

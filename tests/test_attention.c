@@ -566,6 +566,9 @@ static void views_only_where_taken(void **state) {
     assert_int_equal(lk_attention_problem_make(sdpa, LK_F32, &c, 3, 0, &pb), LK_OK);
     assert_int_equal(lk_attention_takes_views(sdpa, &pb.a), 0);
     assert_int_equal(lk_attention_takes_views(sdpa, NULL), 0);
+    lk_attention_args shapes = pb.a;   /* asked before the buffers exist (the model's layout does) */
+    shapes.q.data = shapes.k.data = shapes.v.data = NULL;
+    assert_int_equal(lk_attention_takes_views(sdpa, &shapes), 0);
     assert_int_equal(lk_attention_forward(sdpa, &pb.a, &ctx), LK_OK);
     lk_attention_args a = pb.a;
     token_major(&a.dv);   /* only the backward sees it */

@@ -19,6 +19,7 @@ typedef enum {
     LK_ENV_USE_GROUP_GEMM,      /* 1 | 0                        (alias USE_GROUP_GEMM) */
     LK_ENV_ENABLE_CHUNK_LOSS,   /* 0 | 1                        (alias VEOMNI_ENABLE_CHUNK_LOSS) */
     LK_ENV_GG_SM90,             /* auto | coop | pingpong | pingpong_v4 | coop_cluster (the Hopper MoE grouped GEMM's schedule) */
+    LK_ENV_GEMM_TUNE,           /* 0 | 1 (cuBLASLt's offers timed at the power cap on each shape's first call) */
     LK_ENV_COUNT
 } lk_env_id;
 

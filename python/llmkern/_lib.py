@@ -25,7 +25,7 @@ LK_MAX_DIMS = 6
 LK_OP_COUNT = 9
 LK_MAX_OVERRIDES = 64
 LK_MAX_MODULE_BINDINGS = 64
-LK_ENV_COUNT = 5
+LK_ENV_COUNT = 6
 
 # enums (status.h, tensor.h, registry.h, cross_entropy.h)
 STATUS_NAMES = ["LK_OK", "LK_EINVAL", "LK_ESHAPE", "LK_EDTYPE", "LK_EUNAVAILABLE", "LK_ENOMEM", "LK_EIO",

@@ -40,6 +40,15 @@ static const lk_env_var table[LK_ENV_COUNT] = {
                    "mainloop; pingpong_v4, with 16-byte epilogue accesses; coop_cluster, coop on "
                    "two-CTA clusters sharing the weight tile's loads (TMA multicast)",
     },
+    [LK_ENV_GEMM_TUNE] = {
+        .name = "LLMKERN_GEMM_TUNE", .def = "0",
+        .values = VALUES("0", "1"),
+        .meaning = "1: the first call of each cuBLASLt GEMM shape times the heuristic's offers (up to 8), "
+                   "each looped 0.2 s on the call's own operands, and keeps the fastest: a training step "
+                   "runs at the board's power cap, where they rank otherwise than at the boost clock the "
+                   "heuristic ranks by (core/cublaslt_cuda.c); seconds of a run's first step, not under "
+                   "CUDA graph capture; 0: the heuristic's first",
+    },
 };
 
 const lk_env_var *lk_env_var_get(lk_env_id id) {

@@ -9,7 +9,9 @@
  * chose, keyed by everything the choice depends on: M, N, K, leading dims, transposes,
  * dtypes, bias, beta = 0 or not, the operands' pointer alignment and the workspace size.
  * A miss asks the heuristic once and replaces the oldest plan (round robin); nothing is
- * allocated on a hit. The table is process state like the handles (freed at exit by the
+ * allocated on a hit. With LLMKERN_GEMM_TUNE=1 a shape's first call picks among the
+ * heuristic's offers by timing them at the power cap (cublaslt_cuda.c), and the choice is
+ * kept beside the table. Both are process state like the handles (freed at exit by the
  * driver): no other hidden state. A lock covers lookup and enqueue, so several host
  * threads may call it; the cuBLASLt workspace is the caller's (an arena piece). */
 #ifndef LLMKERN_CUBLASLT_UTIL_H
@@ -51,8 +53,9 @@ typedef struct {
  * memory (LK_LT_WORKSPACE_BYTES is what the heuristic is offered at most). */
 lk_status lk_lt_gemm(int device, void *stream, void *workspace, size_t ws_bytes, const lk_lt_gemm_args *g);
 
-/* Plan-cache counters of a device since start (for tests: a repeat call must hit). */
-void lk_lt_cache_stats(int device, int64_t *hits, int64_t *misses);
+/* Plan-cache counters of a device since start (for tests: a repeat call must hit), and the
+ * shapes LLMKERN_GEMM_TUNE has timed (timed may be NULL). */
+void lk_lt_cache_stats(int device, int64_t *hits, int64_t *misses, int64_t *timed);
 
 #ifdef __cplusplus
 }

@@ -1,8 +1,9 @@
 /* test_linear.c (GPU) — linear `cublaslt` against the float64 reference: forward with and
  * without bias, backward dx (written), dweight and dbias accumulated into f32 or bf16
  * buffers that already hold values, f32 and bf16, odd shapes (unaligned rows, 1-row and
- * 1-column cases), outputs poisoned with NaN first; the plan cache (a repeat call hits)
- * and refused arguments. Tolerances: f32 1e-5 (exact f32 GEMMs, no TF32, sums of <= 300
+ * 1-column cases), outputs poisoned with NaN first; the plan cache (a repeat call hits),
+ * the same under LLMKERN_GEMM_TUNE (each fresh shape's offers timed on scratch: the
+ * accumulated gradients still exact) and refused arguments. Tolerances: f32 1e-5 (exact f32 GEMMs, no TF32, sums of <= 300
  * terms); bf16 1e-2: y, dx and a bf16 dweight are each rounded once to bf16 (2^-9 of an
  * element, ~4e-3 of the largest), sums in f32. Skipped (77) where there is no GPU. */
 #include <stdarg.h>
@@ -11,10 +12,12 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include "cuda_util.h"
 #include "core/cublaslt_util.h"
 #include "ops/linear/check.h"
+#include "llmkern/config.h"
 #include "ops/linear/reference.h"
 
 typedef struct {
@@ -62,9 +65,9 @@ static void run_case(lk_dtype dt, const lcase *c, uint32_t seed) {
 
     /* the same shapes again: every plan comes from the cache */
     int64_t h0, m0, h1, m1;
-    lk_lt_cache_stats(0, &h0, &m0);
+    lk_lt_cache_stats(0, &h0, &m0, NULL);
     assert_int_equal(lk_linear_forward(impl, &a, &ctx), LK_OK);
-    lk_lt_cache_stats(0, &h1, &m1);
+    lk_lt_cache_stats(0, &h1, &m1, NULL);
     assert_int_equal(m1, m0);
     assert_int_equal(h1, h0 + 1);
     lk_arena_free(&arena);
@@ -78,6 +81,26 @@ static void every_dtype_shape(void **state) {
     for (int d = 0; d < 2; d++)
         for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
             run_case(d ? LK_BF16 : LK_F32, &cases[i], 3u + (uint32_t)i);
+}
+
+/* LLMKERN_GEMM_TUNE=1: fresh shapes (none of every_dtype_shape's) are timed, each once, and
+ * still give the reference's values: the offers ran on a scratch copy of C, not on the
+ * gradients they accumulate into. */
+static void tuned_plans(void **state) {
+    (void)state;
+    assert_int_equal(setenv("LLMKERN_GEMM_TUNE", "1", 1), 0);
+    assert_int_equal(lk_env_reload(), LK_OK);
+    const lcase cases[] = {{41, 72, 88, 1, 1}, {256, 512, 384, 0, 0}, {3, 24, 40, 0, 1}};
+    int64_t h, m, t0, t1;
+    lk_lt_cache_stats(0, &h, &m, &t0);
+    for (int d = 0; d < 2; d++)
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+            run_case(d ? LK_BF16 : LK_F32, &cases[i], 11u + (uint32_t)i);
+    lk_lt_cache_stats(0, &h, &m, &t1);
+    print_message("  tuned shapes: %lld\n", (long long)(t1 - t0));
+    assert_true(t1 > t0);   /* shapes with one offer are not timed: not every one */
+    assert_int_equal(unsetenv("LLMKERN_GEMM_TUNE"), 0);
+    assert_int_equal(lk_env_reload(), LK_OK);
 }
 
 /* Wrong dtype and a CPU tensor are refused, naming the argument, with y untouched. */
@@ -108,6 +131,7 @@ int main(void) {
     if (!lkt_have_gpu("cuda_test_linear")) return LKT_SKIP;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(every_dtype_shape),
+        cmocka_unit_test(tuned_plans),
         cmocka_unit_test(refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -70,8 +70,11 @@ static void plan_free(plan *p) {
     p->used = 0;
 }
 
-/* Column-major view: A' = b (rows n, cols k untransposed), B' = a, C' = Cᵀ [n, m]. */
-static lk_status plan_make(cublasLtHandle_t h, const plan_key *k, plan *p) {
+static int tune_on(void);
+
+/* Column-major view: A' = b (rows n, cols k untransposed), B' = a, C' = Cᵀ [n, m]. offers:
+ * how many the heuristic is asked for (1 unless LLMKERN_GEMM_TUNE picks among them). */
+static lk_status plan_make(cublasLtHandle_t h, const plan_key *k, plan *p, int offers) {
     memset(p, 0, sizeof *p);
     p->key = *k;
     cublasComputeType_t ct = CUBLAS_COMPUTE_32F;
@@ -102,7 +105,7 @@ static lk_status plan_make(cublasLtHandle_t h, const plan_key *k, plan *p) {
         !(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4)) &&
         !(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, 4)) &&
         !(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, 4)))
-        s = cublasLtMatmulAlgoGetHeuristic(h, p->op, p->la, p->lb, p->lc, p->lc, pref, LT_OFFERS, r, &found);
+        s = cublasLtMatmulAlgoGetHeuristic(h, p->op, p->la, p->lb, p->lc, p->lc, pref, offers, r, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (s) goto fail;
     if (found < 1 || r[0].state != CUBLAS_STATUS_SUCCESS) {
@@ -152,7 +155,7 @@ static lk_status find_plan(device_state *d, const plan_key *k, plan **out, int *
     plan *p = &d->plans[d->next];
     d->next = (d->next + 1) % LK_LT_PLANS;
     plan_free(p);
-    lk_status s = plan_make(d->h, k, p);
+    lk_status s = plan_make(d->h, k, p, tune_on() ? LT_OFFERS : 1);
     if (s) return s;
     *out = p;
     return LK_OK;

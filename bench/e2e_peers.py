@@ -17,7 +17,8 @@ the step time with and without the graph); a run kind's +flags add train keys (l
 AdamW's moments in bf16, train.exp_avg_dtype / exp_avg_sq_dtype; +recompute sets train.recompute;
 +keepqk train.keep_qk; +bf16w the weights in bf16 alone, train.main_params_dtype; +lean
 train.lm_head_chunk_bytes 1.25GB; +bf16r the residual stream in bf16, as the bf16 transformers
-model carries it, train.fp32_residual_connection false).
+model carries it, train.fp32_residual_connection false; +gemmtune sets LLMKERN_GEMM_TUNE=1 for the run,
+cuBLASLt's offers timed at the power cap on each shape's first call).
 Per run: tokens/s (median step after the warm-up); MFU = FLOPs/token x tokens/s / 989e12
 (the H200's dense bf16 peak), and the fraction of the 790 TFLOP/s cuBLAS reaches here
 (8192^3), FLOPs/token = 6 x active matmul parameters + 6 x layers x seq x heads x head_dim
@@ -352,6 +353,11 @@ LK_FLAGS = {"bf16m": BF16_MOMENTS, "bf16m1": {"exp_avg_dtype": "bf16"}, "bf16m2"
             **{f"n{n}": {"recompute_num_layers": n} for n in range(1, 33)}}
 
 
+# a run kind's +flags that set the environment instead: gemmtune, cuBLASLt's offers timed at the power cap on
+# each GEMM shape's first call (LLMKERN_GEMM_TUNE, config/env.c)
+LK_ENV_FLAGS = {"gemmtune": {"LLMKERN_GEMM_TUNE": "1"}}
+
+
 def add_flags(extra, flag):
     """LK_FLAGS[flag]'s train keys into extra, lists joined."""
     for k, v in LK_FLAGS[flag].items():
@@ -376,9 +382,9 @@ def kind_name(kind):
     return " + ".join(MOMENT_KINDS[f] for f in kind.split("+"))
 
 
-def run_lk(A, label, dtype, init, tokens, B, S, steps, work, extra=None, attn=None):
+def run_lk(A, label, dtype, init, tokens, B, S, steps, work, extra=None, attn=None, env=None):
     """`llmkern train --init INIT --json` of steps; per-step rates from its loss.csv; attn: an
-    attention implementation in place of the default selection's."""
+    attention implementation in place of the default selection's; env: variables set for it."""
     out = os.path.join(work, label.replace(" ", "_"))
     warm = max(1, steps // 10)
     train = dict(steps=steps, lr=LR, min_lr=MIN_LR, warmup_steps=warm, weight_decay=WD, betas=BETAS, eps=EPS,
@@ -407,7 +413,7 @@ def run_lk(A, label, dtype, init, tokens, B, S, steps, work, extra=None, attn=No
                 if st["step"] % max(1, steps // 6) == 0 or st["step"] == steps:
                     print(f"    {label}: step {st['step']}/{steps} loss {st['loss']:.4f} "
                           f"{st['tokens_per_s']:,.0f} tok/s (run average)", flush=True)
-        rc, stderr = stream(cmd, A.run_timeout, on)
+        rc, stderr = stream(cmd, A.run_timeout, on, env=dict(os.environ, **env) if env else None)
         smi = mem.stop()
         if rc == 2 and attempt and "unknown key 'dtype'" in stderr:
             print(f"    {label}: this llmkern has no train.dtype; running without it (f32)", flush=True)
@@ -517,9 +523,13 @@ def perf(A):
                 # llmkern_graph: train.cuda_graph, the step replayed; its losses are read once per log
                 # interval (10 steps): its steps queue
                 extra = {"cuda_graph": True, "log_every": 10} if base == "llmkern_graph" else {}
+                env = {}
                 for f in flags:
-                    add_flags(extra, f)
-                r = run_lk(A, label, A.lk_dtype, init, tokens, B, S, A.steps, work, extra, attn or None)
+                    if f in LK_ENV_FLAGS:
+                        env.update(LK_ENV_FLAGS[f])
+                    else:
+                        add_flags(extra, f)
+                r = run_lk(A, label, A.lk_dtype, init, tokens, B, S, A.steps, work, extra, attn or None, env)
             else:
                 r = run_hf(A, label, kind, A.hf_dtype, init, tokens, B, S, A.steps, work)
                 r["dtype"] = A.hf_dtype
@@ -676,7 +686,7 @@ def main():
     P.add_argument("--runs", default="hf,liger,llmkern,llmkern_graph",
                    help="hf before liger: each is its own process anyway; llmkern_graph: train.cuda_graph; "
                         "llmkern+bf16m[+recompute]: AdamW moments in bf16 [, train.recompute] (bf16m1: exp_avg alone, "
-                        "bf16m2: exp_avg_sq alone); +keepqk: train.keep_qk; +bf16w: train.main_params_dtype bf16; +lean: train.lm_head_chunk_bytes 1.25GB; +bf16r: train.fp32_residual_connection false; "
+                        "bf16m2: exp_avg_sq alone); +keepqk: train.keep_qk; +bf16w: train.main_params_dtype bf16; +lean: train.lm_head_chunk_bytes 1.25GB; +bf16r: train.fp32_residual_connection false; +gemmtune: LLMKERN_GEMM_TUNE=1; "
                         "llmkern[_graph]:NAME runs attention implementation NAME (cudnn, flash_attention_2)")
     P.add_argument("--rounds", type=int, default=1,
                    help="every run kind N times, in turn (round 1's kinds, then round 2's ...); each llmkern run's "

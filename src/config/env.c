@@ -46,8 +46,8 @@ static const lk_env_var table[LK_ENV_COUNT] = {
         .meaning = "1: the first call of each cuBLASLt GEMM shape times the heuristic's offers (up to 8), "
                    "each looped 0.2 s on the call's own operands, and keeps the fastest: a training step "
                    "runs at the board's power cap, where they rank otherwise than at the boost clock the "
-                   "heuristic ranks by (core/cublaslt_cuda.c); up to 1.6 s a shape in a run's first step, not under "
-                   "CUDA graph capture; 0: the heuristic's first",
+                   "heuristic ranks by (core/cublaslt_cuda.c); up to 1.6 s a shape in a run's first "
+                   "step, not under CUDA graph capture; 0: the heuristic's first",
     },
 };
 

@@ -31,11 +31,20 @@ typedef struct {
     int n_offers;
 } plan;
 
+#define TUNED_MAX 256
+
+typedef struct {
+    plan_key key;
+    cublasLtMatmulAlgo_t algo;
+} tuned_choice;
+
 typedef struct {
     cublasLtHandle_t h;
     plan plans[LK_LT_PLANS];
     int next;
     int64_t hits, misses;
+    tuned_choice tuned[TUNED_MAX];   /* LLMKERN_GEMM_TUNE's picks: they outlive their plans' eviction */
+    int n_tuned;
 } device_state;
 
 static device_state states[MAX_DEVICES];
@@ -167,17 +176,8 @@ static lk_status find_plan(device_state *d, const plan_key *k, plan **out, int *
  * offers rank otherwise than at the boost clock one call sees (bench/NOTES.md, sixtieth
  * session: the first offer 7-12% slower than the best on 6 of the dense step's 15 GEMMs). It
  * waits on the device, so never under CUDA graph capture; the choice outlives the plan's
- * eviction (tuned[]), so a shape is timed once a process. */
+ * eviction (device_state.tuned), so a shape is timed once a process. */
 #define TUNE_SECONDS 0.2f
-#define TUNED_MAX 256
-
-typedef struct {
-    plan_key key;
-    cublasLtMatmulAlgo_t algo;
-} tuned_choice;
-
-static tuned_choice tuned[MAX_DEVICES][TUNED_MAX];
-static int n_tuned[MAX_DEVICES];
 
 static int tune_on(void) {
     const lk_env_value *v = lk_env(LK_ENV_GEMM_TUNE);
@@ -197,15 +197,15 @@ static float time_offer(device_state *d, plan *p, int i, const lk_lt_gemm_args *
     return cudaEventSynchronize(e1) || cudaEventElapsedTime(&ms, e0, e1) ? -1.0f : ms / (float)n;
 }
 
-static void tune_plan(int device, device_state *d, plan *p, const lk_lt_gemm_args *g, void *ws, size_t wsb,
+static void tune_plan(device_state *d, plan *p, const lk_lt_gemm_args *g, void *ws, size_t wsb,
                       cudaStream_t st) {
-    for (int i = 0; i < n_tuned[device]; i++)
-        if (memcmp(&tuned[device][i].key, &p->key, sizeof p->key) == 0) {
-            p->algo = tuned[device][i].algo;
+    for (int i = 0; i < d->n_tuned; i++)
+        if (memcmp(&d->tuned[i].key, &p->key, sizeof p->key) == 0) {
+            p->algo = d->tuned[i].algo;
             return;
         }
     enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    if (p->n_offers < 2 || n_tuned[device] == TUNED_MAX || cudaStreamIsCapturing(st, &cap) ||
+    if (p->n_offers < 2 || d->n_tuned == TUNED_MAX || cudaStreamIsCapturing(st, &cap) ||
         cap != cudaStreamCaptureStatusNone) {
         cudaGetLastError();
         return;
@@ -229,7 +229,7 @@ static void tune_plan(int device, device_state *d, plan *p, const lk_lt_gemm_arg
                 if (t < 0.0f) n[i] = 0;
                 else if (round && (best == 0.0f || t < best)) best = t, p->algo = p->offers[i];
             }
-        tuned[device][n_tuned[device]++] = (tuned_choice){p->key, p->algo};
+        d->tuned[d->n_tuned++] = (tuned_choice){p->key, p->algo};
     }
     cudaGetLastError();
     if (e0) cudaEventDestroy(e0);
@@ -251,7 +251,7 @@ static lk_status gemm_locked(int device, void *stream, void *workspace, size_t w
     plan *p = NULL;
     int fresh = 0;
     if ((st = find_plan(d, &k, &p, &fresh))) return st;
-    if (fresh && !g->bias && tune_on()) tune_plan(device, d, p, g, workspace, k.ws, (cudaStream_t)stream);
+    if (fresh && !g->bias && tune_on()) tune_plan(d, p, g, workspace, k.ws, (cudaStream_t)stream);
     if (g->bias)
         LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias),
                "bias pointer");
@@ -289,6 +289,6 @@ void lk_lt_cache_stats(int device, int64_t *hits, int64_t *misses, int64_t *time
     int ok = device >= 0 && device < MAX_DEVICES;
     *hits = ok ? states[device].hits : 0;
     *misses = ok ? states[device].misses : 0;
-    if (timed) *timed = ok ? n_tuned[device] : 0;
+    if (timed) *timed = ok ? states[device].n_tuned : 0;
     pthread_mutex_unlock(&lock);
 }

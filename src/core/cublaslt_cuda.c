@@ -12,7 +12,12 @@
 
 #define MAX_DEVICES 16
 
-#define LT_OFFERS 8
+#define LT_OFFERS 8   /* the heuristic's offers LLMKERN_GEMM_TUNE times (16 ran no faster: sixty-first session) */
+
+static int tune_on(void) {
+    const lk_env_value *v = lk_env(LK_ENV_GEMM_TUNE);
+    return v && strcmp(v->value, "1") == 0;
+}
 
 typedef struct {
     int64_t m, n, k, lda, ldb, ldc;
@@ -78,8 +83,6 @@ static void plan_free(plan *p) {
     cublasLtMatmulDescDestroy(p->op);
     p->used = 0;
 }
-
-static int tune_on(void);
 
 /* Column-major view: A' = b (rows n, cols k untransposed), B' = a, C' = Cᵀ [n, m]. offers:
  * how many the heuristic is asked for (1 unless LLMKERN_GEMM_TUNE picks among them). */
@@ -178,11 +181,6 @@ static lk_status find_plan(device_state *d, const plan_key *k, plan **out, int *
  * waits on the device, so never under CUDA graph capture; the choice outlives the plan's
  * eviction (device_state.tuned), so a shape is timed once a process. */
 #define TUNE_SECONDS 0.2f
-
-static int tune_on(void) {
-    const lk_env_value *v = lk_env(LK_ENV_GEMM_TUNE);
-    return v && strcmp(v->value, "1") == 0;
-}
 
 /* The mean time of n calls of offer i (ms), or -1 where it fails. */
 static float time_offer(device_state *d, plan *p, int i, const lk_lt_gemm_args *g, void *c, void *ws, size_t wsb,

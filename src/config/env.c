@@ -47,7 +47,9 @@ static const lk_env_var table[LK_ENV_COUNT] = {
                    "each looped 0.2 s on the call's own operands, and keeps the fastest: a training step "
                    "runs at the board's power cap, where they rank otherwise than at the boost clock the "
                    "heuristic ranks by (core/cublaslt_cuda.c); up to 1.6 s a shape in a run's first "
-                   "step, not under CUDA graph capture; 0: the heuristic's first",
+                   "step, not under CUDA graph capture. The pick follows timings, so two runs may "
+                   "differ in the last bits (a resumed run is not bit-identical to a straight one); "
+                   "0: the heuristic's first, the same every run",
     },
 };
 

@@ -84,7 +84,9 @@ lk_status lk_router_group_sum(lk_ctx *ctx, double *v, int64_t n) {
     return c && c->size > 1 ? lk_comm_all_reduce(c, v, n, LK_COMM_F64) : LK_OK;
 }
 
-lk_status lk_router_finish(const lk_moe_router_args *a, lk_ctx *ctx, double *p_scratch) {
+/* From the saved v and ids: topk_weights, topk_ids and aux_loss (if wanted); p_scratch holds
+ * 2E + 1 doubles. */
+static lk_status finish(const lk_moe_router_args *a, lk_ctx *ctx, double *p_scratch) {
     int64_t t = a->hidden.shape[0], e = lk_router_experts(a);
     int k = a->top_k;
     const float *v = lk_router_saved_v(a);
@@ -116,6 +118,26 @@ lk_status lk_router_finish(const lk_moe_router_args *a, lk_ctx *ctx, double *p_s
     for (int64_t x = 0; x < e; x++) aux += C[x] * P[x];
     *(float *)a->aux_loss.data = T > 0 ? (float)(aux * (double)e / (T * T * k)) : 0.0f;
     return LK_OK;
+}
+
+lk_status lk_router_forward(const lk_moe_router_args *a, lk_ctx *ctx, lk_router_row_fn row) {
+    int64_t t = a->hidden.shape[0], e = lk_router_experts(a);
+    int k = a->top_k;
+    float *z = lk_arena_alloc(ctx->arena, sizeof(float) * (size_t)(t * e));
+    double *p = lk_arena_alloc(ctx->arena, sizeof(double) * (size_t)(2 * e + 1));
+    if (!z || !p) return LK_MOE_NOMEM("moe_router");
+    lk_status s = lk_router_logits(a, ctx->arena, z);
+    if (s) return s;
+    float *v = lk_router_saved_v(a);
+    int32_t *ids = lk_router_saved_ids(a);
+    #pragma omp parallel if (t * e >= LK_MOE_PAR_MIN)
+    {
+        float sel[e];
+        unsigned char allowed[e];
+        #pragma omp for schedule(static)
+        for (int64_t tok = 0; tok < t; tok++) row(a, z + tok * e, e, v + tok * e, ids + tok * k, sel, allowed);
+    }
+    return finish(a, ctx, p);
 }
 
 lk_status lk_router_backward(const lk_moe_router_args *a, lk_ctx *ctx, lk_router_kind kind) {

@@ -24,9 +24,13 @@ void lk_router_topk(const float *s, const unsigned char *allowed, int64_t e, int
  * n_group <= 1: lk_router_topk over all. allowed is scratch of e entries. */
 void lk_router_group_topk(const float *sel, int64_t e, int k, int n_group, int topk_group, unsigned char *allowed,
                           int32_t *ids);
-/* From the saved v and ids: topk_weights, topk_ids and aux_loss (if wanted);
- * p_scratch holds 2E + 1 doubles. */
-lk_status lk_router_finish(const lk_moe_router_args *a, lk_ctx *ctx, double *p_scratch);
+/* One token's value scores v[0..e) from its logits z[0..e) and the top_k ids it routes to;
+ * sel and allowed are scratch of e entries. */
+typedef void (*lk_router_row_fn)(const lk_moe_router_args *a, const float *z, int64_t e, float *v, int32_t *ids,
+                                 float *sel, unsigned char *allowed);
+/* The whole forward of a learned router: the logits, row() for every token into the saved v
+ * and ids, then topk_weights, topk_ids and aux_loss (if wanted) from them. */
+lk_status lk_router_forward(const lk_moe_router_args *a, lk_ctx *ctx, lk_router_row_fn row);
 /* Sums n doubles over ctx->comm, the group the aux loss spans (no group: unchanged). */
 lk_status lk_router_group_sum(lk_ctx *ctx, double *v, int64_t n);
 /* The whole backward of a learned router. */

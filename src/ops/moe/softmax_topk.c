@@ -5,27 +5,18 @@
 #include <math.h>
 #include "ops/moe/router_core.h"
 
-static lk_status forward(const lk_moe_router_args *a, lk_ctx *ctx) {
-    int64_t t = a->hidden.shape[0], e = lk_router_experts(a);
-    int k = a->top_k;
-    float *z = lk_arena_alloc(ctx->arena, sizeof(float) * (size_t)(t * e));
-    double *p = lk_arena_alloc(ctx->arena, sizeof(double) * (size_t)(2 * e + 1));
-    if (!z || !p) return LK_MOE_NOMEM("moe_router");
-    lk_status s = lk_router_logits(a, ctx->arena, z);
-    if (s) return s;
-    float *v = lk_router_saved_v(a);
-    int32_t *ids = lk_router_saved_ids(a);
-    #pragma omp parallel for schedule(static) if (t * e >= LK_MOE_PAR_MIN)
-    for (int64_t tok = 0; tok < t; tok++) {
-        const float *zr = z + tok * e;
-        float *vr = v + tok * e, mx = -INFINITY, sum = 0.0f;
-        for (int64_t x = 0; x < e; x++) mx = fmaxf(mx, zr[x]);
-        for (int64_t x = 0; x < e; x++) sum += vr[x] = expf(zr[x] - mx);
-        for (int64_t x = 0; x < e; x++) vr[x] /= sum;
-        lk_router_topk(vr, NULL, e, k, ids + tok * k);
-    }
-    return lk_router_finish(a, ctx, p);
+/* p = softmax(z) in f32, and the k largest. */
+static void row(const lk_moe_router_args *a, const float *z, int64_t e, float *v, int32_t *ids, float *sel,
+                unsigned char *allowed) {
+    (void)sel, (void)allowed;
+    float mx = -INFINITY, sum = 0.0f;
+    for (int64_t x = 0; x < e; x++) mx = fmaxf(mx, z[x]);
+    for (int64_t x = 0; x < e; x++) sum += v[x] = expf(z[x] - mx);
+    for (int64_t x = 0; x < e; x++) v[x] /= sum;
+    lk_router_topk(v, NULL, e, a->top_k, ids);
 }
+
+static lk_status forward(const lk_moe_router_args *a, lk_ctx *ctx) { return lk_router_forward(a, ctx, row); }
 
 static lk_status backward(const lk_moe_router_args *a, lk_ctx *ctx) {
     return lk_router_backward(a, ctx, LK_ROUTER_SOFTMAX);

@@ -1,6 +1,6 @@
-/* router_core.h — the pieces the learned routers (softmax_topk.c, sigmoid_bias.c)
- * share: the logits GEMM, top-k selection, the weights and aux loss of a choice, and the
- * whole backward from the saved value scores. Saved layout: v [T, E] f32 (softmax p or
+/* router_core.h — what the learned routers (softmax_topk.c, sigmoid_bias.c) share: the
+ * whole forward but each token's scores and choice (the router's row function), top-k
+ * selection, and the whole backward from the saved value scores. Saved layout: v [T, E] f32 (softmax p or
  * sigmoid s), then ids [T, k] i32. Not installed. */
 #ifndef LLMKERN_MOE_ROUTER_CORE_H
 #define LLMKERN_MOE_ROUTER_CORE_H

@@ -31,9 +31,7 @@ typedef struct {
     plan_key key;
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t la, lb, lc;
-    cublasLtMatmulAlgo_t algo;                /* the heuristic's first, or tune_plan's pick */
-    cublasLtMatmulAlgo_t offers[LT_OFFERS];   /* the heuristic's, its best first */
-    int n_offers;
+    cublasLtMatmulAlgo_t algo;   /* the heuristic's first, or tune_plan's pick */
 } plan;
 
 #define TUNED_MAX 256
@@ -84,9 +82,11 @@ static void plan_free(plan *p) {
     p->used = 0;
 }
 
-/* Column-major view: A' = b (rows n, cols k untransposed), B' = a, C' = Cᵀ [n, m]. offers:
- * how many the heuristic is asked for (1 unless LLMKERN_GEMM_TUNE picks among them). */
-static lk_status plan_make(cublasLtHandle_t h, const plan_key *k, plan *p, int offers) {
+/* Column-major view: A' = b (rows n, cols k untransposed), B' = a, C' = Cᵀ [n, m]. The
+ * heuristic is asked for `want` offers (1 unless LLMKERN_GEMM_TUNE picks among them): the
+ * usable ones into offers[0..*n_offers), its best first, and p->algo. */
+static lk_status plan_make(cublasLtHandle_t h, const plan_key *k, plan *p, int want, cublasLtMatmulAlgo_t *offers,
+                           int *n_offers) {
     memset(p, 0, sizeof *p);
     p->key = *k;
     cublasComputeType_t ct = CUBLAS_COMPUTE_32F;
@@ -117,7 +117,7 @@ static lk_status plan_make(cublasLtHandle_t h, const plan_key *k, plan *p, int o
         !(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, 4)) &&
         !(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, 4)) &&
         !(s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, 4)))
-        s = cublasLtMatmulAlgoGetHeuristic(h, p->op, p->la, p->lb, p->lc, p->lc, pref, offers, r, &found);
+        s = cublasLtMatmulAlgoGetHeuristic(h, p->op, p->la, p->lb, p->lc, p->lc, pref, want, r, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     if (s) goto fail;
     if (found < 1 || r[0].state != CUBLAS_STATUS_SUCCESS) {
@@ -126,7 +126,9 @@ static lk_status plan_make(cublasLtHandle_t h, const plan_key *k, plan *p, int o
                         (long long)k->m, (long long)k->n, (long long)k->k, lk_dtype_name(k->ab_dt),
                         lk_dtype_name(k->c_dt));
     }
-    for (int i = 0; i < found && r[i].state == CUBLAS_STATUS_SUCCESS; i++) p->offers[p->n_offers++] = r[i].algo;
+    int n = 0;
+    while (n < found && r[n].state == CUBLAS_STATUS_SUCCESS) offers[n] = r[n].algo, n++;
+    *n_offers = n;
     p->algo = r[0].algo;
     return LK_OK;
 fail:
@@ -154,25 +156,6 @@ static lk_status state_of(int device, device_state **out) {
     return LK_OK;
 }
 
-static lk_status find_plan(device_state *d, const plan_key *k, plan **out, int *fresh) {
-    *fresh = 0;
-    for (int i = 0; i < LK_LT_PLANS; i++)
-        if (d->plans[i].used && memcmp(&d->plans[i].key, k, sizeof *k) == 0) {
-            d->hits++;
-            *out = &d->plans[i];
-            return LK_OK;
-        }
-    *fresh = 1;
-    d->misses++;
-    plan *p = &d->plans[d->next];
-    d->next = (d->next + 1) % LK_LT_PLANS;
-    plan_free(p);
-    lk_status s = plan_make(d->h, k, p, tune_on() ? LT_OFFERS : 1);
-    if (s) return s;
-    *out = p;
-    return LK_OK;
-}
-
 /* LLMKERN_GEMM_TUNE=1 (config/env.c): a shape's first call times each of the heuristic's
  * offers looped for TUNE_SECONDS on the call's own operands (C into a scratch copy) and keeps
  * the fastest. A loop, not one call: a training step runs at the board's power cap, where the
@@ -182,28 +165,29 @@ static lk_status find_plan(device_state *d, const plan_key *k, plan **out, int *
  * eviction (device_state.tuned), so a shape is timed once a process. */
 #define TUNE_SECONDS 0.2f
 
-/* The mean time of n calls of offer i (ms), or -1 where it fails. */
-static float time_offer(device_state *d, plan *p, int i, const lk_lt_gemm_args *g, void *c, void *ws, size_t wsb,
-                        cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, int n) {
+/* The mean time of n calls of algo (ms), or -1 where it fails. */
+static float time_offer(device_state *d, plan *p, const cublasLtMatmulAlgo_t *algo, const lk_lt_gemm_args *g, void *c,
+                        void *ws, size_t wsb, cudaStream_t st, cudaEvent_t e0, cudaEvent_t e1, int n) {
     float ms = 0.0f;
     cudaEventRecord(e0, st);
     for (int r = 0; r < n; r++)
         if (cublasLtMatmul(d->h, p->op, &g->alpha, g->b, p->la, g->a, p->lb, &g->beta, c, p->lc, c, p->lc,
-                           &p->offers[i], ws, wsb, st))
+                           algo, ws, wsb, st))
             return -1.0f;
     cudaEventRecord(e1, st);
     return cudaEventSynchronize(e1) || cudaEventElapsedTime(&ms, e0, e1) ? -1.0f : ms / (float)n;
 }
 
-static void tune_plan(device_state *d, plan *p, const lk_lt_gemm_args *g, void *ws, size_t wsb,
-                      cudaStream_t st) {
+/* p->algo: the fastest of offers[0..n_offers), or the one a previous timing of p's key picked. */
+static void tune_plan(device_state *d, plan *p, const cublasLtMatmulAlgo_t *offers, int n_offers,
+                      const lk_lt_gemm_args *g, void *ws, size_t wsb, cudaStream_t st) {
     for (int i = 0; i < d->n_tuned; i++)
         if (memcmp(&d->tuned[i].key, &p->key, sizeof p->key) == 0) {
             p->algo = d->tuned[i].algo;
             return;
         }
     enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
-    if (p->n_offers < 2 || d->n_tuned == TUNED_MAX || cudaStreamIsCapturing(st, &cap) ||
+    if (n_offers < 2 || d->n_tuned == TUNED_MAX || cudaStreamIsCapturing(st, &cap) ||
         cap != cudaStreamCaptureStatusNone) {
         cudaGetLastError();
         return;
@@ -216,16 +200,16 @@ static void tune_plan(device_state *d, plan *p, const lk_lt_gemm_args *g, void *
         /* two rounds over the offers, half the time each, the second timed: every offer is timed
          * after the board has run at the cap (the first of a cold board ran at boost) */
         int n[LT_OFFERS];
-        for (int i = 0; i < p->n_offers; i++) {
-            const float once = time_offer(d, p, i, g, c, ws, wsb, st, e0, e1, 1);
+        for (int i = 0; i < n_offers; i++) {
+            const float once = time_offer(d, p, &offers[i], g, c, ws, wsb, st, e0, e1, 1);
             n[i] = once < 0.0f ? 0 : (int)(TUNE_SECONDS * 500.0f / (once > 1e-3f ? once : 1e-3f)) + 1;
         }
         float best = 0.0f;
         for (int round = 0; round < 2; round++)
-            for (int i = 0; i < p->n_offers; i++) {
-                const float t = n[i] ? time_offer(d, p, i, g, c, ws, wsb, st, e0, e1, n[i]) : -1.0f;
+            for (int i = 0; i < n_offers; i++) {
+                const float t = n[i] ? time_offer(d, p, &offers[i], g, c, ws, wsb, st, e0, e1, n[i]) : -1.0f;
                 if (t < 0.0f) n[i] = 0;
-                else if (round && (best == 0.0f || t < best)) best = t, p->algo = p->offers[i];
+                else if (round && (best == 0.0f || t < best)) best = t, p->algo = offers[i];
             }
         d->tuned[d->n_tuned++] = (tuned_choice){p->key, p->algo};
     }
@@ -233,6 +217,30 @@ static void tune_plan(device_state *d, plan *p, const lk_lt_gemm_args *g, void *
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
     cudaFree(c);
+}
+
+/* The plan of key k: the table's, or a new one in the oldest's place (timed by tune_plan on
+ * g's operands where LLMKERN_GEMM_TUNE is on and the GEMM has no bias epilogue). */
+static lk_status find_plan(device_state *d, const plan_key *k, const lk_lt_gemm_args *g, void *ws, cudaStream_t st,
+                           plan **out) {
+    for (int i = 0; i < LK_LT_PLANS; i++)
+        if (d->plans[i].used && memcmp(&d->plans[i].key, k, sizeof *k) == 0) {
+            d->hits++;
+            *out = &d->plans[i];
+            return LK_OK;
+        }
+    d->misses++;
+    plan *p = &d->plans[d->next];
+    d->next = (d->next + 1) % LK_LT_PLANS;
+    plan_free(p);
+    const int tune = !g->bias && tune_on();
+    cublasLtMatmulAlgo_t offers[LT_OFFERS];
+    int n_offers = 0;
+    lk_status s = plan_make(d->h, k, p, tune ? LT_OFFERS : 1, offers, &n_offers);
+    if (s) return s;
+    if (tune) tune_plan(d, p, offers, n_offers, g, ws, k->ws, st);
+    *out = p;
+    return LK_OK;
 }
 
 static lk_status gemm_locked(int device, void *stream, void *workspace, size_t ws_bytes, const lk_lt_gemm_args *g) {
@@ -247,9 +255,7 @@ static lk_status gemm_locked(int device, void *stream, void *workspace, size_t w
     k.align_a = align_of(g->a), k.align_b = align_of(g->b), k.align_c = align_of(g->c);
     k.ws = ws_bytes < LK_LT_WORKSPACE_BYTES ? ws_bytes : LK_LT_WORKSPACE_BYTES;
     plan *p = NULL;
-    int fresh = 0;
-    if ((st = find_plan(d, &k, &p, &fresh))) return st;
-    if (fresh && !g->bias && tune_on()) tune_plan(d, p, g, workspace, k.ws, (cudaStream_t)stream);
+    if ((st = find_plan(d, &k, g, workspace, (cudaStream_t)stream, &p))) return st;
     if (g->bias)
         LT_TRY(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias),
                "bias pointer");

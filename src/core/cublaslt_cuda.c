@@ -156,13 +156,13 @@ static lk_status state_of(int device, device_state **out) {
     return LK_OK;
 }
 
-/* LLMKERN_GEMM_TUNE=1 (config/env.c): a shape's first call times each of the heuristic's
- * offers looped for TUNE_SECONDS on the call's own operands (C into a scratch copy) and keeps
- * the fastest. A loop, not one call: a training step runs at the board's power cap, where the
- * offers rank otherwise than at the boost clock one call sees (bench/NOTES.md, sixtieth
- * session: the first offer 7-12% slower than the best on 6 of the dense step's 15 GEMMs). It
- * waits on the device, so never under CUDA graph capture; the choice outlives the plan's
- * eviction (device_state.tuned), so a shape is timed once a process. */
+/* LLMKERN_GEMM_TUNE=1 (config/env.c): a shape's first call times each of the heuristic's offers
+ * looped for TUNE_SECONDS on the call's own operands and keeps the fastest. A loop, not one call:
+ * a training step runs at the board's power cap, where the offers rank otherwise than at the
+ * boost clock one call sees (bench/NOTES.md, sixtieth session: the first offer 7-12% slower than
+ * the best on 6 of the dense step's 15 GEMMs; sixty-first: the dense e2e step 0.5-2.2% faster in
+ * four paired rounds on an H100). It waits on the device, so never under CUDA graph capture; the
+ * choice outlives the plan's eviction (device_state.tuned), so a shape is timed once a process. */
 #define TUNE_SECONDS 0.2f
 
 /* The mean time of n calls of algo (ms), or -1 where it fails. */
@@ -192,11 +192,14 @@ static void tune_plan(device_state *d, plan *p, const cublasLtMatmulAlgo_t *offe
         cudaGetLastError();
         return;
     }
+    /* every timed call writes C: where the call overwrites it (beta 0) its own C takes the loops,
+     * else a scratch copy does (the gradient it adds into stays as it was) */
+    const int scratch = g->beta != 0.0f;
     const size_t cb = ((size_t)(g->m - 1) * (size_t)g->ldc + (size_t)g->n) * (g->c_dt == LK_BF16 ? 2 : 4);
-    void *c = NULL;
+    void *c = scratch ? NULL : g->c;
     cudaEvent_t e0 = NULL, e1 = NULL;
-    if (!cudaMalloc(&c, cb) && !cudaEventCreate(&e0) && !cudaEventCreate(&e1) &&
-        !cudaMemcpyAsync(c, g->c, cb, cudaMemcpyDeviceToDevice, st)) {
+    if ((!scratch || (!cudaMalloc(&c, cb) && !cudaMemcpyAsync(c, g->c, cb, cudaMemcpyDeviceToDevice, st))) &&
+        !cudaEventCreate(&e0) && !cudaEventCreate(&e1)) {
         /* two rounds over the offers, half the time each, the second timed: every offer is timed
          * after the board has run at the cap (the first of a cold board ran at boost) */
         int n[LT_OFFERS];
@@ -216,7 +219,7 @@ static void tune_plan(device_state *d, plan *p, const cublasLtMatmulAlgo_t *offe
     cudaGetLastError();
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
-    cudaFree(c);
+    if (scratch) cudaFree(c);
 }
 
 /* The plan of key k: the table's, or a new one in the oldest's place (timed by tune_plan on

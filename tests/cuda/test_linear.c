@@ -2,10 +2,11 @@
  * without bias, backward dx (written), dweight and dbias accumulated into f32 or bf16
  * buffers that already hold values, f32 and bf16, odd shapes (unaligned rows, 1-row and
  * 1-column cases), outputs poisoned with NaN first; the plan cache (a repeat call hits),
- * the same under LLMKERN_GEMM_TUNE (each fresh shape's offers timed on scratch: the
- * accumulated gradients still exact) and refused arguments. Tolerances: f32 1e-5 (exact f32 GEMMs, no TF32, sums of <= 300
- * terms); bf16 1e-2: y, dx and a bf16 dweight are each rounded once to bf16 (2^-9 of an
- * element, ~4e-3 of the largest), sums in f32. Skipped (77) where there is no GPU. */
+ * the same under LLMKERN_GEMM_TUNE (each fresh shape's offers timed in its own output, or
+ * on a scratch copy where it accumulates: the gradients still exact) and refused arguments.
+ * Tolerances: f32 1e-5 (exact f32 GEMMs, no TF32, sums of <= 300 terms); bf16 1e-2: y, dx
+ * and a bf16 dweight are each rounded once to bf16 (2^-9 of an element, ~4e-3 of the
+ * largest), sums in f32. Skipped (77) where there is no GPU. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
@@ -84,8 +85,9 @@ static void every_dtype_shape(void **state) {
 }
 
 /* LLMKERN_GEMM_TUNE=1: fresh shapes (none of every_dtype_shape's) are timed, each once, and
- * still give the reference's values: the offers ran on a scratch copy of C, not on the
- * gradients they accumulate into. */
+ * still give the reference's values: an accumulating GEMM's offers ran on a scratch copy of C,
+ * not on the gradients it adds into; an overwriting one's in its own C, which the call then
+ * writes again. */
 static void tuned_plans(void **state) {
     (void)state;
     assert_int_equal(setenv("LLMKERN_GEMM_TUNE", "1", 1), 0);

@@ -15,23 +15,13 @@
  *
  * Problems are row-major as in core/cublaslt_util.h: C[M, N] = op(A)·op(B) (+ beta·C),
  * issued as the column-major Cᵀ = op(B)ᵀ·op(A)ᵀ the library issues. */
-#include <dlfcn.h>
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
-
-#define CK(x)                                                                              \
-    do {                                                                                   \
-        int e_ = (int)(x);                                                                 \
-        if (e_) {                                                                          \
-            fprintf(stderr, "%s:%d: %s failed (%d)\n", __FILE__, __LINE__, #x, e_);         \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
+#include "cuda_bench.h"
 
 typedef struct {
     const char *name;
@@ -67,47 +57,12 @@ static float time_algo(cublasLtHandle_t h, cublasLtMatmulDesc_t op, cublasLtMatr
     return t[2];
 }
 
-/* NVML through dlopen (no link-time dependency): SM clock and board power every 10 ms. */
-typedef struct {
-    void *dev;
-    int (*clock)(void *, int, unsigned *);
-    int (*power)(void *, unsigned *);
-    pthread_t th;
-    volatile int on, stop;
-    double mhz, watts;
-    long n;
-} sampler;
-
-static int nvml_open(sampler *s) {
-    void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW);
-    if (!lib) return 0;
-    int (*init)(void) = (int (*)(void))dlsym(lib, "nvmlInit_v2");
-    int (*get)(unsigned, void **) = (int (*)(unsigned, void **))dlsym(lib, "nvmlDeviceGetHandleByIndex_v2");
-    s->clock = (int (*)(void *, int, unsigned *))dlsym(lib, "nvmlDeviceGetClockInfo");
-    s->power = (int (*)(void *, unsigned *))dlsym(lib, "nvmlDeviceGetPowerUsage");
-    int cur = 0;
-    cudaGetDevice(&cur);
-    return init && get && s->clock && s->power && init() == 0 && get((unsigned)cur, &s->dev) == 0;
-}
-
-static void *sample(void *p) {
-    sampler *s = p;
-    while (!s->stop) {
-        unsigned mhz = 0, mw = 0;
-        if (s->on && s->clock(s->dev, 1 /* NVML_CLOCK_SM */, &mhz) == 0 && s->power(s->dev, &mw) == 0)
-            s->mhz += mhz, s->watts += mw / 1e3, s->n++;
-        struct timespec ts = {0, 10 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-    }
-    return NULL;
-}
-
 /* ms a call over the last two thirds of `sec` seconds of back-to-back calls, in batches of
  * ~20 ms; the clock and power over the same span (0 without NVML). */
 static float time_sustained(cublasLtHandle_t h, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
                             cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc, const cublasLtMatmulAlgo_t *algo,
                             const void *a, const void *b, void *c, float beta, void *ws, size_t wsb, double sec,
-                            sampler *smp, double *mhz, double *watts) {
+                            lk_sampler *smp, double *mhz, double *watts) {
     float alpha = 1.0f, once = 0;
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
@@ -121,7 +76,7 @@ static float time_sustained(cublasLtHandle_t h, cublasLtMatmulDesc_t op, cublasL
     int batch = once > 0 ? (int)(20.0f / once) + 1 : 1;
     double spent = 0, kept = 0;
     long calls = 0;
-    smp->mhz = smp->watts = 0, smp->n = 0;
+    lk_sampler_reset(smp);
     while (spent < sec * 1e3) {
         int counting = spent >= sec * 1e3 / 3;
         smp->on = counting;
@@ -136,14 +91,14 @@ static float time_sustained(cublasLtHandle_t h, cublasLtMatmulDesc_t op, cublasL
         if (counting) kept += ms, calls += batch;
     }
     smp->on = 0;
-    *mhz = smp->n ? smp->mhz / smp->n : 0, *watts = smp->n ? smp->watts / smp->n : 0;
+    *mhz = lk_sampler_mhz(smp), *watts = lk_sampler_watts(smp);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
     return calls ? (float)(kept / calls) : -1.0f;
 }
 
 static void run(cublasLtHandle_t h, const problem *p, void *A, void *B, void *C, void *ws, size_t wsb, double sec,
-                sampler *smp) {
+                lk_sampler *smp) {
     /* Column-major view: A' = the row-major B (kept transpose flag), B' = the row-major A. */
     cublasOperation_t ta = p->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, tb = p->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
     long ldb = p->trans_b ? p->k : p->n, lda = p->trans_a ? p->m : p->k;   /* row-major leading dims */
@@ -202,20 +157,6 @@ static void run(cublasLtHandle_t h, const problem *p, void *A, void *B, void *C,
     fflush(stdout);
 }
 
-/* bf16 values uniform in about [-1, 1): sign, exponent 119-126, random mantissa. */
-static void fill_random(void *dev, size_t bytes) {
-    size_t n = (size_t)1 << 24;
-    uint16_t *h = malloc(n * 2);
-    uint32_t x = 2463534242u;
-    for (size_t i = 0; i < n; i++) {
-        x ^= x << 13, x ^= x >> 17, x ^= x << 5;
-        h[i] = (uint16_t)(((x >> 16) & 0x8000u) | ((119u + (x >> 8) % 8u) << 7) | (x & 0x7fu));
-    }
-    for (size_t off = 0; off < bytes; off += n * 2)
-        CK(cudaMemcpy((char *)dev + off, h, bytes - off < n * 2 ? bytes - off : n * 2, cudaMemcpyHostToDevice));
-    free(h);
-}
-
 int main(int argc, char **argv) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
@@ -265,16 +206,15 @@ int main(int argc, char **argv) {
     CK(cudaMalloc(&B, big));
     CK(cudaMalloc(&C, cbig));
     CK(cudaMalloc(&ws, wsb));
-    fill_random(A, big);   /* random bits, not constants: a GEMM's power, hence its clock, */
-    fill_random(B, big);   /* depends on how many bits toggle */
+    lk_fill_bf16(A, big);
+    lk_fill_bf16(B, big);
     CK(cudaMemset(C, 0, cbig));
     cublasLtHandle_t h;
     CK(cublasLtCreate(&h));
-    sampler smp = {0};
-    if (sec > 0 && nvml_open(&smp)) pthread_create(&smp.th, NULL, sample, &smp);
-    else if (sec > 0) printf("no NVML: clocks and power left out\n");
+    lk_sampler smp = {0};
+    if (sec > 0 && !lk_sampler_start(&smp)) printf("no NVML: clocks and power left out\n");
     for (size_t i = 0; i < np; i++) run(h, &ps[i], A, B, C, ws, wsb, sec, &smp);
-    if (smp.dev) smp.stop = 1, pthread_join(smp.th, NULL);
+    lk_sampler_stop(&smp);
     cublasLtDestroy(h);
     return 0;
 }

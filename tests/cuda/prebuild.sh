@@ -46,6 +46,8 @@ for t in "${TARGETS[@]}"; do
     cuda_test_*) bins+=("$t") ;;
     llmkern_cli) bins+=(llmkern libllmkern.so) ;;
     llmkern_peers_shim) bins+=(libllmkern_peers_shim.so libllmkern.so) ;;
+    gemm_algos) bins+=(gemm_algos) ;;
+    overlap_probe) bins+=(overlap_probe libllmkern.so) ;;
   esac
 done
 bins=($(printf '%s\n' "${bins[@]}" | sort -u))

@@ -16,7 +16,8 @@
  *   overlap c      the kernel on a high-priority stream, the GEMM on a low-priority one with
  *                  SM_COUNT_TARGET = SMs - c (c 0: the device's count), joined every
  *                  iteration by events as a layer's backward would be; `gemm first` enqueues
- *                  the GEMM before the kernel
+ *                  the GEMM before the kernel; `same priority` runs the kernel on a stream of the
+ *                  GEMM's priority (the default's, as the model's legacy stream has)
  * and "hidden", the share of the kernel's time alone that the overlap took off the serial
  * iteration: (serial - overlap) / act. */
 #include <stdint.h>
@@ -86,10 +87,10 @@ static void act_run(const act *a, cudaStream_t st) {
                                    a->dgu + half, 2 * I, a->h, I, st));
 }
 
-enum mode { GEMM, ACT, SERIAL, OVERLAP, GEMM_FIRST };
+enum mode { GEMM, ACT, SERIAL, OVERLAP, GEMM_FIRST, SAME_PRIORITY };
 
 typedef struct {
-    cudaStream_t hi, lo;
+    cudaStream_t hi, lo, eq;   /* high priority, low, low again */
     cudaEvent_t fork, join, t0, t1;
 } streams;
 
@@ -98,6 +99,16 @@ static void iteration(enum mode md, const wgrad *g, const act *a, const streams 
     case GEMM: wgrad_run(g, s->hi); return;
     case ACT: act_run(a, s->hi); return;
     case SERIAL: act_run(a, s->hi), wgrad_run(g, s->hi); return;
+    case SAME_PRIORITY:
+        CK(cudaEventRecord(s->fork, s->hi));   /* the timing events stay on hi */
+        CK(cudaStreamWaitEvent(s->eq, s->fork, 0));
+        CK(cudaStreamWaitEvent(s->lo, s->fork, 0));
+        act_run(a, s->eq), wgrad_run(g, s->lo);
+        CK(cudaEventRecord(s->join, s->lo));
+        CK(cudaStreamWaitEvent(s->hi, s->join, 0));
+        CK(cudaEventRecord(s->join, s->eq));
+        CK(cudaStreamWaitEvent(s->hi, s->join, 0));
+        return;
     case OVERLAP:
     case GEMM_FIRST:
         CK(cudaEventRecord(s->fork, s->hi));
@@ -157,6 +168,7 @@ int main(int argc, char **argv) {
     CK(cudaDeviceGetStreamPriorityRange(&lo_prio, &hi_prio));
     CK(cudaStreamCreateWithPriority(&s.hi, cudaStreamNonBlocking, hi_prio));
     CK(cudaStreamCreateWithPriority(&s.lo, cudaStreamNonBlocking, lo_prio));
+    CK(cudaStreamCreateWithPriority(&s.eq, cudaStreamNonBlocking, lo_prio));
     CK(cudaEventCreateWithFlags(&s.fork, cudaEventDisableTiming));
     CK(cudaEventCreateWithFlags(&s.join, cudaEventDisableTiming));
     CK(cudaEventCreate(&s.t0));
@@ -204,6 +216,7 @@ int main(int argc, char **argv) {
         const double serial = sustained(SERIAL, &g, &a, &s, sec, &smp);
         report("serial", serial, &smp, serial, act_ms);
         report("gemm first", sustained(GEMM_FIRST, &g, &a, &s, sec, &smp), &smp, serial, act_ms);
+        report("same priority", sustained(SAME_PRIORITY, &g, &a, &s, sec, &smp), &smp, serial, act_ms);
         wgrad_free(&g);
         for (size_t c = 0; c < sizeof carve / sizeof *carve; c++) {
             wgrad gc = {.lt = lt, .dy = dy, .x = x, .dw = dw, .ws = ws, .wsb = wsb};

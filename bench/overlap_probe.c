@@ -2,9 +2,10 @@
  * kernels, the two on two streams? Each dense layer's backward runs ~1.3 ms of kernels that
  * stream HBM (the SwiGLU backward, the norms', attention's dQ sums) and ~1.5 ms of GEMMs
  * dW += dyᵀ·x that nothing on the critical path waits for. At the board's power cap a GEMM's
- * time follows its joules (bench/NOTES.md, fifty-eighth session): one left a few SMs fewer
- * (cuBLASLt's SM_COUNT_TARGET) may lose little, while a kernel bound by HBM on those SMs
- * spends little power.
+ * time follows its joules (bench/NOTES.md, fifty-eighth session): the hope was that one left a
+ * few SMs fewer (cuBLASLt's SM_COUNT_TARGET) loses little, while a kernel bound by HBM on those
+ * SMs spends little power. On an H100 it does not (sixty-third session): the kernel alone draws
+ * 630-640 W, the two share the cap, and at most 7% of the kernel was hidden.
  *
  *   build/overlap_probe [SECONDS]   each variant looped SECONDS (default 2) at the power cap
  *

@@ -1,7 +1,8 @@
 /* cuda_bench.h — what the C benches that loop kernels at the power cap share (gemm_algos.c,
  * overlap_probe.c): CK, which exits on a failed CUDA or cuBLASLt call; lk_fill_bf16, random
- * bits; and the SM clock and board power sampled every 10 ms by a thread, through NVML opened
- * with dlopen (no link-time dependency). Header-only; link pthread and dl.
+ * bits; the SM clock and board power sampled every 10 ms by a thread, through NVML opened
+ * with dlopen (no link-time dependency); and lk_sustained_ms, a call looped at the cap with the
+ * clock and power sampled beside it. Header-only; link pthread and dl.
  *
  *   lk_sampler s = {0};
  *   if (lk_sampler_start(&s)) ...      false without NVML: clocks and power left out
@@ -87,6 +88,43 @@ static double lk_sampler_watts(const lk_sampler *s) { return s->n ? s->watts / s
 
 static void lk_sampler_stop(lk_sampler *s) {
     if (s->dev) s->stop = 1, pthread_join(s->th, NULL);
+}
+
+/* ms a call of run(arg, st) takes over the last two thirds of `sec` seconds of back-to-back
+ * calls, timed in batches of ~20 ms on st, with the clock and power sampled over the same span
+ * (smp: lk_sampler_mhz / _watts after); -1 where run's first call fails (returns nonzero). */
+static double lk_sustained_ms(int (*run)(const void *arg, cudaStream_t st), const void *arg, cudaStream_t st,
+                              double sec, lk_sampler *smp) {
+    float once = 0;
+    double spent = 0, kept = 0;
+    long calls = 0;
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    lk_sampler_reset(smp);
+    if (run(arg, st) == 0) {
+        CK(cudaEventRecord(e0, st));
+        CK(run(arg, st));
+        CK(cudaEventRecord(e1, st));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&once, e0, e1));
+        const int batch = once > 0 ? (int)(20.0f / once) + 1 : 1;
+        while (spent < sec * 1e3) {
+            smp->on = spent >= sec * 1e3 / 3;
+            CK(cudaEventRecord(e0, st));
+            for (int i = 0; i < batch; i++) CK(run(arg, st));
+            CK(cudaEventRecord(e1, st));
+            CK(cudaEventSynchronize(e1));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, e0, e1));
+            spent += ms;
+            if (smp->on) kept += ms, calls += batch;
+        }
+        smp->on = 0;
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return calls ? kept / calls : -1.0;
 }
 
 #endif

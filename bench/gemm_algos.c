@@ -57,44 +57,23 @@ static float time_algo(cublasLtHandle_t h, cublasLtMatmulDesc_t op, cublasLtMatr
     return t[2];
 }
 
-/* ms a call over the last two thirds of `sec` seconds of back-to-back calls, in batches of
- * ~20 ms; the clock and power over the same span (0 without NVML). */
-static float time_sustained(cublasLtHandle_t h, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
-                            cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc, const cublasLtMatmulAlgo_t *algo,
-                            const void *a, const void *b, void *c, float beta, void *ws, size_t wsb, double sec,
-                            lk_sampler *smp, double *mhz, double *watts) {
-    float alpha = 1.0f, once = 0;
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    if (cublasLtMatmul(h, op, &alpha, a, la, b, lb, &beta, c, lc, c, lc, algo, ws, wsb, 0)) return -1.0f;
-    CK(cudaEventRecord(e0, 0));
-    CK(cublasLtMatmul(h, op, &alpha, a, la, b, lb, &beta, c, lc, c, lc, algo, ws, wsb, 0));
-    CK(cudaEventRecord(e1, 0));
-    CK(cudaEventSynchronize(e1));
-    CK(cudaEventElapsedTime(&once, e0, e1));
-    int batch = once > 0 ? (int)(20.0f / once) + 1 : 1;
-    double spent = 0, kept = 0;
-    long calls = 0;
-    lk_sampler_reset(smp);
-    while (spent < sec * 1e3) {
-        int counting = spent >= sec * 1e3 / 3;
-        smp->on = counting;
-        CK(cudaEventRecord(e0, 0));
-        for (int i = 0; i < batch; i++)
-            CK(cublasLtMatmul(h, op, &alpha, a, la, b, lb, &beta, c, lc, c, lc, algo, ws, wsb, 0));
-        CK(cudaEventRecord(e1, 0));
-        CK(cudaEventSynchronize(e1));
-        float ms = 0;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        spent += ms;
-        if (counting) kept += ms, calls += batch;
-    }
-    smp->on = 0;
-    *mhz = lk_sampler_mhz(smp), *watts = lk_sampler_watts(smp);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    return calls ? (float)(kept / calls) : -1.0f;
+/* One matmul of a problem with one algorithm, as lk_sustained_ms loops it. */
+typedef struct {
+    cublasLtHandle_t h;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, lc;
+    const cublasLtMatmulAlgo_t *algo;
+    const void *a, *b;
+    void *c, *ws;
+    float beta;
+    size_t wsb;
+} matmul_call;
+
+static int matmul_run(const void *arg, cudaStream_t st) {
+    const matmul_call *m = arg;
+    float alpha = 1.0f;
+    return (int)cublasLtMatmul(m->h, m->op, &alpha, m->a, m->la, m->b, m->lb, &m->beta, m->c, m->lc, m->c, m->lc,
+                               m->algo, m->ws, m->wsb, st);
 }
 
 static void run(cublasLtHandle_t h, const problem *p, void *A, void *B, void *C, void *ws, size_t wsb, double sec,
@@ -132,10 +111,10 @@ static void run(cublasLtHandle_t h, const problem *p, void *A, void *B, void *C,
         cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID, &inner, sizeof inner, &sw);
         cublasLtMatmulAlgoConfigGetAttribute(&r[i].algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof cluster,
                                              &sw);
-        double mhz = 0, watts = 0;
-        float ms = sec > 0 ? time_sustained(h, op, la, lb, lc, &r[i].algo, B, A, C, p->beta, ws, wsb, sec, smp, &mhz,
-                                            &watts)
+        const matmul_call call = {h, op, la, lb, lc, &r[i].algo, B, A, C, ws, p->beta, wsb};
+        float ms = sec > 0 ? (float)lk_sustained_ms(matmul_run, &call, 0, sec, smp)
                            : time_algo(h, op, la, lb, lc, &r[i].algo, B, A, C, p->beta, ws, wsb);
+        double mhz = sec > 0 ? lk_sampler_mhz(smp) : 0, watts = sec > 0 ? lk_sampler_watts(smp) : 0;
         if (ms <= 0) {
             printf("  %c%2d  failed\n", i ? ' ' : '*', i);
             continue;

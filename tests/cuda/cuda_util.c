@@ -23,6 +23,11 @@ int lkt_have_gpu(const char *test) {
         return 0;
     }
     printf("%s: on %s, compute capability %d.%d\n", test, hw->cuda_name, hw->cuda_cc / 10, hw->cuda_cc % 10);
+    const char *filter = getenv("LK_TEST_FILTER");
+    if (filter) {
+        printf("%s: only the tests matching LK_TEST_FILTER=%s\n", test, filter);
+        cmocka_set_test_filter(filter);
+    }
     return 1;
 }
 

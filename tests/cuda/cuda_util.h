@@ -13,7 +13,9 @@
 
 #define LKT_SKIP 77
 
-/* 1 when lk_init found a GPU; otherwise prints the reason and returns 0. */
+/* 1 when lk_init found a GPU; otherwise prints the reason and returns 0. Every program's
+ * main calls it first, so it also applies LK_TEST_FILTER (cmocka's name pattern, e.g.
+ * LK_TEST_FILTER="fa3_*"): a device call that changed one kernel runs only its tests. */
 int lkt_have_gpu(const char *test);
 
 /* Device memory, freed by lkt_free_all (call it at the end of each test). */

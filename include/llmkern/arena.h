@@ -45,6 +45,12 @@ typedef struct {
 
 #define LK_ARENA_ALIGN 64   /* also keeps 16-byte vector loads aligned on the GPU */
 
+/* The bytes lk_arena_alloc takes for a piece of `bytes`: rounded up to LK_ARENA_ALIGN. A
+ * workspace query sums these over the pieces its pass will take. */
+static inline size_t lk_arena_piece(size_t bytes) {
+    return (bytes + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1);
+}
+
 /* Makes sure `bytes` more can be handed out after the current `used`; grows only when
  * needed, and only while nothing is handed out (growing moves the block). */
 LK_API lk_status lk_arena_reserve(lk_arena *a, size_t bytes);

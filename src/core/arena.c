@@ -40,10 +40,8 @@ static void block_free(lk_arena *a) {
     free(a->base);
 }
 
-static size_t round_up(size_t n) { return (n + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
-
 lk_status lk_arena_reserve(lk_arena *a, size_t bytes) {
-    size_t need = a->used + round_up(bytes);
+    size_t need = a->used + lk_arena_piece(bytes);
     if (need <= a->cap) return LK_OK;
     if (a->used != 0)
         return lk_error(LK_ENOMEM, "arena: cannot grow to %zu bytes while %zu are handed out "
@@ -76,7 +74,7 @@ lk_status lk_arena_reserve(lk_arena *a, size_t bytes) {
 void *lk_arena_alloc(lk_arena *a, size_t bytes) {
     static unsigned char nothing[LK_ARENA_ALIGN] __attribute__((aligned(LK_ARENA_ALIGN)));
     if (bytes == 0) return a->base ? a->base + a->used : nothing;   /* empty, but not "no room" */
-    size_t n = round_up(bytes);
+    size_t n = lk_arena_piece(bytes);
     if (a->base == NULL || a->used + n > a->cap) return NULL;
     void *p = a->base + a->used;
     a->used += n;

@@ -996,11 +996,10 @@ static __global__ void __launch_bounds__(128, 1) fa2_dq(const fa_args p) {
 
 /* --- host ----------------------------------------------------------------------------- */
 
-static size_t up(size_t b) { return (b + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
-
 
 static size_t dq_acc_bytes(const lk_attention_args *a) {
-    return up((size_t)a->q.shape[0] * (size_t)a->q.shape[1] * (size_t)a->q.shape[2] * (size_t)a->q.shape[3] * 4);
+    return lk_arena_piece((size_t)a->q.shape[0] * (size_t)a->q.shape[1] * (size_t)a->q.shape[2] *
+                          (size_t)a->q.shape[3] * 4);
 }
 
 static int dp_of(int64_t D);
@@ -1017,8 +1016,8 @@ static int fits(const lk_attention_args *a, int backward);
 static size_t workspace_bytes(const lk_attention_args *a, int backward) {
     if (a->q.dtype != LK_BF16 || !fits(a, backward)) return lk_attention_flash_cuda_backend.workspace_bytes(a, backward);
     size_t n = lk_attn_vis_bytes(a) + lk_attn_flex_alibi_bytes(a);
-    if (backward && !a->deterministic) n += dq_acc_bytes(a) + up(lk_attn_tail_bytes(tail_of(a)));
-    if (backward) n += 2 * up(lk_attn_lse_bytes(a));
+    if (backward && !a->deterministic) n += dq_acc_bytes(a) + lk_arena_piece(lk_attn_tail_bytes(tail_of(a)));
+    if (backward) n += 2 * lk_arena_piece(lk_attn_lse_bytes(a));
     return n;
 }
 
@@ -1195,11 +1194,11 @@ static lk_status run_bwd(const lk_attention_args *a, lk_ctx *ctx, fa_args &p) {
     cudaStream_t st = (cudaStream_t)ctx->stream;
     const int det = a->deterministic, sinks = a->s_aux.data && a->ds_aux.data;
     const size_t rows = lk_attn_lse_bytes(a);
-    p.delta = (float *)lk_arena_alloc(ctx->arena, up(rows));
-    p.sink_part = sinks ? (float *)lk_arena_alloc(ctx->arena, up(rows)) : NULL;
+    p.delta = (float *)lk_arena_alloc(ctx->arena, lk_arena_piece(rows));
+    p.sink_part = sinks ? (float *)lk_arena_alloc(ctx->arena, lk_arena_piece(rows)) : NULL;
     const size_t dq_bytes = det ? 0 : dq_acc_bytes(a);
     p.tail = tail_of(a);
-    const size_t tail_bytes = up(lk_attn_tail_bytes(p.tail));   /* after the dQ sums: one memset */
+    const size_t tail_bytes = lk_arena_piece(lk_attn_tail_bytes(p.tail));   /* after the dQ sums: one memset */
     p.dq_acc = det ? NULL : (float *)lk_arena_alloc(ctx->arena, dq_bytes + tail_bytes);
     p.tail.acc = tail_bytes && p.dq_acc ? p.dq_acc + dq_bytes / 4 : NULL;
     if (!p.delta || (sinks && !p.sink_part) || (!det && !p.dq_acc))

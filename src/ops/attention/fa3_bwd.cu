@@ -711,7 +711,6 @@ __global__ void __launch_bounds__(THREADS, 1) fa3_bwd(const __grid_constant__ CU
 
 /* --- host ---------------------------------------------------------------------------- */
 
-static size_t up(size_t b) { return (b + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
 static int dp_of(int64_t D) { return D <= 64 ? 64 : 128; }
 
 static size_t bwd_smem(int DP) {
@@ -738,8 +737,10 @@ typedef struct {
 static pieces pieces_of(const lk_attention_args *a) {
     const lk_attn_dims d = lk_attn_dims_of(a);
     const size_t nqt = (size_t)tiles_of(d.Sq), bh = (size_t)(d.B * d.Hq);
-    pieces p = {up(bh * nqt * 2 * BMQ * 4), up(nqt * 2 * BMQ * 4), up(bh * nqt * (size_t)dp_of(d.D) / 64 * CHUNK * 4),
-                up(lk_attn_tail_bytes(tail_of(a))), a->s_aux.data && a->ds_aux.data ? up(lk_attn_lse_bytes(a)) : 0};
+    pieces p = {lk_arena_piece(bh * nqt * 2 * BMQ * 4), lk_arena_piece(nqt * 2 * BMQ * 4),
+                lk_arena_piece(bh * nqt * (size_t)dp_of(d.D) / 64 * CHUNK * 4),
+                lk_arena_piece(lk_attn_tail_bytes(tail_of(a))),
+                a->s_aux.data && a->ds_aux.data ? lk_arena_piece(lk_attn_lse_bytes(a)) : 0};
     return p;
 }
 

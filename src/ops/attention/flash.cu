@@ -314,13 +314,11 @@ extern "C" lk_status lk_attn_cuda_sink_sum(const float *part, float *ds_aux, int
     return LK_OK;
 }
 
-static size_t up(size_t b) { return (b + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
-
 static size_t saved_bytes(const lk_attention_args *a) { return lk_attn_lse_bytes(a); }
 
 static size_t workspace_bytes(const lk_attention_args *a, int backward) {
     size_t Sq = (size_t)a->q.shape[2], Skv = (size_t)a->k.shape[2], rows = lk_attn_lse_bytes(a);
-    return 2 * up(Sq * 4) + (backward ? 2 * up(Skv * 4) + 2 * up(rows) : 0);
+    return 2 * lk_arena_piece(Sq * 4) + (backward ? 2 * lk_arena_piece(Skv * 4) + 2 * lk_arena_piece(rows) : 0);
 }
 
 static lk_status check_dims(const lk_attn_dims *d) {
@@ -339,10 +337,10 @@ static lk_status check_dims(const lk_attn_dims *d) {
 static lk_status intervals(const lk_attention_args *a, const lk_attn_dims *d, lk_arena *ar, cudaStream_t st,
                            int backward, geom *g) {
     int64_t Sq = d->Sq, Skv = d->Skv, n = Sq + (backward ? Skv : 0);
-    int32_t *dev_lo = (int32_t *)lk_arena_alloc(ar, up((size_t)Sq * 4));
-    int32_t *dev_hi = (int32_t *)lk_arena_alloc(ar, up((size_t)Sq * 4));
-    int32_t *dev_q = backward ? (int32_t *)lk_arena_alloc(ar, up((size_t)Skv * 4)) : NULL;
-    int32_t *dev_qhi = backward ? (int32_t *)lk_arena_alloc(ar, up((size_t)Skv * 4)) : NULL;
+    int32_t *dev_lo = (int32_t *)lk_arena_alloc(ar, lk_arena_piece((size_t)Sq * 4));
+    int32_t *dev_hi = (int32_t *)lk_arena_alloc(ar, lk_arena_piece((size_t)Sq * 4));
+    int32_t *dev_q = backward ? (int32_t *)lk_arena_alloc(ar, lk_arena_piece((size_t)Skv * 4)) : NULL;
+    int32_t *dev_qhi = backward ? (int32_t *)lk_arena_alloc(ar, lk_arena_piece((size_t)Skv * 4)) : NULL;
     int64_t *lo = (int64_t *)malloc((size_t)Sq * 16);
     int32_t *h32 = (int32_t *)malloc((size_t)n * 8);
     if (!dev_lo || !dev_hi || (backward && (!dev_q || !dev_qhi)) || !lo || !h32) {
@@ -455,7 +453,8 @@ static lk_status backward(const lk_attention_args *a, lk_ctx *ctx) {
     lk_status s = pass_geom(a, ctx, 1, &d, &g);
     if (s) return s;
     size_t rows = lk_attn_lse_bytes(a);
-    float *delta = (float *)lk_arena_alloc(ctx->arena, up(rows)), *part = (float *)lk_arena_alloc(ctx->arena, up(rows));
+    float *delta = (float *)lk_arena_alloc(ctx->arena, lk_arena_piece(rows));
+    float *part = (float *)lk_arena_alloc(ctx->arena, lk_arena_piece(rows));
     if (!delta || !part) return lk_error(LK_ENOMEM, "attention: flash (cuda): no room for delta");
     int sinks = a->s_aux.data && a->ds_aux.data;
     cudaStream_t st = (cudaStream_t)ctx->stream;

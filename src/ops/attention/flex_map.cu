@@ -14,8 +14,6 @@
 
 #define LOG2E 1.4426950408889634f
 
-static size_t up(size_t b) { return (b + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
-
 /* A host-to-device copy from pageable memory cannot be captured in a CUDA graph: the flex
  * row's first call with a mask (and ALiBi's slopes) says so instead of failing inside it. */
 static lk_status not_capturing(cudaStream_t st, const char *what, const char *more) {
@@ -27,7 +25,7 @@ static lk_status not_capturing(cudaStream_t st, const char *what, const char *mo
 
 /* flex's ALiBi score_mod on the device: log2e · slope[h] of the H_q heads, in the arena. */
 extern "C" size_t lk_attn_flex_alibi_bytes(const lk_attention_args *a) {
-    return a->score_mod.fn == lk_score_mod_alibi ? up((size_t)a->q.shape[1] * 4) : 0;
+    return a->score_mod.fn == lk_score_mod_alibi ? lk_arena_piece((size_t)a->q.shape[1] * 4) : 0;
 }
 
 extern "C" lk_status lk_attn_flex_alibi(const lk_attention_args *a, lk_arena *ar, void *stream, const float **out) {
@@ -100,7 +98,7 @@ extern "C" lk_status lk_attn_flex_map(const lk_block_mask *m, void *stream, lk_f
     lk_flex_plan pl;
     lk_status s = not_capturing(st, "block_mask", "");
     if (s || (s = lk_flex_plan_make(m, &pl))) return s;
-    const size_t lists = up(pl.list_words * 4), bits = (size_t)pl.ntiles * LK_FLEX_TILE_WORDS * 4;
+    const size_t lists = lk_arena_piece(pl.list_words * 4), bits = (size_t)pl.ntiles * LK_FLEX_TILE_WORDS * 4;
     const size_t data = (size_t)pl.ndata * 4;
     flex_gpu *g = (flex_gpu *)calloc(1, sizeof *g);
     char *mem = NULL;

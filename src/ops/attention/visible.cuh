@@ -87,7 +87,7 @@ static inline lk_status lk_attn_vis_make(const lk_attention_args *a, lk_arena *a
     *v = (lk_attn_vis){NULL, NULL, 0, (int)a->q.shape[2], (int)a->k.shape[2], a->causal, a->window_left,
                        a->window_right};
     if (!a->cu_seqlens_q.data) return LK_OK;
-    size_t n = (size_t)a->cu_seqlens_q.shape[0], bytes = (n * 4 + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1);
+    size_t n = (size_t)a->cu_seqlens_q.shape[0], bytes = lk_arena_piece(n * 4);
     int32_t *cq = (int32_t *)lk_arena_alloc(ar, bytes), *ck = (int32_t *)lk_arena_alloc(ar, bytes);
     if (!cq || !ck) return lk_error(LK_ENOMEM, "attention: no room for cu_seqlens on the device");
     LK_CUDA_TRY(cudaMemcpyAsync(cq, a->cu_seqlens_q.data, n * 4, cudaMemcpyHostToDevice, st));
@@ -100,7 +100,7 @@ static inline lk_status lk_attn_vis_make(const lk_attention_args *a, lk_arena *a
 static inline size_t lk_attn_vis_bytes(const lk_attention_args *a) {
     if (!a->cu_seqlens_q.data) return 0;
     size_t n = (size_t)a->cu_seqlens_q.shape[0];
-    return 2 * ((n * 4 + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1));
+    return 2 * lk_arena_piece(n * 4);
 }
 
 #endif

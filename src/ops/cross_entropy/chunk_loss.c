@@ -15,18 +15,18 @@ typedef struct {
 static void *take(taker *tk, size_t bytes) { return ce_take(tk->arena, bytes, &tk->status); }
 
 size_t lk_ce_chunked_saved_bytes(const lk_cross_entropy_dims *d) {
-    return CE_HEAD_BYTES + ce_piece((size_t)d->kept * sizeof(float));
+    return CE_HEAD_BYTES + lk_arena_piece((size_t)d->kept * sizeof(float));
 }
 
 /* Mirrors the take() calls below, in order. */
 size_t lk_ce_chunked_workspace_bytes(const lk_cross_entropy_dims *d, int backward) {
     size_t f = sizeof(float), C = (size_t)d->chunk, V = (size_t)d->vocab, H = (size_t)d->hidden;
-    size_t w = d->dtype == LK_F32 ? 0 : ce_piece(V * H * f);
-    size_t per_tok = ce_piece((size_t)d->kept * f);
-    size_t chunk = ce_piece(C * V * f) + ce_piece(C * H * f) + ce_xpack_bytes((int64_t)C, (int64_t)H);
+    size_t w = d->dtype == LK_F32 ? 0 : lk_arena_piece(V * H * f);
+    size_t per_tok = lk_arena_piece((size_t)d->kept * f);
+    size_t chunk = lk_arena_piece(C * V * f) + lk_arena_piece(C * H * f) + ce_xpack_bytes((int64_t)C, (int64_t)H);
     if (!backward) return w + 2 * per_tok + chunk;
-    size_t dw = d->dweight_dtype == LK_F32 ? 0 : ce_piece(V * H * f);
-    return w + per_tok + chunk + ce_piece(C * H * f) + dw;
+    size_t dw = d->dweight_dtype == LK_F32 ? 0 : lk_arena_piece(V * H * f);
+    return w + per_tok + chunk + lk_arena_piece(C * H * f) + dw;
 }
 
 lk_status lk_ce_chunked_forward(const lk_cross_entropy_args *a, const lk_cross_entropy_dims *d, lk_ctx *ctx) {

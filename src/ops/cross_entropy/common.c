@@ -59,7 +59,7 @@ static lk_gemm_operand op(const float *data, int64_t ld, int trans) {
 }
 
 size_t ce_xpack_bytes(int64_t C, int64_t H) {
-    return lk_gemm_wide_wins(C, H) ? ce_piece(lk_gemm_wide_scratch_bytes(C, H)) : 0;
+    return lk_gemm_wide_wins(C, H) ? lk_arena_piece(lk_gemm_wide_scratch_bytes(C, H)) : 0;
 }
 
 void ce_take_xpack(ce_plan *p, lk_arena *arena, lk_status *st) {

@@ -63,10 +63,6 @@ static inline float ce_exp(float x) {
 /* Scored tokens that have a label. */
 int64_t ce_count_valid(const ce_plan *p);
 
-static inline size_t ce_piece(size_t bytes) {
-    return (bytes + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1);
-}
-
 /* Rows k0 .. k0+n of the kept hidden states as f32 [n, H]: hidden itself when it is f32
  * and those rows are contiguous, otherwise gathered (and widened) into buf. */
 const float *ce_rows(const ce_plan *p, int64_t k0, int64_t n, float *buf);

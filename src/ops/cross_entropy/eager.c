@@ -19,16 +19,17 @@ typedef struct {
 static void *take(taker *tk, size_t bytes) { return ce_take(tk->arena, bytes, &tk->status); }
 
 static size_t saved_bytes(const lk_cross_entropy_dims *d) {
-    return CE_HEAD_BYTES + ce_piece((size_t)d->kept * sizeof(float)) +
+    return CE_HEAD_BYTES + lk_arena_piece((size_t)d->kept * sizeof(float)) +
            (size_t)(d->kept * d->vocab) * sizeof(float);
 }
 
 /* An upper bound of the take() calls below (the bf16 and softcap steps may not run). */
 static size_t workspace_bytes(const lk_cross_entropy_dims *d, int backward) {
     size_t f = sizeof(float), K = (size_t)d->kept, V = (size_t)d->vocab, H = (size_t)d->hidden;
-    size_t w = d->dtype == LK_F32 ? 0 : ce_piece(V * H * f), rows = ce_piece(K * H * f), kv = ce_piece(K * V * f);
-    if (!backward) return w + rows + kv + ce_piece(K * V * 2) + kv + 2 * ce_piece(K * f);
-    return w + rows + ce_piece(K * f) + 2 * kv + ce_piece(K * H * f) + ce_piece(V * H * f);
+    size_t w = d->dtype == LK_F32 ? 0 : lk_arena_piece(V * H * f), rows = lk_arena_piece(K * H * f),
+           kv = lk_arena_piece(K * V * f);
+    if (!backward) return w + rows + kv + lk_arena_piece(K * V * 2) + kv + 2 * lk_arena_piece(K * f);
+    return w + rows + lk_arena_piece(K * f) + 2 * kv + lk_arena_piece(K * H * f) + lk_arena_piece(V * H * f);
 }
 
 /* What both passes take first: the plan, and from the arena the f32 copy of a bf16 weight
@@ -51,7 +52,7 @@ static lk_status forward(const lk_cross_entropy_args *a, const lk_cross_entropy_
     if (tk.status) return tk.status;
     ce_saved_head *head = a->saved.data;
     float *lse = (float *)((char *)a->saved.data + CE_HEAD_BYTES);
-    float *logp = (float *)((char *)lse + ce_piece((size_t)K * f));
+    float *logp = (float *)((char *)lse + lk_arena_piece((size_t)K * f));
 
     lk_status s = ce_gemm_logits(&p, ce_rows(&p, 0, K, rbuf), ce_weight_f32(&p, wbuf), K, logits);
     if (s) return s;
@@ -113,7 +114,7 @@ static lk_status backward(const lk_cross_entropy_args *a, const lk_cross_entropy
     if (tk.status) return tk.status;
     const ce_saved_head *head = a->saved.data;
     const float *lse = (const float *)((const char *)a->saved.data + CE_HEAD_BYTES);
-    const float *logp = (const float *)((const char *)lse + ce_piece((size_t)K * f));
+    const float *logp = (const float *)((const char *)lse + lk_arena_piece((size_t)K * f));
     ce_token_weights(&p, head->n_valid, 0, g);
 
     #pragma omp parallel for schedule(static)

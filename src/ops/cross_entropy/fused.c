@@ -31,7 +31,7 @@ static int64_t chunk_rows(const lk_cross_entropy_dims *d) {
 static size_t saved_bytes(const lk_cross_entropy_dims *d) {
     if (!liger(d)) return lk_ce_chunked_saved_bytes(d);
     size_t f = sizeof(float);
-    return CE_HEAD_BYTES + ce_piece((size_t)(d->kept * d->hidden) * f) + (size_t)(d->vocab * d->hidden) * f;
+    return CE_HEAD_BYTES + lk_arena_piece((size_t)(d->kept * d->hidden) * f) + (size_t)(d->vocab * d->hidden) * f;
 }
 
 /* Mirrors the ce_take calls of forward, in order; the backward needs none. */
@@ -39,8 +39,8 @@ static size_t workspace_bytes(const lk_cross_entropy_dims *d, int backward) {
     if (!liger(d)) return lk_ce_chunked_workspace_bytes(d, backward);
     if (backward) return 0;
     size_t f = sizeof(float), C = (size_t)chunk_rows(d), V = (size_t)d->vocab, H = (size_t)d->hidden;
-    size_t w = d->dtype == LK_F32 ? 0 : ce_piece(V * H * f);
-    return w + 3 * ce_piece((size_t)d->kept * f) + ce_piece(C * V * f) + ce_piece(C * H * f) +
+    size_t w = d->dtype == LK_F32 ? 0 : lk_arena_piece(V * H * f);
+    return w + 3 * lk_arena_piece((size_t)d->kept * f) + lk_arena_piece(C * V * f) + lk_arena_piece(C * H * f) +
            ce_xpack_bytes((int64_t)C, (int64_t)H);
 }
 
@@ -60,7 +60,7 @@ static lk_status forward(const lk_cross_entropy_args *a, const lk_cross_entropy_
     if (s) return s;
     ce_saved_head *head = a->saved.data;
     float *dh = (float *)((char *)a->saved.data + CE_HEAD_BYTES);
-    float *dw = (float *)((char *)dh + ce_piece((size_t)(p.K * p.H) * f));
+    float *dw = (float *)((char *)dh + lk_arena_piece((size_t)(p.K * p.H) * f));
 
     head->n_valid = ce_count_valid(&p);
     ce_token_weights(&p, head->n_valid, 1, g);
@@ -85,7 +85,7 @@ static lk_status backward(const lk_cross_entropy_args *a, const lk_cross_entropy
     ce_plan p;
     ce_plan_make(a, d, &p);
     const float *dh = (const float *)((const char *)a->saved.data + CE_HEAD_BYTES);
-    const float *dw = (const float *)((const char *)dh + ce_piece((size_t)(p.K * p.H) * sizeof(float)));
+    const float *dw = (const float *)((const char *)dh + lk_arena_piece((size_t)(p.K * p.H) * sizeof(float)));
     float dl = ((const float *)a->d_loss.data)[0];
     ce_dh_zero_unkept(&p);
     ce_dh_store(&p, dh, 0, p.K, dl);

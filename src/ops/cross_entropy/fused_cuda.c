@@ -55,7 +55,6 @@ typedef struct {
     size_t es;
 } cplan;
 
-static size_t piece(size_t b) { return (b + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
 static int liger(const lk_cross_entropy_dims *d) { return d->reduction != LK_CE_NONE; }
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -100,29 +99,30 @@ static void plan_of(const lk_cross_entropy_args *a, const lk_cross_entropy_dims 
 static size_t chunk_bytes(const lk_cross_entropy_dims *d) {
     size_t L = logits_elems(d), C = (size_t)d->chunk, H = (size_t)d->hidden, es = lk_dtype_size(d->dtype);
     int bf16_logits = d->dtype == LK_BF16 && !d->fp32_lm_head;
-    size_t logits = bf16_logits ? piece(L * 2) : piece(L * 4) + (d->dtype == LK_BF16 ? piece(L * 2) : 0);
-    return LK_LT_WORKSPACE_BYTES + logits + piece(C * H * es) + 2 * piece((size_t)d->kept * 4);
+    size_t logits = bf16_logits ? lk_arena_piece(L * 2)
+                                : lk_arena_piece(L * 4) + (d->dtype == LK_BF16 ? lk_arena_piece(L * 2) : 0);
+    return LK_LT_WORKSPACE_BYTES + logits + lk_arena_piece(C * H * es) + 2 * lk_arena_piece((size_t)d->kept * 4);
 }
 
 /* Where the saved block keeps dh (mean/sum) and, on the lean path, the lse [K]. */
 static size_t dh_bytes(const lk_cross_entropy_dims *d) {
-    return liger(d) ? piece((size_t)(d->kept * d->hidden) * 4) : 0;
+    return liger(d) ? lk_arena_piece((size_t)(d->kept * d->hidden) * 4) : 0;
 }
 
 static size_t saved_bytes(const lk_cross_entropy_dims *d) {
-    if (lean(d)) return HEAD + dh_bytes(d) + piece((size_t)d->kept * 4);
+    if (lean(d)) return HEAD + dh_bytes(d) + lk_arena_piece((size_t)d->kept * 4);
     if (!liger(d)) return HEAD;
     return HEAD + dh_bytes(d) + (size_t)(d->vocab * d->hidden) * 4;
 }
 
 static size_t workspace_bytes(const lk_cross_entropy_dims *d, int backward) {
     if (!backward) return chunk_bytes(d);
-    size_t es = lk_dtype_size(d->dtype), dh_chunk = piece((size_t)(d->chunk * d->hidden) * 4);
+    size_t es = lk_dtype_size(d->dtype), dh_chunk = lk_arena_piece((size_t)(d->chunk * d->hidden) * 4);
     if (lean(d))
-        return chunk_bytes(d) + (d->kept < d->tokens ? piece((size_t)(d->kept * d->hidden) * es) : 0) +
+        return chunk_bytes(d) + (d->kept < d->tokens ? lk_arena_piece((size_t)(d->kept * d->hidden) * es) : 0) +
                (liger(d) ? 0 : dh_chunk);
     if (liger(d)) return 0;
-    size_t f32_dw = d->dweight_dtype == LK_F32 ? 0 : piece((size_t)(d->vocab * d->hidden) * 4);
+    size_t f32_dw = d->dweight_dtype == LK_F32 ? 0 : lk_arena_piece((size_t)(d->vocab * d->hidden) * 4);
     return chunk_bytes(d) + dh_chunk + f32_dw;
 }
 

@@ -23,23 +23,22 @@ typedef struct {
     void *x, *gu, *h, *y;       /* [R, H], [R, 2I], [R, I], [R, H] in the storage dtype, expert order */
 } saved_view;
 
-static size_t al(size_t b) { return (b + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
-
 static size_t saved_bytes(int64_t t, int64_t k, int64_t e, int64_t h, int64_t i, lk_dtype dt) {
     size_t r = (size_t)(t * k), esz = lk_dtype_size(dt);
-    return al(sizeof(int64_t) * (size_t)(e + 1)) + al(sizeof(int32_t) * r) + al(r * (size_t)h * esz) +
-           al(r * (size_t)(2 * i) * esz) + al(r * (size_t)i * esz) + r * (size_t)h * esz;
+    return lk_arena_piece(sizeof(int64_t) * (size_t)(e + 1)) + lk_arena_piece(sizeof(int32_t) * r) +
+           lk_arena_piece(r * (size_t)h * esz) + lk_arena_piece(r * (size_t)(2 * i) * esz) +
+           lk_arena_piece(r * (size_t)i * esz) + r * (size_t)h * esz;
 }
 
 static saved_view view_of(const lk_moe_experts_args *a, const lk_moe_dims *d) {
     size_t r = (size_t)d->r, esz = lk_dtype_size(d->dt);
     char *p = a->saved.data;
     saved_view v;
-    v.offs = (int64_t *)p;       p += al(sizeof(int64_t) * (size_t)(d->e + 1));
-    v.routes = (int32_t *)p;     p += al(sizeof(int32_t) * r);
-    v.x = p;                     p += al(r * (size_t)d->h * esz);
-    v.gu = p;                    p += al(r * (size_t)(2 * d->i) * esz);
-    v.h = p;                     p += al(r * (size_t)d->i * esz);
+    v.offs = (int64_t *)p;       p += lk_arena_piece(sizeof(int64_t) * (size_t)(d->e + 1));
+    v.routes = (int32_t *)p;     p += lk_arena_piece(sizeof(int32_t) * r);
+    v.x = p;                     p += lk_arena_piece(r * (size_t)d->h * esz);
+    v.gu = p;                    p += lk_arena_piece(r * (size_t)(2 * d->i) * esz);
+    v.h = p;                     p += lk_arena_piece(r * (size_t)d->i * esz);
     v.y = p;
     return v;
 }

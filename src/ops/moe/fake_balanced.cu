@@ -122,13 +122,11 @@ static int64_t experts_of(const lk_moe_router_args *a) {
     return a->n_experts > 0 ? a->n_experts : a->gate_weight.shape[0];
 }
 
-static size_t al(size_t b) { return (b + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
-
 static size_t saved_bytes(int64_t t, int64_t e, int64_t k) { return 0; }
 
 /* the hash's word, the biases, the counts */
 static size_t workspace_bytes(const lk_moe_router_args *a, int backward) {
-    return backward ? 0 : al(sizeof(u64)) + 2 * al(sizeof(float) * (size_t)experts_of(a));
+    return backward ? 0 : lk_arena_piece(sizeof(u64)) + 2 * lk_arena_piece(sizeof(float) * (size_t)experts_of(a));
 }
 
 static lk_status refuse_group(const lk_ctx *ctx) {

@@ -171,22 +171,26 @@ __global__ void act_backward(const T *gu, const float *hb, T *wh, T *dgu, const 
 
 /* --- host ---------------------------------------------------------------------------- */
 
-static size_t al(size_t b) { return (b + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
 static unsigned grid(int64_t n) { return (unsigned)((n + 255) / 256); }
 
 /* flag and the tile list, beside the pass's buffers */
-static size_t small_bytes(const lk_moe_dims *d) { return al(sizeof(int)) + al(sizeof(int32_t) * (size_t)(d->e + 1)); }
+static size_t small_bytes(const lk_moe_dims *d) {
+    return lk_arena_piece(sizeof(int)) + lk_arena_piece(sizeof(int32_t) * (size_t)(d->e + 1));
+}
 
 static size_t workspace_bytes(const lk_moe_experts_args *a, int backward) {
     lk_moe_dims d = lk_moe_dims_of(a);
     size_t es = lk_dtype_size(d.dt), R = (size_t)d.r, H = (size_t)d.h, I = (size_t)d.i;
     if (!backward) {   /* route scratch, gate_up f32 (bf16 without the fused epilogue), h, y */
-        size_t gu32 = d.dt != LK_F32 && !lk_moe_cuda_gg_fuses_swiglu(d.dt) ? al(R * 2 * I * 4) : 0;
-        return small_bytes(&d) + al(lk_moe_cuda_route_ws_bytes(d.r, d.e)) + gu32 + al(R * I * es) + al(R * H * es);
+        size_t gu32 = d.dt != LK_F32 && !lk_moe_cuda_gg_fuses_swiglu(d.dt) ? lk_arena_piece(R * 2 * I * 4) : 0;
+        return small_bytes(&d) + lk_arena_piece(lk_moe_cuda_route_ws_bytes(d.r, d.e)) + gu32 +
+               lk_arena_piece(R * I * es) + lk_arena_piece(R * H * es);
     }
     /* dh' f32 (or, fused into its GEMM, the d_topk_weights partials), w·h, d_gate_up, d_rows */
-    size_t dh = lk_moe_cuda_gg_fuses_swiglu(d.dt) ? al(R * (size_t)lk_moe_cuda_dw_tiles(d.i) * 4) : al(R * I * 4);
-    return small_bytes(&d) + dh + al(R * I * es) + al(R * 2 * I * es) + al(R * H * es);
+    size_t dh = lk_moe_cuda_gg_fuses_swiglu(d.dt) ? lk_arena_piece(R * (size_t)lk_moe_cuda_dw_tiles(d.i) * 4)
+                                                  : lk_arena_piece(R * I * 4);
+    return small_bytes(&d) + dh + lk_arena_piece(R * I * es) + lk_arena_piece(R * 2 * I * es) +
+           lk_arena_piece(R * H * es);
 }
 
 /* An operand: rows of ld elements, expert slices e_stride apart, gathered through order

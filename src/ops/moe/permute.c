@@ -12,11 +12,9 @@ lk_moe_dims lk_moe_dims_of(const lk_moe_experts_args *a) {
     return d;
 }
 
-static size_t al(size_t b) { return (b + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
-
 size_t lk_moe_fused_saved_bytes(int64_t t, int64_t k, int64_t e, int64_t h, int64_t i, lk_dtype dt) {
     int64_t r = t * k;
-    return al(sizeof(int64_t) * (size_t)(e + 1)) + 2 * al(sizeof(int32_t) * (size_t)r) +
+    return lk_arena_piece(sizeof(int64_t) * (size_t)(e + 1)) + 2 * lk_arena_piece(sizeof(int32_t) * (size_t)r) +
            (size_t)r * (size_t)(2 * i) * lk_dtype_size(dt);
 }
 
@@ -24,11 +22,11 @@ lk_moe_fused_saved lk_moe_fused_saved_view(void *saved, const lk_moe_dims *d) {
     char *p = saved;
     lk_moe_fused_saved v;
     v.offs = (int64_t *)p;
-    p += al(sizeof(int64_t) * (size_t)(d->e + 1));
+    p += lk_arena_piece(sizeof(int64_t) * (size_t)(d->e + 1));
     v.order = (int32_t *)p;
-    p += al(sizeof(int32_t) * (size_t)d->r);
+    p += lk_arena_piece(sizeof(int32_t) * (size_t)d->r);
     v.pos = (int32_t *)p;
-    p += al(sizeof(int32_t) * (size_t)d->r);
+    p += lk_arena_piece(sizeof(int32_t) * (size_t)d->r);
     v.gu = p;
     return v;
 }

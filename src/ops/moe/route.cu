@@ -24,10 +24,9 @@
 
 static int64_t chunks_of(int64_t routes) { return (routes + CHUNK - 1) / CHUNK; }
 
-static size_t al(size_t b) { return (b + 63) & ~(size_t)63; }
-
 extern "C" size_t lk_moe_cuda_route_ws_bytes(int64_t routes, int64_t experts) {
-    return al(sizeof(int32_t) * (size_t)(chunks_of(routes) * experts)) + al(sizeof(int32_t) * (size_t)routes);
+    return lk_arena_piece(sizeof(int32_t) * (size_t)(chunks_of(routes) * experts)) +
+           lk_arena_piece(sizeof(int32_t) * (size_t)routes);
 }
 
 static __device__ __forceinline__ int32_t checked_id(int32_t id, int32_t E, int *flag) {
@@ -139,7 +138,7 @@ extern "C" lk_status lk_moe_cuda_route(const int32_t *ids, int64_t R, int64_t E,
         return lk_error(LK_EINTERNAL, "moe_experts: fused (cuda): routing of %lld routes over %lld experts: "
                         "expected 1 <= R < 2^31 and E >= 1", (long long)R, (long long)E);
     int64_t nch = chunks_of(R);
-    int32_t *cnt = (int32_t *)ws, *rank = (int32_t *)((char *)ws + al(sizeof(int32_t) * (size_t)(nch * E)));
+    int32_t *cnt = (int32_t *)ws, *rank = (int32_t *)((char *)ws + lk_arena_piece(sizeof(int32_t) * (size_t)(nch * E)));
     LK_CUDA_TRY(cudaMemsetAsync(flag, 0, sizeof(int), st));
     LK_CUDA_TRY(cudaMemsetAsync(cnt, 0, sizeof(int32_t) * (size_t)(nch * E), st));
     route_rank<<<(unsigned)nch, CHUNK, 0, st>>>(ids, R, (int32_t)E, cnt, rank, flag);

@@ -10,16 +10,14 @@ int64_t lk_router_experts(const lk_moe_router_args *a) {
     return a->n_experts > 0 ? a->n_experts : a->gate_weight.shape[0];
 }
 
-static size_t al(size_t b) { return (b + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
-
 size_t lk_router_saved_bytes(int64_t t, int64_t e, int64_t k) {
-    return al(sizeof(float) * (size_t)(t * e)) + sizeof(int32_t) * (size_t)(t * k);
+    return lk_arena_piece(sizeof(float) * (size_t)(t * e)) + sizeof(int32_t) * (size_t)(t * k);
 }
 
 float *lk_router_saved_v(const lk_moe_router_args *a) { return a->saved.data; }
 int32_t *lk_router_saved_ids(const lk_moe_router_args *a) {
     int64_t t = a->hidden.shape[0];
-    return (int32_t *)((char *)a->saved.data + al(sizeof(float) * (size_t)(t * lk_router_experts(a))));
+    return (int32_t *)((char *)a->saved.data + lk_arena_piece(sizeof(float) * (size_t)(t * lk_router_experts(a))));
 }
 
 size_t lk_router_workspace_bytes(const lk_moe_router_args *a, int backward) {

@@ -36,8 +36,6 @@
 #include "ops/moe/cuda_router.h"
 #include "ops/moe/router_core.h"
 
-static size_t al(size_t b) { return (b + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
-
 static const char *who(lk_router_kind kind) {
     return kind == LK_ROUTER_SIGMOID ? "moe_router: sigmoid_bias (cuda)" : "moe_router: softmax_topk (cuda)";
 }
@@ -71,19 +69,22 @@ static int split(const lk_moe_router_args *a) {
 static size_t workspace_bytes(const lk_moe_router_args *a, int backward, lk_router_kind kind) {
     lk_router_cuda_dims d = dims_of(a, kind);
     size_t T = (size_t)d.t, E = (size_t)d.e, H = (size_t)a->hidden.shape[1], n = LK_LT_WORKSPACE_BYTES;
-    n += al(T * E * 4) + al(E * 4);
+    n += lk_arena_piece(T * E * 4) + lk_arena_piece(E * 4);
     if (!backward) {
-        if (mixed(a)) n += al(T * H * 4);
-        if (n_groups(a, kind)) n += al(T * (size_t)n_groups(a, kind) * 4) + al(T * (size_t)n_groups(a, kind));
+        if (mixed(a)) n += lk_arena_piece(T * H * 4);
+        if (n_groups(a, kind))
+            n += lk_arena_piece(T * (size_t)n_groups(a, kind) * 4) + lk_arena_piece(T * (size_t)n_groups(a, kind));
         if (a->aux_loss.data)
-            n += al(T * 4) + al(sizeof(double) * (size_t)lk_router_cuda_aux_scratch(d.t, d.e)) + al(8 * (2 * E + 1));
+            n += lk_arena_piece(T * 4) + lk_arena_piece(sizeof(double) * (size_t)lk_router_cuda_aux_scratch(d.t, d.e)) +
+                 lk_arena_piece(8 * (2 * E + 1));
         return n;
     }
-    n += al(8 * (E + 1));   /* the counts and T for a group's sum */
-    if (want_dgw(a) && a->d_gate_weight.dtype != LK_F32) n += al(E * H * 4);
-    if (split(a)) return n + al(T * E * 4) + al(E * H * 4);   /* dz2 [T, 2E], the gate twice [2E, H] */
-    if (a->hidden.dtype != LK_F32) n += al(T * H * 4);
-    if (a->gate_weight.dtype != LK_F32) n += al(E * H * 4);
+    n += lk_arena_piece(8 * (E + 1));   /* the counts and T for a group's sum */
+    if (want_dgw(a) && a->d_gate_weight.dtype != LK_F32) n += lk_arena_piece(E * H * 4);
+    /* dz2 [T, 2E], the gate twice [2E, H] */
+    if (split(a)) return n + lk_arena_piece(T * E * 4) + lk_arena_piece(E * H * 4);
+    if (a->hidden.dtype != LK_F32) n += lk_arena_piece(T * H * 4);
+    if (a->gate_weight.dtype != LK_F32) n += lk_arena_piece(E * H * 4);
     return n;
 }
 

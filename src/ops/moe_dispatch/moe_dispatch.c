@@ -179,7 +179,7 @@ lk_status lk_moe_dispatch_backward(const lk_impl *impl, const lk_moe_dispatch_ar
 
 void *lk_ep_take(lk_ep_bump *b, size_t bytes) {
     if (!b->carve) {
-        b->total += (bytes + LK_ARENA_ALIGN - 1) / LK_ARENA_ALIGN * LK_ARENA_ALIGN;
+        b->total += lk_arena_piece(bytes);
         return NULL;
     }
     void *p = lk_arena_alloc(b->ar, bytes);

@@ -35,8 +35,6 @@
 /* Fewer elements than this run on one thread. */
 #define EAGER_PAR_MIN ((int64_t)1 << 15)
 
-static size_t piece(size_t bytes) { return (bytes + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
-
 /* lk_f32_to_bf16 without its early return, so the conversion loops vectorize: the same
  * bits for every input. */
 static inline uint16_t to_bf16(float f) {
@@ -202,14 +200,14 @@ static const void *as_it(taker *tk, const void *src, lk_dtype dt, int64_t count,
 /* saved: rstd [rows] then x̂ [rows, n], both in it. */
 static size_t steps_saved_bytes(int64_t rows, int64_t n, lk_dtype it) {
     size_t isz = lk_dtype_size(it);
-    return piece((size_t)rows * isz) + (size_t)(rows * n) * isz;
+    return lk_arena_piece((size_t)rows * isz) + (size_t)(rows * n) * isz;
 }
 
 /* Mirrors the take() calls below, in order; a vector [n] counted as f32 (the weight's
  * may be, whatever it). */
 static size_t steps_workspace_bytes(int64_t rows, int64_t n, lk_dtype dt, lk_dtype it, int backward) {
-    size_t isz = lk_dtype_size(it), whole = piece((size_t)(rows * n) * isz);
-    size_t vec = piece((size_t)n * sizeof(float)), per_row = piece((size_t)rows * isz);
+    size_t isz = lk_dtype_size(it), whole = lk_arena_piece((size_t)(rows * n) * isz);
+    size_t vec = lk_arena_piece((size_t)n * sizeof(float)), per_row = lk_arena_piece((size_t)rows * isz);
     size_t upcast = dt != it ? (backward ? 2 * whole : whole) + vec : 0;
     if (!backward) return upcast + whole + per_row + vec;                  /* sq, mean, w_eff */
     return upcast + vec + 2 * whole + vec + 2 * per_row;                   /* w_eff, A, B, acc, dr, dm */
@@ -225,7 +223,7 @@ static lk_status steps_forward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype 
     lk_dtype dt = a->x.dtype;
     int64_t n = a->x.shape[a->x.ndim - 1], rows = lk_tensor_numel(&a->x) / n, all = rows * n;
     taker tk = {ctx->arena, LK_OK};
-    void *rstd = a->saved.data, *xhat = (char *)a->saved.data + piece((size_t)rows * lk_dtype_size(it));
+    void *rstd = a->saved.data, *xhat = (char *)a->saved.data + lk_arena_piece((size_t)rows * lk_dtype_size(it));
 
     lk_dtype wi = weight_it(a, it);
     const void *x = as_it(&tk, src, sdt, all, it);
@@ -262,7 +260,7 @@ static lk_status steps_backward(const lk_rms_norm_args *a, lk_ctx *ctx, lk_dtype
     int64_t n = a->x.shape[a->x.ndim - 1], rows = lk_tensor_numel(&a->x) / n, all = rows * n;
     taker tk = {ctx->arena, LK_OK};
     const void *rstd = a->saved.data;
-    const void *xhat = (const char *)a->saved.data + piece((size_t)rows * lk_dtype_size(it));
+    const void *xhat = (const char *)a->saved.data + lk_arena_piece((size_t)rows * lk_dtype_size(it));
 
     lk_dtype wi = weight_it(a, it);
     const void *x = as_it(&tk, a->x.data, dt, all, it);

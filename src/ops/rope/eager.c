@@ -15,8 +15,6 @@
 /* Fewer elements than this run on one thread. */
 #define EAGER_PAR_MIN ((int64_t)1 << 15)
 
-static size_t piece(size_t bytes) { return (bytes + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
-
 /* Element i as f32, and stored back rounded to dt; dt is f32 or bf16 here. */
 static inline float ld(const void *p, lk_dtype dt, int64_t i) {
     return dt == LK_F32 ? ((const float *)p)[i] : lk_bf16_to_f32(((const uint16_t *)p)[i]);
@@ -100,11 +98,11 @@ typedef struct {
 } scratch;
 
 static size_t plane(const lk_rope_dims *d, int64_t heads) {
-    return piece((size_t)(d->batch * heads * d->seq * d->rotary_dim) * lk_dtype_size(d->dtype));
+    return lk_arena_piece((size_t)(d->batch * heads * d->seq * d->rotary_dim) * lk_dtype_size(d->dtype));
 }
 
 static size_t eager_saved_bytes(const lk_rope_dims *d) {
-    return 2 * piece((size_t)(d->batch * d->seq * d->rotary_dim) * lk_dtype_size(d->dtype));
+    return 2 * lk_arena_piece((size_t)(d->batch * d->seq * d->rotary_dim) * lk_dtype_size(d->dtype));
 }
 
 static size_t eager_workspace_bytes(const lk_rope_dims *d, int backward) {

@@ -14,8 +14,6 @@
 #include "ops/swiglu_mlp/internal.h"
 #include "ops/swiglu_mlp/cuda_act.h"
 
-static size_t round_up(size_t n) { return (n + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
-
 static size_t saved_bytes(int64_t t, int64_t h, int64_t i, lk_dtype dt) {
     return (size_t)t * (size_t)(2 * i) * lk_dtype_size(dt);
 }
@@ -23,8 +21,8 @@ static size_t saved_bytes(int64_t t, int64_t h, int64_t i, lk_dtype dt) {
 /* forward: h [T, I]; backward: dh and h [T, I], dgu [T, 2I]; all in the storage dtype */
 static size_t workspace_bytes(const lk_swiglu_mlp_args *a, int backward) {
     lk_swiglu_mlp_dims d = lk_swiglu_mlp_dims_of(a);
-    size_t ti = round_up((size_t)d.t * (size_t)d.i * d.es);
-    return backward ? 2 * ti + round_up((size_t)d.t * (size_t)(2 * d.i) * d.es) : ti;
+    size_t ti = lk_arena_piece((size_t)d.t * (size_t)d.i * d.es);
+    return backward ? 2 * ti + lk_arena_piece((size_t)d.t * (size_t)(2 * d.i) * d.es) : ti;
 }
 
 static lk_status forward(const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
@@ -47,7 +45,7 @@ static lk_status backward(const lk_swiglu_mlp_args *a, lk_ctx *ctx) {
     int dev = ctx->device.index;
     void *st = ctx->stream;
     const char *gu = a->saved.data;
-    size_t ti = round_up((size_t)d.t * (size_t)d.i * d.es);
+    size_t ti = lk_arena_piece((size_t)d.t * (size_t)d.i * d.es);
     char *ws = lk_arena_alloc(ctx->arena, workspace_bytes(a, 1));
     if (ws == NULL) return lk_error(LK_EINTERNAL, "swiglu_mlp: fused (cuda): the workspace was not reserved");
     char *dh = ws, *h = ws + ti, *dgu = ws + 2 * ti;

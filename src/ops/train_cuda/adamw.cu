@@ -259,7 +259,7 @@ extern "C" lk_status lk_cuda_adamw_step(const lk_cuda_adamw_tensor *tensors, int
     ascal s = scalars(hp, 0.0);
     size_t mark;
     adesc *dev = NULL;
-    st = lk_ctx_workspace_begin(ctx, FN, lk_mt_piece(sizeof(adesc) * (size_t)n_tensors), &mark);
+    st = lk_ctx_workspace_begin(ctx, FN, lk_arena_piece(sizeof(adesc) * (size_t)n_tensors), &mark);
     if (st == LK_OK) st = lk_mt_upload(FN, ctx, h, n_tensors, &dev);
     free(h);
     if (st == LK_OK && blocks > 0) {

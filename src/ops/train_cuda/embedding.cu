@@ -179,7 +179,7 @@ static lk_status forward(const lk_tensor *weight, const lk_tensor *ids, lk_tenso
     cudaStream_t s = static_cast<cudaStream_t>(ctx->stream);
     size_t mark;
     badflag *f = NULL;
-    st = lk_ctx_workspace_begin(ctx, fn, lk_mt_piece(sizeof(badflag)), &mark);
+    st = lk_ctx_workspace_begin(ctx, fn, lk_arena_piece(sizeof(badflag)), &mark);
     if (st == LK_OK && checked) st = flag_init(ctx, &f);
     if (st == LK_OK) {
         if (weight->dtype == LK_BF16) launch_gather<lk_bf16_t>(weight, ids, out, f, s);
@@ -220,7 +220,7 @@ extern "C" lk_status lk_cuda_embedding_backward_workspace(int64_t tokens, int64_
     size_t temp;
     lk_status st = sort_temp(tokens, vocab, &temp);
     if (st != LK_OK) return st;
-    *bytes = 4 * lk_mt_piece(4 * (size_t)tokens) + lk_mt_piece(temp) + lk_mt_piece(sizeof(badflag));
+    *bytes = 4 * lk_arena_piece(4 * (size_t)tokens) + lk_arena_piece(temp) + lk_arena_piece(sizeof(badflag));
     return LK_OK;
 }
 

@@ -160,8 +160,8 @@ static lk_status upload(const char *fn, const lk_cuda_buf *b, int n, lk_ctx *ctx
 }
 
 extern "C" size_t lk_cuda_grad_norm_workspace(const lk_cuda_buf *bufs, int n_bufs) {
-    return lk_mt_piece(sizeof(ndesc) * (size_t)(n_bufs > 0 ? n_bufs : 0)) +
-           lk_mt_piece(sizeof(double) * (size_t)(count_blocks(bufs, n_bufs) + 1));
+    return lk_arena_piece(sizeof(ndesc) * (size_t)(n_bufs > 0 ? n_bufs : 0)) +
+           lk_arena_piece(sizeof(double) * (size_t)(count_blocks(bufs, n_bufs) + 1));
 }
 
 extern "C" lk_status lk_cuda_grad_norm(const lk_cuda_buf *bufs, int n_bufs, double *norm, lk_ctx *ctx) {
@@ -201,7 +201,7 @@ extern "C" lk_status lk_cuda_scale_bufs(const lk_cuda_buf *bufs, int n_bufs, flo
     if (blocks == 0) return LK_OK;
     size_t mark;
     ndesc *dev = NULL;
-    st = lk_ctx_workspace_begin(ctx, fn, lk_mt_piece(sizeof(ndesc) * (size_t)n_bufs), &mark);
+    st = lk_ctx_workspace_begin(ctx, fn, lk_arena_piece(sizeof(ndesc) * (size_t)n_bufs), &mark);
     if (st == LK_OK) st = upload(fn, bufs, n_bufs, ctx, &dev);
     if (st == LK_OK) {
         cudaStream_t s = static_cast<cudaStream_t>(ctx->stream);

@@ -74,6 +74,4 @@ static inline lk_status lk_mt_upload(const char *fn, lk_ctx *ctx, const D *host,
     return LK_OK;
 }
 
-static inline size_t lk_mt_piece(size_t b) { return (b + LK_ARENA_ALIGN - 1) & ~(size_t)(LK_ARENA_ALIGN - 1); }
-
 #endif
